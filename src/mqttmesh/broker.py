@@ -1,0 +1,212 @@
+"""The local broker: ClientId registry, subscriptions, retained messages, publish.
+
+Pure. It leaves to its caller the connections (Channels call in and receive
+frames), the clock (times are passed in), storage (changes go to a Journal
+that the I/O layer commits) and the mesh (it reports filter changes and hands
+each locally published message to ``on_publish`` hooks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .auth import Auth
+from .message import Message
+from .session import DurableSession, Limits, Session
+from .store import Journal
+from .topics import RetainedTrie, SubscriptionTrie
+
+__all__ = ["Broker", "BrokerSettings", "Stats"]
+
+
+@dataclass
+class BrokerSettings:
+    node_id: str = "node"
+    limits: Limits = field(default_factory=Limits)
+    max_qos: int = 2
+    retain_available: bool = True
+    max_packet_size: int = 1_048_576
+    max_client_id_length: int = 65535
+    connect_timeout: float = 10.0
+
+
+class Stats:
+    """Counters behind $SYS/broker/... and `mqttmesh status`."""
+
+    __slots__ = ("messages_received", "messages_sent", "publish_dropped", "publish_denied",
+                 "bytes_received", "bytes_sent", "connections_total", "connections_refused",
+                 "protocol_errors", "slow_consumers", "wills_published")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class Broker:
+    def __init__(self, settings: BrokerSettings, auth: Auth | None = None,
+                 journal: Journal | None = None):
+        self.settings = settings
+        self.node_id = settings.node_id
+        self.auth = auth or Auth()
+        self.journal = journal
+        self.sessions: dict[str, Session] = {}
+        self.router = SubscriptionTrie()
+        self.retained = RetainedTrie()
+        self.stats = Stats()
+        self.seq = 0
+        self.held_ack_channels: set = set()  # channels waiting for a journal commit
+        # hooks for the mesh: called with (filter) when the first local subscriber
+        # arrives / the last one leaves, and with (message) for each local publish
+        self.on_filter_added: list[Callable[[str], None]] = []
+        self.on_filter_removed: list[Callable[[str], None]] = []
+        self.on_publish: list[Callable[[Message], None]] = []
+
+    @property
+    def connected_count(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.channel is not None)
+
+    # -- sessions -------------------------------------------------------------------
+
+    def open_session(self, channel, client_id: str, clean: bool) -> tuple[Session, bool]:
+        """Take over ``client_id`` for ``channel``; (session, session_present)."""
+        old = self.sessions.get(client_id)
+        if old is not None and old.channel is not None and old.channel is not channel:
+            old.channel.kick(f"ClientId {client_id!r} connected again from {channel.peer}")  # [MQTT-3.1.4-2]
+        if old is not None and (clean or old.clean):
+            self.discard_session(old)  # [MQTT-3.1.2-6]
+            old = None
+        if old is not None:
+            return old, True  # [MQTT-3.2.2-2]
+        if clean:
+            session = Session(client_id, True, self.settings.limits)
+        elif self.journal is not None:
+            session = DurableSession(client_id, self.settings.limits, self.journal)
+            session._stored_subscriptions()
+        else:
+            session = Session(client_id, False, self.settings.limits)
+        self.sessions[client_id] = session
+        return session, False
+
+    def close_session(self, session: Session) -> None:
+        """The connection of ``session`` ended: clean sessions end with it [MQTT-3.1.2-6]."""
+        session.detach()
+        if session.clean and self.sessions.get(session.client_id) is session:
+            self.discard_session(session)
+
+    def discard_session(self, session: Session) -> None:
+        for topic_filter in list(session.subscriptions):
+            self._router_remove(topic_filter, session)
+        session.subscriptions.clear()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        if session.durable:
+            self.journal.session_delete(session.client_id)
+
+    def restore_session(self, session: Session) -> None:
+        """Re-register a session loaded from the store at start."""
+        self.sessions[session.client_id] = session
+        for topic_filter, qos in session.subscriptions.items():
+            self._router_add(topic_filter, session, qos)
+
+    # -- subscriptions ------------------------------------------------------------------
+
+    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
+        session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
+        self._router_add(topic_filter, session, qos)
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
+        if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
+            return False
+        self._router_remove(topic_filter, session)
+        return True
+
+    def _router_add(self, topic_filter: str, session: Session, qos: int) -> None:
+        if self.router.add(topic_filter, session, qos):
+            for hook in self.on_filter_added:
+                hook(topic_filter)
+
+    def _router_remove(self, topic_filter: str, session: Session) -> None:
+        if self.router.remove(topic_filter, session):
+            for hook in self.on_filter_removed:
+                hook(topic_filter)
+
+    def send_retained(self, session: Session, topic_filter: str, granted: int) -> int:
+        """Send the retained messages matching a new subscription [MQTT-3.3.1-6]."""
+        sent = 0
+        auth = self.auth
+        for topic, msg in self.retained.match(topic_filter):
+            if auth.acl is not None and not auth.can_receive(session.username, session.client_id, topic):
+                continue
+            session.deliver(msg, min(msg.qos, granted), retain=True)  # [MQTT-3.3.1-8]
+            sent += 1
+        return sent
+
+    # -- publish ----------------------------------------------------------------------------
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def publish(self, msg: Message) -> int:
+        """Take ownership of a message published at this node.
+
+        Returns the journal batch the caller must wait for before acknowledging
+        the message, or 0 when nothing it caused needs to become durable.
+        """
+        journal = self.journal
+        before = journal.writes if journal is not None else 0
+        if msg.retain:
+            self.set_retained(msg)
+        self.dispatch(msg)
+        for hook in self.on_publish:
+            hook(msg)
+        if journal is not None and journal.writes != before:
+            return journal.batch
+        return 0
+
+    def dispatch(self, msg: Message) -> int:
+        """Deliver to the matching local sessions; the number of sessions reached."""
+        matches = self.router.match(msg.topic)
+        if not matches:
+            return 0
+        self.stats.messages_sent += len(matches)
+        qos = msg.qos
+        auth = self.auth
+        if auth.acl is None:
+            for session, granted in matches.items():
+                session.deliver(msg, qos if qos < granted else granted)  # [MQTT-3.8.4-6]
+        else:
+            topic = msg.topic
+            for session, granted in matches.items():
+                if auth.can_receive(session.username, session.client_id, topic):
+                    session.deliver(msg, qos if qos < granted else granted)
+        return len(matches)
+
+    def set_retained(self, msg: Message) -> None:
+        if not self.settings.retain_available:
+            return
+        topic = msg.topic
+        if not msg.payload:
+            if self.retained.delete(topic) and self.journal is not None:  # [MQTT-3.3.1-10]
+                self.journal.retained_delete(topic)
+            return
+        stored = msg.copy(retain=True)  # [MQTT-3.3.1-5]
+        self.retained.set(topic, stored)
+        if self.journal is not None:
+            self.journal.retained_put(topic, stored)
+
+    # -- durability ---------------------------------------------------------------------------
+
+    def committed(self, batch: int) -> None:
+        """The I/O layer made ``batch`` durable: release the acknowledgements it held."""
+        if self.journal is not None:
+            self.journal.mark_committed(batch)
+        if self.held_ack_channels:
+            waiting = self.held_ack_channels
+            self.held_ack_channels = set()
+            for channel in waiting:
+                channel.release_acks(batch)

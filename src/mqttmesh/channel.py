@@ -1,0 +1,375 @@
+"""The server side of one MQTT 3.1.1 client connection: a state machine.
+
+Pure: bytes and times in, bytes and requests out. It leaves to its caller (the
+*owner*, the I/O layer) the socket, the timers, and slow password checks. The
+owner implements three methods:
+
+    owner.wake(channel)                     there are bytes in ``data_to_send()``
+    owner.close(channel, reason)            send what is pending, then close
+    owner.authenticate(channel, user, pw)   run ``broker.auth.check_slow`` somewhere
+                                            and call ``channel.authenticated(rc, now)``
+
+Every transition is in TRANSITIONS below; a packet that is not there is a
+protocol violation, refused with the statement of the standard it breaks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+
+from . import codec
+from .codec import (CONNECT, CONNACK, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBCOMP, PUBLISH,
+                    PUBREC, PUBREL, SUBACK, SUBSCRIBE, UNSUBACK, UNSUBSCRIBE, Decoder,
+                    MalformedPacket, PACKET_NAMES)
+from .message import Message
+
+__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CONNECTED", "CLOSED", "TRANSITIONS"]
+
+AWAIT_CONNECT = "await-connect"
+AUTHENTICATING = "authenticating"
+CONNECTED = "connected"
+CLOSED = "closed"
+
+# CONNACK return codes (table 3.1)
+ACCEPTED, BAD_PROTOCOL, ID_REJECTED, UNAVAILABLE, BAD_CREDENTIALS, NOT_AUTHORIZED = range(6)
+CONNACK_REASONS = {
+    BAD_PROTOCOL: "unacceptable protocol level",
+    ID_REJECTED: "identifier rejected",
+    UNAVAILABLE: "server unavailable",
+    BAD_CREDENTIALS: "bad user name or password",
+    NOT_AUTHORIZED: "not authorized",
+}
+
+_PINGRESP = codec.encode(codec.PingResp())
+_PUBACK, _PUBREC, _PUBREL, _PUBCOMP = 0x40, 0x50, 0x62, 0x70
+
+
+def _ack(first: int, pid: int) -> bytes:
+    return bytes((first, 2, pid >> 8, pid & 0xFF))
+
+
+class ProtocolViolation(Exception):
+    def __init__(self, rule: str, message: str):
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+
+
+class Channel:
+    __slots__ = ("broker", "owner", "peer", "state", "decoder", "session", "client_id",
+                 "username", "will", "keepalive", "last_rx", "opened_at", "close_reason",
+                 "clean_disconnect", "_out", "_held", "is_peer", "_pending_connect", "__weakref__")
+
+    def __init__(self, broker, owner, peer: str, now: float):
+        self.broker = broker
+        self.owner = owner
+        self.peer = peer
+        self.state = AWAIT_CONNECT
+        self.decoder = Decoder(broker.settings.max_packet_size)
+        self.session = None
+        self.client_id = ""
+        self.username = None
+        self.will = None
+        self.keepalive = 0
+        self.last_rx = now
+        self.opened_at = now
+        self.close_reason = None
+        self.clean_disconnect = False
+        self.is_peer = False
+        self._pending_connect = None
+        self._out: list[bytes] = []
+        self._held: deque[tuple[int, bytes]] = deque()  # frames waiting for a journal batch
+
+    # -- bytes in, bytes out ----------------------------------------------------------
+
+    def receive_data(self, data: bytes, now: float) -> None:
+        if self.state is CLOSED:
+            return  # [MQTT-3.1.4-5]: nothing after a refusal or a close is processed
+        self.last_rx = now
+        self.decoder.feed(data)
+        self._process(now)
+
+    def _process(self, now: float) -> None:
+        try:
+            for packet in self.decoder.packets():
+                table = TRANSITIONS[self.state]
+                handler = table.get(packet.type)
+                if handler is None:
+                    raise _violation(self.state, packet.type)
+                handler(self, packet, now)
+                if self.state is not CONNECTED:
+                    break  # closed, or waiting for a password check: read no further
+        except (MalformedPacket, ProtocolViolation) as exc:
+            self.broker.stats.protocol_errors += 1
+            self.close(f"protocol violation: {exc}")
+        if self.decoder.buffered > self.decoder.max_packet_size and self.state is not CLOSED:
+            self.close("input buffer over the maximum packet size")  # pragma: no cover
+
+    def write(self, frame: bytes) -> None:
+        out = self._out
+        out.append(frame)
+        if len(out) == 1:
+            self.owner.wake(self)
+
+    def data_to_send(self) -> bytes:
+        out = self._out
+        if not out:
+            return b""
+        self._out = []
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    @property
+    def pending_frames(self) -> int:
+        return len(self._out)
+
+    # -- time -----------------------------------------------------------------------------
+
+    def deadline(self) -> float | None:
+        """When ``tick`` must next be called, or None."""
+        if self.state is AWAIT_CONNECT:
+            return self.opened_at + self.broker.settings.connect_timeout
+        if self.state is CONNECTED and self.keepalive:
+            return self.last_rx + 1.5 * self.keepalive
+        return None
+
+    def tick(self, now: float) -> None:
+        if self.state is AWAIT_CONNECT and now >= self.opened_at + self.broker.settings.connect_timeout:
+            self.close("no CONNECT within the connect timeout")
+        elif self.state is CONNECTED and self.keepalive and now >= self.last_rx + 1.5 * self.keepalive:
+            self.close(f"keepalive: nothing received for 1.5 x {self.keepalive}s")  # [MQTT-3.1.2-24]
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """End the connection from the server side; the will is published [MQTT-3.1.2-8]."""
+        if self.state is CLOSED:
+            return
+        self.close_reason = reason
+        self._end(publish_will=True)
+        self.owner.close(self, reason)
+
+    def kick(self, reason: str) -> None:
+        """Another connection took this ClientId over [MQTT-3.1.4-2]."""
+        self.close(reason)
+
+    def connection_lost(self, now: float) -> None:
+        """The network connection is gone (either side closed it)."""
+        if self.state is not CLOSED:
+            self.close_reason = self.close_reason or "connection lost"
+            self._end(publish_will=not self.clean_disconnect)
+
+    def _end(self, publish_will: bool) -> None:
+        was_connected = self.state is CONNECTED
+        self.state = CLOSED
+        broker = self.broker
+        session = self.session
+        if session is not None and session.channel is self:
+            broker.close_session(session)
+        if publish_will and was_connected and self.will is not None:
+            will, self.will = self.will, None
+            broker.stats.wills_published += 1
+            self._publish(Message(will.topic, will.payload, will.qos, will.retain))  # [MQTT-3.1.2-16/17]
+        self.will = None  # [MQTT-3.1.2-10]
+
+    # -- CONNECT -------------------------------------------------------------------------------
+
+    def _on_connect(self, pkt: codec.Connect, now: float) -> None:
+        if pkt.protocol_level != 4:
+            return self._refuse(BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} "
+                                              f"level {pkt.protocol_level}")  # [MQTT-3.1.2-2]
+        if not pkt.client_id and not pkt.clean_session:
+            return self._refuse(ID_REJECTED, "empty ClientId with CleanSession=0")  # [MQTT-3.1.3-8]
+        if len(pkt.client_id.encode()) > self.broker.settings.max_client_id_length:
+            return self._refuse(ID_REJECTED, "ClientId longer than max_client_id_length")  # [MQTT-3.1.3-9]
+        self.username = pkt.username
+        self.keepalive = pkt.keepalive
+        self.client_id = pkt.client_id
+        self.will = pkt.will
+        self.state = AUTHENTICATING
+        self._pending_connect = pkt
+        rc = self.broker.auth.check_fast(pkt.username, pkt.password)
+        if rc is None:
+            self.owner.authenticate(self, pkt.username, pkt.password)
+        else:
+            self._accept(rc, now)
+
+    def authenticated(self, rc: int, now: float) -> None:
+        """The result of the slow password check for the pending CONNECT."""
+        if self.state is not AUTHENTICATING:
+            return  # the connection ended while the check ran
+        self._accept(rc, now)
+        if self.state is CONNECTED:
+            self._process(now)  # packets that arrived behind the CONNECT
+
+    def _accept(self, rc: int, now: float) -> None:
+        pkt = self._pending_connect
+        self._pending_connect = None
+        if rc != ACCEPTED:
+            return self._refuse(rc, f"user {pkt.username!r}")
+        if not pkt.client_id:
+            # [MQTT-3.1.3-6]: a unique ClientId of our own making
+            self.client_id = f"auto-{self.broker.node_id}-{os.urandom(6).hex()}"
+        self.state = CONNECTED
+        self.last_rx = now
+        broker = self.broker
+        broker.stats.connections_total += 1
+        session, present = broker.open_session(self, self.client_id, pkt.clean_session)
+        session.username = self.username
+        self.session = session
+        self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))  # [MQTT-3.2.2-1..3]
+        session.attach(self)  # re-send unacknowledged messages [MQTT-4.4.0-1]
+
+    def _refuse(self, rc: int, detail: str) -> None:
+        self.broker.stats.connections_refused += 1
+        self.will = None
+        self.write(bytes((0x20, 2, 0, rc)))  # session present 0 [MQTT-3.2.2-4]
+        self.close(f"CONNACK 0x{rc:02x} ({CONNACK_REASONS[rc]}): {detail}")  # [MQTT-3.2.2-5]
+
+    # -- PUBLISH, client to server -----------------------------------------------------------
+
+    def _on_publish(self, pkt: codec.Publish, now: float) -> None:
+        qos = pkt.qos
+        session = self.session
+        if qos == 2 and pkt.packet_id in session.awaiting_rel:
+            # a re-sent QoS 2 PUBLISH: acknowledge again, deliver nothing [MQTT-4.3.3-2]
+            self.write(_ack(_PUBREC, pkt.packet_id))
+            return
+        batch = self._publish(Message(pkt.topic, pkt.payload, qos, pkt.retain))
+        if qos == 1:
+            self._send_after(_ack(_PUBACK, pkt.packet_id), batch)
+        elif qos == 2:
+            if len(session.awaiting_rel) >= session.limits.max_awaiting_rel:
+                raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL "
+                                                        "(limits.max_awaiting_rel)")
+            session.awaiting_rel.add(pkt.packet_id)
+            if session.durable:
+                session.journal.awaiting_rel_put(session.client_id, pkt.packet_id)
+                batch = session.journal.batch
+            self._send_after(_ack(_PUBREC, pkt.packet_id), batch)
+
+    def _publish(self, msg: Message) -> int:
+        broker = self.broker
+        stats = broker.stats
+        stats.messages_received += 1
+        topic = msg.topic
+        if (topic[0] == "$" and not self.is_peer) or not broker.auth.can_publish(
+                self.username, self.client_id, topic):
+            # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
+            stats.publish_denied += 1
+            return 0
+        msg.origin = broker.node_id
+        msg.seq = broker.next_seq()
+        msg.publisher = self.client_id
+        return broker.publish(msg)
+
+    def _on_pubrel(self, pkt, now: float) -> None:
+        session = self.session
+        if pkt.packet_id in session.awaiting_rel:
+            session.awaiting_rel.discard(pkt.packet_id)
+            if session.durable:
+                session.journal.awaiting_rel_remove(session.client_id, pkt.packet_id)
+        self._send_after(_ack(_PUBCOMP, pkt.packet_id), 0)  # [MQTT-4.3.3-2]
+
+    # -- acknowledgements, server to client messages --------------------------------------
+
+    def _on_puback(self, pkt, now: float) -> None:
+        self.session.on_puback(pkt.packet_id)
+
+    def _on_pubrec(self, pkt, now: float) -> None:
+        self.session.on_pubrec(pkt.packet_id)
+        self.write(_ack(_PUBREL, pkt.packet_id))  # [MQTT-4.3.3-1]
+
+    def _on_pubcomp(self, pkt, now: float) -> None:
+        self.session.on_pubcomp(pkt.packet_id)
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------
+
+    def _on_subscribe(self, pkt: codec.Subscribe, now: float) -> None:
+        broker = self.broker
+        auth = broker.auth
+        session = self.session
+        journal = broker.journal
+        before = journal.writes if journal is not None else 0
+        codes = []
+        granted_filters = []
+        for topic_filter, qos in pkt.topics:  # as a sequence of SUBSCRIBEs [MQTT-3.8.4-4]
+            if (topic_filter.startswith("$mesh") and not self.is_peer) or not auth.can_subscribe(
+                    self.username, self.client_id, topic_filter):
+                codes.append(0x80)
+                continue
+            granted = min(qos, broker.settings.max_qos)
+            broker.subscribe(session, topic_filter, granted)
+            codes.append(granted)
+            granted_filters.append((topic_filter, granted))
+        batch = journal.batch if journal is not None and journal.writes != before else 0
+        self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), batch)  # [MQTT-3.8.4-1,5]
+        for topic_filter, granted in granted_filters:
+            broker.send_retained(session, topic_filter, granted)  # [MQTT-3.8.4-3]
+
+    def _on_unsubscribe(self, pkt: codec.Unsubscribe, now: float) -> None:
+        broker = self.broker
+        journal = broker.journal
+        before = journal.writes if journal is not None else 0
+        for topic_filter in pkt.filters:  # [MQTT-3.10.4-6]
+            broker.unsubscribe(self.session, topic_filter)
+        batch = journal.batch if journal is not None and journal.writes != before else 0
+        self._send_after(_ack(0xB0, pkt.packet_id), batch)  # even if nothing matched [MQTT-3.10.4-5]
+
+    def _on_pingreq(self, pkt, now: float) -> None:
+        self.write(_PINGRESP)  # [MQTT-3.12.4-1]
+
+    def _on_disconnect(self, pkt, now: float) -> None:
+        self.will = None  # [MQTT-3.14.4-3]
+        self.clean_disconnect = True
+        self.close_reason = "client sent DISCONNECT"
+        self._end(publish_will=False)
+        self.owner.close(self, self.close_reason)
+
+    # -- acknowledgements that wait for the store (group commit) -------------------------------
+
+    def _send_after(self, frame: bytes, batch: int) -> None:
+        held = self._held
+        if not batch and not held:
+            self.write(frame)
+            return
+        if held:
+            batch = max(batch, held[-1][0])  # keep acknowledgements in order
+        held.append((batch, frame))
+        self.broker.held_ack_channels.add(self)
+
+    def release_acks(self, committed: int) -> None:
+        held = self._held
+        while held and held[0][0] <= committed:
+            self.write(held.popleft()[1])
+        if held:
+            self.broker.held_ack_channels.add(self)
+
+
+def _violation(state: str, ptype: int) -> ProtocolViolation:
+    name = PACKET_NAMES.get(ptype, str(ptype))
+    if state is AWAIT_CONNECT:
+        return ProtocolViolation("MQTT-3.1.0-1", f"first packet must be CONNECT, got {name}")
+    if ptype == CONNECT:
+        return ProtocolViolation("MQTT-3.1.0-2", "second CONNECT on one connection")
+    if ptype in (CONNACK, SUBACK, UNSUBACK, PINGRESP):
+        return ProtocolViolation("MQTT-4.8.0-1", f"{name} is only sent by a server")
+    return ProtocolViolation("MQTT-4.8.0-1", f"{name} not allowed in state {state}")
+
+
+# state -> {packet type -> handler}; anything else is a protocol violation (see _violation)
+TRANSITIONS = {
+    AWAIT_CONNECT: {CONNECT: Channel._on_connect},
+    AUTHENTICATING: {},
+    CONNECTED: {
+        PUBLISH: Channel._on_publish,
+        PUBACK: Channel._on_puback,
+        PUBREC: Channel._on_pubrec,
+        PUBREL: Channel._on_pubrel,
+        PUBCOMP: Channel._on_pubcomp,
+        SUBSCRIBE: Channel._on_subscribe,
+        UNSUBSCRIBE: Channel._on_unsubscribe,
+        PINGREQ: Channel._on_pingreq,
+        DISCONNECT: Channel._on_disconnect,
+    },
+    CLOSED: {},
+}

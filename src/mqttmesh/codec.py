@@ -1,0 +1,582 @@
+"""MQTT 3.1.1 packet codec: bytes in, packets out; packets in, bytes out.
+
+Pure: no sockets, no clock, no session state. It leaves to its caller where the
+bytes come from, when to read more, and what a packet means for a session; it
+only decides whether bytes form a well-formed packet (and says which rule of
+the standard they break when they do not).
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = [
+    "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL", "PUBCOMP",
+    "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ", "PINGRESP",
+    "DISCONNECT", "PACKET_NAMES", "MalformedPacket", "Will", "Connect", "ConnAck",
+    "Publish", "PubAck", "PubRec", "PubRel", "PubComp", "Subscribe", "SubAck",
+    "Unsubscribe", "UnsubAck", "PingReq", "PingResp", "Disconnect", "Decoder",
+    "encode", "encode_publish", "encode_remaining_length", "validate_topic_name",
+    "validate_topic_filter", "DEFAULT_MAX_PACKET_SIZE",
+]
+
+CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
+SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+
+PACKET_NAMES = {
+    0: "Reserved(0)", CONNECT: "CONNECT", CONNACK: "CONNACK", PUBLISH: "PUBLISH",
+    PUBACK: "PUBACK", PUBREC: "PUBREC", PUBREL: "PUBREL", PUBCOMP: "PUBCOMP",
+    SUBSCRIBE: "SUBSCRIBE", SUBACK: "SUBACK", UNSUBSCRIBE: "UNSUBSCRIBE",
+    UNSUBACK: "UNSUBACK", PINGREQ: "PINGREQ", PINGRESP: "PINGRESP",
+    DISCONNECT: "DISCONNECT", 15: "Reserved(15)",
+}
+
+# Table 2.2: the only flag nibble allowed for each type other than PUBLISH.
+_REQUIRED_FLAGS = {
+    CONNECT: 0, CONNACK: 0, PUBACK: 0, PUBREC: 0, PUBREL: 2, PUBCOMP: 0,
+    SUBSCRIBE: 2, SUBACK: 0, UNSUBSCRIBE: 2, UNSUBACK: 0, PINGREQ: 0,
+    PINGRESP: 0, DISCONNECT: 0,
+}
+_FLAG_RULES = {
+    PUBREL: "MQTT-3.6.1-1", SUBSCRIBE: "MQTT-3.8.1-1", UNSUBSCRIBE: "MQTT-3.10.1-1",
+    DISCONNECT: "MQTT-3.14.1-1",
+}
+
+DEFAULT_MAX_PACKET_SIZE = 268_435_455  # the largest remaining length MQTT can express
+_U16 = struct.Struct(">H")
+
+
+class MalformedPacket(Exception):
+    """The bytes break a rule of MQTT 3.1.1; ``rule`` is the statement id."""
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+        self.detail = message
+
+
+# --------------------------------------------------------------------------- packets
+
+
+class Will:
+    __slots__ = ("topic", "payload", "qos", "retain")
+
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False):
+        self.topic, self.payload, self.qos, self.retain = topic, payload, qos, retain
+
+    def __eq__(self, other):
+        return isinstance(other, Will) and _fields(self) == _fields(other)
+
+    def __repr__(self):
+        return f"Will({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain})"
+
+
+def _fields(obj):
+    return tuple(getattr(obj, name) for name in obj.__slots__)
+
+
+class _Packet:
+    __slots__ = ()
+    type = 0
+
+    def __eq__(self, other):
+        return type(self) is type(other) and _fields(self) == _fields(other)
+
+    def __repr__(self):
+        args = ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__)
+        return f"{type(self).__name__}({args})"
+
+
+class Connect(_Packet):
+    __slots__ = ("client_id", "clean_session", "keepalive", "will", "username",
+                 "password", "protocol_name", "protocol_level")
+    type = CONNECT
+
+    def __init__(self, client_id: str = "", clean_session: bool = True, keepalive: int = 60,
+                 will: Will | None = None, username: str | None = None,
+                 password: bytes | None = None, protocol_name: str = "MQTT",
+                 protocol_level: int = 4):
+        self.client_id, self.clean_session, self.keepalive = client_id, clean_session, keepalive
+        self.will, self.username, self.password = will, username, password
+        self.protocol_name, self.protocol_level = protocol_name, protocol_level
+
+
+class ConnAck(_Packet):
+    __slots__ = ("session_present", "return_code")
+    type = CONNACK
+
+    def __init__(self, session_present: bool = False, return_code: int = 0):
+        self.session_present, self.return_code = session_present, return_code
+
+
+class Publish(_Packet):
+    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id")
+    type = PUBLISH
+
+    def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
+                 dup: bool = False, packet_id: int | None = None):
+        self.topic, self.payload, self.qos = topic, payload, qos
+        self.retain, self.dup, self.packet_id = retain, dup, packet_id
+
+
+class _IdOnly(_Packet):
+    __slots__ = ("packet_id",)
+
+    def __init__(self, packet_id: int):
+        self.packet_id = packet_id
+
+
+class PubAck(_IdOnly):
+    __slots__ = ()
+    type = PUBACK
+
+
+class PubRec(_IdOnly):
+    __slots__ = ()
+    type = PUBREC
+
+
+class PubRel(_IdOnly):
+    __slots__ = ()
+    type = PUBREL
+
+
+class PubComp(_IdOnly):
+    __slots__ = ()
+    type = PUBCOMP
+
+
+class UnsubAck(_IdOnly):
+    __slots__ = ()
+    type = UNSUBACK
+
+
+class Subscribe(_Packet):
+    __slots__ = ("packet_id", "topics")
+    type = SUBSCRIBE
+
+    def __init__(self, packet_id: int, topics: list[tuple[str, int]]):
+        self.packet_id, self.topics = packet_id, topics
+
+
+class SubAck(_Packet):
+    __slots__ = ("packet_id", "return_codes")
+    type = SUBACK
+
+    def __init__(self, packet_id: int, return_codes: list[int]):
+        self.packet_id, self.return_codes = packet_id, return_codes
+
+
+class Unsubscribe(_Packet):
+    __slots__ = ("packet_id", "filters")
+    type = UNSUBSCRIBE
+
+    def __init__(self, packet_id: int, filters: list[str]):
+        self.packet_id, self.filters = packet_id, filters
+
+
+class _Empty(_Packet):
+    __slots__ = ()
+
+
+class PingReq(_Empty):
+    __slots__ = ()
+    type = PINGREQ
+
+
+class PingResp(_Empty):
+    __slots__ = ()
+    type = PINGRESP
+
+
+class Disconnect(_Empty):
+    __slots__ = ()
+    type = DISCONNECT
+
+
+# --------------------------------------------------------------------------- strings and topics
+
+
+def _decode_utf8(raw, what: str) -> str:
+    try:
+        text = bytes(raw).decode("utf-8")  # strict: rejects surrogates and overlong forms
+    except UnicodeDecodeError as exc:
+        raise MalformedPacket("MQTT-1.5.3-1", f"{what} is not well-formed UTF-8 ({exc.reason})") from None
+    if "\x00" in text:
+        raise MalformedPacket("MQTT-1.5.3-2", f"{what} contains U+0000")
+    return text
+
+
+def validate_topic_name(topic: str) -> None:
+    """Raise MalformedPacket unless ``topic`` may appear in a PUBLISH."""
+    if not topic:
+        raise MalformedPacket("MQTT-4.7.3-1", "topic name is empty")
+    if "+" in topic or "#" in topic:
+        raise MalformedPacket("MQTT-3.3.2-2", f"wildcard in topic name {topic!r}")
+
+
+def validate_topic_filter(topic_filter: str) -> None:
+    """Raise MalformedPacket unless ``topic_filter`` is a valid 3.1.1 filter (section 4.7)."""
+    if not topic_filter:
+        raise MalformedPacket("MQTT-4.7.3-1", "topic filter is empty")
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return
+    levels = topic_filter.split("/")
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if "#" in level:
+            if level != "#" or i != last:
+                raise MalformedPacket("MQTT-4.7.1-2", f"misplaced '#' in filter {topic_filter!r}")
+        elif "+" in level and level != "+":
+            raise MalformedPacket("MQTT-4.7.1-3", f"'+' must fill a whole level in {topic_filter!r}")
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+class _Reader:
+    """Reads the fields of one packet body; every overrun is a malformed packet."""
+
+    __slots__ = ("buf", "pos", "end", "name")
+
+    def __init__(self, buf, pos: int, end: int, name: str):
+        self.buf, self.pos, self.end, self.name = buf, pos, end, name
+
+    def u8(self) -> int:
+        if self.pos >= self.end:
+            raise MalformedPacket("MQTT-4.8.0-1", f"{self.name} is truncated")
+        value = self.buf[self.pos]
+        self.pos += 1
+        return value
+
+    def u16(self) -> int:
+        if self.pos + 2 > self.end:
+            raise MalformedPacket("MQTT-4.8.0-1", f"{self.name} is truncated")
+        value = (self.buf[self.pos] << 8) | self.buf[self.pos + 1]
+        self.pos += 2
+        return value
+
+    def binary(self) -> bytes:
+        length = self.u16()
+        if self.pos + length > self.end:
+            raise MalformedPacket("MQTT-4.8.0-1", f"{self.name}: field length {length} overruns the packet")
+        value = bytes(self.buf[self.pos:self.pos + length])
+        self.pos += length
+        return value
+
+    def string(self, what: str) -> str:
+        return _decode_utf8(self.binary(), what)
+
+    def rest(self) -> bytes:
+        value = bytes(self.buf[self.pos:self.end])
+        self.pos = self.end
+        return value
+
+    @property
+    def remaining(self) -> int:
+        return self.end - self.pos
+
+
+def _packet_id(r: _Reader, what: str) -> int:
+    pid = r.u16()
+    if pid == 0:
+        raise MalformedPacket("MQTT-2.3.1-1", f"{what} with packet identifier 0")
+    return pid
+
+
+def _decode_connect(r: _Reader, flags: int) -> Connect:
+    name = r.string("protocol name")
+    level = r.u8()
+    cflags = r.u8()
+    keepalive = r.u16()
+    pkt = Connect(protocol_name=name, protocol_level=level, keepalive=keepalive,
+                  clean_session=bool(cflags & 0x02))
+    if name == "MQIsdp":
+        return pkt  # MQTT 3.1: the caller answers CONNACK 0x01 so the client can fall back
+    if name != "MQTT":
+        # We continue under no other specification, so we close [MQTT-3.1.2-1].
+        raise MalformedPacket("MQTT-3.1.2-1", f"protocol name {name!r} is not 'MQTT'")
+    if level != 4:
+        return pkt  # the caller answers CONNACK 0x01 [MQTT-3.1.2-2]; the rest may be another format
+    if cflags & 0x01:
+        raise MalformedPacket("MQTT-3.1.2-3", "reserved CONNECT flag is set")
+    will_flag = bool(cflags & 0x04)
+    will_qos = (cflags >> 3) & 0x03
+    will_retain = bool(cflags & 0x20)
+    has_password = bool(cflags & 0x40)
+    has_username = bool(cflags & 0x80)
+    if not will_flag and (will_qos or will_retain):
+        raise MalformedPacket("MQTT-3.1.2-11", "will QoS/retain set without the will flag")
+    if will_qos == 3:
+        raise MalformedPacket("MQTT-3.1.2-14", "will QoS 3")
+    if has_password and not has_username:
+        raise MalformedPacket("MQTT-3.1.2-22", "password flag set without user name flag")
+    pkt.client_id = r.string("client identifier")
+    if will_flag:
+        topic = r.string("will topic")
+        validate_topic_name(topic)
+        pkt.will = Will(topic, r.binary(), will_qos, will_retain)
+    if has_username:
+        pkt.username = r.string("user name")
+    if has_password:
+        pkt.password = r.binary()
+    if r.remaining:
+        raise MalformedPacket("MQTT-3.1.3-1", f"{r.remaining} unexpected bytes after CONNECT payload")
+    return pkt
+
+
+def _decode_connack(r: _Reader, flags: int) -> ConnAck:
+    ack_flags = r.u8()
+    if ack_flags & 0xFE:
+        raise MalformedPacket("MQTT-2.2.2-1", "reserved CONNACK flags set")
+    pkt = ConnAck(bool(ack_flags & 1), r.u8())
+    _expect_end(r)
+    return pkt
+
+
+def _decode_publish(r: _Reader, flags: int) -> Publish:
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacket("MQTT-3.3.1-4", "PUBLISH with both QoS bits set")
+    dup = bool(flags & 0x08)
+    if dup and qos == 0:
+        raise MalformedPacket("MQTT-3.3.1-2", "DUP set on a QoS 0 PUBLISH")
+    topic = r.string("topic name")
+    validate_topic_name(topic)
+    pid = _packet_id(r, "PUBLISH") if qos else None
+    return Publish(topic, r.rest(), qos, bool(flags & 0x01), dup, pid)
+
+
+def _decode_id_only(cls):
+    def decode(r: _Reader, flags: int):
+        pkt = cls(_packet_id(r, PACKET_NAMES[cls.type]))
+        _expect_end(r)
+        return pkt
+    return decode
+
+
+def _decode_subscribe(r: _Reader, flags: int) -> Subscribe:
+    pid = _packet_id(r, "SUBSCRIBE")
+    topics = []
+    while r.remaining:
+        topic_filter = r.string("topic filter")
+        validate_topic_filter(topic_filter)
+        options = r.u8()
+        if options & 0xFC or (options & 0x03) == 3:
+            raise MalformedPacket("MQTT-3.8.3-4", f"requested QoS byte 0x{options:02x} is invalid")
+        topics.append((topic_filter, options))
+    if not topics:
+        raise MalformedPacket("MQTT-3.8.3-3", "SUBSCRIBE without any topic filter")
+    return Subscribe(pid, topics)
+
+
+def _decode_suback(r: _Reader, flags: int) -> SubAck:
+    pid = _packet_id(r, "SUBACK")
+    codes = list(r.rest())
+    for code in codes:
+        if code not in (0, 1, 2, 0x80):
+            raise MalformedPacket("MQTT-3.9.3-2", f"reserved SUBACK return code 0x{code:02x}")
+    return SubAck(pid, codes)
+
+
+def _decode_unsubscribe(r: _Reader, flags: int) -> Unsubscribe:
+    pid = _packet_id(r, "UNSUBSCRIBE")
+    filters = []
+    while r.remaining:
+        topic_filter = r.string("topic filter")
+        validate_topic_filter(topic_filter)
+        filters.append(topic_filter)
+    if not filters:
+        raise MalformedPacket("MQTT-3.10.3-2", "UNSUBSCRIBE without any topic filter")
+    return Unsubscribe(pid, filters)
+
+
+def _decode_empty(cls):
+    def decode(r: _Reader, flags: int):
+        _expect_end(r)
+        return cls()
+    return decode
+
+
+def _expect_end(r: _Reader) -> None:
+    if r.remaining:
+        raise MalformedPacket("MQTT-4.8.0-1", f"{r.name} has {r.remaining} unexpected bytes")
+
+
+_DECODERS = {
+    CONNECT: _decode_connect,
+    CONNACK: _decode_connack,
+    PUBLISH: _decode_publish,
+    PUBACK: _decode_id_only(PubAck),
+    PUBREC: _decode_id_only(PubRec),
+    PUBREL: _decode_id_only(PubRel),
+    PUBCOMP: _decode_id_only(PubComp),
+    SUBSCRIBE: _decode_subscribe,
+    SUBACK: _decode_suback,
+    UNSUBSCRIBE: _decode_unsubscribe,
+    UNSUBACK: _decode_id_only(UnsubAck),
+    PINGREQ: _decode_empty(PingReq),
+    PINGRESP: _decode_empty(PingResp),
+    DISCONNECT: _decode_empty(Disconnect),
+}
+
+
+class Decoder:
+    """Incremental decoder: ``feed`` bytes as they arrive, then iterate ``packets()``.
+
+    Each packet is yielded as soon as its last byte is fed. A malformed packet
+    raises MalformedPacket; the decoder is then unusable, as the connection must
+    close [MQTT-4.8.0-1].
+    """
+
+    __slots__ = ("_buf", "max_packet_size", "broken")
+
+    def __init__(self, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE):
+        self._buf = bytearray()
+        self.max_packet_size = max_packet_size
+        self.broken = False
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def packets(self):
+        """Yield every complete packet in the buffer, in order."""
+        if self.broken:
+            raise MalformedPacket("MQTT-4.8.0-1", "decoder used after a malformed packet")
+        buf = self._buf
+        size = len(buf)
+        pos = 0
+        try:
+            while size - pos >= 2:
+                first = buf[pos]
+                # remaining length: up to four bytes, seven bits each (2.2.3)
+                length = 0
+                shift = 0
+                i = pos + 1
+                while True:
+                    if i >= size:
+                        return
+                    byte = buf[i]
+                    length |= (byte & 0x7F) << shift
+                    i += 1
+                    if not byte & 0x80:
+                        break
+                    shift += 7
+                    if shift == 28:
+                        raise MalformedPacket("MQTT-4.8.0-1", "remaining length longer than four bytes")
+                if i - pos + length > self.max_packet_size:
+                    raise MalformedPacket(
+                        "MQTT-4.8.0-1",
+                        f"packet of {i - pos + length} bytes exceeds the maximum packet size {self.max_packet_size}")
+                end = i + length
+                if end > size:
+                    return
+                ptype = first >> 4
+                flags = first & 0x0F
+                decode = _DECODERS.get(ptype)
+                if decode is None:
+                    raise MalformedPacket("MQTT-2.2.2-1", f"reserved packet type {ptype}")
+                if ptype != PUBLISH and flags != _REQUIRED_FLAGS[ptype]:
+                    raise MalformedPacket(_FLAG_RULES.get(ptype, "MQTT-2.2.2-2"),
+                                          f"invalid flags 0x{flags:x} for {PACKET_NAMES[ptype]}")
+                packet = decode(_Reader(buf, i, end, PACKET_NAMES[ptype]), flags)
+                pos = end
+                yield packet
+        except MalformedPacket:
+            self.broken = True
+            raise
+        finally:
+            if pos:
+                del buf[:pos]
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def encode_remaining_length(length: int) -> bytes:
+    if length < 128:
+        return bytes((length,))
+    if length > DEFAULT_MAX_PACKET_SIZE:
+        raise ValueError(f"remaining length {length} is too large for MQTT")
+    out = bytearray()
+    while True:
+        byte = length & 0x7F
+        length >>= 7
+        if length:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _str(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return _U16.pack(len(raw)) + raw
+
+
+def _bin(raw: bytes) -> bytes:
+    return _U16.pack(len(raw)) + raw
+
+
+def _frame(first: int, body: bytes) -> bytes:
+    return bytes((first,)) + encode_remaining_length(len(body)) + body
+
+
+def encode_publish(topic: bytes, payload: bytes, qos: int = 0, retain: bool = False,
+                   dup: bool = False, packet_id: int | None = None) -> bytes:
+    """One PUBLISH frame; ``topic`` is already UTF-8 encoded (the hot path reuses it)."""
+    first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
+    tlen = len(topic)
+    if qos:
+        length = 4 + tlen + len(payload)
+        head = _U16.pack(tlen) + topic + _U16.pack(packet_id)
+    else:
+        length = 2 + tlen + len(payload)
+        head = _U16.pack(tlen) + topic
+    if length < 128:
+        return bytes((first, length)) + head + payload
+    return bytes((first,)) + encode_remaining_length(length) + head + payload
+
+
+def encode(packet: _Packet) -> bytes:
+    """Serialize any packet (both directions: a peer link is a client too)."""
+    t = packet.type
+    if t == PUBLISH:
+        return encode_publish(packet.topic.encode("utf-8"), packet.payload, packet.qos,
+                              packet.retain, packet.dup, packet.packet_id)
+    if t in (PUBACK, PUBREC, PUBCOMP, UNSUBACK):
+        return bytes((t << 4, 2)) + _U16.pack(packet.packet_id)
+    if t == PUBREL:
+        return bytes((0x62, 2)) + _U16.pack(packet.packet_id)
+    if t == CONNACK:
+        return bytes((0x20, 2, 1 if packet.session_present else 0, packet.return_code))
+    if t in (PINGREQ, PINGRESP, DISCONNECT):
+        return bytes((t << 4, 0))
+    if t == SUBSCRIBE:
+        body = _U16.pack(packet.packet_id) + b"".join(_str(f) + bytes((q,)) for f, q in packet.topics)
+        return _frame(0x82, body)
+    if t == SUBACK:
+        return _frame(0x90, _U16.pack(packet.packet_id) + bytes(packet.return_codes))
+    if t == UNSUBSCRIBE:
+        return _frame(0xA2, _U16.pack(packet.packet_id) + b"".join(_str(f) for f in packet.filters))
+    if t == CONNECT:
+        flags = 0x02 if packet.clean_session else 0
+        payload = _str(packet.client_id)
+        will = packet.will
+        if will is not None:
+            flags |= 0x04 | (will.qos << 3) | (0x20 if will.retain else 0)
+            payload += _str(will.topic) + _bin(will.payload)
+        if packet.username is not None:
+            flags |= 0x80
+            payload += _str(packet.username)
+        if packet.password is not None:
+            flags |= 0x40
+            payload += _bin(packet.password)
+        body = (_str(packet.protocol_name) + bytes((packet.protocol_level, flags))
+                + _U16.pack(packet.keepalive) + payload)
+        return _frame(0x10, body)
+    raise ValueError(f"cannot encode {packet!r}")

@@ -1,0 +1,209 @@
+"""Node configuration: one schema gives the TOML keys, the command-line flags and the docs.
+
+Every option can be set in the TOML file and overridden by its flag. A value
+that does not fit names the key (and, from TOML, the file) and the problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+from .auth import ConfigError
+
+__all__ = ["Option", "OPTIONS", "Config", "load_config", "add_flags", "reference_markdown"]
+
+
+@dataclass(frozen=True)
+class Option:
+    section: str          # "" for top level
+    key: str
+    type: type            # int, float, bool, str, list
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}" if self.section else self.key
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace(".", "__")
+
+
+_MiB = 1024 * 1024
+
+OPTIONS: list[Option] = [
+    Option("", "host", str, "127.0.0.1", "address to listen on for MQTT clients"),
+    Option("", "port", int, 1883, "TCP port for MQTT clients (0 picks a free one)", 0, 65535),
+    Option("", "node_id", str, "", "name of this node in the mesh and in logs (default: host-port)"),
+    Option("", "data_dir", str, "", "directory of the durable store; empty runs in memory"),
+    Option("", "log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
+    Option("", "port_file", str, "", "write the bound port to this file once listening"),
+    Option("limits", "max_packet_size", int, _MiB, "largest packet accepted, in bytes; larger closes the "
+           "connection", 16, 268_435_460),
+    Option("limits", "max_inflight", int, 100, "outbound QoS 1/2 messages in flight per client", 1, 65535),
+    Option("limits", "max_queued", int, 10_000, "messages queued per session (behind the inflight window "
+           "or while offline)", 0, 100_000_000),
+    Option("limits", "queue_qos0", bool, False, "queue QoS 0 messages for offline persistent sessions"),
+    Option("limits", "drop_policy", str, "oldest", "what a full session queue drops",
+           choices=("oldest", "newest")),
+    Option("limits", "max_awaiting_rel", int, 1000, "inbound QoS 2 messages awaiting PUBREL per client", 1,
+           65535),
+    Option("limits", "max_connections", int, 100_000, "simultaneous client connections (0 = no limit)", 0),
+    Option("limits", "connection_rate", float, 0.0, "new connections accepted per second, burst of one "
+           "second (0 = no limit)", 0),
+    Option("limits", "max_client_id_length", int, 65535, "longest ClientId accepted, in bytes", 23, 65535),
+    Option("limits", "connect_timeout", float, 10.0, "seconds a new connection may take to send CONNECT",
+           0.1),
+    Option("limits", "max_write_buffer", int, 64 * _MiB, "bytes waiting to be sent to one client before "
+           "it is dropped as a slow consumer", 65536),
+    Option("limits", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
+    Option("auth", "allow_anonymous", bool, True, "accept clients that send no user name"),
+    Option("auth", "password_file", str, "", "password file (manage with `mqttmesh passwd`)"),
+    Option("auth", "acl_file", str, "", "ACL file; when set, what it does not grant is denied"),
+    Option("store", "synchronous", str, "normal", "SQLite synchronous mode: normal survives a crash of the "
+           "process, full also a power loss", choices=("normal", "full")),
+    Option("sys", "sys_interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0),
+]
+
+_BY_NAME = {o.name: o for o in OPTIONS}
+
+
+class Config:
+    """Resolved settings: ``cfg.port``, ``cfg.limits.max_inflight`` style access via ``get``."""
+
+    def __init__(self, values: dict[str, Any]):
+        self._values = values
+
+    def get(self, name: str) -> Any:
+        return self._values[name]
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._values[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+
+def _coerce(option: Option, value: Any, where: str) -> Any:
+    t = option.type
+    if t is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+            return value.lower() in ("true", "1", "yes", "on")
+        raise ConfigError(f"{where}{option.name}: expected true or false, got {value!r}")
+    if t is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ConfigError(f"{where}{option.name}: expected an integer, got {value!r}")
+        try:
+            value = int(value)
+        except ValueError:
+            raise ConfigError(f"{where}{option.name}: expected an integer, got {value!r}") from None
+    elif t is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}{option.name}: expected a number, got {value!r}")
+        try:
+            value = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}{option.name}: expected a number, got {value!r}") from None
+    elif t is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}{option.name}: expected a string, got {value!r}")
+    elif t is list:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}{option.name}: expected a list of strings, got {value!r}")
+    if option.choices is not None and value not in option.choices:
+        raise ConfigError(f"{where}{option.name}: {value!r} is not one of {', '.join(map(str, option.choices))}")
+    if option.minimum is not None and value < option.minimum:
+        raise ConfigError(f"{where}{option.name}: {value} is below the minimum {option.minimum:g}")
+    if option.maximum is not None and value > option.maximum:
+        raise ConfigError(f"{where}{option.name}: {value} is above the maximum {option.maximum:g}")
+    return value
+
+
+def _flatten_toml(data: dict, path: str) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    sections = {o.section for o in OPTIONS if o.section}
+    for key, value in data.items():
+        if isinstance(value, dict) and key in sections:
+            for sub, subvalue in value.items():
+                flat[f"{key}.{sub}"] = subvalue
+        else:
+            flat[key] = value
+    for name in flat:
+        if name not in _BY_NAME:
+            hint = ""
+            base = name.rsplit(".", 1)[-1]
+            for option in OPTIONS:
+                if option.key == base:
+                    hint = f" (did you mean {option.name!r}?)"
+            raise ConfigError(f"{path}: unknown key {name!r}{hint}")
+    return flat
+
+
+def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Defaults, then the TOML file, then ``overrides`` (flags), each checked."""
+    values = {o.name: o.default for o in OPTIONS}
+    if path:
+        try:
+            with open(path, "rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        for name, value in _flatten_toml(data, path).items():
+            values[name] = _coerce(_BY_NAME[name], value, f"{path}: ")
+    for name, value in (overrides or {}).items():
+        if value is None:
+            continue
+        option = _BY_NAME.get(name)
+        if option is None:
+            raise ConfigError(f"unknown option {name!r}")
+        values[name] = _coerce(option, value, f"{option.flag}: ")
+    return Config(values)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE", help="TOML configuration file")
+    for option in OPTIONS:
+        kwargs: dict[str, Any] = {"dest": option.dest, "default": None, "help": option.help}
+        if option.type is bool:
+            kwargs["metavar"] = "true|false"
+        elif option.choices:
+            kwargs["choices"] = option.choices
+        elif option.type is list:
+            kwargs["action"] = "append"
+        parser.add_argument(option.flag, **kwargs)
+
+
+def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return {o.name: getattr(args, o.dest, None) for o in OPTIONS}
+
+
+def reference_markdown() -> str:
+    """The configuration reference, generated from OPTIONS (docs/operations.md embeds it)."""
+    lines = ["| key (TOML) | flag | default | meaning |", "|---|---|---|---|"]
+    for o in OPTIONS:
+        default = o.default if o.default not in ("", []) else "(empty)"
+        if isinstance(default, bool):
+            default = str(default).lower()
+        extra = f" One of: {', '.join(o.choices)}." if o.choices else ""
+        lines.append(f"| `{o.name}` | `{o.flag}` | `{default}` | {o.help}.{extra} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,78 @@
+"""An application message as the broker carries it, with its encoded frames cached.
+
+Pure. One Message is shared by every subscriber it reaches; the PUBLISH frame
+for QoS 0 is encoded once and reused, and the QoS 1/2 frames reuse the encoded
+topic and only differ in the packet identifier.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from .codec import encode_publish, encode_remaining_length
+
+__all__ = ["Message"]
+
+_U16 = struct.Struct(">H")
+
+
+class Message:
+    __slots__ = ("topic", "payload", "qos", "retain", "origin", "seq", "publisher",
+                 "timestamp", "_topic_bytes", "_frame0", "_head")
+
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
+                 origin: str = "", seq: int = 0, publisher: str = "", timestamp: float = 0.0):
+        self.topic = topic
+        self.payload = payload
+        self.qos = qos
+        self.retain = retain
+        self.origin = origin        # node that took the message from its publisher
+        self.seq = seq              # per-origin sequence: (origin, seq) is mesh-wide unique
+        self.publisher = publisher  # publishing ClientId
+        self.timestamp = timestamp
+        self._topic_bytes = None
+        self._frame0 = None
+        self._head = None
+
+    @property
+    def msg_id(self) -> str:
+        return f"{self.origin}:{self.seq}"
+
+    @property
+    def topic_bytes(self) -> bytes:
+        tb = self._topic_bytes
+        if tb is None:
+            tb = self._topic_bytes = self.topic.encode("utf-8")
+        return tb
+
+    def frame_qos0(self) -> bytes:
+        """The QoS 0, RETAIN=0 frame of live delivery [MQTT-3.3.1-9], built once."""
+        frame = self._frame0
+        if frame is None:
+            frame = self._frame0 = encode_publish(self.topic_bytes, self.payload)
+        return frame
+
+    def frame(self, qos: int, packet_id: int | None, dup: bool = False, retain: bool = False) -> bytes:
+        """The frame for one subscriber; QoS 1/2 frames share the encoded topic."""
+        if qos == 0:
+            if not retain:
+                return self.frame_qos0()
+            return encode_publish(self.topic_bytes, self.payload, 0, True)
+        head = self._head
+        if head is None:
+            tb = self.topic_bytes
+            length = 4 + len(tb) + len(self.payload)
+            self._head = head = (encode_remaining_length(length), _U16.pack(len(tb)) + tb)
+        first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
+        return b"".join((bytes((first,)), head[0], head[1], _U16.pack(packet_id), self.payload))
+
+    def copy(self, **changes) -> "Message":
+        m = Message(self.topic, self.payload, self.qos, self.retain, self.origin, self.seq,
+                    self.publisher, self.timestamp)
+        for key, value in changes.items():
+            setattr(m, key, value)
+        return m
+
+    def __repr__(self):
+        return (f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, "
+                f"retain={self.retain}, id={self.msg_id})")

@@ -1,0 +1,1 @@
+"""The I/O layer: asyncio listeners, connections, timers and storage threads."""

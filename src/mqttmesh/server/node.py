@@ -1,0 +1,244 @@
+"""A broker node: listener, connections, write batching, group commit, $SYS.
+
+This is the I/O layer. It builds the pure broker core from the configuration,
+accepts connections, and performs what the cores ask for: writes (batched per
+loop iteration), closes, password checks on a thread, store commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+import time
+
+from .. import __version__
+from ..auth import Acl, Auth, PasswordFile
+from ..broker import Broker, BrokerSettings
+from ..config import Config
+from ..message import Message
+from ..session import Limits
+from ..store import Journal
+from .connection import Connection
+from .sqlite_store import SqliteStore
+
+log = logging.getLogger("mqttmesh.node")
+
+
+def build_auth(config: Config) -> Auth:
+    passwords = PasswordFile.load(config.get("auth.password_file")) if config.get("auth.password_file") else None
+    acl = Acl.load(config.get("auth.acl_file")) if config.get("auth.acl_file") else None
+    return Auth(config.get("auth.allow_anonymous"), passwords, acl)
+
+
+class Node:
+    def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None):
+        self.config = config
+        self.loop = loop or asyncio.get_event_loop()
+        host, port = config.host, config.port
+        self.node_id = config.node_id or f"{host}-{port}"
+        limits = Limits(
+            max_inflight=config.get("limits.max_inflight"),
+            max_queued=config.get("limits.max_queued"),
+            queue_qos0=config.get("limits.queue_qos0"),
+            drop_policy=config.get("limits.drop_policy"),
+            max_awaiting_rel=config.get("limits.max_awaiting_rel"),
+        )
+        settings = BrokerSettings(
+            node_id=self.node_id, limits=limits,
+            max_qos=config.get("limits.max_qos"),
+            max_packet_size=config.get("limits.max_packet_size"),
+            max_client_id_length=config.get("limits.max_client_id_length"),
+            connect_timeout=config.get("limits.connect_timeout"),
+        )
+        self.store: SqliteStore | None = None
+        journal = None
+        if config.data_dir:
+            self.store = SqliteStore(config.data_dir, config.get("store.synchronous"))
+            journal = Journal(on_dirty=self._schedule_commit)
+        self.broker = Broker(settings, build_auth(config), journal)
+        self.max_write_buffer = config.get("limits.max_write_buffer")
+        self.max_connections = config.get("limits.max_connections")
+        self.connection_rate = config.get("limits.connection_rate")
+        self._tokens = max(1.0, self.connection_rate)
+        self._tokens_at = 0.0
+        self.connections: set[Connection] = set()
+        self._dirty: list[Connection] = []
+        self._flush_scheduled = False
+        self._commit_scheduled = False
+        self._commit_in_flight = False
+        self._server: asyncio.base_events.Server | None = None
+        self._sys_task: asyncio.Task | None = None
+        self.started_at = time.time()
+        self.port = port
+        self.incarnation = 0
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        broker = self.broker
+        if self.store is not None:
+            self.incarnation = self.store.next_incarnation()
+            sessions, retained = self.store.load(broker, broker.journal)
+            self.store.start(self._committed_on_thread)
+            log.info("store %s: %d persistent sessions, %d retained messages restored",
+                     self.store.path, sessions, retained)
+        else:
+            self.incarnation = int(time.time())
+            log.warning("no data directory: running in memory; persistent sessions and retained "
+                        "messages are lost when this node stops (set --data-dir)")
+        broker.seq = self.incarnation << 32  # (node, seq) stays unique across restarts
+        self._server = await self.loop.create_server(
+            lambda: Connection(self), self.config.host, self.config.port, backlog=1024,
+            reuse_address=True)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        if self.config.port_file:
+            tmp = self.config.port_file + ".tmp"
+            with open(tmp, "w") as fh:
+                fh.write(f"{self.port}\n")
+            os.replace(tmp, self.config.port_file)
+        if self.config.get("sys.sys_interval") > 0:
+            self._sys_task = self.loop.create_task(self._sys_loop())
+        log.info("mqttmesh %s node %r listening on %s:%d (pid %d)", __version__, self.node_id,
+                 self.config.host, self.port, os.getpid())
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        if self._sys_task is not None:
+            self._sys_task.cancel()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.flush()
+                conn.transport.close()
+        if self._server is not None:
+            try:
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            except (asyncio.TimeoutError, Exception):
+                pass
+        if self.store is not None:
+            self.store.stop_writer()  # the writer finishes what it has been given
+            journal = self.broker.journal
+            if len(journal):
+                _, ops = journal.take()
+                self.store.write(ops)
+            self.store.close()
+        log.info("node %r stopped", self.node_id)
+
+    # -- admission ------------------------------------------------------------------------
+
+    def admit(self, conn: Connection) -> str | None:
+        if self.max_connections and len(self.connections) >= self.max_connections:
+            return f"limits.max_connections ({self.max_connections}) reached"
+        rate = self.connection_rate
+        if rate:
+            now = self.loop.time()
+            self._tokens = min(rate, self._tokens + (now - self._tokens_at) * rate)
+            self._tokens_at = now
+            if self._tokens < 1:
+                return f"limits.connection_rate ({rate:g}/s) exceeded"
+            self._tokens -= 1
+        self.connections.add(conn)
+        return None
+
+    def forget(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    # -- batched writes -------------------------------------------------------------------
+
+    def mark_dirty(self, conn: Connection) -> None:
+        self._dirty.append(conn)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        dirty = self._dirty
+        self._dirty = []
+        for conn in dirty:
+            conn.flush()
+
+    # -- password checks off the loop ----------------------------------------------------
+
+    def authenticate(self, conn: Connection, username: str, password: bytes) -> None:
+        async def check():
+            rc = await self.loop.run_in_executor(None, self.broker.auth.check_slow, username, password)
+            channel = conn.channel
+            channel.authenticated(rc, self.loop.time())
+            if channel.state == "connected":
+                conn.connected()
+        self.loop.create_task(check())
+
+    # -- group commit -----------------------------------------------------------------------
+
+    def _schedule_commit(self) -> None:
+        if not self._commit_scheduled and not self._commit_in_flight:
+            self._commit_scheduled = True
+            self.loop.call_soon(self._start_commit)
+
+    def _start_commit(self) -> None:
+        self._commit_scheduled = False
+        journal = self.broker.journal
+        if self._commit_in_flight or not len(journal):
+            return
+        batch, ops = journal.take()
+        self._commit_in_flight = True
+        self._pending_ops = ops
+        self.store.submit(batch, ops)
+
+    def _committed_on_thread(self, batch: int, error) -> None:
+        self.loop.call_soon_threadsafe(self._committed, batch, error)
+
+    def _committed(self, batch: int, error) -> None:
+        if error is not None:
+            # keep the acknowledgements held and try the same batch again shortly
+            self.loop.call_later(1.0, self.store.submit, batch, self._pending_ops)
+            return
+        self._commit_in_flight = False
+        self._pending_ops = None
+        self.broker.committed(batch)
+        if len(self.broker.journal):
+            self._schedule_commit()
+
+    # -- $SYS ---------------------------------------------------------------------------------
+
+    async def _sys_loop(self) -> None:
+        interval = self.config.get("sys.sys_interval")
+        self.publish_sys("$SYS/broker/version", f"mqttmesh {__version__}")
+        self.publish_sys("$SYS/broker/node", self.node_id)
+        while True:
+            self.publish_sys_stats()
+            await asyncio.sleep(interval)
+
+    def publish_sys_stats(self) -> None:
+        b = self.broker
+        s = b.stats
+        values = {
+            "uptime": f"{int(time.time() - self.started_at)} seconds",
+            "clients/connected": b.connected_count,
+            "clients/total": len(b.sessions),
+            "messages/received": s.messages_received,
+            "messages/sent": s.messages_sent,
+            "publish/messages/dropped": s.publish_dropped + sum(x.dropped for x in b.sessions.values()),
+            "load/bytes/received": s.bytes_received,
+            "load/bytes/sent": s.bytes_sent,
+            "retained messages/count": len(b.retained),
+            "subscriptions/count": len(b.router),
+            "connections/refused": s.connections_refused,
+            "connections/slow_consumers": s.slow_consumers,
+        }
+        for key, value in values.items():
+            self.publish_sys(f"$SYS/broker/{key}", str(value))
+
+    def publish_sys(self, topic: str, value: str) -> None:
+        # $SYS values are retained in memory only: they are recomputed at every start
+        msg = Message(topic, value.encode(), 0, True, self.node_id, 0, "$SYS", time.time())
+        self.broker.retained.set(topic, msg)
+        self.broker.dispatch(msg)
+
+
+def python_info() -> str:
+    return f"{platform.python_implementation()} {platform.python_version()}"

@@ -1,0 +1,188 @@
+"""SQLite (WAL) storage for persistent sessions, their messages, and retained messages.
+
+The broker core records changes in a Journal; this module commits them in
+groups on a writer thread and reports each committed batch back to the event
+loop, which then releases the acknowledgements that waited for it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+
+from ..message import Message
+from ..session import DurableSession, Entry
+from ..store import FORMAT_VERSION, Journal
+
+log = logging.getLogger("mqttmesh.store")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions(client_id TEXT PRIMARY KEY, subscriptions TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS messages(
+    client_id TEXT NOT NULL, key INTEGER NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL,
+    msg_qos INTEGER NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL,
+    packet_id INTEGER NOT NULL, state INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL,
+    publisher TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY(client_id, key));
+CREATE TABLE IF NOT EXISTS awaiting_rel(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
+    PRIMARY KEY(client_id, packet_id));
+CREATE TABLE IF NOT EXISTS retained(topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL,
+    origin TEXT NOT NULL, seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL);
+"""
+
+_SQL = {
+    "session_put": "INSERT OR REPLACE INTO sessions(client_id, subscriptions) VALUES (?, ?)",
+    "message_put": "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    "message_remove": "DELETE FROM messages WHERE client_id = ? AND key = ?",
+    "rel_put": "INSERT OR IGNORE INTO awaiting_rel VALUES (?, ?)",
+    "rel_remove": "DELETE FROM awaiting_rel WHERE client_id = ? AND packet_id = ?",
+    "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?)",
+    "retained_delete": "DELETE FROM retained WHERE topic = ?",
+}
+
+
+class StoreError(Exception):
+    """The data directory cannot be used; the message says which file and why."""
+
+
+class SqliteStore:
+    def __init__(self, data_dir: str, synchronous: str = "normal"):
+        os.makedirs(data_dir, exist_ok=True)
+        self.path = os.path.join(data_dir, "mqttmesh.db")
+        self.synchronous = synchronous
+        try:
+            self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+            self.db.executescript(SCHEMA)
+            check = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            if check != "ok":
+                raise StoreError(f"{self.path}: database is damaged ({check})")
+            version = self._meta("format_version")
+            if version is None:
+                self._set_meta("format_version", str(FORMAT_VERSION))
+            elif int(version) != FORMAT_VERSION:
+                raise StoreError(f"{self.path}: format version {version}, this mqttmesh reads "
+                                 f"version {FORMAT_VERSION}")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path}: not a usable mqttmesh database ({exc})") from None
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.commits = 0
+        self.commit_seconds = 0.0
+
+    def _meta(self, key: str) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def next_incarnation(self) -> int:
+        """A number larger than any earlier start's (and not below the clock's seconds)."""
+        stored = int(self._meta("incarnation") or 0)
+        incarnation = max(stored + 1, int(time.time()))
+        self._set_meta("incarnation", str(incarnation))
+        return incarnation
+
+    # -- loading at start ---------------------------------------------------------------
+
+    def load(self, broker, journal: Journal) -> tuple[int, int]:
+        """Restore sessions and retained messages into ``broker``; (sessions, retained)."""
+        db = self.db
+        limits = broker.settings.limits
+        sessions: dict[str, DurableSession] = {}
+        for client_id, subs in db.execute("SELECT client_id, subscriptions FROM sessions"):
+            session = DurableSession(client_id, limits, journal)
+            session.subscriptions = {f: int(q) for f, q in json.loads(subs).items()}
+            sessions[client_id] = session
+        rows = db.execute("SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
+                          " origin, seq, publisher, ts FROM messages ORDER BY client_id, key")
+        for (client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq,
+             publisher, ts) in rows:
+            session = sessions.get(client_id)
+            if session is None:
+                continue
+            msg = Message(topic, bytes(payload), msg_qos, False, origin, seq, publisher, ts)
+            entry = Entry(msg, qos, bool(retain), key)
+            entry.packet_id, entry.state = pid, state
+            if pid and state:
+                session.inflight[pid] = entry
+            else:
+                session.queue.append(entry)
+            session._next_key = max(session._next_key, key + 1)
+        for client_id, pid in db.execute("SELECT client_id, packet_id FROM awaiting_rel"):
+            if client_id in sessions:
+                sessions[client_id].awaiting_rel.add(pid)
+        for session in sessions.values():
+            if session.inflight:
+                session._next_pid = max(session.inflight) % 65535 + 1
+            broker.restore_session(session)
+        retained = 0
+        for topic, payload, qos, origin, seq, publisher, ts in db.execute("SELECT * FROM retained"):
+            broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts))
+            retained += 1
+        return len(sessions), retained
+
+    # -- the writer thread -----------------------------------------------------------------
+
+    def start(self, on_committed) -> None:
+        """Commit batches on a thread; ``on_committed(batch, error)`` runs on that thread."""
+        self._thread = threading.Thread(target=self._run, args=(on_committed,),
+                                        name="mqttmesh-store", daemon=True)
+        self._thread.start()
+
+    def submit(self, batch: int, ops: list[tuple]) -> None:
+        self._queue.put((batch, ops))
+
+    def write(self, ops: list[tuple]) -> None:
+        """Commit one batch in one transaction (writer thread, or at shutdown)."""
+        started = time.perf_counter()
+        db = self.db
+        db.execute("BEGIN")
+        try:
+            for op in ops:
+                kind = op[0]
+                if kind == "session_put":
+                    db.execute(_SQL[kind], (op[1], json.dumps(op[2])))
+                elif kind == "session_delete":
+                    db.execute("DELETE FROM sessions WHERE client_id = ?", (op[1],))
+                    db.execute("DELETE FROM messages WHERE client_id = ?", (op[1],))
+                    db.execute("DELETE FROM awaiting_rel WHERE client_id = ?", (op[1],))
+                else:
+                    db.execute(_SQL[kind], op[1:])
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        self.commits += 1
+        self.commit_seconds += time.perf_counter() - started
+
+    def _run(self, on_committed) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch, ops = item
+            try:
+                self.write(ops)
+                on_committed(batch, None)
+            except Exception as exc:  # disk full, I/O error: acks stay held, say why
+                log.error("store commit of batch %d failed: %s", batch, exc)
+                on_committed(batch, exc)
+
+    def stop_writer(self) -> None:
+        """Let the writer finish every batch it was given, then end it."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def close(self) -> None:
+        self.stop_writer()
+        self.db.close()

@@ -1,0 +1,217 @@
+"""Session state of one ClientId: subscriptions, outbound QoS 1/2 window, offline queue.
+
+Pure (section 4.1 of MQTT 3.1.1). It leaves to its caller the connection
+(it writes frames through the attached Channel), the clock, and storage:
+``Session`` lives in memory; ``DurableSession`` is the second implementation
+that also records every change in a store journal, which the I/O layer commits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from .codec import encode, PubRel
+
+__all__ = ["Limits", "Entry", "Session", "DurableSession", "SENT_PUBLISH", "SENT_PUBREL"]
+
+SENT_PUBLISH, SENT_PUBREL = 1, 2
+
+
+@dataclass
+class Limits:
+    """Per-session limits; every one is a setting (see config.py)."""
+    max_inflight: int = 100          # outbound QoS 1/2 messages awaiting acknowledgement
+    max_queued: int = 10_000         # messages queued behind the window or while offline
+    queue_qos0: bool = False         # queue QoS 0 messages for offline persistent sessions
+    drop_policy: str = "oldest"      # which message a full queue drops: "oldest" or "newest"
+    max_awaiting_rel: int = 1_000    # inbound QoS 2 packet ids awaiting PUBREL
+
+
+class Entry:
+    """One message on its way to one session: queued, or in flight with a packet id."""
+    __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key")
+
+    def __init__(self, msg, qos: int, retain: bool = False, key: int = 0):
+        self.msg = msg
+        self.qos = qos
+        self.retain = retain
+        self.packet_id = 0
+        self.state = 0
+        self.key = key
+
+    def __repr__(self):
+        return f"Entry({self.msg!r}, qos={self.qos}, pid={self.packet_id}, state={self.state})"
+
+
+class Session:
+    durable = False
+
+    def __init__(self, client_id: str, clean: bool, limits: Limits):
+        self.client_id = client_id
+        self.clean = clean
+        self.limits = limits
+        self.subscriptions: dict[str, int] = {}
+        self.inflight: dict[int, Entry] = {}   # packet id -> entry, in send order
+        self.queue: deque[Entry] = deque()
+        self.awaiting_rel: set[int] = set()    # inbound QoS 2 ids between PUBREC and PUBREL
+        self.channel = None                    # the Channel the client is connected on
+        self.username: str | None = None
+        self.dropped = 0                       # messages a full queue dropped
+        self._next_pid = 1
+
+    # -- delivery (the hot path) -------------------------------------------------
+
+    def deliver(self, msg, qos: int, retain: bool = False) -> None:
+        """Add one message at ``qos`` (already min(publish, granted)) [MQTT-4.5.0-1]."""
+        channel = self.channel
+        if channel is not None:
+            if qos == 0:
+                channel.write(msg.frame(0, None, False, retain) if retain else msg.frame_qos0())
+                return
+            if not self.queue and len(self.inflight) < self.limits.max_inflight:
+                self._send_new(self._new_entry(msg, qos, retain))
+                return
+            self._enqueue(self._new_entry(msg, qos, retain))
+        elif qos or self.limits.queue_qos0:
+            self._enqueue(self._new_entry(msg, qos, retain))  # [MQTT-3.1.2-5]
+
+    def _new_entry(self, msg, qos: int, retain: bool) -> Entry:
+        return Entry(msg, qos, retain)
+
+    def _enqueue(self, entry: Entry) -> None:
+        queue = self.queue
+        if len(queue) >= self.limits.max_queued:
+            self.dropped += 1
+            if self.limits.drop_policy == "newest":
+                return
+            self._stored_remove(queue.popleft())
+        queue.append(entry)
+        self._stored_put(entry)
+
+    def _send_new(self, entry: Entry) -> None:
+        pid = self._alloc_pid()
+        entry.packet_id = pid
+        entry.state = SENT_PUBLISH
+        self.inflight[pid] = entry
+        self._stored_put(entry)
+        self.channel.write(entry.msg.frame(entry.qos, pid, False, entry.retain))
+
+    def _alloc_pid(self) -> int:
+        pid = self._next_pid
+        inflight = self.inflight
+        while pid in inflight:  # [MQTT-2.3.1-2]: a currently unused identifier
+            pid = pid + 1 if pid < 65535 else 1
+        self._next_pid = pid + 1 if pid < 65535 else 1
+        return pid
+
+    def _refill(self) -> None:
+        queue = self.queue
+        limit = self.limits.max_inflight
+        channel = self.channel
+        while queue and channel is not None and len(self.inflight) < limit:
+            entry = queue.popleft()
+            if entry.qos == 0:
+                self._stored_remove(entry)
+                channel.write(entry.msg.frame(0, None, False, entry.retain))
+            else:
+                self._send_new(entry)
+
+    # -- acknowledgements from the client ------------------------------------------
+
+    def on_puback(self, pid: int) -> bool:
+        entry = self.inflight.get(pid)
+        if entry is None or entry.qos != 1:
+            return False
+        del self.inflight[pid]
+        self._stored_remove(entry)
+        if self.queue:
+            self._refill()
+        return True
+
+    def on_pubrec(self, pid: int) -> bool:
+        entry = self.inflight.get(pid)
+        if entry is None or entry.qos != 2:
+            return False
+        if entry.state == SENT_PUBLISH:
+            entry.state = SENT_PUBREL  # [MQTT-4.3.3-1]: never re-send this PUBLISH
+            self._stored_put(entry)
+        return True
+
+    def on_pubcomp(self, pid: int) -> bool:
+        entry = self.inflight.get(pid)
+        if entry is None or entry.state != SENT_PUBREL:
+            return False
+        del self.inflight[pid]
+        self._stored_remove(entry)
+        if self.queue:
+            self._refill()
+        return True
+
+    # -- connection life -------------------------------------------------------------
+
+    def attach(self, channel) -> None:
+        """Bind to a new connection and re-send what was unacknowledged [MQTT-4.4.0-1]."""
+        self.channel = channel
+        for entry in list(self.inflight.values()):  # original order [MQTT-4.6.0-1]
+            if entry.state == SENT_PUBREL:
+                channel.write(encode(PubRel(entry.packet_id)))
+            else:
+                channel.write(entry.msg.frame(entry.qos, entry.packet_id, True, entry.retain))
+        self._refill()
+
+    def detach(self) -> None:
+        self.channel = None
+
+    def subscribe(self, topic_filter: str, qos: int) -> None:
+        self.subscriptions[topic_filter] = qos
+        self._stored_subscriptions()
+
+    def unsubscribe(self, topic_filter: str) -> bool:
+        if self.subscriptions.pop(topic_filter, None) is None:
+            return False
+        self._stored_subscriptions()
+        return True
+
+    @property
+    def pending(self) -> int:
+        return len(self.queue) + len(self.inflight)
+
+    # -- storage hooks: no-ops in memory, journaled by DurableSession ----------------
+
+    def _stored_put(self, entry: Entry) -> None:
+        pass
+
+    def _stored_remove(self, entry: Entry) -> None:
+        pass
+
+    def _stored_subscriptions(self) -> None:
+        pass
+
+
+class DurableSession(Session):
+    """A CleanSession=0 session whose every change is journaled for the store.
+
+    The journal is an in-memory list of operations; the I/O layer commits it in
+    groups and only then releases the acknowledgements that depend on it.
+    """
+    durable = True
+
+    def __init__(self, client_id: str, limits: Limits, journal):
+        super().__init__(client_id, False, limits)
+        self.journal = journal
+        self._next_key = 1
+
+    def _new_entry(self, msg, qos: int, retain: bool) -> Entry:
+        entry = Entry(msg, qos, retain, self._next_key)
+        self._next_key += 1
+        return entry
+
+    def _stored_put(self, entry: Entry) -> None:
+        self.journal.message_put(self.client_id, entry)
+
+    def _stored_remove(self, entry: Entry) -> None:
+        self.journal.message_remove(self.client_id, entry.key)
+
+    def _stored_subscriptions(self) -> None:
+        self.journal.session_put(self.client_id, self.subscriptions)

@@ -1,0 +1,252 @@
+"""Topic tries: topic filters -> subscribers, and topic names -> retained values.
+
+Pure data structures (section 4.7 of MQTT 3.1.1). They leave to their caller
+what a subscriber is (a session, a mesh node) and what a retained value holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+__all__ = ["filter_matches", "SubscriptionTrie", "RetainedTrie"]
+
+
+def filter_matches(topic_filter: str, topic: str) -> bool:
+    """Reference matcher for one filter and one topic name (section 4.7)."""
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False  # [MQTT-4.7.2-1]
+    f_levels = topic_filter.split("/")
+    t_levels = topic.split("/")
+    for i, f in enumerate(f_levels):
+        if f == "#":
+            return True
+        if i >= len(t_levels):
+            return False
+        if f != "+" and f != t_levels[i]:
+            return False
+    return len(f_levels) == len(t_levels)
+
+
+class _Node:
+    __slots__ = ("children", "subs")
+
+    def __init__(self):
+        self.children: dict[str, _Node] = {}
+        self.subs: dict[Any, int] | None = None
+
+
+class SubscriptionTrie:
+    """Maps topic filters to {subscriber: qos}; ``match`` gives each subscriber once.
+
+    Overlapping filters of one subscriber give one entry at the highest QoS
+    [MQTT-3.3.5-1]. Results are cached per topic until the next change.
+    """
+
+    def __init__(self, cache_size: int = 65536):
+        self._root = _Node()
+        self._cache: dict[str, dict[Any, int]] = {}
+        self._cache_size = cache_size
+        self._filters: dict[str, int] = {}  # filter -> number of subscribers
+
+    def __len__(self) -> int:
+        return len(self._filters)
+
+    def filters(self) -> Iterator[str]:
+        return iter(self._filters)
+
+    def add(self, topic_filter: str, subscriber: Any, qos: int) -> bool:
+        """Add or replace one subscription; True when the filter is new to the trie."""
+        node = self._root
+        for level in topic_filter.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        if node.subs is None:
+            node.subs = {}
+        new_filter = not node.subs
+        if subscriber not in node.subs:
+            self._filters[topic_filter] = self._filters.get(topic_filter, 0) + 1
+        node.subs[subscriber] = qos
+        self._cache.clear()
+        return new_filter
+
+    def remove(self, topic_filter: str, subscriber: Any) -> bool:
+        """Remove one subscription; True when the filter has no subscriber left."""
+        path = [self._root]
+        levels = topic_filter.split("/")
+        node = self._root
+        for level in levels:
+            node = node.children.get(level)
+            if node is None:
+                return False
+            path.append(node)
+        if not node.subs or subscriber not in node.subs:
+            return False
+        del node.subs[subscriber]
+        self._cache.clear()
+        count = self._filters[topic_filter] - 1
+        if count:
+            self._filters[topic_filter] = count
+            return False
+        del self._filters[topic_filter]
+        node.subs = None
+        # prune empty branches so the trie does not grow with churn
+        for depth in range(len(levels), 0, -1):
+            node = path[depth]
+            if node.subs or node.children:
+                break
+            del path[depth - 1].children[levels[depth - 1]]
+        return True
+
+    def match(self, topic: str) -> dict[Any, int]:
+        """{subscriber: highest granted qos} for every filter matching ``topic``.
+
+        The returned dict is shared with the cache: callers must not modify it.
+        """
+        hit = self._cache.get(topic)
+        if hit is not None:
+            return hit
+        result: dict[Any, int] = {}
+        levels = topic.split("/")
+        nodes = [self._root]
+        skip_wild = topic.startswith("$")  # [MQTT-4.7.2-1]
+        for level in levels:
+            next_nodes = []
+            for node in nodes:
+                children = node.children
+                if not children:
+                    continue
+                if not skip_wild:
+                    multi = children.get("#")
+                    if multi is not None and multi.subs:
+                        _merge(result, multi.subs)
+                    plus = children.get("+")
+                    if plus is not None:
+                        next_nodes.append(plus)
+                exact = children.get(level)
+                if exact is not None:
+                    next_nodes.append(exact)
+            skip_wild = False
+            nodes = next_nodes
+            if not nodes:
+                break
+        for node in nodes:
+            if node.subs:
+                _merge(result, node.subs)
+            multi = node.children.get("#")  # "a/#" also matches "a" (4.7.1.2)
+            if multi is not None and multi.subs:
+                _merge(result, multi.subs)
+        if len(self._cache) >= self._cache_size:
+            self._cache.clear()
+        self._cache[topic] = result
+        return result
+
+
+def _merge(result: dict, subs: dict) -> None:
+    for sub, qos in subs.items():
+        old = result.get(sub)
+        if old is None or qos > old:
+            result[sub] = qos
+
+
+class RetainedTrie:
+    """Maps topic names to one retained value each; ``match`` walks a filter."""
+
+    def __init__(self):
+        self._root = _Node()
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def get(self, topic: str):
+        node = self._root
+        for level in topic.split("/"):
+            node = node.children.get(level)
+            if node is None:
+                return None
+        return node.subs
+
+    def set(self, topic: str, value) -> None:
+        node = self._root
+        for level in topic.split("/"):
+            child = node.children.get(level)
+            if child is None:
+                child = node.children[level] = _Node()
+            node = child
+        if node.subs is None:
+            self._count += 1
+        node.subs = value
+
+    def delete(self, topic: str) -> bool:
+        levels = topic.split("/")
+        path = [self._root]
+        node = self._root
+        for level in levels:
+            node = node.children.get(level)
+            if node is None:
+                return False
+            path.append(node)
+        if node.subs is None:
+            return False
+        node.subs = None
+        self._count -= 1
+        for depth in range(len(levels), 0, -1):
+            node = path[depth]
+            if node.subs is not None or node.children:
+                break
+            del path[depth - 1].children[levels[depth - 1]]
+        return True
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        stack = [(self._root, [])]
+        while stack:
+            node, prefix = stack.pop()
+            for level, child in node.children.items():
+                path = prefix + [level]
+                if child.subs is not None:
+                    yield "/".join(path), child.subs
+                if child.children:
+                    stack.append((child, path))
+
+    def match(self, topic_filter: str) -> Iterator[tuple[str, Any]]:
+        """Every (topic, value) whose topic matches ``topic_filter``."""
+        f_levels = topic_filter.split("/")
+        # (node, index into f_levels, levels walked so far, at top level)
+        stack = [(self._root, 0, [])]
+        while stack:
+            node, i, path = stack.pop()
+            if i == len(f_levels):
+                if node.subs is not None:
+                    yield "/".join(path), node.subs
+                continue
+            f = f_levels[i]
+            top = i == 0
+            if f == "#":
+                if node.subs is not None and path:  # "a/#" matches "a"
+                    yield "/".join(path), node.subs
+                for topic, value in _walk(node, path):
+                    if not (top and topic.startswith("$")):
+                        yield topic, value
+            elif f == "+":
+                for level, child in node.children.items():
+                    if top and level.startswith("$"):
+                        continue  # [MQTT-4.7.2-1]
+                    stack.append((child, i + 1, path + [level]))
+            else:
+                child = node.children.get(f)
+                if child is not None:
+                    stack.append((child, i + 1, path + [f]))
+
+
+def _walk(node: _Node, prefix: list[str]) -> Iterator[tuple[str, Any]]:
+    stack = [(node, prefix)]
+    while stack:
+        n, p = stack.pop()
+        for level, child in n.children.items():
+            path = p + [level]
+            if child.subs is not None:
+                yield "/".join(path), child.subs
+            if child.children:
+                stack.append((child, path))
