@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from .auth import Auth
+from .flow import Congestion
 from .message import Message
 from .session import DurableSession, Limits, Session
 from .store import Journal
@@ -29,6 +30,7 @@ class BrokerSettings:
     max_packet_size: int = 1_048_576
     max_client_id_length: int = 65535
     connect_timeout: float = 10.0
+    slow_consumer_timeout: float = 5.0
 
 
 class Stats:
@@ -58,7 +60,9 @@ class Broker:
         self.retained = RetainedTrie()
         self.stats = Stats()
         self.seq = 0
+        self.wall_offset = 0.0  # wall-clock time minus the caller's clock, set by the I/O layer
         self.held_ack_channels: set = set()  # channels waiting for a journal commit
+        self.congestion = Congestion(settings.slow_consumer_timeout)
         # hooks for the mesh: called with (filter) when the first local subscriber
         # arrives / the last one leaves, and with (message) for each local publish
         self.on_filter_added: list[Callable[[str], None]] = []
@@ -88,6 +92,7 @@ class Broker:
             session._stored_subscriptions()
         else:
             session = Session(client_id, False, self.settings.limits)
+        session.congestion = self.congestion
         self.sessions[client_id] = session
         return session, False
 
@@ -109,6 +114,7 @@ class Broker:
     def restore_session(self, session: Session) -> None:
         """Re-register a session loaded from the store at start."""
         self.sessions[session.client_id] = session
+        session.congestion = self.congestion
         for topic_filter, qos in session.subscriptions.items():
             self._router_add(topic_filter, session, qos)
 
@@ -158,15 +164,21 @@ class Broker:
         the message, or 0 when nothing it caused needs to become durable.
         """
         journal = self.journal
-        before = journal.writes if journal is not None else 0
+        if journal is None:
+            if msg.retain:
+                self.set_retained(msg)
+            self.dispatch(msg)
+            if self.on_publish:
+                for hook in self.on_publish:
+                    hook(msg)
+            return 0
+        before = journal.writes
         if msg.retain:
             self.set_retained(msg)
         self.dispatch(msg)
         for hook in self.on_publish:
             hook(msg)
-        if journal is not None and journal.writes != before:
-            return journal.batch
-        return 0
+        return journal.batch if journal.writes != before else 0
 
     def dispatch(self, msg: Message) -> int:
         """Deliver to the matching local sessions; the number of sessions reached."""
@@ -174,6 +186,8 @@ class Broker:
         if not matches:
             return 0
         self.stats.messages_sent += len(matches)
+        if self.congestion.reasons:
+            self.congestion.check(matches)
         qos = msg.qos
         auth = self.auth
         if auth.acl is None:

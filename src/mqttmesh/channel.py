@@ -2,12 +2,14 @@
 
 Pure: bytes and times in, bytes and requests out. It leaves to its caller (the
 *owner*, the I/O layer) the socket, the timers, and slow password checks. The
-owner implements three methods:
+owner implements these methods:
 
     owner.wake(channel)                     there are bytes in ``data_to_send()``
     owner.close(channel, reason)            send what is pending, then close
     owner.authenticate(channel, user, pw)   run ``broker.auth.check_slow`` somewhere
                                             and call ``channel.authenticated(rc, now)``
+    owner.pause_reading(channel)            stop feeding this channel for now (flow.py)
+    owner.resume_reading(channel)           feed it again
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
 protocol violation, refused with the statement of the standard it breaks.
@@ -168,7 +170,7 @@ class Channel:
         if publish_will and was_connected and self.will is not None:
             will, self.will = self.will, None
             broker.stats.wills_published += 1
-            self._publish(Message(will.topic, will.payload, will.qos, will.retain))  # [MQTT-3.1.2-16/17]
+            self._publish(Message(will.topic, will.payload, will.qos, will.retain), self.last_rx)  # [MQTT-3.1.2-16/17]
         self.will = None  # [MQTT-3.1.2-10]
 
     # -- CONNECT -------------------------------------------------------------------------------
@@ -229,38 +231,56 @@ class Channel:
 
     def _on_publish(self, pkt: codec.Publish, now: float) -> None:
         qos = pkt.qos
-        session = self.session
-        if qos == 2 and pkt.packet_id in session.awaiting_rel:
-            # a re-sent QoS 2 PUBLISH: acknowledge again, deliver nothing [MQTT-4.3.3-2]
-            self.write(_ack(_PUBREC, pkt.packet_id))
+        if qos == 0:
+            self._publish(Message(pkt.topic, pkt.payload, 0, pkt.retain), now)
             return
-        batch = self._publish(Message(pkt.topic, pkt.payload, qos, pkt.retain))
+        pid = pkt.packet_id
         if qos == 1:
-            self._send_after(_ack(_PUBACK, pkt.packet_id), batch)
-        elif qos == 2:
-            if len(session.awaiting_rel) >= session.limits.max_awaiting_rel:
-                raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL "
-                                                        "(limits.max_awaiting_rel)")
-            session.awaiting_rel.add(pkt.packet_id)
-            if session.durable:
-                session.journal.awaiting_rel_put(session.client_id, pkt.packet_id)
-                batch = session.journal.batch
-            self._send_after(_ack(_PUBREC, pkt.packet_id), batch)
+            batch = self._publish(Message(pkt.topic, pkt.payload, 1, pkt.retain), now)
+            if not batch and not self._held:
+                self.write(_ack(_PUBACK, pid))
+            else:
+                self._send_after(_ack(_PUBACK, pid), batch)
+            return
+        session = self.session
+        awaiting = session.awaiting_rel
+        if pid in awaiting:
+            # a re-sent QoS 2 PUBLISH: acknowledge again, deliver nothing [MQTT-4.3.3-2]
+            self.write(_ack(_PUBREC, pid))
+            return
+        if len(awaiting) >= session.limits.max_awaiting_rel:
+            raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL "
+                                                    "(limits.max_awaiting_rel)")
+        batch = self._publish(Message(pkt.topic, pkt.payload, 2, pkt.retain), now)
+        awaiting.add(pid)
+        if session.durable:
+            session.journal.awaiting_rel_put(session.client_id, pid)
+            batch = session.journal.batch
+        self._send_after(_ack(_PUBREC, pid), batch)
 
-    def _publish(self, msg: Message) -> int:
+    def _publish(self, msg: Message, now: float) -> int:
+        """Hand a message from this client (or its will) to the broker; the journal batch to wait for."""
         broker = self.broker
-        stats = broker.stats
-        stats.messages_received += 1
+        broker.stats.messages_received += 1
         topic = msg.topic
-        if (topic[0] == "$" and not self.is_peer) or not broker.auth.can_publish(
-                self.username, self.client_id, topic):
+        auth = broker.auth
+        if (topic[0] == "$" and not self.is_peer) or (
+                auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)):
             # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
-            stats.publish_denied += 1
+            broker.stats.publish_denied += 1
             return 0
         msg.origin = broker.node_id
-        msg.seq = broker.next_seq()
+        broker.seq += 1
+        msg.seq = broker.seq
         msg.publisher = self.client_id
-        return broker.publish(msg)
+        msg.timestamp = now + broker.wall_offset
+        batch = broker.publish(msg)
+        congestion = broker.congestion
+        if congestion.hit:
+            congestion.hit = False
+            if self.state is CONNECTED:
+                congestion.pause(self)  # read no more from this publisher for now (flow.py)
+        return batch
 
     def _on_pubrel(self, pkt, now: float) -> None:
         session = self.session

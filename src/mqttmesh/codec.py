@@ -421,6 +421,9 @@ _DECODERS = {
 }
 
 
+_ACK_CLASSES = {PUBACK: PubAck, PUBREC: PubRec, PUBREL: PubRel, PUBCOMP: PubComp}
+
+
 class Decoder:
     """Incremental decoder: ``feed`` bytes as they arrive, then iterate ``packets()``.
 
@@ -476,6 +479,41 @@ class Decoder:
                 if end > size:
                     return
                 ptype = first >> 4
+                if ptype == PUBLISH:
+                    # the hot path, inlined: same checks as _decode_publish
+                    qos = (first >> 1) & 0x03
+                    if qos == 3 or (qos == 0 and first & 0x08) or length < 2:
+                        _decode_publish(_Reader(buf, i, end, "PUBLISH"), first & 0x0F)
+                    tend = i + 2 + ((buf[i] << 8) | buf[i + 1])
+                    if tend > end:
+                        raise MalformedPacket("MQTT-4.8.0-1", "PUBLISH topic overruns the packet")
+                    try:
+                        topic = buf[i + 2:tend].decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise MalformedPacket("MQTT-1.5.3-1", f"topic name is not well-formed UTF-8 "
+                                                              f"({exc.reason})") from None
+                    if not topic or "+" in topic or "#" in topic or "\x00" in topic:
+                        _decode_publish(_Reader(buf, i, end, "PUBLISH"), first & 0x0F)
+                    if qos:
+                        if tend + 2 > end:
+                            raise MalformedPacket("MQTT-4.8.0-1", "PUBLISH is truncated")
+                        pid = (buf[tend] << 8) | buf[tend + 1]
+                        if not pid:
+                            raise MalformedPacket("MQTT-2.3.1-1", "PUBLISH with packet identifier 0")
+                        packet = Publish(topic, bytes(buf[tend + 2:end]), qos, first & 1 == 1,
+                                         first & 8 == 8, pid)
+                    else:
+                        packet = Publish(topic, bytes(buf[tend:end]), 0, first & 1 == 1, False, None)
+                    pos = end
+                    yield packet
+                    continue
+                if length == 2 and (first == 0x40 or first == 0x50 or first == 0x62 or first == 0x70):
+                    pid = (buf[i] << 8) | buf[i + 1]  # PUBACK, PUBREC, PUBREL, PUBCOMP
+                    if not pid:
+                        raise MalformedPacket("MQTT-2.3.1-1", f"{PACKET_NAMES[ptype]} with packet identifier 0")
+                    pos = end
+                    yield _ACK_CLASSES[ptype](pid)
+                    continue
                 flags = first & 0x0F
                 decode = _DECODERS.get(ptype)
                 if decode is None:

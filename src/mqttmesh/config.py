@@ -67,6 +67,8 @@ OPTIONS: list[Option] = [
            0.1),
     Option("limits", "max_write_buffer", int, 64 * _MiB, "bytes waiting to be sent to one client before "
            "it is dropped as a slow consumer", 65536),
+    Option("limits", "slow_consumer_timeout", float, 5.0, "seconds an online client may stay unable to take "
+           "messages (while its publishers wait) before it is dropped", 0.1),
     Option("limits", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
     Option("auth", "allow_anonymous", bool, True, "accept clients that send no user name"),
     Option("auth", "password_file", str, "", "password file (manage with `mqttmesh passwd`)"),

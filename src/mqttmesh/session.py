@@ -27,6 +27,15 @@ class Limits:
     drop_policy: str = "oldest"      # which message a full queue drops: "oldest" or "newest"
     max_awaiting_rel: int = 1_000    # inbound QoS 2 packet ids awaiting PUBREL
 
+    @property
+    def queue_high(self) -> int:
+        """An online session with this many queued messages slows its publishers down."""
+        return max(1, self.max_queued // 2)
+
+    @property
+    def queue_low(self) -> int:
+        return self.max_queued // 4
+
 
 class Entry:
     """One message on its way to one session: queued, or in flight with a packet id."""
@@ -58,6 +67,9 @@ class Session:
         self.channel = None                    # the Channel the client is connected on
         self.username: str | None = None
         self.dropped = 0                       # messages a full queue dropped
+        self.congestion = None                 # the broker's Congestion tracker
+        self.backlogged = False                # online, with the queue over queue_high
+        self.acked = 0                         # acknowledgements received, ever (progress)
         self._next_pid = 1
 
     # -- delivery (the hot path) -------------------------------------------------
@@ -88,6 +100,10 @@ class Session:
             self._stored_remove(queue.popleft())
         queue.append(entry)
         self._stored_put(entry)
+        if (not self.backlogged and self.channel is not None and self.congestion is not None
+                and len(queue) >= self.limits.queue_high):
+            self.backlogged = True
+            self.congestion.add(self, "queue")
 
     def _send_new(self, entry: Entry) -> None:
         pid = self._alloc_pid()
@@ -116,6 +132,9 @@ class Session:
                 channel.write(entry.msg.frame(0, None, False, entry.retain))
             else:
                 self._send_new(entry)
+        if self.backlogged and len(queue) <= self.limits.queue_low:
+            self.backlogged = False
+            self.congestion.remove(self, "queue")
 
     # -- acknowledgements from the client ------------------------------------------
 
@@ -124,6 +143,7 @@ class Session:
         if entry is None or entry.qos != 1:
             return False
         del self.inflight[pid]
+        self.acked += 1
         self._stored_remove(entry)
         if self.queue:
             self._refill()
@@ -143,6 +163,7 @@ class Session:
         if entry is None or entry.state != SENT_PUBREL:
             return False
         del self.inflight[pid]
+        self.acked += 1
         self._stored_remove(entry)
         if self.queue:
             self._refill()
@@ -162,6 +183,9 @@ class Session:
 
     def detach(self) -> None:
         self.channel = None
+        self.backlogged = False
+        if self.congestion is not None:
+            self.congestion.forget(self)  # offline: the queue limit and drop policy apply
 
     def subscribe(self, topic_filter: str, qos: int) -> None:
         self.subscriptions[topic_filter] = qos

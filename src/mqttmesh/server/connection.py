@@ -84,10 +84,17 @@ class Connection(asyncio.Protocol):
             log.info("client %r from %s: %s", channel.client_id or "-", self.peer, reason)
 
     def pause_writing(self) -> None:
+        # the client reads slower than we write: its publishers wait (flow.py)
         self.paused = True
+        channel = self.channel
+        if channel is not None and channel.session is not None and channel.session.channel is channel:
+            self.node.broker.congestion.add(channel.session, "socket")
 
     def resume_writing(self) -> None:
         self.paused = False
+        channel = self.channel
+        if channel is not None and channel.session is not None:
+            self.node.broker.congestion.remove(channel.session, "socket")
 
     # -- the Channel's owner interface ------------------------------------------------------
 
@@ -108,6 +115,14 @@ class Connection(asyncio.Protocol):
 
     def authenticate(self, channel, username, password) -> None:
         self.node.authenticate(self, username, password)
+
+    def pause_reading(self, channel) -> None:
+        if not self.closing:
+            self.transport.pause_reading()
+
+    def resume_reading(self, channel) -> None:
+        if not self.closing and not self.transport.is_closing():
+            self.transport.resume_reading()
 
     # -- writing and timers ----------------------------------------------------------------------
 

@@ -51,6 +51,7 @@ class Node:
             max_packet_size=config.get("limits.max_packet_size"),
             max_client_id_length=config.get("limits.max_client_id_length"),
             connect_timeout=config.get("limits.connect_timeout"),
+            slow_consumer_timeout=config.get("limits.slow_consumer_timeout"),
         )
         self.store: SqliteStore | None = None
         journal = None
@@ -89,6 +90,8 @@ class Node:
             log.warning("no data directory: running in memory; persistent sessions and retained "
                         "messages are lost when this node stops (set --data-dir)")
         broker.seq = self.incarnation << 32  # (node, seq) stays unique across restarts
+        broker.wall_offset = time.time() - self.loop.time()
+        self._housekeeping = self.loop.call_later(1.0, self._sweep)
         self._server = await self.loop.create_server(
             lambda: Connection(self), self.config.host, self.config.port, backlog=1024,
             reuse_address=True)
@@ -109,6 +112,7 @@ class Node:
             self._server.close()
         if self._sys_task is not None:
             self._sys_task.cancel()
+        self._housekeeping.cancel()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.flush()
@@ -126,6 +130,28 @@ class Node:
                 self.store.write(ops)
             self.store.close()
         log.info("node %r stopped", self.node_id)
+
+    def _sweep(self) -> None:
+        """Once a second: drop consumers that stayed congested past the timeout."""
+        now = self.loop.time()
+        congestion = self.broker.congestion
+        if congestion.reasons:
+            log.debug("congested: %s; paused publishers: %d",
+                      {s.client_id: sorted(r) for s, r in congestion.reasons.items()}, len(congestion.paused))
+        for session in congestion.sweep(now, self._progress):
+            if session.channel is not None:
+                self.broker.stats.slow_consumers += 1
+                session.channel.close(f"slow consumer: could not take messages for "
+                                      f"{self.broker.congestion.timeout:g}s")
+        self._housekeeping = self.loop.call_later(1.0, self._sweep)
+
+    @staticmethod
+    def _progress(session):
+        channel = session.channel
+        conn = channel.owner if channel is not None else None
+        transport = getattr(conn, "transport", None)
+        buffered = transport.get_write_buffer_size() if transport is not None else 0
+        return session.acked, buffered
 
     # -- admission ------------------------------------------------------------------------
 
