@@ -26,6 +26,7 @@ class Option:
     minimum: float | None = None
     maximum: float | None = None
     choices: tuple | None = None
+    flag_name: str | None = None  # when the key alone would be ambiguous as a flag
 
     @property
     def name(self) -> str:
@@ -33,7 +34,7 @@ class Option:
 
     @property
     def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
+        return self.flag_name or "--" + self.key.replace("_", "-")
 
     @property
     def dest(self) -> str:
@@ -74,8 +75,9 @@ OPTIONS: list[Option] = [
     Option("auth", "password_file", str, "", "password file (manage with `mqttmesh passwd`)"),
     Option("auth", "acl_file", str, "", "ACL file; when set, what it does not grant is denied"),
     Option("store", "synchronous", str, "normal", "SQLite synchronous mode: normal survives a crash of the "
-           "process, full also a power loss", choices=("normal", "full")),
-    Option("sys", "sys_interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0),
+           "process, full also a power loss", choices=("normal", "full"), flag_name="--store-synchronous"),
+    Option("sys", "interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0,
+           flag_name="--sys-interval"),
 ]
 
 _BY_NAME = {o.name: o for o in OPTIONS}

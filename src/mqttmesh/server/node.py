@@ -97,12 +97,14 @@ class Node:
             reuse_address=True)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        if not self.config.node_id:  # host-port, with the port actually bound
+            self.node_id = broker.node_id = broker.settings.node_id = f"{self.config.host}-{self.port}"
         if self.config.port_file:
             tmp = self.config.port_file + ".tmp"
             with open(tmp, "w") as fh:
                 fh.write(f"{self.port}\n")
             os.replace(tmp, self.config.port_file)
-        if self.config.get("sys.sys_interval") > 0:
+        if self.config.get("sys.interval") > 0:
             self._sys_task = self.loop.create_task(self._sys_loop())
         log.info("mqttmesh %s node %r listening on %s:%d (pid %d)", __version__, self.node_id,
                  self.config.host, self.port, os.getpid())
@@ -117,6 +119,10 @@ class Node:
             if conn.transport is not None:
                 conn.flush()
                 conn.transport.close()
+        # let connection_lost run for each, so what it changes is in the last commit
+        deadline = self.loop.time() + 2.0
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.01)
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
@@ -232,7 +238,7 @@ class Node:
     # -- $SYS ---------------------------------------------------------------------------------
 
     async def _sys_loop(self) -> None:
-        interval = self.config.get("sys.sys_interval")
+        interval = self.config.get("sys.interval")
         self.publish_sys("$SYS/broker/version", f"mqttmesh {__version__}")
         self.publish_sys("$SYS/broker/node", self.node_id)
         while True:
