@@ -1,0 +1,1 @@
+"""The mesh: peer links, link-state routing with interest, envelopes (pure cores)."""

@@ -1,0 +1,66 @@
+"""Duplicate filters with bounded memory.
+
+Pure. ``ForwardFilter`` remembers, per copy of a message (origin, sequence,
+attempt), the destinations this node already handled, so a copy that comes
+round again is not forwarded twice. ``DeliveryFilter`` remembers which
+messages were delivered here, so a retransmission reaches local subscribers
+once. Both forget the oldest entries beyond their capacity.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+
+__all__ = ["ForwardFilter", "DeliveryFilter"]
+
+
+class ForwardFilter:
+    def __init__(self, capacity: int = 65536):
+        self.capacity = capacity
+        self._seen: OrderedDict[tuple, set] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def claim(self, key: tuple, dests: list[str]) -> list[str]:
+        """The destinations of ``dests`` not yet handled for ``key``; they are now."""
+        done = self._seen.get(key)
+        if done is None:
+            self._seen[key] = set(dests)
+            if len(self._seen) > self.capacity:
+                self._seen.popitem(last=False)
+            return dests
+        fresh = [d for d in dests if d not in done]
+        done.update(fresh)
+        return fresh
+
+
+class DeliveryFilter:
+    """Per origin: the recent sequence numbers delivered, and a floor below which all count."""
+
+    def __init__(self, window: int = 65536):
+        self.window = window
+        self._origins: dict[str, tuple[set, deque, list]] = {}
+
+    def seen(self, origin: str, seq: int) -> bool:
+        """True if (origin, seq) was delivered before; otherwise remember it and say False."""
+        state = self._origins.get(origin)
+        if state is None:
+            state = self._origins[origin] = (set(), deque(), [-1])
+        members, order, floor = state
+        if seq <= floor[0] or seq in members:
+            return True
+        members.add(seq)
+        order.append(seq)
+        if len(order) > self.window:
+            old = order.popleft()
+            members.discard(old)
+            if old > floor[0]:
+                floor[0] = old
+        return False
+
+    def forget_origin(self, origin: str) -> None:
+        self._origins.pop(origin, None)
+
+    def __len__(self) -> int:
+        return sum(len(s[0]) for s in self._origins.values())

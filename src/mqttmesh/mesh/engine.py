@@ -1,0 +1,719 @@
+"""The mesh routing engine: link-state with interest, like multicast OSPF.
+
+Pure: events in, actions out. No sockets, no asyncio, no clock of its own;
+every method that depends on time takes ``now``. The broker runs it over peer
+links; the simulator runs the very same class over a simulated network. It
+leaves to its caller the links themselves (which peers are up, how bytes reach
+them), the clock, local delivery and when an end-to-end acknowledgement may
+leave (after the store committed what the delivery changed).
+
+What travels between neighbours (``kind`` of a Send action):
+
+    hello   link-local: who I am (node id, incarnation, addresses)
+    cost    link-local: the measured cost of our link (the dialling side measures)
+    dbsum   link-local, on link up: the versions of every advertisement I hold
+    lsreq   link-local: send me these advertisements (I hold older ones)
+    lsa     flooded: router and interest advertisements
+    fwd     routed: a batch of envelopes (application messages)
+    e2e     routed: end-to-end acknowledgements of QoS 1/2 messages, to their origin
+
+Events return the local deliveries they cause; everything to send leaves at
+the next ``flush(now)`` (the broker calls it once per event-loop iteration, so
+envelopes and advertisements are batched per neighbour). Actions are tuples:
+
+    ("send", peer, kind, payload: bytes, qos)      from flush() and tick()
+    ("deliver", message, needs_ack)                from receive(): deliver locally;
+                                                   if needs_ack, call delivered(message)
+                                                   once the delivery is safe
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from ..message import Message
+from ..topics import SubscriptionTrie
+from .dedup import DeliveryFilter, ForwardFilter
+from .envelope import Envelope, EnvelopeError, decode_batch, encode_batch
+from .spf import shortest_paths
+
+__all__ = ["MeshSettings", "MeshEngine", "RouterLsa", "InterestState", "MeshProtocolError"]
+
+
+class MeshProtocolError(ValueError):
+    """A neighbour sent something that does not parse; its link should be closed."""
+
+
+@dataclass
+class MeshSettings:
+    hop_limit: int = 32
+    refresh_interval: float = 30.0    # re-originate our router advertisement this often
+    max_age: float = 120.0            # forget an unreachable node's advertisements after this
+    min_cost: int = 1000              # link cost floor, microseconds of round-trip time
+    cost_change: float = 0.25         # re-advertise a link when its cost moves by this fraction
+    dedup_window: int = 65536
+    custody_limit: int = 100_000      # QoS 1/2 messages held at their origin until acknowledged
+    custody_timeout: float = 3600.0   # give up on a destination after this long
+    retransmit_after: float = 2.0     # first end-to-end retransmission; doubles up to 30 s
+    max_batch_bytes: int = 256 * 1024
+
+
+@dataclass
+class RouterLsa:
+    node: str
+    inc: int
+    seq: int
+    addresses: list[str]
+    links: dict[str, int]
+    received: float = 0.0
+
+    def to_json(self) -> dict:
+        return {"t": "router", "node": self.node, "inc": self.inc, "seq": self.seq,
+                "addr": self.addresses, "links": self.links}
+
+
+@dataclass
+class InterestState:
+    node: str
+    inc: int
+    ver: int
+    filters: set[str] = field(default_factory=set)
+
+    def full_json(self) -> dict:
+        return {"t": "interest", "node": self.node, "inc": self.inc, "ver": self.ver,
+                "full": sorted(self.filters)}
+
+
+class _Custody:
+    __slots__ = ("msg", "dests", "attempt", "due", "since")
+
+    def __init__(self, msg: Message, dests: set[str], due: float, since: float):
+        self.msg, self.dests, self.attempt, self.due, self.since = msg, dests, 0, due, since
+
+
+class PeerStats:
+    __slots__ = ("envelopes_out", "envelopes_in", "batches_out", "batches_in", "control_out",
+                 "control_in", "control_bytes_out")
+
+    def __init__(self):
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self):
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class MeshEngine:
+    def __init__(self, node_id: str, incarnation: int, addresses: list[str] | None = None,
+                 settings: MeshSettings | None = None):
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.addresses = list(addresses or [])
+        self.settings = settings or MeshSettings()
+        # our own state
+        self._seq = 0                                # router advertisement sequence
+        self._links: dict[str, int] = {}             # live neighbours -> advertised cost
+        self._measured: dict[str, float] = {}        # neighbour -> smoothed rtt (us)
+        self._local_filters: set[str] = set()
+        self._interest_ver = 0
+        self._pending_add: set[str] = set()
+        self._pending_del: set[str] = set()
+        # what we know of everybody (including ourselves)
+        self.routers: dict[str, RouterLsa] = {}
+        self.interests: dict[str, InterestState] = {}
+        self.remote = SubscriptionTrie()             # filter -> {node: 0} of other nodes
+        self.next_hop: dict[str, str] = {}
+        self.distance: dict[str, int] = {}
+        self.parent: dict[str, str] = {}
+        self._spf_dirty = True
+        # data plane
+        self._outbox: dict[str, list[Envelope]] = {}
+        self._acks_out: dict[str, list[int]] = {}    # origin -> seqs delivered here
+        self._acks_relay: dict[str, list] = {}       # next hop -> [[to, from, seqs], ...]
+        self.forward_filter = ForwardFilter(self.settings.dedup_window)
+        self.delivery_filter = DeliveryFilter(self.settings.dedup_window)
+        self.custody: dict[int, _Custody] = {}
+        self._flood_out: dict[str, list[dict]] = {}  # neighbour -> advertisements to send
+        self._control_out: list[tuple] = []          # other link-local control messages
+        self._last_refresh = 0.0
+        self.peer_stats: dict[str, PeerStats] = {}
+        self.counters = {
+            "routed": 0, "delivered": 0, "duplicates": 0, "hop_limit_drops": 0,
+            "unreachable_drops": 0, "custody_retransmits": 0, "custody_expired": 0,
+            "custody_overflow": 0, "lsa_originated": 0, "lsa_received": 0, "lsa_flooded": 0,
+            "spf_runs": 0,
+        }
+        self.spf_seconds = 0.0  # set by the caller if it times spf (the engine has no clock)
+        self.changes = 0        # bumps whenever the map or interest changes (status refresh)
+
+    # ------------------------------------------------------------------ start and hello
+
+    def start(self, now: float) -> list:
+        self._originate_router(now)
+        self._interest_ver = 1
+        mine = InterestState(self.node_id, self.incarnation, 1, set(self._local_filters))
+        self.interests[self.node_id] = mine
+        return []
+
+    def hello(self) -> bytes:
+        return json.dumps({"node": self.node_id, "inc": self.incarnation,
+                           "addr": self.addresses}).encode()
+
+    @staticmethod
+    def parse_hello(payload: bytes) -> dict:
+        try:
+            hello = json.loads(payload)
+            if not isinstance(hello["node"], str) or not isinstance(hello["inc"], int):
+                raise ValueError("bad hello fields")
+            return hello
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MeshProtocolError(f"invalid hello: {exc}") from None
+
+    # ------------------------------------------------------------------ links
+
+    def link_up(self, peer: str, now: float, cost: int | None = None) -> list:
+        if peer == self.node_id:
+            return []
+        self._links[peer] = max(self.settings.min_cost, cost or self.settings.min_cost)
+        self.peer_stats.setdefault(peer, PeerStats())
+        self._originate_router(now)
+        self._spf_dirty = True
+        # database exchange: tell the new neighbour what we hold (OSPF-style summary)
+        summary = {}
+        for node, r in self.routers.items():
+            i = self.interests.get(node)
+            summary[node] = [r.inc, r.seq, i.inc if i else -1, i.ver if i else -1]
+        self._send_control(peer, "dbsum", summary)
+        self._retransmit_soon(now)
+        return []
+
+    def link_down(self, peer: str, now: float) -> list:
+        if self._links.pop(peer, None) is None:
+            return []
+        self._measured.pop(peer, None)
+        stranded = self._outbox.pop(peer, [])
+        self._flood_out.pop(peer, None)
+        self._acks_relay.pop(peer, None)
+        self._originate_router(now)
+        self._spf_dirty = True
+        for env in stranded:  # queued for the dead link, not yet sent: take the new route
+            self._send_envelope(env)
+        self._retransmit_soon(now)
+        return []
+
+    def link_rtt(self, peer: str, rtt_us: float, now: float) -> list:
+        """A round-trip sample on a link we dialled; may re-advertise its cost."""
+        if peer not in self._links:
+            return []
+        old = self._measured.get(peer)
+        srtt = rtt_us if old is None else 0.875 * old + 0.125 * rtt_us
+        self._measured[peer] = srtt
+        if self._set_cost(peer, int(srtt), now):
+            self._send_control(peer, "cost", {"cost": self._links[peer]})
+        return []
+
+    def _set_cost(self, peer: str, cost: int, now: float) -> bool:
+        cost = max(self.settings.min_cost, cost)
+        current = self._links.get(peer)
+        if current is None:
+            return False
+        if abs(cost - current) <= self.settings.cost_change * current:
+            return False
+        self._links[peer] = cost
+        self._originate_router(now)
+        self._spf_dirty = True
+        return True
+
+    @property
+    def neighbours(self) -> list[str]:
+        return sorted(self._links)
+
+    # ------------------------------------------------------------------ local interest
+
+    def local_filter_added(self, topic_filter: str) -> None:
+        if topic_filter in self._local_filters:
+            return
+        self._local_filters.add(topic_filter)
+        if topic_filter in self._pending_del:
+            self._pending_del.discard(topic_filter)
+        else:
+            self._pending_add.add(topic_filter)
+
+    def local_filter_removed(self, topic_filter: str) -> None:
+        if topic_filter not in self._local_filters:
+            return
+        self._local_filters.discard(topic_filter)
+        if topic_filter in self._pending_add:
+            self._pending_add.discard(topic_filter)
+        else:
+            self._pending_del.add(topic_filter)
+
+    # ------------------------------------------------------------------ advertisements
+
+    def _originate_router(self, now: float) -> None:
+        self._seq += 1
+        lsa = RouterLsa(self.node_id, self.incarnation, self._seq, list(self.addresses),
+                        dict(self._links), now)
+        self.routers[self.node_id] = lsa
+        self._last_refresh = now
+        self.counters["lsa_originated"] += 1
+        self.changes += 1
+        self._flood(lsa.to_json(), exclude=None)
+
+    def _originate_interest_delta(self) -> None:
+        if not self._pending_add and not self._pending_del:
+            return
+        mine = self.interests[self.node_id]
+        base = self._interest_ver
+        self._interest_ver += 1
+        mine.ver = self._interest_ver
+        mine.filters = set(self._local_filters)
+        delta = {"t": "interest", "node": self.node_id, "inc": self.incarnation, "ver": self._interest_ver,
+                 "base": base, "add": sorted(self._pending_add), "del": sorted(self._pending_del)}
+        self._pending_add.clear()
+        self._pending_del.clear()
+        self.counters["lsa_originated"] += 1
+        self.changes += 1
+        self._flood(delta, exclude=None)
+
+    def _flood(self, lsa: dict, exclude: str | None) -> None:
+        for peer in self._links:
+            if peer != exclude:
+                self._flood_out.setdefault(peer, []).append(lsa)
+
+    def _receive_lsas(self, peer: str, lsas: list, now: float) -> None:
+        requests: list[list] = []
+        for lsa in lsas:
+            self.counters["lsa_received"] += 1
+            kind = lsa.get("t")
+            node = lsa.get("node")
+            if not isinstance(node, str):
+                raise MeshProtocolError("advertisement without node")
+            if node == self.node_id:
+                self._own_lsa_echo(lsa, now)
+                continue
+            if kind == "router":
+                self._install_router(peer, lsa, now)
+            elif kind == "interest":
+                need = self._install_interest(peer, lsa)
+                if need:
+                    requests.append([node, "interest"])
+            else:
+                raise MeshProtocolError(f"unknown advertisement type {kind!r}")
+        if requests:
+            self._send_control(peer, "lsreq", requests)
+
+    def _own_lsa_echo(self, lsa: dict, now: float) -> None:
+        """An advertisement of ours from an earlier life: out-number it."""
+        if lsa.get("t") == "router":
+            inc, seq = lsa.get("inc", 0), lsa.get("seq", 0)
+            if (inc, seq) > (self.incarnation, self._seq):
+                if inc > self.incarnation:
+                    self.incarnation = inc + 1  # cannot happen with a store; defensive
+                self._seq = seq
+                self._originate_router(now)
+        elif lsa.get("t") == "interest":
+            if (lsa.get("inc", 0), lsa.get("ver", 0)) > (self.incarnation, self._interest_ver):
+                self._interest_ver = lsa["ver"] + 1
+                mine = self.interests[self.node_id]
+                mine.ver = self._interest_ver
+                full = mine.full_json()
+                self._flood(full, exclude=None)
+
+    def _install_router(self, peer: str, lsa: dict, now: float) -> None:
+        node = lsa["node"]
+        key = (lsa["inc"], lsa["seq"])
+        have = self.routers.get(node)
+        if have is not None and (have.inc, have.seq) >= key:
+            if (have.inc, have.seq) > key:
+                self._send_control(peer, "lsa", [have.to_json()])  # teach the neighbour
+            return
+        links = {str(k): int(v) for k, v in lsa.get("links", {}).items()}
+        self.routers[node] = RouterLsa(node, lsa["inc"], lsa["seq"], list(lsa.get("addr", [])), links, now)
+        if have is not None and have.inc != lsa["inc"]:
+            # a new incarnation: what we knew of its interest is from its earlier life
+            old = self.interests.get(node)
+            if old is not None and old.inc < lsa["inc"]:
+                self._set_interest(node, None)
+            self.delivery_filter.forget_origin(node)
+        self._spf_dirty = True
+        self.changes += 1
+        self.counters["lsa_flooded"] += 1
+        self._flood(lsa, exclude=peer)
+
+    def _install_interest(self, peer: str, lsa: dict) -> bool:
+        """Apply a full or delta interest advertisement; True when we must ask for a full one."""
+        node, inc, ver = lsa["node"], lsa["inc"], lsa["ver"]
+        have = self.interests.get(node)
+        if have is not None and (have.inc, have.ver) >= (inc, ver):
+            return False
+        if "full" in lsa:
+            self._set_interest(node, InterestState(node, inc, ver, set(lsa["full"])))
+        else:
+            if have is None or have.inc != inc or have.ver != lsa.get("base"):
+                return True  # a gap: we cannot apply this delta
+            filters = set(have.filters)
+            filters.difference_update(lsa.get("del", []))
+            filters.update(lsa.get("add", []))
+            self._set_interest(node, InterestState(node, inc, ver, filters))
+        self.counters["lsa_flooded"] += 1
+        self._flood(lsa, exclude=peer)
+        return False
+
+    def _set_interest(self, node: str, state: InterestState | None) -> None:
+        old = self.interests.get(node)
+        old_filters = old.filters if old is not None else set()
+        new_filters = state.filters if state is not None else set()
+        for f in old_filters - new_filters:
+            self.remote.remove(f, node)
+        for f in new_filters - old_filters:
+            self.remote.add(f, node, 0)
+        if state is None:
+            self.interests.pop(node, None)
+        else:
+            self.interests[node] = state
+        self.changes += 1
+
+    def _receive_dbsum(self, peer: str, summary: dict, now: float) -> None:
+        requests = []
+        push = []
+        for node, versions in summary.items():
+            if node == self.node_id:
+                continue
+            r_inc, r_seq, i_inc, i_ver = versions
+            have_r = self.routers.get(node)
+            if have_r is None or (have_r.inc, have_r.seq) < (r_inc, r_seq):
+                requests.append([node, "router"])
+            elif (have_r.inc, have_r.seq) > (r_inc, r_seq):
+                push.append(have_r.to_json())
+            have_i = self.interests.get(node)
+            if i_inc >= 0 and (have_i is None or (have_i.inc, have_i.ver) < (i_inc, i_ver)):
+                requests.append([node, "interest"])
+            elif have_i is not None and (have_i.inc, have_i.ver) > (i_inc, i_ver):
+                push.append(have_i.full_json())
+        for node, r in self.routers.items():
+            if node not in summary:
+                push.append(r.to_json())
+                i = self.interests.get(node)
+                if i is not None:
+                    push.append(i.full_json())
+        if push:
+            self._send_control(peer, "lsa", push)
+        if requests:
+            self._send_control(peer, "lsreq", requests)
+
+    def _receive_lsreq(self, peer: str, requests: list) -> None:
+        out = []
+        for node, kind in requests:
+            if kind == "router" and node in self.routers:
+                out.append(self.routers[node].to_json())
+            elif kind == "interest" and node in self.interests:
+                out.append(self.interests[node].full_json())
+        if out:
+            self._send_control(peer, "lsa", out)
+
+    def _send_control(self, peer: str, kind: str, body) -> None:
+        if kind == "lsa":
+            self._flood_out.setdefault(peer, []).extend(body)
+        else:
+            self._control_out.append((peer, kind, body))
+
+    # ------------------------------------------------------------------ receiving from a neighbour
+
+    def receive(self, peer: str, kind: str, payload: bytes, now: float) -> list:
+        """Something a neighbour sent on our link; returns the local deliveries it causes."""
+        stats = self.peer_stats.setdefault(peer, PeerStats())
+        if kind == "fwd":
+            stats.batches_in += 1
+            try:
+                envelopes = decode_batch(payload)
+            except EnvelopeError as exc:
+                raise MeshProtocolError(str(exc)) from None
+            stats.envelopes_in += len(envelopes)
+            actions: list = []
+            for env in envelopes:
+                self._handle_envelope(peer, env, actions)
+            return actions
+        stats.control_in += 1
+        try:
+            body = json.loads(payload)
+        except ValueError as exc:
+            raise MeshProtocolError(f"{kind}: invalid JSON ({exc})") from None
+        try:
+            if kind == "lsa":
+                self._receive_lsas(peer, body, now)
+            elif kind == "dbsum":
+                self._receive_dbsum(peer, body, now)
+            elif kind == "lsreq":
+                self._receive_lsreq(peer, body)
+            elif kind == "e2e":
+                self._receive_acks(body)
+            elif kind == "cost":
+                self._set_cost(peer, int(body["cost"]), now)
+            else:
+                raise MeshProtocolError(f"unknown message kind {kind!r}")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            if isinstance(exc, MeshProtocolError):
+                raise
+            raise MeshProtocolError(f"{kind}: malformed ({exc!r})") from None
+        return []
+
+    # ------------------------------------------------------------------ data plane
+
+    def _ensure_spf(self) -> None:
+        if self._spf_dirty:
+            links = {node: r.links for node, r in self.routers.items()}
+            links[self.node_id] = dict(self._links)
+            self.next_hop, self.distance, self.parent = shortest_paths(self.node_id, links)
+            self._spf_dirty = False
+            self.counters["spf_runs"] += 1
+
+    def route_local(self, msg: Message, now: float) -> None:
+        """A message published at this node: forward it to the nodes that want it.
+
+        The envelopes leave at the next ``flush``; QoS 1/2 messages stay in our
+        custody until every destination acknowledged them end to end.
+        """
+        matches = self.remote.match(msg.topic)
+        if not matches:
+            return
+        self.counters["routed"] += 1
+        dests = [n for n in matches if n != self.node_id]
+        if not dests:
+            return
+        if msg.qos:
+            if len(self.custody) >= self.settings.custody_limit:
+                self.counters["custody_overflow"] += 1
+            else:
+                self.custody[msg.seq] = _Custody(msg, set(dests), now + self.settings.retransmit_after, now)
+        self.forward_filter.claim((msg.origin, msg.seq, 0), dests)
+        self._send_envelope(Envelope(msg, dests, self.settings.hop_limit, 0))
+
+    def _send_envelope(self, env: Envelope) -> None:
+        """Split the destinations by next hop and queue one envelope per next hop."""
+        self._ensure_spf()
+        next_hop = self.next_hop
+        if len(env.dests) == 1:
+            hop = next_hop.get(env.dests[0])
+            if hop is None:
+                self.counters["unreachable_drops"] += 1
+                return
+            self._outbox.setdefault(hop, []).append(env)
+            return
+        by_hop: dict[str, list[str]] = {}
+        for d in env.dests:
+            hop = next_hop.get(d)
+            if hop is None:
+                self.counters["unreachable_drops"] += 1
+                continue
+            by_hop.setdefault(hop, []).append(d)
+        for hop, dests in by_hop.items():
+            self._outbox.setdefault(hop, []).append(Envelope(env.msg, dests, env.hop_limit, env.attempt))
+
+    def _handle_envelope(self, peer: str, env: Envelope, actions: list) -> None:
+        msg = env.msg
+        dests = self.forward_filter.claim((msg.origin, msg.seq, env.attempt), env.dests)
+        if len(dests) < len(env.dests):
+            self.counters["duplicates"] += 1
+        if not dests:
+            return
+        me = self.node_id
+        if me in dests:
+            if msg.qos:
+                if self.delivery_filter.seen(msg.origin, msg.seq):
+                    self.counters["duplicates"] += 1
+                    self._ack(msg)  # the origin did not hear our earlier acknowledgement
+                else:
+                    self.counters["delivered"] += 1
+                    actions.append(("deliver", msg, True))
+            elif not self.delivery_filter.seen(msg.origin, msg.seq):
+                self.counters["delivered"] += 1
+                actions.append(("deliver", msg, False))
+            if len(dests) == 1:
+                return
+            dests = [d for d in dests if d != me]
+        if env.hop_limit <= 1:
+            self.counters["hop_limit_drops"] += 1
+            return
+        self._send_envelope(Envelope(msg, dests, env.hop_limit - 1, env.attempt))
+
+    # ------------------------------------------------------------------ end-to-end acknowledgements
+
+    def delivered(self, msg: Message) -> None:
+        """A QoS 1/2 message from another node is safely ours: acknowledge it to its origin."""
+        self._ack(msg)
+
+    def _ack(self, msg: Message) -> None:
+        self._acks_out.setdefault(msg.origin, []).append(msg.seq)
+
+    def _receive_acks(self, groups: list) -> None:
+        for to, frm, seqs in groups:
+            if to == self.node_id:
+                custody = self.custody
+                for seq in seqs:
+                    c = custody.get(seq)
+                    if c is not None:
+                        c.dests.discard(frm)
+                        if not c.dests:
+                            del custody[seq]
+            else:
+                self._relay_ack(to, frm, seqs)
+
+    def _relay_ack(self, to: str, frm: str, seqs: list) -> None:
+        self._ensure_spf()
+        hop = self.next_hop.get(to)
+        if hop is not None:
+            self._acks_relay.setdefault(hop, []).append([to, frm, seqs])
+
+    def _retransmit_soon(self, now: float) -> None:
+        for c in self.custody.values():
+            c.due = min(c.due, now)
+
+    def _retransmit_due(self, now: float) -> None:
+        if not self.custody:
+            return
+        settings = self.settings
+        expired = []
+        self._ensure_spf()
+        interest = self.remote
+        for seq, c in self.custody.items():
+            if c.due > now:
+                continue
+            if now - c.since > settings.custody_timeout:
+                expired.append(seq)
+                continue
+            # a destination that no longer wants the topic is done
+            wanted = interest.match(c.msg.topic)
+            c.dests = {d for d in c.dests if d in wanted}
+            if not c.dests:
+                expired.append(seq)
+                continue
+            reachable = [d for d in c.dests if d in self.next_hop]
+            c.attempt = min(c.attempt + 1, 255)
+            c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
+            if reachable:
+                self.counters["custody_retransmits"] += 1
+                self.forward_filter.claim((c.msg.origin, c.msg.seq, c.attempt), reachable)
+                self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt))
+        for seq in expired:
+            c = self.custody.pop(seq)
+            if c.dests:
+                self.counters["custody_expired"] += 1
+
+    # ------------------------------------------------------------------ time and output
+
+    def flush(self, now: float) -> list:
+        """Everything queued since the last flush, as Send actions (one batch per neighbour)."""
+        actions: list = []
+        if self._pending_add or self._pending_del:
+            self._originate_interest_delta()
+        if self._control_out:
+            control, self._control_out = self._control_out, []
+            for peer, kind, body in control:
+                if peer in self._links:
+                    payload = json.dumps(body).encode()
+                    stats = self.peer_stats.setdefault(peer, PeerStats())
+                    stats.control_out += 1
+                    stats.control_bytes_out += len(payload)
+                    actions.append(("send", peer, kind, payload, 1))
+        if self._flood_out:
+            flood, self._flood_out = self._flood_out, {}
+            for peer, lsas in flood.items():
+                if peer in self._links:
+                    payload = json.dumps(lsas).encode()
+                    stats = self.peer_stats.setdefault(peer, PeerStats())
+                    stats.control_out += 1
+                    stats.control_bytes_out += len(payload)
+                    actions.append(("send", peer, "lsa", payload, 1))
+        if self._outbox:
+            outbox, self._outbox = self._outbox, {}
+            limit = self.settings.max_batch_bytes
+            for peer, envelopes in outbox.items():
+                if peer not in self._links:
+                    continue
+                stats = self.peer_stats.setdefault(peer, PeerStats())
+                stats.envelopes_out += len(envelopes)
+                start = 0
+                size = 0
+                for i, env in enumerate(envelopes):
+                    size += len(env.msg.payload) + 64
+                    if size >= limit and i + 1 < len(envelopes):
+                        actions.append(self._batch(peer, envelopes[start:i + 1], stats))
+                        start, size = i + 1, 0
+                actions.append(self._batch(peer, envelopes[start:], stats))
+        if self._acks_out:
+            acks, self._acks_out = self._acks_out, {}
+            for origin, seqs in acks.items():
+                self._relay_ack(origin, self.node_id, seqs)
+        if self._acks_relay:
+            relay, self._acks_relay = self._acks_relay, {}
+            for peer, groups in relay.items():
+                if peer in self._links:
+                    payload = json.dumps(groups).encode()
+                    stats = self.peer_stats.setdefault(peer, PeerStats())
+                    stats.control_out += 1
+                    stats.control_bytes_out += len(payload)
+                    actions.append(("send", peer, "e2e", payload, 0))
+        return actions
+
+    def _batch(self, peer: str, envelopes: list[Envelope], stats: PeerStats) -> tuple:
+        stats.batches_out += 1
+        qos = 1 if any(e.msg.qos for e in envelopes) else 0
+        return ("send", peer, "fwd", encode_batch(envelopes), qos)
+
+    def tick(self, now: float) -> list:
+        """Periodic work: refresh our advertisement, age out the dead, retransmit."""
+        if now - self._last_refresh >= self.settings.refresh_interval:
+            self._originate_router(now)
+        self._retransmit_due(now)
+        self._age_out(now)
+        return self.flush(now)
+
+    def _age_out(self, now: float) -> None:
+        self._ensure_spf()
+        for node in [n for n, r in self.routers.items()
+                     if n != self.node_id and n not in self.next_hop and now - r.received > self.settings.max_age]:
+            del self.routers[node]
+            self._set_interest(node, None)
+            self._spf_dirty = True
+
+    # ------------------------------------------------------------------ introspection
+
+    def route_to(self, node: str) -> str | None:
+        """The neighbour a message for ``node`` goes to next (None: unreachable)."""
+        self._ensure_spf()
+        return self.next_hop.get(node)
+
+    def reachable(self) -> list[str]:
+        self._ensure_spf()
+        return sorted(self.next_hop)
+
+    def nodes_wanting(self, topic: str) -> list[str]:
+        return sorted(n for n in self.remote.match(topic) if n != self.node_id)
+
+    def known_addresses(self) -> dict[str, list[str]]:
+        return {n: r.addresses for n, r in self.routers.items() if n != self.node_id}
+
+    def status(self) -> dict:
+        self._ensure_spf()
+        nodes = {}
+        for node, r in sorted(self.routers.items()):
+            i = self.interests.get(node)
+            nodes[node] = {
+                "incarnation": r.inc, "seq": r.seq, "addresses": r.addresses,
+                "links": r.links, "reachable": node == self.node_id or node in self.next_hop,
+                "distance": self.distance.get(node), "next_hop": self.next_hop.get(node),
+                "parent": self.parent.get(node),
+                "filters": sorted(i.filters) if i else [], "interest_version": i.ver if i else None,
+            }
+        return {
+            "node": self.node_id, "incarnation": self.incarnation,
+            "neighbours": {p: {"cost": c, "srtt_us": round(self._measured[p]) if p in self._measured else None,
+                               **self.peer_stats.get(p, PeerStats()).as_dict()}
+                           for p, c in sorted(self._links.items())},
+            "nodes": nodes,
+            "tree": {n: p for n, p in sorted(self.parent.items())},
+            "custody": len(self.custody),
+            "counters": dict(self.counters),
+        }
