@@ -163,6 +163,10 @@ class _Block:
         return True
 
 
+def _unsafe(name: str | None) -> bool:
+    return not name or "+" in name or "#" in name or "/" in name
+
+
 class Acl:
     def __init__(self, blocks: list[_Block]):
         self.blocks = blocks
@@ -212,6 +216,12 @@ class Acl:
                     topic = rule.topic
                     if rule.pattern:
                         if "%u" in topic and username is None:
+                            continue
+                        # a ClientId or user name with wildcards or levels would widen
+                        # the rule to other clients' topics (cf. CVE-2017-7650): no grant
+                        if "%c" in topic and _unsafe(client_id):
+                            continue
+                        if "%u" in topic and _unsafe(username):
                             continue
                         topic = topic.replace("%c", client_id).replace("%u", username or "")
                     yield rule.access, topic

@@ -68,6 +68,8 @@ class Broker:
         self.on_filter_added: list[Callable[[str], None]] = []
         self.on_filter_removed: list[Callable[[str], None]] = []
         self.on_publish: list[Callable[[Message], None]] = []
+        self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
+        self._after_commit: list[tuple[int, Callable[[], None]]] = []
 
     @property
     def connected_count(self) -> int:
@@ -75,8 +77,13 @@ class Broker:
 
     # -- sessions -------------------------------------------------------------------
 
-    def open_session(self, channel, client_id: str, clean: bool) -> tuple[Session, bool]:
-        """Take over ``client_id`` for ``channel``; (session, session_present)."""
+    def open_session(self, channel, client_id: str, clean: bool,
+                     durable: bool = True) -> tuple[Session, bool]:
+        """Take over ``client_id`` for ``channel``; (session, session_present).
+
+        ``durable=False`` keeps even a CleanSession=0 session in memory (peer links:
+        what they carry is held end to end by its origin, see mesh/engine.py).
+        """
         old = self.sessions.get(client_id)
         if old is not None and old.channel is not None and old.channel is not channel:
             old.channel.kick(f"ClientId {client_id!r} connected again from {channel.peer}")  # [MQTT-3.1.4-2]
@@ -87,7 +94,7 @@ class Broker:
             return old, True  # [MQTT-3.2.2-2]
         if clean:
             session = Session(client_id, True, self.settings.limits)
-        elif self.journal is not None:
+        elif self.journal is not None and durable:
             session = DurableSession(client_id, self.settings.limits, self.journal)
             session._stored_subscriptions()
         else:
@@ -224,3 +231,25 @@ class Broker:
             self.held_ack_channels = set()
             for channel in waiting:
                 channel.release_acks(batch)
+        if self._after_commit:
+            ready = [fn for b, fn in self._after_commit if b <= batch]
+            self._after_commit = [(b, fn) for b, fn in self._after_commit if b > batch]
+            for fn in ready:
+                fn()
+
+    def after_commit(self, batch: int, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once ``batch`` is durable (at once if it is 0 or already is)."""
+        if not batch or (self.journal is not None and batch <= self.journal.committed):
+            fn()
+        else:
+            self._after_commit.append((batch, fn))
+
+    def deliver_remote(self, msg: Message) -> int:
+        """A message another node routed here: deliver it to local sessions only.
+
+        Returns the journal batch to wait for before it may be acknowledged.
+        """
+        journal = self.journal
+        before = journal.writes if journal is not None else 0
+        self.dispatch(msg)
+        return journal.batch if journal is not None and journal.writes != before else 0

@@ -25,6 +25,7 @@ from .codec import (CONNECT, CONNACK, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUB
                     PUBREC, PUBREL, SUBACK, SUBSCRIBE, UNSUBACK, UNSUBSCRIBE, Decoder,
                     MalformedPacket, PACKET_NAMES)
 from .message import Message
+from .mesh.peerauth import PEER_USERNAME
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CONNECTED", "CLOSED", "TRANSITIONS"]
 
@@ -60,7 +61,8 @@ class ProtocolViolation(Exception):
 class Channel:
     __slots__ = ("broker", "owner", "peer", "state", "decoder", "session", "client_id",
                  "username", "will", "keepalive", "last_rx", "opened_at", "close_reason",
-                 "clean_disconnect", "_out", "_held", "is_peer", "_pending_connect", "__weakref__")
+                 "clean_disconnect", "_out", "_held", "is_peer", "peer_node", "_pending_connect",
+                 "_processing", "__weakref__")
 
     def __init__(self, broker, owner, peer: str, now: float):
         self.broker = broker
@@ -77,8 +79,10 @@ class Channel:
         self.opened_at = now
         self.close_reason = None
         self.clean_disconnect = False
-        self.is_peer = False
+        self.is_peer = False     # a peer link from another mesh node (mesh/peerauth.py)
+        self.peer_node = None
         self._pending_connect = None
+        self._processing = False
         self._out: list[bytes] = []
         self._held: deque[tuple[int, bytes]] = deque()  # frames waiting for a journal batch
 
@@ -89,9 +93,12 @@ class Channel:
             return  # [MQTT-3.1.4-5]: nothing after a refusal or a close is processed
         self.last_rx = now
         self.decoder.feed(data)
+        if self.state is AUTHENTICATING or self._processing:
+            return  # read on once the password check is done (authenticated)
         self._process(now)
 
     def _process(self, now: float) -> None:
+        self._processing = True
         try:
             for packet in self.decoder.packets():
                 table = TRANSITIONS[self.state]
@@ -104,6 +111,8 @@ class Channel:
         except (MalformedPacket, ProtocolViolation) as exc:
             self.broker.stats.protocol_errors += 1
             self.close(f"protocol violation: {exc}")
+        finally:
+            self._processing = False
         if self.decoder.buffered > self.decoder.max_packet_size and self.state is not CLOSED:
             self.close("input buffer over the maximum packet size")  # pragma: no cover
 
@@ -167,6 +176,8 @@ class Channel:
         session = self.session
         if session is not None and session.channel is self:
             broker.close_session(session)
+        if self.is_peer and was_connected and broker.mesh is not None:
+            broker.mesh.peer_closed(self)
         if publish_will and was_connected and self.will is not None:
             will, self.will = self.will, None
             broker.stats.wills_published += 1
@@ -176,7 +187,7 @@ class Channel:
     # -- CONNECT -------------------------------------------------------------------------------
 
     def _on_connect(self, pkt: codec.Connect, now: float) -> None:
-        if pkt.protocol_level != 4:
+        if pkt.protocol_level != 4 or pkt.protocol_name != "MQTT":
             return self._refuse(BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} "
                                               f"level {pkt.protocol_level}")  # [MQTT-3.1.2-2]
         if not pkt.client_id and not pkt.clean_session:
@@ -189,6 +200,21 @@ class Channel:
         self.will = pkt.will
         self.state = AUTHENTICATING
         self._pending_connect = pkt
+        mesh = self.broker.mesh
+        if pkt.username == PEER_USERNAME:
+            # another node of the mesh: it must prove it holds the cluster secret
+            if mesh is None:
+                return self._accept(NOT_AUTHORIZED, now, "this node is not part of a mesh")
+            ident = mesh.peer_auth(pkt.password, now)
+            if ident is None:
+                return self._accept(BAD_CREDENTIALS, now, "invalid or expired cluster credentials")
+            if pkt.client_id != f"$mesh-{ident[0]}":
+                return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
+            self.is_peer = True
+            self.peer_node = ident[0]
+            return self._accept(ACCEPTED, now)
+        if pkt.client_id.startswith("$mesh"):
+            return self._accept(ID_REJECTED, now, "ClientIds starting with $mesh are reserved for peer links")
         rc = self.broker.auth.check_fast(pkt.username, pkt.password)
         if rc is None:
             self.owner.authenticate(self, pkt.username, pkt.password)
@@ -200,14 +226,16 @@ class Channel:
         if self.state is not AUTHENTICATING:
             return  # the connection ended while the check ran
         self._accept(rc, now)
-        if self.state is CONNECTED:
+        if self.state is CONNECTED and not self._processing:
             self._process(now)  # packets that arrived behind the CONNECT
+        # (when the owner answered from inside authenticate(), the running
+        # _process loop goes on with them by itself)
 
-    def _accept(self, rc: int, now: float) -> None:
+    def _accept(self, rc: int, now: float, why: str = "") -> None:
         pkt = self._pending_connect
         self._pending_connect = None
         if rc != ACCEPTED:
-            return self._refuse(rc, f"user {pkt.username!r}")
+            return self._refuse(rc, why or f"user {pkt.username!r}")
         if not pkt.client_id:
             # [MQTT-3.1.3-6]: a unique ClientId of our own making
             self.client_id = f"auto-{self.broker.node_id}-{os.urandom(6).hex()}"
@@ -215,7 +243,8 @@ class Channel:
         self.last_rx = now
         broker = self.broker
         broker.stats.connections_total += 1
-        session, present = broker.open_session(self, self.client_id, pkt.clean_session)
+        session, present = broker.open_session(self, self.client_id, pkt.clean_session,
+                                               durable=not self.is_peer)
         session.username = self.username
         self.session = session
         self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))  # [MQTT-3.2.2-1..3]
@@ -274,6 +303,8 @@ class Channel:
         msg.seq = broker.seq
         msg.publisher = self.client_id
         msg.timestamp = now + broker.wall_offset
+        if self.is_peer and topic.startswith("$mesh/"):
+            return broker.mesh.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
         batch = broker.publish(msg)
         congestion = broker.congestion
         if congestion.hit:
@@ -284,11 +315,14 @@ class Channel:
 
     def _on_pubrel(self, pkt, now: float) -> None:
         session = self.session
+        batch = 0
         if pkt.packet_id in session.awaiting_rel:
             session.awaiting_rel.discard(pkt.packet_id)
             if session.durable:
+                # the id must not come back after a crash once PUBCOMP said it is free
                 session.journal.awaiting_rel_remove(session.client_id, pkt.packet_id)
-        self._send_after(_ack(_PUBCOMP, pkt.packet_id), 0)  # [MQTT-4.3.3-2]
+                batch = session.journal.batch
+        self._send_after(_ack(_PUBCOMP, pkt.packet_id), batch)  # [MQTT-4.3.3-2]
 
     # -- acknowledgements, server to client messages --------------------------------------
 
@@ -296,8 +330,13 @@ class Channel:
         self.session.on_puback(pkt.packet_id)
 
     def _on_pubrec(self, pkt, now: float) -> None:
-        self.session.on_pubrec(pkt.packet_id)
-        self.write(_ack(_PUBREL, pkt.packet_id))  # [MQTT-4.3.3-1]
+        session = self.session
+        journal = session.journal if session.durable else None
+        before = journal.writes if journal is not None else 0
+        session.on_pubrec(pkt.packet_id)
+        # after a crash the PUBLISH must not be re-sent once its PUBREL went out [MQTT-4.3.3-1]
+        batch = journal.batch if journal is not None and journal.writes != before else 0
+        self._send_after(_ack(_PUBREL, pkt.packet_id), batch)
 
     def _on_pubcomp(self, pkt, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id)

@@ -42,7 +42,8 @@ _FLAG_RULES = {
     DISCONNECT: "MQTT-3.14.1-1",
 }
 
-DEFAULT_MAX_PACKET_SIZE = 268_435_455  # the largest remaining length MQTT can express
+# the largest packet MQTT can express: 1 type byte + 4 length bytes + 268,435,455
+DEFAULT_MAX_PACKET_SIZE = 1 + 4 + 268_435_455
 _U16 = struct.Struct(">H")
 
 
@@ -538,7 +539,7 @@ class Decoder:
 def encode_remaining_length(length: int) -> bytes:
     if length < 128:
         return bytes((length,))
-    if length > DEFAULT_MAX_PACKET_SIZE:
+    if length > 268_435_455:
         raise ValueError(f"remaining length {length} is too large for MQTT")
     out = bytearray()
     while True:

@@ -76,6 +76,24 @@ OPTIONS: list[Option] = [
     Option("auth", "acl_file", str, "", "ACL file; when set, what it does not grant is denied"),
     Option("store", "synchronous", str, "normal", "SQLite synchronous mode: normal survives a crash of the "
            "process, full also a power loss", choices=("normal", "full"), flag_name="--store-synchronous"),
+    Option("mesh", "peers", list, [], "peer nodes to dial, HOST:PORT (repeat --peer)", flag_name="--peer"),
+    Option("mesh", "cluster_secret", str, "", "shared secret that peer links prove they hold; "
+           "setting it (or secret_file) makes this node a mesh node"),
+    Option("mesh", "secret_file", str, "", "file holding the cluster secret (first line)"),
+    Option("mesh", "connect", str, "all", "dial nodes learned from advertisements (all: a full mesh) "
+           "or only the configured peers", choices=("all", "configured")),
+    Option("mesh", "advertise", str, "", "HOST:PORT other nodes should dial to reach this one "
+           "(default: host:port)"),
+    Option("mesh", "keepalive", float, 1.0, "seconds between PINGREQs on a peer link; a link silent "
+           "for 3 x this is dead", 0.05, 600, flag_name="--mesh-keepalive"),
+    Option("mesh", "hop_limit", int, 32, "hops an envelope may travel before it is dropped", 1, 255),
+    Option("mesh", "retransmit_after", float, 2.0, "seconds before a QoS 1/2 message not acknowledged "
+           "end to end is sent again (doubling up to 30 s)", 0.05),
+    Option("mesh", "custody_limit", int, 100_000, "QoS 1/2 messages an origin node holds until their "
+           "destinations acknowledge them", 0),
+    Option("mesh", "custody_timeout", float, 3600.0, "seconds an origin keeps trying to reach a "
+           "destination of a QoS 1/2 message", 1),
+    Option("mesh", "status_interval", float, 1.0, "seconds between $SYS/mesh/status updates", 0.05),
     Option("sys", "interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0,
            flag_name="--sys-interval"),
 ]
@@ -132,13 +150,19 @@ def _coerce(option: Option, value: Any, where: str) -> Any:
             value = [v for v in value.split(",") if v]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}{option.name}: expected a list of strings, got {value!r}")
+    if isinstance(value, float) and value != value:
+        raise ConfigError(f"{where}{option.name}: NaN is not a number this option can take")
     if option.choices is not None and value not in option.choices:
         raise ConfigError(f"{where}{option.name}: {value!r} is not one of {', '.join(map(str, option.choices))}")
     if option.minimum is not None and value < option.minimum:
-        raise ConfigError(f"{where}{option.name}: {value} is below the minimum {option.minimum:g}")
+        raise ConfigError(f"{where}{option.name}: {value} is below the minimum {_num(option.minimum)}")
     if option.maximum is not None and value > option.maximum:
-        raise ConfigError(f"{where}{option.name}: {value} is above the maximum {option.maximum:g}")
+        raise ConfigError(f"{where}{option.name}: {value} is above the maximum {_num(option.maximum)}")
     return value
+
+
+def _num(limit: float) -> str:
+    return str(int(limit)) if float(limit).is_integer() else str(limit)
 
 
 def _flatten_toml(data: dict, path: str) -> dict[str, Any]:

@@ -95,7 +95,7 @@ class Session:
         queue = self.queue
         if len(queue) >= self.limits.max_queued:
             self.dropped += 1
-            if self.limits.drop_policy == "newest":
+            if self.limits.drop_policy == "newest" or not queue:
                 return
             self._stored_remove(queue.popleft())
         queue.append(entry)

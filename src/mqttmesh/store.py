@@ -18,6 +18,7 @@ class Journal:
     def __init__(self, on_dirty=None):
         self._ops: dict[tuple, tuple] = {}
         self.on_dirty = on_dirty  # called when the first change of a batch arrives
+        self._signalled = False
         self.batch = 1        # the batch being filled
         self.committed = 0    # the newest batch known to be durable
         self.writes = 0       # changes recorded, ever: lets a caller see if it wrote
@@ -33,9 +34,10 @@ class Journal:
     def session_delete(self, client_id: str) -> None:
         # Earlier changes of this client are moot; drop them so the delete lands
         # before anything a new session of the same ClientId records after it.
-        for key in [k for k in self._ops if len(k) > 1 and k[1] == client_id and k[0] in "smr"]:
+        for key in [k for k in self._ops if len(k) > 1 and k[1] == client_id and k[0] in "dsmr"]:
             del self._ops[key]
-        self._record(("s", client_id), ("session_delete", client_id))
+        # a key of its own: a session_put after it (same ClientId, new session) must not replace it
+        self._record(("d", client_id), ("session_delete", client_id))
 
     def message_put(self, client_id: str, entry) -> None:
         # The entry is read when the batch is taken, so the newest state wins.
@@ -62,8 +64,10 @@ class Journal:
 
     def _record(self, key: tuple, op: tuple) -> None:
         ops = self._ops
-        if not ops and self.on_dirty is not None:
-            self.on_dirty()
+        if not self._signalled:
+            self._signalled = True
+            if self.on_dirty is not None:
+                self.on_dirty()
         if key in ops:
             del ops[key]  # re-insert so the newest change keeps its place in order
         ops[key] = op
@@ -74,6 +78,7 @@ class Journal:
         number = self.batch
         ops = [_snapshot(op) for op in self._ops.values()]
         self._ops = {}
+        self._signalled = False
         self.batch += 1
         return number, ops
 

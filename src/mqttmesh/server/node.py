@@ -14,7 +14,7 @@ import platform
 import time
 
 from .. import __version__
-from ..auth import Acl, Auth, PasswordFile
+from ..auth import Acl, Auth, ConfigError, PasswordFile
 from ..broker import Broker, BrokerSettings
 from ..config import Config
 from ..message import Message
@@ -74,6 +74,12 @@ class Node:
         self.started_at = time.time()
         self.port = port
         self.incarnation = 0
+        self.mesh = None
+        if config.get("mesh.cluster_secret") or config.get("mesh.secret_file"):
+            from .mesh_node import MeshNode
+            self.mesh = MeshNode(self, config)
+        elif config.get("mesh.peers"):
+            raise ConfigError("mesh.peers: a mesh needs mesh.cluster_secret or mesh.secret_file")
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -104,6 +110,8 @@ class Node:
             with open(tmp, "w") as fh:
                 fh.write(f"{self.port}\n")
             os.replace(tmp, self.config.port_file)
+        if self.mesh is not None:
+            await self.mesh.start()
         if self.config.get("sys.interval") > 0:
             self._sys_task = self.loop.create_task(self._sys_loop())
         log.info("mqttmesh %s node %r listening on %s:%d (pid %d)", __version__, self.node_id,
@@ -112,6 +120,8 @@ class Node:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self.mesh is not None:
+            self.mesh.stop()
         if self._sys_task is not None:
             self._sys_task.cancel()
         self._housekeeping.cancel()

@@ -1,0 +1,458 @@
+"""The mesh at the I/O layer: peer links, dialling, and the routing engine's actions.
+
+A peer link is an ordinary MQTT connection. The node that dials is a client
+(``PeerClient`` around the pure ``mesh.client.LinkClient``): it publishes on
+``$mesh/from/<self>/<kind>`` and receives on ``$mesh/to/<self>/<kind>``, which
+it subscribes to. The node that accepts sees a Channel whose CONNECT proved the
+cluster secret; what it sends goes through that peer's ordinary Session (the
+in-flight window, QoS 1 and retransmission of the normal client machinery).
+Either side may dial; if both do, the link dialled by the smaller node id stays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+
+from ..config import Config
+from ..message import Message
+from ..mesh.client import LinkClient
+from ..mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
+from ..mesh.peerauth import PEER_USERNAME, check_token, make_token
+
+log = logging.getLogger("mqttmesh.mesh")
+
+
+def read_secret(config: Config) -> bytes:
+    secret = config.get("mesh.cluster_secret")
+    path = config.get("mesh.secret_file")
+    if path:
+        from ..auth import ConfigError
+        try:
+            with open(path, encoding="utf-8") as fh:
+                secret = fh.readline().strip()
+        except OSError as exc:
+            raise ConfigError(f"mesh.secret_file: cannot read {path}: {exc.strerror}") from None
+        if not secret:
+            raise ConfigError(f"mesh.secret_file: {path} is empty")
+    return secret.encode()
+
+
+class _Link:
+    """An established link to one peer node, whichever side dialled."""
+    dialer: str = ""
+    peer: str = ""
+
+    def send(self, kind: str, payload: bytes, qos: int) -> None:
+        raise NotImplementedError
+
+    def close(self, reason: str) -> None:
+        raise NotImplementedError
+
+
+class InboundLink(_Link):
+    def __init__(self, mesh: "MeshNode", channel, peer: str):
+        self.mesh = mesh
+        self.channel = channel
+        self.peer = peer
+        self.dialer = peer
+
+    def send(self, kind: str, payload: bytes, qos: int) -> None:
+        session = self.channel.session
+        if session is None or session.channel is not self.channel:
+            return
+        # delivered on the subscription $mesh/to/<peer>/# the peer made [MQTT-3.3.2-3]
+        session.deliver(Message(f"$mesh/to/{self.peer}/{kind}", payload, qos), qos)
+
+    def close(self, reason: str) -> None:
+        self.channel.close(reason)
+
+
+class PeerClient(asyncio.Protocol, _Link):
+    """Our end of a link we dialled."""
+
+    def __init__(self, mesh: "MeshNode", dialer: "Dialer"):
+        self.mesh = mesh
+        self.dialer_obj = dialer
+        self.dialer = mesh.node_id
+        self.client: LinkClient = dialer.client
+        self.transport = None
+        self.loop = mesh.loop
+        self.done = self.loop.create_future()
+        self._topic_prefix = f"$mesh/from/{mesh.node_id}/".encode()
+
+    # asyncio side
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.client.connection_made(self.loop.time())
+        self._write()
+
+    def data_received(self, data: bytes) -> None:
+        now = self.loop.time()
+        events = self.client.receive_data(data, now)
+        for event in events:
+            kind = event[0]
+            if kind == "message":
+                self.mesh.link_message(self, event[1], event[2], now)
+            elif kind == "ready":
+                # introduce ourselves; the peer answers with its own hello
+                self.send("hello", self.mesh.engine.hello(), 1)
+            elif kind == "rtt":
+                if self.peer:
+                    self.mesh.link_rtt(self, event[1], now)
+            elif kind == "refused":
+                log.warning("peer %s refused our link: code 0x%02x", self.dialer_obj.address, event[1])
+                self.transport.close()
+            elif kind == "protocol_error":
+                log.warning("peer %s: %s", self.dialer_obj.address, event[1])
+                self.transport.close()
+        self._write()
+
+    def connection_lost(self, exc) -> None:
+        self.client.connection_lost()
+        self.mesh.link_closed(self)
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def _write(self) -> None:
+        data = self.client.data_to_send()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    # link side
+    def send(self, kind: str, payload: bytes, qos: int) -> None:
+        self.client.publish(self._topic_prefix + kind.encode(), payload, qos)
+        self.mesh.mark_dirty(self)
+
+    def flush(self) -> None:
+        self._write()
+
+    def close(self, reason: str) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            log.info("closing link to %s (%s): %s", self.peer or "?", self.dialer_obj.address, reason)
+            self.transport.close()
+
+    def tick(self, now: float) -> None:
+        dead = self.client.tick(now)
+        if dead:
+            log.warning("link to %s (%s) is dead: %s", self.peer or "?", self.dialer_obj.address, dead)
+            self.transport.abort()
+            return
+        self._write()
+
+
+class Dialer:
+    """Keeps one peer address dialled: reconnects with backoff, yields to a link the other way."""
+
+    def __init__(self, mesh: "MeshNode", address: str, configured: bool):
+        self.mesh = mesh
+        self.address = address
+        self.configured = configured
+        self.peer: str | None = None    # learned from the hello
+        host, _, port = address.rpartition(":")
+        self.host, self.port = host or "127.0.0.1", int(port)
+        cfg = mesh.config
+        self.client = LinkClient(f"$mesh-{mesh.node_id}", PEER_USERNAME, mesh.token,
+                                 cfg.get("mesh.keepalive"), f"$mesh/to/{mesh.node_id}/#",
+                                 max_inflight=cfg.get("limits.max_inflight"))
+        self.protocol: PeerClient | None = None
+        self.task = mesh.loop.create_task(self._run())
+        self.attempts = 0
+
+    async def _run(self) -> None:
+        loop = self.mesh.loop
+        backoff = 0.1
+        while True:
+            active = self.mesh.links.get(self.peer) if self.peer else None
+            if active is not None and active is not self.protocol:
+                await asyncio.sleep(1.0)  # linked the other way round: nothing to do
+                continue
+            self.attempts += 1
+            try:
+                _, protocol = await asyncio.wait_for(
+                    loop.create_connection(lambda: PeerClient(self.mesh, self), self.host, self.port),
+                    timeout=max(1.0, 3 * self.mesh.config.get("mesh.keepalive")))
+            except (OSError, asyncio.TimeoutError) as exc:
+                if self.attempts == 1 or self.attempts % 50 == 0:
+                    log.info("cannot reach peer %s yet: %s", self.address, exc)
+                await asyncio.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, 2.0)
+                continue
+            self.protocol = protocol
+            await protocol.done
+            self.protocol = None
+            backoff = 0.1
+            await asyncio.sleep(0.05 + 0.1 * random.random())
+
+    def cancel(self) -> None:
+        self.task.cancel()
+        if self.protocol is not None and self.protocol.transport is not None:
+            self.protocol.transport.abort()
+
+
+class MeshNode:
+    def __init__(self, node, config: Config):
+        self.node = node
+        self.config = config
+        self.loop = node.loop
+        self.broker = node.broker
+        self.secret = read_secret(config)
+        self.engine: MeshEngine | None = None
+        self.links: dict[str, _Link] = {}
+        self.dialers: dict[str, Dialer] = {}
+        self._dirty: set = set()
+        self._flush_scheduled = False
+        self._tick_handle = None
+        self._status_at = 0.0
+        self._status_changes = -1
+        self.node_id = ""
+        self.incarnation = 0
+        self.broker.mesh = self
+
+    # -- life cycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        node = self.node
+        self.node_id = node.node_id
+        self.incarnation = node.incarnation
+        advertise = self.config.get("mesh.advertise") or f"{self.config.host}:{node.port}"
+        cfg = self.config
+        settings = MeshSettings(hop_limit=cfg.get("mesh.hop_limit"),
+                                retransmit_after=cfg.get("mesh.retransmit_after"),
+                                custody_limit=cfg.get("mesh.custody_limit"),
+                                custody_timeout=cfg.get("mesh.custody_timeout"))
+        self.engine = MeshEngine(self.node_id, self.incarnation, [advertise], settings)
+        self.engine.start(self.loop.time())
+        broker = self.broker
+        for topic_filter in broker.router.filters():  # restored persistent sessions
+            self._filter_added(topic_filter)
+        broker.on_filter_added.append(self._filter_added)
+        broker.on_filter_removed.append(self._filter_removed)
+        broker.on_publish.append(self._local_publish)
+        for address in cfg.get("mesh.peers"):
+            self.dial(address, configured=True)
+        self._tick_handle = self.loop.call_later(0.05, self._tick)
+        log.info("mesh node %r (incarnation %d) advertising %s, %d configured peer(s), connect=%s",
+                 self.node_id, self.incarnation, advertise, len(cfg.get("mesh.peers")),
+                 cfg.get("mesh.connect"))
+
+    def stop(self) -> None:
+        if self._tick_handle is not None:
+            self._tick_handle.cancel()
+        for dialer in self.dialers.values():
+            dialer.cancel()
+
+    def token(self) -> bytes:
+        return make_token(self.secret, self.node_id, self.incarnation, time.time())
+
+    def dial(self, address: str, configured: bool = False) -> None:
+        if address not in self.dialers:
+            self.dialers[address] = Dialer(self, address, configured)
+
+    # -- the broker's hooks -------------------------------------------------------------
+
+    def peer_auth(self, password: bytes, now: float):
+        ident = check_token(self.secret, password, time.time())
+        if ident is not None and ident[0] == self.node_id:
+            return None  # our own id from elsewhere: a misconfiguration, refuse it
+        return ident
+
+    def _filter_added(self, topic_filter: str) -> None:
+        if not topic_filter.startswith("$"):  # $SYS and $mesh stay local to each node
+            self.engine.local_filter_added(topic_filter)
+            self._schedule_flush()
+
+    def _filter_removed(self, topic_filter: str) -> None:
+        if not topic_filter.startswith("$"):
+            self.engine.local_filter_removed(topic_filter)
+            self._schedule_flush()
+
+    def _local_publish(self, msg: Message) -> None:
+        if msg.topic[0] != "$":
+            self.engine.route_local(msg, self.loop.time())
+            self._schedule_flush()
+
+    def peer_input(self, channel, msg: Message, now: float) -> int:
+        """A PUBLISH from a peer that dialled us; the batch its PUBACK waits for."""
+        prefix = f"$mesh/from/{channel.peer_node}/"
+        if not msg.topic.startswith(prefix):
+            channel.close(f"peer {channel.peer_node} published on {msg.topic!r}")
+            return 0
+        kind = msg.topic[len(prefix):]
+        link = self.links.get(channel.peer_node)
+        if kind == "hello":
+            try:
+                hello = MeshEngine.parse_hello(msg.payload)
+            except MeshProtocolError as exc:
+                channel.close(str(exc))
+                return 0
+            inbound = link if isinstance(link, InboundLink) and link.channel is channel else \
+                InboundLink(self, channel, channel.peer_node)
+            inbound.send("hello", self.engine.hello(), 1)
+            self._link_ready(inbound, hello)
+            return 0
+        if link is None or getattr(link, "channel", None) is not channel:
+            return 0  # a duplicate link we are about to close, or not introduced yet
+        return self._receive(link, kind, msg.payload, now)
+
+    def peer_closed(self, channel) -> None:
+        link = self.links.get(channel.peer_node)
+        if isinstance(link, InboundLink) and link.channel is channel:
+            self._link_down(link, channel.close_reason or "closed")
+
+    # -- links coming and going -----------------------------------------------------------
+
+    def link_message(self, link: PeerClient, topic: str, payload: bytes, now: float) -> None:
+        prefix = f"$mesh/to/{self.node_id}/"
+        if not topic.startswith(prefix):
+            return
+        kind = topic[len(prefix):]
+        if kind == "hello":
+            try:
+                hello = MeshEngine.parse_hello(payload)
+            except MeshProtocolError as exc:
+                link.close(str(exc))
+                return
+            link.dialer_obj.peer = hello["node"]
+            self._link_ready(link, hello)
+            return
+        if self.links.get(link.peer) is link:
+            self._receive(link, kind, payload, now)
+
+    def _link_ready(self, link: _Link, hello: dict) -> None:
+        peer = hello["node"]
+        if peer == self.node_id:
+            link.close("that is this node itself")
+            return
+        link.peer = peer
+        current = self.links.get(peer)
+        if current is link:
+            return
+        if current is not None:
+            # two links between the same pair: keep the one dialled by the smaller id
+            keep_new = link.dialer < current.dialer if link.dialer != current.dialer else True
+            if not keep_new:
+                link.close(f"duplicate link to {peer}")
+                return
+            self.links[peer] = link
+            current.close(f"replaced by a link dialled by {link.dialer}")
+            log.info("link to %s switched to the one dialled by %s", peer, link.dialer)
+            return
+        self.links[peer] = link
+        log.info("link to %s up (dialled by %s)", peer, link.dialer)
+        self.engine.link_up(peer, self.loop.time())
+        for address in hello.get("addr", []):
+            known = self.dialers.get(address)
+            if known is not None:
+                known.peer = peer
+        self._schedule_flush()
+
+    def link_closed(self, link: PeerClient) -> None:
+        if link.peer and self.links.get(link.peer) is link:
+            self._link_down(link, "connection closed")
+
+    def _link_down(self, link: _Link, reason: str) -> None:
+        del self.links[link.peer]
+        log.warning("link to %s down: %s", link.peer, reason)
+        self.engine.link_down(link.peer, self.loop.time())
+        self._schedule_flush()
+
+    def link_rtt(self, link: PeerClient, seconds: float, now: float) -> None:
+        if self.links.get(link.peer) is link:
+            self.engine.link_rtt(link.peer, seconds * 1e6, now)
+            self._schedule_flush()
+
+    # -- the engine's actions -----------------------------------------------------------------
+
+    def _receive(self, link: _Link, kind: str, payload: bytes, now: float) -> int:
+        try:
+            actions = self.engine.receive(link.peer, kind, payload, now)
+        except MeshProtocolError as exc:
+            log.warning("peer %s sent something invalid: %s", link.peer, exc)
+            link.close(f"mesh protocol error: {exc}")
+            return 0
+        batch = 0
+        broker = self.broker
+        for action in actions:
+            _, msg, needs_ack = action
+            wrote = broker.deliver_remote(msg)
+            if needs_ack:
+                broker.after_commit(wrote, lambda m=msg: self._delivered(m))
+            batch = max(batch, wrote)
+        self._schedule_flush()
+        return batch
+
+    def _delivered(self, msg: Message) -> None:
+        self.engine.delivered(msg)
+        self._schedule_flush()
+
+    def mark_dirty(self, link) -> None:
+        if isinstance(link, PeerClient):
+            self._dirty.add(link)
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        for action in self.engine.flush(self.loop.time()):
+            _, peer, kind, payload, qos = action
+            link = self.links.get(peer)
+            if link is not None:
+                link.send(kind, payload, qos)
+        dirty, self._dirty = self._dirty, set()
+        for link in dirty:
+            link.flush()
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        for link in list(self.links.values()):
+            if isinstance(link, PeerClient):
+                link.tick(now)
+        for dialer in self.dialers.values():  # links still being set up ping too
+            protocol = dialer.protocol
+            if protocol is not None and protocol.peer not in self.links:
+                protocol.tick(now)
+        for action in self.engine.tick(now):
+            _, peer, kind, payload, qos = action
+            link = self.links.get(peer)
+            if link is not None:
+                link.send(kind, payload, qos)
+        if self.config.get("mesh.connect") == "all":
+            for node, addresses in self.engine.known_addresses().items():
+                if node > self.node_id and node not in self.links and addresses:
+                    if not any(d.peer == node for d in self.dialers.values()):
+                        self.dial(addresses[0])
+        for link in list(self._dirty):
+            link.flush()
+        self._dirty.clear()
+        if now - self._status_at >= self.config.get("mesh.status_interval"):
+            self._status_at = now
+            self.publish_status()
+        self._tick_handle = self.loop.call_later(min(0.25, self.config.get("mesh.keepalive") / 4), self._tick)
+
+    # -- status ----------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        status = self.engine.status()
+        status["links"] = {peer: {"dialled_by": link.dialer,
+                                  "address": getattr(getattr(link, "dialer_obj", None), "address", None)
+                                  or getattr(getattr(link, "channel", None), "peer", None)}
+                           for peer, link in sorted(self.links.items())}
+        status["time"] = time.time()
+        return status
+
+    def publish_status(self) -> None:
+        status = self.status()
+        node = self.node
+        node.publish_sys("$SYS/mesh/status", json.dumps(status, sort_keys=True))
+        node.publish_sys("$SYS/mesh/nodes", json.dumps(sorted(status["nodes"])))
+        node.publish_sys("$SYS/mesh/neighbours", json.dumps(status["neighbours"], sort_keys=True))
+        node.publish_sys("$SYS/mesh/tree", json.dumps(status["tree"], sort_keys=True))
+        node.publish_sys("$SYS/mesh/counters", json.dumps(status["counters"], sort_keys=True))

@@ -1,0 +1,595 @@
+"""mqttmesh.channel.Channel with mqttmesh.broker.Broker: CONNECT, authentication, takeover,
+sessions, keepalive, wills and the transition table.
+
+Input bytes come from tests/mqttraw.py or are written by hand; output bytes are
+compared exactly (``channel.data_to_send()``).
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import mqttraw
+from mqttmesh.auth import Auth, PasswordFile, hash_password
+from mqttmesh.channel import (AUTHENTICATING, AWAIT_CONNECT, CLOSED, CONNECTED, TRANSITIONS)
+from mqttmesh.codec import (CONNACK, CONNECT, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBCOMP, PUBLISH,
+                            PUBREC, PUBREL, SUBACK, SUBSCRIBE, UNSUBACK, UNSUBSCRIBE)
+from mqttmesh.store import Journal
+
+from unit_support import Net, out, publishes
+
+SPEC_ID = re.compile(r"\[MQTT-\d+\.\d+\.\d+-\d+\]")
+
+
+def h(text: str) -> bytes:
+    return bytes.fromhex(text)
+
+
+ACCEPTED = h("20 02 00 00")
+ACCEPTED_PRESENT = h("20 02 01 00")
+
+
+@pytest.fixture
+def net():
+    return Net()
+
+
+# --------------------------------------------------------------------------- CONNECT
+
+
+def test_connect_accepted(net):
+    ch = net.channel()
+    assert ch.state == AWAIT_CONNECT
+    ch.receive_data(mqttraw.connect("c1"), 0.0)
+    assert ch.data_to_send() == ACCEPTED  # [MQTT-3.1.4-4] [MQTT-3.2.0-1]
+    assert ch.state == CONNECTED
+    assert ch.client_id == "c1"
+    assert net.owner.wakes == [ch]
+    assert net.owner.closes == []
+    assert net.broker.sessions["c1"].channel is ch
+
+
+@pytest.mark.parametrize("raw", [
+    pytest.param(mqttraw.connect("c", level=3), id="MQTT-level-3"),
+    pytest.param(mqttraw.connect("c", level=5), id="MQTT-level-5"),
+    pytest.param(mqttraw.connect("c", proto=b"MQIsdp", level=3), id="MQIsdp-3"),
+])
+def test_connect_other_level_gets_connack_0x01_then_close(net, raw):
+    """[MQTT-3.1.2-2] CONNACK 0x01 (unacceptable protocol level), then disconnect."""
+    ch = net.channel()
+    ch.receive_data(raw + mqttraw.publish("t", b"x", retain=True), 0.0)
+    assert ch.data_to_send() == h("20 02 00 01")
+    assert ch.state == CLOSED
+    assert len(net.owner.reasons(ch)) == 1
+    assert "0x01" in net.owner.reasons(ch)[0]
+    assert net.broker.sessions == {}
+    assert len(net.broker.retained) == 0
+
+
+def test_connect_mqisdp_with_level_4_is_not_accepted(net):
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", proto=b"MQIsdp", level=4), 0.0)
+    assert ch.data_to_send() in (b"", h("20 02 00 01"))
+    assert ch.state == CLOSED
+
+
+def test_connect_wrong_protocol_name_closes_without_connack(net):
+    """[MQTT-3.1.2-1] we close; [MQTT-3.1.4-1] no CONNACK for a CONNECT that does not conform."""
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", proto=b"MQTX"), 0.0)
+    assert ch.data_to_send() == b""
+    assert ch.state == CLOSED
+    [reason] = net.owner.reasons(ch)
+    assert "[MQTT-3.1.2-1]" in reason
+
+
+def test_connect_reserved_flag_closes_without_connack(net):
+    """[MQTT-3.1.2-3]"""
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", flags_extra=0x01), 0.0)
+    assert ch.data_to_send() == b""
+    assert "[MQTT-3.1.2-3]" in net.owner.reasons(ch)[0]
+
+
+def test_empty_client_id_without_clean_session_is_rejected(net):
+    """[MQTT-3.1.3-8] CONNACK 0x02, then close."""
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("", clean=False), 0.0)
+    assert ch.data_to_send() == h("20 02 00 02")
+    assert ch.state == CLOSED
+    assert len(net.owner.reasons(ch)) == 1
+    assert net.broker.sessions == {}
+
+
+def test_empty_client_id_with_clean_session_gets_a_unique_id(net):
+    """[MQTT-3.1.3-6]"""
+    a = net.connect("", clean=True)
+    b = net.connect("", clean=True)
+    assert a.client_id and b.client_id and a.client_id != b.client_id
+    assert net.broker.sessions[a.client_id].channel is a
+    assert net.broker.sessions[b.client_id].channel is b
+
+
+def test_client_id_length_limit():
+    """[MQTT-3.1.3-5] 23 bytes must be allowed; longer may be refused with 0x02 [MQTT-3.1.3-9]."""
+    net = Net(max_client_id_length=23)
+    net.connect("abcdefghijklmnopqrstuvw")
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("abcdefghijklmnopqrstuvwx"), 0.0)
+    assert ch.data_to_send() == h("20 02 00 02")
+    assert ch.state == CLOSED
+
+
+# --------------------------------------------------------------------------- authentication
+
+
+@pytest.fixture
+def passwords(tmp_path):
+    path = tmp_path / "passwd"
+    path.write_text(f"alice:{hash_password('secret', iterations=1000)}\n", encoding="utf-8")
+    return PasswordFile.load(str(path))
+
+
+@pytest.fixture
+def auth_net(passwords):
+    auth = Auth(allow_anonymous=False, passwords=passwords)
+    return Net(auth=auth), auth
+
+
+def test_anonymous_refused_with_0x05_and_close():
+    """[MQTT-3.2.2-4] session present 0 with a non-zero code; [MQTT-3.2.2-5] then close."""
+    net = Net(auth=Auth(allow_anonymous=False))
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c"), 0.0)
+    assert ch.data_to_send() == h("20 02 00 05")
+    assert ch.state == CLOSED
+    assert len(net.owner.reasons(ch)) == 1
+    assert net.owner.auth_requests == []
+
+
+def test_unknown_user_refused_with_0x04_without_slow_check(auth_net):
+    net, _ = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="mallory", password=b"x"), 0.0)
+    assert ch.data_to_send() == h("20 02 00 04")
+    assert ch.state == CLOSED
+    assert net.owner.auth_requests == []
+
+
+def test_known_user_without_password_refused(auth_net):
+    net, _ = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="alice"), 0.0)
+    assert ch.data_to_send() == h("20 02 00 04")
+
+
+def test_slow_auth_accepts_then_processes_pipelined_packets(auth_net):
+    net, auth = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="alice", password=b"secret")
+                    + mqttraw.subscribe(3, ("a", 1)) + mqttraw.publish("a", b"x", qos=1, pid=9), 0.0)
+    assert ch.state == AUTHENTICATING
+    assert ch.data_to_send() == b""
+    assert net.owner.auth_requests == [(ch, "alice", b"secret")]
+    ch.authenticated(auth.check_slow("alice", b"secret"), 1.0)
+    assert ch.state == CONNECTED
+    assert ch.data_to_send() == (ACCEPTED + h("90 03 00 03 01")
+                                 + h("32 06 00 01 61 00 01 78") + h("40 02 00 09"))
+
+
+def test_slow_auth_packets_arriving_while_authenticating_wait(auth_net):
+    net, auth = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="alice", password=b"secret"), 0.0)
+    ch.receive_data(mqttraw.subscribe(3, ("a", 1)), 0.5)
+    assert ch.state == AUTHENTICATING
+    ch.authenticated(auth.check_slow("alice", b"secret"), 1.0)
+    assert ch.data_to_send() == ACCEPTED + h("90 03 00 03 01")
+
+
+class _InlineAuthOwner:
+    """An owner that runs the slow check at once, inside ``authenticate``."""
+
+    def __init__(self, auth, recorder):
+        self.auth, self.rec = auth, recorder
+
+    def __getattr__(self, name):
+        return getattr(self.rec, name)
+
+    def authenticate(self, channel, user, password):
+        channel.authenticated(self.auth.check_slow(user, password), 0.0)
+
+
+def test_slow_auth_inline_owner(auth_net):
+    net, auth = auth_net
+    ch = net.channel()
+    ch.owner = _InlineAuthOwner(auth, net.owner)
+    ch.receive_data(mqttraw.connect("c", username="alice", password=b"secret"), 0.0)
+    assert ch.data_to_send() == ACCEPTED
+    assert ch.state == CONNECTED
+
+
+def test_slow_auth_refused_processes_nothing_after_connect(auth_net):
+    """[MQTT-3.1.4-5] nothing sent after a refused CONNECT is processed."""
+    net, auth = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="alice", password=b"wrong")
+                    + mqttraw.publish("r", b"x", retain=True), 0.0)
+    assert net.owner.auth_requests == [(ch, "alice", b"wrong")]
+    ch.authenticated(auth.check_slow("alice", b"wrong"), 1.0)
+    assert ch.data_to_send() == h("20 02 00 04")
+    assert ch.state == CLOSED
+    ch.receive_data(mqttraw.publish("r", b"y", retain=True), 2.0)
+    assert ch.data_to_send() == b""
+    assert len(net.broker.retained) == 0
+    assert net.broker.stats.messages_received == 0
+
+
+def test_fast_refusal_processes_nothing_after_connect():
+    """[MQTT-3.1.4-5]"""
+    net = Net(auth=Auth(allow_anonymous=False))
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c") + mqttraw.publish("r", b"x", retain=True) + mqttraw.PINGREQ_BYTES, 0.0)
+    assert ch.data_to_send() == h("20 02 00 05")
+    assert len(net.broker.retained) == 0
+    assert len(net.owner.reasons(ch)) == 1
+
+
+def test_slow_auth_result_is_cached_for_the_next_connect(auth_net):
+    net, auth = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c1", username="alice", password=b"secret"), 0.0)
+    ch.authenticated(auth.check_slow("alice", b"secret"), 0.0)
+    ch2 = net.channel()
+    ch2.receive_data(mqttraw.connect("c2", username="alice", password=b"secret"), 0.0)
+    assert ch2.data_to_send() == ACCEPTED
+    assert len(net.owner.auth_requests) == 1
+
+
+def test_refusal_sets_session_present_0_even_with_a_stored_session(auth_net):
+    """[MQTT-3.2.2-4]"""
+    net, auth = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c1", clean=False, username="alice", password=b"secret"), 0.0)
+    ch.authenticated(auth.check_slow("alice", b"secret"), 0.0)
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+    assert "c1" in net.broker.sessions
+    ch2 = net.channel()
+    ch2.receive_data(mqttraw.connect("c1", clean=False, username="alice", password=b"bad"), 1.0)
+    ch2.authenticated(auth.check_slow("alice", b"bad"), 1.0)
+    assert ch2.data_to_send() == h("20 02 00 04")
+    assert "c1" in net.broker.sessions  # a refused CONNECT does not touch the session
+
+
+def test_authenticated_after_connection_lost_is_ignored(auth_net):
+    net, auth = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="alice", password=b"secret"), 0.0)
+    ch.connection_lost(0.5)
+    ch.authenticated(0, 1.0)
+    assert ch.state == CLOSED
+    assert ch.data_to_send() == b""
+    assert net.broker.sessions == {}
+
+
+# --------------------------------------------------------------------------- takeover, session present
+
+
+def test_takeover_closes_the_old_connection_and_publishes_its_will(net):
+    """[MQTT-3.1.4-2]"""
+    watcher = net.subscriber("w", ("will/#", 1))
+    old = net.connect("dup", will=("will/dup", b"gone", 1, False))
+    new = net.connect("dup", now=5.0)
+    assert old.state == CLOSED
+    assert len(net.owner.reasons(old)) == 1
+    assert new.state == CONNECTED
+    assert net.broker.sessions["dup"].channel is new
+    assert publishes(watcher) == [("will/dup", b"gone", 1, False, False, 1)]
+    old.connection_lost(6.0)  # the socket of the old one goes away later
+    assert publishes(watcher) == []
+    assert net.broker.sessions["dup"].channel is new
+
+
+def test_takeover_of_a_persistent_session_keeps_it(net):
+    old = net.subscriber("p", ("a", 1), clean=False)
+    new = net.connect("p", clean=False, expect=ACCEPTED_PRESENT)  # [MQTT-3.2.2-2]
+    assert old.state == CLOSED
+    pub = net.connect("pub")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=1, pid=1), 0.0)
+    assert publishes(new) == [("a", b"x", 1, False, False, 1)]
+    assert publishes(old) == []
+
+
+def test_session_present_flags(net):
+    """[MQTT-3.2.2-1] clean: 0; [MQTT-3.2.2-3] no stored session: 0; [MQTT-3.2.2-2] stored: 1."""
+    ch = net.connect("c", clean=True, expect=ACCEPTED)
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+    ch = net.connect("c", clean=False, expect=ACCEPTED)
+    ch.receive_data(mqttraw.subscribe(1, ("a", 1)) + mqttraw.DISCONNECT_BYTES, 0.0)
+    ch = net.connect("c", clean=False, expect=ACCEPTED_PRESENT)
+    ch.connection_lost(1.0)
+    ch = net.connect("c", clean=True, expect=ACCEPTED)  # discards the stored session [MQTT-3.1.2-6]
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+    ch = net.connect("c", clean=False, expect=ACCEPTED)
+    assert net.broker.sessions["c"].subscriptions == {}
+
+
+def test_clean_session_ends_with_the_connection(net):
+    """[MQTT-3.1.2-6]"""
+    ch = net.subscriber("c", ("a/#", 1))
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+    assert "c" not in net.broker.sessions
+    assert len(net.broker.router) == 0
+
+
+def test_persistent_session_keeps_messages_while_offline(net):
+    """[MQTT-3.1.2-4] [MQTT-3.1.2-5] QoS 1/2 stored while offline, QoS 0 not."""
+    ch = net.subscriber("c", ("a", 2), clean=False)
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+    pub = net.connect("pub")
+    pub.receive_data(mqttraw.publish("a", b"0") + mqttraw.publish("a", b"1", qos=1, pid=1)
+                     + mqttraw.publish("a", b"2", qos=2, pid=2), 0.0)
+    ch = net.connect("c", clean=False, expect=ACCEPTED_PRESENT)
+    assert publishes(ch) == [("a", b"1", 1, False, False, 1), ("a", b"2", 2, False, False, 2)]
+
+
+def test_reconnect_resends_unacknowledged_with_dup(net):
+    """[MQTT-4.4.0-1] [MQTT-3.3.1-1]"""
+    ch = net.subscriber("c", ("a", 2), clean=False)
+    pub = net.connect("pub")
+    pub.receive_data(mqttraw.publish("a", b"1", qos=1, pid=1) + mqttraw.publish("a", b"2", qos=2, pid=2), 0.0)
+    assert publishes(ch) == [("a", b"1", 1, False, False, 1), ("a", b"2", 2, False, False, 2)]
+    ch.receive_data(mqttraw.pubrec(2), 0.0)
+    assert out(ch)[0].type == mqttraw.PUBREL
+    ch.connection_lost(1.0)
+    ch = net.channel(2.0)
+    ch.receive_data(mqttraw.connect("c", clean=False), 2.0)
+    assert ch.data_to_send() == ACCEPTED_PRESENT + h("3a 06 00 01 61 00 01 31") + h("62 02 00 02")
+
+
+# --------------------------------------------------------------------------- keepalive and timeouts
+
+
+def test_keepalive_one_and_a_half_times():
+    """[MQTT-3.1.2-24]"""
+    net = Net()
+    watcher = net.subscriber("w", ("will", 0))
+    ch = net.connect("c", now=100.0, keepalive=10, will=("will", b"bye", 0, False))
+    assert ch.deadline() == 115.0
+    ch.tick(114.9)
+    assert ch.state == CONNECTED
+    ch.receive_data(mqttraw.PINGREQ_BYTES, 105.0)
+    assert ch.data_to_send() == h("d0 00")  # [MQTT-3.12.4-1]
+    assert ch.deadline() == 120.0
+    ch.tick(119.99)
+    assert ch.state == CONNECTED
+    assert net.owner.reasons(ch) == []
+    ch.tick(120.0)
+    assert ch.state == CLOSED
+    [reason] = net.owner.reasons(ch)
+    assert "keepalive" in reason
+    assert publishes(watcher) == [("will", b"bye", 0, False, False, None)]  # as if the network failed
+
+
+def test_keepalive_zero_has_no_deadline():
+    net = Net()
+    ch = net.connect("c", keepalive=0)
+    assert ch.deadline() is None
+    ch.tick(1e9)
+    assert ch.state == CONNECTED
+
+
+def test_connect_timeout():
+    net = Net(connect_timeout=10.0)
+    ch = net.channel(now=50.0)
+    assert ch.deadline() == 60.0
+    ch.tick(59.9)
+    assert ch.state == AWAIT_CONNECT
+    ch.tick(60.0)
+    assert ch.state == CLOSED
+    assert len(net.owner.reasons(ch)) == 1
+    assert ch.data_to_send() == b""
+
+
+def test_partial_connect_does_not_connect_and_still_times_out():
+    net = Net(connect_timeout=10.0)
+    ch = net.channel(now=0.0)
+    raw = mqttraw.connect("c")
+    ch.receive_data(raw[:-1], 1.0)
+    assert ch.state == AWAIT_CONNECT and ch.data_to_send() == b""
+    ch.tick(10.0)
+    assert ch.state == CLOSED
+
+
+# --------------------------------------------------------------------------- wills
+
+
+@pytest.mark.parametrize("end", ["close", "connection_lost", "malformed"])
+def test_will_published_when_the_connection_ends_without_disconnect(net, end):
+    """[MQTT-3.1.2-8]"""
+    watcher = net.subscriber("w", ("will/#", 2))
+    ch = net.connect("c", will=("will/c", b"bye", 1, False))
+    if end == "close":
+        ch.close("server shutdown")
+    elif end == "connection_lost":
+        ch.connection_lost(1.0)
+    else:
+        ch.receive_data(h("36 05 00 01 61 00 01"), 1.0)  # QoS 3: malformed
+    assert publishes(watcher) == [("will/c", b"bye", 1, False, False, 1)]
+    ch.connection_lost(2.0)
+    ch.close("again")
+    assert publishes(watcher) == []  # [MQTT-3.1.2-10] once
+
+
+def test_no_will_after_disconnect(net):
+    """[MQTT-3.14.4-3]"""
+    watcher = net.subscriber("w", ("will/#", 2))
+    ch = net.connect("c", will=("will/c", b"bye", 1, True))
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 1.0)
+    assert ch.state == CLOSED
+    assert ch.clean_disconnect
+    assert len(net.owner.reasons(ch)) == 1
+    ch.connection_lost(1.5)
+    assert publishes(watcher) == []
+    assert len(net.broker.retained) == 0
+
+
+def test_no_will_without_will_flag(net):
+    """[MQTT-3.1.2-12]"""
+    watcher = net.subscriber("w", ("#", 2))
+    ch = net.connect("c")
+    ch.connection_lost(1.0)
+    assert publishes(watcher) == []
+
+
+def test_will_retain_1_is_published_retained(net):
+    """[MQTT-3.1.2-17] retained for later subscribers; live subscribers get RETAIN=0 [MQTT-3.3.1-9]."""
+    watcher = net.subscriber("w", ("will/#", 2))
+    ch = net.connect("c", will=("will/c", b"bye", 2, True))
+    ch.connection_lost(1.0)
+    assert publishes(watcher) == [("will/c", b"bye", 2, False, False, 1)]
+    later = net.subscriber("later", ("will/#", 2))
+    assert publishes(later) == [("will/c", b"bye", 2, True, False, 1)]
+
+
+def test_will_retain_0_is_not_retained(net):
+    """[MQTT-3.1.2-16]"""
+    ch = net.connect("c", will=("will/c", b"bye", 0, False))
+    ch.connection_lost(1.0)
+    later = net.subscriber("later", ("will/#", 2))
+    assert publishes(later) == []
+    assert len(net.broker.retained) == 0
+
+
+def test_refused_connect_has_no_will(passwords):
+    net = Net(auth=Auth(allow_anonymous=True, passwords=passwords))
+    watcher = net.subscriber("w", ("#", 0))
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="mallory", password=b"x", will=("will", b"bye", 0, False)), 0.0)
+    assert ch.data_to_send() == h("20 02 00 04")
+    ch.connection_lost(1.0)
+    assert publishes(watcher) == []
+
+
+# --------------------------------------------------------------------------- the transition table
+
+CLIENT_BYTES = {
+    CONNECT: mqttraw.connect("x"),
+    CONNACK: h("20 02 00 00"),
+    PUBLISH: h("30 03 00 01 74"),
+    PUBACK: h("40 02 00 01"),
+    PUBREC: h("50 02 00 01"),
+    PUBREL: h("62 02 00 01"),
+    PUBCOMP: h("70 02 00 01"),
+    SUBSCRIBE: h("82 06 00 01 00 01 61 00"),
+    SUBACK: h("90 03 00 01 00"),
+    UNSUBSCRIBE: h("a2 05 00 01 00 01 61"),
+    UNSUBACK: h("b0 02 00 01"),
+    PINGREQ: h("c0 00"),
+    PINGRESP: h("d0 00"),
+    DISCONNECT: h("e0 00"),
+}
+
+
+def test_transition_table_contents():
+    assert set(TRANSITIONS[AWAIT_CONNECT]) == {CONNECT}
+    assert set(TRANSITIONS[CONNECTED]) == {PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBSCRIBE,
+                                           UNSUBSCRIBE, PINGREQ, DISCONNECT}
+    assert TRANSITIONS[CLOSED] == {}
+
+
+@pytest.mark.parametrize("ptype", sorted(set(CLIENT_BYTES) - set(TRANSITIONS[AWAIT_CONNECT])))
+def test_first_packet_not_connect_closes(net, ptype):
+    """[MQTT-3.1.0-1]"""
+    ch = net.channel()
+    ch.receive_data(CLIENT_BYTES[ptype], 0.0)
+    assert ch.state == CLOSED
+    assert ch.data_to_send() == b""
+    [reason] = net.owner.reasons(ch)
+    assert "[MQTT-3.1.0-1]" in reason
+
+
+@pytest.mark.parametrize("ptype", sorted(set(CLIENT_BYTES) - set(TRANSITIONS[CONNECTED])))
+def test_packet_not_in_table_when_connected_closes(net, ptype):
+    """[MQTT-3.1.0-2] a second CONNECT; server-only packets from a client [MQTT-4.8.0-1]."""
+    watcher = net.subscriber("w", ("will", 0))
+    ch = net.connect("c", will=("will", b"bye", 0, False))
+    ch.receive_data(CLIENT_BYTES[ptype] + mqttraw.PINGREQ_BYTES, 1.0)
+    assert ch.state == CLOSED
+    assert ch.data_to_send() == b""  # not even the PINGRESP behind it
+    [reason] = net.owner.reasons(ch)
+    assert SPEC_ID.search(reason), reason
+    if ptype == CONNECT:
+        assert "[MQTT-3.1.0-2]" in reason
+    assert publishes(watcher) == [("will", b"bye", 0, False, False, None)]
+
+
+@pytest.mark.parametrize("ptype", sorted(TRANSITIONS[CONNECTED]))
+def test_packets_in_table_when_connected_do_not_close(net, ptype):
+    ch = net.connect("c")
+    ch.receive_data(CLIENT_BYTES[ptype], 1.0)
+    assert ch.state == (CLOSED if ptype == DISCONNECT else CONNECTED)
+    if ptype != DISCONNECT:
+        assert net.owner.reasons(ch) == []
+
+
+def test_second_connect_pipelined_behind_a_slow_auth_closes(auth_net):
+    net, auth = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="alice", password=b"secret") + mqttraw.connect("c"), 0.0)
+    ch.authenticated(auth.check_slow("alice", b"secret"), 1.0)
+    assert ch.data_to_send() == ACCEPTED
+    assert ch.state == CLOSED
+    assert "[MQTT-3.1.0-2]" in net.owner.reasons(ch)[0]
+
+
+def test_nothing_processed_after_close(net):
+    ch = net.connect("c")
+    ch.close("bye")
+    ch.receive_data(mqttraw.PINGREQ_BYTES + mqttraw.subscribe(1, ("a", 0)), 1.0)
+    assert ch.data_to_send() == b""
+    assert len(net.owner.reasons(ch)) == 1
+    assert len(net.broker.router) == 0
+
+
+@pytest.mark.parametrize("raw, rule", [
+    (h("36 05 00 01 61 00 01"), "MQTT-3.3.1-4"),
+    (h("80 06 00 01 00 01 61 00"), "MQTT-3.8.1-1"),
+    (h("30 03 00 01 23"), "MQTT-3.3.2-2"),
+    (h("82 02 00 01"), "MQTT-3.8.3-3"),
+    (h("30 05 00 03 ed a0 80"), "MQTT-1.5.3-1"),
+])
+def test_malformed_packet_closes_with_its_rule(net, raw, rule):
+    ch = net.connect("c")
+    ch.receive_data(raw, 1.0)
+    assert ch.state == CLOSED
+    assert ch.data_to_send() == b""
+    assert f"[{rule}]" in net.owner.reasons(ch)[0]
+    assert net.broker.stats.protocol_errors == 1
+
+
+def test_packet_over_max_packet_size_closes():
+    net = Net(max_packet_size=100)
+    ch = net.connect("c")
+    ch.receive_data(mqttraw.publish("t", b"x" * 200)[:3], 1.0)  # the header says 205 bytes
+    assert ch.state == CLOSED
+    assert len(net.owner.reasons(ch)) == 1
+
+
+def test_durable_session_discarded_then_recreated_journals_the_delete():
+    j = Journal()
+    net = Net(journal=j)
+    ch = net.connect("c", clean=False)
+    ch.receive_data(mqttraw.subscribe(1, ("a", 1)), 0.0)
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+    pub = net.connect("pub")
+    pub.receive_data(mqttraw.publish("a", b"queued", qos=1, pid=1), 0.0)
+    j.take()  # committed: the store holds session c with one queued message
+    ch = net.connect("c", clean=True)
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+    net.connect("c", clean=False)
+    ops = j.take()[1]
+    assert ("session_delete", "c") in ops
+    assert ops.index(("session_delete", "c")) < ops.index(("session_put", "c", {}))

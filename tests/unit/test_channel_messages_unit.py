@@ -1,0 +1,503 @@
+"""mqttmesh.channel.Channel with mqttmesh.broker.Broker: PUBLISH in and out, acknowledgements,
+SUBSCRIBE/UNSUBSCRIBE, retained messages, access control and group commit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mqttraw
+from mqttmesh.auth import Acl, Auth
+from mqttmesh.channel import CLOSED, CONNECTED
+from mqttmesh.message import Message
+from mqttmesh.session import Limits
+from mqttmesh.store import Journal
+
+from unit_support import Net, out, publishes
+
+
+def h(text: str) -> bytes:
+    return bytes.fromhex(text)
+
+
+@pytest.fixture
+def net():
+    return Net()
+
+
+# --------------------------------------------------------------------------- PUBLISH from a client
+
+
+def test_qos0_publish_is_delivered_without_ack(net):
+    sub = net.subscriber("s", ("a/b", 2))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a/b", b"hi"), 1.0)
+    assert pub.data_to_send() == b""
+    assert sub.data_to_send() == h("30 07 00 03 61 2f 62 68 69")
+
+
+def test_qos1_publish_gets_puback(net):
+    """[MQTT-4.3.2-2] PUBACK with the packet id; a repeat is a new publication."""
+    sub = net.subscriber("s", ("a", 1))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=1, pid=0x1234), 1.0)
+    assert pub.data_to_send() == h("40 02 12 34")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=1, pid=0x1234, dup=True), 1.0)
+    assert pub.data_to_send() == h("40 02 12 34")
+    assert publishes(sub) == [("a", b"x", 1, False, False, 1), ("a", b"x", 1, False, False, 2)]
+
+
+def test_qos2_duplicate_before_pubrel_is_not_delivered_again(net):
+    """[MQTT-4.3.3-2] PUBREC again, no second delivery; PUBREL -> PUBCOMP; then the id is new."""
+    sub = net.subscriber("s", ("a", 2))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=7), 1.0)
+    assert pub.data_to_send() == h("50 02 00 07")
+    assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=7, dup=True), 2.0)
+    assert pub.data_to_send() == h("50 02 00 07")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=7), 2.5)  # DUP=0 changes nothing
+    assert pub.data_to_send() == h("50 02 00 07")
+    assert publishes(sub) == []
+    pub.receive_data(mqttraw.pubrel(7), 3.0)
+    assert pub.data_to_send() == h("70 02 00 07")
+    pub.receive_data(mqttraw.publish("a", b"y", qos=2, pid=7), 4.0)
+    assert pub.data_to_send() == h("50 02 00 07")
+    assert publishes(sub) == [("a", b"y", 2, False, False, 2)]
+
+
+def test_pubrel_for_an_unknown_id_gets_pubcomp(net):
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.pubrel(99), 1.0)
+    assert pub.data_to_send() == h("70 02 00 63")
+    assert pub.state == CONNECTED
+
+
+def test_qos2_ids_awaiting_pubrel_are_kept_across_reconnect(net):
+    sub = net.subscriber("s", ("a", 2))
+    pub = net.connect("p", clean=False)
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=5), 1.0)
+    pub.connection_lost(2.0)
+    pub = net.connect("p", clean=False, expect=h("20 02 01 00"))
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=5, dup=True), 3.0)
+    assert pub.data_to_send() == h("50 02 00 05")
+    assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
+
+
+def test_too_many_qos2_awaiting_pubrel_closes_without_delivering():
+    net = Net(limits=Limits(max_awaiting_rel=1))
+    sub = net.subscriber("s", ("a", 2))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"1", qos=2, pid=1), 1.0)
+    pub.receive_data(mqttraw.publish("a", b"2", qos=2, pid=2), 1.0)
+    assert pub.state == CLOSED
+    assert pub.data_to_send() == h("50 02 00 01")
+    # not acknowledged, so the client will send it again: delivering it now would duplicate it
+    assert publishes(sub) == [("a", b"1", 2, False, False, 1)]
+
+
+def test_dup_is_not_propagated(net):
+    """[MQTT-3.3.1-3]"""
+    sub = net.subscriber("s", ("a", 1))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=1, pid=3, dup=True), 1.0)
+    assert publishes(sub) == [("a", b"x", 1, False, False, 1)]
+
+
+@pytest.mark.parametrize("sub_qos, pub_qos, delivered", [
+    (0, 0, 0), (0, 1, 0), (0, 2, 0), (1, 0, 0), (1, 1, 1), (1, 2, 1), (2, 0, 0), (2, 1, 1), (2, 2, 2)])
+def test_delivery_qos_is_the_minimum(net, sub_qos, pub_qos, delivered):
+    """[MQTT-3.8.4-6]"""
+    sub = net.subscriber("s", ("a", sub_qos))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=pub_qos, pid=1), 1.0)
+    assert publishes(sub) == [("a", b"x", delivered, False, False, 1 if delivered else None)]
+
+
+def test_overlapping_subscriptions_one_copy_at_the_highest_qos(net):
+    """[MQTT-3.3.5-1]"""
+    sub = net.subscriber("s", ("a/#", 0), ("a/+", 2), ("+/b", 1))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a/b", b"x", qos=2, pid=1), 1.0)
+    assert publishes(sub) == [("a/b", b"x", 2, False, False, 1)]
+
+
+def test_messages_to_one_subscriber_keep_publish_order(net):
+    """[MQTT-4.6.0-6]"""
+    sub = net.subscriber("s", ("a", 1))
+    pub = net.connect("p")
+    pub.receive_data(b"".join(mqttraw.publish("a", str(i), qos=1, pid=i + 1) for i in range(5)), 1.0)
+    assert [p[1] for p in publishes(sub)] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_dollar_topic_publish_is_acknowledged_not_delivered(net):
+    """A client may not publish to $-topics: acknowledged [MQTT-3.3.5-2], not delivered nor retained."""
+    sub = net.subscriber("s", ("$SYS/#", 1), ("$x", 1))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("$SYS/x", b"1", qos=1, pid=1)
+                     + mqttraw.publish("$x", b"2", qos=2, pid=2, retain=True), 1.0)
+    assert pub.data_to_send() == h("40 02 00 01 50 02 00 02")
+    assert publishes(sub) == []
+    assert len(net.broker.retained) == 0
+    assert pub.state == CONNECTED
+
+
+# --------------------------------------------------------------------------- PUBLISH to a client
+
+
+def test_outbound_qos1_flow(net):
+    sub = net.subscriber("s", ("a", 1))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=1, pid=9), 1.0)
+    assert sub.data_to_send() == h("32 06 00 01 61 00 01 78")
+    session = net.broker.sessions["s"]
+    assert list(session.inflight) == [1]
+    sub.receive_data(mqttraw.puback(1), 2.0)
+    assert session.inflight == {}
+    assert sub.data_to_send() == b""
+
+
+def test_outbound_qos2_flow(net):
+    """[MQTT-4.3.3-1] PUBREL on PUBREC, released on PUBCOMP."""
+    sub = net.subscriber("s", ("a", 2))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=9), 1.0)
+    assert sub.data_to_send() == h("34 06 00 01 61 00 01 78")
+    sub.receive_data(mqttraw.pubrec(1), 2.0)
+    assert sub.data_to_send() == h("62 02 00 01")
+    sub.receive_data(mqttraw.pubcomp(1), 3.0)
+    assert net.broker.sessions["s"].inflight == {}
+    assert sub.data_to_send() == b""
+
+
+# --------------------------------------------------------------------------- SUBSCRIBE / UNSUBSCRIBE
+
+
+def test_suback_codes_in_order(net):
+    """[MQTT-3.8.4-1/2/5] [MQTT-3.9.3-1]"""
+    ch = net.connect("c")
+    ch.receive_data(mqttraw.subscribe(0x0102, ("a", 0), ("b", 1), ("c", 2)), 1.0)
+    assert ch.data_to_send() == h("90 05 01 02 00 01 02")
+
+
+def test_suback_grants_at_most_max_qos():
+    net = Net(max_qos=1)
+    ch = net.connect("c")
+    ch.receive_data(mqttraw.subscribe(1, ("a", 0), ("b", 1), ("c", 2)), 1.0)
+    assert ch.data_to_send() == h("90 05 00 01 00 01 01")
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("c", b"x", qos=2, pid=1), 1.0)
+    assert publishes(ch) == [("c", b"x", 1, False, False, 1)]
+
+
+def test_suback_0x80_for_mesh_filters(net):
+    ch = net.connect("c")
+    ch.receive_data(mqttraw.subscribe(1, ("$mesh/x", 1), ("a", 1), ("$mesh/#", 0)), 1.0)
+    assert ch.data_to_send() == h("90 05 00 01 80 01 80")
+    assert net.broker.sessions["c"].subscriptions == {"a": 1}
+
+
+def test_suback_0x80_from_the_acl():
+    acl = Acl.parse("topic readwrite a/#\ntopic deny a/secret/#\ntopic write w/#\n")
+    net = Net(auth=Auth(acl=acl))
+    ch = net.connect("c")
+    ch.receive_data(mqttraw.subscribe(1, ("a/x", 1), ("b", 1), ("a/secret/y", 0), ("a/#", 2), ("w/1", 0)), 1.0)
+    assert ch.data_to_send() == h("90 07 00 01 01 80 80 80 80")
+
+
+def test_acl_filters_delivery_and_publish():
+    acl = Acl.parse("topic readwrite a/#\ntopic deny a/secret/#\n")
+    net = Net(auth=Auth(acl=acl))
+    sub = net.subscriber("s", ("a/+/x", 1))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a/secret/x", b"no", qos=1, pid=1)
+                     + mqttraw.publish("a/open/x", b"yes", qos=1, pid=2)
+                     + mqttraw.publish("b", b"denied", qos=1, pid=3), 1.0)
+    assert pub.data_to_send() == h("40 02 00 01 40 02 00 02 40 02 00 03")  # [MQTT-3.3.5-2]
+    assert publishes(sub) == [("a/open/x", b"yes", 1, False, False, 1)]
+
+
+def test_resubscribe_replaces_the_subscription(net):
+    """[MQTT-3.8.4-3]"""
+    sub = net.subscriber("s", ("a", 2))
+    sub.receive_data(mqttraw.subscribe(2, ("a", 0)), 1.0)
+    assert sub.data_to_send() == h("90 03 00 02 00")
+    assert net.broker.sessions["s"].subscriptions == {"a": 0}
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=1), 1.0)
+    assert publishes(sub) == [("a", b"x", 0, False, False, None)]
+
+
+def test_unsubscribe_compares_filters_exactly(net):
+    """[MQTT-3.10.4-1] [MQTT-3.10.4-4] [MQTT-3.10.4-5]"""
+    sub = net.subscriber("s", ("a/+", 1))
+    pub = net.connect("p")
+    sub.receive_data(mqttraw.unsubscribe(5, "a/b"), 1.0)
+    assert sub.data_to_send() == h("b0 02 00 05")
+    pub.receive_data(mqttraw.publish("a/b", b"1"), 1.0)
+    assert publishes(sub) == [("a/b", b"1", 0, False, False, None)]
+    sub.receive_data(mqttraw.unsubscribe(6, "a/+"), 2.0)
+    assert sub.data_to_send() == h("b0 02 00 06")
+    pub.receive_data(mqttraw.publish("a/b", b"2"), 2.0)
+    assert publishes(sub) == []
+    assert len(net.broker.router) == 0
+
+
+def test_unsuback_even_when_nothing_matched(net):
+    """[MQTT-3.10.4-5]"""
+    ch = net.connect("c")
+    ch.receive_data(mqttraw.unsubscribe(0xABCD, "never/subscribed", "#"), 1.0)
+    assert ch.data_to_send() == h("b0 02 ab cd")
+
+
+def test_unsubscribe_several_filters(net):
+    """[MQTT-3.10.4-6] one UNSUBACK."""
+    sub = net.subscriber("s", ("a", 0), ("b", 0), ("c", 0))
+    sub.receive_data(mqttraw.unsubscribe(2, "a", "c"), 1.0)
+    assert sub.data_to_send() == h("b0 02 00 02")
+    assert net.broker.sessions["s"].subscriptions == {"b": 0}
+
+
+def test_unsubscribe_completes_messages_in_flight(net):
+    """[MQTT-3.10.4-3]"""
+    sub = net.subscriber("s", ("a", 1))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=1, pid=1), 1.0)
+    assert len(publishes(sub)) == 1
+    sub.receive_data(mqttraw.unsubscribe(2, "a") + mqttraw.puback(1), 2.0)
+    assert sub.data_to_send() == h("b0 02 00 02")
+    assert net.broker.sessions["s"].inflight == {}
+
+
+# --------------------------------------------------------------------------- retained messages
+
+
+def subscribe_out(net, client_id, *filters):
+    ch = net.connect(client_id)
+    ch.receive_data(mqttraw.subscribe(1, *filters), 1.0)
+    frames = out(ch)
+    assert frames[0].type == mqttraw.SUBACK
+    return ch, [(p.topic, p.payload, p.qos, p.retain, p.dup) for p in frames[1:]]
+
+
+def test_retained_delivered_on_subscribe_with_retain_1(net):
+    """[MQTT-3.3.1-5] stored with its QoS; [MQTT-3.3.1-6] sent on subscribe; [MQTT-3.3.1-8] RETAIN=1."""
+    live = net.subscriber("live", ("r/#", 2))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("r/1", b"v", qos=1, pid=1, retain=True), 1.0)
+    assert publishes(live) == [("r/1", b"v", 1, False, False, 1)]  # live: RETAIN=0 [MQTT-3.3.1-9]
+    _, got = subscribe_out(net, "new", ("r/#", 2))
+    assert got == [("r/1", b"v", 1, True, False)]
+    _, got = subscribe_out(net, "low", ("r/+", 0))
+    assert got == [("r/1", b"v", 0, True, False)]
+
+
+def test_retained_sent_again_on_resubscribe(net):
+    """[MQTT-3.8.4-3] retained messages are re-sent for a replaced subscription."""
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("r", b"v", retain=True), 1.0)
+    ch, got = subscribe_out(net, "s", ("r", 0))
+    assert got == [("r", b"v", 0, True, False)]
+    ch.receive_data(mqttraw.subscribe(2, ("r", 0)), 2.0)
+    assert ch.data_to_send() == h("90 03 00 02 00") + h("31 04 00 01 72 76")
+
+
+def test_empty_retained_payload_deletes(net):
+    """[MQTT-3.3.1-10] delivered as normal, removes the retained message; [MQTT-3.3.1-11] not stored."""
+    live = net.subscriber("live", ("r", 0))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("r", b"v", retain=True), 1.0)
+    pub.receive_data(mqttraw.publish("r", b"", retain=True), 2.0)
+    assert publishes(live) == [("r", b"v", 0, False, False, None), ("r", b"", 0, False, False, None)]
+    assert len(net.broker.retained) == 0
+    _, got = subscribe_out(net, "new", ("r", 0))
+    assert got == []
+
+
+def test_retain_0_publish_leaves_the_retained_message(net):
+    """[MQTT-3.3.1-12]"""
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("r", b"old", qos=1, pid=1, retain=True), 1.0)
+    pub.receive_data(mqttraw.publish("r", b"new", qos=1, pid=2), 2.0)
+    pub.receive_data(mqttraw.publish("r", b"", qos=0), 3.0)  # empty, but RETAIN=0
+    _, got = subscribe_out(net, "s", ("r", 1))
+    assert got == [("r", b"old", 1, True, False)]
+
+
+def test_qos0_retained_replaces(net):
+    """[MQTT-3.3.1-7]"""
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("r", b"one", qos=2, pid=1, retain=True), 1.0)
+    pub.receive_data(mqttraw.publish("r", b"two", qos=0, retain=True), 2.0)
+    _, got = subscribe_out(net, "s", ("#", 2))
+    assert got == [("r", b"two", 0, True, False)]
+
+
+def test_retained_dollar_topics_not_matched_by_leading_wildcards(net):
+    """[MQTT-4.7.2-1] (a $-topic retained by the node itself, e.g. $SYS)."""
+    net.broker.set_retained(Message("$SYS/x", b"sys", 0, True))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"v", retain=True), 1.0)
+    _, got = subscribe_out(net, "s", ("#", 0), ("+", 0))
+    assert got == [("a", b"v", 0, True, False), ("a", b"v", 0, True, False)]
+    _, got = subscribe_out(net, "t", ("$SYS/#", 0))
+    assert got == [("$SYS/x", b"sys", 0, True, False)]
+
+
+def test_retained_filtered_by_acl():
+    """Subscribing is granted on r/#, but only r/open may be read."""
+    acl = Acl.parse("topic subscribe r/#\ntopic read r/open\ntopic write r/#\n")
+    net = Net(auth=Auth(acl=acl))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("r/open", b"1", retain=True) + mqttraw.publish("r/secret", b"2", retain=True),
+                     1.0)
+    assert len(net.broker.retained) == 2
+    _, got = subscribe_out(net, "s", ("r/#", 0))
+    assert got == [("r/open", b"1", 0, True, False)]
+
+
+def test_acl_deny_overlapping_a_filter_refuses_the_subscription():
+    acl = Acl.parse("topic readwrite r/#\ntopic deny r/secret\n")
+    net = Net(auth=Auth(acl=acl))
+    ch = net.connect("c")
+    ch.receive_data(mqttraw.subscribe(1, ("r/#", 0), ("r/open", 0)), 1.0)
+    assert ch.data_to_send() == h("90 04 00 01 80 00")
+
+
+# --------------------------------------------------------------------------- group commit
+
+
+def durable_offline_subscriber(net, journal, client_id="d", topic_filter="g/#"):
+    ch = net.connect(client_id, clean=False)
+    ch.receive_data(mqttraw.subscribe(1, (topic_filter, 1)), 0.0)
+    number, _ = journal.take()
+    net.broker.committed(number)
+    assert out(ch)[0].type == mqttraw.SUBACK
+    ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+    number, _ = journal.take()
+    net.broker.committed(number)
+
+
+def test_puback_waits_for_the_commit_of_an_offline_durable_delivery():
+    journal = Journal()
+    net = Net(journal=journal)
+    durable_offline_subscriber(net, journal)
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("g/x", b"keep", qos=1, pid=1), 1.0)
+    assert pub.data_to_send() == b""
+    assert pub in net.broker.held_ack_channels
+    number, ops = journal.take()
+    assert [op[0] for op in ops] == ["message_put"]
+    net.broker.committed(number - 1)  # an older batch: still held
+    assert pub.data_to_send() == b""
+    net.broker.committed(number)
+    assert pub.data_to_send() == h("40 02 00 01")
+    assert journal.committed == number
+
+
+def test_acks_stay_in_order_behind_a_held_one():
+    """[MQTT-4.6.0-2] PUBACKs in the order of the PUBLISHes."""
+    journal = Journal()
+    net = Net(journal=journal)
+    durable_offline_subscriber(net, journal)
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("g/x", b"1", qos=1, pid=1)
+                     + mqttraw.publish("elsewhere", b"2", qos=1, pid=2)
+                     + mqttraw.publish("g/x", b"3", qos=2, pid=3)
+                     + mqttraw.pubrel(3)
+                     + mqttraw.publish("elsewhere", b"4", qos=1, pid=4), 1.0)
+    assert pub.data_to_send() == b""
+    number, _ = journal.take()
+    net.broker.committed(number)
+    assert pub.data_to_send() == h("40 02 00 01 40 02 00 02 50 02 00 03 70 02 00 03 40 02 00 04")
+
+
+def test_puback_immediate_when_nothing_becomes_durable():
+    journal = Journal()
+    net = Net(journal=journal)
+    sub = net.subscriber("s", ("g/#", 1))  # a clean session: nothing to store
+    journal.take()
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("g/x", b"1", qos=1, pid=1), 1.0)
+    assert pub.data_to_send() == h("40 02 00 01")
+    assert len(journal) == 0
+    assert publishes(sub) == [("g/x", b"1", 1, False, False, 1)]
+
+
+def test_retained_publish_waits_for_commit():
+    journal = Journal()
+    net = Net(journal=journal)
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("r", b"v", qos=1, pid=1, retain=True), 1.0)
+    assert pub.data_to_send() == b""
+    number, ops = journal.take()
+    assert ops == [("retained_put", "r", b"v", 1, "n1", ops[0][5], "p", ops[0][7])]
+    net.broker.committed(number)
+    assert pub.data_to_send() == h("40 02 00 01")
+
+
+def test_suback_of_a_durable_session_waits_for_commit():
+    journal = Journal()
+    net = Net(journal=journal)
+    ch = net.connect("d", clean=False)
+    journal.take()
+    ch.receive_data(mqttraw.subscribe(4, ("a", 1)), 1.0)
+    assert ch.data_to_send() == b""
+    number, ops = journal.take()
+    assert ops == [("session_put", "d", {"a": 1})]
+    net.broker.committed(number)
+    assert ch.data_to_send() == h("90 03 00 04 01")
+
+
+def commit(net, journal):
+    number, _ = journal.take()
+    net.broker.committed(number)
+
+
+def test_pubrec_of_a_durable_publisher_waits_for_commit():
+    """The id awaiting PUBREL must be durable before PUBREC, or a restart would deliver it twice."""
+    journal = Journal()
+    net = Net(journal=journal)
+    pub = net.connect("p", clean=False)
+    commit(net, journal)
+    pub.receive_data(mqttraw.publish("nobody", b"x", qos=2, pid=3), 1.0)
+    assert pub.data_to_send() == b""
+    number, ops = journal.take()
+    assert ops == [("rel_put", "p", 3)]
+    net.broker.committed(number)
+    assert pub.data_to_send() == h("50 02 00 03")
+
+
+def test_pubcomp_of_a_durable_publisher_waits_for_commit():
+    journal = Journal()
+    net = Net(journal=journal)
+    pub = net.connect("p", clean=False)
+    commit(net, journal)
+    pub.receive_data(mqttraw.publish("nobody", b"x", qos=2, pid=3), 1.0)
+    commit(net, journal)
+    assert pub.data_to_send() == h("50 02 00 03")
+    pub.receive_data(mqttraw.pubrel(3), 2.0)
+    assert pub.data_to_send() == b""
+    number, ops = journal.take()
+    assert ops == [("rel_remove", "p", 3)]
+    net.broker.committed(number)
+    assert pub.data_to_send() == h("70 02 00 03")
+
+
+def test_pubrel_to_a_durable_subscriber_waits_for_commit():
+    journal = Journal()
+    net = Net(journal=journal)
+    sub = net.connect("d", clean=False)
+    sub.receive_data(mqttraw.subscribe(1, ("a", 2)), 0.0)
+    commit(net, journal)
+    assert out(sub)[0].type == mqttraw.SUBACK
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=1), 1.0)
+    commit(net, journal)
+    assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
+    sub.receive_data(mqttraw.pubrec(1), 2.0)
+    assert sub.data_to_send() == b""
+    number, ops = journal.take()
+    assert [op[0] for op in ops] == ["message_put"]
+    net.broker.committed(number)
+    assert sub.data_to_send() == h("62 02 00 01")

@@ -1,0 +1,367 @@
+"""mqttmesh.session: delivery, the inflight window, the queue, acknowledgements, re-sending."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqttmesh.message import Message
+from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session
+from mqttmesh.store import Journal
+
+from unit_support import FakeChannel, publish_fields
+
+
+def h(text: str) -> bytes:
+    return bytes.fromhex(text)
+
+
+def msg(payload: str = "m", topic: str = "t", qos: int = 2, **kw) -> Message:
+    return Message(topic, payload.encode(), qos, **kw)
+
+
+def online(limits: Limits | None = None, cls=Session, **kw):
+    if cls is DurableSession:
+        s = DurableSession("c", limits or Limits(), kw["journal"])
+    else:
+        s = Session("c", False, limits or Limits())
+    ch = FakeChannel()
+    s.attach(ch)
+    return s, ch
+
+
+# --------------------------------------------------------------------------- delivery while online
+
+
+def test_qos0_exact_frame():
+    s, ch = online()
+    s.deliver(msg("hi", topic="a/b"), 0)
+    assert ch.frames == [h("30 07 00 03 61 2f 62 68 69")]  # [MQTT-4.3.1-1] QoS 0, DUP 0
+    assert s.inflight == {} and len(s.queue) == 0
+
+
+def test_qos0_retained_delivery_sets_retain():
+    s, ch = online()
+    s.deliver(msg("hi", topic="a/b"), 0, retain=True)
+    assert ch.frames == [h("31 07 00 03 61 2f 62 68 69")]
+
+
+def test_qos1_exact_frame_and_puback():
+    s, ch = online()
+    s.deliver(msg("hi", topic="a/b"), 1)
+    assert ch.frames == [h("32 09 00 03 61 2f 62 00 01 68 69")]  # [MQTT-4.3.2-1] QoS 1, DUP 0, id 1
+    assert list(s.inflight) == [1]
+    assert s.on_puback(2) is False
+    assert s.on_pubrec(1) is False  # a PUBREC for a QoS 1 message
+    assert s.on_pubcomp(1) is False
+    assert s.on_puback(1) is True
+    assert s.inflight == {}
+    assert s.on_puback(1) is False  # already acknowledged
+
+
+def test_qos2_exact_frame_and_flow():
+    s, ch = online()
+    s.deliver(msg("hi", topic="a/b"), 2, retain=True)
+    assert ch.frames == [h("35 09 00 03 61 2f 62 00 01 68 69")]  # QoS 2, RETAIN 1, id 1
+    assert s.on_pubcomp(1) is False  # PUBCOMP before PUBREC
+    assert s.on_puback(1) is False   # PUBACK for a QoS 2 message
+    assert s.on_pubrec(9) is False
+    assert s.on_pubrec(1) is True
+    assert s.inflight[1].state == SENT_PUBREL
+    assert s.on_pubrec(1) is True    # a repeated PUBREC is harmless
+    assert s.on_pubcomp(1) is True
+    assert s.inflight == {}
+    assert s.on_pubcomp(1) is False
+
+
+def test_packet_ids_follow_send_order():
+    s, ch = online()
+    for i in range(3):
+        s.deliver(msg(str(i)), 1)
+    assert [publish_fields(p)[5] for p in ch.packets()] == [1, 2, 3]
+
+
+def test_inflight_window_then_queue():
+    s, ch = online(Limits(max_inflight=2))
+    for i in range(4):
+        s.deliver(msg(str(i)), 1)
+    assert [p.payload for p in ch.take()] == [b"0", b"1"]
+    assert len(s.queue) == 2 and s.pending == 4
+    assert s.on_puback(1)
+    assert [publish_fields(p) for p in ch.take()] == [("t", b"2", 1, False, False, 3)]
+    assert s.on_puback(2)
+    assert s.on_puback(3)
+    assert [publish_fields(p) for p in ch.take()] == [("t", b"3", 1, False, False, 4)]
+    assert s.pending == 1
+
+
+def test_qos2_window_frees_on_pubcomp_not_pubrec():
+    s, ch = online(Limits(max_inflight=1))
+    s.deliver(msg("a"), 2)
+    s.deliver(msg("b"), 2)
+    assert len(ch.take()) == 1
+    s.on_pubrec(1)
+    assert ch.take() == []
+    s.on_pubcomp(1)
+    assert [p.payload for p in ch.take()] == [b"b"]
+
+
+def test_order_kept_when_the_window_is_free_but_the_queue_is_not():
+    """Messages behind the queue must not overtake it [MQTT-4.6.0-6]."""
+    s = Session("c", False, Limits(max_inflight=10))
+    for i in range(3):
+        s.deliver(msg(str(i)), 1)  # offline: queued
+    ch = FakeChannel()
+    s.attach(ch)
+    s.deliver(msg("3"), 1)
+    assert [p.payload for p in ch.take()] == [b"0", b"1", b"2", b"3"]
+
+
+# --------------------------------------------------------------------------- the queue limit
+
+
+@pytest.mark.parametrize("policy, kept", [("oldest", [b"2", b"3"]), ("newest", [b"1", b"2"])])
+def test_queue_limit_drop_policy_online(policy, kept):
+    s, ch = online(Limits(max_inflight=1, max_queued=2, drop_policy=policy))
+    for i in range(4):
+        s.deliver(msg(str(i)), 1)
+    assert [p.payload for p in ch.take()] == [b"0"]
+    assert [e.msg.payload for e in s.queue] == kept
+    assert s.dropped == 1
+
+
+@pytest.mark.parametrize("policy, kept", [("oldest", [b"3", b"4"]), ("newest", [b"0", b"1"])])
+def test_queue_limit_drop_policy_offline(policy, kept):
+    s = Session("c", False, Limits(max_queued=2, drop_policy=policy))
+    for i in range(5):
+        s.deliver(msg(str(i)), 1)
+    assert [e.msg.payload for e in s.queue] == kept
+    assert s.dropped == 3
+
+
+def test_queue_limit_zero_drops_everything():
+    s = Session("c", False, Limits(max_queued=0, drop_policy="oldest"))
+    s.deliver(msg("x"), 1)
+    assert len(s.queue) == 0
+    assert s.dropped == 1
+
+
+def test_queue_limit_zero_newest_drops_everything():
+    s = Session("c", False, Limits(max_queued=0, drop_policy="newest"))
+    s.deliver(msg("x"), 1)
+    assert len(s.queue) == 0
+    assert s.dropped == 1
+
+
+# --------------------------------------------------------------------------- offline
+
+
+def test_offline_queues_qos1_and_qos2_not_qos0():
+    """[MQTT-3.1.2-5] QoS 1 and 2 are stored for a disconnected session; QoS 0 need not be."""
+    s = Session("c", False, Limits())
+    s.deliver(msg("zero"), 0)
+    s.deliver(msg("one"), 1)
+    s.deliver(msg("two"), 2)
+    assert [(e.msg.payload, e.qos) for e in s.queue] == [(b"one", 1), (b"two", 2)]
+    assert s.dropped == 0
+    ch = FakeChannel()
+    s.attach(ch)
+    assert [publish_fields(p) for p in ch.take()] == [
+        ("t", b"one", 1, False, False, 1), ("t", b"two", 2, False, False, 2)]
+
+
+def test_offline_qos0_queued_with_queue_qos0():
+    s = Session("c", False, Limits(queue_qos0=True))
+    s.deliver(msg("zero"), 0)
+    s.deliver(msg("one"), 1)
+    s.deliver(msg("zero-r"), 0, retain=True)
+    ch = FakeChannel()
+    s.attach(ch)
+    assert [publish_fields(p) for p in ch.take()] == [
+        ("t", b"zero", 0, False, False, None),
+        ("t", b"one", 1, False, False, 1),
+        ("t", b"zero-r", 0, True, False, None),
+    ]
+    assert list(s.inflight) == [1]
+
+
+# --------------------------------------------------------------------------- packet identifiers
+
+
+def test_packet_ids_skip_ids_in_flight_and_wrap_after_65535():
+    """[MQTT-2.3.1-2] a currently unused id; never 0 [MQTT-2.3.1-1]; wraps after 65535."""
+    s, ch = online(Limits(max_inflight=3))
+    s.deliver(msg("held"), 1)  # id 1, never acknowledged
+    assert publish_fields(ch.take()[0])[5] == 1
+    seen = []
+    for _ in range(65535):
+        s.deliver(msg("x"), 1)
+        pid = publish_fields(ch.take()[0])[5]
+        seen.append(pid)
+        assert s.on_puback(pid)
+    assert seen[:3] == [2, 3, 4]
+    assert seen[65533] == 65535
+    assert seen[65534] == 2  # 1 is still in flight
+    assert 0 not in seen and 1 not in seen
+    assert list(s.inflight) == [1]
+
+
+def test_packet_ids_never_reuse_one_in_flight_with_a_full_id_space():
+    s, ch = online(Limits(max_inflight=65535))
+    for _ in range(65534):
+        s.deliver(msg("x"), 1)
+    ids = [publish_fields(p)[5] for p in ch.take()]
+    assert ids == list(range(1, 65535))
+    s.on_puback(7)
+    s.deliver(msg("y"), 1)
+    s.deliver(msg("z"), 1)
+    [p1, p2] = ch.take()
+    assert publish_fields(p1)[5] == 65535
+    assert publish_fields(p2)[5] == 7
+    assert len(s.inflight) == 65535
+    assert set(s.inflight) == set(range(1, 65536))
+
+
+# --------------------------------------------------------------------------- re-sending on attach
+
+
+def test_attach_resends_unacknowledged_in_original_order():
+    """[MQTT-4.4.0-1] same ids, [MQTT-4.6.0-1] original order, [MQTT-3.3.1-1] DUP=1, PUBREL after PUBREC."""
+    s, ch = online()
+    s.deliver(msg("a", topic="x"), 1)
+    s.deliver(msg("b", topic="x"), 2)
+    s.deliver(msg("c", topic="x"), 2, retain=True)
+    s.deliver(msg("d", topic="x"), 1)
+    s.on_pubrec(2)
+    ch.take()
+    s.detach()
+    assert s.channel is None
+    s.deliver(msg("e", topic="x"), 1)  # queued while offline
+    ch2 = FakeChannel()
+    s.attach(ch2)
+    assert ch2.frames == [
+        h("3a 06 00 01 78 00 01 61"),  # PUBLISH QoS 1 DUP id 1
+        h("62 02 00 02"),              # PUBREL id 2 [MQTT-4.3.3-1]: not the PUBLISH again
+        h("3d 06 00 01 78 00 03 63"),  # PUBLISH QoS 2 DUP RETAIN id 3
+        h("3a 06 00 01 78 00 04 64"),  # PUBLISH QoS 1 DUP id 4
+        h("32 06 00 01 78 00 05 65"),  # the queued one: new, DUP 0
+    ]
+
+
+def test_attach_twice_resends_again():
+    s, ch = online()
+    s.deliver(msg("a", topic="x"), 1)
+    for _ in range(2):
+        s.detach()
+        ch = FakeChannel()
+        s.attach(ch)
+        assert ch.frames == [h("3a 06 00 01 78 00 01 61")]
+    assert s.on_puback(1)
+    s.detach()
+    ch = FakeChannel()
+    s.attach(ch)
+    assert ch.frames == []
+
+
+def test_subscriptions():
+    s = Session("c", False, Limits())
+    s.subscribe("a/#", 1)
+    s.subscribe("a/#", 2)
+    assert s.subscriptions == {"a/#": 2}
+    assert s.unsubscribe("a/+") is False
+    assert s.unsubscribe("a/#") is True
+    assert s.subscriptions == {}
+
+
+def test_entry_defaults():
+    e = Entry("m", 1)
+    assert (e.msg, e.qos, e.retain, e.packet_id, e.state, e.key) == ("m", 1, False, 0, 0, 0)
+    assert SENT_PUBLISH != SENT_PUBREL
+
+
+# --------------------------------------------------------------------------- DurableSession journals
+
+
+def _message_put(client, key, payload, msg_qos, qos, retain, pid, state):
+    return ("message_put", client, key, "t", payload, msg_qos, qos, retain, pid, state, "n1", 7, "pub", 1.5)
+
+
+def dmsg(payload: str, qos: int = 2) -> Message:
+    return Message("t", payload.encode(), qos, False, "n1", 7, "pub", 1.5)
+
+
+def test_durable_session_journals_queue_send_and_ack():
+    j = Journal()
+    s = DurableSession("c", Limits(), j)
+    assert s.durable is True and s.clean is False
+    s.deliver(dmsg("a"), 1)
+    s.deliver(dmsg("b", qos=1), 1)
+    assert j.take() == (1, [_message_put("c", 1, b"a", 2, 1, False, 0, 0),
+                            _message_put("c", 2, b"b", 1, 1, False, 0, 0)])
+    ch = FakeChannel()
+    s.attach(ch)
+    assert j.take() == (2, [_message_put("c", 1, b"a", 2, 1, False, 1, SENT_PUBLISH),
+                            _message_put("c", 2, b"b", 1, 1, False, 2, SENT_PUBLISH)])
+    s.on_puback(2)
+    assert j.take() == (3, [("message_remove", "c", 2)])
+
+
+def test_durable_session_journals_qos2_states():
+    j = Journal()
+    s, ch = online(cls=DurableSession, journal=j)
+    s.deliver(dmsg("a"), 2, retain=True)
+    assert j.take()[1] == [_message_put("c", 1, b"a", 2, 2, True, 1, SENT_PUBLISH)]
+    s.on_pubrec(1)
+    assert j.take()[1] == [_message_put("c", 1, b"a", 2, 2, True, 1, SENT_PUBREL)]
+    s.on_pubcomp(1)
+    assert j.take()[1] == [("message_remove", "c", 1)]
+
+
+def test_durable_session_coalesces_within_a_batch():
+    j = Journal()
+    s, ch = online(cls=DurableSession, journal=j)
+    s.deliver(dmsg("a"), 1)
+    s.on_puback(1)
+    assert j.take()[1] == [("message_remove", "c", 1)]
+
+
+def test_durable_session_drop_oldest_removes_from_store():
+    j = Journal()
+    s = DurableSession("c", Limits(max_queued=1), j)
+    s.deliver(dmsg("a"), 1)
+    j.take()
+    s.deliver(dmsg("b"), 1)
+    assert j.take()[1] == [("message_remove", "c", 1), _message_put("c", 2, b"b", 2, 1, False, 0, 0)]
+    assert s.dropped == 1
+
+
+def test_durable_session_drop_newest_stores_nothing():
+    j = Journal()
+    s = DurableSession("c", Limits(max_queued=1, drop_policy="newest"), j)
+    s.deliver(dmsg("a"), 1)
+    j.take()
+    s.deliver(dmsg("b"), 1)
+    assert j.take()[1] == []
+    assert [e.msg.payload for e in s.queue] == [b"a"]
+
+
+def test_durable_session_journals_subscriptions():
+    j = Journal()
+    s = DurableSession("c", Limits(), j)
+    s.subscribe("a/#", 1)
+    s.subscribe("b", 0)
+    assert j.take()[1] == [("session_put", "c", {"a/#": 1, "b": 0})]
+    s.unsubscribe("a/#")
+    assert j.take()[1] == [("session_put", "c", {"b": 0})]
+    s.unsubscribe("zzz")
+    assert j.take()[1] == []
+
+
+def test_durable_session_qos0_offline_queue_is_journaled_then_removed():
+    j = Journal()
+    s = DurableSession("c", Limits(queue_qos0=True), j)
+    s.deliver(dmsg("a", qos=0), 0)
+    assert j.take()[1] == [_message_put("c", 1, b"a", 0, 0, False, 0, 0)]
+    ch = FakeChannel()
+    s.attach(ch)
+    assert [publish_fields(p) for p in ch.take()] == [("t", b"a", 0, False, False, None)]
+    assert j.take()[1] == [("message_remove", "c", 1)]

@@ -1,0 +1,184 @@
+"""mqttmesh.store.Journal: coalescing per key, order, session deletes, batches, on_dirty."""
+
+from __future__ import annotations
+
+import pytest
+
+from mqttmesh.message import Message
+from mqttmesh.session import Entry
+from mqttmesh.store import FORMAT_VERSION, Journal
+
+
+def entry(key: int, payload: bytes = b"p", qos: int = 1) -> Entry:
+    e = Entry(Message("t", payload, 2, False, "n1", 3, "pub", 9.5), qos, False, key)
+    return e
+
+
+def put(client, key, payload=b"p", qos=1, pid=0, state=0):
+    return ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5)
+
+
+def test_format_version_is_an_int():
+    assert isinstance(FORMAT_VERSION, int) and FORMAT_VERSION >= 1
+
+
+def test_empty_take():
+    j = Journal()
+    assert len(j) == 0
+    assert j.take() == (1, [])
+    assert j.take() == (2, [])
+
+
+def test_ops_in_order_of_arrival():
+    j = Journal()
+    j.session_put("a", {"x": 1})
+    j.message_put("a", entry(1))
+    j.retained_put("r/1", Message("r/1", b"v", 1, True, "n1", 4, "pub", 2.0))
+    j.awaiting_rel_put("a", 7)
+    j.retained_delete("r/2")
+    assert len(j) == 5
+    number, ops = j.take()
+    assert number == 1
+    assert ops == [
+        ("session_put", "a", {"x": 1}),
+        put("a", 1),
+        ("retained_put", "r/1", b"v", 1, "n1", 4, "pub", 2.0),
+        ("rel_put", "a", 7),
+        ("retained_delete", "r/2"),
+    ]
+    assert len(j) == 0
+
+
+def test_coalescing_per_key_keeps_the_newest_change_in_its_new_place():
+    j = Journal()
+    j.message_put("a", entry(1))
+    j.message_put("a", entry(2))
+    j.message_remove("a", 1)       # replaces the put of key 1 and moves after key 2
+    j.awaiting_rel_put("a", 5)
+    j.awaiting_rel_remove("a", 5)
+    j.retained_put("t", Message("t", b"1", 0, True))
+    j.retained_delete("t")
+    j.session_put("a", {"x": 0})
+    j.session_put("a", {"x": 1})
+    assert j.take()[1] == [
+        put("a", 2),
+        ("message_remove", "a", 1),
+        ("rel_remove", "a", 5),
+        ("retained_delete", "t"),
+        ("session_put", "a", {"x": 1}),
+    ]
+
+
+def test_same_key_of_different_clients_do_not_coalesce():
+    j = Journal()
+    j.message_put("a", entry(1))
+    j.message_put("b", entry(1))
+    assert [op[1] for op in j.take()[1]] == ["a", "b"]
+
+
+def test_session_put_copies_the_subscriptions():
+    j = Journal()
+    subs = {"a": 1}
+    j.session_put("c", subs)
+    subs["b"] = 2
+    assert j.take()[1] == [("session_put", "c", {"a": 1})]
+
+
+def test_message_put_is_read_when_the_batch_is_taken():
+    j = Journal()
+    e = entry(1)
+    j.message_put("c", e)
+    e.packet_id, e.state = 42, 2
+    assert j.take()[1] == [put("c", 1, pid=42, state=2)]
+
+
+def test_session_delete_drops_earlier_ops_of_that_client_only():
+    j = Journal()
+    j.session_put("a", {"x": 1})
+    j.message_put("a", entry(1))
+    j.awaiting_rel_put("a", 3)
+    j.message_put("b", entry(1))
+    j.retained_put("a", Message("a", b"v", 0, True, "n1", 1, "p", 0.0))  # a topic named like the client
+    j.session_delete("a")
+    assert j.take()[1] == [
+        put("b", 1),
+        ("retained_put", "a", b"v", 0, "n1", 1, "p", 0.0),
+        ("session_delete", "a"),
+    ]
+
+
+def test_session_delete_lands_before_later_messages_of_that_client():
+    j = Journal()
+    j.message_put("a", entry(1))
+    j.session_delete("a")
+    j.message_put("a", entry(1, b"new"))
+    j.awaiting_rel_put("a", 2)
+    assert j.take()[1] == [("session_delete", "a"), put("a", 1, b"new"), ("rel_put", "a", 2)]
+
+
+def test_session_delete_then_session_put_keeps_the_delete_first():
+    j = Journal()
+    j.session_put("a", {"old": 1})
+    j.message_put("a", entry(1))
+    j.take()  # committed: the store holds session a and its message 1
+    j.session_delete("a")
+    j.session_put("a", {"new": 0})
+    assert j.take()[1] == [("session_delete", "a"), ("session_put", "a", {"new": 0})]
+
+
+def test_on_dirty_once_per_batch():
+    calls = []
+    j = Journal(on_dirty=lambda: calls.append(j.batch))
+    j.message_put("a", entry(1))
+    j.message_put("a", entry(2))
+    j.retained_delete("x")
+    assert calls == [1]
+    j.take()
+    assert calls == [1]
+    j.session_put("a", {})
+    j.session_put("b", {})
+    assert calls == [1, 2]
+
+
+def test_on_dirty_once_per_batch_with_session_delete():
+    calls = []
+    j = Journal(on_dirty=lambda: calls.append(j.batch))
+    j.session_put("a", {})
+    j.session_delete("a")
+    assert calls == [1]
+
+
+def test_writes_counts_every_change():
+    j = Journal()
+    j.message_put("a", entry(1))
+    j.message_put("a", entry(1))
+    j.session_delete("a")
+    assert j.writes == 3
+    j.take()
+    assert j.writes == 3
+
+
+def test_batch_and_committed_numbers():
+    j = Journal()
+    assert (j.batch, j.committed) == (1, 0)
+    j.retained_delete("x")
+    assert j.take()[0] == 1
+    assert j.batch == 2
+    j.mark_committed(1)
+    assert j.committed == 1
+    j.take()
+    j.take()
+    j.mark_committed(3)
+    j.mark_committed(2)  # a late report never moves it back
+    assert j.committed == 3
+    assert j.batch == 4
+
+
+def test_take_returns_plain_tuples():
+    j = Journal()
+    j.message_put("a", entry(1))
+    j.retained_put("t", Message("t", b"v", 1, True, "n", 1, "p", 0.0))
+    for op in j.take()[1]:
+        assert type(op) is tuple
+        for field in op:
+            assert isinstance(field, (str, bytes, int, float, bool, dict)), field
