@@ -8,6 +8,7 @@ import getpass
 import logging
 import signal
 import sys
+import time
 
 from . import __version__
 from .auth import ConfigError, PasswordFile
@@ -99,19 +100,67 @@ def cmd_config_reference(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run_local(args: argparse.Namespace) -> int:
-    """What `make run` starts: a broker on 127.0.0.1:1883 with a how-to."""
-    print(f"""
-mqttmesh {__version__}: starting a broker on {args.host}:{args.port}  (Ctrl-C stops it)
+def cmd_mesh_status(args: argparse.Namespace) -> int:
+    import json
 
-Try it from another terminal:
-    mosquitto_sub -h {args.host} -p {args.port} -t 'demo/#' -v
-    mosquitto_pub -h {args.host} -p {args.port} -t demo/hello -m 'hello mesh'
-""", flush=True)
-    argv = ["--host", args.host, "--port", str(args.port)]
-    if args.data_dir:
-        argv += ["--data-dir", args.data_dir]
-    return main(["broker", *argv])
+    from .admin import fetch_status, format_status
+    try:
+        status = fetch_status(args.host, args.port, args.timeout)
+    except (OSError, ValueError) as exc:
+        print(f"mqttmesh mesh status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2, sort_keys=True) if args.json else format_status(status))
+    return 0
+
+
+def cmd_cluster_up(args: argparse.Namespace) -> int:
+    from .admin import Cluster
+    try:
+        cluster = Cluster(args.nodes, args.topology, args.base_port, args.host, args.secret,
+                          args.workdir, args.data, args.extra or [], args.seed)
+    except ValueError as exc:
+        print(f"mqttmesh cluster up: {exc}", file=sys.stderr)
+        return 2
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    print(f"mqttmesh {__version__}: starting {args.nodes} nodes, topology {args.topology} "
+          f"(logs in {cluster.workdir})", flush=True)
+    cluster.start()
+    try:
+        took = cluster.wait_converged(args.timeout)
+        print(f"\nthe mesh converged in {took:.1f}s:")
+        for i, name in enumerate(cluster.names):
+            peers = ", ".join(sorted(cluster.expected_neighbours(i)))
+            print(f"  {name}  mqtt://{cluster.host}:{cluster.ports[i]}   links: {peers}")
+        a, b = cluster.ports[0], cluster.ports[-1]
+        print(f"""
+Subscribe on one node and publish on another:
+    mosquitto_sub -h {cluster.host} -p {a} -t 'demo/#' -v
+    mosquitto_pub -h {cluster.host} -p {b} -t demo/hello -m 'hello from {cluster.names[-1]}'
+What a node knows of the mesh:
+    mqttmesh mesh status --port {a}
+
+Ctrl-C stops every node.""", flush=True)
+        while not stop and all(p.poll() is None for p in cluster.procs):
+            time.sleep(0.2)
+        for name, p in zip(cluster.names, cluster.procs):
+            if p.poll() is not None and not stop:
+                print(f"node {name} exited with {p.returncode}", file=sys.stderr)
+    except KeyboardInterrupt:
+        pass
+    except (TimeoutError, RuntimeError) as exc:
+        print(f"mqttmesh cluster up: {exc}", file=sys.stderr)
+        cluster.stop()
+        return 1
+    print("stopping the mesh", flush=True)
+    cluster.stop()
+    return 0
+
+
+def cmd_run_local(args: argparse.Namespace) -> int:
+    """What `make run` starts: a three-node full mesh on 127.0.0.1:1883-1885."""
+    return main(["cluster", "up", "--nodes", str(args.nodes), "--topology", "full",
+                 "--base-port", str(args.port), "--host", args.host])
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -135,11 +184,35 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config-reference", help="print the configuration reference (Markdown)")
     p.set_defaults(func=cmd_config_reference)
 
-    p = sub.add_parser("run-local", help="start a local broker and print how to try it")
+    p = sub.add_parser("run-local", help="what `make run` starts: a local three-node mesh")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=1883)
-    p.add_argument("--data-dir", default="")
+    p.add_argument("--port", type=int, default=1883, help="port of the first node")
+    p.add_argument("--nodes", type=int, default=3)
     p.set_defaults(func=cmd_run_local)
+
+    p = sub.add_parser("mesh", help="what a mesh node knows")
+    msub = p.add_subparsers(dest="mesh_command", required=True)
+    q = msub.add_parser("status", help="nodes, links, costs, tree, filters, counters of one node")
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--port", type=int, default=1883)
+    q.add_argument("--json", action="store_true", help="the raw status document")
+    q.add_argument("--timeout", type=float, default=5.0)
+    q.set_defaults(func=cmd_mesh_status)
+
+    p = sub.add_parser("cluster", help="run a local mesh of several node processes")
+    csub = p.add_subparsers(dest="cluster_command", required=True)
+    q = csub.add_parser("up", help="start N nodes, wait until the mesh converged, stop them on Ctrl-C")
+    q.add_argument("--nodes", type=int, default=3)
+    q.add_argument("--topology", default="full", choices=("full", "ring", "line", "star", "random"))
+    q.add_argument("--base-port", type=int, default=1883)
+    q.add_argument("--host", default="127.0.0.1")
+    q.add_argument("--secret", help="cluster secret (default: a random one)")
+    q.add_argument("--workdir", help="directory for logs and data (default: a new temporary one)")
+    q.add_argument("--data", action="store_true", help="give each node a data directory")
+    q.add_argument("--seed", type=int, default=1, help="seed of the random topology")
+    q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for convergence")
+    q.add_argument("extra", nargs="*", help="more `mqttmesh broker` flags for every node (after --)")
+    q.set_defaults(func=cmd_cluster_up)
     return parser
 
 
