@@ -1,0 +1,151 @@
+"""Helpers for mesh tests: start wired nodes, wait for convergence, count what flowed."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mqttraw as raw  # noqa: E402
+from conftest import free_port, wait_for  # noqa: E402
+
+from mqttmesh.admin import fetch_status  # noqa: E402
+
+SECRET = "test-secret"
+
+
+def start_mesh(broker_factory, names, edges, extra=(), connect="configured", peers_via=None,
+               data_dirs=None):
+    """Start one node per name; ``edges`` (a, b) means a dials b. Returns {name: BrokerProcess}.
+
+    ``peers_via[(a, b)]`` gives the address a dials instead of b's own (e.g. a FaultRelay).
+    """
+    nodes = {}
+    for name in names:
+        b = broker_factory(name=name, start=False)
+        b.port = free_port()
+        nodes[name] = b
+    for name in names:
+        args = ["--cluster-secret", SECRET, "--connect", connect, "--status-interval", "0.1", *extra]
+        for a, b in edges:
+            if a == name:
+                addr = (peers_via or {}).get((a, b)) or f"127.0.0.1:{nodes[b].port}"
+                args += ["--peer", addr]
+        if data_dirs:
+            args += ["--data-dir", str(data_dirs / name)]
+        nodes[name].args = args
+        nodes[name].start()
+    return nodes
+
+
+def status(node, timeout=2.0):
+    return fetch_status(node.host, node.port, timeout)
+
+
+def neighbours_of(name, edges):
+    return {b for a, b in edges if a == name} | {a for a, b in edges if b == name}
+
+
+def wait_converged(nodes, edges, timeout=20.0):
+    def ok():
+        for name, node in nodes.items():
+            s = status(node)
+            if {n for n, i in s["nodes"].items() if i["reachable"]} != set(nodes):
+                return False
+            if set(s["neighbours"]) != neighbours_of(name, edges):
+                return False
+        return True
+    wait_for(ok, timeout, interval=0.1, what="the mesh to converge")
+
+
+def wait_interest(nodes, topic_filter, at, timeout=10.0):
+    """Every node knows that node ``at`` subscribes to ``topic_filter``."""
+    def ok():
+        return all(topic_filter in status(n)["nodes"].get(at, {}).get("filters", []) for n in nodes.values())
+    wait_for(ok, timeout, interval=0.05, what=f"{at}'s interest in {topic_filter} to spread")
+
+
+def envelopes(nodes):
+    """{(node, peer): envelopes sent} over every link (from the nodes' own counters)."""
+    out = {}
+    for name, node in nodes.items():
+        for peer, n in status(node)["neighbours"].items():
+            out[(name, peer)] = n["envelopes_out"]
+    return out
+
+
+def envelopes_in(node):
+    return sum(n["envelopes_in"] for n in status(node)["neighbours"].values())
+
+
+class Subscriber:
+    """A raw MQTT subscriber on its own thread that acknowledges and records everything."""
+
+    def __init__(self, node, client_id, topic_filter, qos=1, clean=True):
+        self.client = raw.RawClient(node.host, node.port)
+        ack = self.client.connect(client_id=client_id, clean=clean)
+        assert ack.body[1] == 0, ack
+        self.client.send(raw.subscribe(1, (topic_filter, qos)))
+        self.client.expect(raw.SUBACK)
+        self.received: list[tuple[str, bytes, int, bool]] = []
+        self.lock = threading.Lock()
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stopped:
+            try:
+                p = self.client.recv(0.2)
+            except TimeoutError:
+                continue
+            except (raw.Closed, OSError):
+                return
+            if p.type == raw.PUBLISH:
+                with self.lock:
+                    self.received.append((p.topic, p.payload, p.qos, p.dup))
+                if p.qos == 1:
+                    self.client.send(raw.puback(p.packet_id))
+                elif p.qos == 2:
+                    self.client.send(raw.pubrec(p.packet_id))
+            elif p.type == raw.PUBREL:
+                self.client.send(raw.pubcomp(p.packet_id))
+
+    def payloads(self):
+        with self.lock:
+            return [r[1] for r in self.received]
+
+    def wait_count(self, n, timeout=10.0):
+        wait_for(lambda: len(self.payloads()) >= n, timeout, what=f"{n} messages (have {len(self.payloads())})")
+
+    def close(self, disconnect=True):
+        self.stopped = True
+        self.thread.join(2)
+        if disconnect:
+            try:
+                self.client.send(raw.DISCONNECT_BYTES)
+            except OSError:
+                pass
+        self.client.close()
+
+
+def publish(node, topic, payloads, qos=1, client_id=None, retain=False):
+    """Publish each payload and wait for its acknowledgement (QoS 1: PUBACK, QoS 2: PUBCOMP)."""
+    with raw.RawClient(node.host, node.port) as c:
+        c.connect(client_id=client_id or f"pub-{time.monotonic_ns()}")
+        for i, payload in enumerate(payloads):
+            pid = i % 65535 + 1
+            c.send(raw.publish(topic, payload, qos, retain, pid=pid))
+            if qos == 1:
+                assert c.expect(raw.PUBACK).packet_id == pid
+            elif qos == 2:
+                assert c.expect(raw.PUBREC).packet_id == pid
+                c.send(raw.pubrel(pid))
+                assert c.expect(raw.PUBCOMP).packet_id == pid
+        if qos == 0:
+            c.send(raw.PINGREQ_BYTES)  # the broker answers after it handled everything before
+            c.expect(raw.PINGRESP)
+        c.send(raw.DISCONNECT_BYTES)

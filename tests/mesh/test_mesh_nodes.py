@@ -1,0 +1,273 @@
+"""The mesh with real node processes on loopback: routing, loop freedom, failure, healing."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from conftest import wait_for
+from faultrelay import FaultRelay
+from meshutil import (Subscriber, envelopes, envelopes_in, publish, start_mesh, status, wait_converged,
+                      wait_interest)
+
+import mqttraw as raw
+
+
+def test_full_mesh_cross_node_qos012_exactly_once_and_no_traffic_to_uninterested_node(broker_factory):
+    names = ["a", "b", "c"]
+    edges = [("b", "a"), ("c", "a"), ("c", "b")]
+    nodes = start_mesh(broker_factory, names, edges, connect="all")
+    wait_converged(nodes, edges)
+    subs = {q: Subscriber(nodes["a"], f"sub-q{q}", f"cross/q{q}/#", qos=q) for q in (0, 1, 2)}
+    also = Subscriber(nodes["b"], "sub-b", "cross/q2/#", qos=2)
+    try:
+        wait_interest(nodes, "cross/q2/#", "b")
+        for q in (0, 1, 2):
+            wait_interest(nodes, f"cross/q{q}/#", "a")
+        for q in (0, 1, 2):
+            publish(nodes["c"], f"cross/q{q}/x", [f"{q}-{i}".encode() for i in range(50)], qos=q)
+        for q in (0, 1, 2):
+            subs[q].wait_count(50)
+        also.wait_count(50)
+        for q in (0, 1, 2):
+            # in publish order, each exactly once [MQTT-4.6.0-6]
+            assert subs[q].payloads() == [f"{q}-{i}".encode() for i in range(50)]
+            assert {r[2] for r in subs[q].received} == {q}
+        assert also.payloads() == [f"2-{i}".encode() for i in range(50)]
+        # c published; a wants q0/q1/q2, b only q2: b received the q2 stream and nothing else
+        wait_for(lambda: envelopes_in(nodes["b"]) == 50, what="b's counters")
+        time.sleep(0.3)  # give stray copies (there must be none) time to show in the counters
+        assert envelopes_in(nodes["b"]) == 50
+        assert envelopes_in(nodes["a"]) == 150
+    finally:
+        for s in [*subs.values(), also]:
+            s.close()
+
+
+def test_node_without_matching_subscriber_receives_nothing(broker_factory):
+    names = ["a", "b", "c"]
+    edges = [("b", "a"), ("c", "a"), ("c", "b")]
+    nodes = start_mesh(broker_factory, names, edges, connect="all")
+    wait_converged(nodes, edges)
+    sub = Subscriber(nodes["a"], "only-a", "lonely/#", qos=1)
+    try:
+        wait_interest(nodes, "lonely/#", "a")
+        publish(nodes["c"], "lonely/1", [b"x"] * 20, qos=1)
+        sub.wait_count(20)
+        wait_for(lambda: sum(n["envelopes_out"] for n in status(nodes["c"])["neighbours"].values()) == 20,
+                 what="c's counters to show the 20 envelopes it sent")
+        assert envelopes_in(nodes["a"]) == 20
+        assert envelopes_in(nodes["b"]) == 0
+    finally:
+        sub.close()
+
+
+def _tree_edges(publisher_status, publisher, targets):
+    parent = publisher_status["tree"]
+    used = set()
+    for t in targets:
+        node = t
+        while node != publisher:
+            used.add((parent[node], node))
+            node = parent[node]
+    return used
+
+
+@pytest.mark.parametrize("shape", ["ring5", "random8"])
+def test_ring_and_random_graph_exactly_once_along_tree_edges(broker_factory, shape):
+    if shape == "ring5":
+        names = [f"r{i}" for i in range(5)]
+        edges = [(names[i], names[i - 1]) for i in range(1, 5)] + [(names[0], names[4])]
+    else:
+        rng = random.Random(11)
+        names = [f"g{i}" for i in range(8)]
+        edge_set = {(names[i], names[rng.randrange(i)]) for i in range(1, 8)}
+        while len(edge_set) < 12:
+            a, b = rng.sample(names, 2)
+            if (b, a) not in edge_set:
+                edge_set.add((a, b))
+        edges = sorted(edge_set)
+    nodes = start_mesh(broker_factory, names, edges)
+    wait_converged(nodes, edges)
+    subscriber_nodes = names[1::2]
+    subs = {n: Subscriber(nodes[n], f"s-{n}", "loop/#", qos=1) for n in subscriber_nodes}
+    try:
+        for n in subscriber_nodes:
+            wait_interest(nodes, "loop/#", n)
+        for publisher in names:
+            before = envelopes(nodes)
+            counts = {n: len(s.payloads()) for n, s in subs.items()}
+            publish(nodes[publisher], "loop/x", [publisher.encode()], qos=1)
+            targets = [n for n in subscriber_nodes if n != publisher]
+            for n in subscriber_nodes:
+                subs[n].wait_count(counts[n] + 1)
+            pstatus = status(nodes[publisher])
+            expected_edges = _tree_edges(pstatus, publisher, targets)
+
+            def settled():
+                after = envelopes(nodes)
+                diff = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+                return {k: v for k, v in diff.items() if v} if sum(diff.values()) >= len(expected_edges) else None
+            used = wait_for(settled, what="forwarded copies in the counters")
+            time.sleep(0.2)
+            after = envelopes(nodes)
+            used = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+            # one copy per tree edge, no flooding, no loop
+            assert set(used) == expected_edges, (publisher, used, expected_edges)
+            assert all(v == 1 for v in used.values())
+            for n in subscriber_nodes:
+                assert subs[n].payloads().count(publisher.encode()) == 1
+    finally:
+        for s in subs.values():
+            s.close()
+
+
+def test_will_published_on_one_node_reaches_subscriber_on_another(broker_factory):
+    names = ["a", "b", "c"]
+    edges = [("b", "a"), ("c", "b")]
+    nodes = start_mesh(broker_factory, names, edges)
+    wait_converged(nodes, edges)
+    sub = Subscriber(nodes["c"], "watcher", "wills/#", qos=1)
+    try:
+        wait_interest(nodes, "wills/#", "c")
+        dying = raw.RawClient(nodes["a"].host, nodes["a"].port)
+        dying.connect(client_id="dying", will=("wills/dying", b"gone", 1, False))
+        dying.close()  # no DISCONNECT: the will goes out [MQTT-3.1.2-8]
+        sub.wait_count(1)
+        assert sub.payloads() == [b"gone"]
+    finally:
+        sub.close()
+
+
+def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broker_factory):
+    # a - b - d is the cheap path; a - c - d goes through relays that add latency
+    names = ["a", "b", "c", "d"]
+    relay_ac = relay_cd = None
+    try:
+        nodes = {}
+        # c and d must exist before relays can point at them: start order d, c, b, a
+        relay_targets = {}
+        edges = [("a", "b"), ("b", "d"), ("a", "c"), ("c", "d")]
+        from conftest import free_port
+        ports = {n: free_port() for n in names}
+        relay_ac = FaultRelay("127.0.0.1", ports["c"])
+        relay_cd = FaultRelay("127.0.0.1", ports["d"])
+        relay_ac.delay(0.02)
+        relay_cd.delay(0.02)
+        relay_targets = {("a", "c"): relay_ac.address, ("c", "d"): relay_cd.address}
+        keep = "0.3"
+        for name in names:
+            b = broker_factory(name=name, start=False)
+            b.port = ports[name]
+            args = ["--cluster-secret", "test-secret", "--connect", "configured", "--status-interval", "0.1",
+                    "--mesh-keepalive", keep, "--retransmit-after", "0.5"]
+            for x, y in edges:
+                if x == name:
+                    args += ["--peer", relay_targets.get((x, y)) or f"127.0.0.1:{ports[y]}"]
+            b.args = args
+            nodes[name] = b
+        for name in names:
+            nodes[name].start()
+        wait_converged(nodes, edges)
+        wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15,
+                 what="a to route to d through the cheap b")
+        sub = Subscriber(nodes["d"], "persist-d", "stream/#", qos=1, clean=False)
+        try:
+            wait_interest(nodes, "stream/#", "d")
+            total = 400
+            killed_at = None
+            with raw.RawClient(nodes["a"].host, nodes["a"].port) as pub:
+                pub.connect(client_id="pub-a")
+                for i in range(total):
+                    pid = i % 65535 + 1
+                    pub.send(raw.publish("stream/x", f"m{i}".encode(), 1, pid=pid))
+                    assert pub.expect(raw.PUBACK, timeout=10).packet_id == pid
+                    if i == total // 4:
+                        nodes["b"].kill()
+                        killed_at = time.monotonic()
+                    if killed_at and i % 10 == 0:
+                        time.sleep(0.02)  # keep publishing through the detection window
+            wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "c", 5,
+                     what="a to re-route through c")
+            rerouted = time.monotonic() - killed_at
+            sub.wait_count(total, timeout=20)
+            got = sub.payloads()
+            assert sorted(set(got)) == sorted(f"m{i}".encode() for i in range(total)), "lost messages"
+            assert len(got) == total, "duplicates"
+            assert rerouted < 3 * 0.3 + 2.5
+            # the killed node comes back by itself and routes again
+            nodes["b"].start()
+            wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15,
+                     what="a to route through the restarted b again")
+            publish(nodes["a"], "stream/x", [b"after-restart"], qos=1)
+            sub.wait_count(total + 1)
+            assert sub.payloads()[-1] == b"after-restart"
+        finally:
+            sub.close()
+    finally:
+        for r in (relay_ac, relay_cd):
+            if r is not None:
+                r.close()
+
+
+def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_factory):
+    from conftest import free_port
+    names = ["a", "b", "c", "d"]
+    ports = {n: free_port() for n in names}
+    # a-b and c-d direct; the two halves are joined by b-c and d-a through relays
+    relay_bc = FaultRelay("127.0.0.1", ports["c"])
+    relay_da = FaultRelay("127.0.0.1", ports["a"])
+    try:
+        edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
+        via = {("b", "c"): relay_bc.address, ("d", "a"): relay_da.address}
+        nodes = {}
+        for name in names:
+            b = broker_factory(name=name, start=False)
+            b.port = ports[name]
+            args = ["--cluster-secret", "test-secret", "--connect", "configured", "--status-interval", "0.1",
+                    "--mesh-keepalive", "0.3"]
+            for x, y in edges:
+                if x == name:
+                    args += ["--peer", via.get((x, y)) or f"127.0.0.1:{ports[y]}"]
+            b.args = args
+            nodes[name] = b
+        for n in names:
+            nodes[n].start()
+        wait_converged(nodes, edges)
+        subs = {n: Subscriber(nodes[n], f"p-{n}", "split/#", qos=1) for n in names}
+        try:
+            for n in names:
+                wait_interest(nodes, "split/#", n)
+            relay_bc.block()
+            relay_da.block()
+            wait_for(lambda: status(nodes["a"])["nodes"]["c"]["reachable"] is False, 10,
+                     what="a to see c unreachable")
+            wait_for(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False, 10,
+                     what="c to see a unreachable")
+            publish(nodes["a"], "split/left", [b"L"], qos=1)
+            publish(nodes["c"], "split/right", [b"R"], qos=1)
+            subs["b"].wait_count(1)
+            subs["d"].wait_count(1)
+            assert subs["b"].payloads() == [b"L"] and subs["d"].payloads() == [b"R"]
+            relay_bc.unblock()
+            relay_da.unblock()
+            wait_converged(nodes, edges, timeout=20)
+            # what each side held in custody for the other crosses once the mesh is whole
+            for n in names:
+                subs[n].wait_count(2, timeout=15)
+            publish(nodes["a"], "split/after", [b"A"], qos=1)
+            publish(nodes["c"], "split/after", [b"C"], qos=1)
+            for n in names:
+                wait_for(lambda n=n: {b"A", b"C"} <= set(subs[n].payloads()), 10,
+                         what=f"cross traffic at {n}")
+            for n in names:
+                got = subs[n].payloads()
+                assert len(got) == len(set(got)), (n, got)
+        finally:
+            for s in subs.values():
+                s.close()
+    finally:
+        relay_bc.close()
+        relay_da.close()
