@@ -6,6 +6,8 @@ It runs its own asyncio loop on a thread. Faults:
     unblock()  forward again (what was held back is dropped, like a network that lost it)
     cut()      close every relayed connection and refuse new ones until unblock()
     delay(s)   add s seconds of one-way latency to everything forwarded
+
+With ``record()`` it keeps every byte it forwards, per direction, for captures.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ class _Pipe(asyncio.Protocol):
         relay = self.relay
         if relay.blocked:
             return  # lost in the black hole
+        if relay.recording is not None:
+            relay.recording.append((isinstance(self, _Inbound), data))
         if relay.latency:
             relay.loop.call_later(relay.latency, self._forward, data)
         else:
@@ -76,6 +80,7 @@ class FaultRelay:
         self.blocked = False
         self.refusing = False
         self.latency = 0.0
+        self.recording: list[tuple[bool, bytes]] | None = None  # (from the dialling side?, bytes)
         self._pipes: set[_Pipe] = set()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="faultrelay")
@@ -114,6 +119,18 @@ class FaultRelay:
                 if pipe.transport is not None:
                     pipe.transport.abort()
         self._run(go)
+
+    def record(self) -> None:
+        self._run(lambda: setattr(self, "recording", []))
+
+    def captured(self, from_dialler: bool) -> bytes:
+        """Everything forwarded in one direction so far."""
+        out = []
+
+        async def go():
+            out.append(b"".join(d for side, d in (self.recording or []) if side == from_dialler))
+        self._call(go())
+        return out[0]
 
     def delay(self, seconds: float) -> None:
         self._run(lambda: setattr(self, "latency", seconds))

@@ -141,7 +141,7 @@ class MeshEngine:
         self.counters = {
             "routed": 0, "delivered": 0, "duplicates": 0, "hop_limit_drops": 0,
             "unreachable_drops": 0, "custody_retransmits": 0, "custody_expired": 0,
-            "custody_overflow": 0, "lsa_originated": 0, "lsa_received": 0, "lsa_flooded": 0,
+            "custody_overflow": 0, "lsa_originated": 0, "interest_originated": 0, "lsa_received": 0, "lsa_flooded": 0,
             "spf_runs": 0,
         }
         self.spf_seconds = 0.0  # set by the caller if it times spf (the engine has no clock)
@@ -274,6 +274,7 @@ class MeshEngine:
         self._pending_add.clear()
         self._pending_del.clear()
         self.counters["lsa_originated"] += 1
+        self.counters["interest_originated"] += 1
         self.changes += 1
         self._flood(delta, exclude=None)
 

@@ -1,0 +1,165 @@
+"""Peer links are plain MQTT 3.1.1: captured bytes decode, credentials are required, $mesh is closed."""
+
+from __future__ import annotations
+
+import struct
+
+from conftest import wait_for
+from faultrelay import FaultRelay
+from meshutil import SECRET, Subscriber, publish, start_mesh, status, wait_converged, wait_interest
+
+import mqttraw as raw
+
+CLIENT_TYPES = {raw.CONNECT, raw.PUBLISH, raw.PUBACK, raw.PUBREC, raw.PUBREL, raw.PUBCOMP, raw.SUBSCRIBE,
+                raw.UNSUBSCRIBE, raw.PINGREQ, raw.DISCONNECT}
+SERVER_TYPES = {raw.CONNACK, raw.PUBLISH, raw.PUBACK, raw.PUBREC, raw.PUBREL, raw.PUBCOMP, raw.SUBACK,
+                raw.UNSUBACK, raw.PINGRESP}
+REQUIRED_FLAGS = {raw.PUBREL: 2, raw.SUBSCRIBE: 2, raw.UNSUBSCRIBE: 2}
+
+
+def split_packets(stream: bytes):
+    """Split a captured byte stream into (first byte, body) with the standard's framing rules."""
+    pos, out = 0, []
+    while pos < len(stream):
+        first = stream[pos]
+        mult, length, i = 1, 0, pos + 1
+        while True:
+            b = stream[i]
+            length += (b & 0x7F) * mult
+            mult *= 128
+            i += 1
+            if not b & 0x80:
+                break
+            assert mult <= 128 ** 4, "remaining length over four bytes"
+        out.append((first, stream[i:i + length]))
+        pos = i + length
+    assert pos == len(stream), "trailing bytes"
+    return out
+
+
+def check_valid(packets, allowed):
+    for first, body in packets:
+        ptype, flags = first >> 4, first & 0x0F
+        assert ptype in allowed, f"packet type {ptype} in this direction"
+        if ptype == raw.PUBLISH:
+            qos = (flags >> 1) & 3
+            assert qos in (0, 1, 2)
+            tlen = struct.unpack(">H", body[:2])[0]
+            topic = body[2:2 + tlen].decode("utf-8")
+            assert topic.startswith("$mesh/") and "+" not in topic and "#" not in topic
+        else:
+            assert flags == REQUIRED_FLAGS.get(ptype, 0), f"reserved flags of type {ptype}"
+        if ptype in (raw.PINGREQ, raw.PINGRESP):
+            assert body == b"", "bytes added to PINGREQ/PINGRESP"
+        if ptype == raw.CONNECT:
+            assert body[:6] == b"\x00\x04MQTT" and body[6] == 4, "protocol name and level 4"
+
+
+def test_peer_link_capture_decodes_as_valid_mqtt_311(broker_factory):
+    from conftest import free_port
+    ports = {"a": free_port(), "b": free_port()}
+    relay = FaultRelay("127.0.0.1", ports["b"])
+    relay.record()
+    try:
+        nodes = {}
+        for name in ("b", "a"):
+            node = broker_factory(name=name, start=False)
+            node.port = ports[name]
+            node.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
+                         "--mesh-keepalive", "0.2"]
+            if name == "a":
+                node.args += ["--peer", relay.address]
+            nodes[name] = node.start()
+        wait_converged(nodes, [("a", "b")])
+        sub = Subscriber(nodes["b"], "cap-sub", "cap/#", qos=1)
+        sub_a = Subscriber(nodes["a"], "cap-sub-a", "back/#", qos=1)
+        try:
+            wait_interest(nodes, "cap/#", "b")
+            wait_interest(nodes, "back/#", "a")
+            for qos in (0, 1, 2):
+                publish(nodes["a"], "cap/x", [b"payload"] * 5, qos=qos)
+                publish(nodes["b"], "back/y", [b"payload"] * 5, qos=qos)
+            sub.wait_count(15)
+            sub_a.wait_count(15)
+            wait_for(lambda: status(nodes["a"])["neighbours"]["b"]["srtt_us"] is not None,
+                     what="a PINGREQ round trip on the link")
+        finally:
+            sub.close()
+            sub_a.close()
+        to_server = split_packets(relay.captured(True))
+        to_client = split_packets(relay.captured(False))
+        check_valid(to_server, CLIENT_TYPES)
+        check_valid(to_client, SERVER_TYPES)
+        assert to_server[0][0] >> 4 == raw.CONNECT  # [MQTT-3.1.0-1]
+        assert to_client[0][0] >> 4 == raw.CONNACK  # [MQTT-3.2.0-1]
+        assert any(f >> 4 == raw.PINGREQ for f, _ in to_server)
+        assert sum(1 for f, _ in to_server if f >> 4 == raw.PUBLISH) >= 3
+        assert sum(1 for f, _ in to_client if f >> 4 == raw.PUBLISH) >= 3
+    finally:
+        relay.close()
+
+
+def test_no_peer_link_without_the_cluster_secret(broker_factory):
+    node = broker_factory("--cluster-secret", SECRET)
+    from mqttmesh.mesh.peerauth import PEER_USERNAME, make_token
+    import time
+    with raw.RawClient(node.host, node.port) as c:
+        ack = c.connect(client_id="$mesh-intruder", username=PEER_USERNAME,
+                        password=make_token(b"wrong-secret", "intruder", 1, time.time()))
+        assert ack.body == b"\x00\x04"  # bad user name or password
+        c.expect_closed()
+    with raw.RawClient(node.host, node.port) as c:
+        ack = c.connect(client_id="$mesh-old", username=PEER_USERNAME,
+                        password=make_token(SECRET.encode(), "old", 1, time.time() - 3600))
+        assert ack.body == b"\x00\x04"  # a token from an hour ago is refused
+    with raw.RawClient(node.host, node.port) as c:
+        ack = c.connect(client_id="$mesh-x", username="someone")
+        assert ack.body == b"\x00\x02"  # $mesh ClientIds are reserved for peer links
+    plain = broker_factory(name="plain")
+    with raw.RawClient(plain.host, plain.port) as c:
+        ack = c.connect(client_id="$mesh-p", username=PEER_USERNAME,
+                        password=make_token(SECRET.encode(), "p", 1, time.time()))
+        assert ack.body == b"\x00\x05"  # not a mesh node: not authorized
+
+
+def test_ordinary_client_cannot_publish_or_subscribe_to_mesh_topics(broker_factory):
+    nodes = start_mesh(broker_factory, ["a", "b"], [("a", "b")])
+    wait_converged(nodes, [("a", "b")])
+    with raw.RawClient(nodes["b"].host, nodes["b"].port) as c:
+        c.connect(client_id="nosy")
+        c.send(raw.subscribe(1, ("$mesh/#", 1), ("$mesh/to/a/#", 0), ("ok/#", 0)))
+        assert c.expect(raw.SUBACK).body[2:] == b"\x80\x80\x00"
+        # publishing into the mesh's topics is acknowledged and dropped [MQTT-3.3.5-2]
+        c.send(raw.publish("$mesh/from/a/lsa", b"[]", 1, pid=7))
+        assert c.expect(raw.PUBACK).packet_id == 7
+    assert set(status(nodes["b"])["nodes"]) == {"a", "b"}
+
+
+def test_many_subscribers_to_one_filter_cost_one_advertisement(broker_factory):
+    nodes = start_mesh(broker_factory, ["a", "b"], [("a", "b")])
+    wait_converged(nodes, [("a", "b")])
+    before = status(nodes["a"])["counters"]["interest_originated"]
+    clients = []
+    try:
+        for i in range(30):
+            c = raw.RawClient(nodes["a"].host, nodes["a"].port)
+            c.connect(client_id=f"same-{i}")
+            c.send(raw.subscribe(1, ("same/filter/#", 1)))
+            c.expect(raw.SUBACK)
+            clients.append(c)
+        # a storm of 100 distinct filters in one SUBSCRIBE: batched into few advertisements
+        storm = raw.RawClient(nodes["a"].host, nodes["a"].port)
+        storm.connect(client_id="storm")
+        storm.send(raw.subscribe(2, *[(f"storm/{i}", 0) for i in range(100)]))
+        storm.expect(raw.SUBACK)
+        clients.append(storm)
+        wait_for(lambda: len(status(nodes["b"])["nodes"]["a"]["filters"]) == 101, 10,
+                 what="b to learn a's 101 distinct filters")
+        after = status(nodes["a"])["counters"]["interest_originated"]
+        # one advertisement for the 30 subscribers of one filter, one for the storm
+        assert after - before == 2, (before, after)
+        # the 30 subscribers of one filter changed the advertised set once
+        assert status(nodes["b"])["nodes"]["a"]["filters"].count("same/filter/#") == 1
+    finally:
+        for c in clients:
+            c.close()
