@@ -68,6 +68,7 @@ class Broker:
         self.on_filter_added: list[Callable[[str], None]] = []
         self.on_filter_removed: list[Callable[[str], None]] = []
         self.on_publish: list[Callable[[Message], None]] = []
+        self.delivery_hook = None  # hook(session, msg, qos, dup) for every PUBLISH sent to a client
         self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
         self._after_commit: list[tuple[int, Callable[[], None]]] = []
 
@@ -100,6 +101,7 @@ class Broker:
         else:
             session = Session(client_id, False, self.settings.limits)
         session.congestion = self.congestion
+        session.on_sent = self.delivery_hook
         self.sessions[client_id] = session
         return session, False
 
@@ -122,6 +124,7 @@ class Broker:
         """Re-register a session loaded from the store at start."""
         self.sessions[session.client_id] = session
         session.congestion = self.congestion
+        session.on_sent = self.delivery_hook
         for topic_filter, qos in session.subscriptions.items():
             self._router_add(topic_filter, session, qos)
 

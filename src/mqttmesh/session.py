@@ -70,6 +70,7 @@ class Session:
         self.congestion = None                 # the broker's Congestion tracker
         self.backlogged = False                # online, with the queue over queue_high
         self.acked = 0                         # acknowledgements received, ever (progress)
+        self.on_sent = None                    # optional hook(session, msg, qos, dup): delivery log
         self._next_pid = 1
 
     # -- delivery (the hot path) -------------------------------------------------
@@ -80,6 +81,8 @@ class Session:
         if channel is not None:
             if qos == 0:
                 channel.write(msg.frame(0, None, False, retain) if retain else msg.frame_qos0())
+                if self.on_sent is not None:
+                    self.on_sent(self, msg, 0, False)
                 return
             if not self.queue and len(self.inflight) < self.limits.max_inflight:
                 self._send_new(self._new_entry(msg, qos, retain))
@@ -112,6 +115,8 @@ class Session:
         self.inflight[pid] = entry
         self._stored_put(entry)
         self.channel.write(entry.msg.frame(entry.qos, pid, False, entry.retain))
+        if self.on_sent is not None:
+            self.on_sent(self, entry.msg, entry.qos, False)
 
     def _alloc_pid(self) -> int:
         pid = self._next_pid
@@ -130,6 +135,8 @@ class Session:
             if entry.qos == 0:
                 self._stored_remove(entry)
                 channel.write(entry.msg.frame(0, None, False, entry.retain))
+                if self.on_sent is not None:
+                    self.on_sent(self, entry.msg, 0, False)
             else:
                 self._send_new(entry)
         if self.backlogged and len(queue) <= self.limits.queue_low:
@@ -179,6 +186,8 @@ class Session:
                 channel.write(encode(PubRel(entry.packet_id)))
             else:
                 channel.write(entry.msg.frame(entry.qos, entry.packet_id, True, entry.retain))
+                if self.on_sent is not None:
+                    self.on_sent(self, entry.msg, entry.qos, True)
         self._refill()
 
     def detach(self) -> None:

@@ -216,3 +216,21 @@ def test_restart_with_higher_incarnation_replaces_old_state():
     net.settle()
     assert net.engines["a"].nodes_wanting("old/x") == []  # the new b has no subscribers
     assert net.engines["a"].routers["b"].inc == 2
+
+
+def test_unicast_is_routed_hop_by_hop_to_its_destination():
+    names, edges = ring(5)
+    net = Net(names, edges)
+    got = []
+    original = net._pump
+
+    def pump(name, actions):
+        for a in actions:
+            if a[0] == "unicast":
+                got.append((name, a[1], a[2], a[3]))
+        original(name, [a for a in actions if a[0] != "unicast"])
+    net._pump = pump
+    assert net.engines["n0"].send_unicast("n2", "claim", b"\x00binary\xff")
+    net.settle()
+    assert got == [("n2", "n0", "claim", b"\x00binary\xff")]
+    assert not net.engines["n0"].send_unicast("nobody", "x", b"")

@@ -16,6 +16,7 @@ What travels between neighbours (``kind`` of a Send action):
     lsa     flooded: router and interest advertisements
     fwd     routed: a batch of envelopes (application messages)
     e2e     routed: end-to-end acknowledgements of QoS 1/2 messages, to their origin
+    uni     routed: unicast messages between two nodes (session and registry protocols)
 
 Events return the local deliveries they cause; everything to send leaves at
 the next ``flush(now)`` (the broker calls it once per event-loop iteration, so
@@ -25,11 +26,13 @@ envelopes and advertisements are batched per neighbour). Actions are tuples:
     ("deliver", message, needs_ack)                from receive(): deliver locally;
                                                    if needs_ack, call delivered(message)
                                                    once the delivery is safe
+    ("unicast", from_node, kind, payload: bytes)   from receive(): a unicast for this node
 """
 
 from __future__ import annotations
 
 import json
+import struct
 from dataclasses import dataclass, field
 
 from ..message import Message
@@ -104,6 +107,37 @@ class PeerStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+_UNI_HEAD = struct.Struct(">BI")
+
+
+def _encode_unicast(dest: str, frm: str, hops: int, kind: str, body: bytes) -> bytes:
+    """One unicast record: hops:u8 len:u32, then dest, from, kind (str8 each) and the body."""
+    names = b"".join(bytes((len(x),)) + x for x in (dest.encode(), frm.encode(), kind.encode()))
+    return _UNI_HEAD.pack(hops, len(names) + len(body)) + names + body
+
+
+def _decode_unicasts(payload: bytes):
+    pos, size = 0, len(payload)
+    try:
+        while pos < size:
+            hops, length = _UNI_HEAD.unpack_from(payload, pos)
+            pos += _UNI_HEAD.size
+            end = pos + length
+            if end > size:
+                raise MeshProtocolError("unicast record overruns its message")
+            fields = []
+            for _ in range(3):
+                n = payload[pos]
+                fields.append(payload[pos + 1:pos + 1 + n].decode())
+                pos += 1 + n
+            if pos > end:
+                raise MeshProtocolError("unicast header overruns its record")
+            yield fields[0], fields[1], hops, fields[2], bytes(payload[pos:end])
+            pos = end
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise MeshProtocolError(f"malformed unicast: {exc}") from None
+
+
 class MeshEngine:
     def __init__(self, node_id: str, incarnation: int, addresses: list[str] | None = None,
                  settings: MeshSettings | None = None):
@@ -131,6 +165,7 @@ class MeshEngine:
         self._outbox: dict[str, list[Envelope]] = {}
         self._acks_out: dict[str, list[int]] = {}    # origin -> seqs delivered here
         self._acks_relay: dict[str, list] = {}       # next hop -> [[to, from, seqs], ...]
+        self._unicast_out: dict[str, list[bytes]] = {}  # next hop -> encoded unicast records
         self.forward_filter = ForwardFilter(self.settings.dedup_window)
         self.delivery_filter = DeliveryFilter(self.settings.dedup_window)
         self.custody: dict[int, _Custody] = {}
@@ -195,6 +230,7 @@ class MeshEngine:
         stranded = self._outbox.pop(peer, [])
         self._flood_out.pop(peer, None)
         self._acks_relay.pop(peer, None)
+        self._unicast_out.pop(peer, None)
         self._originate_router(now)
         self._spf_dirty = True
         for env in stranded:  # queued for the dead link, not yet sent: take the new route
@@ -425,6 +461,9 @@ class MeshEngine:
     def receive(self, peer: str, kind: str, payload: bytes, now: float) -> list:
         """Something a neighbour sent on our link; returns the local deliveries it causes."""
         stats = self.peer_stats.setdefault(peer, PeerStats())
+        if kind == "uni":
+            stats.control_in += 1
+            return self._receive_unicast(payload)
         if kind == "fwd":
             stats.batches_in += 1
             try:
@@ -567,6 +606,38 @@ class MeshEngine:
         if hop is not None:
             self._acks_relay.setdefault(hop, []).append([to, frm, seqs])
 
+    # ------------------------------------------------------------------ unicast between nodes
+
+    def send_unicast(self, dest: str, kind: str, payload: bytes, hop_limit: int | None = None) -> bool:
+        """Route ``payload`` to node ``dest`` (best effort: the protocols on top retry).
+
+        False when ``dest`` is unreachable now.
+        """
+        if dest == self.node_id:
+            return False
+        self._ensure_spf()
+        hop = self.next_hop.get(dest)
+        if hop is None:
+            return False
+        record = _encode_unicast(dest, self.node_id, hop_limit or self.settings.hop_limit, kind, payload)
+        self._unicast_out.setdefault(hop, []).append(record)
+        return True
+
+    def _receive_unicast(self, payload: bytes) -> list:
+        actions = []
+        for dest, frm, hops, kind, body in _decode_unicasts(payload):
+            if dest == self.node_id:
+                actions.append(("unicast", frm, kind, body))
+            elif hops > 1:
+                self._ensure_spf()
+                hop = self.next_hop.get(dest)
+                if hop is not None:
+                    self._unicast_out.setdefault(hop, []).append(
+                        _encode_unicast(dest, frm, hops - 1, kind, body))
+            else:
+                self.counters["hop_limit_drops"] += 1
+        return actions
+
     def _retransmit_soon(self, now: float) -> None:
         for c in self.custody.values():
             c.due = min(c.due, now)
@@ -647,6 +718,15 @@ class MeshEngine:
             acks, self._acks_out = self._acks_out, {}
             for origin, seqs in acks.items():
                 self._relay_ack(origin, self.node_id, seqs)
+        if self._unicast_out:
+            unicast, self._unicast_out = self._unicast_out, {}
+            for peer, records in unicast.items():
+                if peer in self._links:
+                    payload = b"".join(records)
+                    stats = self.peer_stats.setdefault(peer, PeerStats())
+                    stats.control_out += 1
+                    stats.control_bytes_out += len(payload)
+                    actions.append(("send", peer, "uni", payload, 1))
         if self._acks_relay:
             relay, self._acks_relay = self._acks_relay, {}
             for peer, groups in relay.items():
