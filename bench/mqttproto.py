@@ -1,0 +1,112 @@
+"""The little MQTT 3.1.1 the load generator needs, written from the standard.
+
+It shares no code with ``mqttmesh.codec`` on purpose: a bug mirrored in the
+broker's encoder and decoder must not be able to hide from the benchmark.
+
+Only what the generator sends and receives is here: CONNECT/CONNACK,
+SUBSCRIBE/SUBACK, PUBLISH and its acknowledgements, DISCONNECT. The hot paths
+(building many PUBLISH frames, splitting a read into frames) are written for
+speed: a PUBLISH of the benchmark is a constant prefix plus one ``struct.pack``.
+"""
+
+from __future__ import annotations
+
+import struct
+
+# packet types (high nibble of the first byte)
+CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
+SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+
+# first bytes of the four two-byte acknowledgements; PUBREL has flags 0b0010 [MQTT-3.6.1-1]
+PUBACK_B, PUBREC_B, PUBREL_B, PUBCOMP_B = 0x40, 0x50, 0x62, 0x70
+DISCONNECT_PACKET = b"\xe0\x00"
+
+# The benchmark payload: run id, publisher id, sequence number, send time
+# (time.monotonic_ns(): CLOCK_MONOTONIC is one clock for the whole machine on
+# Linux, so a subscriber process can subtract another process's timestamp).
+# Padded with zeros to PAYLOAD_SIZE bytes.
+PAYLOAD_SIZE = 64
+PAYLOAD_HEAD = struct.Struct("!IIQQ")  # 24 bytes
+assert PAYLOAD_HEAD.size <= PAYLOAD_SIZE
+# the same with the packet identifier in front, for QoS 1/2 PUBLISH (one pack per message)
+_PAD = PAYLOAD_SIZE - PAYLOAD_HEAD.size
+PAYLOAD_QOS0 = struct.Struct(f"!IIQQ{_PAD}x")
+PAYLOAD_QOS12 = struct.Struct(f"!HIIQQ{_PAD}x")
+
+
+def varint(n: int) -> bytes:
+    """The Remaining Length encoding (section 2.2.3)."""
+    if not 0 <= n <= 268_435_455:
+        raise ValueError(f"remaining length {n} out of range")
+    out = bytearray()
+    while True:
+        digit, n = n & 0x7F, n >> 7
+        out.append(digit | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def mqtt_str(text: str) -> bytes:
+    raw = text.encode("utf-8")
+    return struct.pack("!H", len(raw)) + raw
+
+
+def packet(first_byte: int, body: bytes) -> bytes:
+    return bytes((first_byte,)) + varint(len(body)) + body
+
+
+def connect(client_id: str, keepalive: int = 0, clean: bool = True) -> bytes:
+    # keepalive 0 turns the keepalive off [MQTT-3.1.2-24 note]: runs are short and
+    # the generator does not want PINGREQ traffic in its measurements
+    flags = 0x02 if clean else 0x00
+    body = mqtt_str("MQTT") + bytes((4, flags)) + struct.pack("!H", keepalive) + mqtt_str(client_id)
+    return packet(0x10, body)
+
+
+def subscribe(packet_id: int, filters: list[tuple[str, int]]) -> bytes:
+    body = struct.pack("!H", packet_id) + b"".join(mqtt_str(f) + bytes((q,)) for f, q in filters)
+    return packet(0x82, body)  # flags 0b0010 [MQTT-3.8.1-1]
+
+
+def ack(first_byte: int, packet_id: int) -> bytes:
+    return bytes((first_byte, 2, packet_id >> 8, packet_id & 0xFF))
+
+
+def publish_prefix(topic: str, qos: int) -> bytes:
+    """Fixed header and topic of a benchmark PUBLISH; the packet id (QoS>0) and payload follow."""
+    topic_field = mqtt_str(topic)
+    remaining = len(topic_field) + (2 if qos else 0) + PAYLOAD_SIZE
+    return bytes((0x30 | (qos << 1),)) + varint(remaining) + topic_field
+
+
+def split_frames(data: bytes, pos: int = 0) -> tuple[list[tuple[int, int, int]], int]:
+    """Complete frames in ``data[pos:]`` as (first byte, body start, body end); and where the rest starts.
+
+    For the cold paths (CONNACK, SUBACK, acknowledgements); the subscriber's hot
+    loop does the same inline.
+    """
+    frames = []
+    n = len(data)
+    while pos + 2 <= n:
+        first = data[pos]
+        # Remaining Length: at most four bytes
+        length = 0
+        shift = 0
+        i = pos + 1
+        while True:
+            if i >= n:
+                return frames, pos
+            b = data[i]
+            length |= (b & 0x7F) << shift
+            i += 1
+            if not b & 0x80:
+                break
+            shift += 7
+            if shift > 21:
+                raise ValueError("malformed Remaining Length")
+        end = i + length
+        if end > n:
+            break
+        frames.append((first, i, end))
+        pos = end
+    return frames, pos
