@@ -69,6 +69,8 @@ class Broker:
         self.on_filter_removed: list[Callable[[str], None]] = []
         self.on_publish: list[Callable[[Message], None]] = []
         self.delivery_hook = None  # hook(session, msg, qos, dup) for every PUBLISH sent to a client
+        self.cluster = None        # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
+        self.persistent_factory = None  # makes CleanSession=0 sessions when set (replicated ones)
         self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
         self._after_commit: list[tuple[int, Callable[[], None]]] = []
 
@@ -95,6 +97,10 @@ class Broker:
             return old, True  # [MQTT-3.2.2-2]
         if clean:
             session = Session(client_id, True, self.settings.limits)
+        elif durable and self.persistent_factory is not None:
+            session = self.persistent_factory(client_id)
+            if session.durable:
+                session._stored_subscriptions()
         elif self.journal is not None and durable:
             session = DurableSession(client_id, self.settings.limits, self.journal)
             session._stored_subscriptions()
@@ -133,11 +139,15 @@ class Broker:
     def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
         self._router_add(topic_filter, session, qos)
+        if self.cluster is not None and session.channel is not None and getattr(session, "replicated", False):
+            self.cluster.subs_changed(session)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
             return False
         self._router_remove(topic_filter, session)
+        if self.cluster is not None and session.channel is not None and getattr(session, "replicated", False):
+            self.cluster.subs_changed(session)
         return True
 
     def _router_add(self, topic_filter: str, session: Session, qos: int) -> None:
@@ -152,6 +162,8 @@ class Broker:
 
     def send_retained(self, session: Session, topic_filter: str, granted: int) -> int:
         """Send the retained messages matching a new subscription [MQTT-3.3.1-6]."""
+        if self.cluster is not None and not topic_filter.startswith("$"):  # $SYS stays per node
+            return self.cluster.retained_lookup(session, topic_filter, granted)  # from their owners
         sent = 0
         auth = self.auth
         for topic, msg in self.retained.match(topic_filter):
@@ -198,6 +210,11 @@ class Broker:
         self.stats.messages_sent += len(matches)
         if self.congestion.reasons:
             self.congestion.check(matches)
+        cluster = self.cluster
+        if cluster is not None and cluster.redirects:
+            for session in matches:
+                if session.client_id in cluster.redirects:
+                    cluster.delivered_here(session, msg)  # its client moved: forward it
         qos = msg.qos
         auth = self.auth
         if auth.acl is None:
@@ -212,6 +229,9 @@ class Broker:
 
     def set_retained(self, msg: Message) -> None:
         if not self.settings.retain_available:
+            return
+        if self.cluster is not None and msg.topic[0] != "$":
+            self.cluster.retain(msg)  # stored by the topic's owner nodes
             return
         topic = msg.topic
         if not msg.payload:

@@ -8,6 +8,8 @@ owner implements these methods:
     owner.close(channel, reason)            send what is pending, then close
     owner.authenticate(channel, user, pw)   run ``broker.auth.check_slow`` somewhere
                                             and call ``channel.authenticated(rc, now)``
+    owner.connected(channel)                a CONNECT finished later than the bytes that
+                                            carried it (mesh claims): log it, arm keepalive
     owner.pause_reading(channel)            stop feeding this channel for now (flow.py)
     owner.resume_reading(channel)           feed it again
 
@@ -27,10 +29,11 @@ from .codec import (CONNECT, CONNACK, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUB
 from .message import Message
 from .mesh.peerauth import PEER_USERNAME
 
-__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CONNECTED", "CLOSED", "TRANSITIONS"]
+__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "CONNECTED", "CLOSED", "TRANSITIONS"]
 
 AWAIT_CONNECT = "await-connect"
 AUTHENTICATING = "authenticating"
+CLAIMING = "claiming"          # in a mesh: the ClientId is being claimed, the session gathered
 CONNECTED = "connected"
 CLOSED = "closed"
 
@@ -93,7 +96,7 @@ class Channel:
             return  # [MQTT-3.1.4-5]: nothing after a refusal or a close is processed
         self.last_rx = now
         self.decoder.feed(data)
-        if self.state is AUTHENTICATING or self._processing:
+        if self.state is AUTHENTICATING or self.state is CLAIMING or self._processing:
             return  # read on once the password check is done (authenticated)
         self._process(now)
 
@@ -178,6 +181,8 @@ class Channel:
             broker.close_session(session)
         if self.is_peer and was_connected and broker.mesh is not None:
             broker.mesh.peer_closed(self)
+        if was_connected and broker.cluster is not None and not self.is_peer:
+            broker.cluster.disconnected(self, self.last_rx)
         if publish_will and was_connected and self.will is not None:
             will, self.will = self.will, None
             broker.stats.wills_published += 1
@@ -239,12 +244,30 @@ class Channel:
         if not pkt.client_id:
             # [MQTT-3.1.3-6]: a unique ClientId of our own making
             self.client_id = f"auto-{self.broker.node_id}-{os.urandom(6).hex()}"
-        self.state = CONNECTED
-        self.last_rx = now
         broker = self.broker
-        broker.stats.connections_total += 1
+        if broker.cluster is not None and not self.is_peer:
+            # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
+            # the id and gathers the session, then calls claimed() (mesh/cluster.py)
+            self.state = CLAIMING
+            broker.cluster.connect(self, self.client_id, pkt.clean_session, self.will, now)
+            return
         session, present = broker.open_session(self, self.client_id, pkt.clean_session,
                                                durable=not self.is_peer)
+        self._connected(session, present, now)
+
+    def claimed(self, session, present: bool, now: float) -> None:
+        """The mesh claimed the ClientId for this connection and has its session ready."""
+        if self.state is not CLAIMING:
+            return
+        self._connected(session, present, now)
+        self.owner.connected(self)
+        if not self._processing:
+            self._process(now)  # packets that arrived behind the CONNECT
+
+    def _connected(self, session, present: bool, now: float) -> None:
+        self.state = CONNECTED
+        self.last_rx = now
+        self.broker.stats.connections_total += 1
         session.username = self.username
         self.session = session
         self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))  # [MQTT-3.2.2-1..3]
@@ -419,6 +442,7 @@ def _violation(state: str, ptype: int) -> ProtocolViolation:
 TRANSITIONS = {
     AWAIT_CONNECT: {CONNECT: Channel._on_connect},
     AUTHENTICATING: {},
+    CLAIMING: {},
     CONNECTED: {
         PUBLISH: Channel._on_publish,
         PUBACK: Channel._on_puback,

@@ -93,9 +93,37 @@ OPTIONS: list[Option] = [
            "destinations acknowledge them", 0),
     Option("mesh", "custody_timeout", float, 3600.0, "seconds an origin keeps trying to reach a "
            "destination of a QoS 1/2 message", 1),
+    Option("mesh", "replication", int, 2, "nodes that hold each persistent session and each retained "
+           "topic (rendezvous hashing over the live nodes)", 1, 16),
+    Option("mesh", "will_delay", float, 0.5, "seconds a node must stay unreachable before the wills "
+           "of its clients are published by their registrar", 0),
+    Option("mesh", "claim_timeout", float, 3.0, "seconds a CONNECT waits for the ClientId's registrar "
+           "before the node serves the client anyway", 0.1),
     Option("mesh", "status_interval", float, 1.0, "seconds between $SYS/mesh/status updates", 0.05),
     Option("sys", "interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0,
            flag_name="--sys-interval"),
+    Option("archive", "enabled", bool, False, "write the messages published at this node (and, with "
+           "delivery_log, what it delivered) as Parquet for the pipeline (docs/pipeline.md)",
+           flag_name="--archive"),
+    Option("archive", "dir", str, "", "archive directory (default: DATA_DIR/archive)", flag_name="--archive-dir"),
+    Option("archive", "filters", list, ["#"], "topic filters of the messages archived (repeat "
+           "--archive-filter)", flag_name="--archive-filter"),
+    Option("archive", "delivery_log", bool, False, "also log every PUBLISH sent to a client: message id, "
+           "ClientId, node, time, QoS, DUP", flag_name="--archive-delivery-log"),
+    Option("archive", "flush_interval", float, 10.0, "longest time, in seconds, a record waits in memory "
+           "before it is written", 0.1, 86400, flag_name="--archive-flush-interval"),
+    Option("archive", "flush_rows", int, 50_000, "records per batch; a batch becomes one file per hour it "
+           "spans", 1, 10_000_000, flag_name="--archive-flush-rows"),
+    Option("archive", "flush_bytes", int, 32 * _MiB, "payload bytes per batch", 1024,
+           flag_name="--archive-flush-bytes"),
+    Option("archive", "max_queue_rows", int, 200_000, "records cut into batches and waiting for the "
+           "writer; beyond it new records are dropped and counted", 1, flag_name="--archive-max-queue-rows"),
+    Option("archive", "max_queue_bytes", int, 128 * _MiB, "payload bytes waiting for the writer; beyond "
+           "it new records are dropped and counted", 1024, flag_name="--archive-max-queue-bytes"),
+    Option("archive", "compression", str, "zstd", "Parquet compression", choices=("zstd", "snappy", "gzip",
+           "none"), flag_name="--archive-compression"),
+    Option("archive", "log_interval", float, 10.0, "seconds between two log lines about dropped records",
+           0.1, flag_name="--archive-log-interval"),
 ]
 
 _BY_NAME = {o.name: o for o in OPTIONS}

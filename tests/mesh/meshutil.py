@@ -41,8 +41,18 @@ def start_mesh(broker_factory, names, edges, extra=(), connect="configured", pee
     return nodes
 
 
-def status(node, timeout=2.0):
+def status(node, timeout=5.0):
     return fetch_status(node.host, node.port, timeout)
+
+
+def _tolerant(predicate):
+    """A wait_for predicate that counts a node not answering (yet) as 'not yet'."""
+    def check():
+        try:
+            return predicate()
+        except (ConnectionError, OSError):
+            return False
+    return check
 
 
 def neighbours_of(name, edges):
@@ -58,14 +68,14 @@ def wait_converged(nodes, edges, timeout=20.0):
             if set(s["neighbours"]) != neighbours_of(name, edges):
                 return False
         return True
-    wait_for(ok, timeout, interval=0.1, what="the mesh to converge")
+    wait_for(_tolerant(ok), timeout, interval=0.1, what="the mesh to converge")
 
 
 def wait_interest(nodes, topic_filter, at, timeout=10.0):
     """Every node knows that node ``at`` subscribes to ``topic_filter``."""
     def ok():
         return all(topic_filter in status(n)["nodes"].get(at, {}).get("filters", []) for n in nodes.values())
-    wait_for(ok, timeout, interval=0.05, what=f"{at}'s interest in {topic_filter} to spread")
+    wait_for(_tolerant(ok), timeout, interval=0.05, what=f"{at}'s interest in {topic_filter} to spread")
 
 
 def envelopes(nodes):

@@ -155,6 +155,9 @@ def test_many_subscribers_to_one_filter_cost_one_advertisement(broker_factory):
         clients.append(storm)
         wait_for(lambda: len(status(nodes["b"])["nodes"]["a"]["filters"]) == 101, 10,
                  what="b to learn a's 101 distinct filters")
+        # (a's status document is refreshed every 0.1 s: wait for it to catch up)
+        wait_for(lambda: status(nodes["a"])["counters"]["interest_originated"] - before >= 2,
+                 what="a's counters")
         after = status(nodes["a"])["counters"]["interest_originated"]
         # one advertisement for the 30 subscribers of one filter, one for the storm
         assert after - before == 2, (before, after)

@@ -33,12 +33,13 @@ from __future__ import annotations
 
 import json
 import struct
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 
 from ..message import Message
-from ..topics import SubscriptionTrie
 from .dedup import DeliveryFilter, ForwardFilter
 from .envelope import Envelope, EnvelopeError, decode_batch, encode_batch
+from .interest import InterestIndex
 from .spf import shortest_paths
 
 __all__ = ["MeshSettings", "MeshEngine", "RouterLsa", "InterestState", "MeshProtocolError"]
@@ -81,11 +82,18 @@ class InterestState:
     node: str
     inc: int
     ver: int
-    filters: set[str] = field(default_factory=set)
+    # sorted and interned: every node holds every other node's filters, and a tuple of
+    # shared strings costs a tenth of a set of copies (docs/simulation.md, memory)
+    filters: tuple[str, ...] = ()
 
     def full_json(self) -> dict:
         return {"t": "interest", "node": self.node, "inc": self.inc, "ver": self.ver,
-                "full": sorted(self.filters)}
+                "full": list(self.filters)}
+
+
+def _filter_tuple(filters) -> tuple[str, ...]:
+    """Sorted interned filters; TypeError for anything that is not a string."""
+    return tuple(sorted({sys.intern(f) for f in filters}))
 
 
 class _Custody:
@@ -156,7 +164,7 @@ class MeshEngine:
         # what we know of everybody (including ourselves)
         self.routers: dict[str, RouterLsa] = {}
         self.interests: dict[str, InterestState] = {}
-        self.remote = SubscriptionTrie()             # filter -> {node: 0} of other nodes
+        self.remote = InterestIndex()                # filter -> {node: 0} of other nodes
         self.next_hop: dict[str, str] = {}
         self.distance: dict[str, int] = {}
         self.parent: dict[str, str] = {}
@@ -187,7 +195,7 @@ class MeshEngine:
     def start(self, now: float) -> list:
         self._originate_router(now)
         self._interest_ver = 1
-        mine = InterestState(self.node_id, self.incarnation, 1, set(self._local_filters))
+        mine = InterestState(self.node_id, self.incarnation, 1, _filter_tuple(self._local_filters))
         self.interests[self.node_id] = mine
         return []
 
@@ -304,7 +312,7 @@ class MeshEngine:
         base = self._interest_ver
         self._interest_ver += 1
         mine.ver = self._interest_ver
-        mine.filters = set(self._local_filters)
+        mine.filters = _filter_tuple(self._local_filters)
         delta = {"t": "interest", "node": self.node_id, "inc": self.incarnation, "ver": self._interest_ver,
                  "base": base, "add": sorted(self._pending_add), "del": sorted(self._pending_del)}
         self._pending_add.clear()
@@ -368,13 +376,17 @@ class MeshEngine:
             return
         links = {str(k): int(v) for k, v in lsa.get("links", {}).items()}
         self.routers[node] = RouterLsa(node, lsa["inc"], lsa["seq"], list(lsa.get("addr", [])), links, now)
+        if have is None or have.links != links:
+            # the shortest paths depend on the links alone: a refresh (every node re-originates
+            # every refresh_interval) changes nothing, and at a thousand nodes recomputing for
+            # each of them would cost a Dijkstra per node every few milliseconds
+            self._spf_dirty = True
         if have is not None and have.inc != lsa["inc"]:
             # a new incarnation: what we knew of its interest is from its earlier life
             old = self.interests.get(node)
             if old is not None and old.inc < lsa["inc"]:
                 self._set_interest(node, None)
             self.delivery_filter.forget_origin(node)
-        self._spf_dirty = True
         self.changes += 1
         self.counters["lsa_flooded"] += 1
         self._flood(lsa, exclude=peer)
@@ -386,26 +398,35 @@ class MeshEngine:
         if have is not None and (have.inc, have.ver) >= (inc, ver):
             return False
         if "full" in lsa:
-            self._set_interest(node, InterestState(node, inc, ver, set(lsa["full"])))
+            self._set_interest(node, InterestState(node, inc, ver, _filter_tuple(lsa["full"])))
         else:
             if have is None or have.inc != inc or have.ver != lsa.get("base"):
                 return True  # a gap: we cannot apply this delta
             filters = set(have.filters)
             filters.difference_update(lsa.get("del", []))
             filters.update(lsa.get("add", []))
-            self._set_interest(node, InterestState(node, inc, ver, filters))
+            self._set_interest(node, InterestState(node, inc, ver, _filter_tuple(filters)))
         self.counters["lsa_flooded"] += 1
         self._flood(lsa, exclude=peer)
         return False
 
     def _set_interest(self, node: str, state: InterestState | None) -> None:
         old = self.interests.get(node)
-        old_filters = old.filters if old is not None else set()
-        new_filters = state.filters if state is not None else set()
-        for f in old_filters - new_filters:
-            self.remote.remove(f, node)
-        for f in new_filters - old_filters:
-            self.remote.add(f, node, 0)
+        old_filters = old.filters if old is not None else ()
+        new_filters = state.filters if state is not None else ()
+        remote = self.remote
+        if not old_filters:
+            for f in new_filters:
+                remote.add(f, node)
+        elif not new_filters:
+            for f in old_filters:
+                remote.remove(f, node)
+        else:
+            old_set, new_set = set(old_filters), set(new_filters)
+            for f in old_set - new_set:
+                remote.remove(f, node)
+            for f in new_set - old_set:
+                remote.add(f, node)
         if state is None:
             self.interests.pop(node, None)
         else:
@@ -691,9 +712,18 @@ class MeshEngine:
                     actions.append(("send", peer, kind, payload, 1))
         if self._flood_out:
             flood, self._flood_out = self._flood_out, {}
+            # a flooded advertisement goes to every neighbour but one: encode it once.
+            # The bytes are those of json.dumps(lsas), whose list separator is ", "
+            encoded: dict[int, bytes] = {}
             for peer, lsas in flood.items():
                 if peer in self._links:
-                    payload = json.dumps(lsas).encode()
+                    parts = []
+                    for lsa in lsas:
+                        raw = encoded.get(id(lsa))
+                        if raw is None:
+                            raw = encoded[id(lsa)] = json.dumps(lsa).encode()
+                        parts.append(raw)
+                    payload = b"[" + b", ".join(parts) + b"]"
                     stats = self.peer_stats.setdefault(peer, PeerStats())
                     stats.control_out += 1
                     stats.control_bytes_out += len(payload)
@@ -753,6 +783,8 @@ class MeshEngine:
 
     def _age_out(self, now: float) -> None:
         self._ensure_spf()
+        if len(self.next_hop) >= len(self.routers) - 1:
+            return  # every node we know is reachable (the scan costs O(nodes) at every tick)
         for node in [n for n, r in self.routers.items()
                      if n != self.node_id and n not in self.next_hop and now - r.received > self.settings.max_age]:
             del self.routers[node]

@@ -56,8 +56,10 @@ class Connection(asyncio.Protocol):
         if not self._announced and channel.state is CONNECTED:
             self.connected()
 
-    def connected(self) -> None:
+    def connected(self, channel=None) -> None:
         """The Channel accepted the CONNECT: log it and switch to the keepalive timer."""
+        if self._announced:
+            return
         channel = self.channel
         self._announced = True
         log.info("client %r connected from %s (user=%r, keepalive=%ds)", channel.client_id,

@@ -20,6 +20,7 @@ import time
 from ..config import Config
 from ..message import Message
 from ..mesh.client import LinkClient
+from ..mesh.cluster import Cluster, ClusterSettings
 from ..mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
 from ..mesh.peerauth import PEER_USERNAME, check_token, make_token
 
@@ -210,14 +211,34 @@ class MeshNode:
         self._status_changes = -1
         self.node_id = ""
         self.incarnation = 0
+        self.cluster: Cluster | None = None
+        self._membership: tuple | None = None
+        self._seen_changes = -1
         self.broker.mesh = self
 
     # -- life cycle -----------------------------------------------------------------
 
-    async def start(self) -> None:
+    def prepare(self) -> None:
+        """Before the store loads: the cluster decides what kind of session persists."""
         node = self.node
         self.node_id = node.node_id
         self.incarnation = node.incarnation
+        cfg = self.config
+        settings = ClusterSettings(replication=cfg.get("mesh.replication"),
+                                   will_delay=cfg.get("mesh.will_delay"),
+                                   claim_timeout=cfg.get("mesh.claim_timeout"))
+        self.cluster = Cluster(self.node_id, self.incarnation, self.broker, self._unicast, settings)
+        self.cluster.wall = time.time()
+
+    def _unicast(self, dest: str, kind: str, payload: bytes) -> bool:
+        ok = self.engine.send_unicast(dest, kind, payload)
+        self._schedule_flush()
+        return ok
+
+    async def start(self) -> None:
+        node = self.node
+        if self.cluster is None:
+            self.prepare()
         advertise = self.config.get("mesh.advertise") or f"{self.config.host}:{node.port}"
         cfg = self.config
         settings = MeshSettings(hop_limit=cfg.get("mesh.hop_limit"),
@@ -377,6 +398,14 @@ class MeshNode:
         batch = 0
         broker = self.broker
         for action in actions:
+            if action[0] == "unicast":
+                _, frm, kind, body = action
+                self.cluster.wall = time.time()
+                try:
+                    self.cluster.receive(frm, kind, body, now)
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("node %s sent an invalid %s: %r", frm, kind, exc)
+                continue
             _, msg, needs_ack = action
             wrote = broker.deliver_remote(msg)
             if needs_ack:
@@ -399,9 +428,25 @@ class MeshNode:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
+    def _check_membership(self, now: float) -> None:
+        engine = self.engine
+        if engine.changes == self._seen_changes:
+            return
+        self._seen_changes = engine.changes
+        live = engine.reachable()
+        incs = {n: engine.routers[n].inc for n in live if n in engine.routers}
+        key = (tuple(live), tuple(sorted(incs.items())))
+        if key != self._membership:
+            self._membership = key
+            self.cluster.wall = time.time()
+            self.cluster.membership(live, incs, now)
+
     def _flush(self) -> None:
         self._flush_scheduled = False
-        for action in self.engine.flush(self.loop.time()):
+        now = self.loop.time()
+        self._check_membership(now)
+        self.cluster.flush()
+        for action in self.engine.flush(now):
             _, peer, kind, payload, qos = action
             link = self.links.get(peer)
             if link is not None:
@@ -419,6 +464,10 @@ class MeshNode:
             protocol = dialer.protocol
             if protocol is not None and protocol.peer not in self.links:
                 protocol.tick(now)
+        self.cluster.wall = time.time()
+        self._check_membership(now)
+        self.cluster.tick(now)
+        self.cluster.flush()
         for action in self.engine.tick(now):
             _, peer, kind, payload, qos = action
             link = self.links.get(peer)
@@ -446,6 +495,7 @@ class MeshNode:
                                   or getattr(getattr(link, "channel", None), "peer", None)}
                            for peer, link in sorted(self.links.items())}
         status["time"] = time.time()
+        status["cluster"] = self.cluster.status()
         return status
 
     def publish_status(self) -> None:

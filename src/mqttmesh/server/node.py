@@ -80,31 +80,43 @@ class Node:
             self.mesh = MeshNode(self, config)
         elif config.get("mesh.peers"):
             raise ConfigError("mesh.peers: a mesh needs mesh.cluster_secret or mesh.secret_file")
+        self.archive = None
+        if config.get("archive.enabled"):
+            from .archive import ArchiveService
+            self.archive = ArchiveService(self, config)  # hooks in before sessions are restored
 
     # -- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
         broker = self.broker
+        # bind first (the port may be 0 and names the node), serve only once state is loaded
+        self._server = await self.loop.create_server(
+            lambda: Connection(self), self.config.host, self.config.port, backlog=1024,
+            reuse_address=True, start_serving=False)
+        sock = self._server.sockets[0]
+        self.port = sock.getsockname()[1]
+        if not self.config.node_id:  # host-port, with the port actually bound
+            self.node_id = broker.node_id = broker.settings.node_id = f"{self.config.host}-{self.port}"
         if self.store is not None:
             self.incarnation = self.store.next_incarnation()
+        else:
+            self.incarnation = int(time.time())
+        if self.mesh is not None:
+            self.mesh.prepare()  # sessions restored below must be the mesh's kind
+        if self.store is not None:
             sessions, retained = self.store.load(broker, broker.journal)
             self.store.start(self._committed_on_thread)
             log.info("store %s: %d persistent sessions, %d retained messages restored",
                      self.store.path, sessions, retained)
         else:
-            self.incarnation = int(time.time())
             log.warning("no data directory: running in memory; persistent sessions and retained "
                         "messages are lost when this node stops (set --data-dir)")
         broker.seq = self.incarnation << 32  # (node, seq) stays unique across restarts
         broker.wall_offset = time.time() - self.loop.time()
+        if self.archive is not None:
+            self.archive.start()  # files are named by node id and incarnation, known by now
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
-        self._server = await self.loop.create_server(
-            lambda: Connection(self), self.config.host, self.config.port, backlog=1024,
-            reuse_address=True)
-        sock = self._server.sockets[0]
-        self.port = sock.getsockname()[1]
-        if not self.config.node_id:  # host-port, with the port actually bound
-            self.node_id = broker.node_id = broker.settings.node_id = f"{self.config.host}-{self.port}"
+        await self._server.start_serving()
         if self.config.port_file:
             tmp = self.config.port_file + ".tmp"
             with open(tmp, "w") as fh:
@@ -138,6 +150,8 @@ class Node:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
             except (asyncio.TimeoutError, Exception):
                 pass
+        if self.archive is not None:
+            await self.archive.stop()  # after the clients, so their last deliveries are logged
         if self.store is not None:
             self.store.stop_writer()  # the writer finishes what it has been given
             journal = self.broker.journal

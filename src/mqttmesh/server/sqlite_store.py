@@ -97,8 +97,9 @@ class SqliteStore:
         db = self.db
         limits = broker.settings.limits
         sessions: dict[str, DurableSession] = {}
+        factory = broker.persistent_factory
         for client_id, subs in db.execute("SELECT client_id, subscriptions FROM sessions"):
-            session = DurableSession(client_id, limits, journal)
+            session = factory(client_id) if factory is not None else DurableSession(client_id, limits, journal)
             session.subscriptions = {f: int(q) for f, q in json.loads(subs).items()}
             sessions[client_id] = session
         rows = db.execute("SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
@@ -115,6 +116,9 @@ class SqliteStore:
                 session.inflight[pid] = entry
             else:
                 session.queue.append(entry)
+            ids = getattr(session, "ids", None)
+            if ids is not None:  # a mesh session finds its messages by id
+                ids[(origin, seq)] = entry
             session._next_key = max(session._next_key, key + 1)
         for client_id, pid in db.execute("SELECT client_id, packet_id FROM awaiting_rel"):
             if client_id in sessions:

@@ -1,0 +1,218 @@
+"""Persistent sessions that live on several nodes: message identity, settling, snapshots.
+
+Pure. In a mesh every persistent session is held by a few nodes (its holders):
+all of them subscribe, so the mesh delivers each message to each holder, and
+each queues it; only the node the client is connected to sends to the client.
+That node tells the other holders which messages are settled. This module
+gives the session what that needs: entries known by message id (origin, seq),
+tombstones of settled ids, a hook for every settlement, and snapshots that can
+be merged. The protocol around it is in ``mesh/cluster.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import OrderedDict
+
+from ..message import Message
+from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Session
+
+__all__ = ["MeshSession", "DurableMeshSession", "snapshot", "merge_snapshots", "install", "TOMBSTONES"]
+
+TOMBSTONES = 50_000  # settled message ids remembered per session (duplicates suppressed)
+
+
+class _Replicated:
+    """Mixed in before Session/DurableSession: keeps every entry findable by message id."""
+
+    replicated = True
+
+    def _init_replication(self) -> None:
+        self.ids: dict[tuple, Entry] = {}
+        self.done: OrderedDict[tuple, None] = OrderedDict()
+        self.on_settled = None        # hook(session, key, state, packet_id): "sent", "rel", "done"
+        self.active_node: str | None = None
+        self.epoch = 0
+        self.subs_version = 0
+
+    def _remember_done(self, key: tuple) -> None:
+        done = self.done
+        done[key] = None
+        if len(done) > TOMBSTONES:
+            done.popitem(last=False)
+
+    def deliver(self, msg, qos: int, retain: bool = False) -> None:
+        if not retain:  # a retained copy is a re-send by design, never a duplicate
+            key = (msg.origin, msg.seq)
+            if key in self.ids or key in self.done:
+                return  # already here: arrived by another path during a hand-over
+            if qos == 0 and self.channel is not None:
+                self._remember_done(key)
+        super().deliver(msg, qos, retain)
+
+    def _stored_put(self, entry: Entry) -> None:
+        super()._stored_put(entry)
+        if not entry.retain:
+            self.ids[(entry.msg.origin, entry.msg.seq)] = entry
+
+    def _stored_remove(self, entry: Entry) -> None:
+        super()._stored_remove(entry)
+        key = (entry.msg.origin, entry.msg.seq)
+        if self.ids.pop(key, None) is not None:
+            self._remember_done(key)
+            if self.on_settled is not None and self.channel is not None:
+                self.on_settled(self, key, "done", 0)
+
+    def _send_new(self, entry: Entry) -> None:
+        super()._send_new(entry)
+        if entry.qos == 2 and self.on_settled is not None and not entry.retain:
+            # a holder taking over must re-send it with this id, not as a new message
+            self.on_settled(self, (entry.msg.origin, entry.msg.seq), "sent", entry.packet_id)
+
+    def on_pubrec(self, pid: int) -> bool:
+        entry = self.inflight.get(pid)
+        ok = super().on_pubrec(pid)
+        if ok and entry is not None and self.on_settled is not None and not entry.retain:
+            self.on_settled(self, (entry.msg.origin, entry.msg.seq), "rel", pid)
+        return ok
+
+    # -- what other holders tell us ----------------------------------------------
+
+    def settle(self, key: tuple, state: str, pid: int) -> None:
+        """Another holder (the one the client is on) settled a message."""
+        entry = self.ids.get(key)
+        if state == "done":
+            if entry is not None:
+                self._drop_entry(entry)
+            else:
+                self._remember_done(key)
+            return
+        if entry is None:
+            return
+        if entry in self.queue:
+            self.queue.remove(entry)
+        if entry.packet_id and self.inflight.get(entry.packet_id) is entry:
+            del self.inflight[entry.packet_id]
+        entry.packet_id = pid
+        entry.state = SENT_PUBREL if state == "rel" else SENT_PUBLISH
+        self.inflight[pid] = entry
+        super()._stored_put(entry)
+
+    def _drop_entry(self, entry: Entry) -> None:
+        if entry.packet_id and self.inflight.get(entry.packet_id) is entry:
+            del self.inflight[entry.packet_id]
+        else:
+            try:
+                self.queue.remove(entry)
+            except ValueError:
+                pass
+        key = (entry.msg.origin, entry.msg.seq)
+        self.ids.pop(key, None)
+        self._remember_done(key)
+        super()._stored_remove(entry)
+
+
+class MeshSession(_Replicated, Session):
+    def __init__(self, client_id: str, limits):
+        Session.__init__(self, client_id, False, limits)
+        self._init_replication()
+
+
+class DurableMeshSession(_Replicated, DurableSession):
+    def __init__(self, client_id: str, limits, journal):
+        DurableSession.__init__(self, client_id, limits, journal)
+        self._init_replication()
+
+
+# --------------------------------------------------------------------------- snapshots
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+def snapshot(session) -> dict:
+    """The session's state as a JSON-able dict (what a holder sends another)."""
+    entries = []
+    for entry in list(session.inflight.values()) + list(session.queue):
+        if entry.retain:
+            continue  # retained copies are re-sent from the retained store, not carried
+        m = entry.msg
+        entries.append([m.origin, m.seq, m.topic, _b64(m.payload), m.qos, entry.qos, entry.packet_id,
+                        entry.state, m.publisher, m.timestamp])
+    return {
+        "cid": session.client_id,
+        "subs": dict(session.subscriptions),
+        "subs_version": session.subs_version,
+        "entries": entries,
+        "done": [list(k) for k in list(session.done)[-5000:]],
+        "rel": sorted(session.awaiting_rel),
+        "active": session.active_node,
+        "epoch": session.epoch,
+    }
+
+
+def merge_snapshots(snaps: list[dict]) -> dict | None:
+    """Union of several holders' views: an id settled anywhere is settled; furthest state wins."""
+    snaps = [s for s in snaps if s]
+    if not snaps:
+        return None
+    done = set()
+    for s in snaps:
+        done.update(tuple(k) for k in s["done"])
+    best: dict[tuple, list] = {}
+    order: list[tuple] = []
+    for s in snaps:
+        for e in s["entries"]:
+            key = (e[0], e[1])
+            if key in done:
+                continue
+            have = best.get(key)
+            if have is None:
+                best[key] = e
+                order.append(key)
+            elif e[7] > have[7]:
+                best[key] = e
+    subs_from = max(snaps, key=lambda s: (s["subs_version"], s["epoch"]))
+    rel = set()
+    for s in snaps:
+        rel.update(s["rel"])
+    # in flight first (in packet-id send order), then queued, each in arrival order
+    entries = [best[k] for k in order]
+    entries.sort(key=lambda e: 0 if e[7] else 1)
+    return {
+        "cid": snaps[0]["cid"], "subs": subs_from["subs"], "subs_version": subs_from["subs_version"],
+        "entries": entries, "done": [list(k) for k in done], "rel": sorted(rel),
+        "active": subs_from["active"], "epoch": max(s["epoch"] for s in snaps),
+    }
+
+
+def install(session, snap: dict) -> None:
+    """Replace the session's messages with the snapshot's (subscriptions are the caller's job)."""
+    base = super(_Replicated, session)  # storage only: these are not settlements
+    for entry in list(session.inflight.values()) + list(session.queue):
+        base._stored_remove(entry)
+    session.inflight.clear()
+    session.queue.clear()
+    session.ids.clear()
+    for key in snap["done"]:
+        session._remember_done(tuple(key))
+    used = set()
+    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap["entries"]:
+        msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts)
+        entry = session._new_entry(msg, qos, False)
+        if state and pid and pid not in used:
+            entry.packet_id, entry.state = pid, state
+            session.inflight[pid] = entry
+            used.add(pid)
+        else:
+            session.queue.append(entry)
+        session._stored_put(entry)
+    session.awaiting_rel = set(snap["rel"])
+    if session.durable:
+        for pid in session.awaiting_rel:
+            session.journal.awaiting_rel_put(session.client_id, pid)
+    session.subs_version = max(session.subs_version, snap["subs_version"])
+    session.epoch = max(session.epoch, snap["epoch"])
+    if session.inflight:
+        session._next_pid = max(session.inflight) % 65535 + 1
