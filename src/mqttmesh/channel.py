@@ -120,6 +120,16 @@ class Channel:
             self.close("input buffer over the maximum packet size")  # pragma: no cover
 
     def write(self, frame: bytes) -> None:
+        if self._held:
+            # an acknowledgement ahead of this frame waits for the store: keep the order
+            self._held.append((self._held[-1][0], frame))
+            return
+        out = self._out
+        out.append(frame)
+        if len(out) == 1:
+            self.owner.wake(self)
+
+    def _write_now(self, frame: bytes) -> None:
         out = self._out
         out.append(frame)
         if len(out) == 1:
@@ -150,6 +160,10 @@ class Channel:
         if self.state is AWAIT_CONNECT and now >= self.opened_at + self.broker.settings.connect_timeout:
             self.close("no CONNECT within the connect timeout")
         elif self.state is CONNECTED and self.keepalive and now >= self.last_rx + 1.5 * self.keepalive:
+            if self in self.broker.congestion.paused:
+                # we stopped reading this publisher (flow.py): its silence is ours, not its
+                self.last_rx = now
+                return
             self.close(f"keepalive: nothing received for 1.5 x {self.keepalive}s")  # [MQTT-3.1.2-24]
 
     # -- closing ---------------------------------------------------------------------------------
@@ -251,9 +265,13 @@ class Channel:
             self.state = CLAIMING
             broker.cluster.connect(self, self.client_id, pkt.clean_session, self.will, now)
             return
+        journal = broker.journal
+        before = journal.writes if journal is not None else 0
         session, present = broker.open_session(self, self.client_id, pkt.clean_session,
                                                durable=not self.is_peer)
-        self._connected(session, present, now)
+        # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
+        batch = journal.batch if journal is not None and journal.writes != before else 0
+        self._connected(session, present, now, batch)
 
     def claimed(self, session, present: bool, now: float) -> None:
         """The mesh claimed the ClientId for this connection and has its session ready."""
@@ -264,13 +282,13 @@ class Channel:
         if not self._processing:
             self._process(now)  # packets that arrived behind the CONNECT
 
-    def _connected(self, session, present: bool, now: float) -> None:
+    def _connected(self, session, present: bool, now: float, batch: int = 0) -> None:
         self.state = CONNECTED
         self.last_rx = now
         self.broker.stats.connections_total += 1
         session.username = self.username
         self.session = session
-        self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))  # [MQTT-3.2.2-1..3]
+        self._send_after(bytes((0x20, 2, 1 if present else 0, ACCEPTED)), batch)  # [MQTT-3.2.2-1..3]
         session.attach(self)  # re-send unacknowledged messages [MQTT-4.4.0-1]
 
     def _refuse(self, rc: int, detail: str) -> None:
@@ -412,7 +430,7 @@ class Channel:
     def _send_after(self, frame: bytes, batch: int) -> None:
         held = self._held
         if not batch and not held:
-            self.write(frame)
+            self._write_now(frame)
             return
         if held:
             batch = max(batch, held[-1][0])  # keep acknowledgements in order
@@ -422,7 +440,7 @@ class Channel:
     def release_acks(self, committed: int) -> None:
         held = self._held
         while held and held[0][0] <= committed:
-            self.write(held.popleft()[1])
+            self._write_now(held.popleft()[1])
         if held:
             self.broker.held_ack_channels.add(self)
 

@@ -45,6 +45,10 @@ def cmd_broker(args: argparse.Namespace) -> int:
 
     async def serve() -> int:
         loop = asyncio.get_running_loop()
+        # signals first: a SIGTERM that arrives while we start still stops us gracefully
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
         try:
             node = Node(config, loop)
             await node.start()
@@ -56,9 +60,6 @@ def cmd_broker(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 1
         log.info("event loop: %s", loop_kind)
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
         await stop.wait()
         log.info("stopping")
         await node.stop()

@@ -120,6 +120,11 @@ class Net:
         ch = self.channel(now)
         ch.receive_data(mqttraw.connect(client_id, **kw), now)
         data = ch.data_to_send()
+        journal = self.broker.journal
+        if not data and journal is not None and len(journal):
+            # a persistent session was created or discarded: CONNACK waits for the store
+            self.broker.committed(journal.batch)
+            data = ch.data_to_send()
         assert data[:4] == expect, data
         _LEFTOVER[ch] = data[4:]
         return ch

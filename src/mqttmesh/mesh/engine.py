@@ -416,8 +416,7 @@ class MeshEngine:
         new_filters = state.filters if state is not None else ()
         remote = self.remote
         if not old_filters:
-            for f in new_filters:
-                remote.add(f, node)
+            remote.add_all(new_filters, node)
         elif not new_filters:
             for f in old_filters:
                 remote.remove(f, node)
@@ -425,8 +424,7 @@ class MeshEngine:
             old_set, new_set = set(old_filters), set(new_filters)
             for f in old_set - new_set:
                 remote.remove(f, node)
-            for f in new_set - old_set:
-                remote.add(f, node)
+            remote.add_all(new_set - old_set, node)
         if state is None:
             self.interests.pop(node, None)
         else:

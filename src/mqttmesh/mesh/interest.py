@@ -24,13 +24,25 @@ from typing import Iterator
 __all__ = ["InterestIndex"]
 
 
+# A filter's shape is a function of its text. In one process that runs many engines (the
+# simulator) every engine indexes the same filters, so the shapes are remembered once.
+_SHAPES: dict[str, tuple] = {}
+_SHAPES_LIMIT = 1 << 20
+
+
 def _shape(topic_filter: str) -> tuple[int, tuple[int, ...], bool]:
     """(prefix length, positions of '+' in the prefix, ends with '#')."""
-    levels = topic_filter.split("/")
-    multi = levels[-1] == "#"
-    if multi:
-        levels.pop()
-    return len(levels), tuple(i for i, level in enumerate(levels) if level == "+"), multi
+    shape = _SHAPES.get(topic_filter)
+    if shape is None:
+        levels = topic_filter.split("/")
+        multi = levels[-1] == "#"
+        if multi:
+            levels.pop()
+        shape = (len(levels), tuple(i for i, level in enumerate(levels) if level == "+"), multi)
+        if len(_SHAPES) >= _SHAPES_LIMIT:
+            _SHAPES.clear()
+        _SHAPES[topic_filter] = shape
+    return shape
 
 
 class InterestIndex:
@@ -72,6 +84,32 @@ class InterestIndex:
             holders.add(node)
             self._cache.clear()
         return False
+
+    def add_all(self, filters, node: str) -> None:
+        """``add`` for each filter (a node's whole interest arrives at once: one loop, one reshape)."""
+        holders = self._holders
+        shapes = self._shapes
+        reshape = changed = False
+        for topic_filter in filters:
+            have = holders.get(topic_filter)
+            if have is None:
+                holders[topic_filter] = node
+                shape = _shape(topic_filter)
+                count = shapes.get(shape, 0)
+                shapes[shape] = count + 1
+                reshape = reshape or not count
+                changed = True
+            elif isinstance(have, str):
+                if have != node:
+                    holders[topic_filter] = {have, node}
+                    changed = True
+            elif node not in have:
+                have.add(node)
+                changed = True
+        if reshape:
+            self._reshape()
+        if changed:
+            self._cache.clear()
 
     def remove(self, topic_filter: str, node: str) -> bool:
         """Remove ``node`` as a holder; True when the filter has no holder left."""

@@ -64,8 +64,8 @@ class ArchiveService:
         if self.delivery_log:
             broker.delivery_hook = self.recorder.delivery_hook
 
-    def _submit(self, batch) -> None:
-        self.writer.submit(batch)
+    def _submit(self, chunk) -> None:
+        self.writer.submit(chunk)
 
     def start(self) -> None:
         """Start the writer once the node knows its id and incarnation (they name the files)."""
@@ -75,8 +75,8 @@ class ArchiveService:
             raise ConfigError(f"archive.dir: cannot write to {self.directory}: {exc.strerror or exc}") from None
         self._sys_at = self.loop.time()
         self._logged_at = self._sys_at - self.log_interval  # the first drops are reported at once
-        self._timer = self.loop.call_later(self.limits.flush_interval / 2, self._tick)
-        log.info("archive: writing %s%s to %s (filters %s, files cut every %gs or %d records)",
+        self._timer = self.loop.call_later(self.limits.flush_interval / 4, self._tick)
+        log.info("archive: writing %s%s to %s (filters %s; a file at least every %gs or %d records)",
                  "published messages", " and deliveries" if self.delivery_log else "", self.directory,
                  ", ".join(self.recorder.filters), self.limits.flush_interval, self.limits.flush_rows)
 
@@ -96,7 +96,7 @@ class ArchiveService:
         if self.sys_interval > 0 and now - self._sys_at >= self.sys_interval:
             self._sys_at = now
             self.publish_sys()
-        self._timer = self.loop.call_later(self.limits.flush_interval / 2, self._tick)
+        self._timer = self.loop.call_later(self.limits.flush_interval / 4, self._tick)
 
     def publish_sys(self) -> None:
         for key, value in self.recorder.stats().items():

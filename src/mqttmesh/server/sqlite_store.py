@@ -52,7 +52,11 @@ class StoreError(Exception):
 
 class SqliteStore:
     def __init__(self, data_dir: str, synchronous: str = "normal"):
-        os.makedirs(data_dir, exist_ok=True)
+        try:
+            os.makedirs(data_dir, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"data_dir {data_dir}: cannot use it as the data directory "
+                             f"({exc.strerror or exc})") from None
         self.path = os.path.join(data_dir, "mqttmesh.db")
         self.synchronous = synchronous
         try:
