@@ -1,0 +1,258 @@
+"""One MQTT service across the mesh: ClientIds, sessions, wills and retained messages survive a node."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import free_port, wait_for
+from faultrelay import FaultRelay
+from meshutil import SECRET, Subscriber, _tolerant, publish, start_mesh, status, wait_converged, wait_interest
+
+import mqttraw as raw
+from mqttmesh.mesh.hrw import owners
+
+FULL3 = [("b", "a"), ("c", "a"), ("c", "b")]
+
+
+def mesh3(broker_factory, extra=()):
+    nodes = start_mesh(broker_factory, ["a", "b", "c"], FULL3, extra=("--mesh-keepalive", "0.3", *extra))
+    wait_converged(nodes, FULL3)
+    return nodes
+
+
+def registrations(nodes, cid):
+    """Live registrations of ``cid`` over the whole mesh (each registrar reports its own)."""
+    found = []
+    for name, node in nodes.items():
+        if not node.alive():
+            continue
+        entry = status(node)["cluster"]["registrations"].get(cid)
+        if entry is not None and entry["connected"]:
+            found.append((name, entry["node"]))
+    return found
+
+
+def alive(client: raw.RawClient) -> bool:
+    """The broker still serves this connection (answers a PINGREQ)."""
+    try:
+        client.send(raw.PINGREQ_BYTES)
+        while True:
+            p = client.recv(2.0)
+            if p.type == raw.PINGRESP:
+                return True
+    except (raw.Closed, OSError, TimeoutError):
+        return False
+
+
+def test_same_client_id_on_another_node_closes_the_first_connection(broker_factory):
+    nodes = mesh3(broker_factory)
+    first = raw.RawClient(nodes["a"].host, nodes["a"].port)
+    assert first.connect(client_id="roamer").body == b"\x00\x00"
+    wait_for(_tolerant(lambda: [n for _, n in registrations(nodes, "roamer")] == ["a"]),
+             what="the registration on a")
+    second = raw.RawClient(nodes["b"].host, nodes["b"].port)
+    assert second.connect(client_id="roamer").body == b"\x00\x00"
+    first.expect_closed(5)  # [MQTT-3.1.4-2], mesh-wide
+    assert alive(second)
+    wait_for(_tolerant(lambda: [n for _, n in registrations(nodes, "roamer")] == ["b"]),
+             what="one registration, on b")
+    second.close()
+    first.close()
+
+
+def test_hundred_client_ids_racing_on_three_nodes_one_winner_each(broker_factory):
+    nodes = mesh3(broker_factory)
+    names = ["a", "b", "c"]
+    clients = {}
+    for i in range(100):
+        for name in names:
+            c = raw.RawClient(nodes[name].host, nodes[name].port, timeout=10)
+            clients[(i, name)] = c
+    # all CONNECTs on the wire before any answer is read: a real race
+    for i in range(100):
+        for name in names[i % 3:] + names[:i % 3]:
+            clients[(i, name)].send(raw.connect(client_id=f"race-{i}"))
+    for c in clients.values():
+        try:
+            c.expect(raw.CONNACK, timeout=10)
+        except raw.Closed:
+            pass  # kicked before its CONNACK: it lost the race
+    def settled():
+        total = 0
+        for name, node in nodes.items():
+            regs = status(node)["cluster"]["registrations"]
+            total += sum(1 for cid, e in regs.items() if cid.startswith("race-") and e["connected"])
+        return total == 100
+    wait_for(_tolerant(settled), 20, what="100 registrations")
+    winners = {}
+    for (i, name), c in clients.items():
+        if alive(c):
+            winners.setdefault(i, []).append(name)
+    assert sorted(winners) == list(range(100))
+    assert all(len(w) == 1 for w in winners.values()), {i: w for i, w in winners.items() if len(w) != 1}
+    for c in clients.values():
+        c.close()
+
+
+def _persistent_flow(broker_factory, kill_home: bool):
+    nodes = mesh3(broker_factory)
+    sub = raw.RawClient(nodes["a"].host, nodes["a"].port)
+    assert sub.connect(client_id="traveller", clean=False).body == b"\x00\x00"
+    sub.send(raw.subscribe(1, ("journey/q1", 1), ("journey/q2", 2)))
+    sub.expect(raw.SUBACK)
+    for f in ("journey/q1", "journey/q2"):
+        wait_interest(nodes, f, "a")
+    sub.send(raw.DISCONNECT_BYTES)
+    sub.close()
+    if kill_home:
+        nodes["a"].kill()
+        wait_for(_tolerant(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False), 10,
+                 what="c to see a gone")
+    publish(nodes["c"], "journey/q1", [f"one-{i}".encode() for i in range(100)], qos=1)
+    publish(nodes["c"], "journey/q2", [f"two-{i}".encode() for i in range(100)], qos=2)
+    back = raw.RawClient(nodes["b"].host, nodes["b"].port)
+    ack = back.connect(client_id="traveller", clean=False)
+    assert ack.body == b"\x01\x00", "session present [MQTT-3.2.2-2]"
+    got = []
+    deadline = time.monotonic() + 20
+    while len(got) < 200 and time.monotonic() < deadline:
+        p = back.recv(5)
+        if p.type == raw.PUBLISH:
+            got.append((p.topic, p.payload))
+            if p.qos == 1:
+                back.send(raw.puback(p.packet_id))
+            else:
+                back.send(raw.pubrec(p.packet_id))
+        elif p.type == raw.PUBREL:
+            back.send(raw.pubcomp(p.packet_id))
+    # nothing more may come: QoS 2 exactly once
+    try:
+        while True:
+            p = back.recv(1.0)
+            if p.type == raw.PUBLISH:
+                got.append((p.topic, p.payload))
+            elif p.type == raw.PUBREL:
+                back.send(raw.pubcomp(p.packet_id))
+    except TimeoutError:
+        pass
+    back.close()
+    q1 = [pl for t, pl in got if t == "journey/q1"]
+    q2 = [pl for t, pl in got if t == "journey/q2"]
+    assert sorted(set(q1)) == sorted(f"one-{i}".encode() for i in range(100))
+    assert sorted(q2) == sorted(f"two-{i}".encode() for i in range(100)), "QoS 2 exactly once"
+    assert q2 == [f"two-{i}".encode() for i in range(100)], "in order [MQTT-4.6.0-6]"
+
+
+def test_persistent_session_follows_the_client_to_another_node(broker_factory):
+    _persistent_flow(broker_factory, kill_home=False)
+
+
+def test_persistent_session_survives_kill_of_its_node(broker_factory):
+    _persistent_flow(broker_factory, kill_home=True)
+
+
+def test_will_of_a_client_on_a_killed_node_is_published_once(broker_factory):
+    nodes = mesh3(broker_factory)
+    watcher = Subscriber(nodes["b"], "watcher", "lwt/#", qos=1)
+    try:
+        wait_interest(nodes, "lwt/#", "b")
+        doomed = raw.RawClient(nodes["a"].host, nodes["a"].port)
+        doomed.connect(client_id="doomed", will=("lwt/doomed", b"node died", 1, False))
+        wait_for(_tolerant(lambda: [n for _, n in registrations(nodes, "doomed")] == ["a"]),
+                 what="the registration with its will")
+        nodes["a"].kill()
+        watcher.wait_count(1, timeout=10)
+        assert watcher.payloads() == [b"node died"]
+        nodes["a"].start()
+        wait_converged(nodes, FULL3)
+        publish(nodes["a"], "lwt/marker", [b"after restart"], qos=1)
+        watcher.wait_count(2, timeout=10)
+        assert watcher.payloads() == [b"node died", b"after restart"]  # the will came once
+        doomed.close()
+    finally:
+        watcher.close()
+
+
+def _retained(node, topic_filter, timeout=3.0):
+    """The retained messages a new subscription on ``node`` receives."""
+    with raw.RawClient(node.host, node.port) as c:
+        c.connect(client_id=f"ret-{time.monotonic_ns()}")
+        c.send(raw.subscribe(1, (topic_filter, 1)))
+        c.expect(raw.SUBACK)
+        out = {}
+        try:
+            while True:
+                p = c.recv(timeout)
+                if p.type == raw.PUBLISH:
+                    assert p.retain, "sent because of the new subscription [MQTT-3.3.1-8]"
+                    out[p.topic] = p.payload
+                    if p.qos:
+                        c.send(raw.puback(p.packet_id))
+                    timeout = 0.5
+        except TimeoutError:
+            pass
+        return out
+
+
+def test_retained_messages_are_mesh_wide_survive_their_owner_and_delete_everywhere(broker_factory):
+    nodes = mesh3(broker_factory)
+    publish(nodes["a"], "home/lamp", [b"on"], qos=1, retain=True)
+    wait_for(lambda: _retained(nodes["c"], "home/lamp", 1.0) == {"home/lamp": b"on"}, 10,
+             what="the retained value on c")
+    assert _retained(nodes["c"], "#") == {"home/lamp": b"on"}
+    owner = owners("home/lamp", ["a", "b", "c"], 2)[0]
+    nodes[owner].kill()
+    other = next(n for n in ("a", "b", "c") if n != owner)
+    wait_for(_tolerant(lambda: status(nodes[other])["nodes"][owner]["reachable"] is False), 10,
+             what="the owner to be seen dead")
+    assert _retained(nodes[other], "home/lamp") == {"home/lamp": b"on"}
+    assert _retained(nodes[other], "home/#") == {"home/lamp": b"on"}
+    nodes[owner].start()
+    wait_converged(nodes, FULL3)
+    publish(nodes["b"], "home/lamp", [b""], qos=1, retain=True)  # [MQTT-3.3.1-10]
+    for name in ("a", "b", "c"):
+        wait_for(lambda name=name: _retained(nodes[name], "home/lamp", 1.0) == {}, 10,
+                 what=f"the deletion on {name}")
+        assert _retained(nodes[name], "#", 1.0) == {}
+
+
+def test_partition_with_one_client_id_on_both_sides_keeps_one_after_heal(broker_factory):
+    names = ["a", "b", "c", "d"]
+    ports = {n: free_port() for n in names}
+    relay_bc = FaultRelay("127.0.0.1", ports["c"])
+    relay_da = FaultRelay("127.0.0.1", ports["a"])
+    try:
+        edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
+        via = {("b", "c"): relay_bc.address, ("d", "a"): relay_da.address}
+        nodes = {}
+        for name in names:
+            b = broker_factory(name=name, start=False)
+            b.port = ports[name]
+            b.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
+                      "--mesh-keepalive", "0.3"]
+            for x, y in edges:
+                if x == name:
+                    b.args += ["--peer", via.get((x, y)) or f"127.0.0.1:{ports[y]}"]
+            nodes[name] = b
+        for n in names:
+            nodes[n].start()
+        wait_converged(nodes, edges)
+        relay_bc.block()
+        relay_da.block()
+        wait_for(_tolerant(lambda: not status(nodes["a"])["nodes"]["c"]["reachable"]
+                           and not status(nodes["c"])["nodes"]["a"]["reachable"]), 10, what="the split")
+        left = raw.RawClient(nodes["a"].host, nodes["a"].port)
+        right = raw.RawClient(nodes["c"].host, nodes["c"].port)
+        assert left.connect(client_id="twin").body == b"\x00\x00"
+        assert right.connect(client_id="twin").body == b"\x00\x00"
+        assert alive(left) and alive(right)  # both sides serve during the split
+        relay_bc.unblock()
+        relay_da.unblock()
+        wait_converged(nodes, edges, timeout=20)
+        wait_for(lambda: alive(left) + alive(right) == 1, 15, interval=0.2,
+                 what="exactly one of the two connections to remain")
+        left.close()
+        right.close()
+    finally:
+        relay_bc.close()
+        relay_da.close()
