@@ -345,7 +345,13 @@ class Channel:
         msg.publisher = self.client_id
         msg.timestamp = now + broker.wall_offset
         if self.is_peer and topic.startswith("$mesh/"):
-            return broker.mesh.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
+            batch = broker.mesh.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
+            congestion = broker.congestion
+            if congestion.hit:
+                congestion.hit = False
+                if self.state is CONNECTED:
+                    congestion.pause(self)  # a local client cannot keep up: stop reading the link
+            return batch
         batch = broker.publish(msg)
         congestion = broker.congestion
         if congestion.hit:

@@ -7,6 +7,7 @@ that does not fit names the key (and, from TOML, the file) and the problem.
 from __future__ import annotations
 
 import argparse
+import re
 import tomllib
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ class Option:
 
 
 _MiB = 1024 * 1024
+_NODE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")
 
 OPTIONS: list[Option] = [
     Option("", "host", str, "127.0.0.1", "address to listen on for MQTT clients"),
@@ -112,18 +114,22 @@ OPTIONS: list[Option] = [
            "ClientId, node, time, QoS, DUP", flag_name="--archive-delivery-log"),
     Option("archive", "flush_interval", float, 10.0, "longest time, in seconds, a record waits in memory "
            "before it is written", 0.1, 86400, flag_name="--archive-flush-interval"),
-    Option("archive", "flush_rows", int, 50_000, "records per batch; a batch becomes one file per hour it "
-           "spans", 1, 10_000_000, flag_name="--archive-flush-rows"),
-    Option("archive", "flush_bytes", int, 32 * _MiB, "payload bytes per batch", 1024,
+    Option("archive", "flush_rows", int, 200_000, "records per file; a busy node writes a file when it has "
+           "this many (fewer, larger files also cost the event loop less)", 1, 100_000_000,
+           flag_name="--archive-flush-rows"),
+    Option("archive", "flush_bytes", int, 64 * _MiB, "payload bytes per file", 1024,
            flag_name="--archive-flush-bytes"),
-    Option("archive", "max_queue_rows", int, 200_000, "records cut into batches and waiting for the "
-           "writer; beyond it new records are dropped and counted", 1, flag_name="--archive-max-queue-rows"),
-    Option("archive", "max_queue_bytes", int, 128 * _MiB, "payload bytes waiting for the writer; beyond "
-           "it new records are dropped and counted", 1024, flag_name="--archive-max-queue-bytes"),
+    Option("archive", "max_queue_rows", int, 1_000_000, "records handed to the writer and not yet in a "
+           "file (at least 2 x flush_rows); beyond it new records are dropped and counted", 2,
+           flag_name="--archive-max-queue-rows"),
+    Option("archive", "max_queue_bytes", int, 256 * _MiB, "their payload bytes (at least 2 x flush_bytes); "
+           "beyond it new records are dropped and counted", 2048, flag_name="--archive-max-queue-bytes"),
     Option("archive", "compression", str, "zstd", "Parquet compression", choices=("zstd", "snappy", "gzip",
            "none"), flag_name="--archive-compression"),
     Option("archive", "log_interval", float, 10.0, "seconds between two log lines about dropped records",
            0.1, flag_name="--archive-log-interval"),
+    Option("archive", "stop_timeout", float, 60.0, "seconds a stopping node waits for the archive writer "
+           "to write what it holds before it kills the writer", 0.1, flag_name="--archive-stop-timeout"),
 ]
 
 _BY_NAME = {o.name: o for o in OPTIONS}
@@ -178,6 +184,9 @@ def _coerce(option: Option, value: Any, where: str) -> Any:
             value = [v for v in value.split(",") if v]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}{option.name}: expected a list of strings, got {value!r}")
+    if option.name == "node_id" and value and not _NODE_ID.match(value):
+        raise ConfigError(f"{where}{option.name}: {value!r} must be 1-64 letters, digits, '.', '_', ':' "
+                          f"or '-' (it appears in topic names and on the wire)")
     if isinstance(value, float) and value != value:
         raise ConfigError(f"{where}{option.name}: NaN is not a number this option can take")
     if option.choices is not None and value not in option.choices:

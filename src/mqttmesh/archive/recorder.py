@@ -39,10 +39,10 @@ CHUNK_ROWS = 4096
 class ArchiveLimits:
     """Every bound of the archive; each one is a setting (config.py, ``[archive]``)."""
     flush_interval: float = 10.0       # longest time a record waits in memory for its file
-    flush_rows: int = 50_000           # records per file (and hour)
-    flush_bytes: int = 32 * _MiB       # payload bytes per file
-    max_queue_rows: int = 200_000      # records handed to the writer and not yet in a file
-    max_queue_bytes: int = 128 * _MiB  # their payload bytes
+    flush_rows: int = 200_000          # records per file (and hour)
+    flush_bytes: int = 64 * _MiB       # payload bytes per file
+    max_queue_rows: int = 1_000_000    # records handed to the writer and not yet in a file
+    max_queue_bytes: int = 256 * _MiB  # their payload bytes
 
     @property
     def chunk_rows(self) -> int:
@@ -117,7 +117,7 @@ class Recorder:
         self.clock = clock
         self._filter = topic_filter(filters)
         self.filters = tuple(filters)
-        # counters per kind; the writer thread alone advances written, failed, files, done_*
+        # counters per kind (written, failed, files and done_* follow the writer's reports)
         self.cut_rows = {k: 0 for k in KINDS}      # records handed to the writer
         self.cut_bytes = {k: 0 for k in KINDS}
         self.dropped = {k: 0 for k in KINDS}       # records refused: the queue was full
@@ -125,7 +125,8 @@ class Recorder:
         self.failed = {k: 0 for k in KINDS}        # records the writer could not write
         self.files = 0
         self.file_bytes = 0
-        self.done_rows = 0                         # records (and payload bytes) the writer is done with
+        self.done = {k: 0 for k in KINDS}          # records the writer is done with
+        self.done_rows = 0                         # ... of both kinds, and their payload bytes
         self.done_bytes = 0
         self._drops_reported = 0
         self._buffers: dict[str, tuple] = {}
@@ -250,8 +251,21 @@ class Recorder:
         self.failed[kind] += failed
         self.files += files
         self.file_bytes += file_bytes
+        self.done[kind] += rows
         self.done_bytes += nbytes
         self.done_rows += rows
+
+    def abandon_queued(self) -> int:
+        """The writer is gone with what it had: count all of it as failed; how many records."""
+        lost = 0
+        for kind in KINDS:
+            n = self.cut_rows[kind] - self.done[kind]
+            self.failed[kind] += n
+            self.done[kind] += n
+            self.done_rows += n
+            lost += n
+        self.done_bytes = sum(self.cut_bytes.values())
+        return lost
 
     def take_drops(self) -> int:
         """Records dropped since the last call."""
@@ -288,8 +302,9 @@ def partition_dir(kind: str, hour: int) -> str:
     return f"{kind}/date={t:%Y-%m-%d}/hour={t:%H}"
 
 
-def file_name(node_id: str, incarnation: int, number: int) -> str:
-    """A file name no other node or run of this node uses: node, incarnation, counter.
+def file_name(node_id: str, incarnation, number: int) -> str:
+    """A file name no other node or run of this node uses: node, incarnation (with the
+    writer's restart count after a dot if it was restarted), counter.
 
     The writer writes ``.NAME.tmp`` first and renames it: readers (Spark) skip names
     that start with a dot, so a file appears whole or not at all.

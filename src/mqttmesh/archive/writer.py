@@ -1,30 +1,27 @@
-"""The archive writer: chunks of records -> Parquet files, on a thread of its own.
+"""Archive files: records -> Arrow -> Parquet, partitioned by kind, date and hour.
 
-I/O. ``submit`` is called on the event loop and only appends to a queue. The thread
-turns each chunk into Arrow columns at once (the only step that holds the GIL),
-drops ``$`` topics, and gathers the columns of each kind until a file is due: by
-rows, by payload bytes, by age, or at ``close``. A file is split by hour under
-``KIND/date=YYYY-MM-DD/hour=HH/`` and written under a hidden temporary name that is
-then renamed, so readers see whole files or none. Parquet encoding and compression
-run without the GIL.
+I/O (files), no threads and no event loop: the archive writer process
+(archive/worker.py) drives a FileWriter. Each chunk of records becomes an Arrow
+array at once; the arrays of a kind wait until a file is due (by records, by
+payload bytes, by age, or at ``close``). Then the columns are derived, ``$`` topics
+dropped, and one file per hour is written under ``KIND/date=YYYY-MM-DD/hour=HH/``
+with a hidden temporary name that is then renamed, so readers see whole files or
+none. Every file carries the format version in its metadata.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-import time
-from collections import deque
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .recorder import Chunk, Recorder, file_name, partition_dir
+from .recorder import ArchiveLimits, Chunk, file_name, partition_dir
 from .schema import COLUMNS, DELIVERY, FORMAT_VERSION, KINDS, PUBLISH
 
-__all__ = ["ArchiveWriter", "arrow_schema", "publish_table", "delivery_table", "split_by_hour"]
+__all__ = ["FileWriter", "arrow_schema", "records_array", "publish_table", "delivery_table", "split_by_hour"]
 
 log = logging.getLogger("mqttmesh.archive")
 
@@ -39,6 +36,18 @@ _PUBLISH_RECORD = pa.struct([("timestamp", pa.float64()), ("seq", pa.int64()), (
 _DELIVERY_RECORD = pa.struct([("timestamp", pa.float64()), ("origin", pa.string()), ("seq", pa.int64()),
                               ("topic", pa.string()), ("published", pa.float64()), ("client_id", pa.string()),
                               ("qos", pa.int8()), ("dup", pa.bool_())])
+
+
+# Dictionaries only where values repeat; deltas for the columns that grow: measured on
+# 50,000 JSON readings, 6.5 bytes per message instead of 15 and half the encoding time.
+_ENCODING = {
+    PUBLISH: dict(use_dictionary=["origin", "publisher", "topic"],
+                  column_encoding={"timestamp": "DELTA_BINARY_PACKED", "seq": "DELTA_BINARY_PACKED",
+                                   "payload_size": "DELTA_BINARY_PACKED"}),
+    DELIVERY: dict(use_dictionary=["origin", "topic", "node", "client_id"],
+                   column_encoding={"timestamp": "DELTA_BINARY_PACKED", "seq": "DELTA_BINARY_PACKED",
+                                    "published": "DELTA_BINARY_PACKED", "log_seq": "DELTA_BINARY_PACKED"}),
+}
 
 
 def arrow_schema(kind: str, node_id: str = "") -> pa.Schema:
@@ -56,23 +65,41 @@ def _msg_ids(origin: pa.Array, seq: pa.Array) -> pa.Array:
     return pc.binary_join_element_wise(origin, pc.cast(seq, pa.string()), ":")
 
 
-def publish_table(rows: list, node_id: str) -> pa.Table:
+def records_array(kind: str, rows: list) -> pa.StructArray:
+    """Record tuples (recorder.py) -> one Arrow struct array: the only step that reads
+    Python objects, in one C++ pass with the GIL held once."""
+    return pa.array(rows, _PUBLISH_RECORD if kind == PUBLISH else _DELIVERY_RECORD)
+
+
+def publish_table(records: pa.ChunkedArray, node_id: str) -> pa.Table:
     """Publish log rows from publish records of messages published at ``node_id``."""
-    ts, seq, publisher, topic, qos, retain, payload = pa.array(rows, _PUBLISH_RECORD).flatten()
-    origin = pa.array([node_id] * len(rows), pa.string())
+    ts, seq, publisher, topic, qos, retain, payload = _fields(records)
+    origin = pa.repeat(node_id, len(records)).cast(pa.string())
     columns = [_timestamps(ts), _msg_ids(origin, seq), origin, seq, publisher, topic, qos, retain, payload,
                pc.binary_length(payload).cast(pa.int32())]
-    return pa.Table.from_arrays(columns, schema=arrow_schema(PUBLISH, node_id))
+    return _drop_dollar(pa.Table.from_arrays(columns, schema=arrow_schema(PUBLISH, node_id)))
 
 
-def delivery_table(rows: list, node_id: str, first: int) -> pa.Table:
+def delivery_table(records: pa.ChunkedArray, node_id: str, first: int) -> pa.Table:
     """Delivery log rows from delivery records; ``first`` numbers the first one (log_seq)."""
-    n = len(rows)
-    ts, origin, seq, topic, published, client_id, qos, dup = pa.array(rows, _DELIVERY_RECORD).flatten()
+    n = len(records)
+    ts, origin, seq, topic, published, client_id, qos, dup = _fields(records)
+    log_seq = pc.add(pc.cumulative_sum(pa.repeat(1, n).cast(pa.int64())), first - 1) if n else pa.array([], pa.int64())
     columns = [_timestamps(ts), _msg_ids(origin, seq), origin, seq, topic, _timestamps(published),
-               pa.array([node_id] * n, pa.string()), client_id, qos, dup,
-               pa.array(range(first, first + n), pa.int64())]
-    return pa.Table.from_arrays(columns, schema=arrow_schema(DELIVERY, node_id))
+               pa.repeat(node_id, n).cast(pa.string()), client_id, qos, dup, log_seq]
+    return _drop_dollar(pa.Table.from_arrays(columns, schema=arrow_schema(DELIVERY, node_id)))
+
+
+def _fields(records: pa.ChunkedArray) -> list[pa.ChunkedArray]:
+    width = records.type.num_fields
+    return [pa.chunked_array([c.field(i) for c in records.chunks], records.type.field(i).type)
+            for i in range(width)]
+
+
+def _drop_dollar(table: pa.Table) -> pa.Table:
+    """$SYS and $mesh topics are never archived (a ``#`` filter does not match them either)."""
+    dollar = pc.starts_with(table.column("topic"), "$")
+    return table.filter(pc.invert(dollar)) if pc.any(dollar).as_py() else table
 
 
 def split_by_hour(table: pa.Table) -> list[tuple[int, pa.Table]]:
@@ -87,137 +114,99 @@ def split_by_hour(table: pa.Table) -> list[tuple[int, pa.Table]]:
 
 
 class _Pending:
-    """Arrow tables of one kind waiting for their file."""
-    __slots__ = ("tables", "rows", "records", "nbytes", "since")
+    """Arrow arrays of one kind waiting for their file."""
+    __slots__ = ("arrays", "first", "records", "nbytes", "since")
 
     def __init__(self):
-        self.tables: list[pa.Table] = []
-        self.rows = 0       # rows in the tables
-        self.records = 0    # records of the chunks they came from (with the $ topics dropped)
-        self.nbytes = 0     # payload bytes of those chunks
-        self.since = 0.0    # monotonic time of the oldest chunk
+        self.arrays: list[pa.StructArray] = []
+        self.first = 0      # number of the first record (delivery log_seq)
+        self.records = 0    # records in the arrays
+        self.nbytes = 0     # payload bytes of those records
+        self.since = 0.0    # when the oldest of them arrived (the caller's clock)
 
 
-class ArchiveWriter:
-    """One thread that converts and writes the recorder's chunks, in order."""
+class FileWriter:
+    """Chunks in, files out; ``report(kind, records, nbytes, written, failed, files, file_bytes)``
+    is called once per set of records it is done with (written, failed, or ``$`` topics)."""
 
-    def __init__(self, directory: str, recorder: Recorder, compression: str = "zstd"):
+    def __init__(self, directory: str, node_id: str, incarnation: int, limits: ArchiveLimits,
+                 compression: str = "zstd", report=None):
         self.directory = directory
-        self.recorder = recorder
-        self.limits = recorder.limits
-        self.compression = None if compression == "none" else compression
-        self.node_id = ""
-        self.incarnation = 0
-        self._number = 0
-        self._queue: deque[Chunk] = deque()
-        self._cond = threading.Condition()
-        self._closing = False
-        self._pending = {k: _Pending() for k in KINDS}
-        self._thread: threading.Thread | None = None
-        self.last_error: str | None = None
-
-    def start(self, node_id: str, incarnation: int) -> None:
-        """Check that the directory can be written, then start the thread. Raises OSError."""
         self.node_id = node_id
         self.incarnation = incarnation
-        os.makedirs(self.directory, exist_ok=True)
-        probe = os.path.join(self.directory, f".probe-{os.getpid()}")
-        with open(probe, "wb"):
-            pass
-        os.unlink(probe)
-        self._thread = threading.Thread(target=self._run, name="archive-writer", daemon=True)
-        self._thread.start()
+        self.limits = limits
+        self.compression = None if compression == "none" else compression
+        self.report = report or (lambda *args: None)
+        self.number = 0
+        self.pending = {k: _Pending() for k in KINDS}
+        self.last_error: str | None = None
 
-    def submit(self, chunk: Chunk) -> None:
-        """Queue a chunk (event loop thread): never waits for the disk."""
-        with self._cond:
-            self._queue.append(chunk)
-            self._cond.notify()
-
-    def close(self, timeout: float | None = None) -> bool:
-        """Convert and write everything submitted, then end; False if not done in time."""
-        with self._cond:
-            self._closing = True
-            self._cond.notify()
-        if self._thread is None:
-            return True
-        self._thread.join(timeout)
-        return not self._thread.is_alive()
-
-    # -- the thread ---------------------------------------------------------------------------
-
-    def _run(self) -> None:
-        max_age = self.limits.flush_interval / 2
-        while True:
-            with self._cond:
-                while not self._queue and not self._closing:
-                    waiting = [p.since for p in self._pending.values() if p.records]
-                    timeout = (min(waiting) + max_age - time.monotonic()) if waiting else None
-                    if timeout is not None and timeout <= 0:
-                        break
-                    self._cond.wait(timeout)
-                chunks = list(self._queue)
-                self._queue.clear()
-                closing = self._closing
-            for chunk in chunks:
-                self._convert(chunk)
-            now = time.monotonic()
-            for kind, p in self._pending.items():
-                if p.records and (closing or p.rows >= self.limits.flush_rows
-                                  or p.nbytes >= self.limits.flush_bytes or now - p.since >= max_age):
-                    self._write(kind)
-            if closing and not chunks:
-                return
-
-    def _convert(self, chunk: Chunk) -> None:
+    def add(self, chunk: Chunk, now: float) -> None:
         rows = chunk.rows
         chunk.rows = []
         try:
-            if chunk.kind == PUBLISH:
-                table = publish_table(rows, self.node_id)
-            else:
-                table = delivery_table(rows, self.node_id, chunk.first)
-            dollar = pc.starts_with(table.column("topic"), "$")
-            if pc.any(dollar).as_py():  # $SYS, $mesh: never archived
-                table = table.filter(pc.invert(dollar))
-        except Exception as exc:  # a record the schema cannot hold: say which, drop the chunk
+            array = records_array(chunk.kind, rows)
+        except Exception as exc:  # a record the schema cannot hold: say so, drop the chunk
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.error("archive: could not convert %d %s records: %s", len(rows), chunk.kind, self.last_error)
-            self.recorder.rows_done(chunk.kind, len(rows), chunk.nbytes, failed=len(rows))
+            self.report(chunk.kind, len(rows), chunk.nbytes, 0, len(rows), 0, 0)
             return
-        p = self._pending[chunk.kind]
+        p = self.pending[chunk.kind]
         if not p.records:
-            p.since = time.monotonic()
-        p.tables.append(table)
-        p.rows += table.num_rows
+            p.since = now
+            p.first = chunk.first
+        p.arrays.append(array)
         p.records += len(rows)
         p.nbytes += chunk.nbytes
+        if p.records >= self.limits.flush_rows or p.nbytes >= self.limits.flush_bytes:
+            self.write(chunk.kind)
 
-    def _write(self, kind: str) -> None:
-        p = self._pending[kind]
-        self._pending[kind] = _Pending()
-        written = files = nbytes = 0
+    def next_due(self) -> float | None:
+        """When the oldest waiting records must be written (None: nothing waits)."""
+        waiting = [p.since for p in self.pending.values() if p.records]
+        return min(waiting) + self.limits.flush_interval / 2 if waiting else None
+
+    def write_due(self, now: float) -> None:
+        for kind, p in self.pending.items():
+            if p.records and now - p.since >= self.limits.flush_interval / 2:
+                self.write(kind)
+
+    def close(self) -> None:
+        for kind, p in self.pending.items():
+            if p.records:
+                self.write(kind)
+
+    def write(self, kind: str) -> None:
+        p = self.pending[kind]
+        self.pending[kind] = _Pending()
+        written = files = nbytes = rows = 0
         try:
-            table = pa.concat_tables(p.tables)
-            p.tables = []
+            records = pa.chunked_array(p.arrays, p.arrays[0].type)
+            p.arrays = []
+            if kind == PUBLISH:
+                table = publish_table(records, self.node_id)
+            else:
+                table = delivery_table(records, self.node_id, p.first)
+            rows = table.num_rows
             for hour, part in split_by_hour(table):
                 nbytes += self._write_file(kind, hour, part)
                 written += part.num_rows
                 files += 1
         except Exception as exc:  # a full or failing disk: count it, say so, keep going
             self.last_error = f"{type(exc).__name__}: {exc}"
+            rows = rows or p.records
             log.error("archive: could not write %d %s records under %s: %s",
-                      p.rows - written, kind, self.directory, self.last_error)
-        self.recorder.rows_done(kind, p.records, p.nbytes, written, p.rows - written, files, nbytes)
+                      rows - written, kind, self.directory, self.last_error)
+        self.report(kind, p.records, p.nbytes, written, rows - written, files, nbytes)
 
     def _write_file(self, kind: str, hour: int, table: pa.Table) -> int:
         folder = os.path.join(self.directory, partition_dir(kind, hour))
         os.makedirs(folder, exist_ok=True)
-        self._number += 1
-        name = file_name(self.node_id, self.incarnation, self._number)
+        self.number += 1
+        name = file_name(self.node_id, self.incarnation, self.number)
         tmp = os.path.join(folder, f".{name}.tmp")
         try:
-            pq.write_table(table, tmp, compression=self.compression)
+            pq.write_table(table, tmp, compression=self.compression, **_ENCODING[kind])
             os.replace(tmp, os.path.join(folder, name))
         except BaseException:
             try:

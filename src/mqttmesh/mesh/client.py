@@ -151,8 +151,11 @@ class LinkClient:
             return None
         if now - self.last_rx > 3 * self.keepalive:
             return f"nothing received for {now - self.last_rx:.1f}s (3 x keepalive {self.keepalive:g}s)"
-        # a PINGREQ every keepalive, busy or not: it keeps the link alive and measures it
-        if self._ping_sent is None and now - self._last_ping >= self.keepalive * 0.999:
-            self._ping_sent = self._last_ping = now
+        # a PINGREQ every keepalive, busy or not, answered or not (we may have stopped
+        # reading for flow control): it keeps the link alive and measures it
+        if now - self._last_ping >= self.keepalive * 0.999:
+            self._last_ping = now
+            if self._ping_sent is None:
+                self._ping_sent = now
             self._out.append(_PINGREQ)
         return None

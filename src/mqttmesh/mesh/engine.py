@@ -169,6 +169,7 @@ class MeshEngine:
         self.distance: dict[str, int] = {}
         self.parent: dict[str, str] = {}
         self._spf_dirty = True
+        self._route_cache: dict[str, tuple] = {}     # topic -> (next-hop groups, destinations)
         # data plane
         self._outbox: dict[str, list[Envelope]] = {}
         self._acks_out: dict[str, list[int]] = {}    # origin -> seqs delivered here
@@ -187,7 +188,10 @@ class MeshEngine:
             "custody_overflow": 0, "lsa_originated": 0, "interest_originated": 0, "lsa_received": 0, "lsa_flooded": 0,
             "spf_runs": 0,
         }
-        self.spf_seconds = 0.0  # set by the caller if it times spf (the engine has no clock)
+        # the engine has no clock: a caller that wants SPF timed (the simulator) sets spf_timer
+        # to one (time.perf_counter) and reads spf_seconds
+        self.spf_timer = None
+        self.spf_seconds = 0.0
         self.changes = 0        # bumps whenever the map or interest changes (status refresh)
 
     # ------------------------------------------------------------------ start and hello
@@ -429,6 +433,7 @@ class MeshEngine:
             self.interests.pop(node, None)
         else:
             self.interests[node] = state
+        self._route_cache.clear()
         self.changes += 1
 
     def _receive_dbsum(self, peer: str, summary: dict, now: float) -> None:
@@ -522,11 +527,16 @@ class MeshEngine:
 
     def _ensure_spf(self) -> None:
         if self._spf_dirty:
+            timer = self.spf_timer
+            started = timer() if timer is not None else 0.0
             links = {node: r.links for node, r in self.routers.items()}
             links[self.node_id] = dict(self._links)
             self.next_hop, self.distance, self.parent = shortest_paths(self.node_id, links)
             self._spf_dirty = False
+            self._route_cache.clear()
             self.counters["spf_runs"] += 1
+            if timer is not None:
+                self.spf_seconds += timer() - started
 
     def route_local(self, msg: Message, now: float) -> None:
         """A message published at this node: forward it to the nodes that want it.
@@ -534,20 +544,54 @@ class MeshEngine:
         The envelopes leave at the next ``flush``; QoS 1/2 messages stay in our
         custody until every destination acknowledged them end to end.
         """
-        matches = self.remote.match(msg.topic)
-        if not matches:
-            return
-        self.counters["routed"] += 1
-        dests = [n for n in matches if n != self.node_id]
+        if self._spf_dirty:
+            self._ensure_spf()
+        route = self._route_cache.get(msg.topic)
+        if route is None:
+            route = self._compute_route(msg.topic)
+        groups, dests, unreachable = route
         if not dests:
             return
+        counters = self.counters
+        counters["routed"] += 1
         if msg.qos:
             if len(self.custody) >= self.settings.custody_limit:
-                self.counters["custody_overflow"] += 1
+                counters["custody_overflow"] += 1
             else:
                 self.custody[msg.seq] = _Custody(msg, set(dests), now + self.settings.retransmit_after, now)
-        self.forward_filter.claim((msg.origin, msg.seq, 0), dests)
-        self._send_envelope(Envelope(msg, dests, self.settings.hop_limit, 0))
+        if unreachable:
+            counters["unreachable_drops"] += unreachable
+        outbox = self._outbox
+        hop_limit = self.settings.hop_limit
+        for hop, hop_dests, key in groups:
+            queue = outbox.get(hop)
+            if queue is None:
+                queue = outbox[hop] = []
+            queue.append(Envelope(msg, hop_dests, hop_limit, 0, key))
+
+    def _compute_route(self, topic: str) -> tuple:
+        """(groups of (next hop, destinations, their key), all destinations, unreachable count).
+
+        Cached per topic until the interest or the shortest paths change: the
+        per-message work is then one dictionary lookup and one envelope per next hop.
+        """
+        me = self.node_id
+        dests = sorted(n for n in self.remote.match(topic) if n != me)
+        by_hop: dict[str, list[str]] = {}
+        unreachable = 0
+        for d in dests:
+            hop = self.next_hop.get(d)
+            if hop is None:
+                unreachable += 1
+            else:
+                by_hop.setdefault(hop, []).append(d)
+        groups = [(hop, ds, "\0".join(ds)) for hop, ds in by_hop.items()]
+        route = (groups, dests, unreachable)
+        cache = self._route_cache
+        if len(cache) >= 65536:
+            cache.clear()
+        cache[topic] = route
+        return route
 
     def _send_envelope(self, env: Envelope) -> None:
         """Split the destinations by next hop and queue one envelope per next hop."""
@@ -572,12 +616,26 @@ class MeshEngine:
 
     def _handle_envelope(self, peer: str, env: Envelope, actions: list) -> None:
         msg = env.msg
-        dests = self.forward_filter.claim((msg.origin, msg.seq, env.attempt), env.dests)
-        if len(dests) < len(env.dests):
+        me = self.node_id
+        if msg.origin == me:
+            self.counters["duplicates"] += 1  # our own message came round: a transient loop
+            return
+        env_dests = env.dests
+        if len(env_dests) == 1 and env_dests[0] == me:
+            # the common case, a leaf: nothing to forward, the delivery filter alone decides
+            if self.delivery_filter.seen(msg.origin, msg.seq):
+                self.counters["duplicates"] += 1
+                if msg.qos:
+                    self._ack(msg)  # the origin did not hear our earlier acknowledgement
+            else:
+                self.counters["delivered"] += 1
+                actions.append(("deliver", msg, msg.qos > 0))
+            return
+        dests = self.forward_filter.claim((msg.origin, msg.seq, env.attempt), env_dests)
+        if len(dests) < len(env_dests):
             self.counters["duplicates"] += 1
         if not dests:
             return
-        me = self.node_id
         if me in dests:
             if msg.qos:
                 if self.delivery_filter.seen(msg.origin, msg.seq):
@@ -685,7 +743,6 @@ class MeshEngine:
             c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
             if reachable:
                 self.counters["custody_retransmits"] += 1
-                self.forward_filter.claim((c.msg.origin, c.msg.seq, c.attempt), reachable)
                 self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt))
         for seq in expired:
             c = self.custody.pop(seq)

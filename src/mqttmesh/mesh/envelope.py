@@ -1,15 +1,18 @@
 """Envelopes: application messages on their way between nodes, batched per PUBLISH.
 
-Pure. One PUBLISH on a peer link (topic ``$mesh/to/<node>/fwd``) carries a
-batch of envelopes; each envelope is one message with its mesh-wide identity,
-its remaining destination nodes and its hop limit. The format is versioned
-(the first byte of a batch) so nodes of different versions can tell.
+Pure. One PUBLISH on a peer link (kind ``fwd``) carries a batch of envelopes;
+each envelope is one message with its mesh-wide identity (origin, sequence),
+its remaining destination nodes and its hop limit. The batch keeps the
+strings that repeat (origins, publishers, topics, destination lists) once,
+in a table, and each envelope as one fixed-size record plus its payload, so
+encoding and decoding cost one struct call per message. The first byte is
+the format version, so nodes of different versions can tell.
 
-    batch    = version:u8  count:u32  envelope*
-    envelope = flags:u8 hop_limit:u8 attempt:u8  seq:u64  ts:f64
-               origin:str8  publisher:str16  topic:str16  payload:bytes32
-               ndest:u16 dest:str8*
-    flags    = qos (bits 0-1) | retain (bit 2)
+    batch    = version:u8=2  count:u32  nstrings:u16  (len:u16 utf8)*nstrings  envelope*count
+    envelope = flags:u8 hop_limit:u8 attempt:u8 seq:u64 ts:f64
+               origin:u16 publisher:u16 topic:u16 dests:u16 (indexes into the table)
+               payload_len:u32 payload
+    flags    = qos (bits 0-1) | retain (bit 2);  a destination list is its node ids joined by NUL
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import struct
 
 from ..message import Message
 
-__all__ = ["VERSION", "Envelope", "encode_batch", "decode_batch", "EnvelopeError"]
+__all__ = ["VERSION", "Envelope", "encode_batch", "decode_batch", "EnvelopeError", "MAX_STRINGS"]
 
-VERSION = 1
-_HEAD = struct.Struct(">BBBQd")
-_U8, _U16, _U32 = struct.Struct(">B"), struct.Struct(">H"), struct.Struct(">I")
+VERSION = 2
+MAX_STRINGS = 65535
+_HEAD = struct.Struct(">BIH")
+_REC = struct.Struct(">BBBQdHHHHI")
+_U16 = struct.Struct(">H")
 
 
 class EnvelopeError(ValueError):
@@ -30,84 +35,98 @@ class EnvelopeError(ValueError):
 
 
 class Envelope:
-    __slots__ = ("msg", "dests", "hop_limit", "attempt")
+    __slots__ = ("msg", "dests", "hop_limit", "attempt", "dests_key")
 
-    def __init__(self, msg: Message, dests: list[str], hop_limit: int, attempt: int = 0):
+    def __init__(self, msg: Message, dests: list[str], hop_limit: int, attempt: int = 0,
+                 dests_key: str | None = None):
         self.msg = msg
         self.dests = dests
         self.hop_limit = hop_limit
         self.attempt = attempt
+        self.dests_key = dests_key  # "\0".join(dests), when the caller already has it
 
     def __repr__(self):
         return f"Envelope({self.msg!r}, dests={self.dests}, hops={self.hop_limit}, attempt={self.attempt})"
 
 
 def encode_batch(envelopes: list[Envelope]) -> bytes:
-    parts = [bytes((VERSION,)), _U32.pack(len(envelopes))]
-    append = parts.append
+    if len(envelopes) * 4 > MAX_STRINGS:
+        raise ValueError(f"{len(envelopes)} envelopes do not fit one batch; split it")
+    table: dict[str, int] = {}
+    strings: list[str] = []
+    records = []
+    append = records.append
+    pack = _REC.pack
+    get = table.get
     for env in envelopes:
         m = env.msg
-        origin = m.origin.encode()
-        publisher = m.publisher.encode()
-        topic = m.topic_bytes
-        append(_HEAD.pack(m.qos | (4 if m.retain else 0), env.hop_limit, env.attempt, m.seq, m.timestamp))
-        append(bytes((len(origin),)))
-        append(origin)
-        append(_U16.pack(len(publisher)))
-        append(publisher)
-        append(_U16.pack(len(topic)))
-        append(topic)
-        append(_U32.pack(len(m.payload)))
-        append(m.payload)
-        append(_U16.pack(len(env.dests)))
-        for d in env.dests:
-            raw = d.encode()
-            append(bytes((len(raw),)))
-            append(raw)
-    return b"".join(parts)
+        dk = env.dests_key
+        if dk is None:
+            dk = "\0".join(env.dests)
+        # four table lookups, unrolled: this loop runs once per forwarded message
+        o = get(m.origin)
+        if o is None:
+            o = table[m.origin] = len(strings)
+            strings.append(m.origin)
+        p = get(m.publisher)
+        if p is None:
+            p = table[m.publisher] = len(strings)
+            strings.append(m.publisher)
+        t = get(m.topic)
+        if t is None:
+            t = table[m.topic] = len(strings)
+            strings.append(m.topic)
+        d = get(dk)
+        if d is None:
+            d = table[dk] = len(strings)
+            strings.append(dk)
+        payload = m.payload
+        append(pack(m.qos | (4 if m.retain else 0), env.hop_limit, env.attempt, m.seq, m.timestamp,
+                    o, p, t, d, len(payload)))
+        append(payload)
+    head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
+    for text in strings:
+        raw = text.encode()
+        head.append(_U16.pack(len(raw)))
+        head.append(raw)
+    return b"".join(head) + b"".join(records)
 
 
 def decode_batch(data: bytes) -> list[Envelope]:
     try:
-        if not data or data[0] != VERSION:
-            raise EnvelopeError(f"unknown envelope batch version {data[:1]!r}")
-        count = _U32.unpack_from(data, 1)[0]
-        pos = 5
+        version, count, nstrings = _HEAD.unpack_from(data, 0)
+        if version != VERSION:
+            raise EnvelopeError(f"unknown envelope batch version {version}")
+        pos = _HEAD.size
+        raws = []
+        for _ in range(nstrings):
+            n = (data[pos] << 8) | data[pos + 1]
+            raws.append(data[pos + 2:pos + 2 + n])
+            pos += 2 + n
+        strings = [r.decode() for r in raws]
+        dest_lists: dict[int, list[str]] = {}
         out = []
-        size = len(data)
+        unpack = _REC.unpack_from
+        size = _REC.size
+        end = len(data)
         for _ in range(count):
-            flags, hops, attempt, seq, ts = _HEAD.unpack_from(data, pos)
-            pos += _HEAD.size
-            n = data[pos]
-            origin = data[pos + 1:pos + 1 + n].decode()
-            pos += 1 + n
-            n = _U16.unpack_from(data, pos)[0]
-            publisher = data[pos + 2:pos + 2 + n].decode()
-            pos += 2 + n
-            n = _U16.unpack_from(data, pos)[0]
-            topic = data[pos + 2:pos + 2 + n].decode()
-            pos += 2 + n
-            n = _U32.unpack_from(data, pos)[0]
-            payload = data[pos + 4:pos + 4 + n]
-            pos += 4 + n
-            if pos > size:
-                raise EnvelopeError("envelope overruns its batch")
-            ndest = _U16.unpack_from(data, pos)[0]
-            pos += 2
-            dests = []
-            for _ in range(ndest):
-                n = data[pos]
-                dests.append(data[pos + 1:pos + 1 + n].decode())
-                pos += 1 + n
-            if pos > size:
-                raise EnvelopeError("destination list overruns its batch")
+            flags, hops, attempt, seq, ts, oi, pi, ti, di, plen = unpack(data, pos)
+            pos += size
+            payload = data[pos:pos + plen]
+            pos += plen
+            dests = dest_lists.get(di)
+            if dests is None:
+                dests = dest_lists[di] = strings[di].split("\0")
+            topic = strings[ti]
             qos = flags & 3
             if qos == 3 or not topic:
                 raise EnvelopeError("invalid envelope flags or topic")
-            msg = Message(topic, bytes(payload), qos, bool(flags & 4), origin, seq, publisher, ts)
-            out.append(Envelope(msg, dests, hops, attempt))
-        if pos != size:
-            raise EnvelopeError(f"{size - pos} bytes after the last envelope")
+            msg = Message(topic, payload, qos, flags & 4 == 4, strings[oi], seq, strings[pi], ts)
+            msg._topic_bytes = raws[ti]  # saves re-encoding it for every subscriber frame
+            out.append(Envelope(msg, dests, hops, attempt, strings[di]))
+        if pos != end:
+            raise EnvelopeError(f"{end - pos} bytes after the last envelope" if pos < end
+                                else "envelope overruns its batch")
         return out
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise EnvelopeError(f"malformed envelope batch: {exc}") from None

@@ -1,22 +1,31 @@
-"""The archive on a running node: broker hooks, the flush timer, the writer thread, $SYS.
+"""The archive on a running node: broker hooks, the flush timer, the writer process, $SYS.
 
-This is the asyncio side of ``mqttmesh.archive``: the Recorder (pure) takes the
-records on the hot path, this module ticks it on a timer and logs what it drops,
-and the ArchiveWriter thread writes the files. Nothing here waits for the disk
-except ``stop``, which flushes everything once the clients are gone.
+This is the asyncio side of ``mqttmesh.archive``. The Recorder (pure) takes the
+records on the hot path and cuts them into chunks; this module sends each chunk
+down a pipe to the archive writer process (archive/worker.py), reads its reports,
+ticks the recorder on a timer and logs what it drops. Nothing here waits for the
+writer: a chunk that does not fit the queue limits is dropped and counted, and the
+pipe is written by the event loop as the writer reads it. Only ``stop`` waits, for
+the writer to write everything, once the clients are gone.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
+import signal
+import sys
 
 from ..archive.recorder import ArchiveLimits, Recorder
+from ..archive.wire import WireError, decode_report, encode_chunk
 from ..auth import ConfigError
 from ..config import Config
 
 log = logging.getLogger("mqttmesh.archive")
+
+RESTART_DELAY = 1.0  # seconds before a writer process that died is started again
 
 
 class ArchiveService:
@@ -35,11 +44,9 @@ class ArchiveService:
                                max_queue_bytes=get("archive.max_queue_bytes"))
         for problem in limits.problems():
             raise ConfigError(f"archive.{problem}")
-        try:
-            from ..archive.writer import ArchiveWriter
-        except ImportError as exc:
-            raise ConfigError(f"archive.enabled: the archive needs pyarrow ({exc}); "
-                              f"install it with: pip install 'mqttmesh[pipeline]'") from None
+        if importlib.util.find_spec("pyarrow") is None:
+            raise ConfigError("archive.enabled: the archive writer needs pyarrow; "
+                              "install it with: pip install 'mqttmesh[pipeline]'")
         self.delivery_log = get("archive.delivery_log")
         loop_time, broker = self.loop.time, node.broker
 
@@ -51,34 +58,96 @@ class ArchiveService:
         except ValueError as exc:
             raise ConfigError(f"archive.filters: {exc}") from None
         self.limits = limits
+        self.compression = get("archive.compression")
         self.log_interval = get("archive.log_interval")
+        self.stop_timeout = get("archive.stop_timeout")
         self.sys_interval = get("sys.interval")
-        self.writer = ArchiveWriter(self.directory, self.recorder, get("archive.compression"))
+        self.log_level = config.log_level
+        self.process: asyncio.subprocess.Process | None = None
+        self.generation = 0
+        self._reports: asyncio.Task | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._stopping = False
         self._logged_at = 0.0
         self._sys_at = 0.0
         self._dropped_since_log = 0
-        # hooks go in now: sessions restored from the store pick up the delivery hook
-        broker = node.broker
+        # the hooks go in now: sessions restored from the store pick up the delivery hook
         broker.on_publish.append(self.recorder.publish_hook)
         if self.delivery_log:
             broker.delivery_hook = self.recorder.delivery_hook
 
-    def _submit(self, chunk) -> None:
-        self.writer.submit(chunk)
+    # -- life cycle -----------------------------------------------------------------------
 
-    def start(self) -> None:
+    async def start(self) -> None:
         """Start the writer once the node knows its id and incarnation (they name the files)."""
         try:
-            self.writer.start(self.node.node_id, self.node.incarnation)
+            os.makedirs(self.directory, exist_ok=True)
+            probe = os.path.join(self.directory, f".probe-{os.getpid()}")
+            with open(probe, "wb"):
+                pass
+            os.unlink(probe)
         except OSError as exc:
             raise ConfigError(f"archive.dir: cannot write to {self.directory}: {exc.strerror or exc}") from None
+        await self._start_writer()
         self._sys_at = self.loop.time()
         self._logged_at = self._sys_at - self.log_interval  # the first drops are reported at once
         self._timer = self.loop.call_later(self.limits.flush_interval / 4, self._tick)
-        log.info("archive: writing %s%s to %s (filters %s; a file at least every %gs or %d records)",
-                 "published messages", " and deliveries" if self.delivery_log else "", self.directory,
-                 ", ".join(self.recorder.filters), self.limits.flush_interval, self.limits.flush_rows)
+        log.info("archive: writing %s%s to %s (filters %s; a file at least every %gs or %d records; "
+                 "writer process pid %d)", "published messages", " and deliveries" if self.delivery_log else "",
+                 self.directory, ", ".join(self.recorder.filters), self.limits.flush_interval,
+                 self.limits.flush_rows, self.process.pid)
+
+    async def _start_writer(self) -> None:
+        lim = self.limits
+        cmd = [sys.executable, "-m", "mqttmesh.archive.worker", "--dir", self.directory,
+               "--node", self.node.node_id, "--incarnation", str(self.node.incarnation),
+               "--generation", str(self.generation), "--compression", self.compression,
+               "--flush-interval", repr(lim.flush_interval), "--flush-rows", str(lim.flush_rows),
+               "--flush-bytes", str(lim.flush_bytes), "--log-level", self.log_level]
+        self.process = await asyncio.create_subprocess_exec(*cmd, stdin=asyncio.subprocess.PIPE,
+                                                            stdout=asyncio.subprocess.PIPE)
+        self._reports = self.loop.create_task(self._read_reports(self.process))
+
+    def _submit(self, chunk) -> None:
+        proc = self.process
+        stdin = proc.stdin if proc is not None else None
+        if stdin is None or stdin.transport.is_closing():
+            # no writer right now (it died and is being restarted): these records are lost
+            self.recorder.rows_done(chunk.kind, len(chunk.rows), chunk.nbytes, 0, len(chunk.rows))
+            return
+        stdin.write(encode_chunk(chunk))
+
+    async def _read_reports(self, proc) -> None:
+        recorder = self.recorder
+        try:
+            while True:
+                line = await proc.stdout.readline()
+                if not line:
+                    break
+                try:
+                    r = decode_report(line)
+                except WireError as exc:
+                    log.error("archive writer: %s", exc)
+                    continue
+                recorder.rows_done(r["kind"], r["records"], r["nbytes"], r["written"], r["failed"],
+                                   r["files"], r["file_bytes"])
+        finally:
+            code = await proc.wait()
+        if not self._stopping and proc is self.process:
+            lost = recorder.abandon_queued()
+            log.error("archive: the writer process (pid %d) exited with status %s; %d records it had "
+                      "not written are lost; starting it again in %gs", proc.pid, code, lost, RESTART_DELAY)
+            self.generation += 1
+            self.loop.call_later(RESTART_DELAY, lambda: self.loop.create_task(self._restart()))
+
+    async def _restart(self) -> None:
+        if self._stopping:
+            return
+        try:
+            await self._start_writer()
+        except OSError as exc:
+            log.error("archive: cannot start the writer process: %s; trying again in %gs", exc, RESTART_DELAY)
+            self.loop.call_later(RESTART_DELAY, lambda: self.loop.create_task(self._restart()))
 
     def _tick(self) -> None:
         self.recorder.tick()
@@ -88,9 +157,8 @@ class ArchiveService:
             rows, nbytes = self.recorder.queued()
             log.warning("archive: dropped %d records in the last %.0fs: the writer is behind "
                         "(%d records, %d payload bytes queued; archive.max_queue_rows=%d, "
-                        "archive.max_queue_bytes=%d)%s", self._dropped_since_log, now - self._logged_at,
-                        rows, nbytes, self.limits.max_queue_rows, self.limits.max_queue_bytes,
-                        f"; last write error: {self.writer.last_error}" if self.writer.last_error else "")
+                        "archive.max_queue_bytes=%d)", self._dropped_since_log, now - self._logged_at,
+                        rows, nbytes, self.limits.max_queue_rows, self.limits.max_queue_bytes)
             self._dropped_since_log = 0
             self._logged_at = now
         if self.sys_interval > 0 and now - self._sys_at >= self.sys_interval:
@@ -103,15 +171,30 @@ class ArchiveService:
             self.node.publish_sys(f"$SYS/broker/archive/{key}", str(value))
 
     async def stop(self) -> None:
-        """Hand over everything buffered and wait until the writer has written it."""
+        """Hand over everything buffered, close the pipe, wait for the writer to finish."""
         if self._timer is not None:
             self._timer.cancel()
         self.recorder.flush()
-        await self.loop.run_in_executor(None, self.writer.close)
+        self._stopping = True
+        proc = self.process
+        if proc is not None and proc.returncode is None:
+            proc.stdin.close()  # the writer writes what it has and exits at the end of its input
+            try:
+                await asyncio.wait_for(asyncio.shield(self._reports), self.stop_timeout)
+            except asyncio.TimeoutError:
+                log.error("archive: the writer process (pid %d) did not finish within "
+                          "archive.stop_timeout (%gs); killing it", proc.pid, self.stop_timeout)
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                await self._reports
+                self.recorder.abandon_queued()
         s = self.recorder.stats()
         dropped = s["publish/dropped"] + s["delivery/dropped"]
         failed = s["publish/failed"] + s["delivery/failed"]
         log.info("archive: %d published%s records written in %d files (%d bytes) under %s%s",
                  s["publish/written"], f" and {s['delivery/written']} delivery" if self.delivery_log else "",
                  s["files"], s["bytes"], self.directory,
-                 f"; {dropped} dropped (queue full), {failed} lost to write errors" if dropped or failed else "")
+                 f"; {dropped} dropped (queue full), {failed} not written (writer errors)"
+                 if dropped or failed else "")

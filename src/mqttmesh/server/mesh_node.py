@@ -47,6 +47,10 @@ class _Link:
     dialer: str = ""
     peer: str = ""
 
+    def congestion_key(self):
+        """What flow control knows this link by when it is congested."""
+        return self
+
     def send(self, kind: str, payload: bytes, qos: int) -> None:
         raise NotImplementedError
 
@@ -60,6 +64,9 @@ class InboundLink(_Link):
         self.channel = channel
         self.peer = peer
         self.dialer = peer
+
+    def congestion_key(self):
+        return self.channel.session  # the peer's ordinary session: its queue and socket
 
     def send(self, kind: str, payload: bytes, qos: int) -> None:
         session = self.channel.session
@@ -84,6 +91,28 @@ class PeerClient(asyncio.Protocol, _Link):
         self.loop = mesh.loop
         self.done = self.loop.create_future()
         self._topic_prefix = f"$mesh/from/{mesh.node_id}/".encode()
+        # flow control (flow.py) treats this link like a client channel: it can be paused
+        # when what it brings cannot be delivered, and be congested when the peer is slow
+        self.owner = self
+        self.state = "connecting"
+        self.reading_paused = False
+
+    # flow control ---------------------------------------------------------------------
+    def pause_reading(self, _=None) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self, _=None) -> None:
+        if self.transport is not None and not self.transport.is_closing() and self.reading_paused:
+            self.reading_paused = False
+            self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.mesh.broker.congestion.add(self, "socket")  # the peer reads slower than we send
+
+    def resume_writing(self) -> None:
+        self.mesh.broker.congestion.remove(self, "socket")
 
     # asyncio side
     def connection_made(self, transport) -> None:
@@ -94,12 +123,14 @@ class PeerClient(asyncio.Protocol, _Link):
     def data_received(self, data: bytes) -> None:
         now = self.loop.time()
         events = self.client.receive_data(data, now)
+        congestion = self.mesh.broker.congestion
         for event in events:
             kind = event[0]
             if kind == "message":
                 self.mesh.link_message(self, event[1], event[2], now)
             elif kind == "ready":
                 # introduce ourselves; the peer answers with its own hello
+                self.state = "connected"
                 self.send("hello", self.mesh.engine.hello(), 1)
             elif kind == "rtt":
                 if self.peer:
@@ -110,9 +141,18 @@ class PeerClient(asyncio.Protocol, _Link):
             elif kind == "protocol_error":
                 log.warning("peer %s: %s", self.dialer_obj.address, event[1])
                 self.transport.close()
+        if congestion.hit:
+            # what this link brought reached a local client that cannot keep up: read no
+            # more from it, so the peer's sending backs up and pauses its publishers
+            congestion.hit = False
+            congestion.pause(self)
         self._write()
 
     def connection_lost(self, exc) -> None:
+        self.state = "closed"
+        congestion = self.mesh.broker.congestion
+        congestion.forget(self)
+        congestion.paused.discard(self)
         self.client.connection_lost()
         self.mesh.link_closed(self)
         if not self.done.done():
@@ -137,6 +177,8 @@ class PeerClient(asyncio.Protocol, _Link):
             self.transport.close()
 
     def tick(self, now: float) -> None:
+        if self.reading_paused:
+            self.client.last_rx = now  # we are not reading (flow control): its silence is ours
         dead = self.client.tick(now)
         if dead:
             log.warning("link to %s (%s) is dead: %s", self.peer or "?", self.dialer_obj.address, dead)
@@ -293,8 +335,23 @@ class MeshNode:
 
     def _local_publish(self, msg: Message) -> None:
         if msg.topic[0] != "$":
-            self.engine.route_local(msg, self.loop.time())
-            self._schedule_flush()
+            broker = self.broker
+            # the publish time on our loop clock, without asking the loop for it again
+            self.engine.route_local(msg, msg.timestamp - broker.wall_offset)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                self.loop.call_soon(self._flush)
+            if broker.congestion.reasons:
+                self._check_links(msg, broker.congestion)
+
+    def _check_links(self, msg: Message, congestion) -> None:
+        """Does this message go out over a congested link? Then its publisher waits (flow.py)."""
+        engine = self.engine
+        for node in engine.nodes_wanting(msg.topic):
+            link = self.links.get(engine.route_to(node) or "")
+            if link is not None and link.congestion_key() in congestion.reasons:
+                congestion.hit = True
+                return
 
     def peer_input(self, channel, msg: Message, now: float) -> int:
         """A PUBLISH from a peer that dialled us; the batch its PUBACK waits for."""
@@ -397,6 +454,18 @@ class MeshNode:
             return 0
         batch = 0
         broker = self.broker
+        if broker.journal is None:
+            dispatch = broker.dispatch
+            for action in actions:
+                if action[0] == "deliver":
+                    msg = action[1]
+                    dispatch(msg)  # in memory: nothing to wait for before acknowledging
+                    if action[2]:
+                        self.engine.delivered(msg)
+                    continue
+                self._unicast_action(action, now)
+            self._schedule_flush()
+            return 0
         for action in actions:
             if action[0] == "unicast":
                 _, frm, kind, body = action
@@ -413,6 +482,14 @@ class MeshNode:
             batch = max(batch, wrote)
         self._schedule_flush()
         return batch
+
+    def _unicast_action(self, action, now: float) -> None:
+        _, frm, kind, body = action
+        self.cluster.wall = time.time()
+        try:
+            self.cluster.receive(frm, kind, body, now)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("node %s sent an invalid %s: %r", frm, kind, exc)
 
     def _delivered(self, msg: Message) -> None:
         self.engine.delivered(msg)

@@ -114,7 +114,7 @@ class Node:
         broker.seq = self.incarnation << 32  # (node, seq) stays unique across restarts
         broker.wall_offset = time.time() - self.loop.time()
         if self.archive is not None:
-            self.archive.start()  # files are named by node id and incarnation, known by now
+            await self.archive.start()  # files are named by node id and incarnation, known by now
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
         await self._server.start_serving()
         if self.config.port_file:
@@ -167,9 +167,13 @@ class Node:
         congestion = self.broker.congestion
         if congestion.reasons:
             log.debug("congested: %s; paused publishers: %d",
-                      {s.client_id: sorted(r) for s, r in congestion.reasons.items()}, len(congestion.paused))
+                      {getattr(s, "client_id", None) or repr(s): sorted(r)
+                       for s, r in congestion.reasons.items()}, len(congestion.paused))
         for session in congestion.sweep(now, self._progress):
-            if session.channel is not None:
+            channel = getattr(session, "channel", None)
+            if channel is not None and not channel.is_peer:
+                # (a peer link is judged by its keepalive, not by this timeout: it waits
+                # for its own slow clients on the other side)
                 self.broker.stats.slow_consumers += 1
                 session.channel.close(f"slow consumer: could not take messages for "
                                       f"{self.broker.congestion.timeout:g}s")
@@ -177,11 +181,11 @@ class Node:
 
     @staticmethod
     def _progress(session):
-        channel = session.channel
-        conn = channel.owner if channel is not None else None
+        channel = getattr(session, "channel", None)
+        conn = channel.owner if channel is not None else session  # a session, or a peer link
         transport = getattr(conn, "transport", None)
         buffered = transport.get_write_buffer_size() if transport is not None else 0
-        return session.acked, buffered
+        return getattr(session, "acked", 0), buffered
 
     # -- admission ------------------------------------------------------------------------
 
