@@ -334,8 +334,8 @@ class Channel:
         broker.stats.messages_received += 1
         topic = msg.topic
         auth = broker.auth
-        if (topic[0] == "$" and not self.is_peer) or (
-                auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)):
+        if (topic[0] == "$" and not self.is_peer) or (not self.is_peer and auth.acl is not None and
+                                                       not auth.can_publish(self.username, self.client_id, topic)):
             # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
             broker.stats.publish_denied += 1
             return 0
@@ -344,6 +344,8 @@ class Channel:
         msg.seq = broker.seq
         msg.publisher = self.client_id
         msg.timestamp = now + broker.wall_offset
+        congestion = broker.congestion
+        congestion.hit = False  # only what this message reaches counts
         if self.is_peer and topic.startswith("$mesh/"):
             batch = broker.mesh.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
             congestion = broker.congestion
@@ -399,8 +401,14 @@ class Channel:
         codes = []
         granted_filters = []
         for topic_filter, qos in pkt.topics:  # as a sequence of SUBSCRIBEs [MQTT-3.8.4-4]
-            if (topic_filter.startswith("$mesh") and not self.is_peer) or not auth.can_subscribe(
-                    self.username, self.client_id, topic_filter):
+            if self.is_peer:
+                # a peer link may only take its own $mesh/to/<node>/... topics; the client
+                # ACL is not about peers (they proved the cluster secret)
+                refused = not topic_filter.startswith(f"$mesh/to/{self.peer_node}/")
+            else:
+                refused = topic_filter.startswith("$mesh") or not auth.can_subscribe(
+                    self.username, self.client_id, topic_filter)
+            if refused:
                 codes.append(0x80)
                 continue
             granted = min(qos, broker.settings.max_qos)

@@ -101,6 +101,10 @@ OPTIONS: list[Option] = [
            "of its clients are published by their registrar", 0),
     Option("mesh", "claim_timeout", float, 3.0, "seconds a CONNECT waits for the ClientId's registrar "
            "before the node serves the client anyway", 0.1),
+    Option("mesh", "dedup_window", int, 262144, "recent message ids each node remembers per origin to "
+           "drop duplicates (retransmissions, transient loops)", 1024),
+    Option("mesh", "max_age", float, 3600.0, "seconds an unreachable node is remembered before its "
+           "advertisements are forgotten", 10),
     Option("mesh", "status_interval", float, 1.0, "seconds between $SYS/mesh/status updates", 0.05),
     Option("sys", "interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0,
            flag_name="--sys-interval"),

@@ -52,6 +52,14 @@ class Journal:
     def awaiting_rel_remove(self, client_id: str, packet_id: int) -> None:
         self._record(("r", client_id, packet_id), ("rel_remove", client_id, packet_id))
 
+    # -- messages a mesh origin holds until their destinations acknowledge them -------
+
+    def custody_put(self, msg, dests: list[str]) -> None:
+        self._record(("c", msg.seq), ("custody_put", msg, list(dests)))
+
+    def custody_remove(self, seq: int) -> None:
+        self._record(("c", seq), ("custody_remove", seq))
+
     # -- retained messages ------------------------------------------------------------
 
     def retained_put(self, topic: str, msg) -> None:
@@ -97,4 +105,8 @@ def _snapshot(op: tuple) -> tuple:
     if kind == "retained_put":
         _, topic, m = op
         return ("retained_put", topic, m.payload, m.qos, m.origin, m.seq, m.publisher, m.timestamp)
+    if kind == "custody_put":
+        _, m, dests = op
+        return ("custody_put", m.seq, m.topic, m.payload, m.qos, int(m.retain), m.origin, m.publisher,
+                m.timestamp, "\0".join(dests))
     return op

@@ -256,3 +256,53 @@ def test_partition_with_one_client_id_on_both_sides_keeps_one_after_heal(broker_
     finally:
         relay_bc.close()
         relay_da.close()
+
+
+def test_messages_in_custody_survive_kill_of_their_origin(broker_factory, tmp_path):
+    """A QoS 1 message acknowledged by its origin node, not yet at its destination, is not lost
+    when the origin is killed: the custody is in the origin's store (ARCHITECTURE 7)."""
+    ports = {n: free_port() for n in ("a", "c")}
+    relay = FaultRelay("127.0.0.1", ports["c"])
+    try:
+        nodes = {}
+        for name in ("c", "a"):
+            node = broker_factory(name=name, start=False)
+            node.port = ports[name]
+            # one holder per session, so only custody (not a session replica on a) can save them
+            node.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
+                         "--mesh-keepalive", "0.3", "--retransmit-after", "0.3", "--replication", "1",
+                         "--data-dir", str(tmp_path / f"data-{name}")]
+            if name == "a":
+                node.args += ["--peer", relay.address]
+            nodes[name] = node.start()
+        wait_converged(nodes, [("a", "c")])
+        cid = next(f"faraway{i}" for i in range(100) if owners(f"faraway{i}", ["a", "c"], 1) == ["c"])
+        sub = raw.RawClient(nodes["c"].host, nodes["c"].port)
+        sub.connect(client_id=cid, clean=False)
+        sub.send(raw.subscribe(1, ("far/#", 1)))
+        sub.expect(raw.SUBACK)
+        wait_interest(nodes, "far/#", "c")
+        sub.send(raw.DISCONNECT_BYTES)
+        sub.close()
+        relay.block()  # c cannot be reached, and a does not know it yet
+        publish(nodes["a"], "far/x", [f"held-{i}".encode() for i in range(20)], qos=1)
+        nodes["a"].kill()
+        relay.unblock()
+        nodes["a"].start()
+        wait_converged(nodes, [("a", "c")], timeout=20)
+        back = raw.RawClient(nodes["c"].host, nodes["c"].port)
+        back.connect(client_id=cid, clean=False)
+        got = []
+        deadline = time.monotonic() + 15
+        while len(got) < 20 and time.monotonic() < deadline:
+            try:
+                p = back.recv(2)
+            except TimeoutError:
+                continue
+            if p.type == raw.PUBLISH:
+                got.append(p.payload)
+                back.send(raw.puback(p.packet_id))
+        back.close()
+        assert sorted(set(got)) == sorted(f"held-{i}".encode() for i in range(20))
+    finally:
+        relay.close()

@@ -506,10 +506,11 @@ class Cluster:
     def retain(self, msg: Message) -> None:
         """A retained message (or an empty one, a deletion) published here [MQTT-3.3.1-5, -10]."""
         item = [msg.topic, _b64(msg.payload), msg.qos, msg.timestamp, msg.origin, msg.seq, msg.publisher]
+        # kept here too (durable before the PUBACK) until an owner confirms it has it; a
+        # copy lost on the way is sent again from here at the next rebalance
+        self._store_retained(item)
         for node in owners(msg.topic, self.live, self.settings.replication):
-            if node == self.node_id:
-                self._store_retained(item)
-            else:
+            if node != self.node_id:
                 self._ret_out.setdefault(node, []).append(item)
 
     def _store_retained(self, item: list) -> None:
@@ -523,6 +524,18 @@ class Cluster:
         broker.retained.set(topic, msg)  # an empty payload stays as a tombstone
         if broker.journal is not None:
             broker.journal.retained_put(topic, msg)
+
+    def _retained_acked(self, items: list) -> None:
+        """An owner has these: our interim copies of topics we do not own can go."""
+        broker = self.broker
+        for topic, ts, origin, seq in items:
+            if self.node_id in owners(topic, self.live, self.settings.replication):
+                continue
+            have = broker.retained.get(topic)
+            if have is not None and (have.timestamp, have.origin, have.seq) == (ts, origin, seq):
+                broker.retained.delete(topic)
+                if broker.journal is not None:
+                    broker.journal.retained_delete(topic)
 
     def retained_lookup(self, session, topic_filter: str, granted: int) -> int:
         """Send a new subscription the retained messages matching it, from their owners."""
@@ -621,6 +634,9 @@ class Cluster:
         elif kind == "ret.set":
             for item in msg["items"]:
                 self._store_retained(item)
+            self._send(frm, "ret.ack", {"items": [[i[0], i[3], i[4], i[5]] for i in msg["items"]]})
+        elif kind == "ret.ack":
+            self._retained_acked(msg["items"])
         elif kind == "ret.query":
             self._send(frm, "ret.reply", {"qid": msg["qid"], "items": self._local_retained(msg["filter"])})
         elif kind == "ret.reply":

@@ -36,24 +36,31 @@ class ForwardFilter:
 
 
 class DeliveryFilter:
-    """Per origin: the recent sequence numbers delivered, and a floor below which all count.
+    """Per origin: the recent sequence numbers delivered, and the floor of what was forgotten.
 
     The set is trimmed to the ``window`` newest entries whenever it doubles, so
-    the cost per message stays one set lookup and one insert.
+    the cost per message stays one set lookup and one insert. A message older
+    than the floor cannot be told apart any more: a QoS 2 one is taken as seen
+    (exactly once may not become twice), anything else as new (at least once may
+    not become never). Retransmissions come within seconds, so with the default
+    window this only matters for an origin sending hundreds of thousands of
+    messages to this node in that time.
     """
 
     def __init__(self, window: int = 65536):
         self.window = window
         self._origins: dict[str, list] = {}   # origin -> [members, floor]
 
-    def seen(self, origin: str, seq: int) -> bool:
+    def seen(self, origin: str, seq: int, qos: int = 1) -> bool:
         """True if (origin, seq) was delivered before; otherwise remember it and say False."""
         state = self._origins.get(origin)
         if state is None:
             state = self._origins[origin] = [set(), -1]
         members = state[0]
-        if seq <= state[1] or seq in members:
+        if seq in members:
             return True
+        if seq <= state[1]:
+            return qos == 2
         members.add(seq)
         if len(members) > 2 * self.window:
             newest = sorted(members)

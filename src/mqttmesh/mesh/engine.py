@@ -53,10 +53,10 @@ class MeshProtocolError(ValueError):
 class MeshSettings:
     hop_limit: int = 32
     refresh_interval: float = 30.0    # re-originate our router advertisement this often
-    max_age: float = 120.0            # forget an unreachable node's advertisements after this
+    max_age: float = 3600.0           # forget an unreachable node's advertisements after this
     min_cost: int = 1000              # link cost floor, microseconds of round-trip time
     cost_change: float = 0.25         # re-advertise a link when its cost moves by this fraction
-    dedup_window: int = 65536
+    dedup_window: int = 262144        # recent message ids remembered per origin
     custody_limit: int = 100_000      # QoS 1/2 messages held at their origin until acknowledged
     custody_timeout: float = 3600.0   # give up on a destination after this long
     retransmit_after: float = 2.0     # first end-to-end retransmission; doubles up to 30 s
@@ -178,6 +178,8 @@ class MeshEngine:
         self.forward_filter = ForwardFilter(self.settings.dedup_window)
         self.delivery_filter = DeliveryFilter(self.settings.dedup_window)
         self.custody: dict[int, _Custody] = {}
+        # where custody is recorded so a restart keeps it (the broker's store journal), or None
+        self.custody_store = None
         self._flood_out: dict[str, list[dict]] = {}  # neighbour -> advertisements to send
         self._control_out: list[tuple] = []          # other link-local control messages
         self._last_refresh = 0.0
@@ -559,6 +561,8 @@ class MeshEngine:
                 counters["custody_overflow"] += 1
             else:
                 self.custody[msg.seq] = _Custody(msg, set(dests), now + self.settings.retransmit_after, now)
+                if self.custody_store is not None:
+                    self.custody_store.custody_put(msg, dests)  # durable before the PUBACK
         if unreachable:
             counters["unreachable_drops"] += unreachable
         outbox = self._outbox
@@ -623,7 +627,7 @@ class MeshEngine:
         env_dests = env.dests
         if len(env_dests) == 1 and env_dests[0] == me:
             # the common case, a leaf: nothing to forward, the delivery filter alone decides
-            if self.delivery_filter.seen(msg.origin, msg.seq):
+            if self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
                 self.counters["duplicates"] += 1
                 if msg.qos:
                     self._ack(msg)  # the origin did not hear our earlier acknowledgement
@@ -638,13 +642,13 @@ class MeshEngine:
             return
         if me in dests:
             if msg.qos:
-                if self.delivery_filter.seen(msg.origin, msg.seq):
+                if self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
                     self.counters["duplicates"] += 1
                     self._ack(msg)  # the origin did not hear our earlier acknowledgement
                 else:
                     self.counters["delivered"] += 1
                     actions.append(("deliver", msg, True))
-            elif not self.delivery_filter.seen(msg.origin, msg.seq):
+            elif not self.delivery_filter.seen(msg.origin, msg.seq, 0):
                 self.counters["delivered"] += 1
                 actions.append(("deliver", msg, False))
             if len(dests) == 1:
@@ -674,6 +678,8 @@ class MeshEngine:
                         c.dests.discard(frm)
                         if not c.dests:
                             del custody[seq]
+                            if self.custody_store is not None:
+                                self.custody_store.custody_remove(seq)
             else:
                 self._relay_ack(to, frm, seqs)
 
@@ -715,6 +721,10 @@ class MeshEngine:
                 self.counters["hop_limit_drops"] += 1
         return actions
 
+    def restore_custody(self, msg: Message, dests: list[str], now: float) -> None:
+        """A message held in custody before a restart: retransmit it soon."""
+        self.custody[msg.seq] = _Custody(msg, set(dests), now, now)
+
     def _retransmit_soon(self, now: float) -> None:
         for c in self.custody.values():
             c.due = min(c.due, now)
@@ -725,19 +735,15 @@ class MeshEngine:
         settings = self.settings
         expired = []
         self._ensure_spf()
-        interest = self.remote
         for seq, c in self.custody.items():
             if c.due > now:
                 continue
             if now - c.since > settings.custody_timeout:
                 expired.append(seq)
                 continue
-            # a destination that no longer wants the topic is done
-            wanted = interest.match(c.msg.topic)
-            c.dests = {d for d in c.dests if d in wanted}
-            if not c.dests:
-                expired.append(seq)
-                continue
+            # every destination keeps it until it acknowledges: one whose subscriber left
+            # acknowledges a message it delivers to nobody, and one across a partition is
+            # waited for (its interest may not be known again yet when the split heals)
             reachable = [d for d in c.dests if d in self.next_hop]
             c.attempt = min(c.attempt + 1, 255)
             c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
@@ -746,6 +752,8 @@ class MeshEngine:
                 self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt))
         for seq in expired:
             c = self.custody.pop(seq)
+            if self.custody_store is not None:
+                self.custody_store.custody_remove(seq)
             if c.dests:
                 self.counters["custody_expired"] += 1
 

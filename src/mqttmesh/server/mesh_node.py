@@ -42,6 +42,10 @@ def read_secret(config: Config) -> bytes:
     return secret.encode()
 
 
+_LINK_QUEUE_HIGH = 1000  # QoS 1 batches waiting behind a dialled link's in-flight window
+_LINK_QUEUE_LOW = 250
+
+
 class _Link:
     """An established link to one peer node, whichever side dialled."""
     dialer: str = ""
@@ -146,6 +150,8 @@ class PeerClient(asyncio.Protocol, _Link):
             # more from it, so the peer's sending backs up and pauses its publishers
             congestion.hit = False
             congestion.pause(self)
+        if self in congestion.reasons:
+            self._check_queue()
         self._write()
 
     def connection_lost(self, exc) -> None:
@@ -165,8 +171,15 @@ class PeerClient(asyncio.Protocol, _Link):
 
     # link side
     def send(self, kind: str, payload: bytes, qos: int) -> None:
-        self.client.publish(self._topic_prefix + kind.encode(), payload, qos)
+        client = self.client
+        client.publish(self._topic_prefix + kind.encode(), payload, qos)
+        if len(client.queue) >= _LINK_QUEUE_HIGH:
+            self.mesh.broker.congestion.add(self, "queue")  # the peer acknowledges slower than we send
         self.mesh.mark_dirty(self)
+
+    def _check_queue(self) -> None:
+        if len(self.client.queue) <= _LINK_QUEUE_LOW:
+            self.mesh.broker.congestion.remove(self, "queue")
 
     def flush(self) -> None:
         self._write()
@@ -286,9 +299,19 @@ class MeshNode:
         settings = MeshSettings(hop_limit=cfg.get("mesh.hop_limit"),
                                 retransmit_after=cfg.get("mesh.retransmit_after"),
                                 custody_limit=cfg.get("mesh.custody_limit"),
-                                custody_timeout=cfg.get("mesh.custody_timeout"))
+                                custody_timeout=cfg.get("mesh.custody_timeout"),
+                                dedup_window=cfg.get("mesh.dedup_window"),
+                                max_age=cfg.get("mesh.max_age"))
         self.engine = MeshEngine(self.node_id, self.incarnation, [advertise], settings)
         self.engine.start(self.loop.time())
+        if self.broker.journal is not None:
+            # QoS 1/2 messages held for other nodes survive a crash of this one
+            self.engine.custody_store = self.broker.journal
+            restored = self.node.store.load_custody()
+            for msg, dests in restored:
+                self.engine.restore_custody(msg, dests, self.loop.time())
+            if restored:
+                log.info("%d messages in custody restored; they are sent again", len(restored))
         broker = self.broker
         for topic_filter in broker.router.filters():  # restored persistent sessions
             self._filter_added(topic_filter)
@@ -366,6 +389,9 @@ class MeshNode:
                 hello = MeshEngine.parse_hello(msg.payload)
             except MeshProtocolError as exc:
                 channel.close(str(exc))
+                return 0
+            if hello["node"] != channel.peer_node:
+                channel.close(f"hello from {hello['node']!r} on a link authenticated as {channel.peer_node!r}")
                 return 0
             inbound = link if isinstance(link, InboundLink) and link.channel is channel else \
                 InboundLink(self, channel, channel.peer_node)

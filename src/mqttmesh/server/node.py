@@ -100,7 +100,7 @@ class Node:
         if self.store is not None:
             self.incarnation = self.store.next_incarnation()
         else:
-            self.incarnation = int(time.time())
+            self.incarnation = int(time.time() * 16)
         if self.mesh is not None:
             self.mesh.prepare()  # sessions restored below must be the mesh's kind
         if self.store is not None:
@@ -111,7 +111,9 @@ class Node:
         else:
             log.warning("no data directory: running in memory; persistent sessions and retained "
                         "messages are lost when this node stops (set --data-dir)")
-        broker.seq = self.incarnation << 32  # (node, seq) stays unique across restarts
+        # (node, seq) stays unique across restarts: a later start has a larger incarnation
+        # (sixteenths of a second), and 2**28 ids per sixteenth of a second is plenty
+        broker.seq = self.incarnation << 28
         broker.wall_offset = time.time() - self.loop.time()
         if self.archive is not None:
             await self.archive.start()  # files are named by node id and incarnation, known by now

@@ -31,6 +31,9 @@ CREATE TABLE IF NOT EXISTS messages(
     publisher TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY(client_id, key));
 CREATE TABLE IF NOT EXISTS awaiting_rel(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
     PRIMARY KEY(client_id, packet_id));
+CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
+    qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, publisher TEXT NOT NULL,
+    ts REAL NOT NULL, dests TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS retained(topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL,
     origin TEXT NOT NULL, seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL);
 """
@@ -43,6 +46,8 @@ _SQL = {
     "rel_remove": "DELETE FROM awaiting_rel WHERE client_id = ? AND packet_id = ?",
     "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?)",
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
+    "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?)",
+    "custody_remove": "DELETE FROM custody WHERE seq = ?",
 }
 
 
@@ -88,9 +93,9 @@ class SqliteStore:
         self.db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     def next_incarnation(self) -> int:
-        """A number larger than any earlier start's (and not below the clock's seconds)."""
+        """A number larger than any earlier start's (and not below the clock, in 1/16 s)."""
         stored = int(self._meta("incarnation") or 0)
-        incarnation = max(stored + 1, int(time.time()))
+        incarnation = max(stored + 1, int(time.time() * 16))
         self._set_meta("incarnation", str(incarnation))
         return incarnation
 
@@ -136,6 +141,15 @@ class SqliteStore:
             broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts))
             retained += 1
         return len(sessions), retained
+
+    def load_custody(self) -> list[tuple[Message, list[str]]]:
+        """Messages this node held for other nodes when it stopped (mesh/engine.py custody)."""
+        out = []
+        for seq, topic, payload, qos, retain, origin, publisher, ts, dests in self.db.execute(
+                "SELECT * FROM custody ORDER BY seq"):
+            out.append((Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts),
+                        dests.split("\0")))
+        return out
 
     # -- the writer thread -----------------------------------------------------------------
 

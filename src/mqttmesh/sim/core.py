@@ -100,6 +100,7 @@ class Episode:
         self.attributed_bytes = 0
         self.changed: dict[tuple[str, str], tuple] = {}   # ("router"|"interest", node) -> first version
         self.new_links: set[tuple[str, str]] = set()
+        self.needles: list[bytes] = []
         self.spf_runs0 = self.spf_seconds0 = 0.0
         self.spf_runs = 0
         self.spf_seconds = 0.0
@@ -461,7 +462,7 @@ class Simulator:
             if ep is not None:
                 ep.control_msgs += 1
                 ep.control_bytes += size
-                if ep.kind != "start" and self.sc.checks.attribute:
+                if ep.kind not in ("start", "change") and self.sc.checks.attribute:
                     self._attribute(ep, link, kind, payload)
             else:
                 self.steady_control_bytes += size
@@ -511,11 +512,14 @@ class Simulator:
             return
         if not ep.changed:
             return
-        for _what, name in ep.changed:
-            if f'"node": "{name}"'.encode() in payload:
-                break
-        else:
-            return
+        if len(ep.needles) != len(ep.changed):
+            ep.needles = [f'"node": "{name}"'.encode() for _what, name in ep.changed]
+        if len(ep.needles) <= 32:  # cheap test first: most advertisements are about someone else
+            for needle in ep.needles:
+                if needle in payload:
+                    break
+            else:
+                return
         hit = False
         for lsa in json.loads(payload):
             t = lsa.get("t")

@@ -1,0 +1,145 @@
+"""Extract: the archive's Parquet files -> DataFrames, with bad files reported by name.
+
+Local archives are listed here (pruned by the ``date=``/``hour=`` directories when a
+time range is given) and every file's footer is checked before Spark sees it: a
+truncated or foreign file is named and skipped, or the job stops, as ``on_corrupt``
+says. A URI (``hdfs://``, ``s3a://``) is handed to Spark as a directory; there,
+Spark's own ``ignoreCorruptFiles`` applies the same choice without the names.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+from typing import Callable
+
+from ..archive.schema import COLUMNS, FORMAT_VERSION, KINDS
+
+__all__ = ["ExtractError", "list_files", "check_file", "read_log"]
+
+_PART = re.compile(r"^(date|hour)=(.+)$")
+
+
+class ExtractError(Exception):
+    """The archive cannot be read as asked; the message says which file or option."""
+
+
+def _is_remote(root: str) -> bool:
+    return "://" in root and not root.startswith("file://")
+
+
+def _local(root: str) -> str:
+    return root[len("file://"):] if root.startswith("file://") else root
+
+
+def _hour_of_dir(dirpath: str) -> tuple[dt.date | None, int | None]:
+    date = hour = None
+    for part in dirpath.replace("\\", "/").split("/"):
+        m = _PART.match(part)
+        if not m:
+            continue
+        try:
+            if m.group(1) == "date":
+                date = dt.date.fromisoformat(m.group(2))
+            else:
+                hour = int(m.group(2))
+        except ValueError:
+            pass
+    return date, hour
+
+
+def _may_hold(dirpath: str, since: dt.datetime | None, until: dt.datetime | None) -> bool:
+    """Whether a partition directory can hold rows in [since, until)."""
+    date, hour = _hour_of_dir(dirpath)
+    if date is None:
+        return True
+    start = dt.datetime.combine(date, dt.time(hour or 0), dt.timezone.utc)
+    end = start + (dt.timedelta(hours=1) if hour is not None else dt.timedelta(days=1))
+    return (since is None or end > since) and (until is None or start < until)
+
+
+def list_files(roots: list[str], kind: str, since=None, until=None) -> list[str]:
+    """The archive files of ``kind`` under local ``roots`` (hidden and ``_`` files are not
+    data: a file being written is ``.NAME.tmp`` until it is complete)."""
+    if kind not in KINDS:
+        raise ValueError(kind)
+    out = []
+    for root in roots:
+        base = os.path.join(_local(root), kind)
+        for dirpath, dirnames, filenames in os.walk(base):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_"))
+                                 and _may_hold(os.path.join(dirpath, d), since, until))
+            out.extend(os.path.join(dirpath, f) for f in sorted(filenames)
+                       if f.endswith(".parquet") and not f.startswith((".", "_")))
+    return out
+
+
+def check_file(path: str, kind: str) -> str | None:
+    """Why ``path`` is not a readable archive file of ``kind`` (None when it is)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_metadata(path)
+        schema = meta.schema.to_arrow_schema()
+    except Exception as exc:  # pyarrow says ArrowInvalid/OSError for truncated and foreign files
+        return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+    info = schema.metadata or {}
+    version = info.get(b"mqttmesh.archive")
+    if version is None:
+        return "not an mqttmesh archive file (no mqttmesh.archive metadata)"
+    if version != str(FORMAT_VERSION).encode():
+        return f"archive format version {version.decode(errors='replace')}, this mqttmesh reads {FORMAT_VERSION}"
+    stored_kind = info.get(b"mqttmesh.kind", b"").decode(errors="replace")
+    if stored_kind != kind:
+        return f"a {stored_kind or 'unknown'} log file in the {kind} log"
+    missing = [name for name, _, _ in COLUMNS[kind] if name not in schema.names]
+    if missing:
+        return f"columns missing: {', '.join(missing)}"
+    return None
+
+
+def read_log(spark, roots: list[str], kind: str, since=None, until=None, on_corrupt: str = "skip",
+             say: Callable[[str], None] = print, required: bool = True):
+    """The ``kind`` log of the archives under ``roots`` as a DataFrame, rows in [since, until).
+
+    ``on_corrupt``: "skip" names each bad file through ``say`` and leaves it out; "fail"
+    raises ExtractError naming the first one. With ``required``, no file at all is an
+    ExtractError; otherwise the result is an empty DataFrame.
+    """
+    from pyspark.sql import functions as F
+
+    from .schema import spark_schema
+
+    if on_corrupt not in ("skip", "fail"):
+        raise ValueError(on_corrupt)
+    schema = spark_schema(kind)
+    paths: list[str] = []
+    for root in roots:
+        if _is_remote(root):
+            paths.append(root.rstrip("/") + "/" + kind)
+            continue
+        if not os.path.isdir(_local(root)):
+            raise ExtractError(f"--archive {root}: no such directory")
+        for path in list_files([root], kind, since, until):
+            problem = check_file(path, kind)
+            if problem is None:
+                paths.append(path)
+            elif on_corrupt == "fail":
+                raise ExtractError(f"{path}: {problem} (--on-corrupt skip leaves such files out)")
+            else:
+                say(f"skipping {path}: {problem}")
+    if not paths:
+        if required:
+            where = ", ".join(os.path.join(r, kind) for r in roots)
+            raise ExtractError(f"no {kind} log files under {where}" + (" in the time range" if since or until else "")
+                               + ("" if kind == "publish" else " (is archive.delivery_log on?)"))
+        return spark.createDataFrame([], schema)
+    # a file whose footer is fine but whose pages are not is Spark's to find
+    spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true" if on_corrupt == "skip" else "false")
+    df = spark.read.schema(schema).option("recursiveFileLookup", "true").parquet(*paths)
+    if since is not None:
+        df = df.where(F.col("timestamp") >= F.lit(since))
+    if until is not None:
+        df = df.where(F.col("timestamp") < F.lit(until))
+    return df

@@ -1,0 +1,95 @@
+"""The ``payloads`` job's transforms: JSON payloads parsed, numeric fields aggregated per topic
+pattern and window (count, min, max, mean, p50, p95). Pure ``DataFrame -> DataFrame``, except
+``infer_schema``, which looks at a sample of the data.
+
+A payload that is not a JSON object (not UTF-8 JSON, or JSON but an array or a number) is
+counted in ``payload_quality`` and otherwise left out; it never stops the job.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from .common import with_window
+
+__all__ = ["with_json_flag", "infer_schema", "numeric_fields", "parse_payloads", "melt_numeric",
+           "payload_stats", "payload_quality", "PERCENTILE_ACCURACY"]
+
+PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative error 1/accuracy of the rank
+_NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
+
+
+def with_json_flag(df: DataFrame) -> DataFrame:
+    """Adds ``text`` (the payload as a string) and ``is_json`` (it is a JSON object)."""
+    text = F.col("payload").cast("string")
+    return (df.withColumn("text", text)
+              .withColumn("is_json", F.coalesce(F.expr("json_object_keys(text)").isNotNull(), F.lit(False))))
+
+
+def infer_schema(spark, df: DataFrame, sample: int = 10_000) -> T.StructType:
+    """The schema of the JSON objects among the first ``sample`` JSON payloads of ``df``
+    (a DataFrame from ``with_json_flag``); an empty struct when there are none."""
+    texts = [r.text for r in df.where("is_json").select("text").limit(int(sample)).collect()]
+    if not texts:
+        return T.StructType([])
+    inferred = spark.read.json(spark.sparkContext.parallelize(texts, 1)).schema
+    return T.StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+
+
+def numeric_fields(schema: T.StructType, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Paths of the numeric leaves of a JSON schema (nested objects included, arrays not)."""
+    out = []
+    for field in schema.fields:
+        path = prefix + (field.name,)
+        if isinstance(field.dataType, T.StructType):
+            out.extend(numeric_fields(field.dataType, path))
+        elif isinstance(field.dataType, _NUMERIC):
+            out.append(path)
+    return out
+
+
+def parse_payloads(df: DataFrame, schema: T.StructType) -> DataFrame:
+    """Adds ``json``: the payload parsed with ``schema`` (null when it is not a JSON object)."""
+    parsed = F.from_json(F.col("text"), schema, {"mode": "PERMISSIVE"})
+    return df.withColumn("json", F.when(F.col("is_json"), parsed))
+
+
+def melt_numeric(df: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
+    """One row per message and numeric field present in it: ``field`` (dotted path), ``value``
+    (double). The other columns of ``df`` but ``payload``, ``text`` and ``json`` are kept."""
+    keep = [c for c in df.columns if c not in ("payload", "text", "json")]
+    if not fields:
+        return (df.select(*keep).withColumn("field", F.lit(None).cast("string"))
+                  .withColumn("value", F.lit(None).cast("double")).where(F.lit(False)))
+    cells = []
+    for path in fields:
+        col = F.col("json")
+        for name in path:
+            col = col.getField(name)
+        cells.append(F.struct(F.lit(".".join(path)).alias("field"), col.cast("double").alias("value")))
+    return (df.select(*keep, F.explode(F.array(*cells)).alias("_cell"))
+              .select(*keep, F.col("_cell.field").alias("field"), F.col("_cell.value").alias("value"))
+              .where(F.col("value").isNotNull() & ~F.isnan("value")))
+
+
+def payload_stats(melted: DataFrame, window_seconds: int) -> DataFrame:
+    """Per window, ``pattern`` and ``field``: count, min, max, mean, p50, p95 of ``value``."""
+    pct = F.percentile_approx("value", [0.5, 0.95], PERCENTILE_ACCURACY)
+    return (with_window(melted, window_seconds)
+            .groupBy("window_start", "window_end", "pattern", "field")
+            .agg(F.count("value").alias("count"), F.min("value").alias("min"), F.max("value").alias("max"),
+                 F.avg("value").alias("mean"), pct.alias("_pct"))
+            .withColumn("p50", F.col("_pct")[0]).withColumn("p95", F.col("_pct")[1]).drop("_pct")
+            .orderBy("window_start", "pattern", "field"))
+
+
+def payload_quality(df: DataFrame) -> DataFrame:
+    """Per ``pattern``: messages, json (JSON objects), non_json, and the share that is not JSON."""
+    return (df.groupBy("pattern")
+              .agg(F.count(F.lit(1)).alias("messages"),
+                   F.sum(F.col("is_json").cast("long")).alias("json"),
+                   F.sum((~F.col("is_json")).cast("long")).alias("non_json"))
+              .withColumn("non_json_share", F.col("non_json") / F.col("messages"))
+              .orderBy(F.desc("messages"), "pattern"))
