@@ -140,6 +140,8 @@ Subscribe on one node and publish on another:
     mosquitto_pub -h {cluster.host} -p {b} -t demo/hello -m 'hello from {cluster.names[-1]}'
 What a node knows of the mesh:
     mqttmesh mesh status --port {a}
+Another node joining this mesh:
+    mqttmesh broker --port {cluster.ports[-1] + 1} --cluster-secret {cluster.secret} --peer {cluster.host}:{a}
 
 Ctrl-C stops every node.""", flush=True)
         while not stop and all(p.poll() is None for p in cluster.procs):
