@@ -231,6 +231,9 @@ class Channel:
                 return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
             self.is_peer = True
             self.peer_node = ident[0]
+            # a peer proved the cluster secret: session snapshots, retained lookups and full
+            # advertisements may exceed the clients' limits.max_packet_size
+            self.decoder.max_packet_size = codec.DEFAULT_MAX_PACKET_SIZE
             return self._accept(ACCEPTED, now)
         if pkt.client_id.startswith("$mesh"):
             return self._accept(ID_REJECTED, now, "ClientIds starting with $mesh are reserved for peer links")
