@@ -115,6 +115,40 @@ class PeerStats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+_ACK_HEAD = struct.Struct(">I")
+
+
+def _encode_acks(groups: list) -> bytes:
+    """End-to-end acknowledgements: per group to:str8 from:str8 count:u32 seq:u64*count."""
+    parts = []
+    for to, frm, seqs in groups:
+        t, f = to.encode(), frm.encode()
+        parts.append(bytes((len(t),)) + t + bytes((len(f),)) + f + _ACK_HEAD.pack(len(seqs)))
+        parts.append(struct.pack(f">{len(seqs)}Q", *seqs))
+    return b"".join(parts)
+
+
+def _decode_acks(payload: bytes) -> list:
+    groups = []
+    pos, size = 0, len(payload)
+    try:
+        while pos < size:
+            n = payload[pos]
+            to = payload[pos + 1:pos + 1 + n].decode()
+            pos += 1 + n
+            n = payload[pos]
+            frm = payload[pos + 1:pos + 1 + n].decode()
+            pos += 1 + n
+            count = _ACK_HEAD.unpack_from(payload, pos)[0]
+            pos += 4
+            seqs = struct.unpack_from(f">{count}Q", payload, pos)
+            pos += 8 * count
+            groups.append((to, frm, seqs))
+    except (struct.error, IndexError, UnicodeDecodeError) as exc:
+        raise MeshProtocolError(f"malformed e2e acknowledgements: {exc}") from None
+    return groups
+
+
 _UNI_HEAD = struct.Struct(">BI")
 
 
@@ -490,6 +524,10 @@ class MeshEngine:
         if kind == "uni":
             stats.control_in += 1
             return self._receive_unicast(payload)
+        if kind == "e2e":
+            stats.control_in += 1
+            self._receive_acks(_decode_acks(payload))
+            return []
         if kind == "fwd":
             stats.batches_in += 1
             try:
@@ -513,8 +551,6 @@ class MeshEngine:
                 self._receive_dbsum(peer, body, now)
             elif kind == "lsreq":
                 self._receive_lsreq(peer, body)
-            elif kind == "e2e":
-                self._receive_acks(body)
             elif kind == "cost":
                 self._set_cost(peer, int(body["cost"]), now)
             else:
@@ -824,7 +860,7 @@ class MeshEngine:
             relay, self._acks_relay = self._acks_relay, {}
             for peer, groups in relay.items():
                 if peer in self._links:
-                    payload = json.dumps(groups).encode()
+                    payload = _encode_acks(groups)
                     stats = self.peer_stats.setdefault(peer, PeerStats())
                     stats.control_out += 1
                     stats.control_bytes_out += len(payload)
