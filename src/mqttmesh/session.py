@@ -149,12 +149,16 @@ class Session:
         entry = self.inflight.get(pid)
         if entry is None or entry.qos != 1:
             return False
+        self._settled(pid, entry)
+        return True
+
+    def _settled(self, pid: int, entry: Entry) -> None:
+        """The client acknowledged ``entry`` for good: free its id, move the queue on."""
         del self.inflight[pid]
         self.acked += 1
         self._stored_remove(entry)
         if self.queue:
             self._refill()
-        return True
 
     def on_pubrec(self, pid: int) -> bool:
         entry = self.inflight.get(pid)
@@ -169,11 +173,7 @@ class Session:
         entry = self.inflight.get(pid)
         if entry is None or entry.state != SENT_PUBREL:
             return False
-        del self.inflight[pid]
-        self.acked += 1
-        self._stored_remove(entry)
-        if self.queue:
-            self._refill()
+        self._settled(pid, entry)
         return True
 
     # -- connection life -------------------------------------------------------------

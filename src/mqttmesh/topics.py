@@ -200,15 +200,7 @@ class RetainedTrie:
         return True
 
     def items(self) -> Iterator[tuple[str, Any]]:
-        stack = [(self._root, [])]
-        while stack:
-            node, prefix = stack.pop()
-            for level, child in node.children.items():
-                path = prefix + [level]
-                if child.subs is not None:
-                    yield "/".join(path), child.subs
-                if child.children:
-                    stack.append((child, path))
+        return _walk(self._root, [])
 
     def match(self, topic_filter: str) -> Iterator[tuple[str, Any]]:
         """Every (topic, value) whose topic matches ``topic_filter``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -11,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import mqttraw as raw  # noqa: E402
 from conftest import free_port, wait_for  # noqa: E402
+from faultrelay import FaultRelay  # noqa: E402
 
 from mqttmesh.admin import fetch_status  # noqa: E402
 
@@ -39,6 +41,39 @@ def start_mesh(broker_factory, names, edges, extra=(), connect="configured", pee
         nodes[name].args = args
         nodes[name].start()
     return nodes
+
+
+@contextlib.contextmanager
+def relayed_mesh(broker_factory, names, edges, relayed=(), extra=(), per_node=None, record=False):
+    """Like start_mesh, with the links in ``relayed`` going through a FaultRelay each.
+
+    Yields (nodes, relays); relays[(a, b)] is the relay a dials to reach b. The relays are
+    closed on exit (the nodes by the fixture).
+    """
+    ports = {n: free_port() for n in names}
+    relays = {}
+    try:
+        for a, b in relayed:
+            relays[(a, b)] = FaultRelay("127.0.0.1", ports[b])
+            if record:
+                relays[(a, b)].record()  # from the first byte of the link
+        nodes = {}
+        for name in names:
+            node = broker_factory(name=name, start=False)
+            node.port = ports[name]
+            node.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
+                         *extra, *((per_node or {}).get(name, ()))]
+            for a, b in edges:
+                if a == name:
+                    node.args += ["--peer", relays[(a, b)].address if (a, b) in relays
+                                  else f"127.0.0.1:{ports[b]}"]
+            nodes[name] = node
+        for name in names:
+            nodes[name].start()
+        yield nodes, relays
+    finally:
+        for relay in relays.values():
+            relay.close()
 
 
 def status(node, timeout=5.0):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from conftest import free_port, wait_for
-from faultrelay import FaultRelay
-from meshutil import SECRET, Subscriber, _tolerant, publish, start_mesh, status, wait_converged, wait_interest
+from conftest import wait_for
+from meshutil import (Subscriber, _tolerant, publish, relayed_mesh, start_mesh, status, wait_converged,
+                      wait_interest)
 
 import mqttraw as raw
 from mqttmesh.mesh.hrw import owners
@@ -218,27 +218,12 @@ def test_retained_messages_are_mesh_wide_survive_their_owner_and_delete_everywhe
 
 def test_partition_with_one_client_id_on_both_sides_keeps_one_after_heal(broker_factory):
     names = ["a", "b", "c", "d"]
-    ports = {n: free_port() for n in names}
-    relay_bc = FaultRelay("127.0.0.1", ports["c"])
-    relay_da = FaultRelay("127.0.0.1", ports["a"])
-    try:
-        edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
-        via = {("b", "c"): relay_bc.address, ("d", "a"): relay_da.address}
-        nodes = {}
-        for name in names:
-            b = broker_factory(name=name, start=False)
-            b.port = ports[name]
-            b.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
-                      "--mesh-keepalive", "0.3"]
-            for x, y in edges:
-                if x == name:
-                    b.args += ["--peer", via.get((x, y)) or f"127.0.0.1:{ports[y]}"]
-            nodes[name] = b
-        for n in names:
-            nodes[n].start()
+    edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
+    with relayed_mesh(broker_factory, names, edges, relayed=[("b", "c"), ("d", "a")],
+                      extra=("--mesh-keepalive", "0.3")) as (nodes, relays):
         wait_converged(nodes, edges)
-        relay_bc.block()
-        relay_da.block()
+        for relay in relays.values():
+            relay.block()
         wait_for(_tolerant(lambda: not status(nodes["a"])["nodes"]["c"]["reachable"]
                            and not status(nodes["c"])["nodes"]["a"]["reachable"]), 10, what="the split")
         left = raw.RawClient(nodes["a"].host, nodes["a"].port)
@@ -246,35 +231,24 @@ def test_partition_with_one_client_id_on_both_sides_keeps_one_after_heal(broker_
         assert left.connect(client_id="twin").body == b"\x00\x00"
         assert right.connect(client_id="twin").body == b"\x00\x00"
         assert alive(left) and alive(right)  # both sides serve during the split
-        relay_bc.unblock()
-        relay_da.unblock()
+        for relay in relays.values():
+            relay.unblock()
         wait_converged(nodes, edges, timeout=20)
         wait_for(lambda: alive(left) + alive(right) == 1, 15, interval=0.2,
                  what="exactly one of the two connections to remain")
         left.close()
         right.close()
-    finally:
-        relay_bc.close()
-        relay_da.close()
 
 
 def test_messages_in_custody_survive_kill_of_their_origin(broker_factory, tmp_path):
     """A QoS 1 message acknowledged by its origin node, not yet at its destination, is not lost
     when the origin is killed: the custody is in the origin's store (ARCHITECTURE 7)."""
-    ports = {n: free_port() for n in ("a", "c")}
-    relay = FaultRelay("127.0.0.1", ports["c"])
-    try:
-        nodes = {}
-        for name in ("c", "a"):
-            node = broker_factory(name=name, start=False)
-            node.port = ports[name]
-            # one holder per session, so only custody (not a session replica on a) can save them
-            node.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
-                         "--mesh-keepalive", "0.3", "--retransmit-after", "0.3", "--replication", "1",
-                         "--data-dir", str(tmp_path / f"data-{name}")]
-            if name == "a":
-                node.args += ["--peer", relay.address]
-            nodes[name] = node.start()
+    # one holder per session, so only custody (not a session replica on a) can save them
+    data = {n: ("--data-dir", str(tmp_path / f"data-{n}")) for n in ("a", "c")}
+    with relayed_mesh(broker_factory, ["c", "a"], [("a", "c")], relayed=[("a", "c")], per_node=data,
+                      extra=("--mesh-keepalive", "0.3", "--retransmit-after", "0.3", "--replication", "1")
+                      ) as (nodes, relays):
+        relay = relays[("a", "c")]
         wait_converged(nodes, [("a", "c")])
         cid = next(f"faraway{i}" for i in range(100) if owners(f"faraway{i}", ["a", "c"], 1) == ["c"])
         sub = raw.RawClient(nodes["c"].host, nodes["c"].port)
@@ -304,8 +278,6 @@ def test_messages_in_custody_survive_kill_of_their_origin(broker_factory, tmp_pa
                 back.send(raw.puback(p.packet_id))
         back.close()
         assert sorted(set(got)) == sorted(f"held-{i}".encode() for i in range(20))
-    finally:
-        relay.close()
 
 
 def test_wildcard_retained_lookup_larger_than_the_client_packet_limit(broker_factory):

@@ -8,9 +8,8 @@ import time
 import pytest
 
 from conftest import wait_for
-from faultrelay import FaultRelay
-from meshutil import (Subscriber, envelopes, envelopes_in, publish, start_mesh, status, wait_converged,
-                      wait_interest)
+from meshutil import (Subscriber, envelopes, envelopes_in, publish, relayed_mesh, start_mesh, status,
+                      wait_converged, wait_interest)
 
 import mqttraw as raw
 
@@ -144,32 +143,11 @@ def test_will_published_on_one_node_reaches_subscriber_on_another(broker_factory
 def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broker_factory):
     # a - b - d is the cheap path; a - c - d goes through relays that add latency
     names = ["a", "b", "c", "d"]
-    relay_ac = relay_cd = None
-    try:
-        nodes = {}
-        # c and d must exist before relays can point at them: start order d, c, b, a
-        relay_targets = {}
-        edges = [("a", "b"), ("b", "d"), ("a", "c"), ("c", "d")]
-        from conftest import free_port
-        ports = {n: free_port() for n in names}
-        relay_ac = FaultRelay("127.0.0.1", ports["c"])
-        relay_cd = FaultRelay("127.0.0.1", ports["d"])
-        relay_ac.delay(0.02)
-        relay_cd.delay(0.02)
-        relay_targets = {("a", "c"): relay_ac.address, ("c", "d"): relay_cd.address}
-        keep = "0.3"
-        for name in names:
-            b = broker_factory(name=name, start=False)
-            b.port = ports[name]
-            args = ["--cluster-secret", "test-secret", "--connect", "configured", "--status-interval", "0.1",
-                    "--mesh-keepalive", keep, "--retransmit-after", "0.5"]
-            for x, y in edges:
-                if x == name:
-                    args += ["--peer", relay_targets.get((x, y)) or f"127.0.0.1:{ports[y]}"]
-            b.args = args
-            nodes[name] = b
-        for name in names:
-            nodes[name].start()
+    edges = [("a", "b"), ("b", "d"), ("a", "c"), ("c", "d")]
+    with relayed_mesh(broker_factory, names, edges, relayed=[("a", "c"), ("c", "d")],
+                      extra=("--mesh-keepalive", "0.3", "--retransmit-after", "0.5")) as (nodes, relays):
+        for relay in relays.values():
+            relay.delay(0.02)
         wait_converged(nodes, edges)
         wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15,
                  what="a to route to d through the cheap b")
@@ -206,42 +184,21 @@ def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broke
             assert sub.payloads()[-1] == b"after-restart"
         finally:
             sub.close()
-    finally:
-        for r in (relay_ac, relay_cd):
-            if r is not None:
-                r.close()
 
 
 def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_factory):
-    from conftest import free_port
     names = ["a", "b", "c", "d"]
-    ports = {n: free_port() for n in names}
     # a-b and c-d direct; the two halves are joined by b-c and d-a through relays
-    relay_bc = FaultRelay("127.0.0.1", ports["c"])
-    relay_da = FaultRelay("127.0.0.1", ports["a"])
-    try:
-        edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
-        via = {("b", "c"): relay_bc.address, ("d", "a"): relay_da.address}
-        nodes = {}
-        for name in names:
-            b = broker_factory(name=name, start=False)
-            b.port = ports[name]
-            args = ["--cluster-secret", "test-secret", "--connect", "configured", "--status-interval", "0.1",
-                    "--mesh-keepalive", "0.3"]
-            for x, y in edges:
-                if x == name:
-                    args += ["--peer", via.get((x, y)) or f"127.0.0.1:{ports[y]}"]
-            b.args = args
-            nodes[name] = b
-        for n in names:
-            nodes[n].start()
+    edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
+    with relayed_mesh(broker_factory, names, edges, relayed=[("b", "c"), ("d", "a")],
+                      extra=("--mesh-keepalive", "0.3")) as (nodes, relays):
         wait_converged(nodes, edges)
         subs = {n: Subscriber(nodes[n], f"p-{n}", "split/#", qos=1) for n in names}
         try:
             for n in names:
                 wait_interest(nodes, "split/#", n)
-            relay_bc.block()
-            relay_da.block()
+            for relay in relays.values():
+                relay.block()
             wait_for(lambda: status(nodes["a"])["nodes"]["c"]["reachable"] is False, 10,
                      what="a to see c unreachable")
             wait_for(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False, 10,
@@ -251,8 +208,8 @@ def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_fact
             subs["b"].wait_count(1)
             subs["d"].wait_count(1)
             assert subs["b"].payloads() == [b"L"] and subs["d"].payloads() == [b"R"]
-            relay_bc.unblock()
-            relay_da.unblock()
+            for relay in relays.values():
+                relay.unblock()
             wait_converged(nodes, edges, timeout=20)
             # what each side held in custody for the other crosses once the mesh is whole
             for n in names:
@@ -268,6 +225,3 @@ def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_fact
         finally:
             for s in subs.values():
                 s.close()
-    finally:
-        relay_bc.close()
-        relay_da.close()

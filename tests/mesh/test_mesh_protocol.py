@@ -5,8 +5,7 @@ from __future__ import annotations
 import struct
 
 from conftest import wait_for
-from faultrelay import FaultRelay
-from meshutil import SECRET, Subscriber, publish, start_mesh, status, wait_converged, wait_interest
+from meshutil import SECRET, Subscriber, publish, relayed_mesh, start_mesh, status, wait_converged, wait_interest
 
 import mqttraw as raw
 
@@ -56,20 +55,9 @@ def check_valid(packets, allowed):
 
 
 def test_peer_link_capture_decodes_as_valid_mqtt_311(broker_factory):
-    from conftest import free_port
-    ports = {"a": free_port(), "b": free_port()}
-    relay = FaultRelay("127.0.0.1", ports["b"])
-    relay.record()
-    try:
-        nodes = {}
-        for name in ("b", "a"):
-            node = broker_factory(name=name, start=False)
-            node.port = ports[name]
-            node.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
-                         "--mesh-keepalive", "0.2"]
-            if name == "a":
-                node.args += ["--peer", relay.address]
-            nodes[name] = node.start()
+    with relayed_mesh(broker_factory, ["b", "a"], [("a", "b")], relayed=[("a", "b")], record=True,
+                      extra=("--mesh-keepalive", "0.2")) as (nodes, relays):
+        relay = relays[("a", "b")]
         wait_converged(nodes, [("a", "b")])
         sub = Subscriber(nodes["b"], "cap-sub", "cap/#", qos=1)
         sub_a = Subscriber(nodes["a"], "cap-sub-a", "back/#", qos=1)
@@ -95,8 +83,6 @@ def test_peer_link_capture_decodes_as_valid_mqtt_311(broker_factory):
         assert any(f >> 4 == raw.PINGREQ for f, _ in to_server)
         assert sum(1 for f, _ in to_server if f >> 4 == raw.PUBLISH) >= 3
         assert sum(1 for f, _ in to_client if f >> 4 == raw.PUBLISH) >= 3
-    finally:
-        relay.close()
 
 
 def test_no_peer_link_without_the_cluster_secret(broker_factory):

@@ -494,12 +494,7 @@ class MeshNode:
             return 0
         for action in actions:
             if action[0] == "unicast":
-                _, frm, kind, body = action
-                self.cluster.wall = time.time()
-                try:
-                    self.cluster.receive(frm, kind, body, now)
-                except (ValueError, KeyError, TypeError) as exc:
-                    log.warning("node %s sent an invalid %s: %r", frm, kind, exc)
+                self._unicast_action(action, now)
                 continue
             _, msg, needs_ack = action
             wrote = broker.deliver_remote(msg)
