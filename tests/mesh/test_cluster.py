@@ -294,3 +294,36 @@ def test_wildcard_retained_lookup_larger_than_the_client_packet_limit(broker_fac
     got = wait_for(lambda: len(_retained(nodes["a"], "bulk/#", 2.0)) == 3000 or None, 20,
                    what="all 3000 retained messages through a '#' lookup on another node")
     assert got
+
+
+def test_registrations_move_with_membership_without_dropping_clients(broker_factory):
+    """When a node leaves and comes back, the registrations it kept move to the new registrars;
+    no connected client is dropped and each ClientId stays registered exactly once."""
+    nodes = mesh3(broker_factory)
+    clients = {}
+    for i in range(30):
+        home = "ab"[i % 2]  # clients on a and b; c (a registrar of some of them) will leave
+        c = raw.RawClient(nodes[home].host, nodes[home].port)
+        assert c.connect(client_id=f"stay-{i}").body == b"\x00\x00"
+        clients[f"stay-{i}"] = (home, c)
+
+    def registered_once(live):
+        seen = {}
+        for name in live:
+            for cid, entry in status(nodes[name])["cluster"]["registrations"].items():
+                if cid.startswith("stay-") and entry["connected"]:
+                    seen.setdefault(cid, []).append(entry["node"])
+        return sorted(seen) == sorted(clients) and all(
+            v == [clients[cid][0]] for cid, v in seen.items())
+
+    wait_for(_tolerant(lambda: registered_once("abc")), 15, what="every client registered once")
+    moved = [cid for cid in clients if owners(cid, ["a", "b", "c"], 1) == ["c"]]
+    assert moved, "some registrations were kept by c"
+    nodes["c"].kill()
+    wait_for(_tolerant(lambda: registered_once("ab")), 15, what="c's registrations moved to a and b")
+    nodes["c"].start()
+    wait_converged(nodes, FULL3)
+    wait_for(_tolerant(lambda: registered_once("abc")), 15, what="the registrations back on c")
+    for cid, (home, c) in clients.items():
+        assert alive(c), f"{cid} was dropped"
+        c.close()
