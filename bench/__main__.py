@@ -26,7 +26,10 @@ from .loadgen import RunError, RunOptions, run_once
 from .workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BROKER_ORDER = ["mqttmesh", "mosquitto", "amqtt"]
+BROKER_ORDER = ["mqttmesh", "mesh2", "mosquitto", "amqtt"]
+# mesh2: two mqttmesh nodes linked as a mesh, publishers on one, subscribers on the other,
+# so every message crosses a peer link (issue 3 compares it with the same-node runs)
+MESH2_ARGS = [["--cluster-secret", "bench"], ["--cluster-secret", "bench", "--peer", "{host}:{ports[0]}"]]
 
 
 def _csv(text: str) -> list[str]:
@@ -39,7 +42,9 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 1 repeat, 0.25 s warm-up, 1 s window (about 2-3 minutes)")
     p.add_argument("--repeat", type=int, default=None, help="runs per measurement, median reported (default 3)")
-    p.add_argument("--brokers", default=",".join(BROKER_ORDER), help="comma list of mqttmesh,mosquitto,amqtt")
+    p.add_argument("--brokers", default=",".join(BROKER_ORDER),
+                   help="comma list of mqttmesh,mesh2,mosquitto,amqtt (mesh2: two linked mqttmesh nodes, "
+                        "publishers on one and subscribers on the other)")
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {','.join(WORKLOADS)}")
     p.add_argument("--qos", default="0,1,2", help="comma list of QoS levels (a workload runs those it has)")
     p.add_argument("--warmup", type=float, default=None, help="seconds published before the window (0.5)")
@@ -102,6 +107,8 @@ def make_brokers(args, logs: Path) -> dict:
     for name in args.broker_list:
         if name == "mqttmesh":
             out[name] = MqttmeshNodes(logs, count=args.mqttmesh_nodes, extra_args=args.node_args)
+        elif name == "mesh2":
+            out[name] = MqttmeshNodes(logs / "mesh2", count=2, extra_args=[list(a) for a in MESH2_ARGS])
         elif name == "mosquitto":
             out[name] = Mosquitto(logs)
         else:
@@ -145,7 +152,8 @@ def main(argv=None) -> int:
     started = time.monotonic()
     logs = RESULTS / "logs"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    settle = args.settle if args.settle is not None else (1.0 if args.mqttmesh_nodes > 1 else 0.0)
+    settle = args.settle if args.settle is not None else (
+        1.0 if args.mqttmesh_nodes > 1 or "mesh2" in args.broker_list else 0.0)
     opts = RunOptions(warmup=args.warmup, duration=args.duration, drain_timeout=args.drain_timeout,
                       connect_timeout=args.connect_timeout, settle=settle,
                       e2e_window=args.e2e_window, inflight=args.inflight, batch=args.batch)

@@ -42,6 +42,11 @@ def ratios(cells: list[dict]) -> None:
     """Add mqttmesh/mosquitto and mqttmesh/amqtt (median delivered msgs/s) to the mqttmesh cells."""
     by_key = {(c["broker"], c["workload"], c["qos"]): c for c in cells}
     for c in cells:
+        if c["broker"] == "mesh2":
+            ours = med(c, "delivered_per_s")
+            same = med(by_key.get(("mqttmesh", c["workload"], c["qos"])), "delivered_per_s")
+            c["vs_same_node"] = (ours / same) if ours is not None and same else None
+            continue
         if c["broker"] != "mqttmesh":
             continue
         ours = med(c, "delivered_per_s")
@@ -90,7 +95,22 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
                             "value": (f"median p99 {p99:.2f} ms (worst run {worst:.2f} ms), "
                                       f"{rate:,.0f} msgs/s delivered") if p99 is not None else "not measured"})
 
-    ours = [c for c in cells if c["broker"] == "mqttmesh" and c["qos"] >= 1]
+    # issue 3: a message crossing a peer link, against the same workload on one node
+    for q in (0, 1):
+        c = by_key.get(("mesh2", "fanin", q))
+        r = c.get("vs_same_node") if c else None
+        targets.append({"target": f"cross-node fanin QoS {q}: delivered msgs/s >= 0.7 x same-node",
+                        "result": verdict(None if r is None else r >= 0.7),
+                        "value": f"{r:.2f} x" if r is not None else "not measured"})
+    for name in sorted(paced):
+        for q in (0, 1):
+            c = by_key.get(("mesh2", name, q))
+            p99 = med(c, "p99_ms")
+            targets.append({"target": f"cross-node {name} (paced 10,000 msgs/s) QoS {q}: p99 <= 3 ms",
+                            "result": verdict(None if p99 is None else p99 <= 3.0),
+                            "value": f"median p99 {p99:.2f} ms" if p99 is not None else "not measured"})
+
+    ours = [c for c in cells if c["broker"] in ("mqttmesh", "mesh2") and c["qos"] >= 1]
     if ours:
         lost = sum(c["summary"]["lost_total"] for c in ours if not c.get("na"))
         runs = sum(c["summary"]["runs_ok"] for c in ours if not c.get("na"))
@@ -100,10 +120,10 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
         value = f"{lost} lost over {runs} runs"
         if failed:
             value += f"; {failed} runs/cells failed (see errors)"
-        targets.append({"target": "zero lost QoS 1/2 messages in every run (mqttmesh)",
+        targets.append({"target": "zero lost QoS 1/2 messages in every run (mqttmesh and mesh2)",
                         "result": verdict(ok), "value": value})
     else:
-        targets.append({"target": "zero lost QoS 1/2 messages in every run (mqttmesh)",
+        targets.append({"target": "zero lost QoS 1/2 messages in every run (mqttmesh and mesh2)",
                         "result": "n/a", "value": "not measured"})
     return targets
 
@@ -117,7 +137,7 @@ def _f(v, fmt: str, none: str = "-") -> str:
 
 def table_rows(cells: list[dict]) -> tuple[list[str], list[list[str]]]:
     head = ["workload", "QoS", "broker", "msgs/s", "p50 ms", "p99 ms", "lost", "dups", "CPU µs/msg",
-            "broker CPU", "gen CPU", "runs", "× mosquitto", "× amqtt"]
+            "broker CPU", "gen CPU", "runs", "× mosquitto", "× amqtt", "× same node"]
     rows = []
     for c in cells:
         if c.get("na"):
@@ -137,6 +157,7 @@ def table_rows(cells: list[dict]) -> tuple[list[str], list[list[str]]]:
             f"{s['runs_ok']}/{s['runs']}",
             _f(c.get("vs_mosquitto"), ".2f") if c["broker"] == "mqttmesh" else "",
             _f(c.get("vs_amqtt"), ".1f") if c["broker"] == "mqttmesh" else "",
+            _f(c.get("vs_same_node"), ".2f") if c["broker"] == "mesh2" else "",
         ])
     return head, rows
 
@@ -289,6 +310,10 @@ warm-up then {o['duration']:g} s measured; 64-byte payloads; loopback.{_busy_not
   **gen CPU**: the same for all load-generator processes together (200 % = both cores). Both figures come
   from /proc/PID/stat, which does not charge the kernel's loopback TCP work (softirq) to any process.
 - **× mosquitto / × amqtt**: mqttmesh's msgs/s over theirs, same workload and QoS.
+- **mesh2 / × same node**: two mqttmesh nodes linked as a mesh (`--cluster-secret`, the second
+  `--peer`s the first), publishers on the first and subscribers on the second, so every message
+  crosses a peer link; the ratio is its msgs/s over the single-node mqttmesh row. Both nodes and
+  the load generator share the machine's two cores, and the broker CPU column adds up both nodes.
 
 ## Method
 
