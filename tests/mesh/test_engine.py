@@ -234,3 +234,16 @@ def test_unicast_is_routed_hop_by_hop_to_its_destination():
     net.settle()
     assert got == [("n2", "n0", "claim", b"\x00binary\xff")]
     assert not net.engines["n0"].send_unicast("nobody", "x", b"")
+
+
+def test_delivery_filter_forgets_by_generations_and_fails_safe_per_qos():
+    from mqttmesh.mesh.dedup import DeliveryFilter
+    f = DeliveryFilter(window=4)
+    assert not f.seen("o", 1) and f.seen("o", 1)
+    for seq in range(2, 20):
+        assert not f.seen("o", seq)
+    assert f.seen("o", 19) and f.seen("o", 13)   # the two generations still known
+    # 3 was forgotten: QoS 1 may be delivered again (at least once), QoS 2 may not
+    assert f.seen("o", 4, qos=2)
+    assert not f.seen("o", 3, qos=1)
+    assert not f.seen("other-origin", 3)           # origins are independent

@@ -36,40 +36,43 @@ class ForwardFilter:
 
 
 class DeliveryFilter:
-    """Per origin: the recent sequence numbers delivered, and the floor of what was forgotten.
+    """Per origin: the sequence numbers delivered recently, and the floor of what was forgotten.
 
-    The set is trimmed to the ``window`` newest entries whenever it doubles, so
-    the cost per message stays one set lookup and one insert. A message older
-    than the floor cannot be told apart any more: a QoS 2 one is taken as seen
-    (exactly once may not become twice), anything else as new (at least once may
-    not become never). Retransmissions come within seconds, so with the default
-    window this only matters for an origin sending hundreds of thousands of
-    messages to this node in that time.
+    Two generations of ``window`` entries each: when the newer one is full the older one
+    is forgotten, and the highest number it held becomes the floor, so the cost per message
+    stays one or two set lookups and one insert. A message at or below the floor cannot be
+    told apart any more: a QoS 2 one is taken as seen (exactly once may not become twice),
+    anything else as new (at least once may not become never). Retransmissions come within
+    seconds, so with the default window this only matters for an origin sending hundreds
+    of thousands of messages to this node in that time.
     """
 
     def __init__(self, window: int = 65536):
         self.window = window
-        self._origins: dict[str, list] = {}   # origin -> [members, floor]
+        # origin -> [newer set, older set, floor, highest in newer, highest in older]
+        self._origins: dict[str, list] = {}
 
     def seen(self, origin: str, seq: int, qos: int = 1) -> bool:
         """True if (origin, seq) was delivered before; otherwise remember it and say False."""
         state = self._origins.get(origin)
         if state is None:
-            state = self._origins[origin] = [set(), -1]
-        members = state[0]
-        if seq in members:
+            state = self._origins[origin] = [set(), set(), -1, -1, -1]
+        newer = state[0]
+        if seq in newer or seq in state[1]:
             return True
-        if seq <= state[1]:
+        if seq <= state[2]:
             return qos == 2
-        members.add(seq)
-        if len(members) > 2 * self.window:
-            newest = sorted(members)
-            state[1] = newest[-self.window - 1]
-            state[0] = set(newest[-self.window:])
+        newer.add(seq)
+        if seq > state[3]:
+            state[3] = seq
+        if len(newer) >= self.window:
+            state[2] = max(state[2], state[4])   # the older generation is forgotten
+            state[1], state[4] = newer, state[3]
+            state[0], state[3] = set(), -1
         return False
 
     def forget_origin(self, origin: str) -> None:
         self._origins.pop(origin, None)
 
     def __len__(self) -> int:
-        return sum(len(s[0]) for s in self._origins.values())
+        return sum(len(s[0]) + len(s[1]) for s in self._origins.values())
