@@ -509,8 +509,10 @@ class MeshNode:
         self.cluster.wall = time.time()
         try:
             self.cluster.receive(frm, kind, body, now)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError) as exc:
             log.warning("node %s sent an invalid %s: %r", frm, kind, exc)
+        except Exception:  # a bug of ours must not take the link's other messages with it
+            log.exception("handling %s from node %s failed", kind, frm)
 
     def _delivered(self, msg: Message) -> None:
         self.engine.delivered(msg)
