@@ -106,6 +106,18 @@ OPTIONS: list[Option] = [
     Option("mesh", "max_age", float, 3600.0, "seconds an unreachable node is remembered before its "
            "advertisements are forgotten", 10),
     Option("mesh", "status_interval", float, 1.0, "seconds between $SYS/mesh/status updates", 0.05),
+    Option("tls", "port", int, 0, "TCP port of a TLS listener for clients, beside the plain one "
+           "(0 = none)", 0, 65535, flag_name="--tls-port"),
+    Option("tls", "cert_file", str, "", "PEM certificate (chain) of this node", flag_name="--tls-cert"),
+    Option("tls", "key_file", str, "", "PEM private key of this node", flag_name="--tls-key"),
+    Option("tls", "ca_file", str, "", "PEM CA bundle: checks client certificates and, with mesh.tls, "
+           "the peers' certificates", flag_name="--tls-ca"),
+    Option("tls", "require_certificate", bool, False, "TLS clients must present a certificate signed "
+           "by tls.ca_file", flag_name="--tls-require-certificate"),
+    Option("mesh", "tls", bool, False, "dial peers with TLS (their advertised or configured addresses "
+           "are then TLS ports) and check their certificates against tls.ca_file", flag_name="--mesh-tls"),
+    Option("mesh", "tls_check_hostname", bool, False, "also check that a peer's certificate names the "
+           "host dialled", flag_name="--mesh-tls-check-hostname"),
     Option("sys", "interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0,
            flag_name="--sys-interval"),
     Option("archive", "enabled", bool, False, "write the messages published at this node (and, with "

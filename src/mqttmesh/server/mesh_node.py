@@ -23,6 +23,7 @@ from ..mesh.client import LinkClient
 from ..mesh.cluster import Cluster, ClusterSettings
 from ..mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
 from ..mesh.peerauth import PEER_USERNAME, check_token, make_token
+from .tls import peer_context
 
 log = logging.getLogger("mqttmesh.mesh")
 
@@ -229,7 +230,8 @@ class Dialer:
             self.attempts += 1
             try:
                 _, protocol = await asyncio.wait_for(
-                    loop.create_connection(lambda: PeerClient(self.mesh, self), self.host, self.port),
+                    loop.create_connection(lambda: PeerClient(self.mesh, self), self.host, self.port,
+                                           ssl=self.mesh.tls, server_hostname=self.host if self.mesh.tls else None),
                     timeout=max(1.0, 3 * self.mesh.config.get("mesh.keepalive")))
             except (OSError, asyncio.TimeoutError) as exc:
                 if self.attempts == 1 or self.attempts % 50 == 0:
@@ -256,6 +258,7 @@ class MeshNode:
         self.loop = node.loop
         self.broker = node.broker
         self.secret = read_secret(config)
+        self.tls = peer_context(config)
         self.engine: MeshEngine | None = None
         self.links: dict[str, _Link] = {}
         self.dialers: dict[str, Dialer] = {}
@@ -294,7 +297,8 @@ class MeshNode:
         node = self.node
         if self.cluster is None:
             self.prepare()
-        advertise = self.config.get("mesh.advertise") or f"{self.config.host}:{node.port}"
+        port = node.tls_port if self.tls is not None and node.tls_port else node.port
+        advertise = self.config.get("mesh.advertise") or f"{self.config.host}:{port}"
         cfg = self.config
         settings = MeshSettings(hop_limit=cfg.get("mesh.hop_limit"),
                                 retransmit_after=cfg.get("mesh.retransmit_after"),

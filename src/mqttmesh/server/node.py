@@ -22,6 +22,7 @@ from ..session import Limits
 from ..store import Journal
 from .connection import Connection
 from .sqlite_store import SqliteStore
+from .tls import server_context
 
 log = logging.getLogger("mqttmesh.node")
 
@@ -70,6 +71,8 @@ class Node:
         self._commit_scheduled = False
         self._commit_in_flight = False
         self._server: asyncio.base_events.Server | None = None
+        self._tls_server: asyncio.base_events.Server | None = None
+        self.tls_port = 0
         self._sys_task: asyncio.Task | None = None
         self.started_at = time.time()
         self.port = port
@@ -95,6 +98,13 @@ class Node:
             reuse_address=True, start_serving=False)
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
+        self.tls_port = 0
+        tls = server_context(self.config)
+        if tls is not None:  # tls.port, or mesh.tls (peers dial this one)
+            self._tls_server = await self.loop.create_server(
+                lambda: Connection(self), self.config.host, self.config.get("tls.port"), ssl=tls,
+                backlog=1024, reuse_address=True, start_serving=False)
+            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
         if not self.config.node_id:  # host-port, with the port actually bound
             self.node_id = broker.node_id = broker.settings.node_id = f"{self.config.host}-{self.port}"
         if self.store is not None:
@@ -119,6 +129,9 @@ class Node:
             await self.archive.start()  # files are named by node id and incarnation, known by now
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
         await self._server.start_serving()
+        if self._tls_server is not None:
+            await self._tls_server.start_serving()
+            log.info("TLS listener on %s:%d", self.config.host, self.tls_port)
         if self.config.port_file:
             tmp = self.config.port_file + ".tmp"
             with open(tmp, "w") as fh:
@@ -134,6 +147,8 @@ class Node:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         if self.mesh is not None:
             self.mesh.stop()
         if self._sys_task is not None:
