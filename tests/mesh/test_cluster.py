@@ -327,3 +327,48 @@ def test_registrations_move_with_membership_without_dropping_clients(broker_fact
     for cid, (home, c) in clients.items():
         assert alive(c), f"{cid} was dropped"
         c.close()
+
+
+def test_hand_over_while_messages_flow_loses_and_duplicates_nothing(broker_factory):
+    """Messages published while a persistent client moves from one node to another arrive
+    once each: QoS 2 across the hand-over, with the client's own QoS 2 state kept."""
+    import threading
+    nodes = mesh3(broker_factory)
+    total = 600
+    client = raw.RawClient(nodes["a"].host, nodes["a"].port)
+    assert client.connect(client_id="mover", clean=False).body == b"\x00\x00"
+    client.send(raw.subscribe(1, ("flow/#", 2)))
+    client.expect(raw.SUBACK)
+    wait_interest(nodes, "flow/#", "a")
+    received: list[bytes] = []
+    awaiting_rel: dict[int, bytes] = {}  # the client's side of QoS 2 [MQTT-4.3.3-2]
+
+    def pump(c, until, timeout):
+        deadline = time.monotonic() + timeout
+        while not until() and time.monotonic() < deadline:
+            try:
+                p = c.recv(0.5)
+            except TimeoutError:
+                continue
+            if p.type == raw.PUBLISH:
+                if p.packet_id not in awaiting_rel:
+                    awaiting_rel[p.packet_id] = p.payload
+                    received.append(p.payload)
+                c.send(raw.pubrec(p.packet_id))
+            elif p.type == raw.PUBREL:
+                awaiting_rel.pop(p.packet_id, None)
+                c.send(raw.pubcomp(p.packet_id))
+
+    publisher = threading.Thread(target=lambda: publish(
+        nodes["c"], "flow/x", [f"f{i}".encode() for i in range(total)], qos=2), daemon=True)
+    publisher.start()
+    pump(client, lambda: len(received) >= total // 3, 20)
+    client.close()  # gone without DISCONNECT, in the middle of the stream
+    client = raw.RawClient(nodes["b"].host, nodes["b"].port, timeout=10)
+    assert client.connect(client_id="mover", clean=False).body == b"\x01\x00"
+    pump(client, lambda: len(received) >= total and not publisher.is_alive(), 30)
+    pump(client, lambda: False, 1.0)  # and nothing after that
+    publisher.join(5)
+    client.close()
+    assert sorted(received) == sorted(f"f{i}".encode() for i in range(total))
+    assert len(received) == total, "a message arrived twice"

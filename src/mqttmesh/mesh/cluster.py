@@ -61,7 +61,7 @@ def _unb64(text: str) -> bytes:
 
 class _Claim:
     __slots__ = ("channel", "cid", "clean", "will", "conn", "started", "stage", "epoch", "prev",
-                 "waiting", "snaps", "deadline")
+                 "waiting", "snaps", "deadline", "forwarded")
 
     def __init__(self, channel, cid, clean, will, conn, now):
         self.channel, self.cid, self.clean, self.will, self.conn = channel, cid, clean, will, conn
@@ -72,6 +72,7 @@ class _Claim:
         self.waiting: set[str] = set()
         self.snaps: list = []
         self.deadline = 0.0
+        self.forwarded: list = []   # messages holders forwarded before the session is here
 
 
 class _Local:
@@ -181,7 +182,7 @@ class Cluster:
             elif claim.stage == "gather":
                 claim.waiting &= live
                 if not claim.waiting:
-                    self._finish(claim, merge_snapshots(claim.snaps), now)
+                    self._finish(claim, now)
 
     def _rebalance_registry(self) -> None:
         for cid, entry in list(self.entries.items()):
@@ -230,14 +231,11 @@ class Cluster:
             # a clean start discards the persistent session wherever it is [MQTT-3.1.2-6]
             for node in set(self.holders(claim.cid, prev)) - {self.node_id}:
                 self._send(node, "sess.discard", {"cid": claim.cid, "epoch": epoch})
-            self._finish(claim, None, now)
+            self._finish(claim, now)
             return
         targets = (set(self.holders(claim.cid, prev)) | ({prev} if prev else set())) - {self.node_id}
         targets &= set(self.live)
         claim.stage = "gather"
-        own = broker.sessions.get(claim.cid)
-        if own is not None and getattr(own, "replicated", False):
-            claim.snaps.append(snapshot(own))
         claim.waiting = set()
         for node in targets:
             if self._send(node, "sess.fetch", {"cid": claim.cid, "conn": claim.conn, "epoch": epoch,
@@ -245,9 +243,9 @@ class Cluster:
                 claim.waiting.add(node)
         claim.deadline = now + self.settings.gather_timeout
         if not claim.waiting:
-            self._finish(claim, merge_snapshots(claim.snaps), now)
+            self._finish(claim, now)
 
-    def _finish(self, claim: _Claim, merged: dict | None, now: float) -> None:
+    def _finish(self, claim: _Claim, now: float) -> None:
         self.claims.pop(claim.conn, None)
         claim.stage = "done"
         channel = claim.channel
@@ -255,6 +253,14 @@ class Cluster:
             self._release(claim.cid, claim.conn, claim.epoch)
             return
         broker = self.broker
+        merged = None
+        if not claim.clean:
+            # our own copy as it is now (it kept queueing while we gathered), and the others'
+            own = broker.sessions.get(claim.cid)
+            snaps = list(claim.snaps)
+            if own is not None and getattr(own, "replicated", False):
+                snaps.append(snapshot(own))
+            merged = merge_snapshots(snaps)
         session, present = broker.open_session(channel, claim.cid, claim.clean)
         if not claim.clean and getattr(session, "replicated", False):
             if merged is not None:
@@ -269,6 +275,8 @@ class Cluster:
                 present = True
             session.active_node = self.node_id
             session.epoch = max(session.epoch, claim.epoch)
+            for body in claim.forwarded:  # what holders forwarded while we gathered
+                self._sess_fwd(body)
         self.local[claim.cid] = _Local(channel, claim.conn, claim.epoch, claim.will, claim.clean, self.wall)
         channel.claimed(session, present, now)
         if not claim.clean and getattr(session, "replicated", False):
@@ -403,7 +411,7 @@ class Cluster:
             claim.snaps.append(msg["snap"])
         claim.waiting.discard(frm)
         if not claim.waiting:
-            self._finish(claim, merge_snapshots(claim.snaps), now)
+            self._finish(claim, now)
 
     def _replica(self, cid: str, create: bool = True):
         session = self.broker.sessions.get(cid)
@@ -657,7 +665,7 @@ class Cluster:
                     self.counters["claim_timeouts"] += 1
                     self._granted(claim, 0, None, now)
                 elif claim.stage == "gather":
-                    self._finish(claim, merge_snapshots(claim.snaps), now)
+                    self._finish(claim, now)
         for qid, lookup in list(self.lookups.items()):
             if now >= lookup.deadline:
                 self._deliver_lookup(qid)
@@ -706,10 +714,13 @@ class Cluster:
             msg.timestamp]})
 
     def _sess_fwd(self, body: dict) -> None:
+        topic, payload, qos, retain, origin, seq, publisher, ts = body["msg"]
         session = self.broker.sessions.get(body["cid"])
         if session is None or not getattr(session, "replicated", False):
+            for claim in self.claims.values():
+                if claim.cid == body["cid"] and claim.stage == "gather":
+                    claim.forwarded.append(body)  # the session is still being gathered: for _finish
             return
-        topic, payload, qos, retain, origin, seq, publisher, ts = body["msg"]
         granted = None
         from ..topics import filter_matches
         for f, q in session.subscriptions.items():
