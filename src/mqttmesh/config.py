@@ -146,6 +146,9 @@ OPTIONS: list[Option] = [
            0.1, flag_name="--archive-log-interval"),
     Option("archive", "stop_timeout", float, 60.0, "seconds a stopping node waits for the archive writer "
            "to write what it holds before it kills the writer", 0.1, flag_name="--archive-stop-timeout"),
+    Option("archive", "writer_nice", int, 10, "CPU priority the archive writer process gives up (nice): on a "
+           "saturated machine delivery goes first and a writer that falls behind drops", 0, 19,
+           flag_name="--archive-writer-nice"),
 ]
 
 _BY_NAME = {o.name: o for o in OPTIONS}
@@ -229,11 +232,9 @@ def _flatten_toml(data: dict, path: str) -> dict[str, Any]:
             flat[key] = value
     for name in flat:
         if name not in _BY_NAME:
-            hint = ""
             base = name.rsplit(".", 1)[-1]
-            for option in OPTIONS:
-                if option.key == base:
-                    hint = f" (did you mean {option.name!r}?)"
+            candidates = [repr(o.name) for o in OPTIONS if o.key == base]
+            hint = f" (did you mean {' or '.join(candidates)}?)" if candidates else ""
             raise ConfigError(f"{path}: unknown key {name!r}{hint}")
     return flat
 
