@@ -160,6 +160,21 @@ Ctrl-C stops every node.""", flush=True)
     return 0
 
 
+def cmd_analyze(args: argparse.Namespace) -> int:
+    from .pipeline.cli import run  # pyspark is imported only here, not by the broker
+    return run(args)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+    return run_demo(args)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .sim.cli import run  # the simulator (and matplotlib) only when asked for
+    return run(args)
+
+
 def cmd_run_local(args: argparse.Namespace) -> int:
     """What `make run` starts: a three-node full mesh on 127.0.0.1:1883-1885."""
     return main(["cluster", "up", "--nodes", str(args.nodes), "--topology", "full",
@@ -186,6 +201,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("config-reference", help="print the configuration reference (Markdown)")
     p.set_defaults(func=cmd_config_reference)
+
+    p = sub.add_parser("analyze", help="run a Spark job of the data pipeline over the archive (docs/pipeline.md)")
+    from .pipeline.cli import add_arguments as add_analyze_arguments  # argparse only, no pyspark
+    add_analyze_arguments(p)
+    p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("demo", help="a sensor workload on a local mesh, then its traffic and payload reports")
+    from .demo import add_arguments as add_demo_arguments
+    add_demo_arguments(p)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("simulate", help="run a scenario on the discrete-event simulator (docs/simulation.md)")
+    from .sim.cli import add_arguments as add_simulate_arguments  # argparse only
+    add_simulate_arguments(p)
+    p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("run-local", help="what `make run` starts: a local three-node mesh")
     p.add_argument("--host", default="127.0.0.1")

@@ -40,6 +40,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--flush-interval", type=float, default=ArchiveLimits.flush_interval)
     p.add_argument("--flush-rows", type=int, default=ArchiveLimits.flush_rows)
     p.add_argument("--flush-bytes", type=int, default=ArchiveLimits.flush_bytes)
+    p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much")
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -48,6 +49,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.nice:
+        try:
+            os.nice(args.nice)  # the node and its clients first; a writer that falls behind drops
+        except OSError:
+            pass
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     out = sys.stdout.buffer

@@ -136,7 +136,7 @@ class FileWriter:
         self.incarnation = incarnation
         self.limits = limits
         self.compression = None if compression == "none" else compression
-        self.report = report or (lambda *args: None)
+        self.report = report if report is not None else (lambda *args: None)
         self.number = 0
         self.pending = {k: _Pending() for k in KINDS}
         self.last_error: str | None = None

@@ -259,7 +259,7 @@ class MeshEngine:
         if peer == self.node_id:
             return []
         self._links[peer] = max(self.settings.min_cost, cost or self.settings.min_cost)
-        self.peer_stats.setdefault(peer, PeerStats())
+        self._stats(peer)
         self._originate_router(now)
         self._spf_dirty = True
         # database exchange: tell the new neighbour what we hold (OSPF-style summary)
@@ -308,6 +308,13 @@ class MeshEngine:
         self._originate_router(now)
         self._spf_dirty = True
         return True
+
+    def _stats(self, peer: str) -> PeerStats:
+        # not setdefault(peer, PeerStats()): that builds a PeerStats for every message
+        stats = self.peer_stats.get(peer)
+        if stats is None:
+            stats = self.peer_stats[peer] = PeerStats()
+        return stats
 
     @property
     def neighbours(self) -> list[str]:
@@ -520,7 +527,7 @@ class MeshEngine:
 
     def receive(self, peer: str, kind: str, payload: bytes, now: float) -> list:
         """Something a neighbour sent on our link; returns the local deliveries it causes."""
-        stats = self.peer_stats.setdefault(peer, PeerStats())
+        stats = self._stats(peer)
         if kind == "uni":
             stats.control_in += 1
             return self._receive_unicast(payload)
@@ -805,7 +812,7 @@ class MeshEngine:
             for peer, kind, body in control:
                 if peer in self._links:
                     payload = json.dumps(body).encode()
-                    stats = self.peer_stats.setdefault(peer, PeerStats())
+                    stats = self._stats(peer)
                     stats.control_out += 1
                     stats.control_bytes_out += len(payload)
                     actions.append(("send", peer, kind, payload, 1))
@@ -823,7 +830,7 @@ class MeshEngine:
                             raw = encoded[id(lsa)] = json.dumps(lsa).encode()
                         parts.append(raw)
                     payload = b"[" + b", ".join(parts) + b"]"
-                    stats = self.peer_stats.setdefault(peer, PeerStats())
+                    stats = self._stats(peer)
                     stats.control_out += 1
                     stats.control_bytes_out += len(payload)
                     actions.append(("send", peer, "lsa", payload, 1))
@@ -833,7 +840,7 @@ class MeshEngine:
             for peer, envelopes in outbox.items():
                 if peer not in self._links:
                     continue
-                stats = self.peer_stats.setdefault(peer, PeerStats())
+                stats = self._stats(peer)
                 stats.envelopes_out += len(envelopes)
                 start = 0
                 size = 0
@@ -852,7 +859,7 @@ class MeshEngine:
             for peer, records in unicast.items():
                 if peer in self._links:
                     payload = b"".join(records)
-                    stats = self.peer_stats.setdefault(peer, PeerStats())
+                    stats = self._stats(peer)
                     stats.control_out += 1
                     stats.control_bytes_out += len(payload)
                     actions.append(("send", peer, "uni", payload, 1))
@@ -861,7 +868,7 @@ class MeshEngine:
             for peer, groups in relay.items():
                 if peer in self._links:
                     payload = _encode_acks(groups)
-                    stats = self.peer_stats.setdefault(peer, PeerStats())
+                    stats = self._stats(peer)
                     stats.control_out += 1
                     stats.control_bytes_out += len(payload)
                     actions.append(("send", peer, "e2e", payload, 0))

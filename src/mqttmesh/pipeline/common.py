@@ -7,19 +7,21 @@ from pyspark.sql import functions as F
 
 from .options import filter_regex
 
-__all__ = ["with_window", "topic_prefix", "with_pattern", "OTHER"]
+__all__ = ["window_of", "unwrap_window", "topic_prefix", "with_pattern", "OTHER"]
 
 OTHER = "(other)"
 
 
-def with_window(df: DataFrame, seconds: int, column: str = "timestamp") -> DataFrame:
-    """Adds ``window_start`` and ``window_end``: the tumbling window of ``seconds`` (UTC-aligned)
-    that holds ``column``."""
-    w = F.window(column, f"{int(seconds)} seconds")
-    return (df.withColumn("_w", w)
-              .withColumn("window_start", F.col("_w.start"))
-              .withColumn("window_end", F.col("_w.end"))
-              .drop("_w"))
+def window_of(seconds: int, column: str = "timestamp") -> Column:
+    """The tumbling window of ``seconds`` (UTC-aligned) holding ``column``, as ``window``: group
+    by this (not by its start) so that a streaming query can close windows by watermark."""
+    return F.window(column, f"{int(seconds)} seconds").alias("window")
+
+
+def unwrap_window(df: DataFrame) -> DataFrame:
+    """``window`` (a struct) -> ``window_start``, ``window_end``, in first place."""
+    rest = [c for c in df.columns if c != "window"]
+    return df.select(F.col("window.start").alias("window_start"), F.col("window.end").alias("window_end"), *rest)
 
 
 def topic_prefix(topic: Column, level: int) -> Column:

@@ -75,15 +75,19 @@ def list_files(roots: list[str], kind: str, since=None, until=None) -> list[str]
     return out
 
 
-def check_file(path: str, kind: str) -> str | None:
-    """Why ``path`` is not a readable archive file of ``kind`` (None when it is)."""
+def check_file(path: str, kind: str, full: bool = False) -> str | None:
+    """Why ``path`` is not a readable archive file of ``kind`` (None when it is).
+
+    By default only the footer is read (truncated, foreign or other-version files); with
+    ``full`` every page is decompressed and decoded too (a damaged page in a good file).
+    """
     import pyarrow.parquet as pq
 
     try:
         meta = pq.read_metadata(path)
         schema = meta.schema.to_arrow_schema()
     except Exception as exc:  # pyarrow says ArrowInvalid/OSError for truncated and foreign files
-        return f"not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        return f"not a readable Parquet file ({type(exc).__name__}: {_first_line(exc)})"
     info = schema.metadata or {}
     version = info.get(b"mqttmesh.archive")
     if version is None:
@@ -96,16 +100,27 @@ def check_file(path: str, kind: str) -> str | None:
     missing = [name for name, _, _ in COLUMNS[kind] if name not in schema.names]
     if missing:
         return f"columns missing: {', '.join(missing)}"
+    if full:
+        try:
+            pq.ParquetFile(path).read()
+        except Exception as exc:
+            return f"damaged data ({type(exc).__name__}: {_first_line(exc)})"
     return None
 
 
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:200]
+
+
 def read_log(spark, roots: list[str], kind: str, since=None, until=None, on_corrupt: str = "skip",
-             say: Callable[[str], None] = print, required: bool = True):
+             say: Callable[[str], None] = print, required: bool = True, verify: str = "footer"):
     """The ``kind`` log of the archives under ``roots`` as a DataFrame, rows in [since, until).
 
     ``on_corrupt``: "skip" names each bad file through ``say`` and leaves it out; "fail"
-    raises ExtractError naming the first one. With ``required``, no file at all is an
-    ExtractError; otherwise the result is an empty DataFrame.
+    raises ExtractError naming the first one. ``verify``: "footer" (every file's footer
+    and schema) or "full" (every page too, read once on the driver). With ``required``,
+    no file at all is an ExtractError; otherwise the result is an empty DataFrame.
     """
     from pyspark.sql import functions as F
 
@@ -122,7 +137,7 @@ def read_log(spark, roots: list[str], kind: str, since=None, until=None, on_corr
         if not os.path.isdir(_local(root)):
             raise ExtractError(f"--archive {root}: no such directory")
         for path in list_files([root], kind, since, until):
-            problem = check_file(path, kind)
+            problem = check_file(path, kind, full=verify == "full")
             if problem is None:
                 paths.append(path)
             elif on_corrupt == "fail":

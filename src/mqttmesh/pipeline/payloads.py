@@ -12,20 +12,25 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from .common import with_window
+from .common import unwrap_window, window_of
 
-__all__ = ["with_json_flag", "infer_schema", "numeric_fields", "parse_payloads", "melt_numeric",
-           "payload_stats", "payload_quality", "PERCENTILE_ACCURACY"]
+__all__ = ["with_text", "with_json_flag", "infer_schema", "numeric_fields", "parse_payloads", "melt_numeric",
+           "payload_stats", "payload_totals", "payload_quality", "PERCENTILE_ACCURACY"]
 
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative error 1/accuracy of the rank
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
 
 
+def with_text(df: DataFrame) -> DataFrame:
+    """Adds ``text``: the payload as a string."""
+    return df.withColumn("text", F.col("payload").cast("string"))
+
+
 def with_json_flag(df: DataFrame) -> DataFrame:
-    """Adds ``text`` (the payload as a string) and ``is_json`` (it is a JSON object)."""
-    text = F.col("payload").cast("string")
-    return (df.withColumn("text", text)
-              .withColumn("is_json", F.coalesce(F.expr("json_object_keys(text)").isNotNull(), F.lit(False))))
+    """Adds ``text`` and ``is_json`` (the payload is a JSON object), without parsing it into
+    columns (``parse_payloads`` does both in one pass)."""
+    return (with_text(df)
+            .withColumn("is_json", F.coalesce(F.expr("json_object_keys(text)").isNotNull(), F.lit(False))))
 
 
 def infer_schema(spark, df: DataFrame, sample: int = 10_000) -> T.StructType:
@@ -51,7 +56,12 @@ def numeric_fields(schema: T.StructType, prefix: tuple[str, ...] = ()) -> list[t
 
 
 def parse_payloads(df: DataFrame, schema: T.StructType) -> DataFrame:
-    """Adds ``json``: the payload parsed with ``schema`` (null when it is not a JSON object)."""
+    """Adds ``json``: the payload parsed with ``schema`` (null when it is not a JSON object; a
+    field whose value does not fit its type is null, the others are kept). Needs ``is_json``.
+
+    Spark's corrupt-record field would classify and parse in one pass, but it also marks an
+    object with one ill-typed field as not JSON and drops its other fields: classifying first
+    (``with_json_flag``) costs one more pass over the text and keeps them."""
     parsed = F.from_json(F.col("text"), schema, {"mode": "PERMISSIVE"})
     return df.withColumn("json", F.when(F.col("is_json"), parsed))
 
@@ -75,14 +85,24 @@ def melt_numeric(df: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
 
 
 def payload_stats(melted: DataFrame, window_seconds: int) -> DataFrame:
-    """Per window, ``pattern`` and ``field``: count, min, max, mean, p50, p95 of ``value``."""
+    """Per window, ``pattern`` and ``field``: count, min, max, mean, p50, p95 of ``value``
+    (unordered, so that a streaming query can use it too)."""
     pct = F.percentile_approx("value", [0.5, 0.95], PERCENTILE_ACCURACY)
-    return (with_window(melted, window_seconds)
-            .groupBy("window_start", "window_end", "pattern", "field")
-            .agg(F.count("value").alias("count"), F.min("value").alias("min"), F.max("value").alias("max"),
-                 F.avg("value").alias("mean"), pct.alias("_pct"))
-            .withColumn("p50", F.col("_pct")[0]).withColumn("p95", F.col("_pct")[1]).drop("_pct")
-            .orderBy("window_start", "pattern", "field"))
+    stats = (melted.groupBy(window_of(window_seconds), "pattern", "field")
+                   .agg(F.count("value").alias("count"), F.min("value").alias("min"), F.max("value").alias("max"),
+                        F.avg("value").alias("mean"), pct.alias("_pct")))
+    return (unwrap_window(stats)
+            .withColumn("p50", F.col("_pct")[0]).withColumn("p95", F.col("_pct")[1]).drop("_pct"))
+
+
+def payload_totals(melted: DataFrame) -> DataFrame:
+    """Per ``pattern`` and ``field`` over the whole input: count, min, max, mean, p50, p95."""
+    pct = F.percentile_approx("value", [0.5, 0.95], PERCENTILE_ACCURACY)
+    return (melted.groupBy("pattern", "field")
+                  .agg(F.count("value").alias("count"), F.min("value").alias("min"), F.max("value").alias("max"),
+                       F.avg("value").alias("mean"), pct.alias("_pct"))
+                  .withColumn("p50", F.col("_pct")[0]).withColumn("p95", F.col("_pct")[1]).drop("_pct")
+                  .orderBy("pattern", "field"))
 
 
 def payload_quality(df: DataFrame) -> DataFrame:

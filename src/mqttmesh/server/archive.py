@@ -61,6 +61,7 @@ class ArchiveService:
         self.compression = get("archive.compression")
         self.log_interval = get("archive.log_interval")
         self.stop_timeout = get("archive.stop_timeout")
+        self.writer_nice = get("archive.writer_nice")
         self.sys_interval = get("sys.interval")
         self.log_level = config.log_level
         self.process: asyncio.subprocess.Process | None = None
@@ -104,7 +105,8 @@ class ArchiveService:
                "--node", self.node.node_id, "--incarnation", str(self.node.incarnation),
                "--generation", str(self.generation), "--compression", self.compression,
                "--flush-interval", repr(lim.flush_interval), "--flush-rows", str(lim.flush_rows),
-               "--flush-bytes", str(lim.flush_bytes), "--log-level", self.log_level]
+               "--flush-bytes", str(lim.flush_bytes), "--nice", str(self.writer_nice),
+               "--log-level", self.log_level]
         r, w = os.pipe()
         try:  # a large pipe: fewer, larger writes of the chunks (Linux; elsewhere the default size)
             import fcntl

@@ -23,6 +23,7 @@ import json
 import random
 import time
 
+from ..mesh import engine as engine_module
 from ..mesh.engine import MeshEngine, MeshProtocolError
 from ..message import Message
 from ..topics import SubscriptionTrie
@@ -35,15 +36,50 @@ from .workload import TopicSpace
 __all__ = ["Simulator", "Episode"]
 
 (ARRIVE, FLUSH, TICK, PING, DIAL, DETECT, FAULT, PUBLISH, CHURN, CHECK, MSGCHECK, START,
- END) = range(13)
+ DRAIN, END) = range(14)
 
 CONTROL = ("lsa", "dbsum", "lsreq", "cost", "e2e", "uni")
 PROPAGATING = ("lsa", "dbsum", "lsreq", "cost")  # routing control: what a round of advertisement is made of
+# episodes whose control traffic is attributed (advertisements parsed); not the start, whose
+# traffic is all of it, nor spontaneous re-costing
+ATTRIBUTED = ("link_down", "link_up", "crash", "restart", "partition", "heal", "latency", "subscription")
+
+
+class SharedDecoding:
+    """The ``json`` the engines of one simulation use: a payload decoded once for all its receivers.
+
+    A node floods the same advertisements to several neighbours, so the same bytes arrive at
+    several engines; in one process they need decoding once. This is safe because the engine
+    only reads what it decodes (and passes the same objects on to be encoded): the simulator
+    checks this with checks.shared_decoding = false giving the very same run
+    (tests/sim/test_sim_scenarios.py). Only ``loads`` differs from the json module.
+    """
+
+    def __init__(self, size: int = 8192):
+        self._cache: dict[bytes, object] = {}
+        self.size = size
+        self.dumps = json.dumps
+        self.hits = 0
+        self.misses = 0
+
+    def loads(self, payload):
+        hit = self._cache.get(payload)
+        if hit is not None:
+            self.hits += 1
+            return hit
+        self.misses += 1
+        value = json.loads(payload)
+        cache = self._cache
+        if len(cache) >= self.size:
+            del cache[next(iter(cache))]  # the oldest: copies of a flush arrive within milliseconds
+        cache[payload] = value
+        return value
 
 
 class Node:
     __slots__ = ("name", "up", "inc", "engine", "filters", "gen", "count", "flush_due", "depth_out",
-                 "seen_inc", "seen_seq", "seen_links", "links", "restarted_at", "down_since")
+                 "seen_inc", "seen_seq", "seen_links", "seen_interest", "seen_seq_i", "links", "restarted_at", "down_since",
+                 "busy_until", "inbox", "drain_due")
 
     def __init__(self, name: str):
         self.name = name
@@ -60,6 +96,11 @@ class Node:
         self.links: list["Link"] = []
         self.restarted_at = -1.0
         self.down_since = -1.0
+        self.seen_interest = None
+        self.seen_seq_i = -1
+        self.busy_until = 0.0         # simulated CPU: the node handles nothing else before then
+        self.inbox: list = []         # what arrived while it was busy, in order
+        self.drain_due = False
 
 
 class Link:
@@ -193,12 +234,16 @@ class Simulator:
         self.results_steady: list[tuple] = []      # (copies0, optimum, dests, qos) of checked messages
         self.stretch: list[float] = []
         self.cost_stretch: list[float] = []
+        self.flush_delay = sc.node.flush_delay_ms / 1000.0
+        self.cpu_msg = sc.node.cpu_us_per_message / 1e6
+        self.cpu_byte = sc.node.cpu_us_per_kb / 1e6 / 1024
         self.settle = sc.checks.settle or self._default_settle()
         self.bin = max(0.05, sc.duration / 400)
         self.timeline: dict[int, list[int]] = {}   # time bin -> [control bytes, data bytes]
         self.node_sends: dict[str, int] = {}       # copies each node sent for checked messages
         self.checked_by_origin: dict[str, int] = {}
         self.wall_start = time.perf_counter()
+        self.decoding = SharedDecoding()
 
     # ------------------------------------------------------------------ event queue
 
@@ -209,6 +254,7 @@ class Simulator:
     def run(self) -> "Simulator":
         sc = self.sc
         self.unstarted = len(self.names)   # the start cannot converge before every node is up
+        self.subscribed = sc.workload.subscribe == "start"
         for n in self.names:
             self._at(self.rng_time.uniform(0, sc.node.start_spread), START, n)
         for i, fault in enumerate(sc.faults):
@@ -226,19 +272,25 @@ class Simulator:
         handlers = {ARRIVE: self._on_arrive, FLUSH: self._on_flush, TICK: self._on_tick, PING: self._on_ping,
                     DIAL: self._on_dial, DETECT: self._on_detect, FAULT: self._on_fault,
                     PUBLISH: self._on_publish, CHURN: self._on_churn, CHECK: self._on_check,
-                    MSGCHECK: self._on_msgcheck, START: self._on_start}
+                    MSGCHECK: self._on_msgcheck, START: self._on_start, DRAIN: self._on_drain}
         heap = self.heap
         next_report = time.perf_counter() + 5.0
-        while heap:
-            ev = heapq.heappop(heap)
-            self.now = ev[0]
-            if ev[2] == END:
-                break
-            self.events += 1
-            handlers[ev[2]](*ev[3:])
-            if self.progress is not None and not self.events & 1023 and time.perf_counter() > next_report:
-                next_report = time.perf_counter() + 5.0
-                self.progress(self._progress_line())
+        saved_json = engine_module.json
+        if sc.checks.shared_decoding:
+            engine_module.json = self.decoding
+        try:
+            while heap:
+                ev = heapq.heappop(heap)
+                self.now = ev[0]
+                if ev[2] == END:
+                    break
+                self.events += 1
+                handlers[ev[2]](*ev[3:])
+                if self.progress is not None and not self.events & 1023 and time.perf_counter() > next_report:
+                    next_report = time.perf_counter() + 5.0
+                    self.progress(self._progress_line())
+        finally:
+            engine_module.json = saved_json
         self._finish()
         return self
 
@@ -262,6 +314,9 @@ class Simulator:
         node.flush_due = False
         node.depth_out = 0
         node.seen_inc = node.seen_seq = -1
+        node.busy_until = self.now
+        node.inbox = []
+        node.drain_due = False
         node.seen_links = None
         e = MeshEngine(node.name, node.inc, [f"{node.name}:1883"], self.settings)
         e.spf_timer = time.perf_counter
@@ -271,11 +326,8 @@ class Simulator:
             self.dormant.remove(f, node.name)
         if not resubscribe:
             node.filters = []
-        for f in node.filters:  # restored sessions come back after start, as in mesh_node
-            e.local_filter_added(f)
-            self.truth.add(f, node.name, 0)
-        if node.filters:
-            self.dirty_interest.add(node.name)
+        if node.inc > 1 or self.sc.workload.subscribe == "start":
+            self._add_filters(node)
         self._want_flush(node)
         self._observe_own(node)
         self._at(self.now + self.rng_time.uniform(0, self.sc.node.tick), TICK, node.name, node.gen)
@@ -283,6 +335,23 @@ class Simulator:
         self.comp_dirty = True
         for link in node.links:
             self._link_check(link, startup=node.inc == 1)
+
+    def _add_filters(self, node: Node) -> None:
+        for f in node.filters:  # restored sessions come back after start, as in mesh_node
+            node.engine.local_filter_added(f)
+            self.truth.add(f, node.name, 0)
+        if node.filters:
+            self.dirty_interest.add(node.name)
+            self._want_flush(node)
+
+    def _clients_arrive(self) -> None:
+        """workload.subscribe = "converged": every node's clients subscribe now."""
+        self.subscribed = True
+        self._disturb("initial subscriptions", "subscribe_all")
+        for node in self.nodes.values():
+            if node.up and node.inc == 1:
+                node.depth_out = max(node.depth_out, 1)
+                self._add_filters(node)
 
     def _crash(self, node: Node, how: str) -> None:
         e = node.engine
@@ -309,11 +378,14 @@ class Simulator:
     def _want_flush(self, node: Node) -> None:
         if not node.flush_due:
             node.flush_due = True
-            self._at(self.now + self.sc.node.flush_delay_ms / 1000.0, FLUSH, node.name, node.gen)
+            self._at(max(self.now, node.busy_until) + self.flush_delay, FLUSH, node.name, node.gen)
 
     def _on_flush(self, name: str, gen: int) -> None:
         node = self.nodes[name]
         if not node.up or node.gen != gen:
+            return
+        if node.busy_until > self.now:  # still reading: the loop flushes once it is idle
+            self._at(node.busy_until, FLUSH, name, gen)
             return
         node.flush_due = False
         self._dispatch(node, node.engine.flush(self.now))
@@ -340,10 +412,12 @@ class Simulator:
                 self._content_changed(name, "router", (r.inc, r.seq))
             node.seen_inc, node.seen_seq = r.inc, r.seq
         i = e.interests[name]
-        key = (i.inc, i.ver)
-        if self.ckey_i.get(name) != key:
-            self.ckey_i[name] = key
-            self._content_changed(name, "interest", key)
+        if i is not node.seen_interest or i.ver != node.seen_seq_i:
+            node.seen_interest, node.seen_seq_i = i, i.ver
+            key = (i.inc, i.ver)
+            if self.ckey_i.get(name) != key:
+                self.ckey_i[name] = key
+                self._content_changed(name, "interest", key)
 
     def _content_changed(self, name: str, what: str, version: tuple) -> None:
         self._disturb(f"{what} change at {name}", "change")
@@ -462,7 +536,7 @@ class Simulator:
             if ep is not None:
                 ep.control_msgs += 1
                 ep.control_bytes += size
-                if ep.kind not in ("start", "change") and self.sc.checks.attribute:
+                if ep.kind in ATTRIBUTED and self.sc.checks.attribute:
                     self._attribute(ep, link, kind, payload)
             else:
                 self.steady_control_bytes += size
@@ -534,17 +608,50 @@ class Simulator:
             ep.attributed_msgs += 1
 
     def _dispatch(self, node: Node, actions: list) -> None:
+        cost = 0.0
         for action in actions:
             if action[0] == "send":
                 self._send(node, action[1], action[2], action[3], action[4])
+                cost += self.cpu_msg + len(action[3]) * self.cpu_byte
         node.depth_out = 0
+        if cost:
+            node.busy_until = max(node.busy_until, self.now) + cost
 
     def _on_arrive(self, src: str, dst: str, kind: str, payload: bytes, conn: int, meta) -> None:
+        node = self.nodes[dst]
+        if not node.up:
+            return
+        if node.busy_until > self.now or node.inbox:
+            # the node is busy: the message waits in the socket, and the next loop iteration
+            # reads everything that waits (a batch), then flushes once
+            node.inbox.append((src, kind, payload, conn, meta))
+            if not node.drain_due:
+                node.drain_due = True
+                self._at(node.busy_until, DRAIN, dst, node.gen)
+            return
+        self._process(node, src, kind, payload, conn, meta)
+
+    def _on_drain(self, name: str, gen: int) -> None:
+        node = self.nodes[name]
+        if not node.up or node.gen != gen:
+            return
+        if node.busy_until > self.now:
+            self._at(node.busy_until, DRAIN, name, gen)
+            return
+        node.drain_due = False
+        inbox, node.inbox = node.inbox, []
+        for src, kind, payload, conn, meta in inbox:
+            if not node.up:
+                break
+            self._process(node, src, kind, payload, conn, meta)
+
+    def _process(self, node: Node, src: str, kind: str, payload: bytes, conn: int, meta) -> None:
+        dst = node.name
         key = (src, dst) if src < dst else (dst, src)
         link = self.links[key]
-        node = self.nodes[dst]
-        if link.conn != conn or not node.up:
+        if link.conn != conn:
             return
+        node.busy_until = max(node.busy_until, self.now) + self.cpu_msg + len(payload) * self.cpu_byte
         if kind == "hello":
             self._hello(link, node, src)
             return
@@ -655,7 +762,10 @@ class Simulator:
         expected = frozenset(n for n in wanted if n != name and n in reach)
         rec = MsgRecord(name, seq, topic, qos, self.now, expected, self.episode is None)
         if qos:
-            rec.dormant = frozenset(self.dormant.match(topic))
+            # QoS 1/2: the origin keeps custody for subscribers it cannot reach now (the other side
+            # of a partition, a crashed node whose sessions persist) and may deliver after the heal
+            rec.dormant = frozenset(n for n in wanted if n != name and n not in reach) | \
+                frozenset(self.dormant.match(topic))
         self.msgs[(name, seq)] = rec
         node.engine.route_local(msg, self.now)
         self._want_flush(node)
@@ -912,6 +1022,8 @@ class Simulator:
         ep.spf_runs, ep.spf_seconds = runs - ep.spf_runs0, secs - ep.spf_seconds0
         self.episode = None
         self.steady_since = self.now
+        if not self.subscribed:
+            self._clients_arrive()
         self.epoch_cost = {}
         self.epoch_latency = {}
         self.adj_cost = None
@@ -955,21 +1067,48 @@ class Simulator:
         if self.comp_dirty:
             self._recompute_components()
         nodes = self.nodes
-        ckey_r, ckey_i = self.ckey_r, self.ckey_i
         for m in list(self.stale):
             waiting = self.stale[m]
-            rk, ik = ckey_r[m], ckey_i[m]
             for n in list(waiting):
-                e = nodes[n].engine
-                r = e.routers.get(m)
-                if r is None or (r.inc, r.seq) < rk:
-                    return False
-                i = e.interests.get(m)
-                if i is None or (i.inc, i.ver) != ik:
+                if not self._up_to_date(nodes[n].engine, m):
                     return False
                 waiting.discard(n)
             del self.stale[m]
         return True
+
+    def _up_to_date(self, e: MeshEngine, m: str) -> bool:
+        """Does engine ``e`` route as if it knew ``m``'s current links and filters?"""
+        r = e.routers.get(m)
+        if r is None or (r.inc, r.seq) < self.ckey_r[m]:
+            return False
+        i = e.interests.get(m)
+        if i is not None and (i.inc, i.ver) == self.ckey_i[m]:
+            return True
+        # another version (or none) of the same filters routes the same way
+        mine = self.nodes[m].engine.interests[m].filters
+        return (i.filters if i is not None else ()) == mine
+
+    def _why_unconverged(self) -> str:
+        """The first disagreement between an engine and reality, in words."""
+        if self.dirty_interest or self.unstarted:
+            return "local subscription changes not advertised yet"
+        for link in self.links.values():
+            if not self._settled(link):
+                return (f"link {link.a}-{link.b} is {'available' if self._avail(link) else 'unavailable'} "
+                        f"but its ends have it {'up' if link.side[link.a] else 'down'}/"
+                        f"{'up' if link.side[link.b] else 'down'}")
+        if self.comp_dirty:
+            self._recompute_components()
+        for m, waiting in self.stale.items():
+            for n in sorted(waiting):
+                e = self.nodes[n].engine
+                r, i = e.routers.get(m), e.interests.get(m)
+                have_r = (r.inc, r.seq) if r else None
+                have_i = (i.inc, i.ver) if i else None
+                if not self._up_to_date(e, m):
+                    return (f"{n} holds {m}'s router advertisement {have_r} and interest {have_i}; "
+                            f"{m} advertises router {self.ckey_r[m]} and interest {self.ckey_i[m]}")
+        return "unknown"
 
     def _settled(self, link: Link) -> bool:
         established = link.side[link.a] and link.side[link.b]
@@ -1150,6 +1289,11 @@ class Simulator:
         if self.steady_since is not None:
             self.steady_time += self.now - self.steady_since
         v = self.violations
+        ep = self.episode
+        if ep is not None and self.now - self.last_disturbance > self.sc.checks.max_convergence:
+            v.add("convergence", f"still not converged at the end ({self.now:.1f}s), "
+                                 f"{self.now - self.last_disturbance:.1f}s after the last disturbance "
+                                 f"(episode '{ep.cause}' since {ep.start:.2f}s): {self._why_unconverged()}")
         episodes = self.episodes
         for rec in self.msgs.values():
             ep = self._episode_at(rec.t)

@@ -48,6 +48,10 @@ class NodeModel:
     handshake_rtts: int = 3           # TCP + CONNECT/CONNACK + SUBSCRIBE/SUBACK before hello
     start_spread: float = 0.1         # nodes start at random times in [0, this)
     rtt_jitter: float = 0.0           # RTT samples vary by up to this fraction
+    # simulated CPU: a node handles one message at a time and flushes when idle, as the
+    # asyncio loop does, so a busy node batches more (0 and 0: infinitely fast nodes)
+    cpu_us_per_message: float = 20.0
+    cpu_us_per_kb: float = 10.0
 
 
 @dataclass
@@ -67,6 +71,9 @@ class Workload:
     start: float = 5.0                # publishing (and churn) starts
     churn: float = 0.0                # subscription changes per node per second
     resubscribe: bool = True          # a restarted node gets its subscriptions back (sessions)
+    # "start": each node has its subscriptions when it starts (restored persistent sessions);
+    # "converged": clients subscribe once the mesh has formed (see docs/simulation.md, finding 1)
+    subscribe: str = "start"
 
 
 @dataclass
@@ -75,7 +82,9 @@ class Checks:
     settle: float = 0.0               # a message's delivery window; 0: from the topology
     routes: int = 0                   # nodes whose routes are checked at each convergence; 0: all
     fail: bool = True                 # a violated invariant fails the run
+    max_convergence: float = 30.0     # still converging this long after a disturbance: a violation
     attribute: bool = True            # parse advertisements to attribute control traffic to faults
+    shared_decoding: bool = True      # decode a payload once for all the engines it reaches (core.py)
 
 
 FAULT_KINDS = {
@@ -262,6 +271,8 @@ def _validate(sc: Scenario) -> None:
     if not 0.0 <= t.loss < 1.0:
         raise ScenarioError("topology.loss: a probability below 1")
     w = sc.workload
+    if w.subscribe not in ("start", "converged"):
+        raise ScenarioError(f"workload.subscribe: \"start\" or \"converged\", got {w.subscribe!r}")
     if len(w.qos) != 3 or sum(w.qos) <= 0:
         raise ScenarioError("workload.qos: three shares (QoS 0, 1, 2), not all zero")
     if not w.levels or any(v < 1 for v in w.levels):

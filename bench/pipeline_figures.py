@@ -1,0 +1,238 @@
+"""Figures of the data pipeline (docs/pipeline.md, "Figures").
+
+    .venv/bin/python -m bench.pipeline_figures archive [--rounds 3] [--workloads fanin,fanout] [--qos 0,1]
+        broker throughput with the archive off and on, alternating, in the benchmark harness;
+        archive bytes per message of the runs with the archive on
+    .venv/bin/python -m bench.pipeline_figures spark [--rows 10000000] [--master local[2]]
+        a synthetic archive in the archive's exact schema and encoding (pyarrow, vectorised),
+        then the traffic and payloads jobs on it: rows per second and per core
+    .venv/bin/python -m bench.pipeline_figures bytes DIR
+        bytes per message of an existing archive (e.g. the one `mqttmesh demo` wrote)
+
+Every process it starts is ended by PID (the harness does the same for its own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def archive_bytes(directory: str, kind: str = "publish") -> tuple[int, int, int]:
+    """(files, rows, bytes) of the archive files of ``kind`` under ``directory``."""
+    import pyarrow.parquet as pq
+
+    files = rows = size = 0
+    for dirpath, _, names in os.walk(os.path.join(directory, kind)):
+        for n in names:
+            if n.endswith(".parquet") and not n.startswith("."):
+                path = os.path.join(dirpath, n)
+                files += 1
+                rows += pq.read_metadata(path).num_rows
+                size += os.path.getsize(path)
+    return files, rows, size
+
+
+# -- broker throughput, archive off and on ---------------------------------------------------------
+
+def _bench_once(workload: str, qos: int, extra: str, duration: float, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "bench", "--brokers", "mqttmesh", "--workloads", workload, "--qos", str(qos),
+           "--repeat", "1", "--duration", str(duration), "--json", str(out), "--no-md"]
+    if extra:
+        cmd += ["--mqttmesh-args", extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench failed: {err[-2000:]}")
+    cell = json.loads(out.read_text())["cells"][0]["summary"]
+    return {"msgs_per_s": cell["delivered_per_s"]["median"], "cpu_us": cell["broker_cpu_us_per_msg"]["median"]}
+
+
+def figures_archive(args) -> int:
+    work = Path(tempfile.mkdtemp(prefix="mqttmesh-archive-figures-"))
+    results = []
+    try:
+        for workload in args.workloads.split(","):
+            for qos in (int(q) for q in args.qos.split(",")):
+                off, on, nbytes = [], [], []
+                for r in range(args.rounds):
+                    for mode in ("off", "on"):
+                        arch = work / f"{workload}-{qos}-{r}"
+                        shutil.rmtree(arch, ignore_errors=True)
+                        extra = "" if mode == "off" else f"--archive true --archive-dir {shlex.quote(str(arch))}"
+                        res = _bench_once(workload, qos, extra, args.duration, work / "run.json")
+                        (off if mode == "off" else on).append(res)
+                        if mode == "on":
+                            files, rows, size = archive_bytes(str(arch))
+                            nbytes.append((rows, size))
+                        print(f"{workload} QoS {qos} round {r + 1} archive {mode:3}: {res['msgs_per_s']:>10,.0f} "
+                              f"msgs/s, broker {res['cpu_us']:.2f} us/msg", flush=True)
+                m_off = statistics.median(x["msgs_per_s"] for x in off)
+                m_on = statistics.median(x["msgs_per_s"] for x in on)
+                rows = sum(r for r, _ in nbytes)
+                size = sum(s for _, s in nbytes)
+                results.append((workload, qos, m_off, m_on, (m_on - m_off) / m_off * 100,
+                                statistics.median(x["cpu_us"] for x in off), statistics.median(x["cpu_us"] for x in on),
+                                size / rows if rows else float("nan")))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\nmedian of {args.rounds} alternating runs each ({args.duration:g} s windows):")
+    print("| workload | QoS | archive off msgs/s | archive on msgs/s | change | broker µs/msg off | on "
+          "| archive bytes/msg |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for w, q, a, b, d, ca, cb, bpm in results:
+        print(f"| {w} | {q} | {a:,.0f} | {b:,.0f} | {d:+.1f} % | {ca:.2f} | {cb:.2f} | {bpm:.1f} |")
+    return 0
+
+
+# -- Spark throughput on a synthetic archive --------------------------------------------------------
+
+def synthesize(directory: str, rows: int, nodes: int = 3, devices: int = 1000, sites: int = 10,
+               per_file: int = 200_000, span_s: float = 7200.0, start: float = 1769860800.0) -> int:
+    """An archive of ``rows`` JSON sensor readings in the archive's exact schema and encoding,
+    built with vectorised Arrow calls; returns the number of files."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from mqttmesh.archive.recorder import file_name, partition_dir
+    from mqttmesh.archive.schema import PUBLISH
+    from mqttmesh.archive.writer import _ENCODING, arrow_schema
+
+    rng = np.random.default_rng(1)
+    n_files = 0
+    incarnation = int(start * 16)
+    per_node = rows // nodes
+    for node_index in range(nodes):
+        node = f"n{node_index + 1}"
+        count = per_node + (rows - per_node * nodes if node_index == nodes - 1 else 0)
+        seq0 = incarnation << 28
+        for lo in range(0, count, per_file):
+            n = min(per_file, count - lo)
+            idx = np.arange(lo, lo + n)
+            ts_us = (start + idx * (span_s / count)) * 1e6 + rng.integers(0, 1000, n)
+            dev = rng.integers(0, devices // nodes, n) * nodes + node_index  # each device on one node
+            site = dev % sites
+            temp = 17.0 + 2.5 * site + rng.normal(0, 1.0, n)
+            rh = rng.uniform(30, 70, n)
+            batt = rng.uniform(10, 100, n)
+            fmt = lambda a, d: pc.cast(pa.array(np.round(a, d)), pa.string())  # noqa: E731
+            payload = pc.binary_join_element_wise(
+                '{"temperature": ', fmt(temp, 2), ', "humidity": ', fmt(rh, 1), ', "battery": ', fmt(batt, 1), "}", "")
+            dev_s = pc.cast(pa.array(dev), pa.string())
+            site_s = pc.cast(pa.array(site), pa.string())
+            publisher = pc.binary_join_element_wise("dev-", dev_s, "")
+            topic = pc.binary_join_element_wise("sensors/site-", site_s, "/dev-", dev_s, "/reading", "")
+            seq = pa.array(seq0 + idx, pa.int64())
+            origin = pa.array([node] * n, pa.string())
+            payload_b = payload.cast(pa.binary())
+            table = pa.Table.from_arrays([
+                pa.array(ts_us.astype("int64"), pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                pc.binary_join_element_wise(origin, pc.cast(seq, pa.string()), ":"), origin, seq, publisher, topic,
+                pa.array(np.ones(n, dtype="int8")), pa.array(np.zeros(n, dtype=bool)), payload_b,
+                pc.binary_length(payload_b).cast(pa.int32())], schema=arrow_schema(PUBLISH, node))
+            hours = pc.divide(table.column("timestamp").cast(pa.int64()), 3_600_000_000)
+            for h in sorted(set(pc.unique(hours).to_pylist())):
+                part = table.filter(pc.equal(hours, h))
+                folder = os.path.join(directory, partition_dir(PUBLISH, h))
+                os.makedirs(folder, exist_ok=True)
+                n_files += 1
+                pq.write_table(part, os.path.join(folder, file_name(node, incarnation, n_files)), compression="zstd",
+                               **_ENCODING[PUBLISH])
+    return n_files
+
+
+def figures_spark(args) -> int:
+    from mqttmesh.pipeline.jobs import job_options, run_payloads, run_traffic
+    from mqttmesh.pipeline.session import build_session
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="mqttmesh-spark-figures-"))
+    archive = work / "archive"
+    try:
+        if not archive.exists() or args.regenerate:
+            shutil.rmtree(archive, ignore_errors=True)
+            t = time.monotonic()
+            files = synthesize(str(archive), args.rows)
+            print(f"synthesized {args.rows:,} rows in {files} files in {time.monotonic() - t:.0f}s", flush=True)
+        files, rows, size = archive_bytes(str(archive))
+        print(f"archive: {rows:,} rows, {files} files, {size / 1e6:.0f} MB ({size / rows:.1f} bytes/row)", flush=True)
+        cores = int(args.master[len("local["):-1]) if args.master.startswith("local[") and args.master[6:-1].isdigit() \
+            else os.cpu_count()
+        spark = build_session("mqttmesh-figures", args.master, args.shuffle_partitions,
+                              {"spark.driver.memory": args.driver_memory})
+        try:
+            out = []
+            for name, job in (("traffic", run_traffic), ("payloads", run_payloads)):
+                opts = job_options(archive=[str(archive)], out=str(work / "out" / name), window=60)
+                t = time.monotonic()
+                result = job(spark, opts, lambda s: None)
+                took = time.monotonic() - t
+                assert result.summary["messages"] == rows, result.summary
+                out.append((name, took, rows / took, rows / took / cores))
+                print(f"{name}: {took:.1f}s, {rows / took:,.0f} rows/s, {rows / took / cores:,.0f} rows/s per core",
+                      flush=True)
+        finally:
+            spark.stop()
+        print(f"\n{rows:,} archived messages on {args.master} ({cores} cores), every table, chart and report written:")
+        print("| job | seconds | rows/s | rows/s per core |")
+        print("|---|---:|---:|---:|")
+        for name, took, rps, rpc in out:
+            print(f"| {name} | {took:.0f} | {rps:,.0f} | {rpc:,.0f} |")
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def figures_bytes(args) -> int:
+    for kind in ("publish", "delivery"):
+        files, rows, size = archive_bytes(args.dir, kind)
+        if rows:
+            print(f"{kind}: {rows:,} rows in {files} files, {size:,} bytes: {size / rows:.1f} bytes per row")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.pipeline_figures", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    a = sub.add_parser("archive", help="broker throughput with the archive off and on")
+    a.add_argument("--rounds", type=int, default=3)
+    a.add_argument("--workloads", default="fanin,fanout")
+    a.add_argument("--qos", default="0,1")
+    a.add_argument("--duration", type=float, default=3.0)
+    a.set_defaults(func=figures_archive)
+    s = sub.add_parser("spark", help="traffic and payloads on a synthetic archive")
+    s.add_argument("--rows", type=int, default=10_000_000)
+    s.add_argument("--master", default="local[2]")
+    s.add_argument("--shuffle-partitions", type=int, default=8)
+    s.add_argument("--driver-memory", default="4g")
+    s.add_argument("--workdir", help="keep the archive and reports here (default: a temporary directory)")
+    s.add_argument("--regenerate", action="store_true", help="write the archive again even if --workdir has one")
+    s.set_defaults(func=figures_spark)
+    b = sub.add_parser("bytes", help="bytes per message of an archive")
+    b.add_argument("dir")
+    b.set_defaults(func=figures_bytes)
+    args = p.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""The simulator's invariant checks catch a broken engine: each test breaks one thing and expects the run to fail.
+
+Without these, a checker that never fires would look exactly like a mesh that never fails.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import mqttmesh.mesh.engine as engine_module
+from mqttmesh.mesh.dedup import DeliveryFilter
+from mqttmesh.mesh.interest import InterestIndex
+from mqttmesh.sim.checks import InvariantViolation
+from mqttmesh.sim.core import Simulator
+from mqttmesh.sim.scenario import load_scenario
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def run(name: str, **changes) -> Simulator:
+    sc = load_scenario(SCENARIOS / f"{name}.toml")
+    for key, value in changes.items():
+        setattr(sc, key, value)
+    return Simulator(sc).run()
+
+
+def test_a_wrong_next_hop_fails_the_route_check(monkeypatch):
+    real = engine_module.shortest_paths
+
+    def lopsided(source, links):
+        next_hop, dist, parent = real(source, links)
+        if source == "n03" and "n06" in next_hop:
+            next_hop = dict(next_hop, n06="n02")  # the long way round the ring: not a shortest path
+        return next_hop, dist, parent
+    monkeypatch.setattr(engine_module, "shortest_paths", lopsided)
+    with pytest.raises(InvariantViolation, match=r"\[routes\] .*n03 sends to n06 via n02"):
+        run("ring-12")
+
+
+def test_sending_to_nodes_without_subscribers_fails(monkeypatch):
+    real = InterestIndex.match
+
+    def everyone(self, topic):  # a bridge that copies everything everywhere
+        result = dict(real(self, topic))
+        for holders in self._holders.values():
+            for node in ([holders] if isinstance(holders, str) else holders):
+                result[node] = 0
+        return result
+    monkeypatch.setattr(InterestIndex, "match", everyone)
+    with pytest.raises(InvariantViolation, match=r"\[(interest|no_interest)\]"):
+        run("ring-12")
+
+
+def test_a_duplicate_delivery_fails(monkeypatch):
+    # without the delivery filter, an end-to-end retransmission (its acknowledgement was lost on
+    # a lossy link) reaches the subscriber a second time
+    monkeypatch.setattr(DeliveryFilter, "seen", lambda self, origin, seq, qos=1: False)
+    with pytest.raises(InvariantViolation, match=r"\[exactly_once\] .*more than once"):
+        run("lossy-30")
+
+
+def test_a_mesh_that_never_converges_fails():
+    # finding 1 (tests/sim/test_sim_findings.py) at 120 nodes: with subscriptions present at
+    # start, some node never learns some other node's filters
+    sc = load_scenario(SCENARIOS / "finding-interest-before-router.toml")
+    sc.checks.max_convergence = 3.0
+    sc.duration = 8.0
+    with pytest.raises(InvariantViolation, match=r"\[convergence\] still not converged .* holds .*'s router"):
+        Simulator(sc).run()
