@@ -13,6 +13,16 @@ __all__ = ["Journal", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 
+# Incarnations count sixteenths of a second since 2024-01-01, so that a message id
+# (incarnation << 28) + n stays below 2**63 (a signed 64-bit column, e.g. in Spark) for
+# about sixty years.
+INCARNATION_EPOCH = 1_704_067_200
+
+
+def clock_incarnation(now: float) -> int:
+    """The incarnation the clock gives at ``now`` (wall-clock seconds)."""
+    return int((now - INCARNATION_EPOCH) * 16)
+
 
 class Journal:
     def __init__(self, on_dirty=None):

@@ -19,7 +19,7 @@ from ..broker import Broker, BrokerSettings
 from ..config import Config
 from ..message import Message
 from ..session import Limits
-from ..store import Journal
+from ..store import Journal, clock_incarnation
 from .connection import Connection
 from .sqlite_store import SqliteStore
 from .tls import server_context
@@ -110,7 +110,7 @@ class Node:
         if self.store is not None:
             self.incarnation = self.store.next_incarnation()
         else:
-            self.incarnation = int(time.time() * 16)
+            self.incarnation = clock_incarnation(time.time())
         if self.mesh is not None:
             self.mesh.prepare()  # sessions restored below must be the mesh's kind
         if self.store is not None:

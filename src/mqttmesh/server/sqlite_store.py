@@ -17,7 +17,7 @@ import time
 
 from ..message import Message
 from ..session import DurableSession, Entry
-from ..store import FORMAT_VERSION, Journal
+from ..store import FORMAT_VERSION, Journal, clock_incarnation
 
 log = logging.getLogger("mqttmesh.store")
 
@@ -95,7 +95,7 @@ class SqliteStore:
     def next_incarnation(self) -> int:
         """A number larger than any earlier start's (and not below the clock, in 1/16 s)."""
         stored = int(self._meta("incarnation") or 0)
-        incarnation = max(stored + 1, int(time.time() * 16))
+        incarnation = max(stored + 1, clock_incarnation(time.time()))
         self._set_meta("incarnation", str(incarnation))
         return incarnation
 
