@@ -99,7 +99,7 @@ OPTIONS: list[Option] = [
            "topic (rendezvous hashing over the live nodes)", 1, 16),
     Option("mesh", "will_delay", float, 0.5, "seconds a node must stay unreachable before the wills "
            "of its clients are published by their registrar", 0),
-    Option("mesh", "claim_timeout", float, 3.0, "seconds a CONNECT waits for the ClientId's registrar "
+    Option("mesh", "claim_timeout", float, 1.0, "seconds a CONNECT waits for the ClientId's registrar "
            "before the node serves the client anyway", 0.1),
     Option("mesh", "dedup_window", int, 262144, "recent message ids each node remembers per origin to "
            "drop duplicates (retransmissions, transient loops)", 1024),

@@ -42,7 +42,7 @@ __all__ = ["ClusterSettings", "Cluster"]
 @dataclass
 class ClusterSettings:
     replication: int = 2           # holders of a session, owners of a retained topic
-    claim_timeout: float = 3.0     # without an answer from the registrar, connect anyway
+    claim_timeout: float = 1.0     # without an answer from the registrar, connect anyway
     gather_timeout: float = 2.0    # wait this long for the other holders of a session
     will_delay: float = 0.5        # a node unreachable this long has lost its clients
     redirect_grace: float = 10.0   # holders forward late arrivals to a new node this long
