@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench venv clean
+.PHONY: run test bench venv clean simulate-scale
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# 1,000 simulated nodes, 100,000 filters, a fault schedule (docs/simulation.md)
+simulate-scale: $(STAMP)
+	$(PY) -m mqttmesh.sim scenarios/scale-1000.toml --out sim-out/scale-1000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -160,3 +161,23 @@ def test_command_reports_a_bad_scenario(tmp_path):
                        timeout=60)
     assert p.returncode == 2
     assert "topology.kind: unknown 'torus'" in p.stderr
+
+
+def test_runs_are_the_same_across_processes_and_hash_seeds(tmp_path):
+    # sets and dicts iterate in hash order, which changes with PYTHONHASHSEED: nothing the
+    # simulator or the engine decides may depend on it
+    outputs = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"s{seed}.json"
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        p = subprocess.run([sys.executable, "-m", "mqttmesh.sim", str(ROOT / "scenarios" / "random-30.toml"),
+                            "-q", "--json", str(out), "--duration", "20"], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        s = json.loads(out.read_text())
+        for key in ("run", "spf"):  # wall-clock and CPU times
+            s.pop(key)
+        for e in s["convergence"]:
+            e.pop("spf_seconds"), e.pop("spf_ms_per_run")
+        outputs.append(s)
+    assert outputs[0] == outputs[1]

@@ -82,18 +82,19 @@ class InterestState:
     node: str
     inc: int
     ver: int
-    # sorted and interned: every node holds every other node's filters, and a tuple of
-    # shared strings costs a tenth of a set of copies (docs/simulation.md, memory)
+    # a tuple of interned strings, in no particular order: every node holds every other
+    # node's filters, and a tuple of shared strings costs a tenth of a set of copies; sorting
+    # is left to the rare readers (docs/simulation.md, memory)
     filters: tuple[str, ...] = ()
 
     def full_json(self) -> dict:
         return {"t": "interest", "node": self.node, "inc": self.inc, "ver": self.ver,
-                "full": list(self.filters)}
+                "full": sorted(self.filters)}
 
 
 def _filter_tuple(filters) -> tuple[str, ...]:
-    """Sorted interned filters; TypeError for anything that is not a string."""
-    return tuple(sorted({sys.intern(f) for f in filters}))
+    """Distinct interned filters; TypeError for anything that is not a string."""
+    return tuple({sys.intern(f) for f in filters})
 
 
 class _Custody:

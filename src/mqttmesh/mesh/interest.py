@@ -89,12 +89,13 @@ class InterestIndex:
         """``add`` for each filter (a node's whole interest arrives at once: one loop, one reshape)."""
         holders = self._holders
         shapes = self._shapes
+        known = _SHAPES
         reshape = changed = False
         for topic_filter in filters:
             have = holders.get(topic_filter)
             if have is None:
                 holders[topic_filter] = node
-                shape = _shape(topic_filter)
+                shape = known.get(topic_filter) or _shape(topic_filter)
                 count = shapes.get(shape, 0)
                 shapes[shape] = count + 1
                 reshape = reshape or not count

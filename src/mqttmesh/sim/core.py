@@ -23,22 +23,24 @@ import heapq
 import json
 import random
 import time
-from collections import OrderedDict
 
 from ..mesh import engine as engine_module
 from ..mesh.engine import MeshEngine, MeshProtocolError
-from ..message import Message
 from ..topics import SubscriptionTrie
-from .checks import InvariantViolation, Violations, dijkstra, tree_edges
+from .checks import InvariantViolation, Violations
+from .clients import ClientsMixin
+from .convergence import ConvergenceMixin, Episode
+from .faults import FaultsMixin
+from .model import (ARRIVE, CHECK, CHURN, DETECT, DIAL, DRAIN, END, FAULT, FLUSH, MSGCHECK, PING, PUBLISH,
+                    START, TALLY, TICK, Link, Node, SharedDecoding)
 from .observe import MsgRecord, read_envelope_heads
-from .scenario import Fault, Scenario, ScenarioError
+from .scenario import Scenario
 from .topology import build_topology
+from .verify import VerifyMixin
 from .workload import TopicSpace
 
 __all__ = ["Simulator", "Episode"]
 
-(ARRIVE, FLUSH, TICK, PING, DIAL, DETECT, FAULT, PUBLISH, CHURN, CHECK, MSGCHECK, START,
- DRAIN, END) = range(14)
 
 CONTROL = ("lsa", "dbsum", "lsreq", "cost", "e2e", "uni")
 PROPAGATING = ("lsa", "dbsum", "lsreq", "cost")  # routing control: what a round of advertisement is made of
@@ -47,139 +49,9 @@ PROPAGATING = ("lsa", "dbsum", "lsreq", "cost")  # routing control: what a round
 ATTRIBUTED = ("link_down", "link_up", "crash", "restart", "partition", "heal", "latency", "subscription")
 
 
-class SharedDecoding:
-    """The ``json`` the engines of one simulation use: a payload decoded once for all its receivers.
+class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
+    """N engines, the links between them, their clients, a fault schedule; run() plays it out."""
 
-    A node floods the same advertisements to several neighbours, so the same bytes arrive at
-    several engines, and the same decoded advertisement is then flooded on by each of them;
-    in one process both need doing once. This is safe because the engine only reads what it
-    decodes and passes the same objects on to be encoded, unchanged: the simulator checks this
-    with checks.shared_decoding = false giving the very same run (tests/sim). Results are
-    exactly those of the json module.
-    """
-
-    def __init__(self, size: int = 16384):
-        self._decoded: OrderedDict[bytes, object] = OrderedDict()
-        self._encoded: OrderedDict[int, tuple] = OrderedDict()   # id(obj) -> (obj, text)
-        self.size = size
-        self.hits = 0
-        self.misses = 0
-
-    def loads(self, payload):
-        cache = self._decoded
-        hit = cache.get(payload)
-        if hit is not None:
-            self.hits += 1
-            return hit
-        self.misses += 1
-        value = json.loads(payload)
-        if len(cache) >= self.size:
-            cache.popitem(last=False)  # the oldest: copies of a flush arrive within milliseconds
-        cache[payload] = value
-        return value
-
-    def dumps(self, obj):
-        if type(obj) is not dict:
-            return json.dumps(obj)
-        cache = self._encoded
-        hit = cache.get(id(obj))
-        if hit is not None and hit[0] is obj:  # held in the cache, so its id cannot be reused
-            return hit[1]
-        text = json.dumps(obj)
-        if len(cache) >= self.size:
-            cache.popitem(last=False)
-        cache[id(obj)] = (obj, text)
-        return text
-
-
-class Node:
-    __slots__ = ("name", "up", "inc", "engine", "filters", "gen", "count", "flush_due", "depth_out",
-                 "seen_inc", "seen_seq", "seen_links", "seen_interest", "seen_seq_i", "links", "restarted_at", "down_since",
-                 "busy_until", "inbox", "drain_due")
-
-    def __init__(self, name: str):
-        self.name = name
-        self.up = False
-        self.inc = 0
-        self.engine: MeshEngine | None = None
-        self.filters: list[str] = []
-        self.gen = 0                  # bumps at every start: events of an earlier life are ignored
-        self.count = 0                # messages published in this life
-        self.flush_due = False
-        self.depth_out = 0            # advertisement round to stamp on what the next flush sends
-        self.seen_inc = self.seen_seq = -1
-        self.seen_links: dict | None = None
-        self.links: list["Link"] = []
-        self.restarted_at = -1.0
-        self.down_since = -1.0
-        self.seen_interest = None
-        self.seen_seq_i = -1
-        self.busy_until = 0.0         # simulated CPU: the node handles nothing else before then
-        self.inbox: list = []         # what arrived while it was busy, in order
-        self.drain_due = False
-
-
-class Link:
-    __slots__ = ("a", "b", "latency", "admin", "conn", "alive", "side", "dial_due", "arrive", "free",
-                 "established_at", "broken_at")
-
-    def __init__(self, a: str, b: str, latency: float):
-        self.a, self.b, self.latency = a, b, latency   # a < b: a dials
-        self.admin = True             # false while a link_down fault holds it
-        self.conn = 0                 # connection number: what travelled on an older one is gone
-        self.alive = False            # a connection exists (handshaking or established)
-        self.side = {a: False, b: False}  # that side's engine has the link up
-        self.dial_due = False
-        self.arrive = [0.0, 0.0]      # FIFO: last arrival time per direction (a->b, b->a)
-        self.free = [0.0, 0.0]        # serialisation: the direction is busy until then
-        self.established_at = -1.0
-        self.broken_at = -1.0
-
-    def peer(self, n: str) -> str:
-        return self.b if n == self.a else self.a
-
-
-class Episode:
-    """From a disturbance (fault, subscription change) to the moment every engine agrees with reality."""
-
-    def __init__(self, ident: int, cause: str, start: float, kind: str):
-        self.id = ident
-        self.cause = cause
-        self.kind = kind
-        self.causes = [cause]
-        self.start = start
-        self.detected: float | None = None    # first engine event caused by it
-        self.end: float | None = None
-        self.rounds = 0
-        self.control_msgs = 0
-        self.control_bytes = 0
-        self.attributed_msgs = 0              # advertisement copies caused by this episode
-        self.attributed_bytes = 0
-        self.changed: dict[tuple[str, str], tuple] = {}   # ("router"|"interest", node) -> first version
-        self.new_links: set[tuple[str, str]] = set()
-        self.needles: list[bytes] = []
-        self.spf_runs0 = self.spf_seconds0 = 0.0
-        self.spf_runs = 0
-        self.spf_seconds = 0.0
-        self.lost = 0
-        self.duplicates = 0
-        self.messages = 0
-
-    def as_dict(self, nodes: int) -> dict:
-        d = {k: getattr(self, k) for k in ("id", "cause", "kind", "causes", "start", "detected", "end", "rounds",
-                                           "control_msgs", "control_bytes", "attributed_msgs",
-                                           "attributed_bytes", "spf_runs", "spf_seconds", "lost",
-                                           "duplicates", "messages")}
-        d["converged_after"] = None if self.end is None else self.end - self.start
-        d["after_detection"] = None if self.end is None or self.detected is None else self.end - self.detected
-        d["control_bytes_per_node"] = self.control_bytes / nodes
-        d["attributed_bytes_per_node"] = self.attributed_bytes / nodes
-        d["spf_ms_per_run"] = 1000 * self.spf_seconds / self.spf_runs if self.spf_runs else None
-        d["changed"] = sorted(f"{k[0]}:{k[1]}" for k in self.changed)
-        return d
-
-
-class Simulator:
     def __init__(self, scenario: Scenario, progress=None):
         self.sc = sc = scenario
         self.progress = progress
@@ -204,6 +76,7 @@ class Simulator:
         subs = self.space.subscriptions(self.rng_work, self.names)
         for n, fs in subs.items():
             self.nodes[n].filters = list(fs)
+        self.initial_distinct = len({f for fs in subs.values() for f in fs})
         self.truth = SubscriptionTrie()       # the simulated clients' real subscriptions
         # subscriptions of crashed nodes: their persistent sessions may come back, and the origin's
         # custody then delivers QoS 1/2 messages published meanwhile (allowed, counted apart)
@@ -288,7 +161,8 @@ class Simulator:
         handlers = {ARRIVE: self._on_arrive, FLUSH: self._on_flush, TICK: self._on_tick, PING: self._on_ping,
                     DIAL: self._on_dial, DETECT: self._on_detect, FAULT: self._on_fault,
                     PUBLISH: self._on_publish, CHURN: self._on_churn, CHECK: self._on_check,
-                    MSGCHECK: self._on_msgcheck, START: self._on_start, DRAIN: self._on_drain}
+                    MSGCHECK: self._on_msgcheck, START: self._on_start, DRAIN: self._on_drain,
+                    TALLY: self._on_tally}
         heap = self.heap
         next_report = time.perf_counter() + 5.0
         saved_json = engine_module.json
@@ -301,9 +175,16 @@ class Simulator:
         collecting = gc.isenabled()
         gc.disable()
         gc.freeze()
+        same_time, last_time = 0, -1.0
         try:
             while heap:
                 ev = heapq.heappop(heap)
+                if ev[0] == last_time:
+                    same_time += 1
+                    if same_time > 10_000_000:  # time must move on: a zero-delay cycle is a bug here
+                        raise RuntimeError(f"the simulation makes no progress at t={last_time}s")
+                else:
+                    same_time, last_time = 0, ev[0]
                 self.now = ev[0]
                 if ev[2] == END:
                     break
@@ -532,8 +413,11 @@ class Simulator:
         self._link_check(link, backoff=not self._avail(link))
 
     def _note_detection(self) -> None:
-        if self.episode is not None and self.episode.detected is None:
-            self.episode.detected = self.now
+        ep = self.episode
+        if ep is not None:
+            if ep.detected is None:
+                ep.detected = self.now
+            ep.last_detected = self.now
 
     def _send(self, node: Node, peer: str, kind: str, payload: bytes, qos: int) -> None:
         name = node.name
@@ -759,616 +643,6 @@ class Simulator:
         self._observe_own(node)
         self._want_flush(node)
         self._at(self.now + self.sc.node.keepalive, PING, a, b, conn)
-
-    # ------------------------------------------------------------------ clients
-
-    def _deliver(self, node: Node, msg: Message, needs_ack: bool) -> None:
-        rec = self.msgs.get((msg.origin, msg.seq))
-        if rec is not None:
-            name = node.name
-            rec.delivered[name] = rec.delivered.get(name, 0) + 1
-            if name not in rec.first_at:
-                rec.first_at[name] = self.now
-                if self.now > rec.t + self.settle:
-                    rec.late += 1
-        if needs_ack:
-            node.engine.delivered(msg)  # the simulated store commits at once
-
-    def _on_publish(self, name: str) -> None:
-        node = self.nodes[name]
-        w = self.sc.workload
-        if self.now < self.sc.duration - self.sc.drain:
-            self._at(self.now + self.rng_pub.expovariate(w.publish_rate), PUBLISH, name)
-        if not node.up:
-            return
-        node.count += 1
-        topic = self.space.topic(self.rng_pub, name)
-        qos = self.space.qos(self.rng_pub)
-        seq = (node.inc << 32) + node.count  # as server/node.py: unique across restarts
-        msg = Message(topic, self.payload, qos, False, name, seq, f"c-{name}", self.now)
-        wanted = self.truth.match(topic)
-        reach = self._physical_component(name)
-        expected = frozenset(n for n in wanted if n != name and n in reach)
-        rec = MsgRecord(name, seq, topic, qos, self.now, expected, self.episode is None)
-        if qos:
-            # QoS 1/2: the origin keeps custody for subscribers it cannot reach now (the other side
-            # of a partition, a crashed node whose sessions persist) and may deliver after the heal
-            rec.dormant = frozenset(n for n in wanted if n != name and n not in reach) | \
-                frozenset(self.dormant.match(topic))
-        self.msgs[(name, seq)] = rec
-        node.engine.route_local(msg, self.now)
-        self._want_flush(node)
-        self._at(self.now + self.settle, MSGCHECK, name, seq)
-
-    def _on_churn(self, name: str) -> None:
-        node = self.nodes[name]
-        if self.now < self.sc.duration - self.sc.drain:
-            self._at(self.now + self.rng_pub.expovariate(self.sc.workload.churn), CHURN, name)
-        if not node.up:
-            return
-        if node.filters and self.rng_pub.random() < 0.5:
-            self._unsubscribe(node, self.rng_pub.choice(node.filters), "churn")
-        else:
-            self._subscribe(node, self.space.topic_filter(self.rng_pub), "churn")
-
-    def _subscribe(self, node: Node, topic_filter: str, cause: str) -> None:
-        if topic_filter in node.filters:
-            return
-        self._disturb(cause, "subscription")
-        node.filters.append(topic_filter)
-        self.truth.add(topic_filter, node.name, 0)
-        node.engine.local_filter_added(topic_filter)
-        self._interest_changed(node)
-
-    def _unsubscribe(self, node: Node, topic_filter: str, cause: str) -> None:
-        if topic_filter not in node.filters:
-            return
-        self._disturb(cause, "subscription")
-        node.filters.remove(topic_filter)
-        self.truth.remove(topic_filter, node.name)
-        node.engine.local_filter_removed(topic_filter)
-        self._interest_changed(node)
-
-    def _interest_changed(self, node: Node) -> None:
-        self.dirty_interest.add(node.name)
-        node.depth_out = max(node.depth_out, 1)
-        self._note_detection()
-        self._want_flush(node)
-
-    # ------------------------------------------------------------------ faults
-
-    def _on_fault(self, i: int) -> None:
-        fault = self.sc.faults[i]
-        label = fault.label or self._fault_label(fault)
-        p = fault.params
-        kind = fault.kind
-        if kind == "link_down":
-            link = self._pick_link(p.get("link", "random"), want_up=True, label=label)
-            label = fault.label or f"link_down {link.a}-{link.b}"
-            self._disturb(label, kind)
-            link.admin = False
-            self._break(link, "timeout")
-        elif kind == "link_up":
-            link = self._pick_link(p.get("link", "random"), want_up=False, label=label)
-            label = fault.label or f"link_up {link.a}-{link.b}"
-            self._disturb(label, kind)
-            link.admin = True
-            self._link_check(link)
-        elif kind == "crash":
-            node = self._pick_node(p.get("node", "random"), want_up=True, label=label)
-            label = fault.label or f"crash {node.name} ({p.get('how', 'kill')})"
-            self._disturb(label, kind)
-            self._crash(node, p.get("how", "kill"))
-        elif kind == "restart":
-            node = self._pick_node(p.get("node", "last"), want_up=False, label=label)
-            label = fault.label or f"restart {node.name}"
-            self._disturb(label, kind)
-            node.restarted_at = self.now
-            resub = p.get("resubscribe", self.sc.workload.resubscribe)
-            if not isinstance(resub, bool):
-                raise ScenarioError(f"{label}: resubscribe must be true or false")
-            self._start_node(node, resubscribe=resub)
-        elif kind == "partition":
-            groups = self._partition_groups(p, label)
-            self._disturb(label, kind)
-            self.partition = {n: gi for gi, g in enumerate(groups) for n in g}
-            for link in self.links.values():
-                if link.alive and not self._avail(link):
-                    self._break(link, "timeout")
-            self.phys_cache = None
-        elif kind == "heal":
-            self._disturb(label, kind)
-            self.partition = {}
-            for link in self.links.values():
-                self._link_check(link)
-            self.phys_cache = None
-        elif kind == "latency":
-            link = self._pick_link(p.get("link", "random"), want_up=None, label=label)
-            label = fault.label or f"latency {link.a}-{link.b} {p['latency_ms']}ms"
-            self._disturb(label, kind)
-            link.latency = float(p["latency_ms"]) / 1000.0
-        elif kind in ("subscribe", "unsubscribe"):
-            node = self._pick_node(p.get("node", "random"), want_up=True, label=label)
-            f = p.get("filter", "random")
-            if kind == "subscribe":
-                if f == "random":
-                    for _ in range(100):
-                        f = self.space.topic_filter(self.rng_fault)
-                        if f not in node.filters:
-                            break
-                self._subscribe(node, f, fault.label or f"subscribe {node.name} {f}")
-            else:
-                if f == "random":
-                    if not node.filters:
-                        raise ScenarioError(f"{label}: {node.name} has no subscription to remove")
-                    f = self.rng_fault.choice(node.filters)
-                self._unsubscribe(node, f, fault.label or f"unsubscribe {node.name} {f}")
-        self.phys_cache = None if kind in ("link_down", "link_up", "crash", "restart") else self.phys_cache
-
-    @staticmethod
-    def _fault_label(f: Fault) -> str:
-        return f"{f.kind} " + " ".join(f"{k}={v}" for k, v in sorted(f.params.items()))
-
-    def _pick_link(self, spec, want_up, label) -> Link:
-        if spec != "random":
-            a, b = sorted(spec)
-            link = self.links.get((a, b))
-            if link is None:
-                raise ScenarioError(f"{label}: there is no link {a}-{b}")
-            return link
-        if want_up is False:
-            down = [l for l in self.links.values() if not l.admin]
-            if not down:
-                raise ScenarioError(f"{label}: no link is down")
-            return down[-1] if len(down) == 1 else self.rng_fault.choice(down)
-        live = [l for l in self.links.values() if l.alive and l.side[l.a] and l.side[l.b]]
-        if not live:
-            raise ScenarioError(f"{label}: no live link")
-        if want_up is None:
-            return self.rng_fault.choice(live)
-        # prefer a link whose loss leaves the mesh connected: a reroute, not a partition
-        for _ in range(50):
-            link = self.rng_fault.choice(live)
-            if self._connected_without(link=link):
-                return link
-        return self.rng_fault.choice(live)
-
-    def _pick_node(self, spec, want_up, label) -> Node:
-        if spec == "last":
-            down = sorted((n for n in self.nodes.values() if not n.up), key=lambda n: n.down_since)
-            if not down:
-                raise ScenarioError(f"{label}: no node is down")
-            return down[-1]
-        if spec != "random":
-            node = self.nodes.get(spec)
-            if node is None:
-                raise ScenarioError(f"{label}: there is no node {spec!r}")
-            if node.up != want_up:
-                raise ScenarioError(f"{label}: {spec} is {'down' if want_up else 'up'} at {self.now}s")
-            return node
-        cands = [n for n in self.nodes.values() if n.up == want_up]
-        if not cands:
-            raise ScenarioError(f"{label}: no candidate node")
-        for _ in range(50):
-            node = self.rng_fault.choice(cands)
-            if not want_up or self._connected_without(node=node):
-                return node
-        return self.rng_fault.choice(cands)
-
-    def _connected_without(self, link: Link | None = None, node: Node | None = None) -> bool:
-        alive = [n for n in self.names if self.nodes[n].up and (node is None or n != node.name)]
-        if not alive:
-            return False
-        adj: dict[str, list[str]] = {n: [] for n in alive}
-        for l in self.links.values():
-            if l is link or not (l.alive and l.side[l.a] and l.side[l.b]):
-                continue
-            if l.a in adj and l.b in adj:
-                adj[l.a].append(l.b)
-                adj[l.b].append(l.a)
-        seen = {alive[0]}
-        stack = [alive[0]]
-        while stack:
-            for v in adj[stack.pop()]:
-                if v not in seen:
-                    seen.add(v)
-                    stack.append(v)
-        return len(seen) == len(alive)
-
-    def _partition_groups(self, p: dict, label: str) -> list[list[str]]:
-        if "groups" in p:
-            groups = p["groups"]
-            if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
-                raise ScenarioError(f"{label}: groups must be a list of lists of node names")
-            listed = [n for g in groups for n in g]
-            unknown = [n for n in listed if n not in self.nodes]
-            if unknown:
-                raise ScenarioError(f"{label}: unknown nodes {unknown}")
-            rest = [n for n in self.names if n not in set(listed)]
-            return [list(g) for g in groups] + ([rest] if rest else [])
-        if "isolate" in p:
-            iso = p["isolate"]
-            if not isinstance(iso, list) or any(n not in self.nodes for n in iso):
-                raise ScenarioError(f"{label}: isolate must be a list of node names")
-            return [list(iso), [n for n in self.names if n not in set(iso)]]
-        if "isolate_site" in p:
-            site = p["isolate_site"]
-            members = [n for n, s in self.graph.site_of.items() if s == site]
-            if not members:
-                raise ScenarioError(f"{label}: no site {site!r} (the topology has sites 0..{self.sc.topology.sites - 1})")
-            return [members, [n for n in self.names if n not in set(members)]]
-        # half: grow a connected half from a random node
-        start = self.rng_fault.choice(self.names)
-        half = {start}
-        frontier = [start]
-        while frontier and len(half) < len(self.names) // 2:
-            u = frontier.pop(0)
-            for l in self.nodes[u].links:
-                v = l.peer(u)
-                if v not in half and len(half) < len(self.names) // 2:
-                    half.add(v)
-                    frontier.append(v)
-        return [sorted(half), [n for n in self.names if n not in half]]
-
-    # ------------------------------------------------------------------ convergence
-
-    def _disturb(self, cause: str, kind: str) -> None:
-        self.last_disturbance = self.now
-        ep = self.episode
-        if ep is not None:
-            if kind != "change" and cause not in ep.causes:
-                ep.causes.append(cause)
-                if ep.kind == "change":  # a fault explains what looked like a spontaneous change
-                    ep.kind, ep.cause = kind, cause
-            return
-        if self.steady_since is not None:
-            self.steady_time += self.now - self.steady_since
-            self.steady_since = None
-        ep = Episode(len(self.episodes) + 1, cause, self.now, kind)
-        runs, secs = self._spf_totals()
-        ep.spf_runs0, ep.spf_seconds0 = runs, secs
-        self.episode = ep
-        self.episodes.append(ep)
-        self._at(self.now + self.sc.checks.resolution, CHECK)
-
-    def _spf_totals(self) -> tuple[int, float]:
-        runs, secs = self.dead_spf
-        for node in self.nodes.values():
-            if node.up:
-                runs += node.engine.counters["spf_runs"]
-                secs += node.engine.spf_seconds
-        return runs, secs
-
-    def _on_check(self) -> None:
-        ep = self.episode
-        if ep is None:
-            return
-        if not self._converged():
-            self._at(self.now + self.sc.checks.resolution, CHECK)
-            return
-        ep.end = self.now
-        runs, secs = self._spf_totals()
-        ep.spf_runs, ep.spf_seconds = runs - ep.spf_runs0, secs - ep.spf_seconds0
-        self.episode = None
-        self.steady_since = self.now
-        if not self.subscribed:
-            self._clients_arrive()
-        self.epoch_cost = {}
-        self.epoch_latency = {}
-        self.adj_cost = None
-        self._check_routes(ep)
-        if self.progress is not None and ep.kind != "change":
-            self.progress(f"  t={self.now:8.3f}s  converged after {ep.cause}: {ep.end - ep.start:.3f}s, "
-                          f"{ep.rounds} rounds")
-
-    def _recompute_components(self) -> None:
-        parent = {n: n for n in self.names if self.nodes[n].up}
-
-        def find(x):
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-        for link in self.links.values():
-            if link.side[link.a] and link.side[link.b] and link.a in parent and link.b in parent:
-                ra, rb = find(link.a), find(link.b)
-                if ra != rb:
-                    parent[ra] = rb
-        comp = {n: find(n) for n in parent}
-        members: dict[str, list[str]] = {}
-        for n, r in comp.items():
-            members.setdefault(r, []).append(n)
-        self.comp, self.members = comp, members
-        self.stale = {m: set(members[comp[m]]) - {m} for m in comp if len(members[comp[m]]) > 1}
-        self.comp_dirty = False
-
-    def _converged(self) -> bool:
-        if self.dirty_interest or self.unstarted:
-            return False
-        last = self.last_unsettled
-        if last is not None and not self._settled(last):
-            return False
-        for link in self.links.values():
-            if not self._settled(link):
-                self.last_unsettled = link
-                return False
-        self.last_unsettled = None
-        if self.comp_dirty:
-            self._recompute_components()
-        nodes = self.nodes
-        for m in list(self.stale):
-            waiting = self.stale[m]
-            for n in list(waiting):
-                if not self._up_to_date(nodes[n].engine, m):
-                    return False
-                waiting.discard(n)
-            del self.stale[m]
-        return True
-
-    def _up_to_date(self, e: MeshEngine, m: str) -> bool:
-        """Does engine ``e`` route as if it knew ``m``'s current links and filters?"""
-        r = e.routers.get(m)
-        if r is None or (r.inc, r.seq) < self.ckey_r[m]:
-            return False
-        i = e.interests.get(m)
-        if i is not None and (i.inc, i.ver) == self.ckey_i[m]:
-            return True
-        # another version (or none) of the same filters routes the same way
-        mine = self.nodes[m].engine.interests[m].filters
-        return (i.filters if i is not None else ()) == mine
-
-    def _why_unconverged(self) -> str:
-        """The first disagreement between an engine and reality, in words."""
-        if self.dirty_interest or self.unstarted:
-            return "local subscription changes not advertised yet"
-        for link in self.links.values():
-            if not self._settled(link):
-                return (f"link {link.a}-{link.b} is {'available' if self._avail(link) else 'unavailable'} "
-                        f"but its ends have it {'up' if link.side[link.a] else 'down'}/"
-                        f"{'up' if link.side[link.b] else 'down'}")
-        if self.comp_dirty:
-            self._recompute_components()
-        for m, waiting in self.stale.items():
-            for n in sorted(waiting):
-                e = self.nodes[n].engine
-                r, i = e.routers.get(m), e.interests.get(m)
-                have_r = (r.inc, r.seq) if r else None
-                have_i = (i.inc, i.ver) if i else None
-                if not self._up_to_date(e, m):
-                    return (f"{n} holds {m}'s router advertisement {have_r} and interest {have_i}; "
-                            f"{m} advertises router {self.ckey_r[m]} and interest {self.ckey_i[m]}")
-        return "unknown"
-
-    def _settled(self, link: Link) -> bool:
-        established = link.side[link.a] and link.side[link.b]
-        if self._avail(link):
-            return established and link.alive
-        return not link.side[link.a] and not link.side[link.b]
-
-    def _routing_adj(self) -> dict[str, dict[str, int]]:
-        """The real graph for routing: established links, each direction at the cost its origin advertises."""
-        if self.adj_cost is None:
-            adj: dict[str, dict[str, int]] = {n: {} for n in self.names if self.nodes[n].up}
-            for link in self.links.values():
-                if link.side[link.a] and link.side[link.b]:
-                    for u, v in ((link.a, link.b), (link.b, link.a)):
-                        cost = self.nodes[u].engine.routers[u].links.get(v)
-                        if cost is None:
-                            self.violations.add("routes", f"t={self.now:.4f}s {u} has the link to {v} up "
-                                                          f"but does not advertise it")
-                            continue
-                        adj[u][v] = max(cost, 1)
-            self.adj_cost = adj
-        return self.adj_cost
-
-    def _dist(self, source: str):
-        hit = self.epoch_cost.get(source)
-        if hit is None:
-            hit = self.epoch_cost[source] = dijkstra(source, self._routing_adj())
-        return hit
-
-    def _latency_dist(self, source: str):
-        hit = self.epoch_latency.get(source)
-        if hit is None:
-            adj: dict[str, dict[str, float]] = {n: {} for n in self.names if self.nodes[n].up}
-            for link in self.links.values():
-                if link.side[link.a] and link.side[link.b]:
-                    adj[link.a][link.b] = link.latency
-                    adj[link.b][link.a] = link.latency
-            hit = self.epoch_latency[source] = dijkstra(source, adj)[0]
-        return hit
-
-    def _check_routes(self, ep: Episode) -> None:
-        """Every engine's next hops against Dijkstra on the real graph (routes of a sample at scale)."""
-        up = [n for n in self.names if self.nodes[n].up]
-        sample = up
-        if self.sc.checks.routes and self.sc.checks.routes < len(up):
-            sample = sorted(random.Random(f"{self.sc.seed}/routes/{ep.id}").sample(up, self.sc.checks.routes))
-        adj = self._routing_adj()
-        hop_limit = self.settings.hop_limit
-        v = self.violations
-        for n in sample:
-            self.route_checks += 1
-            e = self.nodes[n].engine
-            e.route_to(n)  # lets the engine run its (lazy) SPF now
-            dist, _parent, hops = self._dist(n)
-            reach = set(self.members[self.comp[n]]) - {n}
-            got = set(e.next_hop)
-            if got != reach:
-                missing, extra = sorted(reach - got)[:5], sorted(got - reach)[:5]
-                v.add("routes", f"t={self.now:.4f}s after '{ep.cause}': {n} routes to the wrong set of "
-                                f"nodes (missing {missing}, unreachable but routed {extra})")
-                continue
-            for d in reach:
-                if e.distance.get(d) != dist[d]:
-                    v.add("routes", f"t={self.now:.4f}s after '{ep.cause}': {n} thinks {d} is at "
-                                    f"{e.distance.get(d)}, the shortest path costs {dist[d]}")
-                    break
-                h = e.next_hop[d]
-                if h not in adj[n] or adj[n][h] + self._dist(h)[0].get(d, float("inf")) != dist[d]:
-                    v.add("routes", f"t={self.now:.4f}s after '{ep.cause}': {n} sends to {d} via {h}, "
-                                    f"which is not on a shortest path")
-                    break
-                if hops[d] > hop_limit:
-                    v.add("hop_limit", f"the shortest path {n} -> {d} has {hops[d]} hops, more than "
-                                       f"hop_limit ({hop_limit}): raise [engine] hop_limit for this topology")
-                    break
-
-    # ------------------------------------------------------------------ message checks
-
-    def _default_settle(self) -> float:
-        """Long enough for any message to reach any node: twice a latency eccentricity, plus slack."""
-        adj: dict[str, dict[str, float]] = {n: {} for n in self.names}
-        for (a, b), lat in self.graph.latency.items():
-            adj[a][b] = adj[b][a] = lat
-        ecc = max(dijkstra(self.names[0], adj)[0].values())
-        hops = max(dijkstra(self.names[0], {u: {v: 1 for v in vs} for u, vs in adj.items()})[0].values())
-        settle = 0.2 + 4 * ecc + 2 * hops * self.sc.node.flush_delay_ms / 1000.0
-        if self.sc.topology.loss:
-            settle += 3 * self.sc.topology.retransmit_ms / 1000.0
-        return settle
-
-    def _on_msgcheck(self, origin: str, seq: int) -> None:
-        rec = self.msgs[(origin, seq)]
-        receipts, rec.receipts = rec.receipts, None
-        # steady: converged when published and nothing disturbed the mesh since
-        if not rec.steady or self.episode is not None or self.last_disturbance > rec.t:
-            rec.steady = False
-            return
-        if not self.nodes[origin].up:
-            rec.steady = False
-            return
-        rec.checked = True
-        self.msg_checks += 1
-        v = self.violations
-        where = f"message {origin}:{seq & 0xffffffff} on {rec.topic!r} (QoS {rec.qos}, t={rec.t:.4f}s)"
-        if rec.engine_dests != set(rec.expected):
-            missing = sorted(set(rec.expected) - rec.engine_dests)[:5]
-            extra = sorted(rec.engine_dests - set(rec.expected))[:5]
-            v.add("interest", f"{where}: the origin chose the wrong destinations (missing {missing}, "
-                              f"without a subscriber {extra})")
-        adj = self._routing_adj()
-        seen = set()
-        copies0 = 0
-        self.checked_by_origin[origin] = self.checked_by_origin.get(origin, 0) + 1
-        sends = self.node_sends
-        for to, frm, attempt, dests in receipts:
-            if attempt == 0:
-                copies0 += 1
-                sends[frm] = sends.get(frm, 0) + 1
-            extra = [d for d in dests if d not in rec.expected]
-            if extra:
-                v.add("no_interest", f"{where}: {to} received a copy for {extra[:5]}, which have no "
-                                     f"subscriber for it")
-            dist_frm = self._dist(frm)[0]
-            dist_to = self._dist(to)[0]
-            for d in dests:
-                if (to, attempt, d) in seen:
-                    v.add("loop", f"{where}: {to} received the copy for {d} twice (attempt {attempt})")
-                seen.add((to, attempt, d))
-                if adj[frm].get(to, float("inf")) + dist_to.get(d, float("inf")) != dist_frm.get(d):
-                    v.add("path", f"{where}: {frm} sent the copy for {d} to {to}, which is not on a "
-                                  f"shortest path")
-        if rec.expected:
-            _dist, parent, _hops = self._dist(origin)
-            optimum = len(tree_edges(origin, parent, rec.expected))
-            self.results_steady.append((copies0, optimum, len(rec.expected), rec.qos))
-            lat = self._latency_dist(origin)
-            for d in rec.expected:
-                if (d, d) not in rec.pred:
-                    continue
-                total = 0.0
-                node = d
-                for _ in range(len(self.names)):
-                    if node == origin:
-                        break
-                    prev = rec.pred.get((node, d))
-                    if prev is None:
-                        break
-                    key = (prev, node) if prev < node else (node, prev)
-                    total += self.links[key].latency
-                    node = prev
-                if node == origin and lat.get(d):
-                    self.stretch.append(total / lat[d])
-
-    # ------------------------------------------------------------------ the end
-
-    def _physical_component(self, name: str) -> frozenset:
-        if self.phys_cache is None:
-            parent = {n: n for n in self.names if self.nodes[n].up}
-
-            def find(x):
-                while parent[x] != x:
-                    parent[x] = parent[parent[x]]
-                    x = parent[x]
-                return x
-            for link in self.links.values():
-                if link.a in parent and link.b in parent and self._avail(link):
-                    ra, rb = find(link.a), find(link.b)
-                    if ra != rb:
-                        parent[ra] = rb
-            groups: dict[str, set] = {}
-            for n in parent:
-                groups.setdefault(find(n), set()).add(n)
-            frozen = {r: frozenset(g) for r, g in groups.items()}
-            self.phys_cache = {n: frozen[find(n)] for n in parent}
-        return self.phys_cache.get(name, frozenset())
-
-    def _finish(self) -> None:
-        if self.steady_since is not None:
-            self.steady_time += self.now - self.steady_since
-        v = self.violations
-        ep = self.episode
-        if ep is not None and self.now - self.last_disturbance > self.sc.checks.max_convergence:
-            v.add("convergence", f"still not converged at the end ({self.now:.1f}s), "
-                                 f"{self.now - self.last_disturbance:.1f}s after the last disturbance "
-                                 f"(episode '{ep.cause}' since {ep.start:.2f}s): {self._why_unconverged()}")
-        episodes = self.episodes
-        for rec in self.msgs.values():
-            ep = self._episode_at(rec.t)
-            dups = sum(c - 1 for c in rec.delivered.values() if c > 1)
-            # a node that restarted (or is down) may legitimately have lost or repeated it
-            live = {d for d in rec.expected if self.nodes[d].up and self.nodes[d].restarted_at < rec.t}
-            lost = [d for d in live if d not in rec.delivered]
-            if ep is not None:
-                ep.messages += 1
-                ep.lost += len(lost)
-                ep.duplicates += dups
-            restarted = {n for n in rec.delivered if self.nodes[n].restarted_at > rec.t}
-            if dups and not restarted:
-                twice = sorted(n for n, c in rec.delivered.items() if c > 1)[:5]
-                v.add("exactly_once", f"message {rec.origin}:{rec.seq & 0xffffffff} on {rec.topic!r} was "
-                                      f"delivered more than once at {twice}")
-            if not rec.checked:
-                continue
-            unexpected = sorted(set(rec.delivered) - rec.expected - rec.dormant)[:5]
-            if unexpected:
-                v.add("no_interest", f"message {rec.origin}:{rec.seq & 0xffffffff} on {rec.topic!r} was "
-                                     f"delivered at {unexpected}, which have no subscriber for it")
-            if lost and not (rec.qos == 0 and rec.lost_copies):
-                v.add("exactly_once", f"message {rec.origin}:{rec.seq & 0xffffffff} on {rec.topic!r} "
-                                      f"(QoS {rec.qos}, published at {rec.t:.4f}s, converged) never "
-                                      f"reached {sorted(lost)[:5]}")
-        self.final_hop_drops = self.counter_total("hop_limit_drops")
-        if self.final_hop_drops and not any(e.kind != "start" for e in episodes):
-            v.add("hop_limit", f"{self.final_hop_drops} envelopes reached the hop limit in a mesh that "
-                               f"never had a fault")
-
-    def _episode_at(self, t: float) -> Episode | None:
-        for ep in reversed(self.episodes):
-            if ep.start <= t and (ep.end is None or t <= ep.end + self.settle):
-                return ep
-            if ep.end is not None and ep.end + self.settle < t:
-                return None
-        return None
-
-    def counter_total(self, name: str) -> int:
-        total = self.dead_counters.get(name, 0)
-        for node in self.nodes.values():
-            if node.up:
-                total += node.engine.counters.get(name, 0)
-        return total
-
 
 def run_scenario(scenario: Scenario, progress=None) -> Simulator:
     """Run ``scenario`` to its end; InvariantViolation if an invariant fails (checks.fail)."""

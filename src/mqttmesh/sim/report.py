@@ -13,6 +13,7 @@ import sys
 import time
 
 from .checks import dijkstra
+from .core import ATTRIBUTED
 
 __all__ = ["summarize", "format_text", "engine_memory", "mqtt_st"]
 
@@ -160,7 +161,7 @@ def summarize(sim, memory_sample: int = 3) -> dict:
     topo_eps = [e for e in episodes if e["kind"] in ("link_down", "link_up", "crash", "restart",
                                                      "partition", "heal", "latency")]
     sub_eps = [e for e in episodes if e["kind"] == "subscription" and e["end"] is not None]
-    distinct = len(sim.truth)
+    distinct = sim.initial_distinct
     summary = {
         "scenario": {"name": sc.name, "source": sc.source, "seed": sc.seed, "nodes": n,
                      "links": len(sim.links), "topology": sc.topology.kind,
@@ -214,9 +215,12 @@ def summarize(sim, memory_sample: int = 3) -> dict:
         "invariants": {"route_checks": sim.route_checks, "message_checks": sim.msg_checks,
                        "violations": sim.violations.items, "violation_counts": sim.violations.count,
                        "ok": not sim.violations.count},
+        "custody_at_end": {"total": sum(len(sim.nodes[x].engine.custody) for x in up),
+                           "max_per_node": max((len(sim.nodes[x].engine.custody) for x in up), default=0)},
         "engine_counters": {k: sim.counter_total(k) for k in
                             ("routed", "delivered", "duplicates", "hop_limit_drops", "unreachable_drops",
-                             "custody_retransmits", "custody_expired", "lsa_originated", "lsa_received",
+                             "custody_retransmits", "custody_expired", "custody_overflow", "lsa_originated",
+                             "lsa_received",
                              "spf_runs")},
     }
     return summary
@@ -244,9 +248,10 @@ def format_text(s: dict) -> str:
     for e in s["convergence"]:
         after = "never" if e["converged_after"] is None else f"{e['converged_after']:.3f}s"
         det = "-" if e["after_detection"] is None else f"{e['after_detection']:.3f}s"
-        kb = e["attributed_bytes_per_node"] if e["kind"] != "start" else e["control_bytes_per_node"]
+        mine = e["kind"] in ATTRIBUTED  # else every control message of the episode is its own
+        kb = e["attributed_bytes_per_node"] if mine else e["control_bytes_per_node"]
         out.append(f"  {e['cause'][:44]:44s} {e['start']:7.2f}s {after:>9s} {det:>9s} {e['rounds']:6d} "
-                   f"{(e['attributed_msgs'] if e['kind'] != 'start' else e['control_msgs']):9,d} "
+                   f"{(e['attributed_msgs'] if mine else e['control_msgs']):9,d} "
                    f"{kb / 1024:11.2f} {e['spf_runs'] / sc['nodes']:8.2f} "
                    f"{_f(e['spf_ms_per_run'], '.3f'):>7s} {e['lost']:5d}")
     c = s["control"]
@@ -286,6 +291,11 @@ def format_text(s: dict) -> str:
     d = s["deliveries"]
     out.append(f"deliveries: {d['delivered']:,} of {d['expected']:,} expected; lost during convergence "
                f"{d['lost_during_convergence']:,}, duplicates {d['duplicates']:,}, late {d['late']:,}")
+    cu = s["custody_at_end"]
+    if cu["total"]:
+        out.append(f"custody: {cu['total']:,} QoS 1/2 messages still held by their origins at the end "
+                   f"(at most {cu['max_per_node']:,} at one node), "
+                   f"{s['engine_counters']['custody_overflow']:,} refused for a full custody")
     sp = s["spf"]
     out.append(f"shortest paths: {sp['runs']:,} runs, {sp['cpu_seconds']:.2f}s CPU, "
                f"{_f(sp['ms_per_run'])} ms per run")

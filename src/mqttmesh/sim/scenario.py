@@ -92,7 +92,7 @@ FAULT_KINDS = {
     "link_up": {"link"},
     "crash": {"node", "how"},
     "restart": {"node", "resubscribe"},
-    "partition": {"groups", "isolate", "isolate_site", "half"},
+    "partition": {"groups", "isolate", "isolate_site", "half", "grow"},
     "heal": set(),
     "latency": {"link", "latency_ms"},
     "subscribe": {"node", "filter"},
@@ -247,7 +247,7 @@ def _fault(i: int, raw) -> Fault:
         raise ScenarioError(f"{where}: how must be \"kill\" (peers see the reset) or \"power\" "
                             f"(peers time out), got {params['how']!r}")
     if kind == "partition" and len(params) != 1:
-        raise ScenarioError(f"{where}: partition needs exactly one of groups, isolate, isolate_site, half")
+        raise ScenarioError(f"{where}: partition needs exactly one of groups, isolate, isolate_site, half, grow")
     label = raw.get("label", "")
     if not isinstance(label, str):
         raise ScenarioError(f"{where}: label must be a string")
