@@ -176,6 +176,9 @@ def summarize(sim, memory_sample: int = 3) -> dict:
                      "mean_destinations": statistics.fmean(len(r.expected) for r in recs) if sim.msgs else 0},
         "convergence": faults,
         "reconvergences_without_fault": sum(1 for e in episodes if e["kind"] == "change"),
+        # re-costing after RTT samples (docs/simulation.md, finding 2): what it cost
+        "reconvergence_control": {"messages": sum(e["control_msgs"] for e in episodes if e["kind"] == "change"),
+                                  "bytes": sum(e["control_bytes"] for e in episodes if e["kind"] == "change")},
         "control": {
             "messages": control_msgs, "bytes": control_bytes,
             "messages_per_node": control_msgs / n, "bytes_per_node": control_bytes / n,
@@ -256,8 +259,10 @@ def format_text(s: dict) -> str:
                    f"{_f(e['spf_ms_per_run'], '.3f'):>7s} {e['lost']:5d}")
     c = s["control"]
     if s["reconvergences_without_fault"]:
+        rc = s["reconvergence_control"]
         out.append(f"  and {s['reconvergences_without_fault']} re-convergences no fault caused "
-                   f"(link costs re-advertised after RTT samples)")
+                   f"(link costs re-advertised after RTT samples): {rc['messages']:,} control messages, "
+                   f"{rc['bytes'] / 1e6:.2f} MB")
     out += ["", f"routing control traffic: {c['messages']:,} messages, {c['bytes'] / 1e6:.2f} MB "
                 f"({c['messages_per_node']:.0f} messages, {c['bytes_per_node'] / 1024:.1f} KB per node); "
                 f"steady background {_f(c['steady_bytes_per_node_per_s'], '.0f')} B/s per node",
