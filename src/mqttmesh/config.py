@@ -88,7 +88,7 @@ OPTIONS: list[Option] = [
            "(default: host:port)"),
     Option("mesh", "keepalive", float, 1.0, "seconds between PINGREQs on a peer link; a link silent "
            "for 3 x this is dead", 0.05, 600, flag_name="--mesh-keepalive"),
-    Option("mesh", "hop_limit", int, 32, "hops an envelope may travel before it is dropped", 1, 255),
+    Option("mesh", "hop_limit", int, 255, "hops an envelope may travel before it is dropped (a safety net: the duplicate filter stops loops)", 1, 255),
     Option("mesh", "retransmit_after", float, 2.0, "seconds before a QoS 1/2 message not acknowledged "
            "end to end is sent again (doubling up to 30 s)", 0.05),
     Option("mesh", "custody_limit", int, 100_000, "QoS 1/2 messages an origin node holds until their "

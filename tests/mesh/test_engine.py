@@ -6,12 +6,14 @@ simulator (mqttmesh.sim) adds latency, loss and faults on top of the same engine
 
 from __future__ import annotations
 
+import json
 import random
 from collections import deque
 
 import pytest
 
 from mqttmesh.message import Message
+import mqttmesh.mesh.engine as engine_module
 from mqttmesh.mesh.engine import MeshEngine, MeshSettings
 
 
@@ -247,3 +249,89 @@ def test_delivery_filter_forgets_by_generations_and_fails_safe_per_qos():
     assert f.seen("o", 4, qos=2)
     assert not f.seen("o", 3, qos=1)
     assert not f.seen("other-origin", 3)           # origins are independent
+
+
+# --- what the simulator found (docs/simulation.md, "Findings"), each fixed and kept fixed
+
+
+def test_only_the_newest_version_of_an_advertisement_leaves_in_a_flush():
+    # finding 3: a burst of link events queued several versions of a's router advertisement
+    # for the same neighbour; only the newest goes, and each full interest only once
+    a = MeshEngine("a", 1)
+    a.start(0.0)
+    a.link_up("b", 0.0)
+    for peer in ("c", "d", "e"):
+        a.link_up(peer, 0.0)
+        a.link_down(peer, 0.0)
+    sent = [json.loads(p) for _s, peer, kind, p, _q in a.flush(0.0) if peer == "b" and kind == "lsa"]
+    routers = [lsa for batch in sent for lsa in batch if lsa["t"] == "router" and lsa["node"] == "a"]
+    assert [r["seq"] for r in routers] == [a.routers["a"].seq]
+    assert routers[0]["links"] == {"b": 1000}
+
+
+def test_newest_only_keeps_deltas_after_a_full_interest():
+    lsas = [
+        {"t": "interest", "node": "x", "inc": 1, "ver": 2, "base": 1, "add": ["a"], "del": []},
+        {"t": "interest", "node": "x", "inc": 1, "ver": 3, "full": ["a", "b"]},
+        {"t": "interest", "node": "x", "inc": 1, "ver": 3, "full": ["a", "b"]},
+        {"t": "interest", "node": "x", "inc": 1, "ver": 4, "base": 3, "add": ["c"], "del": []},
+        {"t": "router", "node": "x", "inc": 1, "seq": 7, "links": {}},
+        {"t": "router", "node": "x", "inc": 1, "seq": 5, "links": {}},
+        {"t": "interest", "node": "y", "inc": 2, "ver": 1, "base": 0, "add": ["q"], "del": []},
+    ]
+    kept = engine_module._newest_only(lsas)
+    assert kept == [lsas[1], lsas[3], lsas[4], lsas[6]]
+
+
+def test_refreshes_are_jittered_and_deterministic():
+    # finding 7: nodes whose last origination coincided must not refresh together for ever
+    settings = MeshSettings(refresh_interval=30.0)
+    due = []
+    for name in ("a", "b", "c", "d"):
+        e = MeshEngine(name, 1, settings=settings)
+        e.start(0.0)
+        due.append(e._next_refresh)
+        again = MeshEngine(name, 1, settings=settings)
+        again.start(0.0)
+        assert again._next_refresh == e._next_refresh  # no hidden randomness
+    assert all(22.5 <= d <= 30.0 for d in due)
+    assert len(set(due)) == 4
+
+
+def test_the_handshake_rtt_is_the_first_cost_of_a_link():
+    # finding 2: a link is advertised once, at its measured cost, not at the floor first
+    a = MeshEngine("a", 1)
+    a.start(0.0)
+    a.link_up("b", 0.0, cost=40_000)
+    assert a.routers["a"].links == {"b": 40_000}
+    a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
+    assert a.routers["a"].seq == 2
+    assert json.loads(a.hello(rtt_us=40_000.4)) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000}
+
+
+def test_custody_lets_go_of_a_node_that_aged_out():
+    # finding 4: a destination gone for good no longer pins messages in custody
+    settings = MeshSettings(max_age=10.0)
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")], settings)
+    net.subscribe("b", "t/#")
+    net.subscribe("c", "t/#")
+    net.links.discard(frozenset(("b", "c")))
+    net.t = 1.0
+    net.engines["b"].link_down("c", net.t)
+    net.settle()
+    net.publish("a", "t/1", qos=1)  # b acknowledges, c is unreachable
+    assert [c.dests for c in net.engines["a"].custody.values()] == [{"c"}]
+    net.t = 20.0
+    net._pump("a", net.engines["a"].tick(net.t))
+    assert net.engines["a"].custody == {}
+    assert net.engines["a"].counters["custody_expired"] == 1
+
+
+def test_a_full_custody_gives_up_on_the_oldest_message():
+    settings = MeshSettings(custody_limit=3)
+    net = Net(["a", "b"], [("a", "b")], settings)
+    net.subscribe("b", "t/#")
+    net.links.clear()  # b stops answering
+    seqs = [net.publish("a", "t/1", qos=1)[1] for _ in range(5)]
+    assert list(net.engines["a"].custody) == seqs[2:]
+    assert net.engines["a"].counters["custody_overflow"] == 2

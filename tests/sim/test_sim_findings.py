@@ -1,7 +1,7 @@
 """Engine behaviour the simulator found, reduced to a few engines on an instant network.
 
-Each test states what the design promises; the ones marked xfail fail with the
-engine as it is (strict: when the engine is fixed they pass and must be unmarked).
+Each test states what the design promises; each failed with the engine as the simulator
+found it (marked xfail, strict) and passes since the fix.
 docs/simulation.md ("Findings") tells how each was found and what the fix is.
 """
 
@@ -44,10 +44,6 @@ class Wire:
         raise AssertionError("the network does not settle")
 
 
-@pytest.mark.xfail(strict=True, reason="finding 1: the database exchange on link up lists only nodes "
-                                       "with a router advertisement, so an interest advertisement that "
-                                       "arrived before its origin's router advertisement never crosses "
-                                       "a link that comes up in between")
 def test_interest_that_arrived_before_its_router_crosses_a_new_link():
     # Seen at 120 nodes (scenarios/finding-interest-before-router.toml): the interest and the router
     # advertisement of node x reach node a by different paths, the interest first, and a's link to

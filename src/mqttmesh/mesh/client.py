@@ -45,6 +45,7 @@ class LinkClient:
         self.last_rx = 0.0
         self._last_ping = 0.0
         self._ping_sent: float | None = None
+        self._subscribe_sent = 0.0
         self.session_present = False
 
     # -- connection life -------------------------------------------------------------
@@ -63,7 +64,10 @@ class LinkClient:
         self.state = "idle"
 
     def receive_data(self, data: bytes, now: float) -> list[tuple]:
-        """Events: ("ready",), ("refused", rc), ("message", topic, payload), ("rtt", seconds)."""
+        """Events: ("ready", rtt), ("refused", rc), ("message", topic, payload), ("rtt", seconds).
+
+        The rtt of "ready" is the SUBSCRIBE/SUBACK round trip: the link's first cost sample.
+        """
         self.last_rx = now
         self.decoder.feed(data)
         events: list[tuple] = []
@@ -88,6 +92,7 @@ class LinkClient:
                         return events
                     self.session_present = pkt.session_present
                     self.state = "subscribing"
+                    self._subscribe_sent = now
                     self._out.append(encode(Subscribe(1, [(self.subscribe_filter, 1)])))
                 elif t == SUBACK and self.state == "subscribing":
                     if pkt.return_codes[0] == 0x80:
@@ -98,7 +103,7 @@ class LinkClient:
                     for pid, frame in self.inflight.items():  # [MQTT-4.4.0-1], DUP=1
                         self._out.append(bytes((frame[0] | 0x08,)) + frame[1:])
                     self._refill()
-                    events.append(("ready",))
+                    events.append(("ready", now - self._subscribe_sent))
                 else:
                     events.append(("protocol_error", f"unexpected packet type {t} in state {self.state}"))
                     self.state = "refused"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import zlib
 from dataclasses import dataclass
 
 from ..message import Message
@@ -51,7 +52,7 @@ class MeshProtocolError(ValueError):
 
 @dataclass
 class MeshSettings:
-    hop_limit: int = 32
+    hop_limit: int = 255              # a safety net: the duplicate filter is what stops loops
     refresh_interval: float = 30.0    # re-originate our router advertisement this often
     max_age: float = 3600.0           # forget an unreachable node's advertisements after this
     min_cost: int = 1000              # link cost floor, microseconds of round-trip time
@@ -181,6 +182,45 @@ def _decode_unicasts(payload: bytes):
         raise MeshProtocolError(f"malformed unicast: {exc}") from None
 
 
+def _newest_only(lsas: list[dict]) -> list[dict]:
+    """What of a neighbour's queue is worth sending: the newest router advertisement of each
+    node, and of a node's interest the newest full one and the deltas after it.
+
+    Several versions of one advertisement queued in the same flush (a burst of link events,
+    teach-backs crossing each other) would otherwise each be sent, each cross the others and
+    each be answered with the newer one: floods that feed themselves.
+    """
+    router: dict[str, tuple] = {}
+    full: dict[str, tuple] = {}
+    for lsa in lsas:
+        kind, node = lsa.get("t"), lsa.get("node")
+        if kind == "router":
+            key = (lsa["inc"], lsa["seq"])
+            if router.get(node, key) <= key:
+                router[node] = key
+        elif "full" in lsa:
+            key = (lsa["inc"], lsa["ver"])
+            if full.get(node, key) <= key:
+                full[node] = key
+    out = []
+    sent: set = set()
+    for lsa in lsas:
+        kind, node = lsa.get("t"), lsa.get("node")
+        if kind == "router":
+            if (lsa["inc"], lsa["seq"]) == router[node] and ("r", node) not in sent:
+                sent.add(("r", node))
+                out.append(lsa)
+            continue
+        newest = full.get(node)
+        key = (lsa["inc"], lsa["ver"])
+        if newest is None or key > newest:
+            out.append(lsa)  # no full one queued, or a delta that follows it
+        elif "full" in lsa and key == newest and ("i", node) not in sent:
+            sent.add(("i", node))
+            out.append(lsa)
+    return out
+
+
 class MeshEngine:
     def __init__(self, node_id: str, incarnation: int, addresses: list[str] | None = None,
                  settings: MeshSettings | None = None):
@@ -218,6 +258,7 @@ class MeshEngine:
         self._flood_out: dict[str, list[dict]] = {}  # neighbour -> advertisements to send
         self._control_out: list[tuple] = []          # other link-local control messages
         self._last_refresh = 0.0
+        self._next_refresh = 0.0
         self.peer_stats: dict[str, PeerStats] = {}
         self.counters = {
             "routed": 0, "delivered": 0, "duplicates": 0, "hop_limit_drops": 0,
@@ -240,9 +281,12 @@ class MeshEngine:
         self.interests[self.node_id] = mine
         return []
 
-    def hello(self) -> bytes:
-        return json.dumps({"node": self.node_id, "inc": self.incarnation,
-                           "addr": self.addresses}).encode()
+    def hello(self, rtt_us: float | None = None) -> bytes:
+        """Our introduction on a new link; the dialler adds the round trip it measured."""
+        hello = {"node": self.node_id, "inc": self.incarnation, "addr": self.addresses}
+        if rtt_us is not None:
+            hello["rtt"] = int(rtt_us)
+        return json.dumps(hello).encode()
 
     @staticmethod
     def parse_hello(payload: bytes) -> dict:
@@ -260,14 +304,23 @@ class MeshEngine:
         if peer == self.node_id:
             return []
         self._links[peer] = max(self.settings.min_cost, cost or self.settings.min_cost)
+        if cost:
+            self._measured[peer] = float(cost)  # the first sample of the smoothed rtt
         self._stats(peer)
         self._originate_router(now)
         self._spf_dirty = True
-        # database exchange: tell the new neighbour what we hold (OSPF-style summary)
+        # database exchange: tell the new neighbour what we hold (OSPF-style summary). A
+        # node's router and interest advertisements travel independently, so we may hold
+        # its interest before its router advertisement: it is summarised too ([-1, -1, ...]),
+        # or it would never cross this link
         summary = {}
+        interests = self.interests
         for node, r in self.routers.items():
-            i = self.interests.get(node)
+            i = interests.get(node)
             summary[node] = [r.inc, r.seq, i.inc if i else -1, i.ver if i else -1]
+        for node, i in interests.items():
+            if node not in summary:
+                summary[node] = [-1, -1, i.inc, i.ver]
         self._send_control(peer, "dbsum", summary)
         self._retransmit_soon(now)
         return []
@@ -349,6 +402,11 @@ class MeshEngine:
                         dict(self._links), now)
         self.routers[self.node_id] = lsa
         self._last_refresh = now
+        # the next refresh, jittered (deterministically: the engine has no randomness of its
+        # own) to 75-100 % of the interval, so refreshes that a mass event aligned (the mesh
+        # forming, a heal) drift apart instead of flooding the mesh together every interval
+        spread = zlib.crc32(f"{self.node_id}/{self.incarnation}/{self._seq}".encode()) / 2 ** 32
+        self._next_refresh = now + self.settings.refresh_interval * (1.0 - 0.25 * spread)
         self.counters["lsa_originated"] += 1
         self.changes += 1
         self._flood(lsa.to_json(), exclude=None)
@@ -488,9 +546,9 @@ class MeshEngine:
                 continue
             r_inc, r_seq, i_inc, i_ver = versions
             have_r = self.routers.get(node)
-            if have_r is None or (have_r.inc, have_r.seq) < (r_inc, r_seq):
+            if r_inc >= 0 and (have_r is None or (have_r.inc, have_r.seq) < (r_inc, r_seq)):
                 requests.append([node, "router"])
-            elif (have_r.inc, have_r.seq) > (r_inc, r_seq):
+            elif have_r is not None and (have_r.inc, have_r.seq) > (r_inc, r_seq):
                 push.append(have_r.to_json())
             have_i = self.interests.get(node)
             if i_inc >= 0 and (have_i is None or (have_i.inc, have_i.ver) < (i_inc, i_ver)):
@@ -500,9 +558,9 @@ class MeshEngine:
         for node, r in self.routers.items():
             if node not in summary:
                 push.append(r.to_json())
-                i = self.interests.get(node)
-                if i is not None:
-                    push.append(i.full_json())
+        for node, i in self.interests.items():
+            if node not in summary:
+                push.append(i.full_json())
         if push:
             self._send_control(peer, "lsa", push)
         if requests:
@@ -601,12 +659,18 @@ class MeshEngine:
         counters = self.counters
         counters["routed"] += 1
         if msg.qos:
-            if len(self.custody) >= self.settings.custody_limit:
+            custody = self.custody
+            if len(custody) >= self.settings.custody_limit:
+                # full: give up on the oldest message (most likely waiting for a node that is
+                # gone), not on the new one, whose destinations are probably alive
                 counters["custody_overflow"] += 1
-            else:
-                self.custody[msg.seq] = _Custody(msg, set(dests), now + self.settings.retransmit_after, now)
+                oldest = next(iter(custody))
+                del custody[oldest]
                 if self.custody_store is not None:
-                    self.custody_store.custody_put(msg, dests)  # durable before the PUBACK
+                    self.custody_store.custody_remove(oldest)
+            custody[msg.seq] = _Custody(msg, set(dests), now + self.settings.retransmit_after, now)
+            if self.custody_store is not None:
+                self.custody_store.custody_put(msg, dests)  # durable before the PUBACK
         if unreachable:
             counters["unreachable_drops"] += unreachable
         outbox = self._outbox
@@ -824,6 +888,8 @@ class MeshEngine:
             encoded: dict[int, bytes] = {}
             for peer, lsas in flood.items():
                 if peer in self._links:
+                    if len(lsas) > 1:
+                        lsas = _newest_only(lsas)
                     parts = []
                     for lsa in lsas:
                         raw = encoded.get(id(lsa))
@@ -882,7 +948,7 @@ class MeshEngine:
 
     def tick(self, now: float) -> list:
         """Periodic work: refresh our advertisement, age out the dead, retransmit."""
-        if now - self._last_refresh >= self.settings.refresh_interval:
+        if now >= self._next_refresh:
             self._originate_router(now)
         self._retransmit_due(now)
         self._age_out(now)
@@ -897,6 +963,21 @@ class MeshEngine:
             del self.routers[node]
             self._set_interest(node, None)
             self._spf_dirty = True
+            self._release_custody(node)
+
+    def _release_custody(self, node: str) -> None:
+        """``node`` has aged out of the database: stop holding messages for it."""
+        done = []
+        for seq, c in self.custody.items():
+            if node in c.dests:
+                c.dests.discard(node)
+                self.counters["custody_expired"] += 1
+                if not c.dests:
+                    done.append(seq)
+        for seq in done:
+            del self.custody[seq]
+            if self.custody_store is not None:
+                self.custody_store.custody_remove(seq)
 
     # ------------------------------------------------------------------ introspection
 

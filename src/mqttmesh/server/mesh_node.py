@@ -100,6 +100,7 @@ class PeerClient(asyncio.Protocol, _Link):
         # when what it brings cannot be delivered, and be congested when the peer is slow
         self.owner = self
         self.state = "connecting"
+        self.handshake_rtt: float | None = None
         self.reading_paused = False
 
     # flow control ---------------------------------------------------------------------
@@ -136,7 +137,8 @@ class PeerClient(asyncio.Protocol, _Link):
             elif kind == "ready":
                 # introduce ourselves; the peer answers with its own hello
                 self.state = "connected"
-                self.send("hello", self.mesh.engine.hello(), 1)
+                self.handshake_rtt = event[1]
+                self.send("hello", self.mesh.engine.hello(rtt_us=event[1] * 1e6), 1)
             elif kind == "rtt":
                 if self.peer:
                     self.mesh.link_rtt(self, event[1], now)
@@ -451,7 +453,13 @@ class MeshNode:
             return
         self.links[peer] = link
         log.info("link to %s up (dialled by %s)", peer, link.dialer)
-        self.engine.link_up(peer, self.loop.time())
+        # the first cost: the dialler's SUBSCRIBE/SUBACK round trip (it measured it before its
+        # hello, and says it in there), so a new link is not advertised at the floor cost and
+        # again a keepalive later when the first PINGRESP says what it really costs
+        rtt = getattr(link, "handshake_rtt", None)
+        rtt_us = rtt * 1e6 if rtt is not None else hello.get("rtt")
+        cost = int(rtt_us) if isinstance(rtt_us, (int, float)) and rtt_us > 0 else None
+        self.engine.link_up(peer, self.loop.time(), cost)
         for address in hello.get("addr", []):
             known = self.dialers.get(address)
             if known is not None:
