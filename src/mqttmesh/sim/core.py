@@ -608,7 +608,9 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         if link.side[name]:
             return
         link.side[name] = True
-        node.engine.link_up(src, self.now)
+        # as mesh_node does: the link's first cost is the dialler's SUBSCRIBE/SUBACK round
+        # trip, carried to the acceptor in the dialler's hello
+        node.engine.link_up(src, self.now, int(2 * link.latency * 1e6))
         node.depth_out = max(node.depth_out, 1)
         if name == link.b:
             # the acceptor answers with its own hello, ahead of anything else on the connection
