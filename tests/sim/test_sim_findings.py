@@ -61,3 +61,17 @@ def test_interest_that_arrived_before_its_router_crosses_a_new_link():
     w.settle()
     assert w.engines["b"].routers["x"].seq == 1  # b learnt x's router from a ...
     assert w.engines["b"].interests.get("x") is not None, "... but never x's filters"
+
+
+def test_120_nodes_starting_with_their_subscriptions_converge():
+    # finding 1 at the size it was found: 120 nodes start together with their persistent
+    # sessions' filters; before the fix some node never learnt some other node's filters and
+    # the run failed its convergence check
+    from pathlib import Path
+
+    from mqttmesh.sim.core import Simulator
+    from mqttmesh.sim.scenario import load_scenario
+
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "finding-interest-before-router.toml")
+    sim = Simulator(sc).run()  # raises InvariantViolation when an invariant breaks
+    assert sim.route_checks >= 120
