@@ -61,7 +61,7 @@ class MeshSettings:
     custody_limit: int = 100_000      # QoS 1/2 messages held at their origin until acknowledged
     custody_timeout: float = 3600.0   # give up on a destination after this long
     retransmit_after: float = 2.0     # first end-to-end retransmission; doubles up to 30 s
-    max_batch_bytes: int = 256 * 1024
+    max_batch_bytes: int = 16 * 1024
 
 
 @dataclass
