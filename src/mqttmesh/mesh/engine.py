@@ -642,11 +642,12 @@ class MeshEngine:
             if timer is not None:
                 self.spf_seconds += timer() - started
 
-    def route_local(self, msg: Message, now: float) -> None:
+    def route_local(self, msg: Message, now: float) -> bool:
         """A message published at this node: forward it to the nodes that want it.
 
         The envelopes leave at the next ``flush``; QoS 1/2 messages stay in our
-        custody until every destination acknowledged them end to end.
+        custody until every destination acknowledged them end to end. True when
+        the message goes to at least one other node.
         """
         if self._spf_dirty:
             self._ensure_spf()
@@ -655,7 +656,7 @@ class MeshEngine:
             route = self._compute_route(msg.topic)
         groups, dests, unreachable = route
         if not dests:
-            return
+            return False
         counters = self.counters
         counters["routed"] += 1
         if msg.qos:
@@ -680,6 +681,7 @@ class MeshEngine:
             if queue is None:
                 queue = outbox[hop] = []
             queue.append(Envelope(msg, hop_dests, hop_limit, 0, key))
+        return bool(groups)
 
     def _compute_route(self, topic: str) -> tuple:
         """(groups of (next hop, destinations, their key), all destinations, unreachable count).

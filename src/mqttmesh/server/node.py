@@ -238,6 +238,13 @@ class Node:
         for conn in dirty:
             conn.flush()
 
+    def flush_now(self) -> None:
+        """Write what the dirty connections hold now (the scheduled flush still runs)."""
+        dirty = self._dirty
+        self._dirty = []
+        for conn in dirty:
+            conn.flush()
+
     # -- password checks off the loop ----------------------------------------------------
 
     def authenticate(self, conn: Connection, username: str, password: bytes) -> None:
