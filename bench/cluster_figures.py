@@ -17,8 +17,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import statistics
 import sys
 import tempfile

@@ -63,12 +63,15 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
     def verdict(ok):
         return "n/a" if ok is None else ("PASS" if ok else "FAIL")
 
-    for q in (0, 1):
-        c = by_key.get(("mqttmesh", "fanin", q))
-        r = c.get("vs_mosquitto") if c else None
-        targets.append({"target": f"fanin QoS {q}: delivered msgs/s >= 0.5 x Mosquitto",
-                        "result": verdict(None if r is None else r >= 0.5),
-                        "value": f"{r:.2f} x" if r is not None else "not measured"})
+    def ratio_target(broker, ratio, floor, label):
+        for q in (0, 1):
+            c = by_key.get((broker, "fanin", q))
+            r = c.get(ratio) if c else None
+            targets.append({"target": label.format(q=q, floor=floor),
+                            "result": verdict(None if r is None else r >= floor),
+                            "value": f"{r:.2f} x" if r is not None else "not measured"})
+
+    ratio_target("mqttmesh", "vs_mosquitto", 0.5, "fanin QoS {q}: delivered msgs/s >= {floor} x Mosquitto")
 
     amqtt_ratios = [(c["workload"], c["qos"], c.get("vs_amqtt")) for c in cells
                     if c["broker"] == "mqttmesh" and c["workload"] not in paced]
@@ -96,12 +99,7 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
                                       f"{rate:,.0f} msgs/s delivered") if p99 is not None else "not measured"})
 
     # issue 3: a message crossing a peer link, against the same workload on one node
-    for q in (0, 1):
-        c = by_key.get(("mesh2", "fanin", q))
-        r = c.get("vs_same_node") if c else None
-        targets.append({"target": f"cross-node fanin QoS {q}: delivered msgs/s >= 0.7 x same-node",
-                        "result": verdict(None if r is None else r >= 0.7),
-                        "value": f"{r:.2f} x" if r is not None else "not measured"})
+    ratio_target("mesh2", "vs_same_node", 0.7, "cross-node fanin QoS {q}: delivered msgs/s >= {floor} x same-node")
     for name in sorted(paced):
         for q in (0, 1):
             c = by_key.get(("mesh2", name, q))

@@ -5,8 +5,6 @@ Without these, a checker that never fires would look exactly like a mesh that ne
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 import mqttmesh.mesh.engine as engine_module
@@ -15,15 +13,7 @@ from mqttmesh.mesh.interest import InterestIndex
 from mqttmesh.sim.checks import InvariantViolation
 from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.scenario import load_scenario
-
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-
-
-def run(name: str, **changes) -> Simulator:
-    sc = load_scenario(SCENARIOS / f"{name}.toml")
-    for key, value in changes.items():
-        setattr(sc, key, value)
-    return Simulator(sc).run()
+from simutil import SCENARIOS, run
 
 
 def test_a_wrong_next_hop_fails_the_route_check(monkeypatch):

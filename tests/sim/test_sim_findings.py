@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from collections import deque
 
-import pytest
 
 from mqttmesh.mesh.engine import MeshEngine
+from simutil import run
 
 
 class Wire:
@@ -67,11 +67,5 @@ def test_120_nodes_starting_with_their_subscriptions_converge():
     # finding 1 at the size it was found: 120 nodes start together with their persistent
     # sessions' filters; before the fix some node never learnt some other node's filters and
     # the run failed its convergence check
-    from pathlib import Path
-
-    from mqttmesh.sim.core import Simulator
-    from mqttmesh.sim.scenario import load_scenario
-
-    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "finding-interest-before-router.toml")
-    sim = Simulator(sc).run()  # raises InvariantViolation when an invariant breaks
+    sim = run("finding-interest-before-router")  # raises InvariantViolation when an invariant breaks
     assert sim.route_checks >= 120

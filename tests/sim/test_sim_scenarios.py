@@ -10,22 +10,12 @@ after it dies).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.report import summarize
 from mqttmesh.sim.scenario import load_scenario
-
-SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
-
-
-def run(name: str, **changes) -> Simulator:
-    sc = load_scenario(SCENARIOS / f"{name}.toml")
-    for key, value in changes.items():
-        setattr(sc, key, value)
-    return Simulator(sc).run()
+from simutil import SCENARIOS, run
 
 
 def episodes(sim: Simulator, kind: str) -> list:

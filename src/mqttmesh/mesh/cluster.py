@@ -33,7 +33,7 @@ import json
 from dataclasses import dataclass
 
 from ..message import Message
-from .hrw import owners, rank
+from .hrw import owners
 from .replica import DurableMeshSession, MeshSession, install, merge_snapshots, snapshot
 
 __all__ = ["ClusterSettings", "Cluster"]
@@ -226,7 +226,6 @@ class Cluster:
             return
         claim.epoch = epoch
         claim.prev = prev
-        broker = self.broker
         if claim.clean:
             # a clean start discards the persistent session wherever it is [MQTT-3.1.2-6]
             for node in set(self.holders(claim.cid, prev)) - {self.node_id}:

@@ -79,6 +79,13 @@ def _begin(opts, job: str) -> tuple[JobResult, str, float]:
     return JobResult(job, out), charts, time.monotonic()
 
 
+def _page(result: JobResult, opts, title: str, chart_list: list) -> None:
+    """The job's report.html: its summary, charts and tables."""
+    result.html = html_page(os.path.join(result.out, "report.html"), title, _range_text(opts),
+                            list(result.summary.items()), chart_list, list(result.tables.values()),
+                            result.notes)
+
+
 def _range_text(opts) -> str:
     a = opts.since.isoformat() if opts.since else "the beginning"
     b = opts.until.isoformat() if opts.until else "the end"
@@ -149,9 +156,7 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
                 [f"{r.publisher} @ {r.origin}" for r in talkers], [r.messages for r in talkers], "messages")))
         else:
             result.notes.append("no messages in the archive for this range")
-        result.html = html_page(os.path.join(result.out, "report.html"), "mqttmesh traffic", _range_text(opts),
-                                list(result.summary.items()), chart_list, list(result.tables.values()),
-                                result.notes)
+        _page(result, opts, "mqttmesh traffic", chart_list)
     finally:
         base.unpersist()
     result.seconds = time.monotonic() - started
@@ -219,9 +224,7 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
                 os.path.join(charts, "payload_quality.png"), "payloads per topic pattern",
                 [r.pattern for r in q], {"JSON objects": [r.json for r in q], "not JSON": [r.non_json for r in q]},
                 "messages")))
-        result.html = html_page(os.path.join(result.out, "report.html"), "mqttmesh payloads", _range_text(opts),
-                                list(result.summary.items()), chart_list, list(result.tables.values()),
-                                result.notes)
+        _page(result, opts, "mqttmesh payloads", chart_list)
     finally:
         parsed.unpersist()
     result.seconds = time.monotonic() - started
@@ -270,9 +273,7 @@ def run_audit(spark, opts, say: Callable[[str], None] = print) -> JobResult:
             chart_list.append(("Latency from publish to first delivery", grouped_bars(
                 os.path.join(charts, "audit_latency.png"), "latency per subscriber (ms)", labels,
                 {k: [r[f"latency_{k}_ms"] or 0 for r in subs[:30]] for k in ("p50", "p95", "p99")}, "ms")))
-        result.html = html_page(os.path.join(result.out, "report.html"), "mqttmesh delivery audit",
-                                _range_text(opts), list(result.summary.items()), chart_list,
-                                list(result.tables.values()), result.notes)
+        _page(result, opts, "mqttmesh delivery audit", chart_list)
     finally:
         rows.unpersist()
     result.seconds = time.monotonic() - started

@@ -52,6 +52,7 @@ class _Link:
     """An established link to one peer node, whichever side dialled."""
     dialer: str = ""
     peer: str = ""
+    handshake_rtt: float | None = None  # measured by the dialling side before its hello
 
     def congestion_key(self):
         """What flow control knows this link by when it is congested."""
@@ -101,7 +102,6 @@ class PeerClient(asyncio.Protocol, _Link):
         # when what it brings cannot be delivered, and be congested when the peer is slow
         self.owner = self
         self.state = "connecting"
-        self.handshake_rtt: float | None = None
         self.reading_paused = False
 
     # flow control ---------------------------------------------------------------------
@@ -462,7 +462,7 @@ class MeshNode:
         # the first cost: the dialler's SUBSCRIBE/SUBACK round trip (it measured it before its
         # hello, and says it in there), so a new link is not advertised at the floor cost and
         # again a keepalive later when the first PINGRESP says what it really costs
-        rtt = getattr(link, "handshake_rtt", None)
+        rtt = link.handshake_rtt
         rtt_us = rtt * 1e6 if rtt is not None else hello.get("rtt")
         cost = int(rtt_us) if isinstance(rtt_us, (int, float)) and rtt_us > 0 else None
         self.engine.link_up(peer, self.loop.time(), cost)
@@ -572,12 +572,15 @@ class MeshNode:
         busy at once (mesh2 fanin QoS 0 in the benchmark harness).
         """
         self._routed = 0
-        self._flush()
-        self._flush_scheduled = True  # the scheduled call still comes; it finds little to do
+        self._send()  # the scheduled _flush still comes; it finds little to do
         self.node.flush_now()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._send()
+
+    def _send(self) -> None:
+        """Hand what the engine and the cluster queued to the links, and write the links."""
         now = self.loop.time()
         self._check_membership(now)
         self.cluster.flush()

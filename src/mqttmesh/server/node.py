@@ -243,10 +243,7 @@ class Node:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        dirty = self._dirty
-        self._dirty = []
-        for conn in dirty:
-            conn.flush()
+        self.flush_now()
 
     def flush_now(self) -> None:
         """Write what the dirty connections hold now (the scheduled flush still runs)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 
-__all__ = ["InvariantViolation", "dijkstra", "tree_edges", "Violations"]
+__all__ = ["InvariantViolation", "components", "dijkstra", "tree_edges", "Violations"]
 
 
 class InvariantViolation(AssertionError):
@@ -43,6 +43,26 @@ def dijkstra(source: str, adj: dict[str, dict[str, float]]) -> tuple[dict[str, f
                 parent[v] = u
                 hops[v] = hops[u] + 1
     return dist, parent, hops
+
+
+def components(nodes, edges) -> dict[str, str]:
+    """Connected components (union-find): each of ``nodes`` -> its component's root.
+
+    ``edges`` are node pairs; a pair with an end outside ``nodes`` is ignored.
+    """
+    parent = {n: n for n in nodes}
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+    for a, b in edges:
+        if a in parent and b in parent:
+            ra, rb = find(a), find(b)
+            if ra != rb:
+                parent[ra] = rb
+    return {n: find(n) for n in parent}
 
 
 def tree_edges(source: str, parent: dict[str, str], targets) -> set[tuple[str, str]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 
 from ..mesh.engine import MeshEngine
-from .checks import dijkstra
+from .checks import components, dijkstra
 from .model import CHECK, TALLY, Link
 
 __all__ = ["Episode", "ConvergenceMixin"]
@@ -118,19 +118,9 @@ class ConvergenceMixin:
         ep.spf_runs, ep.spf_seconds = runs - ep.spf_runs0, secs - ep.spf_seconds0
 
     def _recompute_components(self) -> None:
-        parent = {n: n for n in self.names if self.nodes[n].up}
-
-        def find(x):
-            while parent[x] != x:
-                parent[x] = parent[parent[x]]
-                x = parent[x]
-            return x
-        for link in self.links.values():
-            if link.side[link.a] and link.side[link.b] and link.a in parent and link.b in parent:
-                ra, rb = find(link.a), find(link.b)
-                if ra != rb:
-                    parent[ra] = rb
-        comp = {n: find(n) for n in parent}
+        comp = components((n for n in self.names if self.nodes[n].up),
+                          ((link.a, link.b) for link in self.links.values()
+                           if link.side[link.a] and link.side[link.b]))
         members: dict[str, list[str]] = {}
         for n, r in comp.items():
             members.setdefault(r, []).append(n)

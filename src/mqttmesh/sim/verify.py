@@ -6,7 +6,7 @@ the simulator computes itself (checks.py), never with the engine's own view.
 
 from __future__ import annotations
 
-from .checks import dijkstra, tree_edges
+from .checks import components, dijkstra, tree_edges
 from .convergence import Episode
 
 __all__ = ["VerifyMixin"]
@@ -94,23 +94,13 @@ class VerifyMixin:
 
     def _physical_component(self, name: str) -> frozenset:
         if self.phys_cache is None:
-            parent = {n: n for n in self.names if self.nodes[n].up}
-
-            def find(x):
-                while parent[x] != x:
-                    parent[x] = parent[parent[x]]
-                    x = parent[x]
-                return x
-            for link in self.links.values():
-                if link.a in parent and link.b in parent and self._avail(link):
-                    ra, rb = find(link.a), find(link.b)
-                    if ra != rb:
-                        parent[ra] = rb
+            comp = components((n for n in self.names if self.nodes[n].up),
+                              ((link.a, link.b) for link in self.links.values() if self._avail(link)))
             groups: dict[str, set] = {}
-            for n in parent:
-                groups.setdefault(find(n), set()).add(n)
+            for n, root in comp.items():
+                groups.setdefault(root, set()).add(n)
             frozen = {r: frozenset(g) for r, g in groups.items()}
-            self.phys_cache = {n: frozen[find(n)] for n in parent}
+            self.phys_cache = {n: frozen[root] for n, root in comp.items()}
         return self.phys_cache.get(name, frozenset())
 
     def _finish(self) -> None:
