@@ -124,6 +124,9 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         return 2
     stop = []
     signal.signal(signal.SIGTERM, lambda *a: stop.append(1))
+    # a shell that starts us in the background leaves SIGINT ignored; kill -INT (like Ctrl-C)
+    # must still stop every node
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     print(f"mqttmesh {__version__}: starting {args.nodes} nodes, topology {args.topology} "
           f"(logs in {cluster.workdir})", flush=True)
     cluster.start()
