@@ -69,6 +69,11 @@ class Broker:
         self.on_filter_removed: list[Callable[[str], None]] = []
         self.on_publish: list[Callable[[Message], None]] = []
         self.delivery_hook = None  # hook(session, msg, qos, dup) for every PUBLISH sent to a client
+        # the archive (archive/recorder.py): archive_hook(msg) for each message published
+        # here, unless capture(publisher, time, packets, segments, skips, count) took it
+        # with the read it came in (channel.py)
+        self.archive_hook = None
+        self.capture = None
         self.cluster = None        # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
         self.persistent_factory = None  # makes CleanSession=0 sessions when set (replicated ones)
         self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
@@ -179,8 +184,9 @@ class Broker:
         self.seq += 1
         return self.seq
 
-    def publish(self, msg: Message) -> int:
-        """Take ownership of a message published at this node.
+    def publish(self, msg: Message, captured: bool = False) -> int:
+        """Take ownership of a message published at this node; ``captured``: the archive
+        has it already, from the bytes of the read it came in (archive/reads.py).
 
         Returns the journal batch the caller must wait for before acknowledging
         the message, or 0 when nothing it caused needs to become durable.
@@ -193,6 +199,8 @@ class Broker:
             if self.on_publish:
                 for hook in self.on_publish:
                     hook(msg)
+            if self.archive_hook is not None and not captured:
+                self.archive_hook(msg)
             return 0
         before = journal.writes
         if msg.retain:
@@ -200,6 +208,8 @@ class Broker:
         self.dispatch(msg)
         for hook in self.on_publish:
             hook(msg)
+        if self.archive_hook is not None and not captured:
+            self.archive_hook(msg)
         return journal.batch if journal.writes != before else 0
 
     def dispatch(self, msg: Message) -> int:

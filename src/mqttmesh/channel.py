@@ -65,7 +65,8 @@ class Channel:
     __slots__ = ("broker", "owner", "peer", "state", "decoder", "session", "client_id",
                  "username", "will", "keepalive", "last_rx", "opened_at", "close_reason",
                  "clean_disconnect", "_out", "_held", "is_peer", "peer_node", "_pending_connect",
-                 "_processing", "__weakref__")
+                 "_processing", "_cap_on", "_cap_next", "_cap_base", "_cap_segs", "_cap_skips",
+                 "__weakref__")
 
     def __init__(self, broker, owner, peer: str, now: float):
         self.broker = broker
@@ -86,6 +87,14 @@ class Channel:
         self.peer_node = None
         self._pending_connect = None
         self._processing = False
+        # the archive's capture of the read being processed (archive/reads.py): on, the
+        # seq the next message continues the current segment with, the ordinal after
+        # the last skip, segments and skips
+        self._cap_on = False
+        self._cap_next = -1
+        self._cap_base = 0
+        self._cap_segs: list = []
+        self._cap_skips: list = []
         self._out: list[bytes] = []
         self._held: deque[tuple[int, bytes]] = deque()  # frames waiting for a journal batch
 
@@ -102,6 +111,15 @@ class Channel:
 
     def _process(self, now: float) -> None:
         self._processing = True
+        capture = self.broker.capture
+        keep = None
+        if capture is not None and self.state is CONNECTED and not self.is_peer:
+            keep = self.decoder.keep = []
+            self._cap_on = True
+            self._cap_next = -1
+            self._cap_base = 0
+            self._cap_segs = []
+            self._cap_skips = []
         try:
             for packet in self.decoder.packets():
                 table = TRANSITIONS[self.state]
@@ -116,6 +134,13 @@ class Channel:
             self.close(f"protocol violation: {exc}")
         finally:
             self._processing = False
+            if keep is not None:
+                self._cap_on = False
+                self.decoder.keep = None
+                count = self._cap_ordinal()
+                if count > len(self._cap_skips):
+                    capture(self.client_id, now + self.broker.wall_offset, keep, self._cap_segs,
+                            self._cap_skips, count)
         if self.decoder.buffered > self.decoder.max_packet_size and self.state is not CLOSED:
             self.close("input buffer over the maximum packet size")  # pragma: no cover
 
@@ -187,6 +212,7 @@ class Channel:
             self._end(publish_will=not self.clean_disconnect)
 
     def _end(self, publish_will: bool) -> None:
+        self._cap_on = False  # the will is no packet of the read being captured
         was_connected = self.state is CONNECTED
         self.state = CLOSED
         broker = self.broker
@@ -319,6 +345,8 @@ class Channel:
         awaiting = session.awaiting_rel
         if pid in awaiting:
             # a re-sent QoS 2 PUBLISH: acknowledge again, deliver nothing [MQTT-4.3.3-2]
+            if self._cap_on:
+                self._cap_skip()
             self.write(_ack(_PUBREC, pid))
             return
         if len(awaiting) >= session.limits.max_awaiting_rel:
@@ -341,6 +369,8 @@ class Channel:
                                                        not auth.can_publish(self.username, self.client_id, topic)):
             # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
             broker.stats.publish_denied += 1
+            if self._cap_on:
+                self._cap_skip()
             return 0
         msg.origin = broker.node_id
         broker.seq += 1
@@ -357,13 +387,36 @@ class Channel:
                 if self.state is CONNECTED:
                     congestion.pause(self)  # a local client cannot keep up: stop reading the link
             return batch
-        batch = broker.publish(msg)
+        if self._cap_on:
+            # a message of the read being captured: the archive takes it from the read's
+            # bytes, this only notes its seq when it does not follow the previous one
+            seq = msg.seq
+            if seq != self._cap_next:
+                self._cap_segs.append((self._cap_ordinal(), seq))
+            self._cap_next = seq + 1
+            batch = broker.publish(msg, True)
+        else:
+            batch = broker.publish(msg)
         congestion = broker.congestion
         if congestion.hit:
             congestion.hit = False
             if self.state is CONNECTED:
                 congestion.pause(self)  # read no more from this publisher for now (flow.py)
         return batch
+
+    def _cap_ordinal(self) -> int:
+        """Ordinal of the next PUBLISH packet of the read being captured."""
+        if self._cap_next < 0:
+            return self._cap_base
+        ordinal, seq = self._cap_segs[-1]
+        return ordinal + self._cap_next - seq
+
+    def _cap_skip(self) -> None:
+        """The PUBLISH packet being handled is not a message."""
+        ordinal = self._cap_ordinal()
+        self._cap_skips.append(ordinal)
+        self._cap_base = ordinal + 1
+        self._cap_next = -1
 
     def _on_pubrel(self, pkt, now: float) -> None:
         session = self.session

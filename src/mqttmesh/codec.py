@@ -433,11 +433,14 @@ class Decoder:
     close [MQTT-4.8.0-1].
     """
 
-    __slots__ = ("_buf", "max_packet_size", "broken")
+    __slots__ = ("_buf", "max_packet_size", "broken", "keep")
 
     def __init__(self, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE):
         self._buf = bytearray()
         self.max_packet_size = max_packet_size
+        # when a list: ``packets()`` appends to it the bytes of the packets it yielded
+        # (whole packets, in order), for the archive (archive/reads.py)
+        self.keep: list | None = None
         self.broken = False
 
     def feed(self, data: bytes) -> None:
@@ -530,6 +533,8 @@ class Decoder:
             raise
         finally:
             if pos:
+                if self.keep is not None:
+                    self.keep.append(buf[:pos])
                 del buf[:pos]
 
 

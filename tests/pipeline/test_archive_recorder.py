@@ -188,7 +188,7 @@ def test_schema_markdown_lists_every_column():
 
 def _frame(kind, first, nbytes, rows) -> bytes:
     """A frame built by hand from the documented layout, not by encode_chunk."""
-    body = marshal.dumps((kind, first, nbytes, rows))
+    body = marshal.dumps((kind, first, nbytes, rows, len(rows), False))
     return b"MQAR" + struct.pack(">I", len(body)) + body
 
 
@@ -218,7 +218,7 @@ def test_encode_chunk_writes_the_documented_layout():
     data = encode_chunk(r.chunks[0])
     magic, length = struct.unpack(">4sI", data[:8])   # read back by hand, not by FrameReader
     assert (magic, length) == (b"MQAR", len(data) - 8)
-    assert marshal.loads(data[8:]) == (PUBLISH, 0, 1, [(1000.5, 5, "pub", "a/b", 1, False, b"p")])
+    assert marshal.loads(data[8:]) == (PUBLISH, 0, 1, [(1000.5, 5, "pub", "a/b", 1, False, b"p")], 1, False)
 
 
 def test_bad_frames_are_refused_by_name():

@@ -65,20 +65,28 @@ class ArchiveLimits:
 
 
 class Chunk:
-    """Records of one kind, cut together; ``first`` numbers its first record in this run."""
-    __slots__ = ("kind", "rows", "nbytes", "first")
+    """Records of one kind, cut together; ``first`` numbers its first record in this run.
 
-    def __init__(self, kind: str, rows: list, nbytes: int, first: int):
+    ``rows`` are record tuples, or, when ``reads`` is true, read records of publish
+    records (archive/reads.py), ``count`` records in all.
+    """
+    __slots__ = ("kind", "rows", "nbytes", "first", "count", "reads")
+
+    def __init__(self, kind: str, rows: list, nbytes: int, first: int, count: int | None = None,
+                 reads: bool = False):
         self.kind = kind
         self.rows = rows
         self.nbytes = nbytes
         self.first = first
+        self.count = len(rows) if count is None else count
+        self.reads = reads
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self.count
 
     def __repr__(self):
-        return f"Chunk({self.kind}, {len(self.rows)} rows, {self.nbytes} bytes, first={self.first})"
+        form = f"{len(self.rows)} reads of " if self.reads else ""
+        return f"Chunk({self.kind}, {form}{self.count} records, {self.nbytes} bytes, first={self.first})"
 
 
 def topic_filter(filters) -> Callable[[str], bool] | None:
@@ -132,6 +140,9 @@ class Recorder:
         self._buffers: dict[str, tuple] = {}
         self.publish_hook = self._buffer(PUBLISH)
         self.delivery_hook = self._buffer(DELIVERY) if delivery_log else None
+        # every topic archived: whole reads from clients (archive/reads.py) instead of a
+        # record per message; with filters the node picks the messages itself
+        self.capture_hook = self._reads_buffer() if self._filter is None else None
 
     # -- the hot path --------------------------------------------------------------------
 
@@ -156,7 +167,7 @@ class Recorder:
             append = rows.append
             nbytes = 0
             generation += 1
-            self.cut_rows[kind] += len(chunk.rows)
+            self.cut_rows[kind] += len(chunk)
             self.cut_bytes[kind] += chunk.nbytes
             self._submit(chunk)
             return True
@@ -208,6 +219,43 @@ class Recorder:
 
         self._buffers[kind] = (cut, lambda: len(rows), lambda: generation, [None])
         return hook
+
+    def _reads_buffer(self):
+        """The capture hook (Broker.capture) and its buffer of read records."""
+        reads: list = []
+        count = nbytes = generation = 0
+        max_rows, max_bytes = self.limits.chunk_rows, self.limits.chunk_bytes
+        dropped = self.dropped
+
+        def cut(force: bool = False) -> bool:
+            nonlocal reads, count, nbytes, generation
+            if not reads:
+                return True
+            if not force and not self._room(count, nbytes):
+                return False
+            chunk = Chunk(PUBLISH, reads, nbytes, self.cut_rows[PUBLISH], count, reads=True)
+            reads = []
+            count = nbytes = 0
+            generation += 1
+            self.cut_rows[PUBLISH] += chunk.count
+            self.cut_bytes[PUBLISH] += chunk.nbytes
+            self._submit(chunk)
+            return True
+
+        def capture(publisher: str, timestamp: float, packets: list, segments: list, skips: list,
+                    n: int) -> None:
+            nonlocal count, nbytes
+            records = n - len(skips)
+            if (count >= max_rows or nbytes >= max_bytes) and not cut():
+                dropped[PUBLISH] += records
+                return
+            data = packets[0] if len(packets) == 1 else b"".join(packets)
+            reads.append((publisher, timestamp, data, segments, skips, n))
+            count += records
+            nbytes += len(data)
+
+        self._buffers["reads"] = (cut, lambda: count, lambda: generation, [None])
+        return capture
 
     def _room(self, rows: int, nbytes: int) -> bool:
         queued_rows = sum(self.cut_rows.values()) - self.done_rows

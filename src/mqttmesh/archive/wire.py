@@ -3,7 +3,9 @@
 Pure. It leaves the pipe itself to its callers (server/archive.py writes frames
 with asyncio, archive/worker.py reads them with blocking reads).
 
-    node -> writer:  frame = magic "MQAR" : u32 length : marshal((kind, first, nbytes, records))
+    node -> writer:  frame = magic "MQAR" : u32 length :
+                     marshal((kind, first, nbytes, records, count, reads))
+                     (records: record tuples, or read records when ``reads``; archive/reads.py)
     writer -> node:  one JSON object per line, for every set of records it is done with:
                      {"kind", "records", "nbytes", "written", "failed", "files", "file_bytes"}
 
@@ -34,7 +36,7 @@ class WireError(ValueError):
 
 
 def encode_chunk(chunk: Chunk) -> bytes:
-    body = marshal.dumps((chunk.kind, chunk.first, chunk.nbytes, chunk.rows))
+    body = marshal.dumps((chunk.kind, chunk.first, chunk.nbytes, chunk.rows, chunk.count, chunk.reads))
     return _HEAD.pack(MAGIC, len(body)) + body
 
 
@@ -59,13 +61,13 @@ class FrameReader:
                 if len(buf) < end:
                     break
                 try:
-                    kind, first, nbytes, rows = marshal.loads(bytes(buf[pos + _HEAD.size:end]))
+                    kind, first, nbytes, rows, count, reads = marshal.loads(bytes(buf[pos + _HEAD.size:end]))
                 except (ValueError, EOFError, TypeError) as exc:
                     raise WireError(f"frame at byte {pos} does not decode: {exc}") from None
-                if kind not in KINDS or not isinstance(rows, list):
+                if kind not in KINDS or not isinstance(rows, list) or not isinstance(count, int):
                     raise WireError(f"frame at byte {pos} is not a chunk of records")
                 pos = end
-                yield Chunk(kind, rows, nbytes, first)
+                yield Chunk(kind, rows, nbytes, first, count, bool(reads))
         finally:
             del buf[:pos]
 

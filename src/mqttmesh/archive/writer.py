@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .reads import columns
 from .recorder import ArchiveLimits, Chunk, file_name, partition_dir
 from .schema import COLUMNS, DELIVERY, FORMAT_VERSION, KINDS, PUBLISH
 
@@ -69,6 +70,18 @@ def records_array(kind: str, rows: list) -> pa.StructArray:
     """Record tuples (recorder.py) -> one Arrow struct array: the only step that reads
     Python objects, in one C++ pass with the GIL held once."""
     return pa.array(rows, _PUBLISH_RECORD if kind == PUBLISH else _DELIVERY_RECORD)
+
+
+def reads_array(reads: list) -> pa.StructArray:
+    """Read records (archive/reads.py) -> the same struct array as their messages' record tuples."""
+    ts, seqs, pubs, topics, firsts, payloads = columns(reads)
+    n = len(seqs)
+    first = pa.Array.from_buffers(pa.uint8(), n, [None, pa.py_buffer(firsts)])
+    qos = pc.bit_wise_and(pc.shift_right(first, 1), 3).cast(pa.int8())
+    retain = pc.equal(pc.bit_wise_and(first, 1), 1)
+    arrays = [pa.array(ts, pa.float64()), pa.array(seqs, pa.int64()), pa.array(pubs, pa.string()),
+              pa.array(topics, pa.binary()).cast(pa.string()), qos, retain, pa.array(payloads, pa.binary())]
+    return pa.StructArray.from_arrays(arrays, fields=list(_PUBLISH_RECORD))
 
 
 def publish_table(records: pa.ChunkedArray, node_id: str) -> pa.Table:
@@ -144,19 +157,22 @@ class FileWriter:
     def add(self, chunk: Chunk, now: float) -> None:
         rows = chunk.rows
         chunk.rows = []
+        n = len(chunk)
         try:
-            array = records_array(chunk.kind, rows)
+            array = reads_array(rows) if chunk.reads else records_array(chunk.kind, rows)
+            if len(array) != n:
+                raise ValueError(f"{len(array)} records where the node counted {n}")
         except Exception as exc:  # a record the schema cannot hold: say so, drop the chunk
             self.last_error = f"{type(exc).__name__}: {exc}"
-            log.error("archive: could not convert %d %s records: %s", len(rows), chunk.kind, self.last_error)
-            self.report(chunk.kind, len(rows), chunk.nbytes, 0, len(rows), 0, 0)
+            log.error("archive: could not convert %d %s records: %s", n, chunk.kind, self.last_error)
+            self.report(chunk.kind, n, chunk.nbytes, 0, n, 0, 0)
             return
         p = self.pending[chunk.kind]
         if not p.records:
             p.since = now
             p.first = chunk.first
         p.arrays.append(array)
-        p.records += len(rows)
+        p.records += n
         p.nbytes += chunk.nbytes
         if p.records >= self.limits.flush_rows or p.nbytes >= self.limits.flush_bytes:
             self.write(chunk.kind)

@@ -74,7 +74,8 @@ class ArchiveService:
         self._sys_at = 0.0
         self._dropped_since_log = 0
         # the hooks go in now: sessions restored from the store pick up the delivery hook
-        broker.on_publish.append(self.recorder.publish_hook)
+        broker.archive_hook = self.recorder.publish_hook
+        broker.capture = self.recorder.capture_hook
         if self.delivery_log:
             broker.delivery_hook = self.recorder.delivery_hook
 
@@ -127,7 +128,7 @@ class ArchiveService:
         pipe = self._pipe
         if pipe is None or pipe.is_closing():
             # no writer right now (it died and is being restarted): these records are lost
-            self.recorder.rows_done(chunk.kind, len(chunk.rows), chunk.nbytes, 0, len(chunk.rows))
+            self.recorder.rows_done(chunk.kind, len(chunk), chunk.nbytes, 0, len(chunk))
             return
         pipe.write(encode_chunk(chunk))
 

@@ -1,0 +1,122 @@
+"""Captured reads (archive/reads.py): messages taken back out of the bytes a client sent.
+
+The unit tests build the reads with the independent byte builder (tests/mqttraw.py) and
+work the expected seqs out by hand. The broker tests send several packets in one write,
+among them packets that are not messages (a `$` topic, a QoS 2 re-send, a PINGREQ, a
+protocol error), and compare the archive with what the subscriber and the delivery log saw.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pq = pytest.importorskip("pyarrow.parquet")
+
+import mqttraw as raw  # noqa: E402
+from meshutil import Subscriber  # noqa: E402
+from mqttmesh.archive.reads import ReadError, columns, publishes  # noqa: E402
+from mqttmesh.archive.writer import reads_array  # noqa: E402
+from test_archive_node import archive_flags, read_archive  # noqa: E402
+
+S = 1 << 40  # a seq with more than 32 bits, like the broker's (incarnation << 28)
+
+
+def test_every_publish_of_a_read_gets_its_seq_topic_flags_and_payload():
+    long_payload = bytes(range(256)) * 2  # 512 bytes: a two-byte remaining length
+    data = (raw.publish("a/1", b"x") + raw.PINGREQ_BYTES + raw.publish("a/2", b"yy", qos=1, retain=True, pid=7)
+            + raw.puback(3) + raw.publish("a/3", long_payload, qos=2, pid=8) + raw.publish("a/4", b""))
+    got = publishes(data, [(0, S)], [], 4)
+    assert got == [(S, 0x30, b"a/1", b"x"), (S + 1, 0x33, b"a/2", b"yy"), (S + 2, 0x34, b"a/3", long_payload),
+                   (S + 3, 0x30, b"a/4", b"")]
+
+
+def test_skips_and_gaps_number_the_messages_as_the_broker_did():
+    data = b"".join(raw.publish(f"t/{i}", b"%d" % i) for i in range(7))
+    # ordinal 1 was refused ($ topic), 4 was a QoS 2 re-send; ordinal 3 came after somebody
+    # else took seqs S+2..S+9; the read's last packet (6) was never handled
+    got = publishes(data, [(0, S), (2, S + 1), (3, S + 10), (5, S + 11)], [1, 4], 6)
+    assert [(seq, topic) for seq, _, topic, _ in got] == [(S, b"t/0"), (S + 1, b"t/2"), (S + 10, b"t/3"),
+                                                         (S + 11, b"t/5")]
+
+
+def test_reads_become_the_records_the_message_hook_would_have_made():
+    a = raw.publish("s/1", b"p1", qos=1, pid=1) + raw.publish("s/2", b"p2", retain=True)
+    b = raw.publish("s/3", "é".encode(), qos=2, pid=2)
+    reads = [("dev-a", 1000.25, a, [(0, S)], [], 2), ("dev-b", 1001.5, b, [(0, S + 5)], [], 1)]
+    assert columns(reads) == ([1000.25, 1000.25, 1001.5], [S, S + 1, S + 5], ["dev-a", "dev-a", "dev-b"],
+                              [b"s/1", b"s/2", b"s/3"], bytes([0x32, 0x31, 0x34]), [b"p1", b"p2", "é".encode()])
+    rows = reads_array(reads).to_pylist()
+    assert rows == [
+        {"timestamp": 1000.25, "seq": S, "publisher": "dev-a", "topic": "s/1", "qos": 1, "retain": False,
+         "payload": b"p1"},
+        {"timestamp": 1000.25, "seq": S + 1, "publisher": "dev-a", "topic": "s/2", "qos": 0, "retain": True,
+         "payload": b"p2"},
+        {"timestamp": 1001.5, "seq": S + 5, "publisher": "dev-b", "topic": "s/3", "qos": 2, "retain": False,
+         "payload": "é".encode()}]
+
+
+@pytest.mark.parametrize("data, segments, skips, count, message", [
+    (raw.publish("a", b"1")[:-1], [(0, S)], [], 1, "overruns"),
+    (raw.publish("a", b"1"), [(0, S)], [], 2, "ends after 1 of 2"),
+    (raw.publish("a", b"1") + raw.publish("b", b"2"), [(0, S), (1, S + 1)], [1], 2, "is a skip"),
+    (raw.publish("a", b"1"), [], [], 1, "numbered"),
+    (b"\x30\xff\xff\xff\xff\x01", [(0, S)], [], 1, "bad fixed header"),
+])
+def test_reads_that_do_not_fit_together_are_refused_by_name(data, segments, skips, count, message):
+    with pytest.raises(ReadError, match=message):
+        columns([("c", 1.0, data, segments, skips, count)])
+
+
+# -- through a broker -------------------------------------------------------------------------------
+
+def test_packets_that_are_no_message_leave_the_others_archived_with_the_seqs_they_were_delivered_with(
+        broker_factory, tmp_path):
+    archive = tmp_path / "archive"
+    node = broker_factory(*archive_flags(archive, "--archive-delivery-log", "true"), name="n1")
+    sub = Subscriber(node, "sub", "t/#", qos=2)
+    with raw.RawClient(node.host, node.port) as c:
+        c.connect(client_id="dev")
+        big = b"B" * 300
+        c.send(raw.publish("t/1", b"a") + raw.publish("$x/y", b"refused") + raw.publish("t/2", b"b", 1, True, pid=1)
+               + raw.publish("t/3", b"c", 2, pid=2) + raw.publish("t/3", b"c", 2, dup=True, pid=2)
+               + raw.PINGREQ_BYTES + raw.publish("t/4", big))
+        assert c.expect(raw.PUBACK).packet_id == 1
+        assert c.expect(raw.PUBREC).packet_id == 2
+        assert c.expect(raw.PUBREC).packet_id == 2
+        c.expect(raw.PINGRESP)
+        c.send(raw.pubrel(2))
+        assert c.expect(raw.PUBCOMP).packet_id == 2
+        c.send(raw.DISCONNECT_BYTES)
+    sub.wait_count(4)
+    sub.close()
+    assert node.stop() == 0
+    rows = read_archive(archive)
+    assert [(r["topic"], r["payload"], r["qos"], r["retain"], r["publisher"]) for r in rows] == [
+        ("t/1", b"a", 0, False, "dev"), ("t/2", b"b", 1, True, "dev"), ("t/3", b"c", 2, False, "dev"),
+        ("t/4", big, 0, False, "dev")]
+    seqs = [r["seq"] for r in rows]
+    assert seqs == sorted(set(seqs))
+    delivered = [d["msg_id"] for d in sorted(read_archive(archive, "delivery"), key=lambda d: d["log_seq"])]
+    assert delivered == [r["msg_id"] for r in rows]  # the audit's join holds message by message
+    assert sorted(sub.received) == [("t/1", b"a", 0, False), ("t/2", b"b", 1, False), ("t/3", b"c", 2, False),
+                                    ("t/4", big, 0, False)]
+
+
+def test_a_read_cut_short_by_a_protocol_error_archives_what_was_handled_and_the_will(broker_factory, tmp_path):
+    archive = tmp_path / "archive"
+    node = broker_factory(*archive_flags(archive), name="n1")
+    sub = Subscriber(node, "sub", "#", qos=1)
+    with raw.RawClient(node.host, node.port) as c:
+        c.connect(client_id="dev", will=("will/dev", b"gone", 1, False))
+        c.send(raw.publish("t/1", b"1") + raw.publish("t/2", b"2", 1, pid=1)
+               + raw.packet(0x36, raw.s("t/3") + b"\x00\x02" + b"3")  # QoS 3: malformed [MQTT-3.3.1-4]
+               + raw.publish("t/4", b"4"))
+        c.expect(raw.PUBACK)
+        c.expect_closed()
+    sub.wait_count(3)
+    sub.close()
+    assert node.stop() == 0
+    rows = read_archive(archive)
+    assert sorted((r["topic"], r["payload"]) for r in rows) == [("t/1", b"1"), ("t/2", b"2"), ("will/dev", b"gone")]
+    assert len({r["seq"] for r in rows}) == 3
+    assert sorted(p for _, p, _, _ in sub.received) == [b"1", b"2", b"gone"]
