@@ -94,7 +94,7 @@ class Channel:
         self._cap_next = -1
         self._cap_base = 0
         self._cap_segs: list = []
-        self._cap_skips: list = []
+        self._cap_skips: list | tuple = ()
         self._out: list[bytes] = []
         self._held: deque[tuple[int, bytes]] = deque()  # frames waiting for a journal batch
 
@@ -119,7 +119,7 @@ class Channel:
             self._cap_next = -1
             self._cap_base = 0
             self._cap_segs = []
-            self._cap_skips = []
+            self._cap_skips = ()  # a list once there is a skip (rare)
         try:
             for packet in self.decoder.packets():
                 table = TRANSITIONS[self.state]
@@ -414,6 +414,8 @@ class Channel:
     def _cap_skip(self) -> None:
         """The PUBLISH packet being handled is not a message."""
         ordinal = self._cap_ordinal()
+        if not self._cap_skips:
+            self._cap_skips = []
         self._cap_skips.append(ordinal)
         self._cap_base = ordinal + 1
         self._cap_next = -1

@@ -55,8 +55,11 @@ def columns(reads):
     return ts, seqs, pubs, topics, bytes(firsts), payloads
 
 
-def _seqs(segments, skips, count: int) -> list[int]:
+def _seqs(segments, skips, count: int):
     """The seq of each message of a read, from its segments and skips."""
+    if not skips and len(segments) == 1 and segments[0][0] == 0:
+        seq = segments[0][1]
+        return range(seq, seq + count)  # the usual read: no skip, no gap
     ends = sorted({*(o for o, _ in segments), *skips, count})
     out: list[int] = []
     skipped = set(skips)
@@ -70,52 +73,51 @@ def _seqs(segments, skips, count: int) -> list[int]:
 
 def _parse(data, skips, count: int, firsts: bytearray, topics: list, payloads: list) -> int:
     """Append the first byte, topic and payload of each message of one read; how many."""
-    skips = sorted(skips)
-    skips.append(count)
-    next_skip = skips[0]
+    before = len(topics)
     k = 0
-    size = len(data)
+    if skips:
+        skips = sorted(skips)
+        skips.append(count)
+        next_skip = skips[0]
+    else:
+        next_skip = count  # no ordinal reaches it
     add_first, add_topic, add_payload = firsts.append, topics.append, payloads.append
     pos = 0
     ordinal = 0
-    n = 0
-    while ordinal < count:
-        if pos + 1 >= size:
-            if pos >= size:
-                raise ReadError(f"read ends after {ordinal} of {count} PUBLISH packets")
-            raise ReadError(f"bad fixed header at byte {pos}")
-        length = data[pos + 1]
-        if length & 0x80:
-            i, length = _remaining_length(data, pos)
-        else:
-            i = pos + 2
-        end = i + length
-        first = data[pos]
-        if first & 0xF0 == 0x30:  # PUBLISH
-            if ordinal != next_skip:
-                if end > size:
-                    raise ReadError(f"packet at byte {pos} overruns the read")
-                tend = i + 2 + ((data[i] << 8) | data[i + 1])
-                add_first(first)
-                add_topic(data[i + 2:tend])
-                add_payload(data[tend + 2 if first & 0x06 else tend:end])
-                n += 1
+    try:
+        while ordinal < count:
+            first = data[pos]
+            length = data[pos + 1]
+            if length & 0x80:
+                i, length = _remaining_length(data, pos)
             else:
-                k += 1
-                next_skip = skips[k]
-            ordinal += 1
-        pos = end
-    return n
+                i = pos + 2
+            end = i + length
+            if first & 0xF0 == 0x30:  # PUBLISH
+                if ordinal != next_skip:
+                    tend = i + 2 + ((data[i] << 8) | data[i + 1])
+                    add_first(first)
+                    add_topic(data[i + 2:tend])
+                    add_payload(data[tend + 2 if first & 0x06 else tend:end])
+                else:
+                    k += 1
+                    next_skip = skips[k]
+                ordinal += 1
+            pos = end
+    except IndexError:
+        raise ReadError(f"read ends after {ordinal} of {count} PUBLISH packets") from None
+    if pos > len(data):  # packets follow each other: only the last one can overrun
+        raise ReadError(f"the last packet overruns the read by {pos - len(data)} bytes")
+    return len(topics) - before
 
 
 def _remaining_length(data, pos: int) -> tuple[int, int]:
     """(first byte after the fixed header, remaining length) of the packet at ``pos``."""
-    size = len(data)
     length = 0
     shift = 0
     i = pos + 1
     while True:
-        if i >= size or shift > 21:
+        if shift > 21:
             raise ReadError(f"bad fixed header at byte {pos}")
         byte = data[i]
         i += 1
