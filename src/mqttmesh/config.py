@@ -133,13 +133,14 @@ OPTIONS: list[Option] = [
     Option("archive", "flush_rows", int, 200_000, "records per file; a busy node writes a file when it has "
            "this many (fewer, larger files also cost the event loop less)", 1, 100_000_000,
            flag_name="--archive-flush-rows"),
-    Option("archive", "flush_bytes", int, 64 * _MiB, "payload bytes per file", 1024,
+    Option("archive", "flush_bytes", int, 64 * _MiB, "payload bytes per file (with every topic archived, bytes of the "
+           "clients' packets)", 1024,
            flag_name="--archive-flush-bytes"),
     Option("archive", "max_queue_rows", int, 1_000_000, "records handed to the writer and not yet in a "
            "file (at least 2 x flush_rows); beyond it new records are dropped and counted", 2,
            flag_name="--archive-max-queue-rows"),
-    Option("archive", "max_queue_bytes", int, 256 * _MiB, "their payload bytes (at least 2 x flush_bytes); "
-           "beyond it new records are dropped and counted", 2048, flag_name="--archive-max-queue-bytes"),
+    Option("archive", "max_queue_bytes", int, 256 * _MiB, "their bytes, counted as for flush_bytes (at "
+           "least 2 x flush_bytes); beyond it new records are dropped and counted", 2048, flag_name="--archive-max-queue-bytes"),
     Option("archive", "compression", str, "zstd", "Parquet compression", choices=("zstd", "snappy", "gzip",
            "none"), flag_name="--archive-compression"),
     Option("archive", "log_interval", float, 10.0, "seconds between two log lines about dropped records",
