@@ -160,16 +160,12 @@ class Recorder:
             nonlocal rows, append, nbytes, generation
             if not rows:
                 return True
-            if not force and not self._room(len(rows), nbytes):
+            if not self._hand_over(Chunk(kind, rows, nbytes, self.cut_rows[kind]), force):
                 return False
-            chunk = Chunk(kind, rows, nbytes, self.cut_rows[kind])
             rows = []
             append = rows.append
             nbytes = 0
             generation += 1
-            self.cut_rows[kind] += len(chunk)
-            self.cut_bytes[kind] += chunk.nbytes
-            self._submit(chunk)
             return True
 
         def full(record, size: int) -> None:
@@ -231,15 +227,11 @@ class Recorder:
             nonlocal reads, count, nbytes, generation
             if not reads:
                 return True
-            if not force and not self._room(count, nbytes):
+            if not self._hand_over(Chunk(PUBLISH, reads, nbytes, self.cut_rows[PUBLISH], count, reads=True), force):
                 return False
-            chunk = Chunk(PUBLISH, reads, nbytes, self.cut_rows[PUBLISH], count, reads=True)
             reads = []
             count = nbytes = 0
             generation += 1
-            self.cut_rows[PUBLISH] += chunk.count
-            self.cut_bytes[PUBLISH] += chunk.nbytes
-            self._submit(chunk)
             return True
 
         def capture(publisher: str, timestamp: float, packets: list, segments: list, skips: list,
@@ -256,6 +248,15 @@ class Recorder:
 
         self._buffers["reads"] = (cut, lambda: count, lambda: generation, [None])
         return capture
+
+    def _hand_over(self, chunk: Chunk, force: bool) -> bool:
+        """Submit ``chunk`` and count it, if the writer's queue has room for it or ``force``."""
+        if not force and not self._room(len(chunk), chunk.nbytes):
+            return False
+        self.cut_rows[chunk.kind] += len(chunk)
+        self.cut_bytes[chunk.kind] += chunk.nbytes
+        self._submit(chunk)
+        return True
 
     def _room(self, rows: int, nbytes: int) -> bool:
         queued_rows = sum(self.cut_rows.values()) - self.done_rows

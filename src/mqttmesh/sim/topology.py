@@ -12,6 +12,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
+from .checks import components
 from .scenario import ScenarioError, Topology
 
 __all__ = ["Graph", "build_topology", "node_names"]
@@ -121,18 +122,9 @@ def _edges_rgg(names, rng, t, pos=None):
 
 def _connect(names, edges, distance):
     """Join the components of ``edges`` by the shortest links between them."""
-    parent = {n: n for n in names}
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-    for a, b in edges:
-        parent[find(a)] = find(b)
     comps: dict[str, list[str]] = {}
-    for n in names:
-        comps.setdefault(find(n), []).append(n)
+    for n, root in components(names, edges).items():
+        comps.setdefault(root, []).append(n)
     if len(comps) == 1:
         return edges
     groups = sorted(comps.values(), key=len, reverse=True)
