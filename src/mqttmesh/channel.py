@@ -89,7 +89,8 @@ class Channel:
         self._processing = False
         # the archive's capture of the read being processed (archive/reads.py): on, the
         # seq the next message continues the current segment with, the ordinal after
-        # the last skip, segments and skips
+        # the last skip, segments and skips (a list once there is a skip, which is rare);
+        # _process puts them back to these values after each read with PUBLISH packets
         self._cap_on = False
         self._cap_next = -1
         self._cap_base = 0
@@ -115,11 +116,7 @@ class Channel:
         keep = None
         if capture is not None and self.state is CONNECTED and not self.is_peer:
             keep = self.decoder.keep = []
-            self._cap_on = True
-            self._cap_next = -1
-            self._cap_base = 0
-            self._cap_segs = []
-            self._cap_skips = ()  # a list once there is a skip (rare)
+            self._cap_on = True  # the other _cap_ fields are as __init__ set them
         try:
             for packet in self.decoder.packets():
                 table = TRANSITIONS[self.state]
@@ -137,10 +134,15 @@ class Channel:
             if keep is not None:
                 self._cap_on = False
                 self.decoder.keep = None
-                count = self._cap_ordinal()
-                if count > len(self._cap_skips):
-                    capture(self.client_id, now + self.broker.wall_offset, keep, self._cap_segs,
-                            self._cap_skips, count)
+                if self._cap_next >= 0 or self._cap_skips:  # PUBLISH packets in this read
+                    count = self._cap_ordinal()
+                    if count > len(self._cap_skips):
+                        capture(self.client_id, now + self.broker.wall_offset, keep, self._cap_segs,
+                                self._cap_skips, count)
+                    self._cap_next = -1
+                    self._cap_base = 0
+                    self._cap_segs = []
+                    self._cap_skips = ()
         if self.decoder.buffered > self.decoder.max_packet_size and self.state is not CLOSED:
             self.close("input buffer over the maximum packet size")  # pragma: no cover
 

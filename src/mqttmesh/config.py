@@ -150,6 +150,9 @@ OPTIONS: list[Option] = [
     Option("archive", "writer_nice", int, 10, "CPU priority the archive writer process gives up (nice): on a "
            "saturated machine delivery goes first and a writer that falls behind drops", 0, 19,
            flag_name="--archive-writer-nice"),
+    Option("archive", "writer_idle", bool, True, "run the archive writer at idle CPU priority (Linux "
+           "SCHED_IDLE) while it keeps up, so that it only takes CPU time nothing else wants; once its "
+           "pipe backs up it runs at writer_nice until it has caught up", flag_name="--archive-writer-idle"),
 ]
 
 _BY_NAME = {o.name: o for o in OPTIONS}

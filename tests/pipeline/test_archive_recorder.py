@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from mqttmesh.archive.recorder import ArchiveLimits, Recorder, file_name, hour_of, partition_dir, topic_filter
+from mqttmesh.archive.recorder import ArchiveLimits, Chunk, Recorder, file_name, hour_of, partition_dir, topic_filter
 from mqttmesh.archive.schema import DELIVERY, PUBLISH, schema_markdown
 from mqttmesh.archive.wire import FrameReader, WireError, decode_report, encode_chunk, encode_report
 from mqttmesh.message import Message
@@ -186,10 +186,10 @@ def test_schema_markdown_lists_every_column():
 
 # -- the pipe -------------------------------------------------------------------------------------
 
-def _frame(kind, first, nbytes, rows) -> bytes:
+def _frame(kind, first, nbytes, rows, reads=False, data=b"") -> bytes:
     """A frame built by hand from the documented layout, not by encode_chunk."""
-    body = marshal.dumps((kind, first, nbytes, rows, len(rows), False))
-    return b"MQAR" + struct.pack(">I", len(body)) + body
+    meta = marshal.dumps((kind, first, nbytes, rows, len(rows), reads))
+    return b"MQAR" + struct.pack(">II", len(meta), len(data)) + meta + data
 
 
 def test_frames_decode_whole_byte_by_byte_and_with_a_partial_tail():
@@ -215,10 +215,25 @@ def test_encode_chunk_writes_the_documented_layout():
     r = Rig()
     r.rec.publish_hook(msg(seq=5, payload=b"p"))
     r.rec.flush()
-    data = encode_chunk(r.chunks[0])
-    magic, length = struct.unpack(">4sI", data[:8])   # read back by hand, not by FrameReader
-    assert (magic, length) == (b"MQAR", len(data) - 8)
-    assert marshal.loads(data[8:]) == (PUBLISH, 0, 1, [(1000.5, 5, "pub", "a/b", 1, False, b"p")], 1, False)
+    data = b"".join(encode_chunk(r.chunks[0]))
+    magic, meta, size = struct.unpack(">4sII", data[:12])   # read back by hand, not by FrameReader
+    assert (magic, meta, size) == (b"MQAR", len(data) - 12, 0)
+    assert marshal.loads(data[12:]) == (PUBLISH, 0, 1, [(1000.5, 5, "pub", "a/b", 1, False, b"p")], 1, False)
+
+
+def test_captured_reads_travel_with_their_bytes_after_the_records():
+    reads = [("dev", 5.0, b"\x30\x04\x00\x01ax", [(0, 9)], [], 1), ("dev", 6.0, bytearray(b"\xc0\x00"), [], [], 0)]
+    frame = b"".join(encode_chunk(Chunk(PUBLISH, reads, 8, 0, 1, reads=True)))
+    magic, meta, size = struct.unpack(">4sII", frame[:12])
+    assert (magic, size) == (b"MQAR", 8)
+    assert marshal.loads(frame[12:12 + meta]) == (
+        PUBLISH, 0, 8, [("dev", 5.0, 6, [(0, 9)], [], 1), ("dev", 6.0, 2, [], [], 0)], 1, True)
+    assert frame[12 + meta:] == b"\x30\x04\x00\x01ax\xc0\x00"
+    reader = FrameReader()
+    reader.feed(frame)
+    (chunk,) = reader.chunks()
+    assert chunk.reads and chunk.count == 1 and chunk.data == b"\x30\x04\x00\x01ax\xc0\x00"
+    assert chunk.rows == [("dev", 5.0, 6, [(0, 9)], [], 1), ("dev", 6.0, 2, [], [], 0)]
 
 
 def test_bad_frames_are_refused_by_name():
@@ -227,13 +242,17 @@ def test_bad_frames_are_refused_by_name():
     with pytest.raises(WireError, match="bad frame magic"):
         list(bad.chunks())
     junk = FrameReader()
-    junk.feed(b"MQAR" + struct.pack(">I", 3) + b"\x00\x01\x02")
+    junk.feed(b"MQAR" + struct.pack(">II", 3, 0) + b"\x00\x01\x02")
     with pytest.raises(WireError, match="does not decode"):
         list(junk.chunks())
     wrong = FrameReader()
     wrong.feed(_frame("other", 0, 0, []))
     with pytest.raises(WireError, match="not a chunk"):
         list(wrong.chunks())
+    short = FrameReader()
+    short.feed(_frame(PUBLISH, 0, 0, [("dev", 5.0, 6, [(0, 9)], [], 1)], True, b"\x30\x04\x00"))
+    with pytest.raises(WireError, match="add up to 6 bytes, it carries 3"):
+        list(short.chunks())
 
 
 def test_reports_round_trip_and_bad_ones_are_refused():

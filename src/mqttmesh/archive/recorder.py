@@ -34,6 +34,13 @@ _MiB = 1024 * 1024
 # memory), and 1,024 a little less again; below that the per-chunk pipe write counts.
 CHUNK_ROWS = 1024
 
+# Messages per chunk of captured reads. A read is one object however many messages it
+# holds, so the reason for small chunks above does not apply; the writer converts each
+# chunk with numpy and Arrow calls that cost about the same for 1,024 messages as for
+# 8,192 (measured on reads of 200 messages: 0.36 us a message in chunks of 1,024, 0.20
+# in chunks of 8,192, and 0.38 for 200,000 at once, out of the CPU's caches).
+READS_CHUNK_ROWS = 8192
+
 
 @dataclass(frozen=True)
 class ArchiveLimits:
@@ -47,6 +54,10 @@ class ArchiveLimits:
     @property
     def chunk_rows(self) -> int:
         return min(CHUNK_ROWS, self.flush_rows)
+
+    @property
+    def reads_chunk_rows(self) -> int:
+        return min(READS_CHUNK_ROWS, self.flush_rows)
 
     @property
     def chunk_bytes(self) -> int:
@@ -68,18 +79,21 @@ class Chunk:
     """Records of one kind, cut together; ``first`` numbers its first record in this run.
 
     ``rows`` are record tuples, or, when ``reads`` is true, read records of publish
-    records (archive/reads.py), ``count`` records in all.
+    records (archive/reads.py), ``count`` records in all. In the node a read record
+    holds its bytes; in the writer it holds their size, and ``data`` has the bytes of
+    all the reads, one after the other (archive/wire.py).
     """
-    __slots__ = ("kind", "rows", "nbytes", "first", "count", "reads")
+    __slots__ = ("kind", "rows", "nbytes", "first", "count", "reads", "data")
 
     def __init__(self, kind: str, rows: list, nbytes: int, first: int, count: int | None = None,
-                 reads: bool = False):
+                 reads: bool = False, data: bytes = b""):
         self.kind = kind
         self.rows = rows
         self.nbytes = nbytes
         self.first = first
         self.count = len(rows) if count is None else count
         self.reads = reads
+        self.data = data
 
     def __len__(self) -> int:
         return self.count
@@ -220,7 +234,7 @@ class Recorder:
         """The capture hook (Broker.capture) and its buffer of read records."""
         reads: list = []
         count = nbytes = generation = 0
-        max_rows, max_bytes = self.limits.chunk_rows, self.limits.chunk_bytes
+        max_rows, max_bytes = self.limits.reads_chunk_rows, self.limits.chunk_bytes
         dropped = self.dropped
 
         def cut(force: bool = False) -> bool:

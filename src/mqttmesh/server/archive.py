@@ -62,6 +62,7 @@ class ArchiveService:
         self.log_interval = get("archive.log_interval")
         self.stop_timeout = get("archive.stop_timeout")
         self.writer_nice = get("archive.writer_nice")
+        self.writer_idle = get("archive.writer_idle")
         self.sys_interval = get("sys.interval")
         self.log_level = config.log_level
         self.process: asyncio.subprocess.Process | None = None
@@ -107,6 +108,7 @@ class ArchiveService:
                "--generation", str(self.generation), "--compression", self.compression,
                "--flush-interval", repr(lim.flush_interval), "--flush-rows", str(lim.flush_rows),
                "--flush-bytes", str(lim.flush_bytes), "--nice", str(self.writer_nice),
+               "--idle", str(int(self.writer_idle)),
                "--log-level", self.log_level]
         r, w = os.pipe()
         try:  # a large pipe: fewer, larger writes of the chunks (Linux; elsewhere the default size)
@@ -130,7 +132,7 @@ class ArchiveService:
             # no writer right now (it died and is being restarted): these records are lost
             self.recorder.rows_done(chunk.kind, len(chunk), chunk.nbytes, 0, len(chunk))
             return
-        pipe.write(encode_chunk(chunk))
+        pipe.writelines(encode_chunk(chunk))
 
     async def _read_reports(self, proc) -> None:
         recorder = self.recorder
