@@ -199,7 +199,7 @@ class Broker:
             if self.on_publish:
                 for hook in self.on_publish:
                     hook(msg)
-            if self.archive_hook is not None and not captured:
+            if not captured and self.archive_hook is not None:
                 self.archive_hook(msg)
             return 0
         before = journal.writes
@@ -208,7 +208,7 @@ class Broker:
         self.dispatch(msg)
         for hook in self.on_publish:
             hook(msg)
-        if self.archive_hook is not None and not captured:
+        if not captured and self.archive_hook is not None:
             self.archive_hook(msg)
         return journal.batch if journal.writes != before else 0
 

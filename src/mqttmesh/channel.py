@@ -375,8 +375,8 @@ class Channel:
                 self._cap_skip()
             return 0
         msg.origin = broker.node_id
-        broker.seq += 1
-        msg.seq = broker.seq
+        seq = broker.seq + 1
+        broker.seq = msg.seq = seq
         msg.publisher = self.client_id
         msg.timestamp = now + broker.wall_offset
         congestion = broker.congestion
@@ -392,7 +392,6 @@ class Channel:
         if self._cap_on:
             # a message of the read being captured: the archive takes it from the read's
             # bytes, this only notes its seq when it does not follow the previous one
-            seq = msg.seq
             if seq != self._cap_next:
                 self._cap_segs.append((self._cap_ordinal(), seq))
             self._cap_next = seq + 1
