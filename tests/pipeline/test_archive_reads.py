@@ -16,11 +16,17 @@ pq = pytest.importorskip("pyarrow.parquet")
 
 import mqttraw as raw  # noqa: E402
 from meshutil import Subscriber  # noqa: E402
-from mqttmesh.archive.reads import ReadError, messages, publishes  # noqa: E402
+from mqttmesh.archive.reads import ReadError, messages  # noqa: E402
 from mqttmesh.archive.writer import reads_array  # noqa: E402
 from test_archive_node import archive_flags, read_archive  # noqa: E402
 
 S = 1 << 40  # a seq with more than 32 bits, like the broker's (incarnation << 28)
+
+
+def publishes(data, segments, skips, count: int) -> list[tuple[int, int, bytes, bytes]]:
+    """(seq, first byte, topic bytes, payload) of each message of one read, in order."""
+    m = messages([("", 0.0, len(data), segments, skips, count)], data)
+    return [(int(m.seq[i]), int(m.first[i]), m.topic(i), m.payload(i)) for i in range(len(m.seq))]
 
 
 def apart(reads):

@@ -41,7 +41,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Messages", "messages", "publishes", "ReadError"]
+__all__ = ["Messages", "messages", "ReadError"]
 
 
 class ReadError(ValueError):
@@ -64,12 +64,6 @@ class Messages(NamedTuple):
 
     def payload(self, i: int) -> bytes:
         return self.data[self.bounds[i, 2]:self.bounds[i, 3]]
-
-
-def publishes(data, segments, skips, count: int) -> list[tuple[int, int, bytes, bytes]]:
-    """(seq, first byte, topic bytes, payload) of each message of one read, in order."""
-    m = messages([("", 0.0, len(data), segments, skips, count)], bytes(data))
-    return [(int(m.seq[i]), int(m.first[i]), m.topic(i), m.payload(i)) for i in range(len(m.seq))]
 
 
 def messages(reads, data: bytes) -> Messages:

@@ -73,7 +73,6 @@ class Priority:
         self.fd = fd
         self.enabled = enabled and hasattr(os, "SCHED_IDLE") and fcntl is not None
         self.idle = False
-        self.changes = 0
         try:
             size = fcntl.fcntl(fd, getattr(fcntl, "F_GETPIPE_SZ", 1032)) if self.enabled else 65536
         except OSError:
@@ -113,7 +112,6 @@ class Priority:
             self.enabled = False
             return
         self.idle = idle
-        self.changes += 1
 
 
 def main(argv=None) -> int:

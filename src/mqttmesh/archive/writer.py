@@ -14,11 +14,10 @@ from __future__ import annotations
 import logging
 import os
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-import numpy as np
 
 from .reads import messages
 from .recorder import ArchiveLimits, Chunk, file_name, partition_dir

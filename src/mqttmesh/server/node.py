@@ -131,9 +131,10 @@ class Node:
         if self.archive is not None:
             await self.archive.start()  # files are named by node id and incarnation, known by now
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
-        # The hot path allocates a few short-lived objects per message (and the archive a
-        # record tuple): with the default threshold (700) the youngest generation is
-        # collected every few hundred messages. Collect it every 20,000 allocations, and
+        # The hot path allocates a few short-lived objects per message (and an archive
+        # with topic filters a record tuple): with the default threshold (700) the youngest
+        # generation is collected every few hundred messages. Collect it every 20,000
+        # allocations, and
         # move what start-up built (restored sessions, retained messages, the modules) out
         # of the collector's sight: full collections then walk only what came later.
         gc.set_threshold(GC_THRESHOLD, 20, 20)
