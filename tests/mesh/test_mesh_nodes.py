@@ -63,15 +63,43 @@ def test_node_without_matching_subscriber_receives_nothing(broker_factory):
         sub.close()
 
 
-def _tree_edges(publisher_status, publisher, targets):
-    parent = publisher_status["tree"]
-    used = set()
-    for t in targets:
-        node = t
-        while node != publisher:
-            used.add((parent[node], node))
-            node = parent[node]
-    return used
+def _tree_problems(used: dict, publisher: str, targets: list, edges) -> list[str]:
+    """What keeps the links a message crossed from being one delivery tree: the publisher at
+    its root, every target in it, each link crossed once, every branch leading to a target.
+
+    Which tree is the right one depends on the link costs, which are measured round trips
+    and move under load, so the test checks the shape rather than a snapshot of the tree.
+    """
+    links = {frozenset(e) for e in edges}
+    problems = [f"{a}->{b} is no link" for a, b in used if frozenset((a, b)) not in links]
+    problems += [f"{a}->{b} crossed {n} times" for (a, b), n in used.items() if n != 1]
+    parents: dict[str, list[str]] = {}
+    for a, b in used:
+        parents.setdefault(b, []).append(a)
+    problems += [f"{b} reached from {sorted(p)}" for b, p in parents.items() if len(p) > 1]
+    if publisher in parents:
+        problems.append(f"the message came back to its publisher from {parents[publisher]}")
+    for a, b in used:  # every branch is on the way to a target
+        if b not in targets and not any(x == b for x, _ in used):
+            problems.append(f"{a}->{b} leads to no subscriber")
+    for t in targets:  # every target is reached from the publisher
+        node, hops = t, 0
+        while node != publisher and node in parents and hops <= len(links):
+            node, hops = parents[node][0], hops + 1
+        if node != publisher:
+            problems.append(f"{t} not reached from {publisher}")
+    return problems
+
+
+def _stays(predicate, seconds: float) -> bool:
+    """True if ``predicate`` holds every time it is polled during ``seconds``: a window in
+    which something must *not* happen (a late copy: a loop or a flood)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not predicate():
+            return False
+        time.sleep(0.05)
+    return True
 
 
 @pytest.mark.parametrize("shape", ["ring5", "random8"])
@@ -102,20 +130,25 @@ def test_ring_and_random_graph_exactly_once_along_tree_edges(broker_factory, sha
             targets = [n for n in subscriber_nodes if n != publisher]
             for n in subscriber_nodes:
                 subs[n].wait_count(counts[n] + 1)
-            pstatus = status(nodes[publisher])
-            expected_edges = _tree_edges(pstatus, publisher, targets)
 
-            def settled():
+            def used():
                 after = envelopes(nodes)
-                diff = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-                return {k: v for k, v in diff.items() if v} if sum(diff.values()) >= len(expected_edges) else None
-            used = wait_for(settled, what="forwarded copies in the counters")
-            time.sleep(0.2)
-            after = envelopes(nodes)
-            used = {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
-            # one copy per tree edge, no flooding, no loop
-            assert set(used) == expected_edges, (publisher, used, expected_edges)
-            assert all(v == 1 for v in used.values())
+                return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+
+            last: dict = {}
+
+            def one_tree():
+                last.clear()
+                last.update(used())
+                return not _tree_problems(last, publisher, targets, edges)
+
+            try:
+                wait_for(one_tree, what=f"the copies of {publisher}'s message to form one delivery tree")
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}: {_tree_problems(last, publisher, targets, edges)}") from None
+            settled = dict(last)
+            # one copy per tree edge, no flooding, no loop: nothing more is sent later
+            assert _stays(lambda: used() == settled, 0.3), (publisher, settled, used())
             for n in subscriber_nodes:
                 assert subs[n].payloads().count(publisher.encode()) == 1
     finally:
