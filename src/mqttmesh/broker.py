@@ -31,6 +31,8 @@ class BrokerSettings:
     max_client_id_length: int = 65535
     connect_timeout: float = 10.0
     slow_consumer_timeout: float = 5.0
+    backpressure_timeout: float = 1.0
+    max_connect_size: int = 65536
 
 
 class Stats:
@@ -38,7 +40,9 @@ class Stats:
 
     __slots__ = ("messages_received", "messages_sent", "publish_dropped", "publish_denied",
                  "bytes_received", "bytes_sent", "connections_total", "connections_refused",
-                 "protocol_errors", "slow_consumers", "wills_published")
+                 "protocol_errors", "slow_consumers", "wills_published",
+                 "outputs_blocked", "memory_pauses", "preauth_refused",
+                 "ended_queue_full", "ended_slow_qos0")  # drops counted by sessions now gone
 
     def __init__(self):
         for name in self.__slots__:
@@ -62,7 +66,7 @@ class Broker:
         self.seq = 0
         self.wall_offset = 0.0  # wall-clock time minus the caller's clock, set by the I/O layer
         self.held_ack_channels: set = set()  # channels waiting for a journal commit
-        self.congestion = Congestion(settings.slow_consumer_timeout)
+        self.congestion = Congestion(settings.slow_consumer_timeout, settings.backpressure_timeout)
         # hooks for the mesh: called with (filter) when the first local subscriber
         # arrives / the last one leaves, and with (message) for each local publish
         self.on_filter_added: list[Callable[[str], None]] = []
@@ -123,6 +127,8 @@ class Broker:
             self.discard_session(session)
 
     def discard_session(self, session: Session) -> None:
+        self.stats.ended_queue_full += session.dropped
+        self.stats.ended_slow_qos0 += session.dropped_qos0
         for topic_filter in list(session.subscriptions):
             self._router_remove(topic_filter, session)
         session.subscriptions.clear()

@@ -48,6 +48,9 @@ CONNACK_REASONS = {
 }
 
 _PINGRESP = codec.encode(codec.PingResp())
+# bytes that may wait behind the CONNECT before CONNACK: what one read from the socket
+# brings (uvloop and asyncio read at most 256 KiB at a time)
+PREAUTH_READ_SLACK = 256 * 1024
 _PUBACK, _PUBREC, _PUBREL, _PUBCOMP = 0x40, 0x50, 0x62, 0x70
 
 
@@ -65,7 +68,7 @@ class Channel:
     __slots__ = ("broker", "owner", "peer", "state", "decoder", "session", "client_id",
                  "username", "will", "keepalive", "last_rx", "opened_at", "close_reason",
                  "clean_disconnect", "_out", "_held", "is_peer", "peer_node", "_pending_connect",
-                 "_processing", "_cap_on", "_cap_next", "_cap_base", "_cap_segs", "_cap_skips",
+                 "_processing", "blocked", "_cap_on", "_cap_next", "_cap_base", "_cap_segs", "_cap_skips",
                  "__weakref__")
 
     def __init__(self, broker, owner, peer: str, now: float):
@@ -73,7 +76,9 @@ class Channel:
         self.owner = owner
         self.peer = peer
         self.state = AWAIT_CONNECT
-        self.decoder = Decoder(broker.settings.max_packet_size)
+        # before CONNACK only a CONNECT within the pre-auth limit is read (section 3.1)
+        settings = broker.settings
+        self.decoder = Decoder(min(settings.max_connect_size, settings.max_packet_size))
         self.session = None
         self.client_id = ""
         self.username = None
@@ -87,6 +92,9 @@ class Channel:
         self.peer_node = None
         self._pending_connect = None
         self._processing = False
+        # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
+        # client are dropped (session.py) until the output drains
+        self.blocked = False
         # the archive's capture of the read being processed (archive/reads.py): on, the
         # seq the next message continues the current segment with, the ordinal after
         # the last skip, segments and skips (a list once there is a skip, which is rare);
@@ -105,8 +113,22 @@ class Channel:
         if self.state is CLOSED:
             return  # [MQTT-3.1.4-5]: nothing after a refusal or a close is processed
         self.last_rx = now
-        self.decoder.feed(data)
-        if self.state is AUTHENTICATING or self.state is CLAIMING or self._processing:
+        decoder = self.decoder
+        decoder.feed(data)
+        state = self.state
+        if state is not CONNECTED:
+            if state is AWAIT_CONNECT:
+                first = decoder.first_byte()
+                if first != 0x10 and first >= 0:
+                    # refused at the first byte, without waiting for the body it announces
+                    self.broker.stats.protocol_errors += 1
+                    rule = "MQTT-2.2.2-2" if first >> 4 == CONNECT else "MQTT-3.1.0-1"
+                    return self.close(f"protocol violation: [{rule}] first byte 0x{first:02x} "
+                                      f"is not a CONNECT header")
+            elif decoder.buffered > decoder.max_packet_size + PREAUTH_READ_SLACK:
+                # the owner stops reading while the CONNECT is checked; this is the backstop
+                return self.close("more data before CONNACK than one read behind the CONNECT")
+        if state is AUTHENTICATING or state is CLAIMING or self._processing:
             return  # read on once the password check is done (authenticated)
         self._process(now)
 
@@ -218,6 +240,8 @@ class Channel:
         was_connected = self.state is CONNECTED
         self.state = CLOSED
         broker = self.broker
+        if self in broker.congestion.paused:
+            broker.congestion.unpause(self)
         session = self.session
         if session is not None and session.channel is self:
             broker.close_session(session)
@@ -316,6 +340,8 @@ class Channel:
     def _connected(self, session, present: bool, now: float, batch: int = 0) -> None:
         self.state = CONNECTED
         self.last_rx = now
+        if not self.is_peer:
+            self.decoder.max_packet_size = self.broker.settings.max_packet_size
         self.broker.stats.connections_total += 1
         session.username = self.username
         self.session = session
@@ -387,7 +413,7 @@ class Channel:
             if congestion.hit:
                 congestion.hit = False
                 if self.state is CONNECTED:
-                    congestion.pause(self)  # a local client cannot keep up: stop reading the link
+                    congestion.pause(self, now)  # a local client cannot keep up: stop reading the link
             return batch
         if self._cap_on:
             # a message of the read being captured: the archive takes it from the read's
@@ -402,7 +428,7 @@ class Channel:
         if congestion.hit:
             congestion.hit = False
             if self.state is CONNECTED:
-                congestion.pause(self)  # read no more from this publisher for now (flow.py)
+                congestion.pause(self, now)  # read no more from this publisher for now (flow.py)
         return batch
 
     def _cap_ordinal(self) -> int:

@@ -42,6 +42,34 @@ _FLAG_RULES = {
     DISCONNECT: "MQTT-3.14.1-1",
 }
 
+
+
+def _first_byte_ok(first: int) -> bool:
+    ptype, flags = first >> 4, first & 0x0F
+    if ptype == PUBLISH:
+        qos = (flags >> 1) & 0x03
+        return qos != 3 and not (qos == 0 and flags & 0x08)
+    return _REQUIRED_FLAGS.get(ptype) == flags
+
+
+# fixed-header first bytes that can start a valid packet, by value: checked as soon as the
+# byte arrives, so a bad header is refused without waiting for the body it announces
+_FIRST_OK = bytes(_first_byte_ok(b) for b in range(256))
+
+
+def first_byte_error(first: int) -> "MalformedPacket":
+    """Why ``first`` cannot start a packet (it is not in ``_FIRST_OK``)."""
+    ptype, flags = first >> 4, first & 0x0F
+    if ptype not in _REQUIRED_FLAGS and ptype != PUBLISH:
+        return MalformedPacket("MQTT-2.2.2-1", f"reserved packet type {ptype}")
+    if ptype == PUBLISH:
+        if (flags >> 1) & 0x03 == 3:
+            return MalformedPacket("MQTT-3.3.1-4", "PUBLISH with QoS 3")
+        return MalformedPacket("MQTT-3.3.1-2", "DUP set on a QoS 0 PUBLISH")
+    return MalformedPacket(_FLAG_RULES.get(ptype, "MQTT-2.2.2-2"),
+                           f"invalid flags 0x{flags:x} for {PACKET_NAMES[ptype]}")
+
+
 # the largest packet MQTT can express: 1 type byte + 4 length bytes + 268,435,455
 DEFAULT_MAX_PACKET_SIZE = 1 + 4 + 268_435_455
 _U16 = struct.Struct(">H")
@@ -446,6 +474,10 @@ class Decoder:
     def feed(self, data: bytes) -> None:
         self._buf += data
 
+    def first_byte(self) -> int:
+        """The first byte buffered (the next packet's fixed header), or -1."""
+        return self._buf[0] if self._buf else -1
+
     @property
     def buffered(self) -> int:
         return len(self._buf)
@@ -458,8 +490,10 @@ class Decoder:
         size = len(buf)
         pos = 0
         try:
-            while size - pos >= 2:
+            while size > pos:
                 first = buf[pos]
+                if not _FIRST_OK[first]:
+                    raise first_byte_error(first)
                 # remaining length: up to four bytes, seven bits each (2.2.3)
                 length = 0
                 shift = 0

@@ -66,12 +66,25 @@ OPTIONS: list[Option] = [
     Option("limits", "connection_rate", float, 0.0, "new connections accepted per second, burst of one "
            "second (0 = no limit)", 0),
     Option("limits", "max_client_id_length", int, 65535, "longest ClientId accepted, in bytes", 23, 65535),
-    Option("limits", "connect_timeout", float, 10.0, "seconds a new connection may take to send CONNECT",
-           0.1),
-    Option("limits", "max_write_buffer", int, 64 * _MiB, "bytes waiting to be sent to one client before "
-           "it is dropped as a slow consumer", 65536),
+    Option("limits", "connect_timeout", float, 10.0, "seconds from accepting a connection to its CONNECT "
+           "(the TLS handshake included)", 0.1),
+    Option("limits", "max_write_buffer", int, 16 * _MiB, "bytes waiting to be sent to one client; above "
+           "it QoS 0 messages for that client are dropped (counted), and a client above it for longer "
+           "than slow_consumer_timeout is disconnected", 65536),
     Option("limits", "slow_consumer_timeout", float, 5.0, "seconds an online client may stay unable to take "
-           "messages (while its publishers wait) before it is dropped", 0.1),
+           "messages (congested without progress, or over max_write_buffer) before it is disconnected "
+           "(TCP reset)", 0.1),
+    Option("limits", "backpressure_timeout", float, 1.0, "longest time, in seconds, a publisher is not "
+           "read because a client it publishes to is congested; after it that client's messages are "
+           "queued or dropped by its own limits (0 = publishers are never held back)", 0),
+    Option("limits", "buffer_memory", int, 512 * _MiB, "bytes all connections together may hold in "
+           "input and output buffers; above it the node stops reading from clients until they are "
+           "below three quarters of it", _MiB),
+    Option("limits", "max_connect_size", int, 65536, "largest CONNECT accepted, in bytes: before "
+           "CONNACK nothing else is read", 128, 268_435_460),
+    Option("limits", "preauth_memory", int, 32 * _MiB, "bytes all connections that have not been "
+           "answered CONNACK yet may hold together; a connection that would go beyond it is closed",
+           65536),
     Option("limits", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
     Option("auth", "allow_anonymous", bool, True, "accept clients that send no user name"),
     Option("auth", "password_file", str, "", "password file (manage with `mqttmesh passwd`)"),

@@ -1,74 +1,167 @@
-"""Flow control: publishers wait while the sessions they feed cannot keep up.
+"""Flow control: a congested session slows the publishers it waits for, for a bounded time.
 
-Pure. A session is congested while it is online and either its queue is over
-the high-water mark or its socket's send buffer is full (the I/O layer says
-so). A publisher whose message reached a congested session stops being read
-until no session is congested; a session congested for longer than the
-slow-consumer timeout *without making progress* (acknowledging messages,
-draining its socket) is disconnected, so one stuck reader cannot hold the
-publishers back for long. It leaves to its caller the clock (``sweep(now)``)
-and the sockets (``owner.pause_reading``/``resume_reading`` of a Channel).
+Pure. A session (or a peer link) is *congested* while it is online and either its queue is
+over the high-water mark or its socket's send buffer is full (the I/O layer says so). A
+publisher whose message reached a congested session stops being read until every session it
+waits for is clear, so TCP pushes back on it and nobody else. No publisher waits longer than
+``backpressure_timeout``: a session still congested that long after it first held a
+publisher back stops holding anyone back until it is clear again, and what it is sent
+meanwhile is queued or dropped by its own limits (session.py), and counted. A session
+congested for longer than the slow-consumer ``timeout`` without progress is reported by
+``sweep`` for the I/O layer to drop.
+
+It leaves to its caller the clock (``pause``, ``expire`` and ``sweep`` take ``now``; the
+caller calls ``expire`` at least every ``backpressure_timeout / 4``) and the sockets: a
+paused publisher is a Channel whose ``owner.pause_reading(channel)`` and
+``owner.resume_reading(channel)`` stop and restart reading it.
 """
 
 from __future__ import annotations
+
+from typing import Any, Callable, Hashable, Iterable
 
 __all__ = ["Congestion"]
 
 
 class Congestion:
-    def __init__(self, timeout: float = 5.0):
-        self.timeout = timeout
-        self.reasons: dict = {}     # session -> set of reasons ("queue", "socket")
-        self.since: dict = {}       # session -> (time of last progress, progress marker)
-        self.paused: set = set()    # publisher channels not being read
-        self.hit = False            # the last dispatch reached a congested session
-        self.pauses = 0             # publishers paused, ever (for stats)
+    def __init__(self, timeout: float = 5.0, backpressure_timeout: float = 1.0):
+        self.timeout = timeout                            # slow consumer: dropped after this
+        self.backpressure_timeout = backpressure_timeout  # longest a publisher waits
+        self.reasons: dict[Hashable, set[str]] = {}       # session -> {"queue", "socket"}
+        self.since: dict[Hashable, tuple[float, Any]] = {}  # session -> (last progress, marker)
+        self.holding: dict[Hashable, float] = {}  # session -> when it first held a publisher back
+        self.overrun: set[Hashable] = set()       # congested past the bound: holds no one back
+        self.waiting: dict[Hashable, set] = {}    # session -> publisher channels paused for it
+        self.paused: dict[Any, tuple[float, set]] = {}  # channel -> (paused at, sessions it waits for)
+        self.hit = False          # the last dispatch reached a congested session ...
+        self.hit_sessions: list = []  # ... these ones (valid while ``hit``)
+        self.pauses = 0           # publishers paused, ever
+        self.released = 0         # publishers read again because the bound passed, ever
 
     def __bool__(self) -> bool:
         return bool(self.reasons)
 
-    def add(self, session, reason: str) -> None:
+    # -- sessions becoming congested and clear -------------------------------------------------
+
+    def add(self, session: Hashable, reason: str) -> None:
         self.reasons.setdefault(session, set()).add(reason)
 
-    def remove(self, session, reason: str) -> None:
+    def remove(self, session: Hashable, reason: str) -> None:
         reasons = self.reasons.get(session)
         if reasons is None:
             return
         reasons.discard(reason)
         if not reasons:
             del self.reasons[session]
-            self.since.pop(session, None)
-            if not self.reasons:
-                self.resume_all()
+            self._cleared(session)
 
-    def forget(self, session) -> None:
+    def forget(self, session: Hashable) -> None:
+        """The session went offline (or the link down): it holds no one back any more."""
         if self.reasons.pop(session, None) is not None:
-            self.since.pop(session, None)
-            if not self.reasons:
-                self.resume_all()
+            self._cleared(session)
 
-    def check(self, sessions) -> None:
-        """Called by dispatch with the sessions a message reached."""
+    def _cleared(self, session: Hashable) -> None:
+        self.since.pop(session, None)
+        self.holding.pop(session, None)
+        self.overrun.discard(session)
+        self._release(session)
+
+    def _release(self, session: Hashable) -> None:
+        """Publishers stop waiting for ``session``; those that wait for nothing else resume."""
+        for channel in self.waiting.pop(session, ()):
+            entry = self.paused.get(channel)
+            if entry is not None:
+                entry[1].discard(session)
+                if not entry[1]:
+                    self._resume(channel)
+
+    # -- the hot path: did this message reach a congested session? ------------------------------
+
+    def check(self, sessions: Iterable[Hashable]) -> None:
+        """Called by dispatch (only while something is congested) with the sessions reached."""
         reasons = self.reasons
+        overrun = self.overrun
         for session in sessions:
-            if session in reasons:
-                self.hit = True
-                return
+            if session in reasons and session not in overrun:
+                self.note(session)
 
-    def pause(self, channel) -> None:
-        if channel not in self.paused:
-            self.paused.add(channel)
+    def note(self, session: Hashable) -> None:
+        """The message being handled reached ``session``, which is congested."""
+        if self.hit:
+            self.hit_sessions.append(session)
+        else:
+            self.hit = True
+            self.hit_sessions = [session]
+
+    def pause(self, channel, now: float) -> None:
+        """Stop reading ``channel``: what it published reached the sessions of the last hit."""
+        sessions = self.hit_sessions if self.hit else []
+        self.hit = False
+        self.hit_sessions = []
+        if self.backpressure_timeout <= 0:
+            return  # publishers are never held back: congested sessions queue or drop
+        entry = self.paused.get(channel)
+        fresh = entry is None
+        if fresh:
+            entry = self.paused[channel] = (now, set())
+        waits = entry[1]
+        for session in sessions:
+            if session in self.reasons and session not in self.overrun:
+                waits.add(session)
+                self.waiting.setdefault(session, set()).add(channel)
+                self.holding.setdefault(session, now)
+        if not waits:
+            del self.paused[channel]
+            return
+        if fresh:
             self.pauses += 1
             channel.owner.pause_reading(channel)
 
-    def resume_all(self) -> None:
-        paused, self.paused = self.paused, set()
-        for channel in paused:
-            if channel.state == "connected":
-                channel.owner.resume_reading(channel)
+    def unpause(self, channel) -> None:
+        """``channel`` closed: forget it without touching its socket."""
+        entry = self.paused.pop(channel, None)
+        if entry is not None:
+            for session in entry[1]:
+                waiting = self.waiting.get(session)
+                if waiting is not None:
+                    waiting.discard(channel)
 
-    def sweep(self, now: float, progress) -> list:
-        """Sessions congested with no progress for longer than the timeout (to be dropped).
+    def _resume(self, channel) -> None:
+        entry = self.paused.pop(channel, None)
+        if entry is None:
+            return
+        for session in entry[1]:
+            waiting = self.waiting.get(session)
+            if waiting is not None:
+                waiting.discard(channel)
+        if channel.state == "connected":
+            channel.owner.resume_reading(channel)
+
+    def resume_all(self) -> None:
+        for channel in list(self.paused):
+            self._resume(channel)
+
+    # -- time -----------------------------------------------------------------------------------
+
+    def expire(self, now: float) -> int:
+        """Sessions that have held publishers back for ``backpressure_timeout`` stop doing so
+        (until they are clear again); the number of publishers this resumed."""
+        limit = self.backpressure_timeout
+        before = len(self.paused)
+        for session, start in list(self.holding.items()):
+            if now - start >= limit:
+                del self.holding[session]
+                self.overrun.add(session)
+                self._release(session)
+        for channel, (paused_at, _) in list(self.paused.items()):
+            if now - paused_at >= limit:  # (a session that went away without being cleared)
+                self._resume(channel)
+        resumed = before - len(self.paused)
+        self.released += resumed
+        return resumed
+
+    def sweep(self, now: float, progress: Callable[[Any], Any]) -> list:
+        """Sessions congested with no progress for longer than ``timeout`` (to be dropped).
 
         ``progress(session)`` returns a value that changes when the session's
         client takes messages (e.g. acknowledgements and bytes drained).

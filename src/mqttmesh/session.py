@@ -67,6 +67,7 @@ class Session:
         self.channel = None                    # the Channel the client is connected on
         self.username: str | None = None
         self.dropped = 0                       # messages a full queue dropped
+        self.dropped_qos0 = 0                  # QoS 0 messages dropped: output over its limit
         self.congestion = None                 # the broker's Congestion tracker
         self.backlogged = False                # online, with the queue over queue_high
         self.acked = 0                         # acknowledgements received, ever (progress)
@@ -80,6 +81,10 @@ class Session:
         channel = self.channel
         if channel is not None:
             if qos == 0:
+                if channel.blocked:
+                    # its output is over limits.max_write_buffer: QoS 0 may be lost [MQTT-4.3.1]
+                    self.dropped_qos0 += 1
+                    return
                 channel.write(msg.frame(0, None, False, retain) if retain else msg.frame_qos0())
                 if self.on_sent is not None:
                     self.on_sent(self, msg, 0, False)
@@ -134,6 +139,9 @@ class Session:
             entry = queue.popleft()
             if entry.qos == 0:
                 self._stored_remove(entry)
+                if channel.blocked:
+                    self.dropped_qos0 += 1
+                    continue
                 channel.write(entry.msg.frame(0, None, False, entry.retain))
                 if self.on_sent is not None:
                     self.on_sent(self, entry.msg, 0, False)

@@ -593,3 +593,57 @@ def test_durable_session_discarded_then_recreated_journals_the_delete():
     ops = j.take()[1]
     assert ("session_delete", "c") in ops
     assert ops.index(("session_delete", "c")) < ops.index(("session_put", "c", {}))
+
+
+# --------------------------------------------------------------------------- before CONNACK (issue 13)
+
+
+def test_first_byte_not_connect_closes_at_once_without_waiting_for_the_body(net):
+    """[MQTT-3.1.0-1] a PUBLISH header announcing 2 MB as the first bytes: refused at once."""
+    ch = net.channel()
+    ch.receive_data(b"\x30\xff\xff\x7f", 0.0)
+    assert ch.state == CLOSED
+    assert "[MQTT-3.1.0-1]" in net.owner.reasons(ch)[0]
+    assert ch.data_to_send() == b""  # no CONNACK to a client that never sent CONNECT
+
+
+def test_connect_with_reserved_flags_closes_at_the_first_byte(net):
+    """[MQTT-2.2.2-2] CONNECT's flags are reserved (0): 0x12 is refused before its body."""
+    ch = net.channel()
+    ch.receive_data(b"\x12", 0.0)
+    assert ch.state == CLOSED
+    assert "[MQTT-2.2.2-2]" in net.owner.reasons(ch)[0]
+
+
+def test_connect_larger_than_max_connect_size_is_refused_from_its_header():
+    net = Net(max_connect_size=1024)
+    ch = net.channel()
+    big = mqttraw.connect("c", username="u", password=b"p" * 2000)
+    ch.receive_data(big[:4], 0.0)  # the fixed header says 2 kB
+    assert ch.state == CLOSED
+    assert "maximum packet size 1024" in net.owner.reasons(ch)[0]
+
+
+def test_after_connack_the_ordinary_packet_size_limit_applies():
+    net = Net(max_connect_size=1024, max_packet_size=1 << 20)
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c") + mqttraw.subscribe(1, ("t", 0)), 0.0)
+    ch.receive_data(mqttraw.publish("t", b"x" * 100_000), 0.1)
+    assert ch.state == CONNECTED
+    assert len(ch.data_to_send()) > 100_000  # the SUBACK, then the message delivered back
+
+
+def test_bytes_piling_up_while_the_password_is_checked_close_the_connection(auth_net):
+    """The I/O layer stops reading during the check (server/connection.py); if bytes still
+    arrive, more than one read's worth behind the CONNECT ends the connection."""
+    from mqttmesh.channel import PREAUTH_READ_SLACK
+
+    net, _ = auth_net
+    ch = net.channel()
+    ch.receive_data(mqttraw.connect("c", username="alice", password=b"secret"), 0.0)
+    assert ch.state == AUTHENTICATING
+    ch.receive_data(b"\x30" + b"\x00" * PREAUTH_READ_SLACK, 0.1)
+    assert ch.state == AUTHENTICATING
+    ch.receive_data(b"\x00" * 70_000, 0.2)
+    assert ch.state == CLOSED
+    assert "before CONNACK" in net.owner.reasons(ch)[0]

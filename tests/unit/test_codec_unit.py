@@ -535,3 +535,49 @@ def test_malformed_packet_carries_rule_and_detail():
     assert exc.rule == "MQTT-3.3.1-4"
     assert exc.detail == "both QoS bits"
     assert str(exc) == "[MQTT-3.3.1-4] both QoS bits"
+
+
+# --------------------------------------------------------------------------- the first byte alone
+
+# Table 2.2 of the standard: the flags each control packet type must carry; PUBLISH's are
+# DUP/QoS/RETAIN, where QoS 3 [MQTT-3.3.1-4] and DUP on QoS 0 [MQTT-3.3.1-2] are malformed.
+_SPEC_FLAGS = {1: 0, 2: 0, 4: 0, 5: 0, 6: 2, 7: 0, 8: 2, 9: 0, 10: 2, 11: 0, 12: 0, 13: 0, 14: 0}
+
+
+def _spec_valid_first_byte(b: int) -> bool:
+    ptype, flags = b >> 4, b & 0x0F
+    if ptype == 3:
+        qos = (flags >> 1) & 3
+        return qos != 3 and not (qos == 0 and flags & 8)
+    return _SPEC_FLAGS.get(ptype) == flags
+
+
+@pytest.mark.parametrize("first", range(256), ids=lambda b: f"0x{b:02x}")
+def test_bad_first_byte_is_refused_before_its_body_arrives(first):
+    """[MQTT-2.2.2-1] reserved types and [MQTT-2.2.2-2] wrong reserved flags close the
+    connection as soon as the fixed header's first byte is in: a peer announcing a large
+    body is not waited for (issue 13)."""
+    d = Decoder()
+    d.feed(bytes([first, 0xFF, 0xFF, 0x7F]))  # announces ~2 MB that never come
+    if _spec_valid_first_byte(first):
+        assert list(d.packets()) == []  # a valid header: waits for the body
+    else:
+        with pytest.raises(MalformedPacket) as info:
+            list(d.packets())
+        assert info.value.rule in {"MQTT-2.2.2-1", "MQTT-2.2.2-2", "MQTT-3.3.1-2", "MQTT-3.3.1-4",
+                                   "MQTT-3.6.1-1", "MQTT-3.8.1-1", "MQTT-3.10.1-1", "MQTT-3.14.1-1"}
+
+
+def test_bad_first_byte_alone_is_refused():
+    d = Decoder()
+    d.feed(b"\x61")  # PUBREL with flags 1 instead of 2 [MQTT-3.6.1-1]
+    with pytest.raises(MalformedPacket) as info:
+        list(d.packets())
+    assert info.value.rule == "MQTT-3.6.1-1"
+
+
+def test_first_byte_peek():
+    d = Decoder()
+    assert d.first_byte() == -1
+    d.feed(b"\x10\x00")
+    assert d.first_byte() == 0x10

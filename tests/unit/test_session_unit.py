@@ -365,3 +365,31 @@ def test_durable_session_qos0_offline_queue_is_journaled_then_removed():
     s.attach(ch)
     assert [publish_fields(p) for p in ch.take()] == [("t", b"a", 0, False, False, None)]
     assert j.take()[1] == [("message_remove", "c", 1)]
+
+
+# --------------------------------------------------------------------------- an output over its limit (issue 13)
+
+
+def test_blocked_output_drops_qos0_and_counts_it_but_keeps_qos1():
+    """While the connection's output is over limits.max_write_buffer (the I/O layer sets
+    ``channel.blocked``), QoS 0 messages for it are dropped and counted [MQTT-4.3.1: at most
+    once]; QoS 1 still goes through the inflight window and the queue."""
+    s, ch = online(Limits(max_inflight=1))
+    ch.blocked = True
+    s.deliver(msg("a"), 0)
+    s.deliver(msg("b"), 1)
+    s.deliver(msg("c"), 1)
+    assert s.dropped_qos0 == 1
+    assert [publish_fields(p)[1] for p in ch.take()] == [b"b"]
+    assert [e.msg.payload for e in s.queue] == [b"c"]
+
+
+def test_queued_qos0_is_dropped_on_refill_while_blocked():
+    s = Session("c", False, Limits(queue_qos0=True))
+    s.deliver(msg("q0"), 0)  # offline: queued
+    s.deliver(msg("q1"), 1)
+    ch = FakeChannel()
+    ch.blocked = True
+    s.attach(ch)
+    assert [publish_fields(p)[1] for p in ch.take()] == [b"q1"]
+    assert s.dropped_qos0 == 1

@@ -81,6 +81,7 @@ class FakeChannel:
         self.frames: list[bytes] = []
         self.state = "connected"
         self.owner = Recorder()
+        self.blocked = False
 
     def write(self, frame: bytes) -> None:
         self.frames.append(bytes(frame))

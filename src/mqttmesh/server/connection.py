@@ -1,34 +1,60 @@
-"""One client TCP connection: an asyncio Protocol that feeds a Channel.
+"""One client TCP (or TLS) connection: an asyncio Protocol that feeds a Channel.
 
-The Channel decides everything; this class moves bytes, keeps the keepalive
-timer, and batches writes: frames produced anywhere during one loop iteration
-go out to each client in a single ``transport.write`` (see Node.flush).
+The Channel decides everything; this class moves bytes, keeps the connect and
+keepalive timer, and batches writes: frames produced anywhere during one loop
+iteration go out to each client in a single ``transport.write`` (see Node.flush).
+
+It also keeps each connection's use of memory bounded and its failures its own:
+reading stops while the CONNECT is checked, an output over ``max_write_buffer``
+drops QoS 0 (session.py) and is cut after ``slow_consumer_timeout``, a write to a
+connection that is already gone is dropped, and a connection the node gives up on
+is ended with a TCP reset so its socket and slot are freed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
+import struct
 
-from ..channel import CONNECTED, Channel
+from ..channel import AUTHENTICATING, CLAIMING, CLOSED, CONNECTED, Channel
 
 log = logging.getLogger("mqttmesh.connection")
 
+# why reading from a connection is paused: each reason is lifted on its own
+PAUSE_AUTH = 1     # its CONNECT is being checked: nothing more is read before CONNACK
+PAUSE_FLOW = 2     # it published to a congested client (flow.py)
+PAUSE_MEMORY = 4   # all connections together are over limits.buffer_memory
+
+_LINGER_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
+WRITE_HIGH = 256 * 1024  # transport buffer above which the client counts as congested
+
 
 class Connection(asyncio.Protocol):
-    __slots__ = ("node", "transport", "channel", "peer", "_timer", "_announced", "_loop", "paused",
-                 "closing")
+    __slots__ = ("node", "transport", "channel", "peer", "_timer", "announced", "_loop", "paused",
+                 "closing", "pauses", "blocked_at", "out_bytes", "in_bytes", "accepted_at",
+                 "_reset", "_linger", "written")
 
-    def __init__(self, node):
+    def __init__(self, node, accepted_at: float | None = None):
         self.node = node
         self.transport = None
         self.channel: Channel | None = None
         self.peer = "?"
         self._timer = None
-        self._announced = False
+        self.announced = False    # CONNACK 0 sent: the connection is past authentication
         self._loop = node.loop
-        self.paused = False
+        self.paused = False        # the transport's buffer is over WRITE_HIGH (pause_writing)
         self.closing = False
+        self.pauses = 0            # PAUSE_* bits: reading is paused while any is set
+        self.blocked_at = 0.0      # when the output went over max_write_buffer (channel.blocked)
+        self.out_bytes = 0         # the transport's buffer as last seen (Node.buffered)
+        self.in_bytes = 0          # the decoder's buffer as last seen (Node.buffered / preauth)
+        # set for a TLS connection: when it was accepted, before its handshake (Node._accept_tls)
+        self.accepted_at = accepted_at
+        self._reset = False        # end with a TCP reset, not a graceful close
+        self._linger = None        # timer that resets a graceful close that does not finish
+        self.written = 0           # bytes handed to the transport, ever (progress: Node._progress)
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -36,46 +62,99 @@ class Connection(asyncio.Protocol):
         self.transport = transport
         addr = transport.get_extra_info("peername")
         self.peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        refusal = self.node.admit(self)
-        if refusal:
-            log.warning("refused connection from %s: %s", self.peer, refusal)
-            self.node.broker.stats.connections_refused += 1
-            self.closing = True
-            transport.abort()
+        node = self.node
+        if self.accepted_at is None:  # (a TLS connection was admitted when it was accepted)
+            refusal = node.admit(self)
+            if refusal:
+                log.warning("refused connection from %s: %s", self.peer, refusal)
+                node.broker.stats.connections_refused += 1
+                self.closing = True
+                _reset(transport)
+                return
+        elif self.closing:  # the node gave up on it during the handshake
+            _reset(transport)
             return
-        transport.set_write_buffer_limits(high=256 * 1024)
-        self.channel = Channel(self.node.broker, self, self.peer, self._loop.time())
+        transport.set_write_buffer_limits(high=WRITE_HIGH)
+        now = self._loop.time()
+        # the connect timeout counts from accept, the TLS handshake included
+        self.channel = Channel(node.broker, self, self.peer,
+                               now if self.accepted_at is None else self.accepted_at)
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel
         if channel is None:
             return
-        self.node.broker.stats.bytes_received += len(data)
+        node = self.node
+        node.broker.stats.bytes_received += len(data)
+        if not self.announced:
+            self._received_before_connack(channel, data)
+            return
         channel.receive_data(data, self._loop.time())
-        if not self._announced and channel.state is CONNECTED:
-            self.connected()
+        held = channel.decoder.buffered
+        if held or self.in_bytes:
+            node.buffered += held - self.in_bytes
+            self.in_bytes = held
+            if node.buffered > node.buffer_high:
+                node.memory_pressure()
+
+    def _received_before_connack(self, channel: Channel, data: bytes) -> None:
+        """Bytes from a client not yet answered CONNACK 0: one CONNECT, bounded memory."""
+        node = self.node
+        if node.preauth_bytes + len(data) > node.preauth_memory:
+            node.broker.stats.preauth_refused += 1
+            self._reset = True
+            channel.close(f"limits.preauth_memory ({node.preauth_memory} bytes) held by connections "
+                          f"not yet authenticated")
+            return
+        channel.receive_data(data, self._loop.time())
+        state = channel.state
+        if state is CONNECTED:
+            self.connected()  # moves what is buffered from the pre-auth count to the other
+            return
+        if state is AUTHENTICATING or state is CLAIMING:
+            self.pause(PAUSE_AUTH)  # read no further until CONNACK
+        held = channel.decoder.buffered if state is not CLOSED else 0
+        node.preauth_bytes += held - self.in_bytes
+        self.in_bytes = held
 
     def connected(self, channel=None) -> None:
         """The Channel accepted the CONNECT: log it and switch to the keepalive timer."""
-        if self._announced:
+        if self.announced:
             return
         channel = self.channel
-        self._announced = True
+        self.announced = True
+        node = self.node
+        node.preauth_bytes -= self.in_bytes  # what is buffered now counts as an ordinary input
+        held = channel.decoder.buffered
+        node.buffered += held
+        self.in_bytes = held
         log.info("client %r connected from %s (user=%r, keepalive=%ds)", channel.client_id,
                  self.peer, channel.username, channel.keepalive)
         if self._timer is not None:
             self._timer.cancel()
         self._arm_timer()
+        if node.reading_paused:
+            self.pauses |= PAUSE_MEMORY
+        self.resume(PAUSE_AUTH)
 
     def eof_received(self):
         return False  # close our side too
 
     def connection_lost(self, exc) -> None:
-        self.node.forget(self)
+        node = self.node
+        node.forget(self)
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        if self.announced:
+            node.buffered -= self.in_bytes + self.out_bytes
+        else:
+            node.preauth_bytes -= self.in_bytes
+        self.in_bytes = self.out_bytes = 0
         channel = self.channel
         if channel is None:
             return
@@ -86,7 +165,7 @@ class Connection(asyncio.Protocol):
             log.info("client %r from %s: %s", channel.client_id or "-", self.peer, reason)
 
     def pause_writing(self) -> None:
-        # the client reads slower than we write: its publishers wait (flow.py)
+        # the client reads slower than we write: the publishers that feed it wait (flow.py)
         self.paused = True
         channel = self.channel
         if channel is not None and channel.session is not None and channel.session.channel is channel:
@@ -95,8 +174,18 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.paused = False
         channel = self.channel
-        if channel is not None and channel.session is not None:
-            self.node.broker.congestion.remove(channel.session, "socket")
+        if channel is None:
+            return
+        node = self.node
+        if self.out_bytes:
+            size = self.transport.get_write_buffer_size()
+            node.buffered += size - self.out_bytes
+            self.out_bytes = size
+        if channel.blocked:
+            channel.blocked = False
+            node.blocked.discard(self)
+        if channel.session is not None:
+            node.broker.congestion.remove(channel.session, "socket")
 
     # -- the Channel's owner interface ------------------------------------------------------
 
@@ -107,23 +196,58 @@ class Connection(asyncio.Protocol):
         if self.closing:
             return
         self.closing = True
+        transport = self.transport
+        node = self.node
+        node.blocked.discard(self)
+        if self._reset:
+            log.warning("resetting client %r from %s: %s", channel.client_id or "-", self.peer, reason)
+            _reset(transport)
+            return
         level = logging.INFO if channel.clean_disconnect else logging.WARNING
         log.log(level, "closing client %r from %s: %s", channel.client_id or "-", self.peer, reason)
         data = channel.data_to_send()  # e.g. a CONNACK with a refusal code goes out first
-        transport = self.transport
         if data and not transport.is_closing():
             transport.write(data)
         transport.close()
+        if transport.get_write_buffer_size():
+            # a client that does not read what is left would hold its socket and its slot
+            # for as long as the kernel keeps trying: it gets as long as a slow consumer
+            self._linger = self._loop.call_later(
+                node.broker.settings.slow_consumer_timeout, self._linger_expired)
+
+    def _linger_expired(self) -> None:
+        self._linger = None
+        log.info("client from %s did not take its last bytes: reset", self.peer)
+        _reset(self.transport)
+
+    def reset(self, reason: str) -> None:
+        """Give up on this connection: close it (the will goes out) with a TCP reset."""
+        self._reset = True
+        channel = self.channel
+        if channel is not None and channel.state != "closed":
+            channel.close(reason)
+        else:
+            _reset(self.transport)
 
     def authenticate(self, channel, username, password) -> None:
         self.node.authenticate(self, username, password)
 
     def pause_reading(self, channel) -> None:
-        if not self.closing:
-            self.transport.pause_reading()
+        self.pause(PAUSE_FLOW)
 
     def resume_reading(self, channel) -> None:
-        if not self.closing and not self.transport.is_closing():
+        self.resume(PAUSE_FLOW)
+
+    def pause(self, reason: int) -> None:
+        if not self.pauses and not self.closing:
+            self.transport.pause_reading()
+        self.pauses |= reason
+
+    def resume(self, reason: int) -> None:
+        if not self.pauses & reason:
+            return
+        self.pauses &= ~reason
+        if not self.pauses and not self.closing and not self.transport.is_closing():
             self.transport.resume_reading()
 
     # -- writing and timers ----------------------------------------------------------------------
@@ -136,13 +260,27 @@ class Connection(asyncio.Protocol):
         if not data:
             return
         transport = self.transport
+        if transport.is_closing():
+            return  # reset by the client: connection_lost follows, nothing can be sent
         transport.write(data)
-        stats = self.node.broker.stats
-        stats.bytes_sent += len(data)
-        if self.paused and transport.get_write_buffer_size() > self.node.max_write_buffer:
-            stats.slow_consumers += 1
-            channel.close(f"slow consumer: more than {self.node.max_write_buffer} bytes unsent")
-            self.transport.abort()
+        self.written += len(data)
+        node = self.node
+        node.broker.stats.bytes_sent += len(data)
+        size = transport.get_write_buffer_size()  # what the kernel did not take at once
+        if size or self.out_bytes:
+            node.buffered += size - self.out_bytes
+            self.out_bytes = size
+            if size:
+                node.buffering.add(self)  # Node._flow_tick sees it drain
+            if size > node.max_write_buffer and not channel.blocked:
+                # QoS 0 for this client is dropped from now on (session.py); if it stays over
+                # for slow_consumer_timeout it is reset (Node._sweep)
+                channel.blocked = True
+                self.blocked_at = self._loop.time()
+                node.blocked.add(self)
+                node.broker.stats.outputs_blocked += 1
+            if node.buffered > node.buffer_high:
+                node.memory_pressure()
 
     def _arm_timer(self) -> None:
         channel = self.channel
@@ -154,6 +292,22 @@ class Connection(asyncio.Protocol):
 
     def _on_timer(self) -> None:
         channel = self.channel
-        channel.tick(self._loop.time())
+        now = self._loop.time()
+        if self.pauses & PAUSE_MEMORY:
+            channel.last_rx = now  # we are not reading it: its silence is ours [MQTT-3.1.2-24]
+        channel.tick(now)
         if channel.state != "closed":
             self._arm_timer()
+
+
+def _reset(transport) -> None:
+    """Close with a TCP reset: the kernel frees the socket at once, unsent bytes are dropped."""
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RST)
+        except (OSError, ValueError, RuntimeError):
+            pass  # already closed
+    transport.abort()

@@ -129,8 +129,9 @@ class PeerClient(asyncio.Protocol, _Link):
 
     def data_received(self, data: bytes) -> None:
         now = self.loop.time()
-        events = self.client.receive_data(data, now)
         congestion = self.mesh.broker.congestion
+        congestion.hit = False  # only what this read reaches counts
+        events = self.client.receive_data(data, now)
         for event in events:
             kind = event[0]
             if kind == "message":
@@ -152,8 +153,7 @@ class PeerClient(asyncio.Protocol, _Link):
         if congestion.hit:
             # what this link brought reached a local client that cannot keep up: read no
             # more from it, so the peer's sending backs up and pauses its publishers
-            congestion.hit = False
-            congestion.pause(self)
+            congestion.pause(self, now)
         if self in congestion.reasons:
             self._check_queue()
         self._write()
@@ -162,7 +162,7 @@ class PeerClient(asyncio.Protocol, _Link):
         self.state = "closed"
         congestion = self.mesh.broker.congestion
         congestion.forget(self)
-        congestion.paused.discard(self)
+        congestion.unpause(self)
         self.client.connection_lost()
         self.mesh.link_closed(self)
         if not self.done.done():
@@ -384,9 +384,10 @@ class MeshNode:
         engine = self.engine
         for node in engine.nodes_wanting(msg.topic):
             link = self.links.get(engine.route_to(node) or "")
-            if link is not None and link.congestion_key() in congestion.reasons:
-                congestion.hit = True
-                return
+            if link is not None:
+                key = link.congestion_key()
+                if key in congestion.reasons and key not in congestion.overrun:
+                    congestion.note(key)
 
     def peer_input(self, channel, msg: Message, now: float) -> int:
         """A PUBLISH from a peer that dialled us; the batch its PUBACK waits for."""

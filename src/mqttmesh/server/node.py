@@ -12,6 +12,9 @@ import gc
 import logging
 import os
 import platform
+import socket
+import ssl
+import struct
 import time
 
 from .. import __version__
@@ -21,7 +24,7 @@ from ..config import Config
 from ..message import Message
 from ..session import Limits
 from ..store import Journal, clock_incarnation
-from .connection import Connection
+from .connection import PAUSE_MEMORY, Connection
 from .sqlite_store import SqliteStore
 from .tls import server_context
 
@@ -56,6 +59,8 @@ class Node:
             max_client_id_length=config.get("limits.max_client_id_length"),
             connect_timeout=config.get("limits.connect_timeout"),
             slow_consumer_timeout=config.get("limits.slow_consumer_timeout"),
+            backpressure_timeout=config.get("limits.backpressure_timeout"),
+            max_connect_size=config.get("limits.max_connect_size"),
         )
         self.store: SqliteStore | None = None
         journal = None
@@ -64,6 +69,16 @@ class Node:
             journal = Journal(on_dirty=self._schedule_commit)
         self.broker = Broker(settings, build_auth(config), journal)
         self.max_write_buffer = config.get("limits.max_write_buffer")
+        # memory of all connections' buffers (connection.py keeps the counts): above
+        # buffer_high reading from clients stops until they are below buffer_low
+        self.buffer_high = config.get("limits.buffer_memory")
+        self.buffer_low = self.buffer_high * 3 // 4
+        self.buffered = 0
+        self.buffering: set[Connection] = set()   # with bytes the kernel has not taken yet
+        self.blocked: set[Connection] = set()     # output over max_write_buffer
+        self.reading_paused = False
+        self.preauth_memory = config.get("limits.preauth_memory")
+        self.preauth_bytes = 0                    # held by connections before CONNACK
         self.max_connections = config.get("limits.max_connections")
         self.connection_rate = config.get("limits.connection_rate")
         self._tokens = max(1.0, self.connection_rate)
@@ -74,7 +89,10 @@ class Node:
         self._commit_scheduled = False
         self._commit_in_flight = False
         self._server: asyncio.base_events.Server | None = None
-        self._tls_server: asyncio.base_events.Server | None = None
+        self._tls = None
+        self._tls_sock: socket.socket | None = None
+        self._tls_task: asyncio.Task | None = None
+        self._handshakes: set[asyncio.Task] = set()
         self.tls_port = 0
         self._sys_task: asyncio.Task | None = None
         self.started_at = time.time()
@@ -104,10 +122,11 @@ class Node:
         self.tls_port = 0
         tls = server_context(self.config)
         if tls is not None:  # tls.port, or mesh.tls (peers dial this one)
-            self._tls_server = await self.loop.create_server(
-                lambda: Connection(self), self.config.host, self.config.get("tls.port"), ssl=tls,
-                backlog=1024, reuse_address=True, start_serving=False)
-            self.tls_port = self._tls_server.sockets[0].getsockname()[1]
+            # accepted here, then handshaken (_tls_handshake): a connection counts against
+            # max_connections, and its connect timeout runs, from the moment it is accepted
+            self._tls = tls
+            self._tls_sock = _listening_socket(self.config.host, self.config.get("tls.port"))
+            self.tls_port = self._tls_sock.getsockname()[1]
         if not self.config.node_id:  # host-port, with the port actually bound
             self.node_id = broker.node_id = broker.settings.node_id = f"{self.config.host}-{self.port}"
         if self.store is not None:
@@ -131,6 +150,8 @@ class Node:
         if self.archive is not None:
             await self.archive.start()  # files are named by node id and incarnation, known by now
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
+        self._flow_period = min(0.1, max(0.01, broker.settings.backpressure_timeout / 4))
+        self._flow_timer = self.loop.call_later(self._flow_period, self._flow_tick)
         # The hot path allocates a few short-lived objects per message (and an archive
         # with topic filters a record tuple): with the default threshold (700) the youngest
         # generation is collected every few hundred messages. Collect it every 20,000
@@ -140,8 +161,8 @@ class Node:
         gc.set_threshold(GC_THRESHOLD, 20, 20)
         gc.freeze()
         await self._server.start_serving()
-        if self._tls_server is not None:
-            await self._tls_server.start_serving()
+        if self._tls_sock is not None:
+            self._tls_task = self.loop.create_task(self._accept_tls())
             log.info("TLS listener on %s:%d", self.config.host, self.tls_port)
         if self.config.port_file:
             tmp = self.config.port_file + ".tmp"
@@ -158,13 +179,18 @@ class Node:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self._tls_server is not None:
-            self._tls_server.close()
+        if self._tls_task is not None:
+            self._tls_task.cancel()
+        if self._tls_sock is not None:
+            self._tls_sock.close()
+        for task in list(self._handshakes):
+            task.cancel()
         if self.mesh is not None:
             self.mesh.stop()
         if self._sys_task is not None:
             self._sys_task.cancel()
         self._housekeeping.cancel()
+        self._flow_timer.cancel()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.flush()
@@ -203,17 +229,107 @@ class Node:
                 # (a peer link is judged by its keepalive, not by this timeout: it waits
                 # for its own slow clients on the other side)
                 self.broker.stats.slow_consumers += 1
-                session.channel.close(f"slow consumer: could not take messages for "
-                                      f"{self.broker.congestion.timeout:g}s")
+                channel.owner.reset(f"slow consumer: could not take messages for "
+                                    f"{congestion.timeout:g}s")
+        for conn in list(self.blocked):
+            if now - conn.blocked_at >= congestion.timeout and conn.channel is not None:
+                self.broker.stats.slow_consumers += 1
+                conn.reset(f"slow consumer: more than {self.max_write_buffer} bytes unsent "
+                           f"for {congestion.timeout:g}s")
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
+
+    def _flow_tick(self) -> None:
+        """Often: the back-pressure time bound, and the memory all buffers hold."""
+        now = self.loop.time()
+        congestion = self.broker.congestion
+        if congestion.holding or congestion.paused:
+            congestion.expire(now)
+        if self.buffering:
+            self._refresh_buffers()
+        if self.reading_paused and self.buffered <= self.buffer_low:
+            self.reading_paused = False
+            log.warning("buffers down to %d bytes: reading from clients again", self.buffered)
+            for conn in list(self.connections):
+                conn.resume(PAUSE_MEMORY)
+        self._flow_timer = self.loop.call_later(self._flow_period, self._flow_tick)
+
+    def _refresh_buffers(self) -> None:
+        """Output buffers drain without telling us: look at those that held bytes."""
+        for conn in list(self.buffering):
+            transport = conn.transport
+            size = transport.get_write_buffer_size() if not transport.is_closing() else 0
+            self.buffered += size - conn.out_bytes
+            conn.out_bytes = size
+            if not size:
+                self.buffering.discard(conn)
+
+    def memory_pressure(self) -> None:
+        """The buffers went over limits.buffer_memory: stop reading from every client."""
+        if self.reading_paused:
+            return
+        self._refresh_buffers()
+        if self.buffered <= self.buffer_high:
+            return
+        self.reading_paused = True
+        self.broker.stats.memory_pauses += 1
+        log.warning("buffers hold %d bytes, over limits.buffer_memory (%d): reading from clients "
+                    "paused until they are below %d", self.buffered, self.buffer_high, self.buffer_low)
+        for conn in self.connections:
+            channel = conn.channel
+            # (peer links are not paused: their keepalive would declare them dead; the mesh
+            # has its own flow control)
+            if conn.announced and channel is not None and not channel.is_peer:
+                conn.pause(PAUSE_MEMORY)
+        self._flow_period = min(0.1, max(0.01, broker.settings.backpressure_timeout / 4))
+        self._flow_timer = self.loop.call_later(self._flow_period, self._flow_tick)
 
     @staticmethod
     def _progress(session):
+        """Changes when the client takes messages: acknowledges them, or reads bytes."""
         channel = getattr(session, "channel", None)
         conn = channel.owner if channel is not None else session  # a session, or a peer link
         transport = getattr(conn, "transport", None)
         buffered = transport.get_write_buffer_size() if transport is not None else 0
-        return getattr(session, "acked", 0), buffered
+        # bytes the kernel took from the buffer: a buffer that grows is no progress
+        drained = getattr(conn, "written", 0) - buffered
+        return getattr(session, "acked", 0), drained
+
+    # -- TLS: accept, admit, then handshake -------------------------------------------------
+
+    async def _accept_tls(self) -> None:
+        sock = self._tls_sock
+        while True:
+            try:
+                client, addr = await self.loop.sock_accept(sock)
+            except OSError as exc:  # out of file descriptors, say: try again shortly
+                log.warning("TLS listener: accept failed: %s", exc)
+                await asyncio.sleep(0.1)
+                continue
+            task = self.loop.create_task(self._tls_handshake(client, addr))
+            self._handshakes.add(task)
+            task.add_done_callback(self._handshakes.discard)
+
+    async def _tls_handshake(self, sock: socket.socket, addr) -> None:
+        conn = Connection(self, accepted_at=self.loop.time())
+        conn.peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+        refusal = self.admit(conn)
+        if refusal:
+            log.warning("refused connection from %s: %s", conn.peer, refusal)
+            self.broker.stats.connections_refused += 1
+            _close_with_reset(sock)
+            return
+        try:
+            sock.setblocking(False)
+            await self.loop.connect_accepted_socket(
+                lambda: conn, sock, ssl=self._tls,
+                ssl_handshake_timeout=self.broker.settings.connect_timeout)
+        except (OSError, ssl.SSLError, asyncio.TimeoutError, RuntimeError) as exc:
+            # (the socket belongs to the transport now, which closed it)
+            log.info("TLS handshake with %s failed: %s", conn.peer, exc or type(exc).__name__)
+            self.forget(conn)
+        except asyncio.CancelledError:
+            self.forget(conn)
+            raise
 
     # -- admission ------------------------------------------------------------------------
 
@@ -233,6 +349,8 @@ class Node:
 
     def forget(self, conn: Connection) -> None:
         self.connections.discard(conn)
+        self.buffering.discard(conn)
+        self.blocked.discard(conn)
 
     # -- batched writes -------------------------------------------------------------------
 
@@ -251,7 +369,17 @@ class Node:
         dirty = self._dirty
         self._dirty = []
         for conn in dirty:
-            conn.flush()
+            try:
+                conn.flush()
+            except Exception as exc:  # one connection's failure is its own: the others go on
+                self._flush_failed(conn, exc)
+
+    def _flush_failed(self, conn: Connection, exc: Exception) -> None:
+        log.warning("writing to %s failed (%s): resetting it", conn.peer, exc)
+        try:
+            conn.reset(f"write failed: {exc}")
+        except Exception:
+            log.exception("resetting %s after a failed write failed", conn.peer)
 
     # -- password checks off the loop ----------------------------------------------------
 
@@ -308,19 +436,29 @@ class Node:
     def publish_sys_stats(self) -> None:
         b = self.broker
         s = b.stats
+        queue_full = s.ended_queue_full + sum(x.dropped for x in b.sessions.values())
+        slow_qos0 = s.ended_slow_qos0 + sum(x.dropped_qos0 for x in b.sessions.values())
         values = {
             "uptime": f"{int(time.time() - self.started_at)} seconds",
             "clients/connected": b.connected_count,
             "clients/total": len(b.sessions),
             "messages/received": s.messages_received,
             "messages/sent": s.messages_sent,
-            "publish/messages/dropped": s.publish_dropped + sum(x.dropped for x in b.sessions.values()),
+            "publish/messages/dropped": s.publish_dropped + queue_full + slow_qos0,
+            "publish/dropped/queue_full": queue_full,
+            "publish/dropped/slow_qos0": slow_qos0,
             "load/bytes/received": s.bytes_received,
             "load/bytes/sent": s.bytes_sent,
             "retained messages/count": len(b.retained),
             "subscriptions/count": len(b.router),
             "connections/refused": s.connections_refused,
             "connections/slow_consumers": s.slow_consumers,
+            "connections/preauth_refused": s.preauth_refused,
+            "clients/outputs_blocked": s.outputs_blocked,
+            "clients/publishers_paused": b.congestion.pauses,
+            "clients/publishers_released": b.congestion.released,
+            "load/buffered": self.buffered,
+            "load/memory_pauses": s.memory_pauses,
         }
         for key, value in values.items():
             self.publish_sys(f"$SYS/broker/{key}", str(value))
@@ -330,6 +468,28 @@ class Node:
         msg = Message(topic, value.encode(), 0, True, self.node_id, 0, "$SYS", time.time())
         self.broker.retained.set(topic, msg)
         self.broker.dispatch(msg)
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _close_with_reset(sock: socket.socket) -> None:
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass
+    sock.close()
 
 
 def python_info() -> str:
