@@ -90,3 +90,68 @@ def test_unauthenticated_connections_share_the_preauth_budget(broker_factory):
     finally:
         for c in pair:
             c.sock.close()
+
+
+def test_blocked_output_drops_qos0_resets_the_client_and_its_session_keeps_qos1(broker_factory):
+    """A persistent QoS 1 subscriber stops reading while QoS 0 floods its topic: over
+    --max-write-buffer (256 KiB) its QoS 0 messages are dropped and counted, after
+    --slow-consumer-timeout it is reset, and when it comes back its session still holds
+    every QoS 1 message the publisher was acknowledged [MQTT-3.1.2-5] [MQTT-4.4.0-1]."""
+    b = broker_factory("--max-write-buffer", str(256 * 1024), "--slow-consumer-timeout", "3",
+                       "--backpressure-timeout", "0.2", "--sys-interval", "0.2")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(5)
+    s.connect((b.host, b.port))
+    s.sendall(mqttraw.connect(client_id="keeper", clean=False) + mqttraw.subscribe(1, ("keep/#", 1)))
+    head = b""
+    while len(head) < 9:
+        head += s.recv(9 - len(head))
+    pub = Client(b.host, b.port, timeout=10)
+    watch = Client(b.host, b.port)
+    try:
+        assert connack(pub.connect(client_id="keep-pub"))[1] == 0
+        assert connack(watch.connect(client_id="keep-watch"))[1] == 0
+        assert watch.sub(1, ("$SYS/broker/clients/outputs_blocked", 0),
+                         ("$SYS/broker/publish/dropped/slow_qos0", 0)) == [0, 0]
+        flood = b"".join(mqttraw.publish("keep/flood", b"F" * 4000) for _ in range(500))  # 2 MB
+        for _ in range(4):  # more than the kernel's socket buffers take
+            pub.send(flood)
+        wait_for(lambda: _sys_value(watch, "clients/outputs_blocked") > 0, 10,
+                 what="the subscriber's output to be blocked")
+        pub.send(flood)  # QoS 0 for a blocked output: dropped
+        for i in range(1, 21):
+            pub.pub("keep/q1", f"q1-{i}".encode(), qos=1, pid=i)
+        wait_for(lambda: _sys_value(watch, "publish/dropped/slow_qos0") > 0, 10,
+                 what="dropped QoS 0 messages to be counted")
+        wait_log(b, "'keeper'", "slow consumer", timeout=10)
+        s.close()
+        with Client(b.host, b.port) as back:
+            assert connack(back.connect(client_id="keeper", clean=False))[0] & 1 == 1
+            got = []
+            while len([g for g in got if g.startswith(b"q1-")]) < 20:
+                p = back.recv()
+                if p.type == mqttraw.PUBLISH:
+                    if p.qos:
+                        back.send(mqttraw.puback(p.packet_id))
+                    got.append(p.payload)
+            assert [g for g in got if g.startswith(b"q1-")] == [f"q1-{i}".encode() for i in range(1, 21)]
+        assert "Traceback" not in b.log()
+    finally:
+        s.close()
+        pub.close()
+        watch.close()
+
+
+def _sys_value(client: Client, name: str) -> int:
+    """The newest value of ``$SYS/broker/<name>`` that arrives within 0.5 s, or -1."""
+    value = -1
+    try:
+        while True:
+            p = client.recv(0.5)
+            if p.type == mqttraw.PUBLISH and p.topic == f"$SYS/broker/{name}":
+                value = int(p.payload)
+                if value > 0:
+                    return value
+    except TimeoutError:
+        return value

@@ -74,7 +74,8 @@ class Connection(asyncio.Protocol):
         elif self.closing:  # the node gave up on it during the handshake
             _reset(transport)
             return
-        transport.set_write_buffer_limits(high=WRITE_HIGH)
+        # (pause_writing comes before an output is blocked, so resume_writing unblocks it)
+        transport.set_write_buffer_limits(high=min(WRITE_HIGH, node.max_write_buffer // 2))
         now = self._loop.time()
         # the connect timeout counts from accept, the TLS handshake included
         self.channel = Channel(node.broker, self, self.peer,
@@ -134,8 +135,8 @@ class Connection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
         self._arm_timer()
-        if node.reading_paused:
-            self.pauses |= PAUSE_MEMORY
+        if node.reading_paused and not channel.is_peer:
+            self.pause(PAUSE_MEMORY)  # (it resumes with the others: Node._flow_tick)
         self.resume(PAUSE_AUTH)
 
     def eof_received(self):
@@ -182,10 +183,14 @@ class Connection(asyncio.Protocol):
             node.buffered += size - self.out_bytes
             self.out_bytes = size
         if channel.blocked:
-            channel.blocked = False
-            node.blocked.discard(self)
+            self.unblock()
         if channel.session is not None:
             node.broker.congestion.remove(channel.session, "socket")
+
+    def unblock(self) -> None:
+        """The output drained below its limit: QoS 0 goes out again."""
+        self.channel.blocked = False
+        self.node.blocked.discard(self)
 
     # -- the Channel's owner interface ------------------------------------------------------
 

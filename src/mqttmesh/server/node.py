@@ -262,6 +262,8 @@ class Node:
             conn.out_bytes = size
             if not size:
                 self.buffering.discard(conn)
+            if conn in self.blocked and size <= self.max_write_buffer // 4:
+                conn.unblock()  # (resume_writing does it too; this covers a missed one)
 
     def memory_pressure(self) -> None:
         """The buffers went over limits.buffer_memory: stop reading from every client."""
