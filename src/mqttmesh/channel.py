@@ -7,7 +7,8 @@ owner implements these methods:
     owner.wake(channel)                     there are bytes in ``data_to_send()``
     owner.close(channel, reason)            send what is pending, then close
     owner.authenticate(channel, user, pw)   run ``broker.auth.check_slow`` somewhere
-                                            and call ``channel.authenticated(rc, now)``
+                                            (throttled, bounded: server/logins.py) and
+                                            call ``channel.authenticated(rc, now)``
     owner.connected(channel)                a CONNECT finished later than the bytes that
                                             carried it (mesh claims): log it, arm keepalive
     owner.pause_reading(channel)            stop feeding this channel for now (flow.py)
@@ -271,11 +272,12 @@ class Channel:
         else:
             self._accept(rc, now)
 
-    def authenticated(self, rc: int, now: float) -> None:
-        """The result of the slow password check for the pending CONNECT."""
+    def authenticated(self, rc: int, now: float, why: str = "") -> None:
+        """The result of the slow password check for the pending CONNECT (``why``: a
+        refusal's reason for the log, when it is not the credentials)."""
         if self.state is not AUTHENTICATING:
             return  # the connection ended while the check ran
-        self._accept(rc, now)
+        self._accept(rc, now, why)
         if self.state is CONNECTED and not self._processing:
             self._process(now)  # packets that arrived behind the CONNECT
         # (when the owner answered from inside authenticate(), the running
