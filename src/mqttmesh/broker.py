@@ -38,7 +38,8 @@ class Stats:
 
     __slots__ = ("messages_received", "messages_sent", "publish_dropped", "publish_denied",
                  "bytes_received", "bytes_sent", "connections_total", "connections_refused",
-                 "protocol_errors", "slow_consumers", "wills_published")
+                 "protocol_errors", "slow_consumers", "wills_published",
+                 "auth_failures", "auth_throttled", "auth_busy")
 
     def __init__(self):
         for name in self.__slots__:

@@ -22,6 +22,7 @@ from ..message import Message
 from ..session import Limits
 from ..store import Journal, clock_incarnation
 from .connection import Connection
+from .logins import Logins
 from .sqlite_store import SqliteStore
 from .tls import server_context
 
@@ -33,7 +34,7 @@ log = logging.getLogger("mqttmesh.node")
 def build_auth(config: Config) -> Auth:
     passwords = PasswordFile.load(config.get("auth.password_file")) if config.get("auth.password_file") else None
     acl = Acl.load(config.get("auth.acl_file")) if config.get("auth.acl_file") else None
-    return Auth(config.get("auth.allow_anonymous"), passwords, acl)
+    return Auth(config.get("auth.allow_anonymous"), passwords, acl, config.get("auth.cache_size"))
 
 
 class Node:
@@ -63,6 +64,7 @@ class Node:
             self.store = SqliteStore(config.data_dir, config.get("store.synchronous"))
             journal = Journal(on_dirty=self._schedule_commit)
         self.broker = Broker(settings, build_auth(config), journal)
+        self.logins = Logins(self, config)
         self.max_write_buffer = config.get("limits.max_write_buffer")
         self.max_connections = config.get("limits.max_connections")
         self.connection_rate = config.get("limits.connection_rate")
@@ -165,6 +167,7 @@ class Node:
         if self._sys_task is not None:
             self._sys_task.cancel()
         self._housekeeping.cancel()
+        self.logins.stop()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.flush()
@@ -255,14 +258,8 @@ class Node:
 
     # -- password checks off the loop ----------------------------------------------------
 
-    def authenticate(self, conn: Connection, username: str, password: bytes) -> None:
-        async def check():
-            rc = await self.loop.run_in_executor(None, self.broker.auth.check_slow, username, password)
-            channel = conn.channel
-            channel.authenticated(rc, self.loop.time())
-            if channel.state == "connected":
-                conn.connected()
-        self.loop.create_task(check())
+    def authenticate(self, conn: Connection, username: str, password: bytes | None) -> None:
+        self.logins.authenticate(conn, username, password)  # throttled, on a thread (logins.py)
 
     # -- group commit -----------------------------------------------------------------------
 
@@ -321,6 +318,9 @@ class Node:
             "subscriptions/count": len(b.router),
             "connections/refused": s.connections_refused,
             "connections/slow_consumers": s.slow_consumers,
+            "connections/auth_failures": s.auth_failures,
+            "connections/auth_throttled": s.auth_throttled,
+            "connections/auth_busy": s.auth_busy,
         }
         for key, value in values.items():
             self.publish_sys(f"$SYS/broker/{key}", str(value))
