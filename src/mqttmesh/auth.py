@@ -40,7 +40,7 @@ from .codec import MalformedPacket, validate_topic_filter
 from .topics import filter_matches
 
 __all__ = ["ConfigError", "hash_password", "verify_password", "PasswordFile", "Acl", "Auth",
-           "LoginThrottle", "LogBudget", "filter_covers", "READ", "WRITE", "SUBSCRIBE"]
+           "LoginThrottle", "LogBudget", "CLIENT_ID_TOPICS", "filter_covers", "READ", "WRITE", "SUBSCRIBE"]
 
 READ, WRITE, SUBSCRIBE = 1, 2, 4
 _ACCESS = {"read": READ | SUBSCRIBE, "write": WRITE, "subscribe": SUBSCRIBE,
@@ -239,6 +239,17 @@ class Acl:
                     granted = True
         return granted
 
+    def allows_exactly(self, username: str | None, client_id: str, topic: str, access: int) -> bool:
+        """Like ``allows``, but only a rule naming ``topic`` itself (no wildcard) grants it."""
+        granted = False
+        for bits, rule_filter in self._rules(username, client_id):
+            if filter_matches(rule_filter, topic) or rule_filter == topic:
+                if bits == 0:
+                    return False
+                if bits & access and rule_filter == topic:
+                    granted = True
+        return granted
+
     def allows_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
         granted = False
         for bits, rule_filter in self._rules(username, client_id):
@@ -251,6 +262,9 @@ class Acl:
         return granted
 
 
+# the $SYS topics that name clients: anonymous clients never receive them, and an ACL
+# grants them only by name (see Auth.can_read_sys)
+CLIENT_ID_TOPICS = frozenset({"$SYS/mesh/clients"})
 # the dummy hash an unknown user's password is checked against: its salt and digest are
 # public, which is harmless since a check against it never succeeds
 _DUMMY_SALT = base64.b64encode(bytes(16)).decode()
@@ -317,6 +331,20 @@ class Auth:
         return self.acl is None or self.acl.allows(username, client_id, topic, WRITE)
 
     def can_receive(self, username: str | None, client_id: str, topic: str) -> bool:
+        return self.acl is None or self.acl.allows(username, client_id, topic, READ)
+
+    def can_read_sys(self, username: str | None, client_id: str, topic: str) -> bool:
+        """May this client receive the ``$SYS`` message on ``topic``?
+
+        With an ACL, as any topic, except that the topics naming clients
+        (CLIENT_ID_TOPICS) need a grant of that very topic (a ``$SYS/#`` grant does not
+        reach them). Without an ACL, everything but those, which go only to users the
+        password file verified.
+        """
+        if topic in CLIENT_ID_TOPICS:
+            if self.acl is None:
+                return username is not None and self.passwords is not None
+            return self.acl.allows_exactly(username, client_id, topic, READ)
         return self.acl is None or self.acl.allows(username, client_id, topic, READ)
 
     def can_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:

@@ -173,7 +173,10 @@ class Broker:
         sent = 0
         auth = self.auth
         for topic, msg in self.retained.match(topic_filter):
-            if auth.acl is not None and not auth.can_receive(session.username, session.client_id, topic):
+            if topic[0] == "$":
+                if not auth.can_read_sys(session.username, session.client_id, topic):
+                    continue
+            elif auth.acl is not None and not auth.can_receive(session.username, session.client_id, topic):
                 continue
             session.deliver(msg, min(msg.qos, granted), retain=True)  # [MQTT-3.3.1-8]
             sent += 1
@@ -237,6 +240,18 @@ class Broker:
                 if auth.can_receive(session.username, session.client_id, topic):
                     session.deliver(msg, qos if qos < granted else granted)
         return len(matches)
+
+    def publish_sys(self, msg: Message) -> None:
+        """Retain and deliver a message about this node (``$SYS/...``): each receiver
+        passes ``Auth.can_read_sys`` (the ACL, and no ClientIds for anonymous clients)."""
+        self.retained.set(msg.topic, msg)  # in memory only: recomputed at every start
+        matches = self.router.match(msg.topic)
+        auth = self.auth
+        topic = msg.topic
+        for session, granted in matches.items():
+            if auth.can_read_sys(session.username, session.client_id, topic):
+                self.stats.messages_sent += 1
+                session.deliver(msg, min(msg.qos, granted))
 
     def set_retained(self, msg: Message) -> None:
         if not self.settings.retain_available:

@@ -1,5 +1,6 @@
 """Password logins that cost an attacker, not the node: throttling per address and user name,
-a bounded queue of checks, failed logins counted in $SYS and logged with the address.
+a bounded queue of checks, failed logins counted in $SYS and logged with the address; and
+$SYS topics that follow the ACL (the mesh side: tests/mesh/test_mesh_sys.py).
 
 Clients connect from several loopback addresses (127.0.0.2, 127.0.0.3, ...) so that the node
 counts their failures apart. Time bounds are lower bounds the node must respect (it may not
@@ -172,3 +173,42 @@ def test_unknown_and_known_users_get_the_same_answer(broker_factory, pwfile, cli
         assert login(clients.raw(b, source="127.0.0.12"), user, password, f"u{i}")[0] == 0x04
     wait_for(lambda: sys_value(b, clients, "$SYS/broker/connections/auth_failures") == b"3", 10,
              interval=0.2, what="auth_failures = 3")
+
+
+# --------------------------------------------------------------------------- $SYS and the ACL
+
+ACL_NO_SYS = """\
+user alice
+topic readwrite #
+user bob
+topic subscribe $SYS/#
+topic readwrite bob/#
+user carol
+topic read $SYS/broker/uptime
+"""
+
+
+def test_acl_without_sys_grants_gives_nothing_under_sys(broker_factory, tmp_path, clients):
+    """With an ACL that grants no read under $SYS: alice (readwrite #) cannot subscribe to
+    $SYS/# (0x80 [MQTT-3.9.3-1]) and her '#' gets no $SYS [MQTT-4.7.2-1]; bob may subscribe
+    to $SYS/# but not read: he receives nothing, neither retained nor live; carol reads the
+    one topic granted to her."""
+    acl = tmp_path / "acl"
+    acl.write_text(ACL_NO_SYS)
+    b = broker_factory("--acl-file", str(acl), "--sys-interval", "0.2")
+    alice = clients(b, client_id="alice-1", username="alice")
+    assert alice.sub(1, ("$SYS/#", 0), ("#", 0)) == [0x80, 0]
+    bob = clients(b, client_id="bob-1", username="bob")
+    assert bob.sub(1, ("$SYS/#", 0)) == [0]
+    carol = clients(b, client_id="carol-1", username="carol")
+    assert carol.sub(1, ("$SYS/#", 0)) == [0x80]
+    assert carol.sub(2, ("$SYS/broker/uptime", 0)) == [0]
+    (p,) = carol.publishes(1)
+    assert p.topic == "$SYS/broker/uptime" and p.retain
+    wait_for(lambda: carol.recv(2).topic == "$SYS/broker/uptime", 5, what="a live $SYS update")
+    alice.pub("x/y", b"marker", qos=1)  # alice's '#' gets her own message, nothing under $SYS
+    (own,) = alice.publishes(1)
+    assert own.topic == "x/y"
+    alice.ack(own)
+    alice.expect_silence(0.5)
+    bob.expect_silence(0.5)

@@ -387,6 +387,52 @@ def test_auth_with_acl(acl):
     assert not auth.can_subscribe("alice", "c", "sensors/#")
 
 
+# --------------------------------------------------------------------------- $SYS visibility
+
+SYS_ACL = """\
+topic read $SYS/#
+user admin
+topic read $SYS/mesh/clients
+user eve
+topic read $SYS/mesh/clients
+topic deny $SYS/mesh/#
+"""
+
+
+@pytest.mark.parametrize("passwords_file, user, topic, expected", [
+    (False, None, "$SYS/broker/uptime", True),
+    (False, None, "$SYS/mesh/status", True),
+    (False, None, "$SYS/mesh/clients", False),       # anonymous: no ClientIds
+    (False, "alice", "$SYS/mesh/clients", False),    # a user name nobody checked proves nothing
+    (True, None, "$SYS/mesh/clients", False),
+    (True, "alice", "$SYS/mesh/clients", True),      # a user the password file verified
+])
+def test_sys_without_acl(passwords, passwords_file, user, topic, expected):
+    auth = Auth(passwords=passwords if passwords_file else None)
+    assert auth.can_read_sys(user, "c", topic) is expected
+
+
+@pytest.mark.parametrize("user, topic, expected", [
+    (None, "$SYS/broker/uptime", True),
+    (None, "$SYS/mesh/clients", False),     # $SYS/# does not reach the ClientIds
+    ("bob", "$SYS/mesh/clients", False),
+    ("admin", "$SYS/mesh/clients", True),   # granted by name
+    ("admin", "$SYS/mesh/status", True),
+    ("eve", "$SYS/mesh/clients", False),    # a deny still wins
+    ("eve", "$SYS/mesh/status", False),
+])
+def test_sys_with_acl(user, topic, expected):
+    auth = Auth(acl=Acl.parse(SYS_ACL))
+    assert auth.can_read_sys(user, "c", topic) is expected
+
+
+def test_sys_with_an_acl_that_grants_no_sys():
+    auth = Auth(acl=Acl.parse("topic readwrite #\nuser alice\ntopic readwrite alice/#\n"))
+    for topic in ("$SYS/broker/uptime", "$SYS/mesh/status", "$SYS/mesh/clients"):
+        assert not auth.can_read_sys("alice", "c", topic)
+        assert not auth.can_read_sys(None, "c", topic)
+
+
 # --------------------------------------------------------------------------- login throttle
 
 

@@ -328,8 +328,7 @@ class Node:
     def publish_sys(self, topic: str, value: str) -> None:
         # $SYS values are retained in memory only: they are recomputed at every start
         msg = Message(topic, value.encode(), 0, True, self.node_id, 0, "$SYS", time.time())
-        self.broker.retained.set(topic, msg)
-        self.broker.dispatch(msg)
+        self.broker.publish_sys(msg)
 
 
 def python_info() -> str:
