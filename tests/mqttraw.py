@@ -142,8 +142,10 @@ class Closed(Exception):
 class RawClient:
     """A blocking socket that sends raw bytes and reads whole packets."""
 
-    def __init__(self, host: str, port: int, timeout: float = 5.0):
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str, port: int, timeout: float = 5.0, source: str | None = None):
+        """``source``: the local address to connect from (e.g. 127.0.0.2 on loopback)."""
+        self.sock = socket.create_connection((host, port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.timeout = timeout

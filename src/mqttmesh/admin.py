@@ -1,7 +1,8 @@
 """Admin tools: `mqttmesh mesh status` and `mqttmesh cluster up`.
 
 Both talk to nodes the way any client does: over MQTT, reading the retained
-``$SYS/mesh/status`` document each node publishes.
+``$SYS/mesh/status`` document each node publishes (and ``$SYS/mesh/clients``, the
+ClientIds, when the node lets the user read them).
 """
 
 from __future__ import annotations
@@ -25,11 +26,18 @@ __all__ = ["fetch_retained", "fetch_status", "format_status", "topology_edges", 
 def fetch_retained(host: str, port: int, topic: str, timeout: float = 5.0,
                    username: str | None = None, password: bytes | None = None) -> bytes | None:
     """The retained message on ``topic`` (None if there is none before the timeout)."""
+    return _fetch(host, port, [topic], topic, timeout, username, password).get(topic)
+
+
+def _fetch(host: str, port: int, topics: list[str], last: str, timeout: float,
+           username: str | None, password: bytes | None) -> dict[str, bytes]:
+    """Subscribe to ``topics`` (in that order) and collect what arrives until ``last`` does."""
     deadline = time.monotonic() + timeout
+    got: dict[str, bytes] = {}
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(encode(Connect(f"admin-{os.getpid()}-{random.getrandbits(24):x}", True, 30,
                                     username=username, password=password)))
-        sock.sendall(encode(Subscribe(1, [(topic, 0)])))
+        sock.sendall(encode(Subscribe(1, [(t, 0) for t in topics])))
         decoder = Decoder()
         while time.monotonic() < deadline:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
@@ -44,23 +52,32 @@ def fetch_retained(host: str, port: int, topic: str, timeout: float = 5.0,
                 for pkt in decoder.packets():
                     if pkt.type == 2 and pkt.return_code:
                         raise ConnectionError(f"{host}:{port} refused the connection (CONNACK {pkt.return_code})")
-                    if pkt.type == PUBLISH and pkt.topic == topic:
-                        sock.sendall(encode(Disconnect()))
-                        return pkt.payload
+                    if pkt.type == PUBLISH and pkt.topic in topics:
+                        got[pkt.topic] = pkt.payload
+                        if pkt.topic == last:
+                            sock.sendall(encode(Disconnect()))
+                            return got
             except MalformedPacket as exc:
                 raise ConnectionError(f"{host}:{port}: {exc}") from None
         try:
             sock.sendall(encode(Disconnect()))
         except OSError:
             pass
-    return None
+    return got
 
 
-def fetch_status(host: str, port: int, timeout: float = 5.0) -> dict:
-    raw = fetch_retained(host, port, "$SYS/mesh/status", timeout)
-    if raw is None:
+def fetch_status(host: str, port: int, timeout: float = 5.0, username: str | None = None,
+                 password: bytes | None = None) -> dict:
+    """The node's ``$SYS/mesh/status``, with the ClientIds of ``$SYS/mesh/clients`` in its
+    ``cluster`` part when the node lets this user read them (see docs/operations.md)."""
+    got = _fetch(host, port, ["$SYS/mesh/clients", "$SYS/mesh/status"], "$SYS/mesh/status", timeout,
+                 username, password)
+    if "$SYS/mesh/status" not in got:
         raise ConnectionError(f"{host}:{port} publishes no $SYS/mesh/status (is it a mesh node?)")
-    return json.loads(raw)
+    status = json.loads(got["$SYS/mesh/status"])
+    if "$SYS/mesh/clients" in got:  # the node publishes it first
+        status.setdefault("cluster", {}).update(json.loads(got["$SYS/mesh/clients"]))
+    return status
 
 
 def format_status(s: dict) -> str:

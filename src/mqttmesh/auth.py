@@ -1,8 +1,9 @@
 """Authentication (password file with salted hashes) and authorization (ACL file).
 
 Pure apart from reading the two files at load time. It leaves to its caller
-when to reload them and where to run a slow password check (a hash takes
-tens of milliseconds, so the server runs it off the event loop).
+when to reload them, where to run a slow password check (a hash takes tens of
+milliseconds, so the server runs it off the event loop), and the clock and the
+client addresses that ``LoginThrottle`` decides on.
 
 Password file: one ``user:$pbkdf2-sha512$ITERATIONS$SALT$HASH`` line per user
 (salt and hash in base64). ACL file, one rule per line::
@@ -32,13 +33,14 @@ import fnmatch
 import hashlib
 import hmac
 import os
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 
 from .codec import MalformedPacket, validate_topic_filter
 from .topics import filter_matches
 
 __all__ = ["ConfigError", "hash_password", "verify_password", "PasswordFile", "Acl", "Auth",
-           "filter_covers", "READ", "WRITE", "SUBSCRIBE"]
+           "LoginThrottle", "LogBudget", "CLIENT_ID_TOPICS", "filter_covers", "READ", "WRITE", "SUBSCRIBE"]
 
 READ, WRITE, SUBSCRIBE = 1, 2, 4
 _ACCESS = {"read": READ | SUBSCRIBE, "write": WRITE, "subscribe": SUBSCRIBE,
@@ -237,6 +239,17 @@ class Acl:
                     granted = True
         return granted
 
+    def allows_exactly(self, username: str | None, client_id: str, topic: str, access: int) -> bool:
+        """Like ``allows``, but only a rule naming ``topic`` itself (no wildcard) grants it."""
+        granted = False
+        for bits, rule_filter in self._rules(username, client_id):
+            if filter_matches(rule_filter, topic) or rule_filter == topic:
+                if bits == 0:
+                    return False
+                if bits & access and rule_filter == topic:
+                    granted = True
+        return granted
+
     def allows_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
         granted = False
         for bits, rule_filter in self._rules(username, client_id):
@@ -249,37 +262,70 @@ class Acl:
         return granted
 
 
+# the $SYS topics that name clients: anonymous clients never receive them, and an ACL
+# grants them only by name (see Auth.can_read_sys)
+CLIENT_ID_TOPICS = frozenset({"$SYS/mesh/clients"})
+# the dummy hash an unknown user's password is checked against: its salt and digest are
+# public, which is harmless since a check against it never succeeds
+_DUMMY_SALT = base64.b64encode(bytes(16)).decode()
+_DUMMY_DIGEST = base64.b64encode(bytes(64)).decode()
+
+
 class Auth:
-    """What the broker asks: may this user connect, publish, subscribe, receive?"""
+    """What the broker asks: may this user connect, publish, subscribe, receive?
+
+    Every login with a user name checked against the password file takes the same path and
+    the same work, whether the user exists or not (``check_fast`` defers them all, and
+    ``check_slow`` hashes an unknown user's password against a dummy hash with the
+    iterations most users have), so neither the answer nor its timing tells which user
+    names exist. Successful checks are remembered (``remember``, bounded, least recently
+    used forgotten first); failures are not: a remembered failure would answer a repeated
+    guess faster, telling its sender that someone tried the same pair recently.
+    """
 
     def __init__(self, allow_anonymous: bool = True, passwords: PasswordFile | None = None,
-                 acl: Acl | None = None):
+                 acl: Acl | None = None, cache_size: int = 10_000):
         self.allow_anonymous = allow_anonymous
         self.passwords = passwords
         self.acl = acl
-        self._verified: dict[tuple[str, bytes], bool] = {}
+        self.cache_size = cache_size
+        self._verified: OrderedDict[tuple[str, bytes], None] = OrderedDict()
+        self._dummy = f"$pbkdf2-sha512${_usual_iterations(passwords)}${_DUMMY_SALT}${_DUMMY_DIGEST}"
 
     def check_fast(self, username: str | None, password: bytes | None) -> int | None:
-        """CONNACK return code, or None when a slow hash check must run (``check_slow``)."""
-        if username is None:
+        """CONNACK return code, or None when a password check must run (``check_slow``).
+
+        None for every user name once there is a password file, known or not, with a
+        password or without: a quick refusal would tell which names exist.
+        """
+        if username is None or self.passwords is None:
             return 0 if self.allow_anonymous else 5
-        if self.passwords is None:
-            return 0 if self.allow_anonymous else 5
-        encoded = self.passwords.users.get(username)
-        if encoded is None or password is None:
-            return 4
-        known = self._verified.get((username, hashlib.sha256(password).digest()))
-        if known is not None:
-            return 0 if known else 4
         return None
 
-    def check_slow(self, username: str, password: bytes) -> int:
-        encoded = self.passwords.users.get(username) if self.passwords else None
-        ok = encoded is not None and verify_password(password, encoded)
-        if len(self._verified) > 10_000:
-            self._verified.clear()
-        self._verified[(username, hashlib.sha256(password).digest())] = ok
-        return 0 if ok else 4
+    def check_slow(self, username: str, password: bytes | None) -> int:
+        """0 or 4, after one PBKDF2 whatever the user; safe to call on any thread."""
+        encoded = self.passwords.users.get(username) if self.passwords is not None else None
+        ok = verify_password(password or b"", encoded or self._dummy)
+        return 0 if ok and encoded is not None and password is not None else 4
+
+    def remembered(self, username: str, password: bytes | None) -> bool:
+        """This user logged in with this password recently: no need to hash it again."""
+        if password is None or not self._verified:
+            return False
+        key = (username, hashlib.sha256(password).digest())
+        if key not in self._verified:
+            return False
+        self._verified.move_to_end(key)
+        return True
+
+    def remember(self, username: str, password: bytes) -> None:
+        """A successful ``check_slow``: the next login with the same pair skips the hash."""
+        if self.cache_size <= 0:
+            return
+        verified = self._verified
+        verified[(username, hashlib.sha256(password).digest())] = None
+        while len(verified) > self.cache_size:
+            verified.popitem(last=False)
 
     def can_publish(self, username: str | None, client_id: str, topic: str) -> bool:
         return self.acl is None or self.acl.allows(username, client_id, topic, WRITE)
@@ -287,5 +333,201 @@ class Auth:
     def can_receive(self, username: str | None, client_id: str, topic: str) -> bool:
         return self.acl is None or self.acl.allows(username, client_id, topic, READ)
 
+    def can_read_sys(self, username: str | None, client_id: str, topic: str) -> bool:
+        """May this client receive the ``$SYS`` message on ``topic``?
+
+        With an ACL, as any topic, except that the topics naming clients
+        (CLIENT_ID_TOPICS) need a grant of that very topic (a ``$SYS/#`` grant does not
+        reach them). Without an ACL, everything but those, which go only to users the
+        password file verified.
+        """
+        if topic in CLIENT_ID_TOPICS:
+            if self.acl is None:
+                return username is not None and self.passwords is not None
+            return self.acl.allows_exactly(username, client_id, topic, READ)
+        return self.acl is None or self.acl.allows(username, client_id, topic, READ)
+
     def can_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
         return self.acl is None or self.acl.allows_subscribe(username, client_id, topic_filter)
+
+
+def _usual_iterations(passwords: PasswordFile | None) -> int:
+    """The iteration count most users of the file have (the dummy hash's)."""
+    counts = Counter()
+    for encoded in (passwords.users.values() if passwords is not None else ()):
+        try:
+            counts[int(encoded.split("$")[2])] += 1
+        except (IndexError, ValueError):
+            continue
+    return counts.most_common(1)[0][0] if counts else DEFAULT_ITERATIONS
+
+
+# --------------------------------------------------------------------------- failed logins
+
+
+class _Failures:
+    __slots__ = ("count", "last", "in_flight", "next_at")
+
+    def __init__(self):
+        self.count = 0          # failures since the window last forgave this key
+        self.last = 0.0         # time of the last failure
+        self.in_flight = 0      # logins admitted by ``wait`` and not yet settled
+        self.next_at = 0.0      # the latest check time given out to a delayed login
+
+
+class LoginThrottle:
+    """Failed password logins per client address and per user name; how long the next waits.
+
+    Pure: the caller passes the time, runs the checks and reports each result. Up to
+    ``threshold`` failures of an address or a user name are answered without delay; after
+    that each login waits ``delay`` seconds, doubling with each further failure up to
+    ``delay_max``. A key is forgiven ``window`` seconds after its last failure, and an
+    address by a successful login from it.
+
+    Once a key is over the threshold, its logins still waiting or being checked count as
+    failures for the delay of the next one, and each is checked after the one given out
+    before it: opening many connections at once buys no more guesses than opening them one
+    by one. A login that would wait longer than ``delay_max`` is refused at once, unchecked.
+    (Below the threshold logins are not held back: a gateway may log in many devices at
+    once.)
+
+    A user name's failures could lock its owner out (anybody can fail as ``alice``), so an
+    address that ``alice`` logged in from before is exempt from the delays of the name
+    ``alice`` (not from its own). Memory is bounded: at most ``max_entries`` keys and as
+    many (address, user) pairs, least recently used forgotten first.
+    """
+
+    def __init__(self, threshold: int = 3, delay: float = 0.5, delay_max: float = 30.0,
+                 window: float = 600.0, max_entries: int = 50_000):
+        self.threshold = threshold
+        self.delay = delay
+        self.delay_max = delay_max
+        self.window = window
+        self.max_entries = max_entries
+        self._keys: OrderedDict[tuple[str, str], _Failures] = OrderedDict()
+        self._trusted: OrderedDict[tuple[str, str], None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def delay_after(self, failures: int) -> float:
+        """The wait before a login checked after ``failures`` failures of its key."""
+        excess = failures - self.threshold
+        if excess < 0:
+            return 0.0
+        if excess >= 64 or self.delay * 2.0 ** excess >= self.delay_max:
+            return self.delay_max
+        return self.delay * 2.0 ** excess
+
+    def wait(self, address: str, user: str | None, now: float) -> float | None:
+        """Seconds to wait before checking this login, or None to refuse it unchecked.
+
+        A login given a number must be settled later with ``failed``, ``succeeded`` or
+        ``abandoned``.
+        """
+        keys = _keys(address, user)
+        exempt = user is not None and (address, user) in self._trusted
+        start = now
+        throttled = []
+        for key in keys:
+            entry = self._entry(key, now, create=False)
+            if entry is None or entry.count < self.threshold or (exempt and key[0] == "u"):
+                continue
+            throttled.append(key)
+            start = max(start, max(now, entry.next_at) + self.delay_after(entry.count + entry.in_flight))
+        if start - now > self.delay_max * (1 + 1e-9):
+            return None
+        for key in keys:
+            entry = self._entry(key, now, create=True)
+            entry.in_flight += 1
+            if key in throttled:
+                entry.next_at = max(entry.next_at, start)
+        return start - now
+
+    def failed(self, address: str, user: str | None, now: float) -> None:
+        for key in self._settle(address, user, now):
+            key.count += 1
+            key.last = now
+
+    def succeeded(self, address: str, user: str | None, now: float) -> None:
+        self._settle(address, user, now)[0].count = 0  # the address is forgiven
+        if user is not None:
+            trusted = self._trusted
+            trusted[(address, user)] = None
+            trusted.move_to_end((address, user))
+            while len(trusted) > self.max_entries:
+                trusted.popitem(last=False)
+        self._drop_idle(address, user)
+
+    def abandoned(self, address: str, user: str | None, now: float) -> None:
+        """The login was never checked (the client left, or the checks were full)."""
+        self._settle(address, user, now)
+        self._drop_idle(address, user)
+
+    def failures(self, key_kind: str, name: str, now: float) -> int:
+        """Failures remembered for an address (``"a"``) or a user name (``"u"``)."""
+        entry = self._entry((key_kind, name), now, create=False)
+        return entry.count if entry is not None else 0
+
+    def _settle(self, address: str, user: str | None, now: float) -> list[_Failures]:
+        settled = []
+        for key in _keys(address, user):
+            entry = self._entry(key, now, create=True)
+            if entry.in_flight:
+                entry.in_flight -= 1
+            settled.append(entry)
+        return settled
+
+    def _drop_idle(self, address: str, user: str | None) -> None:
+        for key in _keys(address, user):
+            entry = self._keys.get(key)
+            if entry is not None and not entry.count and not entry.in_flight:
+                del self._keys[key]
+
+    def _entry(self, key: tuple[str, str], now: float, create: bool) -> _Failures | None:
+        keys = self._keys
+        entry = keys.get(key)
+        if entry is not None:
+            if entry.count and now - entry.last > self.window:
+                entry.count = 0  # forgiven
+            keys.move_to_end(key)
+            return entry
+        if not create:
+            return None
+        entry = keys[key] = _Failures()
+        while len(keys) > self.max_entries:
+            keys.popitem(last=False)
+        return entry
+
+
+def _keys(address: str, user: str | None) -> list[tuple[str, str]]:
+    return [("a", address), ("u", user)] if user is not None else [("a", address)]
+
+
+class LogBudget:
+    """At most ``rate`` lines a second on average, in bursts of up to ``burst``; pure.
+
+    ``allow(now)`` says whether to log a line; the lines it refused are counted in
+    ``suppressed`` until the caller reports them (``take_suppressed``).
+    """
+
+    def __init__(self, rate: float, burst: float):
+        self.rate = rate
+        self.burst = max(1.0, burst)
+        self._tokens = self.burst
+        self._at: float | None = None
+        self.suppressed = 0
+
+    def allow(self, now: float) -> bool:
+        if self._at is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        self.suppressed += 1
+        return False
+
+    def take_suppressed(self) -> int:
+        n, self.suppressed = self.suppressed, 0
+        return n

@@ -42,6 +42,7 @@ class Stats:
                  "bytes_received", "bytes_sent", "connections_total", "connections_refused",
                  "protocol_errors", "slow_consumers", "wills_published",
                  "outputs_blocked", "memory_pauses", "preauth_refused",
+                 "auth_failures", "auth_throttled", "auth_busy",
                  "ended_queue_full", "ended_slow_qos0")  # drops counted by sessions now gone
 
     def __init__(self):
@@ -178,7 +179,10 @@ class Broker:
         sent = 0
         auth = self.auth
         for topic, msg in self.retained.match(topic_filter):
-            if auth.acl is not None and not auth.can_receive(session.username, session.client_id, topic):
+            if topic[0] == "$":
+                if not auth.can_read_sys(session.username, session.client_id, topic):
+                    continue
+            elif auth.acl is not None and not auth.can_receive(session.username, session.client_id, topic):
                 continue
             session.deliver(msg, min(msg.qos, granted), retain=True)  # [MQTT-3.3.1-8]
             sent += 1
@@ -242,6 +246,18 @@ class Broker:
                 if auth.can_receive(session.username, session.client_id, topic):
                     session.deliver(msg, qos if qos < granted else granted)
         return len(matches)
+
+    def publish_sys(self, msg: Message) -> None:
+        """Retain and deliver a message about this node (``$SYS/...``): each receiver
+        passes ``Auth.can_read_sys`` (the ACL, and no ClientIds for anonymous clients)."""
+        self.retained.set(msg.topic, msg)  # in memory only: recomputed at every start
+        matches = self.router.match(msg.topic)
+        auth = self.auth
+        topic = msg.topic
+        for session, granted in matches.items():
+            if auth.can_read_sys(session.username, session.client_id, topic):
+                self.stats.messages_sent += 1
+                session.deliver(msg, min(msg.qos, granted))
 
     def set_retained(self, msg: Message) -> None:
         if not self.settings.retain_available:

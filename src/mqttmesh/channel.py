@@ -7,7 +7,8 @@ owner implements these methods:
     owner.wake(channel)                     there are bytes in ``data_to_send()``
     owner.close(channel, reason)            send what is pending, then close
     owner.authenticate(channel, user, pw)   run ``broker.auth.check_slow`` somewhere
-                                            and call ``channel.authenticated(rc, now)``
+                                            (throttled, bounded: server/logins.py) and
+                                            call ``channel.authenticated(rc, now)``
     owner.connected(channel)                a CONNECT finished later than the bytes that
                                             carried it (mesh claims): log it, arm keepalive
     owner.pause_reading(channel)            stop feeding this channel for now (flow.py)
@@ -295,11 +296,12 @@ class Channel:
         else:
             self._accept(rc, now)
 
-    def authenticated(self, rc: int, now: float) -> None:
-        """The result of the slow password check for the pending CONNECT."""
+    def authenticated(self, rc: int, now: float, why: str = "") -> None:
+        """The result of the slow password check for the pending CONNECT (``why``: a
+        refusal's reason for the log, when it is not the credentials)."""
         if self.state is not AUTHENTICATING:
             return  # the connection ended while the check ran
-        self._accept(rc, now)
+        self._accept(rc, now, why)
         if self.state is CONNECTED and not self._processing:
             self._process(now)  # packets that arrived behind the CONNECT
         # (when the owner answered from inside authenticate(), the running
@@ -309,7 +311,7 @@ class Channel:
         pkt = self._pending_connect
         self._pending_connect = None
         if rc != ACCEPTED:
-            return self._refuse(rc, why or f"user {pkt.username!r}")
+            return self._refuse(rc, why or f"user {_quoted(pkt.username)}")
         if not pkt.client_id:
             # [MQTT-3.1.3-6]: a unique ClientId of our own making
             self.client_id = f"auto-{self.broker.node_id}-{os.urandom(6).hex()}"
@@ -542,6 +544,13 @@ class Channel:
             self._write_now(held.popleft()[1])
         if held:
             self.broker.held_ack_channels.add(self)
+
+
+def _quoted(name: str | None, limit: int = 64) -> str:
+    """A client-chosen name for a log line: escaped, and cut (user names may be 64 KiB)."""
+    if name is None:
+        return "None"
+    return repr(name[:limit]) + ("..." if len(name) > limit else "")
 
 
 def _violation(state: str, ptype: int) -> ProtocolViolation:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import getpass
 import logging
+import os
 import signal
 import sys
 import time
@@ -106,7 +107,9 @@ def cmd_mesh_status(args: argparse.Namespace) -> int:
 
     from .admin import fetch_status, format_status
     try:
-        status = fetch_status(args.host, args.port, args.timeout)
+        password = args.password if args.password is not None else os.environ.get("MQTTMESH_PASSWORD")
+        status = fetch_status(args.host, args.port, args.timeout, args.username,
+                              password.encode() if password is not None else None)
     except (OSError, ValueError) as exc:
         print(f"mqttmesh mesh status: {exc}", file=sys.stderr)
         return 1
@@ -233,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--port", type=int, default=1883)
     q.add_argument("--json", action="store_true", help="the raw status document")
     q.add_argument("--timeout", type=float, default=5.0)
+    q.add_argument("--username", help="user name to log in with (the ClientIds in the status need "
+                   "a verified user or an ACL grant of $SYS/mesh/clients)")
+    q.add_argument("--password", help="its password (default: $MQTTMESH_PASSWORD)")
     q.set_defaults(func=cmd_mesh_status)
 
     p = sub.add_parser("cluster", help="run a local mesh of several node processes")

@@ -89,6 +89,28 @@ OPTIONS: list[Option] = [
     Option("auth", "allow_anonymous", bool, True, "accept clients that send no user name"),
     Option("auth", "password_file", str, "", "password file (manage with `mqttmesh passwd`)"),
     Option("auth", "acl_file", str, "", "ACL file; when set, what it does not grant is denied"),
+    Option("auth", "fail_threshold", int, 3, "failed logins per client address, and per user name, "
+           "answered without delay (within fail_window)", 1, flag_name="--auth-fail-threshold"),
+    Option("auth", "fail_delay", float, 0.5, "seconds a login waits before its check once its address "
+           "or user name is over fail_threshold; doubles with each further failure", 0.001,
+           flag_name="--auth-fail-delay"),
+    Option("auth", "fail_delay_max", float, 30.0, "longest such wait; a login that would wait longer "
+           "(many at once) gets CONNACK 0x03 unchecked", 0.001, flag_name="--auth-fail-delay-max"),
+    Option("auth", "fail_window", float, 600.0, "seconds after its last failed login an address or user "
+           "name is forgiven", 1, flag_name="--auth-fail-window"),
+    Option("auth", "fail_entries", int, 50_000, "addresses and user names whose failed logins are "
+           "remembered, and as many (address, user) pairs that logged in (least recently used "
+           "forgotten first; about 300 bytes each)", 100, flag_name="--auth-fail-entries"),
+    Option("auth", "hash_workers", int, 1, "threads that check password hashes, at a lower CPU "
+           "priority than the event loop", 1, 64, flag_name="--auth-hash-workers"),
+    Option("auth", "hash_nice", int, 10, "CPU priority those threads give up (nice, Linux)", 0, 19,
+           flag_name="--auth-hash-nice"),
+    Option("auth", "max_pending", int, 64, "password checks waiting for a thread; a login beyond "
+           "gets CONNACK 0x03 (server unavailable) unchecked", 1, flag_name="--auth-max-pending"),
+    Option("auth", "cache_size", int, 10_000, "successful logins remembered, so that a reconnect "
+           "skips the hash (0 = none; failures are never remembered)", 0, flag_name="--auth-cache-size"),
+    Option("auth", "log_rate", float, 5.0, "login failure lines logged per second at most (bursts of "
+           "10 s worth); the rest are counted in one line every 10 s", 0.1, flag_name="--auth-log-rate"),
     Option("store", "synchronous", str, "normal", "SQLite synchronous mode: normal survives a crash of the "
            "process, full also a power loss", choices=("normal", "full"), flag_name="--store-synchronous"),
     Option("mesh", "peers", list, [], "peer nodes to dial, HOST:PORT (repeat --peer)", flag_name="--peer"),

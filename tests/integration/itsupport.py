@@ -62,8 +62,8 @@ class Client(mqttraw.RawClient):
     before the SUBACK (3.8.4), so waiting for an ack must not drop them.
     """
 
-    def __init__(self, host: str, port: int, timeout: float = 5.0):
-        super().__init__(host, port, timeout)
+    def __init__(self, host: str, port: int, timeout: float = 5.0, source: str | None = None):
+        super().__init__(host, port, timeout, source)
         self.backlog: deque[Packet] = deque()
 
     def recv(self, timeout: float | None = None) -> Packet:
@@ -158,8 +158,8 @@ def clients():
         opened.append(c)
         return c
 
-    def raw(broker, timeout=5.0) -> Client:
-        c = Client(broker.host, broker.port, timeout)
+    def raw(broker, timeout=5.0, source=None) -> Client:
+        c = Client(broker.host, broker.port, timeout, source)
         opened.append(c)
         return c
 

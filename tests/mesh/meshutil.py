@@ -15,15 +15,31 @@ from conftest import free_port, wait_for  # noqa: E402
 from faultrelay import FaultRelay  # noqa: E402
 
 from mqttmesh.admin import fetch_status  # noqa: E402
+from mqttmesh.auth import PasswordFile  # noqa: E402
 
 SECRET = "test-secret"
 
 
+# a user of the password file ``admin=True`` gives the nodes: the ClientIds in the status
+# (``$SYS/mesh/clients``) are for users the password file verified (docs/operations.md)
+ADMIN_USER, ADMIN_PASSWORD = "mesh-admin", "mesh-admin-pw"
+
+
+def admin_password_file(directory: Path) -> Path:
+    path = Path(directory) / "admin-passwd"
+    if not path.exists():
+        passwords = PasswordFile(str(path))
+        passwords.set(ADMIN_USER, ADMIN_PASSWORD, iterations=1000)
+        passwords.save()
+    return path
+
+
 def start_mesh(broker_factory, names, edges, extra=(), connect="configured", peers_via=None,
-               data_dirs=None):
+               data_dirs=None, admin=False):
     """Start one node per name; ``edges`` (a, b) means a dials b. Returns {name: BrokerProcess}.
 
     ``peers_via[(a, b)]`` gives the address a dials instead of b's own (e.g. a FaultRelay).
+    ``admin``: the nodes know ADMIN_USER (``status(node, admin=True)`` then has the ClientIds).
     """
     nodes = {}
     for name in names:
@@ -32,6 +48,8 @@ def start_mesh(broker_factory, names, edges, extra=(), connect="configured", pee
         nodes[name] = b
     for name in names:
         args = ["--cluster-secret", SECRET, "--connect", connect, "--status-interval", "0.1", *extra]
+        if admin:
+            args += ["--password-file", str(admin_password_file(nodes[name].workdir))]
         for a, b in edges:
             if a == name:
                 addr = (peers_via or {}).get((a, b)) or f"127.0.0.1:{nodes[b].port}"
@@ -76,7 +94,10 @@ def relayed_mesh(broker_factory, names, edges, relayed=(), extra=(), per_node=No
             relay.close()
 
 
-def status(node, timeout=5.0):
+def status(node, timeout=5.0, admin=False):
+    """The node's mesh status; with ``admin``, as ADMIN_USER, so with its ClientIds."""
+    if admin:
+        return fetch_status(node.host, node.port, timeout, ADMIN_USER, ADMIN_PASSWORD.encode())
     return fetch_status(node.host, node.port, timeout)
 
 

@@ -15,7 +15,8 @@ FULL3 = [("b", "a"), ("c", "a"), ("c", "b")]
 
 
 def mesh3(broker_factory, extra=()):
-    nodes = start_mesh(broker_factory, ["a", "b", "c"], FULL3, extra=("--mesh-keepalive", "0.3", *extra))
+    nodes = start_mesh(broker_factory, ["a", "b", "c"], FULL3, extra=("--mesh-keepalive", "0.3", *extra),
+                       admin=True)
     wait_converged(nodes, FULL3)
     return nodes
 
@@ -26,7 +27,7 @@ def registrations(nodes, cid):
     for name, node in nodes.items():
         if not node.alive():
             continue
-        entry = status(node)["cluster"]["registrations"].get(cid)
+        entry = status(node, admin=True)["cluster"]["registrations"].get(cid)
         if entry is not None and entry["connected"]:
             found.append((name, entry["node"]))
     return found
@@ -80,7 +81,7 @@ def test_hundred_client_ids_racing_on_three_nodes_one_winner_each(broker_factory
     def settled():
         total = 0
         for name, node in nodes.items():
-            regs = status(node)["cluster"]["registrations"]
+            regs = status(node, admin=True)["cluster"]["registrations"]
             total += sum(1 for cid, e in regs.items() if cid.startswith("race-") and e["connected"])
         return total == 100
     wait_for(_tolerant(settled), 20, what="100 registrations")
@@ -310,7 +311,7 @@ def test_registrations_move_with_membership_without_dropping_clients(broker_fact
     def registered_once(live):
         seen = {}
         for name in live:
-            for cid, entry in status(nodes[name])["cluster"]["registrations"].items():
+            for cid, entry in status(nodes[name], admin=True)["cluster"]["registrations"].items():
                 if cid.startswith("stay-") and entry["connected"]:
                     seen.setdefault(cid, []).append(entry["node"])
         return sorted(seen) == sorted(clients) and all(

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 
 import pytest
 
-from mqttmesh.auth import (READ, SUBSCRIBE, WRITE, Acl, Auth, ConfigError, PasswordFile, filter_covers,
-                           hash_password, verify_password)
+from mqttmesh.auth import (DEFAULT_ITERATIONS, READ, SUBSCRIBE, WRITE, Acl, Auth, ConfigError, LogBudget,
+                           LoginThrottle, PasswordFile, filter_covers, hash_password, verify_password)
 
 # pbkdf2-sha512("pw", salt b"0123456789abcdef", 1000 iterations), computed once with hashlib
 KNOWN_SALT = b"0123456789abcdef"
@@ -284,8 +285,8 @@ def passwords():
     (False, None, None, 5),
     (True, "alice", b"secret", None),   # a hash to check: slow path
     (False, "alice", b"secret", None),
-    (False, "alice", None, 4),
-    (False, "mallory", b"secret", 4),
+    (False, "alice", None, None),       # no quick refusal: it would tell that alice exists
+    (False, "mallory", b"secret", None),
 ])
 def test_check_fast(passwords, anonymous, user, password, expected):
     assert Auth(allow_anonymous=anonymous, passwords=passwords).check_fast(user, password) == expected
@@ -296,14 +297,77 @@ def test_check_fast_without_password_file():
     assert Auth(allow_anonymous=False).check_fast("anyone", b"x") == 5
 
 
-def test_check_slow_and_cache(passwords):
+def test_check_slow(passwords):
     auth = Auth(allow_anonymous=False, passwords=passwords)
     assert auth.check_slow("alice", b"wrong") == 4
     assert auth.check_slow("alice", b"secret") == 0
+    assert auth.check_slow("alice", None) == 4
     assert auth.check_slow("mallory", b"secret") == 4
-    assert auth.check_fast("alice", b"secret") == 0
-    assert auth.check_fast("alice", b"wrong") == 4
-    assert auth.check_fast("alice", b"other") is None
+
+
+def test_check_slow_no_login_against_the_dummy_hash():
+    """The dummy hash's digest is public (zeros): a password hashing to it must not log in
+    an unknown user, nor an empty one a known user without a password."""
+    auth = Auth(passwords=PasswordFile("unused", {"alice": hash_password("", 1000)}))
+    assert auth.check_slow("alice", None) == 4
+    assert auth.check_slow("alice", b"") == 0
+    assert auth.check_slow("nobody", b"") == 4
+
+
+@pytest.fixture
+def pbkdf2_calls(monkeypatch):
+    """Every PBKDF2 that auth runs: (hash name, salt length, iterations)."""
+    calls = []
+    real = hashlib.pbkdf2_hmac
+
+    def spy(name, password, salt, iterations, *rest):
+        calls.append((name, len(salt), iterations))
+        return real(name, password, salt, iterations, *rest)
+
+    monkeypatch.setattr(hashlib, "pbkdf2_hmac", spy)
+    return calls
+
+
+@pytest.mark.parametrize("user, password", [
+    ("alice", b"wrong"), ("alice", b"secret"), ("alice", None), ("mallory", b"secret"), ("", b""),
+    ("mallory", None),
+])
+def test_every_login_costs_one_pbkdf2_with_the_users_parameters(pbkdf2_calls, user, password):
+    """Equal work whoever the user: one PBKDF2-SHA512 with the file's usual iterations and a
+    16-byte salt, known user or not, password or not."""
+    passwords = PasswordFile("unused", {"alice": hash_password("secret", 1000), "bob": hash_password("x", 1000),
+                                        "carol": hash_password("y", 2000)})
+    auth = Auth(passwords=passwords)
+    pbkdf2_calls.clear()
+    assert auth.check_fast(user, password) is None
+    auth.check_slow(user, password)
+    assert pbkdf2_calls == [("sha512", 16, 1000)]
+
+
+def test_dummy_hash_without_users_uses_the_default_iterations(pbkdf2_calls):
+    Auth(passwords=PasswordFile("unused", {})).check_slow("anyone", b"pw")
+    assert pbkdf2_calls == [("sha512", 16, DEFAULT_ITERATIONS)]
+
+
+def test_only_successes_are_remembered_and_the_cache_is_bounded(passwords):
+    auth = Auth(passwords=passwords, cache_size=2)
+    assert auth.check_slow("alice", b"wrong") == 4
+    assert not auth.remembered("alice", b"wrong")  # a failure is never remembered
+    auth.remember("alice", b"secret")
+    assert auth.remembered("alice", b"secret")
+    assert not auth.remembered("alice", b"secret2")
+    assert not auth.remembered("alice", None)
+    auth.remember("bob", b"1")
+    assert auth.remembered("alice", b"secret")  # touched: bob is now the oldest
+    auth.remember("carol", b"2")
+    assert not auth.remembered("bob", b"1")
+    assert auth.remembered("alice", b"secret") and auth.remembered("carol", b"2")
+
+
+def test_cache_size_0_remembers_nothing(passwords):
+    auth = Auth(passwords=passwords, cache_size=0)
+    auth.remember("alice", b"secret")
+    assert not auth.remembered("alice", b"secret")
 
 
 def test_auth_without_acl_allows_everything():
@@ -321,3 +385,200 @@ def test_auth_with_acl(acl):
     assert not auth.can_receive("alice", "c", "sensors/secret/a")
     assert auth.can_subscribe("alice", "c", "sensors/a")
     assert not auth.can_subscribe("alice", "c", "sensors/#")
+
+
+# --------------------------------------------------------------------------- $SYS visibility
+
+SYS_ACL = """\
+topic read $SYS/#
+user admin
+topic read $SYS/mesh/clients
+user eve
+topic read $SYS/mesh/clients
+topic deny $SYS/mesh/#
+"""
+
+
+@pytest.mark.parametrize("passwords_file, user, topic, expected", [
+    (False, None, "$SYS/broker/uptime", True),
+    (False, None, "$SYS/mesh/status", True),
+    (False, None, "$SYS/mesh/clients", False),       # anonymous: no ClientIds
+    (False, "alice", "$SYS/mesh/clients", False),    # a user name nobody checked proves nothing
+    (True, None, "$SYS/mesh/clients", False),
+    (True, "alice", "$SYS/mesh/clients", True),      # a user the password file verified
+])
+def test_sys_without_acl(passwords, passwords_file, user, topic, expected):
+    auth = Auth(passwords=passwords if passwords_file else None)
+    assert auth.can_read_sys(user, "c", topic) is expected
+
+
+@pytest.mark.parametrize("user, topic, expected", [
+    (None, "$SYS/broker/uptime", True),
+    (None, "$SYS/mesh/clients", False),     # $SYS/# does not reach the ClientIds
+    ("bob", "$SYS/mesh/clients", False),
+    ("admin", "$SYS/mesh/clients", True),   # granted by name
+    ("admin", "$SYS/mesh/status", True),
+    ("eve", "$SYS/mesh/clients", False),    # a deny still wins
+    ("eve", "$SYS/mesh/status", False),
+])
+def test_sys_with_acl(user, topic, expected):
+    auth = Auth(acl=Acl.parse(SYS_ACL))
+    assert auth.can_read_sys(user, "c", topic) is expected
+
+
+def test_sys_with_an_acl_that_grants_no_sys():
+    auth = Auth(acl=Acl.parse("topic readwrite #\nuser alice\ntopic readwrite alice/#\n"))
+    for topic in ("$SYS/broker/uptime", "$SYS/mesh/status", "$SYS/mesh/clients"):
+        assert not auth.can_read_sys("alice", "c", topic)
+        assert not auth.can_read_sys(None, "c", topic)
+
+
+# --------------------------------------------------------------------------- login throttle
+
+
+def fail(t: LoginThrottle, address: str, user: str | None, now: float) -> float | None:
+    """One login that fails: the wait it was given (None: refused unchecked)."""
+    wait = t.wait(address, user, now)
+    if wait is not None:
+        t.failed(address, user, now + wait)
+    return wait
+
+
+def test_throttle_threshold_then_doubling_delays_up_to_the_cap():
+    t = LoginThrottle(threshold=3, delay=0.5, delay_max=30, window=600)
+    now, waits = 0.0, []
+    for _ in range(11):
+        wait = fail(t, "10.0.0.1", "alice", now)
+        waits.append(wait)
+        now += wait + 0.01
+    assert waits == pytest.approx([0, 0, 0, 0.5, 1, 2, 4, 8, 16, 30, 30])
+
+
+def test_throttle_threshold_is_a_setting():
+    t = LoginThrottle(threshold=1, delay=2, delay_max=5)
+    assert [fail(t, "a", "u", 10.0 * i) for i in range(4)] == pytest.approx([0, 2, 4, 5])
+
+
+def test_throttle_forgives_after_the_window():
+    t = LoginThrottle(threshold=1, delay=1, delay_max=30, window=100)
+    for i in range(3):
+        fail(t, "a", "u", i * 10.0)  # failures at 0, 11 and 22 (after waits of 1 and 2 s)
+    assert t.wait("a", "u", 50.0) == pytest.approx(4)
+    t.abandoned("a", "u", 50.0)
+    assert t.failures("a", "a", 121.5) == 3
+    assert t.wait("a", "u", 122.5) == 0  # more than 100 s after the last failure
+    assert t.failures("a", "a", 122.5) == 0 and t.failures("u", "u", 122.5) == 0
+
+
+def test_throttle_per_address_other_addresses_and_users_unaffected():
+    t = LoginThrottle(threshold=2, delay=1)
+    for i in range(5):
+        fail(t, "10.0.0.1", f"user{i}", i * 100.0)  # one address, many user names
+    assert t.wait("10.0.0.1", "someone", 500.0) > 0
+    assert t.wait("10.0.0.2", "someone", 500.0) == 0
+    assert t.wait("10.0.0.2", "user1", 500.0) == 0
+
+
+def test_throttle_per_user_name_from_any_address():
+    t = LoginThrottle(threshold=2, delay=1)
+    for i in range(5):
+        fail(t, f"10.0.0.{i}", "alice", i * 100.0)  # one user name, many addresses
+    assert t.wait("10.9.9.9", "alice", 500.0) > 0
+    assert t.wait("10.9.9.9", "bob", 500.0) == 0
+
+
+def test_throttle_success_forgives_the_address_not_the_user_name():
+    t = LoginThrottle(threshold=1, delay=1)
+    for i in range(3):
+        fail(t, "10.0.0.1", "alice", i * 100.0)
+        fail(t, "10.0.0.2", "alice", i * 100.0 + 50)
+    w = t.wait("10.0.0.1", "bob", 300.0)
+    assert w > 0
+    t.succeeded("10.0.0.1", "bob", 300.0 + w)
+    assert t.failures("a", "10.0.0.1", 400.0) == 0
+    assert t.wait("10.0.0.1", "carol", 400.0) == 0
+    assert t.failures("u", "alice", 400.0) == 6
+
+
+def test_throttle_user_name_delays_spare_addresses_the_user_logged_in_from():
+    """Anybody can fail as alice; alice's own address is not held back by it (only by its
+    own failures)."""
+    t = LoginThrottle(threshold=1, delay=1)
+    assert t.wait("10.0.0.7", "alice", 0.0) == 0
+    t.succeeded("10.0.0.7", "alice", 0.0)
+    for i in range(6):
+        fail(t, f"192.0.2.{i}", "alice", 10.0 + i * 100)
+    assert t.wait("10.0.0.8", "alice", 700.0) > 0    # a new address waits
+    t.abandoned("10.0.0.8", "alice", 700.0)
+    assert t.wait("10.0.0.7", "alice", 700.0) == 0   # alice's own does not
+    t.failed("10.0.0.7", "alice", 700.0)              # its failures still count for the name
+    assert t.failures("u", "alice", 700.0) == 7
+
+
+def test_throttle_many_logins_at_once_are_spaced_and_refused_beyond_the_cap():
+    """Over the threshold, logins held at the same time wait one after another, each as if
+    the ones before failed, and one that would wait over the cap is refused unchecked."""
+    t = LoginThrottle(threshold=3, delay=0.5, delay_max=30)
+    for i in range(3):
+        fail(t, "a", "u", float(i))
+    waits = [t.wait("a", "u", 10.0) for _ in range(7)]
+    assert waits[5:] == [None, None]
+    assert waits[:5] == pytest.approx([0.5, 1.5, 3.5, 7.5, 15.5])
+    # the refused ones reserved nothing: once the five are settled, the next login's wait
+    # follows from the failures alone
+    for w in waits[:5]:
+        t.failed("a", "u", 10.0 + w)
+    assert t.wait("a", "u", 26.0) == pytest.approx(16)  # 8 failures: 0.5 x 2 ** 5
+
+
+def test_throttle_below_the_threshold_many_logins_at_once_do_not_wait():
+    """A gateway logging in many devices at once from one address is not held back."""
+    t = LoginThrottle(threshold=3, delay=0.5)
+    assert [t.wait("gw", f"dev{i}", 0.0) for i in range(50)] == [0] * 50
+    for i in range(50):
+        t.succeeded("gw", f"dev{i}", 0.1)
+
+
+def test_throttle_forgets_settled_clean_keys_and_is_bounded():
+    t = LoginThrottle(threshold=3, max_entries=100)
+    for i in range(50):
+        assert t.wait(f"10.0.{i}.1", f"u{i}", 0.0) == 0
+        (t.succeeded if i % 2 else t.abandoned)(f"10.0.{i}.1", f"u{i}", 0.0)
+    assert len(t) == 0  # nothing to remember about logins without failures
+    for i in range(1000):
+        fail(t, f"10.1.{i // 250}.{i % 250}", f"v{i}", float(i))
+        assert len(t) <= 100
+    assert len(t._trusted) <= 100
+    for i in range(1000):
+        t.wait(f"10.2.{i // 250}.{i % 250}", f"w{i}", 2000.0)
+        t.succeeded(f"10.2.{i // 250}.{i % 250}", f"w{i}", 2000.0)
+    assert len(t._trusted) == 100
+
+
+def test_throttle_least_recently_failed_is_forgotten_first():
+    t = LoginThrottle(threshold=1, delay=1, max_entries=4)
+    fail(t, "a1", None, 0.0)
+    fail(t, "a1", None, 1.0)
+    for i in range(3):
+        fail(t, f"b{i}", None, 2.0 + i)
+    fail(t, "a1", None, 10.0)  # touched: b0 is now the oldest
+    fail(t, "c", None, 20.0)
+    assert t.failures("a", "a1", 20.0) == 3
+    assert t.failures("a", "b0", 20.0) == 0
+
+
+def test_throttle_anonymous_login_has_only_an_address_key():
+    t = LoginThrottle(threshold=1, delay=1)
+    for i in range(3):
+        fail(t, "a", None, i * 10.0)
+    assert t.wait("a", "bob", 30.0) > 0
+    assert t.failures("u", "bob", 30.0) == 0
+
+
+def test_log_budget():
+    b = LogBudget(rate=2, burst=4)
+    assert [b.allow(0.0) for _ in range(6)] == [True] * 4 + [False] * 2
+    assert b.allow(0.5) is True       # one token back after half a second at 2/s
+    assert b.allow(0.5) is False
+    assert b.take_suppressed() == 3 and b.take_suppressed() == 0
+    assert [b.allow(100.0) for _ in range(5)] == [True] * 4 + [False]  # never more than the burst

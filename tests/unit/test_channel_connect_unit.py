@@ -149,20 +149,19 @@ def test_anonymous_refused_with_0x05_and_close():
     assert net.owner.auth_requests == []
 
 
-def test_unknown_user_refused_with_0x04_without_slow_check(auth_net):
-    net, _ = auth_net
+@pytest.mark.parametrize("user, password", [("mallory", b"x"), ("alice", None), ("alice", b"wrong")])
+def test_unknown_user_and_missing_password_take_the_slow_check_like_a_known_user(auth_net, user, password):
+    """No quick refusal that would tell which user names exist: every named login waits for
+    the owner's check, and its refusal comes from there (0x04, then close [MQTT-3.2.2-5])."""
+    net, auth = auth_net
     ch = net.channel()
-    ch.receive_data(mqttraw.connect("c", username="mallory", password=b"x"), 0.0)
+    ch.receive_data(mqttraw.connect("c", username=user, password=password), 0.0)
+    assert ch.state == AUTHENTICATING
+    assert ch.data_to_send() == b""
+    assert net.owner.auth_requests == [(ch, user, password)]
+    ch.authenticated(auth.check_slow(user, password), 1.0)
     assert ch.data_to_send() == h("20 02 00 04")
     assert ch.state == CLOSED
-    assert net.owner.auth_requests == []
-
-
-def test_known_user_without_password_refused(auth_net):
-    net, _ = auth_net
-    ch = net.channel()
-    ch.receive_data(mqttraw.connect("c", username="alice"), 0.0)
-    assert ch.data_to_send() == h("20 02 00 04")
 
 
 def test_slow_auth_accepts_then_processes_pipelined_packets(auth_net):
@@ -237,15 +236,18 @@ def test_fast_refusal_processes_nothing_after_connect():
     assert len(net.owner.reasons(ch)) == 1
 
 
-def test_slow_auth_result_is_cached_for_the_next_connect(auth_net):
+def test_a_remembered_login_still_goes_to_the_owner(auth_net):
+    """The owner decides when to answer a login it checked before (it may have to make
+    it wait: server/logins.py), so the channel asks it every time."""
     net, auth = auth_net
     ch = net.channel()
     ch.receive_data(mqttraw.connect("c1", username="alice", password=b"secret"), 0.0)
     ch.authenticated(auth.check_slow("alice", b"secret"), 0.0)
+    auth.remember("alice", b"secret")
     ch2 = net.channel()
     ch2.receive_data(mqttraw.connect("c2", username="alice", password=b"secret"), 0.0)
-    assert ch2.data_to_send() == ACCEPTED
-    assert len(net.owner.auth_requests) == 1
+    assert ch2.state == AUTHENTICATING
+    assert len(net.owner.auth_requests) == 2
 
 
 def test_refusal_sets_session_present_0_even_with_a_stored_session(auth_net):
@@ -468,6 +470,7 @@ def test_refused_connect_has_no_will(passwords):
     watcher = net.subscriber("w", ("#", 0))
     ch = net.channel()
     ch.receive_data(mqttraw.connect("c", username="mallory", password=b"x", will=("will", b"bye", 0, False)), 0.0)
+    ch.authenticated(net.broker.auth.check_slow("mallory", b"x"), 0.5)
     assert ch.data_to_send() == h("20 02 00 04")
     ch.connection_lost(1.0)
     assert publishes(watcher) == []

@@ -733,7 +733,11 @@ class Cluster:
     # ------------------------------------------------------------------ status
 
     def status(self) -> dict:
+        """Counters and live nodes: nothing that names a client."""
+        return {"counters": dict(self.counters), "live": self.live}
+
+    def clients(self) -> dict:
+        """The ClientIds this node registers (as their first registrar) and serves."""
         mine = {cid: {"node": e["node"], "epoch": e["epoch"], "connected": e["connected"]}
                 for cid, e in sorted(self.entries.items()) if self.registrars(cid)[0] == self.node_id}
-        return {"registrations": mine, "local_clients": sorted(self.local), "counters": dict(self.counters),
-                "live": self.live}
+        return {"registrations": mine, "local_clients": sorted(self.local)}

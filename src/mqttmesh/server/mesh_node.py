@@ -638,8 +638,12 @@ class MeshNode:
         return status
 
     def publish_status(self) -> None:
-        status = self.status()
         node = self.node
+        # ClientIds have a topic of their own, which anonymous clients never receive
+        # (Auth.can_read_sys); published first, so that whoever receives both has the
+        # clients document that goes with the status by the time the status arrives
+        node.publish_sys("$SYS/mesh/clients", json.dumps(self.cluster.clients(), sort_keys=True))
+        status = self.status()
         node.publish_sys("$SYS/mesh/status", json.dumps(status, sort_keys=True))
         node.publish_sys("$SYS/mesh/nodes", json.dumps(sorted(status["nodes"])))
         node.publish_sys("$SYS/mesh/neighbours", json.dumps(status["neighbours"], sort_keys=True))

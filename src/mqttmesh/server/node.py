@@ -25,6 +25,7 @@ from ..message import Message
 from ..session import Limits
 from ..store import Journal, clock_incarnation
 from .connection import PAUSE_MEMORY, Connection
+from .logins import Logins
 from .sqlite_store import SqliteStore
 from .tls import server_context
 
@@ -36,7 +37,7 @@ log = logging.getLogger("mqttmesh.node")
 def build_auth(config: Config) -> Auth:
     passwords = PasswordFile.load(config.get("auth.password_file")) if config.get("auth.password_file") else None
     acl = Acl.load(config.get("auth.acl_file")) if config.get("auth.acl_file") else None
-    return Auth(config.get("auth.allow_anonymous"), passwords, acl)
+    return Auth(config.get("auth.allow_anonymous"), passwords, acl, config.get("auth.cache_size"))
 
 
 class Node:
@@ -68,6 +69,7 @@ class Node:
             self.store = SqliteStore(config.data_dir, config.get("store.synchronous"))
             journal = Journal(on_dirty=self._schedule_commit)
         self.broker = Broker(settings, build_auth(config), journal)
+        self.logins = Logins(self, config)
         self.max_write_buffer = config.get("limits.max_write_buffer")
         # memory of all connections' buffers (connection.py keeps the counts): above
         # buffer_high reading from clients stops until they are below buffer_low
@@ -191,6 +193,7 @@ class Node:
             self._sys_task.cancel()
         self._housekeeping.cancel()
         self._flow_timer.cancel()
+        self.logins.stop()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.flush()
@@ -385,14 +388,8 @@ class Node:
 
     # -- password checks off the loop ----------------------------------------------------
 
-    def authenticate(self, conn: Connection, username: str, password: bytes) -> None:
-        async def check():
-            rc = await self.loop.run_in_executor(None, self.broker.auth.check_slow, username, password)
-            channel = conn.channel
-            channel.authenticated(rc, self.loop.time())
-            if channel.state == "connected":
-                conn.connected()
-        self.loop.create_task(check())
+    def authenticate(self, conn: Connection, username: str, password: bytes | None) -> None:
+        self.logins.authenticate(conn, username, password)  # throttled, on a thread (logins.py)
 
     # -- group commit -----------------------------------------------------------------------
 
@@ -461,6 +458,9 @@ class Node:
             "clients/publishers_released": b.congestion.released,
             "load/buffered": self.buffered,
             "load/memory_pauses": s.memory_pauses,
+            "connections/auth_failures": s.auth_failures,
+            "connections/auth_throttled": s.auth_throttled,
+            "connections/auth_busy": s.auth_busy,
         }
         for key, value in values.items():
             self.publish_sys(f"$SYS/broker/{key}", str(value))
@@ -468,8 +468,7 @@ class Node:
     def publish_sys(self, topic: str, value: str) -> None:
         # $SYS values are retained in memory only: they are recomputed at every start
         msg = Message(topic, value.encode(), 0, True, self.node_id, 0, "$SYS", time.time())
-        self.broker.retained.set(topic, msg)
-        self.broker.dispatch(msg)
+        self.broker.publish_sys(msg)
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
