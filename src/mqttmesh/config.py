@@ -66,8 +66,8 @@ OPTIONS: list[Option] = [
     Option("limits", "connection_rate", float, 0.0, "new connections accepted per second, burst of one "
            "second (0 = no limit)", 0),
     Option("limits", "max_client_id_length", int, 65535, "longest ClientId accepted, in bytes", 23, 65535),
-    Option("limits", "connect_timeout", float, 10.0, "seconds a new connection may take to send CONNECT",
-           0.1),
+    Option("limits", "connect_timeout", float, 10.0, "seconds a new connection may take to send CONNECT "
+           "(a peer link, either side: to finish the peer handshake)", 0.1),
     Option("limits", "max_write_buffer", int, 64 * _MiB, "bytes waiting to be sent to one client before "
            "it is dropped as a slow consumer", 65536),
     Option("limits", "slow_consumer_timeout", float, 5.0, "seconds an online client may stay unable to take "
