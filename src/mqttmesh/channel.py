@@ -68,12 +68,13 @@ class Channel:
                  "username", "will", "keepalive", "last_rx", "opened_at", "close_reason",
                  "clean_disconnect", "_out", "_held", "is_peer", "peer_node", "_pending_connect",
                  "_processing", "_cap_on", "_cap_next", "_cap_base", "_cap_segs", "_cap_skips",
-                 "_peer_auth", "_peer_filter", "__weakref__")
+                 "_peer_auth", "_peer_filter", "certified", "__weakref__")
 
-    def __init__(self, broker, owner, peer: str, now: float):
+    def __init__(self, broker, owner, peer: str, now: float, certified: bool = False):
         self.broker = broker
         self.owner = owner
         self.peer = peer
+        self.certified = certified  # the TLS client certificate verified (mesh.tls_mutual)
         self.state = AWAIT_CONNECT
         self.decoder = Decoder(broker.settings.max_packet_size)
         self.session = None
@@ -342,6 +343,9 @@ class Channel:
             return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
         if hello.node == self.broker.node_id:
             return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
+        if mesh.peer_certificate_required and not self.certified:
+            return self._accept(NOT_AUTHORIZED, now, "a peer link needs a TLS client certificate signed "
+                                                     "by tls.ca_file (mesh.tls_mutual)")
         # CONNACK now, so that the dialler can subscribe and take our challenge; but the
         # ClientId is not taken over (that would let anyone close a peer's link) and nothing
         # is routed here until the dialler has proved the secret (_on_peer_proof)

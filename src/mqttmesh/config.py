@@ -118,6 +118,9 @@ OPTIONS: list[Option] = [
            "are then TLS ports) and check their certificates against tls.ca_file", flag_name="--mesh-tls"),
     Option("mesh", "tls_check_hostname", bool, False, "also check that a peer's certificate names the "
            "host dialled", flag_name="--mesh-tls-check-hostname"),
+    Option("mesh", "tls_mutual", bool, False, "with mesh.tls: the TLS listener asks for client certificates "
+           "(clients may still connect without one) and a peer link needs one signed by tls.ca_file",
+           flag_name="--mesh-tls-mutual"),
     Option("sys", "interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0,
            flag_name="--sys-interval"),
     Option("archive", "enabled", bool, False, "write the messages published at this node (and, with "

@@ -168,8 +168,9 @@ def test_ready_link_has_no_handshake_deadline():
 class FakeMesh:
     """The mesh port of the broker: hands out ListenerAuth with a known nonce, records peer input."""
 
-    def __init__(self, node_id="b", nonces=(NL,)):
+    def __init__(self, node_id="b", nonces=(NL,), certificate_required=False):
         self.node_id = node_id
+        self.peer_certificate_required = certificate_required
         self.nonces = list(nonces)
         self.inputs = []
         self.closed = []
@@ -360,6 +361,21 @@ def test_newer_version_peer_is_refused_naming_both_versions(net):
     ch.receive_data(peer_connect(password=b"3|a|7|anything"), 0.0)
     assert ch.data_to_send() == b"\x20\x02\x00\x04"
     assert "peer 'a' speaks mesh protocol 3, this node 2" in net.owner.reasons(ch)[0]
+
+
+@pytest.mark.parametrize("certified,expected", [(False, b"\x20\x02\x00\x05"), (True, CONNACK_0)])
+def test_mutual_tls_needs_a_verified_client_certificate_for_a_peer(net, certified, expected):
+    from mqttmesh.channel import Channel
+    net.broker.mesh = FakeMesh(certificate_required=True)
+    ch = Channel(net.broker, net.owner, "peer", 0.0, certified)
+    ch.receive_data(peer_connect(), 0.0)
+    assert ch.data_to_send() == expected
+    if not certified:
+        assert "mesh.tls_mutual" in net.owner.reasons(ch)[0]
+    # an ordinary client needs none
+    client = Channel(net.broker, net.owner, "client", 0.0, False)
+    client.receive_data(mqttraw.connect("plain"), 0.0)
+    assert client.data_to_send() == CONNACK_0
 
 
 def test_transition_table_of_a_provisional_peer():

@@ -44,7 +44,9 @@ class Connection(asyncio.Protocol):
             transport.abort()
             return
         transport.set_write_buffer_limits(high=256 * 1024)
-        self.channel = Channel(self.node.broker, self, self.peer, self._loop.time())
+        # a client certificate that verified against tls.ca_file (mesh.tls_mutual asks for one)
+        certified = bool(transport.get_extra_info("peercert"))
+        self.channel = Channel(self.node.broker, self, self.peer, self._loop.time(), certified)
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:

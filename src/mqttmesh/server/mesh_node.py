@@ -26,7 +26,7 @@ from ..mesh.client import LinkClient
 from ..mesh.cluster import Cluster, ClusterSettings
 from ..mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
 from ..mesh.peerauth import NONCE_BYTES, PEER_PROTOCOL, ListenerAuth, PeerConnect
-from .tls import peer_context
+from .tls import peer_certificate_required, peer_context
 
 log = logging.getLogger("mqttmesh.mesh")
 
@@ -280,6 +280,8 @@ class MeshNode:
         self.broker = node.broker
         self.secret = read_secret(config)
         self.tls = peer_context(config)
+        # mesh.tls_mutual: a peer CONNECT must come with a verified TLS client certificate
+        self.peer_certificate_required = peer_certificate_required(config)
         self.engine: MeshEngine | None = None
         self.links: dict[str, _Link] = {}
         self.dialers: dict[str, Dialer] = {}
