@@ -331,17 +331,17 @@ class Channel:
         if mesh is None:
             return self._accept(NOT_AUTHORIZED, now, "this node is not part of a mesh")
         try:
-            hello = parse_connect(pkt.password)
+            peer = parse_connect(pkt.password)
         except PeerAuthError as exc:
             return self._accept(BAD_CREDENTIALS, now, f"peer {pkt.client_id!r}: {exc}")
-        if hello.version != PEER_PROTOCOL:
+        if peer.version != PEER_PROTOCOL:
             # a rolling upgrade meets an older or newer node: say so, both versions named
-            who = hello.node or pkt.client_id.removeprefix("$mesh-")
-            return self._accept(BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {hello.version}, "
+            who = peer.node or pkt.client_id.removeprefix("$mesh-")
+            return self._accept(BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {peer.version}, "
                                                       f"this node {PEER_PROTOCOL}")
-        if pkt.client_id != f"$mesh-{hello.node}":
+        if pkt.client_id != f"$mesh-{peer.node}":
             return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
-        if hello.node == self.broker.node_id:
+        if peer.node == self.broker.node_id:
             return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
         if mesh.peer_certificate_required and not self.certified:
             return self._accept(NOT_AUTHORIZED, now, "a peer link needs a TLS client certificate signed "
@@ -350,7 +350,7 @@ class Channel:
         # ClientId is not taken over (that would let anyone close a peer's link) and nothing
         # is routed here until the dialler has proved the secret (_on_peer_proof)
         self.state = PEER_AUTH
-        self._peer_auth = mesh.peer_handshake(hello)
+        self._peer_auth = mesh.peer_handshake(peer)
         old = self.broker.sessions.get(pkt.client_id)
         present = old is not None and not old.clean and not pkt.clean_session  # as open_session will say
         self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))

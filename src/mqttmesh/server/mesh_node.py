@@ -54,7 +54,7 @@ _REFUSALS = {
     0x02: "our ClientId $mesh-<node> was rejected",
     0x04: f"our mesh protocol {PEER_PROTOCOL} credentials were refused: it may be a node of "
           f"another protocol version (its log names both)",
-    0x05: "it is not a mesh node",
+    0x05: "it is not a mesh node, or it wants a TLS client certificate (mesh.tls_mutual)",
     0x80: "it refused our SUBSCRIBE",
 }
 
@@ -149,8 +149,8 @@ class PeerClient(asyncio.Protocol, _Link):
             if kind == "message":
                 self.mesh.link_message(self, event[1], event[2], now)
             elif kind == "ready":
-                # the listener proved the secret (and we did): introduce ourselves; the
-                # peer answers with its own hello
+                # the listener proved the secret (our proof is on its way): introduce
+                # ourselves; the peer answers with its own hello
                 self.state = "connected"
                 self.proved = self.client.peer
                 self.handshake_rtt = event[1]
