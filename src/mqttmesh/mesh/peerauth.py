@@ -111,7 +111,7 @@ def parse_connect(password: bytes | None) -> PeerConnect:
     if len(parts) >= 4 and _INT.match(parts[-3]) and _INT.match(parts[-2]) and _MAC.match(parts[-1]):
         # version 1: node|incarnation|time|mac (its node id could hold '|')
         return PeerConnect(1, _node("|".join(parts[:-3]), "node"), int(parts[-3]), "")
-    if not parts[0].isascii() or not _INT.match(parts[0]):
+    if not _INT.match(parts[0]):
         raise PeerAuthError("peer credentials do not start with a protocol version")
     version = int(parts[0])
     if version != PEER_PROTOCOL:
