@@ -124,3 +124,63 @@ def test_tls_listener_without_certificate_is_a_config_error():
                           str(free_port())], capture_output=True, text=True, timeout=30)
     assert out.returncode == 2
     assert "tls.cert_file" in out.stderr
+
+
+def _peer_connect_over(sock) -> bytes:
+    """Send a peer CONNECT (protocol 2, a well-formed nonce) and return the CONNACK's 4 bytes."""
+    import mqttraw
+    sock.sendall(mqttraw.connect("$mesh-x", clean=False, keepalive=2, username="mqttmesh-peer",
+                                 password=b"2|x|1|" + b"ab" * 16))
+    data = b""
+    while len(data) < 4:
+        chunk = sock.recv(4 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def test_mutual_tls_between_peers_leaves_clients_without_certificates_alone(broker_factory, pki):
+    import socket
+    import sys as _sys
+    from pathlib import Path
+    _sys.path.insert(0, str(Path(__file__).resolve().parent / "mesh"))
+    from meshutil import Subscriber, publish, wait_converged, wait_interest
+
+    tls = ["--tls-cert", str(pki / "node.pem"), "--tls-key", str(pki / "node.key"), "--tls-ca", str(pki / "ca.pem"),
+           "--mesh-tls", "true", "--mesh-tls-mutual", "true", "--cluster-secret", "s", "--connect", "configured",
+           "--status-interval", "0.1"]
+    tls_a = free_port()
+    a = broker_factory("--tls-port", str(tls_a), *tls, name="a")
+    b = broker_factory("--tls-port", str(free_port()), *tls, "--peer", f"127.0.0.1:{tls_a}", name="b")
+    nodes = {"a": a, "b": b}
+    wait_converged(nodes, [("b", "a")])  # each node's certificate is also its client certificate
+    sub = Subscriber(a, "mtls-sub", "over/#", qos=1)
+    try:
+        wait_interest(nodes, "over/#", "a")
+        publish(b, "over/x", [b"through a mutual TLS link"], qos=1)
+        sub.wait_count(1)
+    finally:
+        sub.close()
+    # a peer CONNECT without a client certificate: not authorized, on the TLS port and the plain one
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
+    with socket.create_connection(("127.0.0.1", tls_a), timeout=5) as raw_sock:
+        with ctx.wrap_socket(raw_sock, server_hostname="127.0.0.1") as s:
+            assert _peer_connect_over(s) == b"\x20\x02\x00\x05"
+    with socket.create_connection(("127.0.0.1", a.port), timeout=5) as s:
+        assert _peer_connect_over(s) == b"\x20\x02\x00\x05"
+    wait_for(lambda: "a peer link needs a TLS client certificate" in a.log(), what="the refusal logged")
+    # with a certificate of the CA it may start the handshake (and must then prove the secret)
+    ctx.load_cert_chain(str(pki / "client.pem"), str(pki / "client.key"))
+    with socket.create_connection(("127.0.0.1", tls_a), timeout=5) as raw_sock:
+        with ctx.wrap_socket(raw_sock, server_hostname="127.0.0.1") as s:
+            assert _peer_connect_over(s) == b"\x20\x02\x00\x00"
+    # ordinary TLS clients need no certificate, as before
+    assert _roundtrip(tls_a, pki) == [b"over tls"]
+
+
+def test_mutual_tls_needs_mesh_tls():
+    out = subprocess.run([sys.executable, "-m", "mqttmesh", "broker", "--port", "0", "--cluster-secret", "s",
+                          "--mesh-tls-mutual", "true"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2
+    assert "mesh.tls_mutual" in out.stderr

@@ -28,13 +28,15 @@ from .codec import (CONNECT, CONNACK, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUB
                     PUBREC, PUBREL, SUBACK, SUBSCRIBE, UNSUBACK, UNSUBSCRIBE, Decoder,
                     MalformedPacket, PACKET_NAMES)
 from .message import Message
-from .mesh.peerauth import PEER_USERNAME
+from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, PeerAuthError, parse_connect
 
-__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "CONNECTED", "CLOSED", "TRANSITIONS"]
+__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED",
+           "TRANSITIONS"]
 
 AWAIT_CONNECT = "await-connect"
 AUTHENTICATING = "authenticating"
 CLAIMING = "claiming"          # in a mesh: the ClientId is being claimed, the session gathered
+PEER_AUTH = "peer-auth"        # a provisional peer: CONNACK sent, the proofs of the secret pending
 CONNECTED = "connected"
 CLOSED = "closed"
 
@@ -70,12 +72,13 @@ class Channel:
                  "username", "will", "keepalive", "last_rx", "opened_at", "close_reason",
                  "clean_disconnect", "_out", "_held", "is_peer", "peer_node", "_pending_connect",
                  "_processing", "blocked", "_cap_on", "_cap_next", "_cap_base", "_cap_segs", "_cap_skips",
-                 "__weakref__")
+                 "_peer_auth", "_peer_filter", "certified", "__weakref__")
 
-    def __init__(self, broker, owner, peer: str, now: float):
+    def __init__(self, broker, owner, peer: str, now: float, certified: bool = False):
         self.broker = broker
         self.owner = owner
         self.peer = peer
+        self.certified = certified  # the TLS client certificate verified (mesh.tls_mutual)
         self.state = AWAIT_CONNECT
         # before CONNACK only a CONNECT within the pre-auth limit is read (section 3.1)
         settings = broker.settings
@@ -96,6 +99,8 @@ class Channel:
         # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
         # client are dropped (session.py) until the output drains
         self.blocked = False
+        self._peer_auth = None     # PEER_AUTH: the listener's half of the handshake (peerauth.py)
+        self._peer_filter = None   # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
         # the archive's capture of the read being processed (archive/reads.py): on, the
         # seq the next message continues the current segment with, the ordinal after
         # the last skip, segments and skips (a list once there is a skip, which is rare);
@@ -147,7 +152,7 @@ class Channel:
                 if handler is None:
                     raise _violation(self.state, packet.type)
                 handler(self, packet, now)
-                if self.state is not CONNECTED:
+                if self.state is not CONNECTED and self.state is not PEER_AUTH:
                     break  # closed, or waiting for a password check: read no further
         except (MalformedPacket, ProtocolViolation) as exc:
             self.broker.stats.protocol_errors += 1
@@ -200,7 +205,7 @@ class Channel:
 
     def deadline(self) -> float | None:
         """When ``tick`` must next be called, or None."""
-        if self.state is AWAIT_CONNECT:
+        if self.state is AWAIT_CONNECT or self.state is PEER_AUTH:
             return self.opened_at + self.broker.settings.connect_timeout
         if self.state is CONNECTED and self.keepalive:
             return self.last_rx + 1.5 * self.keepalive
@@ -209,6 +214,10 @@ class Channel:
     def tick(self, now: float) -> None:
         if self.state is AWAIT_CONNECT and now >= self.opened_at + self.broker.settings.connect_timeout:
             self.close("no CONNECT within the connect timeout")
+        elif self.state is PEER_AUTH and now >= self.opened_at + self.broker.settings.connect_timeout:
+            self.broker.stats.connections_refused += 1
+            self.close(f"peer {self._peer_auth.handshake.dialler!r} did not prove the cluster secret "
+                       f"within the connect timeout")
         elif self.state is CONNECTED and self.keepalive and now >= self.last_rx + 1.5 * self.keepalive:
             if self in self.broker.congestion.paused:
                 # we stopped reading this publisher (flow.py): its silence is ours, not its
@@ -274,20 +283,7 @@ class Channel:
         self._pending_connect = pkt
         mesh = self.broker.mesh
         if pkt.username == PEER_USERNAME:
-            # another node of the mesh: it must prove it holds the cluster secret
-            if mesh is None:
-                return self._accept(NOT_AUTHORIZED, now, "this node is not part of a mesh")
-            ident = mesh.peer_auth(pkt.password, now)
-            if ident is None:
-                return self._accept(BAD_CREDENTIALS, now, "invalid or expired cluster credentials")
-            if pkt.client_id != f"$mesh-{ident[0]}":
-                return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
-            self.is_peer = True
-            self.peer_node = ident[0]
-            # a peer proved the cluster secret: session snapshots, retained lookups and full
-            # advertisements may exceed the clients' limits.max_packet_size
-            self.decoder.max_packet_size = codec.DEFAULT_MAX_PACKET_SIZE
-            return self._accept(ACCEPTED, now)
+            return self._on_peer_connect(pkt, now)
         if pkt.client_id.startswith("$mesh"):
             return self._accept(ID_REJECTED, now, "ClientIds starting with $mesh are reserved for peer links")
         rc = self.broker.auth.check_fast(pkt.username, pkt.password)
@@ -355,6 +351,77 @@ class Channel:
         self.will = None
         self.write(bytes((0x20, 2, 0, rc)))  # session present 0 [MQTT-3.2.2-4]
         self.close(f"CONNACK 0x{rc:02x} ({CONNACK_REASONS[rc]}): {detail}")  # [MQTT-3.2.2-5]
+
+    # -- a peer node's CONNECT: the listening side of mesh/peerauth.py ------------------------
+
+    def _on_peer_connect(self, pkt: codec.Connect, now: float) -> None:
+        mesh = self.broker.mesh
+        if mesh is None:
+            return self._accept(NOT_AUTHORIZED, now, "this node is not part of a mesh")
+        try:
+            peer = parse_connect(pkt.password)
+        except PeerAuthError as exc:
+            return self._accept(BAD_CREDENTIALS, now, f"peer {pkt.client_id!r}: {exc}")
+        if peer.version != PEER_PROTOCOL:
+            # a rolling upgrade meets an older or newer node: say so, both versions named
+            who = peer.node or pkt.client_id.removeprefix("$mesh-")
+            return self._accept(BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {peer.version}, "
+                                                      f"this node {PEER_PROTOCOL}")
+        if pkt.client_id != f"$mesh-{peer.node}":
+            return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
+        if peer.node == self.broker.node_id:
+            return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
+        if mesh.peer_certificate_required and not self.certified:
+            return self._accept(NOT_AUTHORIZED, now, "a peer link needs a TLS client certificate signed "
+                                                     "by tls.ca_file (mesh.tls_mutual)")
+        # CONNACK now, so that the dialler can subscribe and take our challenge; but the
+        # ClientId is not taken over (that would let anyone close a peer's link) and nothing
+        # is routed here until the dialler has proved the secret (_on_peer_proof)
+        self.state = PEER_AUTH
+        self._peer_auth = mesh.peer_handshake(peer)
+        old = self.broker.sessions.get(pkt.client_id)
+        present = old is not None and not old.clean and not pkt.clean_session  # as open_session will say
+        self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))
+
+    def _on_peer_subscribe(self, pkt: codec.Subscribe, now: float) -> None:
+        dialler = self._peer_auth.handshake.dialler
+        wanted = f"$mesh/to/{dialler}/#"
+        if self._peer_filter is not None or len(pkt.topics) != 1 or pkt.topics[0][0] != wanted:
+            self.broker.stats.connections_refused += 1
+            return self.close(f"provisional peer {dialler!r} may only subscribe once, to {wanted}")
+        granted = min(pkt.topics[0][1], self.broker.settings.max_qos)
+        self._peer_filter = (wanted, granted)
+        self.write(codec.encode(codec.SubAck(pkt.packet_id, [granted])))  # [MQTT-3.8.4-1]
+        self.write(codec.encode_publish(f"$mesh/to/{dialler}/auth".encode(), self._peer_auth.challenge()))
+
+    def _on_peer_proof(self, pkt: codec.Publish, now: float) -> None:
+        auth = self._peer_auth
+        dialler = auth.handshake.dialler
+        try:
+            if self._peer_filter is None or pkt.qos or pkt.retain or pkt.topic != f"$mesh/from/{dialler}/auth":
+                raise PeerAuthError(f"provisional peer {dialler!r} sent a PUBLISH on {pkt.topic!r} "
+                                    f"before proving the cluster secret")
+            auth.check_dialler(pkt.payload)
+        except PeerAuthError as exc:
+            self.broker.stats.connections_refused += 1
+            return self.close(str(exc))
+        connect = self._pending_connect
+        topic_filter, granted = self._peer_filter
+        self._pending_connect = self._peer_auth = self._peer_filter = None
+        self.is_peer = True
+        self.peer_node = dialler
+        # a peer proved the cluster secret: session snapshots, retained lookups and full
+        # advertisements may exceed the clients' limits.max_packet_size
+        self.decoder.max_packet_size = codec.DEFAULT_MAX_PACKET_SIZE
+        broker = self.broker
+        session, _ = broker.open_session(self, self.client_id, connect.clean_session, durable=False)
+        self.state = CONNECTED
+        self.last_rx = now
+        broker.stats.connections_total += 1
+        session.username = self.username
+        self.session = session
+        session.attach(self)  # re-send what the peer's session held [MQTT-4.4.0-1]
+        broker.subscribe(session, topic_filter, granted)
 
     # -- PUBLISH, client to server -----------------------------------------------------------
 
@@ -569,6 +636,13 @@ TRANSITIONS = {
     AWAIT_CONNECT: {CONNECT: Channel._on_connect},
     AUTHENTICATING: {},
     CLAIMING: {},
+    # a provisional peer may only take the challenge and answer it (mesh/peerauth.py)
+    PEER_AUTH: {
+        SUBSCRIBE: Channel._on_peer_subscribe,
+        PUBLISH: Channel._on_peer_proof,
+        PINGREQ: Channel._on_pingreq,
+        DISCONNECT: Channel._on_disconnect,
+    },
     CONNECTED: {
         PUBLISH: Channel._on_publish,
         PUBACK: Channel._on_puback,

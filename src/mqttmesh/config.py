@@ -67,7 +67,7 @@ OPTIONS: list[Option] = [
            "second (0 = no limit)", 0),
     Option("limits", "max_client_id_length", int, 65535, "longest ClientId accepted, in bytes", 23, 65535),
     Option("limits", "connect_timeout", float, 10.0, "seconds from accepting a connection to its CONNECT "
-           "(the TLS handshake included)", 0.1),
+           "(the TLS handshake included; a peer link, either side: to finish the peer handshake)", 0.1),
     Option("limits", "max_write_buffer", int, 16 * _MiB, "bytes waiting to be sent to one client; above "
            "it QoS 0 messages for that client are dropped (counted), and a client above it for longer "
            "than slow_consumer_timeout is disconnected", 65536),
@@ -153,6 +153,9 @@ OPTIONS: list[Option] = [
            "are then TLS ports) and check their certificates against tls.ca_file", flag_name="--mesh-tls"),
     Option("mesh", "tls_check_hostname", bool, False, "also check that a peer's certificate names the "
            "host dialled", flag_name="--mesh-tls-check-hostname"),
+    Option("mesh", "tls_mutual", bool, False, "with mesh.tls: the TLS listener asks for client certificates "
+           "(clients may still connect without one) and a peer link needs one signed by tls.ca_file",
+           flag_name="--mesh-tls-mutual"),
     Option("sys", "interval", float, 10.0, "seconds between $SYS/broker/... updates (0 = off)", 0,
            flag_name="--sys-interval"),
     Option("archive", "enabled", bool, False, "write the messages published at this node (and, with "

@@ -85,26 +85,29 @@ def test_peer_link_capture_decodes_as_valid_mqtt_311(broker_factory):
         assert sum(1 for f, _ in to_client if f >> 4 == raw.PUBLISH) >= 3
 
 
-def test_no_peer_link_without_the_cluster_secret(broker_factory):
+def test_peer_connect_refusals(broker_factory):
+    """A peer CONNECT that cannot start the handshake is refused with a CONNACK code."""
     node = broker_factory("--cluster-secret", SECRET)
-    from mqttmesh.mesh.peerauth import PEER_USERNAME, make_token
-    import time
+    nonce = "ab" * 16
     with raw.RawClient(node.host, node.port) as c:
-        ack = c.connect(client_id="$mesh-intruder", username=PEER_USERNAME,
-                        password=make_token(b"wrong-secret", "intruder", 1, time.time()))
-        assert ack.body == b"\x00\x04"  # bad user name or password
+        ack = c.connect(client_id="$mesh-other", username="mqttmesh-peer", password=f"2|p|1|{nonce}",
+                        clean=False)
+        assert ack.body == b"\x00\x02"  # the ClientId must be $mesh-<node>
         c.expect_closed()
     with raw.RawClient(node.host, node.port) as c:
-        ack = c.connect(client_id="$mesh-old", username=PEER_USERNAME,
-                        password=make_token(SECRET.encode(), "old", 1, time.time() - 3600))
-        assert ack.body == b"\x00\x04"  # a token from an hour ago is refused
+        ack = c.connect(client_id="$mesh-p", username="mqttmesh-peer", password=b"2|p|1|short", clean=False)
+        assert ack.body == b"\x00\x04"  # malformed credentials
+        c.expect_closed()
+    with raw.RawClient(node.host, node.port) as c:
+        ack = c.connect(client_id="$mesh-node1", username="mqttmesh-peer", password=f"2|node1|1|{nonce}",
+                        clean=False)
+        assert ack.body == b"\x00\x04"  # a peer with this node's own id
     with raw.RawClient(node.host, node.port) as c:
         ack = c.connect(client_id="$mesh-x", username="someone")
         assert ack.body == b"\x00\x02"  # $mesh ClientIds are reserved for peer links
     plain = broker_factory(name="plain")
     with raw.RawClient(plain.host, plain.port) as c:
-        ack = c.connect(client_id="$mesh-p", username=PEER_USERNAME,
-                        password=make_token(SECRET.encode(), "p", 1, time.time()))
+        ack = c.connect(client_id="$mesh-p", username="mqttmesh-peer", password=f"2|p|1|{nonce}", clean=False)
         assert ack.body == b"\x00\x05"  # not a mesh node: not authorized
 
 

@@ -1,13 +1,19 @@
 """The dialling side of a peer link: a plain MQTT 3.1.1 client state machine.
 
-Pure: bytes and times in, bytes and events out. A node that dials a peer is an
-ordinary MQTT client of the peer's listener [MQTT-7.0.0-1]: CONNECT with the
-cluster credentials, SUBSCRIBE to its own ``$mesh/to/<node>/#`` topic, then
-PUBLISH (QoS 0/1) both ways, PINGREQ for keepalive and round-trip time. It
-leaves to its caller the socket, the clock and what the messages mean.
+Pure: bytes, times and nonces in, bytes and events out. A node that dials a peer is an
+ordinary MQTT client of the peer's listener [MQTT-7.0.0-1]: CONNECT with the peer
+credentials, SUBSCRIBE to its own ``$mesh/to/<node>/#`` topic, the two-way proof of the
+cluster secret (mesh/peerauth.py), then PUBLISH (QoS 0/1) both ways, PINGREQ for
+keepalive and round-trip time. It leaves to its caller the socket, the clock, the
+nonces (one per connection) and what the messages mean.
+
+States: idle -> connecting (CONNECT sent) -> subscribing (CONNACK 0, SUBSCRIBE sent) ->
+authenticating (SUBACK; the listener's proof expected) -> ready (its proof checked,
+ours sent); any failure -> refused. A handshake not finished within
+``handshake_timeout`` of the connection is dead (tick).
 
 Unacknowledged QoS 1 PUBLISH packets survive a reconnect and are re-sent with
-DUP=1 and their packet ids after the new CONNACK [MQTT-4.4.0-1].
+DUP=1 and their packet ids once the listener proved the secret [MQTT-4.4.0-1].
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections import deque
 
 from ..codec import (CONNACK, PINGRESP, PUBACK, PUBLISH, SUBACK, Connect, Decoder, MalformedPacket,
                      PubAck, Subscribe, encode, encode_publish)
+from .peerauth import PEER_USERNAME, DiallerAuth, PeerAuthError
 
 __all__ = ["LinkClient"]
 
@@ -23,13 +30,17 @@ _PINGREQ = b"\xc0\x00"
 
 
 class LinkClient:
-    def __init__(self, client_id: str, username: str, password_fn, keepalive: float,
-                 subscribe_filter: str, max_inflight: int = 100, max_queued: int = 100_000):
-        self.client_id = client_id
-        self.username = username
-        self.password_fn = password_fn     # called at each CONNECT: tokens carry a timestamp
+    def __init__(self, node_id: str, incarnation: int, secret: bytes, keepalive: float,
+                 handshake_timeout: float, max_inflight: int = 100, max_queued: int = 100_000):
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.secret = secret
+        self.client_id = f"$mesh-{node_id}"
+        self.subscribe_filter = f"$mesh/to/{node_id}/#"
+        self._challenge_topic = f"$mesh/to/{node_id}/auth"
+        self._proof_topic = f"$mesh/from/{node_id}/auth".encode()
         self.keepalive = keepalive          # seconds between PINGREQs; dead after 3 x this
-        self.subscribe_filter = subscribe_filter
+        self.handshake_timeout = handshake_timeout
         self.max_inflight = max_inflight
         self.max_queued = max_queued
         self.inflight: dict[int, bytes] = {}   # packet id -> frame, in send order
@@ -45,28 +56,38 @@ class LinkClient:
         self.last_rx = 0.0
         self._last_ping = 0.0
         self._ping_sent: float | None = None
+        self._opened = 0.0
         self._subscribe_sent = 0.0
+        self._handshake_rtt = 0.0
+        self._auth: DiallerAuth | None = None
         self.session_present = False
+        self.peer: str | None = None            # the listener's node id, once it proved the secret
+        self.peer_incarnation: int | None = None
 
     # -- connection life -------------------------------------------------------------
 
-    def connection_made(self, now: float) -> None:
+    def connection_made(self, now: float, nonce: bytes) -> None:
+        """A new connection; ``nonce``: NONCE_BYTES fresh random bytes, never used before."""
         self._reset()
         self.state = "connecting"
-        self.last_rx = self._last_ping = now
+        self.last_rx = self._last_ping = self._opened = now
+        self._auth = DiallerAuth(self.secret, self.node_id, self.incarnation, nonce)
         # CONNECT's keepalive is twice our ping interval, so the peer drops a dead
         # link after 1.5 x 2 = 3 ping intervals, as we do [MQTT-3.1.2-24]
         self._out.append(encode(Connect(self.client_id, clean_session=False,
                                         keepalive=max(1, int(round(2 * self.keepalive))),
-                                        username=self.username, password=self.password_fn())))
+                                        username=PEER_USERNAME, password=self._auth.password())))
 
     def connection_lost(self) -> None:
         self.state = "idle"
+        self._auth = None
 
     def receive_data(self, data: bytes, now: float) -> list[tuple]:
-        """Events: ("ready", rtt), ("refused", rc), ("message", topic, payload), ("rtt", seconds).
+        """Events: ("ready", rtt), ("refused", rc), ("auth_failed", reason),
+        ("message", topic, payload), ("rtt", seconds), ("protocol_error", reason).
 
         The rtt of "ready" is the SUBSCRIBE/SUBACK round trip: the link's first cost sample.
+        At "ready" the listener's node id and incarnation are in ``peer`` and ``peer_incarnation``.
         """
         self.last_rx = now
         self.decoder.feed(data)
@@ -74,7 +95,7 @@ class LinkClient:
         try:
             for pkt in self.decoder.packets():
                 t = pkt.type
-                if t == PUBLISH:
+                if t == PUBLISH and self.state == "ready":
                     if pkt.qos:
                         self._out.append(encode(PubAck(pkt.packet_id)))
                     events.append(("message", pkt.topic, pkt.payload))
@@ -99,11 +120,15 @@ class LinkClient:
                         events.append(("refused", 0x80))
                         self.state = "refused"
                         return events
-                    self.state = "ready"
-                    for pid, frame in self.inflight.items():  # [MQTT-4.4.0-1], DUP=1
-                        self._out.append(bytes((frame[0] | 0x08,)) + frame[1:])
-                    self._refill()
-                    events.append(("ready", now - self._subscribe_sent))
+                    self.state = "authenticating"
+                    self._handshake_rtt = now - self._subscribe_sent
+                elif t == PUBLISH and self.state == "authenticating":
+                    failure = self._check_listener(pkt)
+                    if failure:
+                        events.append(("auth_failed", failure))
+                        self.state = "refused"
+                        return events
+                    events.append(("ready", self._handshake_rtt))
                 else:
                     events.append(("protocol_error", f"unexpected packet type {t} in state {self.state}"))
                     self.state = "refused"
@@ -112,6 +137,24 @@ class LinkClient:
             events.append(("protocol_error", str(exc)))
             self.state = "refused"
         return events
+
+    def _check_listener(self, pkt) -> str | None:
+        """The listener's proof: on success our own goes out and the link is ready."""
+        if pkt.topic != self._challenge_topic or pkt.qos or pkt.retain:
+            return (f"expected the listener's proof (QoS 0 on {self._challenge_topic}), "
+                    f"got a QoS {pkt.qos} PUBLISH on {pkt.topic!r}")
+        try:
+            hs = self._auth.check_listener(pkt.payload)
+        except PeerAuthError as exc:
+            return str(exc)
+        self._out.append(encode_publish(self._proof_topic, self._auth.proof(hs)))
+        self.peer, self.peer_incarnation = hs.listener, hs.listener_incarnation
+        self._auth = None  # one proof per connection
+        self.state = "ready"
+        for pid, frame in self.inflight.items():  # [MQTT-4.4.0-1], DUP=1
+            self._out.append(bytes((frame[0] | 0x08,)) + frame[1:])
+        self._refill()
+        return None
 
     # -- sending -------------------------------------------------------------------------
 
@@ -154,6 +197,10 @@ class LinkClient:
         """Send a PINGREQ when due; a reason string when the link is to be declared dead."""
         if self.state in ("idle", "refused"):
             return None
+        if self.state != "ready" and now - self._opened > self.handshake_timeout:
+            # a listener may answer and ping forever without proving the secret
+            return (f"peer handshake not finished within {self.handshake_timeout:g}s "
+                    f"(state {self.state})")
         if now - self.last_rx > 3 * self.keepalive:
             return f"nothing received for {now - self.last_rx:.1f}s (3 x keepalive {self.keepalive:g}s)"
         # a PINGREQ every keepalive, busy or not, answered or not (we may have stopped

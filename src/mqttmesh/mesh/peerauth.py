@@ -1,43 +1,189 @@
-"""Peer credentials: how a node proves it holds the cluster secret in an MQTT CONNECT.
+"""Peer authentication: both nodes of a link prove, to each other and for this link only,
+that they hold the cluster secret (design.md 2.6 and "Threat model of the peer protocol").
 
-Pure. The dialling node sends user name ``PEER_USERNAME`` and, as password,
-``node|incarnation|time|hmac`` where hmac = HMAC-SHA256(secret, the first three
-fields). The listening node checks the HMAC and that the time is within the
-allowed clock skew. Without TLS the secret never crosses the wire, but a
-recorded CONNECT can be replayed within the window: use TLS between sites.
+Pure: no sockets, no clock, no randomness. Each side's nonce is an argument (the I/O
+layer, server/mesh_node.py, draws it); the MQTT packets that carry these fields are
+mesh/client.py's (dialling side) and channel.py's (listening side).
+
+Version 2 of the peer protocol, in ordinary MQTT 3.1.1 packets (D dials, L listens):
+
+    D -> L  CONNECT  user mqttmesh-peer, ClientId $mesh-<D>,
+                     password "2|<D>|<incarnation D>|<Nd>"
+    L -> D  CONNACK 0: D is a provisional peer, nothing is routed to it
+    D -> L  SUBSCRIBE $mesh/to/<D>/#
+    L -> D  SUBACK, then PUBLISH $mesh/to/<D>/auth   "<L>|<incarnation L>|<Nl>|<MAC L>"
+    D -> L  PUBLISH $mesh/from/<D>/auth              "<MAC D>"
+
+Nd and Nl are 16 fresh random bytes (32 hex digits) drawn by D and L for this connection.
+MAC x = HMAC-SHA256(secret, the transcript labelled x): the label ("listener" or
+"dialler"), the version, both node ids, both incarnations and both nonces, each field
+length-prefixed. L proves the secret with D's fresh nonce, D with L's: a recorded
+exchange is worth nothing on another connection, and the labels keep one side's proof
+from being reflected as the other's. Nothing in it depends on the clocks of the nodes.
+
+Version 1 (up to this one) sent "node|incarnation|unix time|MAC" and nothing else; it is
+recognised only to be refused by name (its MAC has 64 hex digits where version 2 has
+a 32-digit nonce, so the two never parse as each other).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
+from dataclasses import dataclass
 
-__all__ = ["PEER_USERNAME", "make_token", "check_token"]
+__all__ = ["PEER_PROTOCOL", "PEER_USERNAME", "NONCE_BYTES", "PeerAuthError", "PeerConnect",
+           "Handshake", "parse_connect", "DiallerAuth", "ListenerAuth"]
 
+PEER_PROTOCOL = 2           # the peer protocol's version: a node refuses a peer of another
 PEER_USERNAME = "mqttmesh-peer"
+NONCE_BYTES = 16
+
+_NONCE = re.compile(r"[0-9a-f]{%d}\Z" % (2 * NONCE_BYTES))
+_MAC = re.compile(r"[0-9a-f]{64}\Z")
+_INT = re.compile(r"(0|[1-9][0-9]{0,19})\Z")
+_NODE = re.compile(r"[^|\x00-\x20\x7f]{1,256}\Z")  # what config allows, and more, but never '|'
+
+LISTENER, DIALLER = "listener", "dialler"
 
 
-def _mac(secret: bytes, text: str) -> str:
-    return hmac.new(secret, f"mqttmesh-peer|{text}".encode(), hashlib.sha256).hexdigest()
+class PeerAuthError(ValueError):
+    """A peer's authentication field is malformed or its proof is wrong (the message says which)."""
 
 
-def make_token(secret: bytes, node_id: str, incarnation: int, now: float) -> bytes:
-    text = f"{node_id}|{incarnation}|{int(now)}"
-    return f"{text}|{_mac(secret, text)}".encode()
+@dataclass(frozen=True)
+class PeerConnect:
+    """What a dialling node's CONNECT password says (nothing in it is proved yet)."""
+    version: int
+    node: str
+    incarnation: int
+    nonce: str        # hex; "" for version 1
 
 
-def check_token(secret: bytes, token: bytes | None, now: float, skew: float = 300.0) -> tuple[str, int] | None:
-    """(node id, incarnation) when the token is valid, else None."""
-    if not secret or not token:
-        return None
+@dataclass(frozen=True)
+class Handshake:
+    """Everything a link's two proofs are bound to."""
+    dialler: str
+    dialler_incarnation: int
+    dialler_nonce: str
+    listener: str
+    listener_incarnation: int
+    listener_nonce: str
+    version: int = PEER_PROTOCOL
+
+    def mac(self, secret: bytes, label: str) -> str:
+        fields = ("mqttmesh-peer", label, str(self.version), self.dialler, str(self.dialler_incarnation),
+                  self.listener, str(self.listener_incarnation), self.dialler_nonce, self.listener_nonce)
+        # length-prefixed, so no two different transcripts read as the same bytes
+        text = "".join(f"{len(f.encode())}:{f}," for f in fields)
+        return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
+
+
+def _text(field: bytes | None, what: str) -> str:
+    if not field:
+        raise PeerAuthError(f"no {what}")
     try:
-        node_id, incarnation, stamp, mac = token.decode().rsplit("|", 3)
-        incarnation_n = int(incarnation)
-        stamp_n = int(stamp)
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not node_id or abs(now - stamp_n) > skew:
-        return None
-    if not hmac.compare_digest(mac, _mac(secret, f"{node_id}|{incarnation}|{stamp}")):
-        return None
-    return node_id, incarnation_n
+        return field.decode("ascii")
+    except UnicodeDecodeError:
+        raise PeerAuthError(f"{what} is not ASCII") from None
+
+
+def _nonce_hex(nonce: bytes) -> str:
+    if not isinstance(nonce, bytes) or len(nonce) != NONCE_BYTES:
+        raise ValueError(f"a nonce is {NONCE_BYTES} random bytes")
+    return nonce.hex()
+
+
+def _node(text: str, what: str) -> str:
+    if not _NODE.match(text):
+        raise PeerAuthError(f"{what} {text!r} is not a node id")
+    return text
+
+
+def parse_connect(password: bytes | None) -> PeerConnect:
+    """The fields of a peer CONNECT's password, of any version; PeerAuthError when malformed.
+
+    The caller compares ``version`` with PEER_PROTOCOL: only a version-2 result is usable.
+    """
+    text = _text(password, "peer credentials")
+    parts = text.split("|")
+    if len(parts) >= 4 and _INT.match(parts[-3]) and _INT.match(parts[-2]) and _MAC.match(parts[-1]):
+        # version 1: node|incarnation|time|mac (its node id could hold '|')
+        return PeerConnect(1, _node("|".join(parts[:-3]), "node"), int(parts[-3]), "")
+    if not _INT.match(parts[0]):
+        raise PeerAuthError("peer credentials do not start with a protocol version")
+    version = int(parts[0])
+    if version != PEER_PROTOCOL:
+        # another version's fields are its own business: the version is all we can name
+        return PeerConnect(version, "", 0, "")
+    if len(parts) != 4:
+        raise PeerAuthError(f"peer credentials have {len(parts)} fields, not 4")
+    _, node, incarnation, nonce = parts
+    if not _INT.match(incarnation):
+        raise PeerAuthError(f"incarnation {incarnation!r} is not a number")
+    if not _NONCE.match(nonce):
+        raise PeerAuthError(f"nonce is not {2 * NONCE_BYTES} lowercase hex digits")
+    return PeerConnect(version, _node(node, "node"), int(incarnation), nonce)
+
+
+class DiallerAuth:
+    """The dialling node's half: its CONNECT password, the check of the listener's proof, its own."""
+
+    def __init__(self, secret: bytes, node: str, incarnation: int, nonce: bytes):
+        if not secret:
+            raise ValueError("no cluster secret")
+        self.secret = secret
+        self.node = node
+        self.incarnation = incarnation
+        self.nonce = _nonce_hex(nonce)
+
+    def password(self) -> bytes:
+        return f"{PEER_PROTOCOL}|{self.node}|{self.incarnation}|{self.nonce}".encode()
+
+    def check_listener(self, payload: bytes) -> Handshake:
+        """The listener's proof, checked against our nonce: the handshake, or PeerAuthError."""
+        parts = _text(payload, "listener proof").split("|")
+        if len(parts) != 4:
+            raise PeerAuthError(f"listener proof has {len(parts)} fields, not 4")
+        listener, incarnation, nonce, mac = parts
+        _node(listener, "listener")
+        if not _INT.match(incarnation) or not _NONCE.match(nonce) or not _MAC.match(mac):
+            raise PeerAuthError("listener proof is malformed")
+        if listener == self.node:
+            raise PeerAuthError("the listener claims this node's own id")
+        hs = Handshake(self.node, self.incarnation, self.nonce, listener, int(incarnation), nonce)
+        if not hmac.compare_digest(mac, hs.mac(self.secret, LISTENER)):
+            raise PeerAuthError(f"listener {listener!r} failed to prove the cluster secret")
+        return hs
+
+    def proof(self, hs: Handshake) -> bytes:
+        return hs.mac(self.secret, DIALLER).encode()
+
+
+class ListenerAuth:
+    """The listening node's half for one provisional peer: its challenge and the check of the answer."""
+
+    def __init__(self, secret: bytes, node: str, incarnation: int, nonce: bytes, peer: PeerConnect):
+        if not secret:
+            raise ValueError("no cluster secret")
+        if peer.version != PEER_PROTOCOL:
+            raise ValueError("a handshake needs a peer of this protocol version")
+        self.secret = secret
+        self.handshake = Handshake(peer.node, peer.incarnation, peer.nonce, node, incarnation,
+                                   _nonce_hex(nonce))
+
+    def challenge(self) -> bytes:
+        """Our proof, made with the dialler's nonce, and our nonce for its answer."""
+        hs = self.handshake
+        return (f"{hs.listener}|{hs.listener_incarnation}|{hs.listener_nonce}|"
+                f"{hs.mac(self.secret, LISTENER)}").encode()
+
+    def check_dialler(self, payload: bytes) -> None:
+        """PeerAuthError unless the dialler's proof is right for this handshake."""
+        mac = _text(payload, "dialler proof")
+        if not _MAC.match(mac):
+            raise PeerAuthError("dialler proof is not 64 lowercase hex digits")
+        hs = self.handshake
+        if not hmac.compare_digest(mac, hs.mac(self.secret, DIALLER)):
+            raise PeerAuthError(f"peer {hs.dialler!r} failed to prove the cluster secret")

@@ -77,9 +77,11 @@ class Connection(asyncio.Protocol):
         # (pause_writing comes before an output is blocked, so resume_writing unblocks it)
         transport.set_write_buffer_limits(high=min(WRITE_HIGH, node.max_write_buffer // 2))
         now = self._loop.time()
+        # a client certificate that verified against tls.ca_file (mesh.tls_mutual asks for one)
+        certified = bool(transport.get_extra_info("peercert"))
         # the connect timeout counts from accept, the TLS handshake included
         self.channel = Channel(node.broker, self, self.peer,
-                               now if self.accepted_at is None else self.accepted_at)
+                               now if self.accepted_at is None else self.accepted_at, certified)
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:

@@ -3,9 +3,11 @@
 A peer link is an ordinary MQTT connection. The node that dials is a client
 (``PeerClient`` around the pure ``mesh.client.LinkClient``): it publishes on
 ``$mesh/from/<self>/<kind>`` and receives on ``$mesh/to/<self>/<kind>``, which
-it subscribes to. The node that accepts sees a Channel whose CONNECT proved the
-cluster secret; what it sends goes through that peer's ordinary Session (the
-in-flight window, QoS 1 and retransmission of the normal client machinery).
+it subscribes to. Before anything else both nodes prove they hold the cluster
+secret, with a nonce of each side (mesh/peerauth.py, drawn here). The node that
+accepts sees a Channel that becomes a peer once the dialler's proof checks out;
+what it sends goes through that peer's ordinary Session (the in-flight window,
+QoS 1 and retransmission of the normal client machinery).
 Either side may dial; if both do, the link dialled by the smaller node id stays.
 """
 
@@ -15,6 +17,7 @@ import asyncio
 import json
 import logging
 import random
+import secrets
 import time
 
 from ..config import Config
@@ -22,8 +25,8 @@ from ..message import Message
 from ..mesh.client import LinkClient
 from ..mesh.cluster import Cluster, ClusterSettings
 from ..mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
-from ..mesh.peerauth import PEER_USERNAME, check_token, make_token
-from .tls import peer_context
+from ..mesh.peerauth import NONCE_BYTES, PEER_PROTOCOL, ListenerAuth, PeerConnect
+from .tls import peer_certificate_required, peer_context
 
 log = logging.getLogger("mqttmesh.mesh")
 
@@ -46,6 +49,14 @@ def read_secret(config: Config) -> bytes:
 FLUSH_EVERY = 256  # routed messages after which the mesh sends without waiting for the loop
 _LINK_QUEUE_HIGH = 1000  # QoS 1 batches waiting behind a dialled link's in-flight window
 _LINK_QUEUE_LOW = 250
+# what a listener's refusal of our CONNECT most likely means (channel.py _on_peer_connect)
+_REFUSALS = {
+    0x02: "our ClientId $mesh-<node> was rejected",
+    0x04: f"our mesh protocol {PEER_PROTOCOL} credentials were refused: it may be a node of "
+          f"another protocol version (its log names both)",
+    0x05: "it is not a mesh node, or it wants a TLS client certificate (mesh.tls_mutual)",
+    0x80: "it refused our SUBSCRIBE",
+}
 
 
 class _Link:
@@ -94,6 +105,7 @@ class PeerClient(asyncio.Protocol, _Link):
         self.dialer_obj = dialer
         self.dialer = mesh.node_id
         self.client: LinkClient = dialer.client
+        self.proved = ""  # the node id the listener proved the cluster secret for
         self.transport = None
         self.loop = mesh.loop
         self.done = self.loop.create_future()
@@ -124,7 +136,8 @@ class PeerClient(asyncio.Protocol, _Link):
     # asyncio side
     def connection_made(self, transport) -> None:
         self.transport = transport
-        self.client.connection_made(self.loop.time())
+        # a fresh nonce per connection: the listener must prove the secret for this one
+        self.client.connection_made(self.loop.time(), secrets.token_bytes(NONCE_BYTES))
         self._write()
 
     def data_received(self, data: bytes) -> None:
@@ -137,15 +150,21 @@ class PeerClient(asyncio.Protocol, _Link):
             if kind == "message":
                 self.mesh.link_message(self, event[1], event[2], now)
             elif kind == "ready":
-                # introduce ourselves; the peer answers with its own hello
+                # the listener proved the secret (our proof is on its way): introduce
+                # ourselves; the peer answers with its own hello
                 self.state = "connected"
+                self.proved = self.client.peer
                 self.handshake_rtt = event[1]
                 self.send("hello", self.mesh.engine.hello(rtt_us=event[1] * 1e6), 1)
             elif kind == "rtt":
                 if self.peer:
                     self.mesh.link_rtt(self, event[1], now)
             elif kind == "refused":
-                log.warning("peer %s refused our link: code 0x%02x", self.dialer_obj.address, event[1])
+                log.warning("peer %s refused our link: code 0x%02x (%s)", self.dialer_obj.address, event[1],
+                            _REFUSALS.get(event[1], "see its log"))
+                self.transport.close()
+            elif kind == "auth_failed":
+                log.warning("peer %s failed the peer handshake, closing: %s", self.dialer_obj.address, event[1])
                 self.transport.close()
             elif kind == "protocol_error":
                 log.warning("peer %s: %s", self.dialer_obj.address, event[1])
@@ -215,9 +234,8 @@ class Dialer:
         host, _, port = address.rpartition(":")
         self.host, self.port = host or "127.0.0.1", int(port)
         cfg = mesh.config
-        self.client = LinkClient(f"$mesh-{mesh.node_id}", PEER_USERNAME, mesh.token,
-                                 cfg.get("mesh.keepalive"), f"$mesh/to/{mesh.node_id}/#",
-                                 max_inflight=cfg.get("limits.max_inflight"))
+        self.client = LinkClient(mesh.node_id, mesh.incarnation, mesh.secret, cfg.get("mesh.keepalive"),
+                                 cfg.get("limits.connect_timeout"), max_inflight=cfg.get("limits.max_inflight"))
         self.protocol: PeerClient | None = None
         self.task = mesh.loop.create_task(self._run())
         self.attempts = 0
@@ -262,6 +280,8 @@ class MeshNode:
         self.broker = node.broker
         self.secret = read_secret(config)
         self.tls = peer_context(config)
+        # mesh.tls_mutual: a peer CONNECT must come with a verified TLS client certificate
+        self.peer_certificate_required = peer_certificate_required(config)
         self.engine: MeshEngine | None = None
         self.links: dict[str, _Link] = {}
         self.dialers: dict[str, Dialer] = {}
@@ -339,20 +359,15 @@ class MeshNode:
         for dialer in self.dialers.values():
             dialer.cancel()
 
-    def token(self) -> bytes:
-        return make_token(self.secret, self.node_id, self.incarnation, time.time())
-
     def dial(self, address: str, configured: bool = False) -> None:
         if address not in self.dialers:
             self.dialers[address] = Dialer(self, address, configured)
 
     # -- the broker's hooks -------------------------------------------------------------
 
-    def peer_auth(self, password: bytes, now: float):
-        ident = check_token(self.secret, password, time.time())
-        if ident is not None and ident[0] == self.node_id:
-            return None  # our own id from elsewhere: a misconfiguration, refuse it
-        return ident
+    def peer_handshake(self, peer: PeerConnect) -> ListenerAuth:
+        """Our half of the handshake with a dialling peer, with a nonce fresh for it (channel.py)."""
+        return ListenerAuth(self.secret, self.node_id, self.incarnation, secrets.token_bytes(NONCE_BYTES), peer)
 
     def _filter_added(self, topic_filter: str) -> None:
         if not topic_filter.startswith("$"):  # $SYS and $mesh stay local to each node
@@ -432,6 +447,11 @@ class MeshNode:
                 hello = MeshEngine.parse_hello(payload)
             except MeshProtocolError as exc:
                 link.close(str(exc))
+                return
+            if hello["node"] != link.proved:
+                log.warning("peer %s: hello from %r on a link authenticated as %r", link.dialer_obj.address,
+                            hello["node"], link.proved)
+                link.close(f"hello from {hello['node']!r} on a link authenticated as {link.proved!r}")
                 return
             link.dialer_obj.peer = hello["node"]
             self._link_ready(link, hello)

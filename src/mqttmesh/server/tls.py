@@ -27,7 +27,23 @@ def server_context(config: Config) -> ssl.SSLContext | None:
         if not config.get("tls.ca_file"):
             raise ConfigError("tls.require_certificate: needs tls.ca_file to check client certificates")
         ctx.verify_mode = ssl.CERT_REQUIRED
+    elif peer_certificate_required(config):
+        # asked, not required: clients without one still connect; a peer CONNECT without a
+        # verified one is refused (channel.py). A certificate that does not verify fails the
+        # handshake, as it does with tls.require_certificate.
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
+
+
+def peer_certificate_required(config: Config) -> bool:
+    """Mutual TLS between peers (``mesh.tls_mutual``): a peer link needs a client certificate."""
+    if not config.get("mesh.tls_mutual"):
+        return False
+    if not config.get("mesh.tls"):
+        raise ConfigError("mesh.tls_mutual: needs mesh.tls (peers dial each other with TLS)")
+    if not config.get("tls.ca_file"):
+        raise ConfigError("mesh.tls_mutual: needs tls.ca_file to check the peers' certificates")
+    return True
 
 
 def peer_context(config: Config) -> ssl.SSLContext | None:
