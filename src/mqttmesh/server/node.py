@@ -310,11 +310,19 @@ class Node:
                 log.warning("TLS listener: accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            task = self.loop.create_task(self._tls_handshake(client, addr))
-            self._handshakes.add(task)
-            task.add_done_callback(self._handshakes.discard)
+            self._tls_accepted(client, addr)
+            while True:  # and whatever else is waiting, now: each counts from this moment
+                try:
+                    client, addr = sock.accept()
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError as exc:
+                    log.warning("TLS listener: accept failed: %s", exc)
+                    break
+                self._tls_accepted(client, addr)
 
-    async def _tls_handshake(self, sock: socket.socket, addr) -> None:
+    def _tls_accepted(self, sock: socket.socket, addr) -> None:
+        """Admit a TLS connection before its handshake: it counts against the limits now."""
         conn = Connection(self, accepted_at=self.loop.time())
         conn.peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         refusal = self.admit(conn)
@@ -323,11 +331,17 @@ class Node:
             self.broker.stats.connections_refused += 1
             _close_with_reset(sock)
             return
+        task = self.loop.create_task(self._tls_handshake(conn, sock))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshakes.discard)
+
+    async def _tls_handshake(self, conn: Connection, sock: socket.socket) -> None:
         try:
             sock.setblocking(False)
             await self.loop.connect_accepted_socket(
                 lambda: conn, sock, ssl=self._tls,
-                ssl_handshake_timeout=self.broker.settings.connect_timeout)
+                ssl_handshake_timeout=max(0.05, conn.accepted_at + self.broker.settings.connect_timeout
+                                          - self.loop.time()))
         except (OSError, ssl.SSLError, asyncio.TimeoutError, RuntimeError) as exc:
             # (the socket belongs to the transport now, which closed it)
             log.info("TLS handshake with %s failed: %s", conn.peer, exc or type(exc).__name__)
