@@ -285,8 +285,6 @@ class Node:
             # has its own flow control)
             if conn.announced and channel is not None and not channel.is_peer:
                 conn.pause(PAUSE_MEMORY)
-        self._flow_period = min(0.1, max(0.01, broker.settings.backpressure_timeout / 4))
-        self._flow_timer = self.loop.call_later(self._flow_period, self._flow_tick)
 
     @staticmethod
     def _progress(session):
@@ -394,7 +392,9 @@ class Node:
                 self._flush_failed(conn, exc)
 
     def _flush_failed(self, conn: Connection, exc: Exception) -> None:
-        log.warning("writing to %s failed (%s): resetting it", conn.peer, exc)
+        # (a client gone away is no exception here, Connection.flush checks for it: this is a
+        # bug of ours, and it must not take the other connections' writes with it)
+        log.exception("writing to %s failed (%s): resetting it", conn.peer, exc)
         try:
             conn.reset(f"write failed: {exc}")
         except Exception:
