@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import selectors
 import socket
 import struct
@@ -36,6 +37,17 @@ import mqttraw  # noqa: E402
 from mqttraw import CONNACK, PINGRESP, PUBACK, PUBLISH, SUBACK, Closed, Packet  # noqa: E402
 
 CANARY_LIMIT = 2.0  # seconds: the issue's bound on every canary round trip
+
+# what an unhandled exception leaves in a node's log (asyncio's handler, a dying task, a crash)
+LOG_PROBLEMS = re.compile(r"Traceback|Exception in callback|Task exception was never retrieved|"
+                          r"exception was never retrieved|RuntimeError|Unhandled exception|"
+                          r"ERROR asyncio|CRITICAL")
+
+
+def log_problems(text: str, limit: int = 12) -> list[str]:
+    """The lines of a log that show an unhandled exception (at most ``limit``)."""
+    lines = [ln for ln in text.splitlines() if LOG_PROBLEMS.search(ln)]
+    return lines[:limit] + ([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])
 
 
 # --------------------------------------------------------------------------- target
@@ -160,8 +172,8 @@ def wait_until(predicate, timeout: float, interval: float = 0.02):
 
 
 def loopback(i: int) -> str:
-    """The i-th extra loopback address, 127.0.0.2 onwards (never anything off this host)."""
-    return f"127.0.{2 + i // 250}.{2 + i % 250}"
+    """The i-th extra loopback address: 127.0.0.2, 127.0.0.3, ... (never anything off this host)."""
+    return f"127.0.{i // 250}.{2 + i % 250}"
 
 
 def open_socket(host: str, port: int, source: str | None = None, rcvbuf: int | None = None,
@@ -703,20 +715,21 @@ class Publisher:
         self.error: str | None = None
         self._pid_seq: dict[int, int] = {}   # packet id -> sequence number, unacknowledged
         self._cv = threading.Condition()
-        self._stop = threading.Event()
+        self._stop = threading.Event()        # the sender's
+        self._closing = threading.Event()     # the ack reader's
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"pub-{client_id}-acks")
         self._reader.start()
         self._sender: threading.Thread | None = None
 
     def _read(self) -> None:
         c = self.client
-        while not self._stop.is_set():
+        while not self._closing.is_set():
             try:
                 p = c.recv(0.2)
             except TimeoutError:
                 continue
             except (Closed, OSError) as exc:
-                if not self._stop.is_set():
+                if not self._closing.is_set():
                     self.error = f"connection lost: {exc!r}"
                 with self._cv:
                     self._cv.notify_all()
@@ -784,10 +797,12 @@ class Publisher:
         self._sender.start()
 
     def stop_sending(self) -> None:
+        """Stop the sending thread (the acknowledgements are still read)."""
         self._stop.set()
         if self._sender is not None:
             self._sender.join(15)
-        self._stop = threading.Event()  # the ack reader goes on
+            self._sender = None
+        self._stop = threading.Event()
 
     def wait_acked(self, timeout: float) -> bool:
         with self._cv:
@@ -801,6 +816,7 @@ class Publisher:
 
     def close(self) -> None:
         self._stop.set()
+        self._closing.set()
         if self._sender is not None:
             self._sender.join(5)
         try:
@@ -1343,7 +1359,6 @@ def login_throttling(target: Target, canary: Canary, user: str = "alice", other:
         value = sys_seen.get(sys_topic)
         out.figures["sys_counter"] = value.decode(errors="replace") if value is not None else None
         if value is None or not value.strip().isdigit() or int(value) < len(times):
-            import re
             near = sorted(t for t in sys_seen if re.search(r"auth|login|fail", t, re.I))
             out.problems.append(f"{sys_topic} does not count the {len(times)} failed logins "
                                 f"(got {value!r}; $SYS topics about logins: {near or 'none'})")
@@ -1369,12 +1384,12 @@ def login_cpu(target: Target, canary: Canary, user: str = "alice", rate: float =
         at = t0 + i / rate
         time.sleep(max(0.0, at - time.monotonic()))
         t = threading.Thread(target=lambda i=i: results.append(
-            _login(target, loopback(150 + i % 100), user, f"cpu-{i}-{random.getrandbits(32):x}", 10.0)),
+            _login(target, loopback(150 + i % 100), user, f"cpu-{i}-{random.getrandbits(32):x}", 3.0)),
             daemon=True)
         t.start()
         threads.append(t)
     for t in threads:
-        t.join(12)
+        t.join(5)
     cpu1 = cpu_seconds(target.pid)
     if cpu0 is not None and cpu1 is not None:
         out.figures["broker_cpu_cores"] = round((cpu1 - cpu0) / (time.monotonic() - wall0), 2)
@@ -1487,6 +1502,7 @@ def slowloris(target: Target, canary: Canary, n: int = 40, step: float = 0.5, ma
         for i in range(n):
             socks.append(open_socket(target.host, target.port, source=loopback(i)))
             opened_at.append(time.monotonic())
+            socks[-1].setblocking(False)  # (a socket with a timeout waits in recv, whatever the flags)
         deadline = max(opened_at) + limit
         k = 0
         while len(closed_at) < n and time.monotonic() < deadline:
@@ -1635,6 +1651,7 @@ def huge_inputs(target: Target, canary: Canary, subscriptions: int = 5000,
                          **target.credentials)
     pub = connect_client(target.host, target.port, f"huge-pub-{tag}", timeout=10.0, keepalive=0,
                          **target.credentials)
+    step = "the largest packet allowed"
     try:
         # 1. the largest packet allowed
         assert subscribe(sub, 1, (f"huge/{tag}/max", 1)) == [1]
@@ -1646,8 +1663,9 @@ def huge_inputs(target: Target, canary: Canary, subscriptions: int = 5000,
             payload = b"m" * (len(payload) + size - len(frame))
             frame = mqttraw.publish(f"huge/{tag}/max", payload, qos=1, pid=1)
         pub.send(frame)
-        _expect_delivery(out, pub, sub, 1, payload, "the largest packet allowed")
+        _expect_delivery(out, pub, sub, 1, payload, step)
         # 2. many subscriptions on one client, 100 filters a SUBSCRIBE
+        step = f"{subscriptions} subscriptions"
         granted = 0
         for k in range(subscriptions // 100):
             filters = [(f"many/{tag}/{k}/{j}/+", 1) for j in range(100)]
@@ -1657,12 +1675,15 @@ def huge_inputs(target: Target, canary: Canary, subscriptions: int = 5000,
         pub.send(mqttraw.publish(f"many/{tag}/7/42/x", b"one of many", qos=1, pid=2))
         _expect_delivery(out, pub, sub, 2, b"one of many", "a message to one of many subscriptions")
         # 3. a topic of 65,000 bytes (2,600 levels), subscribed exactly and through a wildcard
+        step = "a 65,000-byte topic of 2,600 levels"
         long_topic = f"long/{tag}/" + "/".join(["abcdefghijklmnopqrstuvwx"] * 2600)
         long_topic = long_topic[:65000]
         assert subscribe(sub, 900, (long_topic, 1), (f"long/{tag}/#", 1)) == [1, 1]
         pub.send(mqttraw.publish(long_topic, b"long", qos=1, pid=3))
         # (two matching subscriptions: one copy or two [MQTT-3.3.5-1]; one is enough here)
         _expect_delivery(out, pub, sub, 3, b"long", "a message on a 65,000-byte topic")
+    except (Closed, OSError, TimeoutError, AssertionError) as exc:
+        out.problems.append(f"{step}: refused ({exc!r})")
     finally:
         growth = watch.stop()
         for c in (sub, pub):
@@ -1732,3 +1753,52 @@ def many_connections(target: Target, canary: Canary, n: int = 2000, max_kb: floa
     if per > max_kb:
         out.problems.append(f"{per:.1f} kB of RSS per connection (limit {max_kb:g} kB)")
     return out
+
+
+# --------------------------------------------------------------------------- set-up shared with the bench
+
+
+def make_pki(d: Path) -> Path:
+    """Two CAs (``ca``, ``rogue-ca``), a node certificate for 127.0.0.1 and a client
+    certificate from each CA (``client``, ``rogue``), made with the openssl command (EC keys:
+    quick to make)."""
+    import subprocess
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    for ca in ("ca", "rogue-ca"):
+        openssl("req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2",
+                "-subj", f"/CN=hostile-{ca}")
+    for name, ca in (("node", "ca"), ("client", "ca"), ("rogue", "rogue-ca")):
+        openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+                "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", "ext.cnf")
+    return d
+
+
+_FLAGS: dict[str, set[str]] = {}
+
+
+def mqttmesh_flags(python: str = sys.executable) -> set[str]:
+    """The flags ``mqttmesh broker`` accepts (read once from its --help)."""
+    if python not in _FLAGS:
+        import subprocess
+        out = subprocess.run([python, "-m", "mqttmesh", "broker", "--help"], capture_output=True,
+                             text=True, timeout=60)
+        _FLAGS[python] = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", out.stdout))
+    return _FLAGS[python]
+
+
+def optional_flags(python: str = sys.executable, **settings) -> list[str]:
+    """``--flag value`` for each setting the node knows (auth_fail_threshold=3 gives
+    ``--auth-fail-threshold 3``); the others are left out, so that an attack runs on a node
+    without the setting too and fails on what the node does, not on an unknown flag."""
+    args = []
+    for key, value in settings.items():
+        flag = "--" + key.replace("_", "-")
+        if flag in mqttmesh_flags(python):
+            args += [flag, str(value)]
+    return args

@@ -13,7 +13,6 @@ node's log written during the test must hold no unhandled exception (issue 13:
 from __future__ import annotations
 
 import importlib.util
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,45 +53,19 @@ SECRET = "hostile-secret"
 # --------------------------------------------------------------------------- options the node has
 
 
-_FLAGS: set[str] | None = None
-
-
-def broker_flags() -> set[str]:
-    """The flags ``mqttmesh broker`` accepts (read once from its --help)."""
-    global _FLAGS
-    if _FLAGS is None:
-        out = subprocess.run([PYTHON, "-m", "mqttmesh", "broker", "--help"], capture_output=True,
-                             text=True, timeout=60)
-        _FLAGS = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", out.stdout))
-    return _FLAGS
-
-
 def optional_flags(**settings) -> list[str]:
-    """``--flag value`` for each setting the node knows (auth_fail_threshold=3 gives
-    ``--auth-fail-threshold 3``); the others are left out.
+    """``--flag value`` for each setting the node knows; see attacks.optional_flags.
 
     Settings that issue 13 adds are passed this way, so that a test runs on today's
     node too and fails on what the node does, not on an unknown flag."""
-    args = []
-    for key, value in settings.items():
-        flag = "--" + key.replace("_", "-")
-        if flag in broker_flags():
-            args += [flag, str(value)]
-    return args
+    return attacks.optional_flags(PYTHON, **settings)
 
 
 # --------------------------------------------------------------------------- logs
 
 
-# what an unhandled exception leaves in the log (asyncio's handler, a dying task, a crash)
-LOG_PROBLEMS = re.compile(r"Traceback|Exception in callback|Task exception was never retrieved|"
-                          r"exception was never retrieved|RuntimeError|Unhandled exception|"
-                          r"ERROR asyncio|CRITICAL")
-
-
-def log_problems(text: str, limit: int = 12) -> list[str]:
-    lines = [ln for ln in text.splitlines() if LOG_PROBLEMS.search(ln)]
-    return lines[:limit] + ([f"... and {len(lines) - limit} more"] if len(lines) > limit else [])
+LOG_PROBLEMS = attacks.LOG_PROBLEMS
+log_problems = attacks.log_problems
 
 
 class _Registry:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import shutil
 import socket
 import ssl
-import subprocess
 
 import pytest
 
@@ -19,25 +18,9 @@ import attacks
 pytestmark = [pytest.mark.hostile,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
 
-EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-
-
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for ca in ("ca", "rogue-ca"):
-        _openssl("req", "-x509", *EC, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2",
-                 "-subj", f"/CN=hostile-{ca}", cwd=d)
-    for name, ca in (("node", "ca"), ("client", "ca"), ("rogue", "rogue-ca")):
-        _openssl("req", *EC, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-                 "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", "ext.cnf", cwd=d)
-    return d
+    return attacks.make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def tls_args(pki, port):
