@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO / "tests" / "hostile"))
 sys.path.insert(0, str(REPO / "tests"))
 
 import attacks  # noqa: E402
+import probes  # noqa: E402
 
 HOST = "127.0.0.1"
 USERS = {"canary": "canary-pw", "alice": "wonderland", "bob": "builder", "slowcheck": "tortoise"}
@@ -59,7 +60,7 @@ class Spec:
 
 def specs(seed: int) -> list[Spec]:
     rng = random.Random(seed)
-    no_throttle = dict(auth_fail_threshold=1_000_000)
+    no_throttle = dict(auth_fail_threshold=1000)
     return [
         Spec("malformed packets", attacks.malformed_packets, connect_timeout=2),
         Spec("random bytes", attacks.random_bytes, {"rng": random.Random(rng.getrandbits(32))},
@@ -138,7 +139,7 @@ class Mqttmesh(Broker):
                            check=True, capture_output=True, timeout=60, cwd=REPO)
         return path
 
-    def start(self, spec: Spec, pki: Path | None, passwd: Path | None) -> attacks.Target:
+    def start(self, spec: Spec, pki: Path | None, passwd: Path | None) -> probes.Target:
         port_file = self.workdir / "node.port"
         port_file.unlink(missing_ok=True)
         self.log_path = self.workdir / f"mqttmesh-{int(time.time() * 1000)}.log"
@@ -169,7 +170,7 @@ class Mqttmesh(Broker):
             time.sleep(0.05)
         port = int(port_file.read_text())
         wait_for_port(HOST, port, deadline, self.proc)
-        return attacks.Target("mqttmesh", HOST, port, self.proc.pid,
+        return probes.Target("mqttmesh", HOST, port, self.proc.pid,
                               users=dict(USERS) if passwd else {}, login=CANARY_LOGIN if passwd else None,
                               connect_timeout=spec.connect_timeout or 10.0,
                               slow_consumer_timeout=spec.slow_consumer_timeout or 5.0,
@@ -192,7 +193,7 @@ class Mosquitto(Broker):
                            check=True, capture_output=True, timeout=30)
         return path
 
-    def start(self, spec: Spec, pki: Path | None, passwd: Path | None) -> attacks.Target:
+    def start(self, spec: Spec, pki: Path | None, passwd: Path | None) -> probes.Target:
         port = free_port()
         self.log_path = self.workdir / f"mosquitto-{int(time.time() * 1000)}.log"
         conf = self.workdir / "mosquitto.conf"
@@ -228,7 +229,7 @@ class Mosquitto(Broker):
         conf.write_text("\n".join(lines) + "\n")
         self.proc = _popen([MOSQUITTO, "-c", str(conf)], self.workdir / "mosquitto.stdout")
         wait_for_port(HOST, port, time.monotonic() + 10, self.proc)
-        return attacks.Target("mosquitto", HOST, port, self.proc.pid,
+        return probes.Target("mosquitto", HOST, port, self.proc.pid,
                               users=dict(USERS) if passwd else {}, login=CANARY_LOGIN if passwd else None,
                               connect_timeout=spec.connect_timeout or 10.0,
                               slow_consumer_timeout=spec.slow_consumer_timeout,
@@ -242,7 +243,7 @@ class Mosquitto(Broker):
 class Row:
     attack: str
     broker: str
-    outcome: attacks.Outcome | None = None
+    outcome: probes.Outcome | None = None
     rss_growth_mb: float | None = None
     log_problems: int = 0
     skipped: str = ""
@@ -252,17 +253,17 @@ def run_one(broker: Broker, spec: Spec, pki, passwd) -> Row:
     row = Row(spec.name, broker.kind)
     target = broker.start(spec, pki, passwd if spec.passwords else None)
     try:
-        watch = attacks.RssWatch(target.pid, interval=0.01)
+        watch = probes.RssWatch(target.pid, interval=0.01)
         try:
-            row.outcome = attacks.run_attack(target, spec.attack, tag=f"bench-{random.getrandbits(24):x}",
+            row.outcome = probes.run_attack(target, spec.attack, tag=f"bench-{random.getrandbits(24):x}",
                                              **spec.kwargs)
         finally:
             row.rss_growth_mb = round(watch.stop() / 1024, 1)
     except Exception as exc:  # an attack the broker makes impossible (it refused a set-up step)
-        row.outcome = attacks.Outcome(spec.name, problems=[f"attack aborted: {exc!r}"])
+        row.outcome = probes.Outcome(spec.name, problems=[f"attack aborted: {exc!r}"])
     finally:
         broker.stop()
-    row.log_problems = len(attacks.log_problems(broker.log(), limit=10_000))
+    row.log_problems = len(probes.log_problems(broker.log(), limit=10_000))
     return row
 
 
@@ -274,10 +275,10 @@ def ms(x) -> str:
 
 def table(rows: list[Row], brokers: list[str]) -> str:
     out = ["| attack | broker | canary p50 / p99 / max during (ms) | RSS growth (MB) | slot freed (s) | "
-           "result |", "|---|---|---|---|---|---|"]
+           "result | figures |", "|---|---|---|---|---|---|---|"]
     for row in rows:
         if row.skipped:
-            out.append(f"| {row.attack} | {row.broker} | - | - | - | n/a: {row.skipped} |")
+            out.append(f"| {row.attack} | {row.broker} | - | - | - | n/a: {row.skipped} | |")
             continue
         o = row.outcome
         during = o.canary.get("during", {})
@@ -287,7 +288,10 @@ def table(rows: list[Row], brokers: list[str]) -> str:
         result = "held" if o.held else "failed: " + o.problems[0].split(":")[0][:70]
         if row.log_problems:
             result += f" ({row.log_problems} exception lines in the log)"
-        out.append(f"| {row.attack} | {row.broker} | {canary} | {row.rss_growth_mb} | {slot} | {result} |")
+        figures = ", ".join(f"{k} {v}" for k, v in o.figures.items()
+                            if k not in ("rss_growth_mb", "slot_freed_s", "last_closed_s"))
+        out.append(f"| {row.attack} | {row.broker} | {canary} | {row.rss_growth_mb} | {slot} | {result} | "
+                   f"{figures} |")
     return "\n".join(out)
 
 

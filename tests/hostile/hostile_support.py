@@ -26,7 +26,8 @@ for p in (str(TESTS), str(HERE), str(TESTS / "mesh")):
         sys.path.insert(0, p)
 
 import attacks  # noqa: E402
-from attacks import Target  # noqa: E402
+import probes  # noqa: E402
+from probes import Target  # noqa: E402
 
 
 def _root_conftest():
@@ -64,8 +65,8 @@ def optional_flags(**settings) -> list[str]:
 # --------------------------------------------------------------------------- logs
 
 
-LOG_PROBLEMS = attacks.LOG_PROBLEMS
-log_problems = attacks.log_problems
+LOG_PROBLEMS = probes.LOG_PROBLEMS
+log_problems = probes.log_problems
 
 
 class _Registry:
@@ -160,14 +161,14 @@ def target_of(b: BrokerProcess, **kw) -> Target:
     return Target(name="mqttmesh", host=b.host, port=b.port, pid=b.pid, log=b.log, **kw)
 
 
-def run(target: Target, attack, *args, **kw) -> attacks.Outcome:
-    """``attacks.run_attack`` with its report printed (pytest shows it with -s or on failure)."""
-    outcome = attacks.run_attack(target, attack, *args, **kw)
+def run(target: Target, attack, *args, **kw) -> probes.Outcome:
+    """``probes.run_attack`` with its report printed (pytest shows it with -s or on failure)."""
+    outcome = probes.run_attack(target, attack, *args, **kw)
     print(outcome.report())
     return outcome
 
 
-def check(outcome: attacks.Outcome) -> None:
+def check(outcome: probes.Outcome) -> None:
     assert outcome.held, outcome.report()
 
 

@@ -23,7 +23,7 @@ import pytest
 
 import mqttraw
 from hostile_support import check, log_guard, nodes, run, target_of  # noqa: F401 (fixtures)
-import attacks
+import probes
 
 FUZZ_SECONDS = float(os.environ.get("MQTTMESH_FUZZ_SECONDS", "15"))
 WORKERS = 6
@@ -117,7 +117,7 @@ class Fuzzer:
         while time.monotonic() < deadline:
             n += 1
             try:
-                sock = attacks.open_socket(t.host, t.port, source=attacks.loopback(k * 10 + n % 10), timeout=2.0)
+                sock = probes.open_socket(t.host, t.port, source=probes.loopback(k * 10 + n % 10), timeout=2.0)
             except OSError:
                 continue
             try:
@@ -135,13 +135,13 @@ class Fuzzer:
                 ending = rng.random()
                 if ending < 0.4:  # say we are done and see what the node does, briefly
                     sock.shutdown(socket.SHUT_WR)
-                    closed, _, _ = attacks.closed_within(sock, 0.3)
+                    closed, _, _ = probes.closed_within(sock, 0.3)
                     with self.lock:
                         self.closed_by_node += closed
                 elif ending < 0.7:
-                    attacks.reset(sock)
+                    probes.reset(sock)
                 elif ending < 0.9:
-                    closed, _, _ = attacks.closed_within(sock, 0.05)
+                    closed, _, _ = probes.closed_within(sock, 0.05)
                     with self.lock:
                         self.closed_by_node += closed
             except OSError:
@@ -155,9 +155,9 @@ class Fuzzer:
 
 
 def fuzz(target, canary, seed, seconds, max_growth_mb=100.0):
-    out = attacks.Outcome("fuzz")
-    base = attacks.socket_fds(target.pid)
-    watch = attacks.RssWatch(target.pid, interval=0.05)
+    out = probes.Outcome("fuzz")
+    base = probes.socket_fds(target.pid)
+    watch = probes.RssWatch(target.pid, interval=0.05)
     f = Fuzzer(target, seed, seconds)
     try:
         f.run()
@@ -167,9 +167,9 @@ def fuzz(target, canary, seed, seconds, max_growth_mb=100.0):
                        closed_by_node=f.closed_by_node, rss_growth_mb=round(growth, 1))
     if growth > max_growth_mb:
         out.problems.append(f"RSS grew by {growth:.0f} MB during the fuzzing")
-    took = attacks.wait_sockets(target.pid, base, 5.0)
+    took = probes.wait_sockets(target.pid, base, 5.0)
     if took is None:
-        out.problems.append(f"the node holds {attacks.socket_fds(target.pid)} sockets 5 s after the "
+        out.problems.append(f"the node holds {probes.socket_fds(target.pid)} sockets 5 s after the "
                             f"fuzzing, {base} before")
     return out
 

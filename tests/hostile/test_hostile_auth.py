@@ -19,6 +19,7 @@ import mqttraw
 from hostile_support import (check, log_guard, module_nodes, nodes, optional_flags,  # noqa: F401
                              password_file, run, target_of)
 import attacks
+import probes
 
 pytestmark = pytest.mark.hostile
 
@@ -29,7 +30,7 @@ USERS = {"canary": "canary-pw", "alice": "wonderland", "bob": "builder", "slowch
          "ops": "operator-pw", "dev": "developer-pw"}
 
 # throttling off: for the attacks that are about something else
-NO_THROTTLE = dict(auth_fail_threshold=1_000_000)
+NO_THROTTLE = dict(auth_fail_threshold=1000)
 
 
 @pytest.fixture(scope="module")
@@ -100,15 +101,15 @@ def test_acl_client_id_wildcards_grant_nothing(nodes, tmp_path):
 
 
 def _acl_client_ids(target, canary):
-    out = attacks.Outcome("ACL %c isolation")
-    victim = attacks.connect_client(target.host, target.port, "dev1", keepalive=0)
+    out = probes.Outcome("ACL %c isolation")
+    victim = probes.connect_client(target.host, target.port, "dev1", keepalive=0)
     attackers = []
     try:
-        assert attacks.subscribe(victim, 1, ("devices/dev1/#", 1)) == [1]
+        assert probes.subscribe(victim, 1, ("devices/dev1/#", 1)) == [1]
         for cid in ("+", "#", "dev1/#", "+/+", "a/b", "dev1/+"):
-            c = attacks.connect_client(target.host, target.port, cid, keepalive=0)
+            c = probes.connect_client(target.host, target.port, cid, keepalive=0)
             attackers.append((cid, c))
-            codes = attacks.subscribe(c, 1, ("devices/+/#", 1), ("devices/#", 1), ("devices/dev1/#", 1),
+            codes = probes.subscribe(c, 1, ("devices/+/#", 1), ("devices/#", 1), ("devices/dev1/#", 1),
                                       ("#", 1), (f"devices/{cid}/#", 1) if "#" not in cid else ("devices/x", 1))
             c.send(mqttraw.publish("devices/dev1/cmd", f"from {cid}".encode(), qos=1, pid=9))
             p = c.recv(5.0)
@@ -164,15 +165,15 @@ def test_sys_follows_the_acl(nodes, pwfile, tmp_path):
 
 
 def _sys_acl(target, canary):
-    out = attacks.Outcome("$SYS behind the ACL")
-    dev = attacks.connect_client(target.host, target.port, "sys-dev", keepalive=0,
+    out = probes.Outcome("$SYS behind the ACL")
+    dev = probes.connect_client(target.host, target.port, "sys-dev", keepalive=0,
                                  username="dev", password=USERS["dev"])
-    ops = attacks.connect_client(target.host, target.port, "sys-ops", keepalive=0,
+    ops = probes.connect_client(target.host, target.port, "sys-ops", keepalive=0,
                                  username="ops", password=USERS["ops"])
     try:
-        codes = attacks.subscribe(dev, 1, ("$SYS/#", 0), ("$SYS/broker/#", 0), ("#", 0))
+        codes = probes.subscribe(dev, 1, ("$SYS/#", 0), ("$SYS/broker/#", 0), ("#", 0))
         out.figures["dev_suback"] = "/".join(f"{x:#x}" for x in codes)
-        assert attacks.subscribe(ops, 1, ("$SYS/#", 0)) == [0]
+        assert probes.subscribe(ops, 1, ("$SYS/#", 0)) == [0]
         seen_dev, seen_ops = [], []
         deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:

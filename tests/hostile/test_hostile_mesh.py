@@ -17,7 +17,7 @@ import pytest
 import mqttraw
 from hostile_support import (SECRET, check, log_guard, nodes, run, target_of,  # noqa: F401 (fixtures)
                              wait_for)
-import attacks
+import probes
 from faultrelay import FaultRelay
 from meshutil import status, wait_converged
 
@@ -72,15 +72,15 @@ def test_replayed_peer_handshake_is_refused(nodes):
 
 
 def _replay(target, canary, relay, c):
-    out = attacks.Outcome("replayed peer handshake")
+    out = probes.Outcome("replayed peer handshake")
     captured = relay.captured(from_dialler=True)
     out.figures["replayed_bytes"] = len(captured)
-    sock = attacks.open_socket(c.host, c.port, source=attacks.loopback(7))
+    sock = probes.open_socket(c.host, c.port, source=probes.loopback(7))
     closed = [None]
     t0 = time.monotonic()
 
     def read():
-        ok, _, how = attacks.closed_within(sock, 5.0)
+        ok, _, how = probes.closed_within(sock, 5.0)
         closed[0] = time.monotonic() - t0 if ok else None
 
     try:
@@ -90,7 +90,7 @@ def _replay(target, canary, relay, c):
         seen = watch_links(c, "a", 4.0)
         reader.join(6.0)
     finally:
-        attacks.reset(sock)
+        probes.reset(sock)
     out.figures["closed_after_s"] = round(closed[0], 2) if closed[0] is not None else None
     if seen:
         out.problems.append(f"c accepted the replayed handshake: it listed a as a linked peer "
@@ -212,10 +212,10 @@ def test_dialler_does_not_link_to_a_listener_without_the_secret(nodes):
 
 
 def _fake_listener(target, canary, fake, d):
-    out = attacks.Outcome("dialler vs. a listener without the secret")
+    out = probes.Outcome("dialler vs. a listener without the secret")
     first = wait_for(fake.first, 10.0, what="the node to dial the fake listener")
     seen = watch_links(d, fake.node_id, 5.0)
-    closed = attacks.wait_until(lambda: first["closed"], max(0.0, first["opened"] + 10.0 - time.monotonic()))
+    closed = probes.wait_until(lambda: first["closed"], max(0.0, first["opened"] + 10.0 - time.monotonic()))
     out.figures.update(hello_sent=first["hello_sent"], connections=len(fake.connections),
                        first_closed_after_s=round(closed - first["opened"], 2) if closed else None)
     if seen:
@@ -242,15 +242,15 @@ def test_sys_shows_no_client_ids_to_anonymous_clients(nodes):
 
 
 def _client_ids_in_sys(target, canary, a, b):
-    out = attacks.Outcome("ClientIds in $SYS")
+    out = probes.Outcome("ClientIds in $SYS")
     secret_ids = ["device-7f3a9c-on-a", "device-51be02-on-b"]
-    devices = [attacks.connect_client(n.host, n.port, cid, clean=False, keepalive=0)
+    devices = [probes.connect_client(n.host, n.port, cid, clean=False, keepalive=0)
                for n, cid in zip((a, b), secret_ids)]
     watchers = []
     try:
         for n in (a, b):
-            w = attacks.connect_client(n.host, n.port, f"anon-sys-{n.name}", keepalive=0)
-            assert attacks.subscribe(w, 1, ("$SYS/#", 0)) in ([0], [0x80])
+            w = probes.connect_client(n.host, n.port, f"anon-sys-{n.name}", keepalive=0)
+            assert probes.subscribe(w, 1, ("$SYS/#", 0)) in ([0], [0x80])
             watchers.append((n.name, w))
         leaks = {}
         count = 0
@@ -293,10 +293,10 @@ def test_mesh_namespace_is_closed_to_clients(nodes):
 
 
 def _mesh_namespace(target, canary, n):
-    out = attacks.Outcome("$mesh namespace")
-    c = attacks.connect_client(n.host, n.port, "mesh-snoop", keepalive=0)
+    out = probes.Outcome("$mesh namespace")
+    c = probes.connect_client(n.host, n.port, "mesh-snoop", keepalive=0)
     try:
-        codes = attacks.subscribe(c, 1, ("$mesh/#", 1), ("$mesh/to/+/hello", 1), ("$mesh/from/m/#", 1))
+        codes = probes.subscribe(c, 1, ("$mesh/#", 1), ("$mesh/to/+/hello", 1), ("$mesh/from/m/#", 1))
         if any(code != 0x80 for code in codes):
             out.problems.append(f"a client subscribed to $mesh topics: SUBACK {codes}")
         hello = MeshEngine("intruder", 1, ["127.0.0.1:9"]).hello()
@@ -308,10 +308,10 @@ def _mesh_namespace(target, canary, n):
     finally:
         c.close()
     for cid in ("$mesh-intruder", "$mesh", "$meshy"):
-        rc, _ = attacks.try_connect(n.host, n.port, cid, timeout=3.0)
+        rc, _ = probes.try_connect(n.host, n.port, cid, timeout=3.0)
         if rc != 0x02:
             out.problems.append(f"ClientId {cid!r}: CONNACK {rc}, expected 0x02 (identifier rejected)")
-    rc, _ = attacks.try_connect(n.host, n.port, "$mesh-intruder", timeout=3.0, username="mqttmesh-peer",
+    rc, _ = probes.try_connect(n.host, n.port, "$mesh-intruder", timeout=3.0, username="mqttmesh-peer",
                                 password=f"intruder|1|{int(time.time())}|{'0' * 64}")
     if rc == 0:
         out.problems.append("a made-up peer token was accepted")

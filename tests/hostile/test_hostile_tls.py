@@ -14,6 +14,7 @@ import pytest
 import mqttraw
 from hostile_support import (check, free_port, log_guard, nodes, run, target_of)  # noqa: F401
 import attacks
+import probes
 
 pytestmark = [pytest.mark.hostile,
               pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
@@ -61,7 +62,7 @@ def _tls_connect(pki, port, cert):
 
 
 def _certificates(target, canary, pki, port):
-    out = attacks.Outcome("TLS client certificates")
+    out = probes.Outcome("TLS client certificates")
     for cert in (None, "rogue"):
         what = "no certificate" if cert is None else "a certificate from another CA"
         try:
