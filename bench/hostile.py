@@ -84,7 +84,7 @@ def specs(seed: int) -> list[Spec]:
         Spec("unverified CONNECT + 200 MB (20 sockets)", attacks.unverified_connect_memory,
              {"variant": "many-sockets"}, passwords=True, mqttmesh_extra=[no_throttle]),
         Spec("failed-login throttling", attacks.login_throttling,
-             {"attempts": 9, "budget": 15.0, "sys_topic": "$SYS/broker/connections/auth_failed"},
+             {"attempts": 9, "budget": 15.0, "sys_topic": "$SYS/broker/connections/auth_failures"},
              passwords=True, sys_interval=1,
              mqttmesh_extra=[dict(auth_fail_threshold=3, auth_fail_delay=0.2, auth_fail_delay_max=1.6)]),
         Spec("20 bad logins/s (CPU)", attacks.login_cpu, {"rate": 20.0, "duration": 5.0}, passwords=True,

@@ -24,7 +24,7 @@ import probes
 pytestmark = pytest.mark.hostile
 
 # the $SYS topic that counts failed logins (issue 13: "failed logins counted in $SYS")
-FAILED_LOGINS_TOPIC = "$SYS/broker/connections/auth_failed"
+FAILED_LOGINS_TOPIC = "$SYS/broker/connections/auth_failures"
 
 USERS = {"canary": "canary-pw", "alice": "wonderland", "bob": "builder", "slowcheck": "tortoise",
          "ops": "operator-pw", "dev": "developer-pw"}
