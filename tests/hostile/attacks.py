@@ -299,18 +299,21 @@ class Flooder:
 # --------------------------------------------------------------------------- a. reset during fan-out
 
 
-def reset_during_fanout(target: Target, canary: Canary, rng: random.Random, rounds: int = 6,
-                        per_round: int = 12, topic: str = "fanout/t") -> Outcome:
+def reset_during_fanout(target: Target, canary: Canary, rng: random.Random, rounds: int = 10,
+                        per_round: int = 16, rate: float = 200, burst: int = 10, payload_size: int = 512,
+                        topic: str = "fanout/t") -> Outcome:
     """Subscribers of one topic (QoS 0 and 1, small receive windows) vanish with a TCP reset
     while a publisher fans QoS 1 messages out to them, ``rounds`` times; three well-behaved
     subscribers of the same topic must get every message."""
     out = Outcome("reset during fan-out")
     tag = f"{os.getpid()}-{rng.getrandbits(24):x}"
     good = [Subscriber(target, f"fan-good{i}-{tag}", topic, 1) for i in range(3)]
-    pub = Publisher(target, f"fan-pub-{tag}", topic, qos=1, window=100, payload_size=1024)
+    pub = Publisher(target, f"fan-pub-{tag}", topic, qos=1, window=100, payload_size=payload_size)
     resets = 0
     try:
-        pub.start(rate=None, duration=60.0, burst=10)
+        # 2,000 messages a second by default: enough to keep every victim's window full, and
+        # few enough that the well-behaved subscribers (Python threads) keep up
+        pub.start(rate=rate, duration=60.0, burst=burst)
         for r in range(rounds):
             victims = []
             for i in range(per_round):
@@ -533,8 +536,8 @@ def slow_acker(target: Target, canary: Canary, duration: float = 10.0, ack_delay
     return out
 
 
-def congested_own_topic(target: Target, canary: Canary, duration: float = 8.0, burst: int = 400,
-                        limit: float = CANARY_LIMIT) -> Outcome:
+def congested_own_topic(target: Target, canary: Canary, duration: float = 8.0, burst: int = 1200,
+                        rate: float = 2.0, limit: float = CANARY_LIMIT) -> Outcome:
     """Clients that congest their own topic (subscribe, never read, a publisher floods it)
     must not hold back a busy publisher on an unrelated topic whose subscriber is healthy:
     every one of its QoS 1 messages is delivered within ``limit`` seconds of being sent.
@@ -546,7 +549,7 @@ def congested_own_topic(target: Target, canary: Canary, duration: float = 8.0, b
     stuck: list[socket.socket] = []
     flooders: list[Flooder] = []
     try:
-        busy.start(rate=4, duration=duration, burst=burst)  # bursts: more than its in-flight window
+        busy.start(rate=rate, duration=duration, burst=burst)  # bursts: more than its in-flight window
         t_end = time.monotonic() + duration
         i = 0
         while time.monotonic() < t_end - 1.0:
