@@ -175,11 +175,6 @@ def check(outcome: probes.Outcome) -> None:
 # --------------------------------------------------------------------------- files
 
 
-def run_cli(*args: str, timeout: float = 60.0, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "mqttmesh", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
-
-
 def password_file(path: Path, users: dict[str, str], iterations: int | None = None) -> Path:
     """A password file made by ``mqttmesh passwd`` (default iterations unless given): one
     file per user, made in parallel, then joined (the format is one ``user:hash`` line each)."""
