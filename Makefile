@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test bench venv clean simulate-scale
+.PHONY: run test bench venv clean simulate-scale fuzz hostile-bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,14 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench
+
+# the fuzz target of tests/hostile for 5 minutes (MQTTMESH_FUZZ_SEED=N repeats a run)
+fuzz: $(STAMP)
+	MQTTMESH_FUZZ_SECONDS=300 $(PY) -m pytest -q -s tests/hostile/test_fuzz.py
+
+# the hostile attacks against mqttmesh and Mosquitto, side by side (a Markdown table)
+hostile-bench: $(STAMP)
+	$(PY) -m bench.hostile
 
 # 1,000 simulated nodes, 100,000 filters, a fault schedule (docs/simulation.md)
 simulate-scale: $(STAMP)
