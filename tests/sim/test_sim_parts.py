@@ -163,6 +163,17 @@ def test_command_reports_a_bad_scenario(tmp_path):
     assert "topology.kind: unknown 'torus'" in p.stderr
 
 
+def test_command_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    # matplotlib is the `sim` extra: a run that would end in plots stops before it starts
+    from mqttmesh.sim.cli import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what find_spec reports when it is absent
+    rc = main([str(ROOT / "scenarios" / "ring-12.toml"), "--out", str(tmp_path / "out"), "-q"])
+    assert rc == 2
+    assert "plots need matplotlib: pip install 'mqttmesh[sim]' (or --no-plots)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_runs_are_the_same_across_processes_and_hash_seeds(tmp_path):
     # sets and dicts iterate in hash order, which changes with PYTHONHASHSEED: nothing the
     # simulator or the engine decides may depend on it

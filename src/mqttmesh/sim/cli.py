@@ -45,6 +45,12 @@ def run(args: argparse.Namespace, prog: str = "mqttmesh simulate") -> int:
     from .report import format_text, summarize
     from .scenario import ScenarioError, load_scenario
 
+    if args.out and not args.no_plots:
+        from .plots import INSTALL_HINT, available
+
+        if not available():  # say so before a run that may take minutes, not after it
+            print(f"{prog}: {INSTALL_HINT} (or --no-plots)", file=sys.stderr)
+            return 2
     try:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:

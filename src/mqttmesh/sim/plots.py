@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-__all__ = ["plot_run", "pyplot"]
+__all__ = ["plot_run", "pyplot", "available", "INSTALL_HINT"]
+
+# matplotlib is an extra (`sim`), not a dependency of the broker
+INSTALL_HINT = "plots need matplotlib: pip install 'mqttmesh[sim]'"
+
+
+def available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError(INSTALL_HINT) from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
