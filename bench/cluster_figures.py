@@ -127,8 +127,7 @@ def wills(repeat: int) -> list[float]:
 
 
 def retained(nodes: Nodes, count: int, repeat: int) -> tuple[list[float], list[float]]:
-    publish_all(nodes.ports["a"], [(f"ret/{i // 100}/{i % 100}", b"v" * 64) for i in range(count)],
-                retain=True)
+    publish_all(nodes.ports["a"], [(f"ret/{i // 100}/{i % 100}", b"v" * 64) for i in range(count)], retain=True)
     time.sleep(1.0)  # owners receive their copies (a measurement, not a test)
     exact, every = [], []
     for r in range(repeat):
@@ -175,8 +174,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     def ms(values):
-        return (f"median {statistics.median(values) * 1000:.1f} ms (min {min(values) * 1000:.1f}, "
-                f"max {max(values) * 1000:.1f}, n={len(values)})")
+        return (
+            f"median {statistics.median(values) * 1000:.1f} ms (min {min(values) * 1000:.1f}, "
+            f"max {max(values) * 1000:.1f}, n={len(values)})"
+        )
 
     with tempfile.TemporaryDirectory(prefix="mqttmesh-fig-") as wd:
         nodes = mesh3(wd)
@@ -189,8 +190,10 @@ def main(argv=None) -> int:
             print(f"retained lookup, exact topic, {args.retained} retained topics: {ms(exact)}")
             print(f"retained lookup, all {args.retained} topics ('ret/#'):        {ms(every)}")
             per = session_memory(nodes, args.sessions)
-            print(f"memory per replicated session (1 subscription, 10 queued 64-byte messages): "
-                  f"{per / 1024:.1f} KiB on a holder node")
+            print(
+                f"memory per replicated session (1 subscription, 10 queued 64-byte messages): "
+                f"{per / 1024:.1f} KiB on a holder node"
+            )
         finally:
             nodes.stop()
     w = wills(args.repeat)

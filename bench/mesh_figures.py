@@ -58,10 +58,30 @@ class Nodes:
         self.args[name] = args
         log = open(os.path.join(self.workdir, f"{name}.log"), "ab")
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "mqttmesh", "broker", "--port", str(port), "--node-id", name,
-             "--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.05",
-             "--sys-interval", "0", "--log-level", "warning", *args],
-            stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "mqttmesh",
+                "broker",
+                "--port",
+                str(port),
+                "--node-id",
+                name,
+                "--cluster-secret",
+                SECRET,
+                "--connect",
+                "configured",
+                "--status-interval",
+                "0.05",
+                "--sys-interval",
+                "0",
+                "--log-level",
+                "warning",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
 
     def status(self, name: str) -> dict:
@@ -195,11 +215,18 @@ def propagation(length: int) -> float:
             for i, n in enumerate(names):
                 args = ["--peer", f"127.0.0.1:{ports[names[i - 1]]}"] if i else []
                 nodes.start(n, ports[n], args)
-            nodes.wait(lambda: all(info["reachable"] for info in nodes.status(names[0])["nodes"].values())
-                       and len(nodes.status(names[0])["nodes"]) == length, 30, "line converged")
+            nodes.wait(
+                lambda: (
+                    all(info["reachable"] for info in nodes.status(names[0])["nodes"].values())
+                    and len(nodes.status(names[0])["nodes"]) == length
+                ),
+                30,
+                "line converged",
+            )
             probe = Probe(ports[names[-1]], "prop/#")
-            pub = threading.Thread(target=publish_stream,
-                                   args=(ports[names[0]], "prop/x", lambda: bool(probe.arrivals)), daemon=True)
+            pub = threading.Thread(
+                target=publish_stream, args=(ports[names[0]], "prop/x", lambda: bool(probe.arrivals)), daemon=True
+            )
             pub.start()
             nodes.wait(lambda: probe.arrivals, 10, "first probe")
             pub.join(2)
@@ -221,11 +248,14 @@ def main(argv=None) -> int:
 
     def summary(values):
         return f"median {statistics.median(values) * 1000:.0f} ms (min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
+
     print(f"mesh.keepalive = {args.keepalive:g} s (dead after 3 x keepalive), {args.repeat} runs each")
     print(f"kill -9 of the relay node -> a's route through the other path: {summary([r['reroute_s'] for r in rr])}")
     print(f"kill -9 of the relay node -> outage in a 1 ms QoS 0 probe stream: {summary([r['outage_s'] for r in rr])}")
     print(f"relay node frozen (SIGSTOP, silent) -> re-route: {summary([r['reroute_s'] for r in frozen])}")
-    print(f"relay node frozen (SIGSTOP, silent) -> outage in the probe stream: {summary([r['outage_s'] for r in frozen])}")
+    print(
+        f"relay node frozen (SIGSTOP, silent) -> outage in the probe stream: {summary([r['outage_s'] for r in frozen])}"
+    )
     print(f"subscription made on the far end of a 2-node line, effective at the other end: {summary(prop2)}")
     print(f"subscription made on the far end of a 4-node line, effective at the other end: {summary(prop4)}")
     return 0

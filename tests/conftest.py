@@ -55,18 +55,32 @@ class BrokerProcess:
         if self.port_file.exists():
             self.port_file.unlink()
         port = str(self.port) if self.port else "0"
-        cmd = [sys.executable, "-m", "mqttmesh", "broker", "--host", self.host, "--port", port,
-               "--port-file", str(self.port_file), "--node-id", self.name, "--sys-interval", "0",
-               *self.args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mqttmesh",
+            "broker",
+            "--host",
+            self.host,
+            "--port",
+            port,
+            "--port-file",
+            str(self.port_file),
+            "--node-id",
+            self.name,
+            "--sys-interval",
+            "0",
+            *self.args,
+        ]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+        )
         log.close()
 
         def ready():
             if self.proc.poll() is not None:
-                raise AssertionError(f"broker {self.name} exited with {self.proc.returncode}:\n"
-                                     f"{self.log()}")
+                raise AssertionError(f"broker {self.name} exited with {self.proc.returncode}:\n{self.log()}")
             return self.port_file.exists() and self.port_file.read_text().strip()
 
         self.port = int(wait_for(ready, timeout, what=f"broker {self.name} to listen"))

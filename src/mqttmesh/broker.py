@@ -38,12 +38,27 @@ class BrokerSettings:
 class Stats:
     """Counters behind $SYS/broker/... and `mqttmesh status`."""
 
-    __slots__ = ("messages_received", "messages_sent", "publish_dropped", "publish_denied",
-                 "bytes_received", "bytes_sent", "connections_total", "connections_refused",
-                 "protocol_errors", "slow_consumers", "wills_published",
-                 "outputs_blocked", "memory_pauses", "preauth_refused",
-                 "auth_failures", "auth_throttled", "auth_busy",
-                 "ended_queue_full", "ended_slow_qos0")  # drops counted by sessions now gone
+    __slots__ = (
+        "messages_received",
+        "messages_sent",
+        "publish_dropped",
+        "publish_denied",
+        "bytes_received",
+        "bytes_sent",
+        "connections_total",
+        "connections_refused",
+        "protocol_errors",
+        "slow_consumers",
+        "wills_published",
+        "outputs_blocked",
+        "memory_pauses",
+        "preauth_refused",
+        "auth_failures",
+        "auth_throttled",
+        "auth_busy",
+        "ended_queue_full",
+        "ended_slow_qos0",
+    )  # drops counted by sessions now gone
 
     def __init__(self):
         for name in self.__slots__:
@@ -54,8 +69,7 @@ class Stats:
 
 
 class Broker:
-    def __init__(self, settings: BrokerSettings, auth: Auth | None = None,
-                 journal: Journal | None = None):
+    def __init__(self, settings: BrokerSettings, auth: Auth | None = None, journal: Journal | None = None):
         self.settings = settings
         self.node_id = settings.node_id
         self.auth = auth or Auth()
@@ -79,7 +93,7 @@ class Broker:
         # with the read it came in (channel.py)
         self.archive_hook = None
         self.capture = None
-        self.cluster = None        # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
+        self.cluster = None  # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
         self.persistent_factory = None  # makes CleanSession=0 sessions when set (replicated ones)
         self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
         self._after_commit: list[tuple[int, Callable[[], None]]] = []
@@ -90,8 +104,7 @@ class Broker:
 
     # -- sessions -------------------------------------------------------------------
 
-    def open_session(self, channel, client_id: str, clean: bool,
-                     durable: bool = True) -> tuple[Session, bool]:
+    def open_session(self, channel, client_id: str, clean: bool, durable: bool = True) -> tuple[Session, bool]:
         """Take over ``client_id`` for ``channel``; (session, session_present).
 
         ``durable=False`` keeps even a CleanSession=0 session in memory (peer links:

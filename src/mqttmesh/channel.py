@@ -24,19 +24,34 @@ import os
 from collections import deque
 
 from . import codec
-from .codec import (CONNECT, CONNACK, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBCOMP, PUBLISH,
-                    PUBREC, PUBREL, SUBACK, SUBSCRIBE, UNSUBACK, UNSUBSCRIBE, Decoder,
-                    MalformedPacket, PACKET_NAMES)
+from .codec import (
+    CONNECT,
+    CONNACK,
+    DISCONNECT,
+    PINGREQ,
+    PINGRESP,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    SUBACK,
+    SUBSCRIBE,
+    UNSUBACK,
+    UNSUBSCRIBE,
+    Decoder,
+    MalformedPacket,
+    PACKET_NAMES,
+)
 from .message import Message
 from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, PeerAuthError, parse_connect
 
-__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED",
-           "TRANSITIONS"]
+__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
 
 AWAIT_CONNECT = "await-connect"
 AUTHENTICATING = "authenticating"
-CLAIMING = "claiming"          # in a mesh: the ClientId is being claimed, the session gathered
-PEER_AUTH = "peer-auth"        # a provisional peer: CONNACK sent, the proofs of the secret pending
+CLAIMING = "claiming"  # in a mesh: the ClientId is being claimed, the session gathered
+PEER_AUTH = "peer-auth"  # a provisional peer: CONNACK sent, the proofs of the secret pending
 CONNECTED = "connected"
 CLOSED = "closed"
 
@@ -68,11 +83,38 @@ class ProtocolViolation(Exception):
 
 
 class Channel:
-    __slots__ = ("broker", "owner", "peer", "state", "decoder", "session", "client_id",
-                 "username", "will", "keepalive", "last_rx", "opened_at", "close_reason",
-                 "clean_disconnect", "_out", "_held", "is_peer", "peer_node", "_pending_connect",
-                 "_processing", "blocked", "_cap_on", "_cap_next", "_cap_base", "_cap_segs", "_cap_skips",
-                 "_peer_auth", "_peer_filter", "certified", "__weakref__")
+    __slots__ = (
+        "broker",
+        "owner",
+        "peer",
+        "state",
+        "decoder",
+        "session",
+        "client_id",
+        "username",
+        "will",
+        "keepalive",
+        "last_rx",
+        "opened_at",
+        "close_reason",
+        "clean_disconnect",
+        "_out",
+        "_held",
+        "is_peer",
+        "peer_node",
+        "_pending_connect",
+        "_processing",
+        "blocked",
+        "_cap_on",
+        "_cap_next",
+        "_cap_base",
+        "_cap_segs",
+        "_cap_skips",
+        "_peer_auth",
+        "_peer_filter",
+        "certified",
+        "__weakref__",
+    )
 
     def __init__(self, broker, owner, peer: str, now: float, certified: bool = False):
         self.broker = broker
@@ -92,15 +134,15 @@ class Channel:
         self.opened_at = now
         self.close_reason = None
         self.clean_disconnect = False
-        self.is_peer = False     # a peer link from another mesh node (mesh/peerauth.py)
+        self.is_peer = False  # a peer link from another mesh node (mesh/peerauth.py)
         self.peer_node = None
         self._pending_connect = None
         self._processing = False
         # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
         # client are dropped (session.py) until the output drains
         self.blocked = False
-        self._peer_auth = None     # PEER_AUTH: the listener's half of the handshake (peerauth.py)
-        self._peer_filter = None   # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
+        self._peer_auth = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
+        self._peer_filter = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
         # the archive's capture of the read being processed (archive/reads.py): on, the
         # seq the next message continues the current segment with, the ordinal after
         # the last skip, segments and skips (a list once there is a skip, which is rare);
@@ -129,8 +171,7 @@ class Channel:
                     # refused at the first byte, without waiting for the body it announces
                     self.broker.stats.protocol_errors += 1
                     rule = "MQTT-2.2.2-2" if first >> 4 == CONNECT else "MQTT-3.1.0-1"
-                    return self.close(f"protocol violation: [{rule}] first byte 0x{first:02x} "
-                                      f"is not a CONNECT header")
+                    return self.close(f"protocol violation: [{rule}] first byte 0x{first:02x} is not a CONNECT header")
             elif decoder.buffered > decoder.max_packet_size + PREAUTH_READ_SLACK:
                 # the owner stops reading while the CONNECT is checked; this is the backstop
                 return self.close("more data before CONNACK than one read behind the CONNECT")
@@ -165,8 +206,9 @@ class Channel:
                 if self._cap_next >= 0 or self._cap_skips:  # PUBLISH packets in this read
                     count = self._cap_ordinal()
                     if count > len(self._cap_skips):
-                        capture(self.client_id, now + self.broker.wall_offset, keep, self._cap_segs,
-                                self._cap_skips, count)
+                        capture(
+                            self.client_id, now + self.broker.wall_offset, keep, self._cap_segs, self._cap_skips, count
+                        )
                     self._cap_next = -1
                     self._cap_base = 0
                     self._cap_segs = []
@@ -216,8 +258,10 @@ class Channel:
             self.close("no CONNECT within the connect timeout")
         elif self.state is PEER_AUTH and now >= self.opened_at + self.broker.settings.connect_timeout:
             self.broker.stats.connections_refused += 1
-            self.close(f"peer {self._peer_auth.handshake.dialler!r} did not prove the cluster secret "
-                       f"within the connect timeout")
+            self.close(
+                f"peer {self._peer_auth.handshake.dialler!r} did not prove the cluster secret "
+                f"within the connect timeout"
+            )
         elif self.state is CONNECTED and self.keepalive and now >= self.last_rx + 1.5 * self.keepalive:
             if self in self.broker.congestion.paused:
                 # we stopped reading this publisher (flow.py): its silence is ours, not its
@@ -269,8 +313,9 @@ class Channel:
 
     def _on_connect(self, pkt: codec.Connect, now: float) -> None:
         if pkt.protocol_level != 4 or pkt.protocol_name != "MQTT":
-            return self._refuse(BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} "
-                                              f"level {pkt.protocol_level}")  # [MQTT-3.1.2-2]
+            return self._refuse(
+                BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} level {pkt.protocol_level}"
+            )  # [MQTT-3.1.2-2]
         if not pkt.client_id and not pkt.clean_session:
             return self._refuse(ID_REJECTED, "empty ClientId with CleanSession=0")  # [MQTT-3.1.3-8]
         if len(pkt.client_id.encode()) > self.broker.settings.max_client_id_length:
@@ -320,8 +365,7 @@ class Channel:
             return
         journal = broker.journal
         before = journal.writes if journal is not None else 0
-        session, present = broker.open_session(self, self.client_id, pkt.clean_session,
-                                               durable=not self.is_peer)
+        session, present = broker.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
         batch = journal.batch if journal is not None and journal.writes != before else 0
         self._connected(session, present, now, batch)
@@ -365,15 +409,19 @@ class Channel:
         if peer.version != PEER_PROTOCOL:
             # a rolling upgrade meets an older or newer node: say so, both versions named
             who = peer.node or pkt.client_id.removeprefix("$mesh-")
-            return self._accept(BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {peer.version}, "
-                                                      f"this node {PEER_PROTOCOL}")
+            return self._accept(
+                BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {peer.version}, this node {PEER_PROTOCOL}"
+            )
         if pkt.client_id != f"$mesh-{peer.node}":
             return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
         if peer.node == self.broker.node_id:
             return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
         if mesh.peer_certificate_required and not self.certified:
-            return self._accept(NOT_AUTHORIZED, now, "a peer link needs a TLS client certificate signed "
-                                                     "by tls.ca_file (mesh.tls_mutual)")
+            return self._accept(
+                NOT_AUTHORIZED,
+                now,
+                "a peer link needs a TLS client certificate signed by tls.ca_file (mesh.tls_mutual)",
+            )
         # CONNACK now, so that the dialler can subscribe and take our challenge; but the
         # ClientId is not taken over (that would let anyone close a peer's link) and nothing
         # is routed here until the dialler has proved the secret (_on_peer_proof)
@@ -399,8 +447,9 @@ class Channel:
         dialler = auth.handshake.dialler
         try:
             if self._peer_filter is None or pkt.qos or pkt.retain or pkt.topic != f"$mesh/from/{dialler}/auth":
-                raise PeerAuthError(f"provisional peer {dialler!r} sent a PUBLISH on {pkt.topic!r} "
-                                    f"before proving the cluster secret")
+                raise PeerAuthError(
+                    f"provisional peer {dialler!r} sent a PUBLISH on {pkt.topic!r} before proving the cluster secret"
+                )
             auth.check_dialler(pkt.payload)
         except PeerAuthError as exc:
             self.broker.stats.connections_refused += 1
@@ -447,8 +496,7 @@ class Channel:
             self.write(_ack(_PUBREC, pid))
             return
         if len(awaiting) >= session.limits.max_awaiting_rel:
-            raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL "
-                                                    "(limits.max_awaiting_rel)")
+            raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
         batch = self._publish(Message(pkt.topic, pkt.payload, 2, pkt.retain), now)
         awaiting.add(pid)
         if session.durable:
@@ -462,8 +510,9 @@ class Channel:
         broker.stats.messages_received += 1
         topic = msg.topic
         auth = broker.auth
-        if (topic[0] == "$" and not self.is_peer) or (not self.is_peer and auth.acl is not None and
-                                                       not auth.can_publish(self.username, self.client_id, topic)):
+        if (topic[0] == "$" and not self.is_peer) or (
+            not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
+        ):
             # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
             broker.stats.publish_denied += 1
             if self._cap_on:
@@ -561,7 +610,8 @@ class Channel:
                 refused = not topic_filter.startswith(f"$mesh/to/{self.peer_node}/")
             else:
                 refused = topic_filter.startswith("$mesh") or not auth.can_subscribe(
-                    self.username, self.client_id, topic_filter)
+                    self.username, self.client_id, topic_filter
+                )
             if refused:
                 codes.append(0x80)
                 continue

@@ -25,18 +25,18 @@ __all__ = ["Congestion"]
 
 class Congestion:
     def __init__(self, timeout: float = 5.0, backpressure_timeout: float = 1.0):
-        self.timeout = timeout                            # slow consumer: dropped after this
+        self.timeout = timeout  # slow consumer: dropped after this
         self.backpressure_timeout = backpressure_timeout  # longest a publisher waits
-        self.reasons: dict[Hashable, set[str]] = {}       # session -> {"queue", "socket"}
+        self.reasons: dict[Hashable, set[str]] = {}  # session -> {"queue", "socket"}
         self.since: dict[Hashable, tuple[float, Any]] = {}  # session -> (last progress, marker)
         self.holding: dict[Hashable, float] = {}  # session -> when it first held a publisher back
-        self.overrun: set[Hashable] = set()       # congested past the bound: holds no one back
-        self.waiting: dict[Hashable, set] = {}    # session -> publisher channels paused for it
+        self.overrun: set[Hashable] = set()  # congested past the bound: holds no one back
+        self.waiting: dict[Hashable, set] = {}  # session -> publisher channels paused for it
         self.paused: dict[Any, tuple[float, set]] = {}  # channel -> (paused at, sessions it waits for)
-        self.hit = False          # the last dispatch reached a congested session ...
+        self.hit = False  # the last dispatch reached a congested session ...
         self.hit_sessions: list = []  # ... these ones (valid while ``hit``)
-        self.pauses = 0           # publishers paused, ever
-        self.released = 0         # publishers read again because the bound passed, ever
+        self.pauses = 0  # publishers paused, ever
+        self.released = 0  # publishers read again because the bound passed, ever
 
     def __bool__(self) -> bool:
         return bool(self.reasons)

@@ -21,11 +21,12 @@ SENT_PUBLISH, SENT_PUBREL = 1, 2
 @dataclass
 class Limits:
     """Per-session limits; every one is a setting (see config.py)."""
-    max_inflight: int = 100          # outbound QoS 1/2 messages awaiting acknowledgement
-    max_queued: int = 10_000         # messages queued behind the window or while offline
-    queue_qos0: bool = False         # queue QoS 0 messages for offline persistent sessions
-    drop_policy: str = "oldest"      # which message a full queue drops: "oldest" or "newest"
-    max_awaiting_rel: int = 1_000    # inbound QoS 2 packet ids awaiting PUBREL
+
+    max_inflight: int = 100  # outbound QoS 1/2 messages awaiting acknowledgement
+    max_queued: int = 10_000  # messages queued behind the window or while offline
+    queue_qos0: bool = False  # queue QoS 0 messages for offline persistent sessions
+    drop_policy: str = "oldest"  # which message a full queue drops: "oldest" or "newest"
+    max_awaiting_rel: int = 1_000  # inbound QoS 2 packet ids awaiting PUBREL
 
     @property
     def queue_high(self) -> int:
@@ -39,6 +40,7 @@ class Limits:
 
 class Entry:
     """One message on its way to one session: queued, or in flight with a packet id."""
+
     __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key")
 
     def __init__(self, msg, qos: int, retain: bool = False, key: int = 0):
@@ -61,17 +63,17 @@ class Session:
         self.clean = clean
         self.limits = limits
         self.subscriptions: dict[str, int] = {}
-        self.inflight: dict[int, Entry] = {}   # packet id -> entry, in send order
+        self.inflight: dict[int, Entry] = {}  # packet id -> entry, in send order
         self.queue: deque[Entry] = deque()
-        self.awaiting_rel: set[int] = set()    # inbound QoS 2 ids between PUBREC and PUBREL
-        self.channel = None                    # the Channel the client is connected on
+        self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids between PUBREC and PUBREL
+        self.channel = None  # the Channel the client is connected on
         self.username: str | None = None
-        self.dropped = 0                       # messages a full queue dropped
-        self.dropped_qos0 = 0                  # QoS 0 messages dropped: output over its limit
-        self.congestion = None                 # the broker's Congestion tracker
-        self.backlogged = False                # online, with the queue over queue_high
-        self.acked = 0                         # acknowledgements received, ever (progress)
-        self.on_sent = None                    # optional hook(session, msg, qos, dup): delivery log
+        self.dropped = 0  # messages a full queue dropped
+        self.dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
+        self.congestion = None  # the broker's Congestion tracker
+        self.backlogged = False  # online, with the queue over queue_high
+        self.acked = 0  # acknowledgements received, ever (progress)
+        self.on_sent = None  # optional hook(session, msg, qos, dup): delivery log
         self._next_pid = 1
 
     # -- delivery (the hot path) -------------------------------------------------
@@ -108,8 +110,12 @@ class Session:
             self._stored_remove(queue.popleft())
         queue.append(entry)
         self._stored_put(entry)
-        if (not self.backlogged and self.channel is not None and self.congestion is not None
-                and len(queue) >= self.limits.queue_high):
+        if (
+            not self.backlogged
+            and self.channel is not None
+            and self.congestion is not None
+            and len(queue) >= self.limits.queue_high
+        ):
             self.backlogged = True
             self.congestion.add(self, "queue")
 
@@ -236,6 +242,7 @@ class DurableSession(Session):
     The journal is an in-memory list of operations; the I/O layer commits it in
     groups and only then releases the acknowledgements that depend on it.
     """
+
     durable = True
 
     def __init__(self, client_id: str, limits: Limits, journal):

@@ -87,7 +87,7 @@ class _Registry:
         out = []
         for b in self.nodes:
             text = b.log()
-            new = text[marks.get(id(b), 0):]
+            new = text[marks.get(id(b), 0) :]
             found = log_problems(new)
             if found:
                 out.append(f"node {b.name} ({b.log_path}):\n  " + "\n  ".join(found))
@@ -152,8 +152,7 @@ def module_nodes(tmp_path_factory):
     for b in started:
         REGISTRY.remove(b)
     if problems:
-        pytest.fail("unhandled exceptions in the node logs at shutdown:\n" + "\n".join(problems),
-                    pytrace=False)
+        pytest.fail("unhandled exceptions in the node logs at shutdown:\n" + "\n".join(problems), pytrace=False)
 
 
 def target_of(b: BrokerProcess, **kw) -> Target:
@@ -182,9 +181,17 @@ def password_file(path: Path, users: dict[str, str], iterations: int | None = No
     procs = []
     for i, (user, password) in enumerate(users.items()):
         part = path.with_name(f"{path.name}.{i}")
-        procs.append((part, subprocess.Popen([PYTHON, "-m", "mqttmesh", "passwd", str(part), user, "-b",
-                                              password, *extra], stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE, text=True)))
+        procs.append(
+            (
+                part,
+                subprocess.Popen(
+                    [PYTHON, "-m", "mqttmesh", "passwd", str(part), user, "-b", password, *extra],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                ),
+            )
+        )
     lines = []
     for part, proc in procs:
         _, err = proc.communicate(timeout=60)

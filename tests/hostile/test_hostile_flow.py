@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from hostile_support import (check, log_guard, nodes, run, target_of)  # noqa: F401 (fixtures)
+from hostile_support import check, log_guard, nodes, run, target_of  # noqa: F401 (fixtures)
 import attacks
 
 pytestmark = pytest.mark.hostile

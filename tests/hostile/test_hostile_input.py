@@ -11,8 +11,14 @@ import random
 
 import pytest
 
-from hostile_support import (check, log_guard, module_nodes, nodes, run,  # noqa: F401 (fixtures)
-                             target_of)
+from hostile_support import (
+    check,
+    log_guard,
+    module_nodes,
+    nodes,
+    run,  # noqa: F401 (fixtures)
+    target_of,
+)
 import attacks
 
 pytestmark = pytest.mark.hostile

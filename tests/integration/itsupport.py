@@ -28,8 +28,19 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 import mqttraw  # noqa: E402
-from mqttraw import (CONNACK, PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, SUBACK,  # noqa: E402,F401
-                     UNSUBACK, PINGRESP, Closed, Packet)
+from mqttraw import (
+    CONNACK,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    SUBACK,  # noqa: E402,F401
+    UNSUBACK,
+    PINGRESP,
+    Closed,
+    Packet,
+)
 
 
 def _root_conftest():
@@ -81,8 +92,7 @@ class Client(mqttraw.RawClient):
                 if p.type == PUBLISH:
                     kept.append(p)
                     continue
-                assert p.type == ptype and p.packet_id == pid, \
-                    f"expected type {ptype} for packet id {pid}, got {p!r}"
+                assert p.type == ptype and p.packet_id == pid, f"expected type {ptype} for packet id {pid}, got {p!r}"
                 return p
         finally:
             self.backlog.extend(kept)
@@ -175,14 +185,14 @@ def log_has(broker, *needles: str) -> bool:
 
 
 def wait_log(broker, *needles: str, timeout: float = 5.0) -> None:
-    wait_for(lambda: log_has(broker, *needles), timeout,
-             what=f"a log line with {needles!r}; log:\n{broker.log()[-3000:]}")
+    wait_for(
+        lambda: log_has(broker, *needles), timeout, what=f"a log line with {needles!r}; log:\n{broker.log()[-3000:]}"
+    )
 
 
 def control_roundtrip(broker, tag: str, timeout: float = 5.0) -> None:
     """A fresh publisher/subscriber pair still works: QoS 1 there and back."""
-    with Client(broker.host, broker.port, timeout) as sub, \
-            Client(broker.host, broker.port, timeout) as pub:
+    with Client(broker.host, broker.port, timeout) as sub, Client(broker.host, broker.port, timeout) as pub:
         assert connack(sub.connect(client_id=f"ctl-sub-{tag}"))[1] == 0
         assert connack(pub.connect(client_id=f"ctl-pub-{tag}"))[1] == 0
         assert sub.sub(1, (f"control/{tag}", 1)) == [1]
@@ -199,15 +209,14 @@ class Paho:
 
     def __init__(self, client_id: str, **kw):
         import paho.mqtt.client as mqtt
+
         self.mqtt = mqtt
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=mqtt.MQTTv311, **kw)
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, **kw)
         self.messages: queue.Queue = queue.Queue()
         self.connacks: queue.Queue = queue.Queue()
         self.subacks: dict[int, list] = {}
         self.disconnected = threading.Event()
-        self.c.on_message = lambda c, u, m: self.messages.put(
-            (m.topic, bytes(m.payload), m.qos, bool(m.retain)))
+        self.c.on_message = lambda c, u, m: self.messages.put((m.topic, bytes(m.payload), m.qos, bool(m.retain)))
         self.c.on_connect = lambda c, u, flags, rc, props: self.connacks.put(rc)
         self.c.on_subscribe = lambda c, u, mid, codes, props: self.subacks.__setitem__(mid, codes)
         self.c.on_disconnect = lambda c, u, flags, rc, props: self.disconnected.set()
@@ -228,8 +237,7 @@ class Paho:
         assert result == self.mqtt.MQTT_ERR_SUCCESS
         return wait_for(lambda: self.subacks.get(mid), timeout, what=f"SUBACK for {topic}")
 
-    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
-                timeout: float = 5.0) -> None:
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, timeout: float = 5.0) -> None:
         info = self.c.publish(topic, payload, qos, retain)
         info.wait_for_publish(timeout)
         assert info.is_published(), f"paho did not complete the publish to {topic}"
@@ -266,8 +274,7 @@ def paho():
 
 def run_cli(*args: str, timeout: float = 30.0, cwd=None) -> subprocess.CompletedProcess:
     """``python -m mqttmesh ARGS`` to completion (bounded by ``timeout``)."""
-    return subprocess.run([PYTHON, "-m", "mqttmesh", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    return subprocess.run([PYTHON, "-m", "mqttmesh", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def make_password_file(path: Path, users: dict[str, str]) -> Path:

@@ -34,8 +34,9 @@ def admin_password_file(directory: Path) -> Path:
     return path
 
 
-def start_mesh(broker_factory, names, edges, extra=(), connect="configured", peers_via=None,
-               data_dirs=None, admin=False):
+def start_mesh(
+    broker_factory, names, edges, extra=(), connect="configured", peers_via=None, data_dirs=None, admin=False
+):
     """Start one node per name; ``edges`` (a, b) means a dials b. Returns {name: BrokerProcess}.
 
     ``peers_via[(a, b)]`` gives the address a dials instead of b's own (e.g. a FaultRelay).
@@ -79,12 +80,19 @@ def relayed_mesh(broker_factory, names, edges, relayed=(), extra=(), per_node=No
         for name in names:
             node = broker_factory(name=name, start=False)
             node.port = ports[name]
-            node.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
-                         *extra, *((per_node or {}).get(name, ()))]
+            node.args = [
+                "--cluster-secret",
+                SECRET,
+                "--connect",
+                "configured",
+                "--status-interval",
+                "0.1",
+                *extra,
+                *((per_node or {}).get(name, ())),
+            ]
             for a, b in edges:
                 if a == name:
-                    node.args += ["--peer", relays[(a, b)].address if (a, b) in relays
-                                  else f"127.0.0.1:{ports[b]}"]
+                    node.args += ["--peer", relays[(a, b)].address if (a, b) in relays else f"127.0.0.1:{ports[b]}"]
             nodes[name] = node
         for name in names:
             nodes[name].start()
@@ -103,11 +111,13 @@ def status(node, timeout=5.0, admin=False):
 
 def _tolerant(predicate):
     """A wait_for predicate that counts a node not answering (yet) as 'not yet'."""
+
     def check():
         try:
             return predicate()
         except (ConnectionError, OSError):
             return False
+
     return check
 
 
@@ -124,13 +134,16 @@ def wait_converged(nodes, edges, timeout=20.0):
             if set(s["neighbours"]) != neighbours_of(name, edges):
                 return False
         return True
+
     wait_for(_tolerant(ok), timeout, interval=0.1, what="the mesh to converge")
 
 
 def wait_interest(nodes, topic_filter, at, timeout=10.0):
     """Every node knows that node ``at`` subscribes to ``topic_filter``."""
+
     def ok():
         return all(topic_filter in status(n)["nodes"].get(at, {}).get("filters", []) for n in nodes.values())
+
     wait_for(_tolerant(ok), timeout, interval=0.05, what=f"{at}'s interest in {topic_filter} to spread")
 
 

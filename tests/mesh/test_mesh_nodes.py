@@ -8,8 +8,17 @@ import time
 import pytest
 
 from conftest import wait_for
-from meshutil import (Subscriber, envelopes, envelopes_in, publish, relayed_mesh, start_mesh, status,
-                      wait_converged, wait_interest)
+from meshutil import (
+    Subscriber,
+    envelopes,
+    envelopes_in,
+    publish,
+    relayed_mesh,
+    start_mesh,
+    status,
+    wait_converged,
+    wait_interest,
+)
 
 import mqttraw as raw
 
@@ -55,8 +64,10 @@ def test_node_without_matching_subscriber_receives_nothing(broker_factory):
         wait_interest(nodes, "lonely/#", "a")
         publish(nodes["c"], "lonely/1", [b"x"] * 20, qos=1)
         sub.wait_count(20)
-        wait_for(lambda: sum(n["envelopes_out"] for n in status(nodes["c"])["neighbours"].values()) == 20,
-                 what="c's counters to show the 20 envelopes it sent")
+        wait_for(
+            lambda: sum(n["envelopes_out"] for n in status(nodes["c"])["neighbours"].values()) == 20,
+            what="c's counters to show the 20 envelopes it sent",
+        )
         wait_for(lambda: envelopes_in(nodes["a"]) == 20, what="a's counters to show the 20 envelopes")
         assert envelopes_in(nodes["b"]) == 0
     finally:
@@ -177,13 +188,19 @@ def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broke
     # a - b - d is the cheap path; a - c - d goes through relays that add latency
     names = ["a", "b", "c", "d"]
     edges = [("a", "b"), ("b", "d"), ("a", "c"), ("c", "d")]
-    with relayed_mesh(broker_factory, names, edges, relayed=[("a", "c"), ("c", "d")],
-                      extra=("--mesh-keepalive", "0.3", "--retransmit-after", "0.5")) as (nodes, relays):
+    with relayed_mesh(
+        broker_factory,
+        names,
+        edges,
+        relayed=[("a", "c"), ("c", "d")],
+        extra=("--mesh-keepalive", "0.3", "--retransmit-after", "0.5"),
+    ) as (nodes, relays):
         for relay in relays.values():
             relay.delay(0.02)
         wait_converged(nodes, edges)
-        wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15,
-                 what="a to route to d through the cheap b")
+        wait_for(
+            lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15, what="a to route to d through the cheap b"
+        )
         sub = Subscriber(nodes["d"], "persist-d", "stream/#", qos=1, clean=False)
         try:
             wait_interest(nodes, "stream/#", "d")
@@ -200,8 +217,7 @@ def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broke
                         killed_at = time.monotonic()
                     if killed_at and i % 10 == 0:
                         time.sleep(0.02)  # keep publishing through the detection window
-            wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "c", 5,
-                     what="a to re-route through c")
+            wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "c", 5, what="a to re-route through c")
             rerouted = time.monotonic() - killed_at
             sub.wait_count(total, timeout=20)
             got = sub.payloads()
@@ -210,8 +226,11 @@ def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broke
             assert rerouted < 3 * 0.3 + 2.5
             # the killed node comes back by itself and routes again
             nodes["b"].start()
-            wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15,
-                     what="a to route through the restarted b again")
+            wait_for(
+                lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b",
+                15,
+                what="a to route through the restarted b again",
+            )
             publish(nodes["a"], "stream/x", [b"after-restart"], qos=1)
             sub.wait_count(total + 1)
             assert sub.payloads()[-1] == b"after-restart"
@@ -223,8 +242,9 @@ def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_fact
     names = ["a", "b", "c", "d"]
     # a-b and c-d direct; the two halves are joined by b-c and d-a through relays
     edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
-    with relayed_mesh(broker_factory, names, edges, relayed=[("b", "c"), ("d", "a")],
-                      extra=("--mesh-keepalive", "0.3")) as (nodes, relays):
+    with relayed_mesh(
+        broker_factory, names, edges, relayed=[("b", "c"), ("d", "a")], extra=("--mesh-keepalive", "0.3")
+    ) as (nodes, relays):
         wait_converged(nodes, edges)
         subs = {n: Subscriber(nodes[n], f"p-{n}", "split/#", qos=1) for n in names}
         try:
@@ -232,10 +252,8 @@ def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_fact
                 wait_interest(nodes, "split/#", n)
             for relay in relays.values():
                 relay.block()
-            wait_for(lambda: status(nodes["a"])["nodes"]["c"]["reachable"] is False, 10,
-                     what="a to see c unreachable")
-            wait_for(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False, 10,
-                     what="c to see a unreachable")
+            wait_for(lambda: status(nodes["a"])["nodes"]["c"]["reachable"] is False, 10, what="a to see c unreachable")
+            wait_for(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False, 10, what="c to see a unreachable")
             publish(nodes["a"], "split/left", [b"L"], qos=1)
             publish(nodes["c"], "split/right", [b"R"], qos=1)
             subs["b"].wait_count(1)
@@ -250,8 +268,7 @@ def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_fact
             publish(nodes["a"], "split/after", [b"A"], qos=1)
             publish(nodes["c"], "split/after", [b"C"], qos=1)
             for n in names:
-                wait_for(lambda n=n: {b"A", b"C"} <= set(subs[n].payloads()), 10,
-                         what=f"cross traffic at {n}")
+                wait_for(lambda n=n: {b"A", b"C"} <= set(subs[n].payloads()), 10, what=f"cross traffic at {n}")
             for n in names:
                 got = subs[n].payloads()
                 assert len(got) == len(set(got)), (n, got)

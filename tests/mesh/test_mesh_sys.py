@@ -50,8 +50,10 @@ def test_anonymous_sys_subscriber_on_a_two_node_mesh_never_sees_a_client_id(brok
         assert d.connect(client_id=cid).body == b"\x00\x00"
         devices.append(d)
     watchers = {name: sys_reader(nodes[name], f"zq-watcher-{name}") for name in nodes}
-    admins = {name: sys_reader(nodes[name], f"zq-admin-{name}", username=ADMIN_USER, password=ADMIN_PASSWORD)
-              for name in nodes}
+    admins = {
+        name: sys_reader(nodes[name], f"zq-admin-{name}", username=ADMIN_USER, password=ADMIN_PASSWORD)
+        for name in nodes
+    }
     anon_seen = {name: [] for name in nodes}
     admin_seen = {name: [] for name in nodes}
 
@@ -81,8 +83,11 @@ def test_anonymous_sys_subscriber_on_a_two_node_mesh_never_sees_a_client_id(brok
     assert "registrations" not in anonymous["cluster"] and "local_clients" not in anonymous["cluster"]
     assert "counters" in anonymous["cluster"]
     assert not any(cid in json.dumps(anonymous) for cid in ids.values())
-    wait_for(_tolerant(lambda: ids["a"] in status(nodes["a"], admin=True)["cluster"]["local_clients"]), 10,
-             what="the admin's status to list the device")
+    wait_for(
+        _tolerant(lambda: ids["a"] in status(nodes["a"], admin=True)["cluster"]["local_clients"]),
+        10,
+        what="the admin's status to list the device",
+    )
     for c in [*devices, *watchers.values(), *admins.values()]:
         c.close()
 

@@ -17,8 +17,8 @@ from mqttmesh.archive.writer import FileWriter  # noqa: E402
 from mqttmesh.pipeline.extract import ExtractError, check_file, list_files, read_log  # noqa: E402
 from mqttmesh.pipeline.jobs import job_options, run_payloads, run_traffic  # noqa: E402
 
-T13 = 1769864400.0   # 2026-01-31T13:00:00Z
-T14 = 1769868000.0   # 2026-01-31T14:00:00Z
+T13 = 1769864400.0  # 2026-01-31T13:00:00Z
+T14 = 1769868000.0  # 2026-01-31T14:00:00Z
 UTC = dt.timezone.utc
 
 
@@ -47,16 +47,16 @@ def archive(tmp_path):
     with open(good[1], "rb") as fh:
         data = fh.read()
     bad = {
-        "n1-1-000090.parquet": data[: len(data) // 2],                         # truncated
-        "n1-1-000091.parquet": b"this is not parquet at all" * 10,          # garbage
+        "n1-1-000090.parquet": data[: len(data) // 2],  # truncated
+        "n1-1-000091.parquet": b"this is not parquet at all" * 10,  # garbage
     }
     for name, content in bad.items():
         with open(os.path.join(folder, name), "wb") as fh:
             fh.write(content)
-    pq.write_table(pa.table({"x": [1, 2]}), os.path.join(folder, "n1-1-000092.parquet"))   # foreign
+    pq.write_table(pa.table({"x": [1, 2]}), os.path.join(folder, "n1-1-000092.parquet"))  # foreign
     v2 = pq.read_table(good[1]).replace_schema_metadata({b"mqttmesh.archive": b"2", b"mqttmesh.kind": b"publish"})
-    pq.write_table(v2, os.path.join(folder, "n1-1-000093.parquet"))                           # other version
-    shutil.copy(good[1], os.path.join(folder, ".n1-1-000094.parquet.tmp"))                    # being written
+    pq.write_table(v2, os.path.join(folder, "n1-1-000093.parquet"))  # other version
+    shutil.copy(good[1], os.path.join(folder, ".n1-1-000094.parquet.tmp"))  # being written
     return root, good, folder
 
 
@@ -85,7 +85,7 @@ def test_or_the_job_stops_with_the_first_bad_file_named(spark, archive):
 def test_a_damaged_page_behind_a_good_footer_is_found_by_full_verification(tmp_path):
     (path,) = write_archive(tmp_path / "a", [T14], 2000, payload=lambda i: b'{"v": %d, "pad": "%s"}' % (i, b"x" * 60))
     size = os.path.getsize(path)
-    with open(path, "r+b") as fh:          # scribble over the middle of the data pages
+    with open(path, "r+b") as fh:  # scribble over the middle of the data pages
         fh.seek(size // 3)
         fh.write(b"\xff" * 512)
     assert check_file(path, PUBLISH) is None

@@ -27,7 +27,7 @@ def split_frames(data: bytes) -> list[mqttraw.Packet]:
             i += 1
             if not byte & 0x80:
                 break
-        body = data[i:i + length]
+        body = data[i : i + length]
         assert len(body) == length, f"truncated frame in {data!r}"
         frames.append(mqttraw.Packet(first, body))
         pos = i + length
@@ -50,8 +50,8 @@ class Recorder:
 
     def __init__(self):
         self.wakes = []
-        self.closes = []           # (channel, reason)
-        self.auth_requests = []    # (channel, user, password)
+        self.closes = []  # (channel, reason)
+        self.auth_requests = []  # (channel, user, password)
         self.paused = []
         self.resumed = []
 
@@ -139,8 +139,9 @@ class Net:
         ch.receive_data(mqttraw.subscribe(pid, *filters), now)
         frames = out(ch)
         assert frames[0].type == mqttraw.SUBACK, frames
-        _LEFTOVER[ch] = b"".join(bytes([(f.type << 4) | f.flags]) + mqttraw.varint(len(f.body)) + f.body
-                                 for f in frames[1:])
+        _LEFTOVER[ch] = b"".join(
+            bytes([(f.type << 4) | f.flags]) + mqttraw.varint(len(f.body)) + f.body for f in frames[1:]
+        )
         return ch
 
 

@@ -66,7 +66,7 @@ class DeliveryFilter:
         if seq > state[3]:
             state[3] = seq
         if len(newer) >= self.window:
-            state[2] = max(state[2], state[4])   # the older generation is forgotten
+            state[2] = max(state[2], state[4])  # the older generation is forgotten
             state[1], state[4] = newer, state[3]
             state[0], state[3] = set(), -1
         return False

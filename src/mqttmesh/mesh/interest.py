@@ -52,8 +52,8 @@ class InterestIndex:
         # filter -> its one holder (a node id), or a set of them when several nodes share it;
         # a bare string for the common case saves a set per filter
         self._holders: dict[str, str | set[str]] = {}
-        self._shapes: dict[tuple, int] = {}        # shape -> number of filters of that shape
-        self._exact: dict[int, list[tuple[int, ...]]] = {}   # levels -> '+' positions (no '#')
+        self._shapes: dict[tuple, int] = {}  # shape -> number of filters of that shape
+        self._exact: dict[int, list[tuple[int, ...]]] = {}  # levels -> '+' positions (no '#')
         self._multi: list[tuple[int, tuple[int, ...]]] = []  # (prefix length, '+' positions) of '#'
         self._cache: dict[str, dict[str, int]] = {}
         self._cache_size = cache_size
@@ -141,7 +141,7 @@ class InterestIndex:
     def _reshape(self) -> None:
         exact: dict[int, list] = {}
         multi = []
-        for (length, plus, is_multi) in sorted(self._shapes):
+        for length, plus, is_multi in sorted(self._shapes):
             if is_multi:
                 multi.append((length, plus))
             else:

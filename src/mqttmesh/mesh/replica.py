@@ -30,7 +30,7 @@ class _Replicated:
     def _init_replication(self) -> None:
         self.ids: dict[tuple, Entry] = {}
         self.done: OrderedDict[tuple, None] = OrderedDict()
-        self.on_settled = None        # hook(session, key, state, packet_id): "sent", "rel", "done"
+        self.on_settled = None  # hook(session, key, state, packet_id): "sent", "rel", "done"
         self.active_node: str | None = None
         self.epoch = 0
         self.subs_version = 0
@@ -138,8 +138,20 @@ def snapshot(session) -> dict:
         if entry.retain:
             continue  # retained copies are re-sent from the retained store, not carried
         m = entry.msg
-        entries.append([m.origin, m.seq, m.topic, _b64(m.payload), m.qos, entry.qos, entry.packet_id,
-                        entry.state, m.publisher, m.timestamp])
+        entries.append(
+            [
+                m.origin,
+                m.seq,
+                m.topic,
+                _b64(m.payload),
+                m.qos,
+                entry.qos,
+                entry.packet_id,
+                entry.state,
+                m.publisher,
+                m.timestamp,
+            ]
+        )
     return {
         "cid": session.client_id,
         "subs": dict(session.subscriptions),
@@ -181,9 +193,14 @@ def merge_snapshots(snaps: list[dict]) -> dict | None:
     entries = [best[k] for k in order]
     entries.sort(key=lambda e: 0 if e[7] else 1)
     return {
-        "cid": snaps[0]["cid"], "subs": subs_from["subs"], "subs_version": subs_from["subs_version"],
-        "entries": entries, "done": [list(k) for k in done], "rel": sorted(rel),
-        "active": subs_from["active"], "epoch": max(s["epoch"] for s in snaps),
+        "cid": snaps[0]["cid"],
+        "subs": subs_from["subs"],
+        "subs_version": subs_from["subs_version"],
+        "entries": entries,
+        "done": [list(k) for k in done],
+        "rel": sorted(rel),
+        "active": subs_from["active"],
+        "epoch": max(s["epoch"] for s in snaps),
     }
 
 

@@ -38,8 +38,9 @@ def parse_time(text: str, option: str = "time", now: float | None = None) -> dt.
     try:
         t = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise OptionError(f"{option}: {text!r} is not a time (ISO 8601 such as 2026-01-31T12:00, "
-                          f"epoch seconds, or -30m / -2h / -1d)") from None
+        raise OptionError(
+            f"{option}: {text!r} is not a time (ISO 8601 such as 2026-01-31T12:00, epoch seconds, or -30m / -2h / -1d)"
+        ) from None
     if t.tzinfo is None:
         t = t.replace(tzinfo=dt.timezone.utc)
     return t.astimezone(dt.timezone.utc)
@@ -71,6 +72,7 @@ def filter_regex(topic_filter: str) -> str:
 
 class Expectation:
     """A subscriber that should have received what matched its filters (in a time range)."""
+
     __slots__ = ("client_id", "filters", "since", "until")
 
     def __init__(self, client_id: str, filters: list[str], since=None, until=None):

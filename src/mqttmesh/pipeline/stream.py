@@ -64,7 +64,8 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
             raise ExtractError(f"--archive {root}: no {PUBLISH}/ directory (start a node with the archive on first)")
     w = int(opts.window)
     source = stream_source(spark, opts.archive, getattr(opts, "max_files_per_trigger", None)).withWatermark(
-        "timestamp", f"{int(opts.watermark)} seconds")
+        "timestamp", f"{int(opts.watermark)} seconds"
+    )
     queries = {"traffic": TR.traffic_by(source, ["topic"], w)}
     schema = _payload_schema(spark, opts, say)
     if schema is None:
@@ -82,18 +83,23 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
         try:
             seconds = float(opts.trigger)
         except ValueError:
-            raise OptionError(f"--trigger: {opts.trigger!r} is neither available-now nor a number of seconds") \
-                from None
+            raise OptionError(f"--trigger: {opts.trigger!r} is neither available-now nor a number of seconds") from None
         trigger = {"processingTime": f"{seconds:g} seconds"}
     running = []
     for name, df in queries.items():
-        q = (df.writeStream.format("parquet").outputMode("append")
-               .option("path", os.path.join(out, "stream", name))
-               .option("checkpointLocation", os.path.join(checkpoint, name))
-               .queryName(f"mqttmesh_{name}").trigger(**trigger).start())
+        q = (
+            df.writeStream.format("parquet")
+            .outputMode("append")
+            .option("path", os.path.join(out, "stream", name))
+            .option("checkpointLocation", os.path.join(checkpoint, name))
+            .queryName(f"mqttmesh_{name}")
+            .trigger(**trigger)
+            .start()
+        )
         running.append(q)
-        say(f"stream: query {name} -> {os.path.join(out, 'stream', name)} "
-            f"(checkpoint {os.path.join(checkpoint, name)})")
+        say(
+            f"stream: query {name} -> {os.path.join(out, 'stream', name)} (checkpoint {os.path.join(checkpoint, name)})"
+        )
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():

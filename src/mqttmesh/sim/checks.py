@@ -16,8 +16,7 @@ class InvariantViolation(AssertionError):
     """An invariant of the mesh does not hold; the message says which, where and when."""
 
 
-def dijkstra(source: str, adj: dict[str, dict[str, float]]) -> tuple[dict[str, float], dict[str, str],
-                                                                       dict[str, int]]:
+def dijkstra(source: str, adj: dict[str, dict[str, float]]) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
     """(distance, parent, hops) from ``source``; ties go to the smaller parent id (deterministic)."""
     dist = {source: 0}
     parent: dict[str, str] = {}
@@ -57,6 +56,7 @@ def components(nodes, edges) -> dict[str, str]:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
+
     for a, b in edges:
         if a in parent and b in parent:
             ra, rb = find(a), find(b)

@@ -49,8 +49,9 @@ class ClientsMixin:
         if qos:
             # QoS 1/2: the origin keeps custody for subscribers it cannot reach now (the other side
             # of a partition, a crashed node whose sessions persist) and may deliver after the heal
-            rec.dormant = frozenset(n for n in wanted if n != name and n not in reach) | \
-                frozenset(self.dormant.match(topic))
+            rec.dormant = frozenset(n for n in wanted if n != name and n not in reach) | frozenset(
+                self.dormant.match(topic)
+            )
         self.msgs[(name, seq)] = rec
         node.engine.route_local(msg, self.now)
         self._want_flush(node)

@@ -173,7 +173,9 @@ class FaultsMixin:
             site = p["isolate_site"]
             members = [n for n, s in self.graph.site_of.items() if s == site]
             if not members:
-                raise ScenarioError(f"{label}: no site {site!r} (the topology has sites 0..{self.sc.topology.sites - 1})")
+                raise ScenarioError(
+                    f"{label}: no site {site!r} (the topology has sites 0..{self.sc.topology.sites - 1})"
+                )
             return [members, [n for n in self.names if n not in set(members)]]
         # half, or grow = N: a connected group grown breadth-first from a random node (a region)
         size = len(self.names) // 2 if "half" in p else p["grow"]
