@@ -18,19 +18,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
+from mqttmesh.mesh.hrw import owners
+from support import mqttraw as raw
 
-import mqttraw as raw  # noqa: E402
-from mesh_figures import Nodes, free_port  # noqa: E402
-
-from mqttmesh.mesh.hrw import owners  # noqa: E402
+from .mesh_figures import Nodes, free_port
 
 
 def mesh3(wd: str) -> Nodes:

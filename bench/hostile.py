@@ -2,7 +2,7 @@
 
     python -m bench.hostile [--brokers mqttmesh,mosquitto] [--attacks name,...] [--seed N]
 
-Runs each attack that applies to a single broker (tests/hostile/attacks.py: the same code
+Runs each attack that applies to a single broker (tests/support/attacks.py: the same code
 as the test suite) against a fresh broker of each kind, configured alike (connect timeout,
 connection limit, password file, TLS listener where the attack needs them), and prints a
 Markdown table: the canary's round trips during the attack (p50/p99/max), the broker's RSS
@@ -26,14 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support import attacks, probes
+
 from .brokers import MOSQUITTO, REGISTRY, BrokerError, _popen, free_port, stop_process, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "hostile"))
-sys.path.insert(0, str(REPO / "tests"))
-
-import attacks  # noqa: E402
-import probes  # noqa: E402
 
 HOST = "127.0.0.1"
 USERS = {"canary": "canary-pw", "alice": "wonderland", "bob": "builder", "slowcheck": "tortoise"}

@@ -5,7 +5,7 @@
 Starts real node processes on loopback (ports picked free), measures, stops them.
 
 * **re-route**: nodes a-b-d (direct links) and a-c-d (each link through a relay that adds
-  20 ms, tests/faultrelay.py); b is killed with SIGKILL; the figures are the time until a's
+  20 ms, tests/support/faultrelay.py); b is killed with SIGKILL; the figures are the time until a's
   status shows d reached through c, and the outage seen by a subscriber on d of a 1 ms
   probe stream published on a.
   The same with b frozen by SIGSTOP instead: its sockets stay open and silent, so only the
@@ -27,15 +27,10 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-import mqttraw as raw  # noqa: E402
-from faultrelay import FaultRelay  # noqa: E402
-
-from mqttmesh.admin import fetch_status  # noqa: E402
+from mqttmesh.admin import fetch_status
+from support import mqttraw as raw
+from support.faultrelay import FaultRelay
 
 SECRET = "figures"
 

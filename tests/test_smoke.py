@@ -4,7 +4,7 @@ import queue
 
 import paho.mqtt.client as mqtt
 
-from conftest import wait_for
+from support.processes import wait_for
 
 
 def test_paho_roundtrip(broker):

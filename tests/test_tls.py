@@ -10,7 +10,9 @@ import sys
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import free_port, wait_for
+from support import mqttraw
+from support.mesh import Subscriber, publish, wait_converged, wait_interest
+from support.processes import free_port, wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
@@ -168,12 +170,6 @@ def test_client_certificate_required(broker_factory, pki):
 
 
 def test_peer_links_over_tls(broker_factory, pki):
-    import sys as _sys
-    from pathlib import Path
-
-    _sys.path.insert(0, str(Path(__file__).resolve().parent / "mesh"))
-    from meshutil import Subscriber, publish, wait_converged, wait_interest
-
     tls = [
         "--tls-cert",
         str(pki / "node.pem"),
@@ -218,8 +214,6 @@ def test_tls_listener_without_certificate_is_a_config_error():
 
 def _peer_connect_over(sock) -> bytes:
     """Send a peer CONNECT (protocol 2, a well-formed nonce) and return the CONNACK's 4 bytes."""
-    import mqttraw
-
     sock.sendall(
         mqttraw.connect("$mesh-x", clean=False, keepalive=2, username="mqttmesh-peer", password=b"2|x|1|" + b"ab" * 16)
     )
@@ -234,11 +228,6 @@ def _peer_connect_over(sock) -> bytes:
 
 def test_mutual_tls_between_peers_leaves_clients_without_certificates_alone(broker_factory, pki):
     import socket
-    import sys as _sys
-    from pathlib import Path
-
-    _sys.path.insert(0, str(Path(__file__).resolve().parent / "mesh"))
-    from meshutil import Subscriber, publish, wait_converged, wait_interest
 
     tls = [
         "--tls-cert",

@@ -2,7 +2,7 @@
 
 MQTTMESH_FUZZ_SECONDS sets how long (default 15 s inside the normal test run; `make fuzz`
 runs 300 s) and MQTTMESH_FUZZ_SEED the seed (printed either way, so a failing run can be
-repeated). Valid packets are built by tests/mqttraw.py and then mutated: bit flips, bytes
+repeated). Valid packets are built by tests/support/mqttraw.py and then mutated: bit flips, bytes
 set, inserted and deleted, truncation, splicing of two packets, rewritten remaining lengths
 (bogus, malformed, up to 256 MB). Half the streams come after a valid CONNECT.
 
@@ -21,9 +21,8 @@ import time
 
 import pytest
 
-import mqttraw
-from hostile_support import check, log_guard, nodes, run, target_of  # noqa: F401 (fixtures)
-import probes
+from support import mqttraw, probes
+from support.hostile import check, run, target_of
 
 FUZZ_SECONDS = float(os.environ.get("MQTTMESH_FUZZ_SECONDS", "15"))
 WORKERS = 6

@@ -5,7 +5,7 @@ Passwords are hashed with the default cost (100,000 PBKDF2 iterations), as in pr
 the cost of a check is what these attacks are about.
 
 The settings of the fixed broker (auth section) are passed only when the node has them
-(hostile_support.optional_flags), so each test runs on today's node and fails on what the
+(support.hostile.optional_flags), so each test runs on today's node and fails on what the
 node does.
 """
 
@@ -15,19 +15,8 @@ import time
 
 import pytest
 
-import mqttraw
-from hostile_support import (
-    check,
-    log_guard,
-    module_nodes,
-    nodes,
-    optional_flags,  # noqa: F401
-    password_file,
-    run,
-    target_of,
-)
-import attacks
-import probes
+from support import attacks, mqttraw, probes
+from support.hostile import check, optional_flags, password_file, run, target_of
 
 pytestmark = pytest.mark.hostile
 

@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from hostile_support import check, log_guard, nodes, run, target_of  # noqa: F401 (fixtures)
-import attacks
+from support import attacks
+from support.hostile import check, run, target_of
 
 pytestmark = pytest.mark.hostile
 

@@ -14,21 +14,12 @@ import time
 
 import pytest
 
-import mqttraw
-from hostile_support import (
-    SECRET,
-    check,
-    log_guard,
-    nodes,
-    run,
-    target_of,  # noqa: F401 (fixtures)
-    wait_for,
-)
-import probes
-from faultrelay import FaultRelay
-from meshutil import status, wait_converged
-
 from mqttmesh.mesh.engine import MeshEngine
+from support import mqttraw, probes
+from support.faultrelay import FaultRelay
+from support.hostile import SECRET, check, run, target_of
+from support.mesh import status, wait_converged
+from support.processes import wait_for
 
 pytestmark = pytest.mark.hostile
 

@@ -11,10 +11,9 @@ import ssl
 
 import pytest
 
-import mqttraw
-from hostile_support import check, free_port, log_guard, nodes, run, target_of  # noqa: F401
-import attacks
-import probes
+from support import attacks, mqttraw, probes
+from support.hostile import check, run, target_of
+from support.processes import free_port
 
 pytestmark = [
     pytest.mark.hostile,

@@ -15,18 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mqttraw
-from itsupport import (
-    BrokerProcess,
-    Client,
-    Paho,
-    clients,
-    connack,  # noqa: F401 (fixture)
-    control_roundtrip,
-    log_has,
-    wait_log,
-)
-from mqttraw import packet, s
+from support import mqttraw
+from support.integration import Client, Paho, connack, control_roundtrip, log_has, wait_log
+from support.mqttraw import packet, s
+from support.processes import BrokerProcess
 
 MAX_PACKET = 2048
 

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import PYTHON, clients, free_port, run_cli, wait_for  # noqa: F401 (fixture)
+from support import mqttraw
+from support.integration import PYTHON, run_cli
+from support.processes import free_port, wait_for
 
 
 def write(tmp_path, text: str, name: str = "mqttmesh.toml"):

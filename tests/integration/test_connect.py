@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import Client, clients, connack  # noqa: F401 (fixture)
-from mqttraw import CONNACK, PINGRESP, s
+from support import mqttraw
+from support.integration import Client, connack
+from support.mqttraw import CONNACK, PINGRESP, s
 
 
 def read_until_closed(c: Client, timeout: float = 5.0) -> list:

@@ -14,9 +14,9 @@ import subprocess
 
 import pytest
 
-import mqttraw
-from itsupport import PYTHON, clients, control_roundtrip, wait_log  # noqa: F401 (fixture)
-from mqttraw import PUBACK, PUBCOMP, PUBREC, PUBREL
+from support import mqttraw
+from support.integration import PYTHON, control_roundtrip, wait_log
+from support.mqttraw import PUBACK, PUBCOMP, PUBREC, PUBREL
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from itsupport import clients, make_password_file, paho  # noqa: F401 (fixtures)
+from support.integration import make_password_file
 
 pytestmark = pytest.mark.interop
 

@@ -8,8 +8,9 @@ import socket
 import struct
 import threading
 
-import mqttraw
-from itsupport import Client, connack, control_roundtrip, log_has, wait_for, wait_log
+from support import mqttraw
+from support.integration import Client, connack, control_roundtrip, log_has, wait_log
+from support.processes import wait_for
 
 
 def _stuck_subscriber(b, client_id: str, topic_filter: str) -> socket.socket:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import mqttraw
-from itsupport import clients, make_password_file, wait_log  # noqa: F401 (fixture)
+from support import mqttraw
+from support.integration import make_password_file, wait_log
 
 
 def peer(c) -> str:

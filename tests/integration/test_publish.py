@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
-from itsupport import clients  # noqa: F401 (fixture)
-from mqttraw import PINGRESP, PUBACK, PUBCOMP, PUBREC
+from support import mqttraw
+from support.mqttraw import PINGRESP, PUBACK, PUBCOMP, PUBREC
 
 
 def test_qos0_publish_gets_no_response(broker, clients):

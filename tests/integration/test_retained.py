@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import mqttraw
-from itsupport import clients, wait_for  # noqa: F401 (fixture)
+from support import mqttraw
+from support.processes import wait_for
 
 
 def test_retained_message_sent_on_subscribe_with_retain_1(broker, clients):

@@ -6,18 +6,10 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import (
-    Client,
-    clients,
-    connack,
-    make_password_file,
-    paho,  # noqa: F401 (fixtures)
-    run_cli,
-    wait_for,
-    wait_log,
-)
-from mqttraw import CONNACK
+from support import mqttraw
+from support.integration import Client, connack, make_password_file, run_cli, wait_log
+from support.mqttraw import CONNACK
+from support.processes import wait_for
 
 
 @pytest.fixture

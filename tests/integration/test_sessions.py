@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
-from itsupport import clients, control_roundtrip, wait_log  # noqa: F401 (fixture)
-from mqttraw import PUBLISH, PUBREL
+from support import mqttraw
+from support.integration import control_roundtrip, wait_log
+from support.mqttraw import PUBLISH, PUBREL
 
 
 def offline_subscriber(broker, clients, client_id, *filters):

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import clients, wait_log  # noqa: F401 (fixture)
-from mqttraw import Closed
+from support import mqttraw
+from support.integration import wait_log
+from support.mqttraw import Closed
 
 
 def test_silent_client_is_disconnected_after_1_5_keepalive_and_its_will_published(broker, clients):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import time
 
-from conftest import wait_for
-from meshutil import Subscriber, _tolerant, publish, relayed_mesh, start_mesh, status, wait_converged, wait_interest
-
-import mqttraw as raw
 from mqttmesh.mesh.hrw import owners
+from support import mqttraw as raw
+from support.mesh import Subscriber, _tolerant, publish, relayed_mesh, start_mesh, status, wait_converged, wait_interest
+from support.processes import wait_for
 
 FULL3 = [("b", "a"), ("c", "a"), ("c", "b")]
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from meshutil import (
+from support import mqttraw as raw
+from support.mesh import (
     Subscriber,
     envelopes,
     envelopes_in,
@@ -19,8 +19,7 @@ from meshutil import (
     wait_converged,
     wait_interest,
 )
-
-import mqttraw as raw
+from support.processes import wait_for
 
 
 def test_full_mesh_cross_node_qos012_exactly_once_and_no_traffic_to_uninterested_node(broker_factory):

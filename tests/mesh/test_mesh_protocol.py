@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import struct
 
-from conftest import wait_for
-from meshutil import SECRET, Subscriber, publish, relayed_mesh, start_mesh, status, wait_converged, wait_interest
-
-import mqttraw as raw
+from support import mqttraw as raw
+from support.mesh import (
+    SECRET,
+    Subscriber,
+    publish,
+    relayed_mesh,
+    split_packets,
+    start_mesh,
+    status,
+    wait_converged,
+    wait_interest,
+)
+from support.processes import wait_for
 
 CLIENT_TYPES = {
     raw.CONNECT,
@@ -33,26 +42,6 @@ SERVER_TYPES = {
     raw.PINGRESP,
 }
 REQUIRED_FLAGS = {raw.PUBREL: 2, raw.SUBSCRIBE: 2, raw.UNSUBSCRIBE: 2}
-
-
-def split_packets(stream: bytes):
-    """Split a captured byte stream into (first byte, body) with the standard's framing rules."""
-    pos, out = 0, []
-    while pos < len(stream):
-        first = stream[pos]
-        mult, length, i = 1, 0, pos + 1
-        while True:
-            b = stream[i]
-            length += (b & 0x7F) * mult
-            mult *= 128
-            i += 1
-            if not b & 0x80:
-                break
-            assert mult <= 128**4, "remaining length over four bytes"
-        out.append((first, stream[i : i + length]))
-        pos = i + length
-    assert pos == len(stream), "trailing bytes"
-    return out
 
 
 def check_valid(packets, allowed):

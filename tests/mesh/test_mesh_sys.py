@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import wait_for
-from meshutil import ADMIN_PASSWORD, ADMIN_USER, SECRET, _tolerant, start_mesh, status, wait_converged
-
-import mqttraw as raw
+from support import mqttraw as raw
+from support.mesh import ADMIN_PASSWORD, ADMIN_USER, SECRET, _tolerant, start_mesh, status, wait_converged
+from support.processes import wait_for
 
 EDGES = [("b", "a")]
 

@@ -2,7 +2,7 @@
 listener that does not know the secret, a peer of another protocol version, and real
 nodes that still link, route and reconnect (mesh/peerauth.py, design.md 2.6).
 
-The attackers here are raw sockets that build their bytes with tests/mqttraw.py.
+The attackers here are raw sockets that build their bytes with tests/support/mqttraw.py.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from meshutil import SECRET, Subscriber, publish, relayed_mesh, status, wait_converged, wait_interest
-from test_mesh_protocol import split_packets
-
-import mqttraw as raw
+from support import mqttraw as raw
+from support.mesh import SECRET, Subscriber, publish, relayed_mesh, split_packets, status, wait_converged, wait_interest
+from support.processes import wait_for
 
 
 def frame(first: int, body: bytes) -> bytes:

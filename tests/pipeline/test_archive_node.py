@@ -9,41 +9,11 @@ import sys
 
 import pytest
 
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyarrow.parquet")
 
-from conftest import wait_for  # noqa: E402
-from meshutil import Subscriber, publish  # noqa: E402
-
-
-def archive_flags(directory, *extra):
-    return ["--archive", "true", "--archive-dir", str(directory), *extra]
-
-
-def read_archive(directory, kind="publish"):
-    rows = []
-    base = os.path.join(directory, kind)
-    for dirpath, _, names in os.walk(base):
-        for n in sorted(names):
-            if n.endswith(".parquet") and not n.startswith("."):
-                rows += pq.read_table(os.path.join(dirpath, n)).to_pylist()
-    return rows
-
-
-def writer_pid(broker) -> int | None:
-    """The archive writer process the broker started (its child running mqttmesh.archive.worker)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmd = fh.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == broker.pid and b"mqttmesh.archive.worker" in cmd:
-            return int(entry)
-    return None
+from support.mesh import Subscriber, publish
+from support.pipeline import archive_flags, read_archive, writer_pid
+from support.processes import wait_for
 
 
 def alive(pid: int) -> bool:

@@ -1,6 +1,6 @@
 """Captured reads (archive/reads.py): messages taken back out of the bytes a client sent.
 
-The unit tests build the reads with the independent byte builder (tests/mqttraw.py) and
+The unit tests build the reads with the independent byte builder (tests/support/mqttraw.py) and
 work the expected seqs out by hand. The broker tests send several packets in one write,
 among them packets that are not messages (a `$` topic, a QoS 2 re-send, a PINGREQ, a
 protocol error), and compare the archive with what the subscriber and the delivery log saw.
@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyarrow.parquet")
 
-import mqttraw as raw  # noqa: E402
-from meshutil import Subscriber  # noqa: E402
 from mqttmesh.archive.reads import ReadError, messages  # noqa: E402
 from mqttmesh.archive.writer import reads_array  # noqa: E402
-from test_archive_node import archive_flags, read_archive  # noqa: E402
+from support import mqttraw as raw
+from support.mesh import Subscriber
+from support.pipeline import archive_flags, read_archive
 
 S = 1 << 40  # a seq with more than 32 bits, like the broker's (incarnation << 28)
 

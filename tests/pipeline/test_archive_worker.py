@@ -17,11 +17,11 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from meshutil import wait_for  # noqa: E402
 from mqttmesh.archive.recorder import Chunk  # noqa: E402
 from mqttmesh.archive.schema import PUBLISH  # noqa: E402
 from mqttmesh.archive.wire import encode_chunk  # noqa: E402
-from test_archive_node import archive_flags, writer_pid  # noqa: E402
+from support.pipeline import archive_flags, writer_pid
+from support.processes import wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc are Linux")
 

@@ -27,9 +27,9 @@ from __future__ import annotations
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from conftest import ts
 from mqttmesh.pipeline import audit as A
 from mqttmesh.pipeline.options import Expectation
+from support.pipeline import ts
 
 PUB = "msg_id string, origin string, seq long, publisher string, topic string, qos tinyint, timestamp timestamp"
 DLV = "client_id string, msg_id string, node string, timestamp timestamp, dup boolean, log_seq long"

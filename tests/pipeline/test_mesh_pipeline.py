@@ -12,9 +12,9 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
-from conftest import wait_for  # noqa: E402
-from meshutil import Subscriber, publish, start_mesh, status, wait_converged, wait_interest  # noqa: E402
 from mqttmesh.pipeline.jobs import job_options, run_audit, run_traffic  # noqa: E402
+from support.mesh import Subscriber, publish, start_mesh, status, wait_converged, wait_interest  # noqa: E402
+from support.processes import wait_for  # noqa: E402
 
 NAMES = ["a", "b", "c"]
 EDGES = [("b", "a"), ("c", "a"), ("c", "b")]

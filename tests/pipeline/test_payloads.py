@@ -20,9 +20,9 @@ import pytest
 from pyspark.sql import types as T
 from pyspark.testing import assertDataFrameEqual
 
-from conftest import ts
 from mqttmesh.pipeline import payloads as P
 from mqttmesh.pipeline.common import OTHER, with_pattern
+from support.pipeline import ts
 
 ROWS = [
     (ts("12:00:01"), "s/a/t1", b'{"t": 20.5, "h": 40}'),

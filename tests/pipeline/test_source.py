@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from conftest import wait_for
-from meshutil import publish
 from mqttmesh.pipeline.source import register
+from support.mesh import publish
+from support.processes import wait_for
 
 
 def test_the_live_source_streams_what_the_node_delivers(spark, broker):

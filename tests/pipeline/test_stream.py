@@ -15,7 +15,6 @@ pytest.importorskip("pyarrow")
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.testing import assertDataFrameEqual  # noqa: E402
 
-from conftest import wait_for  # noqa: E402
 from mqttmesh.archive.recorder import ArchiveLimits, Chunk  # noqa: E402
 from mqttmesh.archive.schema import PUBLISH  # noqa: E402
 from mqttmesh.archive.writer import FileWriter  # noqa: E402
@@ -23,6 +22,7 @@ from mqttmesh.pipeline.extract import read_log  # noqa: E402
 from mqttmesh.pipeline.jobs import job_options  # noqa: E402
 from mqttmesh.pipeline.stream import run_stream  # noqa: E402
 from mqttmesh.pipeline.traffic import traffic_by  # noqa: E402
+from support.processes import wait_for
 
 T = 1769868000.0  # 2026-01-31T14:00:00Z
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from conftest import ts
 from mqttmesh.pipeline import traffic as TR
+from support.pipeline import ts
 
 SCHEMA = "timestamp timestamp, origin string, publisher string, topic string, payload_size int"
 ROWS = [

@@ -13,7 +13,7 @@ from mqttmesh.mesh.interest import InterestIndex
 from mqttmesh.sim.checks import InvariantViolation
 from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.scenario import load_scenario
-from simutil import SCENARIOS, run
+from support.sim import SCENARIOS, run
 
 
 def test_a_wrong_next_hop_fails_the_route_check(monkeypatch):

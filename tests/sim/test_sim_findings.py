@@ -10,9 +10,8 @@ from __future__ import annotations
 import json
 from collections import deque
 
-
 from mqttmesh.mesh.engine import MeshEngine
-from simutil import run
+from support.sim import run
 
 
 class Wire:

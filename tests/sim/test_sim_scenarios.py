@@ -15,7 +15,7 @@ import pytest
 from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.report import summarize
 from mqttmesh.sim.scenario import load_scenario
-from simutil import SCENARIOS, run
+from support.sim import SCENARIOS, run
 
 
 def episodes(sim: Simulator, kind: str) -> list:

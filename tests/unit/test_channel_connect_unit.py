@@ -1,7 +1,7 @@
 """mqttmesh.channel.Channel with mqttmesh.broker.Broker: CONNECT, authentication, takeover,
 sessions, keepalive, wills and the transition table.
 
-Input bytes come from tests/mqttraw.py or are written by hand; output bytes are
+Input bytes come from tests/support/mqttraw.py or are written by hand; output bytes are
 compared exactly (``channel.data_to_send()``).
 """
 
@@ -11,7 +11,6 @@ import re
 
 import pytest
 
-import mqttraw
 from mqttmesh.auth import Auth, PasswordFile, hash_password
 from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLOSED, CONNECTED, TRANSITIONS
 from mqttmesh.codec import (
@@ -31,8 +30,8 @@ from mqttmesh.codec import (
     UNSUBSCRIBE,
 )
 from mqttmesh.store import Journal
-
-from unit_support import Net, out, publishes
+from support import mqttraw
+from support.frames import Net, out, publishes
 
 SPEC_ID = re.compile(r"\[MQTT-\d+\.\d+\.\d+-\d+\]")
 

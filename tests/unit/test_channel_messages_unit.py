@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
 from mqttmesh.auth import Acl, Auth
 from mqttmesh.channel import CLOSED, CONNECTED
 from mqttmesh.message import Message
 from mqttmesh.session import Limits
 from mqttmesh.store import Journal
-
-from unit_support import Net, out, publishes
+from support import mqttraw
+from support.frames import Net, out, publishes
 
 
 def h(text: str) -> bytes:

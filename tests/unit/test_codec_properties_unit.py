@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import pytest
-import mqttraw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,17 +21,18 @@ from mqttmesh.codec import (
     PingResp,
     PubAck,
     PubComp,
+    Publish,
     PubRec,
     PubRel,
-    Publish,
     SubAck,
     Subscribe,
     UnsubAck,
     Unsubscribe,
     Will,
+    _Packet,  # the common base: everything the decoder may yield
     encode,
 )
-from mqttmesh.codec import _Packet  # the common base: everything the decoder may yield
+from support import mqttraw
 
 pytestmark = pytest.mark.timeout(60)  # a decoder that loops forever fails here, not in CI's global limit
 
@@ -119,7 +119,7 @@ def test_encode_decode_identity(pkts, data):
 
 
 def _mqttraw_bytes(p) -> bytes:
-    """The same packet built by tests/mqttraw.py, which shares no code with our codec."""
+    """The same packet built by tests/support/mqttraw.py, which shares no code with our codec."""
     if isinstance(p, Connect):
         will = None if p.will is None else (p.will.topic, p.will.payload, p.will.qos, p.will.retain)
         return mqttraw.connect(p.client_id, p.clean_session, p.keepalive, will, p.username, p.password)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
 from mqttmesh.codec import (
     DEFAULT_MAX_PACKET_SIZE,
     ConnAck,
@@ -22,9 +21,9 @@ from mqttmesh.codec import (
     PingResp,
     PubAck,
     PubComp,
+    Publish,
     PubRec,
     PubRel,
-    Publish,
     SubAck,
     Subscribe,
     UnsubAck,
@@ -36,6 +35,7 @@ from mqttmesh.codec import (
     validate_topic_filter,
     validate_topic_name,
 )
+from support import mqttraw
 
 
 def h(text: str) -> bytes:

@@ -1,7 +1,7 @@
 """The peer handshake in the two state machines: mesh.client.LinkClient (the dialling side)
 and channel.Channel in its provisional-peer state (the listening side).
 
-Bytes in are built with tests/mqttraw.py, bytes out are split with unit_support's own
+Bytes in are built with tests/support/mqttraw.py, bytes out are split with support.frames' own
 parser; the proofs come from mesh.peerauth (their format is pinned in test_peerauth_unit.py).
 """
 
@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
 from mqttmesh.channel import CLOSED, CONNECTED, PEER_AUTH, TRANSITIONS
 from mqttmesh.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT, PINGREQ, PUBLISH, SUBSCRIBE
 from mqttmesh.mesh.client import LinkClient
 from mqttmesh.mesh.peerauth import DiallerAuth, ListenerAuth, parse_connect
-
-from test_peerauth_unit import v1_token
-from unit_support import Net, out, split_frames
+from support import mqttraw
+from support.frames import Net, out, split_frames, v1_token
 
 SECRET = b"cluster-secret"
 ND = bytes(range(16))

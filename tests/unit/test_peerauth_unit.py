@@ -22,6 +22,7 @@ from mqttmesh.mesh.peerauth import (
     PeerConnect,
     parse_connect,
 )
+from support.frames import v1_token
 
 SECRET = b"cluster-secret"
 ND = bytes(range(16))  # the dialler's nonce
@@ -32,13 +33,6 @@ def expected_mac(secret, label, dialler, d_inc, listener, l_inc, nd_hex, nl_hex,
     fields = ["mqttmesh-peer", label, str(version), dialler, str(d_inc), listener, str(l_inc), nd_hex, nl_hex]
     text = "".join(f"{len(f)}:{f}," for f in fields)
     return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
-
-
-def v1_token(secret, node, incarnation, stamp):
-    """Version 1's password, as the nodes before version 2 made it."""
-    text = f"{node}|{incarnation}|{stamp}"
-    mac = hmac.new(secret, f"mqttmesh-peer|{text}".encode(), hashlib.sha256).hexdigest()
-    return f"{text}|{mac}".encode()
 
 
 def pair(d_secret=SECRET, l_secret=SECRET, nd=ND, nl=NL):

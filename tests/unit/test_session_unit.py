@@ -7,8 +7,7 @@ import pytest
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session
 from mqttmesh.store import Journal
-
-from unit_support import FakeChannel, publish_fields
+from support.frames import FakeChannel, publish_fields
 
 
 def h(text: str) -> bytes:

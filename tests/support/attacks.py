@@ -1,7 +1,7 @@
 """The attacks of issue 13 on a running MQTT broker, each returning an ``Outcome``.
 
 Shared by the hostile test suite and ``python -m bench.hostile``, so that both run the
-same workload against mqttmesh and Mosquitto. An attack takes a ``Target`` (probes.py)
+same workload against mqttmesh and Mosquitto. An attack takes a ``Target`` (support/probes.py)
 and the running ``Canary``, does its damage, and returns the figures it measured and the
 criteria of issue 13 the broker missed (``problems``); ``probes.run_attack`` adds the
 canary's. Randomness comes from a ``random.Random`` the caller seeds (and prints).
@@ -20,7 +20,8 @@ import threading
 import time
 from pathlib import Path
 
-from probes import (
+from support import mqttraw
+from support.probes import (
     CANARY_LIMIT,
     PUBACK,
     PUBLISH,
@@ -45,9 +46,6 @@ from probes import (
     wait_sockets,
     wait_until,
 )
-
-import mqttraw  # (found through the path probes sets up)
-
 
 # --------------------------------------------------------------------------- helpers for attacks
 

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import mqttraw as raw  # noqa: E402
-from conftest import free_port, wait_for  # noqa: E402
-from faultrelay import FaultRelay  # noqa: E402
-
-from mqttmesh.admin import fetch_status  # noqa: E402
-from mqttmesh.auth import PasswordFile  # noqa: E402
+from mqttmesh.admin import fetch_status
+from mqttmesh.auth import PasswordFile
+from support import mqttraw as raw
+from support.faultrelay import FaultRelay
+from support.processes import free_port, wait_for
 
 SECRET = "test-secret"
 
@@ -228,3 +224,23 @@ def publish(node, topic, payloads, qos=1, client_id=None, retain=False):
             c.send(raw.PINGREQ_BYTES)  # the broker answers after it handled everything before
             c.expect(raw.PINGRESP)
         c.send(raw.DISCONNECT_BYTES)
+
+
+def split_packets(stream: bytes):
+    """Split a captured byte stream into (first byte, body) with the standard's framing rules."""
+    pos, out = 0, []
+    while pos < len(stream):
+        first = stream[pos]
+        mult, length, i = 1, 0, pos + 1
+        while True:
+            b = stream[i]
+            length += (b & 0x7F) * mult
+            mult *= 128
+            i += 1
+            if not b & 0x80:
+                break
+            assert mult <= 128**4, "remaining length over four bytes"
+        out.append((first, stream[i : i + length]))
+        pos = i + length
+    assert pos == len(stream), "trailing bytes"
+    return out

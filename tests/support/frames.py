@@ -7,10 +7,12 @@ of our own (written from section 2.2 of the standard), never with
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 import weakref
 
-import mqttraw
+from support import mqttraw
 
 
 def split_frames(data: bytes) -> list[mqttraw.Packet]:
@@ -156,3 +158,10 @@ def out(channel) -> list[mqttraw.Packet]:
 def publishes(channel) -> list[tuple]:
     """(topic, payload, qos, retain, dup, pid) of every PUBLISH written since the last call."""
     return [publish_fields(p) for p in out(channel) if p.type == mqttraw.PUBLISH]
+
+
+def v1_token(secret, node, incarnation, stamp):
+    """Version 1's password, as the nodes before version 2 made it."""
+    text = f"{node}|{incarnation}|{stamp}"
+    mac = hmac.new(secret, f"mqttmesh-peer|{text}".encode(), hashlib.sha256).hexdigest()
+    return f"{text}|{mac}".encode()

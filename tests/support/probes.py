@@ -4,10 +4,10 @@ Shared by the hostile test suite (tests/hostile/) and the Mosquitto comparison
 (``python -m bench.hostile``). Nothing here knows which broker it talks to: a
 ``Target`` names its address, its PID (for the /proc probes) and the settings an
 attack needs to judge the result. Everything on the wire is built by
-tests/mqttraw.py, which shares no code with mqttmesh.
+tests/support/mqttraw.py, which shares no code with mqttmesh.
 
 The canary is a well-behaved client pair that round-trips a QoS 1 message every
-100 ms; ``run_attack`` runs an attack (tests/hostile/attacks.py) with the canary
+100 ms; ``run_attack`` runs an attack (tests/support/attacks.py) with the canary
 measuring before, during and after it, and adds the canary's criterion to the
 attack's ``Outcome``: every round trip within 2 s.
 """
@@ -19,18 +19,12 @@ import random
 import re
 import socket
 import struct
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent.parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
-
-import mqttraw  # noqa: E402
-from mqttraw import CONNACK, PUBACK, PUBLISH, SUBACK, Closed, Packet  # noqa: E402
+from support import mqttraw
+from support.mqttraw import CONNACK, PUBACK, PUBLISH, SUBACK, Closed, Packet
 
 CANARY_LIMIT = 2.0  # seconds: the issue's bound on every canary round trip
 

@@ -1,18 +1,12 @@
-"""Helpers for the black-box integration tests (this directory only).
+"""Helpers for the black-box integration tests (tests/integration).
 
-Deliberately not a ``conftest.py``: the test tree has no packages, so a second
-module named ``conftest`` would shadow ``tests/conftest.py`` for every
-``from conftest import ...`` collected after it. Test modules import what they
-need from here, including the fixtures (pytest finds fixtures in a module's
-globals).
-
-Everything on the wire is built by ``tests/mqttraw.py`` (independent of
+Their fixtures (``clients``, ``paho``) are in tests/integration/conftest.py.
+Everything on the wire is built by ``support.mqttraw`` (independent of
 mqttmesh's codec), or sent by real clients (paho-mqtt, mosquitto_pub/sub).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import queue
 import subprocess
 import sys
@@ -21,44 +15,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-import pytest
-
-TESTS = Path(__file__).resolve().parent.parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
-
-import mqttraw  # noqa: E402
-from mqttraw import (
-    CONNACK,
-    PUBACK,
-    PUBCOMP,
-    PUBLISH,
-    PUBREC,
-    PUBREL,
-    SUBACK,  # noqa: E402,F401
-    UNSUBACK,
-    PINGRESP,
-    Closed,
-    Packet,
-)
-
-
-def _root_conftest():
-    """tests/conftest.py as a module, whatever other ``conftest`` modules are loaded."""
-    path = TESTS / "conftest.py"
-    mod = sys.modules.get("conftest")
-    if mod is not None and Path(getattr(mod, "__file__", "")).resolve() == path:
-        return mod
-    spec = importlib.util.spec_from_file_location("_mqttmesh_tests_root_conftest", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_conftest = _root_conftest()
-wait_for = _conftest.wait_for
-free_port = _conftest.free_port
-BrokerProcess = _conftest.BrokerProcess
+from support import mqttraw
+from support.mqttraw import CONNACK, PINGRESP, PUBACK, PUBCOMP, PUBLISH, PUBREC, SUBACK, UNSUBACK, Packet
+from support.processes import wait_for
 
 PYTHON = sys.executable
 
@@ -158,27 +117,6 @@ def open_client(broker, client_id="c", clean=True, expect_rc=0, timeout=5.0, **k
     return c
 
 
-@pytest.fixture
-def clients():
-    """``clients(broker, client_id, ...)`` opens raw clients; all are closed at teardown."""
-    opened: list[Client] = []
-
-    def make(broker, client_id="c", clean=True, **kw) -> Client:
-        c = open_client(broker, client_id, clean, **kw)
-        opened.append(c)
-        return c
-
-    def raw(broker, timeout=5.0, source=None) -> Client:
-        c = Client(broker.host, broker.port, timeout, source)
-        opened.append(c)
-        return c
-
-    make.raw = raw
-    yield make
-    for c in opened:
-        c.close()
-
-
 def log_has(broker, *needles: str) -> bool:
     """One line of the broker log contains every needle."""
     return any(all(n in line for n in needles) for line in broker.log().splitlines())
@@ -252,21 +190,6 @@ class Paho:
                 self.c.disconnect()
             finally:
                 self.c.loop_stop()
-
-
-@pytest.fixture
-def paho():
-    """``paho(client_id)`` makes a Paho client; every one is disconnected at teardown."""
-    made: list[Paho] = []
-
-    def make(client_id: str, **kw) -> Paho:
-        p = Paho(client_id, **kw)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.stop()
 
 
 # --------------------------------------------------------------------------- subprocesses
