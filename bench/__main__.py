@@ -298,7 +298,7 @@ def main(argv=None) -> int:
     targets = report.evaluate_targets(cells, paced)
     data = {
         "meta": {
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
             "machine": report.machine_info(),
             "versions": versions,

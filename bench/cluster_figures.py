@@ -102,7 +102,7 @@ def wills(repeat: int) -> list[float]:
                 watcher.connect(client_id="watcher")
                 watcher.send(raw.subscribe(1, ("wills/#", 1)))
                 watcher.expect(raw.SUBACK)
-                nodes.wait(lambda: "wills/#" in nodes.status("a")["nodes"]["b"]["filters"], 10, "interest")
+                nodes.wait(lambda nodes=nodes: "wills/#" in nodes.status("a")["nodes"]["b"]["filters"], 10, "interest")
                 doomed = raw.RawClient("127.0.0.1", nodes.ports["a"])
                 doomed.connect(client_id="doomed", will=("wills/doomed", b"gone", 1, False))
                 time.sleep(0.3)  # the registration reaches its registrar

@@ -406,7 +406,7 @@ class SubClient(_Client):
             nx = self.nexts[pub]
             starts, ends = self.gaps.get(pub, ([], []))
             not_received = max(0, n_sent - nx)
-            for s, e in zip(starts, ends):
+            for s, e in zip(starts, ends, strict=False):
                 if s < n_sent:
                     not_received += min(e, n_sent) - s
             # messages never acknowledged are in flight, not lost
@@ -441,8 +441,8 @@ async def _sub_main(conn, spec: RunSpec, sub_ids: list[int], progress) -> None:
 
     try:
         clients = list(await asyncio.wait_for(asyncio.gather(*(one(j) for j in sub_ids)), spec.opts.connect_timeout))
-    except asyncio.TimeoutError:
-        raise RunError(f"subscribers not connected and subscribed within {spec.opts.connect_timeout:g} s")
+    except TimeoutError:
+        raise RunError(f"subscribers not connected and subscribed within {spec.opts.connect_timeout:g} s") from None
     pipe.send("ready")
     o = spec.opts
     _, t0 = await pipe.expect("go", 2 * o.connect_timeout + o.settle + 30)  # publishers connect meanwhile
@@ -671,8 +671,8 @@ async def _pub_main(conn, spec: RunSpec, pub_ids: list[int], progress) -> None:
 
     try:
         clients = list(await asyncio.wait_for(asyncio.gather(*(one(i) for i in pub_ids)), o.connect_timeout))
-    except asyncio.TimeoutError:
-        raise RunError(f"publishers not connected within {o.connect_timeout:g} s")
+    except TimeoutError:
+        raise RunError(f"publishers not connected within {o.connect_timeout:g} s") from None
     pipe.send("ready")
     _, t0 = await pipe.expect("go", o.connect_timeout + 30)
     cpu0 = sum(os.times()[:2])
@@ -705,7 +705,7 @@ async def _pub_main(conn, spec: RunSpec, pub_ids: list[int], progress) -> None:
         await asyncio.sleep(0.005)
     cpu1 = sum(os.times()[:2])
     result = {}
-    for c, n in zip(clients, sent):
+    for c, n in zip(clients, sent, strict=False):
         result[c.pub_id] = {
             "sent": n,
             "acked": c.acked if spec.qos else n,
@@ -779,7 +779,7 @@ class _Children:
                     self.procs[k].join(1.0)
                     raise RunError(
                         f"{self.names[k]} died (exit code {self.procs[k].exitcode}; {type(exc).__name__} {exc})"
-                    )
+                    ) from exc
                 if msg[0] == "error":
                     raise RunError(f"{self.names[k]}: {msg[1]}")
                 if msg[0] != kind:

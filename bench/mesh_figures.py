@@ -198,7 +198,7 @@ def reroute(keepalive: float, freeze: bool = False) -> dict:
 
 def _largest_gap(arrivals, after):
     times = [t for t, _ in arrivals if t >= after - 0.5]
-    return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
 
 
 def propagation(length: int) -> float:
@@ -242,7 +242,10 @@ def main(argv=None) -> int:
     prop4 = [propagation(4) for _ in range(args.repeat)]
 
     def summary(values):
-        return f"median {statistics.median(values) * 1000:.0f} ms (min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
+        return (
+            f"median {statistics.median(values) * 1000:.0f} ms "
+            f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
+        )
 
     print(f"mesh.keepalive = {args.keepalive:g} s (dead after 3 x keepalive), {args.repeat} runs each")
     print(f"kill -9 of the relay node -> a's route through the other path: {summary([r['reroute_s'] for r in rr])}")

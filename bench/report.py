@@ -227,12 +227,15 @@ def text_table(head: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(head[k]), *(len(r[k]) for r in rows)) if rows else len(head[k]) for k in range(len(head))]
     # an n/a reason spans the rest of its row: do not let it widen the msgs/s column
     widths[3] = max([len(head[3])] + [len(r[3]) for r in rows if not r[3].startswith("n/a")])
-    lines = ["  ".join(h.ljust(wd) for h, wd in zip(head, widths)).rstrip(), "  ".join("-" * wd for wd in widths)]
+    lines = [
+        "  ".join(h.ljust(wd) for h, wd in zip(head, widths, strict=False)).rstrip(),
+        "  ".join("-" * wd for wd in widths),
+    ]
     for r in rows:
         lines.append(
             "  ".join(
                 v.rjust(wd) if k >= 3 and not v.startswith("n/a") else v.ljust(wd)
-                for k, (v, wd) in enumerate(zip(r, widths))
+                for k, (v, wd) in enumerate(zip(r, widths, strict=False))
             ).rstrip()
         )
     return "\n".join(lines)

@@ -50,7 +50,7 @@ def _fetch(
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 data = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             if not data:
                 raise ConnectionError(f"{host}:{port} closed the connection")

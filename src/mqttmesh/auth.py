@@ -76,9 +76,7 @@ class ConfigError(Exception):
 def hash_password(password: str, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> str:
     salt = salt if salt is not None else os.urandom(16)
     digest = hashlib.pbkdf2_hmac("sha512", password.encode("utf-8"), salt, iterations)
-    return "$pbkdf2-sha512${}${}${}".format(
-        iterations, base64.b64encode(salt).decode(), base64.b64encode(digest).decode()
-    )
+    return f"$pbkdf2-sha512${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
 
 def verify_password(password: bytes, encoded: str) -> bool:
@@ -101,7 +99,7 @@ class PasswordFile:
         self.users: dict[str, str] = users or {}
 
     @classmethod
-    def load(cls, path: str, missing_ok: bool = False) -> "PasswordFile":
+    def load(cls, path: str, missing_ok: bool = False) -> PasswordFile:
         users = {}
         try:
             with open(path, encoding="utf-8") as fh:
@@ -193,7 +191,7 @@ class Acl:
         self.blocks = blocks
 
     @classmethod
-    def parse(cls, text: str, source: str = "<acl>") -> "Acl":
+    def parse(cls, text: str, source: str = "<acl>") -> Acl:
         blocks = [_Block()]
         for n, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()  # only whole-line comments: '#' is also a wildcard
@@ -226,7 +224,7 @@ class Acl:
         return cls(blocks)
 
     @classmethod
-    def load(cls, path: str) -> "Acl":
+    def load(cls, path: str) -> Acl:
         try:
             with open(path, encoding="utf-8") as fh:
                 return cls.parse(fh.read(), path)

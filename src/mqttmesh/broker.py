@@ -8,8 +8,8 @@ each locally published message to ``on_publish`` hooks).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from .auth import Auth
 from .flow import Congestion

@@ -25,9 +25,10 @@ from collections import deque
 
 from . import codec
 from .codec import (
-    CONNECT,
     CONNACK,
+    CONNECT,
     DISCONNECT,
+    PACKET_NAMES,
     PINGREQ,
     PINGRESP,
     PUBACK,
@@ -41,10 +42,9 @@ from .codec import (
     UNSUBSCRIBE,
     Decoder,
     MalformedPacket,
-    PACKET_NAMES,
 )
-from .message import Message
 from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, PeerAuthError, parse_connect
+from .message import Message
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
 
@@ -326,7 +326,6 @@ class Channel:
         self.will = pkt.will
         self.state = AUTHENTICATING
         self._pending_connect = pkt
-        mesh = self.broker.mesh
         if pkt.username == PEER_USERNAME:
             return self._on_peer_connect(pkt, now)
         if pkt.client_id.startswith("$mesh"):

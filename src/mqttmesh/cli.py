@@ -167,7 +167,7 @@ Ctrl-C stops every node.""",
         )
         while not stop and all(p.poll() is None for p in cluster.procs):
             time.sleep(0.2)
-        for name, p in zip(cluster.names, cluster.procs):
+        for name, p in zip(cluster.names, cluster.procs, strict=False):
             if p.poll() is not None and not stop:
                 print(f"node {name} exited with {p.returncode}", file=sys.stderr)
     except KeyboardInterrupt:

@@ -110,7 +110,7 @@ def _first_byte_ok(first: int) -> bool:
 _FIRST_OK = bytes(_first_byte_ok(b) for b in range(256))
 
 
-def first_byte_error(first: int) -> "MalformedPacket":
+def first_byte_error(first: int) -> MalformedPacket:
     """Why ``first`` cannot start a packet (it is not in ``_FIRST_OK``)."""
     ptype, flags = first >> 4, first & 0x0F
     if ptype not in _REQUIRED_FLAGS and ptype != PUBLISH:

@@ -215,7 +215,7 @@ class _Dashboard(threading.Thread):
         while not self.stopped.is_set():
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return

@@ -18,7 +18,8 @@ paused publisher is a Channel whose ``owner.pause_reading(channel)`` and
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
 
 __all__ = ["Congestion"]
 

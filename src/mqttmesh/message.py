@@ -86,7 +86,7 @@ class Message:
         first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
         return b"".join((bytes((first,)), head[0], head[1], _U16.pack(packet_id), self.payload))
 
-    def copy(self, **changes) -> "Message":
+    def copy(self, **changes) -> Message:
         m = Message(
             self.topic, self.payload, self.qos, self.retain, self.origin, self.seq, self.publisher, self.timestamp
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .codec import encode, PubRel
+from .codec import PubRel, encode
 
 __all__ = ["Limits", "Entry", "Session", "DurableSession", "SENT_PUBLISH", "SENT_PUBREL"]
 

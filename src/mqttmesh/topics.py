@@ -6,7 +6,8 @@ what a subscriber is (a session, a mesh node) and what a retained value holds.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["filter_matches", "SubscriptionTrie", "RetainedTrie"]
 

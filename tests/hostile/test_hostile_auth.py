@@ -207,7 +207,7 @@ def _sys_acl(target, canary):
         seen_dev, seen_ops = [], []
         deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:
-            for who, c, seen in (("dev", dev, seen_dev), ("ops", ops, seen_ops)):
+            for _who, c, seen in (("dev", dev, seen_dev), ("ops", ops, seen_ops)):
                 try:
                     p = c.recv(0.05)
                 except TimeoutError:

@@ -130,7 +130,7 @@ class FakeListener:
         while not self._stop.is_set():
             try:
                 sock, _ = self.srv.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             info = {"opened": time.monotonic(), "closed": None, "client_id": None, "hello_sent": False}
             with self.lock:
@@ -249,7 +249,8 @@ def _client_ids_in_sys(target, canary, a, b):
     out = probes.Outcome("ClientIds in $SYS")
     secret_ids = ["device-7f3a9c-on-a", "device-51be02-on-b"]
     devices = [
-        probes.connect_client(n.host, n.port, cid, clean=False, keepalive=0) for n, cid in zip((a, b), secret_ids)
+        probes.connect_client(n.host, n.port, cid, clean=False, keepalive=0)
+        for n, cid in zip((a, b), secret_ids, strict=False)
     ]
     watchers = []
     try:

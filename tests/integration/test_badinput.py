@@ -314,8 +314,8 @@ def test_fuzz_random_and_mutated_packets_after_connect(fuzz_env, data):
                     break
         except (ConnectionResetError, BrokenPipeError):
             pass
-        except socket.timeout:
-            raise AssertionError(f"the broker neither closed nor finished after {data!r}")
+        except TimeoutError:
+            raise AssertionError(f"the broker neither closed nor finished after {data!r}") from None
     assert b.alive(), f"broker died after {data!r}:\n{b.log()[-3000:]}"
     n = next(_counter)
     ctl_pub.pub("fuzzctl/t", str(n).encode(), qos=1, pid=n % 65535 + 1)

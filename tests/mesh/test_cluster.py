@@ -76,7 +76,7 @@ def test_hundred_client_ids_racing_on_three_nodes_one_winner_each(broker_factory
 
     def settled():
         total = 0
-        for name, node in nodes.items():
+        for node in nodes.values():
             regs = status(node, admin=True)["cluster"]["registrations"]
             total += sum(1 for cid, e in regs.items() if cid.startswith("race-") and e["connected"])
         return total == 100
@@ -346,7 +346,7 @@ def test_registrations_move_with_membership_without_dropping_clients(broker_fact
     nodes["c"].start()
     wait_converged(nodes, FULL3)
     wait_for(_tolerant(lambda: registered_once("abc")), 15, what="the registrations back on c")
-    for cid, (home, c) in clients.items():
+    for cid, (_home, c) in clients.items():
         assert alive(c), f"{cid} was dropped"
         c.close()
 

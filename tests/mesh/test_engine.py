@@ -12,9 +12,9 @@ from collections import deque
 
 import pytest
 
-from mqttmesh.message import Message
 import mqttmesh.mesh.engine as engine_module
 from mqttmesh.mesh.engine import MeshEngine, MeshSettings
+from mqttmesh.message import Message
 
 
 class Net:

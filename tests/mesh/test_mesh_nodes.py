@@ -141,13 +141,14 @@ def test_ring_and_random_graph_exactly_once_along_tree_edges(broker_factory, sha
             for n in subscriber_nodes:
                 subs[n].wait_count(counts[n] + 1)
 
-            def used():
+            # the closures below run within this iteration: their defaults bind what they use now
+            def used(before=before):
                 after = envelopes(nodes)
                 return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
 
             last: dict = {}
 
-            def one_tree():
+            def one_tree(last=last, publisher=publisher, targets=targets):
                 last.clear()
                 last.update(used())
                 return not _tree_problems(last, publisher, targets, edges)
@@ -158,7 +159,7 @@ def test_ring_and_random_graph_exactly_once_along_tree_edges(broker_factory, sha
                 raise AssertionError(f"{exc}: {_tree_problems(last, publisher, targets, edges)}") from None
             settled = dict(last)
             # one copy per tree edge, no flooding, no loop: nothing more is sent later
-            assert _stays(lambda: used() == settled, 0.3), (publisher, settled, used())
+            assert _stays(lambda settled=settled: used() == settled, 0.3), (publisher, settled, used())
             for n in subscriber_nodes:
                 assert subs[n].payloads().count(publisher.encode()) == 1
     finally:

@@ -70,7 +70,7 @@ def test_anonymous_sys_subscriber_on_a_two_node_mesh_never_sees_a_client_id(brok
     for name in nodes:  # a few more live rounds for the anonymous ones
         drain(watchers[name], anon_seen[name], 0.5)
     forbidden = [*ids.values(), "zq-watcher", "zq-admin"]
-    for name, seen in anon_seen.items():
+    for seen in anon_seen.values():
         topics = {t for t, _ in seen}
         assert "$SYS/mesh/status" in topics and "$SYS/mesh/nodes" in topics, topics
         assert "$SYS/mesh/clients" not in topics

@@ -90,7 +90,7 @@ def test_recorded_peer_handshake_replayed_to_another_node_or_later_is_refused(br
 
         # everything the dialler sent, to another node with the same secret, all at once
         with raw.RawClient(c.host, c.port) as replay:
-            address = "%s:%d" % replay.sock.getsockname()
+            address = "{}:{}".format(*replay.sock.getsockname())
             replay.send(b"".join(frame(f, body) for f, body in packets))
             answers = read_until_closed(replay)
             closed_at = time.time()
@@ -113,7 +113,7 @@ def test_recorded_peer_handshake_replayed_to_another_node_or_later_is_refused(br
         assert len(proof) == 1
         links_before = status(b)["links"]
         with raw.RawClient(b.host, b.port) as replay:
-            address = "%s:%d" % replay.sock.getsockname()
+            address = "{}:{}".format(*replay.sock.getsockname())
             replay.send(frame(*packets[0]))
             assert replay.expect(raw.CONNACK).body == b"\x01\x00"  # session present: the live link's
             replay.send(b"".join(frame(f, body) for f, body in packets[1 : proof[0]]))

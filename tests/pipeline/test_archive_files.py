@@ -14,7 +14,7 @@ from mqttmesh.archive.recorder import ArchiveLimits, Chunk  # noqa: E402
 from mqttmesh.archive.schema import DELIVERY, PUBLISH  # noqa: E402
 from mqttmesh.archive.writer import FileWriter  # noqa: E402
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 T0 = 1769867999.5  # 2026-01-31T13:59:59.5Z
 T1 = 1769868000.25  # 2026-01-31T14:00:00.25Z
 

@@ -19,7 +19,7 @@ from mqttmesh.pipeline.jobs import job_options, run_payloads, run_traffic  # noq
 
 T13 = 1769864400.0  # 2026-01-31T13:00:00Z
 T14 = 1769868000.0  # 2026-01-31T14:00:00Z
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def write_archive(root, hour_starts, per_file, payload=lambda i: b'{"v": %d}' % i):

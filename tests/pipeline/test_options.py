@@ -11,7 +11,7 @@ import pytest
 
 from mqttmesh.pipeline.options import OptionError, filter_regex, parse_expectation, parse_time
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 NOW = 1769868000.0  # 2026-01-31T14:00:00Z
 
 

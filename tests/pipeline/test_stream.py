@@ -126,7 +126,7 @@ def test_the_stream_job_restarted_after_a_kill_gives_the_batch_totals(spark, tmp
         proc.wait(30)
         proc.stderr.close()
     for pid in jvms:
-        wait_for(lambda: gone(pid), 30, what=f"the JVM {pid} to be gone")
+        wait_for(lambda pid=pid: gone(pid), 30, what=f"the JVM {pid} to be gone")
     done = commits(out / "checkpoint")
     assert 2 <= len(done) < 6, done  # killed with files left to read
 

@@ -318,7 +318,7 @@ class Flooder:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"flood-{client_id}")
 
-    def start(self) -> "Flooder":
+    def start(self) -> Flooder:
         self.thread.start()
         return self
 
@@ -331,7 +331,7 @@ class Flooder:
         while not self._stop.is_set() and time.monotonic() < t_end and self.sent < self.max_bytes:
             try:
                 n = sock.send(view)
-            except socket.timeout:
+            except TimeoutError:
                 continue  # the broker is not reading us (flow control): try again
             except OSError as exc:
                 self.error = repr(exc)
@@ -433,7 +433,7 @@ def _stream(sock: socket.socket, total: int, duration: float) -> tuple[int, str]
             return sent, "time"
         try:
             sent += sock.send(chunk[: min(len(chunk), total - sent)])
-        except socket.timeout:
+        except TimeoutError:
             continue  # not being read: keep trying until the deadline
         except OSError as exc:
             return sent, f"closed ({exc.strerror or exc})"
@@ -541,7 +541,7 @@ def bad_first_bytes(target: Target, canary: Canary, limit: float = 1.0) -> Outco
     out = Outcome("bad first byte / reserved flags")
     socks = []
     try:
-        for i, (name, after_connect, header) in enumerate(BAD_HEADERS):
+        for i, (name, after_connect, _header) in enumerate(BAD_HEADERS):
             sock = open_socket(target.host, target.port, source=loopback(60 + i))
             if after_connect:
                 sock.sendall(mqttraw.connect(client_id=f"badhdr-{i}", keepalive=60, **target.credentials))
@@ -791,7 +791,7 @@ def _login(
             sock.settimeout(remaining)
             try:
                 data = sock.recv(4 - len(got))
-            except socket.timeout:
+            except TimeoutError:
                 return None, time.monotonic() - t0
             except OSError:
                 data = b""

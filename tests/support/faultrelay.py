@@ -17,10 +17,10 @@ import threading
 
 
 class _Pipe(asyncio.Protocol):
-    def __init__(self, relay: "FaultRelay"):
+    def __init__(self, relay: FaultRelay):
         self.relay = relay
         self.transport = None
-        self.other: "_Pipe | None" = None
+        self.other: _Pipe | None = None
         self.pending: list[bytes] = []
 
     def connection_made(self, transport):

@@ -147,7 +147,7 @@ class Net:
         return ch
 
 
-_LEFTOVER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LEFTOVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def out(channel) -> list[mqttraw.Packet]:

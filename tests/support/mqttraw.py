@@ -170,7 +170,7 @@ class RawClient:
         self.sock.settimeout(remaining)
         try:
             chunk = self.sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError("no packet before the deadline") from None
         except ConnectionResetError:
             chunk = b""

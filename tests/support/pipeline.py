@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 
-UTC = dt.timezone.utc
+UTC = dt.UTC
 
 
 def ts(text: str) -> dt.datetime:

@@ -278,7 +278,7 @@ def closed_within(sock: socket.socket, timeout: float) -> tuple[bool, bytes, str
         sock.settimeout(remaining)
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             return False, got, ""
         except ConnectionResetError:
             return True, got, "reset"
@@ -359,7 +359,7 @@ class Canary:
             t.host, t.port, f"canary-pub-{self.tag}", source=self.source, keepalive=0, **t.credentials
         )
 
-    def start(self, warmup: float = 15.0) -> "Canary":
+    def start(self, warmup: float = 15.0) -> Canary:
         """Connect, and wait until one round trip works (a mesh needs the subscription to
         spread first); the warm-up round trips are not samples."""
         self._sub = self._connect_sub()

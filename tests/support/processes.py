@@ -48,7 +48,7 @@ class BrokerProcess:
         self.log_path = workdir / f"{name}.log"
         self.port_file = workdir / f"{name}.port"
 
-    def start(self, timeout: float = 15.0) -> "BrokerProcess":
+    def start(self, timeout: float = 15.0) -> BrokerProcess:
         if self.port_file.exists():
             self.port_file.unlink()
         port = str(self.port) if self.port else "0"
@@ -113,6 +113,6 @@ class BrokerProcess:
             self.proc.kill()
             self.proc.wait(5)
 
-    def restart(self) -> "BrokerProcess":
+    def restart(self) -> BrokerProcess:
         self.stop()
         return self.start()

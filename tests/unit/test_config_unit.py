@@ -38,7 +38,7 @@ def test_defaults():
     assert cfg.get("auth.allow_anonymous") is True
     assert cfg.get("store.synchronous") == "normal"
     with pytest.raises(AttributeError):
-        cfg.no_such_option
+        _ = cfg.no_such_option
 
 
 def test_every_default_passes_its_own_checks():

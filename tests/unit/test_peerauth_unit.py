@@ -249,7 +249,7 @@ def test_listener_claiming_the_diallers_own_id_is_refused():
         b"b|9|" + NL.hex()[:-2].encode() + b"|" + b"0" * 64,
         b"b|9|" + NL.hex().encode() + b"|" + b"A" * 64,
         b"|9|" + NL.hex().encode() + b"|" + b"0" * 64,
-        "b|9|".encode() + NL.hex().encode() + "|".encode() + "é".encode() * 32,
+        b"b|9|" + NL.hex().encode() + b"|" + "é".encode() * 32,
     ],
 )
 def test_malformed_challenges_are_refused(payload):

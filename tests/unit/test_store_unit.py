@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from mqttmesh.message import Message
 from mqttmesh.session import Entry
 from mqttmesh.store import FORMAT_VERSION, Journal

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..codec import MalformedPacket, validate_topic_filter
 from ..topics import filter_matches
@@ -387,7 +387,7 @@ def hour_of(timestamp: float) -> int:
 
 def partition_dir(kind: str, hour: int) -> str:
     """``publish/date=YYYY-MM-DD/hour=HH`` for an hour since the epoch (UTC)."""
-    t = _dt.datetime.fromtimestamp(hour * 3600, _dt.timezone.utc)
+    t = _dt.datetime.fromtimestamp(hour * 3600, _dt.UTC)
     return f"{kind}/date={t:%Y-%m-%d}/hour={t:%H}"
 
 

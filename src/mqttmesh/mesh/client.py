@@ -181,7 +181,7 @@ class LinkClient:
         self.peer, self.peer_incarnation = hs.listener, hs.listener_incarnation
         self._auth = None  # one proof per connection
         self.state = "ready"
-        for pid, frame in self.inflight.items():  # [MQTT-4.4.0-1], DUP=1
+        for frame in self.inflight.values():  # [MQTT-4.4.0-1], DUP=1
             self._out.append(bytes((frame[0] | 0x08,)) + frame[1:])
         self._refill()
         return None

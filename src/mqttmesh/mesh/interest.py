@@ -19,7 +19,7 @@ the two against each other and against the reference matcher).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 __all__ = ["InterestIndex"]
 

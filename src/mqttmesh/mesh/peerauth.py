@@ -49,7 +49,7 @@ PEER_PROTOCOL = 2  # the peer protocol's version: a node refuses a peer of anoth
 PEER_USERNAME = "mqttmesh-peer"
 NONCE_BYTES = 16
 
-_NONCE = re.compile(r"[0-9a-f]{%d}\Z" % (2 * NONCE_BYTES))
+_NONCE = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")
 _MAC = re.compile(r"[0-9a-f]{64}\Z")
 _INT = re.compile(r"(0|[1-9][0-9]{0,19})\Z")
 _NODE = re.compile(r"[^|\x00-\x20\x7f]{1,256}\Z")  # what config allows, and more, but never '|'

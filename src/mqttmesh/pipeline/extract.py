@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from ..archive.schema import COLUMNS, FORMAT_VERSION, KINDS
 
@@ -54,7 +54,7 @@ def _may_hold(dirpath: str, since: dt.datetime | None, until: dt.datetime | None
     date, hour = _hour_of_dir(dirpath)
     if date is None:
         return True
-    start = dt.datetime.combine(date, dt.time(hour or 0), dt.timezone.utc)
+    start = dt.datetime.combine(date, dt.time(hour or 0), dt.UTC)
     end = start + (dt.timedelta(hours=1) if hour is not None else dt.timedelta(days=1))
     return (since is None or end > since) and (until is None or start < until)
 

@@ -11,8 +11,8 @@ import argparse
 import datetime as dt
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -76,7 +76,7 @@ def _epoch(col: str):
 
 
 def _utc(seconds: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
 def _series(df: DataFrame, key: str, value: str, keys: list) -> dict[str, tuple[list, list]]:

@@ -30,9 +30,9 @@ def parse_time(text: str, option: str = "time", now: float | None = None) -> dt.
         if now is None:
             raise OptionError(f"{option}: a relative time needs the current time")
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
-        return dt.datetime.fromtimestamp(now - seconds, dt.timezone.utc)
+        return dt.datetime.fromtimestamp(now - seconds, dt.UTC)
     try:
-        return dt.datetime.fromtimestamp(float(text), dt.timezone.utc)
+        return dt.datetime.fromtimestamp(float(text), dt.UTC)
     except ValueError:
         pass
     try:
@@ -42,8 +42,8 @@ def parse_time(text: str, option: str = "time", now: float | None = None) -> dt.
             f"{option}: {text!r} is not a time (ISO 8601 such as 2026-01-31T12:00, epoch seconds, or -30m / -2h / -1d)"
         ) from None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return t.astimezone(dt.timezone.utc)
+        t = t.replace(tzinfo=dt.UTC)
+    return t.astimezone(dt.UTC)
 
 
 def filter_regex(topic_filter: str) -> str:

@@ -100,7 +100,7 @@ def _table_html(columns, rows, left=()) -> str:
             "<tr>"
             + "".join(
                 f'<td class="{"l" if c in left or isinstance(v, str) else ""}">{html.escape(str(v))}</td>'
-                for c, v in zip(columns, row)
+                for c, v in zip(columns, row, strict=False)
             )
             + "</tr>"
         )
@@ -124,7 +124,7 @@ def html_page(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
         f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
         f"<p class='sub'>{html.escape(subtitle)} &middot; generated "
-        f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC</p>",
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC</p>",
     ]
     if summary:
         parts.append(_table_html(["", "value"], [(k, v) for k, v in summary], left=("",)))

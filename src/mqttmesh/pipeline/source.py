@@ -133,7 +133,7 @@ class _Subscriber(threading.Thread):
                     last_ping = now
                 try:
                     data = sock.recv(1 << 20)
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 if not data:
                     raise ConnectionError("the node closed the connection")
@@ -180,7 +180,7 @@ class _Subscriber(threading.Thread):
 def _utcnow():
     import datetime as dt
 
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 class MqttmeshStreamReader(SimpleDataSourceStreamReader):

@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from pyspark.sql import types as T
 

@@ -245,7 +245,7 @@ class ArchiveService:
             self._pipe.close()  # sends what is buffered; the writer writes it all and exits at the end
             try:
                 await asyncio.wait_for(asyncio.shield(self._reports), self.stop_timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.error(
                     "archive: the writer process (pid %d) did not finish within archive.stop_timeout (%gs); killing it",
                     proc.pid,

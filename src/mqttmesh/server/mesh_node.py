@@ -21,11 +21,11 @@ import secrets
 import time
 
 from ..config import Config
-from ..message import Message
 from ..mesh.client import LinkClient
 from ..mesh.cluster import Cluster, ClusterSettings
 from ..mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
 from ..mesh.peerauth import NONCE_BYTES, PEER_PROTOCOL, ListenerAuth, PeerConnect
+from ..message import Message
 from .tls import peer_certificate_required, peer_context
 
 log = logging.getLogger("mqttmesh.mesh")
@@ -79,7 +79,7 @@ class _Link:
 
 
 class InboundLink(_Link):
-    def __init__(self, mesh: "MeshNode", channel, peer: str):
+    def __init__(self, mesh: MeshNode, channel, peer: str):
         self.mesh = mesh
         self.channel = channel
         self.peer = peer
@@ -102,7 +102,7 @@ class InboundLink(_Link):
 class PeerClient(asyncio.Protocol, _Link):
     """Our end of a link we dialled."""
 
-    def __init__(self, mesh: "MeshNode", dialer: "Dialer"):
+    def __init__(self, mesh: MeshNode, dialer: Dialer):
         self.mesh = mesh
         self.dialer_obj = dialer
         self.dialer = mesh.node_id
@@ -232,7 +232,7 @@ class PeerClient(asyncio.Protocol, _Link):
 class Dialer:
     """Keeps one peer address dialled: reconnects with backoff, yields to a link the other way."""
 
-    def __init__(self, mesh: "MeshNode", address: str, configured: bool):
+    def __init__(self, mesh: MeshNode, address: str, configured: bool):
         self.mesh = mesh
         self.address = address
         self.configured = configured
@@ -272,7 +272,7 @@ class Dialer:
                     ),
                     timeout=max(1.0, 3 * self.mesh.config.get("mesh.keepalive")),
                 )
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError) as exc:
                 if self.attempts == 1 or self.attempts % 50 == 0:
                     log.info("cannot reach peer %s yet: %s", self.address, exc)
                 await asyncio.sleep(backoff * (0.5 + random.random()))

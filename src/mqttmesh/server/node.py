@@ -222,7 +222,7 @@ class Node:
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
-            except (asyncio.TimeoutError, Exception):
+            except (TimeoutError, Exception):
                 pass
         if self.archive is not None:
             await self.archive.stop()  # after the clients, so their last deliveries are logged
@@ -366,7 +366,7 @@ class Node:
                     0.05, conn.accepted_at + self.broker.settings.connect_timeout - self.loop.time()
                 ),
             )
-        except (OSError, ssl.SSLError, asyncio.TimeoutError, RuntimeError) as exc:
+        except (TimeoutError, OSError, ssl.SSLError, RuntimeError) as exc:
             # (the socket belongs to the transport now, which closed it)
             log.info("TLS handshake with %s failed: %s", conn.peer, exc or type(exc).__name__)
             self.forget(conn)

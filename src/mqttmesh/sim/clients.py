@@ -8,8 +8,7 @@ counted per node, the engine's delivery filter making it once per message.
 from __future__ import annotations
 
 from ..message import Message
-from .model import Node
-from .model import CHURN, MSGCHECK, PUBLISH
+from .model import CHURN, MSGCHECK, PUBLISH, Node
 from .observe import MsgRecord
 
 __all__ = ["ClientsMixin"]

@@ -158,7 +158,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         self._seq += 1
         heapq.heappush(self.heap, (t, self._seq) + event)
 
-    def run(self) -> "Simulator":
+    def run(self) -> Simulator:
         sc = self.sc
         self.unstarted = len(self.names)  # the start cannot converge before every node is up
         self.subscribed = sc.workload.subscribe == "start"

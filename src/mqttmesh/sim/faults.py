@@ -95,11 +95,11 @@ class FaultsMixin:
                 raise ScenarioError(f"{label}: there is no link {a}-{b}")
             return link
         if want_up is False:
-            down = [l for l in self.links.values() if not l.admin]
+            down = [lk for lk in self.links.values() if not lk.admin]
             if not down:
                 raise ScenarioError(f"{label}: no link is down")
             return down[-1] if len(down) == 1 else self.rng_fault.choice(down)
-        live = [l for l in self.links.values() if l.alive and l.side[l.a] and l.side[l.b]]
+        live = [lk for lk in self.links.values() if lk.alive and lk.side[lk.a] and lk.side[lk.b]]
         if not live:
             raise ScenarioError(f"{label}: no live link")
         if want_up is None:
@@ -138,12 +138,12 @@ class FaultsMixin:
         if not alive:
             return False
         adj: dict[str, list[str]] = {n: [] for n in alive}
-        for l in self.links.values():
-            if l is link or not (l.alive and l.side[l.a] and l.side[l.b]):
+        for lk in self.links.values():
+            if lk is link or not (lk.alive and lk.side[lk.a] and lk.side[lk.b]):
                 continue
-            if l.a in adj and l.b in adj:
-                adj[l.a].append(l.b)
-                adj[l.b].append(l.a)
+            if lk.a in adj and lk.b in adj:
+                adj[lk.a].append(lk.b)
+                adj[lk.b].append(lk.a)
         seen = {alive[0]}
         stack = [alive[0]]
         while stack:
@@ -186,8 +186,8 @@ class FaultsMixin:
         frontier = [start]
         while frontier and len(group) < size:
             u = frontier.pop(0)
-            for l in self.nodes[u].links:
-                v = l.peer(u)
+            for lk in self.nodes[u].links:
+                v = lk.peer(u)
                 if v not in group and len(group) < size:
                     group.add(v)
                     frontier.append(v)

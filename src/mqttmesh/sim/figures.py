@@ -127,7 +127,7 @@ def draw(rows: list[dict], out: Path) -> list[Path]:
     for key, label in (("subscribe", "subscription change"), ("link", "link failure"), ("crash", "node crash")):
         pts = [(r["nodes"], r[key]["advert_bytes"]) for r in rows if key in r]
         if pts:
-            ax.plot(*zip(*pts), marker="o", label=label)
+            ax.plot(*zip(*pts, strict=False), marker="o", label=label)
     ax.set(
         xscale="log",
         yscale="log",
@@ -157,7 +157,7 @@ def draw(rows: list[dict], out: Path) -> list[Path]:
     ax.plot(ns, [r["spf_ms_per_run"] for r in rows], marker="o", label="CPU ms per SPF run")
     pts = [(r["nodes"], r["link"]["spf_runs_per_node"]) for r in rows if "link" in r]
     if pts:
-        ax.plot(*zip(*pts), marker="s", label="SPF runs per node per link failure")
+        ax.plot(*zip(*pts, strict=False), marker="s", label="SPF runs per node per link failure")
     ax.set(xscale="log", yscale="log", xlabel="nodes", ylabel="ms, runs", title="shortest-path recomputation")
     ax.legend(fontsize=8)
     save(fig, "spf.png")

@@ -101,7 +101,7 @@ class Node:
         self.depth_out = 0  # advertisement round to stamp on what the next flush sends
         self.seen_inc = self.seen_seq = -1
         self.seen_links: dict | None = None
-        self.links: list["Link"] = []
+        self.links: list[Link] = []
         self.restarted_at = -1.0
         self.down_since = -1.0
         self.seen_interest = None

@@ -83,7 +83,7 @@ def plot_run(sim, summary: dict, out: Path) -> list[Path]:
         pairs = {}
         for copies, optimum, _d, _q in steady:
             pairs[(optimum, copies)] = pairs.get((optimum, copies), 0) + 1
-        xs, ys, ss = zip(*[(o, c, n) for (o, c), n in pairs.items()])
+        xs, ys, ss = zip(*[(o, c, n) for (o, c), n in pairs.items()], strict=False)
         ax.scatter(xs, ys, s=[8 + 4 * n**0.5 for n in ss], alpha=0.6, label="mesh (size: messages)")
         top = max(max(xs), max(ys))
         ax.plot([0, top], [0, top], color="grey", lw=0.8, ls="--", label="optimum")

@@ -373,7 +373,8 @@ def format_text(s: dict) -> str:
         f"forwarding ({f['steady_messages_checked']:,} messages published in steady state): "
         f"{_f(f['copies_per_message'], '.2f')} copies per message vs "
         f"{_f(f['optimum_per_message'], '.2f')} on the shortest-path tree "
-        f"(ratio {_f(f['copies_over_optimum'], '.3f')}, {_f(f['at_optimum_share'] and 100 * f['at_optimum_share'], '.1f')}% "
+        f"(ratio {_f(f['copies_over_optimum'], '.3f')}, "
+        f"{_f(f['at_optimum_share'] and 100 * f['at_optimum_share'], '.1f')}% "
         f"at the optimum, worst {_f(f['worst_ratio'], '.2f')})",
     ]
     st = s["stretch"]
