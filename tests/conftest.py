@@ -1,14 +1,23 @@
-"""Fixtures every test directory shares: real broker processes on loopback.
+"""Fixtures every test directory shares (real broker processes on loopback), and the
+collection hook that checks every test carries the markers of what it starts.
 
-The helpers behind them live in tests/support (``support.processes``); conftest
-files hold fixtures and hooks only.
+The helpers behind them live in tests/support (``support.processes``,
+``support.markers``); conftest files hold fixtures and hooks only.
 """
 
 from __future__ import annotations
 
 import pytest
 
+from support.markers import refuse_unmarked
 from support.processes import BrokerProcess
+
+pytest_plugins = ("pytester",)  # tests/test_markers.py runs the hook below on small suites of its own
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects anything: every collected test is checked
+def pytest_collection_modifyitems(items):
+    refuse_unmarked(items)
 
 
 @pytest.fixture

@@ -14,7 +14,10 @@ from support import mqttraw
 from support.mesh import Subscriber, publish, wait_converged, wait_interest
 from support.processes import free_port, wait_for
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command"),
+]
 
 
 def _run(*args, cwd):
@@ -117,6 +120,7 @@ def _roundtrip(port, pki, cert=None):
     return got
 
 
+@pytest.mark.interop
 def test_tls_listener_beside_the_plain_one(broker_factory, pki):
     tls_port = free_port()
     broker_factory("--tls-port", str(tls_port), "--tls-cert", str(pki / "node.pem"), "--tls-key", str(pki / "node.key"))

@@ -27,7 +27,7 @@ from support.hostile import check, run, target_of
 FUZZ_SECONDS = float(os.environ.get("MQTTMESH_FUZZ_SECONDS", "15"))
 WORKERS = 6
 
-pytestmark = [pytest.mark.hostile, pytest.mark.timeout(FUZZ_SECONDS + 120)]
+pytestmark = [pytest.mark.hostile, pytest.mark.process, pytest.mark.timeout(FUZZ_SECONDS + 120)]
 
 TEMPLATES = [
     mqttraw.connect(client_id="fz-a"),

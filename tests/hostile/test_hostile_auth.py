@@ -18,7 +18,7 @@ import pytest
 from support import attacks, mqttraw, probes
 from support.hostile import check, optional_flags, password_file, run, target_of
 
-pytestmark = pytest.mark.hostile
+pytestmark = [pytest.mark.hostile, pytest.mark.process]
 
 # the $SYS topic that counts failed logins (issue 13: "failed logins counted in $SYS")
 FAILED_LOGINS_TOPIC = "$SYS/broker/connections/auth_failures"

@@ -14,7 +14,7 @@ import pytest
 from support import attacks
 from support.hostile import check, run, target_of
 
-pytestmark = pytest.mark.hostile
+pytestmark = [pytest.mark.hostile, pytest.mark.process]
 
 
 def test_reset_during_fan_out_harms_nobody_else(nodes):

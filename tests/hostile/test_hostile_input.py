@@ -14,7 +14,7 @@ import pytest
 from support import attacks
 from support.hostile import check, run, target_of
 
-pytestmark = pytest.mark.hostile
+pytestmark = [pytest.mark.hostile, pytest.mark.process]
 
 CONNECT_TIMEOUT = 2.0
 

@@ -21,7 +21,7 @@ from support.hostile import SECRET, check, run, target_of
 from support.mesh import status, wait_converged
 from support.processes import wait_for
 
-pytestmark = pytest.mark.hostile
+pytestmark = [pytest.mark.hostile, pytest.mark.process]
 
 MESH = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1"]
 

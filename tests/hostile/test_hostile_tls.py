@@ -17,6 +17,7 @@ from support.processes import free_port
 
 pytestmark = [
     pytest.mark.hostile,
+    pytest.mark.process,
     pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command"),
 ]
 

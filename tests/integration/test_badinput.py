@@ -20,6 +20,8 @@ from support.integration import Client, Paho, connack, control_roundtrip, log_ha
 from support.mqttraw import packet, s
 from support.processes import BrokerProcess
 
+pytestmark = pytest.mark.process
+
 MAX_PACKET = 2048
 
 

@@ -13,6 +13,8 @@ from support import mqttraw
 from support.integration import PYTHON, run_cli
 from support.processes import free_port, wait_for
 
+pytestmark = pytest.mark.process
+
 
 def write(tmp_path, text: str, name: str = "mqttmesh.toml"):
     path = tmp_path / name

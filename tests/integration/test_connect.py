@@ -11,6 +11,8 @@ from support import mqttraw
 from support.integration import Client, connack
 from support.mqttraw import CONNACK, PINGRESP, s
 
+pytestmark = pytest.mark.process
+
 
 def read_until_closed(c: Client, timeout: float = 5.0) -> list:
     """Every packet the broker sends until it closes the connection."""

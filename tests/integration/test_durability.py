@@ -18,6 +18,8 @@ from support import mqttraw
 from support.integration import PYTHON, control_roundtrip, wait_log
 from support.mqttraw import PUBACK, PUBCOMP, PUBREC, PUBREL
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture
 def durable(broker_factory, tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from support.integration import make_password_file
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.process, pytest.mark.interop]
 
 
 class MosqSub:

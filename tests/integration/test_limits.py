@@ -8,9 +8,13 @@ import socket
 import struct
 import threading
 
+import pytest
+
 from support import mqttraw
 from support.integration import Client, connack, control_roundtrip, log_has, wait_log
 from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 
 def _stuck_subscriber(b, client_id: str, topic_filter: str) -> socket.socket:

@@ -18,6 +18,8 @@ from support.integration import Client, connack, make_password_file, run_cli, wa
 from support.mqttraw import CONNACK
 from support.processes import wait_for
 
+pytestmark = pytest.mark.process
+
 PASSWORDS = {"alice": "wonderland", "bob": "builder"}
 
 

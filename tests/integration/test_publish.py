@@ -7,6 +7,8 @@ import pytest
 from support import mqttraw
 from support.mqttraw import PINGRESP, PUBACK, PUBCOMP, PUBREC
 
+pytestmark = pytest.mark.process
+
 
 def test_qos0_publish_gets_no_response(broker, clients):
     """[MQTT-3.3.4-1] QoS 0: no response; the next packet is the PINGRESP."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from support import mqttraw
 from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 
 def test_retained_message_sent_on_subscribe_with_retain_1(broker, clients):

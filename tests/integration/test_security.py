@@ -11,6 +11,8 @@ from support.integration import Client, connack, make_password_file, run_cli, wa
 from support.mqttraw import CONNACK
 from support.processes import wait_for
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture
 def pwfile(tmp_path):

@@ -8,6 +8,8 @@ from support import mqttraw
 from support.integration import control_roundtrip, wait_log
 from support.mqttraw import PUBLISH, PUBREL
 
+pytestmark = pytest.mark.process
+
 
 def offline_subscriber(broker, clients, client_id, *filters):
     """Connect with CleanSession=0, subscribe, DISCONNECT: a stored session, offline."""

@@ -10,6 +10,8 @@ from support import mqttraw
 from support.integration import wait_log
 from support.mqttraw import Closed
 
+pytestmark = pytest.mark.process
+
 
 def test_silent_client_is_disconnected_after_1_5_keepalive_and_its_will_published(broker, clients):
     """[MQTT-3.1.2-24] keepalive 1 s, nothing sent: closed after ~1.5 s, as if the network

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from mqttmesh.mesh.hrw import owners
 from support import mqttraw as raw
 from support.mesh import Subscriber, _tolerant, publish, relayed_mesh, start_mesh, status, wait_converged, wait_interest
 from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 FULL3 = [("b", "a"), ("c", "a"), ("c", "b")]
 

@@ -21,6 +21,8 @@ from support.mesh import (
 )
 from support.processes import wait_for
 
+pytestmark = pytest.mark.process
+
 
 def test_full_mesh_cross_node_qos012_exactly_once_and_no_traffic_to_uninterested_node(broker_factory):
     names = ["a", "b", "c"]

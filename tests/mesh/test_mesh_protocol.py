@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+import pytest
+
 from support import mqttraw as raw
 from support.mesh import (
     SECRET,
@@ -17,6 +19,8 @@ from support.mesh import (
     wait_interest,
 )
 from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 CLIENT_TYPES = {
     raw.CONNECT,

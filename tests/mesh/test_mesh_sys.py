@@ -6,9 +6,13 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from support import mqttraw as raw
 from support.mesh import ADMIN_PASSWORD, ADMIN_USER, SECRET, _tolerant, start_mesh, status, wait_converged
 from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 EDGES = [("b", "a")]
 

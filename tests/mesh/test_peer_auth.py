@@ -21,6 +21,8 @@ from support import mqttraw as raw
 from support.mesh import SECRET, Subscriber, publish, relayed_mesh, split_packets, status, wait_converged, wait_interest
 from support.processes import wait_for
 
+pytestmark = pytest.mark.process
+
 
 def frame(first: int, body: bytes) -> bytes:
     return bytes([first]) + raw.varint(len(body)) + body

@@ -15,6 +15,8 @@ from support.mesh import Subscriber, publish
 from support.pipeline import archive_flags, read_archive, writer_pid
 from support.processes import wait_for
 
+pytestmark = pytest.mark.process
+
 
 def alive(pid: int) -> bool:
     try:

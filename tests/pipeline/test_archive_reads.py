@@ -227,6 +227,7 @@ def test_reads_and_bytes_that_do_not_add_up_are_refused():
 # -- through a broker -------------------------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_packets_that_are_no_message_leave_the_others_archived_with_the_seqs_they_were_delivered_with(
     broker_factory, tmp_path
 ):
@@ -274,6 +275,7 @@ def test_packets_that_are_no_message_leave_the_others_archived_with_the_seqs_the
     ]
 
 
+@pytest.mark.process
 def test_a_read_cut_short_by_a_protocol_error_archives_what_was_handled_and_the_will(broker_factory, tmp_path):
     archive = tmp_path / "archive"
     node = broker_factory(*archive_flags(archive), name="n1")

@@ -23,7 +23,10 @@ from mqttmesh.archive.wire import encode_chunk  # noqa: E402
 from support.pipeline import archive_flags, writer_pid
 from support.processes import wait_for
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc are Linux")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc are Linux"),
+]
 
 SCHED_OTHER, SCHED_IDLE = 0, 5
 

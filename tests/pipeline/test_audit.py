@@ -31,6 +31,8 @@ from mqttmesh.pipeline import audit as A
 from mqttmesh.pipeline.options import Expectation
 from support.pipeline import ts
 
+pytestmark = pytest.mark.spark
+
 PUB = "msg_id string, origin string, seq long, publisher string, topic string, qos tinyint, timestamp timestamp"
 DLV = "client_id string, msg_id string, node string, timestamp timestamp, dup boolean, log_seq long"
 TOTALS = (

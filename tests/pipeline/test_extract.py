@@ -60,6 +60,7 @@ def archive(tmp_path):
     return root, good, folder
 
 
+@pytest.mark.spark
 def test_bad_files_are_named_and_skipped(spark, archive):
     root, good, folder = archive
     notes = []
@@ -74,6 +75,7 @@ def test_bad_files_are_named_and_skipped(spark, archive):
     ]
 
 
+@pytest.mark.spark
 def test_or_the_job_stops_with_the_first_bad_file_named(spark, archive):
     root, _, folder = archive
     with pytest.raises(ExtractError) as err:
@@ -100,6 +102,7 @@ def test_a_time_range_leaves_other_hours_unlisted(tmp_path):
     assert list_files([str(tmp_path / "a")], PUBLISH, until=since) == [files[0]]
 
 
+@pytest.mark.spark
 def test_an_empty_archive_is_a_clear_error(spark, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ExtractError, match="no publish log files under"):
@@ -108,6 +111,7 @@ def test_an_empty_archive_is_a_clear_error(spark, tmp_path):
         read_log(spark, [str(tmp_path / "missing")], PUBLISH)
 
 
+@pytest.mark.spark
 def test_the_traffic_job_reports_skipped_files_and_counts_the_rest(spark, archive, tmp_path):
     root, _, folder = archive
     said = []
@@ -118,6 +122,7 @@ def test_the_traffic_job_reports_skipped_files_and_counts_the_rest(spark, archiv
     assert "n1-1-000091.parquet" in page and "n1-1-000093.parquet" in page
 
 
+@pytest.mark.spark
 def test_non_json_payloads_are_counted_not_fatal(spark, tmp_path):
     # seq 1..12: every third payload is not a JSON object (3, 6, 9, 12: text, array, bytes, number)
     odd = {3: b"21.5;40", 6: b"[1, 2]", 9: b"\xff\x00\xfe", 12: b"42"}

@@ -16,6 +16,8 @@ from mqttmesh.pipeline.jobs import job_options, run_audit, run_traffic  # noqa: 
 from support.mesh import Subscriber, publish, start_mesh, status, wait_converged, wait_interest  # noqa: E402
 from support.processes import wait_for  # noqa: E402
 
+pytestmark = [pytest.mark.process, pytest.mark.spark]
+
 NAMES = ["a", "b", "c"]
 EDGES = [("b", "a"), ("c", "a"), ("c", "b")]
 

@@ -89,6 +89,7 @@ def test_expectations():
             parse_expectation(bad, NOW)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -120,6 +121,7 @@ def test_bad_analyze_options_exit_2_before_spark_starts(tmp_path, args, message)
     assert message in proc.stderr
 
 
+@pytest.mark.process
 def test_the_broker_does_not_import_the_pipeline():
     code = (
         "import sys, mqttmesh.cli, mqttmesh.server.node, mqttmesh.server.archive; "

@@ -24,6 +24,8 @@ from mqttmesh.pipeline import payloads as P
 from mqttmesh.pipeline.common import OTHER, with_pattern
 from support.pipeline import ts
 
+pytestmark = pytest.mark.spark
+
 ROWS = [
     (ts("12:00:01"), "s/a/t1", b'{"t": 20.5, "h": 40}'),
     (ts("12:00:02"), "s/a/t2", b'{"t": 21.5, "h": 50, "meta": {"v": 3}}'),

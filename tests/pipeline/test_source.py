@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mqttmesh.pipeline.source import register
 from support.mesh import publish
 from support.processes import wait_for
+
+pytestmark = [pytest.mark.process, pytest.mark.spark]
 
 
 def test_the_live_source_streams_what_the_node_delivers(spark, broker):

@@ -24,6 +24,8 @@ from mqttmesh.pipeline.stream import run_stream  # noqa: E402
 from mqttmesh.pipeline.traffic import traffic_by  # noqa: E402
 from support.processes import wait_for
 
+pytestmark = [pytest.mark.process, pytest.mark.spark]
+
 T = 1769868000.0  # 2026-01-31T14:00:00Z
 
 

@@ -19,6 +19,8 @@ from pyspark.testing import assertDataFrameEqual
 from mqttmesh.pipeline import traffic as TR
 from support.pipeline import ts
 
+pytestmark = pytest.mark.spark
+
 SCHEMA = "timestamp timestamp, origin string, publisher string, topic string, payload_size int"
 ROWS = [
     (ts("12:00:05"), "n1", "p1", "a/b/c", 10),

@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 from collections import deque
 
+import pytest
+
 from mqttmesh.mesh.engine import MeshEngine
 from support.sim import run
+
+pytestmark = pytest.mark.slow
 
 
 class Wire:

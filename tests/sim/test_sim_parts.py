@@ -158,6 +158,7 @@ def test_dijkstra_and_the_tree_union():
 # ---------------------------------------------------------------- the command
 
 
+@pytest.mark.process
 def test_command_writes_json_and_plots(tmp_path):
     out = tmp_path / "out"
     p = subprocess.run(
@@ -193,6 +194,7 @@ def test_command_writes_json_and_plots(tmp_path):
     assert (out / "traffic.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.process
 def test_command_reports_a_bad_scenario(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text("[topology]\nkind = 'torus'\n")
@@ -212,6 +214,7 @@ def test_command_without_matplotlib_says_how_to_install_it(tmp_path, monkeypatch
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.process
 def test_runs_are_the_same_across_processes_and_hash_seeds(tmp_path):
     # sets and dicts iterate in hash order, which changes with PYTHONHASHSEED: nothing the
     # simulator or the engine decides may depend on it

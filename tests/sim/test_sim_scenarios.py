@@ -17,6 +17,8 @@ from mqttmesh.sim.report import summarize
 from mqttmesh.sim.scenario import load_scenario
 from support.sim import SCENARIOS, run
 
+pytestmark = pytest.mark.slow
+
 
 def episodes(sim: Simulator, kind: str) -> list:
     return [e for e in sim.episodes if e.kind == kind]
