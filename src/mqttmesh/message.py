@@ -8,6 +8,7 @@ topic and only differ in the packet identifier.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from .codec import encode_publish, encode_remaining_length
 
@@ -50,9 +51,9 @@ class Message:
         self.seq = seq  # per-origin sequence: (origin, seq) is mesh-wide unique
         self.publisher = publisher  # publishing ClientId
         self.timestamp = timestamp
-        self._topic_bytes = None
-        self._frame0 = None
-        self._head = None
+        self._topic_bytes: bytes | None = None
+        self._frame0: bytes | None = None
+        self._head: tuple[bytes, bytes] | None = None
 
     @property
     def msg_id(self) -> str:
@@ -86,7 +87,7 @@ class Message:
         first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
         return b"".join((bytes((first,)), head[0], head[1], _U16.pack(packet_id), self.payload))
 
-    def copy(self, **changes) -> Message:
+    def copy(self, **changes: Any) -> Message:
         m = Message(
             self.topic, self.payload, self.qos, self.retain, self.origin, self.seq, self.publisher, self.timestamp
         )
@@ -94,5 +95,5 @@ class Message:
             setattr(m, key, value)
         return m
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, retain={self.retain}, id={self.msg_id})"

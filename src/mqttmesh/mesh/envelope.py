@@ -44,7 +44,7 @@ class Envelope:
         self.attempt = attempt
         self.dests_key = dests_key  # "\0".join(dests), when the caller already has it
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Envelope({self.msg!r}, dests={self.dests}, hops={self.hop_limit}, attempt={self.attempt})"
 
 
@@ -53,7 +53,7 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
         raise ValueError(f"{len(envelopes)} envelopes do not fit one batch; split it")
     table: dict[str, int] = {}
     strings: list[str] = []
-    records = []
+    records: list[bytes] = []
     append = records.append
     pack = _REC.pack
     get = table.get
