@@ -35,6 +35,7 @@ import hmac
 import os
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from typing import Literal, overload
 
 from .codec import MalformedPacket, validate_topic_filter
 from .topics import filter_matches
@@ -378,7 +379,7 @@ class Auth:
 
 def _usual_iterations(passwords: PasswordFile | None) -> int:
     """The iteration count most users of the file have (the dummy hash's)."""
-    counts = Counter()
+    counts: Counter[int] = Counter()
     for encoded in passwords.users.values() if passwords is not None else ():
         try:
             counts[int(encoded.split("$")[2])] += 1
@@ -515,6 +516,10 @@ class LoginThrottle:
             if entry is not None and not entry.count and not entry.in_flight:
                 del self._keys[key]
 
+    @overload
+    def _entry(self, key: tuple[str, str], now: float, create: Literal[True]) -> _Failures: ...
+    @overload
+    def _entry(self, key: tuple[str, str], now: float, create: Literal[False]) -> _Failures | None: ...
     def _entry(self, key: tuple[str, str], now: float, create: bool) -> _Failures | None:
         keys = self._keys
         entry = keys.get(key)

@@ -59,6 +59,26 @@ class Stats:
         "ended_queue_full",
         "ended_slow_qos0",
     )  # drops counted by sessions now gone
+    # (annotations only: __init__ sets every slot to 0)
+    messages_received: int
+    messages_sent: int
+    publish_dropped: int
+    publish_denied: int
+    bytes_received: int
+    bytes_sent: int
+    connections_total: int
+    connections_refused: int
+    protocol_errors: int
+    slow_consumers: int
+    wills_published: int
+    outputs_blocked: int
+    memory_pauses: int
+    preauth_refused: int
+    auth_failures: int
+    auth_throttled: int
+    auth_busy: int
+    ended_queue_full: int
+    ended_slow_qos0: int
 
     def __init__(self):
         for name in self.__slots__:
@@ -149,7 +169,7 @@ class Broker:
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         if session.durable:
-            self.journal.session_delete(session.client_id)
+            self.journal.session_delete(session.client_id)  # type: ignore[union-attr]  # (durable sessions exist only with a journal)
 
     def restore_session(self, session: Session) -> None:
         """Re-register a session loaded from the store at start."""

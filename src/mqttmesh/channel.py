@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import codec
 from .codec import (
@@ -42,9 +44,13 @@ from .codec import (
     UNSUBSCRIBE,
     Decoder,
     MalformedPacket,
+    Will,
 )
-from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, PeerAuthError, parse_connect
+from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthError, parse_connect
 from .message import Message
+
+if TYPE_CHECKING:
+    from .session import Session
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
 
@@ -125,24 +131,24 @@ class Channel:
         # before CONNACK only a CONNECT within the pre-auth limit is read (section 3.1)
         settings = broker.settings
         self.decoder = Decoder(min(settings.max_connect_size, settings.max_packet_size))
-        self.session = None
+        self.session: Session | None = None
         self.client_id = ""
-        self.username = None
-        self.will = None
+        self.username: str | None = None
+        self.will: Will | None = None
         self.keepalive = 0
         self.last_rx = now
         self.opened_at = now
-        self.close_reason = None
+        self.close_reason: str | None = None
         self.clean_disconnect = False
         self.is_peer = False  # a peer link from another mesh node (mesh/peerauth.py)
-        self.peer_node = None
-        self._pending_connect = None
+        self.peer_node: str | None = None
+        self._pending_connect: codec.Connect | None = None
         self._processing = False
         # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
         # client are dropped (session.py) until the output drains
         self.blocked = False
-        self._peer_auth = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
-        self._peer_filter = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
+        self._peer_auth: ListenerAuth | None = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
+        self._peer_filter: tuple[str, int] | None = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
         # the archive's capture of the read being processed (archive/reads.py): on, the
         # seq the next message continues the current segment with, the ordinal after
         # the last skip, segments and skips (a list once there is a skip, which is rare);
@@ -478,7 +484,7 @@ class Channel:
         if qos == 0:
             self._publish(Message(pkt.topic, pkt.payload, 0, pkt.retain), now)
             return
-        pid = pkt.packet_id
+        pid: int = pkt.packet_id  # type: ignore[assignment]  # (QoS 1 or 2: the decoder read an id)
         if qos == 1:
             batch = self._publish(Message(pkt.topic, pkt.payload, 1, pkt.retain), now)
             if not batch and not self._held:
@@ -681,7 +687,7 @@ def _violation(state: str, ptype: int) -> ProtocolViolation:
 
 
 # state -> {packet type -> handler}; anything else is a protocol violation (see _violation)
-TRANSITIONS = {
+TRANSITIONS: dict[str, dict[int, Callable[[Channel, Any, float], None]]] = {
     AWAIT_CONNECT: {CONNECT: Channel._on_connect},
     AUTHENTICATING: {},
     CLAIMING: {},

@@ -9,6 +9,7 @@ the standard they break when they do not).
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 __all__ = [
     "CONNECT",
@@ -700,8 +701,11 @@ def encode_publish(
     return bytes((first,)) + encode_remaining_length(length) + head + payload
 
 
-def encode(packet: _Packet) -> bytes:
-    """Serialize any packet (both directions: a peer link is a client too)."""
+def encode(packet: Any) -> bytes:
+    """Serialize any packet (both directions: a peer link is a client too).
+
+    (``packet`` is any ``_Packet``; typed Any because the fields read depend on
+    ``packet.type``, which a type checker cannot narrow on.)"""
     t = packet.type
     if t == PUBLISH:
         return encode_publish(

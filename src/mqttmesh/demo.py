@@ -106,7 +106,7 @@ class Device:
 def device_fleet(sites: int, per_site: int, nodes: int, seed: int = 1) -> list[Device]:
     """``per_site`` devices at each site, spread over the nodes; one in twenty is a legacy device."""
     rng = random.Random(seed)
-    fleet = []
+    fleet: list[Device] = []
     for s in range(sites):
         for i in range(per_site):
             n = len(fleet)

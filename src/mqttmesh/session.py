@@ -9,9 +9,16 @@ that also records every change in a store journal, which the I/O layer commits.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .codec import PubRel, encode
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .flow import Congestion
+    from .message import Message
 
 __all__ = ["Limits", "Entry", "Session", "DurableSession", "SENT_PUBLISH", "SENT_PUBREL"]
 
@@ -66,14 +73,15 @@ class Session:
         self.inflight: dict[int, Entry] = {}  # packet id -> entry, in send order
         self.queue: deque[Entry] = deque()
         self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids between PUBREC and PUBREL
-        self.channel = None  # the Channel the client is connected on
+        self.channel: Channel | None = None  # the Channel the client is connected on
         self.username: str | None = None
         self.dropped = 0  # messages a full queue dropped
         self.dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
-        self.congestion = None  # the broker's Congestion tracker
+        self.congestion: Congestion | None = None  # the broker's Congestion tracker
         self.backlogged = False  # online, with the queue over queue_high
         self.acked = 0  # acknowledgements received, ever (progress)
-        self.on_sent = None  # optional hook(session, msg, qos, dup): delivery log
+        # optional hook(session, msg, qos, dup): delivery log
+        self.on_sent: Callable[[Session, Message, int, bool], None] | None = None
         self._next_pid = 1
 
     # -- delivery (the hot path) -------------------------------------------------
@@ -125,7 +133,7 @@ class Session:
         entry.state = SENT_PUBLISH
         self.inflight[pid] = entry
         self._stored_put(entry)
-        self.channel.write(entry.msg.frame(entry.qos, pid, False, entry.retain))
+        self.channel.write(entry.msg.frame(entry.qos, pid, False, entry.retain))  # type: ignore[union-attr]  # (sent only while attached)
         if self.on_sent is not None:
             self.on_sent(self, entry.msg, entry.qos, False)
 
@@ -155,7 +163,7 @@ class Session:
                 self._send_new(entry)
         if self.backlogged and len(queue) <= self.limits.queue_low:
             self.backlogged = False
-            self.congestion.remove(self, "queue")
+            self.congestion.remove(self, "queue")  # type: ignore[union-attr]  # (the broker sets it before any delivery)
 
     # -- acknowledgements from the client ------------------------------------------
 

@@ -142,8 +142,8 @@ def messages(reads, data: bytes) -> Messages:
         if keep is None:
             keep = np.ones(len(ps), bool)
         keep[drop] = False
-        keep = np.flatnonzero(keep)
-        pfirst, tstart, tend, pstart, pe = (a[keep] for a in (pfirst, tstart, tend, pstart, pe))
+        keep = np.flatnonzero(keep)  # type: ignore[assignment]  # (the mask becomes its indices)
+        pfirst, tstart, tend, pstart, pe = (a[keep] for a in (pfirst, tstart, tend, pstart, pe))  # type: ignore[assignment]
 
     total = sum(kept)
     lengths = np.array(run_len, np.int64)

@@ -226,7 +226,7 @@ class Recorder:
 
             def hook(msg) -> None:
                 nonlocal nbytes
-                if filt(msg.topic):
+                if filt(msg.topic):  # type: ignore[misc]  # (filt is not None on this branch)
                     payload = msg.payload
                     if len(rows) < max_rows and nbytes < max_bytes:
                         append((msg.timestamp, msg.seq, msg.publisher, msg.topic, msg.qos, msg.retain, payload))
@@ -239,7 +239,7 @@ class Recorder:
         else:
             clock = self.clock
 
-            def hook(session, msg, qos: int, dup: bool) -> None:
+            def hook(session, msg, qos: int, dup: bool) -> None:  # type: ignore[misc]  # (the delivery hook)
                 topic = msg.topic
                 if topic[0] == "$" or (filt is not None and not filt(topic)):
                     return  # $mesh batches to peer nodes and $SYS are not client deliveries

@@ -39,7 +39,7 @@ try:
     import fcntl
     import termios
 except ImportError:  # not a Unix: no pipe sizes, no idle priority
-    fcntl = termios = None
+    fcntl = termios = None  # type: ignore[assignment]
 
 from .recorder import ArchiveLimits
 from .wire import FrameReader, WireError, encode_report

@@ -225,7 +225,7 @@ class FileWriter:
         self,
         directory: str,
         node_id: str,
-        incarnation: int,
+        incarnation: int | str,  # "INC.GEN" for a writer the node started again (worker.py)
         limits: ArchiveLimits,
         compression: str = "zstd",
         report=None,

@@ -498,9 +498,10 @@ class Cluster:
             if session is None or session.channel is not None:
                 return
         if merge:
+            # (merged is never None: merge_snapshots has a session's snapshot to merge)
             merged = merge_snapshots([snapshot(session), snap])
-            install(session, merged)
-            self._apply_subs(session, merged["subs"])
+            install(session, merged)  # type: ignore[arg-type]
+            self._apply_subs(session, merged["subs"])  # type: ignore[index]
         else:
             if snap["epoch"] < session.epoch:
                 return

@@ -35,6 +35,7 @@ import json
 import struct
 import sys
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..message import Message
@@ -120,6 +121,14 @@ class PeerStats:
         "control_in",
         "control_bytes_out",
     )
+    # (annotations only: __init__ sets every slot to 0)
+    envelopes_out: int
+    envelopes_in: int
+    batches_out: int
+    batches_in: int
+    control_out: int
+    control_in: int
+    control_bytes_out: int
 
     def __init__(self):
         for name in self.__slots__:
@@ -202,8 +211,8 @@ def _newest_only(lsas: list[dict]) -> list[dict]:
     teach-backs crossing each other) would otherwise each be sent, each cross the others and
     each be answered with the newer one: floods that feed themselves.
     """
-    router: dict[str, tuple] = {}
-    full: dict[str, tuple] = {}
+    router: dict[str | None, tuple] = {}  # (node is None only in a malformed advertisement)
+    full: dict[str | None, tuple] = {}
     for lsa in lsas:
         kind, node = lsa.get("t"), lsa.get("node")
         if kind == "router":
@@ -290,7 +299,7 @@ class MeshEngine:
         }
         # the engine has no clock: a caller that wants SPF timed (the simulator) sets spf_timer
         # to one (time.perf_counter) and reads spf_seconds
-        self.spf_timer = None
+        self.spf_timer: Callable[[], float] | None = None
         self.spf_seconds = 0.0
         self.changes = 0  # bumps whenever the map or interest changes (status refresh)
 

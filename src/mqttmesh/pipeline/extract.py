@@ -64,7 +64,7 @@ def list_files(roots: list[str], kind: str, since=None, until=None) -> list[str]
     data: a file being written is ``.NAME.tmp`` until it is complete)."""
     if kind not in KINDS:
         raise ValueError(kind)
-    out = []
+    out: list[str] = []
     for root in roots:
         base = os.path.join(_local(root), kind)
         for dirpath, dirnames, filenames in os.walk(base):

@@ -44,7 +44,7 @@ class JobResult:
 
 def job_options(**values) -> argparse.Namespace:
     """The options of a job with every default (what the command line gives when not told)."""
-    defaults = dict(
+    defaults: dict[str, object] = dict(
         archive=[],
         out="",
         since=None,

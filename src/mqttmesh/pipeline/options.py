@@ -57,7 +57,7 @@ def filter_regex(topic_filter: str) -> str:
     except MalformedPacket as exc:
         raise OptionError(f"{topic_filter!r} is not a topic filter: {exc}") from None
     levels = topic_filter.split("/")
-    out = []
+    out: list[str] = []
     for i, level in enumerate(levels):
         if level == "#":  # always the last level
             if not out:

@@ -45,7 +45,7 @@ def stream_source(spark, roots: list[str], max_files: int | None = None):
 
 def _payload_schema(spark, opts, say) -> T.StructType | None:
     if opts.schema:
-        return T.DataType.fromDDL(opts.schema)
+        return T.DataType.fromDDL(opts.schema)  # type: ignore[return-value]  # (a schema's DDL is a struct)
     try:  # a streaming source cannot infer: look at what the archive holds now
         sample = P.with_json_flag(read_log(spark, opts.archive, PUBLISH, on_corrupt="skip", say=say))
     except ExtractError:
@@ -77,6 +77,7 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
         else:
             parsed = P.parse_payloads(P.with_json_flag(with_pattern(source, opts.patterns, opts.level)), schema)
             queries["payloads"] = P.payload_stats(P.melt_numeric(parsed.where("is_json"), fields), w)
+    trigger: dict[str, bool | str]
     if opts.trigger == "available-now":
         trigger = {"availableNow": True}
     else:
@@ -93,7 +94,7 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
             .option("path", os.path.join(out, "stream", name))
             .option("checkpointLocation", os.path.join(checkpoint, name))
             .queryName(f"mqttmesh_{name}")
-            .trigger(**trigger)
+            .trigger(**trigger)  # type: ignore[arg-type]  # (one keyword: availableNow or processingTime)
             .start()
         )
         running.append(q)
@@ -112,7 +113,7 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
                 break
             for q in running:
                 if q.exception() is not None:
-                    raise q.exception()
+                    raise q.exception()  # type: ignore[misc]  # (a StreamingQueryException: an exception at run time)
             stop.wait(0.2)
     finally:
         for q in running:
@@ -122,7 +123,7 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
             signal.signal(sig, handler)
     for q in running:
         if q.exception() is not None:
-            raise q.exception()
+            raise q.exception()  # type: ignore[misc]  # (as above)
     counts = {}
     for name in queries:
         path = os.path.join(out, "stream", name)

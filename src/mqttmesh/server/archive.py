@@ -109,7 +109,7 @@ class ArchiveService:
             ", ".join(self.recorder.filters),
             self.limits.flush_interval,
             self.limits.flush_rows,
-            self.process.pid,
+            self.process.pid,  # type: ignore[union-attr]  # (the writer was just started)
         )
 
     async def _start_writer(self) -> None:
@@ -184,12 +184,12 @@ class ArchiveService:
         finally:
             code = await proc.wait()
         if not self._stopping and proc is self.process:
-            self._pipe.abort()
+            self._pipe.abort()  # type: ignore[union-attr]  # (the pipe of the running writer)
             lost = recorder.abandon_queued()
             log.error(
                 "archive: the writer process (pid %d) exited with status %s; %d records it had "
                 "not written are lost; starting it again in %gs",
-                proc.pid,
+                proc.pid,  # type: ignore[union-attr]  # (the running writer)
                 code,
                 lost,
                 RESTART_DELAY,
@@ -242,9 +242,10 @@ class ArchiveService:
         self._stopping = True
         proc = self.process
         if proc is not None and proc.returncode is None:
-            self._pipe.close()  # sends what is buffered; the writer writes it all and exits at the end
+            # sends what is buffered; the writer writes it all and exits at the end
+            self._pipe.close()  # type: ignore[union-attr]  # (the pipe of the running writer)
             try:
-                await asyncio.wait_for(asyncio.shield(self._reports), self.stop_timeout)
+                await asyncio.wait_for(asyncio.shield(self._reports), self.stop_timeout)  # type: ignore[arg-type]  # (started with the writer)
             except TimeoutError:
                 log.error(
                     "archive: the writer process (pid %d) did not finish within archive.stop_timeout (%gs); killing it",
@@ -255,7 +256,7 @@ class ArchiveService:
                     os.kill(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                await self._reports
+                await self._reports  # type: ignore[misc]  # (started with the writer)
                 self.recorder.abandon_queued()
         s = self.recorder.stats()
         dropped = s["publish/dropped"] + s["delivery/dropped"]

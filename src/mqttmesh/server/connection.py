@@ -54,7 +54,7 @@ class Connection(asyncio.Protocol):
 
     def __init__(self, node, accepted_at: float | None = None):
         self.node = node
-        self.transport = None
+        self.transport: asyncio.Transport | None = None
         self.channel: Channel | None = None
         self.peer = "?"
         self._timer = None

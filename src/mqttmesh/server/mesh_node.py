@@ -107,8 +107,8 @@ class PeerClient(asyncio.Protocol, _Link):
         self.dialer_obj = dialer
         self.dialer = mesh.node_id
         self.client: LinkClient = dialer.client
-        self.proved = ""  # the node id the listener proved the cluster secret for
-        self.transport = None
+        self.proved: str | None = ""  # the node id the listener proved the cluster secret for
+        self.transport: asyncio.Transport | None = None
         self.loop = mesh.loop
         self.done = self.loop.create_future()
         self._topic_prefix = f"$mesh/from/{mesh.node_id}/".encode()
@@ -650,6 +650,7 @@ class MeshNode:
 
     def _tick(self) -> None:
         now = self.loop.time()
+        link: _Link | None
         for link in list(self.links.values()):
             if isinstance(link, PeerClient):
                 link.tick(now)

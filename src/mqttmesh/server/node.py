@@ -92,7 +92,7 @@ class Node:
         self._commit_scheduled = False
         self._commit_in_flight = False
         self._server: asyncio.base_events.Server | None = None
-        self._tls = None
+        self._tls: ssl.SSLContext | None = None
         self._tls_sock: socket.socket | None = None
         self._tls_task: asyncio.Task | None = None
         self._handshakes: set[asyncio.Task] = set()
@@ -146,7 +146,7 @@ class Node:
         if self.mesh is not None:
             self.mesh.prepare()  # sessions restored below must be the mesh's kind
         if self.store is not None:
-            sessions, retained = self.store.load(broker, broker.journal)
+            sessions, retained = self.store.load(broker, broker.journal)  # type: ignore[arg-type]  # (a store comes with a journal)
             self.store.start(self._committed_on_thread)
             log.info(
                 "store %s: %d persistent sessions, %d retained messages restored", self.store.path, sessions, retained
@@ -229,7 +229,7 @@ class Node:
         if self.store is not None:
             self.store.stop_writer()  # the writer finishes what it has been given
             journal = self.broker.journal
-            if len(journal):
+            if len(journal):  # type: ignore[arg-type]  # (a store comes with a journal)
                 _, ops = journal.take()
                 self.store.write(ops)
             self.store.close()
@@ -325,7 +325,7 @@ class Node:
         sock = self._tls_sock
         while True:
             try:
-                client, addr = await self.loop.sock_accept(sock)
+                client, addr = await self.loop.sock_accept(sock)  # type: ignore[arg-type]  # (runs only with the TLS listener open)
             except OSError as exc:  # out of file descriptors, say: try again shortly
                 log.warning("TLS listener: accept failed: %s", exc)
                 await asyncio.sleep(0.1)
@@ -363,7 +363,8 @@ class Node:
                 sock,
                 ssl=self._tls,
                 ssl_handshake_timeout=max(
-                    0.05, conn.accepted_at + self.broker.settings.connect_timeout - self.loop.time()
+                    0.05,
+                    conn.accepted_at + self.broker.settings.connect_timeout - self.loop.time(),  # type: ignore[operator]  # (TLS connections are admitted with their time)
                 ),
             )
         except (TimeoutError, OSError, ssl.SSLError, RuntimeError) as exc:
@@ -441,7 +442,7 @@ class Node:
     def _start_commit(self) -> None:
         self._commit_scheduled = False
         journal = self.broker.journal
-        if self._commit_in_flight or not len(journal):
+        if self._commit_in_flight or not len(journal):  # type: ignore[arg-type]  # (commits happen only with a store, which comes with a journal)
             return
         batch, ops = journal.take()
         self._commit_in_flight = True
@@ -459,7 +460,7 @@ class Node:
         self._commit_in_flight = False
         self._pending_ops = None
         self.broker.committed(batch)
-        if len(self.broker.journal):
+        if len(self.broker.journal):  # type: ignore[arg-type]  # (as above)
             self._schedule_commit()
 
     # -- $SYS ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import random
 
 from ..mesh.engine import MeshEngine
 from .checks import components, dijkstra
-from .model import CHECK, TALLY, Link
+from .model import CHECK, TALLY, Link, SimulatorPart
 
 __all__ = ["Episode", "ConvergenceMixin"]
 
@@ -79,7 +79,15 @@ class Episode:
         return d
 
 
-class ConvergenceMixin:
+class ConvergenceMixin(SimulatorPart):
+    # (annotations only: the Simulator sets these in its __init__)
+    episode: Episode | None
+    steady_since: float | None
+    epoch_cost: dict[str, tuple[dict[str, float], dict[str, str], dict[str, int]]]
+    epoch_latency: dict[str, dict[str, float]]
+    adj_cost: dict[str, dict[str, int]] | None
+    last_unsettled: Link | None
+
     # ------------------------------------------------------------------ convergence
 
     def _disturb(self, cause: str, kind: str) -> None:

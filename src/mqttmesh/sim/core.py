@@ -23,6 +23,7 @@ import heapq
 import json
 import random
 import time
+from collections.abc import Callable
 
 from ..mesh import engine as engine_module
 from ..mesh.engine import MeshEngine, MeshProtocolError
@@ -133,7 +134,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         self.steady_time = 0.0
         self.steady_control_bytes = 0
         self.steady_since: float | None = None
-        self.epoch_cost: dict[str, dict] = {}  # source -> (dist, parent, hops) on routing costs
+        self.epoch_cost = {}  # source -> (dist, parent, hops) on routing costs (typed in ConvergenceMixin)
         self.epoch_latency: dict[str, dict] = {}  # source -> dist on latencies
         self.adj_cost: dict[str, dict[str, int]] | None = None
         self.route_checks = 0
@@ -176,7 +177,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
                 self._at(w.start + self.rng_pub.expovariate(w.churn), CHURN, n)
         self._at(sc.duration, END)
         self._disturb("start", "start")
-        handlers = {
+        handlers: dict[int, Callable[..., None]] = {
             ARRIVE: self._on_arrive,
             FLUSH: self._on_flush,
             TICK: self._on_tick,
@@ -196,7 +197,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         next_report = time.perf_counter() + 5.0
         saved_json = engine_module.json
         if sc.checks.shared_decoding:
-            engine_module.json = self.decoding
+            engine_module.json = self.decoding  # type: ignore[assignment]  # (S1 makes it an engine argument)
         # A thousand engines hold tens of millions of objects; Python's cyclic collector would
         # walk all of them again and again (more than half the run time at 1,000 nodes). What
         # the engines build is freed by reference counting, so the young generations are

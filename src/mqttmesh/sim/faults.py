@@ -6,13 +6,15 @@ scenario's fault stream, so a schedule is the same at every run.
 
 from __future__ import annotations
 
-from .model import Link, Node
+from .model import Link, Node, SimulatorPart
 from .scenario import Fault, ScenarioError
 
 __all__ = ["FaultsMixin"]
 
 
-class FaultsMixin:
+class FaultsMixin(SimulatorPart):
+    phys_cache: dict[str, frozenset[str]] | None  # (annotation only: set by the Simulator)
+
     # ------------------------------------------------------------------ faults
 
     def _on_fault(self, i: int) -> None:

@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from typing import Any
 
-from ..mesh.engine import MeshEngine
+from ..mesh.engine import InterestState, MeshEngine
 
-__all__ = ["SharedDecoding", "Node", "Link"]
+__all__ = ["SharedDecoding", "Node", "Link", "SimulatorPart"]
+
+# The base of the Simulator's mixins (clients, convergence, faults, verify): object at run
+# time. What a mixin reads from ``self`` lives on the Simulator (core.py); until the simulator
+# has a typed state (issue 14, S8), a type checker takes those attributes as Any.
+SimulatorPart: Any = object
 
 # the simulator's event kinds (the third field of a heap entry)
 (ARRIVE, FLUSH, TICK, PING, DIAL, DETECT, FAULT, PUBLISH, CHURN, CHECK, MSGCHECK, START, DRAIN, TALLY, END) = range(15)
@@ -104,7 +110,7 @@ class Node:
         self.links: list[Link] = []
         self.restarted_at = -1.0
         self.down_since = -1.0
-        self.seen_interest = None
+        self.seen_interest: InterestState | None = None
         self.seen_seq_i = -1
         self.busy_until = 0.0  # simulated CPU: the node handles nothing else before then
         self.inbox: list = []  # what arrived while it was busy, in order

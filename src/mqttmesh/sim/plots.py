@@ -80,7 +80,7 @@ def plot_run(sim, summary: dict, out: Path) -> list[Path]:
     steady = sim.results_steady
     if steady:
         fig, ax = plt.subplots(figsize=(5, 4.2))
-        pairs = {}
+        pairs: dict[tuple[int, int], int] = {}
         for copies, optimum, _d, _q in steady:
             pairs[(optimum, copies)] = pairs.get((optimum, copies), 0) + 1
         xs, ys, ss = zip(*[(o, c, n) for (o, c), n in pairs.items()], strict=False)

@@ -104,7 +104,7 @@ def mqtt_st(sim) -> dict:
         return total
 
     messages = [r for r in sim.msgs.values() if r.checked and r.expected and r.origin in tree_nodes]
-    stretch = []
+    stretch: list[float] = []
     for rec in messages[:2000]:
         lat = dijkstra(rec.origin, adj)[0] if len(stretch) < 20000 else None
         if lat is None:
@@ -161,7 +161,7 @@ def summarize(sim, memory_sample: int = 3) -> dict:
     # --- memory and database size on a sample of live nodes
     sample = up[:: max(1, len(up) // memory_sample)][:memory_sample] if up else []
     mem = [engine_memory(sim.nodes[x].engine) for x in sample]
-    memory = {k: statistics.fmean(m[k] for m in mem) for k in mem[0]} if mem else {}
+    memory: dict[str, object] = {k: statistics.fmean(m[k] for m in mem) for k in mem[0]} if mem else {}
     memory["sampled_nodes"] = sample
     runs, secs = sim._spf_totals()
     topo_eps = [

@@ -12,6 +12,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ..mesh.engine import MeshSettings
 
@@ -182,13 +183,16 @@ def _typed(section: str, key: str, value, default):
     raise ScenarioError(f"{where}: unsupported value {value!r}")
 
 
-def _section(cls, section: str, raw) -> object:
+_T = TypeVar("_T")
+
+
+def _section(cls: type[_T], section: str, raw: Any) -> _T:
     if raw is None:
         return cls()
     if not isinstance(raw, dict):
         raise ScenarioError(f"[{section}] must be a table")
     obj = cls()
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # (cls is a dataclass)
     for key, value in raw.items():
         if key not in known:
             raise ScenarioError(f"[{section}]: unknown key {key!r} (known: {', '.join(sorted(known))})")

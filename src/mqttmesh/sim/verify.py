@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from .checks import components, dijkstra, tree_edges
 from .convergence import Episode
+from .model import SimulatorPart
 
 __all__ = ["VerifyMixin"]
 
 
-class VerifyMixin:
+class VerifyMixin(SimulatorPart):
+    phys_cache: dict[str, frozenset[str]] | None  # (annotation only: set by the Simulator)
+
     # ------------------------------------------------------------------ message checks
 
     def _default_settle(self) -> float:
