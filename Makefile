@@ -1,10 +1,17 @@
 # The two commands of the README: `make run` and `make test`.
+# While working: `make check` (lint, types, the tests that start no process: seconds),
+# `make fmt` (format and sort imports), `make lint`, `make typecheck`.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# code ruff checks and formats; mypy's files are in pyproject.toml
+LINTED := src tests bench
+# the tests that start no process, JVM or mosquitto tool, and no long simulation
+# (tests/conftest.py refuses a test that needs one of these markers and lacks it)
+FAST   := not process and not spark and not interop and not slow and not hostile
 
-.PHONY: run test bench venv clean simulate-scale fuzz hostile-bench
+.PHONY: run test check lint typecheck fmt bench venv clean simulate-scale fuzz hostile-bench
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,8 +24,23 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(PY) -m mqttmesh run-local
 
-test: $(STAMP)
+# what CI runs (.ci/run): lint, types, then the whole suite
+test: lint typecheck
 	$(PY) -m pytest -q
+
+check: lint typecheck
+	$(PY) -m pytest -q -m "$(FAST)"
+
+lint: $(STAMP)
+	$(PY) -m ruff check $(LINTED)
+	$(PY) -m ruff format --check $(LINTED)
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
+
+fmt: $(STAMP)
+	$(PY) -m ruff check --select I --fix $(LINTED)
+	$(PY) -m ruff format $(LINTED)
 
 bench: $(STAMP)
 	$(PY) -m bench
@@ -36,4 +58,4 @@ simulate-scale: $(STAMP)
 	$(PY) -m mqttmesh.sim scenarios/scale-1000.toml --out sim-out/scale-1000
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .ruff_cache

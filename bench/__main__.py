@@ -37,40 +37,70 @@ def _csv(text: str) -> list[str]:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true",
-                   help="smoke test: 1 repeat, 0.25 s warm-up, 1 s window (about 2-3 minutes)")
+    p = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="smoke test: 1 repeat, 0.25 s warm-up, 1 s window (about 2-3 minutes)"
+    )
     p.add_argument("--repeat", type=int, default=None, help="runs per measurement, median reported (default 3)")
-    p.add_argument("--brokers", default=",".join(BROKER_ORDER),
-                   help="comma list of mqttmesh,mesh2,mosquitto,amqtt (mesh2: two linked mqttmesh nodes, "
-                        "publishers on one and subscribers on the other)")
+    p.add_argument(
+        "--brokers",
+        default=",".join(BROKER_ORDER),
+        help="comma list of mqttmesh,mesh2,mosquitto,amqtt (mesh2: two linked mqttmesh nodes, "
+        "publishers on one and subscribers on the other)",
+    )
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {','.join(WORKLOADS)}")
     p.add_argument("--qos", default="0,1,2", help="comma list of QoS levels (a workload runs those it has)")
     p.add_argument("--warmup", type=float, default=None, help="seconds published before the window (0.5)")
     p.add_argument("--duration", type=float, default=None, help="seconds in the measurement window (3)")
     p.add_argument("--drain-timeout", type=float, default=10.0, help="longest wait for acks and stragglers")
-    p.add_argument("--connect-timeout", type=float, default=30.0,
-                   help="longest wait for all clients to connect and subscribe")
-    p.add_argument("--e2e-window", type=int, default=None,
-                   help="messages a publisher may be ahead of its slowest subscriber (0: off; default per workload)")
+    p.add_argument(
+        "--connect-timeout", type=float, default=30.0, help="longest wait for all clients to connect and subscribe"
+    )
+    p.add_argument(
+        "--e2e-window",
+        type=int,
+        default=None,
+        help="messages a publisher may be ahead of its slowest subscriber (0: off; default per workload)",
+    )
     p.add_argument("--inflight", type=int, default=None, help="QoS 1/2 window per publisher (default per workload)")
     p.add_argument("--batch", type=int, default=128, help="messages per write of an unpaced publisher")
-    p.add_argument("--mqttmesh-nodes", type=int, default=1,
-                   help="start N mqttmesh nodes; publishers use node 0, subscribers node 1 (a mesh)")
-    p.add_argument("--mqttmesh-args", default="",
-                   help="extra arguments for every mqttmesh node; {host} and {ports[i]} are replaced, "
-                        "e.g. \"--peer {host}:{ports[0]}\"")
-    p.add_argument("--mqttmesh-node-args", action="append", default=[], metavar="I:ARGS",
-                   help="extra arguments for node I only (repeatable), same replacements, e.g. "
-                        "\"1:--peer {host}:{ports[0]} --cluster-secret s\"")
-    p.add_argument("--settle", type=float, default=None,
-                   help="seconds between subscribing and publishing (default 0; 1 with several mqttmesh nodes, "
-                        "for the subscriptions to reach the other nodes)")
+    p.add_argument(
+        "--mqttmesh-nodes",
+        type=int,
+        default=1,
+        help="start N mqttmesh nodes; publishers use node 0, subscribers node 1 (a mesh)",
+    )
+    p.add_argument(
+        "--mqttmesh-args",
+        default="",
+        help="extra arguments for every mqttmesh node; {host} and {ports[i]} are replaced, "
+        'e.g. "--peer {host}:{ports[0]}"',
+    )
+    p.add_argument(
+        "--mqttmesh-node-args",
+        action="append",
+        default=[],
+        metavar="I:ARGS",
+        help="extra arguments for node I only (repeatable), same replacements, e.g. "
+        '"1:--peer {host}:{ports[0]} --cluster-secret s"',
+    )
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=None,
+        help="seconds between subscribing and publishing (default 0; 1 with several mqttmesh nodes, "
+        "for the subscriptions to reach the other nodes)",
+    )
     p.add_argument("--json", type=Path, default=RESULTS / "latest.json", help="where the raw results go")
     p.add_argument("--no-md", action="store_true", help="do not rewrite BENCHMARKS.md")
-    p.add_argument("--render", type=Path, metavar="JSON",
-                   help="run nothing: rewrite BENCHMARKS.md from a results file (e.g. bench/results/latest.json)")
+    p.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="run nothing: rewrite BENCHMARKS.md from a results file (e.g. bench/results/latest.json)",
+    )
     args = p.parse_args(argv)
     args.repeat = args.repeat or (1 if args.quick else 3)
     args.warmup = args.warmup if args.warmup is not None else (0.25 if args.quick else 0.5)
@@ -127,9 +157,11 @@ def _line(res: dict) -> str:
         extra += f" lost {res['lost']} dups {res['dups']}"
     if res["errors"]:
         extra += f" ERR {res['errors'][0][:120]}"
-    return (f"{res['delivered_per_s']:>10,.0f} msgs/s  {lat}  cpu "
-            f"{'-' if cpu is None else f'{cpu:.2f}'} µs/msg ({'-' if util is None else f'{util * 100:.0f}'}%)"
-            f"  drain {res['drain_s']:.2f}s{extra}")
+    return (
+        f"{res['delivered_per_s']:>10,.0f} msgs/s  {lat}  cpu "
+        f"{'-' if cpu is None else f'{cpu:.2f}'} µs/msg ({'-' if util is None else f'{util * 100:.0f}'}%)"
+        f"  drain {res['drain_s']:.2f}s{extra}"
+    )
 
 
 def _interrupt(signum, frame):
@@ -152,17 +184,30 @@ def main(argv=None) -> int:
     started = time.monotonic()
     logs = RESULTS / "logs"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    settle = args.settle if args.settle is not None else (
-        1.0 if args.mqttmesh_nodes > 1 or "mesh2" in args.broker_list else 0.0)
-    opts = RunOptions(warmup=args.warmup, duration=args.duration, drain_timeout=args.drain_timeout,
-                      connect_timeout=args.connect_timeout, settle=settle,
-                      e2e_window=args.e2e_window, inflight=args.inflight, batch=args.batch)
+    settle = (
+        args.settle
+        if args.settle is not None
+        else (1.0 if args.mqttmesh_nodes > 1 or "mesh2" in args.broker_list else 0.0)
+    )
+    opts = RunOptions(
+        warmup=args.warmup,
+        duration=args.duration,
+        drain_timeout=args.drain_timeout,
+        connect_timeout=args.connect_timeout,
+        settle=settle,
+        e2e_window=args.e2e_window,
+        inflight=args.inflight,
+        batch=args.batch,
+    )
     brokers = make_brokers(args, logs)
     workloads = [WORKLOADS[w] for w in args.workload_list]
     cells_todo = [(w, q) for w in workloads for q in w.qos_levels if q in args.qos_list]
     n_runs = len(cells_todo) * len(brokers) * args.repeat
-    print(f"mqttmesh bench: {len(cells_todo)} workload/QoS x {len(brokers)} brokers x {args.repeat} "
-          f"repeats = {n_runs} runs; windows {args.warmup:g}+{args.duration:g} s", flush=True)
+    print(
+        f"mqttmesh bench: {len(cells_todo)} workload/QoS x {len(brokers)} brokers x {args.repeat} "
+        f"repeats = {n_runs} runs; windows {args.warmup:g}+{args.duration:g} s",
+        flush=True,
+    )
 
     unavailable = {}
     versions = {"amqtt_wanted": AMQTT_VERSION}
@@ -209,14 +254,17 @@ def main(argv=None) -> int:
                             res = run_once(target, w, q, opts, run_id)
                         except RunError as exc:
                             res = {"ok": False, "error": str(exc)}
-                        res.update(broker=name, workload=w.name, qos=q, repeat=r, run_id=run_id,
-                                   broker_alive_after=b.alive())
+                        res.update(
+                            broker=name, workload=w.name, qos=q, repeat=r, run_id=run_id, broker_alive_after=b.alive()
+                        )
                         if not res["broker_alive_after"]:
                             res.setdefault("errors", []).append(f"broker exited with {b.exit_codes()}")
                         runs.append(res)
                         all_runs.append(res)
-                        print(f"[{time.monotonic() - started:6.0f}s] {w.name:8} QoS {q} {name:9} #{r + 1}  "
-                              f"{_line(res)}", flush=True)
+                        print(
+                            f"[{time.monotonic() - started:6.0f}s] {w.name:8} QoS {q} {name:9} #{r + 1}  {_line(res)}",
+                            flush=True,
+                        )
                 except BrokerError as exc:
                     cell["restart_error"] = str(exc)
                 finally:
@@ -224,8 +272,10 @@ def main(argv=None) -> int:
                     cell["broker_log_problems"] = b.log_problems()
                     b.stop()
                 cell["summary"] = report.summarize(runs)
-                cell["target"] = {"pub": [str(e) for e in target.pub_endpoints],
-                                  "sub": [str(e) for e in target.sub_endpoints]}
+                cell["target"] = {
+                    "pub": [str(e) for e in target.pub_endpoints],
+                    "sub": [str(e) for e in target.sub_endpoints],
+                }
                 if not runs or not cell["summary"]["runs_ok"]:
                     first = next((x.get("error") for x in runs if x.get("error")), "no run")
                     cell["na"] = f"all runs failed: {first.splitlines()[0][:160]}"
@@ -248,21 +298,34 @@ def main(argv=None) -> int:
     targets = report.evaluate_targets(cells, paced)
     data = {
         "meta": {
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
             "machine": report.machine_info(),
             "versions": versions,
-            "options": {"quick": args.quick, "repeat": args.repeat, "warmup": args.warmup,
-                        "duration": args.duration, "drain_timeout": args.drain_timeout,
-                        "connect_timeout": args.connect_timeout, "settle": settle, "quiet": opts.quiet,
-                        "batch": args.batch, "e2e_window": args.e2e_window, "inflight": args.inflight,
-                        "brokers": args.broker_list, "workloads": args.workload_list, "qos": args.qos_list,
-                        "mqttmesh_nodes": args.mqttmesh_nodes, "mqttmesh_node_args": args.node_args,
-                        "inflight_desc": _desc(workloads, "inflight", args.inflight),
-                        "e2e_desc": _desc(workloads, "e2e_window", args.e2e_window)},
+            "options": {
+                "quick": args.quick,
+                "repeat": args.repeat,
+                "warmup": args.warmup,
+                "duration": args.duration,
+                "drain_timeout": args.drain_timeout,
+                "connect_timeout": args.connect_timeout,
+                "settle": settle,
+                "quiet": opts.quiet,
+                "batch": args.batch,
+                "e2e_window": args.e2e_window,
+                "inflight": args.inflight,
+                "brokers": args.broker_list,
+                "workloads": args.workload_list,
+                "qos": args.qos_list,
+                "mqttmesh_nodes": args.mqttmesh_nodes,
+                "mqttmesh_node_args": args.node_args,
+                "inflight_desc": _desc(workloads, "inflight", args.inflight),
+                "e2e_desc": _desc(workloads, "e2e_window", args.e2e_window),
+            },
             "elapsed_s": time.monotonic() - started,
             # other work on the machine (tests, builds) shows here and makes the numbers noisier
-            "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
             "interrupted": interrupted,
         },
         "workloads": {w.name: w.__dict__ for w in workloads},

@@ -28,16 +28,37 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_cell(src: str, broker: str, workload: str, qos: int, duration: float, out: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
-    cmd = [sys.executable, "-m", "bench", "--brokers", broker, "--workloads", workload, "--qos",
-           str(qos), "--repeat", "1", "--duration", str(duration), "--json", str(out), "--no-md"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          text=True, timeout=900)
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--brokers",
+        broker,
+        "--workloads",
+        workload,
+        "--qos",
+        str(qos),
+        "--repeat",
+        "1",
+        "--duration",
+        str(duration),
+        "--json",
+        str(out),
+        "--no-md",
+    ]
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=900
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"bench failed ({broker} {workload} QoS {qos}): {proc.stderr[-2000:]}")
     s = json.loads(out.read_text())["cells"][0]["summary"]
-    return {"rate": s["delivered_per_s"]["median"], "cpu": s["broker_cpu_us_per_msg"]["median"],
-            "p50": (s.get("p50_ms") or {}).get("median"), "p99": (s.get("p99_ms") or {}).get("median"),
-            "lost": s.get("lost_total", 0)}
+    return {
+        "rate": s["delivered_per_s"]["median"],
+        "cpu": s["broker_cpu_us_per_msg"]["median"],
+        "p50": (s.get("p50_ms") or {}).get("median"),
+        "p99": (s.get("p99_ms") or {}).get("median"),
+        "lost": s.get("lost_total", 0),
+    }
 
 
 def _med(values):
@@ -50,8 +71,9 @@ def _fmt(v, spec):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.ab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--a", required=True, help="src directory of the 'after' tree")
     p.add_argument("--b", required=True, help="src directory of the 'before' tree")
     p.add_argument("--rounds", type=int, default=5)
@@ -60,8 +82,9 @@ def main(argv=None) -> int:
     p.add_argument("--qos", default="0,1")
     p.add_argument("--duration", type=float, default=3.0)
     args = p.parse_args(argv)
-    cells = [(b, w, int(q)) for b in args.brokers.split(",") for w in args.workloads.split(",")
-             for q in args.qos.split(",")]
+    cells = [
+        (b, w, int(q)) for b in args.brokers.split(",") for w in args.workloads.split(",") for q in args.qos.split(",")
+    ]
     results: dict = {c: {"A": [], "B": []} for c in cells}
     work = Path(tempfile.mkdtemp(prefix="mqttmesh-ab-"))
     for r in range(args.rounds):
@@ -71,20 +94,23 @@ def main(argv=None) -> int:
                 src = args.a if side == "A" else args.b
                 res = run_cell(src, *cell, args.duration, work / "run.json")
                 results[cell][side].append(res)
-                print(f"round {r + 1} {cell[0]} {cell[1]} QoS {cell[2]} {side}: {res['rate']:>10,.0f} msgs/s"
-                      f"  p99 {_fmt(res['p99'], '.2f')} ms  cpu {_fmt(res['cpu'], '.2f')} us/msg", flush=True)
-    print(f"\nmedians of {args.rounds} alternating rounds ({args.duration:g} s windows); A = {args.a}, "
-          f"B = {args.b}")
-    print("| broker | workload | QoS | A msgs/s | B msgs/s | A/B | A p50/p99 ms | B p50/p99 ms "
-          "| A / B cpu µs/msg |")
+                print(
+                    f"round {r + 1} {cell[0]} {cell[1]} QoS {cell[2]} {side}: {res['rate']:>10,.0f} msgs/s"
+                    f"  p99 {_fmt(res['p99'], '.2f')} ms  cpu {_fmt(res['cpu'], '.2f')} us/msg",
+                    flush=True,
+                )
+    print(f"\nmedians of {args.rounds} alternating rounds ({args.duration:g} s windows); A = {args.a}, B = {args.b}")
+    print("| broker | workload | QoS | A msgs/s | B msgs/s | A/B | A p50/p99 ms | B p50/p99 ms | A / B cpu µs/msg |")
     print("|---|---|---:|---:|---:|---:|---|---|---|")
     for (broker, workload, qos), sides in results.items():
         a, b = sides["A"], sides["B"]
         ra, rb = _med(x["rate"] for x in a), _med(x["rate"] for x in b)
-        print(f"| {broker} | {workload} | {qos} | {ra:,.0f} | {rb:,.0f} | {ra / rb:.3f} | "
-              f"{_fmt(_med(x['p50'] for x in a), '.2f')}/{_fmt(_med(x['p99'] for x in a), '.2f')} | "
-              f"{_fmt(_med(x['p50'] for x in b), '.2f')}/{_fmt(_med(x['p99'] for x in b), '.2f')} | "
-              f"{_fmt(_med(x['cpu'] for x in a), '.2f')} / {_fmt(_med(x['cpu'] for x in b), '.2f')} |")
+        print(
+            f"| {broker} | {workload} | {qos} | {ra:,.0f} | {rb:,.0f} | {ra / rb:.3f} | "
+            f"{_fmt(_med(x['p50'] for x in a), '.2f')}/{_fmt(_med(x['p99'] for x in a), '.2f')} | "
+            f"{_fmt(_med(x['p50'] for x in b), '.2f')}/{_fmt(_med(x['p99'] for x in b), '.2f')} | "
+            f"{_fmt(_med(x['cpu'] for x in a), '.2f')} / {_fmt(_med(x['cpu'] for x in b), '.2f')} |"
+        )
     return 0
 
 

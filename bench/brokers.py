@@ -63,7 +63,7 @@ def cpu_seconds(pid: int) -> float | None:
     except OSError:
         return None
     # the command name (field 2) may contain spaces and parentheses: split after the last ')'
-    fields = raw[raw.rindex(b")") + 2:].split()
+    fields = raw[raw.rindex(b")") + 2 :].split()
     utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
     return (utime + stime) / _CLK_TCK
 
@@ -155,8 +155,9 @@ def stop_process(proc, grace: float = 3.0) -> None:
 def _popen(argv: list[str], log_path: Path, **kw) -> subprocess.Popen:
     log = open(log_path, "ab")
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                preexec_fn=die_with_parent, **kw)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent, **kw
+        )
     finally:
         log.close()  # the child has its own copy of the descriptor
     REGISTRY.add(proc)
@@ -179,6 +180,7 @@ class Endpoint:
 class Target:
     """Where the load generator connects: publisher i uses pub_endpoints[i % len], subscriber j
     sub_endpoints[j % len]. ``pids`` are the broker processes whose CPU time is measured."""
+
     name: str
     pub_endpoints: list[Endpoint]
     sub_endpoints: list[Endpoint]
@@ -267,9 +269,16 @@ class MqttmeshNodes(BrokerServer):
 
     name = "mqttmesh"
 
-    def __init__(self, workdir: Path, count: int = 1, extra_args: list[list[str]] | None = None,
-                 max_inflight: int = 1000, max_queued: int = 1_000_000, python: str | None = None,
-                 start_timeout: float = 20.0):
+    def __init__(
+        self,
+        workdir: Path,
+        count: int = 1,
+        extra_args: list[list[str]] | None = None,
+        max_inflight: int = 1000,
+        max_queued: int = 1_000_000,
+        python: str | None = None,
+        start_timeout: float = 20.0,
+    ):
         super().__init__(workdir)
         self.count = count
         self.extra_args = extra_args or [[] for _ in range(count)]
@@ -283,8 +292,9 @@ class MqttmeshNodes(BrokerServer):
 
     def version(self) -> str:
         try:
-            out = subprocess.run([self.python, "-m", "mqttmesh", "--version"], capture_output=True,
-                                 text=True, timeout=30)
+            out = subprocess.run(
+                [self.python, "-m", "mqttmesh", "--version"], capture_output=True, text=True, timeout=30
+            )
             return (out.stdout or out.stderr).strip().replace("mqttmesh ", "") or "?"
         except (OSError, subprocess.TimeoutExpired):
             return "?"
@@ -301,18 +311,32 @@ class MqttmeshNodes(BrokerServer):
                 port_file.unlink(missing_ok=True)
                 log_path = self.workdir / f"mqttmesh-{i}.log"
                 extra = [a.format(ports=ports, host=HOST) for a in self.extra_args[i]]
-                argv = [self.python, "-m", "mqttmesh", "broker", "--host", HOST, "--port", str(ports[i]),
-                        "--port-file", str(port_file), "--sys-interval", "0",
-                        "--max-inflight", str(self.max_inflight), "--max-queued", str(self.max_queued),
-                        *extra]
+                argv = [
+                    self.python,
+                    "-m",
+                    "mqttmesh",
+                    "broker",
+                    "--host",
+                    HOST,
+                    "--port",
+                    str(ports[i]),
+                    "--port-file",
+                    str(port_file),
+                    "--sys-interval",
+                    "0",
+                    "--max-inflight",
+                    str(self.max_inflight),
+                    "--max-queued",
+                    str(self.max_queued),
+                    *extra,
+                ]
                 proc = _popen(argv, log_path, cwd=REPO)
                 self.procs.append(proc)
                 self.log_paths.append(log_path)
                 deadline = time.monotonic() + self.start_timeout
                 while not port_file.exists():
                     if proc.poll() is not None:
-                        raise BrokerError(f"mqttmesh node {i} exited with code {proc.returncode}: "
-                                          f"{_tail(log_path)}")
+                        raise BrokerError(f"mqttmesh node {i} exited with code {proc.returncode}: {_tail(log_path)}")
                     if time.monotonic() > deadline:
                         raise BrokerError(f"mqttmesh node {i} wrote no port file in {self.start_timeout:g} s")
                     time.sleep(0.05)
@@ -323,8 +347,12 @@ class MqttmeshNodes(BrokerServer):
             self.stop()
             raise
         sub_eps = [endpoints[1]] if len(endpoints) > 1 else [endpoints[0]]
-        self.target = Target(self.name if self.count == 1 else f"{self.name}x{self.count}",
-                             [endpoints[0]], sub_eps, [p.pid for p in self.procs])
+        self.target = Target(
+            self.name if self.count == 1 else f"{self.name}x{self.count}",
+            [endpoints[0]],
+            sub_eps,
+            [p.pid for p in self.procs],
+        )
         return self.target
 
     def _benign(self, line: str) -> bool:
@@ -396,8 +424,14 @@ class Amqtt(BrokerServer):
 
     name = "amqtt"
 
-    def __init__(self, workdir: Path, venv: Path = AMQTT_VENV, version: str = AMQTT_VERSION,
-                 start_timeout: float = 30.0, install_timeout: float = 600.0):
+    def __init__(
+        self,
+        workdir: Path,
+        venv: Path = AMQTT_VENV,
+        version: str = AMQTT_VERSION,
+        start_timeout: float = 30.0,
+        install_timeout: float = 600.0,
+    ):
         super().__init__(workdir)
         self.venv = venv
         self.wanted = version
@@ -430,10 +464,16 @@ class Amqtt(BrokerServer):
         python = shutil.which("python3") or sys.executable
         try:
             if not (self.venv / "bin" / "python").exists():
-                subprocess.run([python, "-m", "venv", str(self.venv)], check=True, capture_output=True,
-                               timeout=120)
-            pip = [str(self.venv / "bin" / "python"), "-m", "pip", "install", "-q",
-                   "--disable-pip-version-check", f"amqtt=={self.wanted}"]
+                subprocess.run([python, "-m", "venv", str(self.venv)], check=True, capture_output=True, timeout=120)
+            pip = [
+                str(self.venv / "bin" / "python"),
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                f"amqtt=={self.wanted}",
+            ]
             res = subprocess.run(pip, capture_output=True, text=True, timeout=self.install_timeout)
             if res.returncode != 0:
                 tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["?"]

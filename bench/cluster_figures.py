@@ -18,19 +18,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT / "bench"))
+from mqttmesh.mesh.hrw import owners
+from support import mqttraw as raw
 
-import mqttraw as raw  # noqa: E402
-from mesh_figures import Nodes, free_port  # noqa: E402
-
-from mqttmesh.mesh.hrw import owners  # noqa: E402
+from .mesh_figures import Nodes, free_port
 
 
 def mesh3(wd: str) -> Nodes:
@@ -108,7 +102,7 @@ def wills(repeat: int) -> list[float]:
                 watcher.connect(client_id="watcher")
                 watcher.send(raw.subscribe(1, ("wills/#", 1)))
                 watcher.expect(raw.SUBACK)
-                nodes.wait(lambda: "wills/#" in nodes.status("a")["nodes"]["b"]["filters"], 10, "interest")
+                nodes.wait(lambda nodes=nodes: "wills/#" in nodes.status("a")["nodes"]["b"]["filters"], 10, "interest")
                 doomed = raw.RawClient("127.0.0.1", nodes.ports["a"])
                 doomed.connect(client_id="doomed", will=("wills/doomed", b"gone", 1, False))
                 time.sleep(0.3)  # the registration reaches its registrar
@@ -127,8 +121,7 @@ def wills(repeat: int) -> list[float]:
 
 
 def retained(nodes: Nodes, count: int, repeat: int) -> tuple[list[float], list[float]]:
-    publish_all(nodes.ports["a"], [(f"ret/{i // 100}/{i % 100}", b"v" * 64) for i in range(count)],
-                retain=True)
+    publish_all(nodes.ports["a"], [(f"ret/{i // 100}/{i % 100}", b"v" * 64) for i in range(count)], retain=True)
     time.sleep(1.0)  # owners receive their copies (a measurement, not a test)
     exact, every = [], []
     for r in range(repeat):
@@ -175,8 +168,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     def ms(values):
-        return (f"median {statistics.median(values) * 1000:.1f} ms (min {min(values) * 1000:.1f}, "
-                f"max {max(values) * 1000:.1f}, n={len(values)})")
+        return (
+            f"median {statistics.median(values) * 1000:.1f} ms (min {min(values) * 1000:.1f}, "
+            f"max {max(values) * 1000:.1f}, n={len(values)})"
+        )
 
     with tempfile.TemporaryDirectory(prefix="mqttmesh-fig-") as wd:
         nodes = mesh3(wd)
@@ -189,8 +184,10 @@ def main(argv=None) -> int:
             print(f"retained lookup, exact topic, {args.retained} retained topics: {ms(exact)}")
             print(f"retained lookup, all {args.retained} topics ('ret/#'):        {ms(every)}")
             per = session_memory(nodes, args.sessions)
-            print(f"memory per replicated session (1 subscription, 10 queued 64-byte messages): "
-                  f"{per / 1024:.1f} KiB on a holder node")
+            print(
+                f"memory per replicated session (1 subscription, 10 queued 64-byte messages): "
+                f"{per / 1024:.1f} KiB on a holder node"
+            )
         finally:
             nodes.stop()
     w = wills(args.repeat)

@@ -2,7 +2,7 @@
 
     python -m bench.hostile [--brokers mqttmesh,mosquitto] [--attacks name,...] [--seed N]
 
-Runs each attack that applies to a single broker (tests/hostile/attacks.py: the same code
+Runs each attack that applies to a single broker (tests/support/attacks.py: the same code
 as the test suite) against a fresh broker of each kind, configured alike (connect timeout,
 connection limit, password file, TLS listener where the attack needs them), and prints a
 Markdown table: the canary's round trips during the attack (p50/p99/max), the broker's RSS
@@ -26,14 +26,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from support import attacks, probes
+
 from .brokers import MOSQUITTO, REGISTRY, BrokerError, _popen, free_port, stop_process, wait_for_port
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "hostile"))
-sys.path.insert(0, str(REPO / "tests"))
-
-import attacks  # noqa: E402
-import probes  # noqa: E402
 
 HOST = "127.0.0.1"
 USERS = {"canary": "canary-pw", "alice": "wonderland", "bob": "builder", "slowcheck": "tortoise"}
@@ -43,6 +40,7 @@ CANARY_LOGIN = ("canary", USERS["canary"])
 @dataclass
 class Spec:
     """One attack and the broker set-up it needs."""
+
     name: str
     attack: object
     kwargs: dict = field(default_factory=dict)
@@ -53,9 +51,9 @@ class Spec:
     passwords: bool = False
     sys_interval: float | None = None
     tls: bool = False
-    mqttmesh_extra: list = field(default_factory=list)   # settings issue 13 adds (optional_flags)
-    mosquitto: str | None = ""   # None: does not apply to Mosquitto; else why it differs
-    slot: str | None = None      # the figure that says how fast a slot was freed
+    mqttmesh_extra: list = field(default_factory=list)  # settings issue 13 adds (optional_flags)
+    mosquitto: str | None = ""  # None: does not apply to Mosquitto; else why it differs
+    slot: str | None = None  # the figure that says how fast a slot was freed
 
 
 def specs(seed: int) -> list[Spec]:
@@ -63,37 +61,81 @@ def specs(seed: int) -> list[Spec]:
     no_throttle = dict(auth_fail_threshold=1000)
     return [
         Spec("malformed packets", attacks.malformed_packets, connect_timeout=2),
-        Spec("random bytes", attacks.random_bytes, {"rng": random.Random(rng.getrandbits(32))},
-             connect_timeout=2),
+        Spec("random bytes", attacks.random_bytes, {"rng": random.Random(rng.getrandbits(32))}, connect_timeout=2),
         Spec("slowloris", attacks.slowloris, connect_timeout=2),
         Spec("huge legal inputs", attacks.huge_inputs),
         Spec("2,000 connections", attacks.many_connections, {"n": 2000}),
         Spec("bad first byte / reserved flags", attacks.bad_first_bytes, connect_timeout=10),
         Spec("reset during fan-out", attacks.reset_during_fanout, {"rng": random.Random(rng.getrandbits(32))}),
         Spec("slow QoS 1 # subscriber", attacks.slow_acker, {"duration": 8.0}),
-        Spec("congested own topic", attacks.congested_own_topic, {"duration": 6.0, "burst": 1200, "rate": 2.0},
-             max_queued=2000),
+        Spec(
+            "congested own topic",
+            attacks.congested_own_topic,
+            {"duration": 6.0, "burst": 1200, "rate": 2.0},
+            max_queued=2000,
+        ),
         Spec("stuck QoS 0 # reader", attacks.stuck_qos0_reader, {"duration": 4.0}),
-        Spec("dropped slow consumer", attacks.dropped_slow_consumer, slow_consumer_timeout=1,
-             max_connections=4, slot="slot_freed_s",
-             mosquitto=None),  # Mosquitto never drops a slow consumer: nothing to free
-        Spec("unverified CONNECT + 200 MB (wrong password)", attacks.unverified_connect_memory,
-             {"variant": "wrong-password"}, passwords=True, mqttmesh_extra=[no_throttle]),
-        Spec("unverified CONNECT + 200 MB (slow check)", attacks.unverified_connect_memory,
-             {"variant": "slow-check"}, passwords=True, mqttmesh_extra=[no_throttle]),
-        Spec("unverified CONNECT + 200 MB (20 sockets)", attacks.unverified_connect_memory,
-             {"variant": "many-sockets"}, passwords=True, mqttmesh_extra=[no_throttle]),
-        Spec("failed-login throttling", attacks.login_throttling,
-             {"attempts": 9, "budget": 15.0, "sys_topic": "$SYS/broker/connections/auth_failures"},
-             passwords=True, sys_interval=1,
-             mqttmesh_extra=[dict(auth_fail_threshold=3, auth_fail_delay=0.2, auth_fail_delay_max=1.6)]),
-        Spec("20 bad logins/s (CPU)", attacks.login_cpu, {"rate": 20.0, "duration": 5.0}, passwords=True,
-             mqttmesh_extra=[no_throttle]),
-        Spec("user-name timing oracle", attacks.user_oracle, {"samples": 15}, passwords=True,
-             mqttmesh_extra=[no_throttle]),
-        Spec("idle TLS handshakes", attacks.idle_tls_handshakes, {"n": 20}, tls=True, connect_timeout=2,
-             max_connections=22, slot="last_closed_s",
-             mosquitto="max_connections is per listener in Mosquitto; it has no connect timeout"),
+        Spec(
+            "dropped slow consumer",
+            attacks.dropped_slow_consumer,
+            slow_consumer_timeout=1,
+            max_connections=4,
+            slot="slot_freed_s",
+            mosquitto=None,
+        ),  # Mosquitto never drops a slow consumer: nothing to free
+        Spec(
+            "unverified CONNECT + 200 MB (wrong password)",
+            attacks.unverified_connect_memory,
+            {"variant": "wrong-password"},
+            passwords=True,
+            mqttmesh_extra=[no_throttle],
+        ),
+        Spec(
+            "unverified CONNECT + 200 MB (slow check)",
+            attacks.unverified_connect_memory,
+            {"variant": "slow-check"},
+            passwords=True,
+            mqttmesh_extra=[no_throttle],
+        ),
+        Spec(
+            "unverified CONNECT + 200 MB (20 sockets)",
+            attacks.unverified_connect_memory,
+            {"variant": "many-sockets"},
+            passwords=True,
+            mqttmesh_extra=[no_throttle],
+        ),
+        Spec(
+            "failed-login throttling",
+            attacks.login_throttling,
+            {"attempts": 9, "budget": 15.0, "sys_topic": "$SYS/broker/connections/auth_failures"},
+            passwords=True,
+            sys_interval=1,
+            mqttmesh_extra=[dict(auth_fail_threshold=3, auth_fail_delay=0.2, auth_fail_delay_max=1.6)],
+        ),
+        Spec(
+            "20 bad logins/s (CPU)",
+            attacks.login_cpu,
+            {"rate": 20.0, "duration": 5.0},
+            passwords=True,
+            mqttmesh_extra=[no_throttle],
+        ),
+        Spec(
+            "user-name timing oracle",
+            attacks.user_oracle,
+            {"samples": 15},
+            passwords=True,
+            mqttmesh_extra=[no_throttle],
+        ),
+        Spec(
+            "idle TLS handshakes",
+            attacks.idle_tls_handshakes,
+            {"n": 20},
+            tls=True,
+            connect_timeout=2,
+            max_connections=22,
+            slot="last_closed_s",
+            mosquitto="max_connections is per listener in Mosquitto; it has no connect timeout",
+        ),
     ]
 
 
@@ -128,23 +170,37 @@ class Mqttmesh(Broker):
         self.python = python
 
     def version(self) -> str:
-        out = subprocess.run([self.python, "-m", "mqttmesh", "--version"], capture_output=True, text=True,
-                             timeout=30, cwd=REPO)
+        out = subprocess.run(
+            [self.python, "-m", "mqttmesh", "--version"], capture_output=True, text=True, timeout=30, cwd=REPO
+        )
         return (out.stdout or out.stderr).strip()
 
     def make_passwords(self) -> Path:
         path = self.workdir / "passwd"
         for user, password in USERS.items():
-            subprocess.run([self.python, "-m", "mqttmesh", "passwd", str(path), user, "-b", password],
-                           check=True, capture_output=True, timeout=60, cwd=REPO)
+            subprocess.run(
+                [self.python, "-m", "mqttmesh", "passwd", str(path), user, "-b", password],
+                check=True,
+                capture_output=True,
+                timeout=60,
+                cwd=REPO,
+            )
         return path
 
     def start(self, spec: Spec, pki: Path | None, passwd: Path | None) -> probes.Target:
         port_file = self.workdir / "node.port"
         port_file.unlink(missing_ok=True)
         self.log_path = self.workdir / f"mqttmesh-{int(time.time() * 1000)}.log"
-        args = ["--host", HOST, "--port", "0", "--port-file", str(port_file), "--sys-interval",
-                str(spec.sys_interval or 0)]
+        args = [
+            "--host",
+            HOST,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--sys-interval",
+            str(spec.sys_interval or 0),
+        ]
         if spec.connect_timeout:
             args += ["--connect-timeout", str(spec.connect_timeout)]
         if spec.max_connections:
@@ -158,8 +214,14 @@ class Mqttmesh(Broker):
         tls_port = None
         if spec.tls:
             tls_port = free_port()
-            args += ["--tls-port", str(tls_port), "--tls-cert", str(pki / "node.pem"), "--tls-key",
-                     str(pki / "node.key")]
+            args += [
+                "--tls-port",
+                str(tls_port),
+                "--tls-cert",
+                str(pki / "node.pem"),
+                "--tls-key",
+                str(pki / "node.key"),
+            ]
         for extra in spec.mqttmesh_extra:
             args += attacks.optional_flags(self.python, **extra)
         self.proc = _popen([self.python, "-m", "mqttmesh", "broker", *args], self.log_path, cwd=REPO)
@@ -170,11 +232,19 @@ class Mqttmesh(Broker):
             time.sleep(0.05)
         port = int(port_file.read_text())
         wait_for_port(HOST, port, deadline, self.proc)
-        return probes.Target("mqttmesh", HOST, port, self.proc.pid,
-                              users=dict(USERS) if passwd else {}, login=CANARY_LOGIN if passwd else None,
-                              connect_timeout=spec.connect_timeout or 10.0,
-                              slow_consumer_timeout=spec.slow_consumer_timeout or 5.0,
-                              max_connections=spec.max_connections, tls_port=tls_port, log=self.log)
+        return probes.Target(
+            "mqttmesh",
+            HOST,
+            port,
+            self.proc.pid,
+            users=dict(USERS) if passwd else {},
+            login=CANARY_LOGIN if passwd else None,
+            connect_timeout=spec.connect_timeout or 10.0,
+            slow_consumer_timeout=spec.slow_consumer_timeout or 5.0,
+            max_connections=spec.max_connections,
+            tls_port=tls_port,
+            log=self.log,
+        )
 
 
 class Mosquitto(Broker):
@@ -189,8 +259,12 @@ class Mosquitto(Broker):
         path = self.workdir / "mosquitto.passwd"
         path.unlink(missing_ok=True)
         for i, (user, password) in enumerate(USERS.items()):
-            subprocess.run(["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(path), user, password],
-                           check=True, capture_output=True, timeout=30)
+            subprocess.run(
+                ["mosquitto_passwd", *(["-c"] if i == 0 else []), "-b", str(path), user, password],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
         return path
 
     def start(self, spec: Spec, pki: Path | None, passwd: Path | None) -> probes.Target:
@@ -212,7 +286,9 @@ class Mosquitto(Broker):
             "max_packet_size 1048576",
             "max_inflight_messages 100",
             f"log_dest file {self.log_path}",
-            "log_type error", "log_type warning", "log_type notice",
+            "log_type error",
+            "log_type warning",
+            "log_type notice",
         ]
         lines.append(f"max_queued_messages {spec.max_queued or 10000}")
         if spec.sys_interval:
@@ -224,16 +300,28 @@ class Mosquitto(Broker):
         tls_port = None
         if spec.tls:
             tls_port = free_port()
-            lines += [f"listener {tls_port} {HOST}", listener_opts, f"certfile {pki / 'node.pem'}",
-                      f"keyfile {pki / 'node.key'}"]
+            lines += [
+                f"listener {tls_port} {HOST}",
+                listener_opts,
+                f"certfile {pki / 'node.pem'}",
+                f"keyfile {pki / 'node.key'}",
+            ]
         conf.write_text("\n".join(lines) + "\n")
         self.proc = _popen([MOSQUITTO, "-c", str(conf)], self.workdir / "mosquitto.stdout")
         wait_for_port(HOST, port, time.monotonic() + 10, self.proc)
-        return probes.Target("mosquitto", HOST, port, self.proc.pid,
-                              users=dict(USERS) if passwd else {}, login=CANARY_LOGIN if passwd else None,
-                              connect_timeout=spec.connect_timeout or 10.0,
-                              slow_consumer_timeout=spec.slow_consumer_timeout,
-                              max_connections=spec.max_connections, tls_port=tls_port, log=self.log)
+        return probes.Target(
+            "mosquitto",
+            HOST,
+            port,
+            self.proc.pid,
+            users=dict(USERS) if passwd else {},
+            login=CANARY_LOGIN if passwd else None,
+            connect_timeout=spec.connect_timeout or 10.0,
+            slow_consumer_timeout=spec.slow_consumer_timeout,
+            max_connections=spec.max_connections,
+            tls_port=tls_port,
+            log=self.log,
+        )
 
 
 # --------------------------------------------------------------------------- running
@@ -255,8 +343,7 @@ def run_one(broker: Broker, spec: Spec, pki, passwd) -> Row:
     try:
         watch = probes.RssWatch(target.pid, interval=0.01)
         try:
-            row.outcome = probes.run_attack(target, spec.attack, tag=f"bench-{random.getrandbits(24):x}",
-                                             **spec.kwargs)
+            row.outcome = probes.run_attack(target, spec.attack, tag=f"bench-{random.getrandbits(24):x}", **spec.kwargs)
         finally:
             row.rss_growth_mb = round(watch.stop() / 1024, 1)
     except Exception as exc:  # an attack the broker makes impossible (it refused a set-up step)
@@ -274,8 +361,11 @@ def ms(x) -> str:
 
 
 def table(rows: list[Row], brokers: list[str]) -> str:
-    out = ["| attack | broker | canary p50 / p99 / max during (ms) | RSS growth (MB) | slot freed (s) | "
-           "result | figures |", "|---|---|---|---|---|---|---|"]
+    out = [
+        "| attack | broker | canary p50 / p99 / max during (ms) | RSS growth (MB) | slot freed (s) | "
+        "result | figures |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         if row.skipped:
             out.append(f"| {row.attack} | {row.broker} | - | - | - | n/a: {row.skipped} | |")
@@ -288,16 +378,17 @@ def table(rows: list[Row], brokers: list[str]) -> str:
         result = "held" if o.held else "failed: " + o.problems[0].split(":")[0][:70]
         if row.log_problems:
             result += f" ({row.log_problems} exception lines in the log)"
-        figures = ", ".join(f"{k} {v}" for k, v in o.figures.items()
-                            if k not in ("rss_growth_mb", "slot_freed_s", "last_closed_s"))
-        out.append(f"| {row.attack} | {row.broker} | {canary} | {row.rss_growth_mb} | {slot} | {result} | "
-                   f"{figures} |")
+        figures = ", ".join(
+            f"{k} {v}" for k, v in o.figures.items() if k not in ("rss_growth_mb", "slot_freed_s", "last_closed_s")
+        )
+        out.append(f"| {row.attack} | {row.broker} | {canary} | {row.rss_growth_mb} | {slot} | {result} | {figures} |")
     return "\n".join(out)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.hostile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--brokers", default="mqttmesh,mosquitto")
     p.add_argument("--attacks", default="", help="comma-separated substrings of attack names")
     p.add_argument("--seed", type=int, default=None)
@@ -332,8 +423,10 @@ def main(argv=None) -> int:
                 t0 = time.monotonic()
                 row = run_one(broker, spec, pki, passwd)
                 rows.append(row)
-                print(f"{kind:>9} {spec.name}: {'held' if row.outcome.held else 'FAILED'} "
-                      f"({time.monotonic() - t0:.0f}s)", file=sys.stderr)
+                print(
+                    f"{kind:>9} {spec.name}: {'held' if row.outcome.held else 'FAILED'} ({time.monotonic() - t0:.0f}s)",
+                    file=sys.stderr,
+                )
                 for problem in row.outcome.problems:
                     print(f"            - {problem[:300]}", file=sys.stderr)
     finally:

@@ -58,29 +58,30 @@ _monotonic = time.monotonic
 
 @dataclass
 class RunOptions:
-    warmup: float = 0.5          # seconds published before the measurement window opens
-    duration: float = 3.0        # the measurement window
+    warmup: float = 0.5  # seconds published before the measurement window opens
+    duration: float = 3.0  # the measurement window
     drain_timeout: float = 10.0  # publishers waiting for acks, then subscribers for stragglers
-    quiet: float = 0.3           # a subscriber process stops draining after this long without progress
+    quiet: float = 0.3  # a subscriber process stops draining after this long without progress
     connect_timeout: float = 30.0
-    batch: int = 128             # messages per write for unpaced publishers
-    settle: float = 0.0          # pause between "subscribed" and publishing (a mesh propagates routes)
+    batch: int = 128  # messages per write for unpaced publishers
+    settle: float = 0.0  # pause between "subscribed" and publishing (a mesh propagates routes)
     e2e_window: int | None = None  # override the workload's end-to-end window (0: off)
-    inflight: int | None = None    # override the workload's QoS 1/2 window
+    inflight: int | None = None  # override the workload's QoS 1/2 window
 
 
 @dataclass
 class RunSpec:
     """What every child process needs (pickled into it by fork)."""
+
     run_id: int
     workload: Workload
     qos: int
-    pub_eps: list[tuple[str, int]]   # per publisher index
-    sub_eps: list[tuple[str, int]]   # per subscriber index
+    pub_eps: list[tuple[str, int]]  # per publisher index
+    sub_eps: list[tuple[str, int]]  # per subscriber index
     opts: RunOptions
     inflight: int
     e2e_window: int
-    hard_deadline: float             # seconds a child may live at most
+    hard_deadline: float  # seconds a child may live at most
 
 
 class RunError(Exception):
@@ -93,7 +94,7 @@ class RunError(Exception):
 def _child_setup(hard_deadline: float) -> None:
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business: it kills us
-    signal.alarm(max(1, int(hard_deadline)))      # default action of SIGALRM: terminate
+    signal.alarm(max(1, int(hard_deadline)))  # default action of SIGALRM: terminate
 
 
 def _run_child(coro_factory, conn, hard_deadline: float) -> None:
@@ -212,26 +213,36 @@ class Stats:
     def __init__(self):
         self.hist = [0] * HIST_US
         self.over: dict[int, int] = {}  # latencies >= 100 ms: count per whole millisecond
-        self.window = 0             # distinct messages received inside the window
-        self.total = 0              # distinct messages received
+        self.window = 0  # distinct messages received inside the window
+        self.total = 0  # distinct messages received
         self.dups = 0
         self.reordered = 0
-        self.foreign = 0            # not of this run (a late message of an earlier run)
-        self.misrouted = 0          # of this run, but from a publisher the subscriber does not match
+        self.foreign = 0  # not of this run (a late message of an earlier run)
+        self.misrouted = 0  # of this run, but from a publisher the subscriber does not match
         self.w0 = 0
         self.w1 = 0
 
 
 class SubClient(_Client):
-    def __init__(self, client_id: str, sub_id: int, topic_filter: str, qos: int, run_id: int,
-                 senders: list[int], n_pubs: int, stats: Stats, progress):
+    def __init__(
+        self,
+        client_id: str,
+        sub_id: int,
+        topic_filter: str,
+        qos: int,
+        run_id: int,
+        senders: list[int],
+        n_pubs: int,
+        stats: Stats,
+        progress,
+    ):
         super().__init__(client_id)
         self.sub_id = sub_id
         self.topic_filter = topic_filter
         self.qos = qos
         self.run_id = run_id
         self.senders = senders
-        self.nexts = [0] * n_pubs      # per publisher: highest sequence number seen + 1
+        self.nexts = [0] * n_pubs  # per publisher: highest sequence number seen + 1
         self.expect = [i in senders for i in range(n_pubs)]
         self.gaps: dict[int, tuple[list[int], list[int]]] = {}  # publisher -> (starts, ends) sorted
         self.count = 0
@@ -325,12 +336,11 @@ class SubClient(_Client):
             elif kind == mq.CONNACK:
                 self._on_connack(data, i, end)
             elif kind == mq.SUBACK:
-                codes = data[i + 2:end]
+                codes = data[i + 2 : end]
                 if any(c & 0x80 for c in codes):
                     self.suback.set_exception(RunError(f"{self.client_id}: SUBACK refused {self.topic_filter}"))
                 elif codes and codes[0] != self.qos:
-                    self.suback.set_exception(RunError(
-                        f"{self.client_id}: granted QoS {codes[0]}, asked {self.qos}"))
+                    self.suback.set_exception(RunError(f"{self.client_id}: granted QoS {codes[0]}, asked {self.qos}"))
                 else:
                     self.suback.set_result(True)
             pos = end
@@ -396,7 +406,7 @@ class SubClient(_Client):
             nx = self.nexts[pub]
             starts, ends = self.gaps.get(pub, ([], []))
             not_received = max(0, n_sent - nx)
-            for s, e in zip(starts, ends):
+            for s, e in zip(starts, ends, strict=False):
                 if s < n_sent:
                     not_received += min(e, n_sent) - s
             # messages never acknowledged are in flight, not lost
@@ -421,25 +431,25 @@ async def _sub_main(conn, spec: RunSpec, sub_ids: list[int], progress) -> None:
 
     async def one(j: int) -> SubClient:
         cid = f"bench-{spec.run_id}-s{j}"
-        c = await _connect(loop, lambda: SubClient(cid, j, w.sub_filter(j), spec.qos, spec.run_id,
-                                                   w.senders(j), w.n_pubs, stats, progress),
-                           spec.sub_eps[j])
+        c = await _connect(
+            loop,
+            lambda: SubClient(cid, j, w.sub_filter(j), spec.qos, spec.run_id, w.senders(j), w.n_pubs, stats, progress),
+            spec.sub_eps[j],
+        )
         await c.subscribe()
         return c
 
     try:
-        clients = list(await asyncio.wait_for(asyncio.gather(*(one(j) for j in sub_ids)),
-                                              spec.opts.connect_timeout))
-    except asyncio.TimeoutError:
-        raise RunError(f"subscribers not connected and subscribed within {spec.opts.connect_timeout:g} s")
+        clients = list(await asyncio.wait_for(asyncio.gather(*(one(j) for j in sub_ids)), spec.opts.connect_timeout))
+    except TimeoutError:
+        raise RunError(f"subscribers not connected and subscribed within {spec.opts.connect_timeout:g} s") from None
     pipe.send("ready")
     o = spec.opts
     _, t0 = await pipe.expect("go", 2 * o.connect_timeout + o.settle + 30)  # publishers connect meanwhile
     stats.w0 = int((t0 + o.warmup) * 1e9)
     stats.w1 = int((t0 + o.warmup + o.duration) * 1e9)
     cpu0 = sum(os.times()[:2])
-    _, sent, unacked = await pipe.expect("drain", t0 + o.warmup + o.duration + 2 * o.drain_timeout + 30
-                                         - _monotonic())
+    _, sent, unacked = await pipe.expect("drain", t0 + o.warmup + o.duration + 2 * o.drain_timeout + 30 - _monotonic())
     # wait for stragglers: until all sent arrived, or no progress for `quiet`, or the deadline
     t_drain = _monotonic()
     deadline = t_drain + o.drain_timeout
@@ -470,11 +480,23 @@ async def _sub_main(conn, spec: RunSpec, sub_ids: list[int], progress) -> None:
         errors.append(f"{stats.misrouted} messages delivered to a subscriber whose filter does not match")
     if beyond:
         errors.append(f"{beyond} messages with sequence numbers never sent")
-    pipe.send("result", {
-        "window": stats.window, "total": stats.total, "dups": stats.dups, "reordered": stats.reordered,
-        "foreign": stats.foreign, "lost": lost, "hist": hist, "over": stats.over, "per_sub": per_sub,
-        "drain_s": drain_s, "cpu_s": cpu1 - cpu0, "errors": errors,
-    })
+    pipe.send(
+        "result",
+        {
+            "window": stats.window,
+            "total": stats.total,
+            "dups": stats.dups,
+            "reordered": stats.reordered,
+            "foreign": stats.foreign,
+            "lost": lost,
+            "hist": hist,
+            "over": stats.over,
+            "per_sub": per_sub,
+            "drain_s": drain_s,
+            "cpu_s": cpu1 - cpu0,
+            "errors": errors,
+        },
+    )
     await pipe.expect("close", 60)
     for c in clients:
         c.close()
@@ -495,8 +517,8 @@ class PubClient(_Client):
         self.qos = qos
         self.run_id = run_id
         self.prefix = mq.publish_prefix(topic, qos)
-        self.inflight: dict[int, int] = {}   # packet id -> seq, waiting for PUBACK / PUBREC
-        self.releasing: set[int] = set()     # QoS 2: packet ids waiting for PUBCOMP
+        self.inflight: dict[int, int] = {}  # packet id -> seq, waiting for PUBACK / PUBREC
+        self.releasing: set[int] = set()  # QoS 2: packet ids waiting for PUBCOMP
         self.acked = 0
         self.paused = False
         self.waiter: asyncio.Future | None = None
@@ -567,8 +589,17 @@ class PubClient(_Client):
             handle.cancel()
             self.waiter = None
 
-    async def publish_until(self, t0: float, t_end: float, rate: float | None, batch: int,
-                            inflight_max: int, e2e: int, progress, progress_idx: list[int]) -> int:
+    async def publish_until(
+        self,
+        t0: float,
+        t_end: float,
+        rate: float | None,
+        batch: int,
+        inflight_max: int,
+        e2e: int,
+        progress,
+        progress_idx: list[int],
+    ) -> int:
         """Publish seq 0, 1, ... until ``t_end``; returns how many were sent."""
         qos = self.qos
         prefix = self.prefix
@@ -636,13 +667,12 @@ async def _pub_main(conn, spec: RunSpec, pub_ids: list[int], progress) -> None:
 
     async def one(i: int) -> PubClient:
         cid = f"bench-{spec.run_id}-p{i}"
-        return await _connect(loop, lambda: PubClient(cid, i, w.pub_topic(i), spec.qos, spec.run_id),
-                              spec.pub_eps[i])
+        return await _connect(loop, lambda: PubClient(cid, i, w.pub_topic(i), spec.qos, spec.run_id), spec.pub_eps[i])
 
     try:
         clients = list(await asyncio.wait_for(asyncio.gather(*(one(i) for i in pub_ids)), o.connect_timeout))
-    except asyncio.TimeoutError:
-        raise RunError(f"publishers not connected within {o.connect_timeout:g} s")
+    except TimeoutError:
+        raise RunError(f"publishers not connected within {o.connect_timeout:g} s") from None
     pipe.send("ready")
     _, t0 = await pipe.expect("go", o.connect_timeout + 30)
     cpu0 = sum(os.times()[:2])
@@ -651,22 +681,34 @@ async def _pub_main(conn, spec: RunSpec, pub_ids: list[int], progress) -> None:
     delay = t0 - _monotonic()
     if delay > 0:
         await asyncio.sleep(delay)
-    tasks = [c.publish_until(t0, t_end, rate, o.batch, spec.inflight, spec.e2e_window, progress,
-                             [j * w.n_pubs + c.pub_id for j in w.receivers(c.pub_id)])
-             for c in clients]
+    tasks = [
+        c.publish_until(
+            t0,
+            t_end,
+            rate,
+            o.batch,
+            spec.inflight,
+            spec.e2e_window,
+            progress,
+            [j * w.n_pubs + c.pub_id for j in w.receivers(c.pub_id)],
+        )
+        for c in clients
+    ]
     sent = await asyncio.wait_for(asyncio.gather(*tasks), t_end - _monotonic() + 10)
     # drain: every QoS 1/2 message acknowledged (and QoS 2 completed), every byte written
     deadline = _monotonic() + o.drain_timeout
     while _monotonic() < deadline:
-        if all((c.outstanding == 0 or c.lost) and
-               (c.lost or c.transport.get_write_buffer_size() == 0) for c in clients):
+        if all(
+            (c.outstanding == 0 or c.lost) and (c.lost or c.transport.get_write_buffer_size() == 0) for c in clients
+        ):
             break
         await asyncio.sleep(0.005)
     cpu1 = sum(os.times()[:2])
     result = {}
-    for c, n in zip(clients, sent):
+    for c, n in zip(clients, sent, strict=False):
         result[c.pub_id] = {
-            "sent": n, "acked": c.acked if spec.qos else n,
+            "sent": n,
+            "acked": c.acked if spec.qos else n,
             "unacked": sorted(c.inflight.values()),
             "incomplete": len(c.releasing),  # QoS 2: PUBREC received, PUBCOMP not
             "errors": ([c.lost] if c.lost else []) + c.protocol_errors[:5],
@@ -735,8 +777,9 @@ class _Children:
                     msg = conn.recv()
                 except (EOFError, OSError) as exc:
                     self.procs[k].join(1.0)
-                    raise RunError(f"{self.names[k]} died (exit code {self.procs[k].exitcode}; "
-                                   f"{type(exc).__name__} {exc})")
+                    raise RunError(
+                        f"{self.names[k]} died (exit code {self.procs[k].exitcode}; {type(exc).__name__} {exc})"
+                    ) from exc
                 if msg[0] == "error":
                     raise RunError(f"{self.names[k]}: {msg[1]}")
                 if msg[0] != kind:
@@ -787,10 +830,17 @@ def run_once(target: Target, workload: Workload, qos: int, opts: RunOptions, run
     if qos and e2e and e2e < inflight:
         inflight = e2e
     hard = opts.connect_timeout * 3 + opts.settle + opts.warmup + opts.duration + 3 * opts.drain_timeout + 60
-    spec = RunSpec(run_id, w, qos,
-                   [(e.host, e.port) for e in map(target.pub_endpoint, range(w.n_pubs))],
-                   [(e.host, e.port) for e in map(target.sub_endpoint, range(w.n_subs))],
-                   opts, inflight, e2e, hard)
+    spec = RunSpec(
+        run_id,
+        w,
+        qos,
+        [(e.host, e.port) for e in map(target.pub_endpoint, range(w.n_pubs))],
+        [(e.host, e.port) for e in map(target.sub_endpoint, range(w.n_subs))],
+        opts,
+        inflight,
+        e2e,
+        hard,
+    )
     kids = _Children()
     try:
         sub_groups = _split(list(range(w.n_subs)), w.sub_procs)
@@ -841,7 +891,7 @@ def run_once(target: Target, workload: Workload, qos: int, opts: RunOptions, run
     errors += [f"publisher {i}: {e}" for i, p in per_pub.items() for e in p["errors"]]
     n_sent = sum(sent.values())
     expected = sum(sent[i] * len(w.receivers(i)) for i in sent)
-    p = lambda q: (None if (v := percentile(hist, over, q)) is None else v / 1000.0)  # noqa: E731
+    p = lambda q: None if (v := percentile(hist, over, q)) is None else v / 1000.0  # noqa: E731
     elapsed = t_end - t0
     return {
         "ok": True,
@@ -856,7 +906,9 @@ def run_once(target: Target, workload: Workload, qos: int, opts: RunOptions, run
         "dups": sum(r["dups"] for r in sub_res.values()),
         "reordered": sum(r["reordered"] for r in sub_res.values()),
         "foreign": sum(r["foreign"] for r in sub_res.values()),
-        "p50_ms": p(0.50), "p99_ms": p(0.99), "max_ms": p(1.0),
+        "p50_ms": p(0.50),
+        "p99_ms": p(0.99),
+        "max_ms": p(1.0),
         "latency_samples": sum(hist.values()) + sum(over.values()),
         "broker_cpu_s": broker_cpu,
         "broker_cpu_us_per_msg": (broker_cpu / total * 1e6) if broker_cpu is not None and total else None,

@@ -5,7 +5,7 @@
 Starts real node processes on loopback (ports picked free), measures, stops them.
 
 * **re-route**: nodes a-b-d (direct links) and a-c-d (each link through a relay that adds
-  20 ms, tests/faultrelay.py); b is killed with SIGKILL; the figures are the time until a's
+  20 ms, tests/support/faultrelay.py); b is killed with SIGKILL; the figures are the time until a's
   status shows d reached through c, and the outage seen by a subscriber on d of a 1 ms
   probe stream published on a.
   The same with b frozen by SIGSTOP instead: its sockets stay open and silent, so only the
@@ -27,15 +27,10 @@ import sys
 import tempfile
 import threading
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-import mqttraw as raw  # noqa: E402
-from faultrelay import FaultRelay  # noqa: E402
-
-from mqttmesh.admin import fetch_status  # noqa: E402
+from mqttmesh.admin import fetch_status
+from support import mqttraw as raw
+from support.faultrelay import FaultRelay
 
 SECRET = "figures"
 
@@ -58,10 +53,30 @@ class Nodes:
         self.args[name] = args
         log = open(os.path.join(self.workdir, f"{name}.log"), "ab")
         self.procs[name] = subprocess.Popen(
-            [sys.executable, "-m", "mqttmesh", "broker", "--port", str(port), "--node-id", name,
-             "--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.05",
-             "--sys-interval", "0", "--log-level", "warning", *args],
-            stdout=log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "mqttmesh",
+                "broker",
+                "--port",
+                str(port),
+                "--node-id",
+                name,
+                "--cluster-secret",
+                SECRET,
+                "--connect",
+                "configured",
+                "--status-interval",
+                "0.05",
+                "--sys-interval",
+                "0",
+                "--log-level",
+                "warning",
+                *args,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
 
     def status(self, name: str) -> dict:
@@ -183,7 +198,7 @@ def reroute(keepalive: float, freeze: bool = False) -> dict:
 
 def _largest_gap(arrivals, after):
     times = [t for t, _ in arrivals if t >= after - 0.5]
-    return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+    return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
 
 
 def propagation(length: int) -> float:
@@ -195,11 +210,18 @@ def propagation(length: int) -> float:
             for i, n in enumerate(names):
                 args = ["--peer", f"127.0.0.1:{ports[names[i - 1]]}"] if i else []
                 nodes.start(n, ports[n], args)
-            nodes.wait(lambda: all(info["reachable"] for info in nodes.status(names[0])["nodes"].values())
-                       and len(nodes.status(names[0])["nodes"]) == length, 30, "line converged")
+            nodes.wait(
+                lambda: (
+                    all(info["reachable"] for info in nodes.status(names[0])["nodes"].values())
+                    and len(nodes.status(names[0])["nodes"]) == length
+                ),
+                30,
+                "line converged",
+            )
             probe = Probe(ports[names[-1]], "prop/#")
-            pub = threading.Thread(target=publish_stream,
-                                   args=(ports[names[0]], "prop/x", lambda: bool(probe.arrivals)), daemon=True)
+            pub = threading.Thread(
+                target=publish_stream, args=(ports[names[0]], "prop/x", lambda: bool(probe.arrivals)), daemon=True
+            )
             pub.start()
             nodes.wait(lambda: probe.arrivals, 10, "first probe")
             pub.join(2)
@@ -220,12 +242,18 @@ def main(argv=None) -> int:
     prop4 = [propagation(4) for _ in range(args.repeat)]
 
     def summary(values):
-        return f"median {statistics.median(values) * 1000:.0f} ms (min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
+        return (
+            f"median {statistics.median(values) * 1000:.0f} ms "
+            f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
+        )
+
     print(f"mesh.keepalive = {args.keepalive:g} s (dead after 3 x keepalive), {args.repeat} runs each")
     print(f"kill -9 of the relay node -> a's route through the other path: {summary([r['reroute_s'] for r in rr])}")
     print(f"kill -9 of the relay node -> outage in a 1 ms QoS 0 probe stream: {summary([r['outage_s'] for r in rr])}")
     print(f"relay node frozen (SIGSTOP, silent) -> re-route: {summary([r['reroute_s'] for r in frozen])}")
-    print(f"relay node frozen (SIGSTOP, silent) -> outage in the probe stream: {summary([r['outage_s'] for r in frozen])}")
+    print(
+        f"relay node frozen (SIGSTOP, silent) -> outage in the probe stream: {summary([r['outage_s'] for r in frozen])}"
+    )
     print(f"subscription made on the far end of a 2-node line, effective at the other end: {summary(prop2)}")
     print(f"subscription made on the far end of a 4-node line, effective at the other end: {summary(prop4)}")
     return 0

@@ -46,9 +46,26 @@ def archive_bytes(directory: str, kind: str = "publish") -> tuple[int, int, int]
 
 # -- broker throughput, archive off and on ---------------------------------------------------------
 
+
 def _bench_once(workload: str, qos: int, extra: str, duration: float, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "bench", "--brokers", "mqttmesh", "--workloads", workload, "--qos", str(qos),
-           "--repeat", "1", "--duration", str(duration), "--json", str(out), "--no-md"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bench",
+        "--brokers",
+        "mqttmesh",
+        "--workloads",
+        workload,
+        "--qos",
+        str(qos),
+        "--repeat",
+        "1",
+        "--duration",
+        str(duration),
+        "--json",
+        str(out),
+        "--no-md",
+    ]
     if extra:
         cmd += ["--mqttmesh-args", extra]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -81,20 +98,34 @@ def figures_archive(args) -> int:
                         if mode == "on":
                             files, rows, size = archive_bytes(str(arch))
                             nbytes.append((rows, size))
-                        print(f"{workload} QoS {qos} round {r + 1} archive {mode:3}: {res['msgs_per_s']:>10,.0f} "
-                              f"msgs/s, broker {res['cpu_us']:.2f} us/msg", flush=True)
+                        print(
+                            f"{workload} QoS {qos} round {r + 1} archive {mode:3}: {res['msgs_per_s']:>10,.0f} "
+                            f"msgs/s, broker {res['cpu_us']:.2f} us/msg",
+                            flush=True,
+                        )
                 m_off = statistics.median(x["msgs_per_s"] for x in off)
                 m_on = statistics.median(x["msgs_per_s"] for x in on)
                 rows = sum(r for r, _ in nbytes)
                 size = sum(s for _, s in nbytes)
-                results.append((workload, qos, m_off, m_on, (m_on - m_off) / m_off * 100,
-                                statistics.median(x["cpu_us"] for x in off), statistics.median(x["cpu_us"] for x in on),
-                                size / rows if rows else float("nan")))
+                results.append(
+                    (
+                        workload,
+                        qos,
+                        m_off,
+                        m_on,
+                        (m_on - m_off) / m_off * 100,
+                        statistics.median(x["cpu_us"] for x in off),
+                        statistics.median(x["cpu_us"] for x in on),
+                        size / rows if rows else float("nan"),
+                    )
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nmedian of {args.rounds} alternating runs each ({args.duration:g} s windows):")
-    print("| workload | QoS | archive off msgs/s | archive on msgs/s | change | broker µs/msg off | on "
-          "| archive bytes/msg |")
+    print(
+        "| workload | QoS | archive off msgs/s | archive on msgs/s | change | broker µs/msg off | on "
+        "| archive bytes/msg |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for w, q, a, b, d, ca, cb, bpm in results:
         print(f"| {w} | {q} | {a:,.0f} | {b:,.0f} | {d:+.1f} % | {ca:.2f} | {cb:.2f} | {bpm:.1f} |")
@@ -103,8 +134,17 @@ def figures_archive(args) -> int:
 
 # -- Spark throughput on a synthetic archive --------------------------------------------------------
 
-def synthesize(directory: str, rows: int, nodes: int = 3, devices: int = 1000, sites: int = 10,
-               per_file: int = 200_000, span_s: float = 7200.0, start: float = 1769860800.0) -> int:
+
+def synthesize(
+    directory: str,
+    rows: int,
+    nodes: int = 3,
+    devices: int = 1000,
+    sites: int = 10,
+    per_file: int = 200_000,
+    span_s: float = 7200.0,
+    start: float = 1769860800.0,
+) -> int:
     """An archive of ``rows`` JSON sensor readings in the archive's exact schema and encoding,
     built with vectorised Arrow calls; returns the number of files."""
     import numpy as np
@@ -135,7 +175,8 @@ def synthesize(directory: str, rows: int, nodes: int = 3, devices: int = 1000, s
             batt = rng.uniform(10, 100, n)
             fmt = lambda a, d: pc.cast(pa.array(np.round(a, d)), pa.string())  # noqa: E731
             payload = pc.binary_join_element_wise(
-                '{"temperature": ', fmt(temp, 2), ', "humidity": ', fmt(rh, 1), ', "battery": ', fmt(batt, 1), "}", "")
+                '{"temperature": ', fmt(temp, 2), ', "humidity": ', fmt(rh, 1), ', "battery": ', fmt(batt, 1), "}", ""
+            )
             dev_s = pc.cast(pa.array(dev), pa.string())
             site_s = pc.cast(pa.array(site), pa.string())
             publisher = pc.binary_join_element_wise("dev-", dev_s, "")
@@ -143,19 +184,33 @@ def synthesize(directory: str, rows: int, nodes: int = 3, devices: int = 1000, s
             seq = pa.array(seq0 + idx, pa.int64())
             origin = pa.array([node] * n, pa.string())
             payload_b = payload.cast(pa.binary())
-            table = pa.Table.from_arrays([
-                pa.array(ts_us.astype("int64"), pa.int64()).cast(pa.timestamp("us", tz="UTC")),
-                pc.binary_join_element_wise(origin, pc.cast(seq, pa.string()), ":"), origin, seq, publisher, topic,
-                pa.array(np.ones(n, dtype="int8")), pa.array(np.zeros(n, dtype=bool)), payload_b,
-                pc.binary_length(payload_b).cast(pa.int32())], schema=arrow_schema(PUBLISH, node))
+            table = pa.Table.from_arrays(
+                [
+                    pa.array(ts_us.astype("int64"), pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                    pc.binary_join_element_wise(origin, pc.cast(seq, pa.string()), ":"),
+                    origin,
+                    seq,
+                    publisher,
+                    topic,
+                    pa.array(np.ones(n, dtype="int8")),
+                    pa.array(np.zeros(n, dtype=bool)),
+                    payload_b,
+                    pc.binary_length(payload_b).cast(pa.int32()),
+                ],
+                schema=arrow_schema(PUBLISH, node),
+            )
             hours = pc.divide(table.column("timestamp").cast(pa.int64()), 3_600_000_000)
             for h in sorted(set(pc.unique(hours).to_pylist())):
                 part = table.filter(pc.equal(hours, h))
                 folder = os.path.join(directory, partition_dir(PUBLISH, h))
                 os.makedirs(folder, exist_ok=True)
                 n_files += 1
-                pq.write_table(part, os.path.join(folder, file_name(node, incarnation, n_files)), compression="zstd",
-                               **_ENCODING[PUBLISH])
+                pq.write_table(
+                    part,
+                    os.path.join(folder, file_name(node, incarnation, n_files)),
+                    compression="zstd",
+                    **_ENCODING[PUBLISH],
+                )
     return n_files
 
 
@@ -173,10 +228,14 @@ def figures_spark(args) -> int:
             print(f"synthesized {args.rows:,} rows in {files} files in {time.monotonic() - t:.0f}s", flush=True)
         files, rows, size = archive_bytes(str(archive))
         print(f"archive: {rows:,} rows, {files} files, {size / 1e6:.0f} MB ({size / rows:.1f} bytes/row)", flush=True)
-        cores = int(args.master[len("local["):-1]) if args.master.startswith("local[") and args.master[6:-1].isdigit() \
+        cores = (
+            int(args.master[len("local[") : -1])
+            if args.master.startswith("local[") and args.master[6:-1].isdigit()
             else os.cpu_count()
-        spark = build_session("mqttmesh-figures", args.master, args.shuffle_partitions,
-                              {"spark.driver.memory": args.driver_memory})
+        )
+        spark = build_session(
+            "mqttmesh-figures", args.master, args.shuffle_partitions, {"spark.driver.memory": args.driver_memory}
+        )
         try:
             out = []
             for name, job in (("traffic", run_traffic), ("payloads", run_payloads)):
@@ -186,8 +245,10 @@ def figures_spark(args) -> int:
                 took = time.monotonic() - t
                 assert result.summary["messages"] == rows, result.summary
                 out.append((name, took, rows / took, rows / took / cores))
-                print(f"{name}: {took:.1f}s, {rows / took:,.0f} rows/s, {rows / took / cores:,.0f} rows/s per core",
-                      flush=True)
+                print(
+                    f"{name}: {took:.1f}s, {rows / took:,.0f} rows/s, {rows / took / cores:,.0f} rows/s per core",
+                    flush=True,
+                )
         finally:
             spark.stop()
         print(f"\n{rows:,} archived messages on {args.master} ({cores} cores), every table, chart and report written:")
@@ -210,8 +271,11 @@ def figures_bytes(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.pipeline_figures", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.pipeline_figures",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="what", required=True)
     a = sub.add_parser("archive", help="broker throughput with the archive off and on")
     a.add_argument("--rounds", type=int, default=3)

@@ -11,8 +11,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 # the metrics summarised over the runs of a cell (median in the table, min/max in the JSON)
-METRICS = ["delivered_per_s", "p50_ms", "p99_ms", "max_ms", "lost", "dups", "broker_cpu_us_per_msg",
-           "broker_cpu_util", "gen_cpu_util", "machine_busy", "published_per_s", "gen_cpu_s", "drain_s"]
+METRICS = [
+    "delivered_per_s",
+    "p50_ms",
+    "p99_ms",
+    "max_ms",
+    "lost",
+    "dups",
+    "broker_cpu_us_per_msg",
+    "broker_cpu_util",
+    "gen_cpu_util",
+    "machine_busy",
+    "published_per_s",
+    "gen_cpu_s",
+    "drain_s",
+]
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -27,7 +40,9 @@ def summarize(runs: list[dict]) -> dict:
     # loss and duplicates matter in every run, not in the median one
     out["lost_total"] = sum(r.get("lost", 0) for r in ok)
     out["dups_total"] = sum(r.get("dups", 0) for r in ok)
-    out["errors"] = sorted({e for r in runs for e in ([r["error"]] if r.get("error") else []) + r.get("errors", [])})[:20]
+    out["errors"] = sorted({e for r in runs for e in ([r["error"]] if r.get("error") else []) + r.get("errors", [])})[
+        :20
+    ]
     return out
 
 
@@ -67,14 +82,21 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
         for q in (0, 1):
             c = by_key.get((broker, "fanin", q))
             r = c.get(ratio) if c else None
-            targets.append({"target": label.format(q=q, floor=floor),
-                            "result": verdict(None if r is None else r >= floor),
-                            "value": f"{r:.2f} x" if r is not None else "not measured"})
+            targets.append(
+                {
+                    "target": label.format(q=q, floor=floor),
+                    "result": verdict(None if r is None else r >= floor),
+                    "value": f"{r:.2f} x" if r is not None else "not measured",
+                }
+            )
 
     ratio_target("mqttmesh", "vs_mosquitto", 0.5, "fanin QoS {q}: delivered msgs/s >= {floor} x Mosquitto")
 
-    amqtt_ratios = [(c["workload"], c["qos"], c.get("vs_amqtt")) for c in cells
-                    if c["broker"] == "mqttmesh" and c["workload"] not in paced]
+    amqtt_ratios = [
+        (c["workload"], c["qos"], c.get("vs_amqtt"))
+        for c in cells
+        if c["broker"] == "mqttmesh" and c["workload"] not in paced
+    ]
     measured = [(w, q, r) for w, q, r in amqtt_ratios if r is not None]
     if measured:
         worst = min(measured, key=lambda t: t[2])
@@ -84,8 +106,9 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
             value += f"; {len(amqtt_ratios) - len(measured)} cells not comparable"
     else:
         ok, value = None, "not measured"
-    targets.append({"target": ">= 20 x amqtt delivered msgs/s on every throughput workload",
-                    "result": verdict(ok), "value": value})
+    targets.append(
+        {"target": ">= 20 x amqtt delivered msgs/s on every throughput workload", "result": verdict(ok), "value": value}
+    )
 
     for name in sorted(paced):
         for q in (0, 1):
@@ -93,10 +116,15 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
             p99 = med(c, "p99_ms")
             rate = med(c, "delivered_per_s")
             worst = c["summary"]["p99_ms"]["max"] if c and not c.get("na") and c["summary"].get("p99_ms") else None
-            targets.append({"target": f"{name} (paced 10,000 msgs/s) QoS {q}: p99 <= 2 ms",
-                            "result": verdict(None if p99 is None else p99 <= 2.0),
-                            "value": (f"median p99 {p99:.2f} ms (worst run {worst:.2f} ms), "
-                                      f"{rate:,.0f} msgs/s delivered") if p99 is not None else "not measured"})
+            targets.append(
+                {
+                    "target": f"{name} (paced 10,000 msgs/s) QoS {q}: p99 <= 2 ms",
+                    "result": verdict(None if p99 is None else p99 <= 2.0),
+                    "value": (f"median p99 {p99:.2f} ms (worst run {worst:.2f} ms), {rate:,.0f} msgs/s delivered")
+                    if p99 is not None
+                    else "not measured",
+                }
+            )
 
     # issue 3: a message crossing a peer link, against the same workload on one node
     ratio_target("mesh2", "vs_same_node", 0.7, "cross-node fanin QoS {q}: delivered msgs/s >= {floor} x same-node")
@@ -104,9 +132,13 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
         for q in (0, 1):
             c = by_key.get(("mesh2", name, q))
             p99 = med(c, "p99_ms")
-            targets.append({"target": f"cross-node {name} (paced 10,000 msgs/s) QoS {q}: p99 <= 3 ms",
-                            "result": verdict(None if p99 is None else p99 <= 3.0),
-                            "value": f"median p99 {p99:.2f} ms" if p99 is not None else "not measured"})
+            targets.append(
+                {
+                    "target": f"cross-node {name} (paced 10,000 msgs/s) QoS {q}: p99 <= 3 ms",
+                    "result": verdict(None if p99 is None else p99 <= 3.0),
+                    "value": f"median p99 {p99:.2f} ms" if p99 is not None else "not measured",
+                }
+            )
 
     ours = [c for c in cells if c["broker"] in ("mqttmesh", "mesh2") and c["qos"] >= 1]
     if ours:
@@ -118,11 +150,21 @@ def evaluate_targets(cells: list[dict], paced: set[str]) -> list[dict]:
         value = f"{lost} lost over {runs} runs"
         if failed:
             value += f"; {failed} runs/cells failed (see errors)"
-        targets.append({"target": "zero lost QoS 1/2 messages in every run (mqttmesh and mesh2)",
-                        "result": verdict(ok), "value": value})
+        targets.append(
+            {
+                "target": "zero lost QoS 1/2 messages in every run (mqttmesh and mesh2)",
+                "result": verdict(ok),
+                "value": value,
+            }
+        )
     else:
-        targets.append({"target": "zero lost QoS 1/2 messages in every run (mqttmesh and mesh2)",
-                        "result": "n/a", "value": "not measured"})
+        targets.append(
+            {
+                "target": "zero lost QoS 1/2 messages in every run (mqttmesh and mesh2)",
+                "result": "n/a",
+                "value": "not measured",
+            }
+        )
     return targets
 
 
@@ -134,8 +176,23 @@ def _f(v, fmt: str, none: str = "-") -> str:
 
 
 def table_rows(cells: list[dict]) -> tuple[list[str], list[list[str]]]:
-    head = ["workload", "QoS", "broker", "msgs/s", "p50 ms", "p99 ms", "lost", "dups", "CPU µs/msg",
-            "broker CPU", "gen CPU", "runs", "× mosquitto", "× amqtt", "× same node"]
+    head = [
+        "workload",
+        "QoS",
+        "broker",
+        "msgs/s",
+        "p50 ms",
+        "p99 ms",
+        "lost",
+        "dups",
+        "CPU µs/msg",
+        "broker CPU",
+        "gen CPU",
+        "runs",
+        "× mosquitto",
+        "× amqtt",
+        "× same node",
+    ]
     rows = []
     for c in cells:
         if c.get("na"):
@@ -144,19 +201,25 @@ def table_rows(cells: list[dict]) -> tuple[list[str], list[list[str]]]:
         s = c["summary"]
         util = med(c, "broker_cpu_util")
         gen = med(c, "gen_cpu_util")
-        rows.append([
-            c["workload"], str(c["qos"]), c["broker"],
-            _f(med(c, "delivered_per_s"), ",.0f"),
-            _f(med(c, "p50_ms"), ".2f"), _f(med(c, "p99_ms"), ".2f"),
-            str(s["lost_total"]), str(s["dups_total"]),
-            _f(med(c, "broker_cpu_us_per_msg"), ".2f"),
-            _f(None if util is None else util * 100, ".0f") + ("%" if util is not None else ""),
-            _f(None if gen is None else gen * 100, ".0f") + ("%" if gen is not None else ""),
-            f"{s['runs_ok']}/{s['runs']}",
-            _f(c.get("vs_mosquitto"), ".2f") if c["broker"] == "mqttmesh" else "",
-            _f(c.get("vs_amqtt"), ".1f") if c["broker"] == "mqttmesh" else "",
-            _f(c.get("vs_same_node"), ".2f") if c["broker"] == "mesh2" else "",
-        ])
+        rows.append(
+            [
+                c["workload"],
+                str(c["qos"]),
+                c["broker"],
+                _f(med(c, "delivered_per_s"), ",.0f"),
+                _f(med(c, "p50_ms"), ".2f"),
+                _f(med(c, "p99_ms"), ".2f"),
+                str(s["lost_total"]),
+                str(s["dups_total"]),
+                _f(med(c, "broker_cpu_us_per_msg"), ".2f"),
+                _f(None if util is None else util * 100, ".0f") + ("%" if util is not None else ""),
+                _f(None if gen is None else gen * 100, ".0f") + ("%" if gen is not None else ""),
+                f"{s['runs_ok']}/{s['runs']}",
+                _f(c.get("vs_mosquitto"), ".2f") if c["broker"] == "mqttmesh" else "",
+                _f(c.get("vs_amqtt"), ".1f") if c["broker"] == "mqttmesh" else "",
+                _f(c.get("vs_same_node"), ".2f") if c["broker"] == "mesh2" else "",
+            ]
+        )
     return head, rows
 
 
@@ -164,11 +227,17 @@ def text_table(head: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(head[k]), *(len(r[k]) for r in rows)) if rows else len(head[k]) for k in range(len(head))]
     # an n/a reason spans the rest of its row: do not let it widen the msgs/s column
     widths[3] = max([len(head[3])] + [len(r[3]) for r in rows if not r[3].startswith("n/a")])
-    lines = ["  ".join(h.ljust(wd) for h, wd in zip(head, widths)).rstrip(),
-             "  ".join("-" * wd for wd in widths)]
+    lines = [
+        "  ".join(h.ljust(wd) for h, wd in zip(head, widths, strict=False)).rstrip(),
+        "  ".join("-" * wd for wd in widths),
+    ]
     for r in rows:
-        lines.append("  ".join(v.rjust(wd) if k >= 3 and not v.startswith("n/a") else v.ljust(wd)
-                               for k, (v, wd) in enumerate(zip(r, widths))).rstrip())
+        lines.append(
+            "  ".join(
+                v.rjust(wd) if k >= 3 and not v.startswith("n/a") else v.ljust(wd)
+                for k, (v, wd) in enumerate(zip(r, widths, strict=False))
+            ).rstrip()
+        )
     return "\n".join(lines)
 
 
@@ -204,11 +273,18 @@ def machine_info() -> dict:
         pass
     try:
         import uvloop
+
         uv = uvloop.__version__
     except ImportError:
         uv = "not installed"
-    return {"nproc": os.cpu_count(), "cpu_model": model, "memory": mem,
-            "kernel": platform.release(), "python": platform.python_version(), "uvloop": uv}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "memory": mem,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "uvloop": uv,
+    }
 
 
 # --------------------------------------------------------------------------- files
@@ -225,8 +301,10 @@ def _busy_note(meta: dict) -> str:
     load = meta.get("loadavg_before")
     if not load or load[0] < 0.5:
         return ""
-    return (f"\n**Other work was running on the machine** (load average {load[0]:.2f} before the benchmark "
-            "started): the numbers are noisier than on an idle machine, latencies most of all.")
+    return (
+        f"\n**Other work was running on the machine** (load average {load[0]:.2f} before the benchmark "
+        "started): the numbers are noisier than on an idle machine, latencies most of all."
+    )
 
 
 def _load(values) -> str:
@@ -250,10 +328,11 @@ def write_markdown(path: Path, data: dict) -> None:
     if len(problems) > 60:
         problems = problems[:60] + [f"- ... {len(problems) - 60} more in bench/results/latest.json"]
 
-    text = f"""# Benchmarks
+    text = (
+        f"""# Benchmarks
 
-*Written by `make bench` (bench/report.py) on {meta['date']}; do not edit by hand, re-run instead.*
-Command: `{meta['command']}`{' — **quick smoke run, not a measurement**' if o.get('quick') else ''}
+*Written by `make bench` (bench/report.py) on {meta["date"]}; do not edit by hand, re-run instead.*
+Command: `{meta["command"]}`{" — **quick smoke run, not a measurement**" if o.get("quick") else ""}
 
 ## How to reproduce
 
@@ -265,7 +344,7 @@ make bench                                   # everything, 3 repeats (~10-15 min
 .venv/bin/python -m bench.selftest           # checks the generator's loss/duplicate counting
 ```
 
-Needs `/usr/sbin/mosquitto` (`apt-get install mosquitto`). amqtt {v.get('amqtt_wanted', '0.12.1')} is installed
+Needs `/usr/sbin/mosquitto` (`apt-get install mosquitto`). amqtt {v.get("amqtt_wanted", "0.12.1")} is installed
 into its own venv `.venv-amqtt/` on first use. Raw numbers of every run: `bench/results/latest.json`;
 broker logs: `bench/results/logs/`.
 
@@ -273,27 +352,29 @@ broker logs: `bench/results/logs/`.
 
 | | |
 |---|---|
-| CPUs (nproc) | {m['nproc']} |
-| CPU model | {m['cpu_model']} |
-| memory | {m['memory']} |
-| kernel | {m['kernel']} |
-| Python (harness and mqttmesh) | {m['python']}, uvloop {m['uvloop']} |
-| mqttmesh | {v.get('mqttmesh', '?')} |
-| Mosquitto | {v.get('mosquitto', '?')} |
-| amqtt | {v.get('amqtt', '?')} |
-| load average before / after | {_load(meta.get('loadavg_before'))} / {_load(meta.get('loadavg_after'))} |
-| total time | {meta.get('elapsed_s', 0) / 60:.1f} min |
+| CPUs (nproc) | {m["nproc"]} |
+| CPU model | {m["cpu_model"]} |
+| memory | {m["memory"]} |
+| kernel | {m["kernel"]} |
+| Python (harness and mqttmesh) | {m["python"]}, uvloop {m["uvloop"]} |
+| mqttmesh | {v.get("mqttmesh", "?")} |
+| Mosquitto | {v.get("mosquitto", "?")} |
+| amqtt | {v.get("amqtt", "?")} |
+| load average before / after | {_load(meta.get("loadavg_before"))} / {_load(meta.get("loadavg_after"))} |
+| total time | {meta.get("elapsed_s", 0) / 60:.1f} min |
 
 ## Targets
 
 | target | result | measured |
 |---|---|---|
-""" + "\n".join(f"| {t['target']} | **{t['result']}** | {t['value']} |" for t in targets) + f"""
+"""
+        + "\n".join(f"| {t['target']} | **{t['result']}** | {t['value']} |" for t in targets)
+        + f"""
 
 ## Results
 
-Median of {o['repeat']} run(s) per row; `lost` and `dups` are totals over all runs. Windows: {o['warmup']:g} s
-warm-up then {o['duration']:g} s measured; 64-byte payloads; loopback.{_busy_note(meta)}
+Median of {o["repeat"]} run(s) per row; `lost` and `dups` are totals over all runs. Windows: {o["warmup"]:g} s
+warm-up then {o["duration"]:g} s measured; 64-byte payloads; loopback.{_busy_note(meta)}
 
 {md_table(head, rows)}
 
@@ -325,15 +406,18 @@ warm-up then {o['duration']:g} s measured; 64-byte payloads; loopback.{_busy_not
 - Workloads: `fanin` 4 publishers → 1 subscriber on `bench/#`; `fanout` 1 publisher → 50 subscribers of one topic;
   `p2p` 50 publishers → 50 subscribers, one topic per pair; `latency` like fanin but paced at 10,000 msgs/s total.
   Subscribers subscribe at the QoS of the run and acknowledge everything (PUBACK; PUBREC/PUBREL/PUBCOMP).
-- Flow control: QoS 1/2 publishers keep at most {o.get('inflight_desc', '500 (p2p: 100)')} PUBLISHes unacknowledged.
-  At every QoS a publisher also stays at most {o.get('e2e_desc', '1000 (p2p: 100)')} messages ahead of the slowest
+- Flow control: QoS 1/2 publishers keep at most {o.get("inflight_desc", "500 (p2p: 100)")} PUBLISHes unacknowledged.
+  At every QoS a publisher also stays at most {o.get("e2e_desc", "1000 (p2p: 100)")} messages ahead of the slowest
   of its subscribers (counters in shared memory): publishing "as fast as the broker takes them" otherwise only
   measures how much a broker buffers or drops. Publishers also stop writing while their socket buffer is full.
 - A run: subscribers connect and subscribe, publishers connect, all start at once; publish for warm-up + window;
-  publishers wait for their acks; subscribers wait until everything arrived, or {o['quiet']:g} s without
-  progress, or {o['drain_timeout']:g} s. Every phase has a deadline and every process is killed by PID at the end.
+  publishers wait for their acks; subscribers wait until everything arrived, or {o["quiet"]:g} s without
+  progress, or {o["drain_timeout"]:g} s. Every phase has a deadline and every process is killed by PID at the end.
 
 ## Errors and warnings seen
 
-""" + ("\n".join(problems) if problems else "None.") + "\n"
+"""
+        + ("\n".join(problems) if problems else "None.")
+        + "\n"
+    )
     path.write_text(text)

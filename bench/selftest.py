@@ -56,16 +56,16 @@ class _Relay(asyncio.Protocol):
             if kind == mq.CONNECT:
                 out.append(b"\x20\x02\x00\x00")
             elif kind == mq.SUBSCRIBE:
-                pid = data[s:s + 2]
+                pid = data[s : s + 2]
                 tlen = (data[s + 2] << 8) | data[s + 3]
-                topic_filter = data[s + 4:s + 4 + tlen].decode()
+                topic_filter = data[s + 4 : s + 4 + tlen].decode()
                 qos = data[s + 4 + tlen]
                 _Relay.subscribers.append((self, topic_filter, qos))
                 out.append(b"\x90\x03" + pid + bytes((qos,)))
             elif kind == mq.PUBLISH:
                 qos = (first >> 1) & 3
                 tlen = (data[s] << 8) | data[s + 1]
-                topic = data[s + 2:s + 2 + tlen].decode()
+                topic = data[s + 2 : s + 2 + tlen].decode()
                 p = s + 2 + tlen
                 if qos:
                     out.append(mq.ack(mq.PUBACK_B if qos == 1 else mq.PUBREC_B, (data[p] << 8) | data[p + 1]))
@@ -127,22 +127,39 @@ def check(workload: str, qos: int, drop_every: int, dup_every: int) -> bool:
             return False
         port = parent.recv()
         target = Target("relay", [Endpoint(HOST, port)], [Endpoint(HOST, port)], [proc.pid])
-        res = run_once(target, WORKLOADS[workload], qos, RunOptions(warmup=0.2, duration=0.8, quiet=0.5),
-                       int(time.time()) & 0xFFFFFF)
+        res = run_once(
+            target,
+            WORKLOADS[workload],
+            qos,
+            RunOptions(warmup=0.2, duration=0.8, quiet=0.5),
+            int(time.time()) & 0xFFFFFF,
+        )
     finally:
         stop_process(proc)
     deliveries, dropped, duplicated = counters[:]
-    ok = (res["lost"] == dropped and res["dups"] == duplicated and res["received"] == deliveries - dropped
-          and not res["errors"])
-    print(f"{'ok  ' if ok else 'FAIL'} {workload:7} QoS {qos} drop 1/{drop_every or '-'} dup 1/{dup_every or '-'}: "
-          f"relay delivered {deliveries - dropped:,} dropped {dropped} duplicated {duplicated}; generator says "
-          f"received {res['received']:,} lost {res['lost']} dups {res['dups']} errors {res['errors'][:2]}")
+    ok = (
+        res["lost"] == dropped
+        and res["dups"] == duplicated
+        and res["received"] == deliveries - dropped
+        and not res["errors"]
+    )
+    print(
+        f"{'ok  ' if ok else 'FAIL'} {workload:7} QoS {qos} drop 1/{drop_every or '-'} dup 1/{dup_every or '-'}: "
+        f"relay delivered {deliveries - dropped:,} dropped {dropped} duplicated {duplicated}; generator says "
+        f"received {res['received']:,} lost {res['lost']} dups {res['dups']} errors {res['errors'][:2]}"
+    )
     return ok
 
 
 def main() -> int:
-    cases = [("fanin", 0, 0, 0), ("fanin", 0, 997, 0), ("fanin", 1, 1009, 0), ("fanin", 2, 0, 1013),
-             ("p2p", 1, 499, 701), ("fanout", 0, 997, 991)]
+    cases = [
+        ("fanin", 0, 0, 0),
+        ("fanin", 0, 997, 0),
+        ("fanin", 1, 1009, 0),
+        ("fanin", 2, 0, 1013),
+        ("p2p", 1, 499, 701),
+        ("fanout", 0, 997, 991),
+    ]
     try:
         results = [check(*c) for c in cases]
     finally:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Workload:
     name: str
-    topology: str              # "fanin", "fanout" or "p2p"
+    topology: str  # "fanin", "fanout" or "p2p"
     n_pubs: int
     n_subs: int
     qos_levels: tuple[int, ...]
@@ -29,7 +29,7 @@ class Workload:
     # Measured here: 200 to 4000 gives the same msgs/s within the noise, only the queueing latency
     # of the unpaced runs grows with it.
     e2e_window: int = 500
-    pub_procs: int = 2         # the generator is easily the bottleneck: spread it over processes
+    pub_procs: int = 2  # the generator is easily the bottleneck: spread it over processes
     sub_procs: int = 1
     description: str = ""
 
@@ -62,13 +62,57 @@ class Workload:
         return self.rate is not None
 
 
-WORKLOADS: dict[str, Workload] = {w.name: w for w in [
-    Workload("fanin", "fanin", 4, 1, (0, 1, 2), inflight=500, e2e_window=500, pub_procs=2, sub_procs=1,
-             description="4 publishers -> 1 subscriber on bench/#"),
-    Workload("fanout", "fanout", 1, 50, (0, 1, 2), inflight=500, e2e_window=500, pub_procs=1, sub_procs=2,
-             description="1 publisher -> 50 subscribers of one topic"),
-    Workload("p2p", "p2p", 50, 50, (0, 1, 2), inflight=100, e2e_window=100, pub_procs=2, sub_procs=2,
-             description="50 publishers -> 50 subscribers, one topic per pair"),
-    Workload("latency", "fanin", 4, 1, (0, 1), rate=10_000.0, inflight=500, e2e_window=500, pub_procs=2,
-             sub_procs=1, description="4 publishers -> 1 subscriber on bench/#, paced at 10,000 msgs/s total"),
-]}
+WORKLOADS: dict[str, Workload] = {
+    w.name: w
+    for w in [
+        Workload(
+            "fanin",
+            "fanin",
+            4,
+            1,
+            (0, 1, 2),
+            inflight=500,
+            e2e_window=500,
+            pub_procs=2,
+            sub_procs=1,
+            description="4 publishers -> 1 subscriber on bench/#",
+        ),
+        Workload(
+            "fanout",
+            "fanout",
+            1,
+            50,
+            (0, 1, 2),
+            inflight=500,
+            e2e_window=500,
+            pub_procs=1,
+            sub_procs=2,
+            description="1 publisher -> 50 subscribers of one topic",
+        ),
+        Workload(
+            "p2p",
+            "p2p",
+            50,
+            50,
+            (0, 1, 2),
+            inflight=100,
+            e2e_window=100,
+            pub_procs=2,
+            sub_procs=2,
+            description="50 publishers -> 50 subscribers, one topic per pair",
+        ),
+        Workload(
+            "latency",
+            "fanin",
+            4,
+            1,
+            (0, 1),
+            rate=10_000.0,
+            inflight=500,
+            e2e_window=500,
+            pub_procs=2,
+            sub_procs=1,
+            description="4 publishers -> 1 subscriber on bench/#, paced at 10,000 msgs/s total",
+        ),
+    ]
+}

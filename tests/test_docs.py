@@ -11,8 +11,9 @@ def test_operations_md_embeds_the_current_config_reference():
     text = (ROOT / "docs" / "operations.md").read_text()
     begin = text.index("<!-- BEGIN config-reference -->\n") + len("<!-- BEGIN config-reference -->\n")
     end = text.index("<!-- END config-reference -->")
-    assert text[begin:end] == reference_markdown(), \
+    assert text[begin:end] == reference_markdown(), (
         "docs/operations.md is stale: paste the output of `mqttmesh config-reference`"
+    )
 
 
 def test_every_option_is_documented_with_its_flag():

@@ -3,8 +3,11 @@
 import queue
 
 import paho.mqtt.client as mqtt
+import pytest
 
-from conftest import wait_for
+from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 
 def test_paho_roundtrip(broker):

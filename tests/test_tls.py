@@ -10,9 +10,14 @@ import sys
 import paho.mqtt.client as mqtt
 import pytest
 
-from conftest import free_port, wait_for
+from support import mqttraw
+from support.mesh import Subscriber, publish, wait_converged, wait_interest
+from support.processes import free_port, wait_for
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command"),
+]
 
 
 def _run(*args, cwd):
@@ -23,22 +28,68 @@ def _run(*args, cwd):
 def pki(tmp_path_factory):
     """A test CA, a node certificate for 127.0.0.1 and a client certificate."""
     d = tmp_path_factory.mktemp("pki")
-    _run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
-         "-days", "2", "-subj", "/CN=mqttmesh-test-ca", cwd=d)
+    _run(
+        "openssl",
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=mqttmesh-test-ca",
+        cwd=d,
+    )
     (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     for name in ("node", "client"):
-        _run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-             "-subj", f"/CN={name}", cwd=d)
-        _run("openssl", "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", "ext.cnf", cwd=d)
+        _run(
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            f"/CN={name}",
+            cwd=d,
+        )
+        _run(
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+            cwd=d,
+        )
     return d
 
 
 def _paho(port, pki, cert=None, role="c"):
     client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=f"tls-{role}-{port}")
-    client.tls_set(ca_certs=str(pki / "ca.pem"),
-                   certfile=str(pki / f"{cert}.pem") if cert else None,
-                   keyfile=str(pki / f"{cert}.key") if cert else None)
+    client.tls_set(
+        ca_certs=str(pki / "ca.pem"),
+        certfile=str(pki / f"{cert}.pem") if cert else None,
+        keyfile=str(pki / f"{cert}.key") if cert else None,
+    )
     return client
 
 
@@ -69,25 +120,51 @@ def _roundtrip(port, pki, cert=None):
     return got
 
 
+@pytest.mark.interop
 def test_tls_listener_beside_the_plain_one(broker_factory, pki):
     tls_port = free_port()
-    broker_factory("--tls-port", str(tls_port), "--tls-cert", str(pki / "node.pem"),
-                   "--tls-key", str(pki / "node.key"))
+    broker_factory("--tls-port", str(tls_port), "--tls-cert", str(pki / "node.pem"), "--tls-key", str(pki / "node.key"))
     assert _roundtrip(tls_port, pki) == [b"over tls"]
-    out = subprocess.run(["mosquitto_pub", "-h", "127.0.0.1", "-p", str(tls_port), "--cafile",
-                          str(pki / "ca.pem"), "-t", "secure/y", "-m", "1", "-q", "1"],
-                         capture_output=True, timeout=20)
+    out = subprocess.run(
+        [
+            "mosquitto_pub",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(tls_port),
+            "--cafile",
+            str(pki / "ca.pem"),
+            "-t",
+            "secure/y",
+            "-m",
+            "1",
+            "-q",
+            "1",
+        ],
+        capture_output=True,
+        timeout=20,
+    )
     assert out.returncode == 0, out.stderr
 
 
 def test_client_certificate_required(broker_factory, pki):
     tls_port = free_port()
-    broker_factory("--tls-port", str(tls_port), "--tls-cert", str(pki / "node.pem"),
-                   "--tls-key", str(pki / "node.key"), "--tls-ca", str(pki / "ca.pem"),
-                   "--tls-require-certificate", "true")
+    broker_factory(
+        "--tls-port",
+        str(tls_port),
+        "--tls-cert",
+        str(pki / "node.pem"),
+        "--tls-key",
+        str(pki / "node.key"),
+        "--tls-ca",
+        str(pki / "ca.pem"),
+        "--tls-require-certificate",
+        "true",
+    )
     assert _roundtrip(tls_port, pki, cert="client") == [b"over tls"]
     ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
     import socket
+
     with socket.create_connection(("127.0.0.1", tls_port), timeout=5) as raw_sock:
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             with ctx.wrap_socket(raw_sock, server_hostname="127.0.0.1") as s:
@@ -97,13 +174,22 @@ def test_client_certificate_required(broker_factory, pki):
 
 
 def test_peer_links_over_tls(broker_factory, pki):
-    import sys as _sys
-    from pathlib import Path
-    _sys.path.insert(0, str(Path(__file__).resolve().parent / "mesh"))
-    from meshutil import Subscriber, publish, wait_converged, wait_interest
-
-    tls = ["--tls-cert", str(pki / "node.pem"), "--tls-key", str(pki / "node.key"), "--tls-ca", str(pki / "ca.pem"),
-           "--mesh-tls", "true", "--cluster-secret", "s", "--connect", "configured", "--status-interval", "0.1"]
+    tls = [
+        "--tls-cert",
+        str(pki / "node.pem"),
+        "--tls-key",
+        str(pki / "node.key"),
+        "--tls-ca",
+        str(pki / "ca.pem"),
+        "--mesh-tls",
+        "true",
+        "--cluster-secret",
+        "s",
+        "--connect",
+        "configured",
+        "--status-interval",
+        "0.1",
+    ]
     tls_a = free_port()
     a = broker_factory("--tls-port", str(tls_a), *tls, name="a")
     b = broker_factory("--tls-port", str(free_port()), *tls, "--peer", f"127.0.0.1:{tls_a}", name="b")
@@ -120,17 +206,21 @@ def test_peer_links_over_tls(broker_factory, pki):
 
 
 def test_tls_listener_without_certificate_is_a_config_error():
-    out = subprocess.run([sys.executable, "-m", "mqttmesh", "broker", "--port", "0", "--tls-port",
-                          str(free_port())], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [sys.executable, "-m", "mqttmesh", "broker", "--port", "0", "--tls-port", str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2
     assert "tls.cert_file" in out.stderr
 
 
 def _peer_connect_over(sock) -> bytes:
     """Send a peer CONNECT (protocol 2, a well-formed nonce) and return the CONNACK's 4 bytes."""
-    import mqttraw
-    sock.sendall(mqttraw.connect("$mesh-x", clean=False, keepalive=2, username="mqttmesh-peer",
-                                 password=b"2|x|1|" + b"ab" * 16))
+    sock.sendall(
+        mqttraw.connect("$mesh-x", clean=False, keepalive=2, username="mqttmesh-peer", password=b"2|x|1|" + b"ab" * 16)
+    )
     data = b""
     while len(data) < 4:
         chunk = sock.recv(4 - len(data))
@@ -142,14 +232,25 @@ def _peer_connect_over(sock) -> bytes:
 
 def test_mutual_tls_between_peers_leaves_clients_without_certificates_alone(broker_factory, pki):
     import socket
-    import sys as _sys
-    from pathlib import Path
-    _sys.path.insert(0, str(Path(__file__).resolve().parent / "mesh"))
-    from meshutil import Subscriber, publish, wait_converged, wait_interest
 
-    tls = ["--tls-cert", str(pki / "node.pem"), "--tls-key", str(pki / "node.key"), "--tls-ca", str(pki / "ca.pem"),
-           "--mesh-tls", "true", "--mesh-tls-mutual", "true", "--cluster-secret", "s", "--connect", "configured",
-           "--status-interval", "0.1"]
+    tls = [
+        "--tls-cert",
+        str(pki / "node.pem"),
+        "--tls-key",
+        str(pki / "node.key"),
+        "--tls-ca",
+        str(pki / "ca.pem"),
+        "--mesh-tls",
+        "true",
+        "--mesh-tls-mutual",
+        "true",
+        "--cluster-secret",
+        "s",
+        "--connect",
+        "configured",
+        "--status-interval",
+        "0.1",
+    ]
     tls_a = free_port()
     a = broker_factory("--tls-port", str(tls_a), *tls, name="a")
     b = broker_factory("--tls-port", str(free_port()), *tls, "--peer", f"127.0.0.1:{tls_a}", name="b")
@@ -180,7 +281,22 @@ def test_mutual_tls_between_peers_leaves_clients_without_certificates_alone(brok
 
 
 def test_mutual_tls_needs_mesh_tls():
-    out = subprocess.run([sys.executable, "-m", "mqttmesh", "broker", "--port", "0", "--cluster-secret", "s",
-                          "--mesh-tls-mutual", "true"], capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mqttmesh",
+            "broker",
+            "--port",
+            "0",
+            "--cluster-secret",
+            "s",
+            "--mesh-tls-mutual",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 2
     assert "mesh.tls_mutual" in out.stderr

@@ -23,27 +23,34 @@ from .codec import PUBLISH, Connect, Decoder, Disconnect, MalformedPacket, Subsc
 __all__ = ["fetch_retained", "fetch_status", "format_status", "topology_edges", "Cluster"]
 
 
-def fetch_retained(host: str, port: int, topic: str, timeout: float = 5.0,
-                   username: str | None = None, password: bytes | None = None) -> bytes | None:
+def fetch_retained(
+    host: str, port: int, topic: str, timeout: float = 5.0, username: str | None = None, password: bytes | None = None
+) -> bytes | None:
     """The retained message on ``topic`` (None if there is none before the timeout)."""
     return _fetch(host, port, [topic], topic, timeout, username, password).get(topic)
 
 
-def _fetch(host: str, port: int, topics: list[str], last: str, timeout: float,
-           username: str | None, password: bytes | None) -> dict[str, bytes]:
+def _fetch(
+    host: str, port: int, topics: list[str], last: str, timeout: float, username: str | None, password: bytes | None
+) -> dict[str, bytes]:
     """Subscribe to ``topics`` (in that order) and collect what arrives until ``last`` does."""
     deadline = time.monotonic() + timeout
     got: dict[str, bytes] = {}
     with socket.create_connection((host, port), timeout=timeout) as sock:
-        sock.sendall(encode(Connect(f"admin-{os.getpid()}-{random.getrandbits(24):x}", True, 30,
-                                    username=username, password=password)))
+        sock.sendall(
+            encode(
+                Connect(
+                    f"admin-{os.getpid()}-{random.getrandbits(24):x}", True, 30, username=username, password=password
+                )
+            )
+        )
         sock.sendall(encode(Subscribe(1, [(t, 0) for t in topics])))
         decoder = Decoder()
         while time.monotonic() < deadline:
             sock.settimeout(max(0.01, deadline - time.monotonic()))
             try:
                 data = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 break
             if not data:
                 raise ConnectionError(f"{host}:{port} closed the connection")
@@ -66,12 +73,12 @@ def _fetch(host: str, port: int, topics: list[str], last: str, timeout: float,
     return got
 
 
-def fetch_status(host: str, port: int, timeout: float = 5.0, username: str | None = None,
-                 password: bytes | None = None) -> dict:
+def fetch_status(
+    host: str, port: int, timeout: float = 5.0, username: str | None = None, password: bytes | None = None
+) -> dict:
     """The node's ``$SYS/mesh/status``, with the ClientIds of ``$SYS/mesh/clients`` in its
     ``cluster`` part when the node lets this user read them (see docs/operations.md)."""
-    got = _fetch(host, port, ["$SYS/mesh/clients", "$SYS/mesh/status"], "$SYS/mesh/status", timeout,
-                 username, password)
+    got = _fetch(host, port, ["$SYS/mesh/clients", "$SYS/mesh/status"], "$SYS/mesh/status", timeout, username, password)
     if "$SYS/mesh/status" not in got:
         raise ConnectionError(f"{host}:{port} publishes no $SYS/mesh/status (is it a mesh node?)")
     status = json.loads(got["$SYS/mesh/status"])
@@ -88,17 +95,21 @@ def format_status(s: dict) -> str:
     for peer, n in s["neighbours"].items():
         link = s.get("links", {}).get(peer, {})
         srtt = f"{n['srtt_us']} us" if n.get("srtt_us") is not None else "-"
-        lines.append(f"  {peer:<16} cost {n['cost']:>7}  srtt {srtt:>9}  dialled by {link.get('dialled_by', '?'):<10}"
-                     f" envelopes out {n['envelopes_out']:>8} in {n['envelopes_in']:>8}"
-                     f"  control out {n['control_out']} in {n['control_in']}")
+        lines.append(
+            f"  {peer:<16} cost {n['cost']:>7}  srtt {srtt:>9}  dialled by {link.get('dialled_by', '?'):<10}"
+            f" envelopes out {n['envelopes_out']:>8} in {n['envelopes_in']:>8}"
+            f"  control out {n['control_out']} in {n['control_in']}"
+        )
     lines.append("")
     lines.append("nodes:")
     for node, info in s["nodes"].items():
         state = "self" if node == s["node"] else ("reachable" if info["reachable"] else "UNREACHABLE")
         hop = info.get("next_hop") or "-"
         dist = info.get("distance")
-        lines.append(f"  {node:<16} inc {info['incarnation']:<11} {state:<11} via {hop:<12} "
-                     f"distance {dist if dist is not None else '-':<8} filters {len(info['filters'])}")
+        lines.append(
+            f"  {node:<16} inc {info['incarnation']:<11} {state:<11} via {hop:<12} "
+            f"distance {dist if dist is not None else '-':<8} filters {len(info['filters'])}"
+        )
         for f in info["filters"][:10]:
             lines.append(f"      {f}")
         if len(info["filters"]) > 10:
@@ -129,7 +140,7 @@ def topology_edges(n: int, topology: str, seed: int = 1) -> list[tuple[int, int]
     if topology == "random":
         rng = random.Random(seed)
         edges = {(i, rng.randrange(i)) for i in range(1, n)}  # a random spanning tree
-        target = max(len(edges), int(n * 1.5))                # average degree about 3
+        target = max(len(edges), int(n * 1.5))  # average degree about 3
         pairs = [(i, j) for i in range(n) for j in range(i)]
         rng.shuffle(pairs)
         for i, j in pairs:
@@ -143,9 +154,19 @@ def topology_edges(n: int, topology: str, seed: int = 1) -> list[tuple[int, int]
 class Cluster:
     """N local nodes as separate processes, wired in a topology."""
 
-    def __init__(self, nodes: int, topology: str, base_port: int, host: str = "127.0.0.1",
-                 secret: str | None = None, workdir: str | None = None, data: bool = False,
-                 extra: list[str] | None = None, seed: int = 1, python: str = sys.executable):
+    def __init__(
+        self,
+        nodes: int,
+        topology: str,
+        base_port: int,
+        host: str = "127.0.0.1",
+        secret: str | None = None,
+        workdir: str | None = None,
+        data: bool = False,
+        extra: list[str] | None = None,
+        seed: int = 1,
+        python: str = sys.executable,
+    ):
         self.n = nodes
         self.topology = topology
         self.host = host
@@ -160,9 +181,22 @@ class Cluster:
         self.procs: list[subprocess.Popen] = []
 
     def command(self, i: int) -> list[str]:
-        cmd = [self.python, "-m", "mqttmesh", "broker", "--host", self.host, "--port", str(self.ports[i]),
-               "--node-id", self.names[i], "--cluster-secret", self.secret,
-               "--connect", "all" if self.topology == "full" else "configured"]
+        cmd = [
+            self.python,
+            "-m",
+            "mqttmesh",
+            "broker",
+            "--host",
+            self.host,
+            "--port",
+            str(self.ports[i]),
+            "--node-id",
+            self.names[i],
+            "--cluster-secret",
+            self.secret,
+            "--connect",
+            "all" if self.topology == "full" else "configured",
+        ]
         for a, b in self.edges:
             if a == i:
                 cmd += ["--peer", f"{self.host}:{self.ports[b]}"]
@@ -174,8 +208,9 @@ class Cluster:
         os.makedirs(self.workdir, exist_ok=True)
         for i in range(self.n):
             log = open(os.path.join(self.workdir, f"{self.names[i]}.log"), "ab")
-            self.procs.append(subprocess.Popen(self.command(i), stdout=log, stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+            self.procs.append(
+                subprocess.Popen(self.command(i), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
             log.close()
 
     def expected_neighbours(self, i: int) -> set[str]:
@@ -184,8 +219,10 @@ class Cluster:
     def converged(self) -> tuple[bool, str]:
         for i in range(self.n):
             if self.procs[i].poll() is not None:
-                raise RuntimeError(f"node {self.names[i]} exited with {self.procs[i].returncode}; "
-                                   f"see {os.path.join(self.workdir, self.names[i] + '.log')}")
+                raise RuntimeError(
+                    f"node {self.names[i]} exited with {self.procs[i].returncode}; "
+                    f"see {os.path.join(self.workdir, self.names[i] + '.log')}"
+                )
             try:
                 s = fetch_status(self.host, self.ports[i], timeout=1.0)
             except (OSError, ValueError) as exc:

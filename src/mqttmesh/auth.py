@@ -35,16 +35,35 @@ import hmac
 import os
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from typing import Literal, overload
 
 from .codec import MalformedPacket, validate_topic_filter
 from .topics import filter_matches
 
-__all__ = ["ConfigError", "hash_password", "verify_password", "PasswordFile", "Acl", "Auth",
-           "LoginThrottle", "LogBudget", "CLIENT_ID_TOPICS", "filter_covers", "READ", "WRITE", "SUBSCRIBE"]
+__all__ = [
+    "ConfigError",
+    "hash_password",
+    "verify_password",
+    "PasswordFile",
+    "Acl",
+    "Auth",
+    "LoginThrottle",
+    "LogBudget",
+    "CLIENT_ID_TOPICS",
+    "filter_covers",
+    "READ",
+    "WRITE",
+    "SUBSCRIBE",
+]
 
 READ, WRITE, SUBSCRIBE = 1, 2, 4
-_ACCESS = {"read": READ | SUBSCRIBE, "write": WRITE, "subscribe": SUBSCRIBE,
-           "readwrite": READ | WRITE | SUBSCRIBE, "deny": 0}
+_ACCESS = {
+    "read": READ | SUBSCRIBE,
+    "write": WRITE,
+    "subscribe": SUBSCRIBE,
+    "readwrite": READ | WRITE | SUBSCRIBE,
+    "deny": 0,
+}
 DEFAULT_ITERATIONS = 100_000
 
 
@@ -58,8 +77,7 @@ class ConfigError(Exception):
 def hash_password(password: str, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> str:
     salt = salt if salt is not None else os.urandom(16)
     digest = hashlib.pbkdf2_hmac("sha512", password.encode("utf-8"), salt, iterations)
-    return "$pbkdf2-sha512${}${}${}".format(
-        iterations, base64.b64encode(salt).decode(), base64.b64encode(digest).decode())
+    return f"$pbkdf2-sha512${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
 
 def verify_password(password: bytes, encoded: str) -> bool:
@@ -82,7 +100,7 @@ class PasswordFile:
         self.users: dict[str, str] = users or {}
 
     @classmethod
-    def load(cls, path: str, missing_ok: bool = False) -> "PasswordFile":
+    def load(cls, path: str, missing_ok: bool = False) -> PasswordFile:
         users = {}
         try:
             with open(path, encoding="utf-8") as fh:
@@ -91,10 +109,10 @@ class PasswordFile:
                     if not line or line.startswith("#"):
                         continue
                     user, sep, encoded = line.partition(":")
-                    if not sep or not user or not encoded.startswith("$pbkdf2-sha512$") \
-                            or encoded.count("$") != 4:
-                        raise ConfigError(f"{path}:{n}: expected 'user:$pbkdf2-sha512$...' "
-                                          f"(create entries with 'mqttmesh passwd')")
+                    if not sep or not user or not encoded.startswith("$pbkdf2-sha512$") or encoded.count("$") != 4:
+                        raise ConfigError(
+                            f"{path}:{n}: expected 'user:$pbkdf2-sha512$...' (create entries with 'mqttmesh passwd')"
+                        )
                     users[user] = encoded
         except FileNotFoundError:
             if not missing_ok:
@@ -146,15 +164,15 @@ def filter_covers(rule: str, topic_filter: str) -> bool:
 
 @dataclass
 class _Rule:
-    access: int           # bit set; 0 for deny
-    topic: str            # a topic filter, maybe with %c/%u
-    pattern: bool         # substitute %c and %u
+    access: int  # bit set; 0 for deny
+    topic: str  # a topic filter, maybe with %c/%u
+    pattern: bool  # substitute %c and %u
 
 
 @dataclass
 class _Block:
     user: str | None = None
-    client: str | None = None   # fnmatch pattern on the ClientId
+    client: str | None = None  # fnmatch pattern on the ClientId
     rules: list[_Rule] = field(default_factory=list)
 
     def applies(self, username: str | None, client_id: str) -> bool:
@@ -174,7 +192,7 @@ class Acl:
         self.blocks = blocks
 
     @classmethod
-    def parse(cls, text: str, source: str = "<acl>") -> "Acl":
+    def parse(cls, text: str, source: str = "<acl>") -> Acl:
         blocks = [_Block()]
         for n, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()  # only whole-line comments: '#' is also a wildcard
@@ -190,8 +208,9 @@ class Acl:
             elif keyword in ("topic", "pattern") and len(words) in (2, 3):
                 access_word = words[1] if len(words) == 3 else "readwrite"
                 if access_word not in _ACCESS:
-                    raise ConfigError(f"{where}: unknown access {access_word!r} "
-                                      f"(read, write, subscribe, readwrite or deny)")
+                    raise ConfigError(
+                        f"{where}: unknown access {access_word!r} (read, write, subscribe, readwrite or deny)"
+                    )
                 topic = words[-1]
                 try:
                     validate_topic_filter(topic)
@@ -199,12 +218,14 @@ class Acl:
                     raise ConfigError(f"{where}: invalid topic filter {topic!r}: {exc.detail}") from None
                 blocks[-1].rules.append(_Rule(_ACCESS[access_word], topic, keyword == "pattern"))
             else:
-                raise ConfigError(f"{where}: cannot parse {raw.strip()!r} (expected 'user NAME', "
-                                  f"'client PATTERN', 'topic [ACCESS] FILTER' or 'pattern [ACCESS] FILTER')")
+                raise ConfigError(
+                    f"{where}: cannot parse {raw.strip()!r} (expected 'user NAME', "
+                    f"'client PATTERN', 'topic [ACCESS] FILTER' or 'pattern [ACCESS] FILTER')"
+                )
         return cls(blocks)
 
     @classmethod
-    def load(cls, path: str) -> "Acl":
+    def load(cls, path: str) -> Acl:
         try:
             with open(path, encoding="utf-8") as fh:
                 return cls.parse(fh.read(), path)
@@ -283,8 +304,13 @@ class Auth:
     guess faster, telling its sender that someone tried the same pair recently.
     """
 
-    def __init__(self, allow_anonymous: bool = True, passwords: PasswordFile | None = None,
-                 acl: Acl | None = None, cache_size: int = 10_000):
+    def __init__(
+        self,
+        allow_anonymous: bool = True,
+        passwords: PasswordFile | None = None,
+        acl: Acl | None = None,
+        cache_size: int = 10_000,
+    ):
         self.allow_anonymous = allow_anonymous
         self.passwords = passwords
         self.acl = acl
@@ -353,8 +379,8 @@ class Auth:
 
 def _usual_iterations(passwords: PasswordFile | None) -> int:
     """The iteration count most users of the file have (the dummy hash's)."""
-    counts = Counter()
-    for encoded in (passwords.users.values() if passwords is not None else ()):
+    counts: Counter[int] = Counter()
+    for encoded in passwords.users.values() if passwords is not None else ():
         try:
             counts[int(encoded.split("$")[2])] += 1
         except (IndexError, ValueError):
@@ -369,10 +395,10 @@ class _Failures:
     __slots__ = ("count", "last", "in_flight", "next_at")
 
     def __init__(self):
-        self.count = 0          # failures since the window last forgave this key
-        self.last = 0.0         # time of the last failure
-        self.in_flight = 0      # logins admitted by ``wait`` and not yet settled
-        self.next_at = 0.0      # the latest check time given out to a delayed login
+        self.count = 0  # failures since the window last forgave this key
+        self.last = 0.0  # time of the last failure
+        self.in_flight = 0  # logins admitted by ``wait`` and not yet settled
+        self.next_at = 0.0  # the latest check time given out to a delayed login
 
 
 class LoginThrottle:
@@ -397,8 +423,14 @@ class LoginThrottle:
     many (address, user) pairs, least recently used forgotten first.
     """
 
-    def __init__(self, threshold: int = 3, delay: float = 0.5, delay_max: float = 30.0,
-                 window: float = 600.0, max_entries: int = 50_000):
+    def __init__(
+        self,
+        threshold: int = 3,
+        delay: float = 0.5,
+        delay_max: float = 30.0,
+        window: float = 600.0,
+        max_entries: int = 50_000,
+    ):
         self.threshold = threshold
         self.delay = delay
         self.delay_max = delay_max
@@ -415,9 +447,9 @@ class LoginThrottle:
         excess = failures - self.threshold
         if excess < 0:
             return 0.0
-        if excess >= 64 or self.delay * 2.0 ** excess >= self.delay_max:
+        if excess >= 64 or self.delay * 2.0**excess >= self.delay_max:
             return self.delay_max
-        return self.delay * 2.0 ** excess
+        return self.delay * 2.0**excess
 
     def wait(self, address: str, user: str | None, now: float) -> float | None:
         """Seconds to wait before checking this login, or None to refuse it unchecked.
@@ -484,6 +516,10 @@ class LoginThrottle:
             if entry is not None and not entry.count and not entry.in_flight:
                 del self._keys[key]
 
+    @overload
+    def _entry(self, key: tuple[str, str], now: float, create: Literal[True]) -> _Failures: ...
+    @overload
+    def _entry(self, key: tuple[str, str], now: float, create: Literal[False]) -> _Failures | None: ...
     def _entry(self, key: tuple[str, str], now: float, create: bool) -> _Failures | None:
         keys = self._keys
         entry = keys.get(key)

@@ -22,21 +22,42 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import codec
-from .codec import (CONNECT, CONNACK, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBCOMP, PUBLISH,
-                    PUBREC, PUBREL, SUBACK, SUBSCRIBE, UNSUBACK, UNSUBSCRIBE, Decoder,
-                    MalformedPacket, PACKET_NAMES)
+from .codec import (
+    CONNACK,
+    CONNECT,
+    DISCONNECT,
+    PACKET_NAMES,
+    PINGREQ,
+    PINGRESP,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    SUBACK,
+    SUBSCRIBE,
+    UNSUBACK,
+    UNSUBSCRIBE,
+    Decoder,
+    MalformedPacket,
+    Will,
+)
+from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthError, parse_connect
 from .message import Message
-from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, PeerAuthError, parse_connect
 
-__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED",
-           "TRANSITIONS"]
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
 
 AWAIT_CONNECT = "await-connect"
 AUTHENTICATING = "authenticating"
-CLAIMING = "claiming"          # in a mesh: the ClientId is being claimed, the session gathered
-PEER_AUTH = "peer-auth"        # a provisional peer: CONNACK sent, the proofs of the secret pending
+CLAIMING = "claiming"  # in a mesh: the ClientId is being claimed, the session gathered
+PEER_AUTH = "peer-auth"  # a provisional peer: CONNACK sent, the proofs of the secret pending
 CONNECTED = "connected"
 CLOSED = "closed"
 
@@ -68,11 +89,38 @@ class ProtocolViolation(Exception):
 
 
 class Channel:
-    __slots__ = ("broker", "owner", "peer", "state", "decoder", "session", "client_id",
-                 "username", "will", "keepalive", "last_rx", "opened_at", "close_reason",
-                 "clean_disconnect", "_out", "_held", "is_peer", "peer_node", "_pending_connect",
-                 "_processing", "blocked", "_cap_on", "_cap_next", "_cap_base", "_cap_segs", "_cap_skips",
-                 "_peer_auth", "_peer_filter", "certified", "__weakref__")
+    __slots__ = (
+        "broker",
+        "owner",
+        "peer",
+        "state",
+        "decoder",
+        "session",
+        "client_id",
+        "username",
+        "will",
+        "keepalive",
+        "last_rx",
+        "opened_at",
+        "close_reason",
+        "clean_disconnect",
+        "_out",
+        "_held",
+        "is_peer",
+        "peer_node",
+        "_pending_connect",
+        "_processing",
+        "blocked",
+        "_cap_on",
+        "_cap_next",
+        "_cap_base",
+        "_cap_segs",
+        "_cap_skips",
+        "_peer_auth",
+        "_peer_filter",
+        "certified",
+        "__weakref__",
+    )
 
     def __init__(self, broker, owner, peer: str, now: float, certified: bool = False):
         self.broker = broker
@@ -83,24 +131,24 @@ class Channel:
         # before CONNACK only a CONNECT within the pre-auth limit is read (section 3.1)
         settings = broker.settings
         self.decoder = Decoder(min(settings.max_connect_size, settings.max_packet_size))
-        self.session = None
+        self.session: Session | None = None
         self.client_id = ""
-        self.username = None
-        self.will = None
+        self.username: str | None = None
+        self.will: Will | None = None
         self.keepalive = 0
         self.last_rx = now
         self.opened_at = now
-        self.close_reason = None
+        self.close_reason: str | None = None
         self.clean_disconnect = False
-        self.is_peer = False     # a peer link from another mesh node (mesh/peerauth.py)
-        self.peer_node = None
-        self._pending_connect = None
+        self.is_peer = False  # a peer link from another mesh node (mesh/peerauth.py)
+        self.peer_node: str | None = None
+        self._pending_connect: codec.Connect | None = None
         self._processing = False
         # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
         # client are dropped (session.py) until the output drains
         self.blocked = False
-        self._peer_auth = None     # PEER_AUTH: the listener's half of the handshake (peerauth.py)
-        self._peer_filter = None   # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
+        self._peer_auth: ListenerAuth | None = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
+        self._peer_filter: tuple[str, int] | None = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
         # the archive's capture of the read being processed (archive/reads.py): on, the
         # seq the next message continues the current segment with, the ordinal after
         # the last skip, segments and skips (a list once there is a skip, which is rare);
@@ -129,8 +177,7 @@ class Channel:
                     # refused at the first byte, without waiting for the body it announces
                     self.broker.stats.protocol_errors += 1
                     rule = "MQTT-2.2.2-2" if first >> 4 == CONNECT else "MQTT-3.1.0-1"
-                    return self.close(f"protocol violation: [{rule}] first byte 0x{first:02x} "
-                                      f"is not a CONNECT header")
+                    return self.close(f"protocol violation: [{rule}] first byte 0x{first:02x} is not a CONNECT header")
             elif decoder.buffered > decoder.max_packet_size + PREAUTH_READ_SLACK:
                 # the owner stops reading while the CONNECT is checked; this is the backstop
                 return self.close("more data before CONNACK than one read behind the CONNECT")
@@ -165,8 +212,9 @@ class Channel:
                 if self._cap_next >= 0 or self._cap_skips:  # PUBLISH packets in this read
                     count = self._cap_ordinal()
                     if count > len(self._cap_skips):
-                        capture(self.client_id, now + self.broker.wall_offset, keep, self._cap_segs,
-                                self._cap_skips, count)
+                        capture(
+                            self.client_id, now + self.broker.wall_offset, keep, self._cap_segs, self._cap_skips, count
+                        )
                     self._cap_next = -1
                     self._cap_base = 0
                     self._cap_segs = []
@@ -216,8 +264,10 @@ class Channel:
             self.close("no CONNECT within the connect timeout")
         elif self.state is PEER_AUTH and now >= self.opened_at + self.broker.settings.connect_timeout:
             self.broker.stats.connections_refused += 1
-            self.close(f"peer {self._peer_auth.handshake.dialler!r} did not prove the cluster secret "
-                       f"within the connect timeout")
+            self.close(
+                f"peer {self._peer_auth.handshake.dialler!r} did not prove the cluster secret "
+                f"within the connect timeout"
+            )
         elif self.state is CONNECTED and self.keepalive and now >= self.last_rx + 1.5 * self.keepalive:
             if self in self.broker.congestion.paused:
                 # we stopped reading this publisher (flow.py): its silence is ours, not its
@@ -269,8 +319,9 @@ class Channel:
 
     def _on_connect(self, pkt: codec.Connect, now: float) -> None:
         if pkt.protocol_level != 4 or pkt.protocol_name != "MQTT":
-            return self._refuse(BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} "
-                                              f"level {pkt.protocol_level}")  # [MQTT-3.1.2-2]
+            return self._refuse(
+                BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} level {pkt.protocol_level}"
+            )  # [MQTT-3.1.2-2]
         if not pkt.client_id and not pkt.clean_session:
             return self._refuse(ID_REJECTED, "empty ClientId with CleanSession=0")  # [MQTT-3.1.3-8]
         if len(pkt.client_id.encode()) > self.broker.settings.max_client_id_length:
@@ -281,7 +332,6 @@ class Channel:
         self.will = pkt.will
         self.state = AUTHENTICATING
         self._pending_connect = pkt
-        mesh = self.broker.mesh
         if pkt.username == PEER_USERNAME:
             return self._on_peer_connect(pkt, now)
         if pkt.client_id.startswith("$mesh"):
@@ -320,8 +370,7 @@ class Channel:
             return
         journal = broker.journal
         before = journal.writes if journal is not None else 0
-        session, present = broker.open_session(self, self.client_id, pkt.clean_session,
-                                               durable=not self.is_peer)
+        session, present = broker.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
         batch = journal.batch if journal is not None and journal.writes != before else 0
         self._connected(session, present, now, batch)
@@ -365,15 +414,19 @@ class Channel:
         if peer.version != PEER_PROTOCOL:
             # a rolling upgrade meets an older or newer node: say so, both versions named
             who = peer.node or pkt.client_id.removeprefix("$mesh-")
-            return self._accept(BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {peer.version}, "
-                                                      f"this node {PEER_PROTOCOL}")
+            return self._accept(
+                BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {peer.version}, this node {PEER_PROTOCOL}"
+            )
         if pkt.client_id != f"$mesh-{peer.node}":
             return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
         if peer.node == self.broker.node_id:
             return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
         if mesh.peer_certificate_required and not self.certified:
-            return self._accept(NOT_AUTHORIZED, now, "a peer link needs a TLS client certificate signed "
-                                                     "by tls.ca_file (mesh.tls_mutual)")
+            return self._accept(
+                NOT_AUTHORIZED,
+                now,
+                "a peer link needs a TLS client certificate signed by tls.ca_file (mesh.tls_mutual)",
+            )
         # CONNACK now, so that the dialler can subscribe and take our challenge; but the
         # ClientId is not taken over (that would let anyone close a peer's link) and nothing
         # is routed here until the dialler has proved the secret (_on_peer_proof)
@@ -399,8 +452,9 @@ class Channel:
         dialler = auth.handshake.dialler
         try:
             if self._peer_filter is None or pkt.qos or pkt.retain or pkt.topic != f"$mesh/from/{dialler}/auth":
-                raise PeerAuthError(f"provisional peer {dialler!r} sent a PUBLISH on {pkt.topic!r} "
-                                    f"before proving the cluster secret")
+                raise PeerAuthError(
+                    f"provisional peer {dialler!r} sent a PUBLISH on {pkt.topic!r} before proving the cluster secret"
+                )
             auth.check_dialler(pkt.payload)
         except PeerAuthError as exc:
             self.broker.stats.connections_refused += 1
@@ -430,7 +484,7 @@ class Channel:
         if qos == 0:
             self._publish(Message(pkt.topic, pkt.payload, 0, pkt.retain), now)
             return
-        pid = pkt.packet_id
+        pid: int = pkt.packet_id  # type: ignore[assignment]  # (QoS 1 or 2: the decoder read an id)
         if qos == 1:
             batch = self._publish(Message(pkt.topic, pkt.payload, 1, pkt.retain), now)
             if not batch and not self._held:
@@ -447,8 +501,7 @@ class Channel:
             self.write(_ack(_PUBREC, pid))
             return
         if len(awaiting) >= session.limits.max_awaiting_rel:
-            raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL "
-                                                    "(limits.max_awaiting_rel)")
+            raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
         batch = self._publish(Message(pkt.topic, pkt.payload, 2, pkt.retain), now)
         awaiting.add(pid)
         if session.durable:
@@ -462,8 +515,9 @@ class Channel:
         broker.stats.messages_received += 1
         topic = msg.topic
         auth = broker.auth
-        if (topic[0] == "$" and not self.is_peer) or (not self.is_peer and auth.acl is not None and
-                                                       not auth.can_publish(self.username, self.client_id, topic)):
+        if (topic[0] == "$" and not self.is_peer) or (
+            not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
+        ):
             # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
             broker.stats.publish_denied += 1
             if self._cap_on:
@@ -561,7 +615,8 @@ class Channel:
                 refused = not topic_filter.startswith(f"$mesh/to/{self.peer_node}/")
             else:
                 refused = topic_filter.startswith("$mesh") or not auth.can_subscribe(
-                    self.username, self.client_id, topic_filter)
+                    self.username, self.client_id, topic_filter
+                )
             if refused:
                 codes.append(0x80)
                 continue
@@ -632,7 +687,7 @@ def _violation(state: str, ptype: int) -> ProtocolViolation:
 
 
 # state -> {packet type -> handler}; anything else is a protocol violation (see _violation)
-TRANSITIONS = {
+TRANSITIONS: dict[str, dict[int, Callable[[Channel, Any, float], None]]] = {
     AWAIT_CONNECT: {CONNECT: Channel._on_connect},
     AUTHENTICATING: {},
     CLAIMING: {},

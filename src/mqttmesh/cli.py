@@ -19,8 +19,7 @@ log = logging.getLogger("mqttmesh")
 
 
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def _install_loop_policy() -> str:
@@ -57,8 +56,7 @@ def cmd_broker(args: argparse.Namespace) -> int:
             print(f"mqttmesh: {exc}", file=sys.stderr)
             return 2
         except OSError as exc:
-            print(f"mqttmesh: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}",
-                  file=sys.stderr)
+            print(f"mqttmesh: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
         log.info("event loop: %s", loop_kind)
         await stop.wait()
@@ -106,10 +104,12 @@ def cmd_mesh_status(args: argparse.Namespace) -> int:
     import json
 
     from .admin import fetch_status, format_status
+
     try:
         password = args.password if args.password is not None else os.environ.get("MQTTMESH_PASSWORD")
-        status = fetch_status(args.host, args.port, args.timeout, args.username,
-                              password.encode() if password is not None else None)
+        status = fetch_status(
+            args.host, args.port, args.timeout, args.username, password.encode() if password is not None else None
+        )
     except (OSError, ValueError) as exc:
         print(f"mqttmesh mesh status: {exc}", file=sys.stderr)
         return 1
@@ -119,9 +119,19 @@ def cmd_mesh_status(args: argparse.Namespace) -> int:
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
     from .admin import Cluster
+
     try:
-        cluster = Cluster(args.nodes, args.topology, args.base_port, args.host, args.secret,
-                          args.workdir, args.data, args.extra or [], args.seed)
+        cluster = Cluster(
+            args.nodes,
+            args.topology,
+            args.base_port,
+            args.host,
+            args.secret,
+            args.workdir,
+            args.data,
+            args.extra or [],
+            args.seed,
+        )
     except ValueError as exc:
         print(f"mqttmesh cluster up: {exc}", file=sys.stderr)
         return 2
@@ -130,8 +140,10 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
     # a shell that starts us in the background leaves SIGINT ignored; kill -INT (like Ctrl-C)
     # must still stop every node
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    print(f"mqttmesh {__version__}: starting {args.nodes} nodes, topology {args.topology} "
-          f"(logs in {cluster.workdir})", flush=True)
+    print(
+        f"mqttmesh {__version__}: starting {args.nodes} nodes, topology {args.topology} (logs in {cluster.workdir})",
+        flush=True,
+    )
     cluster.start()
     try:
         took = cluster.wait_converged(args.timeout)
@@ -140,7 +152,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             peers = ", ".join(sorted(cluster.expected_neighbours(i)))
             print(f"  {name}  mqtt://{cluster.host}:{cluster.ports[i]}   links: {peers}")
         a, b = cluster.ports[0], cluster.ports[-1]
-        print(f"""
+        print(
+            f"""
 Subscribe on one node and publish on another:
     mosquitto_sub -h {cluster.host} -p {a} -t 'demo/#' -v
     mosquitto_pub -h {cluster.host} -p {b} -t demo/hello -m 'hello from {cluster.names[-1]}'
@@ -149,10 +162,12 @@ What a node knows of the mesh:
 Another node joining this mesh:
     mqttmesh broker --port {cluster.ports[-1] + 1} --cluster-secret {cluster.secret} --peer {cluster.host}:{a}
 
-Ctrl-C stops every node.""", flush=True)
+Ctrl-C stops every node.""",
+            flush=True,
+        )
         while not stop and all(p.poll() is None for p in cluster.procs):
             time.sleep(0.2)
-        for name, p in zip(cluster.names, cluster.procs):
+        for name, p in zip(cluster.names, cluster.procs, strict=False):
             if p.poll() is not None and not stop:
                 print(f"node {name} exited with {p.returncode}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -168,23 +183,38 @@ Ctrl-C stops every node.""", flush=True)
 
 def cmd_analyze(args: argparse.Namespace) -> int:
     from .pipeline.cli import run  # pyspark is imported only here, not by the broker
+
     return run(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
+
     return run_demo(args)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .sim.cli import run  # the simulator (and matplotlib) only when asked for
+
     return run(args)
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
     """What `make run` starts: a three-node full mesh on 127.0.0.1:1883-1885."""
-    return main(["cluster", "up", "--nodes", str(args.nodes), "--topology", "full",
-                 "--base-port", str(args.port), "--host", args.host])
+    return main(
+        [
+            "cluster",
+            "up",
+            "--nodes",
+            str(args.nodes),
+            "--topology",
+            "full",
+            "--base-port",
+            str(args.port),
+            "--host",
+            args.host,
+        ]
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -210,16 +240,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("analyze", help="run a Spark job of the data pipeline over the archive (docs/pipeline.md)")
     from .pipeline.cli import add_arguments as add_analyze_arguments  # argparse only, no pyspark
+
     add_analyze_arguments(p)
     p.set_defaults(func=cmd_analyze)
 
     p = sub.add_parser("demo", help="a sensor workload on a local mesh, then its traffic and payload reports")
     from .demo import add_arguments as add_demo_arguments
+
     add_demo_arguments(p)
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("simulate", help="run a scenario on the discrete-event simulator (docs/simulation.md)")
     from .sim.cli import add_arguments as add_simulate_arguments  # argparse only
+
     add_simulate_arguments(p)
     p.set_defaults(func=cmd_simulate)
 
@@ -236,8 +269,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--port", type=int, default=1883)
     q.add_argument("--json", action="store_true", help="the raw status document")
     q.add_argument("--timeout", type=float, default=5.0)
-    q.add_argument("--username", help="user name to log in with (the ClientIds in the status need "
-                   "a verified user or an ACL grant of $SYS/mesh/clients)")
+    q.add_argument(
+        "--username",
+        help="user name to log in with (the ClientIds in the status need "
+        "a verified user or an ACL grant of $SYS/mesh/clients)",
+    )
     q.add_argument("--password", help="its password (default: $MQTTMESH_PASSWORD)")
     q.set_defaults(func=cmd_mesh_status)
 

@@ -9,39 +9,93 @@ the standard they break when they do not).
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 __all__ = [
-    "CONNECT", "CONNACK", "PUBLISH", "PUBACK", "PUBREC", "PUBREL", "PUBCOMP",
-    "SUBSCRIBE", "SUBACK", "UNSUBSCRIBE", "UNSUBACK", "PINGREQ", "PINGRESP",
-    "DISCONNECT", "PACKET_NAMES", "MalformedPacket", "Will", "Connect", "ConnAck",
-    "Publish", "PubAck", "PubRec", "PubRel", "PubComp", "Subscribe", "SubAck",
-    "Unsubscribe", "UnsubAck", "PingReq", "PingResp", "Disconnect", "Decoder",
-    "encode", "encode_publish", "encode_remaining_length", "validate_topic_name",
-    "validate_topic_filter", "DEFAULT_MAX_PACKET_SIZE",
+    "CONNECT",
+    "CONNACK",
+    "PUBLISH",
+    "PUBACK",
+    "PUBREC",
+    "PUBREL",
+    "PUBCOMP",
+    "SUBSCRIBE",
+    "SUBACK",
+    "UNSUBSCRIBE",
+    "UNSUBACK",
+    "PINGREQ",
+    "PINGRESP",
+    "DISCONNECT",
+    "PACKET_NAMES",
+    "MalformedPacket",
+    "Will",
+    "Connect",
+    "ConnAck",
+    "Publish",
+    "PubAck",
+    "PubRec",
+    "PubRel",
+    "PubComp",
+    "Subscribe",
+    "SubAck",
+    "Unsubscribe",
+    "UnsubAck",
+    "PingReq",
+    "PingResp",
+    "Disconnect",
+    "Decoder",
+    "encode",
+    "encode_publish",
+    "encode_remaining_length",
+    "validate_topic_name",
+    "validate_topic_filter",
+    "DEFAULT_MAX_PACKET_SIZE",
 ]
 
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
 
 PACKET_NAMES = {
-    0: "Reserved(0)", CONNECT: "CONNECT", CONNACK: "CONNACK", PUBLISH: "PUBLISH",
-    PUBACK: "PUBACK", PUBREC: "PUBREC", PUBREL: "PUBREL", PUBCOMP: "PUBCOMP",
-    SUBSCRIBE: "SUBSCRIBE", SUBACK: "SUBACK", UNSUBSCRIBE: "UNSUBSCRIBE",
-    UNSUBACK: "UNSUBACK", PINGREQ: "PINGREQ", PINGRESP: "PINGRESP",
-    DISCONNECT: "DISCONNECT", 15: "Reserved(15)",
+    0: "Reserved(0)",
+    CONNECT: "CONNECT",
+    CONNACK: "CONNACK",
+    PUBLISH: "PUBLISH",
+    PUBACK: "PUBACK",
+    PUBREC: "PUBREC",
+    PUBREL: "PUBREL",
+    PUBCOMP: "PUBCOMP",
+    SUBSCRIBE: "SUBSCRIBE",
+    SUBACK: "SUBACK",
+    UNSUBSCRIBE: "UNSUBSCRIBE",
+    UNSUBACK: "UNSUBACK",
+    PINGREQ: "PINGREQ",
+    PINGRESP: "PINGRESP",
+    DISCONNECT: "DISCONNECT",
+    15: "Reserved(15)",
 }
 
 # Table 2.2: the only flag nibble allowed for each type other than PUBLISH.
 _REQUIRED_FLAGS = {
-    CONNECT: 0, CONNACK: 0, PUBACK: 0, PUBREC: 0, PUBREL: 2, PUBCOMP: 0,
-    SUBSCRIBE: 2, SUBACK: 0, UNSUBSCRIBE: 2, UNSUBACK: 0, PINGREQ: 0,
-    PINGRESP: 0, DISCONNECT: 0,
+    CONNECT: 0,
+    CONNACK: 0,
+    PUBACK: 0,
+    PUBREC: 0,
+    PUBREL: 2,
+    PUBCOMP: 0,
+    SUBSCRIBE: 2,
+    SUBACK: 0,
+    UNSUBSCRIBE: 2,
+    UNSUBACK: 0,
+    PINGREQ: 0,
+    PINGRESP: 0,
+    DISCONNECT: 0,
 }
 _FLAG_RULES = {
-    PUBREL: "MQTT-3.6.1-1", SUBSCRIBE: "MQTT-3.8.1-1", UNSUBSCRIBE: "MQTT-3.10.1-1",
+    PUBREL: "MQTT-3.6.1-1",
+    SUBSCRIBE: "MQTT-3.8.1-1",
+    UNSUBSCRIBE: "MQTT-3.10.1-1",
     DISCONNECT: "MQTT-3.14.1-1",
 }
-
 
 
 def _first_byte_ok(first: int) -> bool:
@@ -57,7 +111,7 @@ def _first_byte_ok(first: int) -> bool:
 _FIRST_OK = bytes(_first_byte_ok(b) for b in range(256))
 
 
-def first_byte_error(first: int) -> "MalformedPacket":
+def first_byte_error(first: int) -> MalformedPacket:
     """Why ``first`` cannot start a packet (it is not in ``_FIRST_OK``)."""
     ptype, flags = first >> 4, first & 0x0F
     if ptype not in _REQUIRED_FLAGS and ptype != PUBLISH:
@@ -66,8 +120,9 @@ def first_byte_error(first: int) -> "MalformedPacket":
         if (flags >> 1) & 0x03 == 3:
             return MalformedPacket("MQTT-3.3.1-4", "PUBLISH with QoS 3")
         return MalformedPacket("MQTT-3.3.1-2", "DUP set on a QoS 0 PUBLISH")
-    return MalformedPacket(_FLAG_RULES.get(ptype, "MQTT-2.2.2-2"),
-                           f"invalid flags 0x{flags:x} for {PACKET_NAMES[ptype]}")
+    return MalformedPacket(
+        _FLAG_RULES.get(ptype, "MQTT-2.2.2-2"), f"invalid flags 0x{flags:x} for {PACKET_NAMES[ptype]}"
+    )
 
 
 # the largest packet MQTT can express: 1 type byte + 4 length bytes + 268,435,455
@@ -117,14 +172,29 @@ class _Packet:
 
 
 class Connect(_Packet):
-    __slots__ = ("client_id", "clean_session", "keepalive", "will", "username",
-                 "password", "protocol_name", "protocol_level")
+    __slots__ = (
+        "client_id",
+        "clean_session",
+        "keepalive",
+        "will",
+        "username",
+        "password",
+        "protocol_name",
+        "protocol_level",
+    )
     type = CONNECT
 
-    def __init__(self, client_id: str = "", clean_session: bool = True, keepalive: int = 60,
-                 will: Will | None = None, username: str | None = None,
-                 password: bytes | None = None, protocol_name: str = "MQTT",
-                 protocol_level: int = 4):
+    def __init__(
+        self,
+        client_id: str = "",
+        clean_session: bool = True,
+        keepalive: int = 60,
+        will: Will | None = None,
+        username: str | None = None,
+        password: bytes | None = None,
+        protocol_name: str = "MQTT",
+        protocol_level: int = 4,
+    ):
         self.client_id, self.clean_session, self.keepalive = client_id, clean_session, keepalive
         self.will, self.username, self.password = will, username, password
         self.protocol_name, self.protocol_level = protocol_name, protocol_level
@@ -142,8 +212,15 @@ class Publish(_Packet):
     __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id")
     type = PUBLISH
 
-    def __init__(self, topic: str, payload: bytes = b"", qos: int = 0, retain: bool = False,
-                 dup: bool = False, packet_id: int | None = None):
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int | None = None,
+    ):
         self.topic, self.payload, self.qos = topic, payload, qos
         self.retain, self.dup, self.packet_id = retain, dup, packet_id
 
@@ -289,7 +366,7 @@ class _Reader:
         length = self.u16()
         if self.pos + length > self.end:
             raise MalformedPacket("MQTT-4.8.0-1", f"{self.name}: field length {length} overruns the packet")
-        value = bytes(self.buf[self.pos:self.pos + length])
+        value = bytes(self.buf[self.pos : self.pos + length])
         self.pos += length
         return value
 
@@ -297,7 +374,7 @@ class _Reader:
         return _decode_utf8(self.binary(), what)
 
     def rest(self) -> bytes:
-        value = bytes(self.buf[self.pos:self.end])
+        value = bytes(self.buf[self.pos : self.end])
         self.pos = self.end
         return value
 
@@ -318,8 +395,7 @@ def _decode_connect(r: _Reader, flags: int) -> Connect:
     level = r.u8()
     cflags = r.u8()
     keepalive = r.u16()
-    pkt = Connect(protocol_name=name, protocol_level=level, keepalive=keepalive,
-                  clean_session=bool(cflags & 0x02))
+    pkt = Connect(protocol_name=name, protocol_level=level, keepalive=keepalive, clean_session=bool(cflags & 0x02))
     if name == "MQIsdp":
         return pkt  # MQTT 3.1: the caller answers CONNACK 0x01 so the client can fall back
     if name != "MQTT":
@@ -381,6 +457,7 @@ def _decode_id_only(cls):
         pkt = cls(_packet_id(r, PACKET_NAMES[cls.type]))
         _expect_end(r)
         return pkt
+
     return decode
 
 
@@ -424,6 +501,7 @@ def _decode_empty(cls):
     def decode(r: _Reader, flags: int):
         _expect_end(r)
         return cls()
+
     return decode
 
 
@@ -512,7 +590,8 @@ class Decoder:
                 if i - pos + length > self.max_packet_size:
                     raise MalformedPacket(
                         "MQTT-4.8.0-1",
-                        f"packet of {i - pos + length} bytes exceeds the maximum packet size {self.max_packet_size}")
+                        f"packet of {i - pos + length} bytes exceeds the maximum packet size {self.max_packet_size}",
+                    )
                 end = i + length
                 if end > size:
                     return
@@ -526,10 +605,11 @@ class Decoder:
                     if tend > end:
                         raise MalformedPacket("MQTT-4.8.0-1", "PUBLISH topic overruns the packet")
                     try:
-                        topic = buf[i + 2:tend].decode("utf-8")
+                        topic = buf[i + 2 : tend].decode("utf-8")
                     except UnicodeDecodeError as exc:
-                        raise MalformedPacket("MQTT-1.5.3-1", f"topic name is not well-formed UTF-8 "
-                                                              f"({exc.reason})") from None
+                        raise MalformedPacket(
+                            "MQTT-1.5.3-1", f"topic name is not well-formed UTF-8 ({exc.reason})"
+                        ) from None
                     if not topic or "+" in topic or "#" in topic or "\x00" in topic:
                         _decode_publish(_Reader(buf, i, end, "PUBLISH"), first & 0x0F)
                     if qos:
@@ -538,8 +618,7 @@ class Decoder:
                         pid = (buf[tend] << 8) | buf[tend + 1]
                         if not pid:
                             raise MalformedPacket("MQTT-2.3.1-1", "PUBLISH with packet identifier 0")
-                        packet = Publish(topic, bytes(buf[tend + 2:end]), qos, first & 1 == 1,
-                                         first & 8 == 8, pid)
+                        packet = Publish(topic, bytes(buf[tend + 2 : end]), qos, first & 1 == 1, first & 8 == 8, pid)
                     else:
                         packet = Publish(topic, bytes(buf[tend:end]), 0, first & 1 == 1, False, None)
                     pos = end
@@ -557,8 +636,9 @@ class Decoder:
                 if decode is None:
                     raise MalformedPacket("MQTT-2.2.2-1", f"reserved packet type {ptype}")
                 if ptype != PUBLISH and flags != _REQUIRED_FLAGS[ptype]:
-                    raise MalformedPacket(_FLAG_RULES.get(ptype, "MQTT-2.2.2-2"),
-                                          f"invalid flags 0x{flags:x} for {PACKET_NAMES[ptype]}")
+                    raise MalformedPacket(
+                        _FLAG_RULES.get(ptype, "MQTT-2.2.2-2"), f"invalid flags 0x{flags:x} for {PACKET_NAMES[ptype]}"
+                    )
                 packet = decode(_Reader(buf, i, end, PACKET_NAMES[ptype]), flags)
                 pos = end
                 yield packet
@@ -604,8 +684,9 @@ def _frame(first: int, body: bytes) -> bytes:
     return bytes((first,)) + encode_remaining_length(len(body)) + body
 
 
-def encode_publish(topic: bytes, payload: bytes, qos: int = 0, retain: bool = False,
-                   dup: bool = False, packet_id: int | None = None) -> bytes:
+def encode_publish(
+    topic: bytes, payload: bytes, qos: int = 0, retain: bool = False, dup: bool = False, packet_id: int | None = None
+) -> bytes:
     """One PUBLISH frame; ``topic`` is already UTF-8 encoded (the hot path reuses it)."""
     first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
     tlen = len(topic)
@@ -620,12 +701,16 @@ def encode_publish(topic: bytes, payload: bytes, qos: int = 0, retain: bool = Fa
     return bytes((first,)) + encode_remaining_length(length) + head + payload
 
 
-def encode(packet: _Packet) -> bytes:
-    """Serialize any packet (both directions: a peer link is a client too)."""
+def encode(packet: Any) -> bytes:
+    """Serialize any packet (both directions: a peer link is a client too).
+
+    (``packet`` is any ``_Packet``; typed Any because the fields read depend on
+    ``packet.type``, which a type checker cannot narrow on.)"""
     t = packet.type
     if t == PUBLISH:
-        return encode_publish(packet.topic.encode("utf-8"), packet.payload, packet.qos,
-                              packet.retain, packet.dup, packet.packet_id)
+        return encode_publish(
+            packet.topic.encode("utf-8"), packet.payload, packet.qos, packet.retain, packet.dup, packet.packet_id
+        )
     if t in (PUBACK, PUBREC, PUBCOMP, UNSUBACK):
         return bytes((t << 4, 2)) + _U16.pack(packet.packet_id)
     if t == PUBREL:
@@ -654,7 +739,8 @@ def encode(packet: _Packet) -> bytes:
         if packet.password is not None:
             flags |= 0x40
             payload += _bin(packet.password)
-        body = (_str(packet.protocol_name) + bytes((packet.protocol_level, flags))
-                + _U16.pack(packet.keepalive) + payload)
+        body = (
+            _str(packet.protocol_name) + bytes((packet.protocol_level, flags)) + _U16.pack(packet.keepalive) + payload
+        )
         return _frame(0x10, body)
     raise ValueError(f"cannot encode {packet!r}")

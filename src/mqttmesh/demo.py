@@ -20,15 +20,30 @@ import sys
 import threading
 import time
 
-from .codec import (CONNACK, PUBACK, PUBLISH, SUBACK, Connect, Decoder, Disconnect, PubAck, Subscribe, encode,
-                    encode_publish)
+from .codec import (
+    CONNACK,
+    PUBACK,
+    PUBLISH,
+    SUBACK,
+    Connect,
+    Decoder,
+    Disconnect,
+    PubAck,
+    Subscribe,
+    encode,
+    encode_publish,
+)
 
 __all__ = ["add_arguments", "run_demo", "Device", "device_fleet"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="mqttmesh-demo", metavar="DIR",
-                   help="where the mesh's logs, the archive and the reports go (./mqttmesh-demo)")
+    p.add_argument(
+        "--out",
+        default="mqttmesh-demo",
+        metavar="DIR",
+        help="where the mesh's logs, the archive and the reports go (./mqttmesh-demo)",
+    )
     p.add_argument("--nodes", type=int, default=3, help="nodes of the local mesh (3)")
     p.add_argument("--sites", type=int, default=4, help="sites (4)")
     p.add_argument("--devices", type=int, default=30, help="devices per site (30)")
@@ -36,11 +51,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=20.0, help="seconds of publishing (20)")
     p.add_argument("--window", type=int, default=2, help="seconds per window in the reports (2)")
     p.add_argument("--seed", type=int, default=1, help="seed of the readings")
-    p.add_argument("--ports", metavar="P1,P2,...", help="publish to these running nodes (127.0.0.1) instead of "
-                                                       "starting a mesh; needs --archive")
+    p.add_argument(
+        "--ports",
+        metavar="P1,P2,...",
+        help="publish to these running nodes (127.0.0.1) instead of starting a mesh; needs --archive",
+    )
     p.add_argument("--archive", metavar="DIR", help="with --ports: the archive directory of those nodes")
-    p.add_argument("--settle", type=float, default=12.0,
-                   help="with --ports: seconds to let the nodes write their archive files (12)")
+    p.add_argument(
+        "--settle",
+        type=float,
+        default=12.0,
+        help="with --ports: seconds to let the nodes write their archive files (12)",
+    )
     p.add_argument("--master", metavar="URL", help="Spark master for the analysis (default local[*])")
 
 
@@ -55,7 +77,7 @@ class Device:
         kind = "legacy" if legacy else "dev"
         self.client_id = f"site{site}-{kind}-{index:03d}"
         self.topic = f"sensors/site-{site}/{kind}-{index:03d}/{'raw' if legacy else 'reading'}"
-        self.base = 17.0 + 2.5 * site + rng.uniform(-1.5, 1.5)    # each site has its own climate
+        self.base = 17.0 + 2.5 * site + rng.uniform(-1.5, 1.5)  # each site has its own climate
         self.humidity = rng.uniform(35, 60)
         self.battery = rng.uniform(60, 100)
         self.phase = rng.uniform(0, 2 * math.pi)
@@ -71,14 +93,20 @@ class Device:
         self.battery = max(0.0, self.battery - self.rng.uniform(0, 0.01))
         if self.legacy:
             return f"{temp:.1f};{rh:.0f}".encode()
-        return json.dumps({"temperature": round(temp, 2), "humidity": round(rh, 1),
-                           "battery": round(self.battery, 1), "seq": self.seq}).encode()
+        return json.dumps(
+            {
+                "temperature": round(temp, 2),
+                "humidity": round(rh, 1),
+                "battery": round(self.battery, 1),
+                "seq": self.seq,
+            }
+        ).encode()
 
 
 def device_fleet(sites: int, per_site: int, nodes: int, seed: int = 1) -> list[Device]:
     """``per_site`` devices at each site, spread over the nodes; one in twenty is a legacy device."""
     rng = random.Random(seed)
-    fleet = []
+    fleet: list[Device] = []
     for s in range(sites):
         for i in range(per_site):
             n = len(fleet)
@@ -139,8 +167,9 @@ class _Connection:
         self.sock.close()
 
 
-def _publish_on(host: str, port: int, devices: list[Device], rate: float, duration: float,
-                counts: dict, errors: list) -> None:
+def _publish_on(
+    host: str, port: int, devices: list[Device], rate: float, duration: float, counts: dict, errors: list
+) -> None:
     try:
         conns = [_Connection(host, port, d.client_id) for d in devices]
         topics = [d.topic.encode() for d in devices]
@@ -186,7 +215,7 @@ class _Dashboard(threading.Thread):
         while not self.stopped.is_set():
             try:
                 data = self.sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -246,13 +275,17 @@ def run_demo(args: argparse.Namespace) -> int:
         archive = os.path.abspath(args.archive)
     else:
         from .admin import Cluster
+
         archive = os.path.join(out, "archive")
         # the mesh is stopped before the analysis, which writes every node's last files
         extra = ["--archive", "true", "--archive-dir", archive, "--archive-delivery-log", "true"]
         cluster = Cluster(args.nodes, "full", 0, workdir=os.path.join(out, "mesh"), extra=extra)
         cluster.ports = ports = _free_ports(args.nodes)
-        print(f"mqttmesh demo: starting {args.nodes} nodes on ports {', '.join(map(str, ports))} "
-              f"(logs in {cluster.workdir})", flush=True)
+        print(
+            f"mqttmesh demo: starting {args.nodes} nodes on ports {', '.join(map(str, ports))} "
+            f"(logs in {cluster.workdir})",
+            flush=True,
+        )
         cluster.start()
         try:
             took = cluster.wait_converged(60)
@@ -262,8 +295,11 @@ def run_demo(args: argparse.Namespace) -> int:
             return 1
         print(f"mqttmesh demo: the mesh converged in {took:.1f}s", flush=True)
     fleet = device_fleet(args.sites, args.devices, len(ports), args.seed)
-    print(f"mqttmesh demo: {len(fleet)} devices at {args.sites} sites publish {args.rate:g} readings/s each "
-          f"for {args.duration:g}s on {len(ports)} nodes", flush=True)
+    print(
+        f"mqttmesh demo: {len(fleet)} devices at {args.sites} sites publish {args.rate:g} readings/s each "
+        f"for {args.duration:g}s on {len(ports)} nodes",
+        flush=True,
+    )
     dashboard = _Dashboard("127.0.0.1", ports[-1])
     dashboard.start()
     if not dashboard.subscribed.wait(10):
@@ -271,9 +307,13 @@ def run_demo(args: argparse.Namespace) -> int:
     time.sleep(1.0)  # let the dashboard's subscription reach the other nodes before the first reading
     counts: dict[int, int] = {}
     errors: list[str] = []
-    threads = [threading.Thread(target=_publish_on, args=("127.0.0.1", port, [d for d in fleet if d.node == i],
-                                                          args.rate, args.duration, counts, errors))
-               for i, port in enumerate(ports)]
+    threads = [
+        threading.Thread(
+            target=_publish_on,
+            args=("127.0.0.1", port, [d for d in fleet if d.node == i], args.rate, args.duration, counts, errors),
+        )
+        for i, port in enumerate(ports)
+    ]
     try:
         for t in threads:
             t.start()
@@ -291,9 +331,12 @@ def run_demo(args: argparse.Namespace) -> int:
         for e in errors:
             print(f"mqttmesh demo: {e}", file=sys.stderr)
         return 1
-    print(f"mqttmesh demo: published {sum(counts.values())} messages "
-          f"({', '.join(f'{counts.get(p, 0)} on port {p}' for p in ports)}); the dashboard received "
-          f"{dashboard.received}", flush=True)
+    print(
+        f"mqttmesh demo: published {sum(counts.values())} messages "
+        f"({', '.join(f'{counts.get(p, 0)} on port {p}' for p in ports)}); the dashboard received "
+        f"{dashboard.received}",
+        flush=True,
+    )
     if cluster is None:
         time.sleep(args.settle)  # the nodes write their files every archive.flush_interval
     return _analyze(args, archive, out)
@@ -304,8 +347,11 @@ def _analyze(args, archive: str, out: str) -> int:
         from .pipeline.jobs import job_options, run_payloads, run_traffic
         from .pipeline.session import build_session
     except ImportError as exc:
-        print(f"mqttmesh demo: the analysis needs pyspark, pyarrow and matplotlib ({exc}); "
-              f"install them with: pip install 'mqttmesh[pipeline]'", file=sys.stderr)
+        print(
+            f"mqttmesh demo: the analysis needs pyspark, pyarrow and matplotlib ({exc}); "
+            f"install them with: pip install 'mqttmesh[pipeline]'",
+            file=sys.stderr,
+        )
         return 2
 
     def say(text: str) -> None:
@@ -318,8 +364,12 @@ def _analyze(args, archive: str, out: str) -> int:
         for name, job in (("traffic", run_traffic), ("payloads", run_payloads)):
             opts = job_options(archive=[archive], out=os.path.join(out, "reports", name), window=args.window)
             result = job(spark, opts, say)
-            summary = ", ".join(f"{k} {v}" for k, v in result.summary.items() if k in (
-                "messages", "bytes", "publishers", "topics", "nodes", "json_objects", "non_json", "numeric_fields"))
+            summary = ", ".join(
+                f"{k} {v}"
+                for k, v in result.summary.items()
+                if k
+                in ("messages", "bytes", "publishers", "topics", "nodes", "json_objects", "non_json", "numeric_fields")
+            )
             print(f"mqttmesh demo: {name}: {summary} ({result.seconds:.1f}s)", flush=True)
             reports.append(result.html)
     finally:
@@ -329,6 +379,6 @@ def _analyze(args, archive: str, out: str) -> int:
         print(f"  {path}")
     print(f"""
 more: the delivery log is on, so the audit works too:
-  mqttmesh analyze audit --archive {archive} --out {os.path.join(out, 'reports', 'audit')} \\
+  mqttmesh analyze audit --archive {archive} --out {os.path.join(out, "reports", "audit")} \\
       --expect 'dashboard=sensors/#'""")
     return 0

@@ -18,25 +18,26 @@ paused publisher is a Channel whose ``owner.pause_reading(channel)`` and
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
 
 __all__ = ["Congestion"]
 
 
 class Congestion:
     def __init__(self, timeout: float = 5.0, backpressure_timeout: float = 1.0):
-        self.timeout = timeout                            # slow consumer: dropped after this
+        self.timeout = timeout  # slow consumer: dropped after this
         self.backpressure_timeout = backpressure_timeout  # longest a publisher waits
-        self.reasons: dict[Hashable, set[str]] = {}       # session -> {"queue", "socket"}
+        self.reasons: dict[Hashable, set[str]] = {}  # session -> {"queue", "socket"}
         self.since: dict[Hashable, tuple[float, Any]] = {}  # session -> (last progress, marker)
         self.holding: dict[Hashable, float] = {}  # session -> when it first held a publisher back
-        self.overrun: set[Hashable] = set()       # congested past the bound: holds no one back
-        self.waiting: dict[Hashable, set] = {}    # session -> publisher channels paused for it
-        self.paused: dict[Any, tuple[float, set]] = {}  # channel -> (paused at, sessions it waits for)
-        self.hit = False          # the last dispatch reached a congested session ...
-        self.hit_sessions: list = []  # ... these ones (valid while ``hit``)
-        self.pauses = 0           # publishers paused, ever
-        self.released = 0         # publishers read again because the bound passed, ever
+        self.overrun: set[Hashable] = set()  # congested past the bound: holds no one back
+        self.waiting: dict[Hashable, set[Any]] = {}  # session -> publisher channels paused for it
+        self.paused: dict[Any, tuple[float, set[Hashable]]] = {}  # channel -> (paused at, sessions it waits for)
+        self.hit = False  # the last dispatch reached a congested session ...
+        self.hit_sessions: list[Hashable] = []  # ... these ones (valid while ``hit``)
+        self.pauses = 0  # publishers paused, ever
+        self.released = 0  # publishers read again because the bound passed, ever
 
     def __bool__(self) -> bool:
         return bool(self.reasons)
@@ -93,7 +94,7 @@ class Congestion:
             self.hit = True
             self.hit_sessions = [session]
 
-    def pause(self, channel, now: float) -> None:
+    def pause(self, channel: Any, now: float) -> None:
         """Stop reading ``channel``: what it published reached the sessions of the last hit."""
         sessions = self.hit_sessions if self.hit else []
         self.hit = False
@@ -102,7 +103,7 @@ class Congestion:
             return  # publishers are never held back: congested sessions queue or drop
         entry = self.paused.get(channel)
         fresh = entry is None
-        if fresh:
+        if entry is None:
             entry = self.paused[channel] = (now, set())
         waits = entry[1]
         for session in sessions:
@@ -117,7 +118,7 @@ class Congestion:
             self.pauses += 1
             channel.owner.pause_reading(channel)
 
-    def unpause(self, channel) -> None:
+    def unpause(self, channel: Any) -> None:
         """``channel`` closed: forget it without touching its socket."""
         entry = self.paused.pop(channel, None)
         if entry is not None:
@@ -126,7 +127,7 @@ class Congestion:
                 if waiting is not None:
                     waiting.discard(channel)
 
-    def _resume(self, channel) -> None:
+    def _resume(self, channel: Any) -> None:
         entry = self.paused.pop(channel, None)
         if entry is None:
             return
@@ -160,13 +161,13 @@ class Congestion:
         self.released += resumed
         return resumed
 
-    def sweep(self, now: float, progress: Callable[[Any], Any]) -> list:
+    def sweep(self, now: float, progress: Callable[[Any], Any]) -> list[Hashable]:
         """Sessions congested with no progress for longer than ``timeout`` (to be dropped).
 
         ``progress(session)`` returns a value that changes when the session's
         client takes messages (e.g. acknowledgements and bytes drained).
         """
-        expired = []
+        expired: list[Hashable] = []
         for session in self.reasons:
             marker = progress(session)
             seen = self.since.get(session)

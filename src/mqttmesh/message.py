@@ -8,6 +8,7 @@ topic and only differ in the packet identifier.
 from __future__ import annotations
 
 import struct
+from typing import Any
 
 from .codec import encode_publish, encode_remaining_length
 
@@ -17,22 +18,42 @@ _U16 = struct.Struct(">H")
 
 
 class Message:
-    __slots__ = ("topic", "payload", "qos", "retain", "origin", "seq", "publisher",
-                 "timestamp", "_topic_bytes", "_frame0", "_head")
+    __slots__ = (
+        "topic",
+        "payload",
+        "qos",
+        "retain",
+        "origin",
+        "seq",
+        "publisher",
+        "timestamp",
+        "_topic_bytes",
+        "_frame0",
+        "_head",
+    )
 
-    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
-                 origin: str = "", seq: int = 0, publisher: str = "", timestamp: float = 0.0):
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        origin: str = "",
+        seq: int = 0,
+        publisher: str = "",
+        timestamp: float = 0.0,
+    ):
         self.topic = topic
         self.payload = payload
         self.qos = qos
         self.retain = retain
-        self.origin = origin        # node that took the message from its publisher
-        self.seq = seq              # per-origin sequence: (origin, seq) is mesh-wide unique
+        self.origin = origin  # node that took the message from its publisher
+        self.seq = seq  # per-origin sequence: (origin, seq) is mesh-wide unique
         self.publisher = publisher  # publishing ClientId
         self.timestamp = timestamp
-        self._topic_bytes = None
-        self._frame0 = None
-        self._head = None
+        self._topic_bytes: bytes | None = None
+        self._frame0: bytes | None = None
+        self._head: tuple[bytes, bytes] | None = None
 
     @property
     def msg_id(self) -> str:
@@ -66,13 +87,13 @@ class Message:
         first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
         return b"".join((bytes((first,)), head[0], head[1], _U16.pack(packet_id), self.payload))
 
-    def copy(self, **changes) -> "Message":
-        m = Message(self.topic, self.payload, self.qos, self.retain, self.origin, self.seq,
-                    self.publisher, self.timestamp)
+    def copy(self, **changes: Any) -> Message:
+        m = Message(
+            self.topic, self.payload, self.qos, self.retain, self.origin, self.seq, self.publisher, self.timestamp
+        )
         for key, value in changes.items():
             setattr(m, key, value)
         return m
 
-    def __repr__(self):
-        return (f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, "
-                f"retain={self.retain}, id={self.msg_id})")
+    def __repr__(self) -> str:
+        return f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, retain={self.retain}, id={self.msg_id})"

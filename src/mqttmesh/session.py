@@ -9,9 +9,16 @@ that also records every change in a store journal, which the I/O layer commits.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from .codec import encode, PubRel
+from .codec import PubRel, encode
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .flow import Congestion
+    from .message import Message
 
 __all__ = ["Limits", "Entry", "Session", "DurableSession", "SENT_PUBLISH", "SENT_PUBREL"]
 
@@ -21,11 +28,12 @@ SENT_PUBLISH, SENT_PUBREL = 1, 2
 @dataclass
 class Limits:
     """Per-session limits; every one is a setting (see config.py)."""
-    max_inflight: int = 100          # outbound QoS 1/2 messages awaiting acknowledgement
-    max_queued: int = 10_000         # messages queued behind the window or while offline
-    queue_qos0: bool = False         # queue QoS 0 messages for offline persistent sessions
-    drop_policy: str = "oldest"      # which message a full queue drops: "oldest" or "newest"
-    max_awaiting_rel: int = 1_000    # inbound QoS 2 packet ids awaiting PUBREL
+
+    max_inflight: int = 100  # outbound QoS 1/2 messages awaiting acknowledgement
+    max_queued: int = 10_000  # messages queued behind the window or while offline
+    queue_qos0: bool = False  # queue QoS 0 messages for offline persistent sessions
+    drop_policy: str = "oldest"  # which message a full queue drops: "oldest" or "newest"
+    max_awaiting_rel: int = 1_000  # inbound QoS 2 packet ids awaiting PUBREL
 
     @property
     def queue_high(self) -> int:
@@ -39,6 +47,7 @@ class Limits:
 
 class Entry:
     """One message on its way to one session: queued, or in flight with a packet id."""
+
     __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key")
 
     def __init__(self, msg, qos: int, retain: bool = False, key: int = 0):
@@ -61,17 +70,18 @@ class Session:
         self.clean = clean
         self.limits = limits
         self.subscriptions: dict[str, int] = {}
-        self.inflight: dict[int, Entry] = {}   # packet id -> entry, in send order
+        self.inflight: dict[int, Entry] = {}  # packet id -> entry, in send order
         self.queue: deque[Entry] = deque()
-        self.awaiting_rel: set[int] = set()    # inbound QoS 2 ids between PUBREC and PUBREL
-        self.channel = None                    # the Channel the client is connected on
+        self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids between PUBREC and PUBREL
+        self.channel: Channel | None = None  # the Channel the client is connected on
         self.username: str | None = None
-        self.dropped = 0                       # messages a full queue dropped
-        self.dropped_qos0 = 0                  # QoS 0 messages dropped: output over its limit
-        self.congestion = None                 # the broker's Congestion tracker
-        self.backlogged = False                # online, with the queue over queue_high
-        self.acked = 0                         # acknowledgements received, ever (progress)
-        self.on_sent = None                    # optional hook(session, msg, qos, dup): delivery log
+        self.dropped = 0  # messages a full queue dropped
+        self.dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
+        self.congestion: Congestion | None = None  # the broker's Congestion tracker
+        self.backlogged = False  # online, with the queue over queue_high
+        self.acked = 0  # acknowledgements received, ever (progress)
+        # optional hook(session, msg, qos, dup): delivery log
+        self.on_sent: Callable[[Session, Message, int, bool], None] | None = None
         self._next_pid = 1
 
     # -- delivery (the hot path) -------------------------------------------------
@@ -108,8 +118,12 @@ class Session:
             self._stored_remove(queue.popleft())
         queue.append(entry)
         self._stored_put(entry)
-        if (not self.backlogged and self.channel is not None and self.congestion is not None
-                and len(queue) >= self.limits.queue_high):
+        if (
+            not self.backlogged
+            and self.channel is not None
+            and self.congestion is not None
+            and len(queue) >= self.limits.queue_high
+        ):
             self.backlogged = True
             self.congestion.add(self, "queue")
 
@@ -119,7 +133,7 @@ class Session:
         entry.state = SENT_PUBLISH
         self.inflight[pid] = entry
         self._stored_put(entry)
-        self.channel.write(entry.msg.frame(entry.qos, pid, False, entry.retain))
+        self.channel.write(entry.msg.frame(entry.qos, pid, False, entry.retain))  # type: ignore[union-attr]  # (sent only while attached)
         if self.on_sent is not None:
             self.on_sent(self, entry.msg, entry.qos, False)
 
@@ -149,7 +163,7 @@ class Session:
                 self._send_new(entry)
         if self.backlogged and len(queue) <= self.limits.queue_low:
             self.backlogged = False
-            self.congestion.remove(self, "queue")
+            self.congestion.remove(self, "queue")  # type: ignore[union-attr]  # (the broker sets it before any delivery)
 
     # -- acknowledgements from the client ------------------------------------------
 
@@ -236,6 +250,7 @@ class DurableSession(Session):
     The journal is an in-memory list of operations; the I/O layer commits it in
     groups and only then releases the acknowledgements that depend on it.
     """
+
     durable = True
 
     def __init__(self, client_id: str, limits: Limits, journal):

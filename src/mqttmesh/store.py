@@ -29,9 +29,9 @@ class Journal:
         self._ops: dict[tuple, tuple] = {}
         self.on_dirty = on_dirty  # called when the first change of a batch arrives
         self._signalled = False
-        self.batch = 1        # the batch being filled
-        self.committed = 0    # the newest batch known to be durable
-        self.writes = 0       # changes recorded, ever: lets a caller see if it wrote
+        self.batch = 1  # the batch being filled
+        self.committed = 0  # the newest batch known to be durable
+        self.writes = 0  # changes recorded, ever: lets a caller see if it wrote
 
     def __len__(self) -> int:
         return len(self._ops)
@@ -110,13 +110,37 @@ def _snapshot(op: tuple) -> tuple:
     if kind == "message_put":
         _, client_id, e = op
         m = e.msg
-        return ("message_put", client_id, e.key, m.topic, m.payload, m.qos, e.qos, e.retain,
-                e.packet_id, e.state, m.origin, m.seq, m.publisher, m.timestamp)
+        return (
+            "message_put",
+            client_id,
+            e.key,
+            m.topic,
+            m.payload,
+            m.qos,
+            e.qos,
+            e.retain,
+            e.packet_id,
+            e.state,
+            m.origin,
+            m.seq,
+            m.publisher,
+            m.timestamp,
+        )
     if kind == "retained_put":
         _, topic, m = op
         return ("retained_put", topic, m.payload, m.qos, m.origin, m.seq, m.publisher, m.timestamp)
     if kind == "custody_put":
         _, m, dests = op
-        return ("custody_put", m.seq, m.topic, m.payload, m.qos, int(m.retain), m.origin, m.publisher,
-                m.timestamp, "\0".join(dests))
+        return (
+            "custody_put",
+            m.seq,
+            m.topic,
+            m.payload,
+            m.qos,
+            int(m.retain),
+            m.origin,
+            m.publisher,
+            m.timestamp,
+            "\0".join(dests),
+        )
     return op

@@ -6,7 +6,8 @@ what a subscriber is (a session, a mesh node) and what a retained value holds.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["filter_matches", "SubscriptionTrie", "RetainedTrie"]
 
@@ -30,7 +31,7 @@ def filter_matches(topic_filter: str, topic: str) -> bool:
 class _Node:
     __slots__ = ("children", "subs")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.children: dict[str, _Node] = {}
         self.subs: dict[Any, int] | None = None
 
@@ -77,9 +78,10 @@ class SubscriptionTrie:
         levels = topic_filter.split("/")
         node = self._root
         for level in levels:
-            node = node.children.get(level)
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return False
+            node = child
             path.append(node)
         if not node.subs or subscriber not in node.subs:
             return False
@@ -143,7 +145,7 @@ class SubscriptionTrie:
         return result
 
 
-def _merge(result: dict, subs: dict) -> None:
+def _merge(result: dict[Any, int], subs: dict[Any, int]) -> None:
     for sub, qos in subs.items():
         old = result.get(sub)
         if old is None or qos > old:
@@ -153,22 +155,23 @@ def _merge(result: dict, subs: dict) -> None:
 class RetainedTrie:
     """Maps topic names to one retained value each; ``match`` walks a filter."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._root = _Node()
         self._count = 0
 
     def __len__(self) -> int:
         return self._count
 
-    def get(self, topic: str):
+    def get(self, topic: str) -> Any:
         node = self._root
         for level in topic.split("/"):
-            node = node.children.get(level)
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return None
+            node = child
         return node.subs
 
-    def set(self, topic: str, value) -> None:
+    def set(self, topic: str, value: Any) -> None:
         node = self._root
         for level in topic.split("/"):
             child = node.children.get(level)
@@ -184,9 +187,10 @@ class RetainedTrie:
         path = [self._root]
         node = self._root
         for level in levels:
-            node = node.children.get(level)
-            if node is None:
+            child = node.children.get(level)
+            if child is None:
                 return False
+            node = child
             path.append(node)
         if node.subs is None:
             return False
@@ -206,7 +210,7 @@ class RetainedTrie:
         """Every (topic, value) whose topic matches ``topic_filter``."""
         f_levels = topic_filter.split("/")
         # (node, index into f_levels, levels walked so far, at top level)
-        stack = [(self._root, 0, [])]
+        stack: list[tuple[_Node, int, list[str]]] = [(self._root, 0, [])]
         while stack:
             node, i, path = stack.pop()
             if i == len(f_levels):
@@ -227,9 +231,9 @@ class RetainedTrie:
                         continue  # [MQTT-4.7.2-1]
                     stack.append((child, i + 1, path + [level]))
             else:
-                child = node.children.get(f)
-                if child is not None:
-                    stack.append((child, i + 1, path + [f]))
+                exact = node.children.get(f)
+                if exact is not None:
+                    stack.append((exact, i + 1, path + [f]))
 
 
 def _walk(node: _Node, prefix: list[str]) -> Iterator[tuple[str, Any]]:

@@ -2,7 +2,7 @@
 
 MQTTMESH_FUZZ_SECONDS sets how long (default 15 s inside the normal test run; `make fuzz`
 runs 300 s) and MQTTMESH_FUZZ_SEED the seed (printed either way, so a failing run can be
-repeated). Valid packets are built by tests/mqttraw.py and then mutated: bit flips, bytes
+repeated). Valid packets are built by tests/support/mqttraw.py and then mutated: bit flips, bytes
 set, inserted and deleted, truncation, splicing of two packets, rewritten remaining lengths
 (bogus, malformed, up to 256 MB). Half the streams come after a valid CONNECT.
 
@@ -21,24 +21,27 @@ import time
 
 import pytest
 
-import mqttraw
-from hostile_support import check, log_guard, nodes, run, target_of  # noqa: F401 (fixtures)
-import probes
+from support import mqttraw, probes
+from support.hostile import check, run, target_of
 
 FUZZ_SECONDS = float(os.environ.get("MQTTMESH_FUZZ_SECONDS", "15"))
 WORKERS = 6
 
-pytestmark = [pytest.mark.hostile, pytest.mark.timeout(FUZZ_SECONDS + 120)]
+pytestmark = [pytest.mark.hostile, pytest.mark.process, pytest.mark.timeout(FUZZ_SECONDS + 120)]
 
 TEMPLATES = [
     mqttraw.connect(client_id="fz-a"),
-    mqttraw.connect(client_id="fz-b", clean=False, keepalive=2, will=("fz/will", b"gone", 1, True),
-                    username="u", password="p"),
+    mqttraw.connect(
+        client_id="fz-b", clean=False, keepalive=2, will=("fz/will", b"gone", 1, True), username="u", password="p"
+    ),
     mqttraw.publish("fz/a", b"hello"),
     mqttraw.publish("fz/a/b", b"x" * 300, qos=1, pid=1),
     mqttraw.publish("fz/r", b"kept", qos=2, pid=2, retain=True),
     mqttraw.publish("fz/r", b"", qos=0, retain=True),
-    mqttraw.puback(1), mqttraw.pubrec(2), mqttraw.pubrel(2), mqttraw.pubcomp(2),
+    mqttraw.puback(1),
+    mqttraw.pubrec(2),
+    mqttraw.pubrel(2),
+    mqttraw.pubcomp(2),
     mqttraw.subscribe(3, ("fz/#", 2), ("fz/+/b", 1)),
     mqttraw.unsubscribe(4, "fz/#"),
     mqttraw.PINGREQ_BYTES,
@@ -64,15 +67,21 @@ def mutate(rng: random.Random, data: bytes) -> bytes:
         elif kind == "insert":
             data[i:i] = rng.randbytes(rng.randint(1, 16))
         elif kind == "delete":
-            del data[i:i + rng.randint(1, 8)]
+            del data[i : i + rng.randint(1, 8)]
         elif kind == "truncate":
             del data[i:]
         elif kind == "splice":
             other = rng.choice(TEMPLATES)
-            data = data[:i] + other[rng.randrange(len(other)):]
+            data = data[:i] + other[rng.randrange(len(other)) :]
         elif kind == "length":  # a remaining length that lies: shorter, longer, malformed
-            field = rng.choice((mqttraw.varint(rng.randrange(1 << 14)), mqttraw.varint(rng.randrange(1 << 28)),
-                                b"\xff\xff\xff\xff\x7f", b"\x80"))
+            field = rng.choice(
+                (
+                    mqttraw.varint(rng.randrange(1 << 14)),
+                    mqttraw.varint(rng.randrange(1 << 28)),
+                    b"\xff\xff\xff\xff\x7f",
+                    b"\x80",
+                )
+            )
             data = bytearray(_with_length(data[0], field, bytes(data[2:])))
         else:  # announce (nearly) the largest packet MQTT can describe, send a little of it
             data = bytearray(_with_length(data[0], b"\xff\xff\xff\x7f", bytes(data[2:])))
@@ -104,8 +113,10 @@ class Fuzzer:
 
     def run(self) -> None:
         deadline = time.monotonic() + self.seconds
-        threads = [threading.Thread(target=self._worker, args=(random.Random(self.seed * 1000 + k), deadline, k),
-                                    daemon=True) for k in range(WORKERS)]
+        threads = [
+            threading.Thread(target=self._worker, args=(random.Random(self.seed * 1000 + k), deadline, k), daemon=True)
+            for k in range(WORKERS)
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -163,14 +174,20 @@ def fuzz(target, canary, seed, seconds, max_growth_mb=100.0):
         f.run()
     finally:
         growth = watch.stop() / 1024
-    out.figures.update(seed=seed, cases=f.cases, mb=round(f.bytes / 2**20, 1),
-                       closed_by_node=f.closed_by_node, rss_growth_mb=round(growth, 1))
+    out.figures.update(
+        seed=seed,
+        cases=f.cases,
+        mb=round(f.bytes / 2**20, 1),
+        closed_by_node=f.closed_by_node,
+        rss_growth_mb=round(growth, 1),
+    )
     if growth > max_growth_mb:
         out.problems.append(f"RSS grew by {growth:.0f} MB during the fuzzing")
     took = probes.wait_sockets(target.pid, base, 5.0)
     if took is None:
-        out.problems.append(f"the node holds {probes.socket_fds(target.pid)} sockets 5 s after the "
-                            f"fuzzing, {base} before")
+        out.problems.append(
+            f"the node holds {probes.socket_fds(target.pid)} sockets 5 s after the fuzzing, {base} before"
+        )
     return out
 
 

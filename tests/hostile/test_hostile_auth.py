@@ -5,7 +5,7 @@ Passwords are hashed with the default cost (100,000 PBKDF2 iterations), as in pr
 the cost of a check is what these attacks are about.
 
 The settings of the fixed broker (auth section) are passed only when the node has them
-(hostile_support.optional_flags), so each test runs on today's node and fails on what the
+(support.hostile.optional_flags), so each test runs on today's node and fails on what the
 node does.
 """
 
@@ -15,19 +15,22 @@ import time
 
 import pytest
 
-import mqttraw
-from hostile_support import (check, log_guard, module_nodes, nodes, optional_flags,  # noqa: F401
-                             password_file, run, target_of)
-import attacks
-import probes
+from support import attacks, mqttraw, probes
+from support.hostile import check, optional_flags, password_file, run, target_of
 
-pytestmark = pytest.mark.hostile
+pytestmark = [pytest.mark.hostile, pytest.mark.process]
 
 # the $SYS topic that counts failed logins (issue 13: "failed logins counted in $SYS")
 FAILED_LOGINS_TOPIC = "$SYS/broker/connections/auth_failures"
 
-USERS = {"canary": "canary-pw", "alice": "wonderland", "bob": "builder", "slowcheck": "tortoise",
-         "ops": "operator-pw", "dev": "developer-pw"}
+USERS = {
+    "canary": "canary-pw",
+    "alice": "wonderland",
+    "bob": "builder",
+    "slowcheck": "tortoise",
+    "ops": "operator-pw",
+    "dev": "developer-pw",
+}
 
 # throttling off: for the attacks that are about something else
 NO_THROTTLE = dict(auth_fail_threshold=1000)
@@ -46,8 +49,9 @@ def auth_target(b, **kw):
 def auth_node(module_nodes, pwfile):
     """Password file, no anonymous access, throttling off (the streams below are one login
     each from several addresses; throttling is tested on its own node)."""
-    return module_nodes("--password-file", str(pwfile), "--allow-anonymous", "false",
-                        *optional_flags(**NO_THROTTLE), name="auth")
+    return module_nodes(
+        "--password-file", str(pwfile), "--allow-anonymous", "false", *optional_flags(**NO_THROTTLE), name="auth"
+    )
 
 
 @pytest.mark.parametrize("variant", attacks.UNVERIFIED_VARIANTS)
@@ -56,8 +60,15 @@ def test_no_memory_behind_an_unverified_connect(auth_node, variant):
     header announcing 256 MB; or 20 sockets at once) followed by 200 MB of bytes: the node's
     RSS grows by less than 20 MB and it closes the connections (nothing is read ahead of
     authentication)."""
-    check(run(auth_target(auth_node), attacks.unverified_connect_memory, variant=variant,
-              total=200 << 20, max_growth_mb=20.0))
+    check(
+        run(
+            auth_target(auth_node),
+            attacks.unverified_connect_memory,
+            variant=variant,
+            total=200 << 20,
+            max_growth_mb=20.0,
+        )
+    )
 
 
 def test_failed_logins_are_throttled(nodes, pwfile):
@@ -66,19 +77,33 @@ def test_failed_logins_are_throttled(nodes, pwfile):
     (--auth-fail-delay 0.2 doubling, --auth-fail-delay-max 1.6); meanwhile bob's correct
     login from 127.0.0.3 is answered at once and the canary keeps its round trips. The
     failures are counted in $SYS (FAILED_LOGINS_TOPIC) and logged with the address."""
-    b = nodes("--password-file", str(pwfile), "--allow-anonymous", "false", "--sys-interval", "1",
-              *optional_flags(auth_fail_threshold=3, auth_fail_delay=0.2, auth_fail_delay_max=1.6,
-                              auth_fail_window=60))
-    check(run(auth_target(b), attacks.login_throttling, user="alice", other="bob", attempts=9,
-              budget=15.0, sys_topic=FAILED_LOGINS_TOPIC))
+    b = nodes(
+        "--password-file",
+        str(pwfile),
+        "--allow-anonymous",
+        "false",
+        "--sys-interval",
+        "1",
+        *optional_flags(auth_fail_threshold=3, auth_fail_delay=0.2, auth_fail_delay_max=1.6, auth_fail_window=60),
+    )
+    check(
+        run(
+            auth_target(b),
+            attacks.login_throttling,
+            user="alice",
+            other="bob",
+            attempts=9,
+            budget=15.0,
+            sys_topic=FAILED_LOGINS_TOPIC,
+        )
+    )
 
 
 def test_bad_logins_do_not_stall_the_node(nodes, pwfile):
     """20 bad logins a second for 5 s (alice, a new password each, from 100 loopback
     addresses; throttling off so that it is not what saves the node): the canary's p99
     stays under 0.5 s (and every round trip under 2 s)."""
-    b = nodes("--password-file", str(pwfile), "--allow-anonymous", "false",
-              *optional_flags(**NO_THROTTLE))
+    b = nodes("--password-file", str(pwfile), "--allow-anonymous", "false", *optional_flags(**NO_THROTTLE))
     check(run(auth_target(b), attacks.login_cpu, user="alice", rate=20.0, duration=5.0, p99_limit=0.5))
 
 
@@ -86,8 +111,7 @@ def test_no_user_name_timing_oracle(nodes, pwfile):
     """Throttling off: the time to CONNACK 0x04 for unknown users and for a known user with
     a wrong password (15 of each, alternating, fresh passwords) differ by less than 30 %
     (medians): the node does the same work for both."""
-    b = nodes("--password-file", str(pwfile), "--allow-anonymous", "false",
-              *optional_flags(**NO_THROTTLE))
+    b = nodes("--password-file", str(pwfile), "--allow-anonymous", "false", *optional_flags(**NO_THROTTLE))
     check(run(auth_target(b), attacks.user_oracle, user="alice", samples=15, max_ratio=0.3))
 
 
@@ -109,8 +133,15 @@ def _acl_client_ids(target, canary):
         for cid in ("+", "#", "dev1/#", "+/+", "a/b", "dev1/+"):
             c = probes.connect_client(target.host, target.port, cid, keepalive=0)
             attackers.append((cid, c))
-            codes = probes.subscribe(c, 1, ("devices/+/#", 1), ("devices/#", 1), ("devices/dev1/#", 1),
-                                      ("#", 1), (f"devices/{cid}/#", 1) if "#" not in cid else ("devices/x", 1))
+            codes = probes.subscribe(
+                c,
+                1,
+                ("devices/+/#", 1),
+                ("devices/#", 1),
+                ("devices/dev1/#", 1),
+                ("#", 1),
+                (f"devices/{cid}/#", 1) if "#" not in cid else ("devices/x", 1),
+            )
             c.send(mqttraw.publish("devices/dev1/cmd", f"from {cid}".encode(), qos=1, pid=9))
             p = c.recv(5.0)
             if p.type != mqttraw.PUBACK:
@@ -130,8 +161,9 @@ def _acl_client_ids(target, canary):
                 if p.payload == b"secret":
                     got_own = True
                 else:
-                    out.problems.append(f"dev1 received {p.payload!r} on {p.topic}: another client "
-                                        "wrote into its namespace")
+                    out.problems.append(
+                        f"dev1 received {p.payload!r} on {p.topic}: another client wrote into its namespace"
+                    )
                 if p.qos:
                     victim.send(mqttraw.puback(p.packet_id))
         if not got_own:
@@ -157,19 +189,17 @@ def test_sys_follows_the_acl(nodes, pwfile, tmp_path):
     `#` gets a refusal (0x80) or nothing under $SYS within 2.5 s (--sys-interval 1)
     [MQTT-4.7.2-1]; a user the ACL grants `$SYS/#` sees it."""
     acl = tmp_path / "acl"
-    acl.write_text("topic readwrite canary/#\nuser dev\ntopic readwrite app/#\n"
-                   "user ops\ntopic read $SYS/#\n")
-    b = nodes("--password-file", str(pwfile), "--allow-anonymous", "false", "--acl-file", str(acl),
-              "--sys-interval", "1")
+    acl.write_text("topic readwrite canary/#\nuser dev\ntopic readwrite app/#\nuser ops\ntopic read $SYS/#\n")
+    b = nodes(
+        "--password-file", str(pwfile), "--allow-anonymous", "false", "--acl-file", str(acl), "--sys-interval", "1"
+    )
     check(run(auth_target(b), _sys_acl))
 
 
 def _sys_acl(target, canary):
     out = probes.Outcome("$SYS behind the ACL")
-    dev = probes.connect_client(target.host, target.port, "sys-dev", keepalive=0,
-                                 username="dev", password=USERS["dev"])
-    ops = probes.connect_client(target.host, target.port, "sys-ops", keepalive=0,
-                                 username="ops", password=USERS["ops"])
+    dev = probes.connect_client(target.host, target.port, "sys-dev", keepalive=0, username="dev", password=USERS["dev"])
+    ops = probes.connect_client(target.host, target.port, "sys-ops", keepalive=0, username="ops", password=USERS["ops"])
     try:
         codes = probes.subscribe(dev, 1, ("$SYS/#", 0), ("$SYS/broker/#", 0), ("#", 0))
         out.figures["dev_suback"] = "/".join(f"{x:#x}" for x in codes)
@@ -177,7 +207,7 @@ def _sys_acl(target, canary):
         seen_dev, seen_ops = [], []
         deadline = time.monotonic() + 2.5
         while time.monotonic() < deadline:
-            for who, c, seen in (("dev", dev, seen_dev), ("ops", ops, seen_ops)):
+            for _who, c, seen in (("dev", dev, seen_dev), ("ops", ops, seen_ops)):
                 try:
                     p = c.recv(0.05)
                 except TimeoutError:

@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-from hostile_support import (check, log_guard, nodes, run, target_of)  # noqa: F401 (fixtures)
-import attacks
+from support import attacks
+from support.hostile import check, run, target_of
 
-pytestmark = pytest.mark.hostile
+pytestmark = [pytest.mark.hostile, pytest.mark.process]
 
 
 def test_reset_during_fan_out_harms_nobody_else(nodes):

@@ -1,7 +1,7 @@
 """Hostile input on one node: malformed, random and trickled bytes, huge legal inputs, many
 connections, and fixed headers that can never start a valid packet.
 
-Each attack runs with the canary (tests/hostile/attacks.py): a QoS 1 round trip every
+Each attack runs with the canary (tests/support/attacks.py): a QoS 1 round trip every
 100 ms before, during and after it, each within 2 s.
 """
 
@@ -11,11 +11,10 @@ import random
 
 import pytest
 
-from hostile_support import (check, log_guard, module_nodes, nodes, run,  # noqa: F401 (fixtures)
-                             target_of)
-import attacks
+from support import attacks
+from support.hostile import check, run, target_of
 
-pytestmark = pytest.mark.hostile
+pytestmark = [pytest.mark.hostile, pytest.mark.process]
 
 CONNECT_TIMEOUT = 2.0
 

@@ -14,16 +14,14 @@ import time
 
 import pytest
 
-import mqttraw
-from hostile_support import (SECRET, check, log_guard, nodes, run, target_of,  # noqa: F401 (fixtures)
-                             wait_for)
-import probes
-from faultrelay import FaultRelay
-from meshutil import status, wait_converged
-
 from mqttmesh.mesh.engine import MeshEngine
+from support import mqttraw, probes
+from support.faultrelay import FaultRelay
+from support.hostile import SECRET, check, run, target_of
+from support.mesh import status, wait_converged
+from support.processes import wait_for
 
-pytestmark = pytest.mark.hostile
+pytestmark = [pytest.mark.hostile, pytest.mark.process]
 
 MESH = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1"]
 
@@ -93,8 +91,10 @@ def _replay(target, canary, relay, c):
         probes.reset(sock)
     out.figures["closed_after_s"] = round(closed[0], 2) if closed[0] is not None else None
     if seen:
-        out.problems.append(f"c accepted the replayed handshake: it listed a as a linked peer "
-                            f"{len(seen)} times, from {seen[0]}s to {seen[-1]}s after the replay")
+        out.problems.append(
+            f"c accepted the replayed handshake: it listed a as a linked peer "
+            f"{len(seen)} times, from {seen[0]}s to {seen[-1]}s after the replay"
+        )
     if closed[0] is None:
         out.problems.append("c kept the replayed connection open for 5 s")
     return out
@@ -130,7 +130,7 @@ class FakeListener:
         while not self._stop.is_set():
             try:
                 sock, _ = self.srv.accept()
-            except (socket.timeout, OSError):
+            except (TimeoutError, OSError):
                 continue
             info = {"opened": time.monotonic(), "closed": None, "client_id": None, "hello_sent": False}
             with self.lock:
@@ -153,17 +153,17 @@ class FakeListener:
                     body = p.body
                     n = struct.unpack(">H", body[:2])[0]
                     at = 2 + n + 4  # protocol name, level, flags, keepalive
-                    m = struct.unpack(">H", body[at:at + 2])[0]
-                    info["client_id"] = body[at + 2:at + 2 + m].decode(errors="replace")
+                    m = struct.unpack(">H", body[at : at + 2])[0]
+                    info["client_id"] = body[at + 2 : at + 2 + m].decode(errors="replace")
                     if info["client_id"].startswith("$mesh-"):
-                        dialler = info["client_id"][len("$mesh-"):]
+                        dialler = info["client_id"][len("$mesh-") :]
                     c.send(b"\x20\x02\x00\x00")
                 elif p.type == mqttraw.SUBSCRIBE:
                     pid = p.packet_id
                     body, i, codes = p.body, 2, []
                     while i < len(body):
-                        n = struct.unpack(">H", body[i:i + 2])[0]
-                        flt = body[i + 2:i + 2 + n].decode(errors="replace")
+                        n = struct.unpack(">H", body[i : i + 2])[0]
+                        flt = body[i + 2 : i + 2 + n].decode(errors="replace")
                         codes.append(body[i + 2 + n] & 3)
                         i += 3 + n
                         if flt.startswith("$mesh/to/"):
@@ -216,11 +216,16 @@ def _fake_listener(target, canary, fake, d):
     first = wait_for(fake.first, 10.0, what="the node to dial the fake listener")
     seen = watch_links(d, fake.node_id, 5.0)
     closed = probes.wait_until(lambda: first["closed"], max(0.0, first["opened"] + 10.0 - time.monotonic()))
-    out.figures.update(hello_sent=first["hello_sent"], connections=len(fake.connections),
-                       first_closed_after_s=round(closed - first["opened"], 2) if closed else None)
+    out.figures.update(
+        hello_sent=first["hello_sent"],
+        connections=len(fake.connections),
+        first_closed_after_s=round(closed - first["opened"], 2) if closed else None,
+    )
     if seen:
-        out.problems.append(f"the node linked to {fake.node_id}, a listener that does not know the "
-                            f"secret: listed {len(seen)} times in 5 s, from {seen[0]}s")
+        out.problems.append(
+            f"the node linked to {fake.node_id}, a listener that does not know the "
+            f"secret: listed {len(seen)} times in 5 s, from {seen[0]}s"
+        )
     if not closed:
         out.problems.append("the node kept its connection to the fake listener open for 10 s")
     return out
@@ -235,8 +240,7 @@ def test_sys_shows_no_client_ids_to_anonymous_clients(nodes):
     topic) naming those ClientIds within 3 s."""
     extra = ["--sys-interval", "1", "--status-interval", "0.2"]
     a = nodes("--cluster-secret", SECRET, "--connect", "configured", *extra, name="a")
-    b = nodes("--cluster-secret", SECRET, "--connect", "configured", *extra, "--peer",
-              f"127.0.0.1:{a.port}", name="b")
+    b = nodes("--cluster-secret", SECRET, "--connect", "configured", *extra, "--peer", f"127.0.0.1:{a.port}", name="b")
     wait_converged({"a": a, "b": b}, [("b", "a")])
     check(run(target_of(a, sub_port=b.port), _client_ids_in_sys, a, b))
 
@@ -244,8 +248,10 @@ def test_sys_shows_no_client_ids_to_anonymous_clients(nodes):
 def _client_ids_in_sys(target, canary, a, b):
     out = probes.Outcome("ClientIds in $SYS")
     secret_ids = ["device-7f3a9c-on-a", "device-51be02-on-b"]
-    devices = [probes.connect_client(n.host, n.port, cid, clean=False, keepalive=0)
-               for n, cid in zip((a, b), secret_ids)]
+    devices = [
+        probes.connect_client(n.host, n.port, cid, clean=False, keepalive=0)
+        for n, cid in zip((a, b), secret_ids, strict=False)
+    ]
     watchers = []
     try:
         for n in (a, b):
@@ -269,8 +275,10 @@ def _client_ids_in_sys(target, canary, a, b):
                         leaks.setdefault((name, p.topic), cid)
         out.figures["sys_messages"] = count
         if leaks:
-            out.problems.append("anonymous $SYS readers see ClientIds: " + "; ".join(
-                f"node {n} {topic} names {cid}" for (n, topic), cid in sorted(leaks.items())))
+            out.problems.append(
+                "anonymous $SYS readers see ClientIds: "
+                + "; ".join(f"node {n} {topic} names {cid}" for (n, topic), cid in sorted(leaks.items()))
+            )
     finally:
         for _, w in watchers:
             w.close()
@@ -311,8 +319,14 @@ def _mesh_namespace(target, canary, n):
         rc, _ = probes.try_connect(n.host, n.port, cid, timeout=3.0)
         if rc != 0x02:
             out.problems.append(f"ClientId {cid!r}: CONNACK {rc}, expected 0x02 (identifier rejected)")
-    rc, _ = probes.try_connect(n.host, n.port, "$mesh-intruder", timeout=3.0, username="mqttmesh-peer",
-                                password=f"intruder|1|{int(time.time())}|{'0' * 64}")
+    rc, _ = probes.try_connect(
+        n.host,
+        n.port,
+        "$mesh-intruder",
+        timeout=3.0,
+        username="mqttmesh-peer",
+        password=f"intruder|1|{int(time.time())}|{'0' * 64}",
+    )
     if rc == 0:
         out.problems.append("a made-up peer token was accepted")
     peers = linked_peers(n)

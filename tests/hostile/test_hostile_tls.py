@@ -11,13 +11,16 @@ import ssl
 
 import pytest
 
-import mqttraw
-from hostile_support import (check, free_port, log_guard, nodes, run, target_of)  # noqa: F401
-import attacks
-import probes
+from support import attacks, mqttraw, probes
+from support.hostile import check, run, target_of
+from support.processes import free_port
 
-pytestmark = [pytest.mark.hostile,
-              pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")]
+pytestmark = [
+    pytest.mark.hostile,
+    pytest.mark.process,
+    pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command"),
+]
+
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
@@ -80,8 +83,11 @@ def _certificates(target, canary, pki, port):
             s.close()
     s = _tls_connect(pki, port, "client")
     try:
-        s.sendall(mqttraw.connect(client_id="tls-good") + mqttraw.subscribe(1, ("tls/t", 1))
-                  + mqttraw.publish("tls/t", b"over tls", qos=1, pid=2))
+        s.sendall(
+            mqttraw.connect(client_id="tls-good")
+            + mqttraw.subscribe(1, ("tls/t", 1))
+            + mqttraw.publish("tls/t", b"over tls", qos=1, pid=2)
+        )
         got = b""
         while got.count(b"over tls") < 1:
             data = s.recv(4096)

@@ -15,10 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import mqttraw
-from itsupport import (BrokerProcess, Client, Paho, clients, connack,  # noqa: F401 (fixture)
-                       control_roundtrip, log_has, wait_log)
-from mqttraw import packet, s
+from support import mqttraw
+from support.integration import Client, Paho, connack, control_roundtrip, log_has, wait_log
+from support.mqttraw import packet, s
+from support.processes import BrokerProcess
+
+pytestmark = pytest.mark.process
 
 MAX_PACKET = 2048
 
@@ -26,8 +28,7 @@ MAX_PACKET = 2048
 @pytest.fixture(scope="module")
 def shared_broker(tmp_path_factory):
     """One broker for the whole table (--max-packet-size 2048): a crash shows up at once."""
-    b = BrokerProcess(tmp_path_factory.mktemp("badinput"), "bad",
-                      ["--max-packet-size", str(MAX_PACKET)])
+    b = BrokerProcess(tmp_path_factory.mktemp("badinput"), "bad", ["--max-packet-size", str(MAX_PACKET)])
     b.start()
     yield b
     b.stop(timeout=5)
@@ -95,10 +96,8 @@ CASES = [
     ("unsub-filter-invalid-utf8", True, packet(0xA2, pid(1) + s(b"\xc3"))),
     ("client-id-invalid-utf8 [MQTT-3.1.3-4]", False, bad_connect(payload=s(b"\xff\xff"))),
     ("client-id-nul", False, bad_connect(payload=s(b"a\x00b"))),
-    ("username-invalid-utf8 [MQTT-3.1.3-11]", False,
-     bad_connect(0x82, s("u8") + s(b"\xe2\x28\xa1"))),
-    ("will-topic-invalid-utf8 [MQTT-3.1.3-10]", False,
-     bad_connect(0x06, s("wt") + s(b"\xff") + s("m"))),
+    ("username-invalid-utf8 [MQTT-3.1.3-11]", False, bad_connect(0x82, s("u8") + s(b"\xe2\x28\xa1"))),
+    ("will-topic-invalid-utf8 [MQTT-3.1.3-10]", False, bad_connect(0x06, s("wt") + s(b"\xff") + s("m"))),
     ("will-topic-wildcard", False, bad_connect(0x06, s("wt") + s("a/#") + s("m"))),
     # topics and filters
     ("publish-wildcard-plus [MQTT-3.3.2-2]", True, mqttraw.publish("a/+/b", b"x")),
@@ -138,8 +137,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("needs_connect,data", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_malformed_packet_closes_only_the_offending_connection(
-        shared_broker, bystanders, needs_connect, data, request):
+def test_malformed_packet_closes_only_the_offending_connection(shared_broker, bystanders, needs_connect, data, request):
     """[MQTT-4.8.0-1] the sender's connection is closed, before or after CONNECT (then
     without CONNACK [MQTT-3.1.4-1]); the broker and everyone else carry on."""
     b = shared_broker
@@ -172,10 +170,8 @@ TRUNCATED = [
 ]
 
 
-@pytest.mark.parametrize("needs_connect,data", [c[1:] for c in TRUNCATED],
-                         ids=[c[0] for c in TRUNCATED])
-def test_truncated_packet_then_close_is_harmless(shared_broker, bystanders, needs_connect,
-                                                 data, request):
+@pytest.mark.parametrize("needs_connect,data", [c[1:] for c in TRUNCATED], ids=[c[0] for c in TRUNCATED])
+def test_truncated_packet_then_close_is_harmless(shared_broker, bystanders, needs_connect, data, request):
     """A packet cut short by the client closing the socket: nothing is delivered, the
     connection is cleaned up, nobody else notices.
     No statement covers a half packet; it is a network close like any other."""
@@ -201,13 +197,13 @@ def test_packet_split_into_single_bytes_is_accepted(shared_broker, bystanders):
     with Client(b.host, b.port) as sub, Client(b.host, b.port) as pub:
         data = mqttraw.connect(client_id="bytewise") + mqttraw.subscribe(1, ("bw/t", 1))
         for i in range(len(data)):
-            sub.send(data[i:i + 1])
+            sub.send(data[i : i + 1])
         assert connack(sub.recv()) == (0, 0)
         assert sub.expect_ack(mqttraw.SUBACK, 1).body == b"\x00\x01\x01"
         assert connack(pub.connect(client_id="bytewise-pub"))[1] == 0
         frame = mqttraw.publish("bw/t", b"slow", qos=1, pid=2)
         for i in range(len(frame)):
-            pub.send(frame[i:i + 1])
+            pub.send(frame[i : i + 1])
         pub.expect_ack(mqttraw.PUBACK, 2)
         (p,) = sub.publishes(1)
         assert p.payload == b"slow"
@@ -270,14 +266,14 @@ def mutated(draw):
     return bytes(data)
 
 
-streams = st.lists(st.one_of(st.binary(min_size=1, max_size=64), mutated(),
-                             st.sampled_from(TEMPLATES)), min_size=1, max_size=6).map(b"".join)
+streams = st.lists(
+    st.one_of(st.binary(min_size=1, max_size=64), mutated(), st.sampled_from(TEMPLATES)), min_size=1, max_size=6
+).map(b"".join)
 
 
 @pytest.fixture(scope="module")
 def fuzz_env(tmp_path_factory):
-    b = BrokerProcess(tmp_path_factory.mktemp("fuzz"), "fuzz",
-                      ["--max-packet-size", "4096", "--connect-timeout", "2"])
+    b = BrokerProcess(tmp_path_factory.mktemp("fuzz"), "fuzz", ["--max-packet-size", "4096", "--connect-timeout", "2"])
     b.start()
     sub = Client(b.host, b.port)
     pub = Client(b.host, b.port)
@@ -295,8 +291,13 @@ def fuzz_env(tmp_path_factory):
 _counter = iter(range(1, 1 << 30))
 
 
-@settings(max_examples=200, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=200,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=streams)
 def test_fuzz_random_and_mutated_packets_after_connect(fuzz_env, data):
     """Random bytes and mutated valid packets after a valid CONNECT: whatever the broker
@@ -315,8 +316,8 @@ def test_fuzz_random_and_mutated_packets_after_connect(fuzz_env, data):
                     break
         except (ConnectionResetError, BrokenPipeError):
             pass
-        except socket.timeout:
-            raise AssertionError(f"the broker neither closed nor finished after {data!r}")
+        except TimeoutError:
+            raise AssertionError(f"the broker neither closed nor finished after {data!r}") from None
     assert b.alive(), f"broker died after {data!r}:\n{b.log()[-3000:]}"
     n = next(_counter)
     ctl_pub.pub("fuzzctl/t", str(n).encode(), qos=1, pid=n % 65535 + 1)
@@ -351,8 +352,7 @@ def test_slow_consumer_is_dropped_and_others_continue(broker_factory):
     flooder = Client(b.host, b.port, timeout=10)
     errors = []
     try:
-        slow.sendall(mqttraw.connect(client_id="slow-reader")
-                     + mqttraw.subscribe(1, ("flood/#", 0)))
+        slow.sendall(mqttraw.connect(client_id="slow-reader") + mqttraw.subscribe(1, ("flood/#", 0)))
         head = b""
         while len(head) < 9:  # CONNACK (4) + SUBACK (5), then never read again
             head += slow.recv(9 - len(head))
@@ -403,8 +403,7 @@ def test_stuck_consumer_dropped_after_slow_consumer_timeout(broker_factory):
     flooder = Client(b.host, b.port, timeout=10)
     errors = []
     try:
-        slow.sendall(mqttraw.connect(client_id="stuck-reader")
-                     + mqttraw.subscribe(1, ("stuck/#", 0)))
+        slow.sendall(mqttraw.connect(client_id="stuck-reader") + mqttraw.subscribe(1, ("stuck/#", 0)))
         head = b""
         while len(head) < 9:
             head += slow.recv(9 - len(head))
@@ -450,8 +449,7 @@ def test_publisher_held_back_by_flow_control_is_not_timed_out(broker_factory, cl
         head = b""
         while len(head) < 9:
             head += slow.recv(9 - len(head))
-        pub = clients(b, client_id="innocent", keepalive=1,
-                      will=("innocent/will", b"innocent died", 0, False))
+        pub = clients(b, client_id="innocent", keepalive=1, will=("innocent/will", b"innocent died", 0, False))
         pub.send(b"".join(mqttraw.publish("held/t", b"H" * 1000) for _ in range(8000)))  # ~8 MB
         t0 = time.monotonic()
         answered_after_drop = False
@@ -468,7 +466,8 @@ def test_publisher_held_back_by_flow_control_is_not_timed_out(broker_factory, cl
             except mqttraw.Closed:
                 raise AssertionError(
                     f"the publisher was disconnected after {time.monotonic() - t0:.1f}s:\n"
-                    + "\n".join(ln for ln in b.log().splitlines() if "innocent" in ln)) from None
+                    + "\n".join(ln for ln in b.log().splitlines() if "innocent" in ln)
+                ) from None
         assert answered_after_drop, "the stuck subscriber was never dropped"
         watcher.expect_silence(0.2)
     finally:

@@ -9,8 +9,11 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import PYTHON, clients, free_port, run_cli, wait_for  # noqa: F401 (fixture)
+from support import mqttraw
+from support.integration import PYTHON, run_cli
+from support.processes import free_port, wait_for
+
+pytestmark = pytest.mark.process
 
 
 def write(tmp_path, text: str, name: str = "mqttmesh.toml"):
@@ -19,21 +22,24 @@ def write(tmp_path, text: str, name: str = "mqttmesh.toml"):
     return path
 
 
-@pytest.mark.parametrize("toml,names", [
-    ("bogus = 1\n", ["'bogus'"]),
-    ("[limits]\nmax_inflite = 5\n", ["'limits.max_inflite'"]),
-    ("max_inflight = 5\n", ["'max_inflight'", "limits.max_inflight"]),  # with a hint
-    ("[nosuchsection]\nx = 1\n", ["nosuchsection"]),
-    ('port = "abc"\n', ["port", "integer", "'abc'"]),
-    ("port = 70000\n", ["port", "70000"]),
-    ("port = 1.5\n", ["port"]),
-    ('[limits]\nmax_inflight = "many"\n', ["limits.max_inflight", "'many'"]),
-    ("[limits]\nmax_inflight = 0\n", ["limits.max_inflight", "minimum"]),
-    ("[limits]\nqueue_qos0 = 3\n", ["limits.queue_qos0", "true or false"]),
-    ('[limits]\ndrop_policy = "random"\n', ["limits.drop_policy", "'random'"]),
-    ('[auth]\nallow_anonymous = "perhaps"\n', ["auth.allow_anonymous", "'perhaps'"]),
-    ("[limits]\nconnect_timeout = [1, 2]\n", ["limits.connect_timeout"]),
-])
+@pytest.mark.parametrize(
+    "toml,names",
+    [
+        ("bogus = 1\n", ["'bogus'"]),
+        ("[limits]\nmax_inflite = 5\n", ["'limits.max_inflite'"]),
+        ("max_inflight = 5\n", ["'max_inflight'", "limits.max_inflight"]),  # with a hint
+        ("[nosuchsection]\nx = 1\n", ["nosuchsection"]),
+        ('port = "abc"\n', ["port", "integer", "'abc'"]),
+        ("port = 70000\n", ["port", "70000"]),
+        ("port = 1.5\n", ["port"]),
+        ('[limits]\nmax_inflight = "many"\n', ["limits.max_inflight", "'many'"]),
+        ("[limits]\nmax_inflight = 0\n", ["limits.max_inflight", "minimum"]),
+        ("[limits]\nqueue_qos0 = 3\n", ["limits.queue_qos0", "true or false"]),
+        ('[limits]\ndrop_policy = "random"\n', ["limits.drop_policy", "'random'"]),
+        ('[auth]\nallow_anonymous = "perhaps"\n', ["auth.allow_anonymous", "'perhaps'"]),
+        ("[limits]\nconnect_timeout = [1, 2]\n", ["limits.connect_timeout"]),
+    ],
+)
 def test_bad_toml_value_exits_non_zero_naming_the_key(tmp_path, toml, names):
     """A wrong key or value in the TOML file: exit non-zero, name the key and the file, no
     traceback. (Operations; no statement of the standard.)"""
@@ -64,13 +70,16 @@ def test_missing_config_file_names_the_file(tmp_path):
     assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("flag,value,names", [
-    ("--max-inflight", "many", ["--max-inflight", "'many'"]),
-    ("--max-inflight", "0", ["--max-inflight", "minimum"]),
-    ("--queue-qos0", "sometimes", ["--queue-qos0", "'sometimes'"]),
-    ("--connect-timeout", "-1", ["--connect-timeout"]),
-    ("--port", "65536", ["--port", "65536"]),
-])
+@pytest.mark.parametrize(
+    "flag,value,names",
+    [
+        ("--max-inflight", "many", ["--max-inflight", "'many'"]),
+        ("--max-inflight", "0", ["--max-inflight", "minimum"]),
+        ("--queue-qos0", "sometimes", ["--queue-qos0", "'sometimes'"]),
+        ("--connect-timeout", "-1", ["--connect-timeout"]),
+        ("--port", "65536", ["--port", "65536"]),
+    ],
+)
 def test_bad_flag_value_exits_non_zero_naming_the_flag(flag, value, names):
     """A bad command-line value: exit non-zero naming the flag. (Operations.)"""
     r = run_cli("broker", "--port", "0", flag, value, timeout=20)
@@ -106,13 +115,19 @@ def broker_from_config(tmp_path, *args: str):
     if port_file.exists():
         port_file.unlink()
     log = open(tmp_path / "cfg.log", "ab")
-    proc = subprocess.Popen([PYTHON, "-m", "mqttmesh", "broker", "--port-file", str(port_file),
-                             *args], stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "mqttmesh", "broker", "--port-file", str(port_file), *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=tmp_path,
+    )
     log.close()
     try:
+
         def ready():
             assert proc.poll() is None, (tmp_path / "cfg.log").read_text()
             return port_file.exists() and port_file.read_text().strip()
+
         yield int(wait_for(ready, 15, what="broker listening"))
     finally:
         proc.terminate()
@@ -157,8 +172,7 @@ def received_before_silence(c, window=0.4) -> int:
 
 
 @pytest.mark.parametrize("extra,expected", [((), 3), (("--max-inflight", "5"), 5)])
-def test_toml_limit_applies_and_flag_overrides_it(broker_factory, tmp_path, clients, extra,
-                                                  expected):
+def test_toml_limit_applies_and_flag_overrides_it(broker_factory, tmp_path, clients, extra, expected):
     """[limits] max_inflight = 3 from the file; --max-inflight 5 overrides it (counted as
     unacknowledged QoS 1 messages a subscriber receives).
     (Operations.)"""
@@ -189,8 +203,13 @@ def test_config_reference_lists_every_key():
     """`mqttmesh config-reference` documents the keys used above. (Operations.)"""
     r = run_cli("config-reference", timeout=20)
     assert r.returncode == 0
-    for key in ("`port`", "`limits.max_inflight`", "`auth.allow_anonymous`", "`--max-inflight`",
-                "`limits.slow_consumer_timeout`"):
+    for key in (
+        "`port`",
+        "`limits.max_inflight`",
+        "`auth.allow_anonymous`",
+        "`--max-inflight`",
+        "`limits.slow_consumer_timeout`",
+    ):
         assert key in r.stdout, key
 
 
@@ -210,9 +229,11 @@ def test_sigterm_right_after_the_port_file_appears_is_a_graceful_stop(tmp_path):
     (Operations.)"""
     for i in range(30):
         port_file = tmp_path / f"race{i}.port"
-        proc = subprocess.Popen([PYTHON, "-m", "mqttmesh", "broker", "--port", "0", "--port-file",
-                                 str(port_file), "--sys-interval", "0"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [PYTHON, "-m", "mqttmesh", "broker", "--port", "0", "--port-file", str(port_file), "--sys-interval", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             deadline = time.monotonic() + 15
             while not port_file.exists():

@@ -7,9 +7,11 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import Client, clients, connack  # noqa: F401 (fixture)
-from mqttraw import CONNACK, PINGRESP, s
+from support import mqttraw
+from support.integration import Client, connack
+from support.mqttraw import CONNACK, PINGRESP, s
+
+pytestmark = pytest.mark.process
 
 
 def read_until_closed(c: Client, timeout: float = 5.0) -> list:
@@ -95,19 +97,22 @@ def test_23_character_alphanumeric_client_id_is_accepted(broker, clients):
 # --------------------------------------------------------------------------- flags consistency
 
 
-@pytest.mark.parametrize("flags,payload,rule", [
-    (0x02 | 0x08, s("w"), "MQTT-3.1.2-13: will QoS 1 without will flag"),
-    (0x02 | 0x10, s("w"), "MQTT-3.1.2-13: will QoS 2 without will flag"),
-    (0x02 | 0x20, s("w"), "MQTT-3.1.2-15: will retain without will flag"),
-    (0x02 | 0x04 | 0x18, s("w") + s("wt") + s("wm"), "MQTT-3.1.2-14: will QoS 3"),
-    (0x02 | 0x04, s("w"), "MQTT-3.1.2-9: will flag without will topic and message"),
-    (0x02, s("w") + s("wt") + s("wm"), "MQTT-3.1.2-11: will fields present without will flag"),
-    (0x02 | 0x40, s("w") + s("pw"), "MQTT-3.1.2-22: password without user name"),
-    (0x02 | 0x80, s("w"), "MQTT-3.1.2-19: user name flag without user name"),
-    (0x02 | 0x80 | 0x40, s("w") + s("u"), "MQTT-3.1.2-21: password flag without password"),
-    (0x02, s("w") + s("u"), "MQTT-3.1.2-18: user name present without its flag"),
-    (0x02, b"", "MQTT-3.1.3-3: no ClientId at all"),
-])
+@pytest.mark.parametrize(
+    "flags,payload,rule",
+    [
+        (0x02 | 0x08, s("w"), "MQTT-3.1.2-13: will QoS 1 without will flag"),
+        (0x02 | 0x10, s("w"), "MQTT-3.1.2-13: will QoS 2 without will flag"),
+        (0x02 | 0x20, s("w"), "MQTT-3.1.2-15: will retain without will flag"),
+        (0x02 | 0x04 | 0x18, s("w") + s("wt") + s("wm"), "MQTT-3.1.2-14: will QoS 3"),
+        (0x02 | 0x04, s("w"), "MQTT-3.1.2-9: will flag without will topic and message"),
+        (0x02, s("w") + s("wt") + s("wm"), "MQTT-3.1.2-11: will fields present without will flag"),
+        (0x02 | 0x40, s("w") + s("pw"), "MQTT-3.1.2-22: password without user name"),
+        (0x02 | 0x80, s("w"), "MQTT-3.1.2-19: user name flag without user name"),
+        (0x02 | 0x80 | 0x40, s("w") + s("u"), "MQTT-3.1.2-21: password flag without password"),
+        (0x02, s("w") + s("u"), "MQTT-3.1.2-18: user name present without its flag"),
+        (0x02, b"", "MQTT-3.1.3-3: no ClientId at all"),
+    ],
+)
 def test_inconsistent_connect_flags_close_without_connack(broker, clients, flags, payload, rule):
     """[MQTT-3.1.4-1] a CONNECT that does not conform to 3.1 closes without CONNACK."""
     c = clients.raw(broker)
@@ -132,12 +137,16 @@ def test_second_connect_is_a_protocol_violation(broker, clients):
     assert read_until_closed(c) == []
 
 
-@pytest.mark.parametrize("first", [
-    mqttraw.PINGREQ_BYTES,
-    mqttraw.publish("a/b", b"x"),
-    mqttraw.subscribe(1, ("a/#", 0)),
-    mqttraw.DISCONNECT_BYTES,
-], ids=["PINGREQ", "PUBLISH", "SUBSCRIBE", "DISCONNECT"])
+@pytest.mark.parametrize(
+    "first",
+    [
+        mqttraw.PINGREQ_BYTES,
+        mqttraw.publish("a/b", b"x"),
+        mqttraw.subscribe(1, ("a/#", 0)),
+        mqttraw.DISCONNECT_BYTES,
+    ],
+    ids=["PINGREQ", "PUBLISH", "SUBSCRIBE", "DISCONNECT"],
+)
 def test_first_packet_not_connect_closes(broker, clients, first):
     """[MQTT-3.1.0-1] the first packet must be CONNECT; nothing is answered."""
     c = clients.raw(broker)
@@ -243,8 +252,7 @@ def test_connect_then_immediate_packets_in_one_segment(broker, clients):
     get CONNACK [MQTT-3.2.0-1] first, then SUBACK, then PINGRESP."""
     c = clients.raw(broker)
     c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 0)
-    c.send(mqttraw.connect(client_id="pipelined") + mqttraw.subscribe(9, ("p/#", 1))
-           + mqttraw.PINGREQ_BYTES)
+    c.send(mqttraw.connect(client_id="pipelined") + mqttraw.subscribe(9, ("p/#", 1)) + mqttraw.PINGREQ_BYTES)
     assert connack(c.recv()) == (0, 0)
     p = c.recv()
     assert (p.type, p.body) == (mqttraw.SUBACK, b"\x00\x09\x01")

@@ -14,9 +14,11 @@ import subprocess
 
 import pytest
 
-import mqttraw
-from itsupport import PYTHON, clients, control_roundtrip, wait_log  # noqa: F401 (fixture)
-from mqttraw import PUBACK, PUBCOMP, PUBREC, PUBREL
+from support import mqttraw
+from support.integration import PYTHON, control_roundtrip, wait_log
+from support.mqttraw import PUBACK, PUBCOMP, PUBREC, PUBREL
+
+pytestmark = pytest.mark.process
 
 
 @pytest.fixture
@@ -48,8 +50,7 @@ def test_acknowledged_qos1_messages_for_offline_session_survive_restart(durable,
     c.send(mqttraw.DISCONNECT_BYTES)
     c.expect_closed()
     pub = clients(durable, client_id="dur-pub")
-    pub.send(b"".join(mqttraw.publish("dur/t", str(i).encode(), qos=1, pid=i + 1)
-                      for i in range(n)))
+    pub.send(b"".join(mqttraw.publish("dur/t", str(i).encode(), qos=1, pid=i + 1) for i in range(n)))
     acks = [pub.recv() for _ in range(n)]
     assert all(p.type == PUBACK for p in acks)
     assert sorted(p.packet_id for p in acks) == list(range(1, n + 1))
@@ -102,8 +103,10 @@ def test_unacknowledged_inflight_messages_resent_with_dup_after_kill(durable, cl
     assert got[2].packet_id == m3.packet_id
     publishes = [got[0], got[1], got[3]]
     assert [(p.payload, p.qos, p.dup, p.packet_id) for p in publishes] == [
-        (b"m1", 1, True, m1.packet_id), (b"m2", 2, True, m2.packet_id),
-        (b"sync", 1, True, sync.packet_id)]
+        (b"m1", 1, True, m1.packet_id),
+        (b"m2", 2, True, m2.packet_id),
+        (b"sync", 1, True, sync.packet_id),
+    ]
     c.expect_silence(0.3)
 
 
@@ -195,8 +198,7 @@ def test_with_data_dir_the_log_names_the_store_and_what_was_restored(durable, cl
     pub.pub("l/r", b"x", qos=1, retain=True)
     durable.kill()
     durable.start()
-    wait_log(durable, str(durable.data_dir / "mqttmesh.db"), "1 persistent sessions",
-             "1 retained")
+    wait_log(durable, str(durable.data_dir / "mqttmesh.db"), "1 persistent sessions", "1 retained")
     assert not log_has_traceback(durable.log())
 
 
@@ -210,9 +212,25 @@ def log_has_traceback(text: str) -> bool:
 def run_broker_expecting_exit(tmp_path, data_dir, timeout=20) -> subprocess.CompletedProcess:
     """Start a broker on a bad data dir; it must exit on its own (bounded)."""
     return subprocess.run(
-        [PYTHON, "-m", "mqttmesh", "broker", "--host", "127.0.0.1", "--port", "0",
-         "--port-file", str(tmp_path / "bad.port"), "--data-dir", str(data_dir)],
-        capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+        [
+            PYTHON,
+            "-m",
+            "mqttmesh",
+            "broker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--port-file",
+            str(tmp_path / "bad.port"),
+            "--data-dir",
+            str(data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=tmp_path,
+    )
 
 
 def assert_clear_failure(r: subprocess.CompletedProcess, names: str) -> None:
@@ -234,7 +252,8 @@ def test_garbage_database_file_exits_with_clear_message(tmp_path):
 
 
 def test_database_and_wal_overwritten_with_garbage_after_kill_exits_with_clear_message(
-        broker_factory, tmp_path, clients):
+    broker_factory, tmp_path, clients
+):
     """A store that was in use (kill -9 leaves mqttmesh.db-wal next to it), then both
     files overwritten with garbage: the same clear refusal, naming the database file.
     (Operations.)"""
@@ -314,8 +333,7 @@ def test_healthy_store_restarts_and_serves(durable, clients):
     control_roundtrip(durable, "healthy")
 
 
-def test_discarded_session_messages_do_not_come_back_after_restart(broker_factory, tmp_path,
-                                                                   clients):
+def test_discarded_session_messages_do_not_come_back_after_restart(broker_factory, tmp_path, clients):
     """[MQTT-3.1.2-6] state of a session discarded by CleanSession=1 MUST NOT be reused in
     any later session, also after a restart. Here the discard (clean=1 connect) and the
     next clean=0 connect happen while a large store commit is still being written, so
@@ -351,15 +369,12 @@ def test_discarded_session_messages_do_not_come_back_after_restart(broker_factor
         c.expect_silence(0.4)  # and none of the discarded session's messages
 
 
-@pytest.mark.parametrize("policy,expected", [("oldest", [b"7", b"8", b"9"]),
-                                             ("newest", [b"0", b"1", b"2"])])
-def test_drop_policy_result_is_what_survives_kill(broker_factory, tmp_path, clients, policy,
-                                                  expected):
+@pytest.mark.parametrize("policy,expected", [("oldest", [b"7", b"8", b"9"]), ("newest", [b"0", b"1", b"2"])])
+def test_drop_policy_result_is_what_survives_kill(broker_factory, tmp_path, clients, policy, expected):
     """--max-queued 3 with a store: the messages the policy kept are the ones that come
     back after kill -9, and only those.
     [MQTT-3.1.2-5] within the --max-queued limit."""
-    b = broker_factory("--data-dir", str(tmp_path / "data"), "--max-queued", "3",
-                       "--drop-policy", policy)
+    b = broker_factory("--data-dir", str(tmp_path / "data"), "--max-queued", "3", "--drop-policy", policy)
     c = clients(b, client_id="dp", clean=False)
     assert c.sub(1, ("dp/t", 1)) == [1]
     c.send(mqttraw.DISCONNECT_BYTES)
@@ -395,8 +410,7 @@ def test_unsubscribe_is_durable(durable, clients):
     c.expect_silence(0.3)
 
 
-def test_session_discarded_by_clean_connect_stays_discarded_after_kill(broker_factory, tmp_path,
-                                                                       clients):
+def test_session_discarded_by_clean_connect_stays_discarded_after_kill(broker_factory, tmp_path, clients):
     """[MQTT-3.1.2-6] once CONNACK confirmed CleanSession=1 (session present 0), the old
     session's state MUST NOT be reused, a crash right after the CONNACK included. The
     store is kept busy with a large commit so the crash falls inside the commit window."""

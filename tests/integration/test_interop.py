@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from itsupport import clients, make_password_file, paho  # noqa: F401 (fixtures)
+from support.integration import make_password_file
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.process, pytest.mark.interop]
 
 
 class MosqSub:
@@ -21,9 +21,11 @@ class MosqSub:
     def __init__(self, broker, *args: str):
         self.proc = subprocess.Popen(
             # stdbuf: line-buffered stdout, or the debug lines sit in a pipe buffer
-            ["stdbuf", "-oL", "mosquitto_sub", "-h", broker.host, "-p", str(broker.port), "-d",
-             *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            ["stdbuf", "-oL", "mosquitto_sub", "-h", broker.host, "-p", str(broker.port), "-d", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: queue.Queue = queue.Queue()
         self.seen: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -41,11 +43,14 @@ class MosqSub:
             try:
                 line = self.lines.get(timeout=timeout)
             except queue.Empty:
-                raise AssertionError(f"mosquitto_sub printed no line matching {pattern!r}; "
-                                     f"output so far:\n" + "\n".join(self.seen)) from None
+                raise AssertionError(
+                    f"mosquitto_sub printed no line matching {pattern!r}; output so far:\n" + "\n".join(self.seen)
+                ) from None
             if line is None:
-                raise AssertionError(f"mosquitto_sub ended (rc={self.proc.wait(5)}) without "
-                                     f"{pattern!r}; output:\n" + "\n".join(self.seen))
+                raise AssertionError(
+                    f"mosquitto_sub ended (rc={self.proc.wait(5)}) without "
+                    f"{pattern!r}; output:\n" + "\n".join(self.seen)
+                )
             self.seen.append(line)
             m = rx.search(line)
             if m:
@@ -81,8 +86,13 @@ def mosq_sub():
 
 
 def mosquitto_pub(broker, *args: str, stdin: str | None = None, timeout: float = 15.0):
-    return subprocess.run(["mosquitto_pub", "-h", broker.host, "-p", str(broker.port), *args],
-                          input=stdin, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["mosquitto_pub", "-h", broker.host, "-p", str(broker.port), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 PUBLISH_LINE = r"received PUBLISH \(d(\d), q(\d), r(\d), m\d+, '([^']*)', \.\.\. \((\d+) bytes\)\)"
@@ -92,11 +102,13 @@ PUBLISH_LINE = r"received PUBLISH \(d(\d), q(\d), r(\d), m\d+, '([^']*)', \.\.\.
 def test_mosquitto_pub_to_mosquitto_sub(broker, mosq_sub, pub_qos, sub_qos):
     """QoS 0/1/2 end to end between the Debian clients: the subscriber gets QoS
     min(publish, granted) [MQTT-3.8.4-6], DUP=0 and RETAIN=0 [MQTT-3.3.1-9]."""
-    sub = mosq_sub(broker, "-t", "interop/t", "-q", str(sub_qos), "-C", "1", "-W", "10", "-v",
-                   "-i", f"msub-{pub_qos}{sub_qos}")
+    sub = mosq_sub(
+        broker, "-t", "interop/t", "-q", str(sub_qos), "-C", "1", "-W", "10", "-v", "-i", f"msub-{pub_qos}{sub_qos}"
+    )
     assert sub.subscribed() == [sub_qos]
-    r = mosquitto_pub(broker, "-t", "interop/t", "-q", str(pub_qos), "-m", "hello mqttmesh",
-                      "-i", f"mpub-{pub_qos}{sub_qos}")
+    r = mosquitto_pub(
+        broker, "-t", "interop/t", "-q", str(pub_qos), "-m", "hello mqttmesh", "-i", f"mpub-{pub_qos}{sub_qos}"
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     m = sub.wait_line(PUBLISH_LINE)
     assert m.groups() == ("0", str(min(pub_qos, sub_qos)), "0", "interop/t", "14")
@@ -127,16 +139,27 @@ def test_will_of_mosquitto_sub_published_when_it_dies(broker, mosq_sub, clients,
     at its QoS [MQTT-3.1.2-8]; with --will-retain it is retained [MQTT-3.1.2-17]."""
     watcher = clients(broker, client_id="will-watch")
     assert watcher.sub(1, ("interop/will", 2)) == [2]
-    args = ["-t", "interop/nothing", "-W", "30", "-i", "dying-sub", "--will-topic", "interop/will",
-            "--will-payload", "mosquitto_sub died", "--will-qos", "2"]
+    args = [
+        "-t",
+        "interop/nothing",
+        "-W",
+        "30",
+        "-i",
+        "dying-sub",
+        "--will-topic",
+        "interop/will",
+        "--will-payload",
+        "mosquitto_sub died",
+        "--will-qos",
+        "2",
+    ]
     if retain:
         args.append("--will-retain")
     sub = mosq_sub(broker, *args)
     assert sub.subscribed() == [0]
     sub.kill()
     (p,) = watcher.publishes(1)
-    assert (p.topic, p.payload, p.qos, p.retain) == \
-           ("interop/will", b"mosquitto_sub died", 2, False)
+    assert (p.topic, p.payload, p.qos, p.retain) == ("interop/will", b"mosquitto_sub died", 2, False)
     late = clients(broker, client_id="will-late")
     assert late.sub(1, ("interop/will", 2)) == [2]
     if retain:
@@ -150,8 +173,19 @@ def test_mosquitto_sub_clean_exit_publishes_no_will(broker, mosq_sub, clients):
     """mosquitto_sub -C 1 exits with DISCONNECT: its will is discarded [MQTT-3.14.4-3]."""
     watcher = clients(broker, client_id="nowill-watch")
     assert watcher.sub(1, ("interop/will2", 1)) == [1]
-    sub = mosq_sub(broker, "-t", "interop/one", "-C", "1", "-W", "10", "--will-topic",
-                   "interop/will2", "--will-payload", "should not appear")
+    sub = mosq_sub(
+        broker,
+        "-t",
+        "interop/one",
+        "-C",
+        "1",
+        "-W",
+        "10",
+        "--will-topic",
+        "interop/will2",
+        "--will-payload",
+        "should not appear",
+    )
     assert sub.subscribed() == [0]
     assert mosquitto_pub(broker, "-t", "interop/one", "-m", "x").returncode == 0
     assert sub.finish() == 0
@@ -164,16 +198,16 @@ def test_mosquitto_sub_clean_exit_publishes_no_will(broker, mosq_sub, clients):
 def test_persistent_session_with_mosquitto_sub_c(broker, mosq_sub):
     """mosquitto_sub -c -i ID (CleanSession=0): a QoS 1 message published while it is
     offline is delivered when it comes back [MQTT-3.1.2-5]."""
-    sub = mosq_sub(broker, "-c", "-i", "mosq-persist", "-q", "1", "-t", "interop/p", "-C", "1",
-                   "-W", "10", "-v")
+    sub = mosq_sub(broker, "-c", "-i", "mosq-persist", "-q", "1", "-t", "interop/p", "-C", "1", "-W", "10", "-v")
     assert sub.subscribed() == [1]
     assert mosquitto_pub(broker, "-t", "interop/p", "-q", "1", "-m", "online").returncode == 0
     sub.wait_line(r"^interop/p online$")
     assert sub.finish() == 0
     assert mosquitto_pub(broker, "-t", "interop/p", "-q", "1", "-m", "while away").returncode == 0
     # no -t: the session's stored subscription is what delivers
-    sub = mosq_sub(broker, "-c", "-i", "mosq-persist", "-q", "1", "-C", "1", "-W", "10", "-v",
-                   "-t", "interop/unrelated")
+    sub = mosq_sub(
+        broker, "-c", "-i", "mosq-persist", "-q", "1", "-C", "1", "-W", "10", "-v", "-t", "interop/unrelated"
+    )
     sub.wait_line(r"received CONNACK \(0\)")
     sub.wait_line(r"^interop/p while away$")
     assert sub.finish() == 0
@@ -185,8 +219,7 @@ def test_many_lines_from_mosquitto_pub_arrive_in_order(broker, mosq_sub):
     n = 200
     sub = mosq_sub(broker, "-t", "interop/lines", "-q", "1", "-C", str(n), "-W", "15")
     assert sub.subscribed() == [1]
-    r = mosquitto_pub(broker, "-t", "interop/lines", "-q", "1", "-l",
-                      stdin="".join(f"line {i}\n" for i in range(n)))
+    r = mosquitto_pub(broker, "-t", "interop/lines", "-q", "1", "-l", stdin="".join(f"line {i}\n" for i in range(n)))
     assert r.returncode == 0, r.stderr
     assert sub.finish(15) == 0
     sub._reader.join(5)
@@ -205,8 +238,7 @@ def test_mosquitto_clients_with_password_file(broker_factory, tmp_path, mosq_sub
     [MQTT-3.2.2-5]"""
     pw = make_password_file(tmp_path / "pw", {"mosq": "quitto"})
     b = broker_factory("--password-file", str(pw), "--allow-anonymous", "false")
-    sub = mosq_sub(b, "-u", "mosq", "-P", "quitto", "-t", "interop/auth", "-C", "1", "-W", "10",
-                   "-v")
+    sub = mosq_sub(b, "-u", "mosq", "-P", "quitto", "-t", "interop/auth", "-C", "1", "-W", "10", "-v")
     assert sub.subscribed() == [0]
     r = mosquitto_pub(b, "-u", "mosq", "-P", "quitto", "-t", "interop/auth", "-m", "ok")
     assert r.returncode == 0, r.stderr
@@ -217,8 +249,7 @@ def test_mosquitto_clients_with_password_file(broker_factory, tmp_path, mosq_sub
     assert "bad user name or password" in (r.stdout + r.stderr).lower()
     r = mosquitto_pub(b, "-t", "interop/auth", "-m", "anonymous")
     assert r.returncode != 0
-    assert "not authorised" in (r.stdout + r.stderr).lower() or \
-           "not authorized" in (r.stdout + r.stderr).lower()
+    assert "not authorised" in (r.stdout + r.stderr).lower() or "not authorized" in (r.stdout + r.stderr).lower()
 
 
 def test_paho_publisher_to_mosquitto_sub_qos2(broker, mosq_sub, paho):

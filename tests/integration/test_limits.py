@@ -8,8 +8,13 @@ import socket
 import struct
 import threading
 
-import mqttraw
-from itsupport import Client, connack, control_roundtrip, log_has, wait_for, wait_log
+import pytest
+
+from support import mqttraw
+from support.integration import Client, connack, control_roundtrip, log_has, wait_log
+from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 
 def _stuck_subscriber(b, client_id: str, topic_filter: str) -> socket.socket:
@@ -29,9 +34,18 @@ def test_buffers_over_the_budget_pause_reading_from_clients_until_they_drain(bro
     """Stuck subscribers fill their output buffers past --buffer-memory (1 MiB): the node
     stops reading from clients and says so; once the stuck ones are reset as slow consumers
     the buffers drain, reading resumes and a fresh pair works."""
-    b = broker_factory("--buffer-memory", str(1 << 20), "--max-write-buffer", str(8 << 20),
-                       "--backpressure-timeout", "0.2", "--slow-consumer-timeout", "2",
-                       "--sys-interval", "0")
+    b = broker_factory(
+        "--buffer-memory",
+        str(1 << 20),
+        "--max-write-buffer",
+        str(8 << 20),
+        "--backpressure-timeout",
+        "0.2",
+        "--slow-consumer-timeout",
+        "2",
+        "--sys-interval",
+        "0",
+    )
     stuck = [_stuck_subscriber(b, f"mem-stuck-{i}", "mem/#") for i in range(3)]
     flooder = Client(b.host, b.port, timeout=10)
     errors: list = []
@@ -65,8 +79,7 @@ def test_unauthenticated_connections_share_the_preauth_budget(broker_factory):
     """Two connections each send 40 kB of a 60 kB CONNECT and hold it before CONNACK; the one
     whose bytes would take the total past --preauth-memory (64 KiB) is reset and counted, the
     other completes its CONNECT and is served, and an ordinary client still connects."""
-    b = broker_factory("--preauth-memory", "65536", "--max-connect-size", "65536",
-                       "--connect-timeout", "10")
+    b = broker_factory("--preauth-memory", "65536", "--max-connect-size", "65536", "--connect-timeout", "10")
     body = b"\x00\x04MQTT\x04\x02\x00\x3c" + struct.pack(">H", 60000) + b"c" * 60000
     connect = b"\x10" + mqttraw.varint(len(body)) + body
     pair = [mqttraw.RawClient(b.host, b.port), mqttraw.RawClient(b.host, b.port)]
@@ -97,8 +110,16 @@ def test_blocked_output_drops_qos0_resets_the_client_and_its_session_keeps_qos1(
     --max-write-buffer (256 KiB) its QoS 0 messages are dropped and counted, after
     --slow-consumer-timeout it is reset, and when it comes back its session still holds
     every QoS 1 message the publisher was acknowledged [MQTT-3.1.2-5] [MQTT-4.4.0-1]."""
-    b = broker_factory("--max-write-buffer", str(256 * 1024), "--slow-consumer-timeout", "3",
-                       "--backpressure-timeout", "0.2", "--sys-interval", "0.2")
+    b = broker_factory(
+        "--max-write-buffer",
+        str(256 * 1024),
+        "--slow-consumer-timeout",
+        "3",
+        "--backpressure-timeout",
+        "0.2",
+        "--sys-interval",
+        "0.2",
+    )
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.settimeout(5)
@@ -112,18 +133,21 @@ def test_blocked_output_drops_qos0_resets_the_client_and_its_session_keeps_qos1(
     try:
         assert connack(pub.connect(client_id="keep-pub"))[1] == 0
         assert connack(watch.connect(client_id="keep-watch"))[1] == 0
-        assert watch.sub(1, ("$SYS/broker/clients/outputs_blocked", 0),
-                         ("$SYS/broker/publish/dropped/slow_qos0", 0)) == [0, 0]
+        assert watch.sub(
+            1, ("$SYS/broker/clients/outputs_blocked", 0), ("$SYS/broker/publish/dropped/slow_qos0", 0)
+        ) == [0, 0]
         flood = b"".join(mqttraw.publish("keep/flood", b"F" * 4000) for _ in range(500))  # 2 MB
         for _ in range(4):  # more than the kernel's socket buffers take
             pub.send(flood)
-        wait_for(lambda: _sys_value(watch, "clients/outputs_blocked") > 0, 10,
-                 what="the subscriber's output to be blocked")
+        wait_for(
+            lambda: _sys_value(watch, "clients/outputs_blocked") > 0, 10, what="the subscriber's output to be blocked"
+        )
         pub.send(flood)  # QoS 0 for a blocked output: dropped
         for i in range(1, 21):
             pub.pub("keep/q1", f"q1-{i}".encode(), qos=1, pid=i)
-        wait_for(lambda: _sys_value(watch, "publish/dropped/slow_qos0") > 0, 10,
-                 what="dropped QoS 0 messages to be counted")
+        wait_for(
+            lambda: _sys_value(watch, "publish/dropped/slow_qos0") > 0, 10, what="dropped QoS 0 messages to be counted"
+        )
         wait_log(b, "'keeper'", "slow consumer", timeout=10)
         s.close()
         with Client(b.host, b.port) as back:

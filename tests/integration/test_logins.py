@@ -13,10 +13,12 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import (Client, clients, connack, make_password_file, run_cli,  # noqa: F401 (fixtures)
-                       wait_for, wait_log)
-from mqttraw import CONNACK
+from support import mqttraw
+from support.integration import Client, connack, make_password_file, run_cli, wait_log
+from support.mqttraw import CONNACK
+from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 PASSWORDS = {"alice": "wonderland", "bob": "builder"}
 
@@ -46,12 +48,21 @@ def sys_value(broker, clients, topic: str, source: str = "127.0.0.9") -> bytes:
 
 
 def test_failures_from_one_address_wait_longer_each_time_while_another_logs_in_promptly(
-        broker_factory, pwfile, clients):
+    broker_factory, pwfile, clients
+):
     """--auth-fail-threshold 2 --auth-fail-delay 1: from 127.0.0.2, two failures are answered
     at once, then each login waits 1, 2, 4 s before its check (and is still refused with
     0x04 [MQTT-3.2.2-5]); meanwhile a client on 127.0.0.3 logs in without delay."""
-    b = broker_factory("--password-file", str(pwfile), "--auth-fail-threshold", "2",
-                       "--auth-fail-delay", "1", "--auth-fail-delay-max", "30")
+    b = broker_factory(
+        "--password-file",
+        str(pwfile),
+        "--auth-fail-threshold",
+        "2",
+        "--auth-fail-delay",
+        "1",
+        "--auth-fail-delay-max",
+        "30",
+    )
     waits = []
     for i in range(4):
         c = clients.raw(b, source="127.0.0.2")
@@ -78,8 +89,7 @@ def test_failures_from_one_address_wait_longer_each_time_while_another_logs_in_p
 
 def test_a_success_forgives_its_address(broker_factory, pwfile, clients):
     """After a successful login from an address, its earlier failures no longer delay it."""
-    b = broker_factory("--password-file", str(pwfile), "--auth-fail-threshold", "1",
-                       "--auth-fail-delay", "1")
+    b = broker_factory("--password-file", str(pwfile), "--auth-fail-threshold", "1", "--auth-fail-delay", "1")
     assert login(clients.raw(b, source="127.0.0.5"), "x1", "bad", "f1")[0] == 0x04
     rc, took = login(clients.raw(b, source="127.0.0.5"), "bob", "builder", "ok1")
     assert rc == 0 and took >= 0.95  # over the threshold: the success waited too
@@ -87,13 +97,22 @@ def test_a_success_forgives_its_address(broker_factory, pwfile, clients):
     assert rc == 0x04 and took < 0.9  # forgiven: the first failure again
 
 
-def test_many_logins_at_once_from_a_throttled_address_are_spaced_or_refused_unchecked(
-        broker_factory, pwfile, clients):
+def test_many_logins_at_once_from_a_throttled_address_are_spaced_or_refused_unchecked(broker_factory, pwfile, clients):
     """Over the threshold, three logins sent together from one address: the first waits
     the delay, the others would wait past --auth-fail-delay-max and get CONNACK 0x03 (server
     unavailable) at once, unchecked; all three count as throttled in $SYS."""
-    b = broker_factory("--password-file", str(pwfile), "--auth-fail-threshold", "1",
-                       "--auth-fail-delay", "1", "--auth-fail-delay-max", "2", "--sys-interval", "0.2")
+    b = broker_factory(
+        "--password-file",
+        str(pwfile),
+        "--auth-fail-threshold",
+        "1",
+        "--auth-fail-delay",
+        "1",
+        "--auth-fail-delay-max",
+        "2",
+        "--sys-interval",
+        "0.2",
+    )
     assert login(clients.raw(b, source="127.0.0.6"), "alice", "bad", "p0")[0] == 0x04
     conns = [clients.raw(b, source="127.0.0.6") for _ in range(3)]
     t0 = time.monotonic()
@@ -108,8 +127,12 @@ def test_many_logins_at_once_from_a_throttled_address_are_spaced_or_refused_unch
     (checked,) = [t for rc, t in answers.values() if rc == 0x04]
     assert checked >= 0.95
     wait_log(b, "login refused unchecked from 127.0.0.6:", "user 'alice'", "auth.fail_delay_max")
-    wait_for(lambda: sys_value(b, clients, "$SYS/broker/connections/auth_throttled") == b"3", 10,
-             interval=0.2, what="auth_throttled = 3")
+    wait_for(
+        lambda: sys_value(b, clients, "$SYS/broker/connections/auth_throttled") == b"3",
+        10,
+        interval=0.2,
+        what="auth_throttled = 3",
+    )
 
 
 def test_max_pending_refuses_with_0x03_and_counts(broker_factory, tmp_path, clients):
@@ -119,8 +142,9 @@ def test_max_pending_refuses_with_0x03_and_counts(broker_factory, tmp_path, clie
     pw = tmp_path / "slow-passwd"
     r = run_cli("passwd", str(pw), "slow", "-b", "s3cret", "--iterations", "2000000")
     assert r.returncode == 0, r.stderr
-    b = broker_factory("--password-file", str(pw), "--auth-max-pending", "1", "--auth-hash-workers", "1",
-                       "--sys-interval", "0.2")
+    b = broker_factory(
+        "--password-file", str(pw), "--auth-max-pending", "1", "--auth-hash-workers", "1", "--sys-interval", "0.2"
+    )
     first = clients.raw(b, source="127.0.0.7")
     first.send(mqttraw.connect(client_id="slow-1", username="slow", password="s3cret"))
     first.expect_silence(0.1)  # its check runs
@@ -131,8 +155,12 @@ def test_max_pending_refuses_with_0x03_and_counts(broker_factory, tmp_path, clie
     assert connack(first.recv(30)) == (0, 0)
     first.ping()
     wait_log(b, "login refused unchecked from 127.0.0.8:", "auth.max_pending (1)")
-    wait_for(lambda: sys_value(b, clients, "$SYS/broker/connections/auth_busy") == b"1", 10,
-             interval=0.2, what="auth_busy = 1")
+    wait_for(
+        lambda: sys_value(b, clients, "$SYS/broker/connections/auth_busy") == b"1",
+        10,
+        interval=0.2,
+        what="auth_busy = 1",
+    )
 
 
 def test_failed_logins_counted_in_sys_and_logged_with_the_address(broker_factory, pwfile, clients):
@@ -148,19 +176,35 @@ def test_failed_logins_counted_in_sys_and_logged_with_the_address(broker_factory
     wait_log(b, "login failed from 127.0.0.10:", r"user 'eve\x1b[31m\nINJECTED'")
     assert "\x1b" not in b.log()
     assert not any(line.startswith("INJECTED") for line in b.log().splitlines())
-    wait_for(lambda: sys_value(b, clients, "$SYS/broker/connections/auth_failures") == b"3", 10,
-             interval=0.2, what="auth_failures = 3")
+    wait_for(
+        lambda: sys_value(b, clients, "$SYS/broker/connections/auth_failures") == b"3",
+        10,
+        interval=0.2,
+        what="auth_failures = 3",
+    )
 
 
 def test_failure_log_lines_are_rate_limited(broker_factory, pwfile, clients):
     """--auth-log-rate 0.1 (a burst of one line): four failures in a row log one line; the
     counter has them all."""
-    b = broker_factory("--password-file", str(pwfile), "--auth-log-rate", "0.1", "--auth-fail-threshold", "100",
-                       "--sys-interval", "0.2")
+    b = broker_factory(
+        "--password-file",
+        str(pwfile),
+        "--auth-log-rate",
+        "0.1",
+        "--auth-fail-threshold",
+        "100",
+        "--sys-interval",
+        "0.2",
+    )
     for i in range(4):
         assert login(clients.raw(b, source="127.0.0.11"), "alice", "wrong", f"r{i}")[0] == 0x04
-    wait_for(lambda: sys_value(b, clients, "$SYS/broker/connections/auth_failures") == b"4", 10,
-             interval=0.2, what="auth_failures = 4")
+    wait_for(
+        lambda: sys_value(b, clients, "$SYS/broker/connections/auth_failures") == b"4",
+        10,
+        interval=0.2,
+        what="auth_failures = 4",
+    )
     assert sum("login failed from" in line for line in b.log().splitlines()) == 1
 
 
@@ -171,8 +215,12 @@ def test_unknown_and_known_users_get_the_same_answer(broker_factory, pwfile, cli
     b = broker_factory("--password-file", str(pwfile), "--sys-interval", "0.2", "--auth-fail-threshold", "100")
     for i, (user, password) in enumerate([("alice", "wrong"), ("mallory", "wrong"), ("alice", None)]):
         assert login(clients.raw(b, source="127.0.0.12"), user, password, f"u{i}")[0] == 0x04
-    wait_for(lambda: sys_value(b, clients, "$SYS/broker/connections/auth_failures") == b"3", 10,
-             interval=0.2, what="auth_failures = 3")
+    wait_for(
+        lambda: sys_value(b, clients, "$SYS/broker/connections/auth_failures") == b"3",
+        10,
+        interval=0.2,
+        what="auth_failures = 3",
+    )
 
 
 # --------------------------------------------------------------------------- $SYS and the ACL

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import mqttraw
-from itsupport import clients, make_password_file, wait_log  # noqa: F401 (fixture)
+import pytest
+
+from support import mqttraw
+from support.integration import make_password_file, wait_log
+
+pytestmark = pytest.mark.process
 
 
 def peer(c) -> str:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
-from itsupport import clients  # noqa: F401 (fixture)
-from mqttraw import PINGRESP, PUBACK, PUBCOMP, PUBREC
+from support import mqttraw
+from support.mqttraw import PINGRESP, PUBACK, PUBCOMP, PUBREC
+
+pytestmark = pytest.mark.process
 
 
 def test_qos0_publish_gets_no_response(broker, clients):
@@ -94,8 +95,13 @@ def test_delivery_qos_is_min_of_publish_and_granted(broker, clients, pub_qos):
     pub.pub("min/t", b"payload", qos=pub_qos, pid=3)
     for granted, c in subs.items():
         (p,) = c.publishes(1)
-        assert (p.topic, p.payload, p.qos, p.dup, p.retain) == \
-               ("min/t", b"payload", min(pub_qos, granted), False, False)
+        assert (p.topic, p.payload, p.qos, p.dup, p.retain) == (
+            "min/t",
+            b"payload",
+            min(pub_qos, granted),
+            False,
+            False,
+        )
         if p.qos:
             assert p.packet_id != 0
         else:
@@ -146,8 +152,7 @@ def test_1000_qos1_messages_arrive_in_publish_order(broker, clients):
     sub = clients(broker, client_id="order-sub")
     assert sub.sub(1, ("order/t", 1)) == [1]
     pub = clients(broker, client_id="order-pub")
-    pub.send(b"".join(mqttraw.publish("order/t", str(i).encode(), qos=1, pid=i + 1)
-                      for i in range(n)))
+    pub.send(b"".join(mqttraw.publish("order/t", str(i).encode(), qos=1, pid=i + 1) for i in range(n)))
     payloads = []
     while len(payloads) < n:
         (p,) = sub.publishes(1)
@@ -326,7 +331,10 @@ def test_topics_are_matched_without_normalisation(broker, clients):
     pub.pub("Ω/ß", b"greek", qos=1, pid=5)
     got = sub.publishes(3)
     assert [(p.topic, p.payload) for p in got] == [
-        ("caf\u00e9", b"composed"), ("\ufeffbom", b"with bom"), ("Ω/ß", b"greek")]
+        ("caf\u00e9", b"composed"),
+        ("\ufeffbom", b"with bom"),
+        ("Ω/ß", b"greek"),
+    ]
     assert got[1].body.startswith(mqttraw.s("\ufeffbom"))  # sent back byte for byte
     sub.expect_silence(0.3)
 

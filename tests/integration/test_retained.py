@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import mqttraw
-from itsupport import clients, wait_for  # noqa: F401 (fixture)
+import pytest
+
+from support import mqttraw
+from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 
 def test_retained_message_sent_on_subscribe_with_retain_1(broker, clients):
@@ -18,8 +22,7 @@ def test_retained_message_sent_on_subscribe_with_retain_1(broker, clients):
         c = clients(broker, client_id=f"rt-sub{granted}")
         assert c.sub(1, ("rt/a", granted)) == [granted]
         (p,) = c.publishes(1)
-        assert (p.topic, p.payload, p.retain, p.qos, p.dup) == \
-               ("rt/a", b"kept", True, min(1, granted), False)
+        assert (p.topic, p.payload, p.retain, p.qos, p.dup) == ("rt/a", b"kept", True, min(1, granted), False)
         c.expect_silence(0.2)
 
 

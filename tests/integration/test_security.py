@@ -6,10 +6,12 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import (Client, clients, connack, make_password_file, paho,  # noqa: F401 (fixtures)
-                       run_cli, wait_for, wait_log)
-from mqttraw import CONNACK
+from support import mqttraw
+from support.integration import Client, connack, make_password_file, run_cli, wait_log
+from support.mqttraw import CONNACK
+from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 
 @pytest.fixture
@@ -49,13 +51,16 @@ def test_correct_password_accepted(auth_broker, clients):
     c.ping()
 
 
-@pytest.mark.parametrize("username,password", [
-    ("alice", "wrong"),
-    ("alice", "builder"),      # another user's password
-    ("nobody", "wonderland"),  # unknown user
-    ("alice", None),           # user name without password
-    ("alice", ""),
-])
+@pytest.mark.parametrize(
+    "username,password",
+    [
+        ("alice", "wrong"),
+        ("alice", "builder"),  # another user's password
+        ("nobody", "wonderland"),  # unknown user
+        ("alice", None),  # user name without password
+        ("alice", ""),
+    ],
+)
 def test_bad_credentials_get_0x04(auth_broker, clients, username, password):
     """CONNACK 0x04 (bad user name or password), session present 0 [MQTT-3.2.2-4], then
     the connection is closed [MQTT-3.2.2-5]."""
@@ -90,9 +95,12 @@ def test_refused_connect_does_not_process_what_follows(auth_broker, clients):
     watcher = clients(auth_broker, client_id="rf-watch", username="bob", password="builder")
     assert watcher.sub(1, ("rf/#", 1)) == [1]
     c = clients.raw(auth_broker)
-    c.send(mqttraw.connect(client_id="rf", username="alice", password="wrong",
-                           will=("rf/will", b"will of a refused client", 1, False))
-           + mqttraw.publish("rf/data", b"must not be delivered", qos=1, pid=1))
+    c.send(
+        mqttraw.connect(
+            client_id="rf", username="alice", password="wrong", will=("rf/will", b"will of a refused client", 1, False)
+        )
+        + mqttraw.publish("rf/data", b"must not be delivered", qos=1, pid=1)
+    )
     refused(c, 0x04)
     marker = clients(auth_broker, client_id="rf-marker", username="bob", password="builder")
     marker.pub("rf/marker", b"m", qos=1)
@@ -178,9 +186,9 @@ def test_acl_client_id_pattern_publish_denied_silently(acl_broker, clients):
     admin = clients(acl_broker, client_id="admin-watch", username="admin")
     assert admin.sub(1, ("devices/#", 1)) == [1]
     dev = clients(acl_broker, client_id="dev1")
-    dev.pub("devices/dev2/temp", b"spoofed", qos=1, pid=1)   # denied, still PUBACK
-    dev.pub("devices/dev2/temp", b"spoofed", qos=2, pid=2)   # denied, still PUBREC/PUBCOMP
-    dev.pub("devices/dev1/temp", b"21.5", qos=1, pid=3)      # allowed
+    dev.pub("devices/dev2/temp", b"spoofed", qos=1, pid=1)  # denied, still PUBACK
+    dev.pub("devices/dev2/temp", b"spoofed", qos=2, pid=2)  # denied, still PUBREC/PUBCOMP
+    dev.pub("devices/dev1/temp", b"21.5", qos=1, pid=3)  # allowed
     (p,) = admin.publishes(1)
     assert (p.topic, p.payload) == ("devices/dev1/temp", b"21.5")
     admin.expect_silence(0.3)
@@ -208,16 +216,16 @@ def test_acl_forbidden_filter_gets_0x80_in_its_place(acl_broker, clients):
     """[MQTT-3.9.3-1] one code per filter in order, 0x80 for the refused one
     [MQTT-3.8.4-5]; the accepted subscriptions work."""
     dev = clients(acl_broker, client_id="dev7")
-    codes = dev.sub(3, ("devices/dev7/#", 1), ("devices/dev8/#", 1), ("public/news", 2),
-                    ("#", 0), ("devices/+/temp", 0))
+    codes = dev.sub(
+        3, ("devices/dev7/#", 1), ("devices/dev8/#", 1), ("public/news", 2), ("#", 0), ("devices/+/temp", 0)
+    )
     assert codes == [1, 0x80, 2, 0x80, 0x80]
     admin = clients(acl_broker, client_id="admin-s", username="admin")
     admin.pub("devices/dev8/x", b"other", qos=1, pid=1)
     admin.pub("devices/dev7/x", b"mine", qos=1, pid=2)
     admin.pub("public/news", b"news", qos=1, pid=3)
     got = dev.publishes(2)
-    assert [(p.topic, p.payload) for p in got] == \
-           [("devices/dev7/x", b"mine"), ("public/news", b"news")]
+    assert [(p.topic, p.payload) for p in got] == [("devices/dev7/x", b"mine"), ("public/news", b"news")]
     dev.expect_silence(0.3)
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
-from itsupport import clients, control_roundtrip, wait_log  # noqa: F401 (fixture)
-from mqttraw import PUBLISH, PUBREL
+from support import mqttraw
+from support.integration import control_roundtrip, wait_log
+from support.mqttraw import PUBLISH, PUBREL
+
+pytestmark = pytest.mark.process
 
 
 def offline_subscriber(broker, clients, client_id, *filters):
@@ -31,8 +33,7 @@ def test_subscriptions_kept_and_qos1_qos2_queued_while_offline(broker, clients):
     c = clients(broker, client_id="ps", clean=False)
     assert c.session_present == 1
     got = c.publishes(3)
-    assert [(p.payload, p.qos, p.dup) for p in got] == \
-           [(b"q1-a", 1, False), (b"q2", 2, False), (b"q1-b", 1, False)]
+    assert [(p.payload, p.qos, p.dup) for p in got] == [(b"q1-a", 1, False), (b"q2", 2, False), (b"q1-b", 1, False)]
     for p in got:
         c.ack(p)
     c.expect_ack(PUBREL, got[1].packet_id)
@@ -55,14 +56,16 @@ def test_qos0_queued_for_offline_session_with_queue_qos0(broker_factory, clients
     pub.pub("pq0/t", b"one", qos=1)
     c = clients(b, client_id="pq0", clean=False)
     got = c.publishes(4)
-    assert [(p.payload, p.qos) for p in got] == \
-           [(b"zero-0", 0), (b"zero-1", 0), (b"zero-2", 0), (b"one", 1)]
+    assert [(p.payload, p.qos) for p in got] == [(b"zero-0", 0), (b"zero-1", 0), (b"zero-2", 0), (b"one", 1)]
 
 
-@pytest.mark.parametrize("policy,expected", [
-    ("oldest", [b"7", b"8", b"9"]),
-    ("newest", [b"0", b"1", b"2"]),
-])
+@pytest.mark.parametrize(
+    "policy,expected",
+    [
+        ("oldest", [b"7", b"8", b"9"]),
+        ("newest", [b"0", b"1", b"2"]),
+    ],
+)
 def test_max_queued_with_drop_policy(broker_factory, clients, policy, expected):
     """--max-queued 3: ten QoS 1 messages to an offline session; 'oldest' keeps the last
     three, 'newest' the first three. Every publish is still acknowledged.
@@ -160,8 +163,11 @@ def test_unacknowledged_messages_resent_with_dup_in_order_on_reconnect(broker, c
     got = [c.recv() for _ in range(5)]
     publishes = [p for p in got if p.type == PUBLISH]
     assert [(p.payload, p.qos, p.dup, p.packet_id) for p in publishes] == [
-        (b"m1", 1, True, m1.packet_id), (b"m2", 2, True, m2.packet_id),
-        (b"m4", 1, True, m4.packet_id), (b"m5", 2, True, m5.packet_id)]
+        (b"m1", 1, True, m1.packet_id),
+        (b"m2", 2, True, m2.packet_id),
+        (b"m4", 1, True, m4.packet_id),
+        (b"m5", 2, True, m5.packet_id),
+    ]
     rels = [p for p in got if p.type == PUBREL]
     assert [(p.packet_id, p.flags) for p in rels] == [(m3.packet_id, 2)]
     # PUBREL in its original place: after m2's re-send, before m4's [MQTT-4.6.0-1]

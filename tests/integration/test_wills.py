@@ -6,9 +6,11 @@ import time
 
 import pytest
 
-import mqttraw
-from itsupport import clients, wait_log  # noqa: F401 (fixture)
-from mqttraw import Closed
+from support import mqttraw
+from support.integration import wait_log
+from support.mqttraw import Closed
+
+pytestmark = pytest.mark.process
 
 
 def test_silent_client_is_disconnected_after_1_5_keepalive_and_its_will_published(broker, clients):
@@ -21,8 +23,7 @@ def test_silent_client_is_disconnected_after_1_5_keepalive_and_its_will_publishe
     pinger = clients(broker, client_id="ka-pinger", keepalive=1)
     talker = clients(broker, client_id="ka-talker", keepalive=1)
     zero = clients(broker, client_id="ka-zero", keepalive=0)
-    silent = clients(broker, client_id="ka-silent", keepalive=1,
-                     will=("ka/will", b"silent gone", 1, False))
+    silent = clients(broker, client_id="ka-silent", keepalive=1, will=("ka/will", b"silent gone", 1, False))
     t0 = time.monotonic()
     closed_at = None
     while time.monotonic() - t0 < 3.5:

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import time
 
-from conftest import wait_for
-from meshutil import (Subscriber, _tolerant, publish, relayed_mesh, start_mesh, status, wait_converged,
-                      wait_interest)
+import pytest
 
-import mqttraw as raw
 from mqttmesh.mesh.hrw import owners
+from support import mqttraw as raw
+from support.mesh import Subscriber, _tolerant, publish, relayed_mesh, start_mesh, status, wait_converged, wait_interest
+from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 FULL3 = [("b", "a"), ("c", "a"), ("c", "b")]
 
 
 def mesh3(broker_factory, extra=()):
-    nodes = start_mesh(broker_factory, ["a", "b", "c"], FULL3, extra=("--mesh-keepalive", "0.3", *extra),
-                       admin=True)
+    nodes = start_mesh(broker_factory, ["a", "b", "c"], FULL3, extra=("--mesh-keepalive", "0.3", *extra), admin=True)
     wait_converged(nodes, FULL3)
     return nodes
 
@@ -49,14 +50,12 @@ def test_same_client_id_on_another_node_closes_the_first_connection(broker_facto
     nodes = mesh3(broker_factory)
     first = raw.RawClient(nodes["a"].host, nodes["a"].port)
     assert first.connect(client_id="roamer").body == b"\x00\x00"
-    wait_for(_tolerant(lambda: [n for _, n in registrations(nodes, "roamer")] == ["a"]),
-             what="the registration on a")
+    wait_for(_tolerant(lambda: [n for _, n in registrations(nodes, "roamer")] == ["a"]), what="the registration on a")
     second = raw.RawClient(nodes["b"].host, nodes["b"].port)
     assert second.connect(client_id="roamer").body == b"\x00\x00"
     first.expect_closed(5)  # [MQTT-3.1.4-2], mesh-wide
     assert alive(second)
-    wait_for(_tolerant(lambda: [n for _, n in registrations(nodes, "roamer")] == ["b"]),
-             what="one registration, on b")
+    wait_for(_tolerant(lambda: [n for _, n in registrations(nodes, "roamer")] == ["b"]), what="one registration, on b")
     second.close()
     first.close()
 
@@ -71,19 +70,21 @@ def test_hundred_client_ids_racing_on_three_nodes_one_winner_each(broker_factory
             clients[(i, name)] = c
     # all CONNECTs on the wire before any answer is read: a real race
     for i in range(100):
-        for name in names[i % 3:] + names[:i % 3]:
+        for name in names[i % 3 :] + names[: i % 3]:
             clients[(i, name)].send(raw.connect(client_id=f"race-{i}"))
     for c in clients.values():
         try:
             c.expect(raw.CONNACK, timeout=10)
         except raw.Closed:
             pass  # kicked before its CONNACK: it lost the race
+
     def settled():
         total = 0
-        for name, node in nodes.items():
+        for node in nodes.values():
             regs = status(node, admin=True)["cluster"]["registrations"]
             total += sum(1 for cid, e in regs.items() if cid.startswith("race-") and e["connected"])
         return total == 100
+
     wait_for(_tolerant(settled), 20, what="100 registrations")
     winners = {}
     for (i, name), c in clients.items():
@@ -107,8 +108,7 @@ def _persistent_flow(broker_factory, kill_home: bool):
     sub.close()
     if kill_home:
         nodes["a"].kill()
-        wait_for(_tolerant(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False), 10,
-                 what="c to see a gone")
+        wait_for(_tolerant(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False), 10, what="c to see a gone")
     publish(nodes["c"], "journey/q1", [f"one-{i}".encode() for i in range(100)], qos=1)
     publish(nodes["c"], "journey/q2", [f"two-{i}".encode() for i in range(100)], qos=2)
     back = raw.RawClient(nodes["b"].host, nodes["b"].port)
@@ -159,8 +159,10 @@ def test_will_of_a_client_on_a_killed_node_is_published_once(broker_factory):
         wait_interest(nodes, "lwt/#", "b")
         doomed = raw.RawClient(nodes["a"].host, nodes["a"].port)
         doomed.connect(client_id="doomed", will=("lwt/doomed", b"node died", 1, False))
-        wait_for(_tolerant(lambda: [n for _, n in registrations(nodes, "doomed")] == ["a"]),
-                 what="the registration with its will")
+        wait_for(
+            _tolerant(lambda: [n for _, n in registrations(nodes, "doomed")] == ["a"]),
+            what="the registration with its will",
+        )
         nodes["a"].kill()
         watcher.wait_count(1, timeout=10)
         assert watcher.payloads() == [b"node died"]
@@ -198,35 +200,47 @@ def _retained(node, topic_filter, timeout=3.0):
 def test_retained_messages_are_mesh_wide_survive_their_owner_and_delete_everywhere(broker_factory):
     nodes = mesh3(broker_factory)
     publish(nodes["a"], "home/lamp", [b"on"], qos=1, retain=True)
-    wait_for(lambda: _retained(nodes["c"], "home/lamp", 1.0) == {"home/lamp": b"on"}, 10,
-             what="the retained value on c")
+    wait_for(
+        lambda: _retained(nodes["c"], "home/lamp", 1.0) == {"home/lamp": b"on"}, 10, what="the retained value on c"
+    )
     assert _retained(nodes["c"], "#") == {"home/lamp": b"on"}
     owner = owners("home/lamp", ["a", "b", "c"], 2)[0]
     nodes[owner].kill()
     other = next(n for n in ("a", "b", "c") if n != owner)
-    wait_for(_tolerant(lambda: status(nodes[other])["nodes"][owner]["reachable"] is False), 10,
-             what="the owner to be seen dead")
+    wait_for(
+        _tolerant(lambda: status(nodes[other])["nodes"][owner]["reachable"] is False),
+        10,
+        what="the owner to be seen dead",
+    )
     assert _retained(nodes[other], "home/lamp") == {"home/lamp": b"on"}
     assert _retained(nodes[other], "home/#") == {"home/lamp": b"on"}
     nodes[owner].start()
     wait_converged(nodes, FULL3)
     publish(nodes["b"], "home/lamp", [b""], qos=1, retain=True)  # [MQTT-3.3.1-10]
     for name in ("a", "b", "c"):
-        wait_for(lambda name=name: _retained(nodes[name], "home/lamp", 1.0) == {}, 10,
-                 what=f"the deletion on {name}")
+        wait_for(lambda name=name: _retained(nodes[name], "home/lamp", 1.0) == {}, 10, what=f"the deletion on {name}")
         assert _retained(nodes[name], "#", 1.0) == {}
 
 
 def test_partition_with_one_client_id_on_both_sides_keeps_one_after_heal(broker_factory):
     names = ["a", "b", "c", "d"]
     edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
-    with relayed_mesh(broker_factory, names, edges, relayed=[("b", "c"), ("d", "a")],
-                      extra=("--mesh-keepalive", "0.3")) as (nodes, relays):
+    with relayed_mesh(
+        broker_factory, names, edges, relayed=[("b", "c"), ("d", "a")], extra=("--mesh-keepalive", "0.3")
+    ) as (nodes, relays):
         wait_converged(nodes, edges)
         for relay in relays.values():
             relay.block()
-        wait_for(_tolerant(lambda: not status(nodes["a"])["nodes"]["c"]["reachable"]
-                           and not status(nodes["c"])["nodes"]["a"]["reachable"]), 10, what="the split")
+        wait_for(
+            _tolerant(
+                lambda: (
+                    not status(nodes["a"])["nodes"]["c"]["reachable"]
+                    and not status(nodes["c"])["nodes"]["a"]["reachable"]
+                )
+            ),
+            10,
+            what="the split",
+        )
         left = raw.RawClient(nodes["a"].host, nodes["a"].port)
         right = raw.RawClient(nodes["c"].host, nodes["c"].port)
         assert left.connect(client_id="twin").body == b"\x00\x00"
@@ -235,8 +249,12 @@ def test_partition_with_one_client_id_on_both_sides_keeps_one_after_heal(broker_
         for relay in relays.values():
             relay.unblock()
         wait_converged(nodes, edges, timeout=20)
-        wait_for(lambda: alive(left) + alive(right) == 1, 15, interval=0.2,
-                 what="exactly one of the two connections to remain")
+        wait_for(
+            lambda: alive(left) + alive(right) == 1,
+            15,
+            interval=0.2,
+            what="exactly one of the two connections to remain",
+        )
         left.close()
         right.close()
 
@@ -246,9 +264,14 @@ def test_messages_in_custody_survive_kill_of_their_origin(broker_factory, tmp_pa
     when the origin is killed: the custody is in the origin's store (ARCHITECTURE 7)."""
     # one holder per session, so only custody (not a session replica on a) can save them
     data = {n: ("--data-dir", str(tmp_path / f"data-{n}")) for n in ("a", "c")}
-    with relayed_mesh(broker_factory, ["c", "a"], [("a", "c")], relayed=[("a", "c")], per_node=data,
-                      extra=("--mesh-keepalive", "0.3", "--retransmit-after", "0.3", "--replication", "1")
-                      ) as (nodes, relays):
+    with relayed_mesh(
+        broker_factory,
+        ["c", "a"],
+        [("a", "c")],
+        relayed=[("a", "c")],
+        per_node=data,
+        extra=("--mesh-keepalive", "0.3", "--retransmit-after", "0.3", "--replication", "1"),
+    ) as (nodes, relays):
         relay = relays[("a", "c")]
         wait_converged(nodes, [("a", "c")])
         cid = next(f"faraway{i}" for i in range(100) if owners(f"faraway{i}", ["a", "c"], 1) == ["c"])
@@ -292,8 +315,11 @@ def test_wildcard_retained_lookup_larger_than_the_client_packet_limit(broker_fac
             c.send(raw.publish(f"bulk/{i}", b"p" * 512, 1, True, pid=i % 65535 + 1))
         for _ in range(3000):
             c.expect(raw.PUBACK)
-    got = wait_for(lambda: len(_retained(nodes["a"], "bulk/#", 2.0)) == 3000 or None, 20,
-                   what="all 3000 retained messages through a '#' lookup on another node")
+    got = wait_for(
+        lambda: len(_retained(nodes["a"], "bulk/#", 2.0)) == 3000 or None,
+        20,
+        what="all 3000 retained messages through a '#' lookup on another node",
+    )
     assert got
 
 
@@ -314,8 +340,7 @@ def test_registrations_move_with_membership_without_dropping_clients(broker_fact
             for cid, entry in status(nodes[name], admin=True)["cluster"]["registrations"].items():
                 if cid.startswith("stay-") and entry["connected"]:
                     seen.setdefault(cid, []).append(entry["node"])
-        return sorted(seen) == sorted(clients) and all(
-            v == [clients[cid][0]] for cid, v in seen.items())
+        return sorted(seen) == sorted(clients) and all(v == [clients[cid][0]] for cid, v in seen.items())
 
     wait_for(_tolerant(lambda: registered_once("abc")), 15, what="every client registered once")
     moved = [cid for cid in clients if owners(cid, ["a", "b", "c"], 1) == ["c"]]
@@ -325,7 +350,7 @@ def test_registrations_move_with_membership_without_dropping_clients(broker_fact
     nodes["c"].start()
     wait_converged(nodes, FULL3)
     wait_for(_tolerant(lambda: registered_once("abc")), 15, what="the registrations back on c")
-    for cid, (home, c) in clients.items():
+    for cid, (_home, c) in clients.items():
         assert alive(c), f"{cid} was dropped"
         c.close()
 
@@ -334,6 +359,7 @@ def test_hand_over_while_messages_flow_loses_and_duplicates_nothing(broker_facto
     """Messages published while a persistent client moves from one node to another arrive
     once each: QoS 2 across the hand-over, with the client's own QoS 2 state kept."""
     import threading
+
     nodes = mesh3(broker_factory)
     total = 600
     client = raw.RawClient(nodes["a"].host, nodes["a"].port)
@@ -360,8 +386,9 @@ def test_hand_over_while_messages_flow_loses_and_duplicates_nothing(broker_facto
                 awaiting_rel.pop(p.packet_id, None)
                 c.send(raw.pubcomp(p.packet_id))
 
-    publisher = threading.Thread(target=lambda: publish(
-        nodes["c"], "flow/x", [f"f{i}".encode() for i in range(total)], qos=2), daemon=True)
+    publisher = threading.Thread(
+        target=lambda: publish(nodes["c"], "flow/x", [f"f{i}".encode() for i in range(total)], qos=2), daemon=True
+    )
     publisher.start()
     pump(client, lambda: len(received) >= total // 3, 20)
     client.close()  # gone without DISCONNECT, in the middle of the stream

@@ -12,9 +12,9 @@ from collections import deque
 
 import pytest
 
-from mqttmesh.message import Message
 import mqttmesh.mesh.engine as engine_module
 from mqttmesh.mesh.engine import MeshEngine, MeshSettings
+from mqttmesh.message import Message
 
 
 class Net:
@@ -182,6 +182,7 @@ def test_duplicate_retransmission_is_delivered_once_and_acked_again():
     assert net.delivered["b"] == [m] and a.custody == {}
     # resend the same message as a retransmission: delivered once, acked again
     from mqttmesh.mesh.engine import _Custody
+
     msg = Message("x", b"x", 2, False, "a", m[1], "c", 0)
     a.custody[m[1]] = _Custody(msg, {"b"}, 0.0, 0.0)
     net.t = 10
@@ -231,6 +232,7 @@ def test_unicast_is_routed_hop_by_hop_to_its_destination():
             if a[0] == "unicast":
                 got.append((name, a[1], a[2], a[3]))
         original(name, [a for a in actions if a[0] != "unicast"])
+
     net._pump = pump
     assert net.engines["n0"].send_unicast("n2", "claim", b"\x00binary\xff")
     net.settle()
@@ -240,15 +242,16 @@ def test_unicast_is_routed_hop_by_hop_to_its_destination():
 
 def test_delivery_filter_forgets_by_generations_and_fails_safe_per_qos():
     from mqttmesh.mesh.dedup import DeliveryFilter
+
     f = DeliveryFilter(window=4)
     assert not f.seen("o", 1) and f.seen("o", 1)
     for seq in range(2, 20):
         assert not f.seen("o", seq)
-    assert f.seen("o", 19) and f.seen("o", 13)   # the two generations still known
+    assert f.seen("o", 19) and f.seen("o", 13)  # the two generations still known
     # 3 was forgotten: QoS 1 may be delivered again (at least once), QoS 2 may not
     assert f.seen("o", 4, qos=2)
     assert not f.seen("o", 3, qos=1)
-    assert not f.seen("other-origin", 3)           # origins are independent
+    assert not f.seen("other-origin", 3)  # origins are independent
 
 
 # --- what the simulator found (docs/simulation.md, "Findings"), each fixed and kept fixed

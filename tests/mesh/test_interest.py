@@ -11,18 +11,18 @@ from mqttmesh.topics import SubscriptionTrie, filter_matches
 
 # (filter, topic, matches?) written out by hand from the spec's examples
 TABLE = [
-    ("sport/tennis/player1/#", "sport/tennis/player1", True),            # 4.7.1.2
+    ("sport/tennis/player1/#", "sport/tennis/player1", True),  # 4.7.1.2
     ("sport/tennis/player1/#", "sport/tennis/player1/ranking", True),
     ("sport/tennis/player1/#", "sport/tennis/player1/score/wimbledon", True),
     ("sport/#", "sport", True),
-    ("sport/tennis/+", "sport/tennis/player1", True),                    # 4.7.1.3
+    ("sport/tennis/+", "sport/tennis/player1", True),  # 4.7.1.3
     ("sport/tennis/+", "sport/tennis/player1/ranking", False),
     ("sport/+", "sport", False),
     ("sport/+", "sport/", True),
     ("+/+", "/finance", True),
     ("/+", "/finance", True),
     ("+", "/finance", False),
-    ("#", "$SYS/broker", False),                                          # [MQTT-4.7.2-1]
+    ("#", "$SYS/broker", False),  # [MQTT-4.7.2-1]
     ("+/monitor/Clients", "$SYS/monitor/Clients", False),
     ("$SYS/#", "$SYS/monitor/Clients", True),
     ("$SYS/monitor/+", "$SYS/monitor/Clients", True),
@@ -40,7 +40,7 @@ def test_spec_examples(topic_filter, topic, expected):
     index = InterestIndex()
     index.add(topic_filter, "n1")
     index.add("unrelated/filter", "n2")
-    assert (("n1" in index.match(topic)) is expected)
+    assert ("n1" in index.match(topic)) is expected
 
 
 def test_holders_are_counted_per_filter_and_removed_cleanly():

@@ -7,11 +7,21 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from meshutil import (Subscriber, envelopes, envelopes_in, publish, relayed_mesh, start_mesh, status,
-                      wait_converged, wait_interest)
+from support import mqttraw as raw
+from support.mesh import (
+    Subscriber,
+    envelopes,
+    envelopes_in,
+    publish,
+    relayed_mesh,
+    start_mesh,
+    status,
+    wait_converged,
+    wait_interest,
+)
+from support.processes import wait_for
 
-import mqttraw as raw
+pytestmark = pytest.mark.process
 
 
 def test_full_mesh_cross_node_qos012_exactly_once_and_no_traffic_to_uninterested_node(broker_factory):
@@ -60,8 +70,10 @@ def test_node_without_matching_subscriber_receives_nothing(broker_factory):
         wait_interest(nodes, "lonely/#", "a")
         publish(nodes["c"], "lonely/1", [b"x"] * 20, qos=1)
         sub.wait_count(20)
-        wait_for(lambda: sum(n["envelopes_out"] for n in status(nodes["c"])["neighbours"].values()) == 20,
-                 what="c's counters to show the 20 envelopes it sent")
+        wait_for(
+            lambda: sum(n["envelopes_out"] for n in status(nodes["c"])["neighbours"].values()) == 20,
+            what="c's counters to show the 20 envelopes it sent",
+        )
         wait_for(lambda: envelopes_in(nodes["a"]) == 20, what="a's counters to show the 20 envelopes")
         assert envelopes_in(nodes["b"]) == 0
     finally:
@@ -136,13 +148,14 @@ def test_ring_and_random_graph_exactly_once_along_tree_edges(broker_factory, sha
             for n in subscriber_nodes:
                 subs[n].wait_count(counts[n] + 1)
 
-            def used():
+            # the closures below run within this iteration: their defaults bind what they use now
+            def used(before=before):
                 after = envelopes(nodes)
                 return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
 
             last: dict = {}
 
-            def one_tree():
+            def one_tree(last=last, publisher=publisher, targets=targets):
                 last.clear()
                 last.update(used())
                 return not _tree_problems(last, publisher, targets, edges)
@@ -153,7 +166,7 @@ def test_ring_and_random_graph_exactly_once_along_tree_edges(broker_factory, sha
                 raise AssertionError(f"{exc}: {_tree_problems(last, publisher, targets, edges)}") from None
             settled = dict(last)
             # one copy per tree edge, no flooding, no loop: nothing more is sent later
-            assert _stays(lambda: used() == settled, 0.3), (publisher, settled, used())
+            assert _stays(lambda settled=settled: used() == settled, 0.3), (publisher, settled, used())
             for n in subscriber_nodes:
                 assert subs[n].payloads().count(publisher.encode()) == 1
     finally:
@@ -182,13 +195,19 @@ def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broke
     # a - b - d is the cheap path; a - c - d goes through relays that add latency
     names = ["a", "b", "c", "d"]
     edges = [("a", "b"), ("b", "d"), ("a", "c"), ("c", "d")]
-    with relayed_mesh(broker_factory, names, edges, relayed=[("a", "c"), ("c", "d")],
-                      extra=("--mesh-keepalive", "0.3", "--retransmit-after", "0.5")) as (nodes, relays):
+    with relayed_mesh(
+        broker_factory,
+        names,
+        edges,
+        relayed=[("a", "c"), ("c", "d")],
+        extra=("--mesh-keepalive", "0.3", "--retransmit-after", "0.5"),
+    ) as (nodes, relays):
         for relay in relays.values():
             relay.delay(0.02)
         wait_converged(nodes, edges)
-        wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15,
-                 what="a to route to d through the cheap b")
+        wait_for(
+            lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15, what="a to route to d through the cheap b"
+        )
         sub = Subscriber(nodes["d"], "persist-d", "stream/#", qos=1, clean=False)
         try:
             wait_interest(nodes, "stream/#", "d")
@@ -205,8 +224,7 @@ def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broke
                         killed_at = time.monotonic()
                     if killed_at and i % 10 == 0:
                         time.sleep(0.02)  # keep publishing through the detection window
-            wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "c", 5,
-                     what="a to re-route through c")
+            wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "c", 5, what="a to re-route through c")
             rerouted = time.monotonic() - killed_at
             sub.wait_count(total, timeout=20)
             got = sub.payloads()
@@ -215,8 +233,11 @@ def test_kill_node_on_cheap_path_reroutes_without_losing_qos1_then_rejoins(broke
             assert rerouted < 3 * 0.3 + 2.5
             # the killed node comes back by itself and routes again
             nodes["b"].start()
-            wait_for(lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b", 15,
-                     what="a to route through the restarted b again")
+            wait_for(
+                lambda: status(nodes["a"])["nodes"]["d"]["next_hop"] == "b",
+                15,
+                what="a to route through the restarted b again",
+            )
             publish(nodes["a"], "stream/x", [b"after-restart"], qos=1)
             sub.wait_count(total + 1)
             assert sub.payloads()[-1] == b"after-restart"
@@ -228,8 +249,9 @@ def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_fact
     names = ["a", "b", "c", "d"]
     # a-b and c-d direct; the two halves are joined by b-c and d-a through relays
     edges = [("a", "b"), ("c", "d"), ("b", "c"), ("d", "a")]
-    with relayed_mesh(broker_factory, names, edges, relayed=[("b", "c"), ("d", "a")],
-                      extra=("--mesh-keepalive", "0.3")) as (nodes, relays):
+    with relayed_mesh(
+        broker_factory, names, edges, relayed=[("b", "c"), ("d", "a")], extra=("--mesh-keepalive", "0.3")
+    ) as (nodes, relays):
         wait_converged(nodes, edges)
         subs = {n: Subscriber(nodes[n], f"p-{n}", "split/#", qos=1) for n in names}
         try:
@@ -237,10 +259,8 @@ def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_fact
                 wait_interest(nodes, "split/#", n)
             for relay in relays.values():
                 relay.block()
-            wait_for(lambda: status(nodes["a"])["nodes"]["c"]["reachable"] is False, 10,
-                     what="a to see c unreachable")
-            wait_for(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False, 10,
-                     what="c to see a unreachable")
+            wait_for(lambda: status(nodes["a"])["nodes"]["c"]["reachable"] is False, 10, what="a to see c unreachable")
+            wait_for(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False, 10, what="c to see a unreachable")
             publish(nodes["a"], "split/left", [b"L"], qos=1)
             publish(nodes["c"], "split/right", [b"R"], qos=1)
             subs["b"].wait_count(1)
@@ -255,8 +275,7 @@ def test_partition_two_plus_two_both_sides_work_and_merge_after_heal(broker_fact
             publish(nodes["a"], "split/after", [b"A"], qos=1)
             publish(nodes["c"], "split/after", [b"C"], qos=1)
             for n in names:
-                wait_for(lambda n=n: {b"A", b"C"} <= set(subs[n].payloads()), 10,
-                         what=f"cross traffic at {n}")
+                wait_for(lambda n=n: {b"A", b"C"} <= set(subs[n].payloads()), 10, what=f"cross traffic at {n}")
             for n in names:
                 got = subs[n].payloads()
                 assert len(got) == len(set(got)), (n, got)

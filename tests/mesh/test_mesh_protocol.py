@@ -4,36 +4,48 @@ from __future__ import annotations
 
 import struct
 
-from conftest import wait_for
-from meshutil import SECRET, Subscriber, publish, relayed_mesh, start_mesh, status, wait_converged, wait_interest
+import pytest
 
-import mqttraw as raw
+from support import mqttraw as raw
+from support.mesh import (
+    SECRET,
+    Subscriber,
+    publish,
+    relayed_mesh,
+    split_packets,
+    start_mesh,
+    status,
+    wait_converged,
+    wait_interest,
+)
+from support.processes import wait_for
 
-CLIENT_TYPES = {raw.CONNECT, raw.PUBLISH, raw.PUBACK, raw.PUBREC, raw.PUBREL, raw.PUBCOMP, raw.SUBSCRIBE,
-                raw.UNSUBSCRIBE, raw.PINGREQ, raw.DISCONNECT}
-SERVER_TYPES = {raw.CONNACK, raw.PUBLISH, raw.PUBACK, raw.PUBREC, raw.PUBREL, raw.PUBCOMP, raw.SUBACK,
-                raw.UNSUBACK, raw.PINGRESP}
+pytestmark = pytest.mark.process
+
+CLIENT_TYPES = {
+    raw.CONNECT,
+    raw.PUBLISH,
+    raw.PUBACK,
+    raw.PUBREC,
+    raw.PUBREL,
+    raw.PUBCOMP,
+    raw.SUBSCRIBE,
+    raw.UNSUBSCRIBE,
+    raw.PINGREQ,
+    raw.DISCONNECT,
+}
+SERVER_TYPES = {
+    raw.CONNACK,
+    raw.PUBLISH,
+    raw.PUBACK,
+    raw.PUBREC,
+    raw.PUBREL,
+    raw.PUBCOMP,
+    raw.SUBACK,
+    raw.UNSUBACK,
+    raw.PINGRESP,
+}
 REQUIRED_FLAGS = {raw.PUBREL: 2, raw.SUBSCRIBE: 2, raw.UNSUBSCRIBE: 2}
-
-
-def split_packets(stream: bytes):
-    """Split a captured byte stream into (first byte, body) with the standard's framing rules."""
-    pos, out = 0, []
-    while pos < len(stream):
-        first = stream[pos]
-        mult, length, i = 1, 0, pos + 1
-        while True:
-            b = stream[i]
-            length += (b & 0x7F) * mult
-            mult *= 128
-            i += 1
-            if not b & 0x80:
-                break
-            assert mult <= 128 ** 4, "remaining length over four bytes"
-        out.append((first, stream[i:i + length]))
-        pos = i + length
-    assert pos == len(stream), "trailing bytes"
-    return out
 
 
 def check_valid(packets, allowed):
@@ -44,7 +56,7 @@ def check_valid(packets, allowed):
             qos = (flags >> 1) & 3
             assert qos in (0, 1, 2)
             tlen = struct.unpack(">H", body[:2])[0]
-            topic = body[2:2 + tlen].decode("utf-8")
+            topic = body[2 : 2 + tlen].decode("utf-8")
             assert topic.startswith("$mesh/") and "+" not in topic and "#" not in topic
         else:
             assert flags == REQUIRED_FLAGS.get(ptype, 0), f"reserved flags of type {ptype}"
@@ -55,8 +67,9 @@ def check_valid(packets, allowed):
 
 
 def test_peer_link_capture_decodes_as_valid_mqtt_311(broker_factory):
-    with relayed_mesh(broker_factory, ["b", "a"], [("a", "b")], relayed=[("a", "b")], record=True,
-                      extra=("--mesh-keepalive", "0.2")) as (nodes, relays):
+    with relayed_mesh(
+        broker_factory, ["b", "a"], [("a", "b")], relayed=[("a", "b")], record=True, extra=("--mesh-keepalive", "0.2")
+    ) as (nodes, relays):
         relay = relays[("a", "b")]
         wait_converged(nodes, [("a", "b")])
         sub = Subscriber(nodes["b"], "cap-sub", "cap/#", qos=1)
@@ -69,8 +82,10 @@ def test_peer_link_capture_decodes_as_valid_mqtt_311(broker_factory):
                 publish(nodes["b"], "back/y", [b"payload"] * 5, qos=qos)
             sub.wait_count(15)
             sub_a.wait_count(15)
-            wait_for(lambda: status(nodes["a"])["neighbours"]["b"]["srtt_us"] is not None,
-                     what="a PINGREQ round trip on the link")
+            wait_for(
+                lambda: status(nodes["a"])["neighbours"]["b"]["srtt_us"] is not None,
+                what="a PINGREQ round trip on the link",
+            )
         finally:
             sub.close()
             sub_a.close()
@@ -90,8 +105,7 @@ def test_peer_connect_refusals(broker_factory):
     node = broker_factory("--cluster-secret", SECRET)
     nonce = "ab" * 16
     with raw.RawClient(node.host, node.port) as c:
-        ack = c.connect(client_id="$mesh-other", username="mqttmesh-peer", password=f"2|p|1|{nonce}",
-                        clean=False)
+        ack = c.connect(client_id="$mesh-other", username="mqttmesh-peer", password=f"2|p|1|{nonce}", clean=False)
         assert ack.body == b"\x00\x02"  # the ClientId must be $mesh-<node>
         c.expect_closed()
     with raw.RawClient(node.host, node.port) as c:
@@ -99,8 +113,7 @@ def test_peer_connect_refusals(broker_factory):
         assert ack.body == b"\x00\x04"  # malformed credentials
         c.expect_closed()
     with raw.RawClient(node.host, node.port) as c:
-        ack = c.connect(client_id="$mesh-node1", username="mqttmesh-peer", password=f"2|node1|1|{nonce}",
-                        clean=False)
+        ack = c.connect(client_id="$mesh-node1", username="mqttmesh-peer", password=f"2|node1|1|{nonce}", clean=False)
         assert ack.body == b"\x00\x04"  # a peer with this node's own id
     with raw.RawClient(node.host, node.port) as c:
         ack = c.connect(client_id="$mesh-x", username="someone")
@@ -142,11 +155,13 @@ def test_many_subscribers_to_one_filter_cost_one_advertisement(broker_factory):
         storm.send(raw.subscribe(2, *[(f"storm/{i}", 0) for i in range(100)]))
         storm.expect(raw.SUBACK)
         clients.append(storm)
-        wait_for(lambda: len(status(nodes["b"])["nodes"]["a"]["filters"]) == 101, 10,
-                 what="b to learn a's 101 distinct filters")
+        wait_for(
+            lambda: len(status(nodes["b"])["nodes"]["a"]["filters"]) == 101,
+            10,
+            what="b to learn a's 101 distinct filters",
+        )
         # (a's status document is refreshed every 0.1 s: wait for it to catch up)
-        wait_for(lambda: status(nodes["a"])["counters"]["interest_originated"] - before >= 2,
-                 what="a's counters")
+        wait_for(lambda: status(nodes["a"])["counters"]["interest_originated"] - before >= 2, what="a's counters")
         after = status(nodes["a"])["counters"]["interest_originated"]
         # one advertisement for the 30 subscribers of one filter, one for the storm
         assert after - before == 2, (before, after)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import time
 
-from conftest import wait_for
-from meshutil import ADMIN_PASSWORD, ADMIN_USER, SECRET, _tolerant, start_mesh, status, wait_converged
+import pytest
 
-import mqttraw as raw
+from support import mqttraw as raw
+from support.mesh import ADMIN_PASSWORD, ADMIN_USER, SECRET, _tolerant, start_mesh, status, wait_converged
+from support.processes import wait_for
+
+pytestmark = pytest.mark.process
 
 EDGES = [("b", "a")]
 
@@ -50,8 +53,10 @@ def test_anonymous_sys_subscriber_on_a_two_node_mesh_never_sees_a_client_id(brok
         assert d.connect(client_id=cid).body == b"\x00\x00"
         devices.append(d)
     watchers = {name: sys_reader(nodes[name], f"zq-watcher-{name}") for name in nodes}
-    admins = {name: sys_reader(nodes[name], f"zq-admin-{name}", username=ADMIN_USER, password=ADMIN_PASSWORD)
-              for name in nodes}
+    admins = {
+        name: sys_reader(nodes[name], f"zq-admin-{name}", username=ADMIN_USER, password=ADMIN_PASSWORD)
+        for name in nodes
+    }
     anon_seen = {name: [] for name in nodes}
     admin_seen = {name: [] for name in nodes}
 
@@ -69,7 +74,7 @@ def test_anonymous_sys_subscriber_on_a_two_node_mesh_never_sees_a_client_id(brok
     for name in nodes:  # a few more live rounds for the anonymous ones
         drain(watchers[name], anon_seen[name], 0.5)
     forbidden = [*ids.values(), "zq-watcher", "zq-admin"]
-    for name, seen in anon_seen.items():
+    for seen in anon_seen.values():
         topics = {t for t, _ in seen}
         assert "$SYS/mesh/status" in topics and "$SYS/mesh/nodes" in topics, topics
         assert "$SYS/mesh/clients" not in topics
@@ -81,8 +86,11 @@ def test_anonymous_sys_subscriber_on_a_two_node_mesh_never_sees_a_client_id(brok
     assert "registrations" not in anonymous["cluster"] and "local_clients" not in anonymous["cluster"]
     assert "counters" in anonymous["cluster"]
     assert not any(cid in json.dumps(anonymous) for cid in ids.values())
-    wait_for(_tolerant(lambda: ids["a"] in status(nodes["a"], admin=True)["cluster"]["local_clients"]), 10,
-             what="the admin's status to list the device")
+    wait_for(
+        _tolerant(lambda: ids["a"] in status(nodes["a"], admin=True)["cluster"]["local_clients"]),
+        10,
+        what="the admin's status to list the device",
+    )
     for c in [*devices, *watchers.values(), *admins.values()]:
         c.close()
 

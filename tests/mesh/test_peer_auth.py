@@ -2,7 +2,7 @@
 listener that does not know the secret, a peer of another protocol version, and real
 nodes that still link, route and reconnect (mesh/peerauth.py, design.md 2.6).
 
-The attackers here are raw sockets that build their bytes with tests/mqttraw.py.
+The attackers here are raw sockets that build their bytes with tests/support/mqttraw.py.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import time
 
 import pytest
 
-from conftest import wait_for
-from meshutil import SECRET, Subscriber, publish, relayed_mesh, status, wait_converged, wait_interest
-from test_mesh_protocol import split_packets
+from support import mqttraw as raw
+from support.mesh import SECRET, Subscriber, publish, relayed_mesh, split_packets, status, wait_converged, wait_interest
+from support.processes import wait_for
 
-import mqttraw as raw
+pytestmark = pytest.mark.process
 
 
 def frame(first: int, body: bytes) -> bytes:
@@ -35,8 +35,12 @@ def log_lines(node, *needles):
 
 def status_after(node, moment: float) -> dict:
     """A status the node published after ``moment`` (wall clock), so it reflects what came before."""
-    return wait_for(lambda: (lambda s: s if s["time"] > moment + 0.2 else None)(status(node)), 10,
-                    interval=0.05, what="a fresh status")
+    return wait_for(
+        lambda: (lambda s: s if s["time"] > moment + 0.2 else None)(status(node)),
+        10,
+        interval=0.05,
+        what="a fresh status",
+    )
 
 
 def v1_token(secret: bytes, node: str, incarnation: int, stamp: int) -> bytes:
@@ -56,8 +60,11 @@ def linked_connection(recorded: bytes):
         if first >> 4 == raw.CONNECT:
             connections.append([])
         connections[-1].append((first, body))
-    linked = [conn for conn in connections
-              if any(f >> 4 == raw.PUBLISH and raw.Packet(f, b).topic == "$mesh/from/a/hello" for f, b in conn)]
+    linked = [
+        conn
+        for conn in connections
+        if any(f >> 4 == raw.PUBLISH and raw.Packet(f, b).topic == "$mesh/from/a/hello" for f, b in conn)
+    ]
     assert len(linked) == 1, f"{len(linked)} connections of the recorded link said hello"
     return linked[0]
 
@@ -75,15 +82,17 @@ def read_until_closed(client, timeout=5.0):
 
 
 def test_recorded_peer_handshake_replayed_to_another_node_or_later_is_refused(broker_factory):
-    with relayed_mesh(broker_factory, ["a", "b", "c"], [("a", "b")], relayed=[("a", "b")],
-                      record=True) as (nodes, relays):
+    with relayed_mesh(broker_factory, ["a", "b", "c"], [("a", "b")], relayed=[("a", "b")], record=True) as (
+        nodes,
+        relays,
+    ):
         a, b, c = nodes["a"], nodes["b"], nodes["c"]
         wait_converged({"a": a, "b": b}, [("a", "b")])
         packets = linked_connection(relays[("a", "b")].captured(True))
 
         # everything the dialler sent, to another node with the same secret, all at once
         with raw.RawClient(c.host, c.port) as replay:
-            address = "%s:%d" % replay.sock.getsockname()
+            address = "{}:{}".format(*replay.sock.getsockname())
             replay.send(b"".join(frame(f, body) for f, body in packets))
             answers = read_until_closed(replay)
             closed_at = time.time()
@@ -92,32 +101,42 @@ def test_recorded_peer_handshake_replayed_to_another_node_or_later_is_refused(br
         assert answers[2].topic == "$mesh/to/a/auth" and answers[2].payload.startswith(b"c|")
         s = status_after(c, closed_at)
         assert s["links"] == {} and s["neighbours"] == {} and set(s["nodes"]) == {"c"}
-        wait_for(lambda: log_lines(c, "WARNING", address, "failed to prove the cluster secret"),
-                 what="c's warning naming the replayer's address")
+        wait_for(
+            lambda: log_lines(c, "WARNING", address, "failed to prove the cluster secret"),
+            what="c's warning naming the replayer's address",
+        )
 
         # to the node it was recorded at, later, step by step: refused, the live link untouched
-        proof = [i for i, (f, body) in enumerate(packets)
-                 if f >> 4 == raw.PUBLISH and raw.Packet(f, body).topic == "$mesh/from/a/auth"]
+        proof = [
+            i
+            for i, (f, body) in enumerate(packets)
+            if f >> 4 == raw.PUBLISH and raw.Packet(f, body).topic == "$mesh/from/a/auth"
+        ]
         assert len(proof) == 1
         links_before = status(b)["links"]
         with raw.RawClient(b.host, b.port) as replay:
-            address = "%s:%d" % replay.sock.getsockname()
+            address = "{}:{}".format(*replay.sock.getsockname())
             replay.send(frame(*packets[0]))
             assert replay.expect(raw.CONNACK).body == b"\x01\x00"  # session present: the live link's
-            replay.send(b"".join(frame(f, body) for f, body in packets[1:proof[0]]))
+            replay.send(b"".join(frame(f, body) for f, body in packets[1 : proof[0]]))
             assert replay.expect(raw.SUBACK).body == b"\x00\x01\x01"
             fresh = replay.expect(raw.PUBLISH)
             assert fresh.topic == "$mesh/to/a/auth"
             replay.send(frame(*packets[proof[0]]))
             replay.expect_closed()
             closed_at = time.time()
-        wait_for(lambda: log_lines(b, "WARNING", address, "failed to prove the cluster secret"),
-                 what="b's warning naming the replayer's address")
+        wait_for(
+            lambda: log_lines(b, "WARNING", address, "failed to prove the cluster secret"),
+            what="b's warning naming the replayer's address",
+        )
         assert status_after(b, closed_at)["links"] == links_before
         assert not log_lines(b, "link to a down") and not log_lines(a, "link to b down")
         # the listener's nonce differs per connection: so did its challenge
-        recorded_challenge = [body for f, body in split_packets(relays[("a", "b")].captured(False))
-                              if f >> 4 == raw.PUBLISH and raw.Packet(f, body).topic == "$mesh/to/a/auth"][-1]
+        recorded_challenge = [
+            body
+            for f, body in split_packets(relays[("a", "b")].captured(False))
+            if f >> 4 == raw.PUBLISH and raw.Packet(f, body).topic == "$mesh/to/a/auth"
+        ][-1]
         assert raw.Packet(0x30, recorded_challenge).payload != fresh.payload
 
 
@@ -164,7 +183,7 @@ class FakeListener:
             try:
                 connect = conn.recv(5)
                 record["packets"].append(connect)
-                node = connect.body[14:14 + int.from_bytes(connect.body[12:14], "big")].decode()[len("$mesh-"):]
+                node = connect.body[14 : 14 + int.from_bytes(connect.body[12:14], "big")].decode()[len("$mesh-") :]
                 self.behaviour(conn, node, record)
                 deadline = time.monotonic() + 20
                 while not self.stopped and time.monotonic() < deadline:
@@ -196,6 +215,7 @@ def _subscribe_then(send_after):
         record["packets"].append(sub)
         conn.send(frame(0x90, sub.body[:2] + b"\x01"))
         send_after(conn, node)
+
     return behaviour
 
 
@@ -206,7 +226,8 @@ def _hello(node):
 FAKES = {
     # a challenge in the right form, with a MAC it cannot compute, then a hello
     "forged-proof": lambda conn, node: conn.send(
-        raw.publish(f"$mesh/to/{node}/auth", f"fake|1|{'ab' * 16}|{'0' * 64}") + _hello(node)),
+        raw.publish(f"$mesh/to/{node}/auth", f"fake|1|{'ab' * 16}|{'0' * 64}") + _hello(node)
+    ),
     # straight to the hello, as a version-1 listener would
     "hello-only": lambda conn, node: conn.send(_hello(node)),
     # nothing at all: it only answers PINGREQ
@@ -218,10 +239,24 @@ FAKES = {
 def test_dialler_never_links_to_a_listener_without_the_secret(broker_factory, kind):
     fake = FakeListener(_subscribe_then(FAKES[kind]))
     try:
-        d = broker_factory("--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
-                           "--peer", fake.address, "--connect-timeout", "1", name="d")
-        wait_for(lambda: fake.seen and fake.seen[0]["closed_by_dialler"], 15,
-                 what="the dialler to close its connection to the fake listener")
+        d = broker_factory(
+            "--cluster-secret",
+            SECRET,
+            "--connect",
+            "configured",
+            "--status-interval",
+            "0.1",
+            "--peer",
+            fake.address,
+            "--connect-timeout",
+            "1",
+            name="d",
+        )
+        wait_for(
+            lambda: fake.seen and fake.seen[0]["closed_by_dialler"],
+            15,
+            what="the dialler to close its connection to the fake listener",
+        )
         first = fake.seen[0]
         closed_at = time.time()
         if kind == "silent":
@@ -244,19 +279,29 @@ def test_peer_of_another_protocol_version_is_refused_naming_both_versions(broker
     node = broker_factory("--cluster-secret", SECRET, "--status-interval", "0.1", name="new")
     # a version-1 node's CONNECT, with a valid token of its time
     with raw.RawClient(node.host, node.port) as old:
-        ack = old.connect(client_id="$mesh-old", username="mqttmesh-peer", clean=False, keepalive=2,
-                          password=v1_token(SECRET.encode(), "old", 5, int(time.time())))
+        ack = old.connect(
+            client_id="$mesh-old",
+            username="mqttmesh-peer",
+            clean=False,
+            keepalive=2,
+            password=v1_token(SECRET.encode(), "old", 5, int(time.time())),
+        )
         assert ack.body == b"\x00\x04"
         old.expect_closed()
     with raw.RawClient(node.host, node.port) as newer:
-        ack = newer.connect(client_id="$mesh-next", username="mqttmesh-peer", clean=False,
-                            password=b"3|next|5|" + b"ab" * 20)
+        ack = newer.connect(
+            client_id="$mesh-next", username="mqttmesh-peer", clean=False, password=b"3|next|5|" + b"ab" * 20
+        )
         assert ack.body == b"\x00\x04"
         newer.expect_closed()
-    wait_for(lambda: log_lines(node, "WARNING", "peer 'old' speaks mesh protocol 1, this node 2"),
-             what="the version-1 refusal in the log")
-    wait_for(lambda: log_lines(node, "WARNING", "peer 'next' speaks mesh protocol 3, this node 2"),
-             what="the version-3 refusal in the log")
+    wait_for(
+        lambda: log_lines(node, "WARNING", "peer 'old' speaks mesh protocol 1, this node 2"),
+        what="the version-1 refusal in the log",
+    )
+    wait_for(
+        lambda: log_lines(node, "WARNING", "peer 'next' speaks mesh protocol 3, this node 2"),
+        what="the version-3 refusal in the log",
+    )
     assert status(node)["links"] == {}
 
 
@@ -264,8 +309,7 @@ def test_dialler_refused_by_a_listener_of_another_version_says_so(broker_factory
     # a version-1 listener answers our version-2 CONNECT with 0x04 (its token check fails)
     fake = FakeListener(lambda conn, node, record: conn.send(b"\x20\x02\x00\x04"))
     try:
-        d = broker_factory("--cluster-secret", SECRET, "--connect", "configured", "--peer", fake.address,
-                           name="d")
+        d = broker_factory("--cluster-secret", SECRET, "--connect", "configured", "--peer", fake.address, name="d")
         wait_for(lambda: fake.seen and fake.seen[0]["closed_by_dialler"], what="the dialler to close")
         lines = wait_for(lambda: log_lines(d, "WARNING", fake.address, "0x04"), what="the refusal logged")
         assert re.search(r"mesh protocol 2 credentials were refused.*another protocol version", lines[0])
@@ -277,8 +321,9 @@ def test_dialler_refused_by_a_listener_of_another_version_says_so(broker_factory
 
 
 def test_real_nodes_link_route_and_reconnect(broker_factory):
-    with relayed_mesh(broker_factory, ["a", "b"], [("a", "b")], relayed=[("a", "b")],
-                      extra=("--mesh-keepalive", "0.3")) as (nodes, relays):
+    with relayed_mesh(
+        broker_factory, ["a", "b"], [("a", "b")], relayed=[("a", "b")], extra=("--mesh-keepalive", "0.3")
+    ) as (nodes, relays):
         wait_converged(nodes, [("a", "b")])
         sub = Subscriber(nodes["b"], "auth-sub", "auth/#", qos=1)
         try:

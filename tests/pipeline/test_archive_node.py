@@ -9,41 +9,13 @@ import sys
 
 import pytest
 
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyarrow.parquet")
 
-from conftest import wait_for  # noqa: E402
-from meshutil import Subscriber, publish  # noqa: E402
+from support.mesh import Subscriber, publish
+from support.pipeline import archive_flags, read_archive, writer_pid
+from support.processes import wait_for
 
-
-def archive_flags(directory, *extra):
-    return ["--archive", "true", "--archive-dir", str(directory), *extra]
-
-
-def read_archive(directory, kind="publish"):
-    rows = []
-    base = os.path.join(directory, kind)
-    for dirpath, _, names in os.walk(base):
-        for n in sorted(names):
-            if n.endswith(".parquet") and not n.startswith("."):
-                rows += pq.read_table(os.path.join(dirpath, n)).to_pylist()
-    return rows
-
-
-def writer_pid(broker) -> int | None:
-    """The archive writer process the broker started (its child running mqttmesh.archive.worker)."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as fh:
-                cmd = fh.read()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == broker.pid and b"mqttmesh.archive.worker" in cmd:
-            return int(entry)
-    return None
+pytestmark = pytest.mark.process
 
 
 def alive(pid: int) -> bool:
@@ -66,7 +38,10 @@ def test_a_graceful_stop_writes_every_message_published_at_the_node(broker_facto
     assert len(rows) == 52
     assert [r["payload"] for r in rows[:50]] == [b"m%d" % i for i in range(50)]
     assert {(r["topic"], r["publisher"], r["qos"], r["retain"]) for r in rows} == {
-        ("a/b", "pub-1", 1, False), ("a/c", "pub-2", 2, True), ("a/d", "pub-3", 0, False)}
+        ("a/b", "pub-1", 1, False),
+        ("a/c", "pub-2", 2, True),
+        ("a/d", "pub-3", 0, False),
+    }
     assert all(r["origin"] == "n1" and r["msg_id"] == f"n1:{r['seq']}" for r in rows)
     assert len({r["seq"] for r in rows}) == 52
     assert all(r["payload_size"] == len(r["payload"]) for r in rows)
@@ -76,14 +51,21 @@ def test_a_graceful_stop_writes_every_message_published_at_the_node(broker_facto
 
 def test_files_appear_within_the_flush_interval_and_only_matching_topics(broker_factory, tmp_path):
     archive = tmp_path / "archive"
-    node = broker_factory(*archive_flags(archive, "--archive-flush-interval", "0.4", "--archive-filter", "keep/#",
-                                         "--archive-filter", "also/+"), name="n1")
+    node = broker_factory(
+        *archive_flags(
+            archive, "--archive-flush-interval", "0.4", "--archive-filter", "keep/#", "--archive-filter", "also/+"
+        ),
+        name="n1",
+    )
     publish(node, "keep/x", [b"1", b"2"], qos=1)
     publish(node, "drop/x", [b"3"], qos=1)
     publish(node, "also/y", [b"4"], qos=1)
     publish(node, "also/y/z", [b"5"], qos=1)
-    rows = wait_for(lambda: len(read_archive(archive)) == 3 and read_archive(archive), 10,
-                    what="the archive files of the first messages")
+    rows = wait_for(
+        lambda: len(read_archive(archive)) == 3 and read_archive(archive),
+        10,
+        what="the archive files of the first messages",
+    )
     assert sorted(r["payload"] for r in rows) == [b"1", b"2", b"4"]
     assert not [n for _, _, names in os.walk(archive) for n in names if n.endswith(".tmp")]
 
@@ -102,20 +84,39 @@ def test_the_delivery_log_has_one_row_per_publish_sent_to_a_client(broker_factor
     published = {r["msg_id"]: r for r in read_archive(archive)}
     deliveries = read_archive(archive, "delivery")
     assert sorted((d["client_id"], d["qos"], d["dup"], d["node"]) for d in deliveries) == [
-        ("sub-0", 0, False, "n1"), ("sub-0", 0, False, "n1"), ("sub-1", 1, False, "n1"), ("sub-1", 1, False, "n1")]
+        ("sub-0", 0, False, "n1"),
+        ("sub-0", 0, False, "n1"),
+        ("sub-1", 1, False, "n1"),
+        ("sub-1", 1, False, "n1"),
+    ]
     for d in deliveries:
         p = published[d["msg_id"]]
-        assert (d["origin"], d["seq"], d["topic"], d["published"]) == \
-            (p["origin"], p["seq"], p["topic"], p["timestamp"])
+        assert (d["origin"], d["seq"], d["topic"], d["published"]) == (
+            p["origin"],
+            p["seq"],
+            p["topic"],
+            p["timestamp"],
+        )
         assert d["timestamp"] >= d["published"]
     assert sorted(d["log_seq"] for d in deliveries) == [0, 1, 2, 3]
 
 
 def test_a_stalled_writer_never_blocks_delivery_and_drops_are_counted_and_logged(broker_factory, tmp_path):
     archive = tmp_path / "archive"
-    node = broker_factory(*archive_flags(archive, "--archive-flush-rows", "10", "--archive-max-queue-rows", "20",
-                                         "--archive-flush-interval", "0.2", "--archive-log-interval", "0.2"),
-                          name="n1")
+    node = broker_factory(
+        *archive_flags(
+            archive,
+            "--archive-flush-rows",
+            "10",
+            "--archive-max-queue-rows",
+            "20",
+            "--archive-flush-interval",
+            "0.2",
+            "--archive-log-interval",
+            "0.2",
+        ),
+        name="n1",
+    )
     pid = wait_for(lambda: writer_pid(node), 10, what="the archive writer process")
     os.kill(pid, signal.SIGSTOP)  # a disk that does not answer
     try:
@@ -155,13 +156,27 @@ def test_the_writer_ends_when_its_node_is_killed(broker_factory, tmp_path):
     wait_for(lambda: not alive(pid), 10, what="the writer to see the end of its input and exit")
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--archive", "true"], "archive.dir: the archive needs a directory"),
-    (["--archive", "true", "--archive-dir", "{tmp}", "--archive-filter", "a/#/b"], "archive.filters: 'a/#/b'"),
-    (["--archive", "true", "--archive-dir", "{tmp}", "--archive-flush-rows", "100", "--archive-max-queue-rows", "150"],
-     "archive.max_queue_rows (150) must be at least twice flush_rows (100)"),
-    (["--archive", "true", "--archive-dir", "{tmp}/file/sub"], "archive.dir: cannot write to"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--archive", "true"], "archive.dir: the archive needs a directory"),
+        (["--archive", "true", "--archive-dir", "{tmp}", "--archive-filter", "a/#/b"], "archive.filters: 'a/#/b'"),
+        (
+            [
+                "--archive",
+                "true",
+                "--archive-dir",
+                "{tmp}",
+                "--archive-flush-rows",
+                "100",
+                "--archive-max-queue-rows",
+                "150",
+            ],
+            "archive.max_queue_rows (150) must be at least twice flush_rows (100)",
+        ),
+        (["--archive", "true", "--archive-dir", "{tmp}/file/sub"], "archive.dir: cannot write to"),
+    ],
+)
 def test_archive_settings_that_cannot_work_stop_the_node_with_their_name(tmp_path, flags, message):
     (tmp_path / "file").write_text("not a directory")
     flags = [f.replace("{tmp}", str(tmp_path)) for f in flags]

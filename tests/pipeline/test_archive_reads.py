@@ -1,6 +1,6 @@
 """Captured reads (archive/reads.py): messages taken back out of the bytes a client sent.
 
-The unit tests build the reads with the independent byte builder (tests/mqttraw.py) and
+The unit tests build the reads with the independent byte builder (tests/support/mqttraw.py) and
 work the expected seqs out by hand. The broker tests send several packets in one write,
 among them packets that are not messages (a `$` topic, a QoS 2 re-send, a PINGREQ, a
 protocol error), and compare the archive with what the subscriber and the delivery log saw.
@@ -12,13 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pq = pytest.importorskip("pyarrow.parquet")
+pytest.importorskip("pyarrow.parquet")
 
-import mqttraw as raw  # noqa: E402
-from meshutil import Subscriber  # noqa: E402
 from mqttmesh.archive.reads import ReadError, messages  # noqa: E402
 from mqttmesh.archive.writer import reads_array  # noqa: E402
-from test_archive_node import archive_flags, read_archive  # noqa: E402
+from support import mqttraw as raw
+from support.mesh import Subscriber
+from support.pipeline import archive_flags, read_archive
 
 S = 1 << 40  # a seq with more than 32 bits, like the broker's (incarnation << 28)
 
@@ -37,11 +37,21 @@ def apart(reads):
 
 def test_every_publish_of_a_read_gets_its_seq_topic_flags_and_payload():
     long_payload = bytes(range(256)) * 2  # 512 bytes: a two-byte remaining length
-    data = (raw.publish("a/1", b"x") + raw.PINGREQ_BYTES + raw.publish("a/2", b"yy", qos=1, retain=True, pid=7)
-            + raw.puback(3) + raw.publish("a/3", long_payload, qos=2, pid=8) + raw.publish("a/4", b""))
+    data = (
+        raw.publish("a/1", b"x")
+        + raw.PINGREQ_BYTES
+        + raw.publish("a/2", b"yy", qos=1, retain=True, pid=7)
+        + raw.puback(3)
+        + raw.publish("a/3", long_payload, qos=2, pid=8)
+        + raw.publish("a/4", b"")
+    )
     got = publishes(data, [(0, S)], [], 4)
-    assert got == [(S, 0x30, b"a/1", b"x"), (S + 1, 0x33, b"a/2", b"yy"), (S + 2, 0x34, b"a/3", long_payload),
-                   (S + 3, 0x30, b"a/4", b"")]
+    assert got == [
+        (S, 0x30, b"a/1", b"x"),
+        (S + 1, 0x33, b"a/2", b"yy"),
+        (S + 2, 0x34, b"a/3", long_payload),
+        (S + 3, 0x30, b"a/4", b""),
+    ]
 
 
 def test_skips_and_gaps_number_the_messages_as_the_broker_did():
@@ -49,8 +59,12 @@ def test_skips_and_gaps_number_the_messages_as_the_broker_did():
     # ordinal 1 was refused ($ topic), 4 was a QoS 2 re-send; ordinal 3 came after somebody
     # else took seqs S+2..S+9; the read's last packet (6) was never handled
     got = publishes(data, [(0, S), (2, S + 1), (3, S + 10), (5, S + 11)], [1, 4], 6)
-    assert [(seq, topic) for seq, _, topic, _ in got] == [(S, b"t/0"), (S + 1, b"t/2"), (S + 10, b"t/3"),
-                                                         (S + 11, b"t/5")]
+    assert [(seq, topic) for seq, _, topic, _ in got] == [
+        (S, b"t/0"),
+        (S + 1, b"t/2"),
+        (S + 10, b"t/3"),
+        (S + 11, b"t/5"),
+    ]
 
 
 def test_reads_become_the_records_the_message_hook_would_have_made():
@@ -67,12 +81,34 @@ def test_reads_become_the_records_the_message_hook_would_have_made():
     array = reads_array(*apart(reads))
     array.validate(full=True)
     assert array.to_pylist() == [
-        {"timestamp": 1000.25, "seq": S, "publisher": "dev-a", "topic": "s/1", "qos": 1, "retain": False,
-         "payload": b"p1"},
-        {"timestamp": 1000.25, "seq": S + 1, "publisher": "dev-a", "topic": "s/2", "qos": 0, "retain": True,
-         "payload": b"p2"},
-        {"timestamp": 1001.5, "seq": S + 5, "publisher": "dev-b", "topic": "s/3", "qos": 2, "retain": False,
-         "payload": "é".encode()}]
+        {
+            "timestamp": 1000.25,
+            "seq": S,
+            "publisher": "dev-a",
+            "topic": "s/1",
+            "qos": 1,
+            "retain": False,
+            "payload": b"p1",
+        },
+        {
+            "timestamp": 1000.25,
+            "seq": S + 1,
+            "publisher": "dev-a",
+            "topic": "s/2",
+            "qos": 0,
+            "retain": True,
+            "payload": b"p2",
+        },
+        {
+            "timestamp": 1001.5,
+            "seq": S + 5,
+            "publisher": "dev-b",
+            "topic": "s/3",
+            "qos": 2,
+            "retain": False,
+            "payload": "é".encode(),
+        },
+    ]
 
 
 def test_publish_packets_after_the_handled_ones_are_no_messages_in_any_read_of_a_list():
@@ -81,8 +117,11 @@ def test_publish_packets_after_the_handled_ones_are_no_messages_in_any_read_of_a
     r0 = raw.publish("a/0", b"0") + raw.publish("a/1", b"1", qos=1, pid=9) + raw.publish("a/x", b"never")
     r1 = raw.puback(4) + raw.publish("b/0", b"2")
     r2 = raw.publish("$c", b"refused") + raw.publish("c/1", b"3")
-    m = messages(*apart([("p", 1.0, r0, [(0, S)], [], 2), ("q", 2.0, r1, [(0, S + 7)], [], 1),
-                         ("p", 3.0, r2, [(1, S + 8)], [0], 2)]))
+    m = messages(
+        *apart(
+            [("p", 1.0, r0, [(0, S)], [], 2), ("q", 2.0, r1, [(0, S + 7)], [], 1), ("p", 3.0, r2, [(1, S + 8)], [0], 2)]
+        )
+    )
     assert m.seq.tolist() == [S, S + 1, S + 7, S + 8]
     assert [m.topic(i) for i in range(4)] == [b"a/0", b"a/1", b"b/0", b"c/1"]
     assert [m.payload(i) for i in range(4)] == [b"0", b"1", b"2", b"3"]
@@ -90,12 +129,20 @@ def test_publish_packets_after_the_handled_ones_are_no_messages_in_any_read_of_a
     assert m.publishers == ["p", "q"] and m.publisher.tolist() == [0, 0, 1, 0]
 
 
-_packets = st.lists(st.one_of(
-    st.tuples(st.just("publish"), st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), min_size=1,
-                                          max_size=20),
-              st.binary(max_size=300), st.integers(0, 2), st.booleans(), st.booleans()),
-    st.tuples(st.just("other"), st.sampled_from([raw.PINGREQ_BYTES, raw.puback(1), raw.pubrel(2)]))),
-    max_size=12)
+_packets = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("publish"),
+            st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), min_size=1, max_size=20),
+            st.binary(max_size=300),
+            st.integers(0, 2),
+            st.booleans(),
+            st.booleans(),
+        ),
+        st.tuples(st.just("other"), st.sampled_from([raw.PINGREQ_BYTES, raw.puback(1), raw.pubrel(2)])),
+    ),
+    max_size=12,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -135,8 +182,10 @@ def test_any_list_of_reads_gives_back_the_messages_it_was_built_from(reads_spec)
     if not reads:
         return
     m = messages(*apart(reads))
-    got = [(m.timestamp[i], m.seq[i], m.publishers[m.publisher[i]], m.topic(i), m.first[i], m.payload(i))
-           for i in range(len(m.seq))]
+    got = [
+        (m.timestamp[i], m.seq[i], m.publishers[m.publisher[i]], m.topic(i), m.first[i], m.payload(i))
+        for i in range(len(m.seq))
+    ]
     assert got == expected
     array = reads_array(*apart(reads))
     array.validate(full=True)
@@ -144,18 +193,21 @@ def test_any_list_of_reads_gives_back_the_messages_it_was_built_from(reads_spec)
     assert array.field("topic").to_pylist() == [e[3].decode() for e in expected]
 
 
-@pytest.mark.parametrize("data, segments, skips, count, message", [
-    (raw.publish("a", b"1")[:-1], [(0, S)], [], 1, "overruns"),
-    (raw.publish("a", b"1")[:1], [(0, S)], [], 1, "overruns"),
-    (raw.publish("a", b"1"), [(0, S)], [], 2, "ends after 1 of 2"),
-    (raw.publish("a", b"1") + raw.publish("b", b"2"), [(0, S), (1, S + 1)], [1], 2, "is a skip"),
-    (raw.publish("a", b"1") + raw.publish("b", b"2"), [(0, S)], [1, 1], 2, "not distinct"),
-    (raw.publish("a", b"1"), [], [], 1, "numbered"),
-    (b"\x30\xff\xff\xff\xff\x01", [(0, S)], [], 1, "bad fixed header"),
-    (b"\x30\x01\x00", [(0, S)], [], 1, "too short for its topic length"),
-    (b"\x30\x03\x00\x05a", [(0, S)], [], 1, "topic overruns the packet"),
-    (b"\x32\x04\x00\x01ab", [(0, S)], [], 1, "topic overruns the packet"),  # QoS 1 without its packet id
-])
+@pytest.mark.parametrize(
+    "data, segments, skips, count, message",
+    [
+        (raw.publish("a", b"1")[:-1], [(0, S)], [], 1, "overruns"),
+        (raw.publish("a", b"1")[:1], [(0, S)], [], 1, "overruns"),
+        (raw.publish("a", b"1"), [(0, S)], [], 2, "ends after 1 of 2"),
+        (raw.publish("a", b"1") + raw.publish("b", b"2"), [(0, S), (1, S + 1)], [1], 2, "is a skip"),
+        (raw.publish("a", b"1") + raw.publish("b", b"2"), [(0, S)], [1, 1], 2, "not distinct"),
+        (raw.publish("a", b"1"), [], [], 1, "numbered"),
+        (b"\x30\xff\xff\xff\xff\x01", [(0, S)], [], 1, "bad fixed header"),
+        (b"\x30\x01\x00", [(0, S)], [], 1, "too short for its topic length"),
+        (b"\x30\x03\x00\x05a", [(0, S)], [], 1, "topic overruns the packet"),
+        (b"\x32\x04\x00\x01ab", [(0, S)], [], 1, "topic overruns the packet"),  # QoS 1 without its packet id
+    ],
+)
 def test_reads_that_do_not_fit_together_are_refused_by_name(data, segments, skips, count, message):
     with pytest.raises(ReadError, match=message):
         messages(*apart([("c", 1.0, data, segments, skips, count)]))
@@ -174,17 +226,26 @@ def test_reads_and_bytes_that_do_not_add_up_are_refused():
 
 # -- through a broker -------------------------------------------------------------------------------
 
+
+@pytest.mark.process
 def test_packets_that_are_no_message_leave_the_others_archived_with_the_seqs_they_were_delivered_with(
-        broker_factory, tmp_path):
+    broker_factory, tmp_path
+):
     archive = tmp_path / "archive"
     node = broker_factory(*archive_flags(archive, "--archive-delivery-log", "true"), name="n1")
     sub = Subscriber(node, "sub", "t/#", qos=2)
     with raw.RawClient(node.host, node.port) as c:
         c.connect(client_id="dev")
         big = b"B" * 300
-        c.send(raw.publish("t/1", b"a") + raw.publish("$x/y", b"refused") + raw.publish("t/2", b"b", 1, True, pid=1)
-               + raw.publish("t/3", b"c", 2, pid=2) + raw.publish("t/3", b"c", 2, dup=True, pid=2)
-               + raw.PINGREQ_BYTES + raw.publish("t/4", big))
+        c.send(
+            raw.publish("t/1", b"a")
+            + raw.publish("$x/y", b"refused")
+            + raw.publish("t/2", b"b", 1, True, pid=1)
+            + raw.publish("t/3", b"c", 2, pid=2)
+            + raw.publish("t/3", b"c", 2, dup=True, pid=2)
+            + raw.PINGREQ_BYTES
+            + raw.publish("t/4", big)
+        )
         assert c.expect(raw.PUBACK).packet_id == 1
         assert c.expect(raw.PUBREC).packet_id == 2
         assert c.expect(raw.PUBREC).packet_id == 2
@@ -197,25 +258,36 @@ def test_packets_that_are_no_message_leave_the_others_archived_with_the_seqs_the
     assert node.stop() == 0
     rows = read_archive(archive)
     assert [(r["topic"], r["payload"], r["qos"], r["retain"], r["publisher"]) for r in rows] == [
-        ("t/1", b"a", 0, False, "dev"), ("t/2", b"b", 1, True, "dev"), ("t/3", b"c", 2, False, "dev"),
-        ("t/4", big, 0, False, "dev")]
+        ("t/1", b"a", 0, False, "dev"),
+        ("t/2", b"b", 1, True, "dev"),
+        ("t/3", b"c", 2, False, "dev"),
+        ("t/4", big, 0, False, "dev"),
+    ]
     seqs = [r["seq"] for r in rows]
     assert seqs == sorted(set(seqs))
     delivered = [d["msg_id"] for d in sorted(read_archive(archive, "delivery"), key=lambda d: d["log_seq"])]
     assert delivered == [r["msg_id"] for r in rows]  # the audit's join holds message by message
-    assert sorted(sub.received) == [("t/1", b"a", 0, False), ("t/2", b"b", 1, False), ("t/3", b"c", 2, False),
-                                    ("t/4", big, 0, False)]
+    assert sorted(sub.received) == [
+        ("t/1", b"a", 0, False),
+        ("t/2", b"b", 1, False),
+        ("t/3", b"c", 2, False),
+        ("t/4", big, 0, False),
+    ]
 
 
+@pytest.mark.process
 def test_a_read_cut_short_by_a_protocol_error_archives_what_was_handled_and_the_will(broker_factory, tmp_path):
     archive = tmp_path / "archive"
     node = broker_factory(*archive_flags(archive), name="n1")
     sub = Subscriber(node, "sub", "#", qos=1)
     with raw.RawClient(node.host, node.port) as c:
         c.connect(client_id="dev", will=("will/dev", b"gone", 1, False))
-        c.send(raw.publish("t/1", b"1") + raw.publish("t/2", b"2", 1, pid=1)
-               + raw.packet(0x36, raw.s("t/3") + b"\x00\x02" + b"3")  # QoS 3: malformed [MQTT-3.3.1-4]
-               + raw.publish("t/4", b"4"))
+        c.send(
+            raw.publish("t/1", b"1")
+            + raw.publish("t/2", b"2", 1, pid=1)
+            + raw.packet(0x36, raw.s("t/3") + b"\x00\x02" + b"3")  # QoS 3: malformed [MQTT-3.3.1-4]
+            + raw.publish("t/4", b"4")
+        )
         c.expect(raw.PUBACK)
         c.expect_closed()
     sub.wait_count(3)

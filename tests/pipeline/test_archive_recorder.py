@@ -83,7 +83,7 @@ def test_chunks_are_cut_by_rows_and_number_their_first_record():
 def test_chunks_are_cut_by_payload_bytes():
     r = Rig(flush_bytes=1024, max_queue_bytes=1 << 20)
     r.rec.publish_hook(msg(payload=b"x" * 1000))
-    r.rec.publish_hook(msg(payload=b"x" * 100))   # 1100 bytes buffered, over 1024: the next one cuts
+    r.rec.publish_hook(msg(payload=b"x" * 100))  # 1100 bytes buffered, over 1024: the next one cuts
     assert r.chunks == []
     r.rec.publish_hook(msg(payload=b"x"))
     assert [(len(c.rows), c.nbytes) for c in r.chunks] == [(2, 1100)]
@@ -92,13 +92,13 @@ def test_chunks_are_cut_by_payload_bytes():
 def test_tick_cuts_only_what_already_waited_one_tick():
     r = Rig()
     r.rec.publish_hook(msg(seq=1))
-    r.rec.tick()                     # the record arrived after the previous tick: it stays
+    r.rec.tick()  # the record arrived after the previous tick: it stays
     assert r.chunks == []
     r.rec.publish_hook(msg(seq=2))
-    r.rec.tick()                     # it was there at the last tick: cut, with what came since
+    r.rec.tick()  # it was there at the last tick: cut, with what came since
     assert [[row[1] for row in c.rows] for c in r.chunks] == [[1, 2]]
     r.rec.tick()
-    assert len(r.chunks) == 1        # nothing buffered, nothing cut
+    assert len(r.chunks) == 1  # nothing buffered, nothing cut
 
 
 def test_a_full_queue_drops_and_counts_new_records_and_never_waits():
@@ -111,7 +111,7 @@ def test_a_full_queue_drops_and_counts_new_records_and_never_waits():
     assert r.rec.dropped[PUBLISH] == 3
     assert r.rec.queued() == (4, 8)
     assert r.rec.take_drops() == 3 and r.rec.take_drops() == 0
-    r.done(r.chunks[0])                 # the writer finished one chunk: room for another
+    r.done(r.chunks[0])  # the writer finished one chunk: room for another
     r.rec.publish_hook(msg(seq=100))
     assert [len(c.rows) for c in r.chunks] == [2, 2, 2]
     assert r.rec.dropped[PUBLISH] == 3
@@ -173,18 +173,34 @@ def test_partitions_and_file_names():
     assert partition_dir(DELIVERY, 491630) == "delivery/date=2026-01-31/hour=14"
     assert file_name("n1", 1769868000, 7) == "n1-1769868000-000007.parquet"
     assert file_name("127.0.0.1-1883", 5, 1) == "127.0.0.1-1883-5-000001.parquet"
-    assert file_name("a/b c", 5, 1) == "a_b_c-5-000001.parquet"   # a node id is not a path
-    assert file_name("n1", "5.2", 3) == "n1-5.2-000003.parquet"   # the writer's third start
+    assert file_name("a/b c", 5, 1) == "a_b_c-5-000001.parquet"  # a node id is not a path
+    assert file_name("n1", "5.2", 3) == "n1-5.2-000003.parquet"  # the writer's third start
 
 
 def test_schema_markdown_lists_every_column():
     text = schema_markdown()
-    for name in ("timestamp", "msg_id", "origin", "seq", "publisher", "topic", "qos", "retain", "payload",
-                 "payload_size", "published", "node", "client_id", "dup", "log_seq"):
+    for name in (
+        "timestamp",
+        "msg_id",
+        "origin",
+        "seq",
+        "publisher",
+        "topic",
+        "qos",
+        "retain",
+        "payload",
+        "payload_size",
+        "published",
+        "node",
+        "client_id",
+        "dup",
+        "log_seq",
+    ):
         assert f"| `{name}` |" in text
 
 
 # -- the pipe -------------------------------------------------------------------------------------
+
 
 def _frame(kind, first, nbytes, rows, reads=False, data=b"") -> bytes:
     """A frame built by hand from the documented layout, not by encode_chunk."""
@@ -202,7 +218,7 @@ def test_frames_decode_whole_byte_by_byte_and_with_a_partial_tail():
     slow = FrameReader()
     seen = []
     for i in range(len(data)):
-        slow.feed(data[i:i + 1])
+        slow.feed(data[i : i + 1])
         seen += [(c.kind, c.first) for c in slow.chunks()]
     assert seen == [(PUBLISH, 3), (DELIVERY, 0)]
     tail = FrameReader()
@@ -216,7 +232,7 @@ def test_encode_chunk_writes_the_documented_layout():
     r.rec.publish_hook(msg(seq=5, payload=b"p"))
     r.rec.flush()
     data = b"".join(encode_chunk(r.chunks[0]))
-    magic, meta, size = struct.unpack(">4sII", data[:12])   # read back by hand, not by FrameReader
+    magic, meta, size = struct.unpack(">4sII", data[:12])  # read back by hand, not by FrameReader
     assert (magic, meta, size) == (b"MQAR", len(data) - 12, 0)
     assert marshal.loads(data[12:]) == (PUBLISH, 0, 1, [(1000.5, 5, "pub", "a/b", 1, False, b"p")], 1, False)
 
@@ -226,9 +242,15 @@ def test_captured_reads_travel_with_their_bytes_after_the_records():
     frame = b"".join(encode_chunk(Chunk(PUBLISH, reads, 8, 0, 1, reads=True)))
     magic, meta, size = struct.unpack(">4sII", frame[:12])
     assert (magic, size) == (b"MQAR", 8)
-    assert marshal.loads(frame[12:12 + meta]) == (
-        PUBLISH, 0, 8, [("dev", 5.0, 6, [(0, 9)], [], 1), ("dev", 6.0, 2, [], [], 0)], 1, True)
-    assert frame[12 + meta:] == b"\x30\x04\x00\x01ax\xc0\x00"
+    assert marshal.loads(frame[12 : 12 + meta]) == (
+        PUBLISH,
+        0,
+        8,
+        [("dev", 5.0, 6, [(0, 9)], [], 1), ("dev", 6.0, 2, [], [], 0)],
+        1,
+        True,
+    )
+    assert frame[12 + meta :] == b"\x30\x04\x00\x01ax\xc0\x00"
     reader = FrameReader()
     reader.feed(frame)
     (chunk,) = reader.chunks()
@@ -258,8 +280,15 @@ def test_bad_frames_are_refused_by_name():
 def test_reports_round_trip_and_bad_ones_are_refused():
     line = encode_report(PUBLISH, 10, 200, 9, 0, 1, 4096)
     assert line.endswith(b"\n")
-    assert decode_report(line) == {"kind": "publish", "records": 10, "nbytes": 200, "written": 9, "failed": 0,
-                                   "files": 1, "file_bytes": 4096}
+    assert decode_report(line) == {
+        "kind": "publish",
+        "records": 10,
+        "nbytes": 200,
+        "written": 9,
+        "failed": 0,
+        "files": 1,
+        "file_bytes": 4096,
+    }
     with pytest.raises(WireError):
         decode_report(b'{"kind": "nope"}')
     with pytest.raises(WireError):

@@ -17,13 +17,16 @@ import pytest
 
 pytest.importorskip("pyarrow")
 
-from meshutil import wait_for  # noqa: E402
 from mqttmesh.archive.recorder import Chunk  # noqa: E402
 from mqttmesh.archive.schema import PUBLISH  # noqa: E402
 from mqttmesh.archive.wire import encode_chunk  # noqa: E402
-from test_archive_node import archive_flags, writer_pid  # noqa: E402
+from support.pipeline import archive_flags, writer_pid
+from support.processes import wait_for
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc are Linux")
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE and /proc are Linux"),
+]
 
 SCHED_OTHER, SCHED_IDLE = 0, 5
 
@@ -38,21 +41,44 @@ def test_a_node_runs_its_writer_at_idle_priority_unless_told_otherwise(broker_fa
     idle = broker_factory(*archive_flags(tmp_path / "a"), name="n1")
     pid = wait_for(lambda: writer_pid(idle), 10, what="the archive writer process")
     assert wait_for(lambda: policy_and_nice(pid)[0] == SCHED_IDLE, 10, what="SCHED_IDLE")
-    normal = broker_factory(*archive_flags(tmp_path / "b", "--archive-writer-idle", "false",
-                                           "--archive-writer-nice", "7"), name="n2")
+    normal = broker_factory(
+        *archive_flags(tmp_path / "b", "--archive-writer-idle", "false", "--archive-writer-nice", "7"), name="n2"
+    )
     pid = wait_for(lambda: writer_pid(normal), 10, what="the archive writer process")
     assert wait_for(lambda: policy_and_nice(pid) == (SCHED_OTHER, 7), 10, what="nice 7, normal policy")
 
 
 def test_a_writer_that_falls_behind_runs_normally_until_it_has_caught_up(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "mqttmesh.archive.worker", "--dir", str(tmp_path / "a"),
-                             "--node", "n1", "--incarnation", "1", "--idle", "1", "--nice", "3"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mqttmesh.archive.worker",
+            "--dir",
+            str(tmp_path / "a"),
+            "--node",
+            "n1",
+            "--incarnation",
+            "1",
+            "--idle",
+            "1",
+            "--nice",
+            "3",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert wait_for(lambda: policy_and_nice(proc.pid) == (SCHED_IDLE, 3), 30, what="SCHED_IDLE at start")
         payload = b"p" * 200
-        frame = b"".join(encode_chunk(Chunk(PUBLISH, [(1769868000.25, i, "pub", "a/b", 0, False, payload)
-                                                      for i in range(1024)], 200 * 1024, 0)))
+        frame = b"".join(
+            encode_chunk(
+                Chunk(
+                    PUBLISH, [(1769868000.25, i, "pub", "a/b", 0, False, payload) for i in range(1024)], 200 * 1024, 0
+                )
+            )
+        )
         sent = 0
         stop = threading.Event()
 
@@ -66,14 +92,18 @@ def test_a_writer_that_falls_behind_runs_normally_until_it_has_caught_up(tmp_pat
         feeder = threading.Thread(target=feed, daemon=True)
         feeder.start()
         try:
-            wait_for(lambda: policy_and_nice(proc.pid) == (SCHED_OTHER, 3) or not feeder.is_alive(), 60,
-                     what="normal scheduling while the pipe backs up")
+            wait_for(
+                lambda: policy_and_nice(proc.pid) == (SCHED_OTHER, 3) or not feeder.is_alive(),
+                60,
+                what="normal scheduling while the pipe backs up",
+            )
             assert policy_and_nice(proc.pid) == (SCHED_OTHER, 3)
         finally:
             stop.set()
             feeder.join(60)
-        assert wait_for(lambda: policy_and_nice(proc.pid)[0] == SCHED_IDLE, 60,
-                        what="idle priority again once the pipe is empty")
+        assert wait_for(
+            lambda: policy_and_nice(proc.pid)[0] == SCHED_IDLE, 60, what="idle priority again once the pipe is empty"
+        )
         proc.stdin.close()
         out, err = proc.stdout.read(), proc.stderr.read()  # both end when the writer exits
         proc.wait(60)

@@ -13,7 +13,9 @@ def test_the_fleet_spreads_devices_over_sites_and_nodes_with_one_legacy_device_i
     assert [d.node for d in fleet[:7]] == [0, 1, 2, 0, 1, 2, 0]
     legacy = [d for d in fleet if d.legacy]
     assert [(d.client_id, d.topic) for d in legacy] == [
-        ("site0-legacy-019", "sensors/site-0/legacy-019/raw"), ("site1-legacy-019", "sensors/site-1/legacy-019/raw")]
+        ("site0-legacy-019", "sensors/site-0/legacy-019/raw"),
+        ("site1-legacy-019", "sensors/site-1/legacy-019/raw"),
+    ]
     assert fleet[0].client_id == "site0-dev-000" and fleet[0].topic == "sensors/site-0/dev-000/reading"
     assert len({d.client_id for d in fleet}) == 40
 

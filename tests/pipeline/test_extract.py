@@ -17,9 +17,9 @@ from mqttmesh.archive.writer import FileWriter  # noqa: E402
 from mqttmesh.pipeline.extract import ExtractError, check_file, list_files, read_log  # noqa: E402
 from mqttmesh.pipeline.jobs import job_options, run_payloads, run_traffic  # noqa: E402
 
-T13 = 1769864400.0   # 2026-01-31T13:00:00Z
-T14 = 1769868000.0   # 2026-01-31T14:00:00Z
-UTC = dt.timezone.utc
+T13 = 1769864400.0  # 2026-01-31T13:00:00Z
+T14 = 1769868000.0  # 2026-01-31T14:00:00Z
+UTC = dt.UTC
 
 
 def write_archive(root, hour_starts, per_file, payload=lambda i: b'{"v": %d}' % i):
@@ -47,19 +47,20 @@ def archive(tmp_path):
     with open(good[1], "rb") as fh:
         data = fh.read()
     bad = {
-        "n1-1-000090.parquet": data[: len(data) // 2],                         # truncated
-        "n1-1-000091.parquet": b"this is not parquet at all" * 10,          # garbage
+        "n1-1-000090.parquet": data[: len(data) // 2],  # truncated
+        "n1-1-000091.parquet": b"this is not parquet at all" * 10,  # garbage
     }
     for name, content in bad.items():
         with open(os.path.join(folder, name), "wb") as fh:
             fh.write(content)
-    pq.write_table(pa.table({"x": [1, 2]}), os.path.join(folder, "n1-1-000092.parquet"))   # foreign
+    pq.write_table(pa.table({"x": [1, 2]}), os.path.join(folder, "n1-1-000092.parquet"))  # foreign
     v2 = pq.read_table(good[1]).replace_schema_metadata({b"mqttmesh.archive": b"2", b"mqttmesh.kind": b"publish"})
-    pq.write_table(v2, os.path.join(folder, "n1-1-000093.parquet"))                           # other version
-    shutil.copy(good[1], os.path.join(folder, ".n1-1-000094.parquet.tmp"))                    # being written
+    pq.write_table(v2, os.path.join(folder, "n1-1-000093.parquet"))  # other version
+    shutil.copy(good[1], os.path.join(folder, ".n1-1-000094.parquet.tmp"))  # being written
     return root, good, folder
 
 
+@pytest.mark.spark
 def test_bad_files_are_named_and_skipped(spark, archive):
     root, good, folder = archive
     notes = []
@@ -74,6 +75,7 @@ def test_bad_files_are_named_and_skipped(spark, archive):
     ]
 
 
+@pytest.mark.spark
 def test_or_the_job_stops_with_the_first_bad_file_named(spark, archive):
     root, _, folder = archive
     with pytest.raises(ExtractError) as err:
@@ -85,7 +87,7 @@ def test_or_the_job_stops_with_the_first_bad_file_named(spark, archive):
 def test_a_damaged_page_behind_a_good_footer_is_found_by_full_verification(tmp_path):
     (path,) = write_archive(tmp_path / "a", [T14], 2000, payload=lambda i: b'{"v": %d, "pad": "%s"}' % (i, b"x" * 60))
     size = os.path.getsize(path)
-    with open(path, "r+b") as fh:          # scribble over the middle of the data pages
+    with open(path, "r+b") as fh:  # scribble over the middle of the data pages
         fh.seek(size // 3)
         fh.write(b"\xff" * 512)
     assert check_file(path, PUBLISH) is None
@@ -100,6 +102,7 @@ def test_a_time_range_leaves_other_hours_unlisted(tmp_path):
     assert list_files([str(tmp_path / "a")], PUBLISH, until=since) == [files[0]]
 
 
+@pytest.mark.spark
 def test_an_empty_archive_is_a_clear_error(spark, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ExtractError, match="no publish log files under"):
@@ -108,6 +111,7 @@ def test_an_empty_archive_is_a_clear_error(spark, tmp_path):
         read_log(spark, [str(tmp_path / "missing")], PUBLISH)
 
 
+@pytest.mark.spark
 def test_the_traffic_job_reports_skipped_files_and_counts_the_rest(spark, archive, tmp_path):
     root, _, folder = archive
     said = []
@@ -118,6 +122,7 @@ def test_the_traffic_job_reports_skipped_files_and_counts_the_rest(spark, archiv
     assert "n1-1-000091.parquet" in page and "n1-1-000093.parquet" in page
 
 
+@pytest.mark.spark
 def test_non_json_payloads_are_counted_not_fatal(spark, tmp_path):
     # seq 1..12: every third payload is not a JSON object (3, 6, 9, 12: text, array, bytes, number)
     odd = {3: b"21.5;40", 6: b"[1, 2]", 9: b"\xff\x00\xfe", 12: b"42"}

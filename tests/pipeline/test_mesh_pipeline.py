@@ -12,9 +12,11 @@ import pytest
 
 pq = pytest.importorskip("pyarrow.parquet")
 
-from conftest import wait_for  # noqa: E402
-from meshutil import Subscriber, publish, start_mesh, status, wait_converged, wait_interest  # noqa: E402
 from mqttmesh.pipeline.jobs import job_options, run_audit, run_traffic  # noqa: E402
+from support.mesh import Subscriber, publish, start_mesh, status, wait_converged, wait_interest  # noqa: E402
+from support.processes import wait_for  # noqa: E402
+
+pytestmark = [pytest.mark.process, pytest.mark.spark]
 
 NAMES = ["a", "b", "c"]
 EDGES = [("b", "a"), ("c", "a"), ("c", "b")]
@@ -41,10 +43,19 @@ def interest_gone(nodes, topic_filter, at):
 
 
 def test_traffic_and_audit_match_the_workload_and_name_what_a_disconnected_subscriber_missed(
-        broker_factory, tmp_path, spark):
+    broker_factory, tmp_path, spark
+):
     archive = str(tmp_path / "archive")
-    flags = ["--archive", "true", "--archive-dir", archive, "--archive-delivery-log", "true",
-             "--archive-flush-interval", "1"]
+    flags = [
+        "--archive",
+        "true",
+        "--archive-dir",
+        archive,
+        "--archive-delivery-log",
+        "true",
+        "--archive-flush-interval",
+        "1",
+    ]
     nodes = start_mesh(broker_factory, NAMES, EDGES, extra=flags, connect="all")
     wait_converged(nodes, EDGES)
     subs = {n: Subscriber(nodes[n], f"sub-{n}", "load/#", qos=1) for n in NAMES}
@@ -77,7 +88,7 @@ def test_traffic_and_audit_match_the_workload_and_name_what_a_disconnected_subsc
     for s in subs.values():
         s.close()
     for node in nodes.values():
-        assert node.stop() == 0          # a graceful stop writes everything each node holds
+        assert node.stop() == 0  # a graceful stop writes everything each node holds
 
     out = tmp_path / "reports"
     traffic = run_traffic(spark, job_options(archive=[archive], out=str(out / "traffic"), window=3600), print)
@@ -86,8 +97,9 @@ def test_traffic_and_audit_match_the_workload_and_name_what_a_disconnected_subsc
     assert nodes_table == {"a": 45, "b": 30, "c": 15}
     topics = {r["topic"]: int(r["messages"]) for r in read_csv(traffic.tables["topics"].csv)}
     assert topics == {"load/a/x": 45, "load/b/y": 30, "load/c/z": 15}
-    talkers = [(r["rank"], r["publisher"], r["origin"], r["messages"])
-               for r in read_csv(traffic.tables["top_talkers"].csv)]
+    talkers = [
+        (r["rank"], r["publisher"], r["origin"], r["messages"]) for r in read_csv(traffic.tables["top_talkers"].csv)
+    ]
     assert talkers == [("1", "pub-a", "a", "45"), ("2", "pub-b", "b", "30"), ("3", "pub-c", "c", "15")]
     assert os.path.exists(traffic.html) and os.listdir(os.path.join(traffic.out, "charts"))
 
@@ -97,15 +109,23 @@ def test_traffic_and_audit_match_the_workload_and_name_what_a_disconnected_subsc
     assert set(per_sub) == {"sub-a", "sub-b", "sub-c"}
     for n in ("a", "c"):
         r = per_sub[f"sub-{n}"]
-        assert (r["expected"], r["delivered"], r["lost"], r["duplicated"], r["unexpected"], r["unknown"]) == \
-            ("90", "90", "0", "0", "0", "0")
+        assert (r["expected"], r["delivered"], r["lost"], r["duplicated"], r["unexpected"], r["unknown"]) == (
+            "90",
+            "90",
+            "0",
+            "0",
+            "0",
+            "0",
+        )
     r = per_sub["sub-b"]
     assert (r["expected"], r["delivered"], r["lost"], r["duplicated"]) == ("90", "70", "20", "0")
     payload_of = published_payloads(archive)
     lost = read_csv(audit.tables["lost_messages"].csv)
     assert {x["client_id"] for x in lost} == {"sub-b"}
     assert sorted(payload_of[x["msg_id"]] for x in lost) == sorted(missed)
-    streams = {(x["client_id"], x["publisher"]): (x["expected"], x["lost"]) for x in
-               read_csv(audit.tables["audit_streams"].csv)}
+    streams = {
+        (x["client_id"], x["publisher"]): (x["expected"], x["lost"])
+        for x in read_csv(audit.tables["audit_streams"].csv)
+    }
     assert streams[("sub-b", "pub-a")] == ("45", "15") and streams[("sub-b", "pub-c")] == ("15", "5")
     assert streams[("sub-b", "pub-b")] == ("30", "0")

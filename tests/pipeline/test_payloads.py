@@ -20,9 +20,11 @@ import pytest
 from pyspark.sql import types as T
 from pyspark.testing import assertDataFrameEqual
 
-from conftest import ts
 from mqttmesh.pipeline import payloads as P
 from mqttmesh.pipeline.common import OTHER, with_pattern
+from support.pipeline import ts
+
+pytestmark = pytest.mark.spark
 
 ROWS = [
     (ts("12:00:01"), "s/a/t1", b'{"t": 20.5, "h": 40}'),
@@ -46,26 +48,46 @@ def flagged(spark):
 
 def test_patterns_by_level_and_by_filters(spark):
     df = spark.createDataFrame([("s/a/t1",), ("s/a",), ("s",), ("x/y/z/w",)], "topic string")
-    by_level = spark.createDataFrame([("s/a/t1", "s/a/#"), ("s/a", "s/a"), ("s", "s"), ("x/y/z/w", "x/y/#")],
-                                     "topic string, pattern string")
+    by_level = spark.createDataFrame(
+        [("s/a/t1", "s/a/#"), ("s/a", "s/a"), ("s", "s"), ("x/y/z/w", "x/y/#")], "topic string, pattern string"
+    )
     assertDataFrameEqual(with_pattern(df, level=2), by_level)
-    by_filter = spark.createDataFrame([("s/a/t1", "s/+/t1"), ("s/a", "s/#"), ("s", "s/#"), ("x/y/z/w", OTHER)],
-                                      "topic string, pattern string")
+    by_filter = spark.createDataFrame(
+        [("s/a/t1", "s/+/t1"), ("s/a", "s/#"), ("s", "s/#"), ("x/y/z/w", OTHER)], "topic string, pattern string"
+    )
     assertDataFrameEqual(with_pattern(df, patterns=["s/+/t1", "s/#"]), by_filter)
 
 
 def test_only_json_objects_count_as_json(spark, flagged):
-    assert [r.is_json for r in flagged.orderBy("timestamp").collect()] == \
-        [True, True, True, False, False, True, False, True]
+    assert [r.is_json for r in flagged.orderBy("timestamp").collect()] == [
+        True,
+        True,
+        True,
+        False,
+        False,
+        True,
+        False,
+        True,
+    ]
     # an object whose field does not fit the schema keeps its other fields
     parsed = P.parse_payloads(flagged, T.DataType.fromDDL("t double, h double"))
-    assert [tuple(r.json) if r.json else None for r in parsed.orderBy("timestamp").collect()] == \
-        [(20.5, 40.0), (21.5, 50.0), (10.0, None), None, None, (22.5, None), None, (None, None)]
+    assert [tuple(r.json) if r.json else None for r in parsed.orderBy("timestamp").collect()] == [
+        (20.5, 40.0),
+        (21.5, 50.0),
+        (10.0, None),
+        None,
+        None,
+        (22.5, None),
+        None,
+        (None, None),
+    ]
 
 
 def test_quality_counts_what_is_not_json_per_pattern(spark, flagged):
-    expected = spark.createDataFrame([("s/a/#", 5, 4, 1, 1 / 5), ("s/b/#", 3, 1, 2, 2 / 3)],
-                                     "pattern string, messages long, json long, non_json long, non_json_share double")
+    expected = spark.createDataFrame(
+        [("s/a/#", 5, 4, 1, 1 / 5), ("s/b/#", 3, 1, 2, 2 / 3)],
+        "pattern string, messages long, json long, non_json long, non_json_share double",
+    )
     assertDataFrameEqual(P.payload_quality(flagged), expected)
 
 
@@ -74,13 +96,16 @@ def test_stats_per_pattern_field_and_minute_with_a_given_schema(spark, flagged):
     fields = P.numeric_fields(schema)
     assert fields == [("t",), ("h",), ("meta", "v")]
     melted = P.melt_numeric(P.parse_payloads(flagged.where("is_json"), schema), fields)
-    expected = spark.createDataFrame([
-        (ts("12:00:00"), ts("12:01:00"), "s/a/#", "h", 2, 40.0, 50.0, 45.0, 40.0, 50.0),
-        (ts("12:00:00"), ts("12:01:00"), "s/a/#", "meta.v", 1, 3.0, 3.0, 3.0, 3.0, 3.0),
-        (ts("12:00:00"), ts("12:01:00"), "s/a/#", "t", 2, 20.5, 21.5, 21.0, 20.5, 21.5),
-        (ts("12:00:00"), ts("12:01:00"), "s/b/#", "t", 1, 10.0, 10.0, 10.0, 10.0, 10.0),
-        (ts("12:01:00"), ts("12:02:00"), "s/a/#", "t", 1, 22.5, 22.5, 22.5, 22.5, 22.5),
-    ], f"{W}, pattern string, field string, {STATS}")
+    expected = spark.createDataFrame(
+        [
+            (ts("12:00:00"), ts("12:01:00"), "s/a/#", "h", 2, 40.0, 50.0, 45.0, 40.0, 50.0),
+            (ts("12:00:00"), ts("12:01:00"), "s/a/#", "meta.v", 1, 3.0, 3.0, 3.0, 3.0, 3.0),
+            (ts("12:00:00"), ts("12:01:00"), "s/a/#", "t", 2, 20.5, 21.5, 21.0, 20.5, 21.5),
+            (ts("12:00:00"), ts("12:01:00"), "s/b/#", "t", 1, 10.0, 10.0, 10.0, 10.0, 10.0),
+            (ts("12:01:00"), ts("12:02:00"), "s/a/#", "t", 1, 22.5, 22.5, 22.5, 22.5, 22.5),
+        ],
+        f"{W}, pattern string, field string, {STATS}",
+    )
     assertDataFrameEqual(P.payload_stats(melted, 60), expected)
 
 
@@ -88,15 +113,18 @@ def test_totals_over_the_whole_range(spark, flagged):
     schema = T.DataType.fromDDL("t double")
     melted = P.melt_numeric(P.parse_payloads(flagged.where("is_json"), schema), [("t",)])
     # s/a/#: t = 20.5, 21.5, 22.5 -> p50 rank ceil(1.5) = 2 -> 21.5, p95 rank ceil(2.85) = 3 -> 22.5
-    expected = spark.createDataFrame([("s/a/#", "t", 3, 20.5, 22.5, 21.5, 21.5, 22.5),
-                                      ("s/b/#", "t", 1, 10.0, 10.0, 10.0, 10.0, 10.0)],
-                                     f"pattern string, field string, {STATS}")
+    expected = spark.createDataFrame(
+        [("s/a/#", "t", 3, 20.5, 22.5, 21.5, 21.5, 22.5), ("s/b/#", "t", 1, 10.0, 10.0, 10.0, 10.0, 10.0)],
+        f"pattern string, field string, {STATS}",
+    )
     assertDataFrameEqual(P.payload_totals(melted), expected)
 
 
 def test_an_inferred_schema_finds_the_numeric_leaves(spark, flagged):
-    extra = spark.createDataFrame([(ts("12:00:09"), "s/c/x", b'{"t": 1, "ok": true, "name": "x", "list": [1, 2]}')],
-                                  "timestamp timestamp, topic string, payload binary")
+    extra = spark.createDataFrame(
+        [(ts("12:00:09"), "s/c/x", b'{"t": 1, "ok": true, "name": "x", "list": [1, 2]}')],
+        "timestamp timestamp, topic string, payload binary",
+    )
     sample = P.with_json_flag(with_pattern(extra, level=2)).unionByName(flagged.where("topic != 's/a/t3'"))
     schema = P.infer_schema(spark, sample)
     # inferred fields come sorted by name: h, list, meta, name, ok, t; t mixes 20.5 and 10 -> double

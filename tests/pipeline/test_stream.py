@@ -15,7 +15,6 @@ pytest.importorskip("pyarrow")
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.testing import assertDataFrameEqual  # noqa: E402
 
-from conftest import wait_for  # noqa: E402
 from mqttmesh.archive.recorder import ArchiveLimits, Chunk  # noqa: E402
 from mqttmesh.archive.schema import PUBLISH  # noqa: E402
 from mqttmesh.archive.writer import FileWriter  # noqa: E402
@@ -23,14 +22,19 @@ from mqttmesh.pipeline.extract import read_log  # noqa: E402
 from mqttmesh.pipeline.jobs import job_options  # noqa: E402
 from mqttmesh.pipeline.stream import run_stream  # noqa: E402
 from mqttmesh.pipeline.traffic import traffic_by  # noqa: E402
+from support.processes import wait_for
+
+pytestmark = [pytest.mark.process, pytest.mark.spark]
 
 T = 1769868000.0  # 2026-01-31T14:00:00Z
 
 
 def write_file(root, number, times, first_seq):
     w = FileWriter(str(root), "n1", number, ArchiveLimits())
-    rows = [(t, first_seq + i, "pub", f"t/{(first_seq + i) % 3}", 1, False, b'{"v": %d}' % (first_seq + i))
-            for i, t in enumerate(times)]
+    rows = [
+        (t, first_seq + i, "pub", f"t/{(first_seq + i) % 3}", 1, False, b'{"v": %d}' % (first_seq + i))
+        for i, t in enumerate(times)
+    ]
     w.add(Chunk(PUBLISH, rows, sum(len(r[6]) for r in rows), 0), now=0.0)
     w.close()
 
@@ -63,8 +67,11 @@ def commits(checkpoint):
 
 def batch_windows(spark, archive, closed_before):
     pub = read_log(spark, [str(archive)], PUBLISH)
-    return (traffic_by(pub, ["topic"], 60).where(F.col("window_end") <= F.lit(closed_before).cast("timestamp"))
-            .select("window_start", "topic", "messages", "bytes"))
+    return (
+        traffic_by(pub, ["topic"], 60)
+        .where(F.col("window_end") <= F.lit(closed_before).cast("timestamp"))
+        .select("window_start", "topic", "messages", "bytes")
+    )
 
 
 def test_the_stream_job_restarted_after_a_kill_gives_the_batch_totals(spark, tmp_path):
@@ -72,14 +79,44 @@ def test_the_stream_job_restarted_after_a_kill_gives_the_batch_totals(spark, tmp
     # six files, 20 messages each, one every 2.5 s from 14:00:00 to 14:04:57.5
     for k in range(6):
         write_file(archive, k + 1, [T + k * 50 + i * 2.5 for i in range(20)], 1 + 20 * k)
-    args = ["--archive", str(archive), "--out", str(out), "--window", "60", "--watermark", "0",
-            "--schema", "v DOUBLE", "--shuffle-partitions", "2"]
-    proc = subprocess.Popen([sys.executable, "-m", "mqttmesh", "analyze", "stream", *args, "--trigger", "1",
-                             "--max-files-per-trigger", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    args = [
+        "--archive",
+        str(archive),
+        "--out",
+        str(out),
+        "--window",
+        "60",
+        "--watermark",
+        "0",
+        "--schema",
+        "v DOUBLE",
+        "--shuffle-partitions",
+        "2",
+    ]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mqttmesh",
+            "analyze",
+            "stream",
+            *args,
+            "--trigger",
+            "1",
+            "--max-files-per-trigger",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     jvms = []
     try:
-        wait_for(lambda: len(commits(out / "checkpoint")) >= 2 or proc.poll() is not None, 180, interval=0.1,
-                 what="two committed micro-batches")
+        wait_for(
+            lambda: len(commits(out / "checkpoint")) >= 2 or proc.poll() is not None,
+            180,
+            interval=0.1,
+            what="two committed micro-batches",
+        )
         assert proc.poll() is None, proc.stderr.read().decode(errors="replace")[-3000:]
         jvms = children(proc.pid)
         for pid in jvms:
@@ -91,9 +128,9 @@ def test_the_stream_job_restarted_after_a_kill_gives_the_batch_totals(spark, tmp
         proc.wait(30)
         proc.stderr.close()
     for pid in jvms:
-        wait_for(lambda: gone(pid), 30, what=f"the JVM {pid} to be gone")
+        wait_for(lambda pid=pid: gone(pid), 30, what=f"the JVM {pid} to be gone")
     done = commits(out / "checkpoint")
-    assert 2 <= len(done) < 6, done        # killed with files left to read
+    assert 2 <= len(done) < 6, done  # killed with files left to read
 
     opts = job_options(archive=[str(archive)], out=str(out), window=60, watermark=0, schema="v DOUBLE")
     run_stream(spark, opts, lambda s: None)

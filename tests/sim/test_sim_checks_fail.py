@@ -13,7 +13,7 @@ from mqttmesh.mesh.interest import InterestIndex
 from mqttmesh.sim.checks import InvariantViolation
 from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.scenario import load_scenario
-from simutil import SCENARIOS, run
+from support.sim import SCENARIOS, run
 
 
 def test_a_wrong_next_hop_fails_the_route_check(monkeypatch):
@@ -24,6 +24,7 @@ def test_a_wrong_next_hop_fails_the_route_check(monkeypatch):
         if source == "n03" and "n06" in next_hop:
             next_hop = dict(next_hop, n06="n02")  # the long way round the ring: not a shortest path
         return next_hop, dist, parent
+
     monkeypatch.setattr(engine_module, "shortest_paths", lopsided)
     with pytest.raises(InvariantViolation, match=r"\[routes\] .*n03 sends to n06 via n02"):
         run("ring-12")
@@ -35,9 +36,10 @@ def test_sending_to_nodes_without_subscribers_fails(monkeypatch):
     def everyone(self, topic):  # a bridge that copies everything everywhere
         result = dict(real(self, topic))
         for holders in self._holders.values():
-            for node in ([holders] if isinstance(holders, str) else holders):
+            for node in [holders] if isinstance(holders, str) else holders:
                 result[node] = 0
         return result
+
     monkeypatch.setattr(InterestIndex, "match", everyone)
     with pytest.raises(InvariantViolation, match=r"\[(interest|no_interest)\]"):
         run("ring-12")
@@ -62,6 +64,7 @@ def test_a_mesh_that_never_converges_fails(monkeypatch):
             return real(self, peer, lsa)
         finally:
             self._flood = flood
+
     monkeypatch.setattr(engine_module.MeshEngine, "_install_interest", no_flood)
     sc = load_scenario(SCENARIOS / "ring-12.toml")
     sc.checks.max_convergence = 3.0

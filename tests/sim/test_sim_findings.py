@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 from collections import deque
 
+import pytest
 
 from mqttmesh.mesh.engine import MeshEngine
-from simutil import run
+from support.sim import run
+
+pytestmark = pytest.mark.slow
 
 
 class Wire:
@@ -54,7 +57,7 @@ def test_interest_that_arrived_before_its_router_crosses_a_new_link():
     interest = {"t": "interest", "node": "x", "inc": 1, "ver": 2, "full": ["sensors/#"]}
     w.engines["a"].receive("p", "lsa", json.dumps([interest]).encode(), 0.0)
     w.settle()
-    w.connect("a", "b")          # the database exchange happens now
+    w.connect("a", "b")  # the database exchange happens now
     w.settle()
     router = {"t": "router", "node": "x", "inc": 1, "seq": 1, "addr": [], "links": {"p": 1000}}
     w.engines["a"].receive("p", "lsa", json.dumps([router]).encode(), 0.0)  # x's router, late

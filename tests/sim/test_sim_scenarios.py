@@ -15,7 +15,9 @@ import pytest
 from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.report import summarize
 from mqttmesh.sim.scenario import load_scenario
-from simutil import SCENARIOS, run
+from support.sim import SCENARIOS, run
+
+pytestmark = pytest.mark.slow
 
 
 def episodes(sim: Simulator, kind: str) -> list:
@@ -58,7 +60,7 @@ def test_ring_forwards_along_the_shortest_path_tree_only(ring):
     s = summarize(ring)
     assert s["forwarding"]["copies_over_optimum"] == 1.0
     assert s["stretch"]["latency_max"] == pytest.approx(1.0)
-    assert s["mqtt_st"]["copies_per_message"] == 11      # full replication: every other node
+    assert s["mqtt_st"]["copies_per_message"] == 11  # full replication: every other node
     assert s["engine_counters"]["hop_limit_drops"] == 0
 
 
@@ -68,14 +70,15 @@ def test_random_graph_with_cycles_reroutes_and_tracks_interest():
     assert s["forwarding"]["copies_over_optimum"] == 1.0
     kinds = [e["kind"] for e in s["convergence"]]
     assert kinds.count("link_down") == 1 and kinds.count("link_up") == 1
-    assert kinds.count("subscription") == 2          # the subscribe and the unsubscribe
+    assert kinds.count("subscription") == 2  # the subscribe and the unsubscribe
     # the slow link's cost went up: once re-advertised, every route avoids it if it can
     slow = [e for e in s["convergence"] if e["kind"] == "latency"]
     assert slow and slow[0]["converged_after"] is not None
     # after the unsubscribe nobody still routes n07's old filter to it
     for n in sim.names:
-        assert "n07" not in sim.nodes[n].engine.nodes_wanting("n03/a0/b1/c1") or \
-            any(f.startswith("n03/") or f.startswith("+/") for f in sim.nodes["n07"].filters)
+        assert "n07" not in sim.nodes[n].engine.nodes_wanting("n03/a0/b1/c1") or any(
+            f.startswith("n03/") or f.startswith("+/") for f in sim.nodes["n07"].filters
+        )
 
 
 def test_partition_and_heal_merge_the_two_meshes():
@@ -104,7 +107,7 @@ def test_crash_and_restart_with_and_without_sessions():
             assert e.interests["n05"].filters == ()
             assert set(e.interests["n12"].filters) == set(n12.filters) != set()
     killed = episodes(sim, "crash")[0]
-    assert killed.end - killed.start < 0.5     # a reset is seen at once
+    assert killed.end - killed.start < 0.5  # a reset is seen at once
     powered = episodes(sim, "crash")[1]
     assert 2.0 <= powered.end - powered.start <= 3.35  # a silent death takes the keepalive
     assert s["deliveries"]["duplicates"] == 0

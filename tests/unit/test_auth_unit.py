@@ -8,13 +8,28 @@ import stat
 
 import pytest
 
-from mqttmesh.auth import (DEFAULT_ITERATIONS, READ, SUBSCRIBE, WRITE, Acl, Auth, ConfigError, LogBudget,
-                           LoginThrottle, PasswordFile, filter_covers, hash_password, verify_password)
+from mqttmesh.auth import (
+    DEFAULT_ITERATIONS,
+    READ,
+    SUBSCRIBE,
+    WRITE,
+    Acl,
+    Auth,
+    ConfigError,
+    LogBudget,
+    LoginThrottle,
+    PasswordFile,
+    filter_covers,
+    hash_password,
+    verify_password,
+)
 
 # pbkdf2-sha512("pw", salt b"0123456789abcdef", 1000 iterations), computed once with hashlib
 KNOWN_SALT = b"0123456789abcdef"
-KNOWN_HASH = ("$pbkdf2-sha512$1000$MDEyMzQ1Njc4OWFiY2RlZg==$bk6AzDNPufwraG/VjmAl+642J4ug0Z1+aNrlKzX8aHwEs63XDUGVJ"
-              "TUkvPMmA3adUiWnwISWC+BX0WWY7QuPYQ==")
+KNOWN_HASH = (
+    "$pbkdf2-sha512$1000$MDEyMzQ1Njc4OWFiY2RlZg==$bk6AzDNPufwraG/VjmAl+642J4ug0Z1+aNrlKzX8aHwEs63XDUGVJ"
+    "TUkvPMmA3adUiWnwISWC+BX0WWY7QuPYQ=="
+)
 
 
 # --------------------------------------------------------------------------- hashes
@@ -42,11 +57,20 @@ def test_hash_password_non_ascii():
     assert not verify_password(b"pass", encoded)
 
 
-@pytest.mark.parametrize("encoded", [
-    "", "garbage", "$md5$1000$MDEy$MDEy", "$pbkdf2-sha512$many$MDEy$MDEy",
-    "$pbkdf2-sha512$1000$!!!$MDEy", "$pbkdf2-sha512$0$MDEy$MDEy", "$pbkdf2-sha512$-5$MDEy$MDEy",
-    "$pbkdf2-sha512$1000$MDEy", KNOWN_HASH + "$extra",
-])
+@pytest.mark.parametrize(
+    "encoded",
+    [
+        "",
+        "garbage",
+        "$md5$1000$MDEy$MDEy",
+        "$pbkdf2-sha512$many$MDEy$MDEy",
+        "$pbkdf2-sha512$1000$!!!$MDEy",
+        "$pbkdf2-sha512$0$MDEy$MDEy",
+        "$pbkdf2-sha512$-5$MDEy$MDEy",
+        "$pbkdf2-sha512$1000$MDEy",
+        KNOWN_HASH + "$extra",
+    ],
+)
 def test_verify_password_malformed_hash_is_false_not_an_error(encoded):
     assert verify_password(b"pw", encoded) is False
 
@@ -61,10 +85,17 @@ def test_password_file_load(tmp_path):
     assert pf.users == {"alice": KNOWN_HASH, "bob": KNOWN_HASH}
 
 
-@pytest.mark.parametrize("line", [
-    "alice", "alice:", ":" + KNOWN_HASH, "alice:secret", "alice:$pbkdf2-sha512$1000$abc",
-    "alice:$md5$1000$MDEy$MDEy",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "alice",
+        "alice:",
+        ":" + KNOWN_HASH,
+        "alice:secret",
+        "alice:$pbkdf2-sha512$1000$abc",
+        "alice:$md5$1000$MDEy$MDEy",
+    ],
+)
 def test_password_file_bad_line_names_file_and_line(tmp_path, line):
     path = tmp_path / "passwd"
     path.write_text(f"# comment\nbob:{KNOWN_HASH}\n{line}\n", encoding="utf-8")
@@ -113,18 +144,21 @@ def test_password_file_set_refuses_bad_names(tmp_path, user):
 # --------------------------------------------------------------------------- ACL parsing
 
 
-@pytest.mark.parametrize("text, line", [
-    ("topic read a/#\ntopic readonly b\n", 2),
-    ("\n\n# c\ntopic read a/#/b\n", 4),
-    ("topic read a+\n", 1),
-    ("user\n", 1),
-    ("user alice bob\n", 1),
-    ("client\n", 1),
-    ("topic\n", 1),
-    ("topic read a b\n", 1),
-    ("allow a\n", 1),
-    ("topic read a/# # trailing comment\n", 1),
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("topic read a/#\ntopic readonly b\n", 2),
+        ("\n\n# c\ntopic read a/#/b\n", 4),
+        ("topic read a+\n", 1),
+        ("user\n", 1),
+        ("user alice bob\n", 1),
+        ("client\n", 1),
+        ("topic\n", 1),
+        ("topic read a b\n", 1),
+        ("allow a\n", 1),
+        ("topic read a/# # trailing comment\n", 1),
+    ],
+)
 def test_acl_parse_errors_name_the_line(text, line):
     with pytest.raises(ConfigError) as info:
         Acl.parse(text, "acl.conf")
@@ -172,63 +206,72 @@ def acl():
     return Acl.parse(ACL_TEXT)
 
 
-@pytest.mark.parametrize("user, client, topic, access, expected", [
-    (None, "x", "$SYS/load", READ, True),
-    (None, "x", "$SYS/load", WRITE, False),
-    # %c substitution
-    (None, "d1", "devices/d1/temp", WRITE, True),
-    (None, "d1", "devices/d1", READ, True),
-    (None, "d1", "devices/d2/temp", WRITE, False),
-    (None, "d1", "devices/d2/temp", READ, False),
-    # %u substitution, and a %u rule is skipped without a user name
-    ("carol", "x", "users/carol/inbox", READ, True),
-    ("carol", "x", "users/carol/inbox", WRITE, False),
-    (None, "x", "users//inbox", READ, False),
-    (None, "x", "users/inbox", READ, False),
-    # user blocks
-    ("alice", "x", "sensors/temp", READ, True),
-    ("alice", "x", "sensors/temp", WRITE, True),
-    ("carol", "x", "sensors/temp", READ, False),
-    # deny wins over a grant, before or after it
-    ("alice", "x", "sensors/secret/key", READ, False),
-    ("alice", "x", "sensors/secret", READ, False),  # "sensors/secret/#" matches "sensors/secret" (4.7.1.2)
-    ("bob", "x", "sensors/temp", READ, False),
-    ("bob", "x", "sensors/temp", WRITE, False),
-    # client blocks (fnmatch glob on the ClientId)
-    (None, "gateway-7", "telemetry/a", WRITE, True),
-    (None, "gateway-7", "telemetry/a", READ, False),
-    (None, "gateway", "telemetry/a", WRITE, False),
-    (None, "my-gateway-7", "telemetry/a", WRITE, False),
-    # subscribe-only does not allow receiving
-    (None, "gateway-7", "cmd/x", READ, False),
-])
+@pytest.mark.parametrize(
+    "user, client, topic, access, expected",
+    [
+        (None, "x", "$SYS/load", READ, True),
+        (None, "x", "$SYS/load", WRITE, False),
+        # %c substitution
+        (None, "d1", "devices/d1/temp", WRITE, True),
+        (None, "d1", "devices/d1", READ, True),
+        (None, "d1", "devices/d2/temp", WRITE, False),
+        (None, "d1", "devices/d2/temp", READ, False),
+        # %u substitution, and a %u rule is skipped without a user name
+        ("carol", "x", "users/carol/inbox", READ, True),
+        ("carol", "x", "users/carol/inbox", WRITE, False),
+        (None, "x", "users//inbox", READ, False),
+        (None, "x", "users/inbox", READ, False),
+        # user blocks
+        ("alice", "x", "sensors/temp", READ, True),
+        ("alice", "x", "sensors/temp", WRITE, True),
+        ("carol", "x", "sensors/temp", READ, False),
+        # deny wins over a grant, before or after it
+        ("alice", "x", "sensors/secret/key", READ, False),
+        ("alice", "x", "sensors/secret", READ, False),  # "sensors/secret/#" matches "sensors/secret" (4.7.1.2)
+        ("bob", "x", "sensors/temp", READ, False),
+        ("bob", "x", "sensors/temp", WRITE, False),
+        # client blocks (fnmatch glob on the ClientId)
+        (None, "gateway-7", "telemetry/a", WRITE, True),
+        (None, "gateway-7", "telemetry/a", READ, False),
+        (None, "gateway", "telemetry/a", WRITE, False),
+        (None, "my-gateway-7", "telemetry/a", WRITE, False),
+        # subscribe-only does not allow receiving
+        (None, "gateway-7", "cmd/x", READ, False),
+    ],
+)
 def test_acl_allows(acl, user, client, topic, access, expected):
     assert acl.allows(user, client, topic, access) is expected
 
 
-@pytest.mark.parametrize("user, client, topic_filter, expected", [
-    (None, "x", "$SYS/#", True),            # read implies subscribe
-    (None, "x", "#", False),                 # "#" does not cover $SYS/#, nothing else is granted
-    (None, "d1", "devices/d1/#", True),
-    (None, "d1", "devices/+/#", False),
-    (None, "d1", "devices/#", False),
-    ("alice", "x", "sensors/+", True),
-    ("alice", "x", "sensors/#", False),      # overlaps the denied sensors/secret/#
-    ("alice", "x", "sensors/secret/a", False),
-    ("alice", "x", "sensors/secret", False),  # the deny rule sensors/secret/# matches it (4.7.1.2)
-    (None, "gateway-1", "cmd/#", True),      # subscribe access
-    (None, "gateway-1", "telemetry/#", False),  # write access only
-])
+@pytest.mark.parametrize(
+    "user, client, topic_filter, expected",
+    [
+        (None, "x", "$SYS/#", True),  # read implies subscribe
+        (None, "x", "#", False),  # "#" does not cover $SYS/#, nothing else is granted
+        (None, "d1", "devices/d1/#", True),
+        (None, "d1", "devices/+/#", False),
+        (None, "d1", "devices/#", False),
+        ("alice", "x", "sensors/+", True),
+        ("alice", "x", "sensors/#", False),  # overlaps the denied sensors/secret/#
+        ("alice", "x", "sensors/secret/a", False),
+        ("alice", "x", "sensors/secret", False),  # the deny rule sensors/secret/# matches it (4.7.1.2)
+        (None, "gateway-1", "cmd/#", True),  # subscribe access
+        (None, "gateway-1", "telemetry/#", False),  # write access only
+    ],
+)
 def test_acl_allows_subscribe(acl, user, client, topic_filter, expected):
     assert acl.allows_subscribe(user, client, topic_filter) is expected
 
 
-@pytest.mark.parametrize("client, user, topic", [
-    ("+", None, "devices/other/temp"),
-    ("#", None, "devices/other/temp"),
-    ("x", "+", "users/bob/inbox"),
-    ("x", "#", "users/bob/inbox"),
-])
+@pytest.mark.parametrize(
+    "client, user, topic",
+    [
+        ("+", None, "devices/other/temp"),
+        ("#", None, "devices/other/temp"),
+        ("x", "+", "users/bob/inbox"),
+        ("x", "#", "users/bob/inbox"),
+    ],
+)
 def test_acl_pattern_wildcard_client_id_gets_no_extra_access(acl, client, user, topic):
     assert acl.allows(user, client, topic, READ) is False
 
@@ -257,17 +300,39 @@ def test_access_bits_are_distinct():
 # --------------------------------------------------------------------------- filter_covers
 
 
-@pytest.mark.parametrize("rule, topic_filter, expected", [
-    ("#", "a/b", True), ("#", "#", True), ("#", "+", True), ("#", "a/#", True),
-    ("a/#", "a", True), ("a/#", "a/#", True), ("a/#", "a/+/c", True), ("a/#", "#", False),
-    ("a/#", "b", False), ("a/+", "a/b", True), ("a/+", "a/+", True), ("a/+", "a/#", False),
-    ("a/+", "a", False), ("a/+", "a/b/c", False), ("a/b", "a/+", False), ("a/b", "a/b", True),
-    ("+/b", "a/b", True), ("+", "a/b", False), ("+", "#", False), ("a", "a/b", False),
-    ("a/b/c", "a/b", False),
-    # [MQTT-4.7.2-1] leading wildcards never cover $-topics
-    ("#", "$SYS/#", False), ("+/#", "$SYS/x", False), ("+", "$x", False),
-    ("$SYS/#", "$SYS/x", True), ("$SYS/+", "$SYS/x", True), ("$SYS/#", "#", False),
-])
+@pytest.mark.parametrize(
+    "rule, topic_filter, expected",
+    [
+        ("#", "a/b", True),
+        ("#", "#", True),
+        ("#", "+", True),
+        ("#", "a/#", True),
+        ("a/#", "a", True),
+        ("a/#", "a/#", True),
+        ("a/#", "a/+/c", True),
+        ("a/#", "#", False),
+        ("a/#", "b", False),
+        ("a/+", "a/b", True),
+        ("a/+", "a/+", True),
+        ("a/+", "a/#", False),
+        ("a/+", "a", False),
+        ("a/+", "a/b/c", False),
+        ("a/b", "a/+", False),
+        ("a/b", "a/b", True),
+        ("+/b", "a/b", True),
+        ("+", "a/b", False),
+        ("+", "#", False),
+        ("a", "a/b", False),
+        ("a/b/c", "a/b", False),
+        # [MQTT-4.7.2-1] leading wildcards never cover $-topics
+        ("#", "$SYS/#", False),
+        ("+/#", "$SYS/x", False),
+        ("+", "$x", False),
+        ("$SYS/#", "$SYS/x", True),
+        ("$SYS/+", "$SYS/x", True),
+        ("$SYS/#", "#", False),
+    ],
+)
 def test_filter_covers(rule, topic_filter, expected):
     assert filter_covers(rule, topic_filter) is expected
 
@@ -280,14 +345,17 @@ def passwords():
     return PasswordFile("unused", {"alice": hash_password("secret", 1000)})
 
 
-@pytest.mark.parametrize("anonymous, user, password, expected", [
-    (True, None, None, 0),
-    (False, None, None, 5),
-    (True, "alice", b"secret", None),   # a hash to check: slow path
-    (False, "alice", b"secret", None),
-    (False, "alice", None, None),       # no quick refusal: it would tell that alice exists
-    (False, "mallory", b"secret", None),
-])
+@pytest.mark.parametrize(
+    "anonymous, user, password, expected",
+    [
+        (True, None, None, 0),
+        (False, None, None, 5),
+        (True, "alice", b"secret", None),  # a hash to check: slow path
+        (False, "alice", b"secret", None),
+        (False, "alice", None, None),  # no quick refusal: it would tell that alice exists
+        (False, "mallory", b"secret", None),
+    ],
+)
 def test_check_fast(passwords, anonymous, user, password, expected):
     assert Auth(allow_anonymous=anonymous, passwords=passwords).check_fast(user, password) == expected
 
@@ -328,15 +396,24 @@ def pbkdf2_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("user, password", [
-    ("alice", b"wrong"), ("alice", b"secret"), ("alice", None), ("mallory", b"secret"), ("", b""),
-    ("mallory", None),
-])
+@pytest.mark.parametrize(
+    "user, password",
+    [
+        ("alice", b"wrong"),
+        ("alice", b"secret"),
+        ("alice", None),
+        ("mallory", b"secret"),
+        ("", b""),
+        ("mallory", None),
+    ],
+)
 def test_every_login_costs_one_pbkdf2_with_the_users_parameters(pbkdf2_calls, user, password):
     """Equal work whoever the user: one PBKDF2-SHA512 with the file's usual iterations and a
     16-byte salt, known user or not, password or not."""
-    passwords = PasswordFile("unused", {"alice": hash_password("secret", 1000), "bob": hash_password("x", 1000),
-                                        "carol": hash_password("y", 2000)})
+    passwords = PasswordFile(
+        "unused",
+        {"alice": hash_password("secret", 1000), "bob": hash_password("x", 1000), "carol": hash_password("y", 2000)},
+    )
     auth = Auth(passwords=passwords)
     pbkdf2_calls.clear()
     assert auth.check_fast(user, password) is None
@@ -399,28 +476,34 @@ topic deny $SYS/mesh/#
 """
 
 
-@pytest.mark.parametrize("passwords_file, user, topic, expected", [
-    (False, None, "$SYS/broker/uptime", True),
-    (False, None, "$SYS/mesh/status", True),
-    (False, None, "$SYS/mesh/clients", False),       # anonymous: no ClientIds
-    (False, "alice", "$SYS/mesh/clients", False),    # a user name nobody checked proves nothing
-    (True, None, "$SYS/mesh/clients", False),
-    (True, "alice", "$SYS/mesh/clients", True),      # a user the password file verified
-])
+@pytest.mark.parametrize(
+    "passwords_file, user, topic, expected",
+    [
+        (False, None, "$SYS/broker/uptime", True),
+        (False, None, "$SYS/mesh/status", True),
+        (False, None, "$SYS/mesh/clients", False),  # anonymous: no ClientIds
+        (False, "alice", "$SYS/mesh/clients", False),  # a user name nobody checked proves nothing
+        (True, None, "$SYS/mesh/clients", False),
+        (True, "alice", "$SYS/mesh/clients", True),  # a user the password file verified
+    ],
+)
 def test_sys_without_acl(passwords, passwords_file, user, topic, expected):
     auth = Auth(passwords=passwords if passwords_file else None)
     assert auth.can_read_sys(user, "c", topic) is expected
 
 
-@pytest.mark.parametrize("user, topic, expected", [
-    (None, "$SYS/broker/uptime", True),
-    (None, "$SYS/mesh/clients", False),     # $SYS/# does not reach the ClientIds
-    ("bob", "$SYS/mesh/clients", False),
-    ("admin", "$SYS/mesh/clients", True),   # granted by name
-    ("admin", "$SYS/mesh/status", True),
-    ("eve", "$SYS/mesh/clients", False),    # a deny still wins
-    ("eve", "$SYS/mesh/status", False),
-])
+@pytest.mark.parametrize(
+    "user, topic, expected",
+    [
+        (None, "$SYS/broker/uptime", True),
+        (None, "$SYS/mesh/clients", False),  # $SYS/# does not reach the ClientIds
+        ("bob", "$SYS/mesh/clients", False),
+        ("admin", "$SYS/mesh/clients", True),  # granted by name
+        ("admin", "$SYS/mesh/status", True),
+        ("eve", "$SYS/mesh/clients", False),  # a deny still wins
+        ("eve", "$SYS/mesh/status", False),
+    ],
+)
 def test_sys_with_acl(user, topic, expected):
     auth = Auth(acl=Acl.parse(SYS_ACL))
     assert auth.can_read_sys(user, "c", topic) is expected
@@ -508,10 +591,10 @@ def test_throttle_user_name_delays_spare_addresses_the_user_logged_in_from():
     t.succeeded("10.0.0.7", "alice", 0.0)
     for i in range(6):
         fail(t, f"192.0.2.{i}", "alice", 10.0 + i * 100)
-    assert t.wait("10.0.0.8", "alice", 700.0) > 0    # a new address waits
+    assert t.wait("10.0.0.8", "alice", 700.0) > 0  # a new address waits
     t.abandoned("10.0.0.8", "alice", 700.0)
-    assert t.wait("10.0.0.7", "alice", 700.0) == 0   # alice's own does not
-    t.failed("10.0.0.7", "alice", 700.0)              # its failures still count for the name
+    assert t.wait("10.0.0.7", "alice", 700.0) == 0  # alice's own does not
+    t.failed("10.0.0.7", "alice", 700.0)  # its failures still count for the name
     assert t.failures("u", "alice", 700.0) == 7
 
 
@@ -578,7 +661,7 @@ def test_throttle_anonymous_login_has_only_an_address_key():
 def test_log_budget():
     b = LogBudget(rate=2, burst=4)
     assert [b.allow(0.0) for _ in range(6)] == [True] * 4 + [False] * 2
-    assert b.allow(0.5) is True       # one token back after half a second at 2/s
+    assert b.allow(0.5) is True  # one token back after half a second at 2/s
     assert b.allow(0.5) is False
     assert b.take_suppressed() == 3 and b.take_suppressed() == 0
     assert [b.allow(100.0) for _ in range(5)] == [True] * 4 + [False]  # never more than the burst

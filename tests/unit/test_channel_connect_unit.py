@@ -1,7 +1,7 @@
 """mqttmesh.channel.Channel with mqttmesh.broker.Broker: CONNECT, authentication, takeover,
 sessions, keepalive, wills and the transition table.
 
-Input bytes come from tests/mqttraw.py or are written by hand; output bytes are
+Input bytes come from tests/support/mqttraw.py or are written by hand; output bytes are
 compared exactly (``channel.data_to_send()``).
 """
 
@@ -11,14 +11,27 @@ import re
 
 import pytest
 
-import mqttraw
 from mqttmesh.auth import Auth, PasswordFile, hash_password
-from mqttmesh.channel import (AUTHENTICATING, AWAIT_CONNECT, CLOSED, CONNECTED, TRANSITIONS)
-from mqttmesh.codec import (CONNACK, CONNECT, DISCONNECT, PINGREQ, PINGRESP, PUBACK, PUBCOMP, PUBLISH,
-                            PUBREC, PUBREL, SUBACK, SUBSCRIBE, UNSUBACK, UNSUBSCRIBE)
+from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLOSED, CONNECTED, TRANSITIONS
+from mqttmesh.codec import (
+    CONNACK,
+    CONNECT,
+    DISCONNECT,
+    PINGREQ,
+    PINGRESP,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    SUBACK,
+    SUBSCRIBE,
+    UNSUBACK,
+    UNSUBSCRIBE,
+)
 from mqttmesh.store import Journal
-
-from unit_support import Net, out, publishes
+from support import mqttraw
+from support.frames import Net, out, publishes
 
 SPEC_ID = re.compile(r"\[MQTT-\d+\.\d+\.\d+-\d+\]")
 
@@ -51,11 +64,14 @@ def test_connect_accepted(net):
     assert net.broker.sessions["c1"].channel is ch
 
 
-@pytest.mark.parametrize("raw", [
-    pytest.param(mqttraw.connect("c", level=3), id="MQTT-level-3"),
-    pytest.param(mqttraw.connect("c", level=5), id="MQTT-level-5"),
-    pytest.param(mqttraw.connect("c", proto=b"MQIsdp", level=3), id="MQIsdp-3"),
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(mqttraw.connect("c", level=3), id="MQTT-level-3"),
+        pytest.param(mqttraw.connect("c", level=5), id="MQTT-level-5"),
+        pytest.param(mqttraw.connect("c", proto=b"MQIsdp", level=3), id="MQIsdp-3"),
+    ],
+)
 def test_connect_other_level_gets_connack_0x01_then_close(net, raw):
     """[MQTT-3.1.2-2] CONNACK 0x01 (unacceptable protocol level), then disconnect."""
     ch = net.channel()
@@ -167,15 +183,18 @@ def test_unknown_user_and_missing_password_take_the_slow_check_like_a_known_user
 def test_slow_auth_accepts_then_processes_pipelined_packets(auth_net):
     net, auth = auth_net
     ch = net.channel()
-    ch.receive_data(mqttraw.connect("c", username="alice", password=b"secret")
-                    + mqttraw.subscribe(3, ("a", 1)) + mqttraw.publish("a", b"x", qos=1, pid=9), 0.0)
+    ch.receive_data(
+        mqttraw.connect("c", username="alice", password=b"secret")
+        + mqttraw.subscribe(3, ("a", 1))
+        + mqttraw.publish("a", b"x", qos=1, pid=9),
+        0.0,
+    )
     assert ch.state == AUTHENTICATING
     assert ch.data_to_send() == b""
     assert net.owner.auth_requests == [(ch, "alice", b"secret")]
     ch.authenticated(auth.check_slow("alice", b"secret"), 1.0)
     assert ch.state == CONNECTED
-    assert ch.data_to_send() == (ACCEPTED + h("90 03 00 03 01")
-                                 + h("32 06 00 01 61 00 01 78") + h("40 02 00 09"))
+    assert ch.data_to_send() == (ACCEPTED + h("90 03 00 03 01") + h("32 06 00 01 61 00 01 78") + h("40 02 00 09"))
 
 
 def test_slow_auth_packets_arriving_while_authenticating_wait(auth_net):
@@ -214,8 +233,9 @@ def test_slow_auth_refused_processes_nothing_after_connect(auth_net):
     """[MQTT-3.1.4-5] nothing sent after a refused CONNECT is processed."""
     net, auth = auth_net
     ch = net.channel()
-    ch.receive_data(mqttraw.connect("c", username="alice", password=b"wrong")
-                    + mqttraw.publish("r", b"x", retain=True), 0.0)
+    ch.receive_data(
+        mqttraw.connect("c", username="alice", password=b"wrong") + mqttraw.publish("r", b"x", retain=True), 0.0
+    )
     assert net.owner.auth_requests == [(ch, "alice", b"wrong")]
     ch.authenticated(auth.check_slow("alice", b"wrong"), 1.0)
     assert ch.data_to_send() == h("20 02 00 04")
@@ -331,8 +351,12 @@ def test_persistent_session_keeps_messages_while_offline(net):
     ch = net.subscriber("c", ("a", 2), clean=False)
     ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
     pub = net.connect("pub")
-    pub.receive_data(mqttraw.publish("a", b"0") + mqttraw.publish("a", b"1", qos=1, pid=1)
-                     + mqttraw.publish("a", b"2", qos=2, pid=2), 0.0)
+    pub.receive_data(
+        mqttraw.publish("a", b"0")
+        + mqttraw.publish("a", b"1", qos=1, pid=1)
+        + mqttraw.publish("a", b"2", qos=2, pid=2),
+        0.0,
+    )
     ch = net.connect("c", clean=False, expect=ACCEPTED_PRESENT)
     assert publishes(ch) == [("a", b"1", 1, False, False, 1), ("a", b"2", 2, False, False, 2)]
 
@@ -498,8 +522,17 @@ CLIENT_BYTES = {
 
 def test_transition_table_contents():
     assert set(TRANSITIONS[AWAIT_CONNECT]) == {CONNECT}
-    assert set(TRANSITIONS[CONNECTED]) == {PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP, SUBSCRIBE,
-                                           UNSUBSCRIBE, PINGREQ, DISCONNECT}
+    assert set(TRANSITIONS[CONNECTED]) == {
+        PUBLISH,
+        PUBACK,
+        PUBREC,
+        PUBREL,
+        PUBCOMP,
+        SUBSCRIBE,
+        UNSUBSCRIBE,
+        PINGREQ,
+        DISCONNECT,
+    }
     assert TRANSITIONS[CLOSED] == {}
 
 
@@ -557,13 +590,16 @@ def test_nothing_processed_after_close(net):
     assert len(net.broker.router) == 0
 
 
-@pytest.mark.parametrize("raw, rule", [
-    (h("36 05 00 01 61 00 01"), "MQTT-3.3.1-4"),
-    (h("80 06 00 01 00 01 61 00"), "MQTT-3.8.1-1"),
-    (h("30 03 00 01 23"), "MQTT-3.3.2-2"),
-    (h("82 02 00 01"), "MQTT-3.8.3-3"),
-    (h("30 05 00 03 ed a0 80"), "MQTT-1.5.3-1"),
-])
+@pytest.mark.parametrize(
+    "raw, rule",
+    [
+        (h("36 05 00 01 61 00 01"), "MQTT-3.3.1-4"),
+        (h("80 06 00 01 00 01 61 00"), "MQTT-3.8.1-1"),
+        (h("30 03 00 01 23"), "MQTT-3.3.2-2"),
+        (h("82 02 00 01"), "MQTT-3.8.3-3"),
+        (h("30 05 00 03 ed a0 80"), "MQTT-1.5.3-1"),
+    ],
+)
 def test_malformed_packet_closes_with_its_rule(net, raw, rule):
     ch = net.connect("c")
     ch.receive_data(raw, 1.0)

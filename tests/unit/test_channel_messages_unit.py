@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
 from mqttmesh.auth import Acl, Auth
 from mqttmesh.channel import CLOSED, CONNECTED
 from mqttmesh.message import Message
 from mqttmesh.session import Limits
 from mqttmesh.store import Journal
-
-from unit_support import Net, out, publishes
+from support import mqttraw
+from support.frames import Net, out, publishes
 
 
 def h(text: str) -> bytes:
@@ -104,8 +103,10 @@ def test_dup_is_not_propagated(net):
     assert publishes(sub) == [("a", b"x", 1, False, False, 1)]
 
 
-@pytest.mark.parametrize("sub_qos, pub_qos, delivered", [
-    (0, 0, 0), (0, 1, 0), (0, 2, 0), (1, 0, 0), (1, 1, 1), (1, 2, 1), (2, 0, 0), (2, 1, 1), (2, 2, 2)])
+@pytest.mark.parametrize(
+    "sub_qos, pub_qos, delivered",
+    [(0, 0, 0), (0, 1, 0), (0, 2, 0), (1, 0, 0), (1, 1, 1), (1, 2, 1), (2, 0, 0), (2, 1, 1), (2, 2, 2)],
+)
 def test_delivery_qos_is_the_minimum(net, sub_qos, pub_qos, delivered):
     """[MQTT-3.8.4-6]"""
     sub = net.subscriber("s", ("a", sub_qos))
@@ -134,8 +135,9 @@ def test_dollar_topic_publish_is_acknowledged_not_delivered(net):
     """A client may not publish to $-topics: acknowledged [MQTT-3.3.5-2], not delivered nor retained."""
     sub = net.subscriber("s", ("$SYS/#", 1), ("$x", 1))
     pub = net.connect("p")
-    pub.receive_data(mqttraw.publish("$SYS/x", b"1", qos=1, pid=1)
-                     + mqttraw.publish("$x", b"2", qos=2, pid=2, retain=True), 1.0)
+    pub.receive_data(
+        mqttraw.publish("$SYS/x", b"1", qos=1, pid=1) + mqttraw.publish("$x", b"2", qos=2, pid=2, retain=True), 1.0
+    )
     assert pub.data_to_send() == h("40 02 00 01 50 02 00 02")
     assert publishes(sub) == []
     assert len(net.broker.retained) == 0
@@ -210,9 +212,12 @@ def test_acl_filters_delivery_and_publish():
     net = Net(auth=Auth(acl=acl))
     sub = net.subscriber("s", ("a/+/x", 1))
     pub = net.connect("p")
-    pub.receive_data(mqttraw.publish("a/secret/x", b"no", qos=1, pid=1)
-                     + mqttraw.publish("a/open/x", b"yes", qos=1, pid=2)
-                     + mqttraw.publish("b", b"denied", qos=1, pid=3), 1.0)
+    pub.receive_data(
+        mqttraw.publish("a/secret/x", b"no", qos=1, pid=1)
+        + mqttraw.publish("a/open/x", b"yes", qos=1, pid=2)
+        + mqttraw.publish("b", b"denied", qos=1, pid=3),
+        1.0,
+    )
     assert pub.data_to_send() == h("40 02 00 01 40 02 00 02 40 02 00 03")  # [MQTT-3.3.5-2]
     assert publishes(sub) == [("a/open/x", b"yes", 1, False, False, 1)]
 
@@ -349,8 +354,7 @@ def test_retained_filtered_by_acl():
     acl = Acl.parse("topic subscribe r/#\ntopic read r/open\ntopic write r/#\n")
     net = Net(auth=Auth(acl=acl))
     pub = net.connect("p")
-    pub.receive_data(mqttraw.publish("r/open", b"1", retain=True) + mqttraw.publish("r/secret", b"2", retain=True),
-                     1.0)
+    pub.receive_data(mqttraw.publish("r/open", b"1", retain=True) + mqttraw.publish("r/secret", b"2", retain=True), 1.0)
     assert len(net.broker.retained) == 2
     _, got = subscribe_out(net, "s", ("r/#", 0))
     assert got == [("r/open", b"1", 0, True, False)]
@@ -401,11 +405,14 @@ def test_acks_stay_in_order_behind_a_held_one():
     net = Net(journal=journal)
     durable_offline_subscriber(net, journal)
     pub = net.connect("p")
-    pub.receive_data(mqttraw.publish("g/x", b"1", qos=1, pid=1)
-                     + mqttraw.publish("elsewhere", b"2", qos=1, pid=2)
-                     + mqttraw.publish("g/x", b"3", qos=2, pid=3)
-                     + mqttraw.pubrel(3)
-                     + mqttraw.publish("elsewhere", b"4", qos=1, pid=4), 1.0)
+    pub.receive_data(
+        mqttraw.publish("g/x", b"1", qos=1, pid=1)
+        + mqttraw.publish("elsewhere", b"2", qos=1, pid=2)
+        + mqttraw.publish("g/x", b"3", qos=2, pid=3)
+        + mqttraw.pubrel(3)
+        + mqttraw.publish("elsewhere", b"4", qos=1, pid=4),
+        1.0,
+    )
     assert pub.data_to_send() == b""
     number, _ = journal.take()
     net.broker.committed(number)

@@ -8,14 +8,31 @@
 from __future__ import annotations
 
 import pytest
-import mqttraw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqttmesh.codec import (
-    ConnAck, Connect, Decoder, Disconnect, MalformedPacket, PingReq, PingResp, PubAck, PubComp,
-    PubRec, PubRel, Publish, SubAck, Subscribe, UnsubAck, Unsubscribe, Will, encode)
-from mqttmesh.codec import _Packet  # the common base: everything the decoder may yield
+    ConnAck,
+    Connect,
+    Decoder,
+    Disconnect,
+    MalformedPacket,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+    _Packet,  # the common base: everything the decoder may yield
+    encode,
+)
+from support import mqttraw
 
 pytestmark = pytest.mark.timeout(60)  # a decoder that loops forever fails here, not in CI's global limit
 
@@ -24,8 +41,9 @@ PROPS = settings(max_examples=300, deadline=1000, suppress_health_check=[HealthC
 # strings: no surrogates (not encodable), no U+0000 [MQTT-1.5.3-2]
 _chars = st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00")
 text = st.text(_chars, max_size=12)
-topic_names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00+#"),
-                      min_size=1, max_size=16)
+topic_names = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00+#"), min_size=1, max_size=16
+)
 pids = st.integers(1, 65535)
 _levels = st.sampled_from(["a", "b", "", "$x", "\u00e9", "+", "long-level"])
 
@@ -42,16 +60,21 @@ def topic_filters(draw):
 @st.composite
 def publishes(draw):
     qos = draw(st.integers(0, 2))
-    return Publish(draw(topic_names), draw(st.binary(max_size=300)), qos, draw(st.booleans()),
-                   draw(st.booleans()) if qos else False, draw(pids) if qos else None)
+    return Publish(
+        draw(topic_names),
+        draw(st.binary(max_size=300)),
+        qos,
+        draw(st.booleans()),
+        draw(st.booleans()) if qos else False,
+        draw(pids) if qos else None,
+    )
 
 
 @st.composite
 def connects(draw):
     will = None
     if draw(st.booleans()):
-        will = Will(draw(topic_names), draw(st.binary(max_size=20)), draw(st.integers(0, 2)),
-                    draw(st.booleans()))
+        will = Will(draw(topic_names), draw(st.binary(max_size=20)), draw(st.integers(0, 2)), draw(st.booleans()))
     username = draw(st.none() | text)
     password = draw(st.none() | st.binary(max_size=20)) if username is not None else None
     return Connect(draw(text), draw(st.booleans()), draw(st.integers(0, 65535)), will, username, password)
@@ -61,12 +84,17 @@ packets = st.one_of(
     connects(),
     st.builds(ConnAck, st.booleans(), st.integers(0, 255)),
     publishes(),
-    st.builds(PubAck, pids), st.builds(PubRec, pids), st.builds(PubRel, pids), st.builds(PubComp, pids),
+    st.builds(PubAck, pids),
+    st.builds(PubRec, pids),
+    st.builds(PubRel, pids),
+    st.builds(PubComp, pids),
     st.builds(Subscribe, pids, st.lists(st.tuples(topic_filters(), st.integers(0, 2)), min_size=1, max_size=4)),
     st.builds(SubAck, pids, st.lists(st.sampled_from([0, 1, 2, 0x80]), min_size=1, max_size=4)),
     st.builds(Unsubscribe, pids, st.lists(topic_filters(), min_size=1, max_size=4)),
     st.builds(UnsubAck, pids),
-    st.just(PingReq()), st.just(PingResp()), st.just(Disconnect()),
+    st.just(PingReq()),
+    st.just(PingResp()),
+    st.just(Disconnect()),
 )
 
 
@@ -91,7 +119,7 @@ def test_encode_decode_identity(pkts, data):
 
 
 def _mqttraw_bytes(p) -> bytes:
-    """The same packet built by tests/mqttraw.py, which shares no code with our codec."""
+    """The same packet built by tests/support/mqttraw.py, which shares no code with our codec."""
     if isinstance(p, Connect):
         will = None if p.will is None else (p.will.topic, p.will.payload, p.will.qos, p.will.retain)
         return mqttraw.connect(p.client_id, p.clean_session, p.keepalive, will, p.username, p.password)
@@ -106,10 +134,18 @@ def _mqttraw_bytes(p) -> bytes:
 
 
 @PROPS
-@given(st.one_of(connects(), publishes(), st.builds(Subscribe, pids, st.lists(
-    st.tuples(topic_filters(), st.integers(0, 2)), min_size=1, max_size=40)),
-    st.builds(Unsubscribe, pids, st.lists(topic_filters(), min_size=1, max_size=40)),
-    st.builds(PubAck, pids), st.builds(PubRec, pids), st.builds(PubRel, pids), st.builds(PubComp, pids)))
+@given(
+    st.one_of(
+        connects(),
+        publishes(),
+        st.builds(Subscribe, pids, st.lists(st.tuples(topic_filters(), st.integers(0, 2)), min_size=1, max_size=40)),
+        st.builds(Unsubscribe, pids, st.lists(topic_filters(), min_size=1, max_size=40)),
+        st.builds(PubAck, pids),
+        st.builds(PubRec, pids),
+        st.builds(PubRel, pids),
+        st.builds(PubComp, pids),
+    )
+)
 def test_encode_agrees_with_mqttraw(pkt):
     """A second, independent source of exact bytes: a bug mirrored in encoder and decoder shows here."""
     raw = _mqttraw_bytes(pkt)
@@ -160,13 +196,16 @@ def plausible_frames(draw):
 def test_plausible_frames_raise_only_malformed_packet(frames, data):
     raw = b"".join(frames)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=4)))
-    chunks = [raw[a:b] for a, b in zip([0] + cuts, cuts + [len(raw)])]
+    chunks = [raw[a:b] for a, b in zip([0] + cuts, cuts + [len(raw)], strict=False)]
     _decode_only_malformed(chunks, 1000)
 
 
 @PROPS
-@given(packets, st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
-       st.sampled_from(["replace", "insert", "delete"]))
+@given(
+    packets,
+    st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=4),
+    st.sampled_from(["replace", "insert", "delete"]),
+)
 def test_mutated_packets_raise_only_malformed_packet(pkt, edits, how):
     raw = bytearray(encode(pkt))
     for pos, value in edits:

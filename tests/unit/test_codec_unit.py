@@ -10,12 +10,32 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
 from mqttmesh.codec import (
-    DEFAULT_MAX_PACKET_SIZE, ConnAck, Connect, Decoder, Disconnect, MalformedPacket, PingReq,
-    PingResp, PubAck, PubComp, PubRec, PubRel, Publish, SubAck, Subscribe, UnsubAck, Unsubscribe,
-    Will, encode, encode_publish, encode_remaining_length, validate_topic_filter,
-    validate_topic_name)
+    DEFAULT_MAX_PACKET_SIZE,
+    ConnAck,
+    Connect,
+    Decoder,
+    Disconnect,
+    MalformedPacket,
+    PingReq,
+    PingResp,
+    PubAck,
+    PubComp,
+    Publish,
+    PubRec,
+    PubRel,
+    SubAck,
+    Subscribe,
+    UnsubAck,
+    Unsubscribe,
+    Will,
+    encode,
+    encode_publish,
+    encode_remaining_length,
+    validate_topic_filter,
+    validate_topic_name,
+)
+from support import mqttraw
 
 
 def h(text: str) -> bytes:
@@ -28,41 +48,61 @@ NEXT_PACKET = Publish("z")
 
 # (packet, exact bytes); ids name the figure or the feature each row covers.
 TABLE = [
-    pytest.param(Connect("c1", clean_session=True, keepalive=60),
-                 h("10 0e 00 04 4d 51 54 54 04 02 00 3c 00 02 63 31"), id="connect-minimal"),
-    pytest.param(Connect("id", clean_session=False, keepalive=0x0102, will=Will("w/t", b"bye", 1, True),
-                         username="u", password=b"pw"),
-                 h("10 1f 00 04 4d 51 54 54 04 ec 01 02 00 02 69 64 00 03 77 2f 74 00 03 62 79 65"
-                   " 00 01 75 00 02 70 77"), id="connect-will-user-password"),
-    pytest.param(Connect("a", keepalive=60, username="bob"),
-                 h("10 12 00 04 4d 51 54 54 04 82 00 3c 00 01 61 00 03 62 6f 62"), id="connect-user-only"),
-    pytest.param(Connect("", clean_session=True, keepalive=0, will=Will("t", b"", 2, False)),
-                 h("10 11 00 04 4d 51 54 54 04 16 00 00 00 00 00 01 74 00 00"),
-                 id="connect-empty-id-will-qos2"),
+    pytest.param(
+        Connect("c1", clean_session=True, keepalive=60),
+        h("10 0e 00 04 4d 51 54 54 04 02 00 3c 00 02 63 31"),
+        id="connect-minimal",
+    ),
+    pytest.param(
+        Connect(
+            "id", clean_session=False, keepalive=0x0102, will=Will("w/t", b"bye", 1, True), username="u", password=b"pw"
+        ),
+        h("10 1f 00 04 4d 51 54 54 04 ec 01 02 00 02 69 64 00 03 77 2f 74 00 03 62 79 65 00 01 75 00 02 70 77"),
+        id="connect-will-user-password",
+    ),
+    pytest.param(
+        Connect("a", keepalive=60, username="bob"),
+        h("10 12 00 04 4d 51 54 54 04 82 00 3c 00 01 61 00 03 62 6f 62"),
+        id="connect-user-only",
+    ),
+    pytest.param(
+        Connect("", clean_session=True, keepalive=0, will=Will("t", b"", 2, False)),
+        h("10 11 00 04 4d 51 54 54 04 16 00 00 00 00 00 01 74 00 00"),
+        id="connect-empty-id-will-qos2",
+    ),
     pytest.param(ConnAck(False, 0), h("20 02 00 00"), id="connack-accepted"),
     pytest.param(ConnAck(True, 0), h("20 02 01 00"), id="connack-session-present"),
     pytest.param(ConnAck(False, 5), h("20 02 00 05"), id="connack-not-authorized"),
     pytest.param(Publish("a/b", b"hi"), h("30 07 00 03 61 2f 62 68 69"), id="publish-qos0"),
-    pytest.param(Publish("a", b"\x01\x02", qos=1, retain=True, packet_id=10),
-                 h("33 07 00 01 61 00 0a 01 02"), id="publish-qos1-retain"),
-    pytest.param(Publish("x", b"", qos=2, dup=True, packet_id=0xFFFF),
-                 h("3c 05 00 01 78 ff ff"), id="publish-qos2-dup-empty-payload"),
+    pytest.param(
+        Publish("a", b"\x01\x02", qos=1, retain=True, packet_id=10),
+        h("33 07 00 01 61 00 0a 01 02"),
+        id="publish-qos1-retain",
+    ),
+    pytest.param(
+        Publish("x", b"", qos=2, dup=True, packet_id=0xFFFF),
+        h("3c 05 00 01 78 ff ff"),
+        id="publish-qos2-dup-empty-payload",
+    ),
     pytest.param(Publish("t", b"", retain=True), h("31 03 00 01 74"), id="publish-retain-empty"),
     # [MQTT-1.5.3-3]: the BOM EF BB BF is U+FEFF and is kept, not stripped
     pytest.param(Publish("\ufeff\u00e9", b""), h("30 07 00 05 ef bb bf c3 a9"), id="publish-bom-kept"),
-    pytest.param(Publish("$SYS/x", b"\x00", qos=1, packet_id=1),
-                 h("32 0b 00 06 24 53 59 53 2f 78 00 01 00"), id="publish-dollar-topic"),
-    pytest.param(Publish("t", b"x" * 125), h("30 80 01 00 01 74") + b"x" * 125,
-                 id="publish-remaining-length-128"),
+    pytest.param(
+        Publish("$SYS/x", b"\x00", qos=1, packet_id=1),
+        h("32 0b 00 06 24 53 59 53 2f 78 00 01 00"),
+        id="publish-dollar-topic",
+    ),
+    pytest.param(Publish("t", b"x" * 125), h("30 80 01 00 01 74") + b"x" * 125, id="publish-remaining-length-128"),
     pytest.param(PubAck(1), h("40 02 00 01"), id="puback"),
     pytest.param(PubRec(0x1234), h("50 02 12 34"), id="pubrec"),
     pytest.param(PubRel(7), h("62 02 00 07"), id="pubrel"),
     pytest.param(PubComp(0xFFFF), h("70 02 ff ff"), id="pubcomp"),
-    pytest.param(Subscribe(1, [("a/+", 1), ("#", 0), ("$SYS/#", 2)]),
-                 h("82 15 00 01 00 03 61 2f 2b 01 00 01 23 00 00 06 24 53 59 53 2f 23 02"),
-                 id="subscribe-three-filters"),
-    pytest.param(Subscribe(0x0100, [("+/+", 2)]), h("82 08 01 00 00 03 2b 2f 2b 02"),
-                 id="subscribe-plus-plus"),
+    pytest.param(
+        Subscribe(1, [("a/+", 1), ("#", 0), ("$SYS/#", 2)]),
+        h("82 15 00 01 00 03 61 2f 2b 01 00 01 23 00 00 06 24 53 59 53 2f 23 02"),
+        id="subscribe-three-filters",
+    ),
+    pytest.param(Subscribe(0x0100, [("+/+", 2)]), h("82 08 01 00 00 03 2b 2f 2b 02"), id="subscribe-plus-plus"),
     pytest.param(SubAck(1, [1, 0, 0x80]), h("90 05 00 01 01 00 80"), id="suback"),
     pytest.param(Unsubscribe(2, ["a/b", "c"]), h("a2 0a 00 02 00 03 61 2f 62 00 01 63"), id="unsubscribe"),
     pytest.param(UnsubAck(2), h("b0 02 00 02"), id="unsuback"),
@@ -94,7 +134,7 @@ def test_decode_one_byte_at_a_time(packet, raw):
     d = Decoder()
     got = []
     for i in range(len(raw)):
-        d.feed(raw[i:i + 1])
+        d.feed(raw[i : i + 1])
         out = list(d.packets())
         if i < len(raw) - 1:
             assert out == [], f"packet yielded after {i + 1} of {len(raw)} bytes"
@@ -127,20 +167,24 @@ def test_encode(packet, raw):
 
 @pytest.mark.parametrize("packet, raw", [p for p in TABLE if isinstance(p.values[0], Publish)])
 def test_encode_publish(packet, raw):
-    assert encode_publish(packet.topic.encode("utf-8"), packet.payload, packet.qos, packet.retain,
-                          packet.dup, packet.packet_id) == raw
+    assert (
+        encode_publish(
+            packet.topic.encode("utf-8"), packet.payload, packet.qos, packet.retain, packet.dup, packet.packet_id
+        )
+        == raw
+    )
 
 
 def test_hand_written_bytes_agree_with_mqttraw():
     """A second, independent source for a few rows of the table."""
-    assert mqttraw.connect("c1", clean=True, keepalive=60) == h(
-        "10 0e 00 04 4d 51 54 54 04 02 00 3c 00 02 63 31")
-    assert mqttraw.connect("id", clean=False, keepalive=0x0102, will=("w/t", b"bye", 1, True),
-                           username="u", password=b"pw") == h(
-        "10 1f 00 04 4d 51 54 54 04 ec 01 02 00 02 69 64 00 03 77 2f 74 00 03 62 79 65 00 01 75 00 02 70 77")
+    assert mqttraw.connect("c1", clean=True, keepalive=60) == h("10 0e 00 04 4d 51 54 54 04 02 00 3c 00 02 63 31")
+    assert mqttraw.connect(
+        "id", clean=False, keepalive=0x0102, will=("w/t", b"bye", 1, True), username="u", password=b"pw"
+    ) == h("10 1f 00 04 4d 51 54 54 04 ec 01 02 00 02 69 64 00 03 77 2f 74 00 03 62 79 65 00 01 75 00 02 70 77")
     assert mqttraw.publish("a/b", b"hi") == h("30 07 00 03 61 2f 62 68 69")
     assert mqttraw.subscribe(1, ("a/+", 1), ("#", 0), ("$SYS/#", 2)) == h(
-        "82 15 00 01 00 03 61 2f 2b 01 00 01 23 00 00 06 24 53 59 53 2f 23 02")
+        "82 15 00 01 00 03 61 2f 2b 01 00 01 23 00 00 06 24 53 59 53 2f 23 02"
+    )
     assert mqttraw.unsubscribe(2, "a/b", "c") == h("a2 0a 00 02 00 03 61 2f 62 00 01 63")
     assert mqttraw.pubrel(7) == h("62 02 00 07")
 
@@ -169,14 +213,17 @@ def test_packets_before_a_malformed_one_are_yielded():
 # --------------------------------------------------------------------------- CONNECT, level != 4
 
 
-@pytest.mark.parametrize("raw, name, level", [
-    pytest.param(h("10 0d 00 04 4d 51 54 54 03 02 00 3c 00 01 63"), "MQTT", 3, id="MQTT-level-3"),
-    pytest.param(h("10 0e 00 04 4d 51 54 54 05 02 00 3c 00 00 01 63"), "MQTT", 5, id="MQTT-level-5"),
-    pytest.param(h("10 0f 00 06 4d 51 49 73 64 70 03 02 00 3c 00 01 63"), "MQIsdp", 3, id="MQIsdp"),
-])
+@pytest.mark.parametrize(
+    "raw, name, level",
+    [
+        pytest.param(h("10 0d 00 04 4d 51 54 54 03 02 00 3c 00 01 63"), "MQTT", 3, id="MQTT-level-3"),
+        pytest.param(h("10 0e 00 04 4d 51 54 54 05 02 00 3c 00 00 01 63"), "MQTT", 5, id="MQTT-level-5"),
+        pytest.param(h("10 0f 00 06 4d 51 49 73 64 70 03 02 00 3c 00 01 63"), "MQIsdp", 3, id="MQIsdp"),
+    ],
+)
 def test_connect_other_protocol_level_decodes(raw, name, level):
     """[MQTT-3.1.2-2] another level is not malformed: the channel answers CONNACK 0x01."""
-    for chunks in ([raw], [raw[i:i + 1] for i in range(len(raw))], [raw + NEXT[:2], NEXT[2:]]):
+    for chunks in ([raw], [raw[i : i + 1] for i in range(len(raw))], [raw + NEXT[:2], NEXT[2:]]):
         d = Decoder()
         got = []
         for chunk in chunks:
@@ -191,8 +238,14 @@ def test_connect_other_protocol_level_decodes(raw, name, level):
 
 
 BOUNDARIES = [
-    (0, "00"), (127, "7f"), (128, "80 01"), (16383, "ff 7f"), (16384, "80 80 01"),
-    (2097151, "ff ff 7f"), (2097152, "80 80 80 01"), (268435455, "ff ff ff 7f"),
+    (0, "00"),
+    (127, "7f"),
+    (128, "80 01"),
+    (16383, "ff 7f"),
+    (16384, "80 80 01"),
+    (2097151, "ff ff 7f"),
+    (2097152, "80 80 80 01"),
+    (268435455, "ff ff ff 7f"),
 ]
 
 
@@ -209,10 +262,10 @@ def test_encode_remaining_length_too_large():
 @pytest.mark.parametrize("length, raw", [b for b in BOUNDARIES if 3 <= b[0] <= 2097152])
 def test_decode_remaining_length_boundaries(length, raw):
     payload = bytes(range(256)) * (length // 256) + bytes(length % 256)
-    payload = payload[:length - 3]
+    payload = payload[: length - 3]
     frame = h("30") + h(raw) + h("00 01 74") + payload
     assert len(frame) == 1 + len(h(raw)) + length
-    assert encode(Publish("t", payload))[:1 + len(h(raw)) + 3] == frame[:1 + len(h(raw)) + 3]
+    assert encode(Publish("t", payload))[: 1 + len(h(raw)) + 3] == frame[: 1 + len(h(raw)) + 3]
     for chunks in ([frame + NEXT], [frame[:3], frame[3:-1], frame[-1:] + NEXT[:1], NEXT[1:]]):
         d = Decoder()
         got = []
@@ -228,7 +281,7 @@ def test_decode_remaining_length_boundaries_one_byte_at_a_time(length, raw):
     d = Decoder()
     got = []
     for i in range(len(frame)):
-        d.feed(frame[i:i + 1])
+        d.feed(frame[i : i + 1])
         got += list(d.packets())
         assert len(got) == (1 if i == len(frame) - 1 else 0)
     assert got == [Publish("t", b"q" * (length - 3))]
@@ -337,8 +390,9 @@ MALFORMED = [
     pytest.param("82 06 00 01 00 01 61 03", {"MQTT-3.8.3-4"}, None, id="subscribe-qos3-MQTT-3-8.3-4"),
     pytest.param("82 06 00 01 00 01 61 04", {"MQTT-3.8.3-4"}, None, id="subscribe-reserved-bit-MQTT-3-8.3-4"),
     pytest.param("82 06 00 01 00 01 61 81", {"MQTT-3.8.3-4"}, None, id="subscribe-reserved-high-MQTT-3-8.3-4"),
-    pytest.param("82 0a 00 01 00 01 61 00 00 01 62 fe", {"MQTT-3.8.3-4"}, None,
-                 id="subscribe-second-qos-bad-MQTT-3-8.3-4"),
+    pytest.param(
+        "82 0a 00 01 00 01 61 00 00 01 62 fe", {"MQTT-3.8.3-4"}, None, id="subscribe-second-qos-bad-MQTT-3-8.3-4"
+    ),
     pytest.param("82 02 00 01", {"MQTT-3.8.3-3"}, None, id="subscribe-no-filter-MQTT-3.8.3-3"),
     pytest.param("82 05 00 01 00 01 61", ANY, None, id="subscribe-missing-qos-byte"),
     pytest.param("82 0a 00 01 00 05 61 2f 23 2f 62 00", {"MQTT-4.7.1-2"}, None, id="filter-hash-middle-MQTT-4.7.1-2"),
@@ -355,39 +409,94 @@ MALFORMED = [
     pytest.param("a2 04 00 01 00 00", {"MQTT-4.7.3-1"}, None, id="unsubscribe-empty-filter-MQTT-4.7.3-1"),
     pytest.param("a2 05 00 01 00 05 61", ANY, None, id="unsubscribe-filter-overruns"),
     # CONNECT
-    pytest.param("10 0d 00 04 4d 51 54 58 04 02 00 3c 00 01 63", {"MQTT-3.1.2-1"}, None,
-                 id="connect-protocol-name-MQTT-3.1.2-1"),
-    pytest.param("10 0d 00 04 6d 71 74 74 04 02 00 3c 00 01 63", {"MQTT-3.1.2-1"}, None,
-                 id="connect-protocol-name-lowercase-MQTT-3.1.2-1"),
-    pytest.param("10 0d 00 04 4d 51 54 54 04 03 00 3c 00 01 63", {"MQTT-3.1.2-3"}, None,
-                 id="connect-reserved-flag-MQTT-3.1.2-3"),
-    pytest.param("10 0d 00 04 4d 51 54 54 04 0a 00 3c 00 01 63", {"MQTT-3.1.2-11", "MQTT-3.1.2-13"}, None,
-                 id="connect-will-qos-without-will-MQTT-3.1.2-13"),
-    pytest.param("10 0d 00 04 4d 51 54 54 04 12 00 3c 00 01 63", {"MQTT-3.1.2-11", "MQTT-3.1.2-13"}, None,
-                 id="connect-will-qos2-without-will-MQTT-3.1.2-13"),
-    pytest.param("10 0d 00 04 4d 51 54 54 04 22 00 3c 00 01 63", {"MQTT-3.1.2-11", "MQTT-3.1.2-15"}, None,
-                 id="connect-will-retain-without-will-MQTT-3.1.2-15"),
-    pytest.param("10 12 00 04 4d 51 54 54 04 1e 00 3c 00 01 63 00 01 74 00 00", {"MQTT-3.1.2-14"}, None,
-                 id="connect-will-qos3-MQTT-3.1.2-14"),
-    pytest.param("10 10 00 04 4d 51 54 54 04 42 00 3c 00 01 63 00 01 70", {"MQTT-3.1.2-22"}, None,
-                 id="connect-password-without-user-MQTT-3.1.2-22"),
-    pytest.param("10 10 00 04 4d 51 54 54 04 02 00 3c 00 01 63 00 01 75", {"MQTT-3.1.3-1", "MQTT-3.1.2-18"},
-                 None, id="connect-unflagged-field-MQTT-3.1.3-1"),
-    pytest.param("10 0d 00 04 4d 51 54 54 04 82 00 3c 00 01 63", {"MQTT-3.1.2-19", "MQTT-4.8.0-1"}, None,
-                 id="connect-user-flag-no-user-MQTT-3.1.2-19"),
-    pytest.param("10 0d 00 04 4d 51 54 54 04 06 00 3c 00 01 63", {"MQTT-3.1.2-9", "MQTT-4.8.0-1"}, None,
-                 id="connect-will-flag-no-will-MQTT-3.1.2-9"),
+    pytest.param(
+        "10 0d 00 04 4d 51 54 58 04 02 00 3c 00 01 63", {"MQTT-3.1.2-1"}, None, id="connect-protocol-name-MQTT-3.1.2-1"
+    ),
+    pytest.param(
+        "10 0d 00 04 6d 71 74 74 04 02 00 3c 00 01 63",
+        {"MQTT-3.1.2-1"},
+        None,
+        id="connect-protocol-name-lowercase-MQTT-3.1.2-1",
+    ),
+    pytest.param(
+        "10 0d 00 04 4d 51 54 54 04 03 00 3c 00 01 63", {"MQTT-3.1.2-3"}, None, id="connect-reserved-flag-MQTT-3.1.2-3"
+    ),
+    pytest.param(
+        "10 0d 00 04 4d 51 54 54 04 0a 00 3c 00 01 63",
+        {"MQTT-3.1.2-11", "MQTT-3.1.2-13"},
+        None,
+        id="connect-will-qos-without-will-MQTT-3.1.2-13",
+    ),
+    pytest.param(
+        "10 0d 00 04 4d 51 54 54 04 12 00 3c 00 01 63",
+        {"MQTT-3.1.2-11", "MQTT-3.1.2-13"},
+        None,
+        id="connect-will-qos2-without-will-MQTT-3.1.2-13",
+    ),
+    pytest.param(
+        "10 0d 00 04 4d 51 54 54 04 22 00 3c 00 01 63",
+        {"MQTT-3.1.2-11", "MQTT-3.1.2-15"},
+        None,
+        id="connect-will-retain-without-will-MQTT-3.1.2-15",
+    ),
+    pytest.param(
+        "10 12 00 04 4d 51 54 54 04 1e 00 3c 00 01 63 00 01 74 00 00",
+        {"MQTT-3.1.2-14"},
+        None,
+        id="connect-will-qos3-MQTT-3.1.2-14",
+    ),
+    pytest.param(
+        "10 10 00 04 4d 51 54 54 04 42 00 3c 00 01 63 00 01 70",
+        {"MQTT-3.1.2-22"},
+        None,
+        id="connect-password-without-user-MQTT-3.1.2-22",
+    ),
+    pytest.param(
+        "10 10 00 04 4d 51 54 54 04 02 00 3c 00 01 63 00 01 75",
+        {"MQTT-3.1.3-1", "MQTT-3.1.2-18"},
+        None,
+        id="connect-unflagged-field-MQTT-3.1.3-1",
+    ),
+    pytest.param(
+        "10 0d 00 04 4d 51 54 54 04 82 00 3c 00 01 63",
+        {"MQTT-3.1.2-19", "MQTT-4.8.0-1"},
+        None,
+        id="connect-user-flag-no-user-MQTT-3.1.2-19",
+    ),
+    pytest.param(
+        "10 0d 00 04 4d 51 54 54 04 06 00 3c 00 01 63",
+        {"MQTT-3.1.2-9", "MQTT-4.8.0-1"},
+        None,
+        id="connect-will-flag-no-will-MQTT-3.1.2-9",
+    ),
     pytest.param("10 0c 00 04 4d 51 54 54 04 02 00 3c 00 05 63", ANY, None, id="connect-client-id-overruns"),
-    pytest.param("10 0a 00 04 4d 51 54 54 04 02 00 3c", {"MQTT-3.1.3-3", "MQTT-4.8.0-1"}, None,
-                 id="connect-no-client-id-MQTT-3.1.3-3"),
-    pytest.param("10 0f 00 04 4d 51 54 54 04 02 00 3c 00 03 ed a0 80", UTF8, None,
-                 id="connect-client-id-surrogate-MQTT-1.5.3-1"),
-    pytest.param("10 0e 00 04 4d 51 54 54 04 02 00 3c 00 02 61 00", {"MQTT-1.5.3-2"}, None,
-                 id="connect-client-id-nul-MQTT-1.5.3-2"),
-    pytest.param("10 14 00 04 4d 51 54 54 04 06 00 3c 00 01 63 00 03 61 2f 23 00 00", WILDCARD, None,
-                 id="connect-will-topic-wildcard-MQTT-3.3.2-2"),
-    pytest.param("10 11 00 04 4d 51 54 54 04 82 00 3c 00 01 63 00 02 c0 80", UTF8, None,
-                 id="connect-user-name-overlong-MQTT-1.5.3-1"),
+    pytest.param(
+        "10 0a 00 04 4d 51 54 54 04 02 00 3c",
+        {"MQTT-3.1.3-3", "MQTT-4.8.0-1"},
+        None,
+        id="connect-no-client-id-MQTT-3.1.3-3",
+    ),
+    pytest.param(
+        "10 0f 00 04 4d 51 54 54 04 02 00 3c 00 03 ed a0 80", UTF8, None, id="connect-client-id-surrogate-MQTT-1.5.3-1"
+    ),
+    pytest.param(
+        "10 0e 00 04 4d 51 54 54 04 02 00 3c 00 02 61 00",
+        {"MQTT-1.5.3-2"},
+        None,
+        id="connect-client-id-nul-MQTT-1.5.3-2",
+    ),
+    pytest.param(
+        "10 14 00 04 4d 51 54 54 04 06 00 3c 00 01 63 00 03 61 2f 23 00 00",
+        WILDCARD,
+        None,
+        id="connect-will-topic-wildcard-MQTT-3.3.2-2",
+    ),
+    pytest.param(
+        "10 11 00 04 4d 51 54 54 04 82 00 3c 00 01 63 00 02 c0 80",
+        UTF8,
+        None,
+        id="connect-user-name-overlong-MQTT-1.5.3-1",
+    ),
     pytest.param("10 0e 00 04 4d 51 54 54 04 02 00 3c 00 01 63 00", ANY, None, id="connect-stray-byte"),
 ]
 
@@ -417,7 +526,7 @@ def test_malformed_one_byte_at_a_time(raw, rules, fails_by):
     fails_by = fails_by or len(raw)
     d = Decoder()
     for i in range(fails_by):
-        d.feed(raw[i:i + 1])
+        d.feed(raw[i : i + 1])
         try:
             out = list(d.packets())
         except MalformedPacket as exc:
@@ -499,10 +608,18 @@ def test_validate_topic_name_accepts(name):
     validate_topic_name(name)
 
 
-@pytest.mark.parametrize("name, rules", [
-    ("", {"MQTT-4.7.3-1"}), ("+", WILDCARD), ("a/+", WILDCARD), ("#", WILDCARD), ("a/#", WILDCARD),
-    ("a+b", WILDCARD), ("a#", WILDCARD),
-])
+@pytest.mark.parametrize(
+    "name, rules",
+    [
+        ("", {"MQTT-4.7.3-1"}),
+        ("+", WILDCARD),
+        ("a/+", WILDCARD),
+        ("#", WILDCARD),
+        ("a/#", WILDCARD),
+        ("a+b", WILDCARD),
+        ("a#", WILDCARD),
+    ],
+)
 def test_validate_topic_name_refuses(name, rules):
     """[MQTT-3.3.2-2] [MQTT-4.7.1-1] no wildcards in a topic name; [MQTT-4.7.3-1] not empty."""
     with pytest.raises(MalformedPacket) as info:
@@ -510,19 +627,45 @@ def test_validate_topic_name_refuses(name, rules):
     assert info.value.rule in rules
 
 
-@pytest.mark.parametrize("topic_filter", [
-    "#", "+", "a", "a/#", "a/+", "+/+", "/+", "+/", "/#", "+/#", "a/+/b", "$SYS/#", "//", "/",
-])
+@pytest.mark.parametrize(
+    "topic_filter",
+    [
+        "#",
+        "+",
+        "a",
+        "a/#",
+        "a/+",
+        "+/+",
+        "/+",
+        "+/",
+        "/#",
+        "+/#",
+        "a/+/b",
+        "$SYS/#",
+        "//",
+        "/",
+    ],
+)
 def test_validate_topic_filter_accepts(topic_filter):
     validate_topic_filter(topic_filter)
 
 
-@pytest.mark.parametrize("topic_filter, rule", [
-    ("", "MQTT-4.7.3-1"),
-    ("a/#/b", "MQTT-4.7.1-2"), ("#/", "MQTT-4.7.1-2"), ("a#", "MQTT-4.7.1-2"), ("a/b#", "MQTT-4.7.1-2"),
-    ("##", "MQTT-4.7.1-2"), ("#/#", "MQTT-4.7.1-2"),
-    ("a+", "MQTT-4.7.1-3"), ("+a", "MQTT-4.7.1-3"), ("a/+b/c", "MQTT-4.7.1-3"), ("++", "MQTT-4.7.1-3"),
-])
+@pytest.mark.parametrize(
+    "topic_filter, rule",
+    [
+        ("", "MQTT-4.7.3-1"),
+        ("a/#/b", "MQTT-4.7.1-2"),
+        ("#/", "MQTT-4.7.1-2"),
+        ("a#", "MQTT-4.7.1-2"),
+        ("a/b#", "MQTT-4.7.1-2"),
+        ("##", "MQTT-4.7.1-2"),
+        ("#/#", "MQTT-4.7.1-2"),
+        ("a+", "MQTT-4.7.1-3"),
+        ("+a", "MQTT-4.7.1-3"),
+        ("a/+b/c", "MQTT-4.7.1-3"),
+        ("++", "MQTT-4.7.1-3"),
+    ],
+)
 def test_validate_topic_filter_refuses(topic_filter, rule):
     """[MQTT-4.7.1-2] '#' alone and last; [MQTT-4.7.1-3] '+' a whole level; [MQTT-4.7.3-1] not empty."""
     with pytest.raises(MalformedPacket) as info:
@@ -564,8 +707,16 @@ def test_bad_first_byte_is_refused_before_its_body_arrives(first):
     else:
         with pytest.raises(MalformedPacket) as info:
             list(d.packets())
-        assert info.value.rule in {"MQTT-2.2.2-1", "MQTT-2.2.2-2", "MQTT-3.3.1-2", "MQTT-3.3.1-4",
-                                   "MQTT-3.6.1-1", "MQTT-3.8.1-1", "MQTT-3.10.1-1", "MQTT-3.14.1-1"}
+        assert info.value.rule in {
+            "MQTT-2.2.2-1",
+            "MQTT-2.2.2-2",
+            "MQTT-3.3.1-2",
+            "MQTT-3.3.1-4",
+            "MQTT-3.6.1-1",
+            "MQTT-3.8.1-1",
+            "MQTT-3.10.1-1",
+            "MQTT-3.14.1-1",
+        }
 
 
 def test_bad_first_byte_alone_is_refused():

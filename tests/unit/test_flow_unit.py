@@ -5,8 +5,7 @@ an argument."""
 from __future__ import annotations
 
 from mqttmesh.flow import Congestion
-
-from unit_support import Recorder
+from support.frames import Recorder
 
 
 class Pub:

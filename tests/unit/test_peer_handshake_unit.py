@@ -1,7 +1,7 @@
 """The peer handshake in the two state machines: mesh.client.LinkClient (the dialling side)
 and channel.Channel in its provisional-peer state (the listening side).
 
-Bytes in are built with tests/mqttraw.py, bytes out are split with unit_support's own
+Bytes in are built with tests/support/mqttraw.py, bytes out are split with support.frames' own
 parser; the proofs come from mesh.peerauth (their format is pinned in test_peerauth_unit.py).
 """
 
@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import pytest
 
-import mqttraw
 from mqttmesh.channel import CLOSED, CONNECTED, PEER_AUTH, TRANSITIONS
 from mqttmesh.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT, PINGREQ, PUBLISH, SUBSCRIBE
 from mqttmesh.mesh.client import LinkClient
 from mqttmesh.mesh.peerauth import DiallerAuth, ListenerAuth, parse_connect
-
-from test_peerauth_unit import v1_token
-from unit_support import Net, out, split_frames
+from support import mqttraw
+from support.frames import Net, out, split_frames, v1_token
 
 SECRET = b"cluster-secret"
 ND = bytes(range(16))
@@ -54,8 +52,9 @@ def connected(client: LinkClient, now=0.0) -> LinkClient:
 def test_connect_carries_version_node_incarnation_and_nonce():
     client = link()
     client.connection_made(0.0, ND)
-    expected = mqttraw.connect("$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer",
-                               password=b"2|a|7|" + ND.hex().encode())
+    expected = mqttraw.connect(
+        "$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer", password=b"2|a|7|" + ND.hex().encode()
+    )
     assert client.data_to_send() == expected
     assert client.state == "connecting"
 
@@ -102,8 +101,9 @@ def test_unacknowledged_messages_are_resent_only_after_the_proof():
     # a new connection: a new nonce, and the unacknowledged message waits for the new proof
     nd2 = bytes(range(50, 66))
     client.connection_made(1.0, nd2)
-    assert client.data_to_send() == mqttraw.connect("$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer",
-                                                    password=b"2|a|7|" + nd2.hex().encode())
+    assert client.data_to_send() == mqttraw.connect(
+        "$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer", password=b"2|a|7|" + nd2.hex().encode()
+    )
     client.receive_data(CONNACK_0 + SUBACK_1, 1.0)
     assert client.data_to_send() == mqttraw.subscribe(1, ("$mesh/to/a/#", 1))
     # the challenge of the previous connection is refused on this one
@@ -112,14 +112,17 @@ def test_unacknowledged_messages_are_resent_only_after_the_proof():
     assert client.data_to_send() == b""
 
 
-@pytest.mark.parametrize("packet,why", [
-    (lambda: mqttraw.publish("$mesh/to/a/auth", challenge_for(secret=b"wrong")), "failed to prove"),
-    (lambda: mqttraw.publish("$mesh/to/a/auth", challenge_for(nonce=bytes(16))), "failed to prove"),
-    (lambda: mqttraw.publish("$mesh/to/a/auth", challenge_for(listener="a")), "own id"),
-    (lambda: mqttraw.publish("$mesh/to/a/auth", b"garbage"), "fields"),
-    (lambda: mqttraw.publish("$mesh/to/a/auth", challenge_for(), 1, pid=1), "QoS 1"),
-    (lambda: mqttraw.publish("$mesh/to/a/hello", b'{"node": "b", "inc": 1}', 1, pid=1), "hello"),
-])
+@pytest.mark.parametrize(
+    "packet,why",
+    [
+        (lambda: mqttraw.publish("$mesh/to/a/auth", challenge_for(secret=b"wrong")), "failed to prove"),
+        (lambda: mqttraw.publish("$mesh/to/a/auth", challenge_for(nonce=bytes(16))), "failed to prove"),
+        (lambda: mqttraw.publish("$mesh/to/a/auth", challenge_for(listener="a")), "own id"),
+        (lambda: mqttraw.publish("$mesh/to/a/auth", b"garbage"), "fields"),
+        (lambda: mqttraw.publish("$mesh/to/a/auth", challenge_for(), 1, pid=1), "QoS 1"),
+        (lambda: mqttraw.publish("$mesh/to/a/hello", b'{"node": "b", "inc": 1}', 1, pid=1), "hello"),
+    ],
+)
 def test_wrong_or_missing_proof_fails_and_nothing_is_sent(packet, why):
     client = connected(link())
     client.publish(b"$mesh/from/a/fwd", b"m", 1)
@@ -195,8 +198,9 @@ def net():
 
 def peer_connect(node="a", nonce=ND, client_id=None, password=None):
     pw = password if password is not None else DiallerAuth(SECRET, node, 7, nonce).password()
-    return mqttraw.connect(client_id or f"$mesh-{node}", clean=False, keepalive=2, username="mqttmesh-peer",
-                           password=pw)
+    return mqttraw.connect(
+        client_id or f"$mesh-{node}", clean=False, keepalive=2, username="mqttmesh-peer", password=pw
+    )
 
 
 def provisional(net, now=0.0):
@@ -220,7 +224,7 @@ def test_peer_connect_is_accepted_provisionally(net):
     ch = provisional(net)
     assert ch.state == PEER_AUTH
     assert not ch.is_peer and ch.peer_node is None
-    assert net.broker.sessions == {}           # no session, so nothing is routed to it
+    assert net.broker.sessions == {}  # no session, so nothing is routed to it
     settings = net.broker.settings  # before its proof it is held to the pre-auth limit
     assert ch.decoder.max_packet_size == min(settings.max_connect_size, settings.max_packet_size)
     assert ch.deadline() == 10.0
@@ -235,8 +239,11 @@ def test_subscribe_gets_suback_and_the_challenge(net):
 
 def test_right_proof_makes_a_peer_and_what_follows_is_peer_traffic(net):
     ch, challenge = challenged(net)
-    ch.receive_data(mqttraw.publish("$mesh/from/a/auth", proof_for(challenge))
-                    + mqttraw.publish("$mesh/from/a/hello", b"{}", 1, pid=1), 0.1)
+    ch.receive_data(
+        mqttraw.publish("$mesh/from/a/auth", proof_for(challenge))
+        + mqttraw.publish("$mesh/from/a/hello", b"{}", 1, pid=1),
+        0.1,
+    )
     assert ch.state == CONNECTED
     assert ch.is_peer and ch.peer_node == "a"
     assert ch.decoder.max_packet_size == DEFAULT_MAX_PACKET_SIZE
@@ -247,12 +254,15 @@ def test_right_proof_makes_a_peer_and_what_follows_is_peer_traffic(net):
     assert net.owner.closes == []
 
 
-@pytest.mark.parametrize("proof", [
-    pytest.param(lambda c: b"0" * 64, id="wrong-mac"),
-    pytest.param(lambda c: c.rsplit(b"|", 1)[1], id="reflected-listener-mac"),
-    pytest.param(lambda c: proof_for(challenge_for(listener_nonce=bytes(16))), id="proof-for-another-nonce"),
-    pytest.param(lambda c: b"not hex", id="malformed"),
-])
+@pytest.mark.parametrize(
+    "proof",
+    [
+        pytest.param(lambda c: b"0" * 64, id="wrong-mac"),
+        pytest.param(lambda c: c.rsplit(b"|", 1)[1], id="reflected-listener-mac"),
+        pytest.param(lambda c: proof_for(challenge_for(listener_nonce=bytes(16))), id="proof-for-another-nonce"),
+        pytest.param(lambda c: b"not hex", id="malformed"),
+    ],
+)
 def test_wrong_proof_closes_and_makes_no_peer(net, proof):
     ch, challenge = challenged(net)
     ch.receive_data(mqttraw.publish("$mesh/from/a/auth", proof(challenge)), 0.1)
@@ -262,14 +272,17 @@ def test_wrong_proof_closes_and_makes_no_peer(net, proof):
     assert len(net.owner.reasons(ch)) == 1
 
 
-@pytest.mark.parametrize("packet", [
-    pytest.param(lambda: mqttraw.publish("$mesh/from/a/hello", b"{}", 1, pid=1), id="hello-before-proof"),
-    pytest.param(lambda: mqttraw.publish("$mesh/from/a/auth", b"0" * 64, 1, pid=1), id="proof-at-qos1"),
-    pytest.param(lambda: mqttraw.publish("x/y", b"0" * 64), id="other-topic"),
-    pytest.param(lambda: mqttraw.subscribe(2, ("$mesh/to/a/#", 1)), id="second-subscribe"),
-    pytest.param(lambda: mqttraw.unsubscribe(2, "$mesh/to/a/#"), id="unsubscribe"),
-    pytest.param(lambda: mqttraw.puback(1), id="puback"),
-])
+@pytest.mark.parametrize(
+    "packet",
+    [
+        pytest.param(lambda: mqttraw.publish("$mesh/from/a/hello", b"{}", 1, pid=1), id="hello-before-proof"),
+        pytest.param(lambda: mqttraw.publish("$mesh/from/a/auth", b"0" * 64, 1, pid=1), id="proof-at-qos1"),
+        pytest.param(lambda: mqttraw.publish("x/y", b"0" * 64), id="other-topic"),
+        pytest.param(lambda: mqttraw.subscribe(2, ("$mesh/to/a/#", 1)), id="second-subscribe"),
+        pytest.param(lambda: mqttraw.unsubscribe(2, "$mesh/to/a/#"), id="unsubscribe"),
+        pytest.param(lambda: mqttraw.puback(1), id="puback"),
+    ],
+)
 def test_anything_else_from_a_provisional_peer_closes_it(net, packet):
     ch, _ = challenged(net)
     ch.receive_data(packet(), 0.1)
@@ -367,6 +380,7 @@ def test_newer_version_peer_is_refused_naming_both_versions(net):
 @pytest.mark.parametrize("certified,expected", [(False, b"\x20\x02\x00\x05"), (True, CONNACK_0)])
 def test_mutual_tls_needs_a_verified_client_certificate_for_a_peer(net, certified, expected):
     from mqttmesh.channel import Channel
+
     net.broker.mesh = FakeMesh(certificate_required=True)
     ch = Channel(net.broker, net.owner, "peer", 0.0, certified)
     ch.receive_data(peer_connect(), 0.0)

@@ -12,25 +12,27 @@ import hmac
 
 import pytest
 
-from mqttmesh.mesh.peerauth import (NONCE_BYTES, PEER_PROTOCOL, DiallerAuth, Handshake, ListenerAuth,
-                                    PeerAuthError, PeerConnect, parse_connect)
+from mqttmesh.mesh.peerauth import (
+    NONCE_BYTES,
+    PEER_PROTOCOL,
+    DiallerAuth,
+    Handshake,
+    ListenerAuth,
+    PeerAuthError,
+    PeerConnect,
+    parse_connect,
+)
+from support.frames import v1_token
 
 SECRET = b"cluster-secret"
-ND = bytes(range(16))             # the dialler's nonce
-NL = bytes(range(100, 116))       # the listener's nonce
+ND = bytes(range(16))  # the dialler's nonce
+NL = bytes(range(100, 116))  # the listener's nonce
 
 
 def expected_mac(secret, label, dialler, d_inc, listener, l_inc, nd_hex, nl_hex, version=2):
     fields = ["mqttmesh-peer", label, str(version), dialler, str(d_inc), listener, str(l_inc), nd_hex, nl_hex]
     text = "".join(f"{len(f)}:{f}," for f in fields)
     return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
-
-
-def v1_token(secret, node, incarnation, stamp):
-    """Version 1's password, as the nodes before version 2 made it."""
-    text = f"{node}|{incarnation}|{stamp}"
-    mac = hmac.new(secret, f"mqttmesh-peer|{text}".encode(), hashlib.sha256).hexdigest()
-    return f"{text}|{mac}".encode()
 
 
 def pair(d_secret=SECRET, l_secret=SECRET, nd=ND, nl=NL):
@@ -70,22 +72,28 @@ def test_other_versions_are_reported_with_their_number():
     assert parse_connect(b"1").version == 1
 
 
-@pytest.mark.parametrize("password", [
-    None, b"", b"\xff\xfe", "2|é|1|".encode() + b"00" * 16,
-    b"2|a|7",                                   # 3 fields
-    b"2|a|7|" + b"00" * 16 + b"|x",             # 5 fields
-    b"2||7|" + b"00" * 16,                      # no node
-    b"2|a b|7|" + b"00" * 16,                   # a space in the node id
-    b"2|a|x|" + b"00" * 16,                     # incarnation not a number
-    b"2|a|-1|" + b"00" * 16,
-    b"2|a|07|" + b"00" * 16,                    # one spelling per number
-    b"2|a|7|" + b"00" * 15,                     # nonce too short
-    b"2|a|7|" + b"00" * 17,                     # too long
-    b"2|a|7|" + b"AB" * 16,                     # upper case
-    b"2|a|7|" + b"zz" * 16,
-    b"x|a|7|" + b"00" * 16,                     # no version
-    b"02|a|7|" + b"00" * 16,
-])
+@pytest.mark.parametrize(
+    "password",
+    [
+        None,
+        b"",
+        b"\xff\xfe",
+        "2|é|1|".encode() + b"00" * 16,
+        b"2|a|7",  # 3 fields
+        b"2|a|7|" + b"00" * 16 + b"|x",  # 5 fields
+        b"2||7|" + b"00" * 16,  # no node
+        b"2|a b|7|" + b"00" * 16,  # a space in the node id
+        b"2|a|x|" + b"00" * 16,  # incarnation not a number
+        b"2|a|-1|" + b"00" * 16,
+        b"2|a|07|" + b"00" * 16,  # one spelling per number
+        b"2|a|7|" + b"00" * 15,  # nonce too short
+        b"2|a|7|" + b"00" * 17,  # too long
+        b"2|a|7|" + b"AB" * 16,  # upper case
+        b"2|a|7|" + b"zz" * 16,
+        b"x|a|7|" + b"00" * 16,  # no version
+        b"02|a|7|" + b"00" * 16,
+    ],
+)
 def test_malformed_passwords_are_refused(password):
     with pytest.raises(PeerAuthError):
         parse_connect(password)
@@ -228,22 +236,28 @@ def test_listener_claiming_the_diallers_own_id_is_refused():
         dialler.check_listener(listener.challenge())
 
 
-@pytest.mark.parametrize("payload", [
-    None, b"", b"\xff", b"b|9|x", b"b|9|" + NL.hex().encode() + b"|" + b"0" * 63,
-    b"b|9|" + NL.hex().encode() + b"|" + b"0" * 64 + b"|extra",
-    b"b|x|" + NL.hex().encode() + b"|" + b"0" * 64,
-    b"b|9|" + NL.hex()[:-2].encode() + b"|" + b"0" * 64,
-    b"b|9|" + NL.hex().encode() + b"|" + b"A" * 64,
-    b"|9|" + NL.hex().encode() + b"|" + b"0" * 64,
-    "b|9|".encode() + NL.hex().encode() + "|".encode() + "é".encode() * 32,
-])
+@pytest.mark.parametrize(
+    "payload",
+    [
+        None,
+        b"",
+        b"\xff",
+        b"b|9|x",
+        b"b|9|" + NL.hex().encode() + b"|" + b"0" * 63,
+        b"b|9|" + NL.hex().encode() + b"|" + b"0" * 64 + b"|extra",
+        b"b|x|" + NL.hex().encode() + b"|" + b"0" * 64,
+        b"b|9|" + NL.hex()[:-2].encode() + b"|" + b"0" * 64,
+        b"b|9|" + NL.hex().encode() + b"|" + b"A" * 64,
+        b"|9|" + NL.hex().encode() + b"|" + b"0" * 64,
+        b"b|9|" + NL.hex().encode() + b"|" + "é".encode() * 32,
+    ],
+)
 def test_malformed_challenges_are_refused(payload):
     with pytest.raises(PeerAuthError):
         DiallerAuth(SECRET, "a", 7, ND).check_listener(payload)
 
 
-@pytest.mark.parametrize("payload", [None, b"", b"0" * 63, b"0" * 65, b"A" * 64, "é".encode() * 32,
-                                     b"0" * 64 + b"\n"])
+@pytest.mark.parametrize("payload", [None, b"", b"0" * 63, b"0" * 65, b"A" * 64, "é".encode() * 32, b"0" * 64 + b"\n"])
 def test_malformed_dialler_proofs_are_refused(payload):
     _, listener = pair()
     with pytest.raises(PeerAuthError):

@@ -7,8 +7,7 @@ import pytest
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session
 from mqttmesh.store import Journal
-
-from unit_support import FakeChannel, publish_fields
+from support.frames import FakeChannel, publish_fields
 
 
 def h(text: str) -> bytes:
@@ -63,11 +62,11 @@ def test_qos2_exact_frame_and_flow():
     s.deliver(msg("hi", topic="a/b"), 2, retain=True)
     assert ch.frames == [h("35 09 00 03 61 2f 62 00 01 68 69")]  # QoS 2, RETAIN 1, id 1
     assert s.on_pubcomp(1) is False  # PUBCOMP before PUBREC
-    assert s.on_puback(1) is False   # PUBACK for a QoS 2 message
+    assert s.on_puback(1) is False  # PUBACK for a QoS 2 message
     assert s.on_pubrec(9) is False
     assert s.on_pubrec(1) is True
     assert s.inflight[1].state == SENT_PUBREL
-    assert s.on_pubrec(1) is True    # a repeated PUBREC is harmless
+    assert s.on_pubrec(1) is True  # a repeated PUBREC is harmless
     assert s.on_pubcomp(1) is True
     assert s.inflight == {}
     assert s.on_pubcomp(1) is False
@@ -166,7 +165,9 @@ def test_offline_queues_qos1_and_qos2_not_qos0():
     ch = FakeChannel()
     s.attach(ch)
     assert [publish_fields(p) for p in ch.take()] == [
-        ("t", b"one", 1, False, False, 1), ("t", b"two", 2, False, False, 2)]
+        ("t", b"one", 1, False, False, 1),
+        ("t", b"two", 2, False, False, 2),
+    ]
 
 
 def test_offline_qos0_queued_with_queue_qos0():
@@ -240,7 +241,7 @@ def test_attach_resends_unacknowledged_in_original_order():
     s.attach(ch2)
     assert ch2.frames == [
         h("3a 06 00 01 78 00 01 61"),  # PUBLISH QoS 1 DUP id 1
-        h("62 02 00 02"),              # PUBREL id 2 [MQTT-4.3.3-1]: not the PUBLISH again
+        h("62 02 00 02"),  # PUBREL id 2 [MQTT-4.3.3-1]: not the PUBLISH again
         h("3d 06 00 01 78 00 03 63"),  # PUBLISH QoS 2 DUP RETAIN id 3
         h("3a 06 00 01 78 00 04 64"),  # PUBLISH QoS 1 DUP id 4
         h("32 06 00 01 78 00 05 65"),  # the queued one: new, DUP 0
@@ -295,12 +296,19 @@ def test_durable_session_journals_queue_send_and_ack():
     assert s.durable is True and s.clean is False
     s.deliver(dmsg("a"), 1)
     s.deliver(dmsg("b", qos=1), 1)
-    assert j.take() == (1, [_message_put("c", 1, b"a", 2, 1, False, 0, 0),
-                            _message_put("c", 2, b"b", 1, 1, False, 0, 0)])
+    assert j.take() == (
+        1,
+        [_message_put("c", 1, b"a", 2, 1, False, 0, 0), _message_put("c", 2, b"b", 1, 1, False, 0, 0)],
+    )
     ch = FakeChannel()
     s.attach(ch)
-    assert j.take() == (2, [_message_put("c", 1, b"a", 2, 1, False, 1, SENT_PUBLISH),
-                            _message_put("c", 2, b"b", 1, 1, False, 2, SENT_PUBLISH)])
+    assert j.take() == (
+        2,
+        [
+            _message_put("c", 1, b"a", 2, 1, False, 1, SENT_PUBLISH),
+            _message_put("c", 2, b"b", 1, 1, False, 2, SENT_PUBLISH),
+        ],
+    )
     s.on_puback(2)
     assert j.take() == (3, [("message_remove", "c", 2)])
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from mqttmesh.message import Message
 from mqttmesh.session import Entry
 from mqttmesh.store import FORMAT_VERSION, Journal
@@ -53,7 +51,7 @@ def test_coalescing_per_key_keeps_the_newest_change_in_its_new_place():
     j = Journal()
     j.message_put("a", entry(1))
     j.message_put("a", entry(2))
-    j.message_remove("a", 1)       # replaces the put of key 1 and moves after key 2
+    j.message_remove("a", 1)  # replaces the put of key 1 and moves after key 2
     j.awaiting_rel_put("a", 5)
     j.awaiting_rel_remove("a", 5)
     j.retained_put("t", Message("t", b"1", 0, True))

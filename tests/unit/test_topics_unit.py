@@ -186,8 +186,14 @@ def test_small_cache_stays_correct():
 
 def test_add_then_remove_many_filters_leaves_an_empty_root():
     trie = SubscriptionTrie()
-    filters = [f"{a}/{b}/{c}" for a in ("x", "+", "") for b in ("y", "+", "#") for c in ("z", "#")
-               if "#" not in b] + ["#", "+", "x", "x/#", "/", "$SYS/#"]
+    filters = [f"{a}/{b}/{c}" for a in ("x", "+", "") for b in ("y", "+", "#") for c in ("z", "#") if "#" not in b] + [
+        "#",
+        "+",
+        "x",
+        "x/#",
+        "/",
+        "$SYS/#",
+    ]
     for n, f in enumerate(filters):
         trie.add(f, "s1", n % 3)
         trie.add(f, "s2", 0)
@@ -300,8 +306,11 @@ def _filter(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(_filter(), st.integers(0, 3), st.integers(0, 2)), max_size=12),
-       st.lists(_topic, min_size=1, max_size=8), st.data())
+@given(
+    st.lists(st.tuples(_filter(), st.integers(0, 3), st.integers(0, 2)), max_size=12),
+    st.lists(_topic, min_size=1, max_size=8),
+    st.data(),
+)
 def test_subscription_trie_equals_brute_force(subs, topics, data):
     trie = SubscriptionTrie()
     current: dict[tuple[str, int], int] = {}

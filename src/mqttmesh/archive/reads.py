@@ -50,20 +50,21 @@ class ReadError(ValueError):
 
 class Messages(NamedTuple):
     """The messages of a list of reads, as columns (one entry per message, in order)."""
-    timestamp: np.ndarray   # float64: the read's timestamp
-    seq: np.ndarray         # int64
-    publisher: np.ndarray   # int32: index into ``publishers``
-    publishers: list        # the reads' publishers, each once
-    first: np.ndarray       # uint8: the PUBLISH packet's first byte (QoS and RETAIN)
-    data: bytes             # the reads' bytes, one read after the other (as given)
-    bounds: np.ndarray      # int64, shape (n, 4): topic start, topic end, payload start and
-                            # payload end in ``data``; ascending, row after row
+
+    timestamp: np.ndarray  # float64: the read's timestamp
+    seq: np.ndarray  # int64
+    publisher: np.ndarray  # int32: index into ``publishers``
+    publishers: list  # the reads' publishers, each once
+    first: np.ndarray  # uint8: the PUBLISH packet's first byte (QoS and RETAIN)
+    data: bytes  # the reads' bytes, one read after the other (as given)
+    bounds: np.ndarray  # int64, shape (n, 4): topic start, topic end, payload start and
+    # payload end in ``data``; ascending, row after row
 
     def topic(self, i: int) -> bytes:
-        return self.data[self.bounds[i, 0]:self.bounds[i, 1]]
+        return self.data[self.bounds[i, 0] : self.bounds[i, 1]]
 
     def payload(self, i: int) -> bytes:
-        return self.data[self.bounds[i, 2]:self.bounds[i, 3]]
+        return self.data[self.bounds[i, 2] : self.bounds[i, 3]]
 
 
 def messages(reads, data: bytes) -> Messages:
@@ -141,8 +142,8 @@ def messages(reads, data: bytes) -> Messages:
         if keep is None:
             keep = np.ones(len(ps), bool)
         keep[drop] = False
-        keep = np.flatnonzero(keep)
-        pfirst, tstart, tend, pstart, pe = (a[keep] for a in (pfirst, tstart, tend, pstart, pe))
+        keep = np.flatnonzero(keep)  # type: ignore[assignment]  # (the mask becomes its indices)
+        pfirst, tstart, tend, pstart, pe = (a[keep] for a in (pfirst, tstart, tend, pstart, pe))  # type: ignore[assignment]
 
     total = sum(kept)
     lengths = np.array(run_len, np.int64)

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..codec import MalformedPacket, validate_topic_filter
 from ..topics import filter_matches
 from .schema import DELIVERY, KINDS, PUBLISH
 
-__all__ = ["ArchiveLimits", "Chunk", "Recorder", "CHUNK_ROWS", "topic_filter", "partition_dir",
-           "file_name", "hour_of"]
+__all__ = ["ArchiveLimits", "Chunk", "Recorder", "CHUNK_ROWS", "topic_filter", "partition_dir", "file_name", "hour_of"]
 
 _MiB = 1024 * 1024
 
@@ -45,10 +44,11 @@ READS_CHUNK_ROWS = 8192
 @dataclass(frozen=True)
 class ArchiveLimits:
     """Every bound of the archive; each one is a setting (config.py, ``[archive]``)."""
-    flush_interval: float = 10.0       # longest time a record waits in memory for its file
-    flush_rows: int = 200_000          # records per file (and hour)
-    flush_bytes: int = 64 * _MiB       # payload bytes per file
-    max_queue_rows: int = 1_000_000    # records handed to the writer and not yet in a file
+
+    flush_interval: float = 10.0  # longest time a record waits in memory for its file
+    flush_rows: int = 200_000  # records per file (and hour)
+    flush_bytes: int = 64 * _MiB  # payload bytes per file
+    max_queue_rows: int = 1_000_000  # records handed to the writer and not yet in a file
     max_queue_bytes: int = 256 * _MiB  # their payload bytes
 
     @property
@@ -67,11 +67,15 @@ class ArchiveLimits:
         """What makes these limits unusable, by setting name (empty when they are fine)."""
         out = []
         if self.max_queue_rows < 2 * self.flush_rows:
-            out.append(f"max_queue_rows ({self.max_queue_rows}) must be at least twice flush_rows "
-                       f"({self.flush_rows}): one file being written, the next one filling")
+            out.append(
+                f"max_queue_rows ({self.max_queue_rows}) must be at least twice flush_rows "
+                f"({self.flush_rows}): one file being written, the next one filling"
+            )
         if self.max_queue_bytes < 2 * self.flush_bytes:
-            out.append(f"max_queue_bytes ({self.max_queue_bytes}) must be at least twice flush_bytes "
-                       f"({self.flush_bytes}): one file being written, the next one filling")
+            out.append(
+                f"max_queue_bytes ({self.max_queue_bytes}) must be at least twice flush_bytes "
+                f"({self.flush_bytes}): one file being written, the next one filling"
+            )
         return out
 
 
@@ -83,10 +87,19 @@ class Chunk:
     holds its bytes; in the writer it holds their size, and ``data`` has the bytes of
     all the reads, one after the other (archive/wire.py).
     """
+
     __slots__ = ("kind", "rows", "nbytes", "first", "count", "reads", "data")
 
-    def __init__(self, kind: str, rows: list, nbytes: int, first: int, count: int | None = None,
-                 reads: bool = False, data: bytes = b""):
+    def __init__(
+        self,
+        kind: str,
+        rows: list,
+        nbytes: int,
+        first: int,
+        count: int | None = None,
+        reads: bool = False,
+        data: bytes = b"",
+    ):
         self.kind = kind
         self.rows = rows
         self.nbytes = nbytes
@@ -132,23 +145,29 @@ def topic_filter(filters) -> Callable[[str], bool] | None:
 
 
 class Recorder:
-    def __init__(self, limits: ArchiveLimits, submit: Callable[[Chunk], None],
-                 clock: Callable[[], float], filters=("#",), delivery_log: bool = False):
+    def __init__(
+        self,
+        limits: ArchiveLimits,
+        submit: Callable[[Chunk], None],
+        clock: Callable[[], float],
+        filters=("#",),
+        delivery_log: bool = False,
+    ):
         self.limits = limits
         self._submit = submit
         self.clock = clock
         self._filter = topic_filter(filters)
         self.filters = tuple(filters)
         # counters per kind (written, failed, files and done_* follow the writer's reports)
-        self.cut_rows = {k: 0 for k in KINDS}      # records handed to the writer
+        self.cut_rows = {k: 0 for k in KINDS}  # records handed to the writer
         self.cut_bytes = {k: 0 for k in KINDS}
-        self.dropped = {k: 0 for k in KINDS}       # records refused: the queue was full
-        self.written = {k: 0 for k in KINDS}       # records in files
-        self.failed = {k: 0 for k in KINDS}        # records the writer could not write
+        self.dropped = {k: 0 for k in KINDS}  # records refused: the queue was full
+        self.written = {k: 0 for k in KINDS}  # records in files
+        self.failed = {k: 0 for k in KINDS}  # records the writer could not write
         self.files = 0
         self.file_bytes = 0
-        self.done = {k: 0 for k in KINDS}          # records the writer is done with
-        self.done_rows = 0                         # ... of both kinds, and their payload bytes
+        self.done = {k: 0 for k in KINDS}  # records the writer is done with
+        self.done_rows = 0  # ... of both kinds, and their payload bytes
         self.done_bytes = 0
         self._drops_reported = 0
         self._buffers: dict[str, tuple] = {}
@@ -194,6 +213,7 @@ class Recorder:
         # str/bytes/numbers leave the garbage collector's lists, while thousands of live
         # Messages make every full collection walk them (measured: +0.8 us per message).
         if kind == PUBLISH and filt is None:
+
             def hook(msg) -> None:
                 nonlocal nbytes
                 payload = msg.payload
@@ -201,23 +221,25 @@ class Recorder:
                     append((msg.timestamp, msg.seq, msg.publisher, msg.topic, msg.qos, msg.retain, payload))
                     nbytes += len(payload)
                 else:
-                    full((msg.timestamp, msg.seq, msg.publisher, msg.topic, msg.qos, msg.retain, payload),
-                         len(payload))
+                    full((msg.timestamp, msg.seq, msg.publisher, msg.topic, msg.qos, msg.retain, payload), len(payload))
         elif kind == PUBLISH:
+
             def hook(msg) -> None:
                 nonlocal nbytes
-                if filt(msg.topic):
+                if filt(msg.topic):  # type: ignore[misc]  # (filt is not None on this branch)
                     payload = msg.payload
                     if len(rows) < max_rows and nbytes < max_bytes:
                         append((msg.timestamp, msg.seq, msg.publisher, msg.topic, msg.qos, msg.retain, payload))
                         nbytes += len(payload)
                     else:
-                        full((msg.timestamp, msg.seq, msg.publisher, msg.topic, msg.qos, msg.retain, payload),
-                             len(payload))
+                        full(
+                            (msg.timestamp, msg.seq, msg.publisher, msg.topic, msg.qos, msg.retain, payload),
+                            len(payload),
+                        )
         else:
             clock = self.clock
 
-            def hook(session, msg, qos: int, dup: bool) -> None:
+            def hook(session, msg, qos: int, dup: bool) -> None:  # type: ignore[misc]  # (the delivery hook)
                 topic = msg.topic
                 if topic[0] == "$" or (filt is not None and not filt(topic)):
                     return  # $mesh batches to peer nodes and $SYS are not client deliveries
@@ -248,8 +270,7 @@ class Recorder:
             generation += 1
             return True
 
-        def capture(publisher: str, timestamp: float, packets: list, segments: list, skips: list,
-                    n: int) -> None:
+        def capture(publisher: str, timestamp: float, packets: list, segments: list, skips: list, n: int) -> None:
             nonlocal count, nbytes
             records = n - len(skips)
             if (count >= max_rows or nbytes >= max_bytes) and not cut():
@@ -275,8 +296,7 @@ class Recorder:
     def _room(self, rows: int, nbytes: int) -> bool:
         queued_rows = sum(self.cut_rows.values()) - self.done_rows
         queued_bytes = sum(self.cut_bytes.values()) - self.done_bytes
-        return (queued_rows + rows <= self.limits.max_queue_rows
-                and queued_bytes + nbytes <= self.limits.max_queue_bytes)
+        return queued_rows + rows <= self.limits.max_queue_rows and queued_bytes + nbytes <= self.limits.max_queue_bytes
 
     # -- the caller's timer and stop ---------------------------------------------------------
 
@@ -302,13 +322,13 @@ class Recorder:
 
     def queued(self) -> tuple[int, int]:
         """(records, payload bytes) handed to the writer and not yet done."""
-        return (sum(self.cut_rows.values()) - self.done_rows,
-                sum(self.cut_bytes.values()) - self.done_bytes)
+        return (sum(self.cut_rows.values()) - self.done_rows, sum(self.cut_bytes.values()) - self.done_bytes)
 
     # -- the writer's report ---------------------------------------------------------------------
 
-    def rows_done(self, kind: str, rows: int, nbytes: int, written: int = 0, failed: int = 0,
-                  files: int = 0, file_bytes: int = 0) -> None:
+    def rows_done(
+        self, kind: str, rows: int, nbytes: int, written: int = 0, failed: int = 0, files: int = 0, file_bytes: int = 0
+    ) -> None:
         """The writer is done with ``rows`` records (called on its thread, the only one that
         advances these counters); those neither written nor failed were ``$`` topics."""
         self.written[kind] += written
@@ -345,8 +365,13 @@ class Recorder:
             out[f"{k}/written"] = self.written[k]
             out[f"{k}/dropped"] = self.dropped[k]
             out[f"{k}/failed"] = self.failed[k]
-        out.update(files=self.files, bytes=self.file_bytes, queued=queued_rows,
-                   queued_bytes=queued_bytes, buffered=self.pending())
+        out.update(
+            files=self.files,
+            bytes=self.file_bytes,
+            queued=queued_rows,
+            queued_bytes=queued_bytes,
+            buffered=self.pending(),
+        )
         return out
 
 
@@ -362,7 +387,7 @@ def hour_of(timestamp: float) -> int:
 
 def partition_dir(kind: str, hour: int) -> str:
     """``publish/date=YYYY-MM-DD/hour=HH`` for an hour since the epoch (UTC)."""
-    t = _dt.datetime.fromtimestamp(hour * 3600, _dt.timezone.utc)
+    t = _dt.datetime.fromtimestamp(hour * 3600, _dt.UTC)
     return f"{kind}/date={t:%Y-%m-%d}/hour={t:%H}"
 
 

@@ -7,8 +7,16 @@ pipeline (pipeline/schema.py) to Spark types, and docs/pipeline.md shows the tab
 
 from __future__ import annotations
 
-__all__ = ["FORMAT_VERSION", "PUBLISH", "DELIVERY", "KINDS", "PUBLISH_COLUMNS", "DELIVERY_COLUMNS",
-           "COLUMNS", "schema_markdown"]
+__all__ = [
+    "FORMAT_VERSION",
+    "PUBLISH",
+    "DELIVERY",
+    "KINDS",
+    "PUBLISH_COLUMNS",
+    "DELIVERY_COLUMNS",
+    "COLUMNS",
+    "schema_markdown",
+]
 
 # Written into every file's key-value metadata (``mqttmesh.archive``); a reader refuses
 # other versions by name instead of misreading them.

@@ -75,10 +75,10 @@ class FrameReader:
                     break
                 with memoryview(buf) as view:
                     try:
-                        kind, first, nbytes, rows, count, reads = marshal.loads(view[start:start + meta_size])
+                        kind, first, nbytes, rows, count, reads = marshal.loads(view[start : start + meta_size])
                     except (ValueError, EOFError, TypeError) as exc:
                         raise WireError(f"frame at byte {pos} does not decode: {exc}") from None
-                    data = bytes(view[start + meta_size:end])
+                    data = bytes(view[start + meta_size : end])
                 if kind not in KINDS or not isinstance(rows, list) or not isinstance(count, int):
                     raise WireError(f"frame at byte {pos} is not a chunk of records")
                 if reads:
@@ -87,8 +87,9 @@ class FrameReader:
                     except (TypeError, IndexError):
                         raise WireError(f"frame at byte {pos}: its reads are not read records") from None
                     if size != data_size:
-                        raise WireError(f"frame at byte {pos}: its reads add up to {size} bytes, "
-                                        f"it carries {data_size}")
+                        raise WireError(
+                            f"frame at byte {pos}: its reads add up to {size} bytes, it carries {data_size}"
+                        )
                 pos = end
                 yield Chunk(kind, rows, nbytes, first, count, bool(reads), data)
         finally:
@@ -99,10 +100,23 @@ class FrameReader:
         return len(self._buf)
 
 
-def encode_report(kind: str, records: int, nbytes: int, written: int, failed: int, files: int,
-                  file_bytes: int) -> bytes:
-    return (json.dumps({"kind": kind, "records": records, "nbytes": nbytes, "written": written,
-                        "failed": failed, "files": files, "file_bytes": file_bytes}) + "\n").encode()
+def encode_report(
+    kind: str, records: int, nbytes: int, written: int, failed: int, files: int, file_bytes: int
+) -> bytes:
+    return (
+        json.dumps(
+            {
+                "kind": kind,
+                "records": records,
+                "nbytes": nbytes,
+                "written": written,
+                "failed": failed,
+                "files": files,
+                "file_bytes": file_bytes,
+            }
+        )
+        + "\n"
+    ).encode()
 
 
 def decode_report(line: bytes) -> dict:

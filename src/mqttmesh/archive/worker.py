@@ -39,7 +39,7 @@ try:
     import fcntl
     import termios
 except ImportError:  # not a Unix: no pipe sizes, no idle priority
-    fcntl = termios = None
+    fcntl = termios = None  # type: ignore[assignment]
 
 from .recorder import ArchiveLimits
 from .wire import FrameReader, WireError, encode_report
@@ -49,8 +49,9 @@ log = logging.getLogger("mqttmesh.archive")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m mqttmesh.archive.worker",
-                                description="archive writer of one node (started by the node)")
+    p = argparse.ArgumentParser(
+        prog="python -m mqttmesh.archive.worker", description="archive writer of one node (started by the node)"
+    )
     p.add_argument("--dir", required=True)
     p.add_argument("--node", required=True)
     p.add_argument("--incarnation", type=int, required=True)
@@ -60,8 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--flush-rows", type=int, default=ArchiveLimits.flush_rows)
     p.add_argument("--flush-bytes", type=int, default=ArchiveLimits.flush_bytes)
     p.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much")
-    p.add_argument("--idle", type=int, default=0, choices=(0, 1),
-                   help="1: idle CPU priority while the writer keeps up (Linux)")
+    p.add_argument(
+        "--idle", type=int, default=0, choices=(0, 1), help="1: idle CPU priority while the writer keeps up (Linux)"
+    )
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -123,8 +125,10 @@ def main(argv=None) -> int:
             os.nice(args.nice)  # the node and its clients first; a writer that falls behind drops
         except OSError:
             pass
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     out = sys.stdout.buffer
     node_gone = False
 
@@ -138,8 +142,7 @@ def main(argv=None) -> int:
         except OSError:  # the node is gone; the files still get written
             node_gone = True
 
-    limits = ArchiveLimits(flush_interval=args.flush_interval, flush_rows=args.flush_rows,
-                           flush_bytes=args.flush_bytes)
+    limits = ArchiveLimits(flush_interval=args.flush_interval, flush_rows=args.flush_rows, flush_bytes=args.flush_bytes)
     incarnation = args.incarnation if not args.generation else f"{args.incarnation}.{args.generation}"
     writer = FileWriter(args.dir, args.node, incarnation, limits, args.compression, report)
     reader = FrameReader()
@@ -168,8 +171,9 @@ def main(argv=None) -> int:
         priority.check()
     writer.close()
     if reader.buffered and not status:
-        log.warning("archive writer: input ended inside a chunk (%d bytes): the node stopped while "
-                    "sending it", reader.buffered)
+        log.warning(
+            "archive writer: input ended inside a chunk (%d bytes): the node stopped while sending it", reader.buffered
+        )
     return status
 
 

@@ -28,16 +28,40 @@ __all__ = ["FileWriter", "arrow_schema", "records_array", "publish_table", "deli
 log = logging.getLogger("mqttmesh.archive")
 
 _TS = pa.timestamp("us", tz="UTC")
-_ARROW_TYPES = {"timestamp[us, UTC]": _TS, "string": pa.string(), "int64": pa.int64(), "int32": pa.int32(),
-                "int8": pa.int8(), "bool": pa.bool_(), "binary": pa.binary()}
+_ARROW_TYPES = {
+    "timestamp[us, UTC]": _TS,
+    "string": pa.string(),
+    "int64": pa.int64(),
+    "int32": pa.int32(),
+    "int8": pa.int8(),
+    "bool": pa.bool_(),
+    "binary": pa.binary(),
+}
 
 # the record tuples of recorder.py, as Arrow structs: one C++ pass over the tuples
-_PUBLISH_RECORD = pa.struct([("timestamp", pa.float64()), ("seq", pa.int64()), ("publisher", pa.string()),
-                             ("topic", pa.string()), ("qos", pa.int8()), ("retain", pa.bool_()),
-                             ("payload", pa.binary())])
-_DELIVERY_RECORD = pa.struct([("timestamp", pa.float64()), ("origin", pa.string()), ("seq", pa.int64()),
-                              ("topic", pa.string()), ("published", pa.float64()), ("client_id", pa.string()),
-                              ("qos", pa.int8()), ("dup", pa.bool_())])
+_PUBLISH_RECORD = pa.struct(
+    [
+        ("timestamp", pa.float64()),
+        ("seq", pa.int64()),
+        ("publisher", pa.string()),
+        ("topic", pa.string()),
+        ("qos", pa.int8()),
+        ("retain", pa.bool_()),
+        ("payload", pa.binary()),
+    ]
+)
+_DELIVERY_RECORD = pa.struct(
+    [
+        ("timestamp", pa.float64()),
+        ("origin", pa.string()),
+        ("seq", pa.int64()),
+        ("topic", pa.string()),
+        ("published", pa.float64()),
+        ("client_id", pa.string()),
+        ("qos", pa.int8()),
+        ("dup", pa.bool_()),
+    ]
+)
 
 
 # Dictionaries only where values repeat; deltas for the columns that grow: measured on
@@ -45,13 +69,24 @@ _DELIVERY_RECORD = pa.struct([("timestamp", pa.float64()), ("origin", pa.string(
 # No min/max statistics for payloads and message ids, which no query filters on by
 # range: they cost 20 % of the publish log's encoding time.
 _ENCODING = {
-    PUBLISH: dict(use_dictionary=["origin", "publisher", "topic"],
-                  column_encoding={"timestamp": "DELTA_BINARY_PACKED", "seq": "DELTA_BINARY_PACKED",
-                                   "payload_size": "DELTA_BINARY_PACKED"},
-                  write_statistics=[name for name, _, _ in COLUMNS[PUBLISH] if name not in ("payload", "msg_id")]),
-    DELIVERY: dict(use_dictionary=["origin", "topic", "node", "client_id"],
-                   column_encoding={"timestamp": "DELTA_BINARY_PACKED", "seq": "DELTA_BINARY_PACKED",
-                                    "published": "DELTA_BINARY_PACKED", "log_seq": "DELTA_BINARY_PACKED"}),
+    PUBLISH: dict(
+        use_dictionary=["origin", "publisher", "topic"],
+        column_encoding={
+            "timestamp": "DELTA_BINARY_PACKED",
+            "seq": "DELTA_BINARY_PACKED",
+            "payload_size": "DELTA_BINARY_PACKED",
+        },
+        write_statistics=[name for name, _, _ in COLUMNS[PUBLISH] if name not in ("payload", "msg_id")],
+    ),
+    DELIVERY: dict(
+        use_dictionary=["origin", "topic", "node", "client_id"],
+        column_encoding={
+            "timestamp": "DELTA_BINARY_PACKED",
+            "seq": "DELTA_BINARY_PACKED",
+            "published": "DELTA_BINARY_PACKED",
+            "log_seq": "DELTA_BINARY_PACKED",
+        },
+    ),
 }
 
 
@@ -89,9 +124,11 @@ def reads_array(reads: list, data: bytes) -> pa.StructArray:
     n = len(m.seq)
     if n:
         wide = len(m.data) >= 1 << 31
-        ranges = pa.Array.from_buffers(pa.large_binary() if wide else pa.binary(), 4 * n - 1,
-                                       [None, pa.py_buffer(m.bounds.astype(np.int64 if wide else np.int32)),
-                                        pa.py_buffer(m.data)])
+        ranges = pa.Array.from_buffers(
+            pa.large_binary() if wide else pa.binary(),
+            4 * n - 1,
+            [None, pa.py_buffer(m.bounds.astype(np.int64 if wide else np.int32)), pa.py_buffer(m.data)],
+        )
         topic_at = np.arange(0, 4 * n, 4)
         topics = ranges.take(topic_at).cast(pa.string())
         payloads = ranges.take(topic_at + 2).cast(pa.binary())
@@ -109,8 +146,18 @@ def publish_table(records: pa.ChunkedArray, node_id: str) -> pa.Table:
     """Publish log rows from publish records of messages published at ``node_id``."""
     ts, seq, publisher, topic, qos, retain, payload = _fields(records)
     origin = pa.repeat(node_id, len(records)).cast(pa.string())
-    columns = [_timestamps(ts), _msg_ids(origin, seq), origin, seq, publisher, topic, qos, retain, payload,
-               pc.binary_length(payload).cast(pa.int32())]
+    columns = [
+        _timestamps(ts),
+        _msg_ids(origin, seq),
+        origin,
+        seq,
+        publisher,
+        topic,
+        qos,
+        retain,
+        payload,
+        pc.binary_length(payload).cast(pa.int32()),
+    ]
     return _drop_dollar(pa.Table.from_arrays(columns, schema=arrow_schema(PUBLISH, node_id)))
 
 
@@ -119,15 +166,25 @@ def delivery_table(records: pa.ChunkedArray, node_id: str, first: int) -> pa.Tab
     n = len(records)
     ts, origin, seq, topic, published, client_id, qos, dup = _fields(records)
     log_seq = pc.add(pc.cumulative_sum(pa.repeat(1, n).cast(pa.int64())), first - 1) if n else pa.array([], pa.int64())
-    columns = [_timestamps(ts), _msg_ids(origin, seq), origin, seq, topic, _timestamps(published),
-               pa.repeat(node_id, n).cast(pa.string()), client_id, qos, dup, log_seq]
+    columns = [
+        _timestamps(ts),
+        _msg_ids(origin, seq),
+        origin,
+        seq,
+        topic,
+        _timestamps(published),
+        pa.repeat(node_id, n).cast(pa.string()),
+        client_id,
+        qos,
+        dup,
+        log_seq,
+    ]
     return _drop_dollar(pa.Table.from_arrays(columns, schema=arrow_schema(DELIVERY, node_id)))
 
 
 def _fields(records: pa.ChunkedArray) -> list[pa.ChunkedArray]:
     width = records.type.num_fields
-    return [pa.chunked_array([c.field(i) for c in records.chunks], records.type.field(i).type)
-            for i in range(width)]
+    return [pa.chunked_array([c.field(i) for c in records.chunks], records.type.field(i).type) for i in range(width)]
 
 
 def _drop_dollar(table: pa.Table) -> pa.Table:
@@ -149,22 +206,30 @@ def split_by_hour(table: pa.Table) -> list[tuple[int, pa.Table]]:
 
 class _Pending:
     """Arrow arrays of one kind waiting for their file."""
+
     __slots__ = ("arrays", "first", "records", "nbytes", "since")
 
     def __init__(self):
         self.arrays: list[pa.StructArray] = []
-        self.first = 0      # number of the first record (delivery log_seq)
-        self.records = 0    # records in the arrays
-        self.nbytes = 0     # payload bytes of those records
-        self.since = 0.0    # when the oldest of them arrived (the caller's clock)
+        self.first = 0  # number of the first record (delivery log_seq)
+        self.records = 0  # records in the arrays
+        self.nbytes = 0  # payload bytes of those records
+        self.since = 0.0  # when the oldest of them arrived (the caller's clock)
 
 
 class FileWriter:
     """Chunks in, files out; ``report(kind, records, nbytes, written, failed, files, file_bytes)``
     is called once per set of records it is done with (written, failed, or ``$`` topics)."""
 
-    def __init__(self, directory: str, node_id: str, incarnation: int, limits: ArchiveLimits,
-                 compression: str = "zstd", report=None):
+    def __init__(
+        self,
+        directory: str,
+        node_id: str,
+        incarnation: int | str,  # "INC.GEN" for a writer the node started again (worker.py)
+        limits: ArchiveLimits,
+        compression: str = "zstd",
+        report=None,
+    ):
         self.directory = directory
         self.node_id = node_id
         self.incarnation = incarnation
@@ -232,8 +297,13 @@ class FileWriter:
         except Exception as exc:  # a full or failing disk: count it, say so, keep going
             self.last_error = f"{type(exc).__name__}: {exc}"
             rows = rows or p.records
-            log.error("archive: could not write %d %s records under %s: %s",
-                      rows - written, kind, self.directory, self.last_error)
+            log.error(
+                "archive: could not write %d %s records under %s: %s",
+                rows - written,
+                kind,
+                self.directory,
+                self.last_error,
+            )
         self.report(kind, p.records, p.nbytes, written, rows - written, files, nbytes)
 
     def _write_file(self, kind: str, hour: int, table: pa.Table) -> int:

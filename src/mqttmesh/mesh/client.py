@@ -20,8 +20,20 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..codec import (CONNACK, PINGRESP, PUBACK, PUBLISH, SUBACK, Connect, Decoder, MalformedPacket,
-                     PubAck, Subscribe, encode, encode_publish)
+from ..codec import (
+    CONNACK,
+    PINGRESP,
+    PUBACK,
+    PUBLISH,
+    SUBACK,
+    Connect,
+    Decoder,
+    MalformedPacket,
+    PubAck,
+    Subscribe,
+    encode,
+    encode_publish,
+)
 from .peerauth import PEER_USERNAME, DiallerAuth, PeerAuthError
 
 __all__ = ["LinkClient"]
@@ -30,8 +42,16 @@ _PINGREQ = b"\xc0\x00"
 
 
 class LinkClient:
-    def __init__(self, node_id: str, incarnation: int, secret: bytes, keepalive: float,
-                 handshake_timeout: float, max_inflight: int = 100, max_queued: int = 100_000):
+    def __init__(
+        self,
+        node_id: str,
+        incarnation: int,
+        secret: bytes,
+        keepalive: float,
+        handshake_timeout: float,
+        max_inflight: int = 100,
+        max_queued: int = 100_000,
+    ):
         self.node_id = node_id
         self.incarnation = incarnation
         self.secret = secret
@@ -39,11 +59,11 @@ class LinkClient:
         self.subscribe_filter = f"$mesh/to/{node_id}/#"
         self._challenge_topic = f"$mesh/to/{node_id}/auth"
         self._proof_topic = f"$mesh/from/{node_id}/auth".encode()
-        self.keepalive = keepalive          # seconds between PINGREQs; dead after 3 x this
+        self.keepalive = keepalive  # seconds between PINGREQs; dead after 3 x this
         self.handshake_timeout = handshake_timeout
         self.max_inflight = max_inflight
         self.max_queued = max_queued
-        self.inflight: dict[int, bytes] = {}   # packet id -> frame, in send order
+        self.inflight: dict[int, bytes] = {}  # packet id -> frame, in send order
         self.queue: deque[tuple[bytes, bytes, int]] = deque()
         self.dropped = 0
         self._next_pid = 1
@@ -61,7 +81,7 @@ class LinkClient:
         self._handshake_rtt = 0.0
         self._auth: DiallerAuth | None = None
         self.session_present = False
-        self.peer: str | None = None            # the listener's node id, once it proved the secret
+        self.peer: str | None = None  # the listener's node id, once it proved the secret
         self.peer_incarnation: int | None = None
 
     # -- connection life -------------------------------------------------------------
@@ -74,9 +94,17 @@ class LinkClient:
         self._auth = DiallerAuth(self.secret, self.node_id, self.incarnation, nonce)
         # CONNECT's keepalive is twice our ping interval, so the peer drops a dead
         # link after 1.5 x 2 = 3 ping intervals, as we do [MQTT-3.1.2-24]
-        self._out.append(encode(Connect(self.client_id, clean_session=False,
-                                        keepalive=max(1, int(round(2 * self.keepalive))),
-                                        username=PEER_USERNAME, password=self._auth.password())))
+        self._out.append(
+            encode(
+                Connect(
+                    self.client_id,
+                    clean_session=False,
+                    keepalive=max(1, int(round(2 * self.keepalive))),
+                    username=PEER_USERNAME,
+                    password=self._auth.password(),
+                )
+            )
+        )
 
     def connection_lost(self) -> None:
         self.state = "idle"
@@ -141,17 +169,19 @@ class LinkClient:
     def _check_listener(self, pkt) -> str | None:
         """The listener's proof: on success our own goes out and the link is ready."""
         if pkt.topic != self._challenge_topic or pkt.qos or pkt.retain:
-            return (f"expected the listener's proof (QoS 0 on {self._challenge_topic}), "
-                    f"got a QoS {pkt.qos} PUBLISH on {pkt.topic!r}")
+            return (
+                f"expected the listener's proof (QoS 0 on {self._challenge_topic}), "
+                f"got a QoS {pkt.qos} PUBLISH on {pkt.topic!r}"
+            )
         try:
-            hs = self._auth.check_listener(pkt.payload)
+            hs = self._auth.check_listener(pkt.payload)  # type: ignore[union-attr]  # (this handshake's dialler half)
         except PeerAuthError as exc:
             return str(exc)
-        self._out.append(encode_publish(self._proof_topic, self._auth.proof(hs)))
+        self._out.append(encode_publish(self._proof_topic, self._auth.proof(hs)))  # type: ignore[union-attr]  # (this handshake's dialler half)
         self.peer, self.peer_incarnation = hs.listener, hs.listener_incarnation
         self._auth = None  # one proof per connection
         self.state = "ready"
-        for pid, frame in self.inflight.items():  # [MQTT-4.4.0-1], DUP=1
+        for frame in self.inflight.values():  # [MQTT-4.4.0-1], DUP=1
             self._out.append(bytes((frame[0] | 0x08,)) + frame[1:])
         self._refill()
         return None
@@ -199,8 +229,7 @@ class LinkClient:
             return None
         if self.state != "ready" and now - self._opened > self.handshake_timeout:
             # a listener may answer and ping forever without proving the secret
-            return (f"peer handshake not finished within {self.handshake_timeout:g}s "
-                    f"(state {self.state})")
+            return f"peer handshake not finished within {self.handshake_timeout:g}s (state {self.state})"
         if now - self.last_rx > 3 * self.keepalive:
             return f"nothing received for {now - self.last_rx:.1f}s (3 x keepalive {self.keepalive:g}s)"
         # a PINGREQ every keepalive, busy or not, answered or not (we may have stopped

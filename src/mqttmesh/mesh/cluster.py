@@ -41,14 +41,14 @@ __all__ = ["ClusterSettings", "Cluster"]
 
 @dataclass
 class ClusterSettings:
-    replication: int = 2           # holders of a session, owners of a retained topic
-    claim_timeout: float = 1.0     # without an answer from the registrar, connect anyway
-    gather_timeout: float = 2.0    # wait this long for the other holders of a session
-    will_delay: float = 0.5        # a node unreachable this long has lost its clients
-    redirect_grace: float = 10.0   # holders forward late arrivals to a new node this long
-    lookup_timeout: float = 1.0    # retained lookups wait this long for every answer
+    replication: int = 2  # holders of a session, owners of a retained topic
+    claim_timeout: float = 1.0  # without an answer from the registrar, connect anyway
+    gather_timeout: float = 2.0  # wait this long for the other holders of a session
+    will_delay: float = 0.5  # a node unreachable this long has lost its clients
+    redirect_grace: float = 10.0  # holders forward late arrivals to a new node this long
+    lookup_timeout: float = 1.0  # retained lookups wait this long for every answer
     tombstone_ttl: float = 3600.0  # deleted retained topics are remembered this long
-    register_interval: float = 5.0 # local connections re-register with their registrar
+    register_interval: float = 5.0  # local connections re-register with their registrar
 
 
 def _b64(raw: bytes) -> str:
@@ -60,8 +60,21 @@ def _unb64(text: str) -> bytes:
 
 
 class _Claim:
-    __slots__ = ("channel", "cid", "clean", "will", "conn", "started", "stage", "epoch", "prev",
-                 "waiting", "snaps", "deadline", "forwarded")
+    __slots__ = (
+        "channel",
+        "cid",
+        "clean",
+        "will",
+        "conn",
+        "started",
+        "stage",
+        "epoch",
+        "prev",
+        "waiting",
+        "snaps",
+        "deadline",
+        "forwarded",
+    )
 
     def __init__(self, channel, cid, clean, will, conn, now):
         self.channel, self.cid, self.clean, self.will, self.conn = channel, cid, clean, will, conn
@@ -72,7 +85,7 @@ class _Claim:
         self.waiting: set[str] = set()
         self.snaps: list = []
         self.deadline = 0.0
-        self.forwarded: list = []   # messages holders forwarded before the session is here
+        self.forwarded: list = []  # messages holders forwarded before the session is here
 
 
 class _Local:
@@ -105,19 +118,26 @@ class Cluster:
         self.settings = settings or ClusterSettings()
         self.live: list[str] = [node_id]
         self.incs: dict[str, int] = {node_id: incarnation}
-        self.entries: dict[str, dict] = {}        # registry entries we keep (registrar or backup)
-        self.suspect: dict[str, float] = {}       # unreachable node -> since
-        self.local: dict[str, _Local] = {}        # our connected clients
-        self.claims: dict[str, _Claim] = {}       # conn -> claim in progress
+        self.entries: dict[str, dict] = {}  # registry entries we keep (registrar or backup)
+        self.suspect: dict[str, float] = {}  # unreachable node -> since
+        self.local: dict[str, _Local] = {}  # our connected clients
+        self.claims: dict[str, _Claim] = {}  # conn -> claim in progress
         self.redirects: dict[str, tuple[str, float]] = {}  # cid -> (new node, until)
         self.lookups: dict[int, _Lookup] = {}
         self._ids = itertools.count(1)
         self._settles: dict[str, list] = {}
         self._ret_out: dict[str, list] = {}
         self._last_register = 0.0
-        self.wall = 0.0                            # wall-clock seconds, kept current by the caller
-        self.counters = {"claims": 0, "kicks": 0, "wills_published": 0, "sessions_gathered": 0,
-                         "redirected": 0, "retained_lookups": 0, "claim_timeouts": 0}
+        self.wall = 0.0  # wall-clock seconds, kept current by the caller
+        self.counters = {
+            "claims": 0,
+            "kicks": 0,
+            "wills_published": 0,
+            "sessions_gathered": 0,
+            "redirected": 0,
+            "retained_lookups": 0,
+            "claim_timeouts": 0,
+        }
         broker.cluster = self
         broker.persistent_factory = self._new_session
 
@@ -126,8 +146,9 @@ class Cluster:
     def _new_session(self, client_id: str):
         journal = self.broker.journal
         limits = self.broker.settings.limits
-        session = DurableMeshSession(client_id, limits, journal) if journal is not None else \
-            MeshSession(client_id, limits)
+        session = (
+            DurableMeshSession(client_id, limits, journal) if journal is not None else MeshSession(client_id, limits)
+        )
         session.on_settled = self._on_settled
         return session
 
@@ -199,8 +220,16 @@ class Cluster:
             self._send(self.registrars(cid)[0], "reg.register", self._registration(cid, local))
 
     def _registration(self, cid: str, local: _Local) -> dict:
-        return {"cid": cid, "node": self.node_id, "inc": self.incarnation, "conn": local.conn,
-                "epoch": local.epoch, "clean": local.clean, "will": _will_json(local.will), "at": local.at}
+        return {
+            "cid": cid,
+            "node": self.node_id,
+            "inc": self.incarnation,
+            "conn": local.conn,
+            "epoch": local.epoch,
+            "clean": local.clean,
+            "will": _will_json(local.will),
+            "at": local.at,
+        }
 
     # ------------------------------------------------------------------ connecting
 
@@ -218,8 +247,15 @@ class Cluster:
             self._granted(claim, 0, None, now)  # registrar unreachable: serve anyway
 
     def _claim_body(self, claim: _Claim) -> dict:
-        return {"cid": claim.cid, "node": self.node_id, "inc": self.incarnation, "conn": claim.conn,
-                "clean": claim.clean, "will": _will_json(claim.will), "at": self.wall}
+        return {
+            "cid": claim.cid,
+            "node": self.node_id,
+            "inc": self.incarnation,
+            "conn": claim.conn,
+            "clean": claim.clean,
+            "will": _will_json(claim.will),
+            "at": self.wall,
+        }
 
     def _granted(self, claim: _Claim, epoch: int, prev: str | None, now: float) -> None:
         if claim.stage != "claim":
@@ -237,8 +273,9 @@ class Cluster:
         claim.stage = "gather"
         claim.waiting = set()
         for node in targets:
-            if self._send(node, "sess.fetch", {"cid": claim.cid, "conn": claim.conn, "epoch": epoch,
-                                               "to": self.node_id}):
+            if self._send(
+                node, "sess.fetch", {"cid": claim.cid, "conn": claim.conn, "epoch": epoch, "to": self.node_id}
+            ):
                 claim.waiting.add(node)
         claim.deadline = now + self.settings.gather_timeout
         if not claim.waiting:
@@ -298,8 +335,9 @@ class Cluster:
         self._release(cid, local.conn, local.epoch)
 
     def _release(self, cid: str, conn: str, epoch: int) -> None:
-        self._send(self.registrars(cid)[0], "reg.release", {"cid": cid, "conn": conn, "epoch": epoch,
-                                                           "node": self.node_id})
+        self._send(
+            self.registrars(cid)[0], "reg.release", {"cid": cid, "conn": conn, "epoch": epoch, "node": self.node_id}
+        )
 
     # ------------------------------------------------------------------ the registrar
 
@@ -310,10 +348,20 @@ class Cluster:
         prev = entry["node"] if entry else None
         if entry and entry["connected"] and entry["conn"] != msg["conn"]:
             self.counters["kicks"] += 1
-            self._send(entry["node"], "reg.kick", {"cid": cid, "conn": entry["conn"], "epoch": epoch,
-                                                  "by": msg["node"]})
-        new = {"cid": cid, "node": msg["node"], "inc": msg["inc"], "conn": msg["conn"], "epoch": epoch,
-               "clean": msg["clean"], "will": msg["will"], "connected": True, "at": msg["at"]}
+            self._send(
+                entry["node"], "reg.kick", {"cid": cid, "conn": entry["conn"], "epoch": epoch, "by": msg["node"]}
+            )
+        new = {
+            "cid": cid,
+            "node": msg["node"],
+            "inc": msg["inc"],
+            "conn": msg["conn"],
+            "epoch": epoch,
+            "clean": msg["clean"],
+            "will": msg["will"],
+            "connected": True,
+            "at": msg["at"],
+        }
         self._store_entry(new)
         self._send(msg["node"], "reg.grant", {"cid": cid, "conn": msg["conn"], "epoch": epoch, "prev": prev})
 
@@ -321,20 +369,27 @@ class Cluster:
         """A holder of a connection says so (after membership changes, and periodically)."""
         cid = msg["cid"]
         entry = self.entries.get(cid)
-        if entry is None or entry["conn"] == msg["conn"] or not entry["connected"] \
-                or entry["node"] not in self.live:
-            if entry is None or msg["epoch"] >= entry["epoch"] or not entry["connected"] \
-                    or entry["node"] not in self.live:
-                self._store_entry({**msg, "connected": True,
-                                   "epoch": max(msg["epoch"], entry["epoch"] if entry else 0)})
+        if entry is None or entry["conn"] == msg["conn"] or not entry["connected"] or entry["node"] not in self.live:
+            if (
+                entry is None
+                or msg["epoch"] >= entry["epoch"]
+                or not entry["connected"]
+                or entry["node"] not in self.live
+            ):
+                self._store_entry(
+                    {**msg, "connected": True, "epoch": max(msg["epoch"], entry["epoch"] if entry else 0)}
+                )
             return
         # two live connections for one ClientId (e.g. made on both sides of a split): one goes
         mine = (entry["epoch"], entry["at"], entry["node"])
         theirs = (msg["epoch"], msg["at"], msg["node"])
         winner, loser = (entry, msg) if mine >= theirs else (msg, entry)
         self.counters["kicks"] += 1
-        self._send(loser["node"], "reg.kick", {"cid": cid, "conn": loser["conn"], "epoch": winner["epoch"],
-                                              "by": winner["node"]})
+        self._send(
+            loser["node"],
+            "reg.kick",
+            {"cid": cid, "conn": loser["conn"], "epoch": winner["epoch"], "by": winner["node"]},
+        )
         self._store_entry({**winner, "connected": True})
 
     def _reg_release(self, msg: dict) -> None:
@@ -364,15 +419,17 @@ class Cluster:
             if not entry["connected"]:
                 continue
             node_dead = entry["node"] in dead or (
-                entry["node"] in self.live and self.incs.get(entry["node"]) != entry["inc"])
+                entry["node"] in self.live and self.incs.get(entry["node"]) != entry["inc"]
+            )
             if not node_dead or self.registrars(cid)[0] != self.node_id:
                 continue
             will = entry.get("will")
             self._store_entry({**entry, "connected": False, "will": None})
             if will is not None:
                 self.counters["wills_published"] += 1
-                msg = Message(will["topic"], _unb64(will["payload"]), will["qos"], will["retain"],
-                              self.node_id, 0, cid, self.wall)
+                msg = Message(
+                    will["topic"], _unb64(will["payload"]), will["qos"], will["retain"], self.node_id, 0, cid, self.wall
+                )
                 self.broker.seq += 1
                 msg.seq = self.broker.seq
                 self.broker.publish(msg)
@@ -441,9 +498,10 @@ class Cluster:
             if session is None or session.channel is not None:
                 return
         if merge:
+            # (merged is never None: merge_snapshots has a session's snapshot to merge)
             merged = merge_snapshots([snapshot(session), snap])
-            install(session, merged)
-            self._apply_subs(session, merged["subs"])
+            install(session, merged)  # type: ignore[arg-type]
+            self._apply_subs(session, merged["subs"])  # type: ignore[index]
         else:
             if snap["epoch"] < session.epoch:
                 return
@@ -562,8 +620,10 @@ class Cluster:
         return 0
 
     def _local_retained(self, topic_filter: str) -> list:
-        return [[m.topic, _b64(m.payload), m.qos, m.timestamp, m.origin, m.seq, m.publisher]
-                for _, m in self.broker.retained.match(topic_filter)]
+        return [
+            [m.topic, _b64(m.payload), m.qos, m.timestamp, m.origin, m.seq, m.publisher]
+            for _, m in self.broker.retained.match(topic_filter)
+        ]
 
     def _add_items(self, lookup: _Lookup, items: list) -> None:
         for item in items:
@@ -708,9 +768,23 @@ class Cluster:
         if target is None:
             return
         self.counters["redirected"] += 1
-        self._send(target[0], "sess.fwd", {"cid": session.client_id, "msg": [
-            msg.topic, _b64(msg.payload), msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher,
-            msg.timestamp]})
+        self._send(
+            target[0],
+            "sess.fwd",
+            {
+                "cid": session.client_id,
+                "msg": [
+                    msg.topic,
+                    _b64(msg.payload),
+                    msg.qos,
+                    msg.retain,
+                    msg.origin,
+                    msg.seq,
+                    msg.publisher,
+                    msg.timestamp,
+                ],
+            },
+        )
 
     def _sess_fwd(self, body: dict) -> None:
         topic, payload, qos, retain, origin, seq, publisher, ts = body["msg"]
@@ -722,6 +796,7 @@ class Cluster:
             return
         granted = None
         from ..topics import filter_matches
+
         for f, q in session.subscriptions.items():
             if filter_matches(f, topic):
                 granted = q if granted is None else max(granted, q)
@@ -738,6 +813,9 @@ class Cluster:
 
     def clients(self) -> dict:
         """The ClientIds this node registers (as their first registrar) and serves."""
-        mine = {cid: {"node": e["node"], "epoch": e["epoch"], "connected": e["connected"]}
-                for cid, e in sorted(self.entries.items()) if self.registrars(cid)[0] == self.node_id}
+        mine = {
+            cid: {"node": e["node"], "epoch": e["epoch"], "connected": e["connected"]}
+            for cid, e in sorted(self.entries.items())
+            if self.registrars(cid)[0] == self.node_id
+        }
         return {"registrations": mine, "local_clients": sorted(self.local)}

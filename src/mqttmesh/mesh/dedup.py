@@ -10,6 +10,7 @@ once. Both forget the oldest entries beyond their capacity.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 __all__ = ["ForwardFilter", "DeliveryFilter"]
 
@@ -17,12 +18,12 @@ __all__ = ["ForwardFilter", "DeliveryFilter"]
 class ForwardFilter:
     def __init__(self, capacity: int = 65536):
         self.capacity = capacity
-        self._seen: OrderedDict[tuple, set] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, int, int], set[str]] = OrderedDict()  # (origin, seq, attempt)
 
     def __len__(self) -> int:
         return len(self._seen)
 
-    def claim(self, key: tuple, dests: list[str]) -> list[str]:
+    def claim(self, key: tuple[str, int, int], dests: list[str]) -> list[str]:
         """The destinations of ``dests`` not yet handled for ``key``; they are now."""
         done = self._seen.get(key)
         if done is None:
@@ -50,7 +51,7 @@ class DeliveryFilter:
     def __init__(self, window: int = 65536):
         self.window = window
         # origin -> [newer set, older set, floor, highest in newer, highest in older]
-        self._origins: dict[str, list] = {}
+        self._origins: dict[str, list[Any]] = {}
 
     def seen(self, origin: str, seq: int, qos: int = 1) -> bool:
         """True if (origin, seq) was delivered before; otherwise remember it and say False."""
@@ -66,7 +67,7 @@ class DeliveryFilter:
         if seq > state[3]:
             state[3] = seq
         if len(newer) >= self.window:
-            state[2] = max(state[2], state[4])   # the older generation is forgotten
+            state[2] = max(state[2], state[4])  # the older generation is forgotten
             state[1], state[4] = newer, state[3]
             state[0], state[3] = set(), -1
         return False

@@ -35,6 +35,7 @@ import json
 import struct
 import sys
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..message import Message
@@ -52,15 +53,15 @@ class MeshProtocolError(ValueError):
 
 @dataclass
 class MeshSettings:
-    hop_limit: int = 255              # a safety net: the duplicate filter is what stops loops
-    refresh_interval: float = 30.0    # re-originate our router advertisement this often
-    max_age: float = 3600.0           # forget an unreachable node's advertisements after this
-    min_cost: int = 1000              # link cost floor, microseconds of round-trip time
-    cost_change: float = 0.25         # re-advertise a link when its cost moves by this fraction
-    dedup_window: int = 262144        # recent message ids remembered per origin
-    custody_limit: int = 100_000      # QoS 1/2 messages held at their origin until acknowledged
-    custody_timeout: float = 3600.0   # give up on a destination after this long
-    retransmit_after: float = 2.0     # first end-to-end retransmission; doubles up to 30 s
+    hop_limit: int = 255  # a safety net: the duplicate filter is what stops loops
+    refresh_interval: float = 30.0  # re-originate our router advertisement this often
+    max_age: float = 3600.0  # forget an unreachable node's advertisements after this
+    min_cost: int = 1000  # link cost floor, microseconds of round-trip time
+    cost_change: float = 0.25  # re-advertise a link when its cost moves by this fraction
+    dedup_window: int = 262144  # recent message ids remembered per origin
+    custody_limit: int = 100_000  # QoS 1/2 messages held at their origin until acknowledged
+    custody_timeout: float = 3600.0  # give up on a destination after this long
+    retransmit_after: float = 2.0  # first end-to-end retransmission; doubles up to 30 s
     max_batch_bytes: int = 16 * 1024
 
 
@@ -74,8 +75,14 @@ class RouterLsa:
     received: float = 0.0
 
     def to_json(self) -> dict:
-        return {"t": "router", "node": self.node, "inc": self.inc, "seq": self.seq,
-                "addr": self.addresses, "links": self.links}
+        return {
+            "t": "router",
+            "node": self.node,
+            "inc": self.inc,
+            "seq": self.seq,
+            "addr": self.addresses,
+            "links": self.links,
+        }
 
 
 @dataclass
@@ -89,8 +96,7 @@ class InterestState:
     filters: tuple[str, ...] = ()
 
     def full_json(self) -> dict:
-        return {"t": "interest", "node": self.node, "inc": self.inc, "ver": self.ver,
-                "full": sorted(self.filters)}
+        return {"t": "interest", "node": self.node, "inc": self.inc, "ver": self.ver, "full": sorted(self.filters)}
 
 
 def _filter_tuple(filters) -> tuple[str, ...]:
@@ -106,8 +112,23 @@ class _Custody:
 
 
 class PeerStats:
-    __slots__ = ("envelopes_out", "envelopes_in", "batches_out", "batches_in", "control_out",
-                 "control_in", "control_bytes_out")
+    __slots__ = (
+        "envelopes_out",
+        "envelopes_in",
+        "batches_out",
+        "batches_in",
+        "control_out",
+        "control_in",
+        "control_bytes_out",
+    )
+    # (annotations only: __init__ sets every slot to 0)
+    envelopes_out: int
+    envelopes_in: int
+    batches_out: int
+    batches_in: int
+    control_out: int
+    control_in: int
+    control_bytes_out: int
 
     def __init__(self):
         for name in self.__slots__:
@@ -136,10 +157,10 @@ def _decode_acks(payload: bytes) -> list:
     try:
         while pos < size:
             n = payload[pos]
-            to = payload[pos + 1:pos + 1 + n].decode()
+            to = payload[pos + 1 : pos + 1 + n].decode()
             pos += 1 + n
             n = payload[pos]
-            frm = payload[pos + 1:pos + 1 + n].decode()
+            frm = payload[pos + 1 : pos + 1 + n].decode()
             pos += 1 + n
             count = _ACK_HEAD.unpack_from(payload, pos)[0]
             pos += 4
@@ -172,7 +193,7 @@ def _decode_unicasts(payload: bytes):
             fields = []
             for _ in range(3):
                 n = payload[pos]
-                fields.append(payload[pos + 1:pos + 1 + n].decode())
+                fields.append(payload[pos + 1 : pos + 1 + n].decode())
                 pos += 1 + n
             if pos > end:
                 raise MeshProtocolError("unicast header overruns its record")
@@ -190,8 +211,8 @@ def _newest_only(lsas: list[dict]) -> list[dict]:
     teach-backs crossing each other) would otherwise each be sent, each cross the others and
     each be answered with the newer one: floods that feed themselves.
     """
-    router: dict[str, tuple] = {}
-    full: dict[str, tuple] = {}
+    router: dict[str | None, tuple] = {}  # (node is None only in a malformed advertisement)
+    full: dict[str | None, tuple] = {}
     for lsa in lsas:
         kind, node = lsa.get("t"), lsa.get("node")
         if kind == "router":
@@ -222,16 +243,17 @@ def _newest_only(lsas: list[dict]) -> list[dict]:
 
 
 class MeshEngine:
-    def __init__(self, node_id: str, incarnation: int, addresses: list[str] | None = None,
-                 settings: MeshSettings | None = None):
+    def __init__(
+        self, node_id: str, incarnation: int, addresses: list[str] | None = None, settings: MeshSettings | None = None
+    ):
         self.node_id = node_id
         self.incarnation = incarnation
         self.addresses = list(addresses or [])
         self.settings = settings or MeshSettings()
         # our own state
-        self._seq = 0                                # router advertisement sequence
-        self._links: dict[str, int] = {}             # live neighbours -> advertised cost
-        self._measured: dict[str, float] = {}        # neighbour -> smoothed rtt (us)
+        self._seq = 0  # router advertisement sequence
+        self._links: dict[str, int] = {}  # live neighbours -> advertised cost
+        self._measured: dict[str, float] = {}  # neighbour -> smoothed rtt (us)
         self._local_filters: set[str] = set()
         self._interest_ver = 0
         self._pending_add: set[str] = set()
@@ -239,16 +261,16 @@ class MeshEngine:
         # what we know of everybody (including ourselves)
         self.routers: dict[str, RouterLsa] = {}
         self.interests: dict[str, InterestState] = {}
-        self.remote = InterestIndex()                # filter -> {node: 0} of other nodes
+        self.remote = InterestIndex()  # filter -> {node: 0} of other nodes
         self.next_hop: dict[str, str] = {}
         self.distance: dict[str, int] = {}
         self.parent: dict[str, str] = {}
         self._spf_dirty = True
-        self._route_cache: dict[str, tuple] = {}     # topic -> (next-hop groups, destinations)
+        self._route_cache: dict[str, tuple] = {}  # topic -> (next-hop groups, destinations)
         # data plane
         self._outbox: dict[str, list[Envelope]] = {}
-        self._acks_out: dict[str, list[int]] = {}    # origin -> seqs delivered here
-        self._acks_relay: dict[str, list] = {}       # next hop -> [[to, from, seqs], ...]
+        self._acks_out: dict[str, list[int]] = {}  # origin -> seqs delivered here
+        self._acks_relay: dict[str, list] = {}  # next hop -> [[to, from, seqs], ...]
         self._unicast_out: dict[str, list[bytes]] = {}  # next hop -> encoded unicast records
         self.forward_filter = ForwardFilter(self.settings.dedup_window)
         self.delivery_filter = DeliveryFilter(self.settings.dedup_window)
@@ -256,21 +278,30 @@ class MeshEngine:
         # where custody is recorded so a restart keeps it (the broker's store journal), or None
         self.custody_store = None
         self._flood_out: dict[str, list[dict]] = {}  # neighbour -> advertisements to send
-        self._control_out: list[tuple] = []          # other link-local control messages
+        self._control_out: list[tuple] = []  # other link-local control messages
         self._last_refresh = 0.0
         self._next_refresh = 0.0
         self.peer_stats: dict[str, PeerStats] = {}
         self.counters = {
-            "routed": 0, "delivered": 0, "duplicates": 0, "hop_limit_drops": 0,
-            "unreachable_drops": 0, "custody_retransmits": 0, "custody_expired": 0,
-            "custody_overflow": 0, "lsa_originated": 0, "interest_originated": 0, "lsa_received": 0, "lsa_flooded": 0,
+            "routed": 0,
+            "delivered": 0,
+            "duplicates": 0,
+            "hop_limit_drops": 0,
+            "unreachable_drops": 0,
+            "custody_retransmits": 0,
+            "custody_expired": 0,
+            "custody_overflow": 0,
+            "lsa_originated": 0,
+            "interest_originated": 0,
+            "lsa_received": 0,
+            "lsa_flooded": 0,
             "spf_runs": 0,
         }
         # the engine has no clock: a caller that wants SPF timed (the simulator) sets spf_timer
         # to one (time.perf_counter) and reads spf_seconds
-        self.spf_timer = None
+        self.spf_timer: Callable[[], float] | None = None
         self.spf_seconds = 0.0
-        self.changes = 0        # bumps whenever the map or interest changes (status refresh)
+        self.changes = 0  # bumps whenever the map or interest changes (status refresh)
 
     # ------------------------------------------------------------------ start and hello
 
@@ -398,14 +429,13 @@ class MeshEngine:
 
     def _originate_router(self, now: float) -> None:
         self._seq += 1
-        lsa = RouterLsa(self.node_id, self.incarnation, self._seq, list(self.addresses),
-                        dict(self._links), now)
+        lsa = RouterLsa(self.node_id, self.incarnation, self._seq, list(self.addresses), dict(self._links), now)
         self.routers[self.node_id] = lsa
         self._last_refresh = now
         # the next refresh, jittered (deterministically: the engine has no randomness of its
         # own) to 75-100 % of the interval, so refreshes that a mass event aligned (the mesh
         # forming, a heal) drift apart instead of flooding the mesh together every interval
-        spread = zlib.crc32(f"{self.node_id}/{self.incarnation}/{self._seq}".encode()) / 2 ** 32
+        spread = zlib.crc32(f"{self.node_id}/{self.incarnation}/{self._seq}".encode()) / 2**32
         self._next_refresh = now + self.settings.refresh_interval * (1.0 - 0.25 * spread)
         self.counters["lsa_originated"] += 1
         self.changes += 1
@@ -419,8 +449,15 @@ class MeshEngine:
         self._interest_ver += 1
         mine.ver = self._interest_ver
         mine.filters = _filter_tuple(self._local_filters)
-        delta = {"t": "interest", "node": self.node_id, "inc": self.incarnation, "ver": self._interest_ver,
-                 "base": base, "add": sorted(self._pending_add), "del": sorted(self._pending_del)}
+        delta = {
+            "t": "interest",
+            "node": self.node_id,
+            "inc": self.incarnation,
+            "ver": self._interest_ver,
+            "base": base,
+            "add": sorted(self._pending_add),
+            "del": sorted(self._pending_del),
+        }
         self._pending_add.clear()
         self._pending_del.clear()
         self.counters["lsa_originated"] += 1
@@ -825,8 +862,7 @@ class MeshEngine:
                 self._ensure_spf()
                 hop = self.next_hop.get(dest)
                 if hop is not None:
-                    self._unicast_out.setdefault(hop, []).append(
-                        _encode_unicast(dest, frm, hops - 1, kind, body))
+                    self._unicast_out.setdefault(hop, []).append(_encode_unicast(dest, frm, hops - 1, kind, body))
             else:
                 self.counters["hop_limit_drops"] += 1
         return actions
@@ -916,7 +952,7 @@ class MeshEngine:
                 for i, env in enumerate(envelopes):
                     size += len(env.msg.payload) + 64
                     if size >= limit and i + 1 < len(envelopes):
-                        actions.append(self._batch(peer, envelopes[start:i + 1], stats))
+                        actions.append(self._batch(peer, envelopes[start : i + 1], stats))
                         start, size = i + 1, 0
                 actions.append(self._batch(peer, envelopes[start:], stats))
         if self._acks_out:
@@ -960,8 +996,11 @@ class MeshEngine:
         self._ensure_spf()
         if len(self.next_hop) >= len(self.routers) - 1:
             return  # every node we know is reachable (the scan costs O(nodes) at every tick)
-        for node in [n for n, r in self.routers.items()
-                     if n != self.node_id and n not in self.next_hop and now - r.received > self.settings.max_age]:
+        for node in [
+            n
+            for n, r in self.routers.items()
+            if n != self.node_id and n not in self.next_hop and now - r.received > self.settings.max_age
+        ]:
             del self.routers[node]
             self._set_interest(node, None)
             self._spf_dirty = True
@@ -1004,17 +1043,28 @@ class MeshEngine:
         for node, r in sorted(self.routers.items()):
             i = self.interests.get(node)
             nodes[node] = {
-                "incarnation": r.inc, "seq": r.seq, "addresses": r.addresses,
-                "links": r.links, "reachable": node == self.node_id or node in self.next_hop,
-                "distance": self.distance.get(node), "next_hop": self.next_hop.get(node),
+                "incarnation": r.inc,
+                "seq": r.seq,
+                "addresses": r.addresses,
+                "links": r.links,
+                "reachable": node == self.node_id or node in self.next_hop,
+                "distance": self.distance.get(node),
+                "next_hop": self.next_hop.get(node),
                 "parent": self.parent.get(node),
-                "filters": sorted(i.filters) if i else [], "interest_version": i.ver if i else None,
+                "filters": sorted(i.filters) if i else [],
+                "interest_version": i.ver if i else None,
             }
         return {
-            "node": self.node_id, "incarnation": self.incarnation,
-            "neighbours": {p: {"cost": c, "srtt_us": round(self._measured[p]) if p in self._measured else None,
-                               **self.peer_stats.get(p, PeerStats()).as_dict()}
-                           for p, c in sorted(self._links.items())},
+            "node": self.node_id,
+            "incarnation": self.incarnation,
+            "neighbours": {
+                p: {
+                    "cost": c,
+                    "srtt_us": round(self._measured[p]) if p in self._measured else None,
+                    **self.peer_stats.get(p, PeerStats()).as_dict(),
+                }
+                for p, c in sorted(self._links.items())
+            },
             "nodes": nodes,
             "tree": {n: p for n, p in sorted(self.parent.items())},
             "custody": len(self.custody),

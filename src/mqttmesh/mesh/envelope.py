@@ -37,15 +37,14 @@ class EnvelopeError(ValueError):
 class Envelope:
     __slots__ = ("msg", "dests", "hop_limit", "attempt", "dests_key")
 
-    def __init__(self, msg: Message, dests: list[str], hop_limit: int, attempt: int = 0,
-                 dests_key: str | None = None):
+    def __init__(self, msg: Message, dests: list[str], hop_limit: int, attempt: int = 0, dests_key: str | None = None):
         self.msg = msg
         self.dests = dests
         self.hop_limit = hop_limit
         self.attempt = attempt
         self.dests_key = dests_key  # "\0".join(dests), when the caller already has it
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Envelope({self.msg!r}, dests={self.dests}, hops={self.hop_limit}, attempt={self.attempt})"
 
 
@@ -54,7 +53,7 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
         raise ValueError(f"{len(envelopes)} envelopes do not fit one batch; split it")
     table: dict[str, int] = {}
     strings: list[str] = []
-    records = []
+    records: list[bytes] = []
     append = records.append
     pack = _REC.pack
     get = table.get
@@ -81,8 +80,11 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
             d = table[dk] = len(strings)
             strings.append(dk)
         payload = m.payload
-        append(pack(m.qos | (4 if m.retain else 0), env.hop_limit, env.attempt, m.seq, m.timestamp,
-                    o, p, t, d, len(payload)))
+        append(
+            pack(
+                m.qos | (4 if m.retain else 0), env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload)
+            )
+        )
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
     for text in strings:
@@ -101,7 +103,7 @@ def decode_batch(data: bytes) -> list[Envelope]:
         raws = []
         for _ in range(nstrings):
             n = (data[pos] << 8) | data[pos + 1]
-            raws.append(data[pos + 2:pos + 2 + n])
+            raws.append(data[pos + 2 : pos + 2 + n])
             pos += 2 + n
         strings = [r.decode() for r in raws]
         dest_lists: dict[int, list[str]] = {}
@@ -112,7 +114,7 @@ def decode_batch(data: bytes) -> list[Envelope]:
         for _ in range(count):
             flags, hops, attempt, seq, ts, oi, pi, ti, di, plen = unpack(data, pos)
             pos += size
-            payload = data[pos:pos + plen]
+            payload = data[pos : pos + plen]
             pos += plen
             dests = dest_lists.get(di)
             if dests is None:
@@ -125,8 +127,9 @@ def decode_batch(data: bytes) -> list[Envelope]:
             msg._topic_bytes = raws[ti]  # saves re-encoding it for every subscriber frame
             out.append(Envelope(msg, dests, hops, attempt, strings[di]))
         if pos != end:
-            raise EnvelopeError(f"{end - pos} bytes after the last envelope" if pos < end
-                                else "envelope overruns its batch")
+            raise EnvelopeError(
+                f"{end - pos} bytes after the last envelope" if pos < end else "envelope overruns its batch"
+            )
         return out
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise EnvelopeError(f"malformed envelope batch: {exc}") from None

@@ -8,7 +8,7 @@ move, each to the next node in its own ranking.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable
+from collections.abc import Iterable
 
 __all__ = ["rank", "owners"]
 

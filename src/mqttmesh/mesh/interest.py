@@ -19,18 +19,19 @@ the two against each other and against the reference matcher).
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterable, Iterator
 
 __all__ = ["InterestIndex"]
 
 
 # A filter's shape is a function of its text. In one process that runs many engines (the
 # simulator) every engine indexes the same filters, so the shapes are remembered once.
-_SHAPES: dict[str, tuple] = {}
+_Shape = tuple[int, tuple[int, ...], bool]  # (prefix length, positions of '+', ends with '#')
+_SHAPES: dict[str, _Shape] = {}
 _SHAPES_LIMIT = 1 << 20
 
 
-def _shape(topic_filter: str) -> tuple[int, tuple[int, ...], bool]:
+def _shape(topic_filter: str) -> _Shape:
     """(prefix length, positions of '+' in the prefix, ends with '#')."""
     shape = _SHAPES.get(topic_filter)
     if shape is None:
@@ -52,8 +53,8 @@ class InterestIndex:
         # filter -> its one holder (a node id), or a set of them when several nodes share it;
         # a bare string for the common case saves a set per filter
         self._holders: dict[str, str | set[str]] = {}
-        self._shapes: dict[tuple, int] = {}        # shape -> number of filters of that shape
-        self._exact: dict[int, list[tuple[int, ...]]] = {}   # levels -> '+' positions (no '#')
+        self._shapes: dict[_Shape, int] = {}  # shape -> number of filters of that shape
+        self._exact: dict[int, list[tuple[int, ...]]] = {}  # levels -> '+' positions (no '#')
         self._multi: list[tuple[int, tuple[int, ...]]] = []  # (prefix length, '+' positions) of '#'
         self._cache: dict[str, dict[str, int]] = {}
         self._cache_size = cache_size
@@ -85,7 +86,7 @@ class InterestIndex:
             self._cache.clear()
         return False
 
-    def add_all(self, filters, node: str) -> None:
+    def add_all(self, filters: Iterable[str], node: str) -> None:
         """``add`` for each filter (a node's whole interest arrives at once: one loop, one reshape)."""
         holders = self._holders
         shapes = self._shapes
@@ -139,9 +140,9 @@ class InterestIndex:
         return False
 
     def _reshape(self) -> None:
-        exact: dict[int, list] = {}
-        multi = []
-        for (length, plus, is_multi) in sorted(self._shapes):
+        exact: dict[int, list[tuple[int, ...]]] = {}
+        multi: list[tuple[int, tuple[int, ...]]] = []
+        for length, plus, is_multi in sorted(self._shapes):
             if is_multi:
                 multi.append((length, plus))
             else:
@@ -191,7 +192,7 @@ class InterestIndex:
         return result
 
 
-def _merge(result: dict, holders) -> None:
+def _merge(result: dict[str, int], holders: str | set[str] | None) -> None:
     if holders is None:
         return
     if isinstance(holders, str):

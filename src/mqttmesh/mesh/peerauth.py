@@ -33,14 +33,23 @@ import hmac
 import re
 from dataclasses import dataclass
 
-__all__ = ["PEER_PROTOCOL", "PEER_USERNAME", "NONCE_BYTES", "PeerAuthError", "PeerConnect",
-           "Handshake", "parse_connect", "DiallerAuth", "ListenerAuth"]
+__all__ = [
+    "PEER_PROTOCOL",
+    "PEER_USERNAME",
+    "NONCE_BYTES",
+    "PeerAuthError",
+    "PeerConnect",
+    "Handshake",
+    "parse_connect",
+    "DiallerAuth",
+    "ListenerAuth",
+]
 
-PEER_PROTOCOL = 2           # the peer protocol's version: a node refuses a peer of another
+PEER_PROTOCOL = 2  # the peer protocol's version: a node refuses a peer of another
 PEER_USERNAME = "mqttmesh-peer"
 NONCE_BYTES = 16
 
-_NONCE = re.compile(r"[0-9a-f]{%d}\Z" % (2 * NONCE_BYTES))
+_NONCE = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")
 _MAC = re.compile(r"[0-9a-f]{64}\Z")
 _INT = re.compile(r"(0|[1-9][0-9]{0,19})\Z")
 _NODE = re.compile(r"[^|\x00-\x20\x7f]{1,256}\Z")  # what config allows, and more, but never '|'
@@ -55,15 +64,17 @@ class PeerAuthError(ValueError):
 @dataclass(frozen=True)
 class PeerConnect:
     """What a dialling node's CONNECT password says (nothing in it is proved yet)."""
+
     version: int
     node: str
     incarnation: int
-    nonce: str        # hex; "" for version 1
+    nonce: str  # hex; "" for version 1
 
 
 @dataclass(frozen=True)
 class Handshake:
     """Everything a link's two proofs are bound to."""
+
     dialler: str
     dialler_incarnation: int
     dialler_nonce: str
@@ -73,8 +84,17 @@ class Handshake:
     version: int = PEER_PROTOCOL
 
     def mac(self, secret: bytes, label: str) -> str:
-        fields = ("mqttmesh-peer", label, str(self.version), self.dialler, str(self.dialler_incarnation),
-                  self.listener, str(self.listener_incarnation), self.dialler_nonce, self.listener_nonce)
+        fields = (
+            "mqttmesh-peer",
+            label,
+            str(self.version),
+            self.dialler,
+            str(self.dialler_incarnation),
+            self.listener,
+            str(self.listener_incarnation),
+            self.dialler_nonce,
+            self.listener_nonce,
+        )
         # length-prefixed, so no two different transcripts read as the same bytes
         text = "".join(f"{len(f.encode())}:{f}," for f in fields)
         return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
@@ -170,14 +190,12 @@ class ListenerAuth:
         if peer.version != PEER_PROTOCOL:
             raise ValueError("a handshake needs a peer of this protocol version")
         self.secret = secret
-        self.handshake = Handshake(peer.node, peer.incarnation, peer.nonce, node, incarnation,
-                                   _nonce_hex(nonce))
+        self.handshake = Handshake(peer.node, peer.incarnation, peer.nonce, node, incarnation, _nonce_hex(nonce))
 
     def challenge(self) -> bytes:
         """Our proof, made with the dialler's nonce, and our nonce for its answer."""
         hs = self.handshake
-        return (f"{hs.listener}|{hs.listener_incarnation}|{hs.listener_nonce}|"
-                f"{hs.mac(self.secret, LISTENER)}").encode()
+        return (f"{hs.listener}|{hs.listener_incarnation}|{hs.listener_nonce}|{hs.mac(self.secret, LISTENER)}").encode()
 
     def check_dialler(self, payload: bytes) -> None:
         """PeerAuthError unless the dialler's proof is right for this handshake."""

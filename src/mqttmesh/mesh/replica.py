@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import base64
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..message import Message
 from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Session
@@ -22,7 +24,15 @@ __all__ = ["MeshSession", "DurableMeshSession", "snapshot", "merge_snapshots", "
 TOMBSTONES = 50_000  # settled message ids remembered per session (duplicates suppressed)
 
 
-class _Replicated:
+# _Replicated is mixed in before Session or DurableSession: a type checker sees it as a Session
+# (at run time its base is object, so the MRO is MeshSession, _Replicated, Session as before)
+if TYPE_CHECKING:
+    _SessionPart = Session
+else:
+    _SessionPart = object
+
+
+class _Replicated(_SessionPart):
     """Mixed in before Session/DurableSession: keeps every entry findable by message id."""
 
     replicated = True
@@ -30,7 +40,8 @@ class _Replicated:
     def _init_replication(self) -> None:
         self.ids: dict[tuple, Entry] = {}
         self.done: OrderedDict[tuple, None] = OrderedDict()
-        self.on_settled = None        # hook(session, key, state, packet_id): "sent", "rel", "done"
+        # hook(session, key, state, packet_id): "sent", "rel", "done"
+        self.on_settled: Callable[[_Replicated, tuple, str, int], None] | None = None
         self.active_node: str | None = None
         self.epoch = 0
         self.subs_version = 0
@@ -138,8 +149,20 @@ def snapshot(session) -> dict:
         if entry.retain:
             continue  # retained copies are re-sent from the retained store, not carried
         m = entry.msg
-        entries.append([m.origin, m.seq, m.topic, _b64(m.payload), m.qos, entry.qos, entry.packet_id,
-                        entry.state, m.publisher, m.timestamp])
+        entries.append(
+            [
+                m.origin,
+                m.seq,
+                m.topic,
+                _b64(m.payload),
+                m.qos,
+                entry.qos,
+                entry.packet_id,
+                entry.state,
+                m.publisher,
+                m.timestamp,
+            ]
+        )
     return {
         "cid": session.client_id,
         "subs": dict(session.subscriptions),
@@ -157,7 +180,7 @@ def merge_snapshots(snaps: list[dict]) -> dict | None:
     snaps = [s for s in snaps if s]
     if not snaps:
         return None
-    done = set()
+    done: set[tuple] = set()
     for s in snaps:
         done.update(tuple(k) for k in s["done"])
     best: dict[tuple, list] = {}
@@ -181,9 +204,14 @@ def merge_snapshots(snaps: list[dict]) -> dict | None:
     entries = [best[k] for k in order]
     entries.sort(key=lambda e: 0 if e[7] else 1)
     return {
-        "cid": snaps[0]["cid"], "subs": subs_from["subs"], "subs_version": subs_from["subs_version"],
-        "entries": entries, "done": [list(k) for k in done], "rel": sorted(rel),
-        "active": subs_from["active"], "epoch": max(s["epoch"] for s in snaps),
+        "cid": snaps[0]["cid"],
+        "subs": subs_from["subs"],
+        "subs_version": subs_from["subs_version"],
+        "entries": entries,
+        "done": [list(k) for k in done],
+        "rel": sorted(rel),
+        "active": subs_from["active"],
+        "epoch": max(s["epoch"] for s in snaps),
     }
 
 
@@ -191,7 +219,7 @@ def install(session, snap: dict) -> None:
     """Replace the session's messages with the snapshot's (subscriptions are the caller's job)."""
     base = super(_Replicated, session)  # storage only: these are not settlements
     for entry in list(session.inflight.values()) + list(session.queue):
-        base._stored_remove(entry)
+        base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method: super() of an untyped session)
     session.inflight.clear()
     session.queue.clear()
     session.ids.clear()

@@ -11,8 +11,9 @@ import heapq
 __all__ = ["shortest_paths"]
 
 
-def shortest_paths(source: str, links: dict[str, dict[str, int]]) -> tuple[dict[str, str], dict[str, int],
-                                                                            dict[str, str]]:
+def shortest_paths(
+    source: str, links: dict[str, dict[str, int]]
+) -> tuple[dict[str, str], dict[str, int], dict[str, str]]:
     """(next_hop, distance, parent) for every node reachable from ``source``.
 
     ``links[u]`` is u's advertised neighbours with their cost. Among equal-cost

@@ -18,45 +18,90 @@ JOBS = ("traffic", "payloads", "audit", "stream")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", choices=JOBS, help="traffic, payloads, audit (batch) or stream")
-    p.add_argument("--archive", action="append", required=True, metavar="DIR",
-                   help="archive directory (archive.dir of the nodes; repeat for several); a URI "
-                        "(hdfs://, s3a://) is read by Spark directly")
+    p.add_argument(
+        "--archive",
+        action="append",
+        required=True,
+        metavar="DIR",
+        help="archive directory (archive.dir of the nodes; repeat for several); a URI "
+        "(hdfs://, s3a://) is read by Spark directly",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="where tables, charts and report.html go")
-    p.add_argument("--since", metavar="T", help="first instant: ISO 8601 (UTC unless a zone is given), "
-                                                "epoch seconds, or relative: --since=-30m, -2h, -1d")
+    p.add_argument(
+        "--since",
+        metavar="T",
+        help="first instant: ISO 8601 (UTC unless a zone is given), epoch seconds, or relative: --since=-30m, -2h, -1d",
+    )
     p.add_argument("--until", metavar="T", help="end of the range (exclusive), same forms")
     p.add_argument("--master", metavar="URL", help="Spark master (default local[*], or what spark-submit set)")
     p.add_argument("--window", type=int, default=60, metavar="S", help="seconds per time window (60)")
-    p.add_argument("--level", type=int, default=2, metavar="N",
-                   help="topic levels of a prefix (traffic) and of a pattern when no --pattern is given (2)")
+    p.add_argument(
+        "--level",
+        type=int,
+        default=2,
+        metavar="N",
+        help="topic levels of a prefix (traffic) and of a pattern when no --pattern is given (2)",
+    )
     p.add_argument("--top", type=int, default=10, metavar="N", help="top talkers to list (10)")
-    p.add_argument("--pattern", dest="patterns", action="append", metavar="FILTER",
-                   help="payloads/stream: group topics by these MQTT filters, first match wins (repeat)")
-    p.add_argument("--schema", metavar="DDL", help="payloads/stream: JSON schema, e.g. 'temp DOUBLE, rh DOUBLE' "
-                                                   "(default: inferred from a sample)")
+    p.add_argument(
+        "--pattern",
+        dest="patterns",
+        action="append",
+        metavar="FILTER",
+        help="payloads/stream: group topics by these MQTT filters, first match wins (repeat)",
+    )
+    p.add_argument(
+        "--schema",
+        metavar="DDL",
+        help="payloads/stream: JSON schema, e.g. 'temp DOUBLE, rh DOUBLE' (default: inferred from a sample)",
+    )
     p.add_argument("--sample", type=int, default=10_000, metavar="N", help="payloads inferred from N payloads")
-    p.add_argument("--expect", action="append", default=[], metavar="CLIENT=FILTER[,...][@SINCE[..UNTIL]]",
-                   help="audit: what a subscriber should have received (repeat); without it the audit "
-                        "infers it from gaps in what each subscriber received")
-    p.add_argument("--grace", type=float, default=60.0, metavar="S",
-                   help="audit: deliveries are read from SINCE-S to UNTIL+S (60)")
-    p.add_argument("--on-corrupt", choices=("skip", "fail"), default="skip",
-                   help="a corrupt or truncated archive file: name it and skip it (default), or stop")
-    p.add_argument("--verify", choices=("footer", "full"), default="footer",
-                   help="check each local archive file's footer (default), or read every page once first")
+    p.add_argument(
+        "--expect",
+        action="append",
+        default=[],
+        metavar="CLIENT=FILTER[,...][@SINCE[..UNTIL]]",
+        help="audit: what a subscriber should have received (repeat); without it the audit "
+        "infers it from gaps in what each subscriber received",
+    )
+    p.add_argument(
+        "--grace", type=float, default=60.0, metavar="S", help="audit: deliveries are read from SINCE-S to UNTIL+S (60)"
+    )
+    p.add_argument(
+        "--on-corrupt",
+        choices=("skip", "fail"),
+        default="skip",
+        help="a corrupt or truncated archive file: name it and skip it (default), or stop",
+    )
+    p.add_argument(
+        "--verify",
+        choices=("footer", "full"),
+        default="footer",
+        help="check each local archive file's footer (default), or read every page once first",
+    )
     p.add_argument("--shuffle-partitions", type=int, metavar="N", help="spark.sql.shuffle.partitions")
     p.add_argument("--checkpoint", metavar="DIR", help="stream: checkpoint directory (default OUT/checkpoint)")
-    p.add_argument("--trigger", default="available-now", metavar="available-now|SECONDS",
-                   help="stream: read what is there and stop (default), or a micro-batch every SECONDS")
-    p.add_argument("--watermark", type=float, default=60.0, metavar="S",
-                   help="stream: a window is final S seconds of event time after its end (60)")
+    p.add_argument(
+        "--trigger",
+        default="available-now",
+        metavar="available-now|SECONDS",
+        help="stream: read what is there and stop (default), or a micro-batch every SECONDS",
+    )
+    p.add_argument(
+        "--watermark",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="stream: a window is final S seconds of event time after its end (60)",
+    )
     p.add_argument("--max-files-per-trigger", type=int, metavar="N", help="stream: files per micro-batch")
     p.add_argument("--timeout", type=float, metavar="S", help="stream with an interval trigger: stop after S seconds")
 
 
 def build_parser(prog: str = "mqttmesh analyze") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Run a job of the mqttmesh data pipeline on Spark "
-                                                       "(docs/pipeline.md).")
+    p = argparse.ArgumentParser(
+        prog=prog, description="Run a job of the mqttmesh data pipeline on Spark (docs/pipeline.md)."
+    )
     add_arguments(p)
     return p
 
@@ -64,14 +109,21 @@ def build_parser(prog: str = "mqttmesh analyze") -> argparse.ArgumentParser:
 def _say(job: str):
     def say(text: str) -> None:
         print(f"mqttmesh analyze {job}: {text}", file=sys.stderr, flush=True)
+
     return say
 
 
 def _spark_error(exc: BaseException) -> str | None:
     """The first useful line of a Spark/Py4J error, or None if ``exc`` is not one."""
     names = {c.__name__ for c in type(exc).__mro__}
-    if not names & {"PySparkException", "Py4JJavaError", "Py4JError", "StreamingQueryException",
-                    "CapturedException", "AnalysisException"}:
+    if not names & {
+        "PySparkException",
+        "Py4JJavaError",
+        "Py4JError",
+        "StreamingQueryException",
+        "CapturedException",
+        "AnalysisException",
+    }:
         return None
     text = str(exc).strip()
     for line in text.splitlines():
@@ -96,9 +148,11 @@ def run(args: argparse.Namespace) -> int:
                 raise OptionError(f"--{name} must be at least 1")
         if args.job == "audit":
             from .options import parse_expectation
+
             args.expect = [parse_expectation(e, now) if isinstance(e, str) else e for e in args.expect]
         if args.patterns:
             from .options import filter_regex
+
             for f in args.patterns:
                 filter_regex(f)
     except OptionError as exc:
@@ -107,15 +161,21 @@ def run(args: argparse.Namespace) -> int:
     try:
         from .session import build_session
     except ImportError as exc:
-        print(f"mqttmesh analyze: the pipeline needs pyspark, pyarrow and matplotlib ({exc}); "
-              f"install them with: pip install 'mqttmesh[pipeline]'", file=sys.stderr)
+        print(
+            f"mqttmesh analyze: the pipeline needs pyspark, pyarrow and matplotlib ({exc}); "
+            f"install them with: pip install 'mqttmesh[pipeline]'",
+            file=sys.stderr,
+        )
         return 2
     os.makedirs(args.out, exist_ok=True)
     try:
         spark = build_session(f"mqttmesh-{args.job}", args.master, args.shuffle_partitions)
     except Exception as exc:  # no Java, a master that does not answer
-        print(f"mqttmesh analyze: cannot start Spark ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
-              f"it needs Java 17 or later (JAVA_HOME or java on PATH)", file=sys.stderr)
+        print(
+            f"mqttmesh analyze: cannot start Spark ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "
+            f"it needs Java 17 or later (JAVA_HOME or java on PATH)",
+            file=sys.stderr,
+        )
         return 1
     try:
         return _run_job(spark, args, say)
@@ -130,6 +190,7 @@ def _run_job(spark, args, say) -> int:
     try:
         if args.job == "stream":
             from .stream import run_stream
+
             started = time.monotonic()
             counts = run_stream(spark, args, say)
             for name, rows in counts.items():
@@ -137,6 +198,7 @@ def _run_job(spark, args, say) -> int:
             print(f"stream: done in {time.monotonic() - started:.1f}s")
             return 0
         from .jobs import BATCH_JOBS
+
         result = BATCH_JOBS[args.job](spark, args, say)
     except (ExtractError, OptionError) as exc:
         print(f"mqttmesh analyze {args.job}: {exc}", file=sys.stderr)

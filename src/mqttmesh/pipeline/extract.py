@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
-from typing import Callable
+from collections.abc import Callable
 
 from ..archive.schema import COLUMNS, FORMAT_VERSION, KINDS
 
@@ -30,7 +30,7 @@ def _is_remote(root: str) -> bool:
 
 
 def _local(root: str) -> str:
-    return root[len("file://"):] if root.startswith("file://") else root
+    return root[len("file://") :] if root.startswith("file://") else root
 
 
 def _hour_of_dir(dirpath: str) -> tuple[dt.date | None, int | None]:
@@ -54,7 +54,7 @@ def _may_hold(dirpath: str, since: dt.datetime | None, until: dt.datetime | None
     date, hour = _hour_of_dir(dirpath)
     if date is None:
         return True
-    start = dt.datetime.combine(date, dt.time(hour or 0), dt.timezone.utc)
+    start = dt.datetime.combine(date, dt.time(hour or 0), dt.UTC)
     end = start + (dt.timedelta(hours=1) if hour is not None else dt.timedelta(days=1))
     return (since is None or end > since) and (until is None or start < until)
 
@@ -64,14 +64,20 @@ def list_files(roots: list[str], kind: str, since=None, until=None) -> list[str]
     data: a file being written is ``.NAME.tmp`` until it is complete)."""
     if kind not in KINDS:
         raise ValueError(kind)
-    out = []
+    out: list[str] = []
     for root in roots:
         base = os.path.join(_local(root), kind)
         for dirpath, dirnames, filenames in os.walk(base):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_"))
-                                 and _may_hold(os.path.join(dirpath, d), since, until))
-            out.extend(os.path.join(dirpath, f) for f in sorted(filenames)
-                       if f.endswith(".parquet") and not f.startswith((".", "_")))
+            dirnames[:] = sorted(
+                d
+                for d in dirnames
+                if not d.startswith((".", "_")) and _may_hold(os.path.join(dirpath, d), since, until)
+            )
+            out.extend(
+                os.path.join(dirpath, f)
+                for f in sorted(filenames)
+                if f.endswith(".parquet") and not f.startswith((".", "_"))
+            )
     return out
 
 
@@ -113,8 +119,17 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
-def read_log(spark, roots: list[str], kind: str, since=None, until=None, on_corrupt: str = "skip",
-             say: Callable[[str], None] = print, required: bool = True, verify: str = "footer"):
+def read_log(
+    spark,
+    roots: list[str],
+    kind: str,
+    since=None,
+    until=None,
+    on_corrupt: str = "skip",
+    say: Callable[[str], None] = print,
+    required: bool = True,
+    verify: str = "footer",
+):
     """The ``kind`` log of the archives under ``roots`` as a DataFrame, rows in [since, until).
 
     ``on_corrupt``: "skip" names each bad file through ``say`` and leaves it out; "fail"
@@ -147,8 +162,11 @@ def read_log(spark, roots: list[str], kind: str, since=None, until=None, on_corr
     if not paths:
         if required:
             where = ", ".join(os.path.join(r, kind) for r in roots)
-            raise ExtractError(f"no {kind} log files under {where}" + (" in the time range" if since or until else "")
-                               + ("" if kind == "publish" else " (is archive.delivery_log on?)"))
+            raise ExtractError(
+                f"no {kind} log files under {where}"
+                + (" in the time range" if since or until else "")
+                + ("" if kind == "publish" else " (is archive.delivery_log on?)")
+            )
         return spark.createDataFrame([], schema)
     # a file whose footer is fine but whose pages are not is Spark's to find
     spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true" if on_corrupt == "skip" else "false")

@@ -11,8 +11,8 @@ import argparse
 import datetime as dt
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -44,10 +44,29 @@ class JobResult:
 
 def job_options(**values) -> argparse.Namespace:
     """The options of a job with every default (what the command line gives when not told)."""
-    defaults = dict(archive=[], out="", since=None, until=None, master=None, window=60, level=2, top=10,
-                    patterns=None, schema=None, sample=10_000, expect=[], grace=60.0, on_corrupt="skip",
-                    verify="footer", shuffle_partitions=None, checkpoint=None, trigger="available-now",
-                    watermark=60.0, max_files_per_trigger=None, timeout=None)
+    defaults: dict[str, object] = dict(
+        archive=[],
+        out="",
+        since=None,
+        until=None,
+        master=None,
+        window=60,
+        level=2,
+        top=10,
+        patterns=None,
+        schema=None,
+        sample=10_000,
+        expect=[],
+        grace=60.0,
+        on_corrupt="skip",
+        verify="footer",
+        shuffle_partitions=None,
+        checkpoint=None,
+        trigger="available-now",
+        watermark=60.0,
+        max_files_per_trigger=None,
+        timeout=None,
+    )
     defaults.update(values)
     return argparse.Namespace(**defaults)
 
@@ -57,13 +76,17 @@ def _epoch(col: str):
 
 
 def _utc(seconds: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
 def _series(df: DataFrame, key: str, value: str, keys: list) -> dict[str, tuple[list, list]]:
     """{key: (window starts, values)} for the given keys, from a per-window table."""
-    rows = (df.where(F.col(key).isin(keys)).select(F.col(key).cast("string").alias("k"), _epoch("window_start"),
-                                                   F.col(value).alias("v")).orderBy("window_start").collect())
+    rows = (
+        df.where(F.col(key).isin(keys))
+        .select(F.col(key).cast("string").alias("k"), _epoch("window_start"), F.col(value).alias("v"))
+        .orderBy("window_start")
+        .collect()
+    )
     out: dict[str, tuple[list, list]] = {str(k): ([], []) for k in keys}
     for r in rows:
         xs, ys = out[r.k]
@@ -81,9 +104,15 @@ def _begin(opts, job: str) -> tuple[JobResult, str, float]:
 
 def _page(result: JobResult, opts, title: str, chart_list: list) -> None:
     """The job's report.html: its summary, charts and tables."""
-    result.html = html_page(os.path.join(result.out, "report.html"), title, _range_text(opts),
-                            list(result.summary.items()), chart_list, list(result.tables.values()),
-                            result.notes)
+    result.html = html_page(
+        os.path.join(result.out, "report.html"),
+        title,
+        _range_text(opts),
+        list(result.summary.items()),
+        chart_list,
+        list(result.tables.values()),
+        result.notes,
+    )
 
 
 def _range_text(opts) -> str:
@@ -96,11 +125,21 @@ def _read(spark, opts, kind, result: JobResult, say, **kw) -> DataFrame:
     def note(text: str) -> None:
         result.notes.append(text)
         say(text)
-    return read_log(spark, opts.archive, kind, kw.get("since", opts.since), kw.get("until", opts.until),
-                    opts.on_corrupt, note, verify=getattr(opts, "verify", "footer"))
+
+    return read_log(
+        spark,
+        opts.archive,
+        kind,
+        kw.get("since", opts.since),
+        kw.get("until", opts.until),
+        opts.on_corrupt,
+        note,
+        verify=getattr(opts, "verify", "footer"),
+    )
 
 
 # -- traffic ---------------------------------------------------------------------------------------
+
 
 def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     result, charts, started = _begin(opts, "traffic")
@@ -109,25 +148,39 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     # one pass over the messages: every table rolls up from this (windows x publishers x topics)
     base = TR.traffic_base(pub, w).persist()
     try:
-        s = TR.traffic_summary(base).select("messages", "bytes", "publishers", "topics", "nodes",
-                                            _epoch("first"), _epoch("last")).collect()[0]
+        s = (
+            TR.traffic_summary(base)
+            .select("messages", "bytes", "publishers", "topics", "nodes", _epoch("first"), _epoch("last"))
+            .collect()[0]
+        )
         first, last = s["first"], s["last"]
         start = opts.since.timestamp() if opts.since else first
         end = opts.until.timestamp() if opts.until else last
         span = (end - start) if start is not None and end is not None else 0.0
-        result.summary = {"messages": s["messages"], "bytes": s["bytes"], "publishers": s["publishers"],
-                          "topics": s["topics"], "nodes": s["nodes"],
-                          "first": _utc(first).isoformat() if first is not None else "-",
-                          "last": _utc(last).isoformat() if last is not None else "-",
-                          "span_s": round(span, 3),
-                          "msgs_per_s": round(s["messages"] / span, 3) if span > 0 else None}
+        result.summary = {
+            "messages": s["messages"],
+            "bytes": s["bytes"],
+            "publishers": s["publishers"],
+            "topics": s["topics"],
+            "nodes": s["nodes"],
+            "first": _utc(first).isoformat() if first is not None else "-",
+            "last": _utc(last).isoformat() if last is not None else "-",
+            "span_s": round(span, 3),
+            "msgs_per_s": round(s["messages"] / span, 3) if span > 0 else None,
+        }
         specs = [
             ("per_node", "Per node and window", TR.traffic_by(base, ["origin"], w).orderBy("window_start", "origin")),
-            ("per_prefix", f"Per topic prefix (level {opts.level}) and window",
-             TR.traffic_by(TR.with_prefix(base, opts.level), ["prefix"], w).orderBy("window_start", "prefix")),
+            (
+                "per_prefix",
+                f"Per topic prefix (level {opts.level}) and window",
+                TR.traffic_by(TR.with_prefix(base, opts.level), ["prefix"], w).orderBy("window_start", "prefix"),
+            ),
             ("per_topic", "Per topic and window", TR.traffic_by(base, ["topic"], w).orderBy("window_start", "topic")),
-            ("per_publisher", "Per publisher and window",
-             TR.traffic_by(base, ["origin", "publisher"], w).orderBy("window_start", "origin", "publisher")),
+            (
+                "per_publisher",
+                "Per publisher and window",
+                TR.traffic_by(base, ["origin", "publisher"], w).orderBy("window_start", "origin", "publisher"),
+            ),
             ("top_talkers", f"Top {opts.top} talkers", TR.top_talkers(base, opts.top)),
             ("topics", "Topics over the whole range", TR.traffic_totals(base, ["topic"], span)),
             ("nodes", "Nodes over the whole range", TR.traffic_totals(base, ["origin"], span)),
@@ -138,22 +191,63 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
         if s["messages"]:
             tables = spark.read.parquet
             nodes = [r.origin for r in tables(result.tables["nodes"].parquet).select("origin").collect()]
-            chart_list.append(("Messages per second, per node", line_chart(
-                os.path.join(charts, "traffic_nodes.png"), f"messages/s per node ({w}s windows)",
-                _series(tables(result.tables["per_node"].parquet), "origin", "msgs_per_s", nodes[:8]), "msgs/s")))
-            prefixes = [r.prefix for r in tables(result.tables["per_prefix"].parquet).groupBy("prefix")
-                        .agg(F.sum("messages").alias("m")).orderBy(F.desc("m"), "prefix").limit(8).collect()]
-            chart_list.append((f"Messages per second, per topic prefix (level {opts.level})", line_chart(
-                os.path.join(charts, "traffic_prefixes.png"), f"messages/s per topic prefix ({w}s windows)",
-                _series(tables(result.tables["per_prefix"].parquet), "prefix", "msgs_per_s", prefixes), "msgs/s")))
+            chart_list.append(
+                (
+                    "Messages per second, per node",
+                    line_chart(
+                        os.path.join(charts, "traffic_nodes.png"),
+                        f"messages/s per node ({w}s windows)",
+                        _series(tables(result.tables["per_node"].parquet), "origin", "msgs_per_s", nodes[:8]),
+                        "msgs/s",
+                    ),
+                )
+            )
+            prefixes = [
+                r.prefix
+                for r in tables(result.tables["per_prefix"].parquet)
+                .groupBy("prefix")
+                .agg(F.sum("messages").alias("m"))
+                .orderBy(F.desc("m"), "prefix")
+                .limit(8)
+                .collect()
+            ]
+            chart_list.append(
+                (
+                    f"Messages per second, per topic prefix (level {opts.level})",
+                    line_chart(
+                        os.path.join(charts, "traffic_prefixes.png"),
+                        f"messages/s per topic prefix ({w}s windows)",
+                        _series(tables(result.tables["per_prefix"].parquet), "prefix", "msgs_per_s", prefixes),
+                        "msgs/s",
+                    ),
+                )
+            )
             top = tables(result.tables["topics"].parquet).orderBy(F.desc("messages"), "topic").limit(20).collect()
-            chart_list.append(("Busiest topics", bar_chart(
-                os.path.join(charts, "traffic_topics.png"), "messages per topic (top 20)",
-                [r.topic for r in top], [r.messages for r in top], "messages")))
+            chart_list.append(
+                (
+                    "Busiest topics",
+                    bar_chart(
+                        os.path.join(charts, "traffic_topics.png"),
+                        "messages per topic (top 20)",
+                        [r.topic for r in top],
+                        [r.messages for r in top],
+                        "messages",
+                    ),
+                )
+            )
             talkers = tables(result.tables["top_talkers"].parquet).orderBy("rank").collect()
-            chart_list.append(("Top talkers", bar_chart(
-                os.path.join(charts, "traffic_talkers.png"), f"messages per publisher (top {opts.top})",
-                [f"{r.publisher} @ {r.origin}" for r in talkers], [r.messages for r in talkers], "messages")))
+            chart_list.append(
+                (
+                    "Top talkers",
+                    bar_chart(
+                        os.path.join(charts, "traffic_talkers.png"),
+                        f"messages per publisher (top {opts.top})",
+                        [f"{r.publisher} @ {r.origin}" for r in talkers],
+                        [r.messages for r in talkers],
+                        "messages",
+                    ),
+                )
+            )
         else:
             result.notes.append("no messages in the archive for this range")
         _page(result, opts, "mqttmesh traffic", chart_list)
@@ -165,13 +259,13 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
 
 # -- payloads --------------------------------------------------------------------------------------
 
+
 def _schema(spark, opts, df: DataFrame) -> T.StructType:
     if opts.schema:
         try:
             schema = T.DataType.fromDDL(opts.schema)
         except Exception as exc:
-            raise OptionError(f"--schema: {opts.schema!r} is not a schema ({str(exc).splitlines()[0][:200]})") \
-                from None
+            raise OptionError(f"--schema: {opts.schema!r} is not a schema ({str(exc).splitlines()[0][:200]})") from None
         if not isinstance(schema, T.StructType):
             raise OptionError(f"--schema: {opts.schema!r} is not a list of fields (name type, ...)")
         return schema
@@ -182,48 +276,88 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     result, charts, started = _begin(opts, "payloads")
     pub = _read(spark, opts, PUBLISH, result, say).select("timestamp", "origin", "topic", "payload")
     patterned = with_pattern(pub, opts.patterns, opts.level)
-    schema = _schema(spark, opts, P.with_json_flag(patterned))   # a sample, unless --schema
+    schema = _schema(spark, opts, P.with_json_flag(patterned))  # a sample, unless --schema
     fields = P.numeric_fields(schema)
     # one pass over the payloads: classified and parsed, kept without the text
-    parsed = (P.parse_payloads(P.with_json_flag(patterned), schema)
-              .select("timestamp", "pattern", "is_json", "json").persist())
+    parsed = (
+        P.parse_payloads(P.with_json_flag(patterned), schema)
+        .select("timestamp", "pattern", "is_json", "json")
+        .persist()
+    )
     try:
         quality = write_table(P.payload_quality(parsed), result.out, "payload_quality", "Payloads per topic pattern")
-        totals = spark.read.parquet(quality.parquet).agg(F.sum("messages").alias("m"),
-                                                         F.sum("non_json").alias("bad")).collect()[0]
+        totals = (
+            spark.read.parquet(quality.parquet)
+            .agg(F.sum("messages").alias("m"), F.sum("non_json").alias("bad"))
+            .collect()[0]
+        )
         messages, non_json = int(totals["m"] or 0), int(totals["bad"] or 0)
-        result.summary = {"messages": messages, "json_objects": messages - non_json,
-                          "non_json": non_json, "numeric_fields": ", ".join(".".join(p) for p in fields) or "-",
-                          "schema": schema.simpleString() if schema.fields else "-",
-                          "patterns": ", ".join(opts.patterns) if opts.patterns else f"topic level {opts.level}"}
+        result.summary = {
+            "messages": messages,
+            "json_objects": messages - non_json,
+            "non_json": non_json,
+            "numeric_fields": ", ".join(".".join(p) for p in fields) or "-",
+            "schema": schema.simpleString() if schema.fields else "-",
+            "patterns": ", ".join(opts.patterns) if opts.patterns else f"topic level {opts.level}",
+        }
         if non_json:
-            result.notes.append(f"{non_json} payloads are not JSON objects: counted in payload_quality, "
-                                f"left out of the statistics")
+            result.notes.append(
+                f"{non_json} payloads are not JSON objects: counted in payload_quality, left out of the statistics"
+            )
             say(result.notes[-1])
         melted = P.melt_numeric(parsed.where("is_json"), fields)
         w = int(opts.window)
         stats_df = P.payload_stats(melted, w).orderBy("window_start", "pattern", "field")
-        result.tables["payload_stats"] = write_table(stats_df, result.out, "payload_stats",
-                                                     f"Numeric fields per topic pattern and {w}s window")
-        result.tables["payload_totals"] = write_table(P.payload_totals(melted), result.out, "payload_totals",
-                                                      "Numeric fields per topic pattern, whole range")
+        result.tables["payload_stats"] = write_table(
+            stats_df, result.out, "payload_stats", f"Numeric fields per topic pattern and {w}s window"
+        )
+        result.tables["payload_totals"] = write_table(
+            P.payload_totals(melted), result.out, "payload_totals", "Numeric fields per topic pattern, whole range"
+        )
         result.tables["payload_quality"] = quality
         chart_list = []
         stats = spark.read.parquet(result.tables["payload_stats"].parquet)
-        busiest = (spark.read.parquet(result.tables["payload_totals"].parquet).groupBy("field")
-                   .agg(F.sum("count").alias("n")).orderBy(F.desc("n"), "field").limit(4).collect())
+        busiest = (
+            spark.read.parquet(result.tables["payload_totals"].parquet)
+            .groupBy("field")
+            .agg(F.sum("count").alias("n"))
+            .orderBy(F.desc("n"), "field")
+            .limit(4)
+            .collect()
+        )
         for i, r in enumerate(busiest):
-            patterns = [x.pattern for x in stats.where(F.col("field") == r.field).groupBy("pattern")
-                        .agg(F.sum("count").alias("n")).orderBy(F.desc("n"), "pattern").limit(8).collect()]
+            patterns = [
+                x.pattern
+                for x in stats.where(F.col("field") == r.field)
+                .groupBy("pattern")
+                .agg(F.sum("count").alias("n"))
+                .orderBy(F.desc("n"), "pattern")
+                .limit(8)
+                .collect()
+            ]
             series = _series(stats.where(F.col("field") == r.field), "pattern", "mean", patterns)
-            chart_list.append((f"{r.field}: mean per pattern and window", line_chart(
-                os.path.join(charts, f"payload_{i}.png"), f"{r.field}: mean per {w}s window", series, r.field)))
+            chart_list.append(
+                (
+                    f"{r.field}: mean per pattern and window",
+                    line_chart(
+                        os.path.join(charts, f"payload_{i}.png"), f"{r.field}: mean per {w}s window", series, r.field
+                    ),
+                )
+            )
         q = spark.read.parquet(quality.parquet).orderBy(F.desc("messages"), "pattern").limit(15).collect()
         if q:
-            chart_list.append(("JSON and non-JSON payloads per pattern", grouped_bars(
-                os.path.join(charts, "payload_quality.png"), "payloads per topic pattern",
-                [r.pattern for r in q], {"JSON objects": [r.json for r in q], "not JSON": [r.non_json for r in q]},
-                "messages")))
+            chart_list.append(
+                (
+                    "JSON and non-JSON payloads per pattern",
+                    grouped_bars(
+                        os.path.join(charts, "payload_quality.png"),
+                        "payloads per topic pattern",
+                        [r.pattern for r in q],
+                        {"JSON objects": [r.json for r in q], "not JSON": [r.non_json for r in q]},
+                        "messages",
+                    ),
+                )
+            )
         _page(result, opts, "mqttmesh payloads", chart_list)
     finally:
         parsed.unpersist()
@@ -233,15 +367,22 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
 
 # -- audit -------------------------------------------------------------------------------------------
 
+
 def run_audit(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     result, charts, started = _begin(opts, "audit")
     now = time.time()
     expectations = [e if not isinstance(e, str) else parse_expectation(e, now) for e in opts.expect]
     pub = _read(spark, opts, PUBLISH, result, say)
     grace = dt.timedelta(seconds=float(opts.grace))
-    dlv = _read(spark, opts, DELIVERY, result, say,
-                since=opts.since - grace if opts.since else None,
-                until=opts.until + grace if opts.until else None)
+    dlv = _read(
+        spark,
+        opts,
+        DELIVERY,
+        result,
+        say,
+        since=opts.since - grace if opts.since else None,
+        until=opts.until + grace if opts.until else None,
+    )
     if expectations:
         expected = A.expected_from_filters(pub, A.expectations_frame(spark, expectations))
         mode = "expectations: " + "; ".join(f"{e.client_id}={','.join(e.filters)}" for e in expectations)
@@ -251,8 +392,11 @@ def run_audit(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     rows = A.audit_deliveries(expected, A.first_deliveries(dlv)).persist()
     try:
         specs = [
-            ("audit_subscribers", "Per subscriber",
-             A.audit_subscribers(rows, A.unexpected_deliveries(dlv, expected, pub))),
+            (
+                "audit_subscribers",
+                "Per subscriber",
+                A.audit_subscribers(rows, A.unexpected_deliveries(dlv, expected, pub)),
+            ),
             ("audit_streams", "Per subscriber and publisher stream", A.audit_streams(rows)),
             ("audit_publishers", "Per publisher stream", A.audit_publishers(rows)),
             ("lost_messages", "Messages that did not reach their subscriber", A.lost_messages(rows)),
@@ -260,19 +404,45 @@ def run_audit(spark, opts, say: Callable[[str], None] = print) -> JobResult:
         for name, title, df in specs:
             result.tables[name] = write_table(df, result.out, name, title)
         subs = spark.read.parquet(result.tables["audit_subscribers"].parquet).orderBy("client_id").collect()
-        counted = ("expected", "delivered", "lost", "duplicated", "redelivered", "out_of_order", "unexpected",
-                   "unknown")
+        counted = (
+            "expected",
+            "delivered",
+            "lost",
+            "duplicated",
+            "redelivered",
+            "out_of_order",
+            "unexpected",
+            "unknown",
+        )
         total = {k: sum(int(r[k] or 0) for r in subs) for k in counted}
         result.summary = {"mode": mode, "subscribers": len(subs), **total}
         chart_list = []
         if subs:
             labels = [r.client_id for r in subs[:30]]
-            chart_list.append(("Expected, delivered, lost and duplicated messages per subscriber", grouped_bars(
-                os.path.join(charts, "audit_counts.png"), "messages per subscriber", labels,
-                {k: [r[k] for r in subs[:30]] for k in ("expected", "delivered", "lost", "duplicated")}, "messages")))
-            chart_list.append(("Latency from publish to first delivery", grouped_bars(
-                os.path.join(charts, "audit_latency.png"), "latency per subscriber (ms)", labels,
-                {k: [r[f"latency_{k}_ms"] or 0 for r in subs[:30]] for k in ("p50", "p95", "p99")}, "ms")))
+            chart_list.append(
+                (
+                    "Expected, delivered, lost and duplicated messages per subscriber",
+                    grouped_bars(
+                        os.path.join(charts, "audit_counts.png"),
+                        "messages per subscriber",
+                        labels,
+                        {k: [r[k] for r in subs[:30]] for k in ("expected", "delivered", "lost", "duplicated")},
+                        "messages",
+                    ),
+                )
+            )
+            chart_list.append(
+                (
+                    "Latency from publish to first delivery",
+                    grouped_bars(
+                        os.path.join(charts, "audit_latency.png"),
+                        "latency per subscriber (ms)",
+                        labels,
+                        {k: [r[f"latency_{k}_ms"] or 0 for r in subs[:30]] for k in ("p50", "p95", "p99")},
+                        "ms",
+                    ),
+                )
+            )
         _page(result, opts, "mqttmesh delivery audit", chart_list)
     finally:
         rows.unpersist()

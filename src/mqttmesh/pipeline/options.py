@@ -30,19 +30,20 @@ def parse_time(text: str, option: str = "time", now: float | None = None) -> dt.
         if now is None:
             raise OptionError(f"{option}: a relative time needs the current time")
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
-        return dt.datetime.fromtimestamp(now - seconds, dt.timezone.utc)
+        return dt.datetime.fromtimestamp(now - seconds, dt.UTC)
     try:
-        return dt.datetime.fromtimestamp(float(text), dt.timezone.utc)
+        return dt.datetime.fromtimestamp(float(text), dt.UTC)
     except ValueError:
         pass
     try:
         t = dt.datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
-        raise OptionError(f"{option}: {text!r} is not a time (ISO 8601 such as 2026-01-31T12:00, "
-                          f"epoch seconds, or -30m / -2h / -1d)") from None
+        raise OptionError(
+            f"{option}: {text!r} is not a time (ISO 8601 such as 2026-01-31T12:00, epoch seconds, or -30m / -2h / -1d)"
+        ) from None
     if t.tzinfo is None:
-        t = t.replace(tzinfo=dt.timezone.utc)
-    return t.astimezone(dt.timezone.utc)
+        t = t.replace(tzinfo=dt.UTC)
+    return t.astimezone(dt.UTC)
 
 
 def filter_regex(topic_filter: str) -> str:
@@ -56,7 +57,7 @@ def filter_regex(topic_filter: str) -> str:
     except MalformedPacket as exc:
         raise OptionError(f"{topic_filter!r} is not a topic filter: {exc}") from None
     levels = topic_filter.split("/")
-    out = []
+    out: list[str] = []
     for i, level in enumerate(levels):
         if level == "#":  # always the last level
             if not out:
@@ -71,6 +72,7 @@ def filter_regex(topic_filter: str) -> str:
 
 class Expectation:
     """A subscriber that should have received what matched its filters (in a time range)."""
+
     __slots__ = ("client_id", "filters", "since", "until")
 
     def __init__(self, client_id: str, filters: list[str], since=None, until=None):

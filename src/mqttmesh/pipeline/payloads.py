@@ -14,8 +14,18 @@ from pyspark.sql import types as T
 
 from .common import unwrap_window, window_of
 
-__all__ = ["with_text", "with_json_flag", "infer_schema", "numeric_fields", "parse_payloads", "melt_numeric",
-           "payload_stats", "payload_totals", "payload_quality", "PERCENTILE_ACCURACY"]
+__all__ = [
+    "with_text",
+    "with_json_flag",
+    "infer_schema",
+    "numeric_fields",
+    "parse_payloads",
+    "melt_numeric",
+    "payload_stats",
+    "payload_totals",
+    "payload_quality",
+    "PERCENTILE_ACCURACY",
+]
 
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative error 1/accuracy of the rank
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
@@ -29,8 +39,7 @@ def with_text(df: DataFrame) -> DataFrame:
 def with_json_flag(df: DataFrame) -> DataFrame:
     """Adds ``text`` and ``is_json`` (the payload is a JSON object), without parsing it into
     columns (``parse_payloads`` does both in one pass)."""
-    return (with_text(df)
-            .withColumn("is_json", F.coalesce(F.expr("json_object_keys(text)").isNotNull(), F.lit(False))))
+    return with_text(df).withColumn("is_json", F.coalesce(F.expr("json_object_keys(text)").isNotNull(), F.lit(False)))
 
 
 def infer_schema(spark, df: DataFrame, sample: int = 10_000) -> T.StructType:
@@ -71,45 +80,67 @@ def melt_numeric(df: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
     (double). The other columns of ``df`` but ``payload``, ``text`` and ``json`` are kept."""
     keep = [c for c in df.columns if c not in ("payload", "text", "json")]
     if not fields:
-        return (df.select(*keep).withColumn("field", F.lit(None).cast("string"))
-                  .withColumn("value", F.lit(None).cast("double")).where(F.lit(False)))
+        return (
+            df.select(*keep)
+            .withColumn("field", F.lit(None).cast("string"))
+            .withColumn("value", F.lit(None).cast("double"))
+            .where(F.lit(False))
+        )
     cells = []
     for path in fields:
         col = F.col("json")
         for name in path:
             col = col.getField(name)
         cells.append(F.struct(F.lit(".".join(path)).alias("field"), col.cast("double").alias("value")))
-    return (df.select(*keep, F.explode(F.array(*cells)).alias("_cell"))
-              .select(*keep, F.col("_cell.field").alias("field"), F.col("_cell.value").alias("value"))
-              .where(F.col("value").isNotNull() & ~F.isnan("value")))
+    return (
+        df.select(*keep, F.explode(F.array(*cells)).alias("_cell"))
+        .select(*keep, F.col("_cell.field").alias("field"), F.col("_cell.value").alias("value"))
+        .where(F.col("value").isNotNull() & ~F.isnan("value"))
+    )
 
 
 def payload_stats(melted: DataFrame, window_seconds: int) -> DataFrame:
     """Per window, ``pattern`` and ``field``: count, min, max, mean, p50, p95 of ``value``
     (unordered, so that a streaming query can use it too)."""
     pct = F.percentile_approx("value", [0.5, 0.95], PERCENTILE_ACCURACY)
-    stats = (melted.groupBy(window_of(window_seconds), "pattern", "field")
-                   .agg(F.count("value").alias("count"), F.min("value").alias("min"), F.max("value").alias("max"),
-                        F.avg("value").alias("mean"), pct.alias("_pct")))
-    return (unwrap_window(stats)
-            .withColumn("p50", F.col("_pct")[0]).withColumn("p95", F.col("_pct")[1]).drop("_pct"))
+    stats = melted.groupBy(window_of(window_seconds), "pattern", "field").agg(
+        F.count("value").alias("count"),
+        F.min("value").alias("min"),
+        F.max("value").alias("max"),
+        F.avg("value").alias("mean"),
+        pct.alias("_pct"),
+    )
+    return unwrap_window(stats).withColumn("p50", F.col("_pct")[0]).withColumn("p95", F.col("_pct")[1]).drop("_pct")
 
 
 def payload_totals(melted: DataFrame) -> DataFrame:
     """Per ``pattern`` and ``field`` over the whole input: count, min, max, mean, p50, p95."""
     pct = F.percentile_approx("value", [0.5, 0.95], PERCENTILE_ACCURACY)
-    return (melted.groupBy("pattern", "field")
-                  .agg(F.count("value").alias("count"), F.min("value").alias("min"), F.max("value").alias("max"),
-                       F.avg("value").alias("mean"), pct.alias("_pct"))
-                  .withColumn("p50", F.col("_pct")[0]).withColumn("p95", F.col("_pct")[1]).drop("_pct")
-                  .orderBy("pattern", "field"))
+    return (
+        melted.groupBy("pattern", "field")
+        .agg(
+            F.count("value").alias("count"),
+            F.min("value").alias("min"),
+            F.max("value").alias("max"),
+            F.avg("value").alias("mean"),
+            pct.alias("_pct"),
+        )
+        .withColumn("p50", F.col("_pct")[0])
+        .withColumn("p95", F.col("_pct")[1])
+        .drop("_pct")
+        .orderBy("pattern", "field")
+    )
 
 
 def payload_quality(df: DataFrame) -> DataFrame:
     """Per ``pattern``: messages, json (JSON objects), non_json, and the share that is not JSON."""
-    return (df.groupBy("pattern")
-              .agg(F.count(F.lit(1)).alias("messages"),
-                   F.sum(F.col("is_json").cast("long")).alias("json"),
-                   F.sum((~F.col("is_json")).cast("long")).alias("non_json"))
-              .withColumn("non_json_share", F.col("non_json") / F.col("messages"))
-              .orderBy(F.desc("messages"), "pattern"))
+    return (
+        df.groupBy("pattern")
+        .agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.sum(F.col("is_json").cast("long")).alias("json"),
+            F.sum((~F.col("is_json")).cast("long")).alias("non_json"),
+        )
+        .withColumn("non_json_share", F.col("non_json") / F.col("messages"))
+        .orderBy(F.desc("messages"), "pattern")
+    )

@@ -20,6 +20,7 @@ def _plt():
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -65,8 +66,13 @@ def grouped_bars(path: str, title: str, labels: list[str], groups: dict[str, lis
     fig, ax = plt.subplots(figsize=(max(6, 0.9 * len(labels) + 2), 4))
     for i, (name, values) in enumerate(groups.items()):
         ax.bar([x + i * width for x in range(len(labels))], values, width, label=name)
-    ax.set_xticks([x + (n - 1) * width / 2 for x in range(len(labels))], [str(x) for x in labels],
-                  rotation=30, ha="right", fontsize="small")
+    ax.set_xticks(
+        [x + (n - 1) * width / 2 for x in range(len(labels))],
+        [str(x) for x in labels],
+        rotation=30,
+        ha="right",
+        fontsize="small",
+    )
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.legend(fontsize="small")
@@ -85,26 +91,41 @@ img{max-width:100%;border:1px solid #eee;margin:.5em 0}.note{color:#a40}"""
 
 def _table_html(columns, rows, left=()) -> str:
     out = ["<table><tr>"]
-    out += [f'<th class="l">{html.escape(str(c))}</th>' if c in left else f"<th>{html.escape(str(c))}</th>"
-            for c in columns]
+    out += [
+        f'<th class="l">{html.escape(str(c))}</th>' if c in left else f"<th>{html.escape(str(c))}</th>" for c in columns
+    ]
     out.append("</tr>")
     for row in rows:
-        out.append("<tr>" + "".join(
-            f'<td class="{"l" if c in left or isinstance(v, str) else ""}">{html.escape(str(v))}</td>'
-            for c, v in zip(columns, row)) + "</tr>")
+        out.append(
+            "<tr>"
+            + "".join(
+                f'<td class="{"l" if c in left or isinstance(v, str) else ""}">{html.escape(str(v))}</td>'
+                for c, v in zip(columns, row, strict=False)
+            )
+            + "</tr>"
+        )
     out.append("</table>")
     return "".join(out)
 
 
-def html_page(path: str, title: str, subtitle: str, summary: list[tuple[str, object]],
-              charts: list[tuple[str, str]], tables: list, notes: list[str]) -> str:
+def html_page(
+    path: str,
+    title: str,
+    subtitle: str,
+    summary: list[tuple[str, object]],
+    charts: list[tuple[str, str]],
+    tables: list,
+    notes: list[str],
+) -> str:
     """One page: summary, notes (skipped files, non-JSON counts...), charts, then each table's
     first rows with links to its CSV and Parquet."""
     base = os.path.dirname(path)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
-             f"<p class='sub'>{html.escape(subtitle)} &middot; generated "
-             f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M:%S} UTC</p>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+        f"<p class='sub'>{html.escape(subtitle)} &middot; generated "
+        f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC</p>",
+    ]
     if summary:
         parts.append(_table_html(["", "value"], [(k, v) for k, v in summary], left=("",)))
     for note in notes:
@@ -116,8 +137,10 @@ def html_page(path: str, title: str, subtitle: str, summary: list[tuple[str, obj
         csv_rel = os.path.relpath(t.csv, base)
         pq_rel = os.path.relpath(t.parquet, base)
         more = f" (first {len(t.preview)} of {t.rows} rows)" if t.rows > len(t.preview) else f" ({t.rows} rows)"
-        parts.append(f"<h2>{html.escape(t.title)}</h2><p class='sub'><code>{html.escape(t.name)}</code>{more}: "
-                     f"<a href='{html.escape(csv_rel)}'>CSV</a>, <a href='{html.escape(pq_rel)}'>Parquet</a></p>")
+        parts.append(
+            f"<h2>{html.escape(t.title)}</h2><p class='sub'><code>{html.escape(t.name)}</code>{more}: "
+            f"<a href='{html.escape(csv_rel)}'>CSV</a>, <a href='{html.escape(pq_rel)}'>Parquet</a></p>"
+        )
         parts.append(_table_html(t.columns, t.preview))
     parts.append("</body></html>")
     with open(path, "w", encoding="utf-8") as fh:

@@ -8,9 +8,15 @@ from ..archive.schema import COLUMNS, DELIVERY, PUBLISH
 
 __all__ = ["spark_schema", "PUBLISH_SCHEMA", "DELIVERY_SCHEMA"]
 
-_SPARK_TYPES = {"timestamp[us, UTC]": T.TimestampType(), "string": T.StringType(), "int64": T.LongType(),
-                "int32": T.IntegerType(), "int8": T.ByteType(), "bool": T.BooleanType(),
-                "binary": T.BinaryType()}
+_SPARK_TYPES = {
+    "timestamp[us, UTC]": T.TimestampType(),
+    "string": T.StringType(),
+    "int64": T.LongType(),
+    "int32": T.IntegerType(),
+    "int8": T.ByteType(),
+    "bool": T.BooleanType(),
+    "binary": T.BinaryType(),
+}
 
 
 def spark_schema(kind: str) -> T.StructType:

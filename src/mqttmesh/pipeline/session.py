@@ -9,8 +9,7 @@ import sys
 __all__ = ["build_session"]
 
 
-def build_session(app: str, master: str | None = None, shuffle_partitions: int | None = None,
-                  conf: dict | None = None):
+def build_session(app: str, master: str | None = None, shuffle_partitions: int | None = None, conf: dict | None = None):
     """A session for ``app``. Under spark-submit (``PYSPARK_GATEWAY_PORT`` is set) the master
     and resources come from spark-submit unless ``master`` is given."""
     from pyspark.sql import SparkSession
@@ -23,7 +22,7 @@ def build_session(app: str, master: str | None = None, shuffle_partitions: int |
     elif "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master("local[*]")
     settings = {
-        "spark.sql.session.timeZone": "UTC",     # windows and dates are UTC, as in the archive
+        "spark.sql.session.timeZone": "UTC",  # windows and dates are UTC, as in the archive
         "spark.ui.showConsoleProgress": "false",
     }
     if shuffle_partitions:

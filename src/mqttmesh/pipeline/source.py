@@ -38,15 +38,27 @@ from collections import deque
 
 from pyspark.sql.datasource import DataSource, SimpleDataSourceStreamReader
 
-from ..codec import (CONNACK, PINGRESP, PUBLISH, PUBREL, SUBACK, Connect, Decoder, MalformedPacket, PubAck,
-                     PubComp, PubRec, Subscribe, encode)
+from ..codec import (
+    CONNACK,
+    PINGRESP,
+    PUBLISH,
+    PUBREL,
+    SUBACK,
+    Connect,
+    Decoder,
+    MalformedPacket,
+    PubAck,
+    PubComp,
+    PubRec,
+    Subscribe,
+    encode,
+)
 
 __all__ = ["MqttmeshDataSource", "register", "SCHEMA"]
 
 log = logging.getLogger("mqttmesh.source")
 
-SCHEMA = ("timestamp timestamp, topic string, payload binary, payload_size int, qos int, retain boolean, "
-          "dup boolean")
+SCHEMA = "timestamp timestamp, topic string, payload binary, payload_size int, qos int, retain boolean, dup boolean"
 
 
 def register(spark) -> None:
@@ -83,7 +95,7 @@ class _Subscriber(threading.Thread):
         self.keepalive = int(options.get("keepalive", 30))
         self.max_buffer = int(options.get("max_buffer", 100_000))
         self.lock = threading.Lock()
-        self.buffer: deque = deque()   # (n, row), n counts messages received by this process
+        self.buffer: deque = deque()  # (n, row), n counts messages received by this process
         self.received = 0
         self.dropped = 0
         self.connected = threading.Event()
@@ -105,8 +117,11 @@ class _Subscriber(threading.Thread):
 
     def _session(self) -> None:
         with socket.create_connection((self.host, self.port), timeout=10) as sock:
-            sock.sendall(encode(Connect(self.client_id, self.clean, self.keepalive,
-                                        username=self.username, password=self.password)))
+            sock.sendall(
+                encode(
+                    Connect(self.client_id, self.clean, self.keepalive, username=self.username, password=self.password)
+                )
+            )
             sock.sendall(encode(Subscribe(1, [(f, self.qos) for f in self.filters])))
             decoder = Decoder(max_packet_size=268_435_460)
             sock.settimeout(1.0)
@@ -118,7 +133,7 @@ class _Subscriber(threading.Thread):
                     last_ping = now
                 try:
                     data = sock.recv(1 << 20)
-                except socket.timeout:
+                except TimeoutError:
                     continue
                 if not data:
                     raise ConnectionError("the node closed the connection")
@@ -152,8 +167,11 @@ class _Subscriber(threading.Thread):
             if len(self.buffer) >= self.max_buffer:
                 self.dropped += 1
                 if self.dropped == 1 or self.dropped % 10_000 == 0:
-                    log.warning("mqttmesh source: buffer full (max_buffer=%d): %d messages dropped so far",
-                                self.max_buffer, self.dropped)
+                    log.warning(
+                        "mqttmesh source: buffer full (max_buffer=%d): %d messages dropped so far",
+                        self.max_buffer,
+                        self.dropped,
+                    )
                 return
             self.received += 1
             self.buffer.append((self.received, row))
@@ -161,7 +179,8 @@ class _Subscriber(threading.Thread):
 
 def _utcnow():
     import datetime as dt
-    return dt.datetime.now(dt.timezone.utc)
+
+    return dt.datetime.now(dt.UTC)
 
 
 class MqttmeshStreamReader(SimpleDataSourceStreamReader):

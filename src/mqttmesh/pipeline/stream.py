@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from pyspark.sql import types as T
 
@@ -45,7 +45,7 @@ def stream_source(spark, roots: list[str], max_files: int | None = None):
 
 def _payload_schema(spark, opts, say) -> T.StructType | None:
     if opts.schema:
-        return T.DataType.fromDDL(opts.schema)
+        return T.DataType.fromDDL(opts.schema)  # type: ignore[return-value]  # (a schema's DDL is a struct)
     try:  # a streaming source cannot infer: look at what the archive holds now
         sample = P.with_json_flag(read_log(spark, opts.archive, PUBLISH, on_corrupt="skip", say=say))
     except ExtractError:
@@ -64,7 +64,8 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
             raise ExtractError(f"--archive {root}: no {PUBLISH}/ directory (start a node with the archive on first)")
     w = int(opts.window)
     source = stream_source(spark, opts.archive, getattr(opts, "max_files_per_trigger", None)).withWatermark(
-        "timestamp", f"{int(opts.watermark)} seconds")
+        "timestamp", f"{int(opts.watermark)} seconds"
+    )
     queries = {"traffic": TR.traffic_by(source, ["topic"], w)}
     schema = _payload_schema(spark, opts, say)
     if schema is None:
@@ -76,24 +77,30 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
         else:
             parsed = P.parse_payloads(P.with_json_flag(with_pattern(source, opts.patterns, opts.level)), schema)
             queries["payloads"] = P.payload_stats(P.melt_numeric(parsed.where("is_json"), fields), w)
+    trigger: dict[str, bool | str]
     if opts.trigger == "available-now":
         trigger = {"availableNow": True}
     else:
         try:
             seconds = float(opts.trigger)
         except ValueError:
-            raise OptionError(f"--trigger: {opts.trigger!r} is neither available-now nor a number of seconds") \
-                from None
+            raise OptionError(f"--trigger: {opts.trigger!r} is neither available-now nor a number of seconds") from None
         trigger = {"processingTime": f"{seconds:g} seconds"}
     running = []
     for name, df in queries.items():
-        q = (df.writeStream.format("parquet").outputMode("append")
-               .option("path", os.path.join(out, "stream", name))
-               .option("checkpointLocation", os.path.join(checkpoint, name))
-               .queryName(f"mqttmesh_{name}").trigger(**trigger).start())
+        q = (
+            df.writeStream.format("parquet")
+            .outputMode("append")
+            .option("path", os.path.join(out, "stream", name))
+            .option("checkpointLocation", os.path.join(checkpoint, name))
+            .queryName(f"mqttmesh_{name}")
+            .trigger(**trigger)  # type: ignore[arg-type]  # (one keyword: availableNow or processingTime)
+            .start()
+        )
         running.append(q)
-        say(f"stream: query {name} -> {os.path.join(out, 'stream', name)} "
-            f"(checkpoint {os.path.join(checkpoint, name)})")
+        say(
+            f"stream: query {name} -> {os.path.join(out, 'stream', name)} (checkpoint {os.path.join(checkpoint, name)})"
+        )
     stop = threading.Event()
     previous = {}
     if threading.current_thread() is threading.main_thread():
@@ -106,7 +113,7 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
                 break
             for q in running:
                 if q.exception() is not None:
-                    raise q.exception()
+                    raise q.exception()  # type: ignore[misc]  # (a StreamingQueryException: an exception at run time)
             stop.wait(0.2)
     finally:
         for q in running:
@@ -116,7 +123,7 @@ def run_stream(spark, opts, say: Callable[[str], None] = print) -> dict:
             signal.signal(sig, handler)
     for q in running:
         if q.exception() is not None:
-            raise q.exception()
+            raise q.exception()  # type: ignore[misc]  # (as above)
     counts = {}
     for name in queries:
         path = os.path.join(out, "stream", name)

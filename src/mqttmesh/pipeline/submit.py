@@ -14,6 +14,7 @@ if __name__ == "__main__":
         from mqttmesh.pipeline.cli import main
     except ImportError:  # run from a source tree without the package installed
         import os
+
         sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
         from mqttmesh.pipeline.cli import main
     sys.exit(main(sys.argv[1:]))

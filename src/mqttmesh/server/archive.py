@@ -35,18 +35,23 @@ class ArchiveService:
         get = config.get
         directory = get("archive.dir") or (os.path.join(config.data_dir, "archive") if config.data_dir else "")
         if not directory:
-            raise ConfigError("archive.dir: the archive needs a directory (set archive.dir, or data_dir "
-                              "to use DATA_DIR/archive)")
+            raise ConfigError(
+                "archive.dir: the archive needs a directory (set archive.dir, or data_dir to use DATA_DIR/archive)"
+            )
         self.directory = os.path.abspath(directory)
-        limits = ArchiveLimits(flush_interval=get("archive.flush_interval"), flush_rows=get("archive.flush_rows"),
-                               flush_bytes=get("archive.flush_bytes"),
-                               max_queue_rows=get("archive.max_queue_rows"),
-                               max_queue_bytes=get("archive.max_queue_bytes"))
+        limits = ArchiveLimits(
+            flush_interval=get("archive.flush_interval"),
+            flush_rows=get("archive.flush_rows"),
+            flush_bytes=get("archive.flush_bytes"),
+            max_queue_rows=get("archive.max_queue_rows"),
+            max_queue_bytes=get("archive.max_queue_bytes"),
+        )
         for problem in limits.problems():
             raise ConfigError(f"archive.{problem}")
         if importlib.util.find_spec("pyarrow") is None:
-            raise ConfigError("archive.enabled: the archive writer needs pyarrow; "
-                              "install it with: pip install 'mqttmesh[pipeline]'")
+            raise ConfigError(
+                "archive.enabled: the archive writer needs pyarrow; install it with: pip install 'mqttmesh[pipeline]'"
+            )
         self.delivery_log = get("archive.delivery_log")
         loop_time, broker = self.loop.time, node.broker
 
@@ -96,23 +101,50 @@ class ArchiveService:
         self._sys_at = self.loop.time()
         self._logged_at = self._sys_at - self.log_interval  # the first drops are reported at once
         self._timer = self.loop.call_later(self.limits.flush_interval / 4, self._tick)
-        log.info("archive: writing %s%s to %s (filters %s; a file at least every %gs or %d records; "
-                 "writer process pid %d)", "published messages", " and deliveries" if self.delivery_log else "",
-                 self.directory, ", ".join(self.recorder.filters), self.limits.flush_interval,
-                 self.limits.flush_rows, self.process.pid)
+        log.info(
+            "archive: writing %s%s to %s (filters %s; a file at least every %gs or %d records; writer process pid %d)",
+            "published messages",
+            " and deliveries" if self.delivery_log else "",
+            self.directory,
+            ", ".join(self.recorder.filters),
+            self.limits.flush_interval,
+            self.limits.flush_rows,
+            self.process.pid,  # type: ignore[union-attr]  # (the writer was just started)
+        )
 
     async def _start_writer(self) -> None:
         lim = self.limits
-        cmd = [sys.executable, "-m", "mqttmesh.archive.worker", "--dir", self.directory,
-               "--node", self.node.node_id, "--incarnation", str(self.node.incarnation),
-               "--generation", str(self.generation), "--compression", self.compression,
-               "--flush-interval", repr(lim.flush_interval), "--flush-rows", str(lim.flush_rows),
-               "--flush-bytes", str(lim.flush_bytes), "--nice", str(self.writer_nice),
-               "--idle", str(int(self.writer_idle)),
-               "--log-level", self.log_level]
+        cmd = [
+            sys.executable,
+            "-m",
+            "mqttmesh.archive.worker",
+            "--dir",
+            self.directory,
+            "--node",
+            self.node.node_id,
+            "--incarnation",
+            str(self.node.incarnation),
+            "--generation",
+            str(self.generation),
+            "--compression",
+            self.compression,
+            "--flush-interval",
+            repr(lim.flush_interval),
+            "--flush-rows",
+            str(lim.flush_rows),
+            "--flush-bytes",
+            str(lim.flush_bytes),
+            "--nice",
+            str(self.writer_nice),
+            "--idle",
+            str(int(self.writer_idle)),
+            "--log-level",
+            self.log_level,
+        ]
         r, w = os.pipe()
         try:  # a large pipe: fewer, larger writes of the chunks (Linux; elsewhere the default size)
             import fcntl
+
             fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), 1 << 20)
         except (ImportError, OSError):
             pass
@@ -146,15 +178,22 @@ class ArchiveService:
                 except WireError as exc:
                     log.error("archive writer: %s", exc)
                     continue
-                recorder.rows_done(r["kind"], r["records"], r["nbytes"], r["written"], r["failed"],
-                                   r["files"], r["file_bytes"])
+                recorder.rows_done(
+                    r["kind"], r["records"], r["nbytes"], r["written"], r["failed"], r["files"], r["file_bytes"]
+                )
         finally:
             code = await proc.wait()
         if not self._stopping and proc is self.process:
-            self._pipe.abort()
+            self._pipe.abort()  # type: ignore[union-attr]  # (the pipe of the running writer)
             lost = recorder.abandon_queued()
-            log.error("archive: the writer process (pid %d) exited with status %s; %d records it had "
-                      "not written are lost; starting it again in %gs", proc.pid, code, lost, RESTART_DELAY)
+            log.error(
+                "archive: the writer process (pid %d) exited with status %s; %d records it had "
+                "not written are lost; starting it again in %gs",
+                proc.pid,  # type: ignore[union-attr]  # (the running writer)
+                code,
+                lost,
+                RESTART_DELAY,
+            )
             self.generation += 1
             self.loop.call_later(RESTART_DELAY, lambda: self.loop.create_task(self._restart()))
 
@@ -173,10 +212,17 @@ class ArchiveService:
         self._dropped_since_log += self.recorder.take_drops()
         if self._dropped_since_log and now - self._logged_at >= self.log_interval:
             rows, nbytes = self.recorder.queued()
-            log.warning("archive: dropped %d records in the last %.0fs: the writer is behind "
-                        "(%d records, %d payload bytes queued; archive.max_queue_rows=%d, "
-                        "archive.max_queue_bytes=%d)", self._dropped_since_log, now - self._logged_at,
-                        rows, nbytes, self.limits.max_queue_rows, self.limits.max_queue_bytes)
+            log.warning(
+                "archive: dropped %d records in the last %.0fs: the writer is behind "
+                "(%d records, %d payload bytes queued; archive.max_queue_rows=%d, "
+                "archive.max_queue_bytes=%d)",
+                self._dropped_since_log,
+                now - self._logged_at,
+                rows,
+                nbytes,
+                self.limits.max_queue_rows,
+                self.limits.max_queue_bytes,
+            )
             self._dropped_since_log = 0
             self._logged_at = now
         if self.sys_interval > 0 and now - self._sys_at >= self.sys_interval:
@@ -196,23 +242,31 @@ class ArchiveService:
         self._stopping = True
         proc = self.process
         if proc is not None and proc.returncode is None:
-            self._pipe.close()  # sends what is buffered; the writer writes it all and exits at the end
+            # sends what is buffered; the writer writes it all and exits at the end
+            self._pipe.close()  # type: ignore[union-attr]  # (the pipe of the running writer)
             try:
-                await asyncio.wait_for(asyncio.shield(self._reports), self.stop_timeout)
-            except asyncio.TimeoutError:
-                log.error("archive: the writer process (pid %d) did not finish within "
-                          "archive.stop_timeout (%gs); killing it", proc.pid, self.stop_timeout)
+                await asyncio.wait_for(asyncio.shield(self._reports), self.stop_timeout)  # type: ignore[arg-type]  # (started with the writer)
+            except TimeoutError:
+                log.error(
+                    "archive: the writer process (pid %d) did not finish within archive.stop_timeout (%gs); killing it",
+                    proc.pid,
+                    self.stop_timeout,
+                )
                 try:
                     os.kill(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                await self._reports
+                await self._reports  # type: ignore[misc]  # (started with the writer)
                 self.recorder.abandon_queued()
         s = self.recorder.stats()
         dropped = s["publish/dropped"] + s["delivery/dropped"]
         failed = s["publish/failed"] + s["delivery/failed"]
-        log.info("archive: %d published%s records written in %d files (%d bytes) under %s%s",
-                 s["publish/written"], f" and {s['delivery/written']} delivery" if self.delivery_log else "",
-                 s["files"], s["bytes"], self.directory,
-                 f"; {dropped} dropped (queue full), {failed} not written (writer errors)"
-                 if dropped or failed else "")
+        log.info(
+            "archive: %d published%s records written in %d files (%d bytes) under %s%s",
+            s["publish/written"],
+            f" and {s['delivery/written']} delivery" if self.delivery_log else "",
+            s["files"],
+            s["bytes"],
+            self.directory,
+            f"; {dropped} dropped (queue full), {failed} not written (writer errors)" if dropped or failed else "",
+        )

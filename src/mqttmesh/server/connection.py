@@ -23,38 +23,54 @@ from ..channel import AUTHENTICATING, CLAIMING, CLOSED, CONNECTED, Channel
 log = logging.getLogger("mqttmesh.connection")
 
 # why reading from a connection is paused: each reason is lifted on its own
-PAUSE_AUTH = 1     # its CONNECT is being checked: nothing more is read before CONNACK
-PAUSE_FLOW = 2     # it published to a congested client (flow.py)
-PAUSE_MEMORY = 4   # all connections together are over limits.buffer_memory
+PAUSE_AUTH = 1  # its CONNECT is being checked: nothing more is read before CONNACK
+PAUSE_FLOW = 2  # it published to a congested client (flow.py)
+PAUSE_MEMORY = 4  # all connections together are over limits.buffer_memory
 
 _LINGER_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 WRITE_HIGH = 256 * 1024  # transport buffer above which the client counts as congested
 
 
 class Connection(asyncio.Protocol):
-    __slots__ = ("node", "transport", "channel", "peer", "_timer", "announced", "_loop", "paused",
-                 "closing", "pauses", "blocked_at", "out_bytes", "in_bytes", "accepted_at",
-                 "_reset", "_linger", "written")
+    __slots__ = (
+        "node",
+        "transport",
+        "channel",
+        "peer",
+        "_timer",
+        "announced",
+        "_loop",
+        "paused",
+        "closing",
+        "pauses",
+        "blocked_at",
+        "out_bytes",
+        "in_bytes",
+        "accepted_at",
+        "_reset",
+        "_linger",
+        "written",
+    )
 
     def __init__(self, node, accepted_at: float | None = None):
         self.node = node
-        self.transport = None
+        self.transport: asyncio.Transport | None = None
         self.channel: Channel | None = None
         self.peer = "?"
         self._timer = None
-        self.announced = False    # CONNACK 0 sent: the connection is past authentication
+        self.announced = False  # CONNACK 0 sent: the connection is past authentication
         self._loop = node.loop
-        self.paused = False        # the transport's buffer is over WRITE_HIGH (pause_writing)
+        self.paused = False  # the transport's buffer is over WRITE_HIGH (pause_writing)
         self.closing = False
-        self.pauses = 0            # PAUSE_* bits: reading is paused while any is set
-        self.blocked_at = 0.0      # when the output went over max_write_buffer (channel.blocked)
-        self.out_bytes = 0         # the transport's buffer as last seen (Node.buffered)
-        self.in_bytes = 0          # the decoder's buffer as last seen (Node.buffered / preauth)
+        self.pauses = 0  # PAUSE_* bits: reading is paused while any is set
+        self.blocked_at = 0.0  # when the output went over max_write_buffer (channel.blocked)
+        self.out_bytes = 0  # the transport's buffer as last seen (Node.buffered)
+        self.in_bytes = 0  # the decoder's buffer as last seen (Node.buffered / preauth)
         # set for a TLS connection: when it was accepted, before its handshake (Node._accept_tls)
         self.accepted_at = accepted_at
-        self._reset = False        # end with a TCP reset, not a graceful close
-        self._linger = None        # timer that resets a graceful close that does not finish
-        self.written = 0           # bytes handed to the transport, ever (progress: Node._progress)
+        self._reset = False  # end with a TCP reset, not a graceful close
+        self._linger = None  # timer that resets a graceful close that does not finish
+        self.written = 0  # bytes handed to the transport, ever (progress: Node._progress)
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -80,8 +96,9 @@ class Connection(asyncio.Protocol):
         # a client certificate that verified against tls.ca_file (mesh.tls_mutual asks for one)
         certified = bool(transport.get_extra_info("peercert"))
         # the connect timeout counts from accept, the TLS handshake included
-        self.channel = Channel(node.broker, self, self.peer,
-                               now if self.accepted_at is None else self.accepted_at, certified)
+        self.channel = Channel(
+            node.broker, self, self.peer, now if self.accepted_at is None else self.accepted_at, certified
+        )
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -107,8 +124,9 @@ class Connection(asyncio.Protocol):
         if node.preauth_bytes + len(data) > node.preauth_memory:
             node.broker.stats.preauth_refused += 1
             self._reset = True
-            channel.close(f"limits.preauth_memory ({node.preauth_memory} bytes) held by connections "
-                          f"not yet authenticated")
+            channel.close(
+                f"limits.preauth_memory ({node.preauth_memory} bytes) held by connections not yet authenticated"
+            )
             return
         channel.receive_data(data, self._loop.time())
         state = channel.state
@@ -132,8 +150,13 @@ class Connection(asyncio.Protocol):
         held = channel.decoder.buffered
         node.buffered += held
         self.in_bytes = held
-        log.info("client %r connected from %s (user=%r, keepalive=%ds)", channel.client_id,
-                 self.peer, channel.username, channel.keepalive)
+        log.info(
+            "client %r connected from %s (user=%r, keepalive=%ds)",
+            channel.client_id,
+            self.peer,
+            channel.username,
+            channel.keepalive,
+        )
         if self._timer is not None:
             self._timer.cancel()
         self._arm_timer()
@@ -219,8 +242,7 @@ class Connection(asyncio.Protocol):
         if transport.get_write_buffer_size():
             # a client that does not read what is left would hold its socket and its slot
             # for as long as the kernel keeps trying: it gets as long as a slow consumer
-            self._linger = self._loop.call_later(
-                node.broker.settings.slow_consumer_timeout, self._linger_expired)
+            self._linger = self._loop.call_later(node.broker.settings.slow_consumer_timeout, self._linger_expired)
 
     def _linger_expired(self) -> None:
         self._linger = None

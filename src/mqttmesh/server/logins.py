@@ -26,7 +26,7 @@ log = logging.getLogger("mqttmesh.auth")
 
 ACCEPTED, UNAVAILABLE = 0, 3
 SUMMARY_AFTER = 10.0  # seconds after the first suppressed line before the count of them is logged
-USER_SHOWN = 64       # characters of a user name a log line shows
+USER_SHOWN = 64  # characters of a user name a log line shows
 
 
 def address_key(peername) -> str:
@@ -69,9 +69,12 @@ class Logins:
         self.auth = node.broker.auth
         self.stats = node.broker.stats
         self.throttle = LoginThrottle(
-            threshold=config.get("auth.fail_threshold"), delay=config.get("auth.fail_delay"),
-            delay_max=config.get("auth.fail_delay_max"), window=config.get("auth.fail_window"),
-            max_entries=config.get("auth.fail_entries"))
+            threshold=config.get("auth.fail_threshold"),
+            delay=config.get("auth.fail_delay"),
+            delay_max=config.get("auth.fail_delay_max"),
+            window=config.get("auth.fail_window"),
+            max_entries=config.get("auth.fail_entries"),
+        )
         self.max_pending = config.get("auth.max_pending")
         self.workers = config.get("auth.hash_workers")
         self.nice = config.get("auth.hash_nice")
@@ -97,10 +100,8 @@ class Logins:
             # waiting would take longer than auth.fail_delay_max: refused without a check,
             # so the answer tells nothing about the password
             self.stats.auth_throttled += 1
-            why = (f"too many failed logins from {address} or as this user; try again later "
-                   f"(auth.fail_delay_max)")
-            self._warn(now, "login refused unchecked from %s: user %s: %s", conn.peer,
-                       quote_user(username), why)
+            why = f"too many failed logins from {address} or as this user; try again later (auth.fail_delay_max)"
+            self._warn(now, "login refused unchecked from %s: user %s: %s", conn.peer, quote_user(username), why)
             self._answer(conn, UNAVAILABLE, why)
             return
         if wait > 0:
@@ -123,8 +124,7 @@ class Logins:
             self.stats.auth_busy += 1
             self.throttle.abandoned(address, username, now)
             why = f"auth.max_pending ({self.max_pending}) password checks waiting"
-            self._warn(now, "login refused unchecked from %s: user %s: %s", conn.peer,
-                       quote_user(username), why)
+            self._warn(now, "login refused unchecked from %s: user %s: %s", conn.peer, quote_user(username), why)
             self._answer(conn, UNAVAILABLE, why)
             return
         self.pending += 1
@@ -151,9 +151,15 @@ class Logins:
             self.throttle.failed(address, username, now)
             self.stats.auth_failures += 1
             throttle = self.throttle
-            self._warn(now, "login failed from %s: user %s (failures: %d from %s, %d for this user name)",
-                       conn.peer, quote_user(username), throttle.failures("a", address, now), address,
-                       throttle.failures("u", username, now))
+            self._warn(
+                now,
+                "login failed from %s: user %s (failures: %d from %s, %d for this user name)",
+                conn.peer,
+                quote_user(username),
+                throttle.failures("a", address, now),
+                address,
+                throttle.failures("u", username, now),
+            )
         self._answer(conn, rc)
 
     def _answer(self, conn, rc: int, why: str = "") -> None:
@@ -166,8 +172,9 @@ class Logins:
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="mqttmesh-auth",
-                                            initializer=_lower_priority, initargs=(self.nice,))
+            self._pool = ThreadPoolExecutor(
+                self.workers, thread_name_prefix="mqttmesh-auth", initializer=_lower_priority, initargs=(self.nice,)
+            )
         return self._pool
 
     # -- logging, bounded ------------------------------------------------------------------
@@ -182,6 +189,9 @@ class Logins:
         self._summary = None
         n = self.budget.take_suppressed()
         if n:
-            log.warning("%d more login failures or refusals not logged (auth.log_rate %g lines/s); "
-                        "$SYS/broker/connections/auth_failures and auth_throttled count them all",
-                        n, self.budget.rate)
+            log.warning(
+                "%d more login failures or refusals not logged (auth.log_rate %g lines/s); "
+                "$SYS/broker/connections/auth_failures and auth_throttled count them all",
+                n,
+                self.budget.rate,
+            )

@@ -21,11 +21,11 @@ import secrets
 import time
 
 from ..config import Config
-from ..message import Message
 from ..mesh.client import LinkClient
 from ..mesh.cluster import Cluster, ClusterSettings
 from ..mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
 from ..mesh.peerauth import NONCE_BYTES, PEER_PROTOCOL, ListenerAuth, PeerConnect
+from ..message import Message
 from .tls import peer_certificate_required, peer_context
 
 log = logging.getLogger("mqttmesh.mesh")
@@ -36,6 +36,7 @@ def read_secret(config: Config) -> bytes:
     path = config.get("mesh.secret_file")
     if path:
         from ..auth import ConfigError
+
         try:
             with open(path, encoding="utf-8") as fh:
                 secret = fh.readline().strip()
@@ -53,7 +54,7 @@ _LINK_QUEUE_LOW = 250
 _REFUSALS = {
     0x02: "our ClientId $mesh-<node> was rejected",
     0x04: f"our mesh protocol {PEER_PROTOCOL} credentials were refused: it may be a node of "
-          f"another protocol version (its log names both)",
+    f"another protocol version (its log names both)",
     0x05: "it is not a mesh node, or it wants a TLS client certificate (mesh.tls_mutual)",
     0x80: "it refused our SUBSCRIBE",
 }
@@ -61,6 +62,7 @@ _REFUSALS = {
 
 class _Link:
     """An established link to one peer node, whichever side dialled."""
+
     dialer: str = ""
     peer: str = ""
     handshake_rtt: float | None = None  # measured by the dialling side before its hello
@@ -77,7 +79,7 @@ class _Link:
 
 
 class InboundLink(_Link):
-    def __init__(self, mesh: "MeshNode", channel, peer: str):
+    def __init__(self, mesh: MeshNode, channel, peer: str):
         self.mesh = mesh
         self.channel = channel
         self.peer = peer
@@ -100,13 +102,13 @@ class InboundLink(_Link):
 class PeerClient(asyncio.Protocol, _Link):
     """Our end of a link we dialled."""
 
-    def __init__(self, mesh: "MeshNode", dialer: "Dialer"):
+    def __init__(self, mesh: MeshNode, dialer: Dialer):
         self.mesh = mesh
         self.dialer_obj = dialer
         self.dialer = mesh.node_id
         self.client: LinkClient = dialer.client
-        self.proved = ""  # the node id the listener proved the cluster secret for
-        self.transport = None
+        self.proved: str | None = ""  # the node id the listener proved the cluster secret for
+        self.transport: asyncio.Transport | None = None
         self.loop = mesh.loop
         self.done = self.loop.create_future()
         self._topic_prefix = f"$mesh/from/{mesh.node_id}/".encode()
@@ -160,8 +162,12 @@ class PeerClient(asyncio.Protocol, _Link):
                 if self.peer:
                     self.mesh.link_rtt(self, event[1], now)
             elif kind == "refused":
-                log.warning("peer %s refused our link: code 0x%02x (%s)", self.dialer_obj.address, event[1],
-                            _REFUSALS.get(event[1], "see its log"))
+                log.warning(
+                    "peer %s refused our link: code 0x%02x (%s)",
+                    self.dialer_obj.address,
+                    event[1],
+                    _REFUSALS.get(event[1], "see its log"),
+                )
                 self.transport.close()
             elif kind == "auth_failed":
                 log.warning("peer %s failed the peer handshake, closing: %s", self.dialer_obj.address, event[1])
@@ -226,16 +232,22 @@ class PeerClient(asyncio.Protocol, _Link):
 class Dialer:
     """Keeps one peer address dialled: reconnects with backoff, yields to a link the other way."""
 
-    def __init__(self, mesh: "MeshNode", address: str, configured: bool):
+    def __init__(self, mesh: MeshNode, address: str, configured: bool):
         self.mesh = mesh
         self.address = address
         self.configured = configured
-        self.peer: str | None = None    # learned from the hello
+        self.peer: str | None = None  # learned from the hello
         host, _, port = address.rpartition(":")
         self.host, self.port = host or "127.0.0.1", int(port)
         cfg = mesh.config
-        self.client = LinkClient(mesh.node_id, mesh.incarnation, mesh.secret, cfg.get("mesh.keepalive"),
-                                 cfg.get("limits.connect_timeout"), max_inflight=cfg.get("limits.max_inflight"))
+        self.client = LinkClient(
+            mesh.node_id,
+            mesh.incarnation,
+            mesh.secret,
+            cfg.get("mesh.keepalive"),
+            cfg.get("limits.connect_timeout"),
+            max_inflight=cfg.get("limits.max_inflight"),
+        )
         self.protocol: PeerClient | None = None
         self.task = mesh.loop.create_task(self._run())
         self.attempts = 0
@@ -251,10 +263,16 @@ class Dialer:
             self.attempts += 1
             try:
                 _, protocol = await asyncio.wait_for(
-                    loop.create_connection(lambda: PeerClient(self.mesh, self), self.host, self.port,
-                                           ssl=self.mesh.tls, server_hostname=self.host if self.mesh.tls else None),
-                    timeout=max(1.0, 3 * self.mesh.config.get("mesh.keepalive")))
-            except (OSError, asyncio.TimeoutError) as exc:
+                    loop.create_connection(
+                        lambda: PeerClient(self.mesh, self),
+                        self.host,
+                        self.port,
+                        ssl=self.mesh.tls,
+                        server_hostname=self.host if self.mesh.tls else None,
+                    ),
+                    timeout=max(1.0, 3 * self.mesh.config.get("mesh.keepalive")),
+                )
+            except (TimeoutError, OSError) as exc:
                 if self.attempts == 1 or self.attempts % 50 == 0:
                     log.info("cannot reach peer %s yet: %s", self.address, exc)
                 await asyncio.sleep(backoff * (0.5 + random.random()))
@@ -306,9 +324,11 @@ class MeshNode:
         self.node_id = node.node_id
         self.incarnation = node.incarnation
         cfg = self.config
-        settings = ClusterSettings(replication=cfg.get("mesh.replication"),
-                                   will_delay=cfg.get("mesh.will_delay"),
-                                   claim_timeout=cfg.get("mesh.claim_timeout"))
+        settings = ClusterSettings(
+            replication=cfg.get("mesh.replication"),
+            will_delay=cfg.get("mesh.will_delay"),
+            claim_timeout=cfg.get("mesh.claim_timeout"),
+        )
         self.cluster = Cluster(self.node_id, self.incarnation, self.broker, self._unicast, settings)
         self.cluster.wall = time.time()
 
@@ -324,12 +344,14 @@ class MeshNode:
         port = node.tls_port if self.tls is not None and node.tls_port else node.port
         advertise = self.config.get("mesh.advertise") or f"{self.config.host}:{port}"
         cfg = self.config
-        settings = MeshSettings(hop_limit=cfg.get("mesh.hop_limit"),
-                                retransmit_after=cfg.get("mesh.retransmit_after"),
-                                custody_limit=cfg.get("mesh.custody_limit"),
-                                custody_timeout=cfg.get("mesh.custody_timeout"),
-                                dedup_window=cfg.get("mesh.dedup_window"),
-                                max_age=cfg.get("mesh.max_age"))
+        settings = MeshSettings(
+            hop_limit=cfg.get("mesh.hop_limit"),
+            retransmit_after=cfg.get("mesh.retransmit_after"),
+            custody_limit=cfg.get("mesh.custody_limit"),
+            custody_timeout=cfg.get("mesh.custody_timeout"),
+            dedup_window=cfg.get("mesh.dedup_window"),
+            max_age=cfg.get("mesh.max_age"),
+        )
         self.engine = MeshEngine(self.node_id, self.incarnation, [advertise], settings)
         self.engine.start(self.loop.time())
         if self.broker.journal is not None:
@@ -349,9 +371,14 @@ class MeshNode:
         for address in cfg.get("mesh.peers"):
             self.dial(address, configured=True)
         self._tick_handle = self.loop.call_later(0.05, self._tick)
-        log.info("mesh node %r (incarnation %d) advertising %s, %d configured peer(s), connect=%s",
-                 self.node_id, self.incarnation, advertise, len(cfg.get("mesh.peers")),
-                 cfg.get("mesh.connect"))
+        log.info(
+            "mesh node %r (incarnation %d) advertising %s, %d configured peer(s), connect=%s",
+            self.node_id,
+            self.incarnation,
+            advertise,
+            len(cfg.get("mesh.peers")),
+            cfg.get("mesh.connect"),
+        )
 
     def stop(self) -> None:
         if self._tick_handle is not None:
@@ -410,7 +437,7 @@ class MeshNode:
         if not msg.topic.startswith(prefix):
             channel.close(f"peer {channel.peer_node} published on {msg.topic!r}")
             return 0
-        kind = msg.topic[len(prefix):]
+        kind = msg.topic[len(prefix) :]
         link = self.links.get(channel.peer_node)
         if kind == "hello":
             try:
@@ -421,8 +448,11 @@ class MeshNode:
             if hello["node"] != channel.peer_node:
                 channel.close(f"hello from {hello['node']!r} on a link authenticated as {channel.peer_node!r}")
                 return 0
-            inbound = link if isinstance(link, InboundLink) and link.channel is channel else \
-                InboundLink(self, channel, channel.peer_node)
+            inbound = (
+                link
+                if isinstance(link, InboundLink) and link.channel is channel
+                else InboundLink(self, channel, channel.peer_node)
+            )
             inbound.send("hello", self.engine.hello(), 1)
             self._link_ready(inbound, hello)
             return 0
@@ -441,7 +471,7 @@ class MeshNode:
         prefix = f"$mesh/to/{self.node_id}/"
         if not topic.startswith(prefix):
             return
-        kind = topic[len(prefix):]
+        kind = topic[len(prefix) :]
         if kind == "hello":
             try:
                 hello = MeshEngine.parse_hello(payload)
@@ -449,8 +479,12 @@ class MeshNode:
                 link.close(str(exc))
                 return
             if hello["node"] != link.proved:
-                log.warning("peer %s: hello from %r on a link authenticated as %r", link.dialer_obj.address,
-                            hello["node"], link.proved)
+                log.warning(
+                    "peer %s: hello from %r on a link authenticated as %r",
+                    link.dialer_obj.address,
+                    hello["node"],
+                    link.proved,
+                )
                 link.close(f"hello from {hello['node']!r} on a link authenticated as {link.proved!r}")
                 return
             link.dialer_obj.peer = hello["node"]
@@ -616,6 +650,7 @@ class MeshNode:
 
     def _tick(self) -> None:
         now = self.loop.time()
+        link: _Link | None
         for link in list(self.links.values()):
             if isinstance(link, PeerClient):
                 link.tick(now)
@@ -649,10 +684,14 @@ class MeshNode:
 
     def status(self) -> dict:
         status = self.engine.status()
-        status["links"] = {peer: {"dialled_by": link.dialer,
-                                  "address": getattr(getattr(link, "dialer_obj", None), "address", None)
-                                  or getattr(getattr(link, "channel", None), "peer", None)}
-                           for peer, link in sorted(self.links.items())}
+        status["links"] = {
+            peer: {
+                "dialled_by": link.dialer,
+                "address": getattr(getattr(link, "dialer_obj", None), "address", None)
+                or getattr(getattr(link, "channel", None), "peer", None),
+            }
+            for peer, link in sorted(self.links.items())
+        }
         status["time"] = time.time()
         status["cluster"] = self.cluster.status()
         return status

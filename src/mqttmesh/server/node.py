@@ -54,7 +54,8 @@ class Node:
             max_awaiting_rel=config.get("limits.max_awaiting_rel"),
         )
         settings = BrokerSettings(
-            node_id=self.node_id, limits=limits,
+            node_id=self.node_id,
+            limits=limits,
             max_qos=config.get("limits.max_qos"),
             max_packet_size=config.get("limits.max_packet_size"),
             max_client_id_length=config.get("limits.max_client_id_length"),
@@ -76,11 +77,11 @@ class Node:
         self.buffer_high = config.get("limits.buffer_memory")
         self.buffer_low = self.buffer_high * 3 // 4
         self.buffered = 0
-        self.buffering: set[Connection] = set()   # with bytes the kernel has not taken yet
-        self.blocked: set[Connection] = set()     # output over max_write_buffer
+        self.buffering: set[Connection] = set()  # with bytes the kernel has not taken yet
+        self.blocked: set[Connection] = set()  # output over max_write_buffer
         self.reading_paused = False
         self.preauth_memory = config.get("limits.preauth_memory")
-        self.preauth_bytes = 0                    # held by connections before CONNACK
+        self.preauth_bytes = 0  # held by connections before CONNACK
         self.max_connections = config.get("limits.max_connections")
         self.connection_rate = config.get("limits.connection_rate")
         self._tokens = max(1.0, self.connection_rate)
@@ -91,7 +92,7 @@ class Node:
         self._commit_scheduled = False
         self._commit_in_flight = False
         self._server: asyncio.base_events.Server | None = None
-        self._tls = None
+        self._tls: ssl.SSLContext | None = None
         self._tls_sock: socket.socket | None = None
         self._tls_task: asyncio.Task | None = None
         self._handshakes: set[asyncio.Task] = set()
@@ -103,12 +104,14 @@ class Node:
         self.mesh = None
         if config.get("mesh.cluster_secret") or config.get("mesh.secret_file"):
             from .mesh_node import MeshNode
+
             self.mesh = MeshNode(self, config)
         elif config.get("mesh.peers"):
             raise ConfigError("mesh.peers: a mesh needs mesh.cluster_secret or mesh.secret_file")
         self.archive = None
         if config.get("archive.enabled"):
             from .archive import ArchiveService
+
             self.archive = ArchiveService(self, config)  # hooks in before sessions are restored
 
     # -- life cycle -----------------------------------------------------------------------
@@ -117,8 +120,13 @@ class Node:
         broker = self.broker
         # bind first (the port may be 0 and names the node), serve only once state is loaded
         self._server = await self.loop.create_server(
-            lambda: Connection(self), self.config.host, self.config.port, backlog=1024,
-            reuse_address=True, start_serving=False)
+            lambda: Connection(self),
+            self.config.host,
+            self.config.port,
+            backlog=1024,
+            reuse_address=True,
+            start_serving=False,
+        )
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         self.tls_port = 0
@@ -138,13 +146,16 @@ class Node:
         if self.mesh is not None:
             self.mesh.prepare()  # sessions restored below must be the mesh's kind
         if self.store is not None:
-            sessions, retained = self.store.load(broker, broker.journal)
+            sessions, retained = self.store.load(broker, broker.journal)  # type: ignore[arg-type]  # (a store comes with a journal)
             self.store.start(self._committed_on_thread)
-            log.info("store %s: %d persistent sessions, %d retained messages restored",
-                     self.store.path, sessions, retained)
+            log.info(
+                "store %s: %d persistent sessions, %d retained messages restored", self.store.path, sessions, retained
+            )
         else:
-            log.warning("no data directory: running in memory; persistent sessions and retained "
-                        "messages are lost when this node stops (set --data-dir)")
+            log.warning(
+                "no data directory: running in memory; persistent sessions and retained "
+                "messages are lost when this node stops (set --data-dir)"
+            )
         # (node, seq) stays unique across restarts: a later start has a larger incarnation
         # (sixteenths of a second), and 2**28 ids per sixteenth of a second is plenty
         broker.seq = self.incarnation << 28
@@ -175,8 +186,14 @@ class Node:
             await self.mesh.start()
         if self.config.get("sys.interval") > 0:
             self._sys_task = self.loop.create_task(self._sys_loop())
-        log.info("mqttmesh %s node %r listening on %s:%d (pid %d)", __version__, self.node_id,
-                 self.config.host, self.port, os.getpid())
+        log.info(
+            "mqttmesh %s node %r listening on %s:%d (pid %d)",
+            __version__,
+            self.node_id,
+            self.config.host,
+            self.port,
+            os.getpid(),
+        )
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -205,14 +222,14 @@ class Node:
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
-            except (asyncio.TimeoutError, Exception):
+            except (TimeoutError, Exception):
                 pass
         if self.archive is not None:
             await self.archive.stop()  # after the clients, so their last deliveries are logged
         if self.store is not None:
             self.store.stop_writer()  # the writer finishes what it has been given
             journal = self.broker.journal
-            if len(journal):
+            if len(journal):  # type: ignore[arg-type]  # (a store comes with a journal)
                 _, ops = journal.take()
                 self.store.write(ops)
             self.store.close()
@@ -223,22 +240,22 @@ class Node:
         now = self.loop.time()
         congestion = self.broker.congestion
         if congestion.reasons:
-            log.debug("congested: %s; paused publishers: %d",
-                      {getattr(s, "client_id", None) or repr(s): sorted(r)
-                       for s, r in congestion.reasons.items()}, len(congestion.paused))
+            log.debug(
+                "congested: %s; paused publishers: %d",
+                {getattr(s, "client_id", None) or repr(s): sorted(r) for s, r in congestion.reasons.items()},
+                len(congestion.paused),
+            )
         for session in congestion.sweep(now, self._progress):
             channel = getattr(session, "channel", None)
             if channel is not None and not channel.is_peer:
                 # (a peer link is judged by its keepalive, not by this timeout: it waits
                 # for its own slow clients on the other side)
                 self.broker.stats.slow_consumers += 1
-                channel.owner.reset(f"slow consumer: could not take messages for "
-                                    f"{congestion.timeout:g}s")
+                channel.owner.reset(f"slow consumer: could not take messages for {congestion.timeout:g}s")
         for conn in list(self.blocked):
             if now - conn.blocked_at >= congestion.timeout and conn.channel is not None:
                 self.broker.stats.slow_consumers += 1
-                conn.reset(f"slow consumer: more than {self.max_write_buffer} bytes unsent "
-                           f"for {congestion.timeout:g}s")
+                conn.reset(f"slow consumer: more than {self.max_write_buffer} bytes unsent for {congestion.timeout:g}s")
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
 
     def _flow_tick(self) -> None:
@@ -277,8 +294,13 @@ class Node:
             return
         self.reading_paused = True
         self.broker.stats.memory_pauses += 1
-        log.warning("buffers hold %d bytes, over limits.buffer_memory (%d): reading from clients "
-                    "paused until they are below %d", self.buffered, self.buffer_high, self.buffer_low)
+        log.warning(
+            "buffers hold %d bytes, over limits.buffer_memory (%d): reading from clients "
+            "paused until they are below %d",
+            self.buffered,
+            self.buffer_high,
+            self.buffer_low,
+        )
         for conn in self.connections:
             channel = conn.channel
             # (peer links are not paused: their keepalive would declare them dead; the mesh
@@ -303,7 +325,7 @@ class Node:
         sock = self._tls_sock
         while True:
             try:
-                client, addr = await self.loop.sock_accept(sock)
+                client, addr = await self.loop.sock_accept(sock)  # type: ignore[arg-type]  # (runs only with the TLS listener open)
             except OSError as exc:  # out of file descriptors, say: try again shortly
                 log.warning("TLS listener: accept failed: %s", exc)
                 await asyncio.sleep(0.1)
@@ -337,10 +359,15 @@ class Node:
         try:
             sock.setblocking(False)
             await self.loop.connect_accepted_socket(
-                lambda: conn, sock, ssl=self._tls,
-                ssl_handshake_timeout=max(0.05, conn.accepted_at + self.broker.settings.connect_timeout
-                                          - self.loop.time()))
-        except (OSError, ssl.SSLError, asyncio.TimeoutError, RuntimeError) as exc:
+                lambda: conn,
+                sock,
+                ssl=self._tls,
+                ssl_handshake_timeout=max(
+                    0.05,
+                    conn.accepted_at + self.broker.settings.connect_timeout - self.loop.time(),  # type: ignore[operator]  # (TLS connections are admitted with their time)
+                ),
+            )
+        except (TimeoutError, OSError, ssl.SSLError, RuntimeError) as exc:
             # (the socket belongs to the transport now, which closed it)
             log.info("TLS handshake with %s failed: %s", conn.peer, exc or type(exc).__name__)
             self.forget(conn)
@@ -415,7 +442,7 @@ class Node:
     def _start_commit(self) -> None:
         self._commit_scheduled = False
         journal = self.broker.journal
-        if self._commit_in_flight or not len(journal):
+        if self._commit_in_flight or not len(journal):  # type: ignore[arg-type]  # (commits happen only with a store, which comes with a journal)
             return
         batch, ops = journal.take()
         self._commit_in_flight = True
@@ -433,7 +460,7 @@ class Node:
         self._commit_in_flight = False
         self._pending_ops = None
         self.broker.committed(batch)
-        if len(self.broker.journal):
+        if len(self.broker.journal):  # type: ignore[arg-type]  # (as above)
             self._schedule_commit()
 
     # -- $SYS ---------------------------------------------------------------------------------

@@ -60,8 +60,9 @@ class SqliteStore:
         try:
             os.makedirs(data_dir, exist_ok=True)
         except OSError as exc:
-            raise StoreError(f"data_dir {data_dir}: cannot use it as the data directory "
-                             f"({exc.strerror or exc})") from None
+            raise StoreError(
+                f"data_dir {data_dir}: cannot use it as the data directory ({exc.strerror or exc})"
+            ) from None
         self.path = os.path.join(data_dir, "mqttmesh.db")
         self.synchronous = synchronous
         try:
@@ -76,8 +77,7 @@ class SqliteStore:
             if version is None:
                 self._set_meta("format_version", str(FORMAT_VERSION))
             elif int(version) != FORMAT_VERSION:
-                raise StoreError(f"{self.path}: format version {version}, this mqttmesh reads "
-                                 f"version {FORMAT_VERSION}")
+                raise StoreError(f"{self.path}: format version {version}, this mqttmesh reads version {FORMAT_VERSION}")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path}: not a usable mqttmesh database ({exc})") from None
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
@@ -111,10 +111,11 @@ class SqliteStore:
             session = factory(client_id) if factory is not None else DurableSession(client_id, limits, journal)
             session.subscriptions = {f: int(q) for f, q in json.loads(subs).items()}
             sessions[client_id] = session
-        rows = db.execute("SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
-                          " origin, seq, publisher, ts FROM messages ORDER BY client_id, key")
-        for (client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq,
-             publisher, ts) in rows:
+        rows = db.execute(
+            "SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
+            " origin, seq, publisher, ts FROM messages ORDER BY client_id, key"
+        )
+        for client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts in rows:
             session = sessions.get(client_id)
             if session is None:
                 continue
@@ -146,17 +147,18 @@ class SqliteStore:
         """Messages this node held for other nodes when it stopped (mesh/engine.py custody)."""
         out = []
         for seq, topic, payload, qos, retain, origin, publisher, ts, dests in self.db.execute(
-                "SELECT * FROM custody ORDER BY seq"):
-            out.append((Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts),
-                        dests.split("\0")))
+            "SELECT * FROM custody ORDER BY seq"
+        ):
+            out.append(
+                (Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts), dests.split("\0"))
+            )
         return out
 
     # -- the writer thread -----------------------------------------------------------------
 
     def start(self, on_committed) -> None:
         """Commit batches on a thread; ``on_committed(batch, error)`` runs on that thread."""
-        self._thread = threading.Thread(target=self._run, args=(on_committed,),
-                                        name="mqttmesh-store", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(on_committed,), name="mqttmesh-store", daemon=True)
         self._thread.start()
 
     def submit(self, batch: int, ops: list[tuple]) -> None:

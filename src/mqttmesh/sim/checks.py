@@ -8,6 +8,7 @@ latencies), with its own shortest-path code, never with the engine's.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Mapping
 
 __all__ = ["InvariantViolation", "components", "dijkstra", "tree_edges", "Violations"]
 
@@ -16,13 +17,14 @@ class InvariantViolation(AssertionError):
     """An invariant of the mesh does not hold; the message says which, where and when."""
 
 
-def dijkstra(source: str, adj: dict[str, dict[str, float]]) -> tuple[dict[str, float], dict[str, str],
-                                                                       dict[str, int]]:
+def dijkstra(
+    source: str, adj: Mapping[str, Mapping[str, float]]
+) -> tuple[dict[str, float], dict[str, str], dict[str, int]]:
     """(distance, parent, hops) from ``source``; ties go to the smaller parent id (deterministic)."""
-    dist = {source: 0}
+    dist: dict[str, float] = {source: 0}
     parent: dict[str, str] = {}
     hops = {source: 0}
-    heap = [(0, source)]
+    heap: list[tuple[float, str]] = [(0, source)]
     done = set()
     while heap:
         d, u = heapq.heappop(heap)
@@ -57,6 +59,7 @@ def components(nodes, edges) -> dict[str, str]:
             parent[x] = parent[parent[x]]
             x = parent[x]
         return x
+
     for a, b in edges:
         if a in parent and b in parent:
             ra, rb = find(a), find(b)

@@ -22,15 +22,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", action="store_true", help="with --out: no plots")
     p.add_argument("--seed", type=int, help="override the scenario's seed")
     p.add_argument("--duration", type=float, help="override the scenario's duration (seconds simulated)")
-    p.add_argument("--keep-going", action="store_true",
-                   help="collect every violated invariant instead of stopping at the first")
+    p.add_argument(
+        "--keep-going", action="store_true", help="collect every violated invariant instead of stopping at the first"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines, no text summary")
 
 
 def build_parser(prog: str = "mqttmesh simulate") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Run a scenario of the mesh on the discrete-event "
-                                                       "simulator: the real routing engine, a simulated "
-                                                       "network, clock and clients.")
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a scenario of the mesh on the discrete-event "
+        "simulator: the real routing engine, a simulated "
+        "network, clock and clients.",
+    )
     add_arguments(p)
     return p
 
@@ -45,6 +49,12 @@ def run(args: argparse.Namespace, prog: str = "mqttmesh simulate") -> int:
     from .report import format_text, summarize
     from .scenario import ScenarioError, load_scenario
 
+    if args.out and not args.no_plots:
+        from .plots import INSTALL_HINT, available
+
+        if not available():  # say so before a run that may take minutes, not after it
+            print(f"{prog}: {INSTALL_HINT} (or --no-plots)", file=sys.stderr)
+            return 2
     try:
         scenario = load_scenario(args.scenario)
         if args.seed is not None:
@@ -84,6 +94,7 @@ def run(args: argparse.Namespace, prog: str = "mqttmesh simulate") -> int:
         (out / "summary.txt").write_text(text)
         if not args.no_plots:
             from .plots import plot_run
+
             for path in plot_run(sim, summary, out):
                 if not args.quiet:
                     print(f"wrote {path}", file=sys.stderr)

@@ -8,14 +8,13 @@ counted per node, the engine's delivery filter making it once per message.
 from __future__ import annotations
 
 from ..message import Message
-from .model import Node
-from .model import CHURN, MSGCHECK, PUBLISH
+from .model import CHURN, MSGCHECK, PUBLISH, Node, SimulatorPart
 from .observe import MsgRecord
 
 __all__ = ["ClientsMixin"]
 
 
-class ClientsMixin:
+class ClientsMixin(SimulatorPart):
     # ------------------------------------------------------------------ clients
 
     def _deliver(self, node: Node, msg: Message, needs_ack: bool) -> None:
@@ -28,7 +27,7 @@ class ClientsMixin:
                 if self.now > rec.t + self.settle:
                     rec.late += 1
         if needs_ack:
-            node.engine.delivered(msg)  # the simulated store commits at once
+            node.engine.delivered(msg)  # type: ignore[union-attr]  # (the node is up); the simulated store commits at once
 
     def _on_publish(self, name: str) -> None:
         node = self.nodes[name]
@@ -49,8 +48,9 @@ class ClientsMixin:
         if qos:
             # QoS 1/2: the origin keeps custody for subscribers it cannot reach now (the other side
             # of a partition, a crashed node whose sessions persist) and may deliver after the heal
-            rec.dormant = frozenset(n for n in wanted if n != name and n not in reach) | \
-                frozenset(self.dormant.match(topic))
+            rec.dormant = frozenset(n for n in wanted if n != name and n not in reach) | frozenset(
+                self.dormant.match(topic)
+            )
         self.msgs[(name, seq)] = rec
         node.engine.route_local(msg, self.now)
         self._want_flush(node)
@@ -73,7 +73,7 @@ class ClientsMixin:
         self._disturb(cause, "subscription")
         node.filters.append(topic_filter)
         self.truth.add(topic_filter, node.name, 0)
-        node.engine.local_filter_added(topic_filter)
+        node.engine.local_filter_added(topic_filter)  # type: ignore[union-attr]  # (the node is up)
         self._interest_changed(node)
 
     def _unsubscribe(self, node: Node, topic_filter: str, cause: str) -> None:
@@ -82,7 +82,7 @@ class ClientsMixin:
         self._disturb(cause, "subscription")
         node.filters.remove(topic_filter)
         self.truth.remove(topic_filter, node.name)
-        node.engine.local_filter_removed(topic_filter)
+        node.engine.local_filter_removed(topic_filter)  # type: ignore[union-attr]  # (the node is up)
         self._interest_changed(node)
 
     def _interest_changed(self, node: Node) -> None:

@@ -11,7 +11,7 @@ import random
 
 from ..mesh.engine import MeshEngine
 from .checks import components, dijkstra
-from .model import CHECK, TALLY, Link
+from .model import CHECK, TALLY, Link, SimulatorPart
 
 __all__ = ["Episode", "ConvergenceMixin"]
 
@@ -25,15 +25,15 @@ class Episode:
         self.kind = kind
         self.causes = [cause]
         self.start = start
-        self.detected: float | None = None    # first engine event caused by it
+        self.detected: float | None = None  # first engine event caused by it
         self.last_detected: float | None = None  # last one (e.g. the second end of a dead link)
         self.end: float | None = None
         self.rounds = 0
         self.control_msgs = 0
         self.control_bytes = 0
-        self.attributed_msgs = 0              # advertisement copies caused by this episode
+        self.attributed_msgs = 0  # advertisement copies caused by this episode
         self.attributed_bytes = 0
-        self.changed: dict[tuple[str, str], tuple] = {}   # ("router"|"interest", node) -> first version
+        self.changed: dict[tuple[str, str], tuple] = {}  # ("router"|"interest", node) -> first version
         self.new_links: set[tuple[str, str]] = set()
         self.needles: list[bytes] = []
         self.spf_runs0 = self.spf_seconds0 = 0.0
@@ -44,15 +44,34 @@ class Episode:
         self.messages = 0
 
     def as_dict(self, nodes: int) -> dict:
-        d = {k: getattr(self, k) for k in ("id", "cause", "kind", "causes", "start", "detected", "end", "rounds",
-                                           "control_msgs", "control_bytes", "attributed_msgs",
-                                           "attributed_bytes", "spf_runs", "spf_seconds", "lost",
-                                           "duplicates", "messages")}
+        d = {
+            k: getattr(self, k)
+            for k in (
+                "id",
+                "cause",
+                "kind",
+                "causes",
+                "start",
+                "detected",
+                "end",
+                "rounds",
+                "control_msgs",
+                "control_bytes",
+                "attributed_msgs",
+                "attributed_bytes",
+                "spf_runs",
+                "spf_seconds",
+                "lost",
+                "duplicates",
+                "messages",
+            )
+        }
         d["converged_after"] = None if self.end is None else self.end - self.start
         d["after_detection"] = None if self.end is None or self.detected is None else self.end - self.detected
         # pure propagation: from the last engine event the fault caused (the last end to notice)
-        d["after_last_detection"] = (None if self.end is None or self.last_detected is None
-                                     else self.end - self.last_detected)
+        d["after_last_detection"] = (
+            None if self.end is None or self.last_detected is None else self.end - self.last_detected
+        )
         d["control_bytes_per_node"] = self.control_bytes / nodes
         d["attributed_bytes_per_node"] = self.attributed_bytes / nodes
         d["spf_ms_per_run"] = 1000 * self.spf_seconds / self.spf_runs if self.spf_runs else None
@@ -60,7 +79,15 @@ class Episode:
         return d
 
 
-class ConvergenceMixin:
+class ConvergenceMixin(SimulatorPart):
+    # (annotations only: the Simulator sets these in its __init__)
+    episode: Episode | None
+    steady_since: float | None
+    epoch_cost: dict[str, tuple[dict[str, float], dict[str, str], dict[str, int]]]
+    epoch_latency: dict[str, dict[str, float]]
+    adj_cost: dict[str, dict[str, int]] | None
+    last_unsettled: Link | None
+
     # ------------------------------------------------------------------ convergence
 
     def _disturb(self, cause: str, kind: str) -> None:
@@ -109,8 +136,9 @@ class ConvergenceMixin:
         self.adj_cost = None
         self._check_routes(ep)
         if self.progress is not None and ep.kind != "change":
-            self.progress(f"  t={self.now:8.3f}s  converged after {ep.cause}: {ep.end - ep.start:.3f}s, "
-                          f"{ep.rounds} rounds")
+            self.progress(
+                f"  t={self.now:8.3f}s  converged after {ep.cause}: {ep.end - ep.start:.3f}s, {ep.rounds} rounds"
+            )
 
     def _on_tally(self, ident: int) -> None:
         ep = self.episodes[ident - 1]
@@ -118,9 +146,10 @@ class ConvergenceMixin:
         ep.spf_runs, ep.spf_seconds = runs - ep.spf_runs0, secs - ep.spf_seconds0
 
     def _recompute_components(self) -> None:
-        comp = components((n for n in self.names if self.nodes[n].up),
-                          ((link.a, link.b) for link in self.links.values()
-                           if link.side[link.a] and link.side[link.b]))
+        comp = components(
+            (n for n in self.names if self.nodes[n].up),
+            ((link.a, link.b) for link in self.links.values() if link.side[link.a] and link.side[link.b]),
+        )
         members: dict[str, list[str]] = {}
         for n, r in comp.items():
             members.setdefault(r, []).append(n)
@@ -170,9 +199,11 @@ class ConvergenceMixin:
             return "local subscription changes not advertised yet"
         for link in self.links.values():
             if not self._settled(link):
-                return (f"link {link.a}-{link.b} is {'available' if self._avail(link) else 'unavailable'} "
-                        f"but its ends have it {'up' if link.side[link.a] else 'down'}/"
-                        f"{'up' if link.side[link.b] else 'down'}")
+                return (
+                    f"link {link.a}-{link.b} is {'available' if self._avail(link) else 'unavailable'} "
+                    f"but its ends have it {'up' if link.side[link.a] else 'down'}/"
+                    f"{'up' if link.side[link.b] else 'down'}"
+                )
         if self.comp_dirty:
             self._recompute_components()
         for m, waiting in self.stale.items():
@@ -182,8 +213,10 @@ class ConvergenceMixin:
                 have_r = (r.inc, r.seq) if r else None
                 have_i = (i.inc, i.ver) if i else None
                 if not self._up_to_date(e, m):
-                    return (f"{n} holds {m}'s router advertisement {have_r} and interest {have_i}; "
-                            f"{m} advertises router {self.ckey_r[m]} and interest {self.ckey_i[m]}")
+                    return (
+                        f"{n} holds {m}'s router advertisement {have_r} and interest {have_i}; "
+                        f"{m} advertises router {self.ckey_r[m]} and interest {self.ckey_i[m]}"
+                    )
         return "unknown"
 
     def _settled(self, link: Link) -> bool:
@@ -201,8 +234,9 @@ class ConvergenceMixin:
                     for u, v in ((link.a, link.b), (link.b, link.a)):
                         cost = self.nodes[u].engine.routers[u].links.get(v)
                         if cost is None:
-                            self.violations.add("routes", f"t={self.now:.4f}s {u} has the link to {v} up "
-                                                          f"but does not advertise it")
+                            self.violations.add(
+                                "routes", f"t={self.now:.4f}s {u} has the link to {v} up but does not advertise it"
+                            )
                             continue
                         adj[u][v] = max(cost, 1)
             self.adj_cost = adj
@@ -243,20 +277,32 @@ class ConvergenceMixin:
             got = set(e.next_hop)
             if got != reach:
                 missing, extra = sorted(reach - got)[:5], sorted(got - reach)[:5]
-                v.add("routes", f"t={self.now:.4f}s after '{ep.cause}': {n} routes to the wrong set of "
-                                f"nodes (missing {missing}, unreachable but routed {extra})")
+                v.add(
+                    "routes",
+                    f"t={self.now:.4f}s after '{ep.cause}': {n} routes to the wrong set of "
+                    f"nodes (missing {missing}, unreachable but routed {extra})",
+                )
                 continue
             for d in reach:
                 if e.distance.get(d) != dist[d]:
-                    v.add("routes", f"t={self.now:.4f}s after '{ep.cause}': {n} thinks {d} is at "
-                                    f"{e.distance.get(d)}, the shortest path costs {dist[d]}")
+                    v.add(
+                        "routes",
+                        f"t={self.now:.4f}s after '{ep.cause}': {n} thinks {d} is at "
+                        f"{e.distance.get(d)}, the shortest path costs {dist[d]}",
+                    )
                     break
                 h = e.next_hop[d]
                 if h not in adj[n] or adj[n][h] + self._dist(h)[0].get(d, float("inf")) != dist[d]:
-                    v.add("routes", f"t={self.now:.4f}s after '{ep.cause}': {n} sends to {d} via {h}, "
-                                    f"which is not on a shortest path")
+                    v.add(
+                        "routes",
+                        f"t={self.now:.4f}s after '{ep.cause}': {n} sends to {d} via {h}, "
+                        f"which is not on a shortest path",
+                    )
                     break
                 if hops[d] > hop_limit:
-                    v.add("hop_limit", f"the shortest path {n} -> {d} has {hops[d]} hops, more than "
-                                       f"hop_limit ({hop_limit}): raise [engine] hop_limit for this topology")
+                    v.add(
+                        "hop_limit",
+                        f"the shortest path {n} -> {d} has {hops[d]} hops, more than "
+                        f"hop_limit ({hop_limit}): raise [engine] hop_limit for this topology",
+                    )
                     break

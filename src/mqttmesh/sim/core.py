@@ -23,6 +23,7 @@ import heapq
 import json
 import random
 import time
+from collections.abc import Callable
 
 from ..mesh import engine as engine_module
 from ..mesh.engine import MeshEngine, MeshProtocolError
@@ -31,8 +32,26 @@ from .checks import InvariantViolation, Violations
 from .clients import ClientsMixin
 from .convergence import ConvergenceMixin, Episode
 from .faults import FaultsMixin
-from .model import (ARRIVE, CHECK, CHURN, DETECT, DIAL, DRAIN, END, FAULT, FLUSH, MSGCHECK, PING, PUBLISH,
-                    START, TALLY, TICK, Link, Node, SharedDecoding)
+from .model import (
+    ARRIVE,
+    CHECK,
+    CHURN,
+    DETECT,
+    DIAL,
+    DRAIN,
+    END,
+    FAULT,
+    FLUSH,
+    MSGCHECK,
+    PING,
+    PUBLISH,
+    START,
+    TALLY,
+    TICK,
+    Link,
+    Node,
+    SharedDecoding,
+)
 from .observe import MsgRecord, read_envelope_heads
 from .scenario import Scenario
 from .topology import build_topology
@@ -77,7 +96,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         for n, fs in subs.items():
             self.nodes[n].filters = list(fs)
         self.initial_distinct = len({f for fs in subs.values() for f in fs})
-        self.truth = SubscriptionTrie()       # the simulated clients' real subscriptions
+        self.truth = SubscriptionTrie()  # the simulated clients' real subscriptions
         # subscriptions of crashed nodes: their persistent sessions may come back, and the origin's
         # custody then delivers QoS 1/2 messages published meanwhile (allowed, counted apart)
         self.dormant = SubscriptionTrie()
@@ -91,11 +110,11 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         # what was seen
         self.msgs: dict[tuple[str, int], MsgRecord] = {}
         self.sent = {k: [0, 0] for k in CONTROL + ("fwd", "hello")}  # kind -> [messages, bytes]
-        self.sent_by_node = {n: [0, 0] for n in self.names}          # control [messages, bytes]
+        self.sent_by_node = {n: [0, 0] for n in self.names}  # control [messages, bytes]
         self.lost_transmissions = 0
         self.retransmissions = 0
-        self.dead_sends = 0           # sent on a connection that was already broken
-        self.not_ready_drops = 0      # arrived before the receiving side finished its hello
+        self.dead_sends = 0  # sent on a connection that was already broken
+        self.not_ready_drops = 0  # arrived before the receiving side finished its hello
         self.events = 0
         self.dead_counters: dict[str, int] = {}
         self.dead_spf = [0, 0.0]
@@ -115,12 +134,12 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         self.steady_time = 0.0
         self.steady_control_bytes = 0
         self.steady_since: float | None = None
-        self.epoch_cost: dict[str, dict] = {}      # source -> (dist, parent, hops) on routing costs
-        self.epoch_latency: dict[str, dict] = {}   # source -> dist on latencies
+        self.epoch_cost = {}  # source -> (dist, parent, hops) on routing costs (typed in ConvergenceMixin)
+        self.epoch_latency: dict[str, dict] = {}  # source -> dist on latencies
         self.adj_cost: dict[str, dict[str, int]] | None = None
         self.route_checks = 0
         self.msg_checks = 0
-        self.results_steady: list[tuple] = []      # (copies0, optimum, dests, qos) of checked messages
+        self.results_steady: list[tuple] = []  # (copies0, optimum, dests, qos) of checked messages
         self.stretch: list[float] = []
         self.cost_stretch: list[float] = []
         self.flush_delay = sc.node.flush_delay_ms / 1000.0
@@ -128,8 +147,8 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         self.cpu_byte = sc.node.cpu_us_per_kb / 1e6 / 1024
         self.settle = sc.checks.settle or self._default_settle()
         self.bin = max(0.05, sc.duration / 400)
-        self.timeline: dict[int, list[int]] = {}   # time bin -> [control bytes, data bytes]
-        self.node_sends: dict[str, int] = {}       # copies each node sent for checked messages
+        self.timeline: dict[int, list[int]] = {}  # time bin -> [control bytes, data bytes]
+        self.node_sends: dict[str, int] = {}  # copies each node sent for checked messages
         self.checked_by_origin: dict[str, int] = {}
         self.wall_start = time.perf_counter()
         self.decoding = SharedDecoding()
@@ -140,9 +159,9 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         self._seq += 1
         heapq.heappush(self.heap, (t, self._seq) + event)
 
-    def run(self) -> "Simulator":
+    def run(self) -> Simulator:
         sc = self.sc
-        self.unstarted = len(self.names)   # the start cannot converge before every node is up
+        self.unstarted = len(self.names)  # the start cannot converge before every node is up
         self.subscribed = sc.workload.subscribe == "start"
         for n in self.names:
             self._at(self.rng_time.uniform(0, sc.node.start_spread), START, n)
@@ -158,16 +177,27 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
                 self._at(w.start + self.rng_pub.expovariate(w.churn), CHURN, n)
         self._at(sc.duration, END)
         self._disturb("start", "start")
-        handlers = {ARRIVE: self._on_arrive, FLUSH: self._on_flush, TICK: self._on_tick, PING: self._on_ping,
-                    DIAL: self._on_dial, DETECT: self._on_detect, FAULT: self._on_fault,
-                    PUBLISH: self._on_publish, CHURN: self._on_churn, CHECK: self._on_check,
-                    MSGCHECK: self._on_msgcheck, START: self._on_start, DRAIN: self._on_drain,
-                    TALLY: self._on_tally}
+        handlers: dict[int, Callable[..., None]] = {
+            ARRIVE: self._on_arrive,
+            FLUSH: self._on_flush,
+            TICK: self._on_tick,
+            PING: self._on_ping,
+            DIAL: self._on_dial,
+            DETECT: self._on_detect,
+            FAULT: self._on_fault,
+            PUBLISH: self._on_publish,
+            CHURN: self._on_churn,
+            CHECK: self._on_check,
+            MSGCHECK: self._on_msgcheck,
+            START: self._on_start,
+            DRAIN: self._on_drain,
+            TALLY: self._on_tally,
+        }
         heap = self.heap
         next_report = time.perf_counter() + 5.0
         saved_json = engine_module.json
         if sc.checks.shared_decoding:
-            engine_module.json = self.decoding
+            engine_module.json = self.decoding  # type: ignore[assignment]  # (S1 makes it an engine argument)
         # A thousand engines hold tens of millions of objects; Python's cyclic collector would
         # walk all of them again and again (more than half the run time at 1,000 nodes). What
         # the engines build is freed by reference counting, so the young generations are
@@ -190,7 +220,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
                     break
                 self.events += 1
                 handlers[ev[2]](*ev[3:])
-                if not self.events & 0x3ffff:
+                if not self.events & 0x3FFFF:
                     gc.collect(1)
                     gc.freeze()
                 if self.progress is not None and not self.events & 1023 and time.perf_counter() > next_report:
@@ -207,8 +237,9 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
     def _progress_line(self) -> str:
         ep = self.episode
         state = f"converging ({ep.cause}) since {ep.start:.2f}s" if ep else "converged"
-        return (f"  t={self.now:8.3f}s  events={self.events:,}  {state}  "
-                f"wall={time.perf_counter() - self.wall_start:.0f}s")
+        return (
+            f"  t={self.now:8.3f}s  events={self.events:,}  {state}  wall={time.perf_counter() - self.wall_start:.0f}s"
+        )
 
     # ------------------------------------------------------------------ nodes
 
@@ -354,7 +385,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         if startup:
             delay = self.rng_time.uniform(0, 0.2)
         elif backoff:
-            delay = self.rng_time.uniform(0, self.sc.node.redial_max)   # somewhere in the backoff
+            delay = self.rng_time.uniform(0, self.sc.node.redial_max)  # somewhere in the backoff
         else:
             delay = 0.05 + 0.1 * self.rng_time.random()  # Dialer: right after a connection ends
         self._at(self.now + delay, DIAL, link.a, link.b)
@@ -479,9 +510,15 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
                 tries += 1
             self.retransmissions += tries
             arrival += tries * self.sc.topology.retransmit_ms / 1000.0
-        meta = heads if heads is not None else (
-            (self.episode.id, node.depth_out) if self.episode is not None and node.depth_out and
-            kind in PROPAGATING else None)
+        meta = (
+            heads
+            if heads is not None
+            else (
+                (self.episode.id, node.depth_out)
+                if self.episode is not None and node.depth_out and kind in PROPAGATING
+                else None
+            )
+        )
         self._at(arrival, ARRIVE, name, peer, kind, payload, link.conn, meta)
 
     def _lost(self, heads) -> None:
@@ -645,6 +682,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         self._observe_own(node)
         self._want_flush(node)
         self._at(self.now + self.sc.node.keepalive, PING, a, b, conn)
+
 
 def run_scenario(scenario: Scenario, progress=None) -> Simulator:
     """Run ``scenario`` to its end; InvariantViolation if an invariant fails (checks.fail)."""

@@ -6,13 +6,15 @@ scenario's fault stream, so a schedule is the same at every run.
 
 from __future__ import annotations
 
-from .model import Link, Node
+from .model import Link, Node, SimulatorPart
 from .scenario import Fault, ScenarioError
 
 __all__ = ["FaultsMixin"]
 
 
-class FaultsMixin:
+class FaultsMixin(SimulatorPart):
+    phys_cache: dict[str, frozenset[str]] | None  # (annotation only: set by the Simulator)
+
     # ------------------------------------------------------------------ faults
 
     def _on_fault(self, i: int) -> None:
@@ -95,11 +97,11 @@ class FaultsMixin:
                 raise ScenarioError(f"{label}: there is no link {a}-{b}")
             return link
         if want_up is False:
-            down = [l for l in self.links.values() if not l.admin]
+            down = [lk for lk in self.links.values() if not lk.admin]
             if not down:
                 raise ScenarioError(f"{label}: no link is down")
             return down[-1] if len(down) == 1 else self.rng_fault.choice(down)
-        live = [l for l in self.links.values() if l.alive and l.side[l.a] and l.side[l.b]]
+        live = [lk for lk in self.links.values() if lk.alive and lk.side[lk.a] and lk.side[lk.b]]
         if not live:
             raise ScenarioError(f"{label}: no live link")
         if want_up is None:
@@ -138,12 +140,12 @@ class FaultsMixin:
         if not alive:
             return False
         adj: dict[str, list[str]] = {n: [] for n in alive}
-        for l in self.links.values():
-            if l is link or not (l.alive and l.side[l.a] and l.side[l.b]):
+        for lk in self.links.values():
+            if lk is link or not (lk.alive and lk.side[lk.a] and lk.side[lk.b]):
                 continue
-            if l.a in adj and l.b in adj:
-                adj[l.a].append(l.b)
-                adj[l.b].append(l.a)
+            if lk.a in adj and lk.b in adj:
+                adj[lk.a].append(lk.b)
+                adj[lk.b].append(lk.a)
         seen = {alive[0]}
         stack = [alive[0]]
         while stack:
@@ -173,7 +175,9 @@ class FaultsMixin:
             site = p["isolate_site"]
             members = [n for n, s in self.graph.site_of.items() if s == site]
             if not members:
-                raise ScenarioError(f"{label}: no site {site!r} (the topology has sites 0..{self.sc.topology.sites - 1})")
+                raise ScenarioError(
+                    f"{label}: no site {site!r} (the topology has sites 0..{self.sc.topology.sites - 1})"
+                )
             return [members, [n for n in self.names if n not in set(members)]]
         # half, or grow = N: a connected group grown breadth-first from a random node (a region)
         size = len(self.names) // 2 if "half" in p else p["grow"]
@@ -184,8 +188,8 @@ class FaultsMixin:
         frontier = [start]
         while frontier and len(group) < size:
             u = frontier.pop(0)
-            for l in self.nodes[u].links:
-                v = l.peer(u)
+            for lk in self.nodes[u].links:
+                v = lk.peer(u)
                 if v not in group and len(group) < size:
                     group.add(v)
                     frontier.append(v)

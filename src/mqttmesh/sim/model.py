@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
+from typing import Any
 
-from ..mesh.engine import MeshEngine
+from ..mesh.engine import InterestState, MeshEngine
 
-__all__ = ["SharedDecoding", "Node", "Link"]
+__all__ = ["SharedDecoding", "Node", "Link", "SimulatorPart"]
+
+# The base of the Simulator's mixins (clients, convergence, faults, verify): object at run
+# time. What a mixin reads from ``self`` lives on the Simulator (core.py); until the simulator
+# has a typed state (issue 14, S8), a type checker takes those attributes as Any.
+SimulatorPart: Any = object
 
 # the simulator's event kinds (the third field of a heap entry)
-(ARRIVE, FLUSH, TICK, PING, DIAL, DETECT, FAULT, PUBLISH, CHURN, CHECK, MSGCHECK, START,
- DRAIN, TALLY, END) = range(15)
+(ARRIVE, FLUSH, TICK, PING, DIAL, DETECT, FAULT, PUBLISH, CHURN, CHECK, MSGCHECK, START, DRAIN, TALLY, END) = range(15)
 
 
 class SharedDecoding:
@@ -31,8 +36,8 @@ class SharedDecoding:
     def __init__(self, size: int = 16384, max_bytes: int = 64 << 20):
         self._decoded: OrderedDict[bytes, object] = OrderedDict()
         self._decoded_bytes = 0
-        self.max_bytes = max_bytes                               # payloads of a database push are large
-        self._encoded: OrderedDict[int, tuple] = OrderedDict()   # id(obj) -> (obj, text)
+        self.max_bytes = max_bytes  # payloads of a database push are large
+        self._encoded: OrderedDict[int, tuple] = OrderedDict()  # id(obj) -> (obj, text)
         self.size = size
         self.hits = 0
         self.misses = 0
@@ -67,9 +72,28 @@ class SharedDecoding:
 
 
 class Node:
-    __slots__ = ("name", "up", "inc", "engine", "filters", "gen", "count", "flush_due", "depth_out",
-                 "seen_inc", "seen_seq", "seen_links", "seen_interest", "seen_seq_i", "links", "restarted_at", "down_since",
-                 "busy_until", "inbox", "drain_due")
+    __slots__ = (
+        "name",
+        "up",
+        "inc",
+        "engine",
+        "filters",
+        "gen",
+        "count",
+        "flush_due",
+        "depth_out",
+        "seen_inc",
+        "seen_seq",
+        "seen_links",
+        "seen_interest",
+        "seen_seq_i",
+        "links",
+        "restarted_at",
+        "down_since",
+        "busy_until",
+        "inbox",
+        "drain_due",
+    )
 
     def __init__(self, name: str):
         self.name = name
@@ -77,35 +101,47 @@ class Node:
         self.inc = 0
         self.engine: MeshEngine | None = None
         self.filters: list[str] = []
-        self.gen = 0                  # bumps at every start: events of an earlier life are ignored
-        self.count = 0                # messages published in this life
+        self.gen = 0  # bumps at every start: events of an earlier life are ignored
+        self.count = 0  # messages published in this life
         self.flush_due = False
-        self.depth_out = 0            # advertisement round to stamp on what the next flush sends
+        self.depth_out = 0  # advertisement round to stamp on what the next flush sends
         self.seen_inc = self.seen_seq = -1
         self.seen_links: dict | None = None
-        self.links: list["Link"] = []
+        self.links: list[Link] = []
         self.restarted_at = -1.0
         self.down_since = -1.0
-        self.seen_interest = None
+        self.seen_interest: InterestState | None = None
         self.seen_seq_i = -1
-        self.busy_until = 0.0         # simulated CPU: the node handles nothing else before then
-        self.inbox: list = []         # what arrived while it was busy, in order
+        self.busy_until = 0.0  # simulated CPU: the node handles nothing else before then
+        self.inbox: list = []  # what arrived while it was busy, in order
         self.drain_due = False
 
 
 class Link:
-    __slots__ = ("a", "b", "latency", "admin", "conn", "alive", "side", "dial_due", "arrive", "free",
-                 "established_at", "broken_at")
+    __slots__ = (
+        "a",
+        "b",
+        "latency",
+        "admin",
+        "conn",
+        "alive",
+        "side",
+        "dial_due",
+        "arrive",
+        "free",
+        "established_at",
+        "broken_at",
+    )
 
     def __init__(self, a: str, b: str, latency: float):
-        self.a, self.b, self.latency = a, b, latency   # a < b: a dials
-        self.admin = True             # false while a link_down fault holds it
-        self.conn = 0                 # connection number: what travelled on an older one is gone
-        self.alive = False            # a connection exists (handshaking or established)
+        self.a, self.b, self.latency = a, b, latency  # a < b: a dials
+        self.admin = True  # false while a link_down fault holds it
+        self.conn = 0  # connection number: what travelled on an older one is gone
+        self.alive = False  # a connection exists (handshaking or established)
         self.side = {a: False, b: False}  # that side's engine has the link up
         self.dial_due = False
-        self.arrive = [0.0, 0.0]      # FIFO: last arrival time per direction (a->b, b->a)
-        self.free = [0.0, 0.0]        # serialisation: the direction is busy until then
+        self.arrive = [0.0, 0.0]  # FIFO: last arrival time per direction (a->b, b->a)
+        self.free = [0.0, 0.0]  # serialisation: the direction is busy until then
         self.established_at = -1.0
         self.broken_at = -1.0
 

@@ -12,7 +12,7 @@ import struct
 
 __all__ = ["read_envelope_heads", "MsgRecord"]
 
-_HEAD = struct.Struct(">BBBQd")   # version 1: flags hop_limit attempt seq timestamp
+_HEAD = struct.Struct(">BBBQd")  # version 1: flags hop_limit attempt seq timestamp
 _REC2 = struct.Struct(">BBBQdHHHHI")  # version 2: the same, then string-table indexes, payload length
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -33,17 +33,17 @@ def read_envelope_heads(batch: bytes) -> list[tuple[str, int, int, int, tuple[st
         _flags, hops, attempt, seq, _ts = _HEAD.unpack_from(batch, pos)
         pos += _HEAD.size
         n = batch[pos]
-        origin = batch[pos + 1:pos + 1 + n].decode()
+        origin = batch[pos + 1 : pos + 1 + n].decode()
         pos += 1 + n
-        pos += 2 + _U16.unpack_from(batch, pos)[0]     # publisher
-        pos += 2 + _U16.unpack_from(batch, pos)[0]     # topic
-        pos += 4 + _U32.unpack_from(batch, pos)[0]     # payload
+        pos += 2 + _U16.unpack_from(batch, pos)[0]  # publisher
+        pos += 2 + _U16.unpack_from(batch, pos)[0]  # topic
+        pos += 4 + _U32.unpack_from(batch, pos)[0]  # payload
         ndest = _U16.unpack_from(batch, pos)[0]
         pos += 2
         dests = []
         for _ in range(ndest):
             n = batch[pos]
-            dests.append(batch[pos + 1:pos + 1 + n].decode())
+            dests.append(batch[pos + 1 : pos + 1 + n].decode())
             pos += 1 + n
         out.append((origin, seq, attempt, hops, tuple(dests)))
     if pos != len(batch):
@@ -59,7 +59,7 @@ def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
     strings = []
     for _ in range(nstrings):
         n = _U16.unpack_from(batch, pos)[0]
-        strings.append(batch[pos + 2:pos + 2 + n].decode())
+        strings.append(batch[pos + 2 : pos + 2 + n].decode())
         pos += 2 + n
     out = []
     for _ in range(count):
@@ -74,21 +74,37 @@ def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
 class MsgRecord:
     """One published message: who should get it, who did, and every copy on the way."""
 
-    __slots__ = ("origin", "seq", "topic", "qos", "t", "expected", "steady", "copies", "lost_copies",
-                 "delivered", "first_at", "receipts", "engine_dests", "pred", "checked", "late", "dormant")
+    __slots__ = (
+        "origin",
+        "seq",
+        "topic",
+        "qos",
+        "t",
+        "expected",
+        "steady",
+        "copies",
+        "lost_copies",
+        "delivered",
+        "first_at",
+        "receipts",
+        "engine_dests",
+        "pred",
+        "checked",
+        "late",
+        "dormant",
+    )
 
-    def __init__(self, origin: str, seq: int, topic: str, qos: int, t: float, expected: frozenset,
-                 steady: bool):
+    def __init__(self, origin: str, seq: int, topic: str, qos: int, t: float, expected: frozenset, steady: bool):
         self.origin, self.seq, self.topic, self.qos, self.t = origin, seq, topic, qos, t
-        self.expected = expected          # subscriber nodes reachable from the origin at publish time
-        self.steady = steady              # published while the mesh was converged
-        self.copies = 0                   # envelope transmissions (any attempt, lost ones too)
-        self.lost_copies = 0              # transmissions the network lost for good (QoS 0 batches)
-        self.delivered: dict[str, int] = {}    # node -> deliveries
-        self.first_at: dict[str, float] = {}   # node -> time of the first delivery
-        self.receipts: list[tuple] = []   # (to, from, attempt, dests) of every envelope that arrived
-        self.engine_dests: set[str] = set()    # destinations the origin's engine chose (attempt 0)
+        self.expected = expected  # subscriber nodes reachable from the origin at publish time
+        self.steady = steady  # published while the mesh was converged
+        self.copies = 0  # envelope transmissions (any attempt, lost ones too)
+        self.lost_copies = 0  # transmissions the network lost for good (QoS 0 batches)
+        self.delivered: dict[str, int] = {}  # node -> deliveries
+        self.first_at: dict[str, float] = {}  # node -> time of the first delivery
+        self.receipts: list[tuple] = []  # (to, from, attempt, dests) of every envelope that arrived
+        self.engine_dests: set[str] = set()  # destinations the origin's engine chose (attempt 0)
         self.pred: dict[tuple, str] = {}  # (node, destination) -> the neighbour that copy came from
         self.checked = False
-        self.late = 0                     # deliveries after the settle window
+        self.late = 0  # deliveries after the settle window
         self.dormant: frozenset = frozenset()  # subscribers on crashed nodes, for QoS 1/2 custody

@@ -51,9 +51,15 @@ def engine_memory(engine) -> dict:
     index_bytes = _size(index._holders, seen) + _size(index._shapes, seen)
     db = sum(len(json.dumps(r.to_json())) for r in engine.routers.values())
     db += sum(len(json.dumps(i.full_json())) for i in engine.interests.values())
-    return {"lsdb_bytes": lsdb, "interest_bytes": interests, "index_bytes": index_bytes,
-            "routing_state_bytes": lsdb + interests + index_bytes, "advert_db_bytes": db,
-            "routers": len(engine.routers), "filters_indexed": len(index)}
+    return {
+        "lsdb_bytes": lsdb,
+        "interest_bytes": interests,
+        "index_bytes": index_bytes,
+        "routing_state_bytes": lsdb + interests + index_bytes,
+        "advert_db_bytes": db,
+        "routers": len(engine.routers),
+        "filters_indexed": len(index),
+    }
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -98,7 +104,7 @@ def mqtt_st(sim) -> dict:
         return total
 
     messages = [r for r in sim.msgs.values() if r.checked and r.expected and r.origin in tree_nodes]
-    stretch = []
+    stretch: list[float] = []
     for rec in messages[:2000]:
         lat = dijkstra(rec.origin, adj)[0] if len(stretch) < 20000 else None
         if lat is None:
@@ -155,38 +161,61 @@ def summarize(sim, memory_sample: int = 3) -> dict:
     # --- memory and database size on a sample of live nodes
     sample = up[:: max(1, len(up) // memory_sample)][:memory_sample] if up else []
     mem = [engine_memory(sim.nodes[x].engine) for x in sample]
-    memory = {k: statistics.fmean(m[k] for m in mem) for k in mem[0]} if mem else {}
+    memory: dict[str, object] = {k: statistics.fmean(m[k] for m in mem) for k in mem[0]} if mem else {}
     memory["sampled_nodes"] = sample
     runs, secs = sim._spf_totals()
-    topo_eps = [e for e in episodes if e["kind"] in ("link_down", "link_up", "crash", "restart",
-                                                     "partition", "heal", "latency")]
+    topo_eps = [
+        e for e in episodes if e["kind"] in ("link_down", "link_up", "crash", "restart", "partition", "heal", "latency")
+    ]
     sub_eps = [e for e in episodes if e["kind"] == "subscription" and e["end"] is not None]
     distinct = sim.initial_distinct
     summary = {
-        "scenario": {"name": sc.name, "source": sc.source, "seed": sc.seed, "nodes": n,
-                     "links": len(sim.links), "topology": sc.topology.kind,
-                     "average_degree": 2 * len(sim.links) / n, "duration_s": sc.duration,
-                     "hop_limit": sim.settings.hop_limit, "loss": sc.topology.loss},
-        "run": {"events": sim.events, "wall_seconds": wall, "simulated_seconds": sim.now,
-                "speedup": sim.now / wall if wall else None, "settle_window_s": sim.settle},
-        "workload": {"distinct_filters": distinct,
-                     "subscriptions": sum(len(sim.nodes[x].filters) for x in up),
-                     "published": len(sim.msgs),
-                     "with_remote_subscribers": sum(1 for r in recs if r.expected),
-                     "mean_destinations": statistics.fmean(len(r.expected) for r in recs) if sim.msgs else 0},
+        "scenario": {
+            "name": sc.name,
+            "source": sc.source,
+            "seed": sc.seed,
+            "nodes": n,
+            "links": len(sim.links),
+            "topology": sc.topology.kind,
+            "average_degree": 2 * len(sim.links) / n,
+            "duration_s": sc.duration,
+            "hop_limit": sim.settings.hop_limit,
+            "loss": sc.topology.loss,
+        },
+        "run": {
+            "events": sim.events,
+            "wall_seconds": wall,
+            "simulated_seconds": sim.now,
+            "speedup": sim.now / wall if wall else None,
+            "settle_window_s": sim.settle,
+        },
+        "workload": {
+            "distinct_filters": distinct,
+            "subscriptions": sum(len(sim.nodes[x].filters) for x in up),
+            "published": len(sim.msgs),
+            "with_remote_subscribers": sum(1 for r in recs if r.expected),
+            "mean_destinations": statistics.fmean(len(r.expected) for r in recs) if sim.msgs else 0,
+        },
         "convergence": faults,
         "reconvergences_without_fault": sum(1 for e in episodes if e["kind"] == "change"),
         # re-costing after RTT samples (docs/simulation.md, finding 2): what it cost
-        "reconvergence_control": {"messages": sum(e["control_msgs"] for e in episodes if e["kind"] == "change"),
-                                  "bytes": sum(e["control_bytes"] for e in episodes if e["kind"] == "change")},
+        "reconvergence_control": {
+            "messages": sum(e["control_msgs"] for e in episodes if e["kind"] == "change"),
+            "bytes": sum(e["control_bytes"] for e in episodes if e["kind"] == "change"),
+        },
         "control": {
-            "messages": control_msgs, "bytes": control_bytes,
-            "messages_per_node": control_msgs / n, "bytes_per_node": control_bytes / n,
-            "steady_bytes_per_node_per_s": (sim.steady_control_bytes / n / sim.steady_time
-                                            if sim.steady_time else None),
+            "messages": control_msgs,
+            "bytes": control_bytes,
+            "messages_per_node": control_msgs / n,
+            "bytes_per_node": control_bytes / n,
+            "steady_bytes_per_node_per_s": (
+                sim.steady_control_bytes / n / sim.steady_time if sim.steady_time else None
+            ),
             "by_kind": control_kinds,
-            "lost_transmissions": sim.lost_transmissions, "link_retransmissions": sim.retransmissions,
-            "sent_on_dead_connections": sim.dead_sends, "dropped_before_hello": sim.not_ready_drops,
+            "lost_transmissions": sim.lost_transmissions,
+            "link_retransmissions": sim.retransmissions,
+            "sent_on_dead_connections": sim.dead_sends,
+            "dropped_before_hello": sim.not_ready_drops,
         },
         "subscription_change": {
             "changes": len(sub_eps),
@@ -204,27 +233,61 @@ def summarize(sim, memory_sample: int = 3) -> dict:
             "worst_ratio": max(ratios) if ratios else None,
             "data_bytes": sim.sent["fwd"][1],
         },
-        "stretch": {"latency_mean": statistics.fmean(sim.stretch) if sim.stretch else None,
-                    "latency_p95": _pct(sim.stretch, 0.95),
-                    "latency_max": max(sim.stretch) if sim.stretch else None,
-                    "samples": len(sim.stretch)},
-        "deliveries": {"expected": expected, "delivered": delivered, "lost_during_convergence": lost_transient,
-                       "duplicates": dups, "late": late},
-        "spf": {"runs": runs, "cpu_seconds": secs, "ms_per_run": 1000 * secs / runs if runs else None,
-                "per_topology_change": [{"cause": e["cause"], "runs": e["spf_runs"],
-                                         "runs_per_node": e["spf_runs"] / n,
-                                         "ms_per_run": e["spf_ms_per_run"]} for e in topo_eps]},
+        "stretch": {
+            "latency_mean": statistics.fmean(sim.stretch) if sim.stretch else None,
+            "latency_p95": _pct(sim.stretch, 0.95),
+            "latency_max": max(sim.stretch) if sim.stretch else None,
+            "samples": len(sim.stretch),
+        },
+        "deliveries": {
+            "expected": expected,
+            "delivered": delivered,
+            "lost_during_convergence": lost_transient,
+            "duplicates": dups,
+            "late": late,
+        },
+        "spf": {
+            "runs": runs,
+            "cpu_seconds": secs,
+            "ms_per_run": 1000 * secs / runs if runs else None,
+            "per_topology_change": [
+                {
+                    "cause": e["cause"],
+                    "runs": e["spf_runs"],
+                    "runs_per_node": e["spf_runs"] / n,
+                    "ms_per_run": e["spf_ms_per_run"],
+                }
+                for e in topo_eps
+            ],
+        },
         "mqtt_st": mqtt_st(sim),
-        "invariants": {"route_checks": sim.route_checks, "message_checks": sim.msg_checks,
-                       "violations": sim.violations.items, "violation_counts": sim.violations.count,
-                       "ok": not sim.violations.count},
-        "custody_at_end": {"total": sum(len(sim.nodes[x].engine.custody) for x in up),
-                           "max_per_node": max((len(sim.nodes[x].engine.custody) for x in up), default=0)},
-        "engine_counters": {k: sim.counter_total(k) for k in
-                            ("routed", "delivered", "duplicates", "hop_limit_drops", "unreachable_drops",
-                             "custody_retransmits", "custody_expired", "custody_overflow", "lsa_originated",
-                             "lsa_received",
-                             "spf_runs")},
+        "invariants": {
+            "route_checks": sim.route_checks,
+            "message_checks": sim.msg_checks,
+            "violations": sim.violations.items,
+            "violation_counts": sim.violations.count,
+            "ok": not sim.violations.count,
+        },
+        "custody_at_end": {
+            "total": sum(len(sim.nodes[x].engine.custody) for x in up),
+            "max_per_node": max((len(sim.nodes[x].engine.custody) for x in up), default=0),
+        },
+        "engine_counters": {
+            k: sim.counter_total(k)
+            for k in (
+                "routed",
+                "delivered",
+                "duplicates",
+                "hop_limit_drops",
+                "unreachable_drops",
+                "custody_retransmits",
+                "custody_expired",
+                "custody_overflow",
+                "lsa_originated",
+                "lsa_received",
+                "spf_runs",
+            )
+        },
     }
     return summary
 
@@ -235,85 +298,120 @@ def _f(x, spec=".3f", none="-"):
 
 def format_text(s: dict) -> str:
     sc, run = s["scenario"], s["run"]
-    out = [f"scenario {sc['name']} ({sc['source']}), seed {sc['seed']}: {sc['nodes']} nodes, {sc['links']} links "
-           f"({sc['topology']}, mean degree {sc['average_degree']:.2f}), {sc['duration_s']:g}s simulated",
-           f"run: {run['events']:,} events in {run['wall_seconds']:.1f}s wall "
-           f"({_f(run['speedup'], '.1f')}x real time)",
-           ""]
+    out = [
+        f"scenario {sc['name']} ({sc['source']}), seed {sc['seed']}: {sc['nodes']} nodes, {sc['links']} links "
+        f"({sc['topology']}, mean degree {sc['average_degree']:.2f}), {sc['duration_s']:g}s simulated",
+        f"run: {run['events']:,} events in {run['wall_seconds']:.1f}s wall ({_f(run['speedup'], '.1f')}x real time)",
+        "",
+    ]
     w = s["workload"]
-    out.append(f"workload: {w['distinct_filters']:,} distinct filters, {w['subscriptions']:,} subscriptions, "
-               f"{w['published']:,} messages ({w['with_remote_subscribers']:,} with remote subscribers, "
-               f"{w['mean_destinations']:.2f} destination nodes on average)")
+    out.append(
+        f"workload: {w['distinct_filters']:,} distinct filters, {w['subscriptions']:,} subscriptions, "
+        f"{w['published']:,} messages ({w['with_remote_subscribers']:,} with remote subscribers, "
+        f"{w['mean_destinations']:.2f} destination nodes on average)"
+    )
     out.append("")
     out.append("convergence (simulated time from the fault; rounds of advertisement exchange):")
-    out.append(f"  {'cause':44s} {'at':>8s} {'after':>9s} {'detect->':>9s} {'rounds':>6s} "
-               f"{'ctl msgs':>9s} {'ctl KB/node':>11s} {'SPF/node':>8s} {'ms/SPF':>7s} {'lost':>5s}")
+    out.append(
+        f"  {'cause':44s} {'at':>8s} {'after':>9s} {'detect->':>9s} {'rounds':>6s} "
+        f"{'ctl msgs':>9s} {'ctl KB/node':>11s} {'SPF/node':>8s} {'ms/SPF':>7s} {'lost':>5s}"
+    )
     for e in s["convergence"]:
         after = "never" if e["converged_after"] is None else f"{e['converged_after']:.3f}s"
         det = "-" if e["after_detection"] is None else f"{e['after_detection']:.3f}s"
         mine = e["kind"] in ATTRIBUTED  # else every control message of the episode is its own
         kb = e["attributed_bytes_per_node"] if mine else e["control_bytes_per_node"]
-        out.append(f"  {e['cause'][:44]:44s} {e['start']:7.2f}s {after:>9s} {det:>9s} {e['rounds']:6d} "
-                   f"{(e['attributed_msgs'] if mine else e['control_msgs']):9,d} "
-                   f"{kb / 1024:11.2f} {e['spf_runs'] / sc['nodes']:8.2f} "
-                   f"{_f(e['spf_ms_per_run'], '.3f'):>7s} {e['lost']:5d}")
+        out.append(
+            f"  {e['cause'][:44]:44s} {e['start']:7.2f}s {after:>9s} {det:>9s} {e['rounds']:6d} "
+            f"{(e['attributed_msgs'] if mine else e['control_msgs']):9,d} "
+            f"{kb / 1024:11.2f} {e['spf_runs'] / sc['nodes']:8.2f} "
+            f"{_f(e['spf_ms_per_run'], '.3f'):>7s} {e['lost']:5d}"
+        )
     c = s["control"]
     if s["reconvergences_without_fault"]:
         rc = s["reconvergence_control"]
-        out.append(f"  and {s['reconvergences_without_fault']} re-convergences no fault caused "
-                   f"(link costs re-advertised after RTT samples): {rc['messages']:,} control messages, "
-                   f"{rc['bytes'] / 1e6:.2f} MB")
-    out += ["", f"routing control traffic: {c['messages']:,} messages, {c['bytes'] / 1e6:.2f} MB "
-                f"({c['messages_per_node']:.0f} messages, {c['bytes_per_node'] / 1024:.1f} KB per node); "
-                f"steady background {_f(c['steady_bytes_per_node_per_s'], '.0f')} B/s per node",
-            "  all links messages by kind: " + ", ".join(f"{k} {v['messages']:,}/{v['bytes'] / 1024:.0f}KB"
-                                      for k, v in c["by_kind"].items() if v["messages"])]
+        out.append(
+            f"  and {s['reconvergences_without_fault']} re-convergences no fault caused "
+            f"(link costs re-advertised after RTT samples): {rc['messages']:,} control messages, "
+            f"{rc['bytes'] / 1e6:.2f} MB"
+        )
+    out += [
+        "",
+        f"routing control traffic: {c['messages']:,} messages, {c['bytes'] / 1e6:.2f} MB "
+        f"({c['messages_per_node']:.0f} messages, {c['bytes_per_node'] / 1024:.1f} KB per node); "
+        f"steady background {_f(c['steady_bytes_per_node_per_s'], '.0f')} B/s per node",
+        "  all links messages by kind: "
+        + ", ".join(
+            f"{k} {v['messages']:,}/{v['bytes'] / 1024:.0f}KB" for k, v in c["by_kind"].items() if v["messages"]
+        ),
+    ]
     if c["lost_transmissions"] or c["sent_on_dead_connections"]:
-        out.append(f"  network: {c['lost_transmissions']:,} transmissions lost, {c['link_retransmissions']:,} "
-                   f"link retransmissions, {c['sent_on_dead_connections']:,} sent on dead connections, "
-                   f"{c['dropped_before_hello']:,} dropped before the hello")
+        out.append(
+            f"  network: {c['lost_transmissions']:,} transmissions lost, {c['link_retransmissions']:,} "
+            f"link retransmissions, {c['sent_on_dead_connections']:,} sent on dead connections, "
+            f"{c['dropped_before_hello']:,} dropped before the hello"
+        )
     sub = s["subscription_change"]
     if sub["changes"]:
-        out.append(f"subscription changes: {sub['changes']}, converged after {_f(sub['converged_after_mean_s'])}s, "
-                   f"{_f(sub['advert_copies_mean'], '.0f')} advertisement copies, "
-                   f"{_f(sub['advert_bytes_mean'], '.0f')} bytes on average")
+        out.append(
+            f"subscription changes: {sub['changes']}, converged after {_f(sub['converged_after_mean_s'])}s, "
+            f"{_f(sub['advert_copies_mean'], '.0f')} advertisement copies, "
+            f"{_f(sub['advert_bytes_mean'], '.0f')} bytes on average"
+        )
     m = s["memory"]
     if m.get("routers"):
-        out.append(f"routing state per node: {m['routing_state_bytes'] / 1024:.0f} KB "
-                   f"(router LSDB {m['lsdb_bytes'] / 1024:.0f} KB, interest LSDB {m['interest_bytes'] / 1024:.0f} KB, "
-                   f"interest index {m['index_bytes'] / 1024:.0f} KB); advertisement database "
-                   f"{m['advert_db_bytes'] / 1024:.0f} KB as JSON; {m['routers']:.0f} routers, "
-                   f"{m['filters_indexed']:.0f} filters indexed")
+        out.append(
+            f"routing state per node: {m['routing_state_bytes'] / 1024:.0f} KB "
+            f"(router LSDB {m['lsdb_bytes'] / 1024:.0f} KB, interest LSDB {m['interest_bytes'] / 1024:.0f} KB, "
+            f"interest index {m['index_bytes'] / 1024:.0f} KB); advertisement database "
+            f"{m['advert_db_bytes'] / 1024:.0f} KB as JSON; {m['routers']:.0f} routers, "
+            f"{m['filters_indexed']:.0f} filters indexed"
+        )
     f = s["forwarding"]
-    out += ["", f"forwarding ({f['steady_messages_checked']:,} messages published in steady state): "
-                f"{_f(f['copies_per_message'], '.2f')} copies per message vs "
-                f"{_f(f['optimum_per_message'], '.2f')} on the shortest-path tree "
-                f"(ratio {_f(f['copies_over_optimum'], '.3f')}, {_f(f['at_optimum_share'] and 100 * f['at_optimum_share'], '.1f')}% "
-                f"at the optimum, worst {_f(f['worst_ratio'], '.2f')})"]
+    out += [
+        "",
+        f"forwarding ({f['steady_messages_checked']:,} messages published in steady state): "
+        f"{_f(f['copies_per_message'], '.2f')} copies per message vs "
+        f"{_f(f['optimum_per_message'], '.2f')} on the shortest-path tree "
+        f"(ratio {_f(f['copies_over_optimum'], '.3f')}, "
+        f"{_f(f['at_optimum_share'] and 100 * f['at_optimum_share'], '.1f')}% "
+        f"at the optimum, worst {_f(f['worst_ratio'], '.2f')})",
+    ]
     st = s["stretch"]
-    out.append(f"path stretch (latency of the path taken / shortest latency): mean {_f(st['latency_mean'])}, "
-               f"p95 {_f(st['latency_p95'])}, max {_f(st['latency_max'])} over {st['samples']:,} deliveries")
+    out.append(
+        f"path stretch (latency of the path taken / shortest latency): mean {_f(st['latency_mean'])}, "
+        f"p95 {_f(st['latency_p95'])}, max {_f(st['latency_max'])} over {st['samples']:,} deliveries"
+    )
     d = s["deliveries"]
-    out.append(f"deliveries: {d['delivered']:,} of {d['expected']:,} expected; lost during convergence "
-               f"{d['lost_during_convergence']:,}, duplicates {d['duplicates']:,}, late {d['late']:,}")
+    out.append(
+        f"deliveries: {d['delivered']:,} of {d['expected']:,} expected; lost during convergence "
+        f"{d['lost_during_convergence']:,}, duplicates {d['duplicates']:,}, late {d['late']:,}"
+    )
     cu = s["custody_at_end"]
     if cu["total"]:
-        out.append(f"custody: {cu['total']:,} QoS 1/2 messages still held by their origins at the end "
-                   f"(at most {cu['max_per_node']:,} at one node), "
-                   f"{s['engine_counters']['custody_overflow']:,} refused for a full custody")
+        out.append(
+            f"custody: {cu['total']:,} QoS 1/2 messages still held by their origins at the end "
+            f"(at most {cu['max_per_node']:,} at one node), "
+            f"{s['engine_counters']['custody_overflow']:,} refused for a full custody"
+        )
     sp = s["spf"]
-    out.append(f"shortest paths: {sp['runs']:,} runs, {sp['cpu_seconds']:.2f}s CPU, "
-               f"{_f(sp['ms_per_run'])} ms per run")
+    out.append(f"shortest paths: {sp['runs']:,} runs, {sp['cpu_seconds']:.2f}s CPU, {_f(sp['ms_per_run'])} ms per run")
     q = s["mqtt_st"]
-    out += ["", f"MQTT-ST full replication on the same graph (root {q['root']}): "
-                f"{q['copies_per_message']} copies per message (mesh: {_f(f['copies_per_message'], '.2f')}), "
-                f"{_f(q['uninterested_receivers_per_message'], '.1f')} uninterested receivers per message, "
-                f"path stretch mean {_f(q['path_stretch_mean'])} p95 {_f(q['path_stretch_p95'])}; "
-                f"busiest node sends {_f(q['busiest_node_sends_per_message'], '.2f')} copies per message "
-                f"(mesh: {_f(q['mesh_busiest_node_sends_per_message'], '.2f')})"]
+    out += [
+        "",
+        f"MQTT-ST full replication on the same graph (root {q['root']}): "
+        f"{q['copies_per_message']} copies per message (mesh: {_f(f['copies_per_message'], '.2f')}), "
+        f"{_f(q['uninterested_receivers_per_message'], '.1f')} uninterested receivers per message, "
+        f"path stretch mean {_f(q['path_stretch_mean'])} p95 {_f(q['path_stretch_p95'])}; "
+        f"busiest node sends {_f(q['busiest_node_sends_per_message'], '.2f')} copies per message "
+        f"(mesh: {_f(q['mesh_busiest_node_sends_per_message'], '.2f')})",
+    ]
     inv = s["invariants"]
-    out += ["", f"invariants: {inv['route_checks']:,} route tables and {inv['message_checks']:,} messages checked: "
-                + ("all hold" if inv["ok"] else "VIOLATED " + json.dumps(inv["violation_counts"]))]
+    out += [
+        "",
+        f"invariants: {inv['route_checks']:,} route tables and {inv['message_checks']:,} messages checked: "
+        + ("all hold" if inv["ok"] else "VIOLATED " + json.dumps(inv["violation_counts"])),
+    ]
     for v in inv["violations"][:20]:
         out.append(f"  {v}")
     return "\n".join(out) + "\n"

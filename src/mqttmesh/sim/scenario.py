@@ -12,11 +12,22 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ..mesh.engine import MeshSettings
 
-__all__ = ["ScenarioError", "Scenario", "Topology", "NodeModel", "Workload", "Checks", "Fault",
-           "load_scenario", "parse_scenario", "FAULT_KINDS"]
+__all__ = [
+    "ScenarioError",
+    "Scenario",
+    "Topology",
+    "NodeModel",
+    "Workload",
+    "Checks",
+    "Fault",
+    "load_scenario",
+    "parse_scenario",
+    "FAULT_KINDS",
+]
 
 
 class ScenarioError(ValueError):
@@ -25,29 +36,29 @@ class ScenarioError(ValueError):
 
 @dataclass
 class Topology:
-    kind: str = "random"              # full ring line star random rgg ba sites
+    kind: str = "random"  # full ring line star random rgg ba sites
     nodes: int = 10
-    degree: float = 4.0               # random, rgg: target average degree
-    m: int = 2                        # ba: links of each new node
-    sites: int = 4                    # sites: number of sites
-    site_kind: str = "full"           # sites: topology inside a site (full ring random rgg ba)
-    long_links: int = 2               # sites: links between two neighbouring sites
-    latency_ms: tuple[float, float] = (1.0, 1.0)       # one way, per link, drawn uniformly
+    degree: float = 4.0  # random, rgg: target average degree
+    m: int = 2  # ba: links of each new node
+    sites: int = 4  # sites: number of sites
+    site_kind: str = "full"  # sites: topology inside a site (full ring random rgg ba)
+    long_links: int = 2  # sites: links between two neighbouring sites
+    latency_ms: tuple[float, float] = (1.0, 1.0)  # one way, per link, drawn uniformly
     long_latency_ms: tuple[float, float] = (30.0, 80.0)  # sites: links between sites
-    loss: float = 0.0                 # probability that one transmission is lost
-    retransmit_ms: float = 200.0      # a lost QoS 1 transmission arrives again after this
-    bandwidth_mbps: float = 0.0       # 0: unlimited (no serialisation delay)
+    loss: float = 0.0  # probability that one transmission is lost
+    retransmit_ms: float = 200.0  # a lost QoS 1 transmission arrives again after this
+    bandwidth_mbps: float = 0.0  # 0: unlimited (no serialisation delay)
 
 
 @dataclass
 class NodeModel:
-    keepalive: float = 1.0            # PINGREQ interval on a link (RTT sample); dead after 3x
-    tick: float = 0.25                # engine.tick period, as server/mesh_node.py
-    flush_delay_ms: float = 0.2       # one event-loop iteration: events within it share a flush
-    redial_max: float = 2.0           # a dialler retries with backoff up to this (mesh_node Dialer)
-    handshake_rtts: int = 3           # TCP + CONNECT/CONNACK + SUBSCRIBE/SUBACK before hello
-    start_spread: float = 0.1         # nodes start at random times in [0, this)
-    rtt_jitter: float = 0.0           # RTT samples vary by up to this fraction
+    keepalive: float = 1.0  # PINGREQ interval on a link (RTT sample); dead after 3x
+    tick: float = 0.25  # engine.tick period, as server/mesh_node.py
+    flush_delay_ms: float = 0.2  # one event-loop iteration: events within it share a flush
+    redial_max: float = 2.0  # a dialler retries with backoff up to this (mesh_node Dialer)
+    handshake_rtts: int = 3  # TCP + CONNECT/CONNACK + SUBSCRIBE/SUBACK before hello
+    start_spread: float = 0.1  # nodes start at random times in [0, this)
+    rtt_jitter: float = 0.0  # RTT samples vary by up to this fraction
     # simulated CPU: a node handles one message at a time and flushes when idle, as the
     # asyncio loop does, so a busy node batches more (0 and 0: infinitely fast nodes)
     cpu_us_per_message: float = 20.0
@@ -57,20 +68,20 @@ class NodeModel:
 @dataclass
 class Workload:
     levels: list[int] = field(default_factory=lambda: [10, 20, 50])  # values per topic level
-    zipf: float = 1.0                 # popularity skew of level values (0 = uniform)
+    zipf: float = 1.0  # popularity skew of level values (0 = uniform)
     filters_per_node: int = 5
-    distinct_filters: int = 0         # > 0: add filters until the mesh has this many distinct ones
-    plus: float = 0.2                 # probability that a filter has a '+' level
-    hash: float = 0.2                 # probability that a filter ends with '#'
-    cross_site: float = 0.1           # probability that a filter watches every site ('+' site)
-    site_skew: float = 0.0            # zipf exponent over the watched site (0 = uniform)
-    publish_rate: float = 1.0         # messages per second per publishing node (Poisson)
-    publishers: float = 1.0           # fraction of nodes with publishers
+    distinct_filters: int = 0  # > 0: add filters until the mesh has this many distinct ones
+    plus: float = 0.2  # probability that a filter has a '+' level
+    hash: float = 0.2  # probability that a filter ends with '#'
+    cross_site: float = 0.1  # probability that a filter watches every site ('+' site)
+    site_skew: float = 0.0  # zipf exponent over the watched site (0 = uniform)
+    publish_rate: float = 1.0  # messages per second per publishing node (Poisson)
+    publishers: float = 1.0  # fraction of nodes with publishers
     qos: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.0])  # share of QoS 0, 1, 2
     payload_bytes: int = 32
-    start: float = 5.0                # publishing (and churn) starts
-    churn: float = 0.0                # subscription changes per node per second
-    resubscribe: bool = True          # a restarted node gets its subscriptions back (sessions)
+    start: float = 5.0  # publishing (and churn) starts
+    churn: float = 0.0  # subscription changes per node per second
+    resubscribe: bool = True  # a restarted node gets its subscriptions back (sessions)
     # "start": each node has its subscriptions when it starts (restored persistent sessions);
     # "converged": clients subscribe once the mesh has formed (see docs/simulation.md, finding 1)
     subscribe: str = "start"
@@ -78,13 +89,13 @@ class Workload:
 
 @dataclass
 class Checks:
-    resolution: float = 0.01          # convergence is checked this often while unconverged
-    settle: float = 0.0               # a message's delivery window; 0: from the topology
-    routes: int = 0                   # nodes whose routes are checked at each convergence; 0: all
-    fail: bool = True                 # a violated invariant fails the run
-    max_convergence: float = 30.0     # still converging this long after a disturbance: a violation
-    attribute: bool = True            # parse advertisements to attribute control traffic to faults
-    shared_decoding: bool = True      # decode a payload once for all the engines it reaches (core.py)
+    resolution: float = 0.01  # convergence is checked this often while unconverged
+    settle: float = 0.0  # a message's delivery window; 0: from the topology
+    routes: int = 0  # nodes whose routes are checked at each convergence; 0: all
+    fail: bool = True  # a violated invariant fails the run
+    max_convergence: float = 30.0  # still converging this long after a disturbance: a violation
+    attribute: bool = True  # parse advertisements to attribute control traffic to faults
+    shared_decoding: bool = True  # decode a payload once for all the engines it reaches (core.py)
 
 
 FAULT_KINDS = {
@@ -114,7 +125,7 @@ class Scenario:
     description: str = ""
     seed: int = 1
     duration: float = 30.0
-    drain: float = 8.0                # publishing stops this long before the end
+    drain: float = 8.0  # publishing stops this long before the end
     topology: Topology = field(default_factory=Topology)
     node: NodeModel = field(default_factory=NodeModel)
     workload: Workload = field(default_factory=Workload)
@@ -139,8 +150,11 @@ def _typed(section: str, key: str, value, default):
     if isinstance(default, tuple):  # a number, or [min, max]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = [value, value]
-        if (not isinstance(value, list) or len(value) != 2
-                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+        if (
+            not isinstance(value, list)
+            or len(value) != 2
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+        ):
             raise ScenarioError(f"{where}: expected a number or [min, max], got {value!r}")
         lo, hi = float(value[0]), float(value[1])
         if lo < 0 or hi < lo:
@@ -169,13 +183,16 @@ def _typed(section: str, key: str, value, default):
     raise ScenarioError(f"{where}: unsupported value {value!r}")
 
 
-def _section(cls, section: str, raw) -> object:
+_T = TypeVar("_T")
+
+
+def _section(cls: type[_T], section: str, raw: Any) -> _T:
     if raw is None:
         return cls()
     if not isinstance(raw, dict):
         raise ScenarioError(f"[{section}] must be a table")
     obj = cls()
-    known = {f.name for f in fields(cls)}
+    known = {f.name for f in fields(cls)}  # type: ignore[arg-type]  # (cls is a dataclass)
     for key, value in raw.items():
         if key not in known:
             raise ScenarioError(f"[{section}]: unknown key {key!r} (known: {', '.join(sorted(known))})")
@@ -185,8 +202,19 @@ def _section(cls, section: str, raw) -> object:
 
 def parse_scenario(raw: dict, source: str = "<scenario>") -> Scenario:
     """A checked Scenario from the parsed TOML document ``raw``."""
-    top_known = {"name", "description", "seed", "duration", "drain", "topology", "node", "workload",
-                 "checks", "engine", "faults"}
+    top_known = {
+        "name",
+        "description",
+        "seed",
+        "duration",
+        "drain",
+        "topology",
+        "node",
+        "workload",
+        "checks",
+        "engine",
+        "faults",
+    }
     for key in raw:
         if key not in top_known:
             raise ScenarioError(f"{source}: unknown key {key!r} (known: {', '.join(sorted(top_known))})")
@@ -233,19 +261,22 @@ def _fault(i: int, raw) -> Fault:
         if key in ("at", "kind", "label"):
             continue
         if key not in FAULT_KINDS[kind]:
-            raise ScenarioError(f"{where}: {kind} takes no {key!r} "
-                                f"(it takes: {', '.join(sorted(FAULT_KINDS[kind])) or 'nothing'})")
+            raise ScenarioError(
+                f"{where}: {kind} takes no {key!r} (it takes: {', '.join(sorted(FAULT_KINDS[kind])) or 'nothing'})"
+            )
         params[key] = value
     if kind in ("link_down", "link_up", "latency"):
         link = params.get("link", "random")
-        if link != "random" and not (isinstance(link, list) and len(link) == 2
-                                     and all(isinstance(x, str) for x in link)):
-            raise ScenarioError(f"{where}: link must be \"random\" or [\"a\", \"b\"], got {link!r}")
+        if link != "random" and not (
+            isinstance(link, list) and len(link) == 2 and all(isinstance(x, str) for x in link)
+        ):
+            raise ScenarioError(f'{where}: link must be "random" or ["a", "b"], got {link!r}')
     if kind == "latency" and "latency_ms" not in params:
         raise ScenarioError(f"{where}: latency needs latency_ms")
     if kind == "crash" and params.get("how", "kill") not in ("kill", "power"):
-        raise ScenarioError(f"{where}: how must be \"kill\" (peers see the reset) or \"power\" "
-                            f"(peers time out), got {params['how']!r}")
+        raise ScenarioError(
+            f'{where}: how must be "kill" (peers see the reset) or "power" (peers time out), got {params["how"]!r}'
+        )
     if kind == "partition" and len(params) != 1:
         raise ScenarioError(f"{where}: partition needs exactly one of groups, isolate, isolate_site, half, grow")
     label = raw.get("label", "")
@@ -272,7 +303,7 @@ def _validate(sc: Scenario) -> None:
         raise ScenarioError("topology.loss: a probability below 1")
     w = sc.workload
     if w.subscribe not in ("start", "converged"):
-        raise ScenarioError(f"workload.subscribe: \"start\" or \"converged\", got {w.subscribe!r}")
+        raise ScenarioError(f'workload.subscribe: "start" or "converged", got {w.subscribe!r}')
     if len(w.qos) != 3 or sum(w.qos) <= 0:
         raise ScenarioError("workload.qos: three shares (QoS 0, 1, 2), not all zero")
     if not w.levels or any(v < 1 for v in w.levels):

@@ -21,7 +21,7 @@ __all__ = ["Graph", "build_topology", "node_names"]
 @dataclass
 class Graph:
     names: list[str]
-    latency: dict[tuple[str, str], float]          # (a, b) with a < b -> one-way seconds
+    latency: dict[tuple[str, str], float]  # (a, b) with a < b -> one-way seconds
     site_of: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -44,7 +44,7 @@ def _draw(rng: random.Random, bounds: tuple[float, float]) -> float:
 
 
 def _edges_full(names, rng, t):
-    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1 :]]
 
 
 def _edges_ring(names, rng, t):
@@ -78,10 +78,10 @@ def _edges_random(names, rng, t):
 def _edges_ba(names, rng, t):
     """Barabási–Albert: each new node links to m earlier ones, chosen by degree."""
     m = max(1, min(t.m, len(names) - 1))
-    seed = names[:m + 1]
-    edges = {_key(a, b) for i, a in enumerate(seed) for b in seed[i + 1:]}
+    seed = names[: m + 1]
+    edges = {_key(a, b) for i, a in enumerate(seed) for b in seed[i + 1 :]}
     targets = [x for e in edges for x in e]  # a node appears once per link it has
-    for new in names[m + 1:]:
+    for new in names[m + 1 :]:
         chosen: set[str] = set()
         for _ in range(100 * m):
             if len(chosen) == m:
@@ -130,15 +130,21 @@ def _connect(names, edges, distance):
     groups = sorted(comps.values(), key=len, reverse=True)
     main = list(groups[0])
     for g in groups[1:]:
-        sample = main if len(main) <= 400 else main[::len(main) // 400]
+        sample = main if len(main) <= 400 else main[:: len(main) // 400]
         a, b = min(((x, y) for x in g for y in sample), key=lambda p: distance(*p))
         edges.add(_key(a, b))
         main += g
     return edges
 
 
-_SIMPLE = {"full": _edges_full, "ring": _edges_ring, "line": _edges_line, "star": _edges_star,
-           "random": _edges_random, "ba": _edges_ba}
+_SIMPLE = {
+    "full": _edges_full,
+    "ring": _edges_ring,
+    "line": _edges_line,
+    "star": _edges_star,
+    "random": _edges_random,
+    "ba": _edges_ba,
+}
 
 
 def build_topology(t: Topology, rng: random.Random) -> Graph:
@@ -150,7 +156,7 @@ def build_topology(t: Topology, rng: random.Random) -> Graph:
         start = 0
         sites = []
         for s, count in enumerate(per):
-            members = names[start:start + count]
+            members = names[start : start + count]
             start += count
             sites.append(members)
             for m in members:
@@ -158,8 +164,7 @@ def build_topology(t: Topology, rng: random.Random) -> Graph:
             for a, b in _local_edges(t.site_kind, members, rng, t):
                 latency[_key(a, b)] = _draw(rng, t.latency_ms)
         # neighbouring sites (a ring of sites) share long_links links between random members
-        pairs = [(i, (i + 1) % t.sites) for i in range(t.sites)] if t.sites > 2 else \
-            ([(0, 1)] if t.sites == 2 else [])
+        pairs = [(i, (i + 1) % t.sites) for i in range(t.sites)] if t.sites > 2 else ([(0, 1)] if t.sites == 2 else [])
         for i, j in pairs:
             for _ in range(max(1, t.long_links)):
                 a, b = rng.choice(sites[i]), rng.choice(sites[j])

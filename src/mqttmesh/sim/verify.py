@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from .checks import components, dijkstra, tree_edges
 from .convergence import Episode
+from .model import SimulatorPart
 
 __all__ = ["VerifyMixin"]
 
 
-class VerifyMixin:
+class VerifyMixin(SimulatorPart):
+    phys_cache: dict[str, frozenset[str]] | None  # (annotation only: set by the Simulator)
+
     # ------------------------------------------------------------------ message checks
 
     def _default_settle(self) -> float:
@@ -40,12 +43,14 @@ class VerifyMixin:
         rec.checked = True
         self.msg_checks += 1
         v = self.violations
-        where = f"message {origin}:{seq & 0xffffffff} on {rec.topic!r} (QoS {rec.qos}, t={rec.t:.4f}s)"
+        where = f"message {origin}:{seq & 0xFFFFFFFF} on {rec.topic!r} (QoS {rec.qos}, t={rec.t:.4f}s)"
         if rec.engine_dests != set(rec.expected):
             missing = sorted(set(rec.expected) - rec.engine_dests)[:5]
             extra = sorted(rec.engine_dests - set(rec.expected))[:5]
-            v.add("interest", f"{where}: the origin chose the wrong destinations (missing {missing}, "
-                              f"without a subscriber {extra})")
+            v.add(
+                "interest",
+                f"{where}: the origin chose the wrong destinations (missing {missing}, without a subscriber {extra})",
+            )
         adj = self._routing_adj()
         seen = set()
         copies0 = 0
@@ -57,8 +62,7 @@ class VerifyMixin:
                 sends[frm] = sends.get(frm, 0) + 1
             extra = [d for d in dests if d not in rec.expected]
             if extra:
-                v.add("no_interest", f"{where}: {to} received a copy for {extra[:5]}, which have no "
-                                     f"subscriber for it")
+                v.add("no_interest", f"{where}: {to} received a copy for {extra[:5]}, which have no subscriber for it")
             dist_frm = self._dist(frm)[0]
             dist_to = self._dist(to)[0]
             for d in dests:
@@ -66,8 +70,7 @@ class VerifyMixin:
                     v.add("loop", f"{where}: {to} received the copy for {d} twice (attempt {attempt})")
                 seen.add((to, attempt, d))
                 if adj[frm].get(to, float("inf")) + dist_to.get(d, float("inf")) != dist_frm.get(d):
-                    v.add("path", f"{where}: {frm} sent the copy for {d} to {to}, which is not on a "
-                                  f"shortest path")
+                    v.add("path", f"{where}: {frm} sent the copy for {d} to {to}, which is not on a shortest path")
         if rec.expected:
             _dist, parent, _hops = self._dist(origin)
             optimum = len(tree_edges(origin, parent, rec.expected))
@@ -94,8 +97,10 @@ class VerifyMixin:
 
     def _physical_component(self, name: str) -> frozenset:
         if self.phys_cache is None:
-            comp = components((n for n in self.names if self.nodes[n].up),
-                              ((link.a, link.b) for link in self.links.values() if self._avail(link)))
+            comp = components(
+                (n for n in self.names if self.nodes[n].up),
+                ((link.a, link.b) for link in self.links.values() if self._avail(link)),
+            )
             groups: dict[str, set] = {}
             for n, root in comp.items():
                 groups.setdefault(root, set()).add(n)
@@ -109,9 +114,12 @@ class VerifyMixin:
         v = self.violations
         ep = self.episode
         if ep is not None and self.now - self.last_disturbance > self.sc.checks.max_convergence:
-            v.add("convergence", f"still not converged at the end ({self.now:.1f}s), "
-                                 f"{self.now - self.last_disturbance:.1f}s after the last disturbance "
-                                 f"(episode '{ep.cause}' since {ep.start:.2f}s): {self._why_unconverged()}")
+            v.add(
+                "convergence",
+                f"still not converged at the end ({self.now:.1f}s), "
+                f"{self.now - self.last_disturbance:.1f}s after the last disturbance "
+                f"(episode '{ep.cause}' since {ep.start:.2f}s): {self._why_unconverged()}",
+            )
         episodes = self.episodes
         for rec in self.msgs.values():
             ep = self._episode_at(rec.t)
@@ -126,23 +134,33 @@ class VerifyMixin:
             restarted = {n for n in rec.delivered if self.nodes[n].restarted_at > rec.t}
             if dups and not restarted:
                 twice = sorted(n for n, c in rec.delivered.items() if c > 1)[:5]
-                v.add("exactly_once", f"message {rec.origin}:{rec.seq & 0xffffffff} on {rec.topic!r} was "
-                                      f"delivered more than once at {twice}")
+                v.add(
+                    "exactly_once",
+                    f"message {rec.origin}:{rec.seq & 0xFFFFFFFF} on {rec.topic!r} was "
+                    f"delivered more than once at {twice}",
+                )
             if not rec.checked:
                 continue
             unexpected = sorted(set(rec.delivered) - rec.expected - rec.dormant)[:5]
             if unexpected:
-                v.add("no_interest", f"message {rec.origin}:{rec.seq & 0xffffffff} on {rec.topic!r} was "
-                                     f"delivered at {unexpected}, which have no subscriber for it")
+                v.add(
+                    "no_interest",
+                    f"message {rec.origin}:{rec.seq & 0xFFFFFFFF} on {rec.topic!r} was "
+                    f"delivered at {unexpected}, which have no subscriber for it",
+                )
             if lost and not (rec.qos == 0 and rec.lost_copies):
-                v.add("exactly_once", f"message {rec.origin}:{rec.seq & 0xffffffff} on {rec.topic!r} "
-                                      f"(QoS {rec.qos}, published at {rec.t:.4f}s, converged) never "
-                                      f"reached {sorted(lost)[:5]}")
+                v.add(
+                    "exactly_once",
+                    f"message {rec.origin}:{rec.seq & 0xFFFFFFFF} on {rec.topic!r} "
+                    f"(QoS {rec.qos}, published at {rec.t:.4f}s, converged) never "
+                    f"reached {sorted(lost)[:5]}",
+                )
         self.final_hop_drops = self.counter_total("hop_limit_drops")
         faults = [e for e in episodes if e.kind not in ("start", "change", "subscribe_all", "subscription")]
         if self.final_hop_drops and not faults:
-            v.add("hop_limit", f"{self.final_hop_drops} envelopes reached the hop limit in a mesh that "
-                               f"never had a fault")
+            v.add(
+                "hop_limit", f"{self.final_hop_drops} envelopes reached the hop limit in a mesh that never had a fault"
+            )
 
     def _episode_at(self, t: float) -> Episode | None:
         for ep in reversed(self.episodes):

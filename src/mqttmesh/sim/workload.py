@@ -43,11 +43,10 @@ class TopicSpace:
         if rng.random() < w.cross_site:
             site = "+"
         else:
-            site = self.sites[min(bisect.bisect_left(self._sites, rng.random() * self._sites[-1]),
-                                  len(self.sites) - 1)]
+            site = self.sites[min(bisect.bisect_left(self._sites, rng.random() * self._sites[-1]), len(self.sites) - 1)]
         levels = [site] + [self._value(rng, i) for i in range(len(self._levels))]
         if rng.random() < w.hash:
-            levels = levels[:rng.randrange(1, len(levels))] + ["#"]
+            levels = levels[: rng.randrange(1, len(levels))] + ["#"]
         if rng.random() < w.plus:
             body = len(levels) - 1 if levels[-1] == "#" else len(levels)
             if body > 1:

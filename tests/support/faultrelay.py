@@ -17,10 +17,10 @@ import threading
 
 
 class _Pipe(asyncio.Protocol):
-    def __init__(self, relay: "FaultRelay"):
+    def __init__(self, relay: FaultRelay):
         self.relay = relay
         self.transport = None
-        self.other: "_Pipe | None" = None
+        self.other: _Pipe | None = None
         self.pending: list[bytes] = []
 
     def connection_made(self, transport):
@@ -62,8 +62,7 @@ class _Inbound(_Pipe):
     async def _dial(self):
         relay = self.relay
         try:
-            _, out = await relay.loop.create_connection(lambda: _Pipe(relay), relay.target_host,
-                                                        relay.target_port)
+            _, out = await relay.loop.create_connection(lambda: _Pipe(relay), relay.target_host, relay.target_port)
         except OSError:
             self.transport.close()
             return
@@ -101,6 +100,7 @@ class FaultRelay:
     def _run(self, fn):
         async def go():
             fn()
+
         self._call(go())
 
     def block(self) -> None:
@@ -110,6 +110,7 @@ class FaultRelay:
         def go():
             self.blocked = False
             self.refusing = False
+
         self._run(go)
 
     def cut(self) -> None:
@@ -118,6 +119,7 @@ class FaultRelay:
             for pipe in list(self._pipes):
                 if pipe.transport is not None:
                     pipe.transport.abort()
+
         self._run(go)
 
     def record(self) -> None:
@@ -129,6 +131,7 @@ class FaultRelay:
 
         async def go():
             out.append(b"".join(d for side, d in (self.recording or []) if side == from_dialler))
+
         self._call(go())
         return out[0]
 
@@ -141,6 +144,7 @@ class FaultRelay:
             for pipe in list(self._pipes):
                 if pipe.transport is not None:
                     pipe.transport.abort()
+
         try:
             self._run(go)
         finally:

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import contextlib
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import mqttraw as raw  # noqa: E402
-from conftest import free_port, wait_for  # noqa: E402
-from faultrelay import FaultRelay  # noqa: E402
-
-from mqttmesh.admin import fetch_status  # noqa: E402
-from mqttmesh.auth import PasswordFile  # noqa: E402
+from mqttmesh.admin import fetch_status
+from mqttmesh.auth import PasswordFile
+from support import mqttraw as raw
+from support.faultrelay import FaultRelay
+from support.processes import free_port, wait_for
 
 SECRET = "test-secret"
 
@@ -34,8 +30,9 @@ def admin_password_file(directory: Path) -> Path:
     return path
 
 
-def start_mesh(broker_factory, names, edges, extra=(), connect="configured", peers_via=None,
-               data_dirs=None, admin=False):
+def start_mesh(
+    broker_factory, names, edges, extra=(), connect="configured", peers_via=None, data_dirs=None, admin=False
+):
     """Start one node per name; ``edges`` (a, b) means a dials b. Returns {name: BrokerProcess}.
 
     ``peers_via[(a, b)]`` gives the address a dials instead of b's own (e.g. a FaultRelay).
@@ -79,12 +76,19 @@ def relayed_mesh(broker_factory, names, edges, relayed=(), extra=(), per_node=No
         for name in names:
             node = broker_factory(name=name, start=False)
             node.port = ports[name]
-            node.args = ["--cluster-secret", SECRET, "--connect", "configured", "--status-interval", "0.1",
-                         *extra, *((per_node or {}).get(name, ()))]
+            node.args = [
+                "--cluster-secret",
+                SECRET,
+                "--connect",
+                "configured",
+                "--status-interval",
+                "0.1",
+                *extra,
+                *((per_node or {}).get(name, ())),
+            ]
             for a, b in edges:
                 if a == name:
-                    node.args += ["--peer", relays[(a, b)].address if (a, b) in relays
-                                  else f"127.0.0.1:{ports[b]}"]
+                    node.args += ["--peer", relays[(a, b)].address if (a, b) in relays else f"127.0.0.1:{ports[b]}"]
             nodes[name] = node
         for name in names:
             nodes[name].start()
@@ -103,11 +107,13 @@ def status(node, timeout=5.0, admin=False):
 
 def _tolerant(predicate):
     """A wait_for predicate that counts a node not answering (yet) as 'not yet'."""
+
     def check():
         try:
             return predicate()
         except (ConnectionError, OSError):
             return False
+
     return check
 
 
@@ -124,13 +130,16 @@ def wait_converged(nodes, edges, timeout=20.0):
             if set(s["neighbours"]) != neighbours_of(name, edges):
                 return False
         return True
+
     wait_for(_tolerant(ok), timeout, interval=0.1, what="the mesh to converge")
 
 
 def wait_interest(nodes, topic_filter, at, timeout=10.0):
     """Every node knows that node ``at`` subscribes to ``topic_filter``."""
+
     def ok():
         return all(topic_filter in status(n)["nodes"].get(at, {}).get("filters", []) for n in nodes.values())
+
     wait_for(_tolerant(ok), timeout, interval=0.05, what=f"{at}'s interest in {topic_filter} to spread")
 
 
@@ -215,3 +224,23 @@ def publish(node, topic, payloads, qos=1, client_id=None, retain=False):
             c.send(raw.PINGREQ_BYTES)  # the broker answers after it handled everything before
             c.expect(raw.PINGRESP)
         c.send(raw.DISCONNECT_BYTES)
+
+
+def split_packets(stream: bytes):
+    """Split a captured byte stream into (first byte, body) with the standard's framing rules."""
+    pos, out = 0, []
+    while pos < len(stream):
+        first = stream[pos]
+        mult, length, i = 1, 0, pos + 1
+        while True:
+            b = stream[i]
+            length += (b & 0x7F) * mult
+            mult *= 128
+            i += 1
+            if not b & 0x80:
+                break
+            assert mult <= 128**4, "remaining length over four bytes"
+        out.append((first, stream[i : i + length]))
+        pos = i + length
+    assert pos == len(stream), "trailing bytes"
+    return out

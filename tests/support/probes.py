@@ -4,10 +4,10 @@ Shared by the hostile test suite (tests/hostile/) and the Mosquitto comparison
 (``python -m bench.hostile``). Nothing here knows which broker it talks to: a
 ``Target`` names its address, its PID (for the /proc probes) and the settings an
 attack needs to judge the result. Everything on the wire is built by
-tests/mqttraw.py, which shares no code with mqttmesh.
+tests/support/mqttraw.py, which shares no code with mqttmesh.
 
 The canary is a well-behaved client pair that round-trips a QoS 1 message every
-100 ms; ``run_attack`` runs an attack (tests/hostile/attacks.py) with the canary
+100 ms; ``run_attack`` runs an attack (tests/support/attacks.py) with the canary
 measuring before, during and after it, and adds the canary's criterion to the
 attack's ``Outcome``: every round trip within 2 s.
 """
@@ -19,25 +19,21 @@ import random
 import re
 import socket
 import struct
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
-TESTS = Path(__file__).resolve().parent.parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
-
-import mqttraw  # noqa: E402
-from mqttraw import CONNACK, PUBACK, PUBLISH, SUBACK, Closed, Packet  # noqa: E402
+from support import mqttraw
+from support.mqttraw import CONNACK, PUBACK, PUBLISH, SUBACK, Closed, Packet
 
 CANARY_LIMIT = 2.0  # seconds: the issue's bound on every canary round trip
 
 # what an unhandled exception leaves in a node's log (asyncio's handler, a dying task, a crash)
-LOG_PROBLEMS = re.compile(r"Traceback|Exception in callback|Task exception was never retrieved|"
-                          r"exception was never retrieved|RuntimeError|Unhandled exception|"
-                          r"ERROR asyncio|CRITICAL")
+LOG_PROBLEMS = re.compile(
+    r"Traceback|Exception in callback|Task exception was never retrieved|"
+    r"exception was never retrieved|RuntimeError|Unhandled exception|"
+    r"ERROR asyncio|CRITICAL"
+)
 
 
 def log_problems(text: str, limit: int = 12) -> list[str]:
@@ -52,19 +48,20 @@ def log_problems(text: str, limit: int = 12) -> list[str]:
 @dataclass
 class Target:
     """One broker (or a mesh: the canary publishes at ``port``, subscribes at ``sub_port``)."""
+
     name: str
     host: str
     port: int
     pid: int
     sub_port: int | None = None
-    users: dict[str, str] = field(default_factory=dict)     # logins that work: user -> password
-    login: tuple[str, str] | None = None                     # what the canary and helpers log in with
+    users: dict[str, str] = field(default_factory=dict)  # logins that work: user -> password
+    login: tuple[str, str] | None = None  # what the canary and helpers log in with
     connect_timeout: float | None = None
     slow_consumer_timeout: float | None = None
     max_connections: int | None = None
     max_packet_size: int = 1024 * 1024
     tls_port: int | None = None
-    log: object = None                                       # () -> the broker's log text, if known
+    log: object = None  # () -> the broker's log text, if known
 
     @property
     def credentials(self) -> dict:
@@ -91,7 +88,7 @@ def cpu_seconds(pid: int) -> float | None:
             raw = fh.read()
     except OSError:
         return None
-    fields = raw[raw.rindex(b")") + 2:].split()  # the name may hold spaces and parentheses
+    fields = raw[raw.rindex(b")") + 2 :].split()  # the name may hold spaces and parentheses
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -172,8 +169,9 @@ def loopback(i: int) -> str:
     return f"127.0.{i // 250}.{2 + i % 250}"
 
 
-def open_socket(host: str, port: int, source: str | None = None, rcvbuf: int | None = None,
-                timeout: float = 5.0) -> socket.socket:
+def open_socket(
+    host: str, port: int, source: str | None = None, rcvbuf: int | None = None, timeout: float = 5.0
+) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         if rcvbuf is not None:
@@ -202,8 +200,9 @@ class Raw(mqttraw.RawClient):
     """mqttraw's blocking client, optionally from another loopback address or with a small
     receive buffer."""
 
-    def __init__(self, host: str, port: int, timeout: float = 5.0, source: str | None = None,
-                 rcvbuf: int | None = None):
+    def __init__(
+        self, host: str, port: int, timeout: float = 5.0, source: str | None = None, rcvbuf: int | None = None
+    ):
         self.sock = open_socket(host, port, source, rcvbuf, timeout)
         self.buf = b""
         self.timeout = timeout
@@ -218,8 +217,7 @@ def connack_code(p: Packet) -> int:
     return p.body[1]
 
 
-def connect_client(host: str, port: int, client_id: str, timeout: float = 5.0, source=None,
-                   rcvbuf=None, **kw) -> Raw:
+def connect_client(host: str, port: int, client_id: str, timeout: float = 5.0, source=None, rcvbuf=None, **kw) -> Raw:
     """A connection that was accepted (CONNACK 0); raises otherwise."""
     c = Raw(host, port, timeout, source, rcvbuf)
     try:
@@ -245,8 +243,9 @@ def subscribe(c: Raw, pid: int, *filters, timeout: float = 5.0) -> list[int]:
             raise AssertionError(f"expected SUBACK, got {p!r}")
 
 
-def try_connect(host: str, port: int, client_id: str, timeout: float = 2.0, source=None,
-                **kw) -> tuple[int | None, float]:
+def try_connect(
+    host: str, port: int, client_id: str, timeout: float = 2.0, source=None, **kw
+) -> tuple[int | None, float]:
     """(CONNACK return code or None when the server closed without one, seconds taken).
 
     None also when nothing came within ``timeout`` (the connection is then given up)."""
@@ -279,7 +278,7 @@ def closed_within(sock: socket.socket, timeout: float) -> tuple[bool, bytes, str
         sock.settimeout(remaining)
         try:
             data = sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             return False, got, ""
         except ConnectionResetError:
             return True, got, "reset"
@@ -288,7 +287,7 @@ def closed_within(sock: socket.socket, timeout: float) -> tuple[bool, bytes, str
         if not data:
             return True, got, "eof"
         if len(got) < 4096:
-            got += data[:4096 - len(got)]
+            got += data[: 4096 - len(got)]
 
 
 def wait_sockets(pid: int, baseline: int, timeout: float) -> float | None:
@@ -324,15 +323,14 @@ class Canary:
     closes is a failure too; the canary then connects again, as a real device would.
     """
 
-    def __init__(self, target: Target, tag: str, interval: float = 0.1, wait: float = 5.0,
-                 source: str | None = None):
+    def __init__(self, target: Target, tag: str, interval: float = 0.1, wait: float = 5.0, source: str | None = None):
         self.target = target
         self.tag = tag
         self.topic = f"canary/{tag}"
         self.interval = interval
         self.wait = wait
         self.source = source
-        self.samples: list[tuple[str, float | None]] = []   # (phase, latency or None)
+        self.samples: list[tuple[str, float | None]] = []  # (phase, latency or None)
         self.errors: list[str] = []
         self.current = "warmup"
         self._lock = threading.Condition()
@@ -346,8 +344,9 @@ class Canary:
 
     def _connect_sub(self) -> Raw:
         t = self.target
-        c = connect_client(t.host, t.sub_port or t.port, f"canary-sub-{self.tag}", source=self.source,
-                           keepalive=0, **t.credentials)
+        c = connect_client(
+            t.host, t.sub_port or t.port, f"canary-sub-{self.tag}", source=self.source, keepalive=0, **t.credentials
+        )
         codes = subscribe(c, 1, (self.topic, 1))
         if codes != [1]:
             c.close()
@@ -356,10 +355,11 @@ class Canary:
 
     def _connect_pub(self) -> Raw:
         t = self.target
-        return connect_client(t.host, t.port, f"canary-pub-{self.tag}", source=self.source,
-                              keepalive=0, **t.credentials)
+        return connect_client(
+            t.host, t.port, f"canary-pub-{self.tag}", source=self.source, keepalive=0, **t.credentials
+        )
 
-    def start(self, warmup: float = 15.0) -> "Canary":
+    def start(self, warmup: float = 15.0) -> Canary:
         """Connect, and wait until one round trip works (a mesh needs the subscription to
         spread first); the warm-up round trips are not samples."""
         self._sub = self._connect_sub()
@@ -541,11 +541,13 @@ class Canary:
             slow = [x for x in lats if x is None or x > limit]
             if slow:
                 worst = "a timeout" if any(x is None for x in slow) else f"{max(slow):.2f}s"
-                out.append(f"canary: {len(slow)} of {len(lats)} round trips {ph} the attack "
-                           f"took over {limit:g}s (worst: {worst})"
-                           if ph in ("before", "during", "after") else
-                           f"canary: {len(slow)} of {len(lats)} round trips in {ph!r} took over "
-                           f"{limit:g}s (worst: {worst})")
+                out.append(
+                    f"canary: {len(slow)} of {len(lats)} round trips {ph} the attack "
+                    f"took over {limit:g}s (worst: {worst})"
+                    if ph in ("before", "during", "after")
+                    else f"canary: {len(slow)} of {len(lats)} round trips in {ph!r} took over "
+                    f"{limit:g}s (worst: {worst})"
+                )
         return out
 
 
@@ -572,7 +574,7 @@ class Outcome:
     attack: str
     problems: list[str] = field(default_factory=list)
     figures: dict = field(default_factory=dict)
-    canary: dict = field(default_factory=dict)     # phase -> summary
+    canary: dict = field(default_factory=dict)  # phase -> summary
     canary_report: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -600,14 +602,24 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def run_attack(target: Target, attack, *args, tag: str | None = None, canary_source: str | None = None,
-               before: int = 5, after: int = 10, canary: Canary | None = None, **kw) -> Outcome:
+def run_attack(
+    target: Target,
+    attack,
+    *args,
+    tag: str | None = None,
+    canary_source: str | None = None,
+    before: int = 5,
+    after: int = 10,
+    canary: Canary | None = None,
+    **kw,
+) -> Outcome:
     """Run ``attack(target, canary, *args, **kw) -> Outcome`` with a canary measuring
     round trips before (``before`` samples), during and after (``after`` samples)."""
     own = canary is None
     if own:
-        canary = Canary(target, tag or f"{attack.__name__}-{os.getpid()}-{random.getrandbits(24):x}",
-                        source=canary_source).start()
+        canary = Canary(
+            target, tag or f"{attack.__name__}-{os.getpid()}-{random.getrandbits(24):x}", source=canary_source
+        ).start()
     try:
         canary.phase("before", samples=before)
         canary.phase("during")

@@ -7,10 +7,12 @@ of our own (written from section 2.2 of the standard), never with
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 import weakref
 
-import mqttraw
+from support import mqttraw
 
 
 def split_frames(data: bytes) -> list[mqttraw.Packet]:
@@ -27,7 +29,7 @@ def split_frames(data: bytes) -> list[mqttraw.Packet]:
             i += 1
             if not byte & 0x80:
                 break
-        body = data[i:i + length]
+        body = data[i : i + length]
         assert len(body) == length, f"truncated frame in {data!r}"
         frames.append(mqttraw.Packet(first, body))
         pos = i + length
@@ -50,8 +52,8 @@ class Recorder:
 
     def __init__(self):
         self.wakes = []
-        self.closes = []           # (channel, reason)
-        self.auth_requests = []    # (channel, user, password)
+        self.closes = []  # (channel, reason)
+        self.auth_requests = []  # (channel, user, password)
         self.paused = []
         self.resumed = []
 
@@ -139,12 +141,13 @@ class Net:
         ch.receive_data(mqttraw.subscribe(pid, *filters), now)
         frames = out(ch)
         assert frames[0].type == mqttraw.SUBACK, frames
-        _LEFTOVER[ch] = b"".join(bytes([(f.type << 4) | f.flags]) + mqttraw.varint(len(f.body)) + f.body
-                                 for f in frames[1:])
+        _LEFTOVER[ch] = b"".join(
+            bytes([(f.type << 4) | f.flags]) + mqttraw.varint(len(f.body)) + f.body for f in frames[1:]
+        )
         return ch
 
 
-_LEFTOVER: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LEFTOVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def out(channel) -> list[mqttraw.Packet]:
@@ -155,3 +158,10 @@ def out(channel) -> list[mqttraw.Packet]:
 def publishes(channel) -> list[tuple]:
     """(topic, payload, qos, retain, dup, pid) of every PUBLISH written since the last call."""
     return [publish_fields(p) for p in out(channel) if p.type == mqttraw.PUBLISH]
+
+
+def v1_token(secret, node, incarnation, stamp):
+    """Version 1's password, as the nodes before version 2 made it."""
+    text = f"{node}|{incarnation}|{stamp}"
+    mac = hmac.new(secret, f"mqttmesh-peer|{text}".encode(), hashlib.sha256).hexdigest()
+    return f"{text}|{mac}".encode()

@@ -1,7 +1,7 @@
 """The attacks of issue 13 on a running MQTT broker, each returning an ``Outcome``.
 
 Shared by the hostile test suite and ``python -m bench.hostile``, so that both run the
-same workload against mqttmesh and Mosquitto. An attack takes a ``Target`` (probes.py)
+same workload against mqttmesh and Mosquitto. An attack takes a ``Target`` (support/probes.py)
 and the running ``Canary``, does its damage, and returns the figures it measured and the
 criteria of issue 13 the broker missed (``problems``); ``probes.run_attack`` adds the
 canary's. Randomness comes from a ``random.Random`` the caller seeds (and prints).
@@ -20,13 +20,32 @@ import threading
 import time
 from pathlib import Path
 
-from probes import (CANARY_LIMIT, PUBACK, PUBLISH, Canary, Closed, Outcome, Raw, RssWatch, Target,
-                    closed_within, connect_client, cpu_seconds, loopback, median, open_socket,
-                    percentile, reset, rss_kb, socket_fds, subscribe, try_connect, wait_sockets,
-                    wait_until)
-
-import mqttraw  # (found through the path probes sets up)
-
+from support import mqttraw
+from support.probes import (
+    CANARY_LIMIT,
+    PUBACK,
+    PUBLISH,
+    Canary,
+    Closed,
+    Outcome,
+    Raw,
+    RssWatch,
+    Target,
+    closed_within,
+    connect_client,
+    cpu_seconds,
+    loopback,
+    median,
+    open_socket,
+    percentile,
+    reset,
+    rss_kb,
+    socket_fds,
+    subscribe,
+    try_connect,
+    wait_sockets,
+    wait_until,
+)
 
 # --------------------------------------------------------------------------- helpers for attacks
 
@@ -35,10 +54,19 @@ class Subscriber:
     """A well-behaved subscriber on its own thread: reads at once, acknowledges QoS 1,
     records the payloads it received (optionally only the sequence numbers in them)."""
 
-    def __init__(self, target: Target, client_id: str, topic_filter: str, qos: int = 1,
-                 port: int | None = None, source: str | None = None, ack_delay: float = 0.0):
-        self.client = connect_client(target.host, port or target.port, client_id, source=source,
-                                     keepalive=0, **target.credentials)
+    def __init__(
+        self,
+        target: Target,
+        client_id: str,
+        topic_filter: str,
+        qos: int = 1,
+        port: int | None = None,
+        source: str | None = None,
+        ack_delay: float = 0.0,
+    ):
+        self.client = connect_client(
+            target.host, port or target.port, client_id, source=source, keepalive=0, **target.credentials
+        )
         codes = subscribe(self.client, 1, (topic_filter, qos))
         if codes != [qos]:
             self.client.close()
@@ -102,10 +130,20 @@ class Publisher:
     ``window`` messages unacknowledged. Payloads start with the message's sequence number.
     ``sent`` holds the time each was sent, ``acked`` the time its PUBACK came."""
 
-    def __init__(self, target: Target, client_id: str, topic: str, qos: int = 1, window: int = 50,
-                 payload_size: int = 256, port: int | None = None, source: str | None = None):
-        self.client = connect_client(target.host, port or target.port, client_id, source=source,
-                                     keepalive=0, timeout=10.0, **target.credentials)
+    def __init__(
+        self,
+        target: Target,
+        client_id: str,
+        topic: str,
+        qos: int = 1,
+        window: int = 50,
+        payload_size: int = 256,
+        port: int | None = None,
+        source: str | None = None,
+    ):
+        self.client = connect_client(
+            target.host, port or target.port, client_id, source=source, keepalive=0, timeout=10.0, **target.credentials
+        )
         self.topic = topic
         self.qos = qos
         self.window = window
@@ -114,10 +152,10 @@ class Publisher:
         self.acked: dict[int, float] = {}
         self.seq = 0
         self.error: str | None = None
-        self._pid_seq: dict[int, int] = {}   # packet id -> sequence number, unacknowledged
+        self._pid_seq: dict[int, int] = {}  # packet id -> sequence number, unacknowledged
         self._cv = threading.Condition()
-        self._stop = threading.Event()        # the sender's
-        self._closing = threading.Event()     # the ack reader's
+        self._stop = threading.Event()  # the sender's
+        self._closing = threading.Event()  # the ack reader's
         self._reader = threading.Thread(target=self._read, daemon=True, name=f"pub-{client_id}-acks")
         self._reader.start()
         self._sender: threading.Thread | None = None
@@ -185,6 +223,7 @@ class Publisher:
     def start(self, rate: float | None = None, duration: float = 10.0, burst: int = 1) -> None:
         """Publish on a thread: ``burst`` messages every 1/``rate`` s (None: as fast as the
         window allows) for ``duration`` seconds or until ``stop``."""
+
         def run():
             t_end = time.monotonic() + duration
             next_at = time.monotonic()
@@ -194,6 +233,7 @@ class Publisher:
                 if rate:
                     next_at += 1.0 / rate
                     self._stop.wait(max(0.0, next_at - time.monotonic()))
+
         self._sender = threading.Thread(target=run, daemon=True, name="publisher")
         self._sender.start()
 
@@ -228,14 +268,17 @@ class Publisher:
         self._reader.join(2)
 
 
-def stuck_reader(target: Target, client_id: str, topic_filter: str, qos: int = 0,
-                 source: str | None = None) -> socket.socket:
+def stuck_reader(
+    target: Target, client_id: str, topic_filter: str, qos: int = 0, source: str | None = None
+) -> socket.socket:
     """A subscriber that reads its CONNACK and SUBACK and then never reads again (a tiny
     receive window, so the broker's send buffer fills at once)."""
     sock = open_socket(target.host, target.port, source, rcvbuf=4096)
     try:
-        sock.sendall(mqttraw.connect(client_id=client_id, keepalive=0, **target.credentials)
-                     + mqttraw.subscribe(1, (topic_filter, qos)))
+        sock.sendall(
+            mqttraw.connect(client_id=client_id, keepalive=0, **target.credentials)
+            + mqttraw.subscribe(1, (topic_filter, qos))
+        )
         head = b""
         while len(head) < 9:  # CONNACK (4 bytes) and SUBACK (5 bytes)
             chunk = sock.recv(9 - len(head))
@@ -254,10 +297,19 @@ class Flooder:
     """A QoS 0 publisher that writes as fast as the broker reads, on a thread, for at most
     ``duration`` seconds or ``max_bytes`` bytes (whichever comes first)."""
 
-    def __init__(self, target: Target, client_id: str, topic: str, payload_size: int = 1024,
-                 duration: float = 5.0, max_bytes: int = 200 << 20, source: str | None = None):
-        self.client = connect_client(target.host, target.port, client_id, source=source, keepalive=0,
-                                     **target.credentials)
+    def __init__(
+        self,
+        target: Target,
+        client_id: str,
+        topic: str,
+        payload_size: int = 1024,
+        duration: float = 5.0,
+        max_bytes: int = 200 << 20,
+        source: str | None = None,
+    ):
+        self.client = connect_client(
+            target.host, target.port, client_id, source=source, keepalive=0, **target.credentials
+        )
         self.frame = mqttraw.publish(topic, b"F" * payload_size)
         self.duration = duration
         self.max_bytes = max_bytes
@@ -266,7 +318,7 @@ class Flooder:
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"flood-{client_id}")
 
-    def start(self) -> "Flooder":
+    def start(self) -> Flooder:
         self.thread.start()
         return self
 
@@ -279,7 +331,7 @@ class Flooder:
         while not self._stop.is_set() and time.monotonic() < t_end and self.sent < self.max_bytes:
             try:
                 n = sock.send(view)
-            except socket.timeout:
+            except TimeoutError:
                 continue  # the broker is not reading us (flow control): try again
             except OSError as exc:
                 self.error = repr(exc)
@@ -299,9 +351,17 @@ class Flooder:
 # --------------------------------------------------------------------------- a. reset during fan-out
 
 
-def reset_during_fanout(target: Target, canary: Canary, rng: random.Random, rounds: int = 10,
-                        per_round: int = 16, rate: float = 200, burst: int = 10, payload_size: int = 512,
-                        topic: str = "fanout/t") -> Outcome:
+def reset_during_fanout(
+    target: Target,
+    canary: Canary,
+    rng: random.Random,
+    rounds: int = 10,
+    per_round: int = 16,
+    rate: float = 200,
+    burst: int = 10,
+    payload_size: int = 512,
+    topic: str = "fanout/t",
+) -> Outcome:
     """Subscribers of one topic (QoS 0 and 1, small receive windows) vanish with a TCP reset
     while a publisher fans QoS 1 messages out to them, ``rounds`` times; three well-behaved
     subscribers of the same topic must get every message."""
@@ -319,8 +379,7 @@ def reset_during_fanout(target: Target, canary: Canary, rng: random.Random, roun
             for i in range(per_round):
                 qos = rng.choice((0, 1))
                 try:
-                    victims.append(stuck_reader(target, f"fan-victim{r}-{i}-{tag}", topic, qos,
-                                                source=loopback(i)))
+                    victims.append(stuck_reader(target, f"fan-victim{r}-{i}-{tag}", topic, qos, source=loopback(i)))
                 except (OSError, AssertionError) as exc:
                     out.notes.append(f"a victim could not subscribe: {exc}")
             # let the fan-out fill their windows, then they all vanish at once
@@ -337,16 +396,20 @@ def reset_during_fanout(target: Target, canary: Canary, rng: random.Random, roun
         published = sorted(pub.sent)
         out.figures.update(published=len(published), resets=resets)
         if pub.error or not acked or not last:
-            out.problems.append(f"the publisher stalled: {len(pub.acked)} of {len(published)} "
-                                f"acknowledged ({pub.error or 'no PUBACK within 3 s'})")
+            out.problems.append(
+                f"the publisher stalled: {len(pub.acked)} of {len(published)} "
+                f"acknowledged ({pub.error or 'no PUBACK within 3 s'})"
+            )
         wanted = sorted(pub.acked)
         wait_until(lambda: not any(g.missing(wanted) for g in good), 3.0, 0.05)
         for i, g in enumerate(good):
             missing = g.missing(wanted)
             if missing:
-                out.problems.append(f"well-behaved subscriber {i} is missing {len(missing)} of "
-                                    f"{len(wanted)} acknowledged QoS 1 messages (first: {missing[:5]})"
-                                    + (f"; {g.error}" if g.error else ""))
+                out.problems.append(
+                    f"well-behaved subscriber {i} is missing {len(missing)} of "
+                    f"{len(wanted)} acknowledged QoS 1 messages (first: {missing[:5]})"
+                    + (f"; {g.error}" if g.error else "")
+                )
         out.figures["delivered_min"] = min(len(g.seqs) for g in good)
     finally:
         pub.close()
@@ -369,8 +432,8 @@ def _stream(sock: socket.socket, total: int, duration: float) -> tuple[int, str]
         if time.monotonic() > t_end:
             return sent, "time"
         try:
-            sent += sock.send(chunk[:min(len(chunk), total - sent)])
-        except socket.timeout:
+            sent += sock.send(chunk[: min(len(chunk), total - sent)])
+        except TimeoutError:
             continue  # not being read: keep trying until the deadline
         except OSError as exc:
             return sent, f"closed ({exc.strerror or exc})"
@@ -380,8 +443,9 @@ def _stream(sock: socket.socket, total: int, duration: float) -> tuple[int, str]
 UNVERIFIED_VARIANTS = ("wrong-password", "slow-check", "many-sockets")
 
 
-def unverified_connect_memory(target: Target, canary: Canary, variant: str = "wrong-password",
-                              total: int = 200 << 20, max_growth_mb: float = 20.0) -> Outcome:
+def unverified_connect_memory(
+    target: Target, canary: Canary, variant: str = "wrong-password", total: int = 200 << 20, max_growth_mb: float = 20.0
+) -> Outcome:
     """A CONNECT the broker must check a password for, with megabytes of bytes streamed right
     behind it: the broker must not buffer them (RSS growth < ``max_growth_mb``) and must close
     the connection. Variants: a wrong password; the right password (a slow, successful check)
@@ -400,16 +464,20 @@ def unverified_connect_memory(target: Target, canary: Canary, variant: str = "wr
         for i in range(n):
             socks.append(open_socket(target.host, target.port, source=loopback(40 + i)))
         if variant == "slow-check":
-            lead = (mqttraw.connect(client_id="unverified-0", username=user, password=password)
-                    + b"\x30" + mqttraw.varint(268_435_455))
+            lead = (
+                mqttraw.connect(client_id="unverified-0", username=user, password=password)
+                + b"\x30"
+                + mqttraw.varint(268_435_455)
+            )
         else:
             lead = None
         results: list[tuple[int, str]] = [(0, "")] * n
 
         def attack(i: int) -> None:
             sock = socks[i]
-            head = lead or mqttraw.connect(client_id=f"unverified-{i}", username=user,
-                                           password=f"wrong-{i}-{random.getrandbits(32):x}")
+            head = lead or mqttraw.connect(
+                client_id=f"unverified-{i}", username=user, password=f"wrong-{i}-{random.getrandbits(32):x}"
+            )
             try:
                 sock.sendall(head)
             except OSError as exc:
@@ -428,14 +496,18 @@ def unverified_connect_memory(target: Target, canary: Canary, variant: str = "wr
         for sock in socks:
             reset(sock)
     accepted = sum(r[0] for r in results)
-    out.figures.update(attempted_mb=total / 2**20, accepted_mb=round(accepted / 2**20, 1),
-                       rss_growth_mb=round(growth_kb / 1024, 1))
+    out.figures.update(
+        attempted_mb=total / 2**20, accepted_mb=round(accepted / 2**20, 1), rss_growth_mb=round(growth_kb / 1024, 1)
+    )
     if growth_kb / 1024 > max_growth_mb:
-        out.problems.append(f"RSS grew by {growth_kb / 1024:.0f} MB (limit {max_growth_mb:g} MB) while "
-                            f"{accepted / 2**20:.0f} MB were streamed behind unverified CONNECTs")
+        out.problems.append(
+            f"RSS grew by {growth_kb / 1024:.0f} MB (limit {max_growth_mb:g} MB) while "
+            f"{accepted / 2**20:.0f} MB were streamed behind unverified CONNECTs"
+        )
     if not all(closed):
-        out.problems.append(f"{closed.count(False)} of {len(closed)} connections were not closed "
-                            f"by the broker within 5 s of the stream")
+        out.problems.append(
+            f"{closed.count(False)} of {len(closed)} connections were not closed by the broker within 5 s of the stream"
+        )
     return out
 
 
@@ -469,7 +541,7 @@ def bad_first_bytes(target: Target, canary: Canary, limit: float = 1.0) -> Outco
     out = Outcome("bad first byte / reserved flags")
     socks = []
     try:
-        for i, (name, after_connect, header) in enumerate(BAD_HEADERS):
+        for i, (name, after_connect, _header) in enumerate(BAD_HEADERS):
             sock = open_socket(target.host, target.port, source=loopback(60 + i))
             if after_connect:
                 sock.sendall(mqttraw.connect(client_id=f"badhdr-{i}", keepalive=60, **target.credentials))
@@ -500,8 +572,9 @@ def bad_first_bytes(target: Target, canary: Canary, limit: float = 1.0) -> Outco
     for name, _, _ in BAD_HEADERS:
         took, got = results.get(name, (None, b""))
         if took is None or took > limit:
-            slow.append(f"{name}: " + ("still open after "
-                                       f"{limit + 2:g}s" if took is None else f"closed after {took:.1f}s"))
+            slow.append(
+                f"{name}: " + (f"still open after {limit + 2:g}s" if took is None else f"closed after {took:.1f}s")
+            )
         if got:
             out.problems.append(f"{name}: the broker answered {got[:8]!r}")
     times = [r[0] for r in results.values() if r[0] is not None]
@@ -509,8 +582,9 @@ def bad_first_bytes(target: Target, canary: Canary, limit: float = 1.0) -> Outco
     if times:
         out.figures["slowest_close_s"] = round(max(times), 2)
     if slow:
-        out.problems.append(f"{len(slow)} of {len(BAD_HEADERS)} bad headers were not closed within "
-                            f"{limit:g}s: " + "; ".join(slow))
+        out.problems.append(
+            f"{len(slow)} of {len(BAD_HEADERS)} bad headers were not closed within {limit:g}s: " + "; ".join(slow)
+        )
     return out
 
 
@@ -528,16 +602,21 @@ def slow_acker(target: Target, canary: Canary, duration: float = 10.0, ack_delay
     try:
         pub.start(rate=None, duration=duration, burst=20)
         pub._sender.join(duration + 15)
-        out.figures.update(flood_published=len(pub.sent), flood_acked=len(pub.acked),
-                           slow_received=slow.count)
+        out.figures.update(flood_published=len(pub.sent), flood_acked=len(pub.acked), slow_received=slow.count)
     finally:
         pub.close()
         slow.close()
     return out
 
 
-def congested_own_topic(target: Target, canary: Canary, duration: float = 8.0, burst: int = 1200,
-                        rate: float = 2.0, limit: float = CANARY_LIMIT) -> Outcome:
+def congested_own_topic(
+    target: Target,
+    canary: Canary,
+    duration: float = 8.0,
+    burst: int = 1200,
+    rate: float = 2.0,
+    limit: float = CANARY_LIMIT,
+) -> Outcome:
     """Clients that congest their own topic (subscribe, never read, a publisher floods it)
     must not hold back a busy publisher on an unrelated topic whose subscriber is healthy:
     every one of its QoS 1 messages is delivered within ``limit`` seconds of being sent.
@@ -554,8 +633,16 @@ def congested_own_topic(target: Target, canary: Canary, duration: float = 8.0, b
         i = 0
         while time.monotonic() < t_end - 1.0:
             stuck.append(stuck_reader(target, f"own-{i}-{tag}", f"own/{i}/{tag}", 0, source=loopback(80 + i)))
-            flooders.append(Flooder(target, f"own-flood-{i}-{tag}", f"own/{i}/{tag}", 4096,
-                                    duration=t_end - time.monotonic(), source=loopback(80 + i)).start())
+            flooders.append(
+                Flooder(
+                    target,
+                    f"own-flood-{i}-{tag}",
+                    f"own/{i}/{tag}",
+                    4096,
+                    duration=t_end - time.monotonic(),
+                    source=loopback(80 + i),
+                ).start()
+            )
             i += 1
             time.sleep(min(2.0, max(0.0, t_end - 1.0 - time.monotonic())))
         busy._sender.join(duration + 15)
@@ -567,14 +654,18 @@ def congested_own_topic(target: Target, canary: Canary, duration: float = 8.0, b
         missing = healthy.missing(sent)
         out.figures.update(busy_sent=len(sent), congesting_clients=i)
         if delays:
-            out.figures.update(busy_p50_ms=round(percentile(delays, 0.5) * 1000),
-                               busy_p99_ms=round(percentile(delays, 0.99) * 1000),
-                               busy_max_ms=round(max(delays) * 1000))
+            out.figures.update(
+                busy_p50_ms=round(percentile(delays, 0.5) * 1000),
+                busy_p99_ms=round(percentile(delays, 0.99) * 1000),
+                busy_max_ms=round(max(delays) * 1000),
+            )
         late = [d for d in delays if d > limit]
         if late or missing:
-            out.problems.append(f"the busy publisher on an unrelated topic was held back: {len(late)} of "
-                                f"{len(sent)} messages took over {limit:g}s (worst {max(delays):.1f}s), "
-                                f"{len(missing)} never arrived")
+            out.problems.append(
+                f"the busy publisher on an unrelated topic was held back: {len(late)} of "
+                f"{len(sent)} messages took over {limit:g}s (worst {max(delays):.1f}s), "
+                f"{len(missing)} never arrived"
+            )
     finally:
         for f in flooders:
             f.close()
@@ -619,15 +710,17 @@ def dropped_slow_consumer(target: Target, canary: Canary, margin: float = 4.0) -
     try:
         before = socket_fds(target.pid)
         sock = stuck_reader(target, f"dropped-{tag}", f"drop/{tag}", 0, source=loopback(100))
-        flood = Flooder(target, f"drop-flood-{tag}", f"drop/{tag}", 16384, duration=timeout + margin + 2,
-                        source=loopback(101))
+        flood = Flooder(
+            target, f"drop-flood-{tag}", f"drop/{tag}", 16384, duration=timeout + margin + 2, source=loopback(101)
+        )
         with_flooder = before + 1  # the stuck subscriber's socket gone, the flooder's still there
         if target.max_connections:
-            rc, _ = try_connect(target.host, target.port, f"drop-probe-{tag}", timeout=1.0,
-                                **target.credentials)
+            rc, _ = try_connect(target.host, target.port, f"drop-probe-{tag}", timeout=1.0, **target.credentials)
             if rc == 0:
-                out.notes.append(f"max_connections ({target.max_connections}) was not reached by the "
-                                 "canary, the stuck subscriber and the flooder: the slot check means little")
+                out.notes.append(
+                    f"max_connections ({target.max_connections}) was not reached by the "
+                    "canary, the stuck subscriber and the flooder: the slot check means little"
+                )
         t0 = time.monotonic()
         flood.start()
         deadline = t0 + timeout + margin
@@ -636,27 +729,32 @@ def dropped_slow_consumer(target: Target, canary: Canary, margin: float = 4.0) -
             if freed_at is None and socket_fds(target.pid) <= with_flooder:
                 freed_at = time.monotonic()
             if target.max_connections and slot_at is None:
-                rc, _ = try_connect(target.host, target.port, f"drop-probe-{tag}", timeout=0.5,
-                                    **target.credentials)
+                rc, _ = try_connect(target.host, target.port, f"drop-probe-{tag}", timeout=0.5, **target.credentials)
                 if rc == 0:
                     slot_at = time.monotonic()
             time.sleep(0.05)
         out.figures["socket_freed_s"] = round(freed_at - t0, 2) if freed_at else None
         if not freed_at:
-            out.problems.append(f"the dropped subscriber's socket is still open {timeout + margin:g}s after "
-                                f"the flood began ({socket_fds(target.pid)} sockets, "
-                                f"{with_flooder} expected)")
+            out.problems.append(
+                f"the dropped subscriber's socket is still open {timeout + margin:g}s after "
+                f"the flood began ({socket_fds(target.pid)} sockets, "
+                f"{with_flooder} expected)"
+            )
         if target.max_connections:
             out.figures["slot_freed_s"] = round(slot_at - t0, 2) if slot_at else None
             if slot_at is None:
-                out.problems.append(f"no connection slot was free {timeout + margin:g}s after the flood "
-                                    f"began (max_connections {target.max_connections})")
+                out.problems.append(
+                    f"no connection slot was free {timeout + margin:g}s after the flood "
+                    f"began (max_connections {target.max_connections})"
+                )
         flood.stop()
         closed, _, how = closed_within(sock, 2.0)
         out.figures["client_saw"] = how or "nothing"
         if how != "reset":
-            out.problems.append("the dropped subscriber did not read a reset (the broker closed its "
-                                f"socket gracefully or not at all: {how or 'still open'})")
+            out.problems.append(
+                "the dropped subscriber did not read a reset (the broker closed its "
+                f"socket gracefully or not at all: {how or 'still open'})"
+            )
     finally:
         if flood is not None:
             flood.close()
@@ -668,8 +766,9 @@ def dropped_slow_consumer(target: Target, canary: Canary, margin: float = 4.0) -
 # --------------------------------------------------------------------------- i, j, k. logins
 
 
-def _login(target: Target, source: str, username: str, password: str, timeout: float,
-           client_id: str | None = None) -> tuple[int | None, float]:
+def _login(
+    target: Target, source: str, username: str, password: str, timeout: float, client_id: str | None = None
+) -> tuple[int | None, float]:
     """(CONNACK code or None, seconds from sending the CONNECT to the answer or the close)."""
     try:
         sock = open_socket(target.host, target.port, source, timeout=5.0)
@@ -678,8 +777,11 @@ def _login(target: Target, source: str, username: str, password: str, timeout: f
     try:
         t0 = time.monotonic()
         # (a ClientId without "login" or "auth" in it: the log check looks for those words)
-        sock.sendall(mqttraw.connect(client_id=client_id or f"t-{random.getrandbits(32):x}",
-                                     username=username, password=password))
+        sock.sendall(
+            mqttraw.connect(
+                client_id=client_id or f"t-{random.getrandbits(32):x}", username=username, password=password
+            )
+        )
         got = b""
         deadline = t0 + timeout
         while len(got) < 4:
@@ -689,7 +791,7 @@ def _login(target: Target, source: str, username: str, password: str, timeout: f
             sock.settimeout(remaining)
             try:
                 data = sock.recv(4 - len(got))
-            except socket.timeout:
+            except TimeoutError:
                 return None, time.monotonic() - t0
             except OSError:
                 data = b""
@@ -705,9 +807,16 @@ def _login(target: Target, source: str, username: str, password: str, timeout: f
 FAILED_LOGIN_WORDS = ("bad user name or password", "login", "auth")
 
 
-def login_throttling(target: Target, canary: Canary, user: str = "alice", other: str = "bob",
-                     attempts: int = 9, budget: float = 15.0, sys_topic: str | None = None,
-                     sys_port: int | None = None) -> Outcome:
+def login_throttling(
+    target: Target,
+    canary: Canary,
+    user: str = "alice",
+    other: str = "bob",
+    attempts: int = 9,
+    budget: float = 15.0,
+    sys_topic: str | None = None,
+    sys_port: int | None = None,
+) -> Outcome:
     """Bad logins in a row for one user from one address (127.0.0.2): the later refusals
     must come back with growing delays, while a correct login of another user from another
     address (127.0.0.3) is answered at once. With ``sys_topic``: the failures are counted
@@ -718,8 +827,14 @@ def login_throttling(target: Target, canary: Canary, user: str = "alice", other:
     watcher = None
     sys_seen: dict[str, bytes] = {}
     if sys_topic is not None:
-        watcher = connect_client(target.host, target.port, f"sys-watch-{random.getrandbits(24):x}",
-                                 source=loopback(2), keepalive=0, **target.credentials)
+        watcher = connect_client(
+            target.host,
+            target.port,
+            f"sys-watch-{random.getrandbits(24):x}",
+            source=loopback(2),
+            keepalive=0,
+            **target.credentials,
+        )
         subscribe(watcher, 1, ("$SYS/#", 0))
     times: list[float] = []
     codes: list[int | None] = []
@@ -742,12 +857,16 @@ def login_throttling(target: Target, canary: Canary, user: str = "alice", other:
     else:
         first, last = median(times[:3]), times[-2:]
         if not (first < 0.5 and min(last) >= 1.0 and min(last) >= 3 * first):
-            out.problems.append(f"no growing delay: the first refusals took {first * 1000:.0f} ms (median), "
-                                f"the last two {last[0]:.2f}s and {last[1]:.2f}s (want >= 1s)")
+            out.problems.append(
+                f"no growing delay: the first refusals took {first * 1000:.0f} ms (median), "
+                f"the last two {last[0]:.2f}s and {last[1]:.2f}s (want >= 1s)"
+            )
     for rc, took in other_logins:
         if rc != 0 or took > 1.0:
-            out.problems.append(f"another user's correct login from another address was not answered "
-                                f"promptly: CONNACK {rc} after {took:.2f}s")
+            out.problems.append(
+                f"another user's correct login from another address was not answered "
+                f"promptly: CONNACK {rc} after {took:.2f}s"
+            )
     if watcher is not None:
         deadline = time.monotonic() + 4.0
         while time.monotonic() < deadline:
@@ -765,18 +884,29 @@ def login_throttling(target: Target, canary: Canary, user: str = "alice", other:
         out.figures["sys_counter"] = value.decode(errors="replace") if value is not None else None
         if value is None or not value.strip().isdigit() or int(value) < len(times):
             near = sorted(t for t in sys_seen if re.search(r"auth|login|fail", t, re.I))
-            out.problems.append(f"{sys_topic} does not count the {len(times)} failed logins "
-                                f"(got {value!r}; $SYS topics about logins: {near or 'none'})")
+            out.problems.append(
+                f"{sys_topic} does not count the {len(times)} failed logins "
+                f"(got {value!r}; $SYS topics about logins: {near or 'none'})"
+            )
     if target.log is not None:
-        lines = [ln for ln in target.log().splitlines()
-                 if attacker in ln and any(w in ln.lower() for w in FAILED_LOGIN_WORDS)]
+        lines = [
+            ln
+            for ln in target.log().splitlines()
+            if attacker in ln and any(w in ln.lower() for w in FAILED_LOGIN_WORDS)
+        ]
         if not lines:
             out.problems.append(f"no log line names the failed logins' address {attacker}")
     return out
 
 
-def login_cpu(target: Target, canary: Canary, user: str = "alice", rate: float = 20.0,
-              duration: float = 5.0, p99_limit: float = 0.5) -> Outcome:
+def login_cpu(
+    target: Target,
+    canary: Canary,
+    user: str = "alice",
+    rate: float = 20.0,
+    duration: float = 5.0,
+    p99_limit: float = 0.5,
+) -> Outcome:
     """``rate`` bad logins a second (a known user, a new password each time, from distinct
     loopback addresses) for ``duration`` seconds: the canary's p99 stays under ``p99_limit``."""
     out = Outcome("login CPU")
@@ -788,9 +918,12 @@ def login_cpu(target: Target, canary: Canary, user: str = "alice", rate: float =
     for i in range(n):
         at = t0 + i / rate
         time.sleep(max(0.0, at - time.monotonic()))
-        t = threading.Thread(target=lambda i=i: results.append(
-            _login(target, loopback(150 + i % 100), user, f"cpu-{i}-{random.getrandbits(32):x}", 3.0)),
-            daemon=True)
+        t = threading.Thread(
+            target=lambda i=i: results.append(
+                _login(target, loopback(150 + i % 100), user, f"cpu-{i}-{random.getrandbits(32):x}", 3.0)
+            ),
+            daemon=True,
+        )
         t.start()
         threads.append(t)
     for t in threads:
@@ -802,18 +935,24 @@ def login_cpu(target: Target, canary: Canary, user: str = "alice", rate: float =
     if answered:
         out.figures["refusal_p50_ms"] = round(percentile(answered, 0.5) * 1000)
     s = canary.summary("during")
-    out.figures.update(logins=n, answered=len(answered),
-                       canary_p99_ms=round(s.get("p99", float("inf")) * 1000))
+    out.figures.update(logins=n, answered=len(answered), canary_p99_ms=round(s.get("p99", float("inf")) * 1000))
     if s.get("p99", float("inf")) >= p99_limit:
-        out.problems.append(f"canary p99 {s.get('p99', float('inf')):.2f}s during {rate:g} bad logins/s "
-                            f"(limit {p99_limit:g}s)")
+        out.problems.append(
+            f"canary p99 {s.get('p99', float('inf')):.2f}s during {rate:g} bad logins/s (limit {p99_limit:g}s)"
+        )
     if any(rc == 0 for rc, _ in results):
         out.problems.append("a wrong password was accepted")
     return out
 
 
-def user_oracle(target: Target, canary: Canary, user: str = "alice", samples: int = 15,
-                max_ratio: float = 0.3, min_diff: float = 0.002) -> Outcome:
+def user_oracle(
+    target: Target,
+    canary: Canary,
+    user: str = "alice",
+    samples: int = 15,
+    max_ratio: float = 0.3,
+    min_diff: float = 0.002,
+) -> Outcome:
     """The time to a CONNACK 0x04 for unknown users and for a known user with a wrong
     password (fresh passwords, alternating, distinct addresses): the medians must differ
     by less than ``max_ratio`` of the larger (or by less than ``min_diff`` seconds)."""
@@ -822,8 +961,9 @@ def user_oracle(target: Target, canary: Canary, user: str = "alice", samples: in
     for i in range(samples):
         for kind in ("known", "unknown") if i % 2 else ("unknown", "known"):
             name = user if kind == "known" else f"nobody-{i}-{random.getrandbits(24):x}"
-            rc, took = _login(target, loopback(200 + 2 * i + (kind == "known")), name,
-                              f"oracle-{i}-{random.getrandbits(32):x}", 10.0)
+            rc, took = _login(
+                target, loopback(200 + 2 * i + (kind == "known")), name, f"oracle-{i}-{random.getrandbits(32):x}", 10.0
+            )
             if rc is not None and rc not in (4, 5):
                 out.problems.append(f"{kind} user: CONNACK {rc}")
             (known if kind == "known" else unknown).append(took)
@@ -831,8 +971,10 @@ def user_oracle(target: Target, canary: Canary, user: str = "alice", samples: in
     out.figures.update(known_ms=round(mk * 1000, 1), unknown_ms=round(mu * 1000, 1))
     diff = abs(mk - mu)
     if diff >= min_diff and diff >= max_ratio * max(mk, mu):
-        out.problems.append(f"a user-name oracle: known users are refused after {mk * 1000:.1f} ms "
-                            f"(median), unknown ones after {mu * 1000:.1f} ms")
+        out.problems.append(
+            f"a user-name oracle: known users are refused after {mk * 1000:.1f} ms "
+            f"(median), unknown ones after {mu * 1000:.1f} ms"
+        )
     return out
 
 
@@ -854,14 +996,16 @@ def idle_tls_handshakes(target: Target, canary: Canary, n: int = 20, margin: flo
         # the kernel completes a TCP handshake before the broker accepts the socket: probe
         # the limit once the broker holds them all
         if not wait_until(lambda: socket_fds(target.pid) >= base + n, 2.0):
-            out.notes.append(f"the broker accepted only {socket_fds(target.pid) - base} of the {n} "
-                             "sockets within 2 s")
-        rc, took = try_connect(target.host, target.port, f"tls-extra-{random.getrandbits(24):x}",
-                               timeout=1.0, **target.credentials)
+            out.notes.append(f"the broker accepted only {socket_fds(target.pid) - base} of the {n} sockets within 2 s")
+        rc, took = try_connect(
+            target.host, target.port, f"tls-extra-{random.getrandbits(24):x}", timeout=1.0, **target.credentials
+        )
         out.figures["extra_plain_connection"] = "refused" if rc != 0 else "accepted"
         if rc == 0:
-            out.problems.append(f"{n} idle TLS connections and the canary's 2 did not fill "
-                                f"max_connections ({target.max_connections}): one more was accepted")
+            out.problems.append(
+                f"{n} idle TLS connections and the canary's 2 did not fill "
+                f"max_connections ({target.max_connections}): one more was accepted"
+            )
         limit = (target.connect_timeout or 10.0) + margin
         closed_at: dict[int, float] = {}
         sel = selectors.DefaultSelector()
@@ -885,12 +1029,15 @@ def idle_tls_handshakes(target: Target, canary: Canary, n: int = 20, margin: flo
         if closed_at:
             out.figures["last_closed_s"] = round(max(closed_at.values()) - t0, 2)
         if len(closed_at) < n:
-            out.problems.append(f"{n - len(closed_at)} of {n} idle TLS connections were still open "
-                                f"{limit:g}s after they were made (connect timeout "
-                                f"{target.connect_timeout:g}s)")
+            out.problems.append(
+                f"{n - len(closed_at)} of {n} idle TLS connections were still open "
+                f"{limit:g}s after they were made (connect timeout "
+                f"{target.connect_timeout:g}s)"
+            )
         else:
-            rc, took = try_connect(target.host, target.port, f"tls-after-{random.getrandbits(24):x}",
-                                   timeout=2.0, **target.credentials)
+            rc, took = try_connect(
+                target.host, target.port, f"tls-after-{random.getrandbits(24):x}", timeout=2.0, **target.credentials
+            )
             if rc != 0:
                 out.problems.append("no connection slot was free after the idle TLS connections closed")
     finally:
@@ -929,7 +1076,7 @@ def slowloris(target: Target, canary: Canary, n: int = 40, step: float = 0.5, ma
                     gone = True
                 if not gone and k < len(frame):
                     try:
-                        sock.send(frame[k:k + 1])
+                        sock.send(frame[k : k + 1])
                     except OSError:
                         gone = True
                 if gone:
@@ -1043,25 +1190,23 @@ def random_bytes(target: Target, canary: Canary, rng: random.Random, n: int = 40
         for sock in socks:
             sock.close()
     if not all(closed):
-        out.problems.append(f"{closed.count(False)} of {n} connections sending random bytes were "
-                            "not closed within 5 s of their end")
+        out.problems.append(
+            f"{closed.count(False)} of {n} connections sending random bytes were not closed within 5 s of their end"
+        )
     took = wait_sockets(target.pid, base, 3.0)
     if took is None:
         out.problems.append(f"the broker holds {socket_fds(target.pid)} sockets, {base} before")
     return out
 
 
-def huge_inputs(target: Target, canary: Canary, subscriptions: int = 5000,
-                max_growth_mb: float = 200.0) -> Outcome:
+def huge_inputs(target: Target, canary: Canary, subscriptions: int = 5000, max_growth_mb: float = 200.0) -> Outcome:
     """Large but legal: a PUBLISH of exactly the packet-size limit, ``subscriptions``
     subscriptions on one client, a 65,000-byte topic. All are delivered."""
     out = Outcome("huge legal inputs")
     tag = f"{os.getpid()}-{random.getrandbits(24):x}"
     watch = RssWatch(target.pid)
-    sub = connect_client(target.host, target.port, f"huge-sub-{tag}", timeout=10.0, keepalive=0,
-                         **target.credentials)
-    pub = connect_client(target.host, target.port, f"huge-pub-{tag}", timeout=10.0, keepalive=0,
-                         **target.credentials)
+    sub = connect_client(target.host, target.port, f"huge-sub-{tag}", timeout=10.0, keepalive=0, **target.credentials)
+    pub = connect_client(target.host, target.port, f"huge-pub-{tag}", timeout=10.0, keepalive=0, **target.credentials)
     step = "the largest packet allowed"
     try:
         # 1. the largest packet allowed
@@ -1109,8 +1254,7 @@ def huge_inputs(target: Target, canary: Canary, subscriptions: int = 5000,
     return out
 
 
-def _expect_delivery(out: Outcome, pub: Raw, sub: Raw, pid: int, payload: bytes, what: str,
-                     copies: int = 1) -> None:
+def _expect_delivery(out: Outcome, pub: Raw, sub: Raw, pid: int, payload: bytes, what: str, copies: int = 1) -> None:
     try:
         p = pub.recv(10.0)
         if p.type != PUBACK or p.packet_id != pid:
@@ -1141,8 +1285,7 @@ def many_connections(target: Target, canary: Canary, n: int = 2000, max_kb: floa
             group = []
             for i in range(batch, min(n, batch + 200)):
                 sock = open_socket(target.host, target.port, source=loopback(i % 50), timeout=10.0)
-                sock.sendall(mqttraw.connect(client_id=f"many-{i}-{os.getpid()}", keepalive=0,
-                                             **target.credentials))
+                sock.sendall(mqttraw.connect(client_id=f"many-{i}-{os.getpid()}", keepalive=0, **target.credentials))
                 group.append(sock)
             for sock in group:
                 head = b""
@@ -1181,12 +1324,28 @@ def make_pki(d: Path) -> Path:
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
     for ca in ("ca", "rogue-ca"):
-        openssl("req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2",
-                "-subj", f"/CN=hostile-{ca}")
+        openssl(
+            "req", "-x509", *ec, "-keyout", f"{ca}.key", "-out", f"{ca}.pem", "-days", "2", "-subj", f"/CN=hostile-{ca}"
+        )
     for name, ca in (("node", "ca"), ("client", "ca"), ("rogue", "rogue-ca")):
         openssl("req", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
-                "-CAcreateserial", "-out", f"{name}.pem", "-days", "2", "-extfile", "ext.cnf")
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            f"{ca}.pem",
+            "-CAkey",
+            f"{ca}.key",
+            "-CAcreateserial",
+            "-out",
+            f"{name}.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext.cnf",
+        )
     return d
 
 
@@ -1197,8 +1356,8 @@ def mqttmesh_flags(python: str = sys.executable) -> set[str]:
     """The flags ``mqttmesh broker`` accepts (read once from its --help)."""
     if python not in _FLAGS:
         import subprocess
-        out = subprocess.run([python, "-m", "mqttmesh", "broker", "--help"], capture_output=True,
-                             text=True, timeout=60)
+
+        out = subprocess.run([python, "-m", "mqttmesh", "broker", "--help"], capture_output=True, text=True, timeout=60)
         _FLAGS[python] = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", out.stdout))
     return _FLAGS[python]
 

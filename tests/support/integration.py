@@ -1,18 +1,12 @@
-"""Helpers for the black-box integration tests (this directory only).
+"""Helpers for the black-box integration tests (tests/integration).
 
-Deliberately not a ``conftest.py``: the test tree has no packages, so a second
-module named ``conftest`` would shadow ``tests/conftest.py`` for every
-``from conftest import ...`` collected after it. Test modules import what they
-need from here, including the fixtures (pytest finds fixtures in a module's
-globals).
-
-Everything on the wire is built by ``tests/mqttraw.py`` (independent of
+Their fixtures (``clients``, ``paho``) are in tests/integration/conftest.py.
+Everything on the wire is built by ``support.mqttraw`` (independent of
 mqttmesh's codec), or sent by real clients (paho-mqtt, mosquitto_pub/sub).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import queue
 import subprocess
 import sys
@@ -21,33 +15,9 @@ import time
 from collections import deque
 from pathlib import Path
 
-import pytest
-
-TESTS = Path(__file__).resolve().parent.parent
-if str(TESTS) not in sys.path:
-    sys.path.insert(0, str(TESTS))
-
-import mqttraw  # noqa: E402
-from mqttraw import (CONNACK, PUBACK, PUBCOMP, PUBLISH, PUBREC, PUBREL, SUBACK,  # noqa: E402,F401
-                     UNSUBACK, PINGRESP, Closed, Packet)
-
-
-def _root_conftest():
-    """tests/conftest.py as a module, whatever other ``conftest`` modules are loaded."""
-    path = TESTS / "conftest.py"
-    mod = sys.modules.get("conftest")
-    if mod is not None and Path(getattr(mod, "__file__", "")).resolve() == path:
-        return mod
-    spec = importlib.util.spec_from_file_location("_mqttmesh_tests_root_conftest", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_conftest = _root_conftest()
-wait_for = _conftest.wait_for
-free_port = _conftest.free_port
-BrokerProcess = _conftest.BrokerProcess
+from support import mqttraw
+from support.mqttraw import CONNACK, PINGRESP, PUBACK, PUBCOMP, PUBLISH, PUBREC, SUBACK, UNSUBACK, Packet
+from support.processes import wait_for
 
 PYTHON = sys.executable
 
@@ -81,8 +51,7 @@ class Client(mqttraw.RawClient):
                 if p.type == PUBLISH:
                     kept.append(p)
                     continue
-                assert p.type == ptype and p.packet_id == pid, \
-                    f"expected type {ptype} for packet id {pid}, got {p!r}"
+                assert p.type == ptype and p.packet_id == pid, f"expected type {ptype} for packet id {pid}, got {p!r}"
                 return p
         finally:
             self.backlog.extend(kept)
@@ -148,41 +117,20 @@ def open_client(broker, client_id="c", clean=True, expect_rc=0, timeout=5.0, **k
     return c
 
 
-@pytest.fixture
-def clients():
-    """``clients(broker, client_id, ...)`` opens raw clients; all are closed at teardown."""
-    opened: list[Client] = []
-
-    def make(broker, client_id="c", clean=True, **kw) -> Client:
-        c = open_client(broker, client_id, clean, **kw)
-        opened.append(c)
-        return c
-
-    def raw(broker, timeout=5.0, source=None) -> Client:
-        c = Client(broker.host, broker.port, timeout, source)
-        opened.append(c)
-        return c
-
-    make.raw = raw
-    yield make
-    for c in opened:
-        c.close()
-
-
 def log_has(broker, *needles: str) -> bool:
     """One line of the broker log contains every needle."""
     return any(all(n in line for n in needles) for line in broker.log().splitlines())
 
 
 def wait_log(broker, *needles: str, timeout: float = 5.0) -> None:
-    wait_for(lambda: log_has(broker, *needles), timeout,
-             what=f"a log line with {needles!r}; log:\n{broker.log()[-3000:]}")
+    wait_for(
+        lambda: log_has(broker, *needles), timeout, what=f"a log line with {needles!r}; log:\n{broker.log()[-3000:]}"
+    )
 
 
 def control_roundtrip(broker, tag: str, timeout: float = 5.0) -> None:
     """A fresh publisher/subscriber pair still works: QoS 1 there and back."""
-    with Client(broker.host, broker.port, timeout) as sub, \
-            Client(broker.host, broker.port, timeout) as pub:
+    with Client(broker.host, broker.port, timeout) as sub, Client(broker.host, broker.port, timeout) as pub:
         assert connack(sub.connect(client_id=f"ctl-sub-{tag}"))[1] == 0
         assert connack(pub.connect(client_id=f"ctl-pub-{tag}"))[1] == 0
         assert sub.sub(1, (f"control/{tag}", 1)) == [1]
@@ -199,15 +147,14 @@ class Paho:
 
     def __init__(self, client_id: str, **kw):
         import paho.mqtt.client as mqtt
+
         self.mqtt = mqtt
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
-                             protocol=mqtt.MQTTv311, **kw)
+        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv311, **kw)
         self.messages: queue.Queue = queue.Queue()
         self.connacks: queue.Queue = queue.Queue()
         self.subacks: dict[int, list] = {}
         self.disconnected = threading.Event()
-        self.c.on_message = lambda c, u, m: self.messages.put(
-            (m.topic, bytes(m.payload), m.qos, bool(m.retain)))
+        self.c.on_message = lambda c, u, m: self.messages.put((m.topic, bytes(m.payload), m.qos, bool(m.retain)))
         self.c.on_connect = lambda c, u, flags, rc, props: self.connacks.put(rc)
         self.c.on_subscribe = lambda c, u, mid, codes, props: self.subacks.__setitem__(mid, codes)
         self.c.on_disconnect = lambda c, u, flags, rc, props: self.disconnected.set()
@@ -228,8 +175,7 @@ class Paho:
         assert result == self.mqtt.MQTT_ERR_SUCCESS
         return wait_for(lambda: self.subacks.get(mid), timeout, what=f"SUBACK for {topic}")
 
-    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False,
-                timeout: float = 5.0) -> None:
+    def publish(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, timeout: float = 5.0) -> None:
         info = self.c.publish(topic, payload, qos, retain)
         info.wait_for_publish(timeout)
         assert info.is_published(), f"paho did not complete the publish to {topic}"
@@ -246,28 +192,12 @@ class Paho:
                 self.c.loop_stop()
 
 
-@pytest.fixture
-def paho():
-    """``paho(client_id)`` makes a Paho client; every one is disconnected at teardown."""
-    made: list[Paho] = []
-
-    def make(client_id: str, **kw) -> Paho:
-        p = Paho(client_id, **kw)
-        made.append(p)
-        return p
-
-    yield make
-    for p in made:
-        p.stop()
-
-
 # --------------------------------------------------------------------------- subprocesses
 
 
 def run_cli(*args: str, timeout: float = 30.0, cwd=None) -> subprocess.CompletedProcess:
     """``python -m mqttmesh ARGS`` to completion (bounded by ``timeout``)."""
-    return subprocess.run([PYTHON, "-m", "mqttmesh", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd)
+    return subprocess.run([PYTHON, "-m", "mqttmesh", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def make_password_file(path: Path, users: dict[str, str]) -> Path:

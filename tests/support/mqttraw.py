@@ -37,8 +37,17 @@ def packet(first_byte: int, body: bytes = b"") -> bytes:
     return bytes([first_byte]) + varint(len(body)) + body
 
 
-def connect(client_id="c", clean=True, keepalive=60, will=None, username=None, password=None,
-            proto=b"MQTT", level=4, flags_extra=0) -> bytes:
+def connect(
+    client_id="c",
+    clean=True,
+    keepalive=60,
+    will=None,
+    username=None,
+    password=None,
+    proto=b"MQTT",
+    level=4,
+    flags_extra=0,
+) -> bytes:
     """will = (topic, payload, qos, retain)."""
     flags = (0x02 if clean else 0) | flags_extra
     payload = s(client_id)
@@ -118,18 +127,18 @@ class Packet:
     def packet_id(self) -> int:
         if self.type == PUBLISH:
             tlen = struct.unpack(">H", self.body[:2])[0]
-            return struct.unpack(">H", self.body[2 + tlen:4 + tlen])[0]
+            return struct.unpack(">H", self.body[2 + tlen : 4 + tlen])[0]
         return struct.unpack(">H", self.body[:2])[0]
 
     @property
     def topic(self) -> str:
         tlen = struct.unpack(">H", self.body[:2])[0]
-        return self.body[2:2 + tlen].decode()
+        return self.body[2 : 2 + tlen].decode()
 
     @property
     def payload(self) -> bytes:
         tlen = struct.unpack(">H", self.body[:2])[0]
-        return self.body[2 + tlen + (2 if self.qos else 0):]
+        return self.body[2 + tlen + (2 if self.qos else 0) :]
 
     def __repr__(self):
         return f"Packet(type={self.type}, flags={self.flags:#x}, body={self.body!r})"
@@ -144,8 +153,9 @@ class RawClient:
 
     def __init__(self, host: str, port: int, timeout: float = 5.0, source: str | None = None):
         """``source``: the local address to connect from (e.g. 127.0.0.2 on loopback)."""
-        self.sock = socket.create_connection((host, port), timeout=timeout,
-                                             source_address=(source, 0) if source else None)
+        self.sock = socket.create_connection(
+            (host, port), timeout=timeout, source_address=(source, 0) if source else None
+        )
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buf = b""
         self.timeout = timeout
@@ -160,7 +170,7 @@ class RawClient:
         self.sock.settimeout(remaining)
         try:
             chunk = self.sock.recv(65536)
-        except socket.timeout:
+        except TimeoutError:
             raise TimeoutError("no packet before the deadline") from None
         except ConnectionResetError:
             chunk = b""
@@ -181,8 +191,8 @@ class RawClient:
                     if not b & 0x80:
                         if len(self.buf) >= i + length:
                             first = self.buf[0]
-                            body = self.buf[i:i + length]
-                            self.buf = self.buf[i + length:]
+                            body = self.buf[i : i + length]
+                            self.buf = self.buf[i + length :]
                             return Packet(first, body)
                         break
             self._fill(deadline)
