@@ -45,12 +45,14 @@ def test_full_mesh_cross_node_qos012_exactly_once_and_no_traffic_to_uninterested
             assert subs[q].payloads() == [f"{q}-{i}".encode() for i in range(50)]
             assert {r[2] for r in subs[q].received} == {q}
         assert also.payloads() == [f"2-{i}".encode() for i in range(50)]
+
         # c published; a wants q0/q1/q2, b only q2: b received the q2 stream and nothing else,
         # apart from what it relayed to a (link costs are measured round trips: under load the
         # cheapest path from c to a can run through b)
         def for_b_itself():
             st = status(nodes["b"])["neighbours"]
             return sum(n["envelopes_in"] for n in st.values()) - st["a"]["envelopes_out"]
+
         wait_for(lambda: envelopes_in(nodes["a"]) == 150, what="a's counters")
         wait_for(lambda: for_b_itself() == 50, what="b's counters")
         # stray copies (there must be none) would have reached the counters by now
