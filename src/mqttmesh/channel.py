@@ -50,6 +50,7 @@ from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthE
 from .message import Message
 
 if TYPE_CHECKING:
+    from .ports import Batch
     from .session import Session
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
@@ -368,12 +369,10 @@ class Channel:
             self.state = CLAIMING
             broker.cluster.connect(self, self.client_id, pkt.clean_session, self.will, now)
             return
-        journal = broker.journal
-        before = journal.writes if journal is not None else 0
+        mark = broker.journal.mark()
         session, present = broker.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
-        batch = journal.batch if journal is not None and journal.writes != before else 0
-        self._connected(session, present, now, batch)
+        self._connected(session, present, now, broker.journal.since(mark))
 
     def claimed(self, session, present: bool, now: float) -> None:
         """The mesh claimed the ClientId for this connection and has its session ready."""
@@ -384,7 +383,7 @@ class Channel:
         if not self._processing:
             self._process(now)  # packets that arrived behind the CONNECT
 
-    def _connected(self, session, present: bool, now: float, batch: int = 0) -> None:
+    def _connected(self, session: Session, present: bool, now: float, batch: Batch = 0) -> None:
         self.state = CONNECTED
         self.last_rx = now
         if not self.is_peer:
@@ -503,13 +502,11 @@ class Channel:
         if len(awaiting) >= session.limits.max_awaiting_rel:
             raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
         batch = self._publish(Message(pkt.topic, pkt.payload, 2, pkt.retain), now)
-        awaiting.add(pid)
-        if session.durable:
-            session.journal.awaiting_rel_put(session.client_id, pid)
-            batch = session.journal.batch
-        self._send_after(_ack(_PUBREC, pid), batch)
+        # a durable session's id is journaled: the PUBREC waits for it, and for the message
+        # (the id's batch is the current one, no older than the message's)
+        self._send_after(_ack(_PUBREC, pid), session.awaiting_rel_add(pid) or batch)
 
-    def _publish(self, msg: Message, now: float) -> int:
+    def _publish(self, msg: Message, now: float) -> Batch:
         """Hand a message from this client (or its will) to the broker; the journal batch to wait for."""
         broker = self.broker
         broker.stats.messages_received += 1
@@ -571,14 +568,7 @@ class Channel:
         self._cap_next = -1
 
     def _on_pubrel(self, pkt, now: float) -> None:
-        session = self.session
-        batch = 0
-        if pkt.packet_id in session.awaiting_rel:
-            session.awaiting_rel.discard(pkt.packet_id)
-            if session.durable:
-                # the id must not come back after a crash once PUBCOMP said it is free
-                session.journal.awaiting_rel_remove(session.client_id, pkt.packet_id)
-                batch = session.journal.batch
+        batch = self.session.awaiting_rel_remove(pkt.packet_id)
         self._send_after(_ack(_PUBCOMP, pkt.packet_id), batch)  # [MQTT-4.3.3-2]
 
     # -- acknowledgements, server to client messages --------------------------------------
@@ -587,13 +577,11 @@ class Channel:
         self.session.on_puback(pkt.packet_id)
 
     def _on_pubrec(self, pkt, now: float) -> None:
-        session = self.session
-        journal = session.journal if session.durable else None
-        before = journal.writes if journal is not None else 0
-        session.on_pubrec(pkt.packet_id)
+        journal = self.broker.journal
+        mark = journal.mark()
+        self.session.on_pubrec(pkt.packet_id)
         # after a crash the PUBLISH must not be re-sent once its PUBREL went out [MQTT-4.3.3-1]
-        batch = journal.batch if journal is not None and journal.writes != before else 0
-        self._send_after(_ack(_PUBREL, pkt.packet_id), batch)
+        self._send_after(_ack(_PUBREL, pkt.packet_id), journal.since(mark))
 
     def _on_pubcomp(self, pkt, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id)
@@ -605,7 +593,7 @@ class Channel:
         auth = broker.auth
         session = self.session
         journal = broker.journal
-        before = journal.writes if journal is not None else 0
+        mark = journal.mark()
         codes = []
         granted_filters = []
         for topic_filter, qos in pkt.topics:  # as a sequence of SUBSCRIBEs [MQTT-3.8.4-4]
@@ -624,19 +612,17 @@ class Channel:
             broker.subscribe(session, topic_filter, granted)
             codes.append(granted)
             granted_filters.append((topic_filter, granted))
-        batch = journal.batch if journal is not None and journal.writes != before else 0
-        self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), batch)  # [MQTT-3.8.4-1,5]
+        self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), journal.since(mark))  # [MQTT-3.8.4-1,5]
         for topic_filter, granted in granted_filters:
             broker.send_retained(session, topic_filter, granted)  # [MQTT-3.8.4-3]
 
     def _on_unsubscribe(self, pkt: codec.Unsubscribe, now: float) -> None:
         broker = self.broker
         journal = broker.journal
-        before = journal.writes if journal is not None else 0
+        mark = journal.mark()
         for topic_filter in pkt.filters:  # [MQTT-3.10.4-6]
             broker.unsubscribe(self.session, topic_filter)
-        batch = journal.batch if journal is not None and journal.writes != before else 0
-        self._send_after(_ack(0xB0, pkt.packet_id), batch)  # even if nothing matched [MQTT-3.10.4-5]
+        self._send_after(_ack(0xB0, pkt.packet_id), journal.since(mark))  # even if nothing matched [MQTT-3.10.4-5]
 
     def _on_pingreq(self, pkt, now: float) -> None:
         self.write(_PINGRESP)  # [MQTT-3.12.4-1]
@@ -650,7 +636,7 @@ class Channel:
 
     # -- acknowledgements that wait for the store (group commit) -------------------------------
 
-    def _send_after(self, frame: bytes, batch: int) -> None:
+    def _send_after(self, frame: bytes, batch: Batch) -> None:
         held = self._held
         if not batch and not held:
             self._write_now(frame)

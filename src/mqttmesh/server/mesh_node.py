@@ -354,7 +354,7 @@ class MeshNode:
         )
         self.engine = MeshEngine(self.node_id, self.incarnation, [advertise], settings)
         self.engine.start(self.loop.time())
-        if self.broker.journal is not None:
+        if self.broker.journal.persistent:
             # QoS 1/2 messages held for other nodes survive a crash of this one
             self.engine.custody_store = self.broker.journal
             restored = self.node.store.load_custody()
@@ -553,7 +553,7 @@ class MeshNode:
             return 0
         batch = 0
         broker = self.broker
-        if broker.journal is None:
+        if not broker.journal.persistent:
             dispatch = broker.dispatch
             for action in actions:
                 if action[0] == "deliver":
