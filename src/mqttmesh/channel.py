@@ -1,18 +1,8 @@
 """The server side of one MQTT 3.1.1 client connection: a state machine.
 
 Pure: bytes and times in, bytes and requests out. It leaves to its caller (the
-*owner*, the I/O layer) the socket, the timers, and slow password checks. The
-owner implements these methods:
-
-    owner.wake(channel)                     there are bytes in ``data_to_send()``
-    owner.close(channel, reason)            send what is pending, then close
-    owner.authenticate(channel, user, pw)   run ``broker.auth.check_slow`` somewhere
-                                            (throttled, bounded: server/logins.py) and
-                                            call ``channel.authenticated(rc, now)``
-    owner.connected(channel)                a CONNECT finished later than the bytes that
-                                            carried it (mesh claims): log it, arm keepalive
-    owner.pause_reading(channel)            stop feeding this channel for now (flow.py)
-    owner.resume_reading(channel)           feed it again
+*owner*, the I/O layer: ``ports.Owner``) the socket, the timers, and slow password
+checks.
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
 protocol violation, refused with the statement of the standard it breaks.
@@ -50,7 +40,7 @@ from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthE
 from .message import Message
 
 if TYPE_CHECKING:
-    from .ports import Batch
+    from .ports import Batch, Owner
     from .session import Session
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
@@ -123,7 +113,7 @@ class Channel:
         "__weakref__",
     )
 
-    def __init__(self, broker, owner, peer: str, now: float, certified: bool = False):
+    def __init__(self, broker, owner: Owner, peer: str, now: float, certified: bool = False):
         self.broker = broker
         self.owner = owner
         self.peer = peer
@@ -249,6 +239,20 @@ class Channel:
     @property
     def pending_frames(self) -> int:
         return len(self._out)
+
+    @property
+    def claiming(self) -> bool:
+        """In a mesh: the ClientId is being claimed, the session gathered (mesh/cluster.py)."""
+        return self.state is CLAIMING
+
+    # -- flow control (flow.py): a ports.Pausable ------------------------------------------
+
+    def pause_reading(self) -> None:
+        self.owner.pause_reading(self)
+
+    def resume_reading(self) -> None:
+        if self.state is CONNECTED:  # (a closed channel's socket is the owner's business)
+            self.owner.resume_reading(self)
 
     # -- time -----------------------------------------------------------------------------
 

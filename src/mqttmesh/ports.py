@@ -11,15 +11,49 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from .channel import Channel
     from .message import Message
     from .session import Entry, Session
 
-__all__ = ["Batch", "JournalPort", "SessionFactory"]
+__all__ = ["Batch", "Owner", "Pausable", "JournalPort", "SessionFactory"]
 
 # A journal batch that must be durable before an acknowledgement goes out; 0: none.
 # (A name of its own so that an acknowledgement can later wait for more than the disk,
 # e.g. for replication, by changing what a Batch is in this one place.)
 Batch = int
+
+
+class Owner(Protocol):
+    """A Channel's connection: the socket and timers of one client (server/connection.py)."""
+
+    def wake(self, channel: Channel) -> None:
+        """There are bytes in ``channel.data_to_send()``."""
+
+    def close(self, channel: Channel, reason: str) -> None:
+        """Send what is pending, then close."""
+
+    def authenticate(self, channel: Channel, username: str | None, password: bytes | None) -> None:
+        """Run the slow password check somewhere (throttled and bounded: server/logins.py)
+        and answer with ``channel.authenticated(rc, now)``."""
+
+    def connected(self, channel: Channel) -> None:
+        """A CONNECT finished later than the bytes that carried it (mesh claims)."""
+
+    def pause_reading(self, channel: Channel) -> None:
+        """Stop feeding this channel for now (flow.py)."""
+
+    def resume_reading(self, channel: Channel) -> None:
+        """Feed it again."""
+
+
+class Pausable(Protocol):
+    """A publisher that flow control (flow.Congestion) can stop reading: a client's Channel
+    or a peer link we dialled (server/mesh_node.py PeerClient)."""
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None:
+        """Read again, unless it closed meanwhile."""
 
 
 class JournalPort(Protocol):

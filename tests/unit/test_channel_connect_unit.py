@@ -12,7 +12,7 @@ import re
 import pytest
 
 from mqttmesh.auth import Auth, PasswordFile, hash_password
-from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLOSED, CONNECTED, TRANSITIONS
+from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, TRANSITIONS
 from mqttmesh.codec import (
     CONNACK,
     CONNECT,
@@ -29,6 +29,7 @@ from mqttmesh.codec import (
     UNSUBACK,
     UNSUBSCRIBE,
 )
+from mqttmesh.flow import Congestion
 from mqttmesh.store import Journal
 from support import mqttraw
 from support.frames import Net, out, publishes
@@ -686,3 +687,49 @@ def test_bytes_piling_up_while_the_password_is_checked_close_the_connection(auth
     ch.receive_data(b"\x00" * 70_000, 0.2)
     assert ch.state == CLOSED
     assert "before CONNACK" in net.owner.reasons(ch)[0]
+
+
+# --------------------------------------------------------------------------- small ports of the Channel
+
+
+class _Claims:
+    """A mesh that takes the claim and answers later (mesh/cluster.py Cluster.connect)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def connect(self, channel, client_id, clean, will, now):
+        self.calls.append((channel, client_id))
+
+
+def test_claiming_is_true_while_the_mesh_claims_the_client_id(net):
+    net.broker.cluster = _Claims()
+    ch = net.channel()
+    assert ch.claiming is False
+    ch.receive_data(mqttraw.connect("c"), 0.0)
+    assert ch.state is CLAIMING and ch.claiming is True
+    assert net.broker.cluster.calls == [(ch, "c")]
+    session, _ = net.broker.open_session(ch, "c", True)
+    ch.claimed(session, False, 1.0)
+    assert ch.state is CONNECTED and ch.claiming is False
+    assert net.owner.connects == [ch]
+
+
+def test_a_channel_is_paused_and_resumed_through_its_owner_while_connected(net):
+    """flow.py pauses a publisher as a ports.Pausable; the Channel asks its owner."""
+    congestion = Congestion(backpressure_timeout=1.0)
+    slow = object()
+    congestion.add(slow, "queue")
+    ch = net.connect("p")
+    congestion.note(slow)
+    congestion.pause(ch, 0.0)
+    assert net.owner.paused == [ch]
+    congestion.remove(slow, "queue")
+    assert net.owner.resumed == [ch]
+    other = net.connect("q")
+    congestion.add(slow, "queue")
+    congestion.note(slow)
+    congestion.pause(other, 0.0)
+    other.state = CLOSED  # (closed without the Channel's own unpause)
+    congestion.remove(slow, "queue")
+    assert net.owner.resumed == [ch]  # a closed channel's socket is not touched
