@@ -1,25 +1,26 @@
 """The local broker: ClientId registry, subscriptions, retained messages, publish.
 
 Pure. It leaves to its caller the connections (Channels call in and receive
-frames), the clock (times are passed in), storage (changes go to a Journal
-that the I/O layer commits) and the mesh (it reports filter changes and hands
-each locally published message to ``on_publish`` hooks).
+frames), the clock (times are passed in), randomness (``random_hex``), storage
+(changes go to a Journal that the I/O layer commits) and the mesh (it reports
+filter changes and hands each locally published message to ``on_publish`` hooks).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .auth import Auth
 from .flow import Congestion
 from .message import Message
-from .ports import Batch, JournalPort, SessionFactory
+from .ports import Batch, JournalPort, RandomHex, SessionFactory
 from .session import Limits, Session, Sessions
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie, SubscriptionTrie
 
-__all__ = ["Broker", "BrokerSettings", "Stats"]
+__all__ = ["Broker", "BrokerSettings", "Stats", "counting_hex"]
 
 
 @dataclass
@@ -89,17 +90,26 @@ class Stats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+def counting_hex() -> RandomHex:
+    """A deterministic stand-in for random bytes (the default for tests): 1, 2, 3... as hex."""
+    counter = itertools.count(1)
+    return lambda n: f"{next(counter):0{2 * n}x}"
+
+
 class Broker:
     def __init__(
         self,
         settings: BrokerSettings,
         auth: Auth | None = None,
         journal: JournalPort | None = None,
+        random_hex: RandomHex | None = None,
     ):
         self.settings = settings
         self.node_id = settings.node_id
         self.auth = auth or Auth()
         self.journal: JournalPort = journal if journal is not None else NULL_JOURNAL
+        # auto ClientIds [MQTT-3.1.3-6]: the server passes os.urandom's
+        self.random_hex = random_hex if random_hex is not None else counting_hex()
         self.sessions: dict[str, Session] = {}
         self.router = SubscriptionTrie()
         self.retained = RetainedTrie()

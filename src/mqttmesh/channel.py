@@ -2,7 +2,7 @@
 
 Pure: bytes and times in, bytes and requests out. It leaves to its caller (the
 *owner*, the I/O layer: ``ports.Owner``) the socket, the timers, and slow password
-checks.
+checks, and to the broker the randomness of auto ClientIds.
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
 protocol violation, refused with the statement of the standard it breaks.
@@ -10,7 +10,6 @@ protocol violation, refused with the statement of the standard it breaks.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -365,7 +364,7 @@ class Channel:
             return self._refuse(rc, why or f"user {_quoted(pkt.username)}")
         if not pkt.client_id:
             # [MQTT-3.1.3-6]: a unique ClientId of our own making
-            self.client_id = f"auto-{self.broker.node_id}-{os.urandom(6).hex()}"
+            self.client_id = f"auto-{self.broker.node_id}-{self.broker.random_hex(6)}"
         broker = self.broker
         if broker.cluster is not None and not self.is_peer:
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims

@@ -8,6 +8,7 @@ implementation only has to have the methods. Issue 14 fills this module step by 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -15,12 +16,16 @@ if TYPE_CHECKING:
     from .message import Message
     from .session import Entry, Session
 
-__all__ = ["Batch", "Owner", "Pausable", "JournalPort", "SessionFactory"]
+__all__ = ["Batch", "RandomHex", "Owner", "Pausable", "JournalPort", "SessionFactory"]
 
 # A journal batch that must be durable before an acknowledgement goes out; 0: none.
 # (A name of its own so that an acknowledgement can later wait for more than the disk,
 # e.g. for replication, by changing what a Batch is in this one place.)
 Batch = int
+
+# n random bytes as 2n hex digits (auto ClientIds): os.urandom in the server, a seeded
+# generator in the simulator, a counter in tests
+RandomHex = Callable[[int], str]
 
 
 class Owner(Protocol):

@@ -12,7 +12,8 @@ import re
 import pytest
 
 from mqttmesh.auth import Auth, PasswordFile, hash_password
-from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, TRANSITIONS
+from mqttmesh.broker import Broker, BrokerSettings, counting_hex
+from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, TRANSITIONS, Channel
 from mqttmesh.codec import (
     CONNACK,
     CONNECT,
@@ -129,6 +130,27 @@ def test_empty_client_id_with_clean_session_gets_a_unique_id(net):
     assert net.broker.sessions[b.client_id].channel is b
 
 
+def test_auto_client_ids_come_from_the_brokers_random_hex():
+    """[MQTT-3.1.3-6] ``auto-<node>-<12 hex digits>``: the randomness is a port (the server
+    passes os.urandom's); a Broker built without one counts, so tests are deterministic."""
+    net = Net()
+    assert [net.connect("", clean=True).client_id for _ in range(2)] == ["auto-n1-000000000001", "auto-n1-000000000002"]
+    drawn = []
+
+    def random_hex(n):
+        drawn.append(n)
+        return "ab" * n
+
+    broker = Broker(BrokerSettings(node_id="n7"), random_hex=random_hex)
+    ch = Channel(broker, net.owner, "peer", 0.0)
+    ch.receive_data(mqttraw.connect("", clean=True), 0.0)
+    assert ch.data_to_send() == h("20 02 00 00")
+    assert ch.client_id == "auto-n7-abababababab" and drawn == [6]
+    assert net.connect("named").client_id == "named"  # a ClientId of its own draws nothing
+    hexes = counting_hex()
+    assert (hexes(1), hexes(2), hexes(3)) == ("01", "0002", "000003")
+
+
 def test_client_id_length_limit():
     """[MQTT-3.1.3-5] 23 bytes must be allowed; longer may be refused with 0x02 [MQTT-3.1.3-9]."""
     net = Net(max_client_id_length=23)
@@ -145,7 +167,7 @@ def test_client_id_length_limit():
 @pytest.fixture
 def passwords(tmp_path):
     path = tmp_path / "passwd"
-    path.write_text(f"alice:{hash_password('secret', iterations=1000)}\n", encoding="utf-8")
+    path.write_text(f"alice:{hash_password('secret', iterations=1000, salt=b'alice-salt')}\n", encoding="utf-8")
     return PasswordFile.load(str(path))
 
 

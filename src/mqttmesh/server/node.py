@@ -40,6 +40,11 @@ def build_auth(config: Config) -> Auth:
     return Auth(config.get("auth.allow_anonymous"), passwords, acl, config.get("auth.cache_size"))
 
 
+def _random_hex(n: int) -> str:
+    """The broker's randomness (auto ClientIds): the operating system's."""
+    return os.urandom(n).hex()
+
+
 class Node:
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None):
         self.config = config
@@ -69,7 +74,7 @@ class Node:
         if config.data_dir:
             self.store = SqliteStore(config.data_dir, config.get("store.synchronous"))
             self.journal = Journal(on_dirty=self._schedule_commit)
-        self.broker = Broker(settings, build_auth(config), self.journal)
+        self.broker = Broker(settings, build_auth(config), self.journal, random_hex=_random_hex)
         self.logins = Logins(self, config)
         self.max_write_buffer = config.get("limits.max_write_buffer")
         # memory of all connections' buffers (connection.py keeps the counts): above
