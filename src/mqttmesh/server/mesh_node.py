@@ -113,18 +113,20 @@ class PeerClient(asyncio.Protocol, _Link):
         self.done = self.loop.create_future()
         self._topic_prefix = f"$mesh/from/{mesh.node_id}/".encode()
         # flow control (flow.py) treats this link like a client channel: it can be paused
-        # when what it brings cannot be delivered, and be congested when the peer is slow
-        self.owner = self
+        # (a ports.Pausable) when what it brings cannot be delivered, and be congested when
+        # the peer is slow
         self.state = "connecting"
         self.reading_paused = False
 
     # flow control ---------------------------------------------------------------------
-    def pause_reading(self, _=None) -> None:
+    def pause_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.reading_paused = True
             self.transport.pause_reading()
 
-    def resume_reading(self, _=None) -> None:
+    def resume_reading(self) -> None:
+        if self.state != "connected":
+            return  # closed meanwhile
         if self.transport is not None and not self.transport.is_closing() and self.reading_paused:
             self.reading_paused = False
             self.transport.resume_reading()
@@ -354,7 +356,7 @@ class MeshNode:
         )
         self.engine = MeshEngine(self.node_id, self.incarnation, [advertise], settings)
         self.engine.start(self.loop.time())
-        if self.broker.journal is not None:
+        if self.broker.journal.persistent:
             # QoS 1/2 messages held for other nodes survive a crash of this one
             self.engine.custody_store = self.broker.journal
             restored = self.node.store.load_custody()
@@ -553,7 +555,7 @@ class MeshNode:
             return 0
         batch = 0
         broker = self.broker
-        if broker.journal is None:
+        if not broker.journal.persistent:
             dispatch = broker.dispatch
             for action in actions:
                 if action[0] == "deliver":
