@@ -12,8 +12,9 @@ from collections import deque
 
 import pytest
 
-import mqttmesh.mesh.engine as engine_module
+from mqttmesh.mesh.custody import Custody
 from mqttmesh.mesh.engine import MeshEngine, MeshSettings
+from mqttmesh.mesh.lsdb import newest_only
 from mqttmesh.message import Message
 
 
@@ -42,17 +43,16 @@ class Net:
         self.engines[a].link_down(b, self.t)
         self.engines[b].link_down(a, self.t)
 
-    def _pump(self, name, actions):
-        for action in actions:
-            if action[0] == "send":
-                _, peer, kind, payload, qos = action
-                if frozenset((name, peer)) in self.links:
-                    self.queue.append((name, peer, kind, payload))
-            elif action[0] == "deliver":
-                _, msg, needs_ack = action
-                self.delivered[name].append((msg.origin, msg.seq, msg.topic))
-                if needs_ack:
-                    self.engines[name].delivered(msg)
+    def _pump(self, name, sends):
+        for peer, kind, payload, _qos in sends:
+            if frozenset((name, peer)) in self.links:
+                self.queue.append((name, peer, kind, payload))
+
+    def _take(self, name, inbound):
+        for msg in inbound.deliveries:
+            self.delivered[name].append((msg.origin, msg.seq, msg.topic))
+            if msg.qos:  # QoS 1/2: acknowledged end to end, as the broker does once it is safe
+                self.engines[name].delivered(msg)
 
     def settle(self, limit=100_000):
         steps = 0
@@ -65,7 +65,7 @@ class Net:
                 frm, to, kind, payload = self.queue.popleft()
                 if kind == "fwd":
                     self.fwd_per_link[(frm, to)] = self.fwd_per_link.get((frm, to), 0) + 1
-                self._pump(to, self.engines[to].receive(frm, kind, payload, self.t))
+                self._take(to, self.engines[to].receive(frm, kind, payload, self.t))
                 steps += 1
                 assert steps < limit, "the network does not settle: a loop?"
 
@@ -181,10 +181,8 @@ def test_duplicate_retransmission_is_delivered_once_and_acked_again():
     m = net.publish("a", "x", qos=2)
     assert net.delivered["b"] == [m] and a.custody == {}
     # resend the same message as a retransmission: delivered once, acked again
-    from mqttmesh.mesh.engine import _Custody
-
     msg = Message("x", b"x", 2, False, "a", m[1], "c", 0)
-    a.custody[m[1]] = _Custody(msg, {"b"}, 0.0, 0.0)
+    a.custody[m[1]] = Custody(msg, {"b"}, 0.0, 0.0)
     net.t = 10
     net._pump("a", a.tick(net.t))
     net.settle()
@@ -225,15 +223,13 @@ def test_unicast_is_routed_hop_by_hop_to_its_destination():
     names, edges = ring(5)
     net = Net(names, edges)
     got = []
-    original = net._pump
+    original = net._take
 
-    def pump(name, actions):
-        for a in actions:
-            if a[0] == "unicast":
-                got.append((name, a[1], a[2], a[3]))
-        original(name, [a for a in actions if a[0] != "unicast"])
+    def take(name, inbound):
+        got.extend((name, *unicast) for unicast in inbound.unicasts)
+        original(name, inbound)
 
-    net._pump = pump
+    net._take = take
     assert net.engines["n0"].send_unicast("n2", "claim", b"\x00binary\xff")
     net.settle()
     assert got == [("n2", "n0", "claim", b"\x00binary\xff")]
@@ -266,7 +262,7 @@ def test_only_the_newest_version_of_an_advertisement_leaves_in_a_flush():
     for peer in ("c", "d", "e"):
         a.link_up(peer, 0.0)
         a.link_down(peer, 0.0)
-    sent = [json.loads(p) for _s, peer, kind, p, _q in a.flush(0.0) if peer == "b" and kind == "lsa"]
+    sent = [json.loads(p) for peer, kind, p, _q in a.flush(0.0) if peer == "b" and kind == "lsa"]
     routers = [lsa for batch in sent for lsa in batch if lsa["t"] == "router" and lsa["node"] == "a"]
     assert [r["seq"] for r in routers] == [a.routers["a"].seq]
     assert routers[0]["links"] == {"b": 1000}
@@ -282,7 +278,7 @@ def test_newest_only_keeps_deltas_after_a_full_interest():
         {"t": "router", "node": "x", "inc": 1, "seq": 5, "links": {}},
         {"t": "interest", "node": "y", "inc": 2, "ver": 1, "base": 0, "add": ["q"], "del": []},
     ]
-    kept = engine_module._newest_only(lsas)
+    kept = newest_only(lsas)
     assert kept == [lsas[1], lsas[3], lsas[4], lsas[6]]
 
 
