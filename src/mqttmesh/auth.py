@@ -2,8 +2,9 @@
 
 Pure apart from reading the two files at load time. It leaves to its caller
 when to reload them, where to run a slow password check (a hash takes tens of
-milliseconds, so the server runs it off the event loop), and the clock and the
-client addresses that ``LoginThrottle`` decides on.
+milliseconds, so the server runs it off the event loop), the salt of a new hash
+(random bytes: ``SALT_BYTES`` of them), and the clock and the client addresses
+that ``LoginThrottle`` decides on.
 
 Password file: one ``user:$pbkdf2-sha512$ITERATIONS$SALT$HASH`` line per user
 (salt and hash in base64). ACL file, one rule per line::
@@ -43,6 +44,7 @@ from .topics import filter_matches
 __all__ = [
     "ConfigError",
     "hash_password",
+    "SALT_BYTES",
     "verify_password",
     "PasswordFile",
     "Acl",
@@ -65,6 +67,7 @@ _ACCESS = {
     "deny": 0,
 }
 DEFAULT_ITERATIONS = 100_000
+SALT_BYTES = 16  # of a new password hash: fresh random bytes each time (the caller's os.urandom)
 
 
 class ConfigError(Exception):
@@ -74,8 +77,7 @@ class ConfigError(Exception):
 # --------------------------------------------------------------------------- passwords
 
 
-def hash_password(password: str, iterations: int = DEFAULT_ITERATIONS, salt: bytes | None = None) -> str:
-    salt = salt if salt is not None else os.urandom(16)
+def hash_password(password: str, iterations: int = DEFAULT_ITERATIONS, *, salt: bytes) -> str:
     digest = hashlib.pbkdf2_hmac("sha512", password.encode("utf-8"), salt, iterations)
     return f"$pbkdf2-sha512${iterations}${base64.b64encode(salt).decode()}${base64.b64encode(digest).decode()}"
 
@@ -121,10 +123,10 @@ class PasswordFile:
             raise ConfigError(f"{path}: password file is not UTF-8") from None
         return cls(path, users)
 
-    def set(self, user: str, password: str, iterations: int = DEFAULT_ITERATIONS) -> None:
+    def set(self, user: str, password: str, iterations: int = DEFAULT_ITERATIONS, *, salt: bytes) -> None:
         if not user or ":" in user:
             raise ConfigError(f"user name {user!r} must be non-empty and contain no ':'")
-        self.users[user] = hash_password(password, iterations)
+        self.users[user] = hash_password(password, iterations, salt=salt)
 
     def delete(self, user: str) -> bool:
         return self.users.pop(user, None) is not None

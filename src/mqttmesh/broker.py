@@ -1,24 +1,26 @@
 """The local broker: ClientId registry, subscriptions, retained messages, publish.
 
 Pure. It leaves to its caller the connections (Channels call in and receive
-frames), the clock (times are passed in), storage (changes go to a Journal
-that the I/O layer commits) and the mesh (it reports filter changes and hands
-each locally published message to ``on_publish`` hooks).
+frames), the clock (times are passed in), randomness (``random_hex``), storage
+(changes go to a Journal that the I/O layer commits) and the mesh (it reports
+filter changes and hands each locally published message to ``on_publish`` hooks).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .auth import Auth
 from .flow import Congestion
 from .message import Message
-from .session import DurableSession, Limits, Session
-from .store import Journal
+from .ports import Batch, JournalPort, RandomHex, SessionFactory
+from .session import Limits, Session, Sessions
+from .store import NULL_JOURNAL
 from .topics import RetainedTrie, SubscriptionTrie
 
-__all__ = ["Broker", "BrokerSettings", "Stats"]
+__all__ = ["Broker", "BrokerSettings", "Stats", "counting_hex"]
 
 
 @dataclass
@@ -88,12 +90,26 @@ class Stats:
         return {name: getattr(self, name) for name in self.__slots__}
 
 
+def counting_hex() -> RandomHex:
+    """A deterministic stand-in for random bytes (the default for tests): 1, 2, 3... as hex."""
+    counter = itertools.count(1)
+    return lambda n: f"{next(counter):0{2 * n}x}"
+
+
 class Broker:
-    def __init__(self, settings: BrokerSettings, auth: Auth | None = None, journal: Journal | None = None):
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        auth: Auth | None = None,
+        journal: JournalPort | None = None,
+        random_hex: RandomHex | None = None,
+    ):
         self.settings = settings
         self.node_id = settings.node_id
         self.auth = auth or Auth()
-        self.journal = journal
+        self.journal: JournalPort = journal if journal is not None else NULL_JOURNAL
+        # auto ClientIds [MQTT-3.1.3-6]: the server passes os.urandom's
+        self.random_hex = random_hex if random_hex is not None else counting_hex()
         self.sessions: dict[str, Session] = {}
         self.router = SubscriptionTrie()
         self.retained = RetainedTrie()
@@ -102,6 +118,8 @@ class Broker:
         self.wall_offset = 0.0  # wall-clock time minus the caller's clock, set by the I/O layer
         self.held_ack_channels: set = set()  # channels waiting for a journal commit
         self.congestion = Congestion(settings.slow_consumer_timeout, settings.backpressure_timeout)
+        # the mesh replaces it with replicated sessions (mesh/cluster.py) until issue 14 S7
+        self.session_factory: SessionFactory = Sessions(settings.limits, self.journal, self.congestion)
         # hooks for the mesh: called with (filter) when the first local subscriber
         # arrives / the last one leaves, and with (message) for each local publish
         self.on_filter_added: list[Callable[[str], None]] = []
@@ -114,7 +132,6 @@ class Broker:
         self.archive_hook = None
         self.capture = None
         self.cluster = None  # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
-        self.persistent_factory = None  # makes CleanSession=0 sessions when set (replicated ones)
         self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
         self._after_commit: list[tuple[int, Callable[[], None]]] = []
 
@@ -138,18 +155,7 @@ class Broker:
             old = None
         if old is not None:
             return old, True  # [MQTT-3.2.2-2]
-        if clean:
-            session = Session(client_id, True, self.settings.limits)
-        elif durable and self.persistent_factory is not None:
-            session = self.persistent_factory(client_id)
-            if session.durable:
-                session._stored_subscriptions()
-        elif self.journal is not None and durable:
-            session = DurableSession(client_id, self.settings.limits, self.journal)
-            session._stored_subscriptions()
-        else:
-            session = Session(client_id, False, self.settings.limits)
-        session.congestion = self.congestion
+        session = self.session_factory.new(client_id, clean, durable)
         session.on_sent = self.delivery_hook
         self.sessions[client_id] = session
         return session, False
@@ -168,13 +174,11 @@ class Broker:
         session.subscriptions.clear()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
-        if session.durable:
-            self.journal.session_delete(session.client_id)  # type: ignore[union-attr]  # (durable sessions exist only with a journal)
+        session.discarded()
 
     def restore_session(self, session: Session) -> None:
-        """Re-register a session loaded from the store at start."""
+        """Re-register a session loaded from the store at start (made by ``session_factory``)."""
         self.sessions[session.client_id] = session
-        session.congestion = self.congestion
         session.on_sent = self.delivery_hook
         for topic_filter, qos in session.subscriptions.items():
             self._router_add(topic_filter, session, qos)
@@ -227,7 +231,7 @@ class Broker:
         self.seq += 1
         return self.seq
 
-    def publish(self, msg: Message, captured: bool = False) -> int:
+    def publish(self, msg: Message, captured: bool = False) -> Batch:
         """Take ownership of a message published at this node; ``captured``: the archive
         has it already, from the bytes of the read it came in (archive/reads.py).
 
@@ -235,22 +239,15 @@ class Broker:
         the message, or 0 when nothing it caused needs to become durable.
         """
         journal = self.journal
-        if journal is None:
-            if msg.retain:
-                self.set_retained(msg)
-            self.dispatch(msg)
-            if self.on_publish:
-                for hook in self.on_publish:
-                    hook(msg)
-            if not captured and self.archive_hook is not None:
-                self.archive_hook(msg)
-            return 0
+        # journal.mark() and .since() spelled out, here and in deliver_remote: these run
+        # once per message, and two attribute reads cost less than two calls
         before = journal.writes
         if msg.retain:
             self.set_retained(msg)
         self.dispatch(msg)
-        for hook in self.on_publish:
-            hook(msg)
+        if self.on_publish:
+            for hook in self.on_publish:
+                hook(msg)
         if not captured and self.archive_hook is not None:
             self.archive_hook(msg)
         return journal.batch if journal.writes != before else 0
@@ -300,20 +297,18 @@ class Broker:
             return
         topic = msg.topic
         if not msg.payload:
-            if self.retained.delete(topic) and self.journal is not None:  # [MQTT-3.3.1-10]
+            if self.retained.delete(topic):  # [MQTT-3.3.1-10]
                 self.journal.retained_delete(topic)
             return
         stored = msg.copy(retain=True)  # [MQTT-3.3.1-5]
         self.retained.set(topic, stored)
-        if self.journal is not None:
-            self.journal.retained_put(topic, stored)
+        self.journal.retained_put(topic, stored)
 
     # -- durability ---------------------------------------------------------------------------
 
     def committed(self, batch: int) -> None:
         """The I/O layer made ``batch`` durable: release the acknowledgements it held."""
-        if self.journal is not None:
-            self.journal.mark_committed(batch)
+        self.journal.mark_committed(batch)
         if self.held_ack_channels:
             waiting = self.held_ack_channels
             self.held_ack_channels = set()
@@ -327,17 +322,17 @@ class Broker:
 
     def after_commit(self, batch: int, fn: Callable[[], None]) -> None:
         """Run ``fn`` once ``batch`` is durable (at once if it is 0 or already is)."""
-        if not batch or (self.journal is not None and batch <= self.journal.committed):
+        if not batch or batch <= self.journal.committed:
             fn()
         else:
             self._after_commit.append((batch, fn))
 
-    def deliver_remote(self, msg: Message) -> int:
+    def deliver_remote(self, msg: Message) -> Batch:
         """A message another node routed here: deliver it to local sessions only.
 
         Returns the journal batch to wait for before it may be acknowledged.
         """
         journal = self.journal
-        before = journal.writes if journal is not None else 0
+        before = journal.writes  # (mark and since spelled out: see publish)
         self.dispatch(msg)
-        return journal.batch if journal is not None and journal.writes != before else 0
+        return journal.batch if journal.writes != before else 0

@@ -1,18 +1,8 @@
 """The server side of one MQTT 3.1.1 client connection: a state machine.
 
 Pure: bytes and times in, bytes and requests out. It leaves to its caller (the
-*owner*, the I/O layer) the socket, the timers, and slow password checks. The
-owner implements these methods:
-
-    owner.wake(channel)                     there are bytes in ``data_to_send()``
-    owner.close(channel, reason)            send what is pending, then close
-    owner.authenticate(channel, user, pw)   run ``broker.auth.check_slow`` somewhere
-                                            (throttled, bounded: server/logins.py) and
-                                            call ``channel.authenticated(rc, now)``
-    owner.connected(channel)                a CONNECT finished later than the bytes that
-                                            carried it (mesh claims): log it, arm keepalive
-    owner.pause_reading(channel)            stop feeding this channel for now (flow.py)
-    owner.resume_reading(channel)           feed it again
+*owner*, the I/O layer: ``ports.Owner``) the socket, the timers, and slow password
+checks, and to the broker the randomness of auto ClientIds.
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
 protocol violation, refused with the statement of the standard it breaks.
@@ -20,7 +10,6 @@ protocol violation, refused with the statement of the standard it breaks.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -50,6 +39,7 @@ from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthE
 from .message import Message
 
 if TYPE_CHECKING:
+    from .ports import Batch, Owner
     from .session import Session
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
@@ -122,7 +112,7 @@ class Channel:
         "__weakref__",
     )
 
-    def __init__(self, broker, owner, peer: str, now: float, certified: bool = False):
+    def __init__(self, broker, owner: Owner, peer: str, now: float, certified: bool = False):
         self.broker = broker
         self.owner = owner
         self.peer = peer
@@ -249,6 +239,20 @@ class Channel:
     def pending_frames(self) -> int:
         return len(self._out)
 
+    @property
+    def claiming(self) -> bool:
+        """In a mesh: the ClientId is being claimed, the session gathered (mesh/cluster.py)."""
+        return self.state is CLAIMING
+
+    # -- flow control (flow.py): a ports.Pausable ------------------------------------------
+
+    def pause_reading(self) -> None:
+        self.owner.pause_reading(self)
+
+    def resume_reading(self) -> None:
+        if self.state is CONNECTED:  # (a closed channel's socket is the owner's business)
+            self.owner.resume_reading(self)
+
     # -- time -----------------------------------------------------------------------------
 
     def deadline(self) -> float | None:
@@ -360,7 +364,7 @@ class Channel:
             return self._refuse(rc, why or f"user {_quoted(pkt.username)}")
         if not pkt.client_id:
             # [MQTT-3.1.3-6]: a unique ClientId of our own making
-            self.client_id = f"auto-{self.broker.node_id}-{os.urandom(6).hex()}"
+            self.client_id = f"auto-{self.broker.node_id}-{self.broker.random_hex(6)}"
         broker = self.broker
         if broker.cluster is not None and not self.is_peer:
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
@@ -368,12 +372,10 @@ class Channel:
             self.state = CLAIMING
             broker.cluster.connect(self, self.client_id, pkt.clean_session, self.will, now)
             return
-        journal = broker.journal
-        before = journal.writes if journal is not None else 0
+        mark = broker.journal.mark()
         session, present = broker.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
-        batch = journal.batch if journal is not None and journal.writes != before else 0
-        self._connected(session, present, now, batch)
+        self._connected(session, present, now, broker.journal.since(mark))
 
     def claimed(self, session, present: bool, now: float) -> None:
         """The mesh claimed the ClientId for this connection and has its session ready."""
@@ -384,7 +386,7 @@ class Channel:
         if not self._processing:
             self._process(now)  # packets that arrived behind the CONNECT
 
-    def _connected(self, session, present: bool, now: float, batch: int = 0) -> None:
+    def _connected(self, session: Session, present: bool, now: float, batch: Batch = 0) -> None:
         self.state = CONNECTED
         self.last_rx = now
         if not self.is_peer:
@@ -503,13 +505,11 @@ class Channel:
         if len(awaiting) >= session.limits.max_awaiting_rel:
             raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
         batch = self._publish(Message(pkt.topic, pkt.payload, 2, pkt.retain), now)
-        awaiting.add(pid)
-        if session.durable:
-            session.journal.awaiting_rel_put(session.client_id, pid)
-            batch = session.journal.batch
-        self._send_after(_ack(_PUBREC, pid), batch)
+        # a durable session's id is journaled: the PUBREC waits for it, and for the message
+        # (the id's batch is the current one, no older than the message's)
+        self._send_after(_ack(_PUBREC, pid), session.awaiting_rel_add(pid) or batch)
 
-    def _publish(self, msg: Message, now: float) -> int:
+    def _publish(self, msg: Message, now: float) -> Batch:
         """Hand a message from this client (or its will) to the broker; the journal batch to wait for."""
         broker = self.broker
         broker.stats.messages_received += 1
@@ -571,14 +571,7 @@ class Channel:
         self._cap_next = -1
 
     def _on_pubrel(self, pkt, now: float) -> None:
-        session = self.session
-        batch = 0
-        if pkt.packet_id in session.awaiting_rel:
-            session.awaiting_rel.discard(pkt.packet_id)
-            if session.durable:
-                # the id must not come back after a crash once PUBCOMP said it is free
-                session.journal.awaiting_rel_remove(session.client_id, pkt.packet_id)
-                batch = session.journal.batch
+        batch = self.session.awaiting_rel_remove(pkt.packet_id)
         self._send_after(_ack(_PUBCOMP, pkt.packet_id), batch)  # [MQTT-4.3.3-2]
 
     # -- acknowledgements, server to client messages --------------------------------------
@@ -587,13 +580,11 @@ class Channel:
         self.session.on_puback(pkt.packet_id)
 
     def _on_pubrec(self, pkt, now: float) -> None:
-        session = self.session
-        journal = session.journal if session.durable else None
-        before = journal.writes if journal is not None else 0
-        session.on_pubrec(pkt.packet_id)
+        journal = self.broker.journal
+        mark = journal.mark()
+        self.session.on_pubrec(pkt.packet_id)
         # after a crash the PUBLISH must not be re-sent once its PUBREL went out [MQTT-4.3.3-1]
-        batch = journal.batch if journal is not None and journal.writes != before else 0
-        self._send_after(_ack(_PUBREL, pkt.packet_id), batch)
+        self._send_after(_ack(_PUBREL, pkt.packet_id), journal.since(mark))
 
     def _on_pubcomp(self, pkt, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id)
@@ -605,7 +596,7 @@ class Channel:
         auth = broker.auth
         session = self.session
         journal = broker.journal
-        before = journal.writes if journal is not None else 0
+        mark = journal.mark()
         codes = []
         granted_filters = []
         for topic_filter, qos in pkt.topics:  # as a sequence of SUBSCRIBEs [MQTT-3.8.4-4]
@@ -624,19 +615,17 @@ class Channel:
             broker.subscribe(session, topic_filter, granted)
             codes.append(granted)
             granted_filters.append((topic_filter, granted))
-        batch = journal.batch if journal is not None and journal.writes != before else 0
-        self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), batch)  # [MQTT-3.8.4-1,5]
+        self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), journal.since(mark))  # [MQTT-3.8.4-1,5]
         for topic_filter, granted in granted_filters:
             broker.send_retained(session, topic_filter, granted)  # [MQTT-3.8.4-3]
 
     def _on_unsubscribe(self, pkt: codec.Unsubscribe, now: float) -> None:
         broker = self.broker
         journal = broker.journal
-        before = journal.writes if journal is not None else 0
+        mark = journal.mark()
         for topic_filter in pkt.filters:  # [MQTT-3.10.4-6]
             broker.unsubscribe(self.session, topic_filter)
-        batch = journal.batch if journal is not None and journal.writes != before else 0
-        self._send_after(_ack(0xB0, pkt.packet_id), batch)  # even if nothing matched [MQTT-3.10.4-5]
+        self._send_after(_ack(0xB0, pkt.packet_id), journal.since(mark))  # even if nothing matched [MQTT-3.10.4-5]
 
     def _on_pingreq(self, pkt, now: float) -> None:
         self.write(_PINGRESP)  # [MQTT-3.12.4-1]
@@ -650,7 +639,7 @@ class Channel:
 
     # -- acknowledgements that wait for the store (group commit) -------------------------------
 
-    def _send_after(self, frame: bytes, batch: int) -> None:
+    def _send_after(self, frame: bytes, batch: Batch) -> None:
         held = self._held
         if not batch and not held:
             self._write_now(frame)

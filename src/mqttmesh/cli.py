@@ -12,7 +12,7 @@ import sys
 import time
 
 from . import __version__
-from .auth import ConfigError, PasswordFile
+from .auth import SALT_BYTES, ConfigError, PasswordFile
 from .config import add_flags, load_config, overrides_from_args, reference_markdown
 
 log = logging.getLogger("mqttmesh")
@@ -87,7 +87,7 @@ def cmd_passwd(args: argparse.Namespace) -> int:
             if not password:
                 print("mqttmesh passwd: empty password refused", file=sys.stderr)
                 return 1
-            pwfile.set(args.user, password, args.iterations)
+            pwfile.set(args.user, password, args.iterations, salt=os.urandom(SALT_BYTES))
         pwfile.save()
     except ConfigError as exc:
         print(f"mqttmesh passwd: {exc}", file=sys.stderr)

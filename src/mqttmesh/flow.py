@@ -12,14 +12,17 @@ congested for longer than the slow-consumer ``timeout`` without progress is repo
 
 It leaves to its caller the clock (``pause``, ``expire`` and ``sweep`` take ``now``; the
 caller calls ``expire`` at least every ``backpressure_timeout / 4``) and the sockets: a
-paused publisher is a Channel whose ``owner.pause_reading(channel)`` and
-``owner.resume_reading(channel)`` stop and restart reading it.
+paused publisher is a ``ports.Pausable`` (a Channel, a peer link) whose ``pause_reading()``
+and ``resume_reading()`` stop and restart reading it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .ports import Pausable
 
 __all__ = ["Congestion"]
 
@@ -32,8 +35,8 @@ class Congestion:
         self.since: dict[Hashable, tuple[float, Any]] = {}  # session -> (last progress, marker)
         self.holding: dict[Hashable, float] = {}  # session -> when it first held a publisher back
         self.overrun: set[Hashable] = set()  # congested past the bound: holds no one back
-        self.waiting: dict[Hashable, set[Any]] = {}  # session -> publisher channels paused for it
-        self.paused: dict[Any, tuple[float, set[Hashable]]] = {}  # channel -> (paused at, sessions it waits for)
+        self.waiting: dict[Hashable, set[Pausable]] = {}  # session -> publishers paused for it
+        self.paused: dict[Pausable, tuple[float, set[Hashable]]] = {}  # publisher -> (paused at, sessions it waits for)
         self.hit = False  # the last dispatch reached a congested session ...
         self.hit_sessions: list[Hashable] = []  # ... these ones (valid while ``hit``)
         self.pauses = 0  # publishers paused, ever
@@ -94,7 +97,7 @@ class Congestion:
             self.hit = True
             self.hit_sessions = [session]
 
-    def pause(self, channel: Any, now: float) -> None:
+    def pause(self, channel: Pausable, now: float) -> None:
         """Stop reading ``channel``: what it published reached the sessions of the last hit."""
         sessions = self.hit_sessions if self.hit else []
         self.hit = False
@@ -116,9 +119,9 @@ class Congestion:
             return
         if fresh:
             self.pauses += 1
-            channel.owner.pause_reading(channel)
+            channel.pause_reading()
 
-    def unpause(self, channel: Any) -> None:
+    def unpause(self, channel: Pausable) -> None:
         """``channel`` closed: forget it without touching its socket."""
         entry = self.paused.pop(channel, None)
         if entry is not None:
@@ -127,7 +130,7 @@ class Congestion:
                 if waiting is not None:
                     waiting.discard(channel)
 
-    def _resume(self, channel: Any) -> None:
+    def _resume(self, channel: Pausable) -> None:
         entry = self.paused.pop(channel, None)
         if entry is None:
             return
@@ -135,8 +138,7 @@ class Congestion:
             waiting = self.waiting.get(session)
             if waiting is not None:
                 waiting.discard(channel)
-        if channel.state == "connected":
-            channel.owner.resume_reading(channel)
+        channel.resume_reading()  # (which a publisher closed meanwhile ignores)
 
     def resume_all(self) -> None:
         for channel in list(self.paused):

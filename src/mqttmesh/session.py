@@ -4,6 +4,7 @@ Pure (section 4.1 of MQTT 3.1.1). It leaves to its caller the connection
 (it writes frames through the attached Channel), the clock, and storage:
 ``Session`` lives in memory; ``DurableSession`` is the second implementation
 that also records every change in a store journal, which the I/O layer commits.
+``Sessions`` makes the right one (the Broker's SessionFactory).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from .codec import PubRel, encode
 if TYPE_CHECKING:
     from .channel import Channel
     from .flow import Congestion
+    from .mesh.replica import _Replicated
     from .message import Message
+    from .ports import Batch, JournalPort
 
-__all__ = ["Limits", "Entry", "Session", "DurableSession", "SENT_PUBLISH", "SENT_PUBREL"]
+__all__ = ["Limits", "Entry", "Session", "DurableSession", "Sessions", "SENT_PUBLISH", "SENT_PUBREL"]
 
 SENT_PUBLISH, SENT_PUBREL = 1, 2
 
@@ -65,7 +68,7 @@ class Entry:
 class Session:
     durable = False
 
-    def __init__(self, client_id: str, clean: bool, limits: Limits):
+    def __init__(self, client_id: str, clean: bool, limits: Limits, congestion: Congestion | None = None):
         self.client_id = client_id
         self.clean = clean
         self.limits = limits
@@ -77,7 +80,7 @@ class Session:
         self.username: str | None = None
         self.dropped = 0  # messages a full queue dropped
         self.dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
-        self.congestion: Congestion | None = None  # the broker's Congestion tracker
+        self.congestion = congestion  # the broker's Congestion tracker (flow.py)
         self.backlogged = False  # online, with the queue over queue_high
         self.acked = 0  # acknowledgements received, ever (progress)
         # optional hook(session, msg, qos, dup): delivery log
@@ -232,6 +235,33 @@ class Session:
     def pending(self) -> int:
         return len(self.queue) + len(self.inflight)
 
+    @property
+    def replica(self) -> _Replicated | None:
+        """This session as one copy of a session replicated across a mesh, or None."""
+        return None
+
+    # -- inbound QoS 2: packet ids between PUBREC and PUBREL [MQTT-4.3.3-2] -------------
+
+    def awaiting_rel_add(self, packet_id: int) -> Batch:
+        """Remember ``packet_id`` until its PUBREL; the batch the PUBREC waits for (0: none)."""
+        self.awaiting_rel.add(packet_id)
+        return 0
+
+    def awaiting_rel_remove(self, packet_id: int) -> Batch:
+        """PUBREL: forget ``packet_id``; the batch the PUBCOMP waits for (0: none)."""
+        self.awaiting_rel.discard(packet_id)
+        return 0
+
+    def restore_entry(self, entry: Entry) -> None:
+        """An entry loaded from the store: in flight if it had been sent, else queued."""
+        if entry.packet_id and entry.state:
+            self.inflight[entry.packet_id] = entry
+        else:
+            self.queue.append(entry)
+
+    def discarded(self) -> None:
+        """The broker dropped this session for good (clean start, or a clean session ended)."""
+
     # -- storage hooks: no-ops in memory, journaled by DurableSession ----------------
 
     def _stored_put(self, entry: Entry) -> None:
@@ -253,8 +283,8 @@ class DurableSession(Session):
 
     durable = True
 
-    def __init__(self, client_id: str, limits: Limits, journal):
-        super().__init__(client_id, False, limits)
+    def __init__(self, client_id: str, limits: Limits, journal: JournalPort, congestion: Congestion | None = None):
+        super().__init__(client_id, False, limits, congestion)
         self.journal = journal
         self._next_key = 1
 
@@ -271,3 +301,46 @@ class DurableSession(Session):
 
     def _stored_subscriptions(self) -> None:
         self.journal.session_put(self.client_id, self.subscriptions)
+
+    def awaiting_rel_add(self, packet_id: int) -> Batch:
+        self.awaiting_rel.add(packet_id)
+        self.journal.awaiting_rel_put(self.client_id, packet_id)
+        return self.journal.batch
+
+    def awaiting_rel_remove(self, packet_id: int) -> Batch:
+        if packet_id not in self.awaiting_rel:
+            return 0
+        self.awaiting_rel.discard(packet_id)
+        # the id must not come back after a crash once PUBCOMP said it is free
+        self.journal.awaiting_rel_remove(self.client_id, packet_id)
+        return self.journal.batch
+
+    def restore_entry(self, entry: Entry) -> None:
+        super().restore_entry(entry)
+        self._next_key = max(self._next_key, entry.key + 1)
+
+    def discarded(self) -> None:
+        self.journal.session_delete(self.client_id)
+
+
+class Sessions:
+    """The Broker's SessionFactory outside a mesh: a clean session, or a connection that
+    keeps its session in memory (peer links), gets a ``Session``; a persistent one a
+    ``DurableSession`` when the journal is persistent (a node with a store)."""
+
+    def __init__(self, limits: Limits, journal: JournalPort, congestion: Congestion | None = None):
+        self.limits = limits
+        self.journal = journal
+        self.congestion = congestion
+
+    def new(self, client_id: str, clean: bool, durable: bool) -> Session:
+        if clean or not durable:
+            return Session(client_id, clean, self.limits, self.congestion)
+        session = self.restored(client_id)
+        session._stored_subscriptions()  # the session itself is durable before CONNACK [MQTT-3.1.2-4]
+        return session
+
+    def restored(self, client_id: str) -> Session:
+        if self.journal.persistent:
+            return DurableSession(client_id, self.limits, self.journal, self.congestion)
+        return Session(client_id, False, self.limits, self.congestion)

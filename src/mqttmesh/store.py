@@ -4,12 +4,25 @@ Pure. The broker core records every change to persistent sessions, their
 queued/in-flight messages and retained messages here; it leaves the writing to
 the I/O layer (``server/sqlite_store.py``), which takes a batch, commits it in
 one transaction and reports the batch number back. Acknowledgements that
-depend on a batch are held until then (group commit).
+depend on a batch are held until then (group commit). A node without a store
+records into ``NULL_JOURNAL``, so no caller asks whether there is a journal.
+Loading is the I/O layer's too; ``restore_sessions`` turns the rows it read back
+into sessions.
 """
 
 from __future__ import annotations
 
-__all__ = ["Journal", "FORMAT_VERSION"]
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from .message import Message
+from .session import Entry
+
+if TYPE_CHECKING:
+    from .ports import Batch, SessionFactory
+    from .session import Session
+
+__all__ = ["Journal", "NullJournal", "NULL_JOURNAL", "restore_sessions", "FORMAT_VERSION"]
 
 FORMAT_VERSION = 1
 
@@ -25,8 +38,10 @@ def clock_incarnation(now: float) -> int:
 
 
 class Journal:
-    def __init__(self, on_dirty=None):
-        self._ops: dict[tuple, tuple] = {}
+    persistent = True
+
+    def __init__(self, on_dirty: Callable[[], None] | None = None):
+        self._ops: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         self.on_dirty = on_dirty  # called when the first change of a batch arrives
         self._signalled = False
         self.batch = 1  # the batch being filled
@@ -35,6 +50,15 @@ class Journal:
 
     def __len__(self) -> int:
         return len(self._ops)
+
+    # -- did the caller write? (its acknowledgement then waits for the batch) -------------
+
+    def mark(self) -> int:
+        return self.writes
+
+    def since(self, mark: int) -> Batch:
+        """The batch to wait for if anything was recorded since ``mark``, else 0."""
+        return self.batch if self.writes != mark else 0
 
     # -- persistent sessions ------------------------------------------------------
 
@@ -49,7 +73,7 @@ class Journal:
         # a key of its own: a session_put after it (same ClientId, new session) must not replace it
         self._record(("d", client_id), ("session_delete", client_id))
 
-    def message_put(self, client_id: str, entry) -> None:
+    def message_put(self, client_id: str, entry: Entry) -> None:
         # The entry is read when the batch is taken, so the newest state wins.
         self._record(("m", client_id, entry.key), ("message_put", client_id, entry))
 
@@ -64,7 +88,7 @@ class Journal:
 
     # -- messages a mesh origin holds until their destinations acknowledge them -------
 
-    def custody_put(self, msg, dests: list[str]) -> None:
+    def custody_put(self, msg: Message, dests: list[str]) -> None:
         self._record(("c", msg.seq), ("custody_put", msg, list(dests)))
 
     def custody_remove(self, seq: int) -> None:
@@ -72,7 +96,7 @@ class Journal:
 
     # -- retained messages ------------------------------------------------------------
 
-    def retained_put(self, topic: str, msg) -> None:
+    def retained_put(self, topic: str, msg: Message) -> None:
         self._record(("t", topic), ("retained_put", topic, msg))
 
     def retained_delete(self, topic: str) -> None:
@@ -80,7 +104,7 @@ class Journal:
 
     # -- the I/O layer's side -----------------------------------------------------------
 
-    def _record(self, key: tuple, op: tuple) -> None:
+    def _record(self, key: tuple[Any, ...], op: tuple[Any, ...]) -> None:
         ops = self._ops
         if not self._signalled:
             self._signalled = True
@@ -91,7 +115,7 @@ class Journal:
         ops[key] = op
         self.writes += 1
 
-    def take(self) -> tuple[int, list[tuple]]:
+    def take(self) -> tuple[int, list[tuple[Any, ...]]]:
         """Hand over the filled batch as plain tuples (safe to pass to a thread)."""
         number = self.batch
         ops = [_snapshot(op) for op in self._ops.values()]
@@ -105,7 +129,65 @@ class Journal:
             self.committed = number
 
 
-def _snapshot(op: tuple) -> tuple:
+class NullJournal:
+    """The journal of a node that keeps everything in memory: it records nothing, so
+    ``since`` is always 0 and no acknowledgement waits."""
+
+    persistent = False
+
+    def __init__(self) -> None:
+        # instance attributes, read on the publish path like the Journal's
+        self.writes = 0
+        self.batch = 0
+        self.committed = 0
+
+    def __len__(self) -> int:
+        return 0
+
+    def mark(self) -> int:
+        return 0
+
+    def since(self, mark: int) -> Batch:
+        return 0
+
+    def session_put(self, client_id: str, subscriptions: dict[str, int]) -> None:
+        pass
+
+    def session_delete(self, client_id: str) -> None:
+        pass
+
+    def message_put(self, client_id: str, entry: Entry) -> None:
+        pass
+
+    def message_remove(self, client_id: str, key: int) -> None:
+        pass
+
+    def awaiting_rel_put(self, client_id: str, packet_id: int) -> None:
+        pass
+
+    def awaiting_rel_remove(self, client_id: str, packet_id: int) -> None:
+        pass
+
+    def custody_put(self, msg: Message, dests: list[str]) -> None:
+        pass
+
+    def custody_remove(self, seq: int) -> None:
+        pass
+
+    def retained_put(self, topic: str, msg: Message) -> None:
+        pass
+
+    def retained_delete(self, topic: str) -> None:
+        pass
+
+    def mark_committed(self, number: int) -> None:
+        pass
+
+
+NULL_JOURNAL = NullJournal()  # (it holds no state: one is enough)
+
+
+def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
     kind = op[0]
     if kind == "message_put":
         _, client_id, e = op
@@ -144,3 +226,43 @@ def _snapshot(op: tuple) -> tuple:
             "\0".join(dests),
         )
     return op
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def restore_sessions(
+    factory: SessionFactory,
+    sessions: Iterable[tuple[str, dict[str, int]]],
+    messages: Iterable[tuple[Any, ...]],
+    awaiting_rel: Iterable[tuple[str, int]],
+) -> list[Session]:
+    """Rebuild the persistent sessions from what the store read back, in its row order.
+
+    ``sessions``: (client_id, subscriptions); ``messages``: (client_id, key, topic, payload,
+    msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp), ordered by
+    client and key; ``awaiting_rel``: (client_id, packet_id). Rows of unknown clients are
+    skipped. Each is consumed only after the one before it.
+    """
+    restored: dict[str, Session] = {}
+    for client_id, subscriptions in sessions:
+        session = factory.restored(client_id)
+        session.subscriptions = subscriptions
+        restored[client_id] = session
+    for client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts in messages:
+        owner = restored.get(client_id)
+        if owner is None:
+            continue
+        entry = Entry(
+            Message(topic, bytes(payload), msg_qos, False, origin, seq, publisher, ts), qos, bool(retain), key
+        )
+        entry.packet_id, entry.state = pid, state
+        owner.restore_entry(entry)
+    for client_id, pid in awaiting_rel:
+        owner = restored.get(client_id)
+        if owner is not None:
+            owner.awaiting_rel.add(pid)
+    for session in restored.values():
+        if session.inflight:
+            session._next_pid = max(session.inflight) % 65535 + 1  # after the highest id in flight
+    return list(restored.values())

@@ -48,12 +48,13 @@ def ack(first: int, pid: int) -> bytes:
 
 
 class Recorder:
-    """The owner of Channels: records every call the pure core makes on it."""
+    """The owner of Channels (a ports.Owner): records every call the pure core makes on it."""
 
     def __init__(self):
         self.wakes = []
         self.closes = []  # (channel, reason)
         self.auth_requests = []  # (channel, user, password)
+        self.connects = []  # channels whose CONNECT finished after a mesh claim
         self.paused = []
         self.resumed = []
 
@@ -65,6 +66,9 @@ class Recorder:
 
     def authenticate(self, channel, user, password):
         self.auth_requests.append((channel, user, password))
+
+    def connected(self, channel):
+        self.connects.append(channel)
 
     def pause_reading(self, channel):
         self.paused.append(channel)

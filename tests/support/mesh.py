@@ -25,7 +25,7 @@ def admin_password_file(directory: Path) -> Path:
     path = Path(directory) / "admin-passwd"
     if not path.exists():
         passwords = PasswordFile(str(path))
-        passwords.set(ADMIN_USER, ADMIN_PASSWORD, iterations=1000)
+        passwords.set(ADMIN_USER, ADMIN_PASSWORD, iterations=1000, salt=b"mesh-admin-salt!")
         passwords.save()
     return path
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import base64
 import hashlib
 import os
 import stat
@@ -11,6 +13,7 @@ import pytest
 from mqttmesh.auth import (
     DEFAULT_ITERATIONS,
     READ,
+    SALT_BYTES,
     SUBSCRIBE,
     WRITE,
     Acl,
@@ -45,14 +48,34 @@ def test_verify_password():
     assert verify_password(b"", KNOWN_HASH) is False
 
 
-def test_hash_password_uses_a_fresh_salt():
-    a, b = hash_password("pw", 1000), hash_password("pw", 1000)
+def test_hash_password_takes_its_salt_from_the_caller():
+    # the randomness is the caller's (the passwd command draws it): two salts, two hashes
+    a, b = hash_password("pw", 1000, salt=KNOWN_SALT), hash_password("pw", 1000, salt=b"fedcba9876543210")
     assert a != b
+    assert verify_password(b"pw", a) and verify_password(b"pw", b)
+    with pytest.raises(TypeError):
+        hash_password("pw", 1000)  # no hidden os.urandom: the salt is a required argument
+
+
+def test_passwd_command_draws_a_fresh_salt_for_every_hash(tmp_path):
+    from mqttmesh.cli import cmd_passwd
+
+    def passwd(path):
+        args = argparse.Namespace(
+            file=str(path), user="alice", delete=False, password="pw", stdin=False, iterations=1000
+        )
+        assert cmd_passwd(args) == 0
+        return PasswordFile.load(str(path)).users["alice"]
+
+    a, b = passwd(tmp_path / "a"), passwd(tmp_path / "b")
+    assert a != b
+    assert a.split("$")[3] != b.split("$")[3]  # the salt field
+    assert len(base64.b64decode(a.split("$")[3])) == SALT_BYTES
     assert verify_password(b"pw", a) and verify_password(b"pw", b)
 
 
 def test_hash_password_non_ascii():
-    encoded = hash_password("p\u00e4ss", 1000)
+    encoded = hash_password("p\u00e4ss", 1000, salt=KNOWN_SALT)
     assert verify_password("p\u00e4ss".encode("utf-8"), encoded)
     assert not verify_password(b"pass", encoded)
 
@@ -123,8 +146,8 @@ def test_password_file_not_utf8(tmp_path):
 def test_password_file_set_save_load(tmp_path):
     path = tmp_path / "passwd"
     pf = PasswordFile(str(path))
-    pf.set("alice", "secret", iterations=1000)
-    pf.set("bob", "hunter2", iterations=1000)
+    pf.set("alice", "secret", iterations=1000, salt=KNOWN_SALT)
+    pf.set("bob", "hunter2", iterations=1000, salt=KNOWN_SALT)
     assert pf.delete("bob") is True
     assert pf.delete("bob") is False
     pf.save()
@@ -138,7 +161,7 @@ def test_password_file_set_save_load(tmp_path):
 @pytest.mark.parametrize("user", ["", "a:b"])
 def test_password_file_set_refuses_bad_names(tmp_path, user):
     with pytest.raises(ConfigError):
-        PasswordFile(str(tmp_path / "p")).set(user, "x", iterations=1000)
+        PasswordFile(str(tmp_path / "p")).set(user, "x", iterations=1000, salt=KNOWN_SALT)
 
 
 # --------------------------------------------------------------------------- ACL parsing
@@ -342,7 +365,7 @@ def test_filter_covers(rule, topic_filter, expected):
 
 @pytest.fixture
 def passwords():
-    return PasswordFile("unused", {"alice": hash_password("secret", 1000)})
+    return PasswordFile("unused", {"alice": hash_password("secret", 1000, salt=KNOWN_SALT)})
 
 
 @pytest.mark.parametrize(
@@ -376,7 +399,7 @@ def test_check_slow(passwords):
 def test_check_slow_no_login_against_the_dummy_hash():
     """The dummy hash's digest is public (zeros): a password hashing to it must not log in
     an unknown user, nor an empty one a known user without a password."""
-    auth = Auth(passwords=PasswordFile("unused", {"alice": hash_password("", 1000)}))
+    auth = Auth(passwords=PasswordFile("unused", {"alice": hash_password("", 1000, salt=KNOWN_SALT)}))
     assert auth.check_slow("alice", None) == 4
     assert auth.check_slow("alice", b"") == 0
     assert auth.check_slow("nobody", b"") == 4
@@ -412,7 +435,11 @@ def test_every_login_costs_one_pbkdf2_with_the_users_parameters(pbkdf2_calls, us
     16-byte salt, known user or not, password or not."""
     passwords = PasswordFile(
         "unused",
-        {"alice": hash_password("secret", 1000), "bob": hash_password("x", 1000), "carol": hash_password("y", 2000)},
+        {
+            "alice": hash_password("secret", 1000, salt=KNOWN_SALT),
+            "bob": hash_password("x", 1000, salt=KNOWN_SALT),
+            "carol": hash_password("y", 2000, salt=KNOWN_SALT),
+        },
     )
     auth = Auth(passwords=passwords)
     pbkdf2_calls.clear()

@@ -12,7 +12,8 @@ import re
 import pytest
 
 from mqttmesh.auth import Auth, PasswordFile, hash_password
-from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLOSED, CONNECTED, TRANSITIONS
+from mqttmesh.broker import Broker, BrokerSettings, counting_hex
+from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, TRANSITIONS, Channel
 from mqttmesh.codec import (
     CONNACK,
     CONNECT,
@@ -29,6 +30,7 @@ from mqttmesh.codec import (
     UNSUBACK,
     UNSUBSCRIBE,
 )
+from mqttmesh.flow import Congestion
 from mqttmesh.store import Journal
 from support import mqttraw
 from support.frames import Net, out, publishes
@@ -128,6 +130,27 @@ def test_empty_client_id_with_clean_session_gets_a_unique_id(net):
     assert net.broker.sessions[b.client_id].channel is b
 
 
+def test_auto_client_ids_come_from_the_brokers_random_hex():
+    """[MQTT-3.1.3-6] ``auto-<node>-<12 hex digits>``: the randomness is a port (the server
+    passes os.urandom's); a Broker built without one counts, so tests are deterministic."""
+    net = Net()
+    assert [net.connect("", clean=True).client_id for _ in range(2)] == ["auto-n1-000000000001", "auto-n1-000000000002"]
+    drawn = []
+
+    def random_hex(n):
+        drawn.append(n)
+        return "ab" * n
+
+    broker = Broker(BrokerSettings(node_id="n7"), random_hex=random_hex)
+    ch = Channel(broker, net.owner, "peer", 0.0)
+    ch.receive_data(mqttraw.connect("", clean=True), 0.0)
+    assert ch.data_to_send() == h("20 02 00 00")
+    assert ch.client_id == "auto-n7-abababababab" and drawn == [6]
+    assert net.connect("named").client_id == "named"  # a ClientId of its own draws nothing
+    hexes = counting_hex()
+    assert (hexes(1), hexes(2), hexes(3)) == ("01", "0002", "000003")
+
+
 def test_client_id_length_limit():
     """[MQTT-3.1.3-5] 23 bytes must be allowed; longer may be refused with 0x02 [MQTT-3.1.3-9]."""
     net = Net(max_client_id_length=23)
@@ -144,7 +167,7 @@ def test_client_id_length_limit():
 @pytest.fixture
 def passwords(tmp_path):
     path = tmp_path / "passwd"
-    path.write_text(f"alice:{hash_password('secret', iterations=1000)}\n", encoding="utf-8")
+    path.write_text(f"alice:{hash_password('secret', iterations=1000, salt=b'alice-salt')}\n", encoding="utf-8")
     return PasswordFile.load(str(path))
 
 
@@ -686,3 +709,49 @@ def test_bytes_piling_up_while_the_password_is_checked_close_the_connection(auth
     ch.receive_data(b"\x00" * 70_000, 0.2)
     assert ch.state == CLOSED
     assert "before CONNACK" in net.owner.reasons(ch)[0]
+
+
+# --------------------------------------------------------------------------- small ports of the Channel
+
+
+class _Claims:
+    """A mesh that takes the claim and answers later (mesh/cluster.py Cluster.connect)."""
+
+    def __init__(self):
+        self.calls = []
+
+    def connect(self, channel, client_id, clean, will, now):
+        self.calls.append((channel, client_id))
+
+
+def test_claiming_is_true_while_the_mesh_claims_the_client_id(net):
+    net.broker.cluster = _Claims()
+    ch = net.channel()
+    assert ch.claiming is False
+    ch.receive_data(mqttraw.connect("c"), 0.0)
+    assert ch.state is CLAIMING and ch.claiming is True
+    assert net.broker.cluster.calls == [(ch, "c")]
+    session, _ = net.broker.open_session(ch, "c", True)
+    ch.claimed(session, False, 1.0)
+    assert ch.state is CONNECTED and ch.claiming is False
+    assert net.owner.connects == [ch]
+
+
+def test_a_channel_is_paused_and_resumed_through_its_owner_while_connected(net):
+    """flow.py pauses a publisher as a ports.Pausable; the Channel asks its owner."""
+    congestion = Congestion(backpressure_timeout=1.0)
+    slow = object()
+    congestion.add(slow, "queue")
+    ch = net.connect("p")
+    congestion.note(slow)
+    congestion.pause(ch, 0.0)
+    assert net.owner.paused == [ch]
+    congestion.remove(slow, "queue")
+    assert net.owner.resumed == [ch]
+    other = net.connect("q")
+    congestion.add(slow, "queue")
+    congestion.note(slow)
+    congestion.pause(other, 0.0)
+    other.state = CLOSED  # (closed without the Channel's own unpause)
+    congestion.remove(slow, "queue")
+    assert net.owner.resumed == [ch]  # a closed channel's socket is not touched

@@ -508,3 +508,131 @@ def test_pubrel_to_a_durable_subscriber_waits_for_commit():
     assert [op[0] for op in ops] == ["message_put"]
     net.broker.committed(number)
     assert sub.data_to_send() == h("62 02 00 01")
+
+
+# ------------------------------------------------------------------ the six places an ack waits for the journal
+
+
+def settle(net) -> None:
+    """The store committed everything recorded so far; outputs are drained."""
+    journal = net.broker.journal
+    if len(journal):
+        number, _ = journal.take()
+        net.broker.committed(number)
+
+
+def subscribed(net, client_id, topic_filter, qos, clean=True):
+    """A connected client with one subscription; its SUBACK (committed if need be) is consumed."""
+    ch = net.connect(client_id, clean=clean)
+    ch.receive_data(mqttraw.subscribe(1, (topic_filter, qos)), 0.0)
+    settle(net)
+    assert out(ch)[0].type == mqttraw.SUBACK
+    return ch
+
+
+def _connect(client_id, clean, before=None):
+    """A CONNECT of ``client_id``; ``before``: "persistent" when a stored session exists."""
+
+    def setup(net):
+        if before == "persistent":
+            old = net.connect(client_id, clean=False)
+            old.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
+        ch = net.channel(1.0)
+        present = 1 if before == "persistent" and not clean else 0
+        return ch, lambda: ch.receive_data(mqttraw.connect(client_id, clean=clean), 1.0), bytes((0x20, 2, present, 0))
+
+    return setup
+
+
+def _pubrec(clean):
+    def setup(net):
+        sub = subscribed(net, "s", "a", 2, clean)
+        pub = net.connect("p")
+        pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=1), 0.5)
+        settle(net)
+        assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
+        return sub, lambda: sub.receive_data(mqttraw.pubrec(1), 1.0), h("62 02 00 01")
+
+    return setup
+
+
+def _subscribe(clean):
+    def setup(net):
+        ch = net.connect("s", clean=clean)
+        return ch, lambda: ch.receive_data(mqttraw.subscribe(4, ("a", 1)), 1.0), h("90 03 00 04 01")
+
+    return setup
+
+
+def _unsubscribe(clean, topic_filter):
+    def setup(net):
+        ch = subscribed(net, "s", "a", 1, clean)
+        return ch, lambda: ch.receive_data(mqttraw.unsubscribe(5, topic_filter), 1.0), h("b0 02 00 05")
+
+    return setup
+
+
+def _publish(retain):
+    def setup(net):
+        ch = net.connect("p")
+        return (
+            ch,
+            lambda: ch.receive_data(mqttraw.publish("r", b"v", qos=1, pid=6, retain=retain), 1.0),
+            h("40 02 00 06"),
+        )
+
+    return setup
+
+
+# (site, setup, whether the journal writes: the ack then waits for its batch, else goes at once)
+JOURNAL_SITES = [
+    ("connect-new-persistent [MQTT-3.1.2-4]", _connect("d", clean=False), True),
+    ("connect-resumes-persistent [MQTT-3.2.2-2]", _connect("d", clean=False, before="persistent"), False),
+    ("connect-clean-discards-persistent [MQTT-3.1.2-6]", _connect("d", clean=True, before="persistent"), True),
+    ("connect-clean [MQTT-3.1.2-6]", _connect("d", clean=True), False),
+    ("pubrec-durable [MQTT-4.3.3-1]", _pubrec(clean=False), True),
+    ("pubrec-clean [MQTT-4.3.3-1]", _pubrec(clean=True), False),
+    ("subscribe-durable [MQTT-3.8.4-1]", _subscribe(clean=False), True),
+    ("subscribe-clean [MQTT-3.8.4-1]", _subscribe(clean=True), False),
+    ("unsubscribe-durable [MQTT-3.10.4-4]", _unsubscribe(False, "a"), True),
+    ("unsubscribe-durable-nothing-matched [MQTT-3.10.4-5]", _unsubscribe(False, "b"), False),
+    ("unsubscribe-clean [MQTT-3.10.4-4]", _unsubscribe(True, "a"), False),
+    ("publish-retained [MQTT-3.3.1-5]", _publish(retain=True), True),
+    ("publish-not-retained", _publish(retain=False), False),
+]
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["journal", "null-journal"])
+@pytest.mark.parametrize("site, setup, writes", JOURNAL_SITES, ids=[s[0] for s in JOURNAL_SITES])
+def test_an_ack_waits_exactly_when_the_journal_wrote(site, setup, writes, persistent):
+    net = Net(journal=Journal() if persistent else None)
+    journal = net.broker.journal
+    ch, action, ack = setup(net)
+    settle(net)
+    out(ch)
+    before = journal.writes
+    action()
+    assert (journal.writes != before) is (writes and persistent)
+    if writes and persistent:
+        assert ch.data_to_send() == b""  # held for the store
+        assert ch in net.broker.held_ack_channels
+        settle(net)
+    assert ch.data_to_send() == ack
+    assert not net.broker.held_ack_channels
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["journal", "null-journal"])
+def test_deliver_remote_returns_the_batch_when_a_persistent_session_queued_it(persistent):
+    """A message from another node: its end-to-end ack waits for what it queued (mesh custody)."""
+    net = Net(journal=Journal() if persistent else None)
+    journal = net.broker.journal
+    durable = subscribed(net, "d", "a", 1, clean=False)
+    durable.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)  # offline: it queues [MQTT-3.1.2-5]
+    subscribed(net, "c", "b", 1)
+    settle(net)
+    remote = Message("a", b"x", 1, False, "n2", 5, "p", 1.0)
+    assert net.broker.deliver_remote(remote) == (journal.batch if persistent else 0)
+    assert len(net.broker.sessions["d"].queue) == 1
+    settle(net)
+    assert net.broker.deliver_remote(Message("b", b"y", 1, False, "n2", 6, "p", 1.0)) == 0  # a clean session
+    assert net.broker.deliver_remote(Message("z", b"z", 1, False, "n2", 7, "p", 1.0)) == 0  # nobody

@@ -29,9 +29,9 @@ from mqttmesh.codec import (
     UnsubAck,
     Unsubscribe,
     Will,
-    _Packet,  # the common base: everything the decoder may yield
     encode,
 )
+from mqttmesh.packets import _Packet  # the common base: everything the decoder may yield
 from support import mqttraw
 
 pytestmark = pytest.mark.timeout(60)  # a decoder that loops forever fails here, not in CI's global limit

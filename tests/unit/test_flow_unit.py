@@ -5,20 +5,25 @@ an argument."""
 from __future__ import annotations
 
 from mqttmesh.flow import Congestion
-from support.frames import Recorder
 
 
 class Pub:
-    """A publisher channel as flow control sees it."""
+    """A publisher as flow control sees it: a ports.Pausable, and nothing else."""
 
     def __init__(self, name: str):
         self.name = name
-        self.state = "connected"
-        self.owner = Recorder()
+        self.paused = 0
+        self.resumed = 0
+
+    def pause_reading(self) -> None:
+        self.paused += 1
+
+    def resume_reading(self) -> None:
+        self.resumed += 1
 
     @property
     def reading(self) -> bool:
-        return len(self.owner.paused) == len(self.owner.resumed)
+        return self.paused == self.resumed
 
     def __repr__(self):
         return self.name
@@ -115,10 +120,9 @@ def test_closed_publisher_is_forgotten_without_touching_its_socket():
     a = Pub("a")
     c.add(s, "queue")
     publish(c, a, 0.0, s)
-    a.state = "closed"
-    c.unpause(a)
+    c.unpause(a)  # (what a closing Channel does)
     c.remove(s, "queue")
-    assert a.owner.resumed == [] and not c.paused and not c.waiting
+    assert a.resumed == 0 and not c.paused and not c.waiting
 
 
 def test_session_going_offline_releases_its_publishers():
@@ -151,3 +155,30 @@ def test_sweep_reports_sessions_without_progress_past_the_timeout():
     assert c.sweep(0.0, marks.get) == []
     marks[moving] = 1
     assert c.sweep(5.0, marks.get) == [stuck]
+
+
+def test_any_pausable_will_do():
+    """Flow control only calls pause_reading()/resume_reading() (ports.Pausable): no owner,
+    no state; a peer link we dialled is paused the same way as a client's Channel."""
+
+    class Bare:
+        __slots__ = ("calls",)
+
+        def __init__(self):
+            self.calls = []
+
+        def pause_reading(self):
+            self.calls.append("pause")
+
+        def resume_reading(self):
+            self.calls.append("resume")
+
+    c = Congestion(backpressure_timeout=1.0)
+    s = object()
+    link = Bare()
+    c.add(s, "socket")
+    publish(c, link, 0.0, s)
+    publish(c, link, 0.1, s)  # already paused: not paused twice
+    assert c.expire(1.0) == 1
+    assert link.calls == ["pause", "resume"]
+    assert c.pauses == 1 and c.released == 1

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from mqttmesh.flow import Congestion
+from mqttmesh.mesh.replica import DurableMeshSession, MeshSession, ReplicaSessions, install
 from mqttmesh.message import Message
-from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session
-from mqttmesh.store import Journal
+from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from mqttmesh.store import NULL_JOURNAL, Journal
 from support.frames import FakeChannel, publish_fields
 
 
@@ -373,6 +375,100 @@ def test_durable_session_qos0_offline_queue_is_journaled_then_removed():
     s.attach(ch)
     assert [publish_fields(p) for p in ch.take()] == [("t", b"a", 0, False, False, None)]
     assert j.take()[1] == [("message_remove", "c", 1)]
+
+
+# --------------------------------------------------------------------------- what only a DurableSession journals
+
+
+def test_inbound_qos2_ids_are_journaled_by_a_durable_session_only():
+    """[MQTT-4.3.3-2] the ids between PUBREC and PUBREL: a durable session's must survive a
+    restart, so the PUBREC and PUBCOMP wait for the batch they went into."""
+    j = Journal()
+    s = DurableSession("c", Limits(), j)
+    assert s.awaiting_rel_add(3) == 1
+    assert s.awaiting_rel == {3}
+    assert j.take()[1] == [("rel_put", "c", 3)]
+    assert s.awaiting_rel_remove(3) == 2
+    assert s.awaiting_rel == set()
+    assert j.take()[1] == [("rel_remove", "c", 3)]
+    assert s.awaiting_rel_remove(3) == 0  # not awaited (a repeated PUBREL): nothing to wait for
+    assert j.take()[1] == []
+
+    m = Session("c", False, Limits())  # in memory: the same set, nothing to wait for
+    assert m.awaiting_rel_add(3) == 0 and m.awaiting_rel == {3}
+    assert m.awaiting_rel_remove(3) == 0 and m.awaiting_rel == set()
+    assert m.awaiting_rel_remove(3) == 0
+
+
+def test_discarding_journals_the_delete_of_a_durable_session_only():
+    j = Journal()
+    DurableSession("c", Limits(), j).discarded()
+    assert j.take()[1] == [("session_delete", "c")]
+    Session("c", False, Limits()).discarded()  # (nothing to tell anyone)
+
+
+def test_installing_a_snapshot_journals_awaiting_rel_for_a_durable_replica_only():
+    snap = {"done": [], "entries": [], "rel": [4, 2], "subs_version": 0, "epoch": 1}
+    j = Journal()
+    durable = DurableMeshSession("c", Limits(), j)
+    install(durable, snap)
+    assert durable.awaiting_rel == {2, 4}
+    assert sorted(j.take()[1]) == [("rel_put", "c", 2), ("rel_put", "c", 4)]
+    memory = MeshSession("c", Limits())
+    install(memory, snap)
+    assert memory.awaiting_rel == {2, 4}
+
+
+# --------------------------------------------------------------------------- the factories
+
+
+def test_sessions_factory_makes_the_kind_the_connect_and_the_journal_call_for():
+    j = Journal()
+    congestion = Congestion()
+    factory = Sessions(Limits(max_inflight=3), j, congestion)
+
+    clean = factory.new("a", clean=True, durable=True)  # [MQTT-3.1.2-6]: lasts as long as the connection
+    assert type(clean) is Session and clean.clean is True
+    assert j.take()[1] == []
+
+    persistent = factory.new("b", clean=False, durable=True)  # [MQTT-3.1.2-4]: stored
+    assert type(persistent) is DurableSession and persistent.journal is j
+    assert j.take()[1] == [("session_put", "b", {})]
+
+    peer = factory.new("$mesh-n2", clean=False, durable=False)  # a peer link: in memory
+    assert type(peer) is Session and peer.clean is False
+    assert j.take()[1] == []
+
+    restored = factory.restored("d")  # the store fills it: nothing recorded again
+    assert type(restored) is DurableSession
+    assert j.take()[1] == []
+
+    for session in (clean, persistent, peer, restored):
+        assert session.congestion is congestion
+        assert session.limits.max_inflight == 3
+        assert session.replica is None
+
+
+def test_sessions_factory_without_a_store_keeps_persistent_sessions_in_memory():
+    s = Sessions(Limits(), NULL_JOURNAL).new("b", clean=False, durable=True)
+    assert type(s) is Session and s.clean is False and s.congestion is None
+
+
+def test_replica_sessions_factory_replicates_persistent_sessions_only():
+    j = Journal()
+    congestion = Congestion()
+    settled = []
+    factory = ReplicaSessions(Limits(), j, congestion, lambda *a: settled.append(a))
+    s = factory.new("b", clean=False, durable=True)
+    assert type(s) is DurableMeshSession and s.replica is s
+    assert s.congestion is congestion and s.on_settled is not None
+    assert j.take()[1] == [("session_put", "b", {})]
+    assert type(factory.restored("b")) is DurableMeshSession
+    assert type(factory.new("a", clean=True, durable=True)) is Session
+    assert type(factory.new("$mesh-n2", clean=False, durable=False)) is Session
+    memory = ReplicaSessions(Limits(), NULL_JOURNAL, congestion, lambda *a: None).new("b", False, True)
+    assert type(memory) is MeshSession and memory.replica is memory
+    assert j.take()[1] == []
 
 
 # --------------------------------------------------------------------------- an output over its limit (issue 13)

@@ -1,10 +1,13 @@
-"""mqttmesh.store.Journal: coalescing per key, order, session deletes, batches, on_dirty."""
+"""mqttmesh.store: the Journal (coalescing per key, order, session deletes, batches, on_dirty,
+mark/since), the NullJournal, and restore_sessions."""
 
 from __future__ import annotations
 
+from mqttmesh.flow import Congestion
+from mqttmesh.mesh.replica import DurableMeshSession, ReplicaSessions
 from mqttmesh.message import Message
-from mqttmesh.session import Entry
-from mqttmesh.store import FORMAT_VERSION, Journal
+from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from mqttmesh.store import FORMAT_VERSION, NULL_JOURNAL, Journal, NullJournal, restore_sessions
 
 
 def entry(key: int, payload: bytes = b"p", qos: int = 1) -> Entry:
@@ -180,3 +183,133 @@ def test_take_returns_plain_tuples():
         assert type(op) is tuple
         for field in op:
             assert isinstance(field, (str, bytes, int, float, bool, dict)), field
+
+
+# --------------------------------------------------------------------------- mark and since
+
+
+def test_since_is_zero_when_nothing_was_recorded():
+    j = Journal()
+    mark = j.mark()
+    assert j.since(mark) == 0
+    j.take()  # a new batch, still nothing recorded since the mark
+    assert j.since(mark) == 0
+
+
+def test_since_is_the_batch_being_filled_when_something_was_recorded():
+    j = Journal()
+    mark = j.mark()
+    j.session_put("a", {})
+    assert j.since(mark) == 1
+    j.session_put("a", {"x": 1})  # coalesced with the first: still a write
+    assert j.since(mark) == 1
+    j.take()
+    mark = j.mark()
+    assert j.since(mark) == 0
+    j.message_remove("a", 3)
+    assert j.since(mark) == 2
+
+
+def test_a_mark_taken_before_a_batch_was_taken_points_at_the_new_batch():
+    # what the caller waits for is where its own write went, not where its mark was taken
+    j = Journal()
+    j.retained_delete("r")
+    mark = j.mark()
+    j.take()
+    j.retained_delete("s")
+    assert j.since(mark) == 2
+
+
+def test_null_journal_records_nothing_and_never_holds_an_ack():
+    j = NullJournal()
+    mark = j.mark()
+    j.session_put("a", {"x": 1})
+    j.session_delete("a")
+    j.message_put("a", entry(1))
+    j.message_remove("a", 1)
+    j.awaiting_rel_put("a", 1)
+    j.awaiting_rel_remove("a", 1)
+    j.custody_put(Message("t", b"v", 1), ["n2"])
+    j.custody_remove(1)
+    j.retained_put("t", Message("t", b"v", 1, True))
+    j.retained_delete("t")
+    j.mark_committed(5)
+    assert j.since(mark) == 0 and j.mark() == 0
+    assert (len(j), j.writes, j.batch, j.committed) == (0, 0, 0, 0)
+    assert j.persistent is False and Journal.persistent is True
+    assert NULL_JOURNAL.since(NULL_JOURNAL.mark()) == 0
+
+
+# --------------------------------------------------------------------------- restore_sessions
+
+
+def _row(client, key, payload, pid=0, state=0, qos=1, seq=None):
+    """A messages row as the store reads it back."""
+    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5)
+
+
+def test_restore_sessions_rebuilds_queue_inflight_and_awaiting_rel_without_journaling():
+    journal = Journal()
+    congestion = Congestion()
+    sessions = restore_sessions(
+        Sessions(Limits(), journal, congestion),
+        [("a", {"x/#": 1}), ("b", {})],
+        [
+            _row("a", 1, b"sent", pid=7, state=SENT_PUBLISH),
+            _row("a", 2, b"released", pid=9, state=SENT_PUBREL),
+            _row("a", 4, b"queued"),
+            _row("gone", 1, b"no session"),  # (a row without its session is skipped)
+        ],
+        [("a", 3), ("b", 5), ("gone", 6)],
+    )
+    a, b = sessions
+    assert [type(s) for s in sessions] == [DurableSession, DurableSession]
+    assert (a.client_id, b.client_id) == ("a", "b")
+    assert a.subscriptions == {"x/#": 1} and b.subscriptions == {}
+    assert a.congestion is congestion and a.journal is journal
+    assert {pid: (e.msg.payload, e.state) for pid, e in a.inflight.items()} == {
+        7: (b"sent", SENT_PUBLISH),
+        9: (b"released", SENT_PUBREL),
+    }
+    assert [e.msg.payload for e in a.queue] == [b"queued"]
+    assert (a.awaiting_rel, b.awaiting_rel) == ({3}, {5})
+    assert a._next_pid == 10  # after the highest id in flight
+    assert a._next_key == 5  # new entries are keyed after the stored ones
+    assert b._next_pid == 1 and b._next_key == 1
+    assert len(journal) == 0 and journal.writes == 0  # it is what the store already has
+
+
+def test_restore_sessions_of_a_mesh_finds_entries_by_message_id():
+    journal = Journal()
+    settled = []
+    factory = ReplicaSessions(Limits(), journal, None, lambda *a: settled.append(a))
+    [s] = restore_sessions(
+        factory, [("a", {})], [_row("a", 1, b"x", seq=11), _row("a", 2, b"y", pid=1, state=SENT_PUBLISH, seq=12)], []
+    )
+    assert isinstance(s, DurableMeshSession) and s.replica is s
+    assert {k: e.msg.payload for k, e in s.ids.items()} == {("n1", 11): b"x", ("n1", 12): b"y"}
+    assert settled == [] and len(journal) == 0
+
+
+def test_restore_sessions_reads_each_row_source_after_the_one_before():
+    # the SQLite store streams its three queries one after another on one connection
+    seen = []
+
+    def rows(name, items):
+        seen.append(f"start {name}")
+        yield from items
+        seen.append(f"end {name}")
+
+    restore_sessions(
+        Sessions(Limits(), Journal()),
+        rows("sessions", [("a", {})]),
+        rows("messages", [_row("a", 1, b"x")]),
+        rows("rel", []),
+    )
+    assert seen == ["start sessions", "end sessions", "start messages", "end messages", "start rel", "end rel"]
+
+
+def test_restore_sessions_without_a_persistent_journal_makes_memory_sessions():
+    [s] = restore_sessions(Sessions(Limits(), NULL_JOURNAL), [("a", {"t": 0})], [_row("a", 1, b"x")], [])
+    assert type(s) is Session and s.clean is False
+    assert [e.msg.payload for e in s.queue] == [b"x"]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from ..message import Message
 from .hrw import owners
-from .replica import DurableMeshSession, MeshSession, install, merge_snapshots, snapshot
+from .replica import ReplicaSessions, install, merge_snapshots, snapshot
 
 __all__ = ["ClusterSettings", "Cluster"]
 
@@ -139,18 +139,12 @@ class Cluster:
             "claim_timeouts": 0,
         }
         broker.cluster = self
-        broker.persistent_factory = self._new_session
+        # CleanSession=0 sessions are replicated (mesh/replica.py)
+        self.session_factory = broker.session_factory = ReplicaSessions(
+            broker.settings.limits, broker.journal, broker.congestion, self._on_settled
+        )
 
     # ------------------------------------------------------------------ plumbing
-
-    def _new_session(self, client_id: str):
-        journal = self.broker.journal
-        limits = self.broker.settings.limits
-        session = (
-            DurableMeshSession(client_id, limits, journal) if journal is not None else MeshSession(client_id, limits)
-        )
-        session.on_settled = self._on_settled
-        return session
 
     def _send(self, dest: str, kind: str, body: dict) -> bool:
         if dest == self.node_id:
@@ -475,7 +469,7 @@ class Cluster:
             return session
         if session is not None or not create:
             return None
-        session = self._new_session(cid)
+        session = self.session_factory.restored(cid)
         self.broker.restore_session(session)
         return session
 
@@ -587,8 +581,7 @@ class Cluster:
             return  # we hold a newer one (the newest wins after a split)
         msg = Message(topic, _unb64(payload), qos, True, origin, seq, publisher, ts)
         broker.retained.set(topic, msg)  # an empty payload stays as a tombstone
-        if broker.journal is not None:
-            broker.journal.retained_put(topic, msg)
+        broker.journal.retained_put(topic, msg)
 
     def _retained_acked(self, items: list) -> None:
         """An owner has these: our interim copies of topics we do not own can go."""
@@ -599,8 +592,7 @@ class Cluster:
             have = broker.retained.get(topic)
             if have is not None and (have.timestamp, have.origin, have.seq) == (ts, origin, seq):
                 broker.retained.delete(topic)
-                if broker.journal is not None:
-                    broker.journal.retained_delete(topic)
+                broker.journal.retained_delete(topic)
 
     def retained_lookup(self, session, topic_filter: str, granted: int) -> int:
         """Send a new subscription the retained messages matching it, from their owners."""
@@ -658,8 +650,7 @@ class Cluster:
                     self._ret_out.setdefault(node, []).append(item)
             if self.node_id not in own:
                 self.broker.retained.delete(topic)
-                if self.broker.journal is not None:
-                    self.broker.journal.retained_delete(topic)
+                self.broker.journal.retained_delete(topic)
 
     # ------------------------------------------------------------------ input and time
 
@@ -742,8 +733,7 @@ class Cluster:
         for topic, msg in list(broker.retained.items()):
             if not msg.payload and msg.timestamp < horizon:
                 broker.retained.delete(topic)
-                if broker.journal is not None:
-                    broker.journal.retained_delete(topic)
+                broker.journal.retained_delete(topic)
 
     def flush(self) -> None:
         """Send what accumulated: settlements to holders, retained sets to owners."""

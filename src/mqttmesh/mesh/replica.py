@@ -17,9 +17,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..message import Message
-from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Session
+from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 
-__all__ = ["MeshSession", "DurableMeshSession", "snapshot", "merge_snapshots", "install", "TOMBSTONES"]
+if TYPE_CHECKING:
+    from ..flow import Congestion
+    from ..ports import JournalPort
+
+__all__ = [
+    "MeshSession",
+    "DurableMeshSession",
+    "ReplicaSessions",
+    "snapshot",
+    "merge_snapshots",
+    "install",
+    "TOMBSTONES",
+]
 
 TOMBSTONES = 50_000  # settled message ids remembered per session (duplicates suppressed)
 
@@ -45,6 +57,10 @@ class _Replicated(_SessionPart):
         self.active_node: str | None = None
         self.epoch = 0
         self.subs_version = 0
+
+    @property
+    def replica(self) -> _Replicated:
+        return self
 
     def _remember_done(self, key: tuple) -> None:
         done = self.done
@@ -73,6 +89,10 @@ class _Replicated(_SessionPart):
             self._remember_done(key)
             if self.on_settled is not None and self.channel is not None:
                 self.on_settled(self, key, "done", 0)
+
+    def restore_entry(self, entry: Entry) -> None:
+        super().restore_entry(entry)
+        self.ids[(entry.msg.origin, entry.msg.seq)] = entry  # found by id, as _stored_put does
 
     def _send_new(self, entry: Entry) -> None:
         super()._send_new(entry)
@@ -124,15 +144,39 @@ class _Replicated(_SessionPart):
 
 
 class MeshSession(_Replicated, Session):
-    def __init__(self, client_id: str, limits):
-        Session.__init__(self, client_id, False, limits)
+    def __init__(self, client_id: str, limits: Limits, congestion: Congestion | None = None):
+        Session.__init__(self, client_id, False, limits, congestion)
         self._init_replication()
 
 
 class DurableMeshSession(_Replicated, DurableSession):
-    def __init__(self, client_id: str, limits, journal):
-        DurableSession.__init__(self, client_id, limits, journal)
+    def __init__(self, client_id: str, limits: Limits, journal: JournalPort, congestion: Congestion | None = None):
+        DurableSession.__init__(self, client_id, limits, journal, congestion)
         self._init_replication()
+
+
+class ReplicaSessions(Sessions):
+    """The SessionFactory of a mesh node: its persistent sessions are replicated (journaled
+    too when the node has a store), and report every settlement to ``on_settled``."""
+
+    def __init__(
+        self,
+        limits: Limits,
+        journal: JournalPort,
+        congestion: Congestion | None,
+        on_settled: Callable[[_Replicated, tuple, str, int], None],
+    ):
+        super().__init__(limits, journal, congestion)
+        self.on_settled = on_settled
+
+    def restored(self, client_id: str) -> Session:
+        session: MeshSession | DurableMeshSession
+        if self.journal.persistent:
+            session = DurableMeshSession(client_id, self.limits, self.journal, self.congestion)
+        else:
+            session = MeshSession(client_id, self.limits, self.congestion)
+        session.on_settled = self.on_settled
+        return session
 
 
 # --------------------------------------------------------------------------- snapshots
@@ -236,10 +280,9 @@ def install(session, snap: dict) -> None:
         else:
             session.queue.append(entry)
         session._stored_put(entry)
-    session.awaiting_rel = set(snap["rel"])
-    if session.durable:
-        for pid in session.awaiting_rel:
-            session.journal.awaiting_rel_put(session.client_id, pid)
+    session.awaiting_rel = set()
+    for pid in set(snap["rel"]):
+        session.awaiting_rel_add(pid)  # journaled by a DurableMeshSession
     session.subs_version = max(session.subs_version, snap["subs_version"])
     session.epoch = max(session.epoch, snap["epoch"])
     if session.inflight:

@@ -114,18 +114,20 @@ class PeerClient(asyncio.Protocol, _Link):
         self.done = self.loop.create_future()
         self._topic_prefix = f"$mesh/from/{mesh.node_id}/".encode()
         # flow control (flow.py) treats this link like a client channel: it can be paused
-        # when what it brings cannot be delivered, and be congested when the peer is slow
-        self.owner = self
+        # (a ports.Pausable) when what it brings cannot be delivered, and be congested when
+        # the peer is slow
         self.state = "connecting"
         self.reading_paused = False
 
     # flow control ---------------------------------------------------------------------
-    def pause_reading(self, _=None) -> None:
+    def pause_reading(self) -> None:
         if self.transport is not None and not self.transport.is_closing():
             self.reading_paused = True
             self.transport.pause_reading()
 
-    def resume_reading(self, _=None) -> None:
+    def resume_reading(self) -> None:
+        if self.state != "connected":
+            return  # closed meanwhile
         if self.transport is not None and not self.transport.is_closing() and self.reading_paused:
             self.reading_paused = False
             self.transport.resume_reading()
@@ -354,9 +356,12 @@ class MeshNode:
             max_age=cfg.get("mesh.max_age"),
         )
         # with a store, QoS 1/2 messages held for other nodes survive a crash of this one
-        self.engine = MeshEngine(self.node_id, self.incarnation, [advertise], settings, custody=self.broker.journal)
+        journal = self.broker.journal
+        self.engine = MeshEngine(
+            self.node_id, self.incarnation, [advertise], settings, custody=journal if journal.persistent else None
+        )
         self.engine.start(self.loop.time())
-        if self.broker.journal is not None:
+        if self.broker.journal.persistent:
             restored = self.node.store.load_custody()
             for msg, dests in restored:
                 self.engine.restore_custody(msg, dests, self.loop.time())
@@ -556,7 +561,7 @@ class MeshNode:
             self._unicast_action(unicast, now)
         batch = 0
         broker = self.broker
-        if broker.journal is None:
+        if not broker.journal.persistent:
             dispatch = broker.dispatch
             for msg in deliveries:
                 dispatch(msg)  # in memory: nothing to wait for before acknowledging

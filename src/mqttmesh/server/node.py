@@ -40,6 +40,11 @@ def build_auth(config: Config) -> Auth:
     return Auth(config.get("auth.allow_anonymous"), passwords, acl, config.get("auth.cache_size"))
 
 
+def _random_hex(n: int) -> str:
+    """The broker's randomness (auto ClientIds): the operating system's."""
+    return os.urandom(n).hex()
+
+
 class Node:
     def __init__(self, config: Config, loop: asyncio.AbstractEventLoop | None = None):
         self.config = config
@@ -65,11 +70,11 @@ class Node:
             max_connect_size=config.get("limits.max_connect_size"),
         )
         self.store: SqliteStore | None = None
-        journal = None
+        self.journal: Journal | None = None  # with a store: what the broker records for it
         if config.data_dir:
             self.store = SqliteStore(config.data_dir, config.get("store.synchronous"))
-            journal = Journal(on_dirty=self._schedule_commit)
-        self.broker = Broker(settings, build_auth(config), journal)
+            self.journal = Journal(on_dirty=self._schedule_commit)
+        self.broker = Broker(settings, build_auth(config), self.journal, random_hex=_random_hex)
         self.logins = Logins(self, config)
         self.max_write_buffer = config.get("limits.max_write_buffer")
         # memory of all connections' buffers (connection.py keeps the counts): above
@@ -146,7 +151,7 @@ class Node:
         if self.mesh is not None:
             self.mesh.prepare()  # sessions restored below must be the mesh's kind
         if self.store is not None:
-            sessions, retained = self.store.load(broker, broker.journal)  # type: ignore[arg-type]  # (a store comes with a journal)
+            sessions, retained = self.store.load(broker)
             self.store.start(self._committed_on_thread)
             log.info(
                 "store %s: %d persistent sessions, %d retained messages restored", self.store.path, sessions, retained
@@ -228,8 +233,8 @@ class Node:
             await self.archive.stop()  # after the clients, so their last deliveries are logged
         if self.store is not None:
             self.store.stop_writer()  # the writer finishes what it has been given
-            journal = self.broker.journal
-            if len(journal):  # type: ignore[arg-type]  # (a store comes with a journal)
+            journal = self.journal
+            if journal is not None and len(journal):  # (a store comes with a journal)
                 _, ops = journal.take()
                 self.store.write(ops)
             self.store.close()
@@ -441,8 +446,8 @@ class Node:
 
     def _start_commit(self) -> None:
         self._commit_scheduled = False
-        journal = self.broker.journal
-        if self._commit_in_flight or not len(journal):  # type: ignore[arg-type]  # (commits happen only with a store, which comes with a journal)
+        journal = self.journal
+        if self._commit_in_flight or journal is None or not len(journal):  # (a store comes with a journal)
             return
         batch, ops = journal.take()
         self._commit_in_flight = True
@@ -458,9 +463,9 @@ class Node:
             self.loop.call_later(1.0, self.store.submit, batch, self._pending_ops)
             return
         self._commit_in_flight = False
-        self._pending_ops = None
+        self._pending_ops = []  # (only a failed commit, retried, reads it)
         self.broker.committed(batch)
-        if len(self.broker.journal):  # type: ignore[arg-type]  # (as above)
+        if len(self.broker.journal):
             self._schedule_commit()
 
     # -- $SYS ---------------------------------------------------------------------------------

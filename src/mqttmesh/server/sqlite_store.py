@@ -14,10 +14,14 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..message import Message
-from ..session import DurableSession, Entry
-from ..store import FORMAT_VERSION, Journal, clock_incarnation
+from ..store import FORMAT_VERSION, clock_incarnation, restore_sessions
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("mqttmesh.store")
 
@@ -101,41 +105,20 @@ class SqliteStore:
 
     # -- loading at start ---------------------------------------------------------------
 
-    def load(self, broker, journal: Journal) -> tuple[int, int]:
+    def load(self, broker: Broker) -> tuple[int, int]:
         """Restore sessions and retained messages into ``broker``; (sessions, retained)."""
         db = self.db
-        limits = broker.settings.limits
-        sessions: dict[str, DurableSession] = {}
-        factory = broker.persistent_factory
-        for client_id, subs in db.execute("SELECT client_id, subscriptions FROM sessions"):
-            session = factory(client_id) if factory is not None else DurableSession(client_id, limits, journal)
-            session.subscriptions = {f: int(q) for f, q in json.loads(subs).items()}
-            sessions[client_id] = session
-        rows = db.execute(
-            "SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
-            " origin, seq, publisher, ts FROM messages ORDER BY client_id, key"
+        sessions = restore_sessions(
+            broker.session_factory,  # the mesh's replicated kind when in a mesh
+            _sessions(db),
+            _rows(
+                db,
+                "SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
+                " origin, seq, publisher, ts FROM messages ORDER BY client_id, key",
+            ),
+            _rows(db, "SELECT client_id, packet_id FROM awaiting_rel"),
         )
-        for client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts in rows:
-            session = sessions.get(client_id)
-            if session is None:
-                continue
-            msg = Message(topic, bytes(payload), msg_qos, False, origin, seq, publisher, ts)
-            entry = Entry(msg, qos, bool(retain), key)
-            entry.packet_id, entry.state = pid, state
-            if pid and state:
-                session.inflight[pid] = entry
-            else:
-                session.queue.append(entry)
-            ids = getattr(session, "ids", None)
-            if ids is not None:  # a mesh session finds its messages by id
-                ids[(origin, seq)] = entry
-            session._next_key = max(session._next_key, key + 1)
-        for client_id, pid in db.execute("SELECT client_id, packet_id FROM awaiting_rel"):
-            if client_id in sessions:
-                sessions[client_id].awaiting_rel.add(pid)
-        for session in sessions.values():
-            if session.inflight:
-                session._next_pid = max(session.inflight) % 65535 + 1
+        for session in sessions:
             broker.restore_session(session)
         retained = 0
         for topic, payload, qos, origin, seq, publisher, ts in db.execute("SELECT * FROM retained"):
@@ -210,3 +193,13 @@ class SqliteStore:
     def close(self) -> None:
         self.stop_writer()
         self.db.close()
+
+
+def _rows(db: sqlite3.Connection, sql: str) -> Iterator[Any]:
+    """The rows of ``sql``, queried when the first one is wanted (one query at a time)."""
+    yield from db.execute(sql)
+
+
+def _sessions(db: sqlite3.Connection) -> Iterator[tuple[str, dict[str, int]]]:
+    for client_id, subs in _rows(db, "SELECT client_id, subscriptions FROM sessions"):
+        yield client_id, {f: int(q) for f, q in json.loads(subs).items()}

@@ -1,0 +1,331 @@
+"""MQTT 3.1.1 packets as values: packet types, the fixed-header rules, the packet classes,
+and the checks of strings and topics (sections 1.5, 2, 3 and 4.7 of the standard).
+
+Pure: no bytes are read or written here (codec.py does that). It leaves to its caller
+everything but what a well-formed packet is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CONNECT",
+    "CONNACK",
+    "PUBLISH",
+    "PUBACK",
+    "PUBREC",
+    "PUBREL",
+    "PUBCOMP",
+    "SUBSCRIBE",
+    "SUBACK",
+    "UNSUBSCRIBE",
+    "UNSUBACK",
+    "PINGREQ",
+    "PINGRESP",
+    "DISCONNECT",
+    "PACKET_NAMES",
+    "MalformedPacket",
+    "Will",
+    "Connect",
+    "ConnAck",
+    "Publish",
+    "PubAck",
+    "PubRec",
+    "PubRel",
+    "PubComp",
+    "Subscribe",
+    "SubAck",
+    "Unsubscribe",
+    "UnsubAck",
+    "PingReq",
+    "PingResp",
+    "Disconnect",
+    "validate_topic_name",
+    "validate_topic_filter",
+    "DEFAULT_MAX_PACKET_SIZE",
+]
+
+CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
+SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+
+PACKET_NAMES = {
+    0: "Reserved(0)",
+    CONNECT: "CONNECT",
+    CONNACK: "CONNACK",
+    PUBLISH: "PUBLISH",
+    PUBACK: "PUBACK",
+    PUBREC: "PUBREC",
+    PUBREL: "PUBREL",
+    PUBCOMP: "PUBCOMP",
+    SUBSCRIBE: "SUBSCRIBE",
+    SUBACK: "SUBACK",
+    UNSUBSCRIBE: "UNSUBSCRIBE",
+    UNSUBACK: "UNSUBACK",
+    PINGREQ: "PINGREQ",
+    PINGRESP: "PINGRESP",
+    DISCONNECT: "DISCONNECT",
+    15: "Reserved(15)",
+}
+
+# Table 2.2: the only flag nibble allowed for each type other than PUBLISH.
+_REQUIRED_FLAGS = {
+    CONNECT: 0,
+    CONNACK: 0,
+    PUBACK: 0,
+    PUBREC: 0,
+    PUBREL: 2,
+    PUBCOMP: 0,
+    SUBSCRIBE: 2,
+    SUBACK: 0,
+    UNSUBSCRIBE: 2,
+    UNSUBACK: 0,
+    PINGREQ: 0,
+    PINGRESP: 0,
+    DISCONNECT: 0,
+}
+_FLAG_RULES = {
+    PUBREL: "MQTT-3.6.1-1",
+    SUBSCRIBE: "MQTT-3.8.1-1",
+    UNSUBSCRIBE: "MQTT-3.10.1-1",
+    DISCONNECT: "MQTT-3.14.1-1",
+}
+
+
+def _first_byte_ok(first: int) -> bool:
+    ptype, flags = first >> 4, first & 0x0F
+    if ptype == PUBLISH:
+        qos = (flags >> 1) & 0x03
+        return qos != 3 and not (qos == 0 and flags & 0x08)
+    return _REQUIRED_FLAGS.get(ptype) == flags
+
+
+# fixed-header first bytes that can start a valid packet, by value: checked as soon as the
+# byte arrives, so a bad header is refused without waiting for the body it announces
+_FIRST_OK = bytes(_first_byte_ok(b) for b in range(256))
+
+
+def first_byte_error(first: int) -> MalformedPacket:
+    """Why ``first`` cannot start a packet (it is not in ``_FIRST_OK``)."""
+    ptype, flags = first >> 4, first & 0x0F
+    if ptype not in _REQUIRED_FLAGS and ptype != PUBLISH:
+        return MalformedPacket("MQTT-2.2.2-1", f"reserved packet type {ptype}")
+    if ptype == PUBLISH:
+        if (flags >> 1) & 0x03 == 3:
+            return MalformedPacket("MQTT-3.3.1-4", "PUBLISH with QoS 3")
+        return MalformedPacket("MQTT-3.3.1-2", "DUP set on a QoS 0 PUBLISH")
+    return MalformedPacket(
+        _FLAG_RULES.get(ptype, "MQTT-2.2.2-2"), f"invalid flags 0x{flags:x} for {PACKET_NAMES[ptype]}"
+    )
+
+
+# the largest packet MQTT can express: 1 type byte + 4 length bytes + 268,435,455
+DEFAULT_MAX_PACKET_SIZE = 1 + 4 + 268_435_455
+
+
+class MalformedPacket(Exception):
+    """The bytes break a rule of MQTT 3.1.1; ``rule`` is the statement id."""
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
+        self.detail = message
+
+
+# --------------------------------------------------------------------------- packets
+
+
+class Will:
+    __slots__ = ("topic", "payload", "qos", "retain")
+
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False):
+        self.topic, self.payload, self.qos, self.retain = topic, payload, qos, retain
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Will) and _fields(self) == _fields(other)
+
+    def __repr__(self) -> str:
+        return f"Will({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain})"
+
+
+def _fields(obj: Any) -> tuple[Any, ...]:
+    return tuple(getattr(obj, name) for name in obj.__slots__)
+
+
+class _Packet:
+    __slots__ = ()
+    type = 0
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and _fields(self) == _fields(other)
+
+    def __repr__(self) -> str:
+        names: tuple[str, ...] = self.__slots__
+        args = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
+        return f"{type(self).__name__}({args})"
+
+
+class Connect(_Packet):
+    __slots__ = (
+        "client_id",
+        "clean_session",
+        "keepalive",
+        "will",
+        "username",
+        "password",
+        "protocol_name",
+        "protocol_level",
+    )
+    type = CONNECT
+
+    def __init__(
+        self,
+        client_id: str = "",
+        clean_session: bool = True,
+        keepalive: int = 60,
+        will: Will | None = None,
+        username: str | None = None,
+        password: bytes | None = None,
+        protocol_name: str = "MQTT",
+        protocol_level: int = 4,
+    ):
+        self.client_id, self.clean_session, self.keepalive = client_id, clean_session, keepalive
+        self.will, self.username, self.password = will, username, password
+        self.protocol_name, self.protocol_level = protocol_name, protocol_level
+
+
+class ConnAck(_Packet):
+    __slots__ = ("session_present", "return_code")
+    type = CONNACK
+
+    def __init__(self, session_present: bool = False, return_code: int = 0):
+        self.session_present, self.return_code = session_present, return_code
+
+
+class Publish(_Packet):
+    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id")
+    type = PUBLISH
+
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes = b"",
+        qos: int = 0,
+        retain: bool = False,
+        dup: bool = False,
+        packet_id: int | None = None,
+    ):
+        self.topic, self.payload, self.qos = topic, payload, qos
+        self.retain, self.dup, self.packet_id = retain, dup, packet_id
+
+
+class _IdOnly(_Packet):
+    __slots__ = ("packet_id",)
+
+    def __init__(self, packet_id: int):
+        self.packet_id = packet_id
+
+
+class PubAck(_IdOnly):
+    __slots__ = ()
+    type = PUBACK
+
+
+class PubRec(_IdOnly):
+    __slots__ = ()
+    type = PUBREC
+
+
+class PubRel(_IdOnly):
+    __slots__ = ()
+    type = PUBREL
+
+
+class PubComp(_IdOnly):
+    __slots__ = ()
+    type = PUBCOMP
+
+
+class UnsubAck(_IdOnly):
+    __slots__ = ()
+    type = UNSUBACK
+
+
+class Subscribe(_Packet):
+    __slots__ = ("packet_id", "topics")
+    type = SUBSCRIBE
+
+    def __init__(self, packet_id: int, topics: list[tuple[str, int]]):
+        self.packet_id, self.topics = packet_id, topics
+
+
+class SubAck(_Packet):
+    __slots__ = ("packet_id", "return_codes")
+    type = SUBACK
+
+    def __init__(self, packet_id: int, return_codes: list[int]):
+        self.packet_id, self.return_codes = packet_id, return_codes
+
+
+class Unsubscribe(_Packet):
+    __slots__ = ("packet_id", "filters")
+    type = UNSUBSCRIBE
+
+    def __init__(self, packet_id: int, filters: list[str]):
+        self.packet_id, self.filters = packet_id, filters
+
+
+class _Empty(_Packet):
+    __slots__ = ()
+
+
+class PingReq(_Empty):
+    __slots__ = ()
+    type = PINGREQ
+
+
+class PingResp(_Empty):
+    __slots__ = ()
+    type = PINGRESP
+
+
+class Disconnect(_Empty):
+    __slots__ = ()
+    type = DISCONNECT
+
+
+# --------------------------------------------------------------------------- strings and topics
+
+
+def _decode_utf8(raw: bytes | bytearray | memoryview, what: str) -> str:
+    try:
+        text = bytes(raw).decode("utf-8")  # strict: rejects surrogates and overlong forms
+    except UnicodeDecodeError as exc:
+        raise MalformedPacket("MQTT-1.5.3-1", f"{what} is not well-formed UTF-8 ({exc.reason})") from None
+    if "\x00" in text:
+        raise MalformedPacket("MQTT-1.5.3-2", f"{what} contains U+0000")
+    return text
+
+
+def validate_topic_name(topic: str) -> None:
+    """Raise MalformedPacket unless ``topic`` may appear in a PUBLISH."""
+    if not topic:
+        raise MalformedPacket("MQTT-4.7.3-1", "topic name is empty")
+    if "+" in topic or "#" in topic:
+        raise MalformedPacket("MQTT-3.3.2-2", f"wildcard in topic name {topic!r}")
+
+
+def validate_topic_filter(topic_filter: str) -> None:
+    """Raise MalformedPacket unless ``topic_filter`` is a valid 3.1.1 filter (section 4.7)."""
+    if not topic_filter:
+        raise MalformedPacket("MQTT-4.7.3-1", "topic filter is empty")
+    if "+" not in topic_filter and "#" not in topic_filter:
+        return
+    levels = topic_filter.split("/")
+    last = len(levels) - 1
+    for i, level in enumerate(levels):
+        if "#" in level:
+            if level != "#" or i != last:
+                raise MalformedPacket("MQTT-4.7.1-2", f"misplaced '#' in filter {topic_filter!r}")
+        elif "+" in level and level != "+":
+            raise MalformedPacket("MQTT-4.7.1-3", f"'+' must fill a whole level in {topic_filter!r}")

@@ -1,0 +1,103 @@
+"""The ports of the pure cores: what they call, given to them, typed as Protocols.
+
+Pure, and nothing but types. A core names here what it needs from whoever builds it (the
+server's I/O layer, the simulator, a test), so the constructor says who calls whom and an
+implementation only has to have the methods. Issue 14 fills this module step by step
+(docs/design.md, "How the code is laid out").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from .channel import Channel
+    from .message import Message
+    from .session import Entry, Session
+
+__all__ = ["Batch", "RandomHex", "Owner", "Pausable", "JournalPort", "SessionFactory"]
+
+# A journal batch that must be durable before an acknowledgement goes out; 0: none.
+# (A name of its own so that an acknowledgement can later wait for more than the disk,
+# e.g. for replication, by changing what a Batch is in this one place.)
+Batch = int
+
+# n random bytes as 2n hex digits (auto ClientIds): os.urandom in the server, a seeded
+# generator in the simulator, a counter in tests
+RandomHex = Callable[[int], str]
+
+
+class Owner(Protocol):
+    """A Channel's connection: the socket and timers of one client (server/connection.py)."""
+
+    def wake(self, channel: Channel) -> None:
+        """There are bytes in ``channel.data_to_send()``."""
+
+    def close(self, channel: Channel, reason: str) -> None:
+        """Send what is pending, then close."""
+
+    def authenticate(self, channel: Channel, username: str | None, password: bytes | None) -> None:
+        """Run the slow password check somewhere (throttled and bounded: server/logins.py)
+        and answer with ``channel.authenticated(rc, now)``."""
+
+    def connected(self, channel: Channel) -> None:
+        """A CONNECT finished later than the bytes that carried it (mesh claims)."""
+
+    def pause_reading(self, channel: Channel) -> None:
+        """Stop feeding this channel for now (flow.py)."""
+
+    def resume_reading(self, channel: Channel) -> None:
+        """Feed it again."""
+
+
+class Pausable(Protocol):
+    """A publisher that flow control (flow.Congestion) can stop reading: a client's Channel
+    or a peer link we dialled (server/mesh_node.py PeerClient)."""
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None:
+        """Read again, unless it closed meanwhile."""
+
+
+class JournalPort(Protocol):
+    """Where the cores record what must become durable (store.Journal; store.NullJournal
+    when the node keeps everything in memory). The I/O layer commits it and reports the
+    batch back (``Broker.committed``)."""
+
+    persistent: bool  # False: nothing recorded is ever written (a node without a store)
+    writes: int  # changes recorded, ever (what ``mark`` returns)
+    batch: int  # the batch being filled
+    committed: int  # the newest batch known to be durable
+
+    def __len__(self) -> int: ...
+
+    def mark(self) -> int:
+        """A mark to pass to ``since``."""
+
+    def since(self, mark: int) -> Batch:
+        """The batch to wait for if anything was recorded since ``mark``, else 0."""
+
+    def session_put(self, client_id: str, subscriptions: dict[str, int]) -> None: ...
+    def session_delete(self, client_id: str) -> None: ...
+    def message_put(self, client_id: str, entry: Entry) -> None: ...
+    def message_remove(self, client_id: str, key: int) -> None: ...
+    def awaiting_rel_put(self, client_id: str, packet_id: int) -> None: ...
+    def awaiting_rel_remove(self, client_id: str, packet_id: int) -> None: ...
+    def custody_put(self, msg: Message, dests: list[str]) -> None: ...
+    def custody_remove(self, seq: int) -> None: ...
+    def retained_put(self, topic: str, msg: Message) -> None: ...
+    def retained_delete(self, topic: str) -> None: ...
+    def mark_committed(self, number: int) -> None: ...
+
+
+class SessionFactory(Protocol):
+    """Makes the Broker's sessions (session.Sessions; mesh/replica.ReplicaSessions in a mesh)."""
+
+    def new(self, client_id: str, clean: bool, durable: bool) -> Session:
+        """A session for a CONNECT; ``durable=False`` keeps even CleanSession=0 in memory
+        (peer links). A persistent one is recorded in the journal as it is made."""
+
+    def restored(self, client_id: str) -> Session:
+        """An empty persistent session for the store to fill (store.restore_sessions)."""
