@@ -54,6 +54,7 @@ from .model import (
 from .network import ATTRIBUTED, CONTROL, PROPAGATING, NetworkMixin
 from .observe import MsgRecord
 from .scenario import Scenario
+from .sessions import ClusterMixin
 from .topology import build_topology
 from .verify import VerifyMixin
 from .workload import TopicSpace
@@ -61,7 +62,7 @@ from .workload import TopicSpace
 __all__ = ["Simulator", "Episode", "ATTRIBUTED", "CONTROL", "PROPAGATING"]
 
 
-class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
+class Simulator(ClusterMixin, NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
     """N engines, the links between them, their clients, a fault schedule; run() plays it out."""
 
     def __init__(self, scenario: Scenario, progress=None):
@@ -85,7 +86,8 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
             self.nodes[a].links.append(link)
             self.nodes[b].links.append(link)
         self.space = TopicSpace(sc.workload, self.names)
-        subs = self.space.subscriptions(self.rng_work, self.names)
+        self.cluster_mode = sc.mode == "cluster"  # whole nodes and MQTT clients (sessions.py)
+        subs = {} if self.cluster_mode else self.space.subscriptions(self.rng_work, self.names)
         for n, fs in subs.items():
             self.nodes[n].filters = list(fs)
         self.initial_distinct = len({f for fs in subs.values() for f in fs})
@@ -145,6 +147,8 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
         self.checked_by_origin: dict[str, int] = {}
         self.wall_start = time.perf_counter()
         self.decoding = SharedDecoding()
+        if self.cluster_mode:
+            self._init_cluster()
 
     # ------------------------------------------------------------------ event queue
 
@@ -161,11 +165,13 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
         for i, fault in enumerate(sc.faults):
             self._at(fault.at, FAULT, i)
         w = sc.workload
-        if w.publish_rate > 0:
+        if self.cluster_mode:
+            self._start_clients()
+        elif w.publish_rate > 0:
             publishers = [n for n in self.names if self.rng_pub.random() < w.publishers]
             for n in publishers:
                 self._at(w.start + self.rng_pub.expovariate(w.publish_rate), PUBLISH, n)
-        if w.churn > 0:
+        if w.churn > 0 and not self.cluster_mode:
             for n in self.names:
                 self._at(w.start + self.rng_pub.expovariate(w.churn), CHURN, n)
         self._at(sc.duration, END)
@@ -186,6 +192,8 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
             DRAIN: self._on_drain,
             TALLY: self._on_tally,
         }
+        if self.cluster_mode:
+            handlers.update(self._cluster_handlers())
         heap = self.heap
         next_report = time.perf_counter() + 5.0
         # A thousand engines hold tens of millions of objects; Python's cyclic collector would
@@ -220,6 +228,8 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
             gc.unfreeze()
             if collecting:
                 gc.enable()
+        if self.cluster_mode:
+            self._finish_cluster()
         self._finish()
         return self
 
@@ -248,16 +258,20 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
         node.inbox = []
         node.drain_due = False
         node.seen_links = None
-        e = MeshEngine(
-            node.name,
-            node.inc,
-            [f"{node.name}:1883"],
-            self.settings,
-            codec=self.decoding if self.sc.checks.shared_decoding else json,
-            spf_timer=time.perf_counter,
-        )
-        node.engine = e
-        e.start(self.now)
+        if self.cluster_mode:
+            node.core = self._build_core(node)  # the whole node, its engine started (cluster.py)
+            e = node.engine = node.core.engine
+        else:
+            e = MeshEngine(
+                node.name,
+                node.inc,
+                [f"{node.name}:1883"],
+                self.settings,
+                codec=self.decoding if self.sc.checks.shared_decoding else json,
+                spf_timer=time.perf_counter,
+            )
+            node.engine = e
+            e.start(self.now)
         for f in node.filters:
             self.dormant.remove(f, node.name)
         if not resubscribe:
@@ -290,6 +304,8 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
                 self._add_filters(node)
 
     def _crash(self, node: Node, how: str) -> None:
+        if node.core is not None:
+            self._cluster_crash(node, how)
         e = node.engine
         for k, v in e.counters.items():
             self.dead_counters[k] = self.dead_counters.get(k, 0) + v
@@ -324,7 +340,8 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
             self._at(node.busy_until, FLUSH, name, gen)
             return
         node.flush_due = False
-        self._dispatch(node, node.engine.flush(self.now))
+        core = node.core
+        self._dispatch(node, core.flush(self.now) if core is not None else node.engine.flush(self.now))
         self.dirty_interest.discard(name)
         self._observe_own(node)
 
@@ -332,7 +349,12 @@ class Simulator(NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, Verif
         node = self.nodes[name]
         if not node.up or node.gen != gen:
             return
-        self._dispatch(node, node.engine.tick(self.now))
+        core = node.core
+        if core is not None:
+            self._cluster_tick(node)
+            self._dispatch(node, core.tick(self.now))
+        else:
+            self._dispatch(node, node.engine.tick(self.now))
         self._observe_own(node)
         self._at(self.now + self.sc.node.tick, TICK, name, gen)
 

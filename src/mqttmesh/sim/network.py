@@ -286,8 +286,11 @@ class NetworkMixin(SimulatorPart):
                     for d in dests:  # per destination: one relay may get copies from two sides
                         if (dst, d) not in pred:
                             pred[(dst, d)] = src
-        for msg in inbound.deliveries:  # (the unicasts of the cluster protocols: not simulated here)
-            self._deliver(node, msg)
+        if node.core is not None:
+            node.core.inbound(inbound, self.now)  # the whole node: broker and cluster (cluster.py)
+        else:
+            for msg in inbound.deliveries:  # (engine mode: the cluster's unicasts are not simulated)
+                self._deliver(node, msg)
         if meta is not None and kind != "fwd":
             ep_id, depth = meta
             ep = self.episode

@@ -289,6 +289,8 @@ def summarize(sim, memory_sample: int = 3) -> dict:
             )
         },
     }
+    if getattr(sim, "cluster_mode", False):
+        summary["cluster"] = sim.cluster_summary()
     return summary
 
 
@@ -406,6 +408,20 @@ def format_text(s: dict) -> str:
         f"busiest node sends {_f(q['busiest_node_sends_per_message'], '.2f')} copies per message "
         f"(mesh: {_f(q['mesh_busiest_node_sends_per_message'], '.2f')})",
     ]
+    cl = s.get("cluster")
+    if cl is not None:
+        out += [
+            "",
+            f"whole cluster: {cl['clients']} clients, {cl['connections']} connections, moves {cl['moves']}; "
+            f"{cl['published']:,} published, {cl['acknowledged']:,} acknowledged, {cl['received']:,} received",
+            f"  hand-over: {cl['handover_checked']:,} (message, moved subscriber) pairs checked, "
+            f"{cl['handover_lost']} lost, {cl['qos2_twice']} QoS 2 twice, {cl['qos1_again']} QoS 1 again; "
+            f"without a move after the ack: {cl['not_moved']:,} pairs, {cl['not_moved_lost']} lost",
+            f"  wills: {cl['wills_checked']} connections checked, {cl['wills_published']} published, "
+            f"{cl['wills_missing']} missing, {cl['wills_twice']} twice, {cl['wills_unwanted']} unwanted; "
+            f"single registration checked {cl['registration_checks']} times; cluster errors {cl['cluster_errors']}",
+            f"  cluster counters: {json.dumps(cl['cluster_counters'], sort_keys=True)}",
+        ]
     inv = s["invariants"]
     out += [
         "",
