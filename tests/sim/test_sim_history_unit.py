@@ -158,7 +158,11 @@ def test_handover_check_passes_when_all_arrive() -> None:
 def test_will_check() -> None:
     h = History()
     for conn in ("a", "b", "c", "d"):
+        h.connect(0.0, "x", "invoke", conn, "n1", "will")
         h.connect(0.0, "x", "ok", conn, "n1", False)
+    h.connect(0.0, "y", "invoke", "e", "n1")  # no will: nothing to check
+    h.connect(0.0, "y", "ok", "e", "n1", False)
+    h.closed(1.0, "y", "e", False, "dropped")
     h.closed(1.0, "x", "a", False, "dropped")  # needs one will
     h.closed(1.0, "x", "b", True, "DISCONNECT")  # needs none
     h.closed(1.0, "x", "c", False, "dropped")  # published twice

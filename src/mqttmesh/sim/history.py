@@ -8,7 +8,8 @@ are ``(time, client, op)``:
 
 - ``publish``: ``(t, client, "invoke"|"ok"|"info", "publish", msg_id, topic, qos)``: ok is
   the PUBACK (QoS 1) or PUBREC (QoS 2); info: the connection ended before either came;
-- ``connect``: ``(t, client, "invoke"|"ok"|"fail", "connect", conn, node, present_or_rc)``;
+- ``connect``: ``(t, client, "invoke"|"ok"|"fail", "connect", conn, node, detail)``: detail is
+  "will" on an invoke whose CONNECT carries a will, session present (ok) or the return code (fail);
 - ``subscribe``: ``(t, client, "ok", "subscribe", filters)`` (the SUBACK);
 - ``receive``: ``(t, client, "ok", "receive", msg_id, topic, qos, dup, conn)``;
 - ``close``: ``(t, client, "ok", "close", conn, clean, reason)``: clean when the server
@@ -131,9 +132,12 @@ def check_wills(history: History, published: dict[str, int]) -> WillCheck:
     ``published``: will publications counted at their source, by connection id."""
     result = WillCheck()
     accepted: set[str] = set()
+    with_will: set[str] = set()
     ended: dict[str, bool] = {}
     for op in history.ops:
-        if op[3] == "connect" and op[2] == "ok":
+        if op[3] == "connect" and op[2] == "invoke" and op[6] == "will":
+            with_will.add(op[4])
+        elif op[3] == "connect" and op[2] == "ok" and op[4] in with_will:
             accepted.add(op[4])
         elif op[3] == "close":
             ended.setdefault(op[4], op[5])

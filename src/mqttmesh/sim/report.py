@@ -115,9 +115,9 @@ def mqtt_st(sim) -> dict:
     per_message = len(tree_nodes) - 1
     m = sum(sim.checked_by_origin.get(n, 0) for n in tree_nodes)
     sends = {n: m * (tdeg[n] - 1) + sim.checked_by_origin.get(n, 0) for n in tree_nodes}
-    busiest = max(sends, key=lambda n: sends[n]) if sends else None
+    busiest = max(sorted(sends), key=lambda n: sends[n]) if sends else None  # ties: the smallest id
     mesh_sends = sim.node_sends
-    mesh_busiest = max(mesh_sends, key=lambda n: mesh_sends[n]) if mesh_sends else None
+    mesh_busiest = max(sorted(mesh_sends), key=lambda n: mesh_sends[n]) if mesh_sends else None
     uninterested = [len(tree_nodes) - 1 - len(r.expected) for r in messages]
     return {
         "root": root,

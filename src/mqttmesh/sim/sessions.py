@@ -22,6 +22,7 @@ Invariants (docs/simulation.md, "The whole cluster"):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from typing import Any
@@ -62,7 +63,7 @@ class SimConnection:
     def wake(self, channel: Channel) -> None:
         if not self.flush_due:
             self.flush_due = True
-            self.sim._at(self.sim.now, CLIENT, "flush", self.id)
+            self.sim._woken(self)
 
     def close(self, channel: Channel, reason: str) -> None:
         self.sim._server_closed(self, reason)
@@ -119,6 +120,7 @@ class ClusterMixin(SimulatorPart):
         self.history = History()
         self.will_counts: dict[str, int] = {}
         self.sconns: dict[str, SimConnection] = {}
+        self.woken: list[SimConnection] = []  # connections with bytes for their client, this instant
         self.clients: dict[str, SimClient] = {}
         self.last_fault_at = 0.0
         self.double_seen: dict[str, tuple[frozenset[str], float]] = {}
@@ -226,7 +228,7 @@ class ClusterMixin(SimulatorPart):
         client.home = node.name
         will = Will(f"will/{client.name}", conn_id.encode(), 1) if client.persistent else None
         client.mqtt.connect(will)
-        self.history.connect(self.now, client.name, "invoke", conn_id, node.name)
+        self.history.connect(self.now, client.name, "invoke", conn_id, node.name, "will" if will else None)
         self._client_send(client)
 
     def _client_send(self, client: SimClient, data: bytes | None = b"") -> None:
@@ -273,6 +275,12 @@ class ClusterMixin(SimulatorPart):
         node.conns.pop(conn.id, None)
         self._send_client(conn, conn.channel.data_to_send(), reason, self.now + conn.latency)
 
+    def _woken(self, conn: SimConnection) -> None:
+        """A Channel has bytes for its client: they leave at the end of this instant."""
+        if not self.woken:
+            self._at(self.now, CLIENT, "flush", "")
+        self.woken.append(conn)
+
     def _ended(self, conn: SimConnection, clean: bool, reason: str) -> None:
         if conn.server_open:
             conn.server_open = False
@@ -285,12 +293,15 @@ class ClusterMixin(SimulatorPart):
 
     def _on_client(self, action: str, arg: str) -> None:
         if action == "flush":
-            conn = self.sconns[arg]
-            conn.flush_due = False
-            if conn.server_open:
-                data = conn.channel.data_to_send()
-                if data:
-                    self._send_client(conn, data, None, self.now + conn.latency)
+            # in the order of the connection ids: the broker wakes channels in the order of
+            # a set of them (held_ack_channels), which depends on their addresses
+            woken, self.woken = self.woken, []
+            for conn in sorted(woken, key=_conn_order):
+                conn.flush_due = False
+                if conn.server_open:
+                    data = conn.channel.data_to_send()
+                    if data:
+                        self._send_client(conn, data, None, self.now + conn.latency)
             return
         client = self.clients[arg]
         if action == "connect":
@@ -548,7 +559,14 @@ class ClusterMixin(SimulatorPart):
             "registration_checks": self.registration_checks,
             "cluster_errors": self.cluster_errors,
             "cluster_counters": counters,
+            # every client operation in order, with its time: equal digests, equal runs
+            "history_digest": hashlib.sha256(repr(ops).encode()).hexdigest(),
         }
+
+
+def _conn_order(conn: SimConnection) -> tuple[str, int]:
+    name, _, k = conn.id.partition("#")
+    return name, int(k)
 
 
 class _NodeIO:
