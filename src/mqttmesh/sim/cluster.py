@@ -128,6 +128,9 @@ class SimCore:
         self._seen_changes = -1
         self.membership_changes = 0
         self.membership_at = 0.0  # when this node's cluster last heard of a membership change
+        # mesh_node checks membership at every flush (a shortest-path run whenever the
+        # advertisements changed); false: at ticks only, a simulator shortcut for large runs
+        self.membership_at_flush = True
 
     # the broker's hooks (MeshNode._filter_added, _filter_removed, _local_publish)
     def filter_added(self, topic_filter: str) -> None:
@@ -176,8 +179,10 @@ class SimCore:
             return
         self._seen_changes = engine.changes
         live = engine.reachable()
-        incs = {n: engine.routers[n].inc for n in live if n in engine.routers}
-        key = (tuple(live), tuple(sorted(incs.items())))
+        routers = engine.routers
+        incs = {n: routers[n].inc for n in live if n in routers}
+        # (live is sorted, so incs.items() is too: the same key as mesh_node's, without a sort)
+        key = (tuple(live), tuple(incs.items()))
         if key != self._membership:
             self._membership = key
             self.membership_changes += 1
@@ -186,7 +191,8 @@ class SimCore:
             self.cluster.membership(live, incs, now)
 
     def flush(self, now: float) -> list[Send]:  # MeshNode._send: membership, cluster, engine
-        self._check_membership(now)
+        if self.membership_at_flush:
+            self._check_membership(now)
         self.cluster.flush()
         return self.engine.flush(now)
 
@@ -225,6 +231,7 @@ def build_node(
     seed: int | str = 0,
     wall_offset: float = 0.0,
     limits: Limits | None = None,
+    membership_at_flush: bool = True,
     codec: Any = json,
     spf_timer: Callable[[], float] | None = time.perf_counter,
 ) -> SimCore:
@@ -253,6 +260,7 @@ def build_node(
     )
     engine.start(now)
     core = SimCore(broker, journal, engine, cluster, io)
+    core.membership_at_flush = membership_at_flush
     holder.append(core)
     for msg, dests in store.load_custody():
         engine.restore_custody(msg, dests, now)

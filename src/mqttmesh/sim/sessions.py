@@ -165,6 +165,7 @@ class ClusterMixin(SimulatorPart):
             node.store,
             _NodeIO(self, node),
             seed=self.sc.seed,
+            membership_at_flush=self.sc.clients.membership_at_flush,
             codec=self.decoding if self.sc.checks.shared_decoding else json,
         )
         node.conns = {}
