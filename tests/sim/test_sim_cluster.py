@@ -60,6 +60,7 @@ def test_move10_every_invariant_holds_while_clients_move(move10: Simulator) -> N
     assert cl["wills_published"] == cl["moves"]["abrupt"] + cl["moves"]["takeover"]  # one per unclean end
     assert cl["wills_missing"] == cl["wills_twice"] == cl["wills_unwanted"] == 0
     assert cl["registration_checks"] > 10
+    assert cl["sessions_not_present"] == 0  # every reconnection found its session [MQTT-3.2.2-2]
     counters = cl["cluster_counters"]
     assert counters["sessions_gathered"] > 50 and counters["kicks"] > 10
 

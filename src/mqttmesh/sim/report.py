@@ -417,6 +417,7 @@ def format_text(s: dict) -> str:
             f"  hand-over: {cl['handover_checked']:,} (message, moved subscriber) pairs checked, "
             f"{cl['handover_lost']} lost, {cl['qos2_twice']} QoS 2 twice, {cl['qos1_again']} QoS 1 again; "
             f"without a move after the ack: {cl['not_moved']:,} pairs, {cl['not_moved_lost']} lost",
+            f"  persistent clients reconnected to no session (session present 0): {cl['sessions_not_present']}",
             f"  wills: {cl['wills_checked']} connections checked, {cl['wills_published']} published, "
             f"{cl['wills_missing']} missing, {cl['wills_twice']} twice, {cl['wills_unwanted']} unwanted; "
             f"single registration checked {cl['registration_checks']} times; cluster errors {cl['cluster_errors']}",

@@ -539,8 +539,15 @@ class ClusterMixin(SimulatorPart):
             if node.up:
                 for k, val in node.core.cluster.status()["counters"].items():
                     counters[k] = counters.get(k, 0) + val
+        seen: set[str] = set()
+        fresh = 0  # a persistent client's later CONNACK with session present 0: its session was lost
+        for op in ops:
+            if op[3] == "connect" and op[2] == "ok" and op[1] in self.clients and self.clients[op[1]].persistent:
+                fresh += op[1] in seen and not op[6]
+                seen.add(op[1])
         return {
             "clients": len(self.clients),
+            "sessions_not_present": fresh,
             "connections": len(self.sconns),
             "moves": dict(self.moves),
             "published": sum(1 for op in ops if op[3] == "publish" and op[2] == "invoke"),
