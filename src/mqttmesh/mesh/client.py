@@ -53,9 +53,11 @@ _PINGREQ = b"\xc0\x00"
 
 
 # -- what a read brings (``receive_data``) ---------------------------------------------
+# (plain slotted classes, not frozen: one Received per PUBLISH on the link, and a frozen
+# dataclass costs about three times as much to make)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Ready:
     """The listener proved the secret and ours is on its way: send the hello. ``rtt``: the
     SUBSCRIBE/SUBACK round trip, the link's first cost sample (seconds)."""
@@ -63,21 +65,21 @@ class Ready:
     rtt: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Refused:
     """The listener refused the CONNECT (its return code) or the SUBSCRIBE (0x80)."""
 
     code: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AuthFailed:
     """The listener did not prove the cluster secret for this connection."""
 
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Received:
     """A PUBLISH from the peer on our ``$mesh/to/<node>/`` subscription."""
 
@@ -85,14 +87,14 @@ class Received:
     payload: bytes
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Rtt:
     """A PINGREQ/PINGRESP round trip (seconds)."""
 
     seconds: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProtocolError:
     """The listener broke MQTT or the handshake's order: close."""
 

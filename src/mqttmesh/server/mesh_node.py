@@ -375,13 +375,16 @@ class MeshNode:
     # -- the Channel's hooks for a peer that dialled us (until they reach PeerLinks directly) --
 
     def peer_handshake(self, peer: PeerConnect) -> ListenerAuth:
+        if self.peer_links is None:  # the listener serves a loop iteration before start()
+            return ListenerAuth(self.secret, self.node_id, self.incarnation, self.nonce(), peer)
         return self.peer_links.handshake(peer)
 
     def peer_input(self, channel, msg: Message, now: float) -> int:
         return self.peer_links.peer_input(channel, msg, now)
 
     def peer_closed(self, channel) -> None:
-        self.peer_links.peer_closed(channel, self.loop.time())
+        if self.peer_links is not None:
+            self.peer_links.peer_closed(channel, self.loop.time())
 
     # -- ports.MeshIO ------------------------------------------------------------------------
 
