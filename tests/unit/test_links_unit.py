@@ -163,7 +163,7 @@ class Pair:
         self.inb = MemLink(dialler.name, dialler.name, True, "10.0.0.1:50000")
         self.batches: list[int] = []
         # the dialler introduces itself once the listener proved the secret (PeerClient)
-        self.out.send("hello", dialler.links.hello(rtt), 1)
+        dialler.links.dialled_ready(self.out)
 
     def pump(self, now=0.0, rounds=20):
         (a, b) = self.nodes

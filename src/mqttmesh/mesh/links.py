@@ -142,6 +142,11 @@ class PeerLinks:
 
     # -- a node we dialled (the I/O layer's LinkClient) ----------------------------------------
 
+    def dialled_ready(self, link: PeerLink) -> None:
+        """The listener of a link we dialled proved the secret (ours is on its way): introduce
+        ourselves, with the round trip we measured; the peer answers with its own hello."""
+        link.send("hello", self.hello(link.handshake_rtt), 1)
+
     def link_message(self, link: PeerLink, topic: str, payload: bytes, now: float) -> None:
         """A PUBLISH on our subscription; its PUBACK has gone already (custody at the origin
         holds the guarantee), so the batch is not waited for."""

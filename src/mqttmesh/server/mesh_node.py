@@ -118,12 +118,10 @@ class PeerClient(asyncio.Protocol):
             if type(event) is Received:
                 mesh.peer_links.link_message(self, event.topic, event.payload, now)
             elif type(event) is Ready:
-                # the listener proved the secret (our proof is on its way): introduce
-                # ourselves; the peer answers with its own hello
                 self.state = "connected"
                 self.proved = self.client.peer or ""
                 self.handshake_rtt = event.rtt
-                self.send("hello", mesh.peer_links.hello(event.rtt), 1)
+                mesh.peer_links.dialled_ready(self)
             elif type(event) is Rtt:
                 if self.peer:
                     mesh.peer_links.rtt(self, event.seconds, now)
