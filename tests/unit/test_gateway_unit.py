@@ -15,6 +15,7 @@ class Engine:
         self.routes = routes
         self.wanting: dict[str, list[str]] = {}
         self.next_hop: dict[str, str] = {}
+        self.unicasts: list[tuple[str, str, bytes]] = []
 
     def local_filter_added(self, f):
         self.added.append(f)
@@ -25,6 +26,10 @@ class Engine:
     def route_local(self, msg, now):
         self.routed.append((msg.topic, now))
         return self.routes
+
+    def send_unicast(self, dest, kind, payload):
+        self.unicasts.append((dest, kind, payload))
+        return dest != "gone"
 
     def nodes_wanting(self, topic):
         return self.wanting.get(topic, [])
@@ -136,3 +141,11 @@ def test_an_overrun_link_does_not_hold_the_publisher():
     broker.congestion.overrun.add("slow")
     gw.published(msg("t/1"))
     assert not broker.congestion.hit
+
+
+def test_a_unicast_goes_to_the_engine_and_is_sent_soon():
+    gw, engine, _, io = gateway()
+    assert gw.unicast("b", "reg.claim", b"{}") is True
+    assert gw.unicast("gone", "reg.claim", b"{}") is False  # unreachable now: the cluster retries
+    assert engine.unicasts == [("b", "reg.claim", b"{}"), ("gone", "reg.claim", b"{}")]
+    assert io.soon == 2

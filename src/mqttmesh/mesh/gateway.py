@@ -5,7 +5,8 @@ Pure. The broker calls it (the ``on_filter_added``, ``on_filter_removed`` and
 $mesh) stay local to each node; everything else is routed by the engine, with the
 publish time on the loop clock. Sends are batched per loop iteration (``MeshIO.flush_soon``)
 but never more than FLUSH_EVERY messages, and a publisher whose messages go out over a
-congested link is held like one whose local subscriber is slow (flow.py).
+congested link is held like one whose local subscriber is slow (flow.py). The cluster
+protocols send their unicasts through it too.
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ class MeshGateway:
                     self.io.flush_now()
             if broker.congestion.reasons:
                 self._check_links(msg, broker.congestion)
+
+    def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
+        """A cluster message for node ``dest`` (the Cluster's send); False: unreachable now."""
+        ok = self.engine.send_unicast(dest, kind, payload)
+        self.io.flush_soon()
+        return ok
 
     def sent(self) -> None:
         """What was routed has been handed to the links: count from zero again."""

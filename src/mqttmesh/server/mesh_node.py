@@ -298,9 +298,7 @@ class MeshNode:
         self.cluster.wall = time.time()
 
     def _unicast(self, dest: str, kind: str, payload: bytes) -> bool:
-        ok = self.engine.send_unicast(dest, kind, payload)
-        self.flush_soon()
-        return ok
+        return self.gateway.unicast(dest, kind, payload)  # (the Cluster is made before the gateway)
 
     async def start(self) -> None:
         node = self.node
