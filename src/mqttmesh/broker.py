@@ -2,8 +2,9 @@
 
 Pure. It leaves to its caller the connections (Channels call in and receive
 frames), the clock (times are passed in), randomness (``random_hex``), storage
-(changes go to a Journal that the I/O layer commits) and the mesh (it reports
-filter changes and hands each locally published message to ``on_publish`` hooks).
+(changes go to a Journal that the I/O layer commits), the archive (an ArchivePort
+given to the constructor, archive/capture.py) and the mesh (it reports filter
+changes and hands each locally published message to ``on_publish`` hooks).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from .auth import Auth
 from .flow import Congestion
 from .message import Message
-from .ports import Batch, JournalPort, RandomHex, SessionFactory
+from .ports import ArchivePort, Batch, JournalPort, RandomHex, SessionFactory
 from .session import Limits, Session, Sessions
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie, SubscriptionTrie
@@ -103,6 +104,7 @@ class Broker:
         auth: Auth | None = None,
         journal: JournalPort | None = None,
         random_hex: RandomHex | None = None,
+        archive: ArchivePort | None = None,
     ):
         self.settings = settings
         self.node_id = settings.node_id
@@ -118,19 +120,18 @@ class Broker:
         self.wall_offset = 0.0  # wall-clock time minus the caller's clock, set by the I/O layer
         self.held_ack_channels: set = set()  # channels waiting for a journal commit
         self.congestion = Congestion(settings.slow_consumer_timeout, settings.backpressure_timeout)
+        # the archive (archive/capture.py): published(msg) for each message published here
+        # that a Channel's read capture did not take; its delivery log goes to the sessions
+        self.archive = archive
         # the mesh replaces it with replicated sessions (mesh/cluster.py) until issue 14 S7
-        self.session_factory: SessionFactory = Sessions(settings.limits, self.journal, self.congestion)
+        self.session_factory: SessionFactory = Sessions(
+            settings.limits, self.journal, self.congestion, on_sent=None if archive is None else archive.sent
+        )
         # hooks for the mesh: called with (filter) when the first local subscriber
         # arrives / the last one leaves, and with (message) for each local publish
         self.on_filter_added: list[Callable[[str], None]] = []
         self.on_filter_removed: list[Callable[[str], None]] = []
         self.on_publish: list[Callable[[Message], None]] = []
-        self.delivery_hook = None  # hook(session, msg, qos, dup) for every PUBLISH sent to a client
-        # the archive (archive/recorder.py): archive_hook(msg) for each message published
-        # here, unless capture(publisher, time, packets, segments, skips, count) took it
-        # with the read it came in (channel.py)
-        self.archive_hook = None
-        self.capture = None
         self.cluster = None  # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
         self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
         self._after_commit: list[tuple[int, Callable[[], None]]] = []
@@ -156,7 +157,6 @@ class Broker:
         if old is not None:
             return old, True  # [MQTT-3.2.2-2]
         session = self.session_factory.new(client_id, clean, durable)
-        session.on_sent = self.delivery_hook
         self.sessions[client_id] = session
         return session, False
 
@@ -179,7 +179,6 @@ class Broker:
     def restore_session(self, session: Session) -> None:
         """Re-register a session loaded from the store at start (made by ``session_factory``)."""
         self.sessions[session.client_id] = session
-        session.on_sent = self.delivery_hook
         for topic_filter, qos in session.subscriptions.items():
             self._router_add(topic_filter, session, qos)
 
@@ -233,7 +232,7 @@ class Broker:
 
     def publish(self, msg: Message, captured: bool = False) -> Batch:
         """Take ownership of a message published at this node; ``captured``: the archive
-        has it already, from the bytes of the read it came in (archive/reads.py).
+        has it already, from the bytes of the read it came in (archive/capture.py).
 
         Returns the journal batch the caller must wait for before acknowledging
         the message, or 0 when nothing it caused needs to become durable.
@@ -248,8 +247,8 @@ class Broker:
         if self.on_publish:
             for hook in self.on_publish:
                 hook(msg)
-        if not captured and self.archive_hook is not None:
-            self.archive_hook(msg)
+        if not captured and self.archive is not None:
+            self.archive.published(msg)
         return journal.batch if journal.writes != before else 0
 
     def dispatch(self, msg: Message) -> int:

@@ -39,7 +39,7 @@ from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthE
 from .message import Message
 
 if TYPE_CHECKING:
-    from .ports import Batch, Owner
+    from .ports import Batch, Owner, ReadCapture
     from .session import Session
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
@@ -101,11 +101,7 @@ class Channel:
         "_pending_connect",
         "_processing",
         "blocked",
-        "_cap_on",
-        "_cap_next",
-        "_cap_base",
-        "_cap_segs",
-        "_cap_skips",
+        "_read",
         "_peer_auth",
         "_peer_filter",
         "certified",
@@ -139,15 +135,8 @@ class Channel:
         self.blocked = False
         self._peer_auth: ListenerAuth | None = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
         self._peer_filter: tuple[str, int] | None = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
-        # the archive's capture of the read being processed (archive/reads.py): on, the
-        # seq the next message continues the current segment with, the ordinal after
-        # the last skip, segments and skips (a list once there is a skip, which is rare);
-        # _process puts them back to these values after each read with PUBLISH packets
-        self._cap_on = False
-        self._cap_next = -1
-        self._cap_base = 0
-        self._cap_segs: list = []
-        self._cap_skips: list | tuple = ()
+        # the archive's capture of the read being processed (archive/capture.py), if any
+        self._read: ReadCapture | None = None
         self._out: list[bytes] = []
         self._held: deque[tuple[int, bytes]] = deque()  # frames waiting for a journal batch
 
@@ -177,13 +166,12 @@ class Channel:
 
     def _process(self, now: float) -> None:
         self._processing = True
-        capture = self.broker.capture
-        keep = None
-        if capture is not None and self.state is CONNECTED and not self.is_peer:
-            keep = self.decoder.keep = []
-            self._cap_on = True  # the other _cap_ fields are as __init__ set them
+        archive = self.broker.archive
+        read = None
+        if archive is not None and self.state is CONNECTED and not self.is_peer:
+            read = self._read = archive.read(self.client_id)
         try:
-            for packet in self.decoder.packets():
+            for packet in self.decoder.packets(None if read is None else read.keep):
                 table = TRANSITIONS[self.state]
                 handler = table.get(packet.type)
                 if handler is None:
@@ -196,19 +184,9 @@ class Channel:
             self.close(f"protocol violation: {exc}")
         finally:
             self._processing = False
-            if keep is not None:
-                self._cap_on = False
-                self.decoder.keep = None
-                if self._cap_next >= 0 or self._cap_skips:  # PUBLISH packets in this read
-                    count = self._cap_ordinal()
-                    if count > len(self._cap_skips):
-                        capture(
-                            self.client_id, now + self.broker.wall_offset, keep, self._cap_segs, self._cap_skips, count
-                        )
-                    self._cap_next = -1
-                    self._cap_base = 0
-                    self._cap_segs = []
-                    self._cap_skips = ()
+            if read is not None:
+                self._read = None
+                read.end(now + self.broker.wall_offset)
         if self.decoder.buffered > self.decoder.max_packet_size and self.state is not CLOSED:
             self.close("input buffer over the maximum packet size")  # pragma: no cover
 
@@ -300,7 +278,7 @@ class Channel:
             self._end(publish_will=not self.clean_disconnect)
 
     def _end(self, publish_will: bool) -> None:
-        self._cap_on = False  # the will is no packet of the read being captured
+        self._read = None  # the will is no packet of the read being captured
         was_connected = self.state is CONNECTED
         self.state = CLOSED
         broker = self.broker
@@ -498,8 +476,8 @@ class Channel:
         awaiting = session.awaiting_rel
         if pid in awaiting:
             # a re-sent QoS 2 PUBLISH: acknowledge again, deliver nothing [MQTT-4.3.3-2]
-            if self._cap_on:
-                self._cap_skip()
+            if self._read is not None:
+                self._read.skip()
             self.write(_ack(_PUBREC, pid))
             return
         if len(awaiting) >= session.limits.max_awaiting_rel:
@@ -520,8 +498,8 @@ class Channel:
         ):
             # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
             broker.stats.publish_denied += 1
-            if self._cap_on:
-                self._cap_skip()
+            if self._read is not None:
+                self._read.skip()
             return 0
         msg.origin = broker.node_id
         seq = broker.seq + 1
@@ -538,12 +516,9 @@ class Channel:
                 if self.state is CONNECTED:
                     congestion.pause(self, now)  # a local client cannot keep up: stop reading the link
             return batch
-        if self._cap_on:
-            # a message of the read being captured: the archive takes it from the read's
-            # bytes, this only notes its seq when it does not follow the previous one
-            if seq != self._cap_next:
-                self._cap_segs.append((self._cap_ordinal(), seq))
-            self._cap_next = seq + 1
+        if self._read is not None:
+            # a message of the read being captured: the archive takes it from the read's bytes
+            self._read.message(seq)
             batch = broker.publish(msg, True)
         else:
             batch = broker.publish(msg)
@@ -553,22 +528,6 @@ class Channel:
             if self.state is CONNECTED:
                 congestion.pause(self, now)  # read no more from this publisher for now (flow.py)
         return batch
-
-    def _cap_ordinal(self) -> int:
-        """Ordinal of the next PUBLISH packet of the read being captured."""
-        if self._cap_next < 0:
-            return self._cap_base
-        ordinal, seq = self._cap_segs[-1]
-        return ordinal + self._cap_next - seq
-
-    def _cap_skip(self) -> None:
-        """The PUBLISH packet being handled is not a message."""
-        ordinal = self._cap_ordinal()
-        if not self._cap_skips:
-            self._cap_skips = []
-        self._cap_skips.append(ordinal)
-        self._cap_base = ordinal + 1
-        self._cap_next = -1
 
     def _on_pubrel(self, pkt, now: float) -> None:
         batch = self.session.awaiting_rel_remove(pkt.packet_id)

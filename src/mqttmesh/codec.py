@@ -299,14 +299,11 @@ class Decoder:
     close [MQTT-4.8.0-1].
     """
 
-    __slots__ = ("_buf", "max_packet_size", "broken", "keep")
+    __slots__ = ("_buf", "max_packet_size", "broken")
 
     def __init__(self, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE):
         self._buf = bytearray()
         self.max_packet_size = max_packet_size
-        # when a list: ``packets()`` appends to it the bytes of the packets it yielded
-        # (whole packets, in order), for the archive (archive/reads.py)
-        self.keep: list | None = None
         self.broken = False
 
     def feed(self, data: bytes) -> None:
@@ -320,8 +317,12 @@ class Decoder:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def packets(self):
-        """Yield every complete packet in the buffer, in order."""
+    def packets(self, keep: list[bytearray] | None = None):
+        """Yield every complete packet in the buffer, in order.
+
+        ``keep``: a list to which the bytes of the packets yielded are appended once the
+        iteration ends (whole packets, in order; for the archive, archive/capture.py).
+        """
         if self.broken:
             raise MalformedPacket("MQTT-4.8.0-1", "decoder used after a malformed packet")
         buf = self._buf
@@ -407,8 +408,8 @@ class Decoder:
             raise
         finally:
             if pos:
-                if self.keep is not None:
-                    self.keep.append(buf[:pos])
+                if keep is not None:
+                    keep.append(buf[:pos])
                 del buf[:pos]
 
 

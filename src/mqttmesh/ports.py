@@ -16,7 +16,17 @@ if TYPE_CHECKING:
     from .message import Message
     from .session import Entry, Session
 
-__all__ = ["Batch", "RandomHex", "Owner", "Pausable", "JournalPort", "SessionFactory"]
+__all__ = [
+    "Batch",
+    "RandomHex",
+    "SentHook",
+    "Owner",
+    "Pausable",
+    "JournalPort",
+    "SessionFactory",
+    "ArchivePort",
+    "ReadCapture",
+]
 
 # A journal batch that must be durable before an acknowledgement goes out; 0: none.
 # (A name of its own so that an acknowledgement can later wait for more than the disk,
@@ -26,6 +36,10 @@ Batch = int
 # n random bytes as 2n hex digits (auto ClientIds): os.urandom in the server, a seeded
 # generator in the simulator, a counter in tests
 RandomHex = Callable[[int], str]
+
+# (session, message, QoS, DUP) of a PUBLISH a session just wrote to its client: the
+# archive's delivery log (session.Session.on_sent)
+SentHook = Callable[["Session", "Message", int, bool], None]
 
 
 class Owner(Protocol):
@@ -101,3 +115,38 @@ class SessionFactory(Protocol):
 
     def restored(self, client_id: str) -> Session:
         """An empty persistent session for the store to fill (store.restore_sessions)."""
+
+
+class ArchivePort(Protocol):
+    """The archive, as the Broker, the sessions and the Channels see it (archive/capture.py
+    Capture). None where the archive is off: then each of them tests ``is None`` once, on
+    the same paths as before the archive had a port."""
+
+    # given to every session the Broker's factory makes (session.Sessions); None: the
+    # delivery log is off, and sessions test for it as for no archive
+    sent: SentHook | None
+
+    def published(self, msg: Message) -> None:
+        """A message published at this node that no ReadCapture took (Broker.publish)."""
+
+    def read(self, client_id: str) -> ReadCapture | None:
+        """The capture of one read from a connected client, or None when messages are
+        archived one by one (topic filters: the Broker hands each to ``published``)."""
+
+
+class ReadCapture(Protocol):
+    """One read from one client, archived as the bytes of its packets (archive/reads.py).
+
+    The Channel passes ``keep`` to ``Decoder.packets``, tells which PUBLISH packets of the
+    read became messages and which did not, in order, and ends the read."""
+
+    keep: list[bytearray]  # the Decoder appends the read's whole packets
+
+    def message(self, seq: int) -> None:
+        """The PUBLISH packet being handled became the message numbered ``seq``."""
+
+    def skip(self) -> None:
+        """The PUBLISH packet being handled is no message (denied, a QoS 2 re-send)."""
+
+    def end(self, wall: float) -> None:
+        """The read is over; ``wall``: its wall-clock time, every message's timestamp."""

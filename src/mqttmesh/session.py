@@ -10,7 +10,6 @@ that also records every change in a store journal, which the I/O layer commits.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -20,8 +19,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .flow import Congestion
     from .mesh.replica import _Replicated
-    from .message import Message
-    from .ports import Batch, JournalPort
+    from .ports import Batch, JournalPort, SentHook
 
 __all__ = ["Limits", "Entry", "Session", "DurableSession", "Sessions", "SENT_PUBLISH", "SENT_PUBREL"]
 
@@ -68,7 +66,14 @@ class Entry:
 class Session:
     durable = False
 
-    def __init__(self, client_id: str, clean: bool, limits: Limits, congestion: Congestion | None = None):
+    def __init__(
+        self,
+        client_id: str,
+        clean: bool,
+        limits: Limits,
+        congestion: Congestion | None = None,
+        on_sent: SentHook | None = None,
+    ):
         self.client_id = client_id
         self.clean = clean
         self.limits = limits
@@ -83,8 +88,8 @@ class Session:
         self.congestion = congestion  # the broker's Congestion tracker (flow.py)
         self.backlogged = False  # online, with the queue over queue_high
         self.acked = 0  # acknowledgements received, ever (progress)
-        # optional hook(session, msg, qos, dup): delivery log
-        self.on_sent: Callable[[Session, Message, int, bool], None] | None = None
+        # hook(session, msg, qos, dup) for every PUBLISH written: the archive's delivery log
+        self.on_sent = on_sent
         self._next_pid = 1
 
     # -- delivery (the hot path) -------------------------------------------------
@@ -283,8 +288,15 @@ class DurableSession(Session):
 
     durable = True
 
-    def __init__(self, client_id: str, limits: Limits, journal: JournalPort, congestion: Congestion | None = None):
-        super().__init__(client_id, False, limits, congestion)
+    def __init__(
+        self,
+        client_id: str,
+        limits: Limits,
+        journal: JournalPort,
+        congestion: Congestion | None = None,
+        on_sent: SentHook | None = None,
+    ):
+        super().__init__(client_id, False, limits, congestion, on_sent)
         self.journal = journal
         self._next_key = 1
 
@@ -326,21 +338,29 @@ class DurableSession(Session):
 class Sessions:
     """The Broker's SessionFactory outside a mesh: a clean session, or a connection that
     keeps its session in memory (peer links), gets a ``Session``; a persistent one a
-    ``DurableSession`` when the journal is persistent (a node with a store)."""
+    ``DurableSession`` when the journal is persistent (a node with a store). Every
+    session gets ``on_sent``: the archive's delivery log, or None."""
 
-    def __init__(self, limits: Limits, journal: JournalPort, congestion: Congestion | None = None):
+    def __init__(
+        self,
+        limits: Limits,
+        journal: JournalPort,
+        congestion: Congestion | None = None,
+        on_sent: SentHook | None = None,
+    ):
         self.limits = limits
         self.journal = journal
         self.congestion = congestion
+        self.on_sent = on_sent
 
     def new(self, client_id: str, clean: bool, durable: bool) -> Session:
         if clean or not durable:
-            return Session(client_id, clean, self.limits, self.congestion)
+            return Session(client_id, clean, self.limits, self.congestion, self.on_sent)
         session = self.restored(client_id)
         session._stored_subscriptions()  # the session itself is durable before CONNACK [MQTT-3.1.2-4]
         return session
 
     def restored(self, client_id: str) -> Session:
         if self.journal.persistent:
-            return DurableSession(client_id, self.limits, self.journal, self.congestion)
-        return Session(client_id, False, self.limits, self.congestion)
+            return DurableSession(client_id, self.limits, self.journal, self.congestion, self.on_sent)
+        return Session(client_id, False, self.limits, self.congestion, self.on_sent)

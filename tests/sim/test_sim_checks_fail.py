@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 import mqttmesh.mesh.engine as engine_module
+import mqttmesh.mesh.routes as routes_module
 from mqttmesh.mesh.dedup import DeliveryFilter
 from mqttmesh.mesh.interest import InterestIndex
 from mqttmesh.sim.checks import InvariantViolation
@@ -17,7 +18,7 @@ from support.sim import SCENARIOS, run
 
 
 def test_a_wrong_next_hop_fails_the_route_check(monkeypatch):
-    real = engine_module.shortest_paths
+    real = routes_module.shortest_paths
 
     def lopsided(source, links):
         next_hop, dist, parent = real(source, links)
@@ -25,7 +26,7 @@ def test_a_wrong_next_hop_fails_the_route_check(monkeypatch):
             next_hop = dict(next_hop, n06="n02")  # the long way round the ring: not a shortest path
         return next_hop, dist, parent
 
-    monkeypatch.setattr(engine_module, "shortest_paths", lopsided)
+    monkeypatch.setattr(routes_module, "shortest_paths", lopsided)
     with pytest.raises(InvariantViolation, match=r"\[routes\] .*n03 sends to n06 via n02"):
         run("ring-12")
 

@@ -36,7 +36,7 @@ class Wire:
     def settle(self):
         for _ in range(10_000):
             for name, e in self.engines.items():
-                for _send, peer, kind, payload, _qos in e.flush(0.0):
+                for peer, kind, payload, _qos in e.flush(0.0):
                     if frozenset((name, peer)) in self.links:
                         self.queue.append((name, peer, kind, payload))
             if not self.queue:

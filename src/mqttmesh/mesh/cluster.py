@@ -141,7 +141,11 @@ class Cluster:
         broker.cluster = self
         # CleanSession=0 sessions are replicated (mesh/replica.py)
         self.session_factory = broker.session_factory = ReplicaSessions(
-            broker.settings.limits, broker.journal, broker.congestion, self._on_settled
+            broker.settings.limits,
+            broker.journal,
+            broker.congestion,
+            self._on_settled,
+            None if broker.archive is None else broker.archive.sent,  # the archive's delivery log
         )
 
     # ------------------------------------------------------------------ plumbing

@@ -23,7 +23,7 @@ from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, 
 
 if TYPE_CHECKING:
     from ..flow import Congestion
-    from ..ports import JournalPort
+    from ..ports import JournalPort, SentHook
 
 __all__ = [
     "MeshSession",
@@ -165,8 +165,9 @@ class ReplicaSessions(Sessions):
         journal: JournalPort,
         congestion: Congestion | None,
         on_settled: Callable[[_Replicated, tuple[str, int], str, int], None],
+        on_sent: SentHook | None = None,
     ):
-        super().__init__(limits, journal, congestion)
+        super().__init__(limits, journal, congestion, on_sent)
         self.on_settled = on_settled
 
     def restored(self, client_id: str) -> Session:
@@ -176,6 +177,7 @@ class ReplicaSessions(Sessions):
         else:
             session = MeshSession(client_id, self.limits, self.congestion)
         session.on_settled = self.on_settled
+        session.on_sent = self.on_sent
         return session
 
 

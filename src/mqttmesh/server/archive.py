@@ -1,4 +1,4 @@
-"""The archive on a running node: broker hooks, the flush timer, the writer process, $SYS.
+"""The archive on a running node: its port for the broker, the flush timer, the writer process, $SYS.
 
 This is the asyncio side of ``mqttmesh.archive``. The Recorder (pure) takes the
 records on the hot path and cuts them into chunks; this module sends each chunk
@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 
+from ..archive.capture import Capture
 from ..archive.recorder import ArchiveLimits, Recorder
 from ..archive.wire import WireError, decode_report, encode_chunk
 from ..auth import ConfigError
@@ -53,10 +54,10 @@ class ArchiveService:
                 "archive.enabled: the archive writer needs pyarrow; install it with: pip install 'mqttmesh[pipeline]'"
             )
         self.delivery_log = get("archive.delivery_log")
-        loop_time, broker = self.loop.time, node.broker
+        loop_time = self.loop.time
 
         def clock() -> float:  # the clock of message timestamps (channel.py), so latencies compare
-            return loop_time() + broker.wall_offset
+            return loop_time() + node.broker.wall_offset  # (the broker is built after this service)
 
         try:
             self.recorder = Recorder(limits, self._submit, clock, get("archive.filters"), self.delivery_log)
@@ -79,11 +80,9 @@ class ArchiveService:
         self._logged_at = 0.0
         self._sys_at = 0.0
         self._dropped_since_log = 0
-        # the hooks go in now: sessions restored from the store pick up the delivery hook
-        broker.archive_hook = self.recorder.publish_hook
-        broker.capture = self.recorder.capture_hook
-        if self.delivery_log:
-            broker.delivery_hook = self.recorder.delivery_hook
+        # what the node's Broker is given (ports.ArchivePort): its sessions, those restored
+        # from the store too, get the delivery hook from it
+        self.capture = Capture(self.recorder)
 
     # -- life cycle -----------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ import secrets
 import time
 
 from ..config import Config
+from ..mesh.actions import Unicast
 from ..mesh.client import LinkClient
 from ..mesh.cluster import Cluster, ClusterSettings
 from ..mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
@@ -354,11 +355,13 @@ class MeshNode:
             dedup_window=cfg.get("mesh.dedup_window"),
             max_age=cfg.get("mesh.max_age"),
         )
-        self.engine = MeshEngine(self.node_id, self.incarnation, [advertise], settings)
+        # with a store, QoS 1/2 messages held for other nodes survive a crash of this one
+        journal = self.broker.journal
+        self.engine = MeshEngine(
+            self.node_id, self.incarnation, [advertise], settings, custody=journal if journal.persistent else None
+        )
         self.engine.start(self.loop.time())
         if self.broker.journal.persistent:
-            # QoS 1/2 messages held for other nodes survive a crash of this one
-            self.engine.custody_store = self.broker.journal
             restored = self.node.store.load_custody()
             for msg, dests in restored:
                 self.engine.restore_custody(msg, dests, self.loop.time())
@@ -548,43 +551,38 @@ class MeshNode:
 
     def _receive(self, link: _Link, kind: str, payload: bytes, now: float) -> int:
         try:
-            actions = self.engine.receive(link.peer, kind, payload, now)
+            deliveries, unicasts = self.engine.receive(link.peer, kind, payload, now)
         except MeshProtocolError as exc:
             log.warning("peer %s sent something invalid: %s", link.peer, exc)
             link.close(f"mesh protocol error: {exc}")
             return 0
+        # (a fwd batch brings deliveries only, a uni message unicasts only: no order to keep)
+        for unicast in unicasts:
+            self._unicast_action(unicast, now)
         batch = 0
         broker = self.broker
         if not broker.journal.persistent:
             dispatch = broker.dispatch
-            for action in actions:
-                if action[0] == "deliver":
-                    msg = action[1]
-                    dispatch(msg)  # in memory: nothing to wait for before acknowledging
-                    if action[2]:
-                        self.engine.delivered(msg)
-                    continue
-                self._unicast_action(action, now)
+            for msg in deliveries:
+                dispatch(msg)  # in memory: nothing to wait for before acknowledging
+                if msg.qos:  # QoS 1/2: acknowledged end to end to the origin's custody
+                    self.engine.delivered(msg)
             self._schedule_flush()
-            if len(actions) >= FLUSH_EVERY // 4:
+            if len(deliveries) + len(unicasts) >= FLUSH_EVERY // 4:
                 # a read from the link holds up to 16 batches: pass each on as it comes (as
                 # _flush_now does for the publishers' side)
                 self.node.flush_now()
             return 0
-        for action in actions:
-            if action[0] == "unicast":
-                self._unicast_action(action, now)
-                continue
-            _, msg, needs_ack = action
+        for msg in deliveries:
             wrote = broker.deliver_remote(msg)
-            if needs_ack:
+            if msg.qos:
                 broker.after_commit(wrote, lambda m=msg: self._delivered(m))
             batch = max(batch, wrote)
         self._schedule_flush()
         return batch
 
-    def _unicast_action(self, action, now: float) -> None:
-        _, frm, kind, body = action
+    def _unicast_action(self, unicast: Unicast, now: float) -> None:
+        frm, kind, body = unicast
         self.cluster.wall = time.time()
         try:
             self.cluster.receive(frm, kind, body, now)
@@ -641,8 +639,7 @@ class MeshNode:
         now = self.loop.time()
         self._check_membership(now)
         self.cluster.flush()
-        for action in self.engine.flush(now):
-            _, peer, kind, payload, qos = action
+        for peer, kind, payload, qos in self.engine.flush(now):
             link = self.links.get(peer)
             if link is not None:
                 link.send(kind, payload, qos)
@@ -664,8 +661,7 @@ class MeshNode:
         self._check_membership(now)
         self.cluster.tick(now)
         self.cluster.flush()
-        for action in self.engine.tick(now):
-            _, peer, kind, payload, qos = action
+        for peer, kind, payload, qos in self.engine.tick(now):
             link = self.links.get(peer)
             if link is not None:
                 link.send(kind, payload, qos)

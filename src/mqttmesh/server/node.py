@@ -74,7 +74,18 @@ class Node:
         if config.data_dir:
             self.store = SqliteStore(config.data_dir, config.get("store.synchronous"))
             self.journal = Journal(on_dirty=self._schedule_commit)
-        self.broker = Broker(settings, build_auth(config), self.journal, random_hex=_random_hex)
+        self.archive = None
+        if config.get("archive.enabled"):
+            from .archive import ArchiveService
+
+            self.archive = ArchiveService(self, config)  # its port goes into the Broker
+        self.broker = Broker(
+            settings,
+            build_auth(config),
+            self.journal,
+            random_hex=_random_hex,
+            archive=None if self.archive is None else self.archive.capture,
+        )
         self.logins = Logins(self, config)
         self.max_write_buffer = config.get("limits.max_write_buffer")
         # memory of all connections' buffers (connection.py keeps the counts): above
@@ -113,11 +124,6 @@ class Node:
             self.mesh = MeshNode(self, config)
         elif config.get("mesh.peers"):
             raise ConfigError("mesh.peers: a mesh needs mesh.cluster_secret or mesh.secret_file")
-        self.archive = None
-        if config.get("archive.enabled"):
-            from .archive import ArchiveService
-
-            self.archive = ArchiveService(self, config)  # hooks in before sessions are restored
 
     # -- life cycle -----------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ __all__ = ["ClientsMixin"]
 class ClientsMixin(SimulatorPart):
     # ------------------------------------------------------------------ clients
 
-    def _deliver(self, node: Node, msg: Message, needs_ack: bool) -> None:
+    def _deliver(self, node: Node, msg: Message) -> None:
         rec = self.msgs.get((msg.origin, msg.seq))
         if rec is not None:
             name = node.name
@@ -26,7 +26,7 @@ class ClientsMixin(SimulatorPart):
                 rec.first_at[name] = self.now
                 if self.now > rec.t + self.settle:
                     rec.late += 1
-        if needs_ack:
+        if msg.qos:  # QoS 1/2: acknowledged end to end to the origin's custody
             node.engine.delivered(msg)  # type: ignore[union-attr]  # (the node is up); the simulated store commits at once
 
     def _on_publish(self, name: str) -> None:

@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Callable
 
-from ..mesh import engine as engine_module
+from ..mesh.actions import Send
 from ..mesh.engine import MeshEngine, MeshProtocolError
 from ..topics import SubscriptionTrie
 from .checks import InvariantViolation, Violations
@@ -195,9 +195,6 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         }
         heap = self.heap
         next_report = time.perf_counter() + 5.0
-        saved_json = engine_module.json
-        if sc.checks.shared_decoding:
-            engine_module.json = self.decoding  # type: ignore[assignment]  # (S1 makes it an engine argument)
         # A thousand engines hold tens of millions of objects; Python's cyclic collector would
         # walk all of them again and again (more than half the run time at 1,000 nodes). What
         # the engines build is freed by reference counting, so the young generations are
@@ -227,7 +224,6 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
                     next_report = time.perf_counter() + 5.0
                     self.progress(self._progress_line())
         finally:
-            engine_module.json = saved_json
             gc.unfreeze()
             if collecting:
                 gc.enable()
@@ -259,8 +255,14 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         node.inbox = []
         node.drain_due = False
         node.seen_links = None
-        e = MeshEngine(node.name, node.inc, [f"{node.name}:1883"], self.settings)
-        e.spf_timer = time.perf_counter
+        e = MeshEngine(
+            node.name,
+            node.inc,
+            [f"{node.name}:1883"],
+            self.settings,
+            codec=self.decoding if self.sc.checks.shared_decoding else json,
+            spf_timer=time.perf_counter,
+        )
         node.engine = e
         e.start(self.now)
         for f in node.filters:
@@ -557,12 +559,11 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         if hit:
             ep.attributed_msgs += 1
 
-    def _dispatch(self, node: Node, actions: list) -> None:
+    def _dispatch(self, node: Node, sends: list[Send]) -> None:
         cost = 0.0
-        for action in actions:
-            if action[0] == "send":
-                self._send(node, action[1], action[2], action[3], action[4])
-                cost += self.cpu_msg + len(action[3]) * self.cpu_byte
+        for peer, kind, payload, qos in sends:
+            self._send(node, peer, kind, payload, qos)
+            cost += self.cpu_msg + len(payload) * self.cpu_byte
         node.depth_out = 0
         if cost:
             node.busy_until = max(node.busy_until, self.now) + cost
@@ -611,7 +612,7 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
         e = node.engine
         before = e.changes
         try:
-            actions = e.receive(src, kind, payload, self.now)
+            inbound = e.receive(src, kind, payload, self.now)
         except MeshProtocolError as exc:
             self.violations.add("wire", f"t={self.now:.4f}s {dst} could not read a {kind!r} from {src}: {exc}")
             return
@@ -625,9 +626,8 @@ class Simulator(ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
                     for d in dests:  # per destination: one relay may get copies from two sides
                         if (dst, d) not in pred:
                             pred[(dst, d)] = src
-        for action in actions:
-            if action[0] == "deliver":
-                self._deliver(node, action[1], action[2])
+        for msg in inbound.deliveries:  # (the unicasts of the cluster protocols: not simulated here)
+            self._deliver(node, msg)
         if meta is not None and kind != "fwd":
             ep_id, depth = meta
             ep = self.episode

@@ -9,7 +9,8 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from ..mesh.engine import InterestState, MeshEngine
+from ..mesh.engine import MeshEngine
+from ..mesh.lsdb import InterestState
 
 __all__ = ["SharedDecoding", "Node", "Link", "SimulatorPart"]
 

@@ -1,0 +1,152 @@
+"""Custody: QoS 1/2 messages held at their origin until every destination acknowledged them.
+
+Pure. A part of ``MeshEngine`` (engine.py, a mixin over engine_base.EngineState):
+end-to-end acknowledgements out (after a delivery is safe), in (releasing custody)
+and relayed towards their origin; retransmission with backoff; giving up after
+``custody_timeout``, on overflow, or when a destination ages out of the database.
+It leaves durability to a ``CustodyJournal`` given to the engine's constructor
+(the broker's store journal), or to nobody: custody is then in memory only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from ..message import Message
+from .actions import NOTHING, Inbound, Send
+from .engine_base import EngineState
+from .envelope import Envelope
+from .wire import AckGroup, decode_acks, encode_acks
+
+__all__ = ["Custody", "CustodyJournal", "CustodyMixin"]
+
+
+class CustodyJournal(Protocol):
+    """Where custody is made durable (store.Journal), so a restart keeps it."""
+
+    def custody_put(self, msg: Message, dests: list[str]) -> None: ...
+
+    def custody_remove(self, seq: int) -> None: ...
+
+
+class Custody:
+    """One message in custody: the destinations that have not acknowledged it yet."""
+
+    __slots__ = ("msg", "dests", "attempt", "due", "since")
+
+    def __init__(self, msg: Message, dests: set[str], due: float, since: float):
+        self.msg, self.dests, self.attempt, self.due, self.since = msg, dests, 0, due, since
+
+
+class CustodyMixin(EngineState):
+    # ------------------------------------------------------------------ acknowledgements out
+
+    def delivered(self, msg: Message) -> None:
+        """A QoS 1/2 message from another node is safely ours: acknowledge it to its origin."""
+        self._ack(msg)
+
+    def _ack(self, msg: Message) -> None:
+        self._acks_out.setdefault(msg.origin, []).append(msg.seq)
+
+    def _relay_ack(self, to: str, frm: str, seqs: Sequence[int]) -> None:
+        self._ensure_spf()
+        hop = self.next_hop.get(to)
+        if hop is not None:
+            self._acks_relay.setdefault(hop, []).append(AckGroup(to, frm, seqs))
+
+    # ------------------------------------------------------------------ acknowledgements in
+
+    def _receive_e2e(self, peer: str, kind: str, payload: bytes, now: float) -> Inbound:
+        """``e2e``: acknowledgements, for our messages or to pass on towards their origin."""
+        self._stats(peer).control_in += 1
+        self._receive_acks(decode_acks(payload))
+        return NOTHING
+
+    def _receive_acks(self, groups: list[AckGroup]) -> None:
+        for to, frm, seqs in groups:
+            if to == self.node_id:
+                custody = self.custody
+                journal = self.custody_journal
+                for seq in seqs:
+                    c = custody.get(seq)
+                    if c is not None:
+                        c.dests.discard(frm)
+                        if not c.dests:
+                            del custody[seq]
+                            if journal is not None:
+                                journal.custody_remove(seq)
+            else:
+                self._relay_ack(to, frm, seqs)
+
+    # ------------------------------------------------------------------ retransmission and release
+
+    def restore_custody(self, msg: Message, dests: list[str], now: float) -> None:
+        """A message held in custody before a restart: retransmit it soon."""
+        self.custody[msg.seq] = Custody(msg, set(dests), now, now)
+
+    def _retransmit_soon(self, now: float) -> None:
+        for c in self.custody.values():
+            c.due = min(c.due, now)
+
+    def _retransmit_due(self, now: float) -> None:
+        if not self.custody:
+            return
+        settings = self.settings
+        expired = []
+        self._ensure_spf()
+        for seq, c in self.custody.items():
+            if c.due > now:
+                continue
+            if now - c.since > settings.custody_timeout:
+                expired.append(seq)
+                continue
+            # every destination keeps it until it acknowledges: one whose subscriber left
+            # acknowledges a message it delivers to nobody, and one across a partition is
+            # waited for (its interest may not be known again yet when the split heals)
+            reachable = [d for d in c.dests if d in self.next_hop]
+            c.attempt = min(c.attempt + 1, 255)
+            c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
+            if reachable:
+                self.counters["custody_retransmits"] += 1
+                self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt))
+        journal = self.custody_journal
+        for seq in expired:
+            c = self.custody.pop(seq)
+            if journal is not None:
+                journal.custody_remove(seq)
+            if c.dests:
+                self.counters["custody_expired"] += 1
+
+    def _release_custody(self, node: str) -> None:
+        """``node`` has aged out of the database: stop holding messages for it."""
+        done = []
+        for seq, c in self.custody.items():
+            if node in c.dests:
+                c.dests.discard(node)
+                self.counters["custody_expired"] += 1
+                if not c.dests:
+                    done.append(seq)
+        journal = self.custody_journal
+        for seq in done:
+            del self.custody[seq]
+            if journal is not None:
+                journal.custody_remove(seq)
+
+    # ------------------------------------------------------------------ output (engine.flush)
+
+    def _flush_acks(self) -> None:
+        """Our own acknowledgements join the relayed ones, per next hop towards each origin."""
+        acks, self._acks_out = self._acks_out, {}
+        for origin, seqs in acks.items():
+            self._relay_ack(origin, self.node_id, seqs)
+
+    def _flush_relayed_acks(self, sends: list[Send]) -> None:
+        relay, self._acks_relay = self._acks_relay, {}
+        for peer, groups in relay.items():
+            if peer in self._links:
+                payload = encode_acks(groups)
+                stats = self._stats(peer)
+                stats.control_out += 1
+                stats.control_bytes_out += len(payload)
+                sends.append(Send(peer, "e2e", payload, 0))

@@ -1,0 +1,148 @@
+"""The routing engine's settings and typed state, shared by the parts it is made of.
+
+Pure. ``MeshEngine`` (engine.py) is one object built from four mixins over
+``EngineState``: the advertisement database (lsdb.py), routes (routes.py), the
+data plane (dataplane.py) and custody (custody.py). They share about fifteen
+attributes, and the data plane reads them once per message, so they stay
+attributes of one object rather than of four objects one hop apart. This class
+declares every one of them with its type; ``MeshEngine.__init__`` sets them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..message import Message
+    from .custody import Custody, CustodyJournal
+    from .dedup import DeliveryFilter, ForwardFilter
+    from .envelope import Envelope
+    from .interest import InterestIndex
+    from .lsdb import Control, InterestState, RouterLsa
+    from .routes import Route
+    from .wire import AckGroup
+
+__all__ = ["MeshSettings", "PeerStats", "JsonCodec", "EngineState"]
+
+
+@dataclass
+class MeshSettings:
+    hop_limit: int = 255  # a safety net: the duplicate filter is what stops loops
+    refresh_interval: float = 30.0  # re-originate our router advertisement this often
+    max_age: float = 3600.0  # forget an unreachable node's advertisements after this
+    min_cost: int = 1000  # link cost floor, microseconds of round-trip time
+    cost_change: float = 0.25  # re-advertise a link when its cost moves by this fraction
+    dedup_window: int = 262144  # recent message ids remembered per origin
+    custody_limit: int = 100_000  # QoS 1/2 messages held at their origin until acknowledged
+    custody_timeout: float = 3600.0  # give up on a destination after this long
+    retransmit_after: float = 2.0  # first end-to-end retransmission; doubles up to 30 s
+    max_batch_bytes: int = 16 * 1024
+
+
+class PeerStats:
+    __slots__ = (
+        "envelopes_out",
+        "envelopes_in",
+        "batches_out",
+        "batches_in",
+        "control_out",
+        "control_in",
+        "control_bytes_out",
+    )
+    # (annotations only: __init__ sets every slot to 0)
+    envelopes_out: int
+    envelopes_in: int
+    batches_out: int
+    batches_in: int
+    control_out: int
+    control_in: int
+    control_bytes_out: int
+
+    def __init__(self) -> None:
+        for name in self.__slots__:
+            setattr(self, name, 0)
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+class JsonCodec(Protocol):
+    """How advertisements and link control are read and written: the ``json`` module, or the
+    simulator's decoding shared by the engines of one process (sim/model.py SharedDecoding)."""
+
+    def loads(self, s: bytes, /) -> Any: ...
+
+    def dumps(self, obj: Any, /) -> str: ...
+
+
+class EngineState:
+    # identity and ports (engine.py)
+    node_id: str
+    incarnation: int
+    addresses: list[str]
+    settings: MeshSettings
+    codec: JsonCodec
+    custody_journal: CustodyJournal | None  # where custody is made durable, or None (in memory)
+    spf_timer: Callable[[], float] | None  # a clock to time SPF runs with (the simulator), or None
+    spf_seconds: float
+    changes: int  # bumps whenever the map or interest changes (status refresh, membership)
+    peer_stats: dict[str, PeerStats]
+    counters: dict[str, int]
+    # the advertisement database (lsdb.py)
+    _seq: int  # our router advertisement's sequence
+    _links: dict[str, int]  # live neighbours -> advertised cost
+    _measured: dict[str, float]  # neighbour -> smoothed rtt (us)
+    _local_filters: set[str]
+    _interest_ver: int
+    _pending_add: set[str]
+    _pending_del: set[str]
+    routers: dict[str, RouterLsa]  # what we know of everybody, ourselves included
+    interests: dict[str, InterestState]
+    remote: InterestIndex  # filter -> nodes (every node's, ours included)
+    _flood_out: dict[str, list[dict[str, Any]]]  # neighbour -> advertisements to send
+    _control_out: list[Control]  # other link-local control messages
+    _last_refresh: float
+    _next_refresh: float
+    # routes (routes.py)
+    next_hop: dict[str, str]
+    distance: dict[str, int]
+    parent: dict[str, str]
+    _spf_dirty: bool
+    _route_cache: dict[str, Route]  # topic -> where its messages go
+    # the data plane (dataplane.py)
+    _outbox: dict[str, list[Envelope]]  # next hop -> envelopes to batch
+    _unicast_out: dict[str, list[bytes]]  # next hop -> encoded unicast records
+    forward_filter: ForwardFilter
+    delivery_filter: DeliveryFilter
+    # custody and end-to-end acknowledgements (custody.py)
+    custody: dict[int, Custody]  # our QoS 1/2 messages by seq, until every destination acked
+    _acks_out: dict[str, list[int]]  # origin -> seqs delivered here
+    _acks_relay: dict[str, list[AckGroup]]  # next hop -> acknowledgements to pass on
+
+    def _stats(self, peer: str) -> PeerStats:
+        # not setdefault(peer, PeerStats()): that builds a PeerStats for every message
+        stats = self.peer_stats.get(peer)
+        if stats is None:
+            stats = self.peer_stats[peer] = PeerStats()
+        return stats
+
+    if TYPE_CHECKING:
+        # what one part calls in another (each defined once, in the module named)
+
+        def _ensure_spf(self) -> None: ...  # routes
+
+        def _compute_route(self, topic: str) -> Route: ...  # routes
+
+        def _originate_router(self, now: float) -> None: ...  # lsdb
+
+        def _send_control(self, peer: str, kind: str, body: Any) -> None: ...  # lsdb
+
+        def _send_envelope(self, env: Envelope) -> None: ...  # dataplane
+
+        def _ack(self, msg: Message) -> None: ...  # custody
+
+        def _retransmit_soon(self, now: float) -> None: ...  # custody
+
+        def _release_custody(self, node: str) -> None: ...  # custody
