@@ -494,6 +494,7 @@ class HandOver:
                 granted = q if granted is None else max(granted, q)
         if granted is None:
             return
-        msg = Message(fwd.topic, base64.b64decode(fwd.payload_b64), fwd.qos, False, fwd.origin, fwd.seq, fwd.publisher, fwd.ts)
+        msg = Message(
+            fwd.topic, base64.b64decode(fwd.payload_b64), fwd.qos, False, fwd.origin, fwd.seq, fwd.publisher, fwd.ts
+        )
         replica.deliver(msg, min(fwd.qos, granted))  # a duplicate by id is dropped there
-

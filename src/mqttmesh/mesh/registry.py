@@ -17,7 +17,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from ..message import Message
-from .cluster_wire import RegClaim, RegCopy, RegGrant, RegKick, RegRegister, RegRelease, Registration, SendFn
+from .cluster_wire import RegClaim, RegCopy, RegGrant, Registration, RegKick, RegRegister, RegRelease, SendFn
 from .membership import Membership
 
 if TYPE_CHECKING:

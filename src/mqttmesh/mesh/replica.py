@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..message import Message
-from .cluster_wire import Snapshot, SnapshotEntry
 from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from .cluster_values import Snapshot, SnapshotEntry
 
 if TYPE_CHECKING:
     from ..flow import Congestion
@@ -68,7 +68,7 @@ class _Replicated(_SessionPart):
         if len(done) > TOMBSTONES:
             done.popitem(last=False)
 
-    def deliver(self, msg, qos: int, retain: bool = False) -> None:
+    def deliver(self, msg: Message, qos: int, retain: bool = False) -> None:
         if not retain:  # a retained copy is a re-send by design, never a duplicate
             key = (msg.origin, msg.seq)
             if key in self.ids or key in self.done:
@@ -194,7 +194,16 @@ def snapshot(session: _Replicated) -> Snapshot:
         payload = base64.b64encode(m.payload).decode()
         entries.append(
             SnapshotEntry(
-                m.origin, m.seq, m.topic, payload, m.qos, entry.qos, entry.packet_id, entry.state, m.publisher, m.timestamp
+                m.origin,
+                m.seq,
+                m.topic,
+                payload,
+                m.qos,
+                entry.qos,
+                entry.packet_id,
+                entry.state,
+                m.publisher,
+                m.timestamp,
             )
         )
     return Snapshot(
@@ -252,7 +261,7 @@ def install(session: _Replicated, snap: Snapshot) -> None:
     """Replace the session's messages with the snapshot's (subscriptions are the caller's job)."""
     base = super(_Replicated, session)  # storage only: these are not settlements
     for entry in list(session.inflight.values()) + list(session.queue):
-        base._stored_remove(entry)
+        base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method, reached past _Replicated)
     session.inflight.clear()
     session.queue.clear()
     session.ids.clear()
