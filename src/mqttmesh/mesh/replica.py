@@ -250,7 +250,9 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         subs_from.subs,
         subs_from.subs_version,
         entries,
-        list(done),  # (a set's order: see the note in the issue 14 S3 report)
+        # (a set's order, as before issue 14: it depends on the hash seed, which decides
+        # which ids are kept only when there are more than the snapshot and TOMBSTONES keep)
+        list(done),
         sorted(rel),
         subs_from.active,
         max(s.epoch for s in snaps),
