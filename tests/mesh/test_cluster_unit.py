@@ -51,6 +51,7 @@ from mqttmesh.mesh.cluster_wire import (
     SessSubs,
     decode,
 )
+from mqttmesh.mesh.membership import Membership
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
 
@@ -187,6 +188,25 @@ def holder_of(net: Net, cid: str) -> list[str]:
     return [n for n in net.names if cid in net.brokers[n].sessions]
 
 
+# --------------------------------------------------------------------------- membership
+
+
+def test_membership_places_ids_on_the_live_nodes_and_suspects_who_left_or_restarted():
+    m = Membership("a", 1, replication=2, will_delay=0.5)
+    assert m.update(["b", "c", "d"], {"b": 1, "c": 1, "d": 1}, 10.0) == {"a"}
+    assert m.live == ["a", "b", "c", "d"]
+    cid = "some-client"
+    regs = m.registrars(cid)
+    assert len(regs) == 2 and regs == m.holders(cid)[:2]
+    last = next(n for n in m.live if n not in regs)
+    assert m.holders(cid, last) == regs + [last]  # the node the client was last on, too
+    assert m.holders(cid, "gone") == regs  # (not a live node)
+    m.update(["b", "c"], {"b": 1, "c": 1}, 11.0)  # d left
+    assert m.dead(11.4) == set() and m.dead(11.5) == {"d"}
+    m.update(["b", "c", "d"], {"b": 2, "c": 1, "d": 1}, 12.0)  # d is back; b restarted
+    assert m.dead(12.0) == {"b"}  # its old connections are gone at once
+
+
 # --------------------------------------------------------------------------- claims
 
 
@@ -310,6 +330,23 @@ def test_a_clean_start_discards_the_holders_copies():
     assert not fresh.session.queue and not fresh.session.subscriptions
     discards = [(f, d) for f, d, k in net.kinds() if k == "sess.discard"]
     assert sorted(d for _, d in discards) == sorted(set(holders) - {"c"})
+
+
+def test_fetches_and_discards_go_to_the_holders_in_sorted_order():
+    """Finding 0.2 of the issue 14 plan: these loops ran over sets (hash-seed order)."""
+    names = ["n1", "n2", "n3", "n4", "n5"]
+    net = Net(names, settings=ClusterSettings(replication=4))
+    cid = cid_with(net, lambda regs, holders: "n1" not in holders)
+    ch = net.connect("n1", cid, clean=False)
+    ch.close("bye")
+    mark = len(net.sent)
+    net.connect("n2", cid, clean=False)
+    fetches = [d for f, d, k in net.kinds(mark) if f == "n2" and k == "sess.fetch"]
+    assert len(fetches) >= 3 and fetches == sorted(fetches)
+    mark = len(net.sent)
+    net.connect("n3", cid, clean=True)
+    discards = [d for f, d, k in net.kinds(mark) if f == "n3" and k == "sess.discard"]
+    assert len(discards) >= 3 and discards == sorted(discards)
 
 
 # --------------------------------------------------------------------------- wills
