@@ -332,8 +332,9 @@ class MeshNode:
             will_delay=cfg.get("mesh.will_delay"),
             claim_timeout=cfg.get("mesh.claim_timeout"),
         )
-        self.cluster = Cluster(self.node_id, self.incarnation, self.broker, self._unicast, settings)
-        self.cluster.wall = time.time()
+        self.cluster = Cluster(
+            self.node_id, self.incarnation, self.broker, self._unicast, settings, wall_offset=self.broker.wall_offset
+        )
 
     def _unicast(self, dest: str, kind: str, payload: bytes) -> bool:
         ok = self.engine.send_unicast(dest, kind, payload)
@@ -583,7 +584,6 @@ class MeshNode:
 
     def _unicast_action(self, unicast: Unicast, now: float) -> None:
         frm, kind, body = unicast
-        self.cluster.wall = time.time()
         try:
             self.cluster.receive(frm, kind, body, now)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
@@ -615,7 +615,6 @@ class MeshNode:
         key = (tuple(live), tuple(sorted(incs.items())))
         if key != self._membership:
             self._membership = key
-            self.cluster.wall = time.time()
             self.cluster.membership(live, incs, now)
 
     def _flush_now(self) -> None:
@@ -657,7 +656,6 @@ class MeshNode:
             protocol = dialer.protocol
             if protocol is not None and protocol.peer not in self.links:
                 protocol.tick(now)
-        self.cluster.wall = time.time()
         self._check_membership(now)
         self.cluster.tick(now)
         self.cluster.flush()
