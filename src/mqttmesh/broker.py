@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .auth import Auth
 from .flow import Congestion
@@ -20,6 +21,9 @@ from .ports import ArchivePort, Batch, JournalPort, RandomHex, SessionFactory
 from .session import Limits, Session, Sessions
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie, SubscriptionTrie
+
+if TYPE_CHECKING:
+    from .mesh.cluster import Cluster
 
 __all__ = ["Broker", "BrokerSettings", "Stats", "counting_hex"]
 
@@ -132,7 +136,7 @@ class Broker:
         self.on_filter_added: list[Callable[[str], None]] = []
         self.on_filter_removed: list[Callable[[str], None]] = []
         self.on_publish: list[Callable[[Message], None]] = []
-        self.cluster = None  # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
+        self.cluster: Cluster | None = None  # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
         self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
         self._after_commit: list[tuple[int, Callable[[], None]]] = []
 
@@ -187,14 +191,14 @@ class Broker:
     def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
         self._router_add(topic_filter, session, qos)
-        if self.cluster is not None and session.channel is not None and getattr(session, "replicated", False):
+        if self.cluster is not None and session.channel is not None and session.replica is not None:
             self.cluster.subs_changed(session)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
             return False
         self._router_remove(topic_filter, session)
-        if self.cluster is not None and session.channel is not None and getattr(session, "replicated", False):
+        if self.cluster is not None and session.channel is not None and session.replica is not None:
             self.cluster.subs_changed(session)
         return True
 
@@ -208,10 +212,10 @@ class Broker:
             for hook in self.on_filter_removed:
                 hook(topic_filter)
 
-    def send_retained(self, session: Session, topic_filter: str, granted: int) -> int:
+    def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
         """Send the retained messages matching a new subscription [MQTT-3.3.1-6]."""
         if self.cluster is not None and not topic_filter.startswith("$"):  # $SYS stays per node
-            return self.cluster.retained_lookup(session, topic_filter, granted)  # from their owners
+            return self.cluster.retained_lookup(session, topic_filter, granted, now)  # from their owners
         sent = 0
         auth = self.auth
         for topic, msg in self.retained.match(topic_filter):

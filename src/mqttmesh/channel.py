@@ -574,7 +574,7 @@ class Channel:
             granted_filters.append((topic_filter, granted))
         self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), journal.since(mark))  # [MQTT-3.8.4-1,5]
         for topic_filter, granted in granted_filters:
-            broker.send_retained(session, topic_filter, granted)  # [MQTT-3.8.4-3]
+            broker.send_retained(session, topic_filter, granted, now)  # [MQTT-3.8.4-3]
 
     def _on_unsubscribe(self, pkt: codec.Unsubscribe, now: float) -> None:
         broker = self.broker

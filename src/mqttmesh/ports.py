@@ -208,8 +208,6 @@ class MeshIO(Protocol):
     def learned(self, address: str, node: str) -> None:
         """A dialled address belongs to ``node`` (its dialler can yield to a link the other way)."""
 
-    def wall(self) -> float:
-        """Wall-clock seconds, for the Cluster's messages (until the Cluster takes a wall offset)."""
 
 
 class Log(Protocol):

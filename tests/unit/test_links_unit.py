@@ -70,15 +70,11 @@ class IO:
     def learned(self, address, node):
         self.learnt.append((address, node))
 
-    def wall(self):
-        return 1_700_000_000.0
-
 
 class Cluster:
     """The cluster protocols as PeerLinks sees them: records, and fails where told."""
 
     def __init__(self):
-        self.wall = 0.0
         self.received: list[tuple[str, str, bytes]] = []
         self.memberships: list[tuple[list[str], dict[str, int]]] = []
         self.flushes = 0

@@ -272,7 +272,6 @@ class PeerLinks:
 
     def _unicast(self, unicast: Unicast, now: float) -> None:
         frm, kind, body = unicast
-        self._wall()
         try:
             self.cluster.receive(frm, kind, body, now)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
@@ -283,11 +282,6 @@ class PeerLinks:
     def _delivered(self, msg: Message) -> None:
         self.engine.delivered(msg)
         self.io.flush_soon()
-
-    def _wall(self) -> None:
-        # the one place the cluster's wall clock is set, before each call that reads it
-        # (goes once the Cluster computes its wall from ``now``)
-        self.cluster.wall = self.io.wall()
 
     def _check_membership(self, now: float) -> None:
         """Tell the cluster when the reachable set or an incarnation changed (not on a refresh)."""
@@ -300,7 +294,6 @@ class PeerLinks:
         key = (tuple(live), tuple(sorted(incs.items())))
         if key != self._membership:
             self._membership = key
-            self._wall()
             self.cluster.membership(live, incs, now)
 
     # -- once per loop iteration, and on the timer --------------------------------------------------
@@ -318,7 +311,6 @@ class PeerLinks:
     def tick(self, now: float) -> list[tuple[str, str]]:
         """The timers of the cluster and the engine; (node, address) pairs to dial when
         ``connect_all`` (nodes with a larger id that we have no link to: they do not dial us)."""
-        self._wall()
         self._check_membership(now)
         self.cluster.tick(now)
         self.cluster.flush()

@@ -6,7 +6,8 @@ each queues it; only the node the client is connected to sends to the client.
 That node tells the other holders which messages are settled. This module
 gives the session what that needs: entries known by message id (origin, seq),
 tombstones of settled ids, a hook for every settlement, and snapshots that can
-be merged. The protocol around it is in ``mesh/cluster.py``.
+be merged (their wire form is in ``mesh/cluster_wire.py``). The protocol around it is in
+``mesh/handover.py``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..message import Message
 from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from .cluster_values import Snapshot, SnapshotEntry
 
 if TYPE_CHECKING:
     from ..flow import Congestion
@@ -47,13 +49,11 @@ else:
 class _Replicated(_SessionPart):
     """Mixed in before Session/DurableSession: keeps every entry findable by message id."""
 
-    replicated = True
-
     def _init_replication(self) -> None:
-        self.ids: dict[tuple, Entry] = {}
-        self.done: OrderedDict[tuple, None] = OrderedDict()
+        self.ids: dict[tuple[str, int], Entry] = {}  # (origin, seq) -> its entry
+        self.done: OrderedDict[tuple[str, int], None] = OrderedDict()  # settled ids, oldest first
         # hook(session, key, state, packet_id): "sent", "rel", "done"
-        self.on_settled: Callable[[_Replicated, tuple, str, int], None] | None = None
+        self.on_settled: Callable[[_Replicated, tuple[str, int], str, int], None] | None = None
         self.active_node: str | None = None
         self.epoch = 0
         self.subs_version = 0
@@ -62,13 +62,13 @@ class _Replicated(_SessionPart):
     def replica(self) -> _Replicated:
         return self
 
-    def _remember_done(self, key: tuple) -> None:
+    def _remember_done(self, key: tuple[str, int]) -> None:
         done = self.done
         done[key] = None
         if len(done) > TOMBSTONES:
             done.popitem(last=False)
 
-    def deliver(self, msg, qos: int, retain: bool = False) -> None:
+    def deliver(self, msg: Message, qos: int, retain: bool = False) -> None:
         if not retain:  # a retained copy is a re-send by design, never a duplicate
             key = (msg.origin, msg.seq)
             if key in self.ids or key in self.done:
@@ -109,7 +109,7 @@ class _Replicated(_SessionPart):
 
     # -- what other holders tell us ----------------------------------------------
 
-    def settle(self, key: tuple, state: str, pid: int) -> None:
+    def settle(self, key: tuple[str, int], state: str, pid: int) -> None:
         """Another holder (the one the client is on) settled a message."""
         entry = self.ids.get(key)
         if state == "done":
@@ -164,7 +164,7 @@ class ReplicaSessions(Sessions):
         limits: Limits,
         journal: JournalPort,
         congestion: Congestion | None,
-        on_settled: Callable[[_Replicated, tuple, str, int], None],
+        on_settled: Callable[[_Replicated, tuple[str, int], str, int], None],
         on_sent: SentHook | None = None,
     ):
         super().__init__(limits, journal, congestion, on_sent)
@@ -184,95 +184,93 @@ class ReplicaSessions(Sessions):
 # --------------------------------------------------------------------------- snapshots
 
 
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def snapshot(session) -> dict:
-    """The session's state as a JSON-able dict (what a holder sends another)."""
+def snapshot(session: _Replicated) -> Snapshot:
+    """The session's state, as a holder sends it to another (mesh/cluster_wire.py)."""
     entries = []
     for entry in list(session.inflight.values()) + list(session.queue):
         if entry.retain:
             continue  # retained copies are re-sent from the retained store, not carried
         m = entry.msg
+        payload = base64.b64encode(m.payload).decode()
         entries.append(
-            [
+            SnapshotEntry(
                 m.origin,
                 m.seq,
                 m.topic,
-                _b64(m.payload),
+                payload,
                 m.qos,
                 entry.qos,
                 entry.packet_id,
                 entry.state,
                 m.publisher,
                 m.timestamp,
-            ]
+            )
         )
-    return {
-        "cid": session.client_id,
-        "subs": dict(session.subscriptions),
-        "subs_version": session.subs_version,
-        "entries": entries,
-        "done": [list(k) for k in list(session.done)[-5000:]],
-        "rel": sorted(session.awaiting_rel),
-        "active": session.active_node,
-        "epoch": session.epoch,
-    }
+    return Snapshot(
+        session.client_id,
+        dict(session.subscriptions),
+        session.subs_version,
+        entries,
+        list(session.done)[-5000:],
+        sorted(session.awaiting_rel),
+        session.active_node,
+        session.epoch,
+    )
 
 
-def merge_snapshots(snaps: list[dict]) -> dict | None:
+def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     """Union of several holders' views: an id settled anywhere is settled; furthest state wins."""
-    snaps = [s for s in snaps if s]
     if not snaps:
         return None
-    done: set[tuple] = set()
+    done: set[tuple[str, int]] = set()
     for s in snaps:
-        done.update(tuple(k) for k in s["done"])
-    best: dict[tuple, list] = {}
-    order: list[tuple] = []
+        done.update(s.done)
+    best: dict[tuple[str, int], SnapshotEntry] = {}
+    order: list[tuple[str, int]] = []
     for s in snaps:
-        for e in s["entries"]:
-            key = (e[0], e[1])
+        for e in s.entries:
+            key = (e.origin, e.seq)
             if key in done:
                 continue
             have = best.get(key)
             if have is None:
                 best[key] = e
                 order.append(key)
-            elif e[7] > have[7]:
+            elif e.state > have.state:
                 best[key] = e
-    subs_from = max(snaps, key=lambda s: (s["subs_version"], s["epoch"]))
-    rel = set()
+    subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
+    rel: set[int] = set()
     for s in snaps:
-        rel.update(s["rel"])
+        rel.update(s.rel)
     # in flight first (in packet-id send order), then queued, each in arrival order
     entries = [best[k] for k in order]
-    entries.sort(key=lambda e: 0 if e[7] else 1)
-    return {
-        "cid": snaps[0]["cid"],
-        "subs": subs_from["subs"],
-        "subs_version": subs_from["subs_version"],
-        "entries": entries,
-        "done": [list(k) for k in done],
-        "rel": sorted(rel),
-        "active": subs_from["active"],
-        "epoch": max(s["epoch"] for s in snaps),
-    }
+    entries.sort(key=lambda e: 0 if e.state else 1)
+    return Snapshot(
+        snaps[0].cid,
+        subs_from.subs,
+        subs_from.subs_version,
+        entries,
+        # (a set's order, as before issue 14: it depends on the hash seed, which decides
+        # which ids are kept only when there are more than the snapshot and TOMBSTONES keep)
+        list(done),
+        sorted(rel),
+        subs_from.active,
+        max(s.epoch for s in snaps),
+    )
 
 
-def install(session, snap: dict) -> None:
+def install(session: _Replicated, snap: Snapshot) -> None:
     """Replace the session's messages with the snapshot's (subscriptions are the caller's job)."""
     base = super(_Replicated, session)  # storage only: these are not settlements
     for entry in list(session.inflight.values()) + list(session.queue):
-        base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method: super() of an untyped session)
+        base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method, reached past _Replicated)
     session.inflight.clear()
     session.queue.clear()
     session.ids.clear()
-    for key in snap["done"]:
-        session._remember_done(tuple(key))
+    for key in snap.done:
+        session._remember_done(key)
     used = set()
-    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap["entries"]:
+    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap.entries:
         msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts)
         entry = session._new_entry(msg, qos, False)
         if state and pid and pid not in used:
@@ -283,9 +281,9 @@ def install(session, snap: dict) -> None:
             session.queue.append(entry)
         session._stored_put(entry)
     session.awaiting_rel = set()
-    for pid in set(snap["rel"]):
+    for pid in set(snap.rel):
         session.awaiting_rel_add(pid)  # journaled by a DurableMeshSession
-    session.subs_version = max(session.subs_version, snap["subs_version"])
-    session.epoch = max(session.epoch, snap["epoch"])
+    session.subs_version = max(session.subs_version, snap.subs_version)
+    session.epoch = max(session.epoch, snap.epoch)
     if session.inflight:
         session._next_pid = max(session.inflight) % 65535 + 1

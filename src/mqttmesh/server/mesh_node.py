@@ -294,8 +294,9 @@ class MeshNode:
             will_delay=cfg.get("mesh.will_delay"),
             claim_timeout=cfg.get("mesh.claim_timeout"),
         )
-        self.cluster = Cluster(self.node_id, self.incarnation, self.broker, self._unicast, settings)
-        self.cluster.wall = time.time()
+        self.cluster = Cluster(
+            self.node_id, self.incarnation, self.broker, self._unicast, settings, wall_offset=self.broker.wall_offset
+        )
 
     def _unicast(self, dest: str, kind: str, payload: bytes) -> bool:
         return self.gateway.unicast(dest, kind, payload)  # (the Cluster is made before the gateway)
@@ -405,9 +406,6 @@ class MeshNode:
         known = self.dialers.get(address)
         if known is not None:
             known.peer = node
-
-    def wall(self) -> float:
-        return time.time()
 
     # -- writing the links -----------------------------------------------------------------------
 

@@ -154,6 +154,8 @@ class Node:
             self.incarnation = self.store.next_incarnation()
         else:
             self.incarnation = clock_incarnation(time.time())
+        # (before the mesh builds its Cluster: the cluster's wall clock is now + wall_offset)
+        broker.wall_offset = time.time() - self.loop.time()
         if self.mesh is not None:
             self.mesh.prepare()  # sessions restored below must be the mesh's kind
         if self.store is not None:
@@ -170,7 +172,6 @@ class Node:
         # (node, seq) stays unique across restarts: a later start has a larger incarnation
         # (sixteenths of a second), and 2**28 ids per sixteenth of a second is plenty
         broker.seq = self.incarnation << 28
-        broker.wall_offset = time.time() - self.loop.time()
         if self.archive is not None:
             await self.archive.start()  # files are named by node id and incarnation, known by now
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
