@@ -209,7 +209,6 @@ class MeshIO(Protocol):
         """A dialled address belongs to ``node`` (its dialler can yield to a link the other way)."""
 
 
-
 class Log(Protocol):
     """Where the pure mesh logs (a logging.Logger; tests record the lines)."""
 
