@@ -35,7 +35,7 @@ from .codec import (
     MalformedPacket,
     Will,
 )
-from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthError, parse_connect
+from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthError, parse_connect, version_mismatch
 from .message import Message
 
 if TYPE_CHECKING:
@@ -394,9 +394,7 @@ class Channel:
         if peer.version != PEER_PROTOCOL:
             # a rolling upgrade meets an older or newer node: say so, both versions named
             who = peer.node or pkt.client_id.removeprefix("$mesh-")
-            return self._accept(
-                BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {peer.version}, this node {PEER_PROTOCOL}"
-            )
+            return self._accept(BAD_CREDENTIALS, now, version_mismatch(who, peer.version))
         if pkt.client_id != f"$mesh-{peer.node}":
             return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
         if peer.node == self.broker.node_id:

@@ -8,11 +8,12 @@ implementation only has to have the methods. Issue 14 fills this module step by 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .channel import Channel
+    from .mesh.peerauth import ListenerAuth, PeerConnect
     from .message import Message
     from .session import Entry, Session
 
@@ -26,6 +27,10 @@ __all__ = [
     "SessionFactory",
     "ArchivePort",
     "ReadCapture",
+    "PeerPort",
+    "PeerLink",
+    "MeshIO",
+    "Log",
 ]
 
 # A journal batch that must be durable before an acknowledgement goes out; 0: none.
@@ -150,3 +155,65 @@ class ReadCapture(Protocol):
 
     def end(self, wall: float) -> None:
         """The read is over; ``wall``: its wall-clock time, every message's timestamp."""
+
+
+class PeerPort(Protocol):
+    """The mesh, as a Channel of a node that dialled us sees it (mesh/links.py PeerLinks)."""
+
+    certificate_required: bool  # mesh.tls_mutual: a peer CONNECT needs a verified certificate
+
+    def handshake(self, peer: PeerConnect) -> ListenerAuth:
+        """Our half of the peer handshake, with a nonce fresh for this connection."""
+
+    def peer_input(self, channel: Channel, msg: Message, now: float) -> Batch:
+        """A PUBLISH from the peer; the batch its PUBACK waits for."""
+
+    def peer_closed(self, channel: Channel, now: float) -> None: ...
+
+
+class PeerLink(Protocol):
+    """One link to a peer node, whichever side dialled (mesh/links.py InboundLink, the
+    server's PeerClient, a test's in-memory link)."""
+
+    dialer: str  # node id of the side that dialled
+    peer: str  # "" until its hello made it a link
+    proved: str  # the node id its handshake proved
+    handshake_rtt: float | None  # the dialler's SUBSCRIBE/SUBACK round trip (seconds)
+    answers_hello: bool  # True on the listening side: it answers the dialler's hello
+    address: str | None  # the far end, for the log and the status
+
+    def send(self, kind: str, payload: bytes, qos: int) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+    def congestion_key(self) -> Hashable:
+        """What flow control (flow.Congestion) knows this link by when it is congested."""
+
+
+class MeshIO(Protocol):
+    """The pure mesh's calls into the event loop (server/mesh_node.py MeshNode)."""
+
+    def flush_soon(self) -> None:
+        """Call ``PeerLinks.flush(now)`` and write the links at the end of this loop iteration."""
+
+    def flush_now(self) -> None:
+        """FLUSH_EVERY messages were routed: send and write them now, without waiting."""
+
+    def write_clients_now(self) -> None:
+        """A link read brought many batches: write the local clients now."""
+
+    def nonce(self) -> bytes:
+        """NONCE_BYTES fresh random bytes."""
+
+    def learned(self, address: str, node: str) -> None:
+        """A dialled address belongs to ``node`` (its dialler can yield to a link the other way)."""
+
+
+class Log(Protocol):
+    """Where the pure mesh logs (a logging.Logger; tests record the lines)."""
+
+    def info(self, msg: str, *args: object) -> None: ...
+
+    def warning(self, msg: str, *args: object) -> None: ...
+
+    def exception(self, msg: str, *args: object) -> None: ...

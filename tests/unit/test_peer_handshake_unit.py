@@ -11,7 +11,7 @@ import pytest
 
 from mqttmesh.channel import CLOSED, CONNECTED, PEER_AUTH, TRANSITIONS
 from mqttmesh.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT, PINGREQ, PUBLISH, SUBSCRIBE
-from mqttmesh.mesh.client import LinkClient
+from mqttmesh.mesh.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused
 from mqttmesh.mesh.peerauth import DiallerAuth, ListenerAuth, parse_connect
 from support import mqttraw
 from support.frames import Net, out, split_frames, v1_token
@@ -80,7 +80,7 @@ def test_right_proof_makes_the_link_ready_and_ours_goes_out_first():
     client.publish(b"$mesh/from/a/fwd", b"queued", 1)
     challenge = challenge_for()
     events = client.receive_data(mqttraw.publish("$mesh/to/a/auth", challenge), 0.01)
-    assert events == [("ready", pytest.approx(0.002))]
+    assert events == [Ready(pytest.approx(0.002))]
     assert (client.peer, client.peer_incarnation, client.state) == ("b", 9, "ready")
     frames = split_frames(client.data_to_send())
     assert frames[0].type == PUBLISH and frames[0].qos == 0
@@ -88,7 +88,7 @@ def test_right_proof_makes_the_link_ready_and_ours_goes_out_first():
     assert (frames[1].topic, frames[1].payload, frames[1].qos) == ("$mesh/from/a/fwd", b"queued", 1)
     # then messages flow as before
     events = client.receive_data(mqttraw.publish("$mesh/to/a/hello", b"{}", 1, pid=5), 0.02)
-    assert events == [("message", "$mesh/to/a/hello", b"{}")]
+    assert events == [Received("$mesh/to/a/hello", b"{}")]
     assert client.data_to_send() == mqttraw.puback(5)
 
 
@@ -108,7 +108,7 @@ def test_unacknowledged_messages_are_resent_only_after_the_proof():
     assert client.data_to_send() == mqttraw.subscribe(1, ("$mesh/to/a/#", 1))
     # the challenge of the previous connection is refused on this one
     events = client.receive_data(mqttraw.publish("$mesh/to/a/auth", challenge_for()), 1.01)
-    assert events[0][0] == "auth_failed"
+    assert isinstance(events[0], AuthFailed)
     assert client.data_to_send() == b""
 
 
@@ -127,7 +127,7 @@ def test_wrong_or_missing_proof_fails_and_nothing_is_sent(packet, why):
     client = connected(link())
     client.publish(b"$mesh/from/a/fwd", b"m", 1)
     events = client.receive_data(packet(), 0.01)
-    assert len(events) == 1 and events[0][0] == "auth_failed" and why in events[0][1], events
+    assert len(events) == 1 and isinstance(events[0], AuthFailed) and why in events[0].reason, events
     assert client.state == "refused"
     assert client.data_to_send() == b""
     assert client.peer is None
@@ -137,14 +137,14 @@ def test_publish_before_suback_is_a_protocol_error():
     client = link()
     client.connection_made(0.0, ND)
     events = client.receive_data(CONNACK_0 + mqttraw.publish("$mesh/to/a/auth", challenge_for()), 0.0)
-    assert events[0][0] == "protocol_error"
+    assert isinstance(events[0], ProtocolError)
     assert client.state == "refused"
 
 
 def test_refusal_codes_are_reported():
     client = link()
     client.connection_made(0.0, ND)
-    assert client.receive_data(b"\x20\x02\x00\x04", 0.0) == [("refused", 4)]
+    assert client.receive_data(b"\x20\x02\x00\x04", 0.0) == [Refused(4)]
     assert client.state == "refused"
 
 
@@ -408,5 +408,5 @@ def test_linkclient_and_channel_complete_the_handshake_over_a_byte_pipe(net):
     for step in range(6):  # bytes go back and forth until both are quiet
         ch.receive_data(client.data_to_send(), step / 100)
         events += client.receive_data(ch.data_to_send(), step / 100)
-    assert [e[0] for e in events] == ["ready"]
+    assert [type(e) for e in events] == [Ready]
     assert client.peer == "b" and ch.is_peer and ch.peer_node == "a" and ch.state == CONNECTED
