@@ -2,7 +2,10 @@
 
 Pure: bytes and times in, bytes and requests out. It leaves to its caller (the
 *owner*, the I/O layer: ``ports.Owner``) the socket, the timers, and slow password
-checks, and to the broker the randomness of auto ClientIds.
+checks, and to the broker the randomness of auto ClientIds. In a mesh it is given, at
+construction, the peer links (``peers``, a ports.PeerPort: mesh/links.py) for a node
+that dials us, and the mesh-wide ClientIds (``claims``, a ports.ClaimPort:
+mesh/cluster.py) for a client; both are None outside a mesh.
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
 protocol violation, refused with the statement of the standard it breaks.
@@ -39,7 +42,7 @@ from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthE
 from .message import Message
 
 if TYPE_CHECKING:
-    from .ports import Batch, Owner, ReadCapture
+    from .ports import Batch, ClaimPort, Owner, PeerPort, ReadCapture
     from .session import Session
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
@@ -105,12 +108,26 @@ class Channel:
         "_peer_auth",
         "_peer_filter",
         "certified",
+        "peers",
+        "claims",
         "__weakref__",
     )
 
-    def __init__(self, broker, owner: Owner, peer: str, now: float, certified: bool = False):
+    def __init__(
+        self,
+        broker,
+        owner: Owner,
+        peer: str,
+        now: float,
+        certified: bool = False,
+        *,
+        peers: PeerPort | None = None,
+        claims: ClaimPort | None = None,
+    ):
         self.broker = broker
         self.owner = owner
+        self.peers = peers  # None: no mesh, a peer's CONNECT is refused
+        self.claims = claims  # None: no mesh, the Broker alone opens the session
         self.peer = peer
         self.certified = certified  # the TLS client certificate verified (mesh.tls_mutual)
         self.state = AWAIT_CONNECT
@@ -275,9 +292,11 @@ class Channel:
         """The network connection is gone (either side closed it)."""
         if self.state is not CLOSED:
             self.close_reason = self.close_reason or "connection lost"
-            self._end(publish_will=not self.clean_disconnect)
+            self._end(publish_will=not self.clean_disconnect, now=now)
 
-    def _end(self, publish_will: bool) -> None:
+    def _end(self, publish_will: bool, now: float | None = None) -> None:
+        """``now``: when the connection was lost; a close from this side (``close``, which
+        has no clock) counts as of the channel's last read."""
         self._read = None  # the will is no packet of the read being captured
         was_connected = self.state is CONNECTED
         self.state = CLOSED
@@ -287,14 +306,14 @@ class Channel:
         session = self.session
         if session is not None and session.channel is self:
             broker.close_session(session)
-        if self.is_peer and was_connected and broker.mesh is not None:
-            broker.mesh.peer_closed(self)
-        if was_connected and broker.cluster is not None and not self.is_peer:
-            broker.cluster.disconnected(self, self.last_rx)
+        if self.is_peer and was_connected and self.peers is not None:
+            self.peers.peer_closed(self, self.last_rx if now is None else now)
+        if was_connected and self.claims is not None and not self.is_peer:
+            self.claims.disconnected(self, self.last_rx)
         if publish_will and was_connected and self.will is not None:
             will, self.will = self.will, None
             broker.stats.wills_published += 1
-            self._publish(Message(will.topic, will.payload, will.qos, will.retain), self.last_rx)  # [MQTT-3.1.2-16/17]
+            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx)  # [MQTT-3.1.2-16/17]
         self.will = None  # [MQTT-3.1.2-10]
 
     # -- CONNECT -------------------------------------------------------------------------------
@@ -344,11 +363,11 @@ class Channel:
             # [MQTT-3.1.3-6]: a unique ClientId of our own making
             self.client_id = f"auto-{self.broker.node_id}-{self.broker.random_hex(6)}"
         broker = self.broker
-        if broker.cluster is not None and not self.is_peer:
+        if self.claims is not None and not self.is_peer:
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
             # the id and gathers the session, then calls claimed() (mesh/cluster.py)
             self.state = CLAIMING
-            broker.cluster.connect(self, self.client_id, pkt.clean_session, self.will, now)
+            self.claims.connect(self, self.client_id, pkt.clean_session, self.will, now)
             return
         mark = broker.journal.mark()
         session, present = broker.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
@@ -363,6 +382,13 @@ class Channel:
         self.owner.connected(self)
         if not self._processing:
             self._process(now)  # packets that arrived behind the CONNECT
+
+    def refused(self, rc: int, reason: str, now: float) -> None:
+        """The mesh could not claim the ClientId for this connection: CONNACK ``rc``, close.
+        (No claim fails yet; issue 15's fencing will refuse with 0x03, server unavailable.)"""
+        if self.state is not CLAIMING:
+            return
+        self._refuse(rc, reason)
 
     def _connected(self, session: Session, present: bool, now: float, batch: Batch = 0) -> None:
         self.state = CONNECTED
@@ -384,7 +410,7 @@ class Channel:
     # -- a peer node's CONNECT: the listening side of mesh/peerauth.py ------------------------
 
     def _on_peer_connect(self, pkt: codec.Connect, now: float) -> None:
-        mesh = self.broker.mesh
+        mesh = self.peers
         if mesh is None:
             return self._accept(NOT_AUTHORIZED, now, "this node is not part of a mesh")
         try:
@@ -399,7 +425,7 @@ class Channel:
             return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
         if peer.node == self.broker.node_id:
             return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
-        if mesh.peer_certificate_required and not self.certified:
+        if mesh.certificate_required and not self.certified:
             return self._accept(
                 NOT_AUTHORIZED,
                 now,
@@ -409,7 +435,7 @@ class Channel:
         # ClientId is not taken over (that would let anyone close a peer's link) and nothing
         # is routed here until the dialler has proved the secret (_on_peer_proof)
         self.state = PEER_AUTH
-        self._peer_auth = mesh.peer_handshake(peer)
+        self._peer_auth = mesh.handshake(peer)
         old = self.broker.sessions.get(pkt.client_id)
         present = old is not None and not old.clean and not pkt.clean_session  # as open_session will say
         self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))
@@ -460,11 +486,11 @@ class Channel:
     def _on_publish(self, pkt: codec.Publish, now: float) -> None:
         qos = pkt.qos
         if qos == 0:
-            self._publish(Message(pkt.topic, pkt.payload, 0, pkt.retain), now)
+            self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now)
             return
         pid: int = pkt.packet_id  # type: ignore[assignment]  # (QoS 1 or 2: the decoder read an id)
         if qos == 1:
-            batch = self._publish(Message(pkt.topic, pkt.payload, 1, pkt.retain), now)
+            batch = self._publish(pkt.topic, pkt.payload, 1, pkt.retain, now)
             if not batch and not self._held:
                 self.write(_ack(_PUBACK, pid))
             else:
@@ -480,16 +506,16 @@ class Channel:
             return
         if len(awaiting) >= session.limits.max_awaiting_rel:
             raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
-        batch = self._publish(Message(pkt.topic, pkt.payload, 2, pkt.retain), now)
+        batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
         # a durable session's id is journaled: the PUBREC waits for it, and for the message
         # (the id's batch is the current one, no older than the message's)
         self._send_after(_ack(_PUBREC, pid), session.awaiting_rel_add(pid) or batch)
 
-    def _publish(self, msg: Message, now: float) -> Batch:
-        """Hand a message from this client (or its will) to the broker; the journal batch to wait for."""
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Batch:
+        """Hand a message from this client (or its will) to the broker; the journal batch to wait for.
+        (The Message is made whole once it is allowed: origin, number, publisher, timestamp.)"""
         broker = self.broker
         broker.stats.messages_received += 1
-        topic = msg.topic
         auth = broker.auth
         if (topic[0] == "$" and not self.is_peer) or (
             not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
@@ -499,15 +525,12 @@ class Channel:
             if self._read is not None:
                 self._read.skip()
             return 0
-        msg.origin = broker.node_id
-        seq = broker.seq + 1
-        broker.seq = msg.seq = seq
-        msg.publisher = self.client_id
-        msg.timestamp = now + broker.wall_offset
+        seq = next(broker.seqs)
+        msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
         congestion = broker.congestion
         congestion.hit = False  # only what this message reaches counts
         if self.is_peer and topic.startswith("$mesh/"):
-            batch = broker.mesh.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
+            batch = self.peers.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
             congestion = broker.congestion
             if congestion.hit:
                 congestion.hit = False
