@@ -116,6 +116,13 @@ class Net:
         self.peers = peers  # the Channels' PeerPort (a mesh node), None: none
         self.claims = claims  # the Channels' ClaimPort
 
+    @classmethod
+    def of(cls, core) -> Net:
+        """The channels of an assembled node (assembly.build_core), made by the core."""
+        net = cls.__new__(cls)
+        net.broker, net.owner, net.peers, net.claims = core.broker, Recorder(), core.links, core.cluster
+        return net
+
     def channel(self, now: float = 0.0, peer: str = "peer"):
         from mqttmesh.channel import Channel
 
