@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .auth import Auth
 from .flow import Congestion
@@ -21,6 +22,7 @@ from .message import Message
 from .ports import (
     ArchivePort,
     Batch,
+    ClaimingChannel,
     JournalPort,
     MeshPort,
     RandomHex,
@@ -31,6 +33,9 @@ from .ports import (
 from .session import Limits, Session, Sessions
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie, SubscriptionTrie
+
+if TYPE_CHECKING:
+    from .channel import Channel
 
 __all__ = ["Broker", "BrokerPorts", "BrokerSettings", "Stats", "counting_hex"]
 
@@ -94,7 +99,7 @@ class Stats:
     ended_queue_full: int
     ended_slow_qos0: int
 
-    def __init__(self):
+    def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
 
@@ -158,7 +163,7 @@ class Broker:
         # a later start of this node exceeds (its incarnation)
         self.seqs = itertools.count(seq_base + 1)
         self.wall_offset = wall_offset  # wall-clock time minus the caller's clock
-        self.held_ack_channels: set = set()  # channels waiting for a journal commit
+        self.held_ack_channels: set[Channel] = set()  # channels waiting for a journal commit
         if ports.congestion is not None:
             self.congestion = ports.congestion
         else:
@@ -184,7 +189,9 @@ class Broker:
 
     # -- sessions -------------------------------------------------------------------
 
-    def open_session(self, channel, client_id: str, clean: bool, durable: bool = True) -> tuple[Session, bool]:
+    def open_session(
+        self, channel: ClaimingChannel, client_id: str, clean: bool, durable: bool = True
+    ) -> tuple[Session, bool]:
         """Take over ``client_id`` for ``channel``; (session, session_present).
 
         ``durable=False`` keeps even a CleanSession=0 session in memory (peer links:

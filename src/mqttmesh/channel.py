@@ -42,6 +42,7 @@ from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthE
 from .message import Message
 
 if TYPE_CHECKING:
+    from .broker import Broker
     from .ports import Batch, ClaimPort, Owner, PeerPort, ReadCapture
     from .session import Session
 
@@ -115,7 +116,7 @@ class Channel:
 
     def __init__(
         self,
-        broker,
+        broker: Broker,
         owner: Owner,
         peer: str,
         now: float,
@@ -374,7 +375,7 @@ class Channel:
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
         self._connected(session, present, now, broker.journal.since(mark))
 
-    def claimed(self, session, present: bool, now: float) -> None:
+    def claimed(self, session: Session, present: bool, now: float) -> None:
         """The mesh claimed the ClientId for this connection and has its session ready."""
         if self.state is not CLAIMING:
             return
@@ -550,23 +551,23 @@ class Channel:
                 congestion.pause(self, now)  # read no more from this publisher for now (flow.py)
         return batch
 
-    def _on_pubrel(self, pkt, now: float) -> None:
+    def _on_pubrel(self, pkt: codec.PubRel, now: float) -> None:
         batch = self.session.awaiting_rel_remove(pkt.packet_id)
         self._send_after(_ack(_PUBCOMP, pkt.packet_id), batch)  # [MQTT-4.3.3-2]
 
     # -- acknowledgements, server to client messages --------------------------------------
 
-    def _on_puback(self, pkt, now: float) -> None:
+    def _on_puback(self, pkt: codec.PubAck, now: float) -> None:
         self.session.on_puback(pkt.packet_id)
 
-    def _on_pubrec(self, pkt, now: float) -> None:
+    def _on_pubrec(self, pkt: codec.PubRec, now: float) -> None:
         journal = self.broker.journal
         mark = journal.mark()
         self.session.on_pubrec(pkt.packet_id)
         # after a crash the PUBLISH must not be re-sent once its PUBREL went out [MQTT-4.3.3-1]
         self._send_after(_ack(_PUBREL, pkt.packet_id), journal.since(mark))
 
-    def _on_pubcomp(self, pkt, now: float) -> None:
+    def _on_pubcomp(self, pkt: codec.PubComp, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------
@@ -574,7 +575,7 @@ class Channel:
     def _on_subscribe(self, pkt: codec.Subscribe, now: float) -> None:
         broker = self.broker
         auth = broker.auth
-        session = self.session
+        session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
         journal = broker.journal
         mark = journal.mark()
         codes = []
@@ -603,14 +604,15 @@ class Channel:
         broker = self.broker
         journal = broker.journal
         mark = journal.mark()
+        session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
         for topic_filter in pkt.filters:  # [MQTT-3.10.4-6]
-            broker.unsubscribe(self.session, topic_filter)
+            broker.unsubscribe(session, topic_filter)
         self._send_after(_ack(0xB0, pkt.packet_id), journal.since(mark))  # even if nothing matched [MQTT-3.10.4-5]
 
-    def _on_pingreq(self, pkt, now: float) -> None:
+    def _on_pingreq(self, pkt: codec.PingReq, now: float) -> None:
         self.write(_PINGRESP)  # [MQTT-3.12.4-1]
 
-    def _on_disconnect(self, pkt, now: float) -> None:
+    def _on_disconnect(self, pkt: codec.Disconnect, now: float) -> None:
         self.will = None  # [MQTT-3.14.4-3]
         self.clean_disconnect = True
         self.close_reason = "client sent DISCONNECT"

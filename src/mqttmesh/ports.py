@@ -221,6 +221,7 @@ class ClaimingChannel(Protocol):
     """A client's Channel as the cluster answers it (channel.Channel)."""
 
     client_id: str
+    peer: str  # the client's address, for the log line of a takeover
 
     @property
     def claiming(self) -> bool:
