@@ -261,28 +261,30 @@ class Channel:
 
     def tick(self, now: float) -> None:
         if self.state is AWAIT_CONNECT and now >= self.opened_at + self.broker.settings.connect_timeout:
-            self.close("no CONNECT within the connect timeout")
+            self.close("no CONNECT within the connect timeout", now)
         elif self.state is PEER_AUTH and now >= self.opened_at + self.broker.settings.connect_timeout:
             self.broker.stats.connections_refused += 1
             self.close(
                 f"peer {self._peer_auth.handshake.dialler!r} did not prove the cluster secret "
-                f"within the connect timeout"
+                f"within the connect timeout",
+                now,
             )
         elif self.state is CONNECTED and self.keepalive and now >= self.last_rx + 1.5 * self.keepalive:
             if self in self.broker.congestion.paused:
                 # we stopped reading this publisher (flow.py): its silence is ours, not its
                 self.last_rx = now
                 return
-            self.close(f"keepalive: nothing received for 1.5 x {self.keepalive}s")  # [MQTT-3.1.2-24]
+            self.close(f"keepalive: nothing received for 1.5 x {self.keepalive}s", now)  # [MQTT-3.1.2-24]
 
     # -- closing ---------------------------------------------------------------------------------
 
-    def close(self, reason: str) -> None:
-        """End the connection from the server side; the will is published [MQTT-3.1.2-8]."""
+    def close(self, reason: str, now: float | None = None) -> None:
+        """End the connection from the server side; the will is published [MQTT-3.1.2-8].
+        ``now``: the caller's time, when it has one (else the channel's last read)."""
         if self.state is CLOSED:
             return
         self.close_reason = reason
-        self._end(publish_will=True)
+        self._end(publish_will=True, now=now)
         self.owner.close(self, reason)
 
     def kick(self, reason: str) -> None:
@@ -296,8 +298,8 @@ class Channel:
             self._end(publish_will=not self.clean_disconnect, now=now)
 
     def _end(self, publish_will: bool, now: float | None = None) -> None:
-        """``now``: when the connection was lost; a close from this side (``close``, which
-        has no clock) counts as of the channel's last read."""
+        """``now``: when the connection was lost or closed; a close from this side whose
+        caller has no time counts as of the channel's last read."""
         self._read = None  # the will is no packet of the read being captured
         was_connected = self.state is CONNECTED
         self.state = CLOSED

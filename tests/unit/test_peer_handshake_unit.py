@@ -187,6 +187,7 @@ class FakeMesh:
 
     def peer_closed(self, channel, now):
         self.closed.append(channel)
+        self.closed_at = now
 
 
 @pytest.fixture
@@ -250,6 +251,32 @@ def test_right_proof_makes_a_peer_and_what_follows_is_peer_traffic(net):
     assert net.peers.inputs == [("a", "$mesh/from/a/hello", b"{}")]  # the proof is not a message
     assert out(ch)[0].body == b"\x00\x01"  # PUBACK of the hello
     assert net.owner.closes == []
+
+
+def peer(net, now=0.0):
+    ch, challenge = challenged(net, now)
+    ch.receive_data(mqttraw.publish("$mesh/from/a/auth", proof_for(challenge)), now)
+    assert ch.state == CONNECTED and ch.is_peer
+    return ch
+
+
+def test_a_peer_link_ended_by_keepalive_goes_down_at_the_time_of_the_tick(net):
+    # (the engine dates the link's end, and its new router advertisement, by that time)
+    ch = peer(net, 0.1)
+    ch.tick(3.5)  # keepalive 2 s: nothing read for more than 1.5 x 2 s
+    assert net.peers.closed == [ch] and net.peers.closed_at == 3.5
+
+
+def test_a_peer_link_the_node_resets_goes_down_at_the_time_it_gives(net):
+    ch = peer(net, 0.1)
+    ch.close("slow consumer", 7.0)
+    assert net.peers.closed == [ch] and net.peers.closed_at == 7.0
+
+
+def test_a_peer_link_lost_goes_down_at_the_time_of_the_loss(net):
+    ch = peer(net, 0.1)
+    ch.connection_lost(2.5)
+    assert net.peers.closed == [ch] and net.peers.closed_at == 2.5
 
 
 @pytest.mark.parametrize(

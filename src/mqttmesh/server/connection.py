@@ -254,7 +254,7 @@ class Connection(asyncio.Protocol):
         self._reset = True
         channel = self.channel
         if channel is not None and channel.state != "closed":
-            channel.close(reason)
+            channel.close(reason, self._loop.time())
         else:
             _reset(self.transport)
 
