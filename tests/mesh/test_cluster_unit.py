@@ -16,8 +16,10 @@ from collections import deque
 
 import pytest
 
-from mqttmesh.broker import Broker, BrokerSettings
-from mqttmesh.mesh.cluster import HANDLERS, Cluster, ClusterSettings
+from mqttmesh.auth import Auth
+from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+from mqttmesh.flow import Congestion
+from mqttmesh.mesh.cluster import HANDLERS, Cluster, ClusterSettings, cluster_parts
 from mqttmesh.mesh.cluster_values import (
     ClusterWireError,
     Forwarded,
@@ -52,8 +54,11 @@ from mqttmesh.mesh.cluster_wire import (
     decode,
 )
 from mqttmesh.mesh.membership import Membership
+from mqttmesh.mesh.replica import ReplicaSessions
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
+from mqttmesh.store import NULL_JOURNAL
+from mqttmesh.topics import RetainedTrie
 
 NAMES = ["a", "b", "c"]
 
@@ -101,6 +106,19 @@ class FakeChannel:
             cluster.disconnected(self, self.net.t)
 
 
+class _Published:
+    """A MeshPort that records the messages published at its node."""
+
+    def __init__(self, out: list[Message]):
+        self.published = out.append
+
+    def filter_added(self, topic_filter: str) -> None:
+        pass
+
+    def filter_removed(self, topic_filter: str) -> None:
+        pass
+
+
 class Net:
     def __init__(self, names=NAMES, settings: ClusterSettings | None = None, wall_offset: float = 1_000_000.0):
         self.t = 0.0
@@ -112,12 +130,19 @@ class Net:
         self.clusters: dict[str, Cluster] = {}
         self.incs = {n: 1 for n in names}
         self.published: dict[str, list[Message]] = {n: [] for n in names}
+        settings = settings or ClusterSettings()
         for n in names:
-            broker = Broker(BrokerSettings(node_id=n))
-            broker.on_publish.append(self.published[n].append)
-            self.brokers[n] = broker
+            # wired as assembly.build_core wires a mesh node, with an instant network for
+            # the engine and a MeshPort that records what was published here
             send = self._sender(n)
-            self.clusters[n] = Cluster(n, 1, broker, send, settings or ClusterSettings(), wall_offset=wall_offset)
+            trie, auth, bsettings = RetainedTrie(), Auth(), BrokerSettings(node_id=n)
+            congestion = Congestion(bsettings.slow_consumer_timeout, bsettings.backpressure_timeout)
+            parts = cluster_parts(n, 1, send, trie, NULL_JOURNAL, auth, settings, wall_offset)
+            sessions = ReplicaSessions(bsettings.limits, NULL_JOURNAL, congestion, parts.replication.on_settled)
+            ports = BrokerPorts(sessions, congestion, _Published(self.published[n]), parts.retained, parts.replication)
+            broker = Broker(bsettings, auth, None, ports, retained_trie=trie)
+            self.brokers[n] = broker
+            self.clusters[n] = Cluster(n, 1, broker, send, parts, settings, wall_offset)
         self.membership()
 
     def _sender(self, frm: str):

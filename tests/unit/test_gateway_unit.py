@@ -39,6 +39,8 @@ class Engine:
 
 
 class Broker:
+    """What the gateway shares with the Broker, given to both at construction."""
+
     def __init__(self):
         self.wall_offset = 1_000.0
         self.congestion = Congestion()
@@ -66,7 +68,7 @@ class Link:
 
 def gateway(routes=True, links=None):
     engine, broker, io = Engine(routes), Broker(), IO()
-    return MeshGateway(engine, broker, links or {}, io), engine, broker, io
+    return MeshGateway(engine, broker.congestion, broker.wall_offset, links or {}, io), engine, broker, io
 
 
 def msg(topic, timestamp=1_005.0):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from mqttmesh.broker import BrokerPorts, BrokerSettings
+from mqttmesh.flow import Congestion
 from mqttmesh.mesh.actions import Inbound, Send, Unicast
 from mqttmesh.mesh.engine import MeshEngine
 from mqttmesh.mesh.gateway import MeshGateway
@@ -126,24 +128,25 @@ class MemLink:
 
 
 class Node:
-    """A Broker, a MeshEngine, a PeerLinks and a MeshGateway, wired as mesh_node.py does."""
+    """A Broker, a MeshEngine, a PeerLinks and a MeshGateway, wired as assembly.build_core
+    does (with a fake cluster)."""
 
     def __init__(self, name, journal=None, connect_all=False):
         self.name = name
-        self.net = Net(node_id=name, journal=journal)
-        self.broker = self.net.broker
         self.engine = MeshEngine(name, 1, [f"{name}.example:1883"])
         self.engine.start(0.0)
-        self.cluster = Cluster()
         self.io = IO()
         self.log = Log()
+        table = {}
+        congestion = Congestion(BrokerSettings().slow_consumer_timeout, BrokerSettings().backpressure_timeout)
+        self.gateway = MeshGateway(self.engine, congestion, 0.0, table, self.io)
+        self.net = Net(node_id=name, journal=journal, ports=BrokerPorts(congestion=congestion, mesh=self.gateway))
+        self.broker = self.net.broker
+        self.cluster = Cluster()
         self.links = PeerLinks(
-            name, 1, SECRET, self.engine, self.broker, self.cluster, self.io, self.log, connect_all=connect_all
+            name, 1, SECRET, self.engine, table, self.broker, self.cluster, self.io, self.log, connect_all=connect_all
         )
-        self.gateway = MeshGateway(self.engine, self.broker, self.links.links, self.io)
-        self.broker.on_filter_added.append(self.gateway.filter_added)
-        self.broker.on_filter_removed.append(self.gateway.filter_removed)
-        self.broker.on_publish.append(self.gateway.published)
+        self.net.peers = self.links
 
 
 def hello_of(node, rtt_us=None, **fields) -> bytes:
@@ -513,7 +516,7 @@ class Router:
 
 def fake_links(connect_all=False):
     engine, cluster, io, log = FakeEngine(), Cluster(), IO(), Log()
-    links = PeerLinks("b", 1, SECRET, engine, Net(node_id="b").broker, cluster, io, log, connect_all=connect_all)
+    links = PeerLinks("b", 1, SECRET, engine, {}, Net(node_id="b").broker, cluster, io, log, connect_all=connect_all)
     return links, engine, cluster
 
 

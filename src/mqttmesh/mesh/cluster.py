@@ -24,18 +24,19 @@ The pieces, all keyed by rendezvous hashing over the live nodes (membership.py):
   ``replication`` nodes of the topic's ranking, newest version winning; a subscription
   asks those owners (exact filter) or every node (wildcards).
 
-This module is the coordinator: it builds the pieces, decodes every message once at the
-door (cluster_wire.py) and hands it to its handler (``HANDLERS``).
+This module is the coordinator: it builds the registry and the hand-over, decodes every
+message once at the door (cluster_wire.py) and hands it to its handler (``HANDLERS``).
+What the Broker calls (the replicated sessions' Replication, the RetainedOwners) and who
+is alive (Membership) are built before the Broker, by ``cluster_parts``, and given to it.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
-from ..message import Message
 from .cluster_wire import (
     RegClaim,
     RegCopy,
@@ -58,21 +59,20 @@ from .cluster_wire import (
     Wire,
     decode,
 )
-from .handover import ClaimingChannel, HandOver, Redirect
+from .handover import HandOver
 from .membership import Membership
 from .registry import Registry
-from .replica import ReplicaSessions
+from .replica import Redirect, Replication
 from .retained import RetainedOwners
 
 if TYPE_CHECKING:
+    from ..auth import Auth
     from ..broker import Broker
     from ..packets import Will
-    from ..session import Session
+    from ..ports import ClaimingChannel, JournalPort, UnicastPort
+    from ..topics import RetainedTrie
 
-__all__ = ["ClusterSettings", "Cluster", "HANDLERS"]
-
-# (dest, kind, payload) -> reachable now: a unicast over the routing engine
-UnicastFn = Callable[[str, str, bytes], bool]
+__all__ = ["ClusterSettings", "ClusterParts", "Cluster", "HANDLERS", "cluster_parts", "wire_sender"]
 
 
 @dataclass
@@ -87,53 +87,93 @@ class ClusterSettings:
     register_interval: float = 5.0  # local connections re-register with their registrar
 
 
+def wire_sender(send: UnicastPort) -> Callable[[str, Wire], bool]:
+    """A typed cluster message to another node, over ``send`` (dest, kind, payload)."""
+
+    def send_out(dest: str, msg: Wire) -> bool:
+        return send(dest, msg.KIND, msg.encode())
+
+    return send_out
+
+
+class ClusterParts(NamedTuple):
+    """What the Cluster shares with the Broker, built before either (assembly.build_core)."""
+
+    membership: Membership
+    replication: Replication  # the Broker's ReplicationPort; settles for ReplicaSessions
+    retained: RetainedOwners  # the Broker's RetainedPort
+    counters: dict[str, int]  # the cluster's counters (status), shared by all the pieces
+    ids: Iterator[int]  # one counter for connection ids and retained query ids
+
+
+def cluster_parts(
+    node_id: str,
+    incarnation: int,
+    send: UnicastPort,
+    retained_trie: RetainedTrie,
+    journal: JournalPort,
+    auth: Auth,
+    settings: ClusterSettings,
+    wall_offset: float,
+) -> ClusterParts:
+    counters: dict[str, int] = {
+        "claims": 0,
+        "kicks": 0,
+        "wills_published": 0,
+        "sessions_gathered": 0,
+        "redirected": 0,
+        "retained_lookups": 0,
+        "claim_timeouts": 0,
+    }
+    membership = Membership(node_id, incarnation, settings.replication, settings.will_delay)
+    ids = itertools.count(1)
+    send_out = wire_sender(send)
+    replication = Replication(node_id, membership, send_out, counters)
+    retained = RetainedOwners(
+        node_id, membership, retained_trie, journal, auth, send_out, settings, counters, ids, wall_offset
+    )
+    return ClusterParts(membership, replication, retained, counters, ids)
+
+
 class Cluster:
+    """The mesh-wide ClientIds and sessions (a ports.ClaimPort for the Channels)."""
+
     def __init__(
         self,
         node_id: str,
         incarnation: int,
         broker: Broker,
-        send: UnicastFn,
-        settings: ClusterSettings | None = None,
+        send: UnicastPort,
+        parts: ClusterParts,
+        settings: ClusterSettings,
         wall_offset: float = 0.0,
     ):
         self.node_id = node_id
         self.incarnation = incarnation
         self.broker = broker
         self._send_fn = send
-        self.settings = settings = settings or ClusterSettings()
+        self.settings = settings
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
-        self.counters: dict[str, int] = {
-            "claims": 0,
-            "kicks": 0,
-            "wills_published": 0,
-            "sessions_gathered": 0,
-            "redirected": 0,
-            "retained_lookups": 0,
-            "claim_timeouts": 0,
-        }
-        self.members = Membership(node_id, incarnation, settings.replication, settings.will_delay)
-        # one counter for connection ids and retained query ids, as before the split
-        ids = itertools.count(1)
-        counters = self.counters
+        self.counters = counters = parts.counters
+        self.members = parts.membership
+        self.replication = parts.replication
+        self.retained = parts.retained
         self.registry = Registry(node_id, self.members, broker, self._send, counters, wall_offset)
         self.handover = HandOver(
-            node_id, incarnation, self.members, broker, self._send, self._send_out, settings, counters, ids, wall_offset
+            node_id,
+            incarnation,
+            self.members,
+            broker,
+            parts.replication,
+            self._send,
+            self._send_out,
+            settings,
+            counters,
+            parts.ids,
+            wall_offset,
         )
-        self.retained = RetainedOwners(
-            node_id, self.members, broker, self._send, self._send_out, settings, counters, ids, wall_offset
-        )
-        # read by Broker.dispatch for every message: the hand-over's own dict, not a copy
-        self.redirects: dict[str, Redirect] = self.handover.redirects
-        broker.cluster = self
-        # CleanSession=0 sessions are replicated (mesh/replica.py)
-        self.session_factory = broker.session_factory = ReplicaSessions(
-            broker.settings.limits,
-            broker.journal,
-            broker.congestion,
-            self.handover.on_settled,
-            None if broker.archive is None else broker.archive.sent,  # the archive's delivery log
-        )
+        # the Replication's dict, written by the hand-over, read by Broker.dispatch
+        self.redirects: dict[str, Redirect] = parts.replication.targets
 
     # ------------------------------------------------------------------ plumbing
 
@@ -178,26 +218,6 @@ class Cluster:
         """A local connection ended; its will, if due, was published here by the Channel."""
         self.handover.disconnected(channel, now)
 
-    # ------------------------------------------------------------------ the Broker's side
-
-    def subs_changed(self, session: Session) -> None:
-        """The connected client of a replicated session subscribed or unsubscribed."""
-        replica = session.replica
-        if replica is not None:
-            self.handover.subs_changed(replica)
-
-    def delivered_here(self, session: Session, msg: Message) -> None:
-        """Hook: a message reached a local replica whose client just moved elsewhere."""
-        self.handover.delivered_here(session, msg)
-
-    def retain(self, msg: Message) -> None:
-        """A retained message (or an empty one, a deletion) published here [MQTT-3.3.1-5, -10]."""
-        self.retained.retain(msg)
-
-    def retained_lookup(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
-        """Send a new subscription the retained messages matching it, from their owners."""
-        return self.retained.lookup(session, topic_filter, granted, now)
-
     # ------------------------------------------------------------------ input and time
 
     def receive(self, frm: str, kind: str, payload: bytes, now: float) -> None:
@@ -209,7 +229,7 @@ class Cluster:
     def tick(self, now: float) -> None:
         self.handover.expire_claims(now)
         self.retained.expire_lookups(now)
-        self.handover.expire_redirects(now)
+        self.replication.expire(now)
         self.registry.publish_lost_wills(now)
         if now - self.handover.last_register >= self.settings.register_interval:
             self.handover.register_local(now)

@@ -1,7 +1,8 @@
 """The mesh as the local broker sees it: what its subscribers want and what its publishers send.
 
-Pure. The broker calls it (the ``on_filter_added``, ``on_filter_removed`` and
-``on_publish`` hooks today; ports.MeshPort later): ``$`` filters and topics ($SYS,
+Pure. The broker calls it (a ports.MeshPort, given to the Broker's constructor, so it
+holds no Broker: it is built first, with the congestion and the wall offset the Broker
+gets too): ``$`` filters and topics ($SYS,
 $mesh) stay local to each node; everything else is routed by the engine, with the
 publish time on the loop clock. Sends are batched per loop iteration (``MeshIO.flush_soon``)
 but never more than FLUSH_EVERY messages, and a publisher whose messages go out over a
@@ -19,16 +20,23 @@ from .engine import MeshEngine
 from .links import FLUSH_EVERY
 
 if TYPE_CHECKING:
-    from ..broker import Broker
     from ..flow import Congestion
 
 __all__ = ["MeshGateway", "FLUSH_EVERY"]
 
 
 class MeshGateway:
-    def __init__(self, engine: MeshEngine, broker: Broker, links: dict[str, PeerLink], io: MeshIO):
+    def __init__(
+        self,
+        engine: MeshEngine,
+        congestion: Congestion,
+        wall_offset: float,
+        links: dict[str, PeerLink],
+        io: MeshIO,
+    ):
         self.engine = engine
-        self.broker = broker
+        self.congestion = congestion  # the Broker's
+        self.wall_offset = wall_offset  # the Broker's: message timestamps minus the loop clock
         self.links = links  # PeerLinks.links: the current link to each neighbour
         self.io = io
         self.routed = 0  # messages routed since the last send (the I/O resets it as it sends)
@@ -47,9 +55,8 @@ class MeshGateway:
     def published(self, msg: Message) -> None:
         """A message published at this node, after its local dispatch (the hot path)."""
         if msg.topic[0] != "$":
-            broker = self.broker
             # the publish time on our loop clock, without asking the loop for it again
-            if self.engine.route_local(msg, msg.timestamp - broker.wall_offset):
+            if self.engine.route_local(msg, msg.timestamp - self.wall_offset):
                 routed = self.routed + 1
                 self.routed = routed
                 if routed == 1:
@@ -60,8 +67,9 @@ class MeshGateway:
                     # work while this one waits; sending every FLUSH_EVERY keeps both busy
                     self.routed = 0
                     self.io.flush_now()
-            if broker.congestion.reasons:
-                self._check_links(msg, broker.congestion)
+            congestion = self.congestion
+            if congestion.reasons:
+                self._check_links(msg, congestion)
 
     def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
         """A cluster message for node ``dest`` (the Cluster's send); False: unreachable now."""

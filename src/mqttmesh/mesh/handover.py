@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING
 
 from ..message import Message
+from ..ports import ClaimingChannel
 from ..topics import filter_matches
 from .cluster_wire import (
-    Forwarded,
     RegClaim,
     RegGrant,
     RegKick,
@@ -40,47 +40,20 @@ from .cluster_wire import (
     SessSettle,
     SessState,
     SessSubs,
-    Settlement,
     Snapshot,
     WireWill,
 )
 from .membership import Membership
-from .replica import _Replicated, install, merge_snapshots, snapshot
+from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, snapshot
 
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..packets import Will
-    from ..session import Session
     from .cluster import ClusterSettings
 
 __all__ = ["ClaimingChannel", "HandOver", "Claim", "LocalConnection", "Redirect", "CLAIM", "GATHER", "DONE"]
 
 CLAIM, GATHER, DONE = "claim", "gather", "done"
-
-
-class ClaimingChannel(Protocol):
-    """The Channel of a CONNECT the cluster is answering (channel.py)."""
-
-    client_id: str
-
-    @property
-    def claiming(self) -> bool:
-        """Still waiting for ``claimed`` (not closed meanwhile)."""
-
-    def claimed(self, session: Session, present: bool, now: float) -> None:
-        """The ClientId is ours and the session ready: send the CONNACK."""
-
-    def kick(self, reason: str) -> None:
-        """Another connection took the ClientId over [MQTT-3.1.4-2]."""
-
-    def close(self, reason: str) -> None: ...
-
-
-class Redirect(NamedTuple):
-    """A holder's note that a ClientId's client moved to ``node``: forward until ``until``."""
-
-    node: str
-    until: float
 
 
 class Claim:
@@ -136,6 +109,7 @@ class HandOver:
         incarnation: int,
         membership: Membership,
         broker: Broker,
+        replication: Replication,
         send: SendFn,
         send_out: SendOutFn,
         settings: ClusterSettings,
@@ -147,6 +121,7 @@ class HandOver:
         self.incarnation = incarnation
         self.membership = membership
         self.broker = broker
+        self.replication = replication
         self._send = send
         self._send_out = send_out
         self.settings = settings
@@ -155,8 +130,8 @@ class HandOver:
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.local: dict[str, LocalConnection] = {}  # our connected clients
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
-        self.redirects: dict[str, Redirect] = {}  # cid -> where its client went
-        self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders (flush)
+        # cid -> where its client went: the Replication's dict, which Broker.dispatch reads
+        self.redirects: dict[str, Redirect] = replication.targets
         self.last_register = 0.0
 
     # -- connecting -----------------------------------------------------------------------------
@@ -437,21 +412,10 @@ class HandOver:
 
     # -- while the client is here ---------------------------------------------------------
 
-    def on_settled(self, session: _Replicated, key: tuple[str, int], state: str, pid: int) -> None:
-        """A replicated session settled a message (its hook, mesh/replica.py)."""
-        self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid))
-
-    def subs_changed(self, session: _Replicated) -> None:
-        session.subs_version += 1
-        body = SessSubs(session.client_id, session.subs_version, session.subscriptions)
-        for node in self.membership.holders(session.client_id, self.node_id):
-            if node != self.node_id:
-                self._send_out(node, body)
-
     def flush(self) -> None:
         """Tell the holders what was settled since the last flush."""
-        if self._settles:
-            settles, self._settles = self._settles, {}
+        settles = self.replication.take_settles()
+        if settles:
             for cid, items in settles.items():
                 session = self.broker.sessions.get(cid)
                 epoch = session.replica.epoch if session is not None and session.replica is not None else 0
@@ -460,21 +424,6 @@ class HandOver:
                         self._send_out(node, SessSettle(cid, epoch, items))
 
     # -- redirects during a hand-over ---------------------------------------------------------
-
-    def delivered_here(self, session: Session, msg: Message) -> None:
-        """A message reached a local replica whose client just moved elsewhere."""
-        target = self.redirects.get(session.client_id)
-        if target is None:
-            return
-        self.counters["redirected"] += 1
-        payload = base64.b64encode(msg.payload).decode()
-        fwd = Forwarded(msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp)
-        self._send_out(target.node, SessFwd(session.client_id, fwd))
-
-    def expire_redirects(self, now: float) -> None:
-        for cid, (_, until) in list(self.redirects.items()):
-            if now >= until:
-                del self.redirects[cid]
 
     def on_fwd(self, frm: str, m: SessFwd, now: float) -> None:
         self._forwarded(m)

@@ -94,6 +94,7 @@ class PeerLinks:
         incarnation: int,
         secret: bytes,
         engine: MeshEngine,
+        links: dict[str, PeerLink],
         broker: Broker,
         cluster: Cluster,
         io: MeshIO,
@@ -112,7 +113,7 @@ class PeerLinks:
         self.log = log
         self.certificate_required = certificate_required
         self.connect_all = connect_all  # mesh.connect = "all": dial every node we learn of
-        self.links: dict[str, PeerLink] = {}  # peer node -> its current link
+        self.links = links  # peer node -> its current link (shared with the MeshGateway)
         self._inbound: dict[Channel, InboundLink] = {}  # peer channels that published
         self._to_me = f"$mesh/to/{node_id}/"
         self._membership: tuple[tuple[str, ...], tuple[tuple[str, int], ...]] | None = None

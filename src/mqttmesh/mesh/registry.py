@@ -126,9 +126,8 @@ class Registry:
                 self.counters["wills_published"] += 1
                 payload = base64.b64decode(will.payload_b64)
                 wall = now + self.wall_offset
-                msg = Message(will.topic, payload, will.qos, will.retain, self.node_id, 0, cid, wall)
-                msg.seq = self.broker.next_seq()
-                self.broker.publish(msg)
+                seq = self.broker.next_seq()
+                self.broker.publish(Message(will.topic, payload, will.qos, will.retain, self.node_id, seq, cid, wall))
 
     def view(self) -> dict[str, dict[str, Any]]:
         """The ClientIds this node is the first registrar of (for $SYS/mesh/clients)."""

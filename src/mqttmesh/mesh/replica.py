@@ -7,7 +7,8 @@ That node tells the other holders which messages are settled. This module
 gives the session what that needs: entries known by message id (origin, seq),
 tombstones of settled ids, a hook for every settlement, and snapshots that can
 be merged (their wire form is in ``mesh/cluster_wire.py``). The protocol around it is in
-``mesh/handover.py``.
+``mesh/handover.py``; ``Replication`` is the part of it the Broker and the sessions
+call (settlements, subscription changes, redirects), built before both.
 """
 
 from __future__ import annotations
@@ -15,20 +16,25 @@ from __future__ import annotations
 import base64
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..message import Message
 from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
-from .cluster_values import Snapshot, SnapshotEntry
+from .cluster_values import Forwarded, Settlement, Snapshot, SnapshotEntry
+from .cluster_wire import SessFwd, SessSubs, Wire
 
 if TYPE_CHECKING:
     from ..flow import Congestion
     from ..ports import JournalPort, SentHook
+    from .membership import Membership
 
 __all__ = [
     "MeshSession",
     "DurableMeshSession",
     "ReplicaSessions",
+    "Replication",
+    "Redirect",
+    "SettledHook",
     "snapshot",
     "merge_snapshots",
     "install",
@@ -36,6 +42,9 @@ __all__ = [
 ]
 
 TOMBSTONES = 50_000  # settled message ids remembered per session (duplicates suppressed)
+
+# (session, message id, state, packet id) of a settlement: "sent", "rel", "done"
+SettledHook = Callable[["_Replicated", tuple[str, int], str, int], None]
 
 
 # _Replicated is mixed in before Session or DurableSession: a type checker sees it as a Session
@@ -49,11 +58,11 @@ else:
 class _Replicated(_SessionPart):
     """Mixed in before Session/DurableSession: keeps every entry findable by message id."""
 
-    def _init_replication(self) -> None:
+    def _init_replication(self, on_settled: SettledHook | None) -> None:
         self.ids: dict[tuple[str, int], Entry] = {}  # (origin, seq) -> its entry
         self.done: OrderedDict[tuple[str, int], None] = OrderedDict()  # settled ids, oldest first
-        # hook(session, key, state, packet_id): "sent", "rel", "done"
-        self.on_settled: Callable[[_Replicated, tuple[str, int], str, int], None] | None = None
+        # every settlement, for the other holders (Replication.on_settled); None in tests
+        self.on_settled = on_settled
         self.active_node: str | None = None
         self.epoch = 0
         self.subs_version = 0
@@ -144,15 +153,30 @@ class _Replicated(_SessionPart):
 
 
 class MeshSession(_Replicated, Session):
-    def __init__(self, client_id: str, limits: Limits, congestion: Congestion | None = None):
-        Session.__init__(self, client_id, False, limits, congestion)
-        self._init_replication()
+    def __init__(
+        self,
+        client_id: str,
+        limits: Limits,
+        congestion: Congestion | None = None,
+        on_settled: SettledHook | None = None,
+        on_sent: SentHook | None = None,
+    ):
+        Session.__init__(self, client_id, False, limits, congestion, on_sent)
+        self._init_replication(on_settled)
 
 
 class DurableMeshSession(_Replicated, DurableSession):
-    def __init__(self, client_id: str, limits: Limits, journal: JournalPort, congestion: Congestion | None = None):
-        DurableSession.__init__(self, client_id, limits, journal, congestion)
-        self._init_replication()
+    def __init__(
+        self,
+        client_id: str,
+        limits: Limits,
+        journal: JournalPort,
+        congestion: Congestion | None = None,
+        on_settled: SettledHook | None = None,
+        on_sent: SentHook | None = None,
+    ):
+        DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
+        self._init_replication(on_settled)
 
 
 class ReplicaSessions(Sessions):
@@ -164,21 +188,84 @@ class ReplicaSessions(Sessions):
         limits: Limits,
         journal: JournalPort,
         congestion: Congestion | None,
-        on_settled: Callable[[_Replicated, tuple[str, int], str, int], None],
+        on_settled: SettledHook,
         on_sent: SentHook | None = None,
     ):
         super().__init__(limits, journal, congestion, on_sent)
         self.on_settled = on_settled
 
     def restored(self, client_id: str) -> Session:
-        session: MeshSession | DurableMeshSession
         if self.journal.persistent:
-            session = DurableMeshSession(client_id, self.limits, self.journal, self.congestion)
-        else:
-            session = MeshSession(client_id, self.limits, self.congestion)
-        session.on_settled = self.on_settled
-        session.on_sent = self.on_sent
-        return session
+            return DurableMeshSession(
+                client_id, self.limits, self.journal, self.congestion, self.on_settled, self.on_sent
+            )
+        return MeshSession(client_id, self.limits, self.congestion, self.on_settled, self.on_sent)
+
+
+class Redirect(NamedTuple):
+    """A holder's note that a ClientId's client moved to ``node``: forward until ``until``."""
+
+    node: str
+    until: float
+
+
+class Replication:
+    """What the Broker and the replicated sessions tell the other holders of a session
+    (a ports.ReplicationPort): settlements (batched until ``take_settles``), subscription
+    changes, and messages for a client that just moved (``targets``, written by the
+    hand-over, mesh/handover.py). Built before the Broker and the Cluster; it holds
+    neither, only who the holders are (``membership``) and a way to send."""
+
+    def __init__(
+        self,
+        node_id: str,
+        membership: Membership,
+        send_out: Callable[[str, Wire], bool],
+        counters: dict[str, int],
+    ):
+        self.node_id = node_id
+        self.membership = membership
+        self._send_out = send_out
+        self.counters = counters
+        # cid -> where its client went; read by Broker.dispatch for every message
+        self.targets: dict[str, Redirect] = {}
+        self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
+
+    def on_settled(self, session: _Replicated, key: tuple[str, int], state: str, pid: int) -> None:
+        """A replicated session settled a message (its hook)."""
+        self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid))
+
+    def take_settles(self) -> dict[str, list[Settlement]]:
+        """The settlements since the last call, by ClientId (Cluster.flush sends them)."""
+        settles = self._settles
+        if settles:
+            self._settles = {}
+        return settles
+
+    def subs_changed(self, session: Session) -> None:
+        replica = session.replica
+        if replica is None:
+            return
+        replica.subs_version += 1
+        body = SessSubs(replica.client_id, replica.subs_version, replica.subscriptions)
+        for node in self.membership.holders(replica.client_id, self.node_id):
+            if node != self.node_id:
+                self._send_out(node, body)
+
+    def forward(self, session: Session, msg: Message) -> None:
+        """A message reached a local replica whose client just moved elsewhere."""
+        target = self.targets.get(session.client_id)
+        if target is None:
+            return
+        self.counters["redirected"] += 1
+        payload = base64.b64encode(msg.payload).decode()
+        fwd = Forwarded(msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp)
+        self._send_out(target.node, SessFwd(session.client_id, fwd))
+
+    def expire(self, now: float) -> None:
+        for cid, (_, until) in list(self.targets.items()):
+            if now >= until:
+                del self.targets[cid]
 
 
 # --------------------------------------------------------------------------- snapshots

@@ -8,6 +8,11 @@ rebalance if the confirmation never comes. A new subscription asks the owners (a
 filter) or every node (a wildcard) and delivers the newest of each topic once all have
 answered or ``lookup_timeout`` passed [MQTT-3.3.1-6]. A deletion (an empty payload) stays
 as a tombstone for ``tombstone_ttl`` so that an older copy cannot come back [MQTT-3.3.1-10].
+
+The Broker calls it (a ports.RetainedPort) for every non-$ retained message, so it is
+built before the Broker: it shares the Broker's retained trie, journal and auth, and holds
+no Broker. No ret.* message goes to this node itself (lookups take the local items
+directly; retain and rebalance skip this node), so every send is a plain unicast.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..message import Message
-from .cluster_wire import RetAck, RetainedAck, RetainedItem, RetQuery, RetReply, RetSet, SendFn, SendOutFn
+from .cluster_wire import RetAck, RetainedAck, RetainedItem, RetQuery, RetReply, RetSet, SendOutFn
 from .membership import Membership
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ..auth import Auth
+    from ..ports import JournalPort
     from ..session import Session
+    from ..topics import RetainedTrie
     from .cluster import ClusterSettings
 
 __all__ = ["RetainedOwners"]
@@ -48,8 +55,9 @@ class RetainedOwners:
         self,
         node_id: str,
         membership: Membership,
-        broker: Broker,
-        send: SendFn,
+        retained: RetainedTrie,
+        journal: JournalPort,
+        auth: Auth,
         send_out: SendOutFn,
         settings: ClusterSettings,
         counters: dict[str, int],
@@ -58,8 +66,9 @@ class RetainedOwners:
     ):
         self.node_id = node_id
         self.membership = membership
-        self.broker = broker
-        self._send = send
+        self.retained = retained  # the Broker's trie: this node's copies, $SYS too
+        self.journal = journal
+        self.auth = auth
         self._send_out = send_out
         self.settings = settings
         self.counters = counters
@@ -81,36 +90,35 @@ class RetainedOwners:
                 self._out.setdefault(node, []).append(item)
 
     def _store(self, item: RetainedItem) -> None:
-        broker = self.broker
-        have = broker.retained.get(item.topic)
+        have = self.retained.get(item.topic)
         if have is not None and (have.timestamp, have.origin, have.seq) >= (item.ts, item.origin, item.seq):
             return  # we hold a newer one (the newest wins after a split)
         payload = base64.b64decode(item.payload_b64)
         msg = Message(item.topic, payload, item.qos, True, item.origin, item.seq, item.publisher, item.ts)
-        broker.retained.set(item.topic, msg)  # an empty payload stays as a tombstone
-        broker.journal.retained_put(item.topic, msg)
+        self.retained.set(item.topic, msg)  # an empty payload stays as a tombstone
+        self.journal.retained_put(item.topic, msg)
 
     def on_set(self, frm: str, m: RetSet, now: float) -> None:
         """We own these topics (or hold them for an owner): keep the newest, confirm."""
         for item in m.items:
             self._store(item)
-        self._send(frm, RetAck([RetainedAck(i.topic, i.ts, i.origin, i.seq) for i in m.items]), now)
+        self._send_out(frm, RetAck([RetainedAck(i.topic, i.ts, i.origin, i.seq) for i in m.items]))
 
     def on_ack(self, frm: str, m: RetAck, now: float) -> None:
         """An owner has these: our interim copies of topics we do not own can go."""
-        broker = self.broker
+        retained = self.retained
         for topic, ts, origin, seq in m.items:
             if self.node_id in self.membership.owners(topic):
                 continue
-            have = broker.retained.get(topic)
+            have = retained.get(topic)
             if have is not None and (have.timestamp, have.origin, have.seq) == (ts, origin, seq):
-                broker.retained.delete(topic)
-                broker.journal.retained_delete(topic)
+                retained.delete(topic)
+                self.journal.retained_delete(topic)
 
     def rebalance(self) -> None:
         """The live nodes changed: each topic goes to its owners; we keep only ours."""
-        broker = self.broker
-        for topic, msg in list(broker.retained.items()):
+        retained = self.retained
+        for topic, msg in list(retained.items()):
             if topic.startswith("$"):
                 continue
             own = self.membership.owners(topic)
@@ -119,16 +127,16 @@ class RetainedOwners:
                 if node != self.node_id:
                     self._out.setdefault(node, []).append(item)
             if self.node_id not in own:
-                broker.retained.delete(topic)
-                broker.journal.retained_delete(topic)
+                retained.delete(topic)
+                self.journal.retained_delete(topic)
 
     def expire_tombstones(self, now: float) -> None:
         horizon = now + self.wall_offset - self.settings.tombstone_ttl
-        broker = self.broker
-        for topic, msg in list(broker.retained.items()):
+        retained = self.retained
+        for topic, msg in list(retained.items()):
             if not msg.payload and msg.timestamp < horizon:
-                broker.retained.delete(topic)
-                broker.journal.retained_delete(topic)
+                retained.delete(topic)
+                self.journal.retained_delete(topic)
 
     def flush(self) -> None:
         """Send the owners what accumulated for them."""
@@ -139,7 +147,7 @@ class RetainedOwners:
 
     # -- lookups ------------------------------------------------------------------------------
 
-    def lookup(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
+    def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
         """Send a new subscription the retained messages matching it, from their owners."""
         self.counters["retained_lookups"] += 1
         wildcard = "+" in topic_filter or "#" in topic_filter
@@ -150,17 +158,17 @@ class RetainedOwners:
         for node in sorted(targets):  # (sorted: the same sends in the same order on every run)
             if node == self.node_id:
                 self._add_items(lookup, self._local(topic_filter))
-            elif self._send(node, RetQuery(qid, topic_filter), now):
+            elif self._send_out(node, RetQuery(qid, topic_filter)):
                 lookup.waiting.add(node)
         if not lookup.waiting:
             self._deliver(qid)
         return 0
 
     def _local(self, topic_filter: str) -> list[RetainedItem]:
-        return [_item(m) for _, m in self.broker.retained.match(topic_filter)]
+        return [_item(m) for _, m in self.retained.match(topic_filter)]
 
     def on_query(self, frm: str, m: RetQuery, now: float) -> None:
-        self._send(frm, RetReply(m.qid, self._local(m.filter)), now)
+        self._send_out(frm, RetReply(m.qid, self._local(m.filter)))
 
     def on_reply(self, frm: str, m: RetReply, now: float) -> None:
         lookup = self.lookups.get(m.qid)
@@ -189,7 +197,7 @@ class RetainedOwners:
         session = lookup.session
         if session.subscriptions.get(lookup.filter) is None:
             return  # unsubscribed meanwhile
-        auth = self.broker.auth
+        auth = self.auth
         for topic, payload, qos, ts, origin, seq, publisher in sorted(lookup.items.values()):
             if not payload:
                 continue  # a tombstone

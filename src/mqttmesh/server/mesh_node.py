@@ -22,16 +22,20 @@ import logging
 import random
 import secrets
 import time
+from typing import TYPE_CHECKING
 
+from ..assembly import MeshConfig
 from ..config import Config
 from ..mesh.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused, Rtt
 from ..mesh.cluster import Cluster, ClusterSettings
 from ..mesh.engine import MeshEngine, MeshSettings
 from ..mesh.gateway import MeshGateway
 from ..mesh.links import PeerLinks, refusal_reason
-from ..mesh.peerauth import NONCE_BYTES, ListenerAuth, PeerConnect
-from ..message import Message
+from ..mesh.peerauth import NONCE_BYTES
 from .tls import peer_certificate_required, peer_context
+
+if TYPE_CHECKING:
+    from ..broker import Broker
 
 log = logging.getLogger("mqttmesh.mesh")
 
@@ -256,14 +260,14 @@ class Dialer:
 
 class MeshNode:
     """The mesh's event-loop side (ports.MeshIO): timers, flush scheduling, link writes,
-    custody restored from the store, and $SYS/mesh/*. The broker's hooks land here and
-    go on to mesh/links.py and mesh/gateway.py."""
+    custody restored from the store, and $SYS/mesh/*. The pure side (engine, gateway,
+    cluster, links) is built with the rest of the core (assembly.build_core), with this
+    object as its MeshIO; ``start`` takes it from the node's core."""
 
     def __init__(self, node, config: Config):
         self.node = node
         self.config = config
         self.loop = node.loop
-        self.broker = node.broker
         self.secret = read_secret(config)
         self.tls = peer_context(config)
         # mesh.tls_mutual: a peer CONNECT must come with a verified TLS client certificate
@@ -271,6 +275,8 @@ class MeshNode:
         self.engine: MeshEngine | None = None
         self.peer_links: PeerLinks | None = None
         self.gateway: MeshGateway | None = None
+        self.cluster: Cluster | None = None
+        self.broker: Broker | None = None  # the node's, from start() on (the links' flow control uses its congestion)
         self.dialers: dict[str, Dialer] = {}
         self._dirty: set = set()
         self._flush_scheduled = False
@@ -278,36 +284,13 @@ class MeshNode:
         self._status_at = 0.0
         self.node_id = ""
         self.incarnation = 0
-        self.cluster: Cluster | None = None
-        self.broker.mesh = self
 
     # -- life cycle -----------------------------------------------------------------
 
-    def prepare(self) -> None:
-        """Before the store loads: the cluster decides what kind of session persists."""
-        node = self.node
-        self.node_id = node.node_id
-        self.incarnation = node.incarnation
+    def core_config(self, port: int) -> MeshConfig:
+        """What assembly.build_core needs for the mesh, ``port``: the one peers dial."""
         cfg = self.config
-        settings = ClusterSettings(
-            replication=cfg.get("mesh.replication"),
-            will_delay=cfg.get("mesh.will_delay"),
-            claim_timeout=cfg.get("mesh.claim_timeout"),
-        )
-        self.cluster = Cluster(
-            self.node_id, self.incarnation, self.broker, self._unicast, settings, wall_offset=self.broker.wall_offset
-        )
-
-    def _unicast(self, dest: str, kind: str, payload: bytes) -> bool:
-        return self.gateway.unicast(dest, kind, payload)  # (the Cluster is made before the gateway)
-
-    async def start(self) -> None:
-        node = self.node
-        if self.cluster is None:
-            self.prepare()
-        port = node.tls_port if self.tls is not None and node.tls_port else node.port
-        advertise = self.config.get("mesh.advertise") or f"{self.config.host}:{port}"
-        cfg = self.config
+        advertise = cfg.get("mesh.advertise") or f"{cfg.host}:{port}"
         settings = MeshSettings(
             hop_limit=cfg.get("mesh.hop_limit"),
             retransmit_after=cfg.get("mesh.retransmit_after"),
@@ -316,45 +299,45 @@ class MeshNode:
             dedup_window=cfg.get("mesh.dedup_window"),
             max_age=cfg.get("mesh.max_age"),
         )
-        # with a store, QoS 1/2 messages held for other nodes survive a crash of this one
-        journal = self.broker.journal
-        self.engine = MeshEngine(
-            self.node_id, self.incarnation, [advertise], settings, custody=journal if journal.persistent else None
+        cluster = ClusterSettings(
+            replication=cfg.get("mesh.replication"),
+            will_delay=cfg.get("mesh.will_delay"),
+            claim_timeout=cfg.get("mesh.claim_timeout"),
         )
-        self.engine.start(self.loop.time())
+        return MeshConfig(
+            self.secret,
+            [advertise],
+            self,
+            log,
+            settings,
+            cluster,
+            certificate_required=self.peer_certificate_required,
+            connect_all=cfg.get("mesh.connect") == "all",
+        )
+
+    async def start(self) -> None:
+        node = self.node
+        core = node.core
+        self.node_id = node.node_id
+        self.incarnation = node.incarnation
+        self.engine, self.gateway, self.cluster, self.peer_links = core.engine, core.gateway, core.cluster, core.links
+        self.broker = core.broker
+        cfg = self.config
         if self.broker.journal.persistent:
-            restored = self.node.store.load_custody()
+            restored = node.store.load_custody()
             for msg, dests in restored:
                 self.engine.restore_custody(msg, dests, self.loop.time())
             if restored:
                 log.info("%d messages in custody restored; they are sent again", len(restored))
-        self.peer_links = PeerLinks(
-            self.node_id,
-            self.incarnation,
-            self.secret,
-            self.engine,
-            self.broker,
-            self.cluster,  # type: ignore[arg-type]  # (prepare() made it)
-            self,
-            log,
-            certificate_required=self.peer_certificate_required,
-            connect_all=cfg.get("mesh.connect") == "all",
-        )
-        self.gateway = gateway = MeshGateway(self.engine, self.broker, self.peer_links.links, self)
-        broker = self.broker
-        for topic_filter in broker.router.filters():  # restored persistent sessions
-            gateway.filter_added(topic_filter)
-        broker.on_filter_added.append(gateway.filter_added)
-        broker.on_filter_removed.append(gateway.filter_removed)
-        broker.on_publish.append(gateway.published)
         for address in cfg.get("mesh.peers"):
             self.dial(address, configured=True)
+        self.flush_soon()  # what the restored sessions' filters told the engine
         self._tick_handle = self.loop.call_later(0.05, self._tick)
         log.info(
             "mesh node %r (incarnation %d) advertising %s, %d configured peer(s), connect=%s",
             self.node_id,
             self.incarnation,
-            advertise,
+            self.engine.addresses[0],
             len(cfg.get("mesh.peers")),
             cfg.get("mesh.connect"),
         )
@@ -368,20 +351,6 @@ class MeshNode:
     def dial(self, address: str, configured: bool = False) -> None:
         if address not in self.dialers:
             self.dialers[address] = Dialer(self, address, configured)
-
-    # -- the Channel's hooks for a peer that dialled us (until they reach PeerLinks directly) --
-
-    def peer_handshake(self, peer: PeerConnect) -> ListenerAuth:
-        if self.peer_links is None:  # the listener serves a loop iteration before start()
-            return ListenerAuth(self.secret, self.node_id, self.incarnation, self.nonce(), peer)
-        return self.peer_links.handshake(peer)
-
-    def peer_input(self, channel, msg: Message, now: float) -> int:
-        return self.peer_links.peer_input(channel, msg, now)
-
-    def peer_closed(self, channel) -> None:
-        if self.peer_links is not None:
-            self.peer_links.peer_closed(channel, self.loop.time())
 
     # -- ports.MeshIO ------------------------------------------------------------------------
 
@@ -420,6 +389,8 @@ class MeshNode:
 
     def _send(self) -> None:
         """Hand what the engine and the cluster queued to the links, and write the links."""
+        if self.peer_links is None:
+            return  # asked while the store loads, before start(): start() asks again
         self.gateway.sent()
         self.peer_links.flush(self.loop.time())
         dirty, self._dirty = self._dirty, set()
