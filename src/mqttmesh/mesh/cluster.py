@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
+from .cluster_values import ClusterSettings
 from .cluster_wire import (
     RegClaim,
     RegCopy,
@@ -73,18 +73,6 @@ if TYPE_CHECKING:
     from ..topics import RetainedTrie
 
 __all__ = ["ClusterSettings", "ClusterParts", "Cluster", "HANDLERS", "cluster_parts", "wire_sender"]
-
-
-@dataclass
-class ClusterSettings:
-    replication: int = 2  # holders of a session, owners of a retained topic
-    claim_timeout: float = 1.0  # without an answer from the registrar, connect anyway
-    gather_timeout: float = 2.0  # wait this long for the other holders of a session
-    will_delay: float = 0.5  # a node unreachable this long has lost its clients
-    redirect_grace: float = 10.0  # holders forward late arrivals to a new node this long
-    lookup_timeout: float = 1.0  # retained lookups wait this long for every answer
-    tombstone_ttl: float = 3600.0  # deleted retained topics are remembered this long
-    register_interval: float = 5.0  # local connections re-register with their registrar
 
 
 def wire_sender(send: UnicastPort) -> Callable[[str, Wire], bool]:

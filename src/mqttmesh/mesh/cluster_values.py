@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 __all__ = [
+    "ClusterSettings",
     "ClusterWireError",
     "WireWill",
     "Registration",
@@ -22,6 +23,18 @@ __all__ = [
     "SnapshotEntry",
     "Snapshot",
 ]
+
+
+@dataclass
+class ClusterSettings:
+    replication: int = 2  # holders of a session, owners of a retained topic
+    claim_timeout: float = 1.0  # without an answer from the registrar, connect anyway
+    gather_timeout: float = 2.0  # wait this long for the other holders of a session
+    will_delay: float = 0.5  # a node unreachable this long has lost its clients
+    redirect_grace: float = 10.0  # holders forward late arrivals to a new node this long
+    lookup_timeout: float = 1.0  # retained lookups wait this long for every answer
+    tombstone_ttl: float = 3600.0  # deleted retained topics are remembered this long
+    register_interval: float = 5.0  # local connections re-register with their registrar
 
 
 class ClusterWireError(ValueError):

@@ -49,7 +49,7 @@ from .replica import Redirect, Replication, _Replicated, install, merge_snapshot
 if TYPE_CHECKING:
     from ..broker import Broker
     from ..packets import Will
-    from .cluster import ClusterSettings
+    from .cluster_values import ClusterSettings
 
 __all__ = ["ClaimingChannel", "HandOver", "Claim", "LocalConnection", "Redirect", "CLAIM", "GATHER", "DONE"]
 

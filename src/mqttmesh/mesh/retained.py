@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..ports import JournalPort
     from ..session import Session
     from ..topics import RetainedTrie
-    from .cluster import ClusterSettings
+    from .cluster_values import ClusterSettings
 
 __all__ = ["RetainedOwners"]
 
