@@ -130,19 +130,29 @@ class Net:
         self.clusters: dict[str, Cluster] = {}
         self.incs = {n: 1 for n in names}
         self.published: dict[str, list[Message]] = {n: [] for n in names}
-        settings = settings or ClusterSettings()
+        self.settings = settings or ClusterSettings()
+        self.wall_offset = wall_offset
         for n in names:
-            # wired as assembly.build_core wires a mesh node, with an instant network for
-            # the engine and a MeshPort that records what was published here
-            send = self._sender(n)
-            trie, auth, bsettings = RetainedTrie(), Auth(), BrokerSettings(node_id=n)
-            congestion = Congestion(bsettings.slow_consumer_timeout, bsettings.backpressure_timeout)
-            parts = cluster_parts(n, 1, send, trie, NULL_JOURNAL, auth, settings, wall_offset)
-            sessions = ReplicaSessions(bsettings.limits, NULL_JOURNAL, congestion, parts.replication.on_settled)
-            ports = BrokerPorts(sessions, congestion, _Published(self.published[n]), parts.retained, parts.replication)
-            broker = Broker(bsettings, auth, None, ports, retained_trie=trie)
-            self.brokers[n] = broker
-            self.clusters[n] = Cluster(n, 1, broker, send, parts, settings, wall_offset)
+            self._build(n)
+        self.membership()
+
+    def _build(self, n: str) -> None:
+        # wired as assembly.build_core wires a mesh node, with an instant network for
+        # the engine and a MeshPort that records what was published here
+        send, inc, settings = self._sender(n), self.incs[n], self.settings
+        trie, auth, bsettings = RetainedTrie(), Auth(), BrokerSettings(node_id=n)
+        congestion = Congestion(bsettings.slow_consumer_timeout, bsettings.backpressure_timeout)
+        parts = cluster_parts(n, inc, send, trie, NULL_JOURNAL, auth, settings, self.wall_offset)
+        sessions = ReplicaSessions(bsettings.limits, NULL_JOURNAL, congestion, parts.replication.on_settled)
+        ports = BrokerPorts(sessions, congestion, _Published(self.published[n]), parts.retained, parts.replication)
+        broker = Broker(bsettings, auth, None, ports, retained_trie=trie)
+        self.brokers[n] = broker
+        self.clusters[n] = Cluster(n, inc, broker, send, parts, settings, self.wall_offset)
+
+    def restart(self, n: str) -> None:
+        """``n`` is killed and comes back empty (no store) with a new incarnation."""
+        self.incs[n] += 1
+        self._build(n)
         self.membership()
 
     def _sender(self, frm: str):
@@ -408,6 +418,24 @@ def test_a_new_incarnation_of_a_node_publishes_its_old_clients_wills_at_once():
     net.tick(0.01)
     wills = [n for n in sorted(net.up) for m in net.published[n] if m.topic == "w/r"]
     assert wills == [registrar]
+
+
+def test_a_client_of_a_restarted_node_keeps_its_will_while_connected():
+    """Simulator finding 10: a restarted node stayed suspect at the registrars until the
+    next membership change, so the will of every client connected to its new incarnation
+    was published, and again at each re-registration."""
+    net = Net(settings=ClusterSettings(will_delay=0.5, register_interval=5.0))
+    old = _will_cid(net, "a")
+    net.connect("a", old, clean=True, will=Will("w/old", b"gone", 0, False))
+    net.restart("a")
+    fresh = cid_with(net, lambda regs, holders: regs[0] != "a", prefix="fresh")
+    ch = net.connect("a", fresh, clean=True, will=Will("w/fresh", b"still here", 0, False))
+    for _ in range(12):
+        net.tick(1.0)  # two re-registrations of the connected client
+    published = [m.topic for n in sorted(net.up) for m in net.published[n]]
+    assert published.count("w/old") == 1  # the old incarnation's client is gone
+    assert "w/fresh" not in published  # [MQTT-3.1.2-8]: only when the connection ends
+    assert ch.state == "connected"
 
 
 def test_a_client_that_left_normally_has_no_will_at_the_registrar():

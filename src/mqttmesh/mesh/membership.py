@@ -35,6 +35,14 @@ class Membership:
             self.suspect[node] = now - self.will_delay  # its old connections are gone
         return old_live
 
+    def restarts_settled(self) -> None:
+        """The registrations of restarted nodes were checked (their old connections' wills
+        are out): a node that is reachable is suspect no more. Without this, a restarted
+        node stayed suspect until the next membership change."""
+        live = self.live
+        for node in [n for n in self.suspect if n in live]:
+            del self.suspect[node]
+
     def dead(self, now: float) -> set[str]:
         """Nodes unreachable for ``will_delay`` or more (or restarted): their clients are gone."""
         return {n for n, since in self.suspect.items() if now - since >= self.will_delay}

@@ -115,9 +115,11 @@ class Registry:
         for cid, entry in list(self.entries.items()):
             if not entry.connected:
                 continue
-            node_dead = entry.node in dead or (
-                entry.node in membership.live and membership.incs.get(entry.node) != entry.inc
-            )
+            if entry.node in membership.live:
+                # reachable: only a connection of an earlier incarnation is gone (a restart)
+                node_dead = membership.incs.get(entry.node) != entry.inc
+            else:
+                node_dead = entry.node in dead
             if not node_dead or membership.registrars(cid)[0] != self.node_id:
                 continue
             will = entry.will
@@ -128,6 +130,7 @@ class Registry:
                 wall = now + self.wall_offset
                 seq = self.broker.next_seq()
                 self.broker.publish(Message(will.topic, payload, will.qos, will.retain, self.node_id, seq, cid, wall))
+        membership.restarts_settled()
 
     def view(self) -> dict[str, dict[str, Any]]:
         """The ClientIds this node is the first registrar of (for $SYS/mesh/clients)."""
