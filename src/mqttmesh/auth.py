@@ -35,6 +35,7 @@ import hashlib
 import hmac
 import os
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal, overload
 
@@ -234,7 +235,7 @@ class Acl:
         except FileNotFoundError:
             raise ConfigError(f"{path}: ACL file not found") from None
 
-    def _rules(self, username: str | None, client_id: str):
+    def _rules(self, username: str | None, client_id: str) -> Iterator[tuple[int, str]]:
         for block in self.blocks:
             if block.applies(username, client_id):
                 for rule in block.rules:
@@ -396,7 +397,7 @@ def _usual_iterations(passwords: PasswordFile | None) -> int:
 class _Failures:
     __slots__ = ("count", "last", "in_flight", "next_at")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.count = 0  # failures since the window last forgave this key
         self.last = 0.0  # time of the last failure
         self.in_flight = 0  # logins admitted by ``wait`` and not yet settled

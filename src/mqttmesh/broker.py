@@ -2,9 +2,11 @@
 
 Pure. It leaves to its caller the connections (Channels call in and receive
 frames), the clock (times are passed in), randomness (``random_hex``), storage
-(changes go to a Journal that the I/O layer commits), the archive (an ArchivePort
-given to the constructor, archive/capture.py) and the mesh (it reports filter
-changes and hands each locally published message to ``on_publish`` hooks).
+(changes go to a Journal that the I/O layer commits), the archive (an ArchivePort,
+archive/capture.py) and the mesh (a MeshPort told of filter changes and of each
+message published here; in a mesh also a RetainedPort, a ReplicationPort and the
+mesh's SessionFactory). Every port comes with the constructor (``BrokerPorts``):
+assembly.build_core is where they are made.
 """
 
 from __future__ import annotations
@@ -12,16 +14,30 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .auth import Auth
 from .flow import Congestion
 from .message import Message
-from .ports import ArchivePort, Batch, JournalPort, RandomHex, SessionFactory
+from .ports import (
+    ArchivePort,
+    Batch,
+    ClaimingChannel,
+    JournalPort,
+    MeshPort,
+    RandomHex,
+    ReplicationPort,
+    RetainedPort,
+    SessionFactory,
+)
 from .session import Limits, Session, Sessions
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie, SubscriptionTrie
 
-__all__ = ["Broker", "BrokerSettings", "Stats", "counting_hex"]
+if TYPE_CHECKING:
+    from .channel import Channel
+
+__all__ = ["Broker", "BrokerPorts", "BrokerSettings", "Stats", "counting_hex"]
 
 
 @dataclass
@@ -83,7 +99,7 @@ class Stats:
     ended_queue_full: int
     ended_slow_qos0: int
 
-    def __init__(self):
+    def __init__(self) -> None:
         for name in self.__slots__:
             setattr(self, name, 0)
 
@@ -97,43 +113,74 @@ def counting_hex() -> RandomHex:
     return lambda n: f"{next(counter):0{2 * n}x}"
 
 
+@dataclass(frozen=True)
+class BrokerPorts:
+    """What a Broker calls, all given at construction (assembly.build_core makes them).
+
+    None is the standalone node's: the Broker makes ``session.Sessions`` over its journal
+    and congestion, a Congestion of its settings, and counts for auto ClientIds
+    (``counting_hex``; the server passes os.urandom's). ``mesh``, ``retained``,
+    ``replication`` and ``archive`` stay None outside a mesh or without an archive, and
+    each costs one ``is None`` test where it is called.
+    """
+
+    sessions: SessionFactory | None = None  # made with the same journal and congestion
+    congestion: Congestion | None = None
+    mesh: MeshPort | None = None  # mesh/gateway.py MeshGateway
+    retained: RetainedPort | None = None  # mesh/retained.py RetainedOwners: non-$ retained topics
+    replication: ReplicationPort | None = None  # mesh/replica.py Replication
+    archive: ArchivePort | None = None  # archive/capture.py Capture
+    random_hex: RandomHex | None = None  # auto ClientIds [MQTT-3.1.3-6]
+
+
+_STANDALONE = BrokerPorts()
+
+
 class Broker:
     def __init__(
         self,
         settings: BrokerSettings,
         auth: Auth | None = None,
         journal: JournalPort | None = None,
-        random_hex: RandomHex | None = None,
-        archive: ArchivePort | None = None,
+        ports: BrokerPorts = _STANDALONE,
+        *,
+        seq_base: int = 0,
+        wall_offset: float = 0.0,
+        retained_trie: RetainedTrie | None = None,
     ):
         self.settings = settings
         self.node_id = settings.node_id
         self.auth = auth or Auth()
         self.journal: JournalPort = journal if journal is not None else NULL_JOURNAL
-        # auto ClientIds [MQTT-3.1.3-6]: the server passes os.urandom's
-        self.random_hex = random_hex if random_hex is not None else counting_hex()
+        self.random_hex = ports.random_hex if ports.random_hex is not None else counting_hex()
         self.sessions: dict[str, Session] = {}
         self.router = SubscriptionTrie()
-        self.retained = RetainedTrie()
+        # this node's retained messages: all of them standalone, in a mesh those of the
+        # topics it owns (shared with mesh/retained.py) and $SYS
+        self.retained = retained_trie if retained_trie is not None else RetainedTrie()
         self.stats = Stats()
-        self.seq = 0
-        self.wall_offset = 0.0  # wall-clock time minus the caller's clock, set by the I/O layer
-        self.held_ack_channels: set = set()  # channels waiting for a journal commit
-        self.congestion = Congestion(settings.slow_consumer_timeout, settings.backpressure_timeout)
+        # message numbers, (node, seq) unique mesh-wide; the I/O layer passes a base that
+        # a later start of this node exceeds (its incarnation)
+        self.seqs = itertools.count(seq_base + 1)
+        self.wall_offset = wall_offset  # wall-clock time minus the caller's clock
+        self.held_ack_channels: set[Channel] = set()  # channels waiting for a journal commit
+        if ports.congestion is not None:
+            self.congestion = ports.congestion
+        else:
+            self.congestion = Congestion(settings.slow_consumer_timeout, settings.backpressure_timeout)
         # the archive (archive/capture.py): published(msg) for each message published here
         # that a Channel's read capture did not take; its delivery log goes to the sessions
-        self.archive = archive
-        # the mesh replaces it with replicated sessions (mesh/cluster.py) until issue 14 S7
-        self.session_factory: SessionFactory = Sessions(
-            settings.limits, self.journal, self.congestion, on_sent=None if archive is None else archive.sent
-        )
-        # hooks for the mesh: called with (filter) when the first local subscriber
-        # arrives / the last one leaves, and with (message) for each local publish
-        self.on_filter_added: list[Callable[[str], None]] = []
-        self.on_filter_removed: list[Callable[[str], None]] = []
-        self.on_publish: list[Callable[[Message], None]] = []
-        self.cluster = None  # mesh-wide ClientIds, sessions, retained (mesh/cluster.py)
-        self.mesh = None  # the mesh adapter (server/mesh_node.py) when this node is in a mesh
+        archive = self.archive = ports.archive
+        self.session_factory: SessionFactory
+        if ports.sessions is not None:
+            self.session_factory = ports.sessions
+        else:
+            self.session_factory = Sessions(
+                settings.limits, self.journal, self.congestion, on_sent=None if archive is None else archive.sent
+            )
+        self.mesh = ports.mesh  # told of filter changes and of each message published here
+        self.retained_port = ports.retained  # where non-$ retained messages go, in a mesh
+        self.replication = ports.replication  # subscriptions and redirects of replicated sessions
         self._after_commit: list[tuple[int, Callable[[], None]]] = []
 
     @property
@@ -142,7 +189,9 @@ class Broker:
 
     # -- sessions -------------------------------------------------------------------
 
-    def open_session(self, channel, client_id: str, clean: bool, durable: bool = True) -> tuple[Session, bool]:
+    def open_session(
+        self, channel: ClaimingChannel, client_id: str, clean: bool, durable: bool = True
+    ) -> tuple[Session, bool]:
         """Take over ``client_id`` for ``channel``; (session, session_present).
 
         ``durable=False`` keeps even a CleanSession=0 session in memory (peer links:
@@ -187,31 +236,29 @@ class Broker:
     def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
         self._router_add(topic_filter, session, qos)
-        if self.cluster is not None and session.channel is not None and getattr(session, "replicated", False):
-            self.cluster.subs_changed(session)
+        if self.replication is not None and session.channel is not None and session.replica is not None:
+            self.replication.subs_changed(session)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
             return False
         self._router_remove(topic_filter, session)
-        if self.cluster is not None and session.channel is not None and getattr(session, "replicated", False):
-            self.cluster.subs_changed(session)
+        if self.replication is not None and session.channel is not None and session.replica is not None:
+            self.replication.subs_changed(session)
         return True
 
     def _router_add(self, topic_filter: str, session: Session, qos: int) -> None:
-        if self.router.add(topic_filter, session, qos):
-            for hook in self.on_filter_added:
-                hook(topic_filter)
+        if self.router.add(topic_filter, session, qos) and self.mesh is not None:
+            self.mesh.filter_added(topic_filter)
 
     def _router_remove(self, topic_filter: str, session: Session) -> None:
-        if self.router.remove(topic_filter, session):
-            for hook in self.on_filter_removed:
-                hook(topic_filter)
+        if self.router.remove(topic_filter, session) and self.mesh is not None:
+            self.mesh.filter_removed(topic_filter)
 
-    def send_retained(self, session: Session, topic_filter: str, granted: int) -> int:
+    def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
         """Send the retained messages matching a new subscription [MQTT-3.3.1-6]."""
-        if self.cluster is not None and not topic_filter.startswith("$"):  # $SYS stays per node
-            return self.cluster.retained_lookup(session, topic_filter, granted)  # from their owners
+        if self.retained_port is not None and not topic_filter.startswith("$"):  # $SYS stays per node
+            return self.retained_port.send_retained(session, topic_filter, granted, now)  # from their owners
         sent = 0
         auth = self.auth
         for topic, msg in self.retained.match(topic_filter):
@@ -227,8 +274,7 @@ class Broker:
     # -- publish ----------------------------------------------------------------------------
 
     def next_seq(self) -> int:
-        self.seq += 1
-        return self.seq
+        return next(self.seqs)
 
     def publish(self, msg: Message, captured: bool = False) -> Batch:
         """Take ownership of a message published at this node; ``captured``: the archive
@@ -244,9 +290,8 @@ class Broker:
         if msg.retain:
             self.set_retained(msg)
         self.dispatch(msg)
-        if self.on_publish:
-            for hook in self.on_publish:
-                hook(msg)
+        if self.mesh is not None:
+            self.mesh.published(msg)
         if not captured and self.archive is not None:
             self.archive.published(msg)
         return journal.batch if journal.writes != before else 0
@@ -259,11 +304,12 @@ class Broker:
         self.stats.messages_sent += len(matches)
         if self.congestion.reasons:
             self.congestion.check(matches)
-        cluster = self.cluster
-        if cluster is not None and cluster.redirects:
+        replication = self.replication
+        if replication is not None and replication.targets:
+            targets = replication.targets
             for session in matches:
-                if session.client_id in cluster.redirects:
-                    cluster.delivered_here(session, msg)  # its client moved: forward it
+                if session.client_id in targets:
+                    replication.forward(session, msg)  # its client moved: forward it
         qos = msg.qos
         auth = self.auth
         if auth.acl is None:
@@ -291,8 +337,8 @@ class Broker:
     def set_retained(self, msg: Message) -> None:
         if not self.settings.retain_available:
             return
-        if self.cluster is not None and msg.topic[0] != "$":
-            self.cluster.retain(msg)  # stored by the topic's owner nodes
+        if self.retained_port is not None and msg.topic[0] != "$":
+            self.retained_port.retain(msg)  # stored by the topic's owner nodes
             return
         topic = msg.topic
         if not msg.payload:

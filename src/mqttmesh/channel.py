@@ -2,7 +2,10 @@
 
 Pure: bytes and times in, bytes and requests out. It leaves to its caller (the
 *owner*, the I/O layer: ``ports.Owner``) the socket, the timers, and slow password
-checks, and to the broker the randomness of auto ClientIds.
+checks, and to the broker the randomness of auto ClientIds. In a mesh it is given, at
+construction, the peer links (``peers``, a ports.PeerPort: mesh/links.py) for a node
+that dials us, and the mesh-wide ClientIds (``claims``, a ports.ClaimPort:
+mesh/cluster.py) for a client; both are None outside a mesh.
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
 protocol violation, refused with the statement of the standard it breaks.
@@ -35,11 +38,12 @@ from .codec import (
     MalformedPacket,
     Will,
 )
-from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthError, parse_connect
+from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthError, parse_connect, version_mismatch
 from .message import Message
 
 if TYPE_CHECKING:
-    from .ports import Batch, Owner, ReadCapture
+    from .broker import Broker
+    from .ports import Batch, ClaimPort, Owner, PeerPort, ReadCapture
     from .session import Session
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
@@ -105,12 +109,26 @@ class Channel:
         "_peer_auth",
         "_peer_filter",
         "certified",
+        "peers",
+        "claims",
         "__weakref__",
     )
 
-    def __init__(self, broker, owner: Owner, peer: str, now: float, certified: bool = False):
+    def __init__(
+        self,
+        broker: Broker,
+        owner: Owner,
+        peer: str,
+        now: float,
+        certified: bool = False,
+        *,
+        peers: PeerPort | None = None,
+        claims: ClaimPort | None = None,
+    ):
         self.broker = broker
         self.owner = owner
+        self.peers = peers  # None: no mesh, a peer's CONNECT is refused
+        self.claims = claims  # None: no mesh, the Broker alone opens the session
         self.peer = peer
         self.certified = certified  # the TLS client certificate verified (mesh.tls_mutual)
         self.state = AWAIT_CONNECT
@@ -243,28 +261,30 @@ class Channel:
 
     def tick(self, now: float) -> None:
         if self.state is AWAIT_CONNECT and now >= self.opened_at + self.broker.settings.connect_timeout:
-            self.close("no CONNECT within the connect timeout")
+            self.close("no CONNECT within the connect timeout", now)
         elif self.state is PEER_AUTH and now >= self.opened_at + self.broker.settings.connect_timeout:
             self.broker.stats.connections_refused += 1
             self.close(
                 f"peer {self._peer_auth.handshake.dialler!r} did not prove the cluster secret "
-                f"within the connect timeout"
+                f"within the connect timeout",
+                now,
             )
         elif self.state is CONNECTED and self.keepalive and now >= self.last_rx + 1.5 * self.keepalive:
             if self in self.broker.congestion.paused:
                 # we stopped reading this publisher (flow.py): its silence is ours, not its
                 self.last_rx = now
                 return
-            self.close(f"keepalive: nothing received for 1.5 x {self.keepalive}s")  # [MQTT-3.1.2-24]
+            self.close(f"keepalive: nothing received for 1.5 x {self.keepalive}s", now)  # [MQTT-3.1.2-24]
 
     # -- closing ---------------------------------------------------------------------------------
 
-    def close(self, reason: str) -> None:
-        """End the connection from the server side; the will is published [MQTT-3.1.2-8]."""
+    def close(self, reason: str, now: float | None = None) -> None:
+        """End the connection from the server side; the will is published [MQTT-3.1.2-8].
+        ``now``: the caller's time, when it has one (else the channel's last read)."""
         if self.state is CLOSED:
             return
         self.close_reason = reason
-        self._end(publish_will=True)
+        self._end(publish_will=True, now=now)
         self.owner.close(self, reason)
 
     def kick(self, reason: str) -> None:
@@ -275,9 +295,11 @@ class Channel:
         """The network connection is gone (either side closed it)."""
         if self.state is not CLOSED:
             self.close_reason = self.close_reason or "connection lost"
-            self._end(publish_will=not self.clean_disconnect)
+            self._end(publish_will=not self.clean_disconnect, now=now)
 
-    def _end(self, publish_will: bool) -> None:
+    def _end(self, publish_will: bool, now: float | None = None) -> None:
+        """``now``: when the connection was lost or closed; a close from this side whose
+        caller has no time counts as of the channel's last read."""
         self._read = None  # the will is no packet of the read being captured
         was_connected = self.state is CONNECTED
         self.state = CLOSED
@@ -287,14 +309,14 @@ class Channel:
         session = self.session
         if session is not None and session.channel is self:
             broker.close_session(session)
-        if self.is_peer and was_connected and broker.mesh is not None:
-            broker.mesh.peer_closed(self)
-        if was_connected and broker.cluster is not None and not self.is_peer:
-            broker.cluster.disconnected(self, self.last_rx)
+        if self.is_peer and was_connected and self.peers is not None:
+            self.peers.peer_closed(self, self.last_rx if now is None else now)
+        if was_connected and self.claims is not None and not self.is_peer:
+            self.claims.disconnected(self, self.last_rx)
         if publish_will and was_connected and self.will is not None:
             will, self.will = self.will, None
             broker.stats.wills_published += 1
-            self._publish(Message(will.topic, will.payload, will.qos, will.retain), self.last_rx)  # [MQTT-3.1.2-16/17]
+            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx)  # [MQTT-3.1.2-16/17]
         self.will = None  # [MQTT-3.1.2-10]
 
     # -- CONNECT -------------------------------------------------------------------------------
@@ -344,18 +366,18 @@ class Channel:
             # [MQTT-3.1.3-6]: a unique ClientId of our own making
             self.client_id = f"auto-{self.broker.node_id}-{self.broker.random_hex(6)}"
         broker = self.broker
-        if broker.cluster is not None and not self.is_peer:
+        if self.claims is not None and not self.is_peer:
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
             # the id and gathers the session, then calls claimed() (mesh/cluster.py)
             self.state = CLAIMING
-            broker.cluster.connect(self, self.client_id, pkt.clean_session, self.will, now)
+            self.claims.connect(self, self.client_id, pkt.clean_session, self.will, now)
             return
         mark = broker.journal.mark()
         session, present = broker.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
         self._connected(session, present, now, broker.journal.since(mark))
 
-    def claimed(self, session, present: bool, now: float) -> None:
+    def claimed(self, session: Session, present: bool, now: float) -> None:
         """The mesh claimed the ClientId for this connection and has its session ready."""
         if self.state is not CLAIMING:
             return
@@ -363,6 +385,13 @@ class Channel:
         self.owner.connected(self)
         if not self._processing:
             self._process(now)  # packets that arrived behind the CONNECT
+
+    def refused(self, rc: int, reason: str, now: float) -> None:
+        """The mesh could not claim the ClientId for this connection: CONNACK ``rc``, close.
+        (No claim fails yet; issue 15's fencing will refuse with 0x03, server unavailable.)"""
+        if self.state is not CLAIMING:
+            return
+        self._refuse(rc, reason)
 
     def _connected(self, session: Session, present: bool, now: float, batch: Batch = 0) -> None:
         self.state = CONNECTED
@@ -384,7 +413,7 @@ class Channel:
     # -- a peer node's CONNECT: the listening side of mesh/peerauth.py ------------------------
 
     def _on_peer_connect(self, pkt: codec.Connect, now: float) -> None:
-        mesh = self.broker.mesh
+        mesh = self.peers
         if mesh is None:
             return self._accept(NOT_AUTHORIZED, now, "this node is not part of a mesh")
         try:
@@ -394,14 +423,12 @@ class Channel:
         if peer.version != PEER_PROTOCOL:
             # a rolling upgrade meets an older or newer node: say so, both versions named
             who = peer.node or pkt.client_id.removeprefix("$mesh-")
-            return self._accept(
-                BAD_CREDENTIALS, now, f"peer {who!r} speaks mesh protocol {peer.version}, this node {PEER_PROTOCOL}"
-            )
+            return self._accept(BAD_CREDENTIALS, now, version_mismatch(who, peer.version))
         if pkt.client_id != f"$mesh-{peer.node}":
             return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
         if peer.node == self.broker.node_id:
             return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
-        if mesh.peer_certificate_required and not self.certified:
+        if mesh.certificate_required and not self.certified:
             return self._accept(
                 NOT_AUTHORIZED,
                 now,
@@ -411,7 +438,7 @@ class Channel:
         # ClientId is not taken over (that would let anyone close a peer's link) and nothing
         # is routed here until the dialler has proved the secret (_on_peer_proof)
         self.state = PEER_AUTH
-        self._peer_auth = mesh.peer_handshake(peer)
+        self._peer_auth = mesh.handshake(peer)
         old = self.broker.sessions.get(pkt.client_id)
         present = old is not None and not old.clean and not pkt.clean_session  # as open_session will say
         self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))
@@ -462,11 +489,11 @@ class Channel:
     def _on_publish(self, pkt: codec.Publish, now: float) -> None:
         qos = pkt.qos
         if qos == 0:
-            self._publish(Message(pkt.topic, pkt.payload, 0, pkt.retain), now)
+            self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now)
             return
         pid: int = pkt.packet_id  # type: ignore[assignment]  # (QoS 1 or 2: the decoder read an id)
         if qos == 1:
-            batch = self._publish(Message(pkt.topic, pkt.payload, 1, pkt.retain), now)
+            batch = self._publish(pkt.topic, pkt.payload, 1, pkt.retain, now)
             if not batch and not self._held:
                 self.write(_ack(_PUBACK, pid))
             else:
@@ -482,16 +509,16 @@ class Channel:
             return
         if len(awaiting) >= session.limits.max_awaiting_rel:
             raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
-        batch = self._publish(Message(pkt.topic, pkt.payload, 2, pkt.retain), now)
+        batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
         # a durable session's id is journaled: the PUBREC waits for it, and for the message
         # (the id's batch is the current one, no older than the message's)
         self._send_after(_ack(_PUBREC, pid), session.awaiting_rel_add(pid) or batch)
 
-    def _publish(self, msg: Message, now: float) -> Batch:
-        """Hand a message from this client (or its will) to the broker; the journal batch to wait for."""
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Batch:
+        """Hand a message from this client (or its will) to the broker; the journal batch to wait for.
+        (The Message is made whole once it is allowed: origin, number, publisher, timestamp.)"""
         broker = self.broker
         broker.stats.messages_received += 1
-        topic = msg.topic
         auth = broker.auth
         if (topic[0] == "$" and not self.is_peer) or (
             not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
@@ -501,15 +528,12 @@ class Channel:
             if self._read is not None:
                 self._read.skip()
             return 0
-        msg.origin = broker.node_id
-        seq = broker.seq + 1
-        broker.seq = msg.seq = seq
-        msg.publisher = self.client_id
-        msg.timestamp = now + broker.wall_offset
+        seq = next(broker.seqs)
+        msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
         congestion = broker.congestion
         congestion.hit = False  # only what this message reaches counts
         if self.is_peer and topic.startswith("$mesh/"):
-            batch = broker.mesh.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
+            batch = self.peers.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
             congestion = broker.congestion
             if congestion.hit:
                 congestion.hit = False
@@ -529,23 +553,23 @@ class Channel:
                 congestion.pause(self, now)  # read no more from this publisher for now (flow.py)
         return batch
 
-    def _on_pubrel(self, pkt, now: float) -> None:
+    def _on_pubrel(self, pkt: codec.PubRel, now: float) -> None:
         batch = self.session.awaiting_rel_remove(pkt.packet_id)
         self._send_after(_ack(_PUBCOMP, pkt.packet_id), batch)  # [MQTT-4.3.3-2]
 
     # -- acknowledgements, server to client messages --------------------------------------
 
-    def _on_puback(self, pkt, now: float) -> None:
+    def _on_puback(self, pkt: codec.PubAck, now: float) -> None:
         self.session.on_puback(pkt.packet_id)
 
-    def _on_pubrec(self, pkt, now: float) -> None:
+    def _on_pubrec(self, pkt: codec.PubRec, now: float) -> None:
         journal = self.broker.journal
         mark = journal.mark()
         self.session.on_pubrec(pkt.packet_id)
         # after a crash the PUBLISH must not be re-sent once its PUBREL went out [MQTT-4.3.3-1]
         self._send_after(_ack(_PUBREL, pkt.packet_id), journal.since(mark))
 
-    def _on_pubcomp(self, pkt, now: float) -> None:
+    def _on_pubcomp(self, pkt: codec.PubComp, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------
@@ -553,7 +577,7 @@ class Channel:
     def _on_subscribe(self, pkt: codec.Subscribe, now: float) -> None:
         broker = self.broker
         auth = broker.auth
-        session = self.session
+        session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
         journal = broker.journal
         mark = journal.mark()
         codes = []
@@ -576,20 +600,21 @@ class Channel:
             granted_filters.append((topic_filter, granted))
         self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), journal.since(mark))  # [MQTT-3.8.4-1,5]
         for topic_filter, granted in granted_filters:
-            broker.send_retained(session, topic_filter, granted)  # [MQTT-3.8.4-3]
+            broker.send_retained(session, topic_filter, granted, now)  # [MQTT-3.8.4-3]
 
     def _on_unsubscribe(self, pkt: codec.Unsubscribe, now: float) -> None:
         broker = self.broker
         journal = broker.journal
         mark = journal.mark()
+        session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
         for topic_filter in pkt.filters:  # [MQTT-3.10.4-6]
-            broker.unsubscribe(self.session, topic_filter)
+            broker.unsubscribe(session, topic_filter)
         self._send_after(_ack(0xB0, pkt.packet_id), journal.since(mark))  # even if nothing matched [MQTT-3.10.4-5]
 
-    def _on_pingreq(self, pkt, now: float) -> None:
+    def _on_pingreq(self, pkt: codec.PingReq, now: float) -> None:
         self.write(_PINGRESP)  # [MQTT-3.12.4-1]
 
-    def _on_disconnect(self, pkt, now: float) -> None:
+    def _on_disconnect(self, pkt: codec.Disconnect, now: float) -> None:
         self.will = None  # [MQTT-3.14.4-3]
         self.clean_disconnect = True
         self.close_reason = "client sent DISCONNECT"

@@ -9,6 +9,7 @@ the standard they break when they do not).
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .packets import (  # re-exported: the codec is where callers find packets
@@ -48,6 +49,9 @@ from .packets import (  # re-exported: the codec is where callers find packets
     Unsubscribe,
     Will,
     _decode_utf8,
+    _Empty,
+    _IdOnly,
+    _Packet,
     first_byte_error,
     validate_topic_filter,
     validate_topic_name,
@@ -105,20 +109,20 @@ class _Reader:
 
     __slots__ = ("buf", "pos", "end", "name")
 
-    def __init__(self, buf, pos: int, end: int, name: str):
+    def __init__(self, buf: bytes | bytearray | memoryview, pos: int, end: int, name: str):
         self.buf, self.pos, self.end, self.name = buf, pos, end, name
 
     def u8(self) -> int:
         if self.pos >= self.end:
             raise MalformedPacket("MQTT-4.8.0-1", f"{self.name} is truncated")
-        value = self.buf[self.pos]
+        value: int = self.buf[self.pos]
         self.pos += 1
         return value
 
     def u16(self) -> int:
         if self.pos + 2 > self.end:
             raise MalformedPacket("MQTT-4.8.0-1", f"{self.name} is truncated")
-        value = (self.buf[self.pos] << 8) | self.buf[self.pos + 1]
+        value: int = (self.buf[self.pos] << 8) | self.buf[self.pos + 1]
         self.pos += 2
         return value
 
@@ -212,8 +216,8 @@ def _decode_publish(r: _Reader, flags: int) -> Publish:
     return Publish(topic, r.rest(), qos, bool(flags & 0x01), dup, pid)
 
 
-def _decode_id_only(cls):
-    def decode(r: _Reader, flags: int):
+def _decode_id_only(cls: type[_IdOnly]) -> Callable[[_Reader, int], _IdOnly]:
+    def decode(r: _Reader, flags: int) -> _IdOnly:
         pkt = cls(_packet_id(r, PACKET_NAMES[cls.type]))
         _expect_end(r)
         return pkt
@@ -257,8 +261,8 @@ def _decode_unsubscribe(r: _Reader, flags: int) -> Unsubscribe:
     return Unsubscribe(pid, filters)
 
 
-def _decode_empty(cls):
-    def decode(r: _Reader, flags: int):
+def _decode_empty(cls: type[_Empty]) -> Callable[[_Reader, int], _Empty]:
+    def decode(r: _Reader, flags: int) -> _Empty:
         _expect_end(r)
         return cls()
 
@@ -270,7 +274,7 @@ def _expect_end(r: _Reader) -> None:
         raise MalformedPacket("MQTT-4.8.0-1", f"{r.name} has {r.remaining} unexpected bytes")
 
 
-_DECODERS = {
+_DECODERS: dict[int, Callable[[_Reader, int], _Packet]] = {
     CONNECT: _decode_connect,
     CONNACK: _decode_connack,
     PUBLISH: _decode_publish,
@@ -317,7 +321,7 @@ class Decoder:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def packets(self, keep: list[bytearray] | None = None):
+    def packets(self, keep: list[bytearray] | None = None) -> Iterator[Any]:
         """Yield every complete packet in the buffer, in order.
 
         ``keep``: a list to which the bytes of the packets yielded are appended once the
@@ -400,9 +404,9 @@ class Decoder:
                     raise MalformedPacket(
                         _FLAG_RULES.get(ptype, "MQTT-2.2.2-2"), f"invalid flags 0x{flags:x} for {PACKET_NAMES[ptype]}"
                     )
-                packet = decode(_Reader(buf, i, end, PACKET_NAMES[ptype]), flags)
+                decoded = decode(_Reader(buf, i, end, PACKET_NAMES[ptype]), flags)
                 pos = end
-                yield packet
+                yield decoded
         except MalformedPacket:
             self.broken = True
             raise

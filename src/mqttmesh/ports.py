@@ -8,12 +8,14 @@ implementation only has to have the methods. Issue 14 fills this module step by 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .channel import Channel
+    from .mesh.peerauth import ListenerAuth, PeerConnect
     from .message import Message
+    from .packets import Will
     from .session import Entry, Session
 
 __all__ = [
@@ -24,8 +26,18 @@ __all__ = [
     "Pausable",
     "JournalPort",
     "SessionFactory",
+    "MeshPort",
+    "RetainedPort",
+    "ReplicationPort",
     "ArchivePort",
     "ReadCapture",
+    "PeerPort",
+    "ClaimPort",
+    "ClaimingChannel",
+    "UnicastPort",
+    "PeerLink",
+    "MeshIO",
+    "Log",
 ]
 
 # A journal batch that must be durable before an acknowledgement goes out; 0: none.
@@ -117,6 +129,45 @@ class SessionFactory(Protocol):
         """An empty persistent session for the store to fill (store.restore_sessions)."""
 
 
+class MeshPort(Protocol):
+    """The mesh, as the Broker sees it (mesh/gateway.py MeshGateway). None outside a mesh."""
+
+    def filter_added(self, topic_filter: str) -> None:
+        """The first local subscriber of ``topic_filter`` (restored sessions' too)."""
+
+    def filter_removed(self, topic_filter: str) -> None:
+        """The last local subscriber of ``topic_filter`` left."""
+
+    def published(self, msg: Message) -> None:
+        """A message published at this node, after its local dispatch (the hot path)."""
+
+
+class RetainedPort(Protocol):
+    """Where the retained messages of non-$ topics live in a mesh (mesh/retained.py
+    RetainedOwners: on the topic's owner nodes). None standalone: the Broker keeps them."""
+
+    def retain(self, msg: Message) -> None:
+        """A retained message, or an empty one (a deletion) [MQTT-3.3.1-5, -10]."""
+
+    def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
+        """Send a new subscription the retained messages matching it [MQTT-3.3.1-6]."""
+
+
+class ReplicationPort(Protocol):
+    """The replicated sessions' side of the Broker (mesh/replica.py Replication)."""
+
+    @property
+    def targets(self) -> Mapping[str, object]:
+        """ClientId -> where its client just went: the hand-over's own dict (a plain
+        attribute), nearly always empty, so Broker.dispatch pays one truth test per message."""
+
+    def forward(self, session: Session, msg: Message) -> None:
+        """A message reached a local replica whose client is in ``targets``."""
+
+    def subs_changed(self, session: Session) -> None:
+        """The connected client of a replicated session subscribed or unsubscribed."""
+
+
 class ArchivePort(Protocol):
     """The archive, as the Broker, the sessions and the Channels see it (archive/capture.py
     Capture). None where the archive is off: then each of them tests ``is None`` once, on
@@ -150,3 +201,105 @@ class ReadCapture(Protocol):
 
     def end(self, wall: float) -> None:
         """The read is over; ``wall``: its wall-clock time, every message's timestamp."""
+
+
+class PeerPort(Protocol):
+    """The mesh, as a Channel of a node that dialled us sees it (mesh/links.py PeerLinks)."""
+
+    certificate_required: bool  # mesh.tls_mutual: a peer CONNECT needs a verified certificate
+
+    def handshake(self, peer: PeerConnect) -> ListenerAuth:
+        """Our half of the peer handshake, with a nonce fresh for this connection."""
+
+    def peer_input(self, channel: Channel, msg: Message, now: float) -> Batch:
+        """A PUBLISH from the peer; the batch its PUBACK waits for."""
+
+    def peer_closed(self, channel: Channel, now: float) -> None: ...
+
+
+class ClaimingChannel(Protocol):
+    """A client's Channel as the cluster answers it (channel.Channel)."""
+
+    client_id: str
+    peer: str  # the client's address, for the log line of a takeover
+
+    @property
+    def claiming(self) -> bool:
+        """Still waiting for the claim (a channel that closed meanwhile is not)."""
+
+    def claimed(self, session: Session, present: bool, now: float) -> None:
+        """The ClientId is this connection's, mesh-wide, and ``session`` is ready."""
+
+    def refused(self, rc: int, reason: str, now: float) -> None:
+        """The claim failed: CONNACK ``rc`` (0x03, server unavailable) and close.
+        (Unused until the claim can fail: room for fencing, issue 15.)"""
+
+    def kick(self, reason: str) -> None:
+        """Another connection took the ClientId over [MQTT-3.1.4-2]."""
+
+    def close(self, reason: str) -> None: ...
+
+
+class ClaimPort(Protocol):
+    """Mesh-wide ClientIds, as a client's Channel sees them (mesh/cluster.py Cluster).
+    None outside a mesh: the Channel opens the session with the Broker itself."""
+
+    def connect(self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float) -> None:
+        """A client passed authentication: claim ``cid``, gather its session, and answer
+        with ``channel.claimed(session, present, now)``."""
+
+    def disconnected(self, channel: ClaimingChannel, now: float) -> None:
+        """A local connection ended; its will, if due, is the Channel's to publish."""
+
+
+# (dest, kind, payload) -> reachable now: a cluster unicast over the routing engine
+# (mesh/gateway.py MeshGateway.unicast)
+UnicastPort = Callable[[str, str, bytes], bool]
+
+
+class PeerLink(Protocol):
+    """One link to a peer node, whichever side dialled (mesh/links.py InboundLink, the
+    server's PeerClient, a test's in-memory link)."""
+
+    dialer: str  # node id of the side that dialled
+    peer: str  # "" until its hello made it a link
+    proved: str  # the node id its handshake proved
+    handshake_rtt: float | None  # the dialler's SUBSCRIBE/SUBACK round trip (seconds)
+    answers_hello: bool  # True on the listening side: it answers the dialler's hello
+    address: str | None  # the far end, for the log and the status
+
+    def send(self, kind: str, payload: bytes, qos: int) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+    def congestion_key(self) -> Hashable:
+        """What flow control (flow.Congestion) knows this link by when it is congested."""
+
+
+class MeshIO(Protocol):
+    """The pure mesh's calls into the event loop (server/mesh_node.py MeshNode)."""
+
+    def flush_soon(self) -> None:
+        """Call ``PeerLinks.flush(now)`` and write the links at the end of this loop iteration."""
+
+    def flush_now(self) -> None:
+        """FLUSH_EVERY messages were routed: send and write them now, without waiting."""
+
+    def write_clients_now(self) -> None:
+        """A link read brought many batches: write the local clients now."""
+
+    def nonce(self) -> bytes:
+        """NONCE_BYTES fresh random bytes."""
+
+    def learned(self, address: str, node: str) -> None:
+        """A dialled address belongs to ``node`` (its dialler can yield to a link the other way)."""
+
+
+class Log(Protocol):
+    """Where the pure mesh logs (a logging.Logger; tests record the lines)."""
+
+    def info(self, msg: str, *args: object) -> None: ...
+
+    def warning(self, msg: str, *args: object) -> None: ...
+
+    def exception(self, msg: str, *args: object) -> None: ...

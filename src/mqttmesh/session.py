@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .channel import Channel
     from .flow import Congestion
     from .mesh.replica import _Replicated
+    from .message import Message
     from .ports import Batch, JournalPort, SentHook
 
 __all__ = ["Limits", "Entry", "Session", "DurableSession", "Sessions", "SENT_PUBLISH", "SENT_PUBREL"]
@@ -51,7 +52,7 @@ class Entry:
 
     __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key")
 
-    def __init__(self, msg, qos: int, retain: bool = False, key: int = 0):
+    def __init__(self, msg: Message, qos: int, retain: bool = False, key: int = 0) -> None:
         self.msg = msg
         self.qos = qos
         self.retain = retain
@@ -59,7 +60,7 @@ class Entry:
         self.state = 0
         self.key = key
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Entry({self.msg!r}, qos={self.qos}, pid={self.packet_id}, state={self.state})"
 
 
@@ -94,7 +95,7 @@ class Session:
 
     # -- delivery (the hot path) -------------------------------------------------
 
-    def deliver(self, msg, qos: int, retain: bool = False) -> None:
+    def deliver(self, msg: Message, qos: int, retain: bool = False) -> None:
         """Add one message at ``qos`` (already min(publish, granted)) [MQTT-4.5.0-1]."""
         channel = self.channel
         if channel is not None:
@@ -114,7 +115,7 @@ class Session:
         elif qos or self.limits.queue_qos0:
             self._enqueue(self._new_entry(msg, qos, retain))  # [MQTT-3.1.2-5]
 
-    def _new_entry(self, msg, qos: int, retain: bool) -> Entry:
+    def _new_entry(self, msg: Message, qos: int, retain: bool) -> Entry:
         return Entry(msg, qos, retain)
 
     def _enqueue(self, entry: Entry) -> None:
@@ -208,7 +209,7 @@ class Session:
 
     # -- connection life -------------------------------------------------------------
 
-    def attach(self, channel) -> None:
+    def attach(self, channel: Channel) -> None:
         """Bind to a new connection and re-send what was unacknowledged [MQTT-4.4.0-1]."""
         self.channel = channel
         for entry in list(self.inflight.values()):  # original order [MQTT-4.6.0-1]
@@ -300,7 +301,7 @@ class DurableSession(Session):
         self.journal = journal
         self._next_key = 1
 
-    def _new_entry(self, msg, qos: int, retain: bool) -> Entry:
+    def _new_entry(self, msg: Message, qos: int, retain: bool) -> Entry:
         entry = Entry(msg, qos, retain, self._next_key)
         self._next_key += 1
         return entry

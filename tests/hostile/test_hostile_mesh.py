@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from mqttmesh.mesh.engine import MeshEngine
+from mqttmesh.mesh.hello import Hello, encode_hello
 from support import mqttraw, probes
 from support.faultrelay import FaultRelay
 from support.hostile import SECRET, check, run, target_of
@@ -110,7 +110,7 @@ class FakeListener:
 
     def __init__(self, node_id: str = "fake-node"):
         self.node_id = node_id
-        self.hello = MeshEngine(node_id, 1, ["127.0.0.1:9"]).hello()
+        self.hello = encode_hello(Hello(node_id, 1, ["127.0.0.1:9"]))
         self.srv = socket.socket()
         self.srv.bind(("127.0.0.1", 0))
         self.srv.listen(16)
@@ -307,7 +307,7 @@ def _mesh_namespace(target, canary, n):
         codes = probes.subscribe(c, 1, ("$mesh/#", 1), ("$mesh/to/+/hello", 1), ("$mesh/from/m/#", 1))
         if any(code != 0x80 for code in codes):
             out.problems.append(f"a client subscribed to $mesh topics: SUBACK {codes}")
-        hello = MeshEngine("intruder", 1, ["127.0.0.1:9"]).hello()
+        hello = encode_hello(Hello("intruder", 1, ["127.0.0.1:9"]))
         for topic in ("$mesh/from/intruder/hello", "$mesh/to/m/hello", "$mesh/from/m/adv"):
             c.send(mqttraw.publish(topic, hello, qos=1, pid=5))
             p = c.recv(5.0)

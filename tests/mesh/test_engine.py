@@ -15,6 +15,7 @@ import pytest
 from mqttmesh.mesh.actions import Inbound, Send, Unicast
 from mqttmesh.mesh.custody import Custody
 from mqttmesh.mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
+from mqttmesh.mesh.hello import Hello, encode_hello
 from mqttmesh.mesh.lsdb import newest_only
 from mqttmesh.mesh.wire import AckGroup, decode_acks
 from mqttmesh.message import Message
@@ -310,7 +311,8 @@ def test_the_handshake_rtt_is_the_first_cost_of_a_link():
     assert a.routers["a"].links == {"b": 40_000}
     a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
     assert a.routers["a"].seq == 2
-    assert json.loads(a.hello(rtt_us=40_000.4)) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000}
+    hello = encode_hello(Hello(a.node_id, a.incarnation, a.addresses, rtt_us=40_000.4))
+    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 2}
 
 
 def test_custody_lets_go_of_a_node_that_aged_out():

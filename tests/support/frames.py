@@ -107,17 +107,26 @@ class FakeChannel:
 class Net:
     """One pure Broker and the Channels of its clients, all driven by explicit times."""
 
-    def __init__(self, journal=None, auth=None, **settings):
-        from mqttmesh.broker import Broker, BrokerSettings
+    def __init__(self, journal=None, auth=None, ports=None, peers=None, claims=None, **settings):
+        from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
 
         settings.setdefault("node_id", "n1")
-        self.broker = Broker(BrokerSettings(**settings), auth=auth, journal=journal)
+        self.broker = Broker(BrokerSettings(**settings), auth, journal, ports or BrokerPorts())
         self.owner = Recorder()
+        self.peers = peers  # the Channels' PeerPort (a mesh node), None: none
+        self.claims = claims  # the Channels' ClaimPort
+
+    @classmethod
+    def of(cls, core) -> Net:
+        """The channels of an assembled node (assembly.build_core), made by the core."""
+        net = cls.__new__(cls)
+        net.broker, net.owner, net.peers, net.claims = core.broker, Recorder(), core.links, core.cluster
+        return net
 
     def channel(self, now: float = 0.0, peer: str = "peer"):
         from mqttmesh.channel import Channel
 
-        return Channel(self.broker, self.owner, peer, now)
+        return Channel(self.broker, self.owner, peer, now, peers=self.peers, claims=self.claims)
 
     def connect(self, client_id: str = "c", now: float = 0.0, expect: bytes = b"\x20\x02\x00\x00", **kw):
         """A channel that sent CONNECT (mqttraw.connect keywords) and got ``expect`` back.

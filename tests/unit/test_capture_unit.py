@@ -19,7 +19,7 @@ from mqttmesh.archive.capture import Capture, ReadCapture
 from mqttmesh.archive.recorder import ArchiveLimits, Recorder
 from mqttmesh.archive.schema import PUBLISH
 from mqttmesh.auth import Acl, Auth
-from mqttmesh.broker import Broker, BrokerSettings
+from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
 from mqttmesh.channel import CLOSED, CONNECTED, Channel
 from mqttmesh.codec import Decoder, MalformedPacket
 from mqttmesh.mesh.replica import ReplicaSessions
@@ -47,10 +47,11 @@ class ClosingOwner(Owner):
 class Node:
     """A pure Broker with the archive on; the recorder's chunks land in a list."""
 
-    def __init__(self, filters=("#",), delivery_log=False, auth=None, **settings):
+    def __init__(self, filters=("#",), delivery_log=False, auth=None, wall_offset=0.0, **settings):
         self.chunks = []
         self.recorder = Recorder(ArchiveLimits(), self.chunks.append, lambda: 99.0, filters, delivery_log)
-        self.broker = Broker(BrokerSettings(node_id="n1", **settings), auth, archive=Capture(self.recorder))
+        ports = BrokerPorts(archive=Capture(self.recorder))
+        self.broker = Broker(BrokerSettings(node_id="n1", **settings), auth, None, ports, wall_offset=wall_offset)
         self.owner = Owner()
 
     def connect(self, client_id, owner=None, now=0.0, **kw):
@@ -300,8 +301,7 @@ def test_publishes_in_the_read_that_carried_the_connect_are_records_of_their_own
 
 
 def test_the_read_timestamp_is_the_broker_clock_plus_the_wall_offset():
-    node = Node()
-    node.broker.wall_offset = 1_000.0
+    node = Node(wall_offset=1_000.0)
     dev = node.connect("dev")
     dev.receive_data(raw.publish("t/1", b"a"), NOW)
     assert node.records() == ([("dev", 1_005.0, raw.publish("t/1", b"a"), [(0, 1)], (), 1)], [])

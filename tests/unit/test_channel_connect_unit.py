@@ -12,7 +12,7 @@ import re
 import pytest
 
 from mqttmesh.auth import Auth, PasswordFile, hash_password
-from mqttmesh.broker import Broker, BrokerSettings, counting_hex
+from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings, counting_hex
 from mqttmesh.channel import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, TRANSITIONS, Channel
 from mqttmesh.codec import (
     CONNACK,
@@ -141,7 +141,7 @@ def test_auto_client_ids_come_from_the_brokers_random_hex():
         drawn.append(n)
         return "ab" * n
 
-    broker = Broker(BrokerSettings(node_id="n7"), random_hex=random_hex)
+    broker = Broker(BrokerSettings(node_id="n7"), ports=BrokerPorts(random_hex=random_hex))
     ch = Channel(broker, net.owner, "peer", 0.0)
     ch.receive_data(mqttraw.connect("", clean=True), 0.0)
     assert ch.data_to_send() == h("20 02 00 00")
@@ -723,18 +723,36 @@ class _Claims:
     def connect(self, channel, client_id, clean, will, now):
         self.calls.append((channel, client_id))
 
+    def disconnected(self, channel, now):
+        self.calls.append((channel, "disconnected"))
+
 
 def test_claiming_is_true_while_the_mesh_claims_the_client_id(net):
-    net.broker.cluster = _Claims()
-    ch = net.channel()
+    claims = _Claims()
+    ch = Channel(net.broker, net.owner, "peer", 0.0, claims=claims)
     assert ch.claiming is False
     ch.receive_data(mqttraw.connect("c"), 0.0)
     assert ch.state is CLAIMING and ch.claiming is True
-    assert net.broker.cluster.calls == [(ch, "c")]
+    assert claims.calls == [(ch, "c")]
     session, _ = net.broker.open_session(ch, "c", True)
     ch.claimed(session, False, 1.0)
     assert ch.state is CONNECTED and ch.claiming is False
     assert net.owner.connects == [ch]
+
+
+def test_a_refused_claim_answers_the_connect_with_its_code_and_closes(net):
+    # room for issue 15 (fencing): the ClaimPort may refuse; nothing refuses yet
+    claims = _Claims()
+    ch = Channel(net.broker, net.owner, "peer", 0.0, claims=claims)
+    ch.receive_data(mqttraw.connect("c", will=("w", b"gone", 0, False)), 0.0)
+    assert ch.claiming
+    ch.refused(0x03, "registrar unreachable", 1.0)
+    assert ch.data_to_send() == h("20 02 00 03")  # session present 0 [MQTT-3.2.2-4]
+    assert ch.state is CLOSED and "0x03" in ch.close_reason and "registrar unreachable" in ch.close_reason
+    assert claims.calls == [(ch, "c")]  # never connected: no disconnected(), and no will
+    assert net.broker.stats.wills_published == 0
+    ch.refused(0x03, "twice", 2.0)  # only a claiming channel is answered
+    assert ch.data_to_send() == b""
 
 
 def test_a_channel_is_paused_and_resumed_through_its_owner_while_connected(net):

@@ -11,7 +11,7 @@ import pytest
 
 from mqttmesh.channel import CLOSED, CONNECTED, PEER_AUTH, TRANSITIONS
 from mqttmesh.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT, PINGREQ, PUBLISH, SUBSCRIBE
-from mqttmesh.mesh.client import LinkClient
+from mqttmesh.mesh.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused
 from mqttmesh.mesh.peerauth import DiallerAuth, ListenerAuth, parse_connect
 from support import mqttraw
 from support.frames import Net, out, split_frames, v1_token
@@ -80,7 +80,7 @@ def test_right_proof_makes_the_link_ready_and_ours_goes_out_first():
     client.publish(b"$mesh/from/a/fwd", b"queued", 1)
     challenge = challenge_for()
     events = client.receive_data(mqttraw.publish("$mesh/to/a/auth", challenge), 0.01)
-    assert events == [("ready", pytest.approx(0.002))]
+    assert events == [Ready(pytest.approx(0.002))]
     assert (client.peer, client.peer_incarnation, client.state) == ("b", 9, "ready")
     frames = split_frames(client.data_to_send())
     assert frames[0].type == PUBLISH and frames[0].qos == 0
@@ -88,7 +88,7 @@ def test_right_proof_makes_the_link_ready_and_ours_goes_out_first():
     assert (frames[1].topic, frames[1].payload, frames[1].qos) == ("$mesh/from/a/fwd", b"queued", 1)
     # then messages flow as before
     events = client.receive_data(mqttraw.publish("$mesh/to/a/hello", b"{}", 1, pid=5), 0.02)
-    assert events == [("message", "$mesh/to/a/hello", b"{}")]
+    assert events == [Received("$mesh/to/a/hello", b"{}")]
     assert client.data_to_send() == mqttraw.puback(5)
 
 
@@ -108,7 +108,7 @@ def test_unacknowledged_messages_are_resent_only_after_the_proof():
     assert client.data_to_send() == mqttraw.subscribe(1, ("$mesh/to/a/#", 1))
     # the challenge of the previous connection is refused on this one
     events = client.receive_data(mqttraw.publish("$mesh/to/a/auth", challenge_for()), 1.01)
-    assert events[0][0] == "auth_failed"
+    assert isinstance(events[0], AuthFailed)
     assert client.data_to_send() == b""
 
 
@@ -127,7 +127,7 @@ def test_wrong_or_missing_proof_fails_and_nothing_is_sent(packet, why):
     client = connected(link())
     client.publish(b"$mesh/from/a/fwd", b"m", 1)
     events = client.receive_data(packet(), 0.01)
-    assert len(events) == 1 and events[0][0] == "auth_failed" and why in events[0][1], events
+    assert len(events) == 1 and isinstance(events[0], AuthFailed) and why in events[0].reason, events
     assert client.state == "refused"
     assert client.data_to_send() == b""
     assert client.peer is None
@@ -137,14 +137,14 @@ def test_publish_before_suback_is_a_protocol_error():
     client = link()
     client.connection_made(0.0, ND)
     events = client.receive_data(CONNACK_0 + mqttraw.publish("$mesh/to/a/auth", challenge_for()), 0.0)
-    assert events[0][0] == "protocol_error"
+    assert isinstance(events[0], ProtocolError)
     assert client.state == "refused"
 
 
 def test_refusal_codes_are_reported():
     client = link()
     client.connection_made(0.0, ND)
-    assert client.receive_data(b"\x20\x02\x00\x04", 0.0) == [("refused", 4)]
+    assert client.receive_data(b"\x20\x02\x00\x04", 0.0) == [Refused(4)]
     assert client.state == "refused"
 
 
@@ -169,31 +169,30 @@ def test_ready_link_has_no_handshake_deadline():
 
 
 class FakeMesh:
-    """The mesh port of the broker: hands out ListenerAuth with a known nonce, records peer input."""
+    """The Channels' PeerPort: hands out ListenerAuth with a known nonce, records peer input."""
 
     def __init__(self, node_id="b", nonces=(NL,), certificate_required=False):
         self.node_id = node_id
-        self.peer_certificate_required = certificate_required
+        self.certificate_required = certificate_required
         self.nonces = list(nonces)
         self.inputs = []
         self.closed = []
 
-    def peer_handshake(self, peer):
+    def handshake(self, peer):
         return ListenerAuth(SECRET, self.node_id, 9, self.nonces.pop(0), peer)
 
     def peer_input(self, channel, msg, now):
         self.inputs.append((channel.peer_node, msg.topic, msg.payload))
         return 0
 
-    def peer_closed(self, channel):
+    def peer_closed(self, channel, now):
         self.closed.append(channel)
+        self.closed_at = now
 
 
 @pytest.fixture
 def net():
-    n = Net(node_id="b", connect_timeout=10.0)
-    n.broker.mesh = FakeMesh()
-    return n
+    return Net(node_id="b", connect_timeout=10.0, peers=FakeMesh())
 
 
 def peer_connect(node="a", nonce=ND, client_id=None, password=None):
@@ -249,9 +248,35 @@ def test_right_proof_makes_a_peer_and_what_follows_is_peer_traffic(net):
     assert ch.decoder.max_packet_size == DEFAULT_MAX_PACKET_SIZE
     session = net.broker.sessions["$mesh-a"]
     assert session.channel is ch and "$mesh/to/a/#" in session.subscriptions
-    assert net.broker.mesh.inputs == [("a", "$mesh/from/a/hello", b"{}")]  # the proof is not a message
+    assert net.peers.inputs == [("a", "$mesh/from/a/hello", b"{}")]  # the proof is not a message
     assert out(ch)[0].body == b"\x00\x01"  # PUBACK of the hello
     assert net.owner.closes == []
+
+
+def peer(net, now=0.0):
+    ch, challenge = challenged(net, now)
+    ch.receive_data(mqttraw.publish("$mesh/from/a/auth", proof_for(challenge)), now)
+    assert ch.state == CONNECTED and ch.is_peer
+    return ch
+
+
+def test_a_peer_link_ended_by_keepalive_goes_down_at_the_time_of_the_tick(net):
+    # (the engine dates the link's end, and its new router advertisement, by that time)
+    ch = peer(net, 0.1)
+    ch.tick(3.5)  # keepalive 2 s: nothing read for more than 1.5 x 2 s
+    assert net.peers.closed == [ch] and net.peers.closed_at == 3.5
+
+
+def test_a_peer_link_the_node_resets_goes_down_at_the_time_it_gives(net):
+    ch = peer(net, 0.1)
+    ch.close("slow consumer", 7.0)
+    assert net.peers.closed == [ch] and net.peers.closed_at == 7.0
+
+
+def test_a_peer_link_lost_goes_down_at_the_time_of_the_loss(net):
+    ch = peer(net, 0.1)
+    ch.connection_lost(2.5)
+    assert net.peers.closed == [ch] and net.peers.closed_at == 2.5
 
 
 @pytest.mark.parametrize(
@@ -287,7 +312,7 @@ def test_anything_else_from_a_provisional_peer_closes_it(net, packet):
     ch, _ = challenged(net)
     ch.receive_data(packet(), 0.1)
     assert ch.state == CLOSED and not ch.is_peer
-    assert net.broker.mesh.inputs == []
+    assert net.peers.inputs == []
     assert net.broker.sessions == {}
 
 
@@ -334,7 +359,7 @@ def test_provisional_peer_does_not_take_over_a_live_link(net):
     assert first.state == CONNECTED
     # the same CONNECT again (a replay, or the same node reconnecting): the live link stays
     # until the new connection proves the secret
-    net.broker.mesh.nonces.append(bytes(range(200, 216)))
+    net.peers.nonces.append(bytes(range(200, 216)))
     second = net.channel(1.0)
     second.receive_data(peer_connect(), 1.0)
     assert second.data_to_send() == b"\x20\x02\x01\x00"  # session present: the live link's
@@ -351,7 +376,7 @@ def test_a_real_reconnect_takes_the_link_over_once_proved(net):
     first.receive_data(mqttraw.publish("$mesh/from/a/auth", proof_for(challenge)), 0.1)
     nl2 = bytes(range(200, 216))
     nd2 = bytes(range(30, 46))
-    net.broker.mesh.nonces.append(nl2)
+    net.peers.nonces.append(nl2)
     second = net.channel(1.0)
     second.receive_data(peer_connect(nonce=nd2), 1.0)
     second.data_to_send()
@@ -381,14 +406,14 @@ def test_newer_version_peer_is_refused_naming_both_versions(net):
 def test_mutual_tls_needs_a_verified_client_certificate_for_a_peer(net, certified, expected):
     from mqttmesh.channel import Channel
 
-    net.broker.mesh = FakeMesh(certificate_required=True)
-    ch = Channel(net.broker, net.owner, "peer", 0.0, certified)
+    peers = FakeMesh(certificate_required=True)
+    ch = Channel(net.broker, net.owner, "peer", 0.0, certified, peers=peers)
     ch.receive_data(peer_connect(), 0.0)
     assert ch.data_to_send() == expected
     if not certified:
         assert "mesh.tls_mutual" in net.owner.reasons(ch)[0]
     # an ordinary client needs none
-    client = Channel(net.broker, net.owner, "client", 0.0, False)
+    client = Channel(net.broker, net.owner, "client", 0.0, False, peers=peers)
     client.receive_data(mqttraw.connect("plain"), 0.0)
     assert client.data_to_send() == CONNACK_0
 
@@ -408,5 +433,5 @@ def test_linkclient_and_channel_complete_the_handshake_over_a_byte_pipe(net):
     for step in range(6):  # bytes go back and forth until both are quiet
         ch.receive_data(client.data_to_send(), step / 100)
         events += client.receive_data(ch.data_to_send(), step / 100)
-    assert [e[0] for e in events] == ["ready"]
+    assert [type(e) for e in events] == [Ready]
     assert client.peer == "b" and ch.is_peer and ch.peer_node == "a" and ch.state == CONNECTED

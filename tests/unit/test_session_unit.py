@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mqttmesh.flow import Congestion
+from mqttmesh.mesh.cluster_values import Snapshot
 from mqttmesh.mesh.replica import DurableMeshSession, MeshSession, ReplicaSessions, install
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
@@ -408,7 +409,7 @@ def test_discarding_journals_the_delete_of_a_durable_session_only():
 
 
 def test_installing_a_snapshot_journals_awaiting_rel_for_a_durable_replica_only():
-    snap = {"done": [], "entries": [], "rel": [4, 2], "subs_version": 0, "epoch": 1}
+    snap = Snapshot("c", {}, 0, [], [], [4, 2], None, 1)  # (typed since issue 14 S3)
     j = Journal()
     durable = DurableMeshSession("c", Limits(), j)
     install(durable, snap)

@@ -19,6 +19,7 @@ DUP=1 and their packet ids once the listener proved the secret [MQTT-4.4.0-1].
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from ..codec import (
     CONNACK,
@@ -30,15 +31,77 @@ from ..codec import (
     Decoder,
     MalformedPacket,
     PubAck,
+    Publish,
     Subscribe,
     encode,
     encode_publish,
 )
 from .peerauth import PEER_USERNAME, DiallerAuth, PeerAuthError
 
-__all__ = ["LinkClient"]
+__all__ = [
+    "LinkClient",
+    "LinkEvent",
+    "Ready",
+    "Refused",
+    "AuthFailed",
+    "Received",
+    "Rtt",
+    "ProtocolError",
+]
 
 _PINGREQ = b"\xc0\x00"
+
+
+# -- what a read brings (``receive_data``) ---------------------------------------------
+# (plain slotted classes, not frozen: one Received per PUBLISH on the link, and a frozen
+# dataclass costs about three times as much to make)
+
+
+@dataclass(slots=True)
+class Ready:
+    """The listener proved the secret and ours is on its way: send the hello. ``rtt``: the
+    SUBSCRIBE/SUBACK round trip, the link's first cost sample (seconds)."""
+
+    rtt: float
+
+
+@dataclass(slots=True)
+class Refused:
+    """The listener refused the CONNECT (its return code) or the SUBSCRIBE (0x80)."""
+
+    code: int
+
+
+@dataclass(slots=True)
+class AuthFailed:
+    """The listener did not prove the cluster secret for this connection."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class Received:
+    """A PUBLISH from the peer on our ``$mesh/to/<node>/`` subscription."""
+
+    topic: str
+    payload: bytes
+
+
+@dataclass(slots=True)
+class Rtt:
+    """A PINGREQ/PINGRESP round trip (seconds)."""
+
+    seconds: float
+
+
+@dataclass(slots=True)
+class ProtocolError:
+    """The listener broke MQTT or the handshake's order: close."""
+
+    reason: str
+
+
+LinkEvent = Ready | Refused | AuthFailed | Received | Rtt | ProtocolError
 
 
 class LinkClient:
@@ -110,33 +173,31 @@ class LinkClient:
         self.state = "idle"
         self._auth = None
 
-    def receive_data(self, data: bytes, now: float) -> list[tuple]:
-        """Events: ("ready", rtt), ("refused", rc), ("auth_failed", reason),
-        ("message", topic, payload), ("rtt", seconds), ("protocol_error", reason).
+    def receive_data(self, data: bytes, now: float) -> list[LinkEvent]:
+        """What the read brought, in order (the event classes above).
 
-        The rtt of "ready" is the SUBSCRIBE/SUBACK round trip: the link's first cost sample.
-        At "ready" the listener's node id and incarnation are in ``peer`` and ``peer_incarnation``.
+        At ``Ready`` the listener's node id and incarnation are in ``peer`` and ``peer_incarnation``.
         """
         self.last_rx = now
         self.decoder.feed(data)
-        events: list[tuple] = []
+        events: list[LinkEvent] = []
         try:
             for pkt in self.decoder.packets():
                 t = pkt.type
                 if t == PUBLISH and self.state == "ready":
                     if pkt.qos:
                         self._out.append(encode(PubAck(pkt.packet_id)))
-                    events.append(("message", pkt.topic, pkt.payload))
+                    events.append(Received(pkt.topic, pkt.payload))
                 elif t == PUBACK:
                     if self.inflight.pop(pkt.packet_id, None) is not None:
                         self._refill()
                 elif t == PINGRESP:
                     if self._ping_sent is not None:
-                        events.append(("rtt", now - self._ping_sent))
+                        events.append(Rtt(now - self._ping_sent))
                         self._ping_sent = None
                 elif t == CONNACK and self.state == "connecting":
                     if pkt.return_code != 0:
-                        events.append(("refused", pkt.return_code))
+                        events.append(Refused(pkt.return_code))
                         self.state = "refused"
                         return events
                     self.session_present = pkt.session_present
@@ -145,7 +206,7 @@ class LinkClient:
                     self._out.append(encode(Subscribe(1, [(self.subscribe_filter, 1)])))
                 elif t == SUBACK and self.state == "subscribing":
                     if pkt.return_codes[0] == 0x80:
-                        events.append(("refused", 0x80))
+                        events.append(Refused(0x80))
                         self.state = "refused"
                         return events
                     self.state = "authenticating"
@@ -153,20 +214,20 @@ class LinkClient:
                 elif t == PUBLISH and self.state == "authenticating":
                     failure = self._check_listener(pkt)
                     if failure:
-                        events.append(("auth_failed", failure))
+                        events.append(AuthFailed(failure))
                         self.state = "refused"
                         return events
-                    events.append(("ready", self._handshake_rtt))
+                    events.append(Ready(self._handshake_rtt))
                 else:
-                    events.append(("protocol_error", f"unexpected packet type {t} in state {self.state}"))
+                    events.append(ProtocolError(f"unexpected packet type {t} in state {self.state}"))
                     self.state = "refused"
                     return events
         except MalformedPacket as exc:
-            events.append(("protocol_error", str(exc)))
+            events.append(ProtocolError(str(exc)))
             self.state = "refused"
         return events
 
-    def _check_listener(self, pkt) -> str | None:
+    def _check_listener(self, pkt: Publish) -> str | None:
         """The listener's proof: on success our own goes out and the link is ready."""
         if pkt.topic != self._challenge_topic or pkt.qos or pkt.retain:
             return (

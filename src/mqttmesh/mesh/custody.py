@@ -104,7 +104,8 @@ class CustodyMixin(EngineState):
             # every destination keeps it until it acknowledges: one whose subscriber left
             # acknowledges a message it delivers to nobody, and one across a partition is
             # waited for (its interest may not be known again yet when the split heals)
-            reachable = [d for d in c.dests if d in self.next_hop]
+            # (sorted: a set's order would make the envelope depend on the hash seed)
+            reachable = [d for d in sorted(c.dests) if d in self.next_hop]
             c.attempt = min(c.attempt + 1, 255)
             c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
             if reachable:

@@ -12,7 +12,7 @@ with (``spf_timer``, the simulator's).
 
 What travels between neighbours (``kind`` of a Send):
 
-    hello   link-local: who I am (node id, incarnation, addresses)
+    hello   link-local: who I am (hello.py; sent and read by links.py, not here)
     cost    link-local: the measured cost of our link (the dialling side measures)
     dbsum   link-local, on link up: the versions of every advertisement I hold
     lsreq   link-local: send me these advertisements (I hold older ones)
@@ -121,28 +121,11 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
             "spf_runs": 0,
         }
 
-    # ------------------------------------------------------------------ start and hello
+    # ------------------------------------------------------------------ start
 
     def start(self, now: float) -> None:
         self._originate_router(now)
         self._originate_interest()
-
-    def hello(self, rtt_us: float | None = None) -> bytes:
-        """Our introduction on a new link; the dialler adds the round trip it measured."""
-        hello: dict[str, Any] = {"node": self.node_id, "inc": self.incarnation, "addr": self.addresses}
-        if rtt_us is not None:
-            hello["rtt"] = int(rtt_us)
-        return json.dumps(hello).encode()
-
-    @staticmethod
-    def parse_hello(payload: bytes) -> dict[str, Any]:
-        try:
-            hello = json.loads(payload)
-            if not isinstance(hello["node"], str) or not isinstance(hello["inc"], int):
-                raise ValueError("bad hello fields")
-            return hello  # type: ignore[no-any-return]  # (checked above; S6 types the hello)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise MeshProtocolError(f"invalid hello: {exc}") from None
 
     # ------------------------------------------------------------------ links
 

@@ -43,6 +43,7 @@ __all__ = [
     "parse_connect",
     "DiallerAuth",
     "ListenerAuth",
+    "version_mismatch",
 ]
 
 PEER_PROTOCOL = 2  # the peer protocol's version: a node refuses a peer of another
@@ -55,6 +56,12 @@ _INT = re.compile(r"(0|[1-9][0-9]{0,19})\Z")
 _NODE = re.compile(r"[^|\x00-\x20\x7f]{1,256}\Z")  # what config allows, and more, but never '|'
 
 LISTENER, DIALLER = "listener", "dialler"
+
+
+def version_mismatch(peer: str, version: int) -> str:
+    """Why a peer of another protocol version is refused, both versions named: the same
+    words whether its CONNECT (channel.py) or its hello (mesh/hello.py) said it."""
+    return f"peer {peer!r} speaks mesh protocol {version}, this node {PEER_PROTOCOL}"
 
 
 class PeerAuthError(ValueError):

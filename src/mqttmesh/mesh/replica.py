@@ -6,7 +6,9 @@ each queues it; only the node the client is connected to sends to the client.
 That node tells the other holders which messages are settled. This module
 gives the session what that needs: entries known by message id (origin, seq),
 tombstones of settled ids, a hook for every settlement, and snapshots that can
-be merged. The protocol around it is in ``mesh/cluster.py``.
+be merged (their wire form is in ``mesh/cluster_wire.py``). The protocol around it is in
+``mesh/handover.py``; ``Replication`` is the part of it the Broker and the sessions
+call (settlements, subscription changes, redirects), built before both.
 """
 
 from __future__ import annotations
@@ -14,19 +16,25 @@ from __future__ import annotations
 import base64
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..message import Message
 from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from .cluster_values import Forwarded, Settlement, Snapshot, SnapshotEntry
+from .cluster_wire import SessFwd, SessSubs, Wire
 
 if TYPE_CHECKING:
     from ..flow import Congestion
     from ..ports import JournalPort, SentHook
+    from .membership import Membership
 
 __all__ = [
     "MeshSession",
     "DurableMeshSession",
     "ReplicaSessions",
+    "Replication",
+    "Redirect",
+    "SettledHook",
     "snapshot",
     "merge_snapshots",
     "install",
@@ -34,6 +42,9 @@ __all__ = [
 ]
 
 TOMBSTONES = 50_000  # settled message ids remembered per session (duplicates suppressed)
+
+# (session, message id, state, packet id) of a settlement: "sent", "rel", "done"
+SettledHook = Callable[["_Replicated", tuple[str, int], str, int], None]
 
 
 # _Replicated is mixed in before Session or DurableSession: a type checker sees it as a Session
@@ -47,13 +58,11 @@ else:
 class _Replicated(_SessionPart):
     """Mixed in before Session/DurableSession: keeps every entry findable by message id."""
 
-    replicated = True
-
-    def _init_replication(self) -> None:
-        self.ids: dict[tuple, Entry] = {}
-        self.done: OrderedDict[tuple, None] = OrderedDict()
-        # hook(session, key, state, packet_id): "sent", "rel", "done"
-        self.on_settled: Callable[[_Replicated, tuple, str, int], None] | None = None
+    def _init_replication(self, on_settled: SettledHook | None) -> None:
+        self.ids: dict[tuple[str, int], Entry] = {}  # (origin, seq) -> its entry
+        self.done: OrderedDict[tuple[str, int], None] = OrderedDict()  # settled ids, oldest first
+        # every settlement, for the other holders (Replication.on_settled); None in tests
+        self.on_settled = on_settled
         self.active_node: str | None = None
         self.epoch = 0
         self.subs_version = 0
@@ -62,13 +71,13 @@ class _Replicated(_SessionPart):
     def replica(self) -> _Replicated:
         return self
 
-    def _remember_done(self, key: tuple) -> None:
+    def _remember_done(self, key: tuple[str, int]) -> None:
         done = self.done
         done[key] = None
         if len(done) > TOMBSTONES:
             done.popitem(last=False)
 
-    def deliver(self, msg, qos: int, retain: bool = False) -> None:
+    def deliver(self, msg: Message, qos: int, retain: bool = False) -> None:
         if not retain:  # a retained copy is a re-send by design, never a duplicate
             key = (msg.origin, msg.seq)
             if key in self.ids or key in self.done:
@@ -109,7 +118,7 @@ class _Replicated(_SessionPart):
 
     # -- what other holders tell us ----------------------------------------------
 
-    def settle(self, key: tuple, state: str, pid: int) -> None:
+    def settle(self, key: tuple[str, int], state: str, pid: int) -> None:
         """Another holder (the one the client is on) settled a message."""
         entry = self.ids.get(key)
         if state == "done":
@@ -144,15 +153,30 @@ class _Replicated(_SessionPart):
 
 
 class MeshSession(_Replicated, Session):
-    def __init__(self, client_id: str, limits: Limits, congestion: Congestion | None = None):
-        Session.__init__(self, client_id, False, limits, congestion)
-        self._init_replication()
+    def __init__(
+        self,
+        client_id: str,
+        limits: Limits,
+        congestion: Congestion | None = None,
+        on_settled: SettledHook | None = None,
+        on_sent: SentHook | None = None,
+    ):
+        Session.__init__(self, client_id, False, limits, congestion, on_sent)
+        self._init_replication(on_settled)
 
 
 class DurableMeshSession(_Replicated, DurableSession):
-    def __init__(self, client_id: str, limits: Limits, journal: JournalPort, congestion: Congestion | None = None):
-        DurableSession.__init__(self, client_id, limits, journal, congestion)
-        self._init_replication()
+    def __init__(
+        self,
+        client_id: str,
+        limits: Limits,
+        journal: JournalPort,
+        congestion: Congestion | None = None,
+        on_settled: SettledHook | None = None,
+        on_sent: SentHook | None = None,
+    ):
+        DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
+        self._init_replication(on_settled)
 
 
 class ReplicaSessions(Sessions):
@@ -164,115 +188,176 @@ class ReplicaSessions(Sessions):
         limits: Limits,
         journal: JournalPort,
         congestion: Congestion | None,
-        on_settled: Callable[[_Replicated, tuple, str, int], None],
+        on_settled: SettledHook,
         on_sent: SentHook | None = None,
     ):
         super().__init__(limits, journal, congestion, on_sent)
         self.on_settled = on_settled
 
     def restored(self, client_id: str) -> Session:
-        session: MeshSession | DurableMeshSession
         if self.journal.persistent:
-            session = DurableMeshSession(client_id, self.limits, self.journal, self.congestion)
-        else:
-            session = MeshSession(client_id, self.limits, self.congestion)
-        session.on_settled = self.on_settled
-        session.on_sent = self.on_sent
-        return session
+            return DurableMeshSession(
+                client_id, self.limits, self.journal, self.congestion, self.on_settled, self.on_sent
+            )
+        return MeshSession(client_id, self.limits, self.congestion, self.on_settled, self.on_sent)
+
+
+class Redirect(NamedTuple):
+    """A holder's note that a ClientId's client moved to ``node``: forward until ``until``."""
+
+    node: str
+    until: float
+
+
+class Replication:
+    """What the Broker and the replicated sessions tell the other holders of a session
+    (a ports.ReplicationPort): settlements (batched until ``take_settles``), subscription
+    changes, and messages for a client that just moved (``targets``, written by the
+    hand-over, mesh/handover.py). Built before the Broker and the Cluster; it holds
+    neither, only who the holders are (``membership``) and a way to send."""
+
+    def __init__(
+        self,
+        node_id: str,
+        membership: Membership,
+        send_out: Callable[[str, Wire], bool],
+        counters: dict[str, int],
+    ):
+        self.node_id = node_id
+        self.membership = membership
+        self._send_out = send_out
+        self.counters = counters
+        # cid -> where its client went; read by Broker.dispatch for every message
+        self.targets: dict[str, Redirect] = {}
+        self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
+
+    def on_settled(self, session: _Replicated, key: tuple[str, int], state: str, pid: int) -> None:
+        """A replicated session settled a message (its hook)."""
+        self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid))
+
+    def take_settles(self) -> dict[str, list[Settlement]]:
+        """The settlements since the last call, by ClientId (Cluster.flush sends them)."""
+        settles = self._settles
+        if settles:
+            self._settles = {}
+        return settles
+
+    def subs_changed(self, session: Session) -> None:
+        replica = session.replica
+        if replica is None:
+            return
+        replica.subs_version += 1
+        body = SessSubs(replica.client_id, replica.subs_version, replica.subscriptions)
+        for node in self.membership.holders(replica.client_id, self.node_id):
+            if node != self.node_id:
+                self._send_out(node, body)
+
+    def forward(self, session: Session, msg: Message) -> None:
+        """A message reached a local replica whose client just moved elsewhere."""
+        target = self.targets.get(session.client_id)
+        if target is None:
+            return
+        self.counters["redirected"] += 1
+        payload = base64.b64encode(msg.payload).decode()
+        fwd = Forwarded(msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp)
+        self._send_out(target.node, SessFwd(session.client_id, fwd))
+
+    def expire(self, now: float) -> None:
+        for cid, (_, until) in list(self.targets.items()):
+            if now >= until:
+                del self.targets[cid]
 
 
 # --------------------------------------------------------------------------- snapshots
 
 
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def snapshot(session) -> dict:
-    """The session's state as a JSON-able dict (what a holder sends another)."""
+def snapshot(session: _Replicated) -> Snapshot:
+    """The session's state, as a holder sends it to another (mesh/cluster_wire.py)."""
     entries = []
     for entry in list(session.inflight.values()) + list(session.queue):
         if entry.retain:
             continue  # retained copies are re-sent from the retained store, not carried
         m = entry.msg
+        payload = base64.b64encode(m.payload).decode()
         entries.append(
-            [
+            SnapshotEntry(
                 m.origin,
                 m.seq,
                 m.topic,
-                _b64(m.payload),
+                payload,
                 m.qos,
                 entry.qos,
                 entry.packet_id,
                 entry.state,
                 m.publisher,
                 m.timestamp,
-            ]
+            )
         )
-    return {
-        "cid": session.client_id,
-        "subs": dict(session.subscriptions),
-        "subs_version": session.subs_version,
-        "entries": entries,
-        "done": [list(k) for k in list(session.done)[-5000:]],
-        "rel": sorted(session.awaiting_rel),
-        "active": session.active_node,
-        "epoch": session.epoch,
-    }
+    return Snapshot(
+        session.client_id,
+        dict(session.subscriptions),
+        session.subs_version,
+        entries,
+        list(session.done)[-5000:],
+        sorted(session.awaiting_rel),
+        session.active_node,
+        session.epoch,
+    )
 
 
-def merge_snapshots(snaps: list[dict]) -> dict | None:
+def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     """Union of several holders' views: an id settled anywhere is settled; furthest state wins."""
-    snaps = [s for s in snaps if s]
     if not snaps:
         return None
-    done: set[tuple] = set()
+    done: set[tuple[str, int]] = set()
     for s in snaps:
-        done.update(tuple(k) for k in s["done"])
-    best: dict[tuple, list] = {}
-    order: list[tuple] = []
+        done.update(s.done)
+    best: dict[tuple[str, int], SnapshotEntry] = {}
+    order: list[tuple[str, int]] = []
     for s in snaps:
-        for e in s["entries"]:
-            key = (e[0], e[1])
+        for e in s.entries:
+            key = (e.origin, e.seq)
             if key in done:
                 continue
             have = best.get(key)
             if have is None:
                 best[key] = e
                 order.append(key)
-            elif e[7] > have[7]:
+            elif e.state > have.state:
                 best[key] = e
-    subs_from = max(snaps, key=lambda s: (s["subs_version"], s["epoch"]))
-    rel = set()
+    subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
+    rel: set[int] = set()
     for s in snaps:
-        rel.update(s["rel"])
+        rel.update(s.rel)
     # in flight first (in packet-id send order), then queued, each in arrival order
     entries = [best[k] for k in order]
-    entries.sort(key=lambda e: 0 if e[7] else 1)
-    return {
-        "cid": snaps[0]["cid"],
-        "subs": subs_from["subs"],
-        "subs_version": subs_from["subs_version"],
-        "entries": entries,
-        "done": [list(k) for k in done],
-        "rel": sorted(rel),
-        "active": subs_from["active"],
-        "epoch": max(s["epoch"] for s in snaps),
-    }
+    entries.sort(key=lambda e: 0 if e.state else 1)
+    return Snapshot(
+        snaps[0].cid,
+        subs_from.subs,
+        subs_from.subs_version,
+        entries,
+        # (a set's order, as before issue 14: it depends on the hash seed, which decides
+        # which ids are kept only when there are more than the snapshot and TOMBSTONES keep)
+        list(done),
+        sorted(rel),
+        subs_from.active,
+        max(s.epoch for s in snaps),
+    )
 
 
-def install(session, snap: dict) -> None:
+def install(session: _Replicated, snap: Snapshot) -> None:
     """Replace the session's messages with the snapshot's (subscriptions are the caller's job)."""
     base = super(_Replicated, session)  # storage only: these are not settlements
     for entry in list(session.inflight.values()) + list(session.queue):
-        base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method: super() of an untyped session)
+        base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method, reached past _Replicated)
     session.inflight.clear()
     session.queue.clear()
     session.ids.clear()
-    for key in snap["done"]:
-        session._remember_done(tuple(key))
+    for key in snap.done:
+        session._remember_done(key)
     used = set()
-    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap["entries"]:
+    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap.entries:
         msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts)
         entry = session._new_entry(msg, qos, False)
         if state and pid and pid not in used:
@@ -283,9 +368,9 @@ def install(session, snap: dict) -> None:
             session.queue.append(entry)
         session._stored_put(entry)
     session.awaiting_rel = set()
-    for pid in set(snap["rel"]):
+    for pid in set(snap.rel):
         session.awaiting_rel_add(pid)  # journaled by a DurableMeshSession
-    session.subs_version = max(session.subs_version, snap["subs_version"])
-    session.epoch = max(session.epoch, snap["epoch"])
+    session.subs_version = max(session.subs_version, snap.subs_version)
+    session.epoch = max(session.epoch, snap.epoch)
     if session.inflight:
         session._next_pid = max(session.inflight) % 65535 + 1

@@ -96,8 +96,8 @@ class Connection(asyncio.Protocol):
         # a client certificate that verified against tls.ca_file (mesh.tls_mutual asks for one)
         certified = bool(transport.get_extra_info("peercert"))
         # the connect timeout counts from accept, the TLS handshake included
-        self.channel = Channel(
-            node.broker, self, self.peer, now if self.accepted_at is None else self.accepted_at, certified
+        self.channel = node.core.channel(
+            self, self.peer, now if self.accepted_at is None else self.accepted_at, certified
         )
         self._arm_timer()
 
@@ -254,7 +254,7 @@ class Connection(asyncio.Protocol):
         self._reset = True
         channel = self.channel
         if channel is not None and channel.state != "closed":
-            channel.close(reason)
+            channel.close(reason, self._loop.time())
         else:
             _reset(self.transport)
 

@@ -1,8 +1,9 @@
 """A broker node: listener, connections, write batching, group commit, $SYS.
 
-This is the I/O layer. It builds the pure broker core from the configuration,
-accepts connections, and performs what the cores ask for: writes (batched per
-loop iteration), closes, password checks on a thread, store commits.
+This is the I/O layer. It builds the pure core (assembly.build_core) once the node's
+id, incarnation and wall offset are known, accepts connections, and performs what the
+cores ask for: writes (batched per loop iteration), closes, password checks on a
+thread, store commits.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import struct
 import time
 
 from .. import __version__
+from ..assembly import MeshConfig, NodeCore, build_core
 from ..auth import Acl, Auth, ConfigError, PasswordFile
 from ..broker import Broker, BrokerSettings
 from ..config import Config
 from ..message import Message
 from ..session import Limits
-from ..store import Journal, clock_incarnation
+from ..store import NULL_JOURNAL, Journal, clock_incarnation
 from .connection import PAUSE_MEMORY, Connection
 from .logins import Logins
 from .sqlite_store import SqliteStore
@@ -58,7 +60,7 @@ class Node:
             drop_policy=config.get("limits.drop_policy"),
             max_awaiting_rel=config.get("limits.max_awaiting_rel"),
         )
-        settings = BrokerSettings(
+        self.settings = BrokerSettings(
             node_id=self.node_id,
             limits=limits,
             max_qos=config.get("limits.max_qos"),
@@ -79,14 +81,11 @@ class Node:
             from .archive import ArchiveService
 
             self.archive = ArchiveService(self, config)  # its port goes into the Broker
-        self.broker = Broker(
-            settings,
-            build_auth(config),
-            self.journal,
-            random_hex=_random_hex,
-            archive=None if self.archive is None else self.archive.capture,
-        )
-        self.logins = Logins(self, config)
+        self.auth = build_auth(config)  # (a bad password or ACL file stops the node here)
+        # the pure core, built by start() once the node id, incarnation and wall offset are known
+        self.core: NodeCore
+        self.broker: Broker
+        self.logins: Logins | None = None  # (start(): it counts in the Broker's stats)
         self.max_write_buffer = config.get("limits.max_write_buffer")
         # memory of all connections' buffers (connection.py keeps the counts): above
         # buffer_high reading from clients stops until they are below buffer_low
@@ -128,7 +127,6 @@ class Node:
     # -- life cycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        broker = self.broker
         # bind first (the port may be 0 and names the node), serve only once state is loaded
         self._server = await self.loop.create_server(
             lambda: Connection(self),
@@ -149,13 +147,29 @@ class Node:
             self._tls_sock = _listening_socket(self.config.host, self.config.get("tls.port"))
             self.tls_port = self._tls_sock.getsockname()[1]
         if not self.config.node_id:  # host-port, with the port actually bound
-            self.node_id = broker.node_id = broker.settings.node_id = f"{self.config.host}-{self.port}"
+            self.node_id = self.settings.node_id = f"{self.config.host}-{self.port}"
         if self.store is not None:
             self.incarnation = self.store.next_incarnation()
         else:
             self.incarnation = clock_incarnation(time.time())
+        wall_offset = time.time() - self.loop.time()  # message timestamps: the loop clock plus this
+        mesh: MeshConfig | None = None
         if self.mesh is not None:
-            self.mesh.prepare()  # sessions restored below must be the mesh's kind
+            port = self.tls_port if self.mesh.tls is not None and self.tls_port else self.port
+            mesh = self.mesh.core_config(port)
+        self.core = build_core(
+            self.settings,
+            incarnation=self.incarnation,
+            now=self.loop.time(),
+            wall_offset=wall_offset,
+            auth=self.auth,
+            journal=self.journal if self.journal is not None else NULL_JOURNAL,
+            archive=None if self.archive is None else self.archive.capture,
+            random_hex=_random_hex,
+            mesh=mesh,  # (sessions restored below are the mesh's replicated kind)
+        )
+        broker = self.broker = self.core.broker
+        self.logins = Logins(self, self.config)
         if self.store is not None:
             sessions, retained = self.store.load(broker)
             self.store.start(self._committed_on_thread)
@@ -167,10 +181,6 @@ class Node:
                 "no data directory: running in memory; persistent sessions and retained "
                 "messages are lost when this node stops (set --data-dir)"
             )
-        # (node, seq) stays unique across restarts: a later start has a larger incarnation
-        # (sixteenths of a second), and 2**28 ids per sixteenth of a second is plenty
-        broker.seq = self.incarnation << 28
-        broker.wall_offset = time.time() - self.loop.time()
         if self.archive is not None:
             await self.archive.start()  # files are named by node id and incarnation, known by now
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
@@ -221,7 +231,8 @@ class Node:
             self._sys_task.cancel()
         self._housekeeping.cancel()
         self._flow_timer.cancel()
-        self.logins.stop()
+        if self.logins is not None:
+            self.logins.stop()
         for conn in list(self.connections):
             if conn.transport is not None:
                 conn.flush()

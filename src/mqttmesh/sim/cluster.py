@@ -1,39 +1,48 @@
-"""A whole simulated node: Broker, Journal, MeshEngine and Cluster, built and wired as the server does.
+"""A whole simulated node: ``assembly.build_core``, as the server builds it, and the ports it asks for.
 
-``build_node`` is the one place where the simulator assembles a node's pure objects
-(issue 14: when ``assembly.build_core`` exists, it replaces this function). It
-builds them with the constructors server/node.py and server/mesh_node.py use, in
-their order (Broker with a Journal; Cluster, which installs the replicated sessions;
-the store loaded; the engine with the journal as custody; the broker's hooks), and
-``SimCore`` holds the glue server/mesh_node.py has between them: how a unicast
-leaves, what an engine's inbound messages become, the membership check, the flush
-and tick order. That glue mirrors mesh_node.py until the pure ``PeerLinks`` (S6)
-exists; only the Cluster's public API (connect/disconnected via the Channel,
-receive, membership, tick, flush, status, clients) and the Broker's are used.
+Every node of ``mode = "cluster"`` is the ``NodeCore`` server/node.py builds: Broker,
+Channels (``NodeCore.channel``), replicated sessions, Journal, Cluster, MeshEngine,
+MeshGateway and PeerLinks, unmodified. The simulator supplies only what the server's
+I/O layer supplies (docs/simulation.md, section 8):
 
-Storage: ``SimStore`` is the node's "disk", a few dicts written with the very op
-tuples ``Journal.take`` hands server/sqlite_store.py, and read back through
-``store.restore_sessions`` as SqliteStore does. What was not committed when the
-node crashed is gone (kill -9).
+- ``ports.MeshIO``: a flush soon is the simulator's FLUSH event, a flush now happens at
+  once; no nonce is ever drawn (simulated peer links start at the hello, the handshake
+  before it has unit tests); addresses learned are of no use (every pair is dialled);
+- ``ports.PeerLink``: ``SimLink``, one per side of a simulated connection, whose sends
+  cross the simulated network (sim/network.py);
+- ``ports.Log``: a handler that raised, or a peer's message the node could not read,
+  is a violation;
+- ``ports.ArchivePort``: sees every message published at the node (the wills counted
+  where they are published); it archives nothing;
+- the Journal's commits: ``SimStore``, the node's "disk", a few dicts written with the
+  very op tuples ``Journal.take`` hands server/sqlite_store.py, and read back through
+  ``store.restore_sessions`` as SqliteStore does. What was not committed when the node
+  crashed is gone (kill -9).
 """
 
 from __future__ import annotations
 
-import json
 import random
-import time
-from collections.abc import Callable
-from typing import Any, Protocol
+import sys
+from typing import TYPE_CHECKING, Any, Protocol
 
+from ..assembly import MeshConfig, NodeCore, build_core
 from ..broker import Broker, BrokerSettings
-from ..mesh.actions import Inbound, Send
-from ..mesh.cluster import Cluster, ClusterSettings
-from ..mesh.engine import MeshEngine, MeshSettings
+from ..mesh.cluster import ClusterSettings
+from ..mesh.engine import MeshSettings
 from ..message import Message
 from ..session import Limits
 from ..store import Journal, restore_sessions
 
-__all__ = ["SimStore", "SimCore", "NodeIO", "build_node"]
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+
+    from ..channel import Channel
+    from ..ports import Owner, ReadCapture, SentHook
+
+__all__ = ["SimStore", "SimNode", "SimLink", "NodeIO", "build_node", "SECRET"]
+
+SECRET = b"simulated cluster"  # the cluster secret: checked by no simulated handshake
 
 
 class NodeIO(Protocol):
@@ -41,11 +50,17 @@ class NodeIO(Protocol):
 
     def flush_soon(self) -> None: ...  # a FLUSH event, once per loop iteration
 
+    def flush_now(self) -> None: ...  # hand what was routed to the links at once
+
     def commit_soon(self) -> None: ...  # the journal has a batch to commit
 
     def published(self, msg: Message) -> None: ...  # observed: a message published at this node
 
-    def error(self, what: str) -> None: ...  # a cluster handler raised (mesh_node logs it)
+    def error(self, what: str) -> None: ...  # a cluster handler raised, a peer sent something unreadable
+
+    def link_send(self, link: SimLink, kind: str, payload: bytes, qos: int) -> None: ...  # onto the network
+
+    def link_close(self, link: SimLink, reason: str) -> None: ...  # the node closes a peer link
 
 
 class SimStore:
@@ -114,109 +129,117 @@ class SimStore:
         return out
 
 
-class SimCore:
-    """One node's pure objects and the glue between them (server/mesh_node.py's, mirrored)."""
+class SimLink:
+    """One side of one simulated peer connection (a ports.PeerLink): what PeerLinks sends on
+    it crosses the simulated network; the simulator hands it what arrives, its round trips
+    and its end (``PeerLinks.receive``, ``rtt``, ``closed``)."""
 
-    def __init__(self, broker: Broker, journal: Journal, engine: MeshEngine, cluster: Cluster, io: NodeIO):
-        self.broker = broker
-        self.journal = journal
-        self.engine = engine
-        self.cluster = cluster
+    __slots__ = ("io", "node", "conn", "dialer", "peer", "proved", "handshake_rtt", "answers_hello", "address")
+
+    def __init__(self, io: NodeIO, node: str, other: str, dialer: str, conn: int, handshake_rtt: float | None):
         self.io = io
-        self.wall_offset = broker.wall_offset
-        self._membership: tuple[Any, ...] | None = None
-        self._seen_changes = -1
-        self.membership_changes = 0
-        self.membership_at = 0.0  # when this node's cluster last heard of a membership change
-        # mesh_node checks membership at every flush (a shortest-path run whenever the
-        # advertisements changed); false: at ticks only, a simulator shortcut for large runs
-        self.membership_at_flush = True
+        self.node = node  # this side
+        self.conn = conn  # the simulated connection's number: a later one is another link
+        self.dialer = dialer
+        self.peer = ""  # PeerLinks sets it from the hello
+        self.proved = other  # the node at the far end (its handshake is taken as done)
+        self.handshake_rtt = handshake_rtt  # the dialler's SUBSCRIBE/SUBACK round trip
+        self.answers_hello = dialer != node  # the listening side answers the dialler's hello
+        self.address: str | None = f"{other}:1883"
 
-    # the broker's hooks (MeshNode._filter_added, _filter_removed, _local_publish)
-    def filter_added(self, topic_filter: str) -> None:
-        if not topic_filter.startswith("$"):  # $SYS and $mesh stay local to each node
-            self.engine.local_filter_added(topic_filter)
-            self.io.flush_soon()
+    def send(self, kind: str, payload: bytes, qos: int) -> None:
+        self.io.link_send(self, kind, payload, qos)
 
-    def filter_removed(self, topic_filter: str) -> None:
-        if not topic_filter.startswith("$"):
-            self.engine.local_filter_removed(topic_filter)
-            self.io.flush_soon()
+    def close(self, reason: str) -> None:
+        self.io.link_close(self, reason)
 
-    def local_publish(self, msg: Message) -> None:
+    def congestion_key(self) -> Hashable:
+        return self
+
+
+class _Ports:
+    """The node's MeshIO, Log and ArchivePort, all answered by the simulator's NodeIO."""
+
+    sent: SentHook | None = None  # ArchivePort: no delivery log
+
+    def __init__(self, io: NodeIO):
+        self.io = io
+
+    # ports.MeshIO
+    def flush_soon(self) -> None:
+        self.io.flush_soon()
+
+    def flush_now(self) -> None:
+        self.io.flush_now()
+
+    def write_clients_now(self) -> None:
+        pass  # a client's bytes leave at the end of the simulated instant anyway
+
+    def nonce(self) -> bytes:
+        raise RuntimeError("simulated peer links start at the hello: no handshake draws a nonce")
+
+    def learned(self, address: str, node: str) -> None:
+        pass  # the simulator dials every link of the topology, by node
+
+    # ports.Log
+    def info(self, msg: str, *args: object) -> None:
+        pass
+
+    def warning(self, msg: str, *args: object) -> None:
+        # a cluster message the node could not read (the other warnings: a link went down, or
+        # one the node closes, which SimLink.close reports)
+        if "sent an invalid" in msg:
+            self.io.error(msg % args)
+
+    def exception(self, msg: str, *args: object) -> None:
+        self.io.error(f"{msg % args}: {sys.exc_info()[1]!r}")
+
+    # ports.ArchivePort
+    def published(self, msg: Message) -> None:
         self.io.published(msg)
-        if msg.topic[0] != "$":
-            if self.engine.route_local(msg, msg.timestamp - self.broker.wall_offset):
-                self.io.flush_soon()
 
-    def unicast(self, dest: str, kind: str, payload: bytes) -> bool:  # MeshNode._unicast
-        ok = self.engine.send_unicast(dest, kind, payload)
-        self.io.flush_soon()
-        return ok
+    def read(self, client_id: str) -> ReadCapture | None:
+        return None  # messages one by one, to published()
 
-    # what the engine received (MeshNode._receive, persistent journal)
-    def inbound(self, inbound: Inbound, now: float) -> None:
-        for frm, kind, body in inbound.unicasts:
-            self.cluster.wall = now + self.wall_offset
-            try:
-                self.cluster.receive(frm, kind, body, now)
-            except Exception as exc:  # mesh_node logs and goes on; the simulator reports it
-                self.io.error(f"handling {kind} from {frm} failed: {exc!r}")
-        broker = self.broker
-        for msg in inbound.deliveries:
-            wrote = broker.deliver_remote(msg)
-            if msg.qos:
-                broker.after_commit(wrote, _Ack(self, msg))
-        self.io.flush_soon()
 
-    def _delivered(self, msg: Message) -> None:
-        self.engine.delivered(msg)
-        self.io.flush_soon()
+class SimNode:
+    """One node's core and journal, and what the simulator's event loop does with them
+    (server/mesh_node.py's ``_send`` and ``_tick``: the I/O side of the MeshIO)."""
 
-    def _check_membership(self, now: float) -> None:  # MeshNode._check_membership
-        engine = self.engine
-        if engine.changes == self._seen_changes:
-            return
-        self._seen_changes = engine.changes
-        live = engine.reachable()
-        routers = engine.routers
-        incs = {n: routers[n].inc for n in live if n in routers}
-        # (live is sorted, so incs.items() is too: the same key as mesh_node's, without a sort)
-        key = (tuple(live), tuple(incs.items()))
-        if key != self._membership:
-            self._membership = key
-            self.membership_changes += 1
-            self.membership_at = now
-            self.cluster.wall = now + self.wall_offset
-            self.cluster.membership(live, incs, now)
+    def __init__(self, core: NodeCore, journal: Journal):
+        assert core.engine is not None and core.gateway is not None
+        assert core.cluster is not None and core.links is not None
+        self.core = core
+        self.broker = core.broker
+        self.engine = core.engine
+        self.gateway = core.gateway
+        self.cluster = core.cluster
+        self.links = core.links
+        self.journal = journal
+        self.membership_at = 0.0  # when this node's cluster last heard of a membership change
+        self._live = self.cluster.members.live
 
-    def flush(self, now: float) -> list[Send]:  # MeshNode._send: membership, cluster, engine
-        if self.membership_at_flush:
-            self._check_membership(now)
-        self.cluster.flush()
-        return self.engine.flush(now)
+    def channel(self, owner: Owner, peer: str, now: float) -> Channel:
+        return self.core.channel(owner, peer, now)
 
-    def tick(self, now: float) -> list[Send]:  # MeshNode._tick
-        self.cluster.wall = now + self.wall_offset
-        self._check_membership(now)
-        self.cluster.tick(now)
-        self.cluster.flush()
-        return self.engine.tick(now)
+    def flush(self, now: float) -> None:
+        """What the cluster and the engine queued goes to the links (MeshNode._send)."""
+        self.gateway.sent()
+        self.links.flush(now)
+        self._observe(now)
+
+    def tick(self, now: float) -> None:
+        self.links.tick(now)  # (no dials to make: connect_all is off)
+        self._observe(now)
 
     def committed(self, batch: int) -> None:
         self.broker.committed(batch)
 
-
-class _Ack:
-    """After the commit of a delivery: the end-to-end acknowledgement to the origin's custody."""
-
-    __slots__ = ("core", "msg")
-
-    def __init__(self, core: SimCore, msg: Message):
-        self.core, self.msg = core, msg
-
-    def __call__(self) -> None:
-        self.core._delivered(self.msg)
+    def _observe(self, now: float) -> None:
+        live = self.cluster.members.live  # a new list at every membership change
+        if live is not self._live:
+            self._live = live
+            self.membership_at = now
 
 
 def build_node(
@@ -231,42 +254,25 @@ def build_node(
     seed: int | str = 0,
     wall_offset: float = 0.0,
     limits: Limits | None = None,
-    membership_at_flush: bool = True,
-    codec: Any = json,
-    spf_timer: Callable[[], float] | None = time.perf_counter,
-) -> SimCore:
-    """A started node of incarnation ``incarnation``, its state loaded from ``store``."""
+) -> SimNode:
+    """A started node of incarnation ``incarnation``, its state loaded from ``store``, in the
+    order of server/node.py and server/mesh_node.py: the core, the disk, custody, a flush."""
     journal = Journal(on_dirty=io.commit_soon)
     ids = random.Random(f"{seed}/ids/{name}")
-    broker = Broker(
+    ports = _Ports(io)
+    core = build_core(
         BrokerSettings(node_id=name, limits=limits or Limits()),
-        None,
-        journal,
+        incarnation=incarnation,
+        now=now,
+        wall_offset=wall_offset,
+        journal=journal,
+        archive=ports,
         random_hex=lambda n: f"{ids.getrandbits(8 * n):0{2 * n}x}",
+        mesh=MeshConfig(SECRET, [f"{name}:1883"], ports, ports, mesh_settings, cluster_settings),
     )
-    holder: list[SimCore] = []
-
-    def unicast(dest: str, kind: str, payload: bytes) -> bool:
-        return holder[0].unicast(dest, kind, payload)
-
-    cluster = Cluster(name, incarnation, broker, unicast, cluster_settings)  # (sets the replicated sessions)
-    cluster.wall = now + wall_offset
-    store.load(broker)
-    # (node, seq) stays unique across restarts, as in server/node.py
-    broker.seq = incarnation << 28
-    broker.wall_offset = wall_offset
-    engine = MeshEngine(
-        name, incarnation, [f"{name}:1883"], mesh_settings, custody=journal, codec=codec, spf_timer=spf_timer
-    )
-    engine.start(now)
-    core = SimCore(broker, journal, engine, cluster, io)
-    core.membership_at_flush = membership_at_flush
-    holder.append(core)
+    node = SimNode(core, journal)
+    store.load(node.broker)
     for msg, dests in store.load_custody():
-        engine.restore_custody(msg, dests, now)
-    for topic_filter in broker.router.filters():  # restored persistent sessions
-        core.filter_added(topic_filter)
-    broker.on_filter_added.append(core.filter_added)
-    broker.on_filter_removed.append(core.filter_removed)
-    broker.on_publish.append(core.local_publish)
-    return core
+        node.engine.restore_custody(msg, dests, now)
+    io.flush_soon()  # what the restored sessions' filters told the engine
+    return node

@@ -41,6 +41,7 @@ from .model import (
     END,
     FAULT,
     FLUSH,
+    LINK_READY,
     MSGCHECK,
     PING,
     PUBLISH,
@@ -194,6 +195,7 @@ class Simulator(ClusterMixin, NetworkMixin, ClientsMixin, FaultsMixin, Convergen
         }
         if self.cluster_mode:
             handlers.update(self._cluster_handlers())
+            handlers[LINK_READY] = self._on_link_ready
         heap = self.heap
         next_report = time.perf_counter() + 5.0
         # A thousand engines hold tens of millions of objects; Python's cyclic collector would
@@ -341,7 +343,11 @@ class Simulator(ClusterMixin, NetworkMixin, ClientsMixin, FaultsMixin, Convergen
             return
         node.flush_due = False
         core = node.core
-        self._dispatch(node, core.flush(self.now) if core is not None else node.engine.flush(self.now))
+        if core is not None:
+            core.flush(self.now)  # PeerLinks hands the sends to its SimLinks (sim/cluster.py)
+            node.depth_out = 0
+        else:
+            self._dispatch(node, node.engine.flush(self.now))
         self.dirty_interest.discard(name)
         self._observe_own(node)
 
@@ -352,7 +358,8 @@ class Simulator(ClusterMixin, NetworkMixin, ClientsMixin, FaultsMixin, Convergen
         core = node.core
         if core is not None:
             self._cluster_tick(node)
-            self._dispatch(node, core.tick(self.now))
+            core.tick(self.now)
+            node.depth_out = 0
         else:
             self._dispatch(node, node.engine.tick(self.now))
         self._observe_own(node)

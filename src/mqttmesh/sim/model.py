@@ -22,8 +22,8 @@ SimulatorPart: Any = object
 # the simulator's event kinds (the third field of a heap entry)
 (ARRIVE, FLUSH, TICK, PING, DIAL, DETECT, FAULT, PUBLISH, CHURN, CHECK, MSGCHECK, START, DRAIN, TALLY, END) = range(15)
 # mode = "cluster" (sim/sessions.py): bytes to a node, bytes to a client, a journal commit, a
-# client's next action, the single-registration check
-(TO_NODE, TO_CLIENT, COMMIT, CLIENT, CCHECK) = range(15, 20)
+# client's next action, the single-registration check, a dialled peer link's handshake done
+(TO_NODE, TO_CLIENT, COMMIT, CLIENT, CCHECK, LINK_READY) = range(15, 21)
 
 
 class SharedDecoding:
@@ -101,6 +101,7 @@ class Node:
         "store",
         "conns",
         "commit_due",
+        "plinks",
     )
 
     def __init__(self, name: str):
@@ -128,6 +129,7 @@ class Node:
         self.store: Any = None
         self.conns: dict[str, Any] = {}
         self.commit_due = False
+        self.plinks: dict[str, Any] = {}  # peer -> this side's sim/cluster.py SimLink of the current connection
 
 
 class Link:

@@ -13,8 +13,9 @@ import json
 
 from ..mesh.actions import Send
 from ..mesh.engine import MeshProtocolError
+from .cluster import SimLink
 from .convergence import Episode
-from .model import ARRIVE, DETECT, DIAL, DRAIN, PING, Link, Node, SimulatorPart
+from .model import ARRIVE, DETECT, DIAL, DRAIN, LINK_READY, PING, Link, Node, SimulatorPart
 from .observe import read_envelope_heads
 
 __all__ = ["NetworkMixin", "CONTROL", "PROPAGATING", "ATTRIBUTED"]
@@ -63,6 +64,9 @@ class NetworkMixin(SimulatorPart):
         link.free = [0.0, 0.0]
         # TCP, CONNECT/CONNACK, SUBSCRIBE/SUBACK, then the dialler's hello reaches the acceptor
         lat = link.latency
+        if self.cluster_mode:  # the whole node's PeerLinks sends its hello (_on_link_ready)
+            self._at(self.now + 2 * lat * self.sc.node.handshake_rtts, LINK_READY, a, b, link.conn)
+            return
         t = self.now + 2 * lat * self.sc.node.handshake_rtts + lat
         link.arrive[0] = t
         self.sent["hello"][0] += 1
@@ -98,7 +102,12 @@ class NetworkMixin(SimulatorPart):
             return
         link.side[x] = False
         self._note_detection()
-        node.engine.link_down(link.peer(x), self.now)
+        if node.core is not None:
+            sim_link = node.plinks.pop(link.peer(x), None)
+            if sim_link is not None:
+                node.core.links.closed(sim_link, "connection lost", self.now)
+        else:
+            node.engine.link_down(link.peer(x), self.now)
         node.depth_out = max(node.depth_out, 1)
         self._observe_own(node)
         self._want_flush(node)
@@ -112,7 +121,7 @@ class NetworkMixin(SimulatorPart):
                 ep.detected = self.now
             ep.last_detected = self.now
 
-    def _send(self, node: Node, peer: str, kind: str, payload: bytes, qos: int) -> None:
+    def _send(self, node: Node, peer: str, kind: str, payload: bytes, qos: int, conn: int = -1) -> None:
         name = node.name
         key = (name, peer) if name < peer else (peer, name)
         link = self.links[key]
@@ -146,7 +155,7 @@ class NetworkMixin(SimulatorPart):
                     self._attribute(ep, link, kind, payload)
             else:
                 self.steady_control_bytes += size
-        if not link.alive or not link.side[name]:
+        if not link.alive or not link.side[name] or (conn >= 0 and conn != link.conn):
             self.dead_sends += 1
             self._lost(heads)
             return
@@ -263,6 +272,9 @@ class NetworkMixin(SimulatorPart):
         if link.conn != conn:
             return
         node.busy_until = max(node.busy_until, self.now) + self.cpu_msg + len(payload) * self.cpu_byte
+        if node.core is not None:
+            self._process_whole(node, link, src, kind, payload, meta)
+            return
         if kind == "hello":
             self._hello(link, node, src)
             return
@@ -276,6 +288,69 @@ class NetworkMixin(SimulatorPart):
         except MeshProtocolError as exc:
             self.violations.add("wire", f"t={self.now:.4f}s {dst} could not read a {kind!r} from {src}: {exc}")
             return
+        self._receipts(node, src, kind, meta)
+        for msg in inbound.deliveries:  # (engine mode: the cluster's unicasts are not simulated)
+            self._deliver(node, msg)
+        self._rounds(node, kind, meta, before)
+        self._observe_own(node)
+        self._want_flush(node)
+
+    def _process_whole(self, node: Node, link: Link, src: str, kind: str, payload: bytes, meta) -> None:
+        """mode = "cluster": what arrives goes to the node's PeerLinks, which decides what it
+        is (a hello, a message of the current link, or one to drop) and hands it on."""
+        dst = node.name
+        if kind == "hello" and dst == link.b and not link.side[dst]:
+            # the acceptor: a dialler's hello on a new connection (the handshake before it is
+            # taken as done), so the connection is open on this side now
+            link.side[dst] = True
+            node.plinks[src] = SimLink(self.node_io[dst], dst, src, link.a, link.conn, None)
+        sim_link = node.plinks.get(src)
+        if sim_link is None or sim_link.conn != link.conn:
+            self.not_ready_drops += 1
+            return
+        links = node.core.links
+        if kind == "hello":
+            was = links.links.get(src)
+            links.receive(sim_link, kind, payload, self.now)
+            if links.links.get(src) is sim_link and was is not sim_link:
+                self._link_up_seen(link, node)
+            return
+        before = node.engine.changes
+        links.receive(sim_link, kind, payload, self.now)
+        self._receipts(node, src, kind, meta)
+        self._rounds(node, kind, meta, before)
+        self._observe_own(node)
+        self._want_flush(node)
+
+    def _on_link_ready(self, a: str, b: str, conn: int) -> None:
+        """mode = "cluster": the dialler's handshake is done (LinkClient's Ready): its PeerLinks
+        introduces it with a hello, which the acceptor's PeerLinks answers."""
+        link = self.links[(a, b)]
+        node = self.nodes[a]
+        if link.conn != conn or not link.alive or not node.up or node.core is None:
+            return
+        link.side[a] = True  # open on this side: its end is noticed (DETECT) from now on
+        sim_link = node.plinks[b] = SimLink(self.node_io[a], a, b, a, conn, 2 * link.latency)
+        node.core.links.dialled_ready(sim_link)
+
+    def _link_send(self, sim_link: SimLink, kind: str, payload: bytes, qos: int) -> None:
+        """A SimLink's send: onto the network, at the node's CPU cost (as _dispatch)."""
+        node = self.nodes[sim_link.node]
+        self._send(node, sim_link.proved, kind, payload, qos, sim_link.conn)
+        node.busy_until = max(node.busy_until, self.now) + self.cpu_msg + len(payload) * self.cpu_byte
+
+    def _link_close(self, sim_link: SimLink, reason: str) -> None:
+        """The node closed a peer link (a bad hello, a message it could not read): with one
+        connection per pair and every node of one version, that is a fault of the run."""
+        self.violations.add("wire", f"t={self.now:.4f}s {sim_link.node} closed its link to {sim_link.proved}: {reason}")
+        a, b = sorted((sim_link.node, sim_link.proved))
+        link = self.links[(a, b)]
+        if link.conn == sim_link.conn:
+            self._break(link, "reset")
+
+    def _receipts(self, node: Node, src: str, kind: str, meta) -> None:
+        """Where the copies of checked messages went (an arrival the engine read)."""
+        dst = node.name
         if kind == "fwd":
             for origin, seq, attempt, _hops, dests in meta:
                 rec = self.msgs.get((origin, seq))
@@ -286,11 +361,10 @@ class NetworkMixin(SimulatorPart):
                     for d in dests:  # per destination: one relay may get copies from two sides
                         if (dst, d) not in pred:
                             pred[(dst, d)] = src
-        if node.core is not None:
-            node.core.inbound(inbound, self.now)  # the whole node: broker and cluster (cluster.py)
-        else:
-            for msg in inbound.deliveries:  # (engine mode: the cluster's unicasts are not simulated)
-                self._deliver(node, msg)
+
+    def _rounds(self, node: Node, kind: str, meta, before: int) -> None:
+        """The advertisement round an arrival belongs to, if it changed the engine's state."""
+        e = node.engine
         if meta is not None and kind != "fwd":
             ep_id, depth = meta
             ep = self.episode
@@ -300,8 +374,6 @@ class NetworkMixin(SimulatorPart):
                     node.depth_out = max(node.depth_out, depth + 1)
                 elif kind in ("dbsum", "lsreq"):
                     node.depth_out = max(node.depth_out, depth + 1)  # it asks for an answer
-        self._observe_own(node)
-        self._want_flush(node)
 
     def _hello(self, link: Link, node: Node, src: str) -> None:
         name = node.name
@@ -311,14 +383,18 @@ class NetworkMixin(SimulatorPart):
         # as mesh_node does: the link's first cost is the dialler's SUBSCRIBE/SUBACK round
         # trip, carried to the acceptor in the dialler's hello
         node.engine.link_up(src, self.now, int(2 * link.latency * 1e6))
-        node.depth_out = max(node.depth_out, 1)
         if name == link.b:
             # the acceptor answers with its own hello, ahead of anything else on the connection
             t = max(self.now + link.latency, link.arrive[1])
             link.arrive[1] = t
             self.sent["hello"][0] += 1
             self._at(t, ARRIVE, name, src, "hello", b"", link.conn, None)
-        else:
+        self._link_up_seen(link, node)
+
+    def _link_up_seen(self, link: Link, node: Node) -> None:
+        """One side's engine has the link up: the bookkeeping of episodes and round trips."""
+        node.depth_out = max(node.depth_out, 1)
+        if node.name == link.a:
             link.established_at = self.now
             self._note_detection()
             if self.episode is not None:
@@ -339,7 +415,12 @@ class NetworkMixin(SimulatorPart):
         if jitter:
             rtt *= 1 + jitter * self.rng_time.uniform(-1, 1)
         before = node.engine.routers[a].seq
-        node.engine.link_rtt(b, rtt * 1e6, self.now)
+        if node.core is not None:
+            sim_link = node.plinks.get(b)
+            if sim_link is not None:
+                node.core.links.rtt(sim_link, rtt, self.now)
+        else:
+            node.engine.link_rtt(b, rtt * 1e6, self.now)
         if node.engine.routers[a].seq != before:  # the cost moved enough to be re-advertised
             node.depth_out = max(node.depth_out, 1)
         self._observe_own(node)

@@ -125,9 +125,6 @@ class Clients:
     gather_timeout: float = 2.0
     will_delay: float = 0.5
     redirect_grace: float = 10.0
-    # true: membership checked at every flush, as server/mesh_node.py does; false: at each
-    # tick only (a shortcut for hundreds of nodes: a shortest-path run per flush otherwise)
-    membership_at_flush: bool = True
 
 
 FAULT_KINDS = {

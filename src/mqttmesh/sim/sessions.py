@@ -1,7 +1,7 @@
 """mode = "cluster": MQTT clients of whole nodes, moving between them, and the cluster invariants.
 
 Part of the Simulator (core.py), as a mixin. Every node is a whole node
-(sim/cluster.py: Broker, Channels, replicated sessions, Journal, Cluster, engine);
+(sim/cluster.py: the NodeCore of assembly.build_core, as the server builds it);
 its clients are ``sim/mqttclient.py`` clients over simulated connections, each
 connection a ``SimConnection`` (the Channel's ``ports.Owner``). Persistent
 subscribers (CleanSession=0, with a will) move between nodes: cleanly (DISCONNECT,
@@ -17,13 +17,13 @@ Invariants (docs/simulation.md, "The whole cluster"):
   registrations naming two nodes, for longer than ``clients.double_grace``;
 - ``cluster.handover_loss``: sim/history.py ``check_handover``;
 - ``cluster.wills_once``: sim/history.py ``check_wills``, wills counted where they are
-  published (the broker's publish hook: a Channel's will, or the registrar's).
+  published (the node's ArchivePort sees every message published there: a Channel's
+  will, or the registrar's).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from typing import Any
 
@@ -31,7 +31,7 @@ from ..channel import Channel
 from ..codec import Will
 from ..mesh.cluster import ClusterSettings
 from ..message import Message
-from .cluster import SimCore, SimStore, build_node
+from .cluster import SimLink, SimNode, SimStore, build_node
 from .history import History, check_handover, check_wills
 from .model import CCHECK, CLIENT, COMMIT, TO_CLIENT, TO_NODE, Node, SimulatorPart
 from .mqttclient import MqttClient
@@ -57,7 +57,7 @@ class SimConnection:
         self.flush_due = False
         self.paused = False
         self.held: list[bytes | None] = []
-        self.channel = Channel(node.core.broker, self, f"sim:{client.name}", now)
+        self.channel: Channel = node.core.channel(self, f"sim:{client.name}", now)
 
     # -- ports.Owner ----------------------------------------------------------------
     def wake(self, channel: Channel) -> None:
@@ -127,6 +127,7 @@ class ClusterMixin(SimulatorPart):
         self.registration_checks = 0
         self.cluster_errors = 0
         self.client_stop = sc.duration - sc.drain  # no moves, no publications after this
+        self.node_io = {n: _NodeIO(self, self.nodes[n]) for n in self.names}
         for n in self.names:
             self.nodes[n].store = SimStore()
         names = self.names
@@ -155,22 +156,20 @@ class ClusterMixin(SimulatorPart):
 
     # ------------------------------------------------------------------ nodes
 
-    def _build_core(self, node: Node) -> SimCore:
-        core = build_node(
+    def _build_core(self, node: Node) -> SimNode:
+        node.conns = {}
+        node.commit_due = False
+        node.plinks = {}
+        return build_node(
             node.name,
             node.inc,
             self.now,
             self.settings,
             self.cluster_settings,
             node.store,
-            _NodeIO(self, node),
+            self.node_io[node.name],
             seed=self.sc.seed,
-            membership_at_flush=self.sc.clients.membership_at_flush,
-            codec=self.decoding if self.sc.checks.shared_decoding else json,
         )
-        node.conns = {}
-        node.commit_due = False
-        return core
 
     def _cluster_crash(self, node: Node, how: str) -> None:
         """Every client connection of the node dies with it; uncommitted journal ops are lost."""
@@ -180,6 +179,7 @@ class ClusterMixin(SimulatorPart):
             delay = conn.latency if how == "kill" else 1.5 * c.keepalive
             self._send_client(conn, None, f"node {node.name} crashed", self.now + delay)
         node.conns = {}
+        node.plinks = {}
         node.core = None
 
     def _on_fault(self, i: int) -> None:
@@ -586,6 +586,17 @@ class _NodeIO:
 
     def flush_soon(self) -> None:
         self.sim._want_flush(self.node)
+
+    def flush_now(self) -> None:
+        node = self.node
+        if node.core is not None:  # (not while the core is being built: start() flushes)
+            node.core.flush(self.sim.now)
+
+    def link_send(self, link: SimLink, kind: str, payload: bytes, qos: int) -> None:
+        self.sim._link_send(link, kind, payload, qos)
+
+    def link_close(self, link: SimLink, reason: str) -> None:
+        self.sim._link_close(link, reason)
 
     def commit_soon(self) -> None:
         self.sim._commit_soon(self.node)

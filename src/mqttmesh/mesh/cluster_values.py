@@ -1,0 +1,343 @@
+"""The values inside cluster messages (mesh/cluster_wire.py), and the checks that read them.
+
+Pure. Record types inside bodies: a NamedTuple where the wire has a JSON array (its fields
+in array order: ``json.dumps`` writes a NamedTuple as the array), a dataclass where it has
+an object. Each ``from_json`` checks what it reads and raises ClusterWireError naming the
+kind and the key (or the record: "sess.copy entries[3]") at fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = [
+    "ClusterSettings",
+    "ClusterWireError",
+    "WireWill",
+    "Registration",
+    "Settlement",
+    "RetainedItem",
+    "RetainedAck",
+    "Forwarded",
+    "SnapshotEntry",
+    "Snapshot",
+]
+
+
+@dataclass
+class ClusterSettings:
+    replication: int = 2  # holders of a session, owners of a retained topic
+    claim_timeout: float = 1.0  # without an answer from the registrar, connect anyway
+    gather_timeout: float = 2.0  # wait this long for the other holders of a session
+    will_delay: float = 0.5  # a node unreachable this long has lost its clients
+    redirect_grace: float = 10.0  # holders forward late arrivals to a new node this long
+    lookup_timeout: float = 1.0  # retained lookups wait this long for every answer
+    tombstone_ttl: float = 3600.0  # deleted retained topics are remembered this long
+    register_interval: float = 5.0  # local connections re-register with their registrar
+
+
+class ClusterWireError(ValueError):
+    """A cluster message body that is not what its kind says (or an unknown kind)."""
+
+
+# --------------------------------------------------------------------------- checking JSON
+# `where` names the kind and, inside a body, the record: "sess.copy entries[3]"
+
+
+def _obj(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ClusterWireError(f"{where}: not a JSON object")
+    return value
+
+
+def _key(obj: dict[str, Any], key: str, where: str) -> Any:
+    try:
+        return obj[key]
+    except KeyError:
+        raise ClusterWireError(f"{where}: missing {key!r}") from None
+
+
+def _str(value: Any, where: str, key: str) -> str:
+    if not isinstance(value, str):
+        raise ClusterWireError(f"{where}: {key!r} is not a string")
+    return value
+
+
+def _opt_str(value: Any, where: str, key: str) -> str | None:
+    return None if value is None else _str(value, where, key)
+
+
+def _int(value: Any, where: str, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ClusterWireError(f"{where}: {key!r} is not an integer")
+    return value
+
+
+def _num(value: Any, where: str, key: str) -> float:
+    # kept as it came (an int stays an int), so that a body re-sent is the same bytes
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ClusterWireError(f"{where}: {key!r} is not a number")
+    return value
+
+
+def _bool(value: Any, where: str, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise ClusterWireError(f"{where}: {key!r} is not true or false")
+    return value
+
+
+def _list(value: Any, where: str, key: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise ClusterWireError(f"{where}: {key!r} is not a list")
+    return value
+
+
+def _array(value: Any, n: int, where: str) -> list[Any]:
+    if not isinstance(value, list) or len(value) != n:
+        raise ClusterWireError(f"{where}: not an array of {n}")
+    return value
+
+
+def _items(obj: dict[str, Any], key: str, where: str) -> list[tuple[str, Any]]:
+    """The elements of list ``key`` of ``obj``, each with its place for messages."""
+    return [(f"{where} {key}[{i}]", v) for i, v in enumerate(_list(_key(obj, key, where), where, key))]
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class WireWill:
+    """A client's will as the registrar keeps it (payload in base64)."""
+
+    topic: str
+    payload_b64: str
+    qos: int
+    retain: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"topic": self.topic, "payload": self.payload_b64, "qos": self.qos, "retain": self.retain}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> WireWill | None:
+        if value is None:
+            return None
+        where = f"{where} will"
+        o = _obj(value, where)
+        return cls(
+            _str(_key(o, "topic", where), where, "topic"),
+            _str(_key(o, "payload", where), where, "payload"),
+            _int(_key(o, "qos", where), where, "qos"),
+            _bool(_key(o, "retain", where), where, "retain"),
+        )
+
+
+def _will_json(will: WireWill | None) -> dict[str, Any] | None:
+    return None if will is None else will.to_json()
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    """A registrar's entry for one ClientId: who holds it, since which epoch, its will."""
+
+    cid: str
+    node: str
+    inc: int
+    conn: str
+    epoch: int
+    clean: bool
+    will: WireWill | None
+    connected: bool
+    at: float  # wall-clock seconds of the claim (the split-brain tie-break)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cid": self.cid,
+            "node": self.node,
+            "inc": self.inc,
+            "conn": self.conn,
+            "epoch": self.epoch,
+            "clean": self.clean,
+            "will": _will_json(self.will),
+            "connected": self.connected,
+            "at": self.at,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Registration:
+        o = _obj(value, where)
+        return cls(
+            _str(_key(o, "cid", where), where, "cid"),
+            _str(_key(o, "node", where), where, "node"),
+            _int(_key(o, "inc", where), where, "inc"),
+            _str(_key(o, "conn", where), where, "conn"),
+            _int(_key(o, "epoch", where), where, "epoch"),
+            _bool(_key(o, "clean", where), where, "clean"),
+            WireWill.from_json(_key(o, "will", where), where),
+            _bool(_key(o, "connected", where), where, "connected"),
+            _num(_key(o, "at", where), where, "at"),
+        )
+
+
+class Settlement(NamedTuple):
+    """What the holder a client is on did with one message: "sent", "rel" or "done"."""
+
+    origin: str
+    seq: int
+    state: str
+    pid: int
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Settlement:
+        a = _array(value, 4, where)
+        return cls(
+            _str(a[0], where, "origin"), _int(a[1], where, "seq"), _str(a[2], where, "state"), _int(a[3], where, "pid")
+        )
+
+
+class RetainedItem(NamedTuple):
+    """One retained message (an empty payload: a tombstone); newest (ts, origin, seq) wins."""
+
+    topic: str
+    payload_b64: str
+    qos: int
+    ts: float
+    origin: str
+    seq: int
+    publisher: str
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> RetainedItem:
+        a = _array(value, 7, where)
+        return cls(
+            _str(a[0], where, "topic"),
+            _str(a[1], where, "payload"),
+            _int(a[2], where, "qos"),
+            _num(a[3], where, "ts"),
+            _str(a[4], where, "origin"),
+            _int(a[5], where, "seq"),
+            _str(a[6], where, "publisher"),
+        )
+
+
+class RetainedAck(NamedTuple):
+    """An owner has this version of a retained topic."""
+
+    topic: str
+    ts: float
+    origin: str
+    seq: int
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> RetainedAck:
+        a = _array(value, 4, where)
+        return cls(
+            _str(a[0], where, "topic"), _num(a[1], where, "ts"), _str(a[2], where, "origin"), _int(a[3], where, "seq")
+        )
+
+
+class Forwarded(NamedTuple):
+    """A message a holder forwards to the node its client moved to."""
+
+    topic: str
+    payload_b64: str
+    qos: int
+    retain: bool
+    origin: str
+    seq: int
+    publisher: str
+    ts: float
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Forwarded:
+        a = _array(value, 8, where)
+        return cls(
+            _str(a[0], where, "topic"),
+            _str(a[1], where, "payload"),
+            _int(a[2], where, "qos"),
+            _bool(a[3], where, "retain"),
+            _str(a[4], where, "origin"),
+            _int(a[5], where, "seq"),
+            _str(a[6], where, "publisher"),
+            _num(a[7], where, "ts"),
+        )
+
+
+class SnapshotEntry(NamedTuple):
+    """One message of a session snapshot: queued (state 0) or in flight with its packet id."""
+
+    origin: str
+    seq: int
+    topic: str
+    payload_b64: str
+    msg_qos: int
+    qos: int  # as granted to this session
+    pid: int
+    state: int  # 0 queued, session.SENT_PUBLISH, session.SENT_PUBREL
+    publisher: str
+    ts: float
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> SnapshotEntry:
+        a = _array(value, 10, where)
+        return cls(
+            _str(a[0], where, "origin"),
+            _int(a[1], where, "seq"),
+            _str(a[2], where, "topic"),
+            _str(a[3], where, "payload"),
+            _int(a[4], where, "msg_qos"),
+            _int(a[5], where, "qos"),
+            _int(a[6], where, "pid"),
+            _int(a[7], where, "state"),
+            _str(a[8], where, "publisher"),
+            _num(a[9], where, "ts"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A persistent session as one holder sends it to another (mesh/replica.py makes,
+    merges and installs them)."""
+
+    cid: str
+    subs: dict[str, int]
+    subs_version: int
+    entries: list[SnapshotEntry]
+    done: list[tuple[str, int]]  # settled message ids (origin, seq), oldest first
+    rel: list[int]  # inbound QoS 2 packet ids between PUBREC and PUBREL
+    active: str | None  # the node the client was last on
+    epoch: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cid": self.cid,
+            "subs": self.subs,
+            "subs_version": self.subs_version,
+            "entries": self.entries,
+            "done": self.done,
+            "rel": self.rel,
+            "active": self.active,
+            "epoch": self.epoch,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> Snapshot:
+        o = _obj(value, where)
+        subs = _obj(_key(o, "subs", where), f"{where} subs")
+        for topic_filter, qos in subs.items():
+            _int(qos, f"{where} subs", topic_filter)
+        done = []
+        for w, d in _items(o, "done", where):
+            a = _array(d, 2, w)
+            done.append((_str(a[0], w, "origin"), _int(a[1], w, "seq")))
+        return cls(
+            _str(_key(o, "cid", where), where, "cid"),
+            subs,
+            _int(_key(o, "subs_version", where), where, "subs_version"),
+            [SnapshotEntry.from_json(e, w) for w, e in _items(o, "entries", where)],
+            done,
+            [_int(r, w, "rel") for w, r in _items(o, "rel", where)],
+            _opt_str(_key(o, "active", where), where, "active"),
+            _int(_key(o, "epoch", where), where, "epoch"),
+        )

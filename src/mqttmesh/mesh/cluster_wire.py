@@ -1,0 +1,500 @@
+"""The cluster's messages (mesh/cluster.py) as types: one frozen dataclass per kind.
+
+Pure. A cluster message travels as a mesh unicast: a kind (``reg.*``, ``sess.*``,
+``ret.*``) and a JSON body. ``encode`` writes the bodies these nodes have always written,
+key for key and in the same order (tests/mesh/test_cluster_unit.py pins the bytes of every
+kind), so nodes of the previous release read them unchanged. ``decode`` checks a body once,
+where it comes in, and raises ClusterWireError naming the kind and the key at fault, so the
+handlers behind it read typed fields instead of dict keys and list positions. The values
+inside bodies (registrations, snapshots, retained items...) are in mesh/cluster_values.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+from .cluster_values import (
+    ClusterWireError,
+    Forwarded,
+    Registration,
+    RetainedAck,
+    RetainedItem,
+    Settlement,
+    Snapshot,
+    SnapshotEntry,
+    WireWill,
+    _bool,
+    _int,
+    _items,
+    _key,
+    _num,
+    _obj,
+    _opt_str,
+    _str,
+    _will_json,
+)
+
+__all__ = [
+    "ClusterWireError",
+    "Wire",
+    "SendFn",
+    "SendOutFn",
+    "WireWill",
+    "Registration",
+    "Settlement",
+    "RetainedItem",
+    "RetainedAck",
+    "Forwarded",
+    "SnapshotEntry",
+    "Snapshot",
+    "RegClaim",
+    "RegGrant",
+    "RegKick",
+    "RegRelease",
+    "RegRegister",
+    "RegCopy",
+    "SessFetch",
+    "SessState",
+    "SessCopy",
+    "SessMerge",
+    "SessSettle",
+    "SessSubs",
+    "SessDiscard",
+    "SessFwd",
+    "RetSet",
+    "RetAck",
+    "RetQuery",
+    "RetReply",
+    "KINDS",
+    "decode",
+]
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class Wire:
+    """A cluster message: ``KIND`` names it on the wire."""
+
+    __slots__ = ()
+    KIND: ClassVar[str]
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        raise NotImplementedError
+
+    def encode(self) -> bytes:
+        return json.dumps(self.to_json()).encode()
+
+
+# (dest, message, now) -> reachable now; `dest` may be this node (handled at once, at `now`)
+SendFn = Callable[[str, Wire, float], bool]
+# (dest, message) -> reachable now; `dest` is never this node
+SendOutFn = Callable[[str, Wire], bool]
+
+
+# -- the registry (mesh/registry.py answers claims; mesh/handover.py makes them)
+
+
+@dataclass(frozen=True, slots=True)
+class RegClaim(Wire):
+    KIND: ClassVar[str] = "reg.claim"
+    cid: str
+    node: str
+    inc: int
+    conn: str
+    clean: bool
+    will: WireWill | None
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cid": self.cid,
+            "node": self.node,
+            "inc": self.inc,
+            "conn": self.conn,
+            "clean": self.clean,
+            "will": _will_json(self.will),
+            "at": self.at,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _str(_key(obj, "node", w), w, "node"),
+            _int(_key(obj, "inc", w), w, "inc"),
+            _str(_key(obj, "conn", w), w, "conn"),
+            _bool(_key(obj, "clean", w), w, "clean"),
+            WireWill.from_json(_key(obj, "will", w), w),
+            _num(_key(obj, "at", w), w, "at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RegGrant(Wire):
+    KIND: ClassVar[str] = "reg.grant"
+    cid: str
+    conn: str
+    epoch: int
+    prev: str | None  # the node that held the ClientId before
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "prev": self.prev}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _str(_key(obj, "conn", w), w, "conn"),
+            _int(_key(obj, "epoch", w), w, "epoch"),
+            _opt_str(_key(obj, "prev", w), w, "prev"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RegKick(Wire):
+    KIND: ClassVar[str] = "reg.kick"
+    cid: str
+    conn: str
+    epoch: int
+    by: str | None  # the node that took the ClientId (only for the log line: may be absent)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "by": self.by}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _str(_key(obj, "conn", w), w, "conn"),
+            _int(_key(obj, "epoch", w), w, "epoch"),
+            _opt_str(obj.get("by"), w, "by"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RegRelease(Wire):
+    KIND: ClassVar[str] = "reg.release"
+    cid: str
+    conn: str
+    epoch: int
+    node: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "node": self.node}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _str(_key(obj, "conn", w), w, "conn"),
+            _int(_key(obj, "epoch", w), w, "epoch"),
+            _str(_key(obj, "node", w), w, "node"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RegRegister(Wire):
+    KIND: ClassVar[str] = "reg.register"
+    cid: str
+    node: str
+    inc: int
+    conn: str
+    epoch: int
+    clean: bool
+    will: WireWill | None
+    at: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "cid": self.cid,
+            "node": self.node,
+            "inc": self.inc,
+            "conn": self.conn,
+            "epoch": self.epoch,
+            "clean": self.clean,
+            "will": _will_json(self.will),
+            "at": self.at,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _str(_key(obj, "node", w), w, "node"),
+            _int(_key(obj, "inc", w), w, "inc"),
+            _str(_key(obj, "conn", w), w, "conn"),
+            _int(_key(obj, "epoch", w), w, "epoch"),
+            _bool(_key(obj, "clean", w), w, "clean"),
+            WireWill.from_json(_key(obj, "will", w), w),
+            _num(_key(obj, "at", w), w, "at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RegCopy(Wire):
+    KIND: ClassVar[str] = "reg.copy"
+    entries: list[Registration]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"entries": [e.to_json() for e in self.entries]}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        return cls([Registration.from_json(e, w) for w, e in _items(obj, "entries", cls.KIND)])
+
+
+# -- session holders (mesh/handover.py)
+
+
+@dataclass(frozen=True, slots=True)
+class SessFetch(Wire):
+    KIND: ClassVar[str] = "sess.fetch"
+    cid: str
+    conn: str
+    epoch: int
+    to: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "to": self.to}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _str(_key(obj, "conn", w), w, "conn"),
+            _int(_key(obj, "epoch", w), w, "epoch"),
+            _str(_key(obj, "to", w), w, "to"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessState(Wire):
+    KIND: ClassVar[str] = "sess.state"
+    cid: str
+    conn: str
+    snap: Snapshot | None  # None: this holder has no replicated session of that ClientId
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "conn": self.conn, "snap": None if self.snap is None else self.snap.to_json()}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        snap = _key(obj, "snap", w)
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _str(_key(obj, "conn", w), w, "conn"),
+            None if snap is None else Snapshot.from_json(snap, f"{w} snap"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessCopy(Wire):
+    """The session of a client connected at the sender: replace yours (the body is the snapshot)."""
+
+    KIND: ClassVar[str] = "sess.copy"
+    snap: Snapshot
+
+    def to_json(self) -> dict[str, Any]:
+        return self.snap.to_json()
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        return cls(Snapshot.from_json(obj, cls.KIND))
+
+
+@dataclass(frozen=True, slots=True)
+class SessMerge(Wire):
+    """An offline session nobody coordinates: merge it with yours (the body is the snapshot)."""
+
+    KIND: ClassVar[str] = "sess.merge"
+    snap: Snapshot
+
+    def to_json(self) -> dict[str, Any]:
+        return self.snap.to_json()
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        return cls(Snapshot.from_json(obj, cls.KIND))
+
+
+@dataclass(frozen=True, slots=True)
+class SessSettle(Wire):
+    KIND: ClassVar[str] = "sess.settle"
+    cid: str
+    epoch: int
+    items: list[Settlement]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "epoch": self.epoch, "items": self.items}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _int(_key(obj, "epoch", w), w, "epoch"),
+            [Settlement.from_json(i, iw) for iw, i in _items(obj, "items", w)],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SessSubs(Wire):
+    KIND: ClassVar[str] = "sess.subs"
+    cid: str
+    version: int
+    subs: dict[str, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "version": self.version, "subs": self.subs}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        subs = _obj(_key(obj, "subs", w), f"{w} subs")
+        for topic_filter, qos in subs.items():
+            _int(qos, f"{w} subs", topic_filter)
+        return cls(_str(_key(obj, "cid", w), w, "cid"), _int(_key(obj, "version", w), w, "version"), subs)
+
+
+@dataclass(frozen=True, slots=True)
+class SessDiscard(Wire):
+    KIND: ClassVar[str] = "sess.discard"
+    cid: str
+    epoch: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(_str(_key(obj, "cid", w), w, "cid"), _int(_key(obj, "epoch", w), w, "epoch"))
+
+
+@dataclass(frozen=True, slots=True)
+class SessFwd(Wire):
+    KIND: ClassVar[str] = "sess.fwd"
+    cid: str
+    msg: Forwarded
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cid": self.cid, "msg": self.msg}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(_str(_key(obj, "cid", w), w, "cid"), Forwarded.from_json(_key(obj, "msg", w), f"{w} msg"))
+
+
+# -- retained messages (mesh/retained.py)
+
+
+@dataclass(frozen=True, slots=True)
+class RetSet(Wire):
+    KIND: ClassVar[str] = "ret.set"
+    items: list[RetainedItem]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"items": self.items}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        return cls([RetainedItem.from_json(i, w) for w, i in _items(obj, "items", cls.KIND)])
+
+
+@dataclass(frozen=True, slots=True)
+class RetAck(Wire):
+    KIND: ClassVar[str] = "ret.ack"
+    items: list[RetainedAck]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"items": self.items}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        return cls([RetainedAck.from_json(i, w) for w, i in _items(obj, "items", cls.KIND)])
+
+
+@dataclass(frozen=True, slots=True)
+class RetQuery(Wire):
+    KIND: ClassVar[str] = "ret.query"
+    qid: int
+    filter: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"qid": self.qid, "filter": self.filter}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(_int(_key(obj, "qid", w), w, "qid"), _str(_key(obj, "filter", w), w, "filter"))
+
+
+@dataclass(frozen=True, slots=True)
+class RetReply(Wire):
+    KIND: ClassVar[str] = "ret.reply"
+    qid: int
+    items: list[RetainedItem]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"qid": self.qid, "items": self.items}
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _int(_key(obj, "qid", w), w, "qid"),
+            [RetainedItem.from_json(i, iw) for iw, i in _items(obj, "items", w)],
+        )
+
+
+KINDS: dict[str, type[Wire]] = {
+    cls.KIND: cls
+    for cls in (
+        RegClaim,
+        RegGrant,
+        RegKick,
+        RegRelease,
+        RegRegister,
+        RegCopy,
+        SessFetch,
+        SessState,
+        SessCopy,
+        SessMerge,
+        SessSettle,
+        SessSubs,
+        SessDiscard,
+        SessFwd,
+        RetSet,
+        RetAck,
+        RetQuery,
+        RetReply,
+    )
+}
+
+
+def decode(kind: str, payload: bytes) -> Wire:
+    """The message of ``kind`` in ``payload``; ClusterWireError (a ValueError) if it is none."""
+    cls = KINDS.get(kind)
+    if cls is None:
+        raise ClusterWireError(f"unknown cluster message kind {kind!r}")
+    try:
+        obj = json.loads(payload)
+    except ValueError as exc:  # (bad UTF-8 as well as bad JSON)
+        raise ClusterWireError(f"{kind}: not JSON ({exc})") from None
+    return cls.from_json(_obj(obj, kind))

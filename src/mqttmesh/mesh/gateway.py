@@ -1,0 +1,92 @@
+"""The mesh as the local broker sees it: what its subscribers want and what its publishers send.
+
+Pure. The broker calls it (a ports.MeshPort, given to the Broker's constructor, so it
+holds no Broker: it is built first, with the congestion and the wall offset the Broker
+gets too): ``$`` filters and topics ($SYS,
+$mesh) stay local to each node; everything else is routed by the engine, with the
+publish time on the loop clock. Sends are batched per loop iteration (``MeshIO.flush_soon``)
+but never more than FLUSH_EVERY messages, and a publisher whose messages go out over a
+congested link is held like one whose local subscriber is slow (flow.py). The cluster
+protocols send their unicasts through it too.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..message import Message
+from ..ports import MeshIO, PeerLink
+from .engine import MeshEngine
+from .links import FLUSH_EVERY
+
+if TYPE_CHECKING:
+    from ..flow import Congestion
+
+__all__ = ["MeshGateway", "FLUSH_EVERY"]
+
+
+class MeshGateway:
+    def __init__(
+        self,
+        engine: MeshEngine,
+        congestion: Congestion,
+        wall_offset: float,
+        links: dict[str, PeerLink],
+        io: MeshIO,
+    ):
+        self.engine = engine
+        self.congestion = congestion  # the Broker's
+        self.wall_offset = wall_offset  # the Broker's: message timestamps minus the loop clock
+        self.links = links  # PeerLinks.links: the current link to each neighbour
+        self.io = io
+        self.routed = 0  # messages routed since the last send (the I/O resets it as it sends)
+
+    def filter_added(self, topic_filter: str) -> None:
+        """The first local subscription of ``topic_filter``."""
+        if not topic_filter.startswith("$"):  # $SYS and $mesh stay local to each node
+            self.engine.local_filter_added(topic_filter)
+            self.io.flush_soon()
+
+    def filter_removed(self, topic_filter: str) -> None:
+        if not topic_filter.startswith("$"):
+            self.engine.local_filter_removed(topic_filter)
+            self.io.flush_soon()
+
+    def published(self, msg: Message) -> None:
+        """A message published at this node, after its local dispatch (the hot path)."""
+        if msg.topic[0] != "$":
+            # the publish time on our loop clock, without asking the loop for it again
+            if self.engine.route_local(msg, msg.timestamp - self.wall_offset):
+                routed = self.routed + 1
+                self.routed = routed
+                if routed == 1:
+                    self.io.flush_soon()
+                elif routed >= FLUSH_EVERY:
+                    # one loop iteration can read hundreds of kilobytes from the publishers:
+                    # held back until all of it is routed, the next node would wait idle, then
+                    # work while this one waits; sending every FLUSH_EVERY keeps both busy
+                    self.routed = 0
+                    self.io.flush_now()
+            congestion = self.congestion
+            if congestion.reasons:
+                self._check_links(msg, congestion)
+
+    def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
+        """A cluster message for node ``dest`` (the Cluster's send); False: unreachable now."""
+        ok = self.engine.send_unicast(dest, kind, payload)
+        self.io.flush_soon()
+        return ok
+
+    def sent(self) -> None:
+        """What was routed has been handed to the links: count from zero again."""
+        self.routed = 0
+
+    def _check_links(self, msg: Message, congestion: Congestion) -> None:
+        """Does this message go out over a congested link? Then its publisher waits (flow.py)."""
+        engine = self.engine
+        for node in engine.nodes_wanting(msg.topic):
+            link = self.links.get(engine.route_to(node) or "")
+            if link is not None:
+                key = link.congestion_key()
+                if key in congestion.reasons and key not in congestion.overrun:
+                    congestion.note(key)

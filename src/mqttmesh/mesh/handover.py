@@ -1,0 +1,449 @@
+"""The connecting side of mesh-wide ClientIds, and the holders of persistent sessions.
+
+Pure. A client that connects here is *claimed* at its registrar (mesh/registry.py), which
+answers with an epoch and the node that held the id before. A CleanSession=1 connect then
+discards the session wherever it is [MQTT-3.1.2-6]; a CleanSession=0 one *gathers* it:
+every holder (membership.py) sends its copy (``sess.fetch`` → ``sess.state``), stops
+serving a client it still had, and forwards what still arrives for the id to us for
+``redirect_grace`` (``sess.fwd``). The copies merge (mesh/replica.py: an id settled
+anywhere is settled, the furthest state wins), the Channel gets its CONNACK with session
+present = 1 [MQTT-3.2.2-2], and the holders get the merged copy back (``sess.copy``).
+While the client stays, the holders queue what it is sent, and we tell them what is
+settled (``sess.settle``) and subscribed (``sess.subs``).
+
+Stages of a claim: CLAIM (waiting for the registrar), GATHER (waiting for holders), DONE.
+Without an answer in ``claim_timeout`` (``gather_timeout``) the claim goes on without it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ..message import Message
+from ..ports import ClaimingChannel
+from ..topics import filter_matches
+from .cluster_wire import (
+    RegClaim,
+    RegGrant,
+    RegKick,
+    RegRegister,
+    RegRelease,
+    SendFn,
+    SendOutFn,
+    SessCopy,
+    SessDiscard,
+    SessFetch,
+    SessFwd,
+    SessMerge,
+    SessSettle,
+    SessState,
+    SessSubs,
+    Snapshot,
+    WireWill,
+)
+from .membership import Membership
+from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, snapshot
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+    from ..packets import Will
+    from .cluster_values import ClusterSettings
+
+__all__ = ["ClaimingChannel", "HandOver", "Claim", "LocalConnection", "Redirect", "CLAIM", "GATHER", "DONE"]
+
+CLAIM, GATHER, DONE = "claim", "gather", "done"
+
+
+class Claim:
+    """A connect in progress here."""
+
+    __slots__ = (
+        "channel",
+        "cid",
+        "clean",
+        "will",
+        "conn",
+        "started",
+        "stage",
+        "epoch",
+        "prev",
+        "waiting",
+        "snaps",
+        "deadline",
+        "forwarded",
+    )
+
+    def __init__(self, channel: ClaimingChannel, cid: str, clean: bool, will: WireWill | None, conn: str, now: float):
+        self.channel, self.cid, self.clean, self.will, self.conn = channel, cid, clean, will, conn
+        self.started = now
+        self.stage = CLAIM
+        self.epoch = 0
+        self.prev: str | None = None
+        self.waiting: set[str] = set()  # nodes yet to answer
+        self.snaps: list[Snapshot] = []
+        self.deadline = 0.0
+        self.forwarded: list[SessFwd] = []  # messages holders forwarded before the session is here
+
+
+class LocalConnection:
+    """A client connected here, as registered at its registrar."""
+
+    __slots__ = ("channel", "conn", "epoch", "will", "clean", "at")
+
+    def __init__(self, channel: ClaimingChannel, conn: str, epoch: int, will: WireWill | None, clean: bool, at: float):
+        self.channel, self.conn, self.epoch, self.will, self.clean, self.at = channel, conn, epoch, will, clean, at
+
+
+def _wire_will(will: Will | None) -> WireWill | None:
+    if will is None:
+        return None
+    return WireWill(will.topic, base64.b64encode(will.payload).decode(), will.qos, will.retain)
+
+
+class HandOver:
+    def __init__(
+        self,
+        node_id: str,
+        incarnation: int,
+        membership: Membership,
+        broker: Broker,
+        replication: Replication,
+        send: SendFn,
+        send_out: SendOutFn,
+        settings: ClusterSettings,
+        counters: dict[str, int],
+        ids: Iterator[int],
+        wall_offset: float,
+    ):
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.membership = membership
+        self.broker = broker
+        self.replication = replication
+        self._send = send
+        self._send_out = send_out
+        self.settings = settings
+        self.counters = counters
+        self._ids = ids  # connection ids
+        self.wall_offset = wall_offset  # wall-clock seconds minus `now`
+        self.local: dict[str, LocalConnection] = {}  # our connected clients
+        self.claims: dict[str, Claim] = {}  # conn -> claim in progress
+        # cid -> where its client went: the Replication's dict, which Broker.dispatch reads
+        self.redirects: dict[str, Redirect] = replication.targets
+        self.last_register = 0.0
+
+    # -- connecting -----------------------------------------------------------------------------
+
+    def connect(self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float) -> None:
+        self.counters["claims"] += 1
+        conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
+        claim = Claim(channel, cid, clean, _wire_will(will), conn, now)
+        claim.deadline = now + self.settings.claim_timeout
+        self.claims[conn] = claim
+        registrar = self.membership.registrars(cid)[0]
+        claim.waiting = {registrar}
+        if not self._send(registrar, self._claim(claim, now), now):
+            self._granted(claim, 0, None, now)  # registrar unreachable: serve anyway
+
+    def _claim(self, claim: Claim, now: float) -> RegClaim:
+        wall = now + self.wall_offset
+        return RegClaim(claim.cid, self.node_id, self.incarnation, claim.conn, claim.clean, claim.will, wall)
+
+    def retry_claims(self, now: float) -> None:
+        """Claims and gathers waiting on nodes that just became unreachable move on."""
+        live = set(self.membership.live)
+        for claim in list(self.claims.values()):
+            if claim.stage == CLAIM and claim.prev is None:
+                registrar = self.membership.registrars(claim.cid)[0]
+                if claim.waiting and not claim.waiting & live:
+                    claim.waiting = {registrar}
+                    if not self._send(registrar, self._claim(claim, now), now):
+                        self._granted(claim, 0, None, now)
+            elif claim.stage == GATHER:
+                claim.waiting &= live
+                if not claim.waiting:
+                    self._finish(claim, now)
+
+    def expire_claims(self, now: float) -> None:
+        for claim in list(self.claims.values()):
+            if now >= claim.deadline:
+                if claim.stage == CLAIM:
+                    self.counters["claim_timeouts"] += 1
+                    self._granted(claim, 0, None, now)
+                elif claim.stage == GATHER:
+                    self._finish(claim, now)
+
+    def on_grant(self, frm: str, m: RegGrant, now: float) -> None:
+        claim = self.claims.get(m.conn)
+        if claim is not None:
+            self._granted(claim, m.epoch, m.prev, now)
+
+    def _granted(self, claim: Claim, epoch: int, prev: str | None, now: float) -> None:
+        if claim.stage != CLAIM:
+            return
+        claim.epoch = epoch
+        claim.prev = prev
+        holders = self.membership.holders(claim.cid, prev)
+        if claim.clean:
+            # a clean start discards the persistent session wherever it is [MQTT-3.1.2-6]
+            for node in sorted(set(holders) - {self.node_id}):  # (sorted: the same order every run)
+                self._send(node, SessDiscard(claim.cid, epoch), now)
+            self._finish(claim, now)
+            return
+        targets = (set(holders) | ({prev} if prev else set())) - {self.node_id}
+        targets &= set(self.membership.live)
+        claim.stage = GATHER
+        claim.waiting = set()
+        for node in sorted(targets):
+            if self._send(node, SessFetch(claim.cid, claim.conn, epoch, self.node_id), now):
+                claim.waiting.add(node)
+        claim.deadline = now + self.settings.gather_timeout
+        if not claim.waiting:
+            self._finish(claim, now)
+
+    def _finish(self, claim: Claim, now: float) -> None:
+        self.claims.pop(claim.conn, None)
+        claim.stage = DONE
+        channel = claim.channel
+        if not channel.claiming:  # it closed meanwhile
+            self._release(claim.cid, claim.conn, claim.epoch, now)
+            return
+        broker = self.broker
+        merged = None
+        if not claim.clean:
+            # our own copy as it is now (it kept queueing while we gathered), and the others'
+            own = broker.sessions.get(claim.cid)
+            snaps = list(claim.snaps)
+            if own is not None and own.replica is not None:
+                snaps.append(snapshot(own.replica))
+            merged = merge_snapshots(snaps)
+        session, present = broker.open_session(channel, claim.cid, claim.clean)
+        replica = session.replica
+        if not claim.clean and replica is not None:
+            if merged is not None:
+                self.counters["sessions_gathered"] += 1
+                install(replica, merged)
+                for f in list(replica.subscriptions):
+                    if f not in merged.subs:
+                        broker.unsubscribe(replica, f)
+                for f, q in merged.subs.items():
+                    if replica.subscriptions.get(f) != q:
+                        broker.subscribe(replica, f, q)
+                present = True
+            replica.active_node = self.node_id
+            replica.epoch = max(replica.epoch, claim.epoch)
+            for fwd in claim.forwarded:  # what holders forwarded while we gathered
+                self._forwarded(fwd)
+        wall = now + self.wall_offset
+        self.local[claim.cid] = LocalConnection(channel, claim.conn, claim.epoch, claim.will, claim.clean, wall)
+        channel.claimed(session, present, now)
+        if not claim.clean and replica is not None:
+            self._copy_to_holders(replica, now)
+
+    def _copy_to_holders(self, session: _Replicated, now: float) -> None:
+        snap = snapshot(session)
+        for node in self.membership.holders(session.client_id, self.node_id):
+            if node != self.node_id:
+                self._send(node, SessCopy(snap), now)
+
+    def disconnected(self, channel: ClaimingChannel, now: float) -> None:
+        cid = channel.client_id
+        local = self.local.get(cid)
+        if local is None or local.channel is not channel:
+            return
+        del self.local[cid]
+        self._release(cid, local.conn, local.epoch, now)
+
+    def _release(self, cid: str, conn: str, epoch: int, now: float) -> None:
+        self._send(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id), now)
+
+    def on_kick(self, frm: str, m: RegKick, now: float) -> None:
+        self.counters["kicks"] += frm != self.node_id
+        cid, conn = m.cid, m.conn
+        local = self.local.get(cid)
+        if local is not None and local.conn == conn:
+            local.channel.kick(f"ClientId {cid!r} connected on node {m.by}")  # [MQTT-3.1.4-2]
+            return
+        claim = self.claims.get(conn)
+        if claim is not None:
+            claim.stage = DONE
+            self.claims.pop(conn, None)
+            claim.channel.close(f"ClientId {cid!r} connected on node {m.by} meanwhile")
+
+    def register_local(self, now: float) -> None:
+        """Tell the registrars which clients are here (after a change, and periodically)."""
+        self.last_register = now
+        for cid, local in self.local.items():
+            will, at = local.will, local.at
+            body = RegRegister(cid, self.node_id, self.incarnation, local.conn, local.epoch, local.clean, will, at)
+            self._send(self.membership.registrars(cid)[0], body, now)
+
+    # -- holders of sessions ------------------------------------------------------------------
+
+    def on_fetch(self, frm: str, m: SessFetch, now: float) -> None:
+        cid = m.cid
+        local = self.local.get(cid)
+        if local is not None and local.conn != m.conn:
+            local.channel.kick(f"ClientId {cid!r} taken over by node {frm}")  # stops delivery first
+        session = self.broker.sessions.get(cid)
+        replica = session.replica if session is not None else None
+        self._send(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None), now)
+        if frm != self.node_id:
+            self.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
+
+    def on_state(self, frm: str, m: SessState, now: float) -> None:
+        claim = self.claims.get(m.conn)
+        if claim is None or claim.stage != GATHER:
+            return
+        if m.snap is not None:
+            claim.snaps.append(m.snap)
+        claim.waiting.discard(frm)
+        if not claim.waiting:
+            self._finish(claim, now)
+
+    def _replica(self, cid: str, create: bool = True) -> _Replicated | None:
+        session = self.broker.sessions.get(cid)
+        if session is not None:
+            return session.replica
+        if not create:
+            return None
+        restored = self.broker.session_factory.restored(cid)
+        self.broker.restore_session(restored)
+        return restored.replica
+
+    def _apply_subs(self, session: _Replicated, subs: dict[str, int]) -> None:
+        broker = self.broker
+        for f in list(session.subscriptions):
+            if f not in subs:
+                broker.unsubscribe(session, f)
+        for f, q in subs.items():
+            if session.subscriptions.get(f) != q:
+                broker.subscribe(session, f, q)
+
+    def on_copy(self, frm: str, m: SessCopy, now: float) -> None:
+        """The holder the client is on sends its session: ours is replaced."""
+        session = self._offline_replica(frm, m.snap, take_over=True)
+        if session is None or m.snap.epoch < session.epoch:
+            return
+        install(session, m.snap)
+        self._apply_subs(session, m.snap.subs)
+        session.subs_version = m.snap.subs_version
+        self._adopt(session, m.snap)
+
+    def on_merge(self, frm: str, m: SessMerge, now: float) -> None:
+        """A copy of an offline session nobody coordinates: pooled with ours."""
+        session = self._offline_replica(frm, m.snap, take_over=False)
+        if session is None:
+            return
+        merged = merge_snapshots([snapshot(session), m.snap])
+        assert merged is not None  # (two snapshots in, one out)
+        install(session, merged)
+        self._apply_subs(session, merged.subs)
+        self._adopt(session, m.snap)
+
+    def _offline_replica(self, frm: str, snap: Snapshot, take_over: bool) -> _Replicated | None:
+        """Our replica of ``snap``'s session (made if missing) while its client is not here.
+        ``take_over``: a newer epoch elsewhere means our client is stale: drop it first."""
+        cid = snap.cid
+        session = self._replica(cid)
+        if session is None:
+            return None
+        channel = session.channel
+        if channel is not None:
+            if not take_over or snap.epoch <= session.epoch:
+                return None
+            channel.kick(f"ClientId {cid!r} is active on node {frm}")
+            session = self._replica(cid)
+            if session is None or session.channel is not None:
+                return None
+        return session
+
+    def _adopt(self, session: _Replicated, snap: Snapshot) -> None:
+        session.active_node = snap.active
+        session.epoch = max(session.epoch, snap.epoch)
+
+    def on_settle(self, frm: str, m: SessSettle, now: float) -> None:
+        session = self._replica(m.cid, create=False)
+        if session is None or session.channel is not None:
+            return
+        for origin, seq, state, pid in m.items:
+            session.settle((origin, seq), state, pid)
+
+    def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
+        session = self._replica(m.cid)
+        if session is None or session.channel is not None or m.version <= session.subs_version:
+            return
+        session.subs_version = m.version
+        session.active_node = frm
+        self._apply_subs(session, m.subs)
+
+    def on_discard(self, frm: str, m: SessDiscard, now: float) -> None:
+        session = self.broker.sessions.get(m.cid)
+        if session is not None and session.replica is not None and session.channel is None:
+            self.broker.discard_session(session)
+
+    def rebalance(self, old_live: set[str], now: float) -> None:
+        """The live nodes changed: sessions reach their (new) holders; we keep only ours."""
+        live = set(self.membership.live)
+        for cid, session in list(self.broker.sessions.items()):
+            replica = session.replica
+            if replica is None:
+                continue
+            active = replica.active_node
+            holders = self.membership.holders(cid, active)
+            if replica.channel is not None:
+                # the client is here: make sure every holder has a copy
+                new = set(holders) - old_live - {self.node_id}
+                if new or set(holders) - (set(old_live)):
+                    self._copy_to_holders(replica, now)
+            elif active is None or active not in live or active == self.node_id:
+                # nobody coordinates this offline session: holders pool what they have
+                snap = snapshot(replica)
+                for node in holders:
+                    if node != self.node_id:
+                        self._send(node, SessMerge(snap), now)
+            if self.node_id not in holders and replica.channel is None and active != self.node_id:
+                # not ours to keep any more: the holders have (or just got) it
+                for node in holders:
+                    self._send(node, SessMerge(snapshot(replica)), now)
+                self.broker.discard_session(replica)
+
+    # -- while the client is here ---------------------------------------------------------
+
+    def flush(self) -> None:
+        """Tell the holders what was settled since the last flush."""
+        settles = self.replication.take_settles()
+        if settles:
+            for cid, items in settles.items():
+                session = self.broker.sessions.get(cid)
+                epoch = session.replica.epoch if session is not None and session.replica is not None else 0
+                for node in self.membership.holders(cid, self.node_id):
+                    if node != self.node_id:
+                        self._send_out(node, SessSettle(cid, epoch, items))
+
+    # -- redirects during a hand-over ---------------------------------------------------------
+
+    def on_fwd(self, frm: str, m: SessFwd, now: float) -> None:
+        self._forwarded(m)
+
+    def _forwarded(self, m: SessFwd) -> None:
+        session = self.broker.sessions.get(m.cid)
+        replica = session.replica if session is not None else None
+        if replica is None:
+            for claim in self.claims.values():
+                if claim.cid == m.cid and claim.stage == GATHER:
+                    claim.forwarded.append(m)  # the session is still being gathered: for _finish
+            return
+        fwd = m.msg
+        granted = None
+        for f, q in replica.subscriptions.items():
+            if filter_matches(f, fwd.topic):
+                granted = q if granted is None else max(granted, q)
+        if granted is None:
+            return
+        msg = Message(
+            fwd.topic, base64.b64decode(fwd.payload_b64), fwd.qos, False, fwd.origin, fwd.seq, fwd.publisher, fwd.ts
+        )
+        replica.deliver(msg, min(fwd.qos, granted))  # a duplicate by id is dropped there

@@ -1,0 +1,64 @@
+"""Who is alive in the cluster, and who holds what: rendezvous hashing over the live nodes.
+
+Pure. The routing engine tells the cluster which nodes it can reach and their incarnations
+(``update``); everything keyed by a ClientId or a topic is then placed by hrw.owners over
+that list, so every node that sees the same live set places it the same way.
+"""
+
+from __future__ import annotations
+
+from .hrw import owners
+
+__all__ = ["Membership"]
+
+
+class Membership:
+    def __init__(self, node_id: str, incarnation: int, replication: int, will_delay: float):
+        self.node_id = node_id
+        self.replication = replication  # holders of a session, owners of a retained topic
+        self.will_delay = will_delay  # a node unreachable this long has lost its clients
+        self.live: list[str] = [node_id]  # sorted; always holds this node
+        self.incs: dict[str, int] = {node_id: incarnation}
+        self.suspect: dict[str, float] = {}  # unreachable (or restarted) node -> since
+
+    def update(self, live: list[str], incs: dict[str, int], now: float) -> set[str]:
+        """The reachable nodes (with incarnations) changed; the live set before."""
+        old_live = set(self.live)
+        restarted = {n for n, inc in incs.items() if n in self.incs and self.incs[n] != inc}
+        self.live = sorted(set(live) | {self.node_id})
+        self.incs.update(incs)
+        for node in self.live:
+            self.suspect.pop(node, None)
+        for node in old_live - set(self.live):
+            self.suspect.setdefault(node, now)
+        for node in restarted:
+            self.suspect[node] = now - self.will_delay  # its old connections are gone
+        return old_live
+
+    def restarts_settled(self) -> None:
+        """The registrations of restarted nodes were checked (their old connections' wills
+        are out): a node that is reachable is suspect no more. Without this, a restarted
+        node stayed suspect until the next membership change."""
+        live = self.live
+        for node in [n for n in self.suspect if n in live]:
+            del self.suspect[node]
+
+    def dead(self, now: float) -> set[str]:
+        """Nodes unreachable for ``will_delay`` or more (or restarted): their clients are gone."""
+        return {n for n, since in self.suspect.items() if now - since >= self.will_delay}
+
+    def registrars(self, cid: str) -> list[str]:
+        """The registrar of a ClientId, then its backup."""
+        return owners(cid, self.live, 2)
+
+    def holders(self, cid: str, last: str | None = None) -> list[str]:
+        """The nodes that keep a copy of a persistent session: the top ``replication`` of
+        its ranking, and ``last`` (the node its client was last on) if alive."""
+        h = owners(cid, self.live, self.replication)
+        if last and last in self.live and last not in h:
+            h.append(last)
+        return h
+
+    def owners(self, topic: str) -> list[str]:
+        """The nodes that keep a retained topic."""
+        return owners(topic, self.live, self.replication)
