@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import codec
+from .channel_peer import PEER_AUTH, PeerListening
 from .codec import (
     CONNACK,
     CONNECT,
@@ -38,8 +39,14 @@ from .codec import (
     MalformedPacket,
     Will,
 )
-from .mesh.peerauth import PEER_PROTOCOL, PEER_USERNAME, ListenerAuth, PeerAuthError, parse_connect, version_mismatch
+from .mesh.peerauth import PEER_USERNAME, ListenerAuth
 from .message import Message
+from .packets import (
+    ACCEPTED,
+    BAD_PROTOCOL,
+    CONNACK_REASONS,
+    ID_REJECTED,
+)
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -51,19 +58,9 @@ __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH"
 AWAIT_CONNECT = "await-connect"
 AUTHENTICATING = "authenticating"
 CLAIMING = "claiming"  # in a mesh: the ClientId is being claimed, the session gathered
-PEER_AUTH = "peer-auth"  # a provisional peer: CONNACK sent, the proofs of the secret pending
 CONNECTED = "connected"
 CLOSED = "closed"
 
-# CONNACK return codes (table 3.1)
-ACCEPTED, BAD_PROTOCOL, ID_REJECTED, UNAVAILABLE, BAD_CREDENTIALS, NOT_AUTHORIZED = range(6)
-CONNACK_REASONS = {
-    BAD_PROTOCOL: "unacceptable protocol level",
-    ID_REJECTED: "identifier rejected",
-    UNAVAILABLE: "server unavailable",
-    BAD_CREDENTIALS: "bad user name or password",
-    NOT_AUTHORIZED: "not authorized",
-}
 
 _PINGRESP = codec.encode(codec.PingResp())
 # bytes that may wait behind the CONNECT before CONNACK: what one read from the socket
@@ -82,7 +79,7 @@ class ProtocolViolation(Exception):
         self.rule = rule
 
 
-class Channel:
+class Channel(PeerListening):
     __slots__ = (
         "broker",
         "owner",
@@ -410,63 +407,10 @@ class Channel:
         self.write(bytes((0x20, 2, 0, rc)))  # session present 0 [MQTT-3.2.2-4]
         self.close(f"CONNACK 0x{rc:02x} ({CONNACK_REASONS[rc]}): {detail}")  # [MQTT-3.2.2-5]
 
-    # -- a peer node's CONNECT: the listening side of mesh/peerauth.py ------------------------
-
-    def _on_peer_connect(self, pkt: codec.Connect, now: float) -> None:
-        mesh = self.peers
-        if mesh is None:
-            return self._accept(NOT_AUTHORIZED, now, "this node is not part of a mesh")
-        try:
-            peer = parse_connect(pkt.password)
-        except PeerAuthError as exc:
-            return self._accept(BAD_CREDENTIALS, now, f"peer {pkt.client_id!r}: {exc}")
-        if peer.version != PEER_PROTOCOL:
-            # a rolling upgrade meets an older or newer node: say so, both versions named
-            who = peer.node or pkt.client_id.removeprefix("$mesh-")
-            return self._accept(BAD_CREDENTIALS, now, version_mismatch(who, peer.version))
-        if pkt.client_id != f"$mesh-{peer.node}":
-            return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
-        if peer.node == self.broker.node_id:
-            return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
-        if mesh.certificate_required and not self.certified:
-            return self._accept(
-                NOT_AUTHORIZED,
-                now,
-                "a peer link needs a TLS client certificate signed by tls.ca_file (mesh.tls_mutual)",
-            )
-        # CONNACK now, so that the dialler can subscribe and take our challenge; but the
-        # ClientId is not taken over (that would let anyone close a peer's link) and nothing
-        # is routed here until the dialler has proved the secret (_on_peer_proof)
-        self.state = PEER_AUTH
-        self._peer_auth = mesh.handshake(peer)
-        old = self.broker.sessions.get(pkt.client_id)
-        present = old is not None and not old.clean and not pkt.clean_session  # as open_session will say
-        self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))
-
-    def _on_peer_subscribe(self, pkt: codec.Subscribe, now: float) -> None:
-        dialler = self._peer_auth.handshake.dialler
-        wanted = f"$mesh/to/{dialler}/#"
-        if self._peer_filter is not None or len(pkt.topics) != 1 or pkt.topics[0][0] != wanted:
-            self.broker.stats.connections_refused += 1
-            return self.close(f"provisional peer {dialler!r} may only subscribe once, to {wanted}")
-        granted = min(pkt.topics[0][1], self.broker.settings.max_qos)
-        self._peer_filter = (wanted, granted)
-        self.write(codec.encode(codec.SubAck(pkt.packet_id, [granted])))  # [MQTT-3.8.4-1]
-        self.write(codec.encode_publish(f"$mesh/to/{dialler}/auth".encode(), self._peer_auth.challenge()))
-
-    def _on_peer_proof(self, pkt: codec.Publish, now: float) -> None:
-        auth = self._peer_auth
-        dialler = auth.handshake.dialler
-        try:
-            if self._peer_filter is None or pkt.qos or pkt.retain or pkt.topic != f"$mesh/from/{dialler}/auth":
-                raise PeerAuthError(
-                    f"provisional peer {dialler!r} sent a PUBLISH on {pkt.topic!r} before proving the cluster secret"
-                )
-            auth.check_dialler(pkt.payload)
-        except PeerAuthError as exc:
-            self.broker.stats.connections_refused += 1
-            return self.close(str(exc))
+    def _peer_proved(self, dialler: str, now: float) -> None:
+        """A provisional peer proved the cluster secret (channel_peer.py): a peer link now."""
         connect = self._pending_connect
+        assert connect is not None and self._peer_filter is not None
         topic_filter, granted = self._peer_filter
         self._pending_connect = self._peer_auth = self._peer_filter = None
         self.is_peer = True

@@ -10,6 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "ACCEPTED",
+    "BAD_PROTOCOL",
+    "ID_REJECTED",
+    "UNAVAILABLE",
+    "BAD_CREDENTIALS",
+    "NOT_AUTHORIZED",
+    "CONNACK_REASONS",
     "CONNECT",
     "CONNACK",
     "PUBLISH",
@@ -121,6 +128,16 @@ def first_byte_error(first: int) -> MalformedPacket:
 
 # the largest packet MQTT can express: 1 type byte + 4 length bytes + 268,435,455
 DEFAULT_MAX_PACKET_SIZE = 1 + 4 + 268_435_455
+
+# CONNACK return codes (table 3.1)
+ACCEPTED, BAD_PROTOCOL, ID_REJECTED, UNAVAILABLE, BAD_CREDENTIALS, NOT_AUTHORIZED = range(6)
+CONNACK_REASONS = {
+    BAD_PROTOCOL: "unacceptable protocol level",
+    ID_REJECTED: "identifier rejected",
+    UNAVAILABLE: "server unavailable",
+    BAD_CREDENTIALS: "bad user name or password",
+    NOT_AUTHORIZED: "not authorized",
+}
 
 
 class MalformedPacket(Exception):

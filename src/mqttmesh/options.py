@@ -1,0 +1,548 @@
+"""The node's options: one schema for the TOML keys, the command-line flags and the docs.
+
+Data only: each ``Option`` names its section and key, type, default, limits and help text.
+config.py reads a file and flags against it; docs/operations.md embeds the reference it
+generates (``config.reference_markdown``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Option", "OPTIONS"]
+
+
+@dataclass(frozen=True)
+class Option:
+    section: str  # "" for top level
+    key: str
+    type: type  # int, float, bool, str, list
+    default: Any
+    help: str
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple | None = None
+    flag_name: str | None = None  # when the key alone would be ambiguous as a flag
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}" if self.section else self.key
+
+    @property
+    def flag(self) -> str:
+        return self.flag_name or "--" + self.key.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return self.name.replace(".", "__")
+
+
+_MiB = 1024 * 1024
+
+OPTIONS: list[Option] = [
+    Option("", "host", str, "127.0.0.1", "address to listen on for MQTT clients"),
+    Option("", "port", int, 1883, "TCP port for MQTT clients (0 picks a free one)", 0, 65535),
+    Option("", "node_id", str, "", "name of this node in the mesh and in logs (default: host-port)"),
+    Option("", "data_dir", str, "", "directory of the durable store; empty runs in memory"),
+    Option("", "log_level", str, "info", "logging level", choices=("debug", "info", "warning", "error")),
+    Option("", "port_file", str, "", "write the bound port to this file once listening"),
+    Option(
+        "limits",
+        "max_packet_size",
+        int,
+        _MiB,
+        "largest packet accepted, in bytes; larger closes the connection",
+        16,
+        268_435_460,
+    ),
+    Option("limits", "max_inflight", int, 100, "outbound QoS 1/2 messages in flight per client", 1, 65535),
+    Option(
+        "limits",
+        "max_queued",
+        int,
+        10_000,
+        "messages queued per session (behind the inflight window or while offline)",
+        0,
+        100_000_000,
+    ),
+    Option("limits", "queue_qos0", bool, False, "queue QoS 0 messages for offline persistent sessions"),
+    Option("limits", "drop_policy", str, "oldest", "what a full session queue drops", choices=("oldest", "newest")),
+    Option("limits", "max_awaiting_rel", int, 1000, "inbound QoS 2 messages awaiting PUBREL per client", 1, 65535),
+    Option("limits", "max_connections", int, 100_000, "simultaneous client connections (0 = no limit)", 0),
+    Option(
+        "limits",
+        "connection_rate",
+        float,
+        0.0,
+        "new connections accepted per second, burst of one second (0 = no limit)",
+        0,
+    ),
+    Option("limits", "max_client_id_length", int, 65535, "longest ClientId accepted, in bytes", 23, 65535),
+    Option(
+        "limits",
+        "connect_timeout",
+        float,
+        10.0,
+        "seconds from accepting a connection to its CONNECT "
+        "(the TLS handshake included; a peer link, either side: to finish the peer handshake)",
+        0.1,
+    ),
+    Option(
+        "limits",
+        "max_write_buffer",
+        int,
+        16 * _MiB,
+        "bytes waiting to be sent to one client; above "
+        "it QoS 0 messages for that client are dropped (counted), and a client above it for longer "
+        "than slow_consumer_timeout is disconnected",
+        65536,
+    ),
+    Option(
+        "limits",
+        "slow_consumer_timeout",
+        float,
+        5.0,
+        "seconds an online client may stay unable to take "
+        "messages (congested without progress, or over max_write_buffer) before it is disconnected "
+        "(TCP reset)",
+        0.1,
+    ),
+    Option(
+        "limits",
+        "backpressure_timeout",
+        float,
+        1.0,
+        "longest time, in seconds, a publisher is not "
+        "read because a client it publishes to is congested; after it that client's messages are "
+        "queued or dropped by its own limits (0 = publishers are never held back)",
+        0,
+    ),
+    Option(
+        "limits",
+        "buffer_memory",
+        int,
+        512 * _MiB,
+        "bytes all connections together may hold in "
+        "input and output buffers; above it the node stops reading from clients until they are "
+        "below three quarters of it",
+        _MiB,
+    ),
+    Option(
+        "limits",
+        "max_connect_size",
+        int,
+        65536,
+        "largest CONNECT accepted, in bytes: before CONNACK nothing else is read",
+        128,
+        268_435_460,
+    ),
+    Option(
+        "limits",
+        "preauth_memory",
+        int,
+        32 * _MiB,
+        "bytes all connections that have not been "
+        "answered CONNACK yet may hold together; a connection that would go beyond it is closed",
+        65536,
+    ),
+    Option("limits", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
+    Option("auth", "allow_anonymous", bool, True, "accept clients that send no user name"),
+    Option("auth", "password_file", str, "", "password file (manage with `mqttmesh passwd`)"),
+    Option("auth", "acl_file", str, "", "ACL file; when set, what it does not grant is denied"),
+    Option(
+        "auth",
+        "fail_threshold",
+        int,
+        3,
+        "failed logins per client address, and per user name, answered without delay (within fail_window)",
+        1,
+        flag_name="--auth-fail-threshold",
+    ),
+    Option(
+        "auth",
+        "fail_delay",
+        float,
+        0.5,
+        "seconds a login waits before its check once its address "
+        "or user name is over fail_threshold; doubles with each further failure",
+        0.001,
+        flag_name="--auth-fail-delay",
+    ),
+    Option(
+        "auth",
+        "fail_delay_max",
+        float,
+        30.0,
+        "longest such wait; a login that would wait longer (many at once) gets CONNACK 0x03 unchecked",
+        0.001,
+        flag_name="--auth-fail-delay-max",
+    ),
+    Option(
+        "auth",
+        "fail_window",
+        float,
+        600.0,
+        "seconds after its last failed login an address or user name is forgiven",
+        1,
+        flag_name="--auth-fail-window",
+    ),
+    Option(
+        "auth",
+        "fail_entries",
+        int,
+        50_000,
+        "addresses and user names whose failed logins are "
+        "remembered, and as many (address, user) pairs that logged in (least recently used "
+        "forgotten first; about 300 bytes each)",
+        100,
+        flag_name="--auth-fail-entries",
+    ),
+    Option(
+        "auth",
+        "hash_workers",
+        int,
+        1,
+        "threads that check password hashes, at a lower CPU priority than the event loop",
+        1,
+        64,
+        flag_name="--auth-hash-workers",
+    ),
+    Option(
+        "auth",
+        "hash_nice",
+        int,
+        10,
+        "CPU priority those threads give up (nice, Linux)",
+        0,
+        19,
+        flag_name="--auth-hash-nice",
+    ),
+    Option(
+        "auth",
+        "max_pending",
+        int,
+        64,
+        "password checks waiting for a thread; a login beyond gets CONNACK 0x03 (server unavailable) unchecked",
+        1,
+        flag_name="--auth-max-pending",
+    ),
+    Option(
+        "auth",
+        "cache_size",
+        int,
+        10_000,
+        "successful logins remembered, so that a reconnect skips the hash (0 = none; failures are never remembered)",
+        0,
+        flag_name="--auth-cache-size",
+    ),
+    Option(
+        "auth",
+        "log_rate",
+        float,
+        5.0,
+        "login failure lines logged per second at most (bursts of "
+        "10 s worth); the rest are counted in one line every 10 s",
+        0.1,
+        flag_name="--auth-log-rate",
+    ),
+    Option(
+        "store",
+        "synchronous",
+        str,
+        "normal",
+        "SQLite synchronous mode: normal survives a crash of the process, full also a power loss",
+        choices=("normal", "full"),
+        flag_name="--store-synchronous",
+    ),
+    Option("mesh", "peers", list, [], "peer nodes to dial, HOST:PORT (repeat --peer)", flag_name="--peer"),
+    Option(
+        "mesh",
+        "cluster_secret",
+        str,
+        "",
+        "shared secret that peer links prove they hold; setting it (or secret_file) makes this node a mesh node",
+    ),
+    Option("mesh", "secret_file", str, "", "file holding the cluster secret (first line)"),
+    Option(
+        "mesh",
+        "connect",
+        str,
+        "all",
+        "dial nodes learned from advertisements (all: a full mesh) or only the configured peers",
+        choices=("all", "configured"),
+    ),
+    Option("mesh", "advertise", str, "", "HOST:PORT other nodes should dial to reach this one (default: host:port)"),
+    Option(
+        "mesh",
+        "keepalive",
+        float,
+        1.0,
+        "seconds between PINGREQs on a peer link; a link silent for 3 x this is dead",
+        0.05,
+        600,
+        flag_name="--mesh-keepalive",
+    ),
+    Option(
+        "mesh",
+        "hop_limit",
+        int,
+        255,
+        "hops an envelope may travel before it is dropped (a safety net: the duplicate filter stops loops)",
+        1,
+        255,
+    ),
+    Option(
+        "mesh",
+        "retransmit_after",
+        float,
+        2.0,
+        "seconds before a QoS 1/2 message not acknowledged end to end is sent again (doubling up to 30 s)",
+        0.05,
+    ),
+    Option(
+        "mesh",
+        "custody_limit",
+        int,
+        100_000,
+        "QoS 1/2 messages an origin node holds until their destinations acknowledge them",
+        0,
+    ),
+    Option(
+        "mesh",
+        "custody_timeout",
+        float,
+        3600.0,
+        "seconds an origin keeps trying to reach a destination of a QoS 1/2 message",
+        1,
+    ),
+    Option(
+        "mesh",
+        "replication",
+        int,
+        2,
+        "nodes that hold each persistent session and each retained topic (rendezvous hashing over the live nodes)",
+        1,
+        16,
+    ),
+    Option(
+        "mesh",
+        "will_delay",
+        float,
+        0.5,
+        "seconds a node must stay unreachable before the wills of its clients are published by their registrar",
+        0,
+    ),
+    Option(
+        "mesh",
+        "claim_timeout",
+        float,
+        1.0,
+        "seconds a CONNECT waits for the ClientId's registrar before the node serves the client anyway",
+        0.1,
+    ),
+    Option(
+        "mesh",
+        "dedup_window",
+        int,
+        262144,
+        "recent message ids each node remembers per origin to drop duplicates (retransmissions, transient loops)",
+        1024,
+    ),
+    Option(
+        "mesh",
+        "max_age",
+        float,
+        3600.0,
+        "seconds an unreachable node is remembered before its advertisements are forgotten",
+        10,
+    ),
+    Option("mesh", "status_interval", float, 1.0, "seconds between $SYS/mesh/status updates", 0.05),
+    Option(
+        "tls",
+        "port",
+        int,
+        0,
+        "TCP port of a TLS listener for clients, beside the plain one (0 = none)",
+        0,
+        65535,
+        flag_name="--tls-port",
+    ),
+    Option("tls", "cert_file", str, "", "PEM certificate (chain) of this node", flag_name="--tls-cert"),
+    Option("tls", "key_file", str, "", "PEM private key of this node", flag_name="--tls-key"),
+    Option(
+        "tls",
+        "ca_file",
+        str,
+        "",
+        "PEM CA bundle: checks client certificates and, with mesh.tls, the peers' certificates",
+        flag_name="--tls-ca",
+    ),
+    Option(
+        "tls",
+        "require_certificate",
+        bool,
+        False,
+        "TLS clients must present a certificate signed by tls.ca_file",
+        flag_name="--tls-require-certificate",
+    ),
+    Option(
+        "mesh",
+        "tls",
+        bool,
+        False,
+        "dial peers with TLS (their advertised or configured addresses "
+        "are then TLS ports) and check their certificates against tls.ca_file",
+        flag_name="--mesh-tls",
+    ),
+    Option(
+        "mesh",
+        "tls_check_hostname",
+        bool,
+        False,
+        "also check that a peer's certificate names the host dialled",
+        flag_name="--mesh-tls-check-hostname",
+    ),
+    Option(
+        "mesh",
+        "tls_mutual",
+        bool,
+        False,
+        "with mesh.tls: the TLS listener asks for client certificates "
+        "(clients may still connect without one) and a peer link needs one signed by tls.ca_file",
+        flag_name="--mesh-tls-mutual",
+    ),
+    Option(
+        "sys",
+        "interval",
+        float,
+        10.0,
+        "seconds between $SYS/broker/... updates (0 = off)",
+        0,
+        flag_name="--sys-interval",
+    ),
+    Option(
+        "archive",
+        "enabled",
+        bool,
+        False,
+        "write the messages published at this node (and, with "
+        "delivery_log, what it delivered) as Parquet for the pipeline (docs/pipeline.md)",
+        flag_name="--archive",
+    ),
+    Option("archive", "dir", str, "", "archive directory (default: DATA_DIR/archive)", flag_name="--archive-dir"),
+    Option(
+        "archive",
+        "filters",
+        list,
+        ["#"],
+        "topic filters of the messages archived (repeat --archive-filter)",
+        flag_name="--archive-filter",
+    ),
+    Option(
+        "archive",
+        "delivery_log",
+        bool,
+        False,
+        "also log every PUBLISH sent to a client: message id, ClientId, node, time, QoS, DUP",
+        flag_name="--archive-delivery-log",
+    ),
+    Option(
+        "archive",
+        "flush_interval",
+        float,
+        10.0,
+        "longest time, in seconds, a record waits in memory before it is written",
+        0.1,
+        86400,
+        flag_name="--archive-flush-interval",
+    ),
+    Option(
+        "archive",
+        "flush_rows",
+        int,
+        200_000,
+        "records per file; a busy node writes a file when it has "
+        "this many (fewer, larger files also cost the event loop less)",
+        1,
+        100_000_000,
+        flag_name="--archive-flush-rows",
+    ),
+    Option(
+        "archive",
+        "flush_bytes",
+        int,
+        64 * _MiB,
+        "payload bytes per file (with every topic archived, bytes of the clients' packets)",
+        1024,
+        flag_name="--archive-flush-bytes",
+    ),
+    Option(
+        "archive",
+        "max_queue_rows",
+        int,
+        1_000_000,
+        "records handed to the writer and not yet in a "
+        "file (at least 2 x flush_rows); beyond it new records are dropped and counted",
+        2,
+        flag_name="--archive-max-queue-rows",
+    ),
+    Option(
+        "archive",
+        "max_queue_bytes",
+        int,
+        256 * _MiB,
+        "their bytes, counted as for flush_bytes (at "
+        "least 2 x flush_bytes); beyond it new records are dropped and counted",
+        2048,
+        flag_name="--archive-max-queue-bytes",
+    ),
+    Option(
+        "archive",
+        "compression",
+        str,
+        "zstd",
+        "Parquet compression",
+        choices=("zstd", "snappy", "gzip", "none"),
+        flag_name="--archive-compression",
+    ),
+    Option(
+        "archive",
+        "log_interval",
+        float,
+        10.0,
+        "seconds between two log lines about dropped records",
+        0.1,
+        flag_name="--archive-log-interval",
+    ),
+    Option(
+        "archive",
+        "stop_timeout",
+        float,
+        60.0,
+        "seconds a stopping node waits for the archive writer to write what it holds before it kills the writer",
+        0.1,
+        flag_name="--archive-stop-timeout",
+    ),
+    Option(
+        "archive",
+        "writer_nice",
+        int,
+        10,
+        "CPU priority the archive writer process gives up (nice): on a "
+        "saturated machine delivery goes first and a writer that falls behind drops",
+        0,
+        19,
+        flag_name="--archive-writer-nice",
+    ),
+    Option(
+        "archive",
+        "writer_idle",
+        bool,
+        True,
+        "run the archive writer at idle CPU priority (Linux "
+        "SCHED_IDLE) while it keeps up, so that it only takes CPU time nothing else wants; once its "
+        "pipe backs up it runs at writer_nice until it has caught up",
+        flag_name="--archive-writer-idle",
+    ),
+]
