@@ -141,11 +141,12 @@ def test_checks_fail_when_wills_go_missing(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 @pytest.mark.process
-@pytest.mark.parametrize("name", ["move-10", "move-partition-24"])
+@pytest.mark.parametrize("name", ["move-partition-24"])
 def test_cluster_runs_are_the_same_across_hash_seeds(tmp_path, name: str) -> None:
     # sets iterate in hash order: nothing the simulator or the node decides may depend on it;
     # move-partition-24 holds custody across a cut (finding 11: custody's retransmissions
-    # listed their destinations in a set's order until c539698)
+    # listed their destinations in a set's order until c539698), and moves clients as move-10
+    # does (move-10 passes too; left out of the suite for its time budget)
     outputs = []
     for seed in ("1", "2"):
         out = tmp_path / f"s{seed}.json"
