@@ -21,6 +21,9 @@ SimulatorPart: Any = object
 
 # the simulator's event kinds (the third field of a heap entry)
 (ARRIVE, FLUSH, TICK, PING, DIAL, DETECT, FAULT, PUBLISH, CHURN, CHECK, MSGCHECK, START, DRAIN, TALLY, END) = range(15)
+# mode = "cluster" (sim/sessions.py): bytes to a node, bytes to a client, a journal commit, a
+# client's next action, the single-registration check, a dialled peer link's handshake done
+(TO_NODE, TO_CLIENT, COMMIT, CLIENT, CCHECK, LINK_READY) = range(15, 21)
 
 
 class SharedDecoding:
@@ -94,6 +97,11 @@ class Node:
         "busy_until",
         "inbox",
         "drain_due",
+        "core",
+        "store",
+        "conns",
+        "commit_due",
+        "plinks",
     )
 
     def __init__(self, name: str):
@@ -116,6 +124,12 @@ class Node:
         self.busy_until = 0.0  # simulated CPU: the node handles nothing else before then
         self.inbox: list = []  # what arrived while it was busy, in order
         self.drain_due = False
+        # mode = "cluster": the whole node (sim/cluster.py), its disk, its client connections
+        self.core: Any = None
+        self.store: Any = None
+        self.conns: dict[str, Any] = {}
+        self.commit_due = False
+        self.plinks: dict[str, Any] = {}  # peer -> this side's sim/cluster.py SimLink of the current connection
 
 
 class Link:

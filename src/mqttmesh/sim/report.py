@@ -115,9 +115,9 @@ def mqtt_st(sim) -> dict:
     per_message = len(tree_nodes) - 1
     m = sum(sim.checked_by_origin.get(n, 0) for n in tree_nodes)
     sends = {n: m * (tdeg[n] - 1) + sim.checked_by_origin.get(n, 0) for n in tree_nodes}
-    busiest = max(sends, key=lambda n: sends[n]) if sends else None
+    busiest = max(sorted(sends), key=lambda n: sends[n]) if sends else None  # ties: the smallest id
     mesh_sends = sim.node_sends
-    mesh_busiest = max(mesh_sends, key=lambda n: mesh_sends[n]) if mesh_sends else None
+    mesh_busiest = max(sorted(mesh_sends), key=lambda n: mesh_sends[n]) if mesh_sends else None
     uninterested = [len(tree_nodes) - 1 - len(r.expected) for r in messages]
     return {
         "root": root,
@@ -289,6 +289,8 @@ def summarize(sim, memory_sample: int = 3) -> dict:
             )
         },
     }
+    if getattr(sim, "cluster_mode", False):
+        summary["cluster"] = sim.cluster_summary()
     return summary
 
 
@@ -406,6 +408,21 @@ def format_text(s: dict) -> str:
         f"busiest node sends {_f(q['busiest_node_sends_per_message'], '.2f')} copies per message "
         f"(mesh: {_f(q['mesh_busiest_node_sends_per_message'], '.2f')})",
     ]
+    cl = s.get("cluster")
+    if cl is not None:
+        out += [
+            "",
+            f"whole cluster: {cl['clients']} clients, {cl['connections']} connections, moves {cl['moves']}; "
+            f"{cl['published']:,} published, {cl['acknowledged']:,} acknowledged, {cl['received']:,} received",
+            f"  hand-over: {cl['handover_checked']:,} (message, moved subscriber) pairs checked, "
+            f"{cl['handover_lost']} lost, {cl['qos2_twice']} QoS 2 twice, {cl['qos1_again']} QoS 1 again; "
+            f"without a move after the ack: {cl['not_moved']:,} pairs, {cl['not_moved_lost']} lost",
+            f"  persistent clients reconnected to no session (session present 0): {cl['sessions_not_present']}",
+            f"  wills: {cl['wills_checked']} connections checked, {cl['wills_published']} published, "
+            f"{cl['wills_missing']} missing, {cl['wills_twice']} twice, {cl['wills_unwanted']} unwanted; "
+            f"single registration checked {cl['registration_checks']} times; cluster errors {cl['cluster_errors']}",
+            f"  cluster counters: {json.dumps(cl['cluster_counters'], sort_keys=True)}",
+        ]
     inv = s["invariants"]
     out += [
         "",

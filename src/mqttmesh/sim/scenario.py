@@ -24,6 +24,7 @@ __all__ = [
     "Workload",
     "Checks",
     "Fault",
+    "Clients",
     "load_scenario",
     "parse_scenario",
     "FAULT_KINDS",
@@ -98,6 +99,34 @@ class Checks:
     shared_decoding: bool = True  # decode a payload once for all the engines it reaches (core.py)
 
 
+@dataclass
+class Clients:
+    """mode = "cluster": MQTT clients of the whole nodes (sim/sessions.py, docs/simulation.md)."""
+
+    persistent: int = 10  # CleanSession=0 subscribers, each with a will, moving between nodes
+    publishers: int = 4  # CleanSession=1 publishers
+    publish_rate: float = 2.0  # messages per second per publisher (Poisson)
+    qos: list[float] = field(default_factory=lambda: [0.0, 0.5, 0.5])  # shares of QoS 0, 1, 2 published
+    shared: float = 0.2  # share of publications to the topic every subscriber has ("all"); else c/<one of them>
+    start: float = 2.0  # clients connect from this time on (over one second)
+    move_every: tuple[float, float] = (2.0, 5.0)  # seconds between two moves of a subscriber; 0: no moves
+    move_how: list[float] = field(default_factory=lambda: [1.0, 1.0, 1.0])  # shares: clean, abrupt, takeover
+    targets: str = "any"  # where a move goes: "any" node, or "far": across the partition when there is one
+    reconnect_delay: tuple[float, float] = (0.05, 0.3)  # after a drop or a clean disconnect
+    keepalive: int = 3  # seconds (MQTT keepalive; the server closes a silent connection after 1.5x)
+    latency_ms: tuple[float, float] = (1.0, 1.0)  # client to node, one way
+    commit_ms: float = 2.0  # a journal batch becomes durable this long after its first change
+    settle: float = 2.0  # hand-over check: a message counts from this long after the SUBACK
+    check_every: float = 0.5  # the single-registration check runs this often
+    double_grace: float = 1.0  # two live connections of one ClientId seen for longer: a violation
+    replication: int = 2  # ClusterSettings
+    register_interval: float = 5.0
+    claim_timeout: float = 1.0
+    gather_timeout: float = 2.0
+    will_delay: float = 0.5
+    redirect_grace: float = 10.0
+
+
 FAULT_KINDS = {
     "link_down": {"link"},
     "link_up": {"link"},
@@ -133,6 +162,8 @@ class Scenario:
     engine: dict = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     source: str = ""
+    mode: str = "engine"  # "engine": MeshEngines only; "cluster": whole nodes and MQTT clients
+    clients: Clients = field(default_factory=Clients)
 
     def settings(self) -> MeshSettings:
         return MeshSettings(**self.engine)
@@ -214,18 +245,21 @@ def parse_scenario(raw: dict, source: str = "<scenario>") -> Scenario:
         "checks",
         "engine",
         "faults",
+        "mode",
+        "clients",
     }
     for key in raw:
         if key not in top_known:
             raise ScenarioError(f"{source}: unknown key {key!r} (known: {', '.join(sorted(top_known))})")
     sc = Scenario(source=source)
-    for key in ("name", "description", "seed", "duration", "drain"):
+    for key in ("name", "description", "seed", "duration", "drain", "mode"):
         if key in raw:
             setattr(sc, key, _typed("", key, raw[key], getattr(sc, key)))
     sc.topology = _section(Topology, "topology", raw.get("topology"))
     sc.node = _section(NodeModel, "node", raw.get("node"))
     sc.workload = _section(Workload, "workload", raw.get("workload"))
     sc.checks = _section(Checks, "checks", raw.get("checks"))
+    sc.clients = _section(Clients, "clients", raw.get("clients"))
     engine = raw.get("engine", {})
     if not isinstance(engine, dict):
         raise ScenarioError("[engine] must be a table")
@@ -301,6 +335,15 @@ def _validate(sc: Scenario) -> None:
         raise ScenarioError("topology.sites: between 1 and the number of nodes")
     if not 0.0 <= t.loss < 1.0:
         raise ScenarioError("topology.loss: a probability below 1")
+    if sc.mode not in ("engine", "cluster"):
+        raise ScenarioError(f'mode: "engine" or "cluster", got {sc.mode!r}')
+    c = sc.clients
+    if c.targets not in ("any", "far"):
+        raise ScenarioError(f'clients.targets: "any" or "far", got {c.targets!r}')
+    if len(c.qos) != 3 or sum(c.qos) <= 0 or len(c.move_how) != 3 or sum(c.move_how) <= 0:
+        raise ScenarioError("clients.qos and clients.move_how: three shares each, not all zero")
+    if c.replication < 1 or c.check_every <= 0:
+        raise ScenarioError("clients.replication and clients.check_every must be positive")
     w = sc.workload
     if w.subscribe not in ("start", "converged"):
         raise ScenarioError(f'workload.subscribe: "start" or "converged", got {w.subscribe!r}')

@@ -1,0 +1,161 @@
+"""Client histories and the checks made on them (Jepsen style): what clients saw, judged.
+
+Pure, and free of simulator imports: a harness over real sockets (issue 15) can
+record the same history and judge it with the same checks.
+
+A history is a list of operations in time order, each a tuple whose first fields
+are ``(time, client, op)``:
+
+- ``publish``: ``(t, client, "invoke"|"ok"|"info", "publish", msg_id, topic, qos)``: ok is
+  the PUBACK (QoS 1) or PUBREC (QoS 2); info: the connection ended before either came;
+- ``connect``: ``(t, client, "invoke"|"ok"|"fail", "connect", conn, node, detail)``: detail is
+  "will" on an invoke whose CONNECT carries a will, session present (ok) or the return code (fail);
+- ``subscribe``: ``(t, client, "ok", "subscribe", filters)`` (the SUBACK);
+- ``receive``: ``(t, client, "ok", "receive", msg_id, topic, qos, dup, conn)``;
+- ``close``: ``(t, client, "ok", "close", conn, clean, reason)``: clean when the server
+  read our DISCONNECT.
+
+Message ids are unique per publication (``client:n``); a will's payload is the id of
+the connection it belongs to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..topics import filter_matches
+
+__all__ = ["History", "HandoverCheck", "WillCheck", "check_handover", "check_wills"]
+
+Op = tuple[Any, ...]
+
+
+class History:
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def publish(self, t: float, client: str, what: str, msg_id: str, topic: str, qos: int) -> None:
+        self.ops.append((t, client, what, "publish", msg_id, topic, qos))
+
+    def connect(self, t: float, client: str, what: str, conn: str, node: str, detail: object = None) -> None:
+        self.ops.append((t, client, what, "connect", conn, node, detail))
+
+    def subscribed(self, t: float, client: str, filters: list[tuple[str, int]]) -> None:
+        self.ops.append((t, client, "ok", "subscribe", list(filters)))
+
+    def received(self, t: float, client: str, msg_id: str, topic: str, qos: int, dup: bool, conn: str) -> None:
+        self.ops.append((t, client, "ok", "receive", msg_id, topic, qos, dup, conn))
+
+    def closed(self, t: float, client: str, conn: str, clean: bool, reason: str) -> None:
+        self.ops.append((t, client, "ok", "close", conn, clean, reason))
+
+    def of_kind(self, kind: str) -> list[Op]:
+        return [op for op in self.ops if op[3] == kind]
+
+
+@dataclass
+class HandoverCheck:
+    """Messages a persistent subscriber must get after moving, and what happened to them."""
+
+    checked: int = 0  # (message, subscriber) pairs the invariant covers
+    lost: list[tuple[str, str, float]] = field(default_factory=list)  # (msg_id, subscriber, acked at)
+    qos2_twice: list[tuple[str, str]] = field(default_factory=list)  # a QoS 2 message delivered twice
+    qos1_again: int = 0  # QoS 1 redeliveries (allowed by MQTT)
+    not_moved: int = 0  # pairs without a reconnection after the ack (routing, not hand-over)
+    not_moved_lost: int = 0
+
+
+def check_handover(history: History, settle: float) -> HandoverCheck:
+    """Invariant 2 (cluster.handover_loss): a QoS 1/2 message acknowledged to its publisher
+    while a persistent subscriber's subscription existed (``settle`` seconds after its
+    SUBACK, time for the filter to reach the publisher's node), with the subscriber
+    reconnecting at least once afterwards, reaches that subscriber by the end, once
+    for QoS 2."""
+    result = HandoverCheck()
+    subs: dict[str, tuple[float, list[tuple[str, int]]]] = {}
+    connects: dict[str, list[float]] = {}
+    got: dict[tuple[str, str], list[Op]] = {}
+    invoked: dict[str, tuple[float, str, int]] = {}
+    acked: list[tuple[str, float]] = []
+    for op in history.ops:
+        t, client, what, kind = op[0], op[1], op[2], op[3]
+        if kind == "subscribe":
+            subs.setdefault(client, (t, op[4]))
+        elif kind == "connect" and what == "ok":
+            connects.setdefault(client, []).append(t)
+        elif kind == "receive":
+            got.setdefault((client, op[4]), []).append(op)
+        elif kind == "publish":
+            if what == "invoke":
+                invoked[op[4]] = (t, op[5], op[6])
+            elif what == "ok":
+                acked.append((op[4], t))
+    for (client, msg_id), ops in got.items():
+        if len(ops) > 1:
+            if ops[0][6] == 2 and sum(1 for o in ops if o[6] == 2) > 1:
+                result.qos2_twice.append((msg_id, client))
+            else:
+                result.qos1_again += len(ops) - 1
+    for msg_id, t_ack in acked:
+        t_inv, topic, qos = invoked[msg_id]
+        if qos == 0:
+            continue
+        for client, (t_sub, filters) in subs.items():
+            if t_inv < t_sub + settle or not any(filter_matches(f, topic) and q > 0 for f, q in filters):
+                continue
+            delivered = (client, msg_id) in got
+            if not any(t > t_ack for t in connects.get(client, ())):
+                result.not_moved += 1
+                result.not_moved_lost += not delivered
+                continue
+            result.checked += 1
+            if not delivered:
+                result.lost.append((msg_id, client, t_ack))
+    return result
+
+
+@dataclass
+class WillCheck:
+    """Wills against the connections they belong to."""
+
+    checked: int = 0
+    missing: list[str] = field(default_factory=list)  # ended without DISCONNECT, no will
+    twice: list[tuple[str, int]] = field(default_factory=list)  # (conn, publications) over 1
+    unwanted: list[tuple[str, str]] = field(default_factory=list)  # (conn, why): clean end or still open
+
+
+def check_wills(history: History, published: dict[str, int]) -> WillCheck:
+    """Invariant 3 (cluster.wills_once): a connection accepted and ended without a
+    DISCONNECT the server read has its will published exactly once mesh-wide; one ended
+    by DISCONNECT, or still open at the end, has none [MQTT-3.1.2-8, MQTT-3.14.4-3].
+    ``published``: will publications counted at their source, by connection id."""
+    result = WillCheck()
+    accepted: set[str] = set()
+    with_will: set[str] = set()
+    ended: dict[str, bool] = {}
+    for op in history.ops:
+        if op[3] == "connect" and op[2] == "invoke" and op[6] == "will":
+            with_will.add(op[4])
+        elif op[3] == "connect" and op[2] == "ok" and op[4] in with_will:
+            accepted.add(op[4])
+        elif op[3] == "close":
+            ended.setdefault(op[4], op[5])
+    for conn in sorted(accepted):
+        result.checked += 1
+        n = published.get(conn, 0)
+        clean = ended.get(conn)
+        if clean is None:
+            if n:
+                result.unwanted.append((conn, f"still connected, will published {n}x"))
+        elif clean:
+            if n:
+                result.unwanted.append((conn, f"ended by DISCONNECT, will published {n}x"))
+        elif n == 0:
+            result.missing.append(conn)
+        elif n > 1:
+            result.twice.append((conn, n))
+    for conn, n in sorted(published.items()):
+        if conn not in accepted and n > 1:
+            result.twice.append((conn, n))  # never accepted: at most once
+    return result

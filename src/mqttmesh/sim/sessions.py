@@ -1,0 +1,609 @@
+"""mode = "cluster": MQTT clients of whole nodes, moving between them, and the cluster invariants.
+
+Part of the Simulator (core.py), as a mixin. Every node is a whole node
+(sim/cluster.py: the NodeCore of assembly.build_core, as the server builds it);
+its clients are ``sim/mqttclient.py`` clients over simulated connections, each
+connection a ``SimConnection`` (the Channel's ``ports.Owner``). Persistent
+subscribers (CleanSession=0, with a will) move between nodes: cleanly (DISCONNECT,
+then a new connection), abruptly (the connection drops), or by a takeover (a new
+connection elsewhere while the old one lives on until the server ends it).
+Publishers publish QoS 0-2 to the subscribers' topics. Every client writes a history
+(sim/history.py), judged at the end; the nodes' state is checked while the run goes.
+
+Invariants (docs/simulation.md, "The whole cluster"):
+- ``cluster.single_registration``: once quiet (no fault and no membership change for
+  register_interval + claim_timeout + gather_timeout, no claim in progress, routing
+  converged), no ClientId has connected Channels on two nodes, nor connected
+  registrations naming two nodes, for longer than ``clients.double_grace``;
+- ``cluster.handover_loss``: sim/history.py ``check_handover``;
+- ``cluster.wills_once``: sim/history.py ``check_wills``, wills counted where they are
+  published (the node's ArchivePort sees every message published there: a Channel's
+  will, or the registrar's).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from typing import Any
+
+from ..channel import Channel
+from ..codec import Will
+from ..mesh.cluster import ClusterSettings
+from ..message import Message
+from .cluster import SimLink, SimNode, SimStore, build_node
+from .history import History, check_handover, check_wills
+from .model import CCHECK, CLIENT, COMMIT, TO_CLIENT, TO_NODE, Node, SimulatorPart
+from .mqttclient import MqttClient
+
+__all__ = ["ClusterMixin", "SimConnection", "SimClient"]
+
+_CONNECTED = "connected"  # channel.CONNECTED
+
+
+class SimConnection:
+    """One client connection to a node; the Channel's owner (ports.Owner)."""
+
+    def __init__(self, sim: Any, conn_id: str, client: SimClient, node: Node, latency: float, now: float):
+        self.sim = sim
+        self.id = conn_id
+        self.client = client
+        self.node = node.name
+        self.gen = node.gen
+        self.latency = latency
+        self.to_node = 0.0  # FIFO per direction: the last arrival time
+        self.to_client = 0.0
+        self.server_open = True
+        self.flush_due = False
+        self.paused = False
+        self.held: list[bytes | None] = []
+        self.channel: Channel = node.core.channel(self, f"sim:{client.name}", now)
+
+    # -- ports.Owner ----------------------------------------------------------------
+    def wake(self, channel: Channel) -> None:
+        if not self.flush_due:
+            self.flush_due = True
+            self.sim._woken(self)
+
+    def close(self, channel: Channel, reason: str) -> None:
+        self.sim._server_closed(self, reason)
+
+    def authenticate(self, channel: Channel, username: str | None, password: bytes | None) -> None:
+        channel.authenticated(0, self.sim.now)
+
+    def connected(self, channel: Channel) -> None:
+        pass
+
+    def pause_reading(self, channel: Channel) -> None:
+        self.paused = True
+
+    def resume_reading(self, channel: Channel) -> None:
+        if self.paused:
+            self.paused = False
+            held, self.held = self.held, []
+            for data in held:
+                self.sim._to_node_now(self, data)
+
+
+class SimClient:
+    def __init__(self, name: str, persistent: bool, keepalive: int, home: str):
+        self.name = name
+        self.persistent = persistent
+        self.mqtt = MqttClient(name, clean=not persistent, keepalive=keepalive)
+        self.conn: SimConnection | None = None
+        self.home = home  # the node it connects to next
+        self.n = 0  # publications so far
+        self.k = 0  # connections so far
+        self.subscribed = False
+        self.pending: dict[int, str] = {}  # packet id -> message id, not yet acknowledged
+        self.connect_due = False
+        self.move_at = -1.0  # the one move scheduled (an older one is stale)
+
+
+class ClusterMixin(SimulatorPart):
+    def _init_cluster(self) -> None:
+        sc = self.sc
+        c = sc.clients
+        self.cluster_settings = ClusterSettings(
+            replication=c.replication,
+            claim_timeout=c.claim_timeout,
+            gather_timeout=c.gather_timeout,
+            will_delay=c.will_delay,
+            redirect_grace=c.redirect_grace,
+            register_interval=c.register_interval,
+        )
+        self.rng_clients = random.Random(f"{sc.seed}/clients")
+        self.moves = {"clean": 0, "abrupt": 0, "takeover": 0}
+        self.published_ids: dict[str, tuple[str, int]] = {}
+        self.handover_result: Any = None
+        self.wills_result: Any = None
+        self.history = History()
+        self.will_counts: dict[str, int] = {}
+        self.sconns: dict[str, SimConnection] = {}
+        self.woken: list[SimConnection] = []  # connections with bytes for their client, this instant
+        self.clients: dict[str, SimClient] = {}
+        self.last_fault_at = 0.0
+        self.double_seen: dict[str, tuple[frozenset[str], float]] = {}
+        self.registration_checks = 0
+        self.cluster_errors = 0
+        self.client_stop = sc.duration - sc.drain  # no moves, no publications after this
+        self.node_io = {n: _NodeIO(self, self.nodes[n]) for n in self.names}
+        for n in self.names:
+            self.nodes[n].store = SimStore()
+        names = self.names
+        for i in range(c.persistent):
+            self.clients[f"s{i:03d}"] = SimClient(f"s{i:03d}", True, c.keepalive, names[i % len(names)])
+        for i in range(c.publishers):
+            home = names[(i * 7 + len(names) // 2) % len(names)]
+            self.clients[f"p{i:03d}"] = SimClient(f"p{i:03d}", False, c.keepalive, home)
+        self.subscribers = [cl.name for cl in self.clients.values() if cl.persistent]
+
+    def _start_clients(self) -> None:
+        c = self.sc.clients
+        for cl in self.clients.values():
+            self._at(c.start + self.rng_clients.random(), CLIENT, "connect", cl.name)
+            self._at(c.start + c.keepalive * (1 + self.rng_clients.random()), CLIENT, "ping", cl.name)
+        self._at(c.start, CCHECK)
+
+    def _cluster_handlers(self) -> dict[int, Any]:
+        return {
+            TO_NODE: self._on_to_node,
+            TO_CLIENT: self._on_to_client,
+            COMMIT: self._on_commit,
+            CLIENT: self._on_client,
+            CCHECK: self._on_ccheck,
+        }
+
+    # ------------------------------------------------------------------ nodes
+
+    def _build_core(self, node: Node) -> SimNode:
+        node.conns = {}
+        node.commit_due = False
+        node.plinks = {}
+        return build_node(
+            node.name,
+            node.inc,
+            self.now,
+            self.settings,
+            self.cluster_settings,
+            node.store,
+            self.node_io[node.name],
+            seed=self.sc.seed,
+        )
+
+    def _cluster_crash(self, node: Node, how: str) -> None:
+        """Every client connection of the node dies with it; uncommitted journal ops are lost."""
+        c = self.sc.clients
+        for conn in list(node.conns.values()):
+            self._ended(conn, False, f"node {node.name} crashed")
+            delay = conn.latency if how == "kill" else 1.5 * c.keepalive
+            self._send_client(conn, None, f"node {node.name} crashed", self.now + delay)
+        node.conns = {}
+        node.plinks = {}
+        node.core = None
+
+    def _on_fault(self, i: int) -> None:
+        self.last_fault_at = self.now
+        super()._on_fault(i)
+
+    def _on_commit(self, name: str, gen: int) -> None:
+        node = self.nodes[name]
+        if not node.up or node.gen != gen:
+            return  # the node crashed first: that batch never reached the disk
+        node.commit_due = False
+        core = node.core
+        if not len(core.journal):
+            return
+        batch, ops = core.journal.take()
+        node.store.write(ops)
+        core.committed(batch)
+        self._want_flush(node)
+
+    def _commit_soon(self, node: Node) -> None:
+        if not node.commit_due:
+            node.commit_due = True
+            self._at(self.now + self.sc.clients.commit_ms / 1000.0, COMMIT, node.name, node.gen)
+
+    def _cluster_tick(self, node: Node) -> None:
+        for conn in list(node.conns.values()):
+            deadline = conn.channel.deadline()
+            if deadline is not None and self.now >= deadline:
+                conn.channel.tick(self.now)  # keepalive [MQTT-3.1.2-24]
+
+    def _published(self, node: Node, msg: Message) -> None:
+        if msg.topic.startswith("will/"):
+            conn = msg.payload.decode()
+            self.will_counts[conn] = self.will_counts.get(conn, 0) + 1
+
+    # ------------------------------------------------------------------ connections
+
+    def _open(self, client: SimClient, node: Node) -> None:
+        c = self.sc.clients
+        client.k += 1
+        conn_id = f"{client.name}#{client.k}"
+        latency = self.rng_clients.uniform(*c.latency_ms) / 1000.0
+        conn = SimConnection(self, conn_id, client, node, latency, self.now)
+        node.conns[conn_id] = conn
+        self.sconns[conn_id] = conn
+        client.conn = conn
+        client.home = node.name
+        will = Will(f"will/{client.name}", conn_id.encode(), 1) if client.persistent else None
+        client.mqtt.connect(will)
+        self.history.connect(self.now, client.name, "invoke", conn_id, node.name, "will" if will else None)
+        self._client_send(client)
+
+    def _client_send(self, client: SimClient, data: bytes | None = b"") -> None:
+        """What the client wrote goes to its node (``None``: the connection drops, a reset)."""
+        conn = client.conn
+        if conn is None:
+            return
+        if data is not None:
+            data = client.mqtt.data_to_send()
+            if not data:
+                return
+        t = max(self.now + conn.latency, conn.to_node)
+        conn.to_node = t
+        self._at(t, TO_NODE, conn.id, data)
+
+    def _on_to_node(self, conn_id: str, data: bytes | None) -> None:
+        conn = self.sconns[conn_id]
+        node = self.nodes[conn.node]
+        if not conn.server_open or not node.up or node.gen != conn.gen:
+            return
+        if conn.paused:
+            conn.held.append(data)
+            return
+        self._to_node_now(conn, data)
+
+    def _to_node_now(self, conn: SimConnection, data: bytes | None) -> None:
+        if not conn.server_open:
+            return
+        node = self.nodes[conn.node]
+        if data is None:
+            conn.channel.connection_lost(self.now)  # the will goes out here [MQTT-3.1.2-8]
+            self._ended(conn, conn.channel.clean_disconnect, "connection reset by the client")
+            node.conns.pop(conn.id, None)
+        else:
+            conn.channel.receive_data(data, self.now)
+        self._want_flush(node)
+
+    def _server_closed(self, conn: SimConnection, reason: str) -> None:
+        """The node ended the connection (kick, keepalive, DISCONNECT, protocol error)."""
+        if not conn.server_open:
+            return
+        self._ended(conn, conn.channel.clean_disconnect, reason)
+        node = self.nodes[conn.node]
+        node.conns.pop(conn.id, None)
+        self._send_client(conn, conn.channel.data_to_send(), reason, self.now + conn.latency)
+
+    def _woken(self, conn: SimConnection) -> None:
+        """A Channel has bytes for its client: they leave at the end of this instant."""
+        if not self.woken:
+            self._at(self.now, CLIENT, "flush", "")
+        self.woken.append(conn)
+
+    def _ended(self, conn: SimConnection, clean: bool, reason: str) -> None:
+        if conn.server_open:
+            conn.server_open = False
+            self.history.closed(self.now, conn.client.name, conn.id, clean, reason)
+
+    def _send_client(self, conn: SimConnection, data: bytes | None, closed: str | None, at: float) -> None:
+        t = max(at, conn.to_client)
+        conn.to_client = t
+        self._at(t, TO_CLIENT, conn.id, data, closed)
+
+    def _on_client(self, action: str, arg: str) -> None:
+        if action == "flush":
+            # in the order of the connection ids: the broker wakes channels in the order of
+            # a set of them (held_ack_channels), which depends on their addresses
+            woken, self.woken = self.woken, []
+            for conn in sorted(woken, key=_conn_order):
+                conn.flush_due = False
+                if conn.server_open:
+                    data = conn.channel.data_to_send()
+                    if data:
+                        self._send_client(conn, data, None, self.now + conn.latency)
+            return
+        client = self.clients[arg]
+        if action == "connect":
+            client.connect_due = False
+            if client.conn is None:
+                node = self._pick_client_node(client.home)
+                if node is None:
+                    self._reconnect(client)
+                else:
+                    self._open(client, node)
+        elif action == "move":
+            if self.now == client.move_at:
+                self._move(client)
+        elif action == "publish":
+            self._publish_next(client)
+        elif action == "ping":
+            if client.conn is not None and client.mqtt.connected:
+                client.mqtt.ping()
+                self._client_send(client)
+            if self.now < self.end:
+                self._at(self.now + client.mqtt.keepalive, CLIENT, "ping", client.name)
+
+    def _on_to_client(self, conn_id: str, data: bytes | None, closed: str | None) -> None:
+        conn = self.sconns[conn_id]
+        client = conn.client
+        if client.conn is not conn:
+            return  # a connection the client abandoned (takeover) or already lost
+        if data:
+            for event in client.mqtt.receive_data(data):
+                self._client_event(client, conn, event)
+            self._client_send(client)
+        if closed is not None and client.conn is conn:
+            self._client_lost(client)
+
+    def _client_event(self, client: SimClient, conn: SimConnection, event: tuple[Any, ...]) -> None:
+        kind = event[0]
+        h = self.history
+        if kind == "message":
+            _, topic, payload, qos, dup, _pid = event
+            h.received(self.now, client.name, payload.decode(), topic, qos, dup, conn.id)
+        elif kind == "acked":
+            msg_id = client.pending.pop(event[1], None)
+            if msg_id is not None:
+                topic_qos = self.published_ids[msg_id]
+                h.publish(self.now, client.name, "ok", msg_id, topic_qos[0], topic_qos[1])
+        elif kind == "connack":
+            rc, present = event[1], event[2]
+            if rc:
+                h.connect(self.now, client.name, "fail", conn.id, conn.node, rc)
+                return
+            h.connect(self.now, client.name, "ok", conn.id, conn.node, present)
+            if client.persistent and not client.subscribed:
+                client.mqtt.subscribe([(f"c/{client.name}", 2), ("all", 1)])
+            elif client.persistent:
+                self._schedule_move(client)
+            elif not client.persistent and not client.n:
+                self._at(
+                    self.now + self.rng_clients.expovariate(self.sc.clients.publish_rate),
+                    CLIENT,
+                    "publish",
+                    client.name,
+                )
+        elif kind == "suback":
+            client.subscribed = True
+            h.subscribed(self.now, client.name, [(f"c/{client.name}", 2), ("all", 1)])
+            self._schedule_move(client)
+        elif kind == "closed":
+            self._client_lost(client)
+
+    def _client_lost(self, client: SimClient) -> None:
+        """The client's connection is gone (seen from the client): it connects again."""
+        client.mqtt.connection_lost()
+        client.conn = None
+        self._forget_pending(client)
+        self._reconnect(client)
+
+    def _forget_pending(self, client: SimClient) -> None:
+        if client.mqtt.clean:  # its session ended: what was not acknowledged is in doubt
+            for msg_id in client.pending.values():
+                topic, qos = self.published_ids[msg_id]
+                self.history.publish(self.now, client.name, "info", msg_id, topic, qos)
+            client.pending.clear()
+
+    def _reconnect(self, client: SimClient) -> None:
+        if not client.connect_due and self.now < self.end:
+            client.connect_due = True
+            delay = self.rng_clients.uniform(*self.sc.clients.reconnect_delay)
+            self._at(self.now + delay, CLIENT, "connect", client.name)
+
+    def _pick_client_node(self, preferred: str) -> Node | None:
+        node = self.nodes[preferred]
+        if node.up and node.core is not None:
+            return node
+        up = [n for n in self.names if self.nodes[n].up]
+        return self.nodes[self.rng_clients.choice(up)] if up else None
+
+    # ------------------------------------------------------------------ moves and publications
+
+    def _schedule_move(self, client: SimClient) -> None:
+        lo, hi = self.sc.clients.move_every
+        if hi <= 0:
+            return
+        t = self.now + self.rng_clients.uniform(lo, hi)
+        if t < self.client_stop:
+            client.move_at = t
+            self._at(t, CLIENT, "move", client.name)
+
+    def _move(self, client: SimClient) -> None:
+        conn = client.conn
+        if conn is None or not client.mqtt.connected or self.now >= self.client_stop:
+            return  # it is between connections anyway; the next CONNACK schedules a move
+        target = self._move_target(conn.node)
+        if target is None:
+            self._schedule_move(client)
+            return
+        how = self.rng_clients.choices(("clean", "abrupt", "takeover"), self.sc.clients.move_how)[0]
+        self.moves[how] += 1
+        client.home = target.name
+        if how == "clean":
+            client.mqtt.disconnect()
+            self._client_send(client)
+            client.conn = None
+            self._reconnect(client)
+        elif how == "abrupt":
+            self._client_send(client, None)
+            client.conn = None
+            client.mqtt.connection_lost()
+            self._reconnect(client)
+        else:  # takeover: the old connection is left as it is; the server ends it
+            client.mqtt.connection_lost()
+            client.conn = None
+            self._open(client, target)
+
+    def _move_target(self, current: str) -> Node | None:
+        up = [n for n in self.names if n != current and self.nodes[n].up]
+        if self.sc.clients.targets == "far" and self.partition:
+            side = self.partition.get(current, -1)
+            far = [n for n in up if self.partition.get(n, -1) != side]
+            up = far or up
+        return self.nodes[self.rng_clients.choice(up)] if up else None
+
+    def _publish_next(self, client: SimClient) -> None:
+        c = self.sc.clients
+        if self.now >= self.client_stop:
+            return
+        conn = client.conn
+        if conn is not None and client.mqtt.connected:
+            client.n += 1
+            msg_id = f"{client.name}:{client.n}"
+            qos = self.rng_clients.choices((0, 1, 2), c.qos)[0]
+            if self.subscribers and self.rng_clients.random() >= c.shared:
+                topic = f"c/{self.rng_clients.choice(self.subscribers)}"
+            else:
+                topic = "all"
+            self.published_ids[msg_id] = (topic, qos)
+            self.history.publish(self.now, client.name, "invoke", msg_id, topic, qos)
+            pid = client.mqtt.publish(topic, msg_id.encode(), qos)
+            if qos:
+                client.pending[pid] = msg_id
+            self._client_send(client)
+        self._at(self.now + self.rng_clients.expovariate(c.publish_rate), CLIENT, "publish", client.name)
+
+    # ------------------------------------------------------------------ invariants
+
+    def _on_ccheck(self) -> None:
+        c = self.sc.clients
+        if self.now < self.end:
+            self._at(self.now + c.check_every, CCHECK)
+        s = self.cluster_settings
+        quiet = s.register_interval + s.claim_timeout + s.gather_timeout
+        last_change = max([self.last_fault_at] + [n.core.membership_at for n in self.nodes.values() if n.up])
+        if self.now - last_change < quiet or self.episode is not None:
+            self.double_seen.clear()
+            return
+        live: dict[str, set[str]] = {}
+        registered: dict[str, set[str]] = {}
+        for name in self.names:
+            node = self.nodes[name]
+            if not node.up:
+                continue
+            for conn in node.conns.values():
+                ch = conn.channel
+                if ch.claiming:
+                    self.double_seen.clear()
+                    return  # a claim in progress: not converged
+                if ch.state == _CONNECTED and ch.session is not None and ch.session.channel is ch:
+                    live.setdefault(ch.client_id, set()).add(f"{name}:{conn.id}")
+            for cid, reg in node.core.cluster.clients()["registrations"].items():
+                if reg["connected"]:
+                    registered.setdefault(cid, set()).add(reg["node"])
+        self.registration_checks += 1
+        seen: dict[str, tuple[frozenset[str], float]] = {}
+        for cid in sorted(set(live) | set(registered)):
+            who = frozenset(
+                [x for x in live.get(cid, ()) if len(live[cid]) > 1]
+                + [f"registered at {x}" for x in registered.get(cid, ()) if len(registered[cid]) > 1]
+            )
+            if not who:
+                continue
+            first = self.double_seen.get(cid)
+            since = first[1] if first is not None and first[0] == who else self.now
+            seen[cid] = (who, since)
+            if self.now - since >= c.double_grace:
+                self.violations.add(
+                    "cluster.single_registration",
+                    f"t={self.now:.3f}s ClientId {cid!r} has two live registrations since {since:.3f}s: {sorted(who)}",
+                )
+                since = self.now  # once per grace period
+                seen[cid] = (who, since)
+        self.double_seen = seen
+
+    def _finish_cluster(self) -> None:
+        v = self.violations
+        ho = check_handover(self.history, self.sc.clients.settle)
+        wills = check_wills(self.history, self.will_counts)
+        self.handover_result, self.wills_result = ho, wills
+        for msg_id, client, t in ho.lost[:20]:
+            v.add("cluster.handover_loss", f"{msg_id} (acknowledged at {t:.3f}s) never reached {client}")
+        for msg_id, client in ho.qos2_twice[:20]:
+            v.add("cluster.handover_loss", f"QoS 2 message {msg_id} reached {client} more than once")
+        for conn in wills.missing[:20]:
+            v.add("cluster.wills_once", f"connection {conn} ended without DISCONNECT and its will was never published")
+        for conn, n in wills.twice[:20]:
+            v.add("cluster.wills_once", f"the will of connection {conn} was published {n} times")
+        for conn, why in wills.unwanted[:20]:
+            v.add("cluster.wills_once", f"connection {conn}: {why}")
+
+    def cluster_summary(self) -> dict[str, Any]:
+        ho, wills = self.handover_result, self.wills_result
+        ops = self.history.ops
+        counters: dict[str, int] = {}
+        for name in self.names:
+            node = self.nodes[name]
+            if node.up:
+                for k, val in node.core.cluster.status()["counters"].items():
+                    counters[k] = counters.get(k, 0) + val
+        seen: set[str] = set()
+        fresh = 0  # a persistent client's later CONNACK with session present 0: its session was lost
+        for op in ops:
+            if op[3] == "connect" and op[2] == "ok" and op[1] in self.clients and self.clients[op[1]].persistent:
+                fresh += op[1] in seen and not op[6]
+                seen.add(op[1])
+        return {
+            "clients": len(self.clients),
+            "sessions_not_present": fresh,
+            "connections": len(self.sconns),
+            "moves": dict(self.moves),
+            "published": sum(1 for op in ops if op[3] == "publish" and op[2] == "invoke"),
+            "acknowledged": sum(1 for op in ops if op[3] == "publish" and op[2] == "ok"),
+            "received": sum(1 for op in ops if op[3] == "receive"),
+            "handover_checked": ho.checked,
+            "handover_lost": len(ho.lost),
+            "qos2_twice": len(ho.qos2_twice),
+            "qos1_again": ho.qos1_again,
+            "not_moved": ho.not_moved,
+            "not_moved_lost": ho.not_moved_lost,
+            "wills_checked": wills.checked,
+            "wills_published": sum(self.will_counts.values()),
+            "wills_missing": len(wills.missing),
+            "wills_twice": len(wills.twice),
+            "wills_unwanted": len(wills.unwanted),
+            "registration_checks": self.registration_checks,
+            "cluster_errors": self.cluster_errors,
+            "cluster_counters": counters,
+            # every client operation in order, with its time: equal digests, equal runs
+            "history_digest": hashlib.sha256(repr(ops).encode()).hexdigest(),
+        }
+
+
+def _conn_order(conn: SimConnection) -> tuple[str, int]:
+    name, _, k = conn.id.partition("#")
+    return name, int(k)
+
+
+class _NodeIO:
+    """sim/cluster.py's NodeIO for one node: the simulator's events."""
+
+    def __init__(self, sim: Any, node: Node):
+        self.sim = sim
+        self.node = node
+
+    def flush_soon(self) -> None:
+        self.sim._want_flush(self.node)
+
+    def flush_now(self) -> None:
+        node = self.node
+        if node.core is not None:  # (not while the core is being built: start() flushes)
+            node.core.flush(self.sim.now)
+
+    def link_send(self, link: SimLink, kind: str, payload: bytes, qos: int) -> None:
+        self.sim._link_send(link, kind, payload, qos)
+
+    def link_close(self, link: SimLink, reason: str) -> None:
+        self.sim._link_close(link, reason)
+
+    def commit_soon(self) -> None:
+        self.sim._commit_soon(self.node)
+
+    def published(self, msg: Message) -> None:
+        self.sim._published(self.node, msg)
+
+    def error(self, what: str) -> None:
+        self.sim.cluster_errors += 1
+        self.sim.violations.add("cluster.error", f"t={self.sim.now:.3f}s {self.node.name}: {what}")
