@@ -22,7 +22,7 @@ class Option:
     help: str
     minimum: float | None = None
     maximum: float | None = None
-    choices: tuple | None = None
+    choices: tuple[Any, ...] | None = None
     flag_name: str | None = None  # when the key alone would be ambiguous as a flag
 
     @property
