@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self
 
 from .cluster_values import (
@@ -91,6 +91,24 @@ class Wire:
 
     def encode(self) -> bytes:
         return json.dumps(self.to_json()).encode()
+
+
+class _Flat(Wire):
+    """A message whose fields are strings, integers and booleans, under their own names in
+    field order on the wire (the JSON of before, key for key)."""
+
+    __slots__ = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(*[_READ[str(f.type)](_key(obj, f.name, w), w, f.name) for f in fields(cls)])  # type: ignore[arg-type]
+
+
+_READ = {"str": _str, "int": _int, "bool": _bool}
 
 
 # (dest, message, now) -> reachable now; `dest` may be this node (handled at once, at `now`)
@@ -183,25 +201,12 @@ class RegKick(Wire):
 
 
 @dataclass(frozen=True, slots=True)
-class RegRelease(Wire):
+class RegRelease(_Flat):
     KIND: ClassVar[str] = "reg.release"
     cid: str
     conn: str
     epoch: int
     node: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "node": self.node}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Self:
-        w = cls.KIND
-        return cls(
-            _str(_key(obj, "cid", w), w, "cid"),
-            _str(_key(obj, "conn", w), w, "conn"),
-            _int(_key(obj, "epoch", w), w, "epoch"),
-            _str(_key(obj, "node", w), w, "node"),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,25 +265,12 @@ class RegCopy(Wire):
 
 
 @dataclass(frozen=True, slots=True)
-class SessFetch(Wire):
+class SessFetch(_Flat):
     KIND: ClassVar[str] = "sess.fetch"
     cid: str
     conn: str
     epoch: int
     to: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "to": self.to}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Self:
-        w = cls.KIND
-        return cls(
-            _str(_key(obj, "cid", w), w, "cid"),
-            _str(_key(obj, "conn", w), w, "conn"),
-            _int(_key(obj, "epoch", w), w, "epoch"),
-            _str(_key(obj, "to", w), w, "to"),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,18 +364,10 @@ class SessSubs(Wire):
 
 
 @dataclass(frozen=True, slots=True)
-class SessDiscard(Wire):
+class SessDiscard(_Flat):
     KIND: ClassVar[str] = "sess.discard"
     cid: str
     epoch: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"cid": self.cid, "epoch": self.epoch}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Self:
-        w = cls.KIND
-        return cls(_str(_key(obj, "cid", w), w, "cid"), _int(_key(obj, "epoch", w), w, "epoch"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,18 +415,10 @@ class RetAck(Wire):
 
 
 @dataclass(frozen=True, slots=True)
-class RetQuery(Wire):
+class RetQuery(_Flat):
     KIND: ClassVar[str] = "ret.query"
     qid: int
     filter: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"qid": self.qid, "filter": self.filter}
-
-    @classmethod
-    def from_json(cls, obj: dict[str, Any]) -> Self:
-        w = cls.KIND
-        return cls(_int(_key(obj, "qid", w), w, "qid"), _str(_key(obj, "filter", w), w, "filter"))
 
 
 @dataclass(frozen=True, slots=True)
