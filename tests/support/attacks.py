@@ -42,6 +42,7 @@ from support.probes import (
     rss_kb,
     socket_fds,
     subscribe,
+    sys_values,
     try_connect,
     wait_sockets,
     wait_until,
@@ -666,6 +667,13 @@ def congested_own_topic(
                 f"{len(sent)} messages took over {limit:g}s (worst {max(delays):.1f}s), "
                 f"{len(missing)} never arrived"
             )
+            if missing:
+                acked = sum(1 for seq in missing if seq in busy.acked)
+                drops = sys_values(target, "$SYS/broker/publish/dropped/#")
+                out.problems.append(
+                    f"of those never delivered, {acked} had been acknowledged; the broker's "
+                    f"drop counters: {drops or 'not published (start it with --sys-interval)'}"
+                )
     finally:
         for f in flooders:
             f.close()

@@ -231,6 +231,36 @@ def connect_client(host: str, port: int, client_id: str, timeout: float = 5.0, s
     return c
 
 
+def sys_values(target, topic_filter: str = "$SYS/broker/#", timeout: float = 2.0) -> dict[str, str]:
+    """The broker's retained ``$SYS`` values under ``topic_filter`` (empty if it publishes
+    none, e.g. started with ``--sys-interval 0``); for the text of a failure, not a check."""
+    seen: dict[str, str] = {}
+    try:
+        c = connect_client(
+            target.host,
+            target.port,
+            f"sys-read-{os.getpid()}-{time.monotonic_ns() % 10**9}",
+            timeout,
+            keepalive=0,
+            **target.credentials,
+        )
+    except (AssertionError, OSError):
+        return seen
+    try:
+        subscribe(c, 1, (topic_filter, 0), timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                p = c.recv(min(0.3, max(0.01, deadline - time.monotonic())))
+            except (TimeoutError, Closed, OSError):
+                break  # (retained values come at once after the SUBACK: a pause means all came)
+            if p.type == PUBLISH:
+                seen[p.topic] = p.payload.decode(errors="replace")
+    finally:
+        c.close()
+    return seen
+
+
 def subscribe(c: Raw, pid: int, *filters, timeout: float = 5.0) -> list[int]:
     """SUBSCRIBE and the SUBACK's return codes (PUBLISHes before the SUBACK are dropped)."""
     c.send(mqttraw.subscribe(pid, *filters))
