@@ -54,7 +54,7 @@ from mqttmesh.mesh.cluster_wire import (
     decode,
 )
 from mqttmesh.mesh.membership import Membership
-from mqttmesh.mesh.replica import ReplicaSessions
+from mqttmesh.mesh.replica import ReplicaSessions, merge_snapshots
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
 from mqttmesh.store import NULL_JOURNAL
@@ -348,6 +348,69 @@ def test_a_persistent_session_moves_with_its_queued_and_in_flight_messages():
     assert cid in net.clusters["a"].redirects
 
 
+def test_a_released_inbound_qos2_id_stays_released_when_the_client_moves_on():
+    """Issue 15: a QoS 2 id the client released (PUBREL) must not come back as awaiting
+    PUBREL on the next node, or a new PUBLISH that reuses the id is taken for a re-send and
+    never delivered. The holders follow the id's release; the merge takes the latest view."""
+    net = Net()
+    cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
+    ch = net.connect("a", cid, clean=False)
+    ch.session.awaiting_rel_add(5)  # a QoS 2 PUBLISH with id 5 came: PUBREC is due
+    net.pump()
+    assert net.brokers["b"].sessions[cid].awaiting_rel == {5}  # the holder follows ("in")
+    ch.close("connection lost")
+    moved = net.connect("b", cid, clean=False)
+    assert moved.session.awaiting_rel == {5}  # a re-sent PUBLISH 5 here is no new message
+    moved.session.awaiting_rel_remove(5)  # PUBREL 5: the client may reuse the id at once
+    net.pump()
+    assert net.brokers["a"].sessions[cid].awaiting_rel == set()  # ("free")
+    moved.close("connection lost")
+    last = net.connect("c", cid, clean=False)
+    assert last.present is True
+    assert last.session.awaiting_rel == set()  # so a new PUBLISH 5 here is delivered
+
+
+def test_a_holder_knows_an_accepted_qos2_id_when_the_clients_node_dies():
+    """Issue 15: the id of a QoS 2 PUBLISH answered with PUBREC reaches the other holders,
+    so the client's re-send (DUP=1, same id) to another node after its node died is
+    acknowledged there without a second delivery [MQTT-4.3.3-2]."""
+    net = Net()
+    cid = cid_with(net, lambda regs, holders: "a" not in holders and "a" not in regs)
+    ch = net.connect("a", cid, clean=False)
+    ch.session.awaiting_rel_add(7)
+    net.pump()
+    net.up.discard("a")  # killed: no goodbye, no fetch answered
+    net.membership()
+    moved = net.connect(net.clusters["b"].members.holders(cid)[0], cid, clean=False)
+    assert moved.session.awaiting_rel == {7}
+
+
+def test_the_latest_view_decides_the_ids_awaiting_pubrel_never_their_union():
+    old = Snapshot("c", {}, 0, [], [], [1, 2], "a", 2, 5)
+    new = Snapshot("c", {}, 0, [], [], [2, 3], "b", 2, 7)
+    merged = merge_snapshots([new, old])
+    assert merged is not None and (merged.rel, merged.version) == ([2, 3], 7)
+    # a newer epoch wins over more settlements made under an older one
+    newer_epoch = Snapshot("c", {}, 0, [], [], [], "c", 3, 1)
+    merged = merge_snapshots([old, new, newer_epoch])
+    assert merged is not None and (merged.rel, merged.epoch, merged.version) == ([], 3, 1)
+
+
+def test_a_holder_that_missed_settlements_is_not_the_latest_view():
+    net = Net()
+    cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
+    ch = net.connect("a", cid, clean=False)
+    ch.session.awaiting_rel_add(1)
+    net.clusters["a"].flush()
+    net.queue.clear()  # the settlement batch is lost on the way
+    ch.session.awaiting_rel_add(2)
+    net.pump()
+    held = net.brokers["b"].sessions[cid]
+    assert held.awaiting_rel == {2}
+    assert held.version < ch.session.version  # behind: a merge prefers any complete view
+    assert net.clusters["b"].counters["settle_gaps"] == 1
+
+
 def test_a_clean_start_discards_the_holders_copies():
     net = Net()
     cid = cid_with(net, lambda regs, holders: "c" not in holders)
@@ -589,7 +652,7 @@ REG_JSON = {
     "at": 1700000000.25,
 }
 ENTRY = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5)
-SNAP = Snapshot("c1", {"t/#": 1}, 3, [ENTRY], [("n2", 8)], [4], "n1", 4)
+SNAP = Snapshot("c1", {"t/#": 1}, 3, [ENTRY], [("n2", 8)], [4], "n1", 4, 17)
 SNAP_JSON = {
     "cid": "c1",
     "subs": {"t/#": 1},
@@ -599,11 +662,13 @@ SNAP_JSON = {
     "rel": [4],
     "active": "n1",
     "epoch": 4,
+    "version": 17,  # (mesh protocol 3, issue 15)
 }
 ITEM = RetainedItem("r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub")
 ITEM_JSON = ["r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub"]
 
-# each kind: the typed message, and the dict the cluster wrote before issue 14 S3
+# each kind: the typed message, and the dict the cluster wrote before issue 14 S3 (with the
+# fields mesh protocol 3 added for issue 15: a snapshot's and a settlement batch's "version")
 GOLDEN = [
     (
         RegClaim("c1", "n1", 7, "n1/7/3", False, WILL, 1700000000.25),
@@ -631,8 +696,8 @@ GOLDEN = [
     (SessCopy(SNAP), SNAP_JSON),
     (SessMerge(SNAP), SNAP_JSON),
     (
-        SessSettle("c1", 4, [Settlement("n2", 9, "sent", 5), Settlement("n2", 8, "done", 0)]),
-        {"cid": "c1", "epoch": 4, "items": [["n2", 9, "sent", 5], ["n2", 8, "done", 0]]},
+        SessSettle("c1", 4, [Settlement("n2", 9, "sent", 5), Settlement("n2", 8, "done", 0)], 17),
+        {"cid": "c1", "epoch": 4, "items": [["n2", 9, "sent", 5], ["n2", 8, "done", 0]], "version": 17},
     ),
     (SessSubs("c1", 3, {"a/+": 0, "b": 2}), {"cid": "c1", "version": 3, "subs": {"a/+": 0, "b": 2}}),
     (SessDiscard("c1", 4), {"cid": "c1", "epoch": 4}),

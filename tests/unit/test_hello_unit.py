@@ -22,22 +22,24 @@ def test_wire_form_adds_proto_to_todays_keys():
     assert "rtt" not in json.loads(encode_hello(Hello("a", 1)))  # only the dialler measured one
 
 
-def test_a_hello_without_proto_is_version_2():
-    # what the nodes of the release before the key send
-    hello = parse_hello(b'{"node": "a", "inc": 3, "addr": ["h:1"], "rtt": 2500}')
-    assert hello == Hello("a", 3, ["h:1"], 2500.0, 2)
+def test_a_hello_without_proto_is_version_2_and_refused():
+    # what the nodes of the release before the key sent: version 2, which mesh protocol 3
+    # (issue 15: settlement versions in session snapshots) no longer speaks
+    with pytest.raises(HelloVersionError) as info:
+        parse_hello(b'{"node": "a", "inc": 3, "addr": ["h:1"], "rtt": 2500}')
+    assert str(info.value) == "peer 'a' speaks mesh protocol 2, this node 3"
 
 
-@pytest.mark.parametrize("proto", [1, 3])
+@pytest.mark.parametrize("proto", [1, 2, 4])
 def test_another_version_is_refused_naming_both(proto):
     with pytest.raises(HelloVersionError) as info:
         parse_hello(encode_hello(Hello("a", 1, proto=proto)))
-    assert str(info.value) == f"peer 'a' speaks mesh protocol {proto}, this node 2"
+    assert str(info.value) == f"peer 'a' speaks mesh protocol {proto}, this node 3"
     assert isinstance(info.value, MeshProtocolError)  # a caller that only knows that still closes
 
 
 def test_the_version_words_are_the_connects():
-    assert version_mismatch("d", 1) == "peer 'd' speaks mesh protocol 1, this node 2"
+    assert version_mismatch("d", 1) == "peer 'd' speaks mesh protocol 1, this node 3"
 
 
 @pytest.mark.parametrize(
@@ -62,7 +64,7 @@ def test_malformed_hellos_are_refused_with_a_reason(payload, why):
 
 
 def test_odd_optional_fields_are_ignored_as_before():
-    hello = parse_hello(b'{"node": "a", "inc": 1, "addr": ["h:1", 5, null], "rtt": -3}')
+    hello = parse_hello(b'{"node": "a", "inc": 1, "addr": ["h:1", 5, null], "rtt": -3, "proto": 3}')
     assert (hello.addresses, hello.rtt_us) == (["h:1"], None)
-    hello = parse_hello(b'{"node": "a", "inc": 1, "addr": "h:1", "rtt": "fast"}')
+    hello = parse_hello(b'{"node": "a", "inc": 1, "addr": "h:1", "rtt": "fast", "proto": 3}')
     assert (hello.addresses, hello.rtt_us) == ([], None)

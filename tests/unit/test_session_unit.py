@@ -409,7 +409,7 @@ def test_discarding_journals_the_delete_of_a_durable_session_only():
 
 
 def test_installing_a_snapshot_journals_awaiting_rel_for_a_durable_replica_only():
-    snap = Snapshot("c", {}, 0, [], [], [4, 2], None, 1)  # (typed since issue 14 S3)
+    snap = Snapshot("c", {}, 0, [], [], [4, 2], None, 1, 0)  # (typed since issue 14 S3)
     j = Journal()
     durable = DurableMeshSession("c", Limits(), j)
     install(durable, snap)

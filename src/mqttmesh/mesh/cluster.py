@@ -112,6 +112,7 @@ def cluster_parts(
         "redirected": 0,
         "retained_lookups": 0,
         "claim_timeouts": 0,
+        "settle_gaps": 0,
     }
     membership = Membership(node_id, incarnation, settings.replication, settings.will_delay)
     ids = itertools.count(1)

@@ -181,7 +181,8 @@ class Registration:
 
 
 class Settlement(NamedTuple):
-    """What the holder a client is on did with one message: "sent", "rel" or "done"."""
+    """What the holder a client is on did with one message: "sent", "rel" or "done"; or with
+    an inbound QoS 2 packet id (origin "" and seq 0): "in" (awaits PUBREL) or "free"."""
 
     origin: str
     seq: int
@@ -308,6 +309,7 @@ class Snapshot:
     rel: list[int]  # inbound QoS 2 packet ids between PUBREC and PUBREL
     active: str | None  # the node the client was last on
     epoch: int
+    version: int  # settlements made by the holders the client was on (replica.py)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -319,6 +321,7 @@ class Snapshot:
             "rel": self.rel,
             "active": self.active,
             "epoch": self.epoch,
+            "version": self.version,
         }
 
     @classmethod
@@ -340,4 +343,5 @@ class Snapshot:
             [_int(r, w, "rel") for w, r in _items(o, "rel", where)],
             _opt_str(_key(o, "active", where), where, "active"),
             _int(_key(o, "epoch", where), where, "epoch"),
+            _int(_key(o, "version", where), where, "version"),
         )

@@ -330,9 +330,10 @@ class SessSettle(Wire):
     cid: str
     epoch: int
     items: list[Settlement]
+    version: int  # the session's settlement count after ``items`` (replica.py)
 
     def to_json(self) -> dict[str, Any]:
-        return {"cid": self.cid, "epoch": self.epoch, "items": self.items}
+        return {"cid": self.cid, "epoch": self.epoch, "items": self.items, "version": self.version}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
@@ -341,6 +342,7 @@ class SessSettle(Wire):
             _str(_key(obj, "cid", w), w, "cid"),
             _int(_key(obj, "epoch", w), w, "epoch"),
             [Settlement.from_json(i, iw) for iw, i in _items(obj, "items", w)],
+            _int(_key(obj, "version", w), w, "version"),
         )
 
 

@@ -366,10 +366,16 @@ class HandOver:
 
     def on_settle(self, frm: str, m: SessSettle, now: float) -> None:
         session = self._replica(m.cid, create=False)
-        if session is None or session.channel is not None:
-            return
+        if session is None or session.channel is not None or m.epoch < session.epoch:
+            return  # (a node serving an older epoch: its client has moved on)
         for origin, seq, state, pid in m.items:
             session.settle((origin, seq), state, pid)
+        if m.version - len(m.items) == session.version:
+            session.version = m.version
+        else:
+            # settlements were missed (a link dropped them): this copy is not the latest
+            # for merges until the next copy (which a link coming back up brings)
+            self.counters["settle_gaps"] += 1
 
     def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
         session = self._replica(m.cid)
@@ -418,10 +424,11 @@ class HandOver:
         if settles:
             for cid, items in settles.items():
                 session = self.broker.sessions.get(cid)
-                epoch = session.replica.epoch if session is not None and session.replica is not None else 0
+                replica = session.replica if session is not None else None
+                epoch, version = (replica.epoch, replica.version) if replica is not None else (0, len(items))
                 for node in self.membership.holders(cid, self.node_id):
                     if node != self.node_id:
-                        self._send_out(node, SessSettle(cid, epoch, items))
+                        self._send_out(node, SessSettle(cid, epoch, items, version))
 
     # -- redirects during a hand-over ---------------------------------------------------------
 

@@ -5,10 +5,11 @@ Pure: no sockets, no clock, no randomness. Each side's nonce is an argument (the
 layer, server/mesh_node.py, draws it); the MQTT packets that carry these fields are
 mesh/client.py's (dialling side) and channel.py's (listening side).
 
-Version 2 of the peer protocol, in ordinary MQTT 3.1.1 packets (D dials, L listens):
+Version 3 of the peer protocol (version 2 had the same handshake; 3 added settlement
+versions to session snapshots, issue 15), in ordinary MQTT 3.1.1 packets (D dials, L listens):
 
     D -> L  CONNECT  user mqttmesh-peer, ClientId $mesh-<D>,
-                     password "2|<D>|<incarnation D>|<Nd>"
+                     password "3|<D>|<incarnation D>|<Nd>"
     L -> D  CONNACK 0: D is a provisional peer, nothing is routed to it
     D -> L  SUBSCRIBE $mesh/to/<D>/#
     L -> D  SUBACK, then PUBLISH $mesh/to/<D>/auth   "<L>|<incarnation L>|<Nl>|<MAC L>"
@@ -46,7 +47,7 @@ __all__ = [
     "version_mismatch",
 ]
 
-PEER_PROTOCOL = 2  # the peer protocol's version: a node refuses a peer of another
+PEER_PROTOCOL = 3  # the peer protocol's version: a node refuses a peer of another
 PEER_USERNAME = "mqttmesh-peer"
 NONCE_BYTES = 16
 
@@ -131,7 +132,7 @@ def _node(text: str, what: str) -> str:
 def parse_connect(password: bytes | None) -> PeerConnect:
     """The fields of a peer CONNECT's password, of any version; PeerAuthError when malformed.
 
-    The caller compares ``version`` with PEER_PROTOCOL: only a version-2 result is usable.
+    The caller compares ``version`` with PEER_PROTOCOL: only a result of this version is usable.
     """
     text = _text(password, "peer credentials")
     parts = text.split("|")

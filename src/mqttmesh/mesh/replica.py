@@ -25,7 +25,7 @@ from .cluster_wire import SessFwd, SessSubs, Wire
 
 if TYPE_CHECKING:
     from ..flow import Congestion
-    from ..ports import JournalPort, SentHook
+    from ..ports import Batch, JournalPort, SentHook
     from .membership import Membership
 
 __all__ = [
@@ -43,7 +43,9 @@ __all__ = [
 
 TOMBSTONES = 50_000  # settled message ids remembered per session (duplicates suppressed)
 
-# (session, message id, state, packet id) of a settlement: "sent", "rel", "done"
+# (session, message id, state, packet id) of a settlement: outbound "sent", "rel", "done";
+# inbound QoS 2 "in" (PUBREC is due: the id awaits its PUBREL) and "free" (PUBREL came), whose
+# message id is ("", 0): the packet id alone names them
 SettledHook = Callable[["_Replicated", tuple[str, int], str, int], None]
 
 
@@ -66,6 +68,13 @@ class _Replicated(_SessionPart):
         self.active_node: str | None = None
         self.epoch = 0
         self.subs_version = 0
+        # settlements made, ever, by the holders the client was on: the holder with the
+        # highest (epoch, version) has the latest inbound QoS 2 state (merge_snapshots)
+        self.version = 0
+
+    def _report(self, key: tuple[str, int], state: str, pid: int) -> None:
+        self.version += 1
+        self.on_settled(self, key, state, pid)  # type: ignore[misc]  # (callers checked it is set)
 
     @property
     def replica(self) -> _Replicated:
@@ -97,7 +106,7 @@ class _Replicated(_SessionPart):
         if self.ids.pop(key, None) is not None:
             self._remember_done(key)
             if self.on_settled is not None and self.channel is not None:
-                self.on_settled(self, key, "done", 0)
+                self._report(key, "done", 0)
 
     def restore_entry(self, entry: Entry) -> None:
         super().restore_entry(entry)
@@ -107,19 +116,42 @@ class _Replicated(_SessionPart):
         super()._send_new(entry)
         if entry.qos == 2 and self.on_settled is not None and not entry.retain:
             # a holder taking over must re-send it with this id, not as a new message
-            self.on_settled(self, (entry.msg.origin, entry.msg.seq), "sent", entry.packet_id)
+            self._report((entry.msg.origin, entry.msg.seq), "sent", entry.packet_id)
 
     def on_pubrec(self, pid: int) -> bool:
         entry = self.inflight.get(pid)
         ok = super().on_pubrec(pid)
         if ok and entry is not None and self.on_settled is not None and not entry.retain:
-            self.on_settled(self, (entry.msg.origin, entry.msg.seq), "rel", pid)
+            self._report((entry.msg.origin, entry.msg.seq), "rel", pid)
         return ok
+
+    # inbound QoS 2: the other holders follow the ids awaiting PUBREL exactly, so that a
+    # holder the client moves to neither delivers a re-sent PUBLISH again nor takes a new
+    # PUBLISH that reuses a released id for a re-send [MQTT-4.3.3-2]
+
+    def awaiting_rel_add(self, packet_id: int) -> Batch:
+        batch = super().awaiting_rel_add(packet_id)
+        if self.on_settled is not None and self.channel is not None:
+            self._report(("", 0), "in", packet_id)
+        return batch
+
+    def awaiting_rel_remove(self, packet_id: int) -> Batch:
+        awaited = packet_id in self.awaiting_rel
+        batch = super().awaiting_rel_remove(packet_id)
+        if awaited and self.on_settled is not None and self.channel is not None:
+            self._report(("", 0), "free", packet_id)
+        return batch
 
     # -- what other holders tell us ----------------------------------------------
 
     def settle(self, key: tuple[str, int], state: str, pid: int) -> None:
         """Another holder (the one the client is on) settled a message."""
+        if state == "in":
+            super().awaiting_rel_add(pid)  # (journaled by a DurableMeshSession; no settlement)
+            return
+        if state == "free":
+            super().awaiting_rel_remove(pid)
+            return
         entry = self.ids.get(key)
         if state == "done":
             if entry is not None:
@@ -302,11 +334,15 @@ def snapshot(session: _Replicated) -> Snapshot:
         sorted(session.awaiting_rel),
         session.active_node,
         session.epoch,
+        session.version,
     )
 
 
 def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
-    """Union of several holders' views: an id settled anywhere is settled; furthest state wins."""
+    """Several holders' views in one. Message ids: an id settled anywhere is settled, and the
+    furthest state wins (a message only moves forward). Inbound QoS 2 ids awaiting PUBREL
+    come and go (an id is released, then reused by a new message): they are the latest
+    view's, the one with the highest (epoch, version), never a union."""
     if not snaps:
         return None
     done: set[tuple[str, int]] = set()
@@ -326,9 +362,7 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
             elif e.state > have.state:
                 best[key] = e
     subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
-    rel: set[int] = set()
-    for s in snaps:
-        rel.update(s.rel)
+    latest = max(snaps, key=lambda s: (s.epoch, s.version))
     # in flight first (in packet-id send order), then queued, each in arrival order
     entries = [best[k] for k in order]
     entries.sort(key=lambda e: 0 if e.state else 1)
@@ -340,9 +374,10 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         # (a set's order, as before issue 14: it depends on the hash seed, which decides
         # which ids are kept only when there are more than the snapshot and TOMBSTONES keep)
         list(done),
-        sorted(rel),
+        sorted(latest.rel),
         subs_from.active,
         max(s.epoch for s in snaps),
+        latest.version,
     )
 
 
@@ -367,10 +402,13 @@ def install(session: _Replicated, snap: Snapshot) -> None:
         else:
             session.queue.append(entry)
         session._stored_put(entry)
-    session.awaiting_rel = set()
-    for pid in set(snap.rel):
-        session.awaiting_rel_add(pid)  # journaled by a DurableMeshSession
+    old, new = set(session.awaiting_rel), set(snap.rel)
+    for pid in sorted(old - new):
+        base.awaiting_rel_remove(pid)  # type: ignore[attr-defined]  # (journaled by a DurableMeshSession)
+    for pid in sorted(new - old):
+        base.awaiting_rel_add(pid)  # type: ignore[attr-defined]
     session.subs_version = max(session.subs_version, snap.subs_version)
     session.epoch = max(session.epoch, snap.epoch)
+    session.version = snap.version
     if session.inflight:
         session._next_pid = max(session.inflight) % 65535 + 1
