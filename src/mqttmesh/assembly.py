@@ -132,7 +132,15 @@ def build_core(
     link_table: dict[str, PeerLink] = {}  # peer node -> its current link (PeerLinks keeps it)
     gateway = MeshGateway(engine, congestion, wall_offset, link_table, mesh.io)
     parts = cluster_parts(
-        node_id, incarnation, gateway.unicast, retained_trie, journal, auth, mesh.cluster, wall_offset
+        node_id,
+        incarnation,
+        gateway.unicast,
+        retained_trie,
+        journal,
+        auth,
+        mesh.cluster,
+        wall_offset,
+        mesh.io.flush_soon,
     )
     # CleanSession=0 sessions are replicated (mesh/replica.py), journaled too with a store
     sessions = ReplicaSessions(settings.limits, journal, congestion, parts.replication.on_settled, on_sent)

@@ -153,7 +153,8 @@ class Channel(PeerListening):
         # the archive's capture of the read being processed (archive/capture.py), if any
         self._read: ReadCapture | None = None
         self._out: list[bytes] = []
-        self._held: deque[tuple[int, bytes]] = deque()  # frames waiting for a journal batch
+        # frames waiting for a journal batch and a session's replication (version), in order
+        self._held: deque[tuple[int, int, bytes]] = deque()
 
     # -- bytes in, bytes out ----------------------------------------------------------
 
@@ -208,7 +209,8 @@ class Channel(PeerListening):
     def write(self, frame: bytes) -> None:
         if self._held:
             # an acknowledgement ahead of this frame waits for the store: keep the order
-            self._held.append((self._held[-1][0], frame))
+            last = self._held[-1]
+            self._held.append((last[0], last[1], frame))
             return
         out = self._out
         out.append(frame)
@@ -456,7 +458,9 @@ class Channel(PeerListening):
         batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
         # a durable session's id is journaled: the PUBREC waits for it, and for the message
         # (the id's batch is the current one, no older than the message's)
-        self._send_after(_ack(_PUBREC, pid), session.awaiting_rel_add(pid) or batch)
+        # so is the id, at the session's other holders in a mesh (replica.py): a re-send to
+        # another node after this one died must find it there
+        self._send_after(_ack(_PUBREC, pid), session.awaiting_rel_add(pid) or batch, session.version)
 
     def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Batch:
         """Hand a message from this client (or its will) to the broker; the journal batch to wait for.
@@ -498,8 +502,9 @@ class Channel(PeerListening):
         return batch
 
     def _on_pubrel(self, pkt: codec.PubRel, now: float) -> None:
-        batch = self.session.awaiting_rel_remove(pkt.packet_id)
-        self._send_after(_ack(_PUBCOMP, pkt.packet_id), batch)  # [MQTT-4.3.3-2]
+        session = self.session
+        batch = session.awaiting_rel_remove(pkt.packet_id)
+        self._send_after(_ack(_PUBCOMP, pkt.packet_id), batch, session.version)  # [MQTT-4.3.3-2]
 
     # -- acknowledgements, server to client messages --------------------------------------
 
@@ -509,9 +514,11 @@ class Channel(PeerListening):
     def _on_pubrec(self, pkt: codec.PubRec, now: float) -> None:
         journal = self.broker.journal
         mark = journal.mark()
-        self.session.on_pubrec(pkt.packet_id)
-        # after a crash the PUBLISH must not be re-sent once its PUBREL went out [MQTT-4.3.3-1]
-        self._send_after(_ack(_PUBREL, pkt.packet_id), journal.since(mark))
+        session = self.session
+        session.on_pubrec(pkt.packet_id)
+        # after a crash (here, or of this node in a mesh) the PUBLISH must not be re-sent
+        # once its PUBREL went out [MQTT-4.3.3-1]
+        self._send_after(_ack(_PUBREL, pkt.packet_id), journal.since(mark), session.version)
 
     def _on_pubcomp(self, pkt: codec.PubComp, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id)
@@ -567,20 +574,29 @@ class Channel(PeerListening):
 
     # -- acknowledgements that wait for the store (group commit) -------------------------------
 
-    def _send_after(self, frame: bytes, batch: Batch) -> None:
+    def _send_after(self, frame: bytes, batch: Batch, version: int = 0) -> None:
+        """Write ``frame`` once journal ``batch`` is committed and, for a replicated session,
+        once its other holders have its settlement ``version`` (both 0: at once)."""
         held = self._held
-        if not batch and not held:
+        if not held and not batch and (not version or version <= self.session.safe_version):
             self._write_now(frame)
             return
         if held:
-            batch = max(batch, held[-1][0])  # keep acknowledgements in order
-        held.append((batch, frame))
+            last = held[-1]  # keep acknowledgements in order
+            batch, version = max(batch, last[0]), max(version, last[1])
+        held.append((batch, version, frame))
         self.broker.held_ack_channels.add(self)
+
+    def write_replicated(self, frame: bytes, version: int) -> None:
+        """A frame for the client once the session's settlement ``version`` is replicated."""
+        self._send_after(frame, 0, version)
 
     def release_acks(self, committed: int) -> None:
         held = self._held
-        while held and held[0][0] <= committed:
-            self._write_now(held.popleft()[1])
+        session = self.session
+        safe = session.safe_version if session is not None else 0
+        while held and held[0][0] <= committed and held[0][1] <= safe:
+            self._write_now(held.popleft()[2])
         if held:
             self.broker.held_ack_channels.add(self)
 

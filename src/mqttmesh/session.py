@@ -66,6 +66,10 @@ class Entry:
 
 class Session:
     durable = False
+    # a replicated session's (mesh/replica.py) settlements made, and how many of them every
+    # other holder has: a frame that depends on settlement n waits until safe_version >= n
+    version = 0
+    safe_version = 0
 
     def __init__(
         self,

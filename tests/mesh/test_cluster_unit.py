@@ -43,6 +43,7 @@ from mqttmesh.mesh.cluster_wire import (
     RetQuery,
     RetReply,
     RetSet,
+    SessAck,
     SessCopy,
     SessDiscard,
     SessFetch,
@@ -73,6 +74,7 @@ class FakeChannel:
         self.present: bool | None = None
         self.reason = ""
         self.frames: list[bytes] = []
+        self.held: list[tuple[int, bytes]] = []  # (settlement version, frame) not written yet
         self.blocked = False
         self.peer = "fake"
 
@@ -88,7 +90,21 @@ class FakeChannel:
         session.attach(self)
 
     def write(self, data: bytes) -> None:
-        self.frames.append(bytes(data))
+        if self.held:
+            self.held.append((self.held[-1][0], bytes(data)))  # (in order, as channel.py)
+        else:
+            self.frames.append(bytes(data))
+
+    def write_replicated(self, data: bytes, version: int) -> None:
+        """As channel.py: the frame waits until the session's other holders have ``version``."""
+        if self.held or version > self.session.safe_version:
+            self.held.append((max(version, self.held[-1][0] if self.held else 0), bytes(data)))
+        else:
+            self.frames.append(bytes(data))
+
+    def release_acks(self, committed: int) -> None:
+        while self.held and self.held[0][0] <= self.session.safe_version:
+            self.frames.append(self.held.pop(0)[1])
 
     def kick(self, reason: str) -> None:
         self.close(reason)
@@ -174,7 +190,7 @@ class Net:
     def pump(self, limit: int = 100_000) -> None:
         for _ in range(limit):
             for n in sorted(self.up):
-                self.clusters[n].flush()
+                self.clusters[n].flush(self.t)
             if not self.queue:
                 return
             frm, dest, kind, payload = self.queue.popleft()
@@ -401,7 +417,7 @@ def test_a_holder_that_missed_settlements_is_not_the_latest_view():
     cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
     ch = net.connect("a", cid, clean=False)
     ch.session.awaiting_rel_add(1)
-    net.clusters["a"].flush()
+    net.clusters["a"].flush(net.t)
     net.queue.clear()  # the settlement batch is lost on the way
     ch.session.awaiting_rel_add(2)
     net.pump()
@@ -409,6 +425,81 @@ def test_a_holder_that_missed_settlements_is_not_the_latest_view():
     assert held.awaiting_rel == {2}
     assert held.version < ch.session.version  # behind: a merge prefers any complete view
     assert net.clusters["b"].counters["settle_gaps"] == 1
+
+
+def _persistent_subscriber(net: Net, cid_pred) -> tuple[str, FakeChannel]:
+    cid = cid_with(net, cid_pred)
+    ch = net.connect("a", cid, clean=False)
+    net.brokers["a"].subscribe(ch.session, "t/#", 2)
+    net.pump()
+    return cid, ch
+
+
+def _local_publish(net: Net, node: str, topic: str) -> Message:
+    """Net.publish at QoS 2 with nothing pumped afterwards (the routing engine brought the
+    message to every node; the cluster's messages wait in the queue)."""
+    broker = net.brokers[node]
+    msg = Message(topic, b"x", 2, False, node, broker.next_seq(), "pub", net.t + 1_000_000.0)
+    broker.publish(msg)
+    for n in sorted(net.up - {node}):
+        net.brokers[n].deliver_remote(Message(topic, b"x", 2, False, node, msg.seq, "pub", msg.timestamp))
+    return msg
+
+
+def test_a_qos2_publish_waits_until_the_other_holder_has_its_packet_id():
+    """Issue 15: the PUBLISH is written once the other holder acknowledged the "sent"
+    settlement, so a holder taking over re-sends it with the same id [MQTT-4.3.3-1]."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    msg = _local_publish(net, "a", "t/1")
+    assert ch.frames == [] and len(ch.held) == 1  # held: b does not have the id yet
+    net.pump()  # sess.settle to b, sess.ack back
+    assert len(ch.frames) == 1 and ch.held == []
+    pid = next(iter(ch.session.inflight))
+    held = net.brokers["b"].sessions[cid]
+    assert held.inflight[pid].msg.seq == msg.seq  # b would re-send it with this id
+    assert ch.session.safe_version == ch.session.version == held.version
+
+
+def test_frames_held_for_a_holder_out_of_reach_go_out_when_the_membership_drops_it():
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    net.up.discard("b")  # (not yet noticed by the membership: sends to b are lost)
+    _local_publish(net, "a", "t/1")
+    net.pump()
+    assert ch.frames == [] and len(ch.held) == 1
+    net.membership()  # b is gone: c becomes a holder, gets a copy, acknowledges it
+    assert len(ch.frames) == 1 and ch.held == []
+    assert net.brokers["c"].sessions[cid].version == ch.session.version
+
+
+def test_a_lost_settlement_batch_is_made_good_by_a_copy_after_settle_retry():
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    _local_publish(net, "a", "t/1")
+    net.clusters["a"].flush(net.t)
+    net.queue.clear()  # the sess.settle is lost on the way
+    net.pump()
+    assert ch.frames == [] and len(ch.held) == 1
+    net.tick(0.2)
+    assert ch.frames == []  # (not yet: settle_retry is 0.5 s)
+    net.tick(0.4)
+    assert len(ch.frames) == 1
+    assert net.clusters["a"].counters["settle_retries"] == 1
+    assert net.brokers["b"].sessions[cid].version == ch.session.version
+
+
+def test_a_holder_that_knows_a_newer_epoch_fences_the_old_node_off():
+    """Issue 15: a node still serving a client that has claimed its ClientId again elsewhere
+    (its holders know the newer epoch) stops serving it at its next settlement."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    net.brokers["b"].sessions[cid].epoch += 5  # (as after a claim at another node)
+    _local_publish(net, "a", "t/1")
+    net.pump()
+    assert ch.state == "closed" and "active elsewhere" in ch.reason
+    assert ch.frames == []  # the PUBLISH was never written
+    assert net.clusters["a"].counters["fenced"] == 1
 
 
 def test_a_clean_start_discards_the_holders_copies():
@@ -699,6 +790,7 @@ GOLDEN = [
         SessSettle("c1", 4, [Settlement("n2", 9, "sent", 5), Settlement("n2", 8, "done", 0)], 17),
         {"cid": "c1", "epoch": 4, "items": [["n2", 9, "sent", 5], ["n2", 8, "done", 0]], "version": 17},
     ),
+    (SessAck("c1", 4, 17), {"cid": "c1", "epoch": 4, "version": 17}),  # (new in mesh protocol 3)
     (SessSubs("c1", 3, {"a/+": 0, "b": 2}), {"cid": "c1", "version": 3, "subs": {"a/+": 0, "b": 2}}),
     (SessDiscard("c1", 4), {"cid": "c1", "epoch": 4}),
     (
@@ -714,7 +806,7 @@ GOLDEN = [
 
 def test_the_golden_set_covers_every_kind_and_every_kind_has_a_handler():
     assert sorted(type(m).KIND for m, _ in GOLDEN) == sorted(KINDS) == sorted(HANDLERS)
-    assert len(KINDS) == 18
+    assert len(KINDS) == 19
     assert all(HANDLERS[k][0] is KINDS[k] for k in KINDS)
 
 

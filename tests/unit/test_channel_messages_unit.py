@@ -636,3 +636,81 @@ def test_deliver_remote_returns_the_batch_when_a_persistent_session_queued_it(pe
     settle(net)
     assert net.broker.deliver_remote(Message("b", b"y", 1, False, "n2", 6, "p", 1.0)) == 0  # a clean session
     assert net.broker.deliver_remote(Message("z", b"z", 1, False, "n2", 7, "p", 1.0)) == 0  # nobody
+
+
+# --------------------------------------------------------------------------- replicated sessions
+# A persistent session of a mesh node (mesh/replica.py) counts its settlements (version); the
+# Channel holds each frame that depends on one until every other holder has it (safe_version,
+# raised by mesh/handover.py on their sess.ack). Here nothing raises it but the test.
+
+
+def replicated_net():
+    from mqttmesh.broker import BrokerPorts
+    from mqttmesh.flow import Congestion
+    from mqttmesh.mesh.replica import ReplicaSessions
+    from mqttmesh.store import NULL_JOURNAL
+
+    settled: list[tuple[str, str, int]] = []
+    congestion = Congestion()
+
+    def hook(session, key, state, pid):
+        settled.append((session.client_id, state, pid))
+
+    sessions = ReplicaSessions(Limits(), NULL_JOURNAL, congestion, hook)
+    return Net(ports=BrokerPorts(sessions=sessions, congestion=congestion)), settled
+
+
+def replicated(net, channel, up_to: int) -> None:
+    """The other holders now have the session's settlements up to ``up_to``."""
+    channel.session.safe_version = up_to
+    channel.release_acks(net.broker.journal.committed)
+
+
+def test_pubrec_and_pubcomp_of_a_replicated_session_wait_for_its_other_holders():
+    """Issue 15: a re-send of the PUBLISH to another node after this one died must find the id
+    there (no second delivery), and a PUBLISH reusing the id after PUBCOMP must not find it
+    (no loss): PUBREC waits for "in", PUBCOMP for "free" [MQTT-4.3.3-2]."""
+    net, settled = replicated_net()
+    pub = net.connect("p", clean=False)
+    pub.receive_data(mqttraw.publish("nobody", b"x", qos=2, pid=3), 1.0)
+    assert pub.data_to_send() == b""
+    assert settled == [("p", "in", 3)] and pub.session.version == 1
+    replicated(net, pub, 1)
+    assert pub.data_to_send() == h("50 02 00 03")
+    pub.receive_data(mqttraw.pubrel(3), 2.0)
+    pub.receive_data(mqttraw.packet(0xC0), 2.0)  # PINGREQ
+    assert pub.data_to_send() == b""  # (the PINGRESP keeps its place behind the PUBCOMP)
+    assert settled[-1] == ("p", "free", 3)
+    replicated(net, pub, 2)
+    assert pub.data_to_send() == h("70 02 00 03 d0 00")
+
+
+def test_a_qos2_publish_to_a_replicated_session_waits_for_its_packet_id_to_be_replicated():
+    """Issue 15: the other holders know the packet id before the client has the PUBLISH, so
+    a holder taking over re-sends it with that id (DUP=1) [MQTT-4.3.3-1]; the PUBREL waits
+    for "rel", so that one never re-sends a PUBLISH the client completed."""
+    net, settled = replicated_net()
+    sub = net.subscriber("s", ("a", 2), clean=False)
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=1), 1.0)
+    pub.receive_data(mqttraw.publish("a", b"y", qos=1, pid=2), 1.0)
+    assert publishes(sub) == []
+    assert ("s", "sent", 1) in settled
+    replicated(net, sub, sub.session.version)
+    # the QoS 1 copy went out behind the QoS 2 one: a client sees them in publish order
+    assert publishes(sub) == [("a", b"x", 2, False, False, 1), ("a", b"y", 1, False, False, 2)]
+    sub.receive_data(mqttraw.pubrec(1), 2.0)
+    assert sub.data_to_send() == b""
+    assert settled[-1] == ("s", "rel", 1)
+    replicated(net, sub, sub.session.version)
+    assert sub.data_to_send() == h("62 02 00 01")
+
+
+def test_a_clean_session_of_a_mesh_node_waits_for_nothing():
+    net, settled = replicated_net()
+    sub = net.subscriber("s", ("a", 2))
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=1), 1.0)
+    assert pub.data_to_send() == h("50 02 00 01")
+    assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
+    assert settled == []

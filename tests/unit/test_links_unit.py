@@ -92,7 +92,7 @@ class Cluster:
     def membership(self, live, incs, now):
         self.memberships.append((list(live), dict(incs)))
 
-    def flush(self):
+    def flush(self, now):
         self.flushes += 1
 
     def tick(self, now):

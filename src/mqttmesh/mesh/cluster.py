@@ -48,6 +48,7 @@ from .cluster_wire import (
     RetQuery,
     RetReply,
     RetSet,
+    SessAck,
     SessCopy,
     SessDiscard,
     SessFetch,
@@ -103,6 +104,7 @@ def cluster_parts(
     auth: Auth,
     settings: ClusterSettings,
     wall_offset: float,
+    wake: Callable[[], None] = lambda: None,
 ) -> ClusterParts:
     counters: dict[str, int] = {
         "claims": 0,
@@ -113,11 +115,13 @@ def cluster_parts(
         "retained_lookups": 0,
         "claim_timeouts": 0,
         "settle_gaps": 0,
+        "settle_retries": 0,
+        "fenced": 0,
     }
     membership = Membership(node_id, incarnation, settings.replication, settings.will_delay)
     ids = itertools.count(1)
     send_out = wire_sender(send)
-    replication = Replication(node_id, membership, send_out, counters)
+    replication = Replication(node_id, membership, send_out, counters, wake)
     retained = RetainedOwners(
         node_id, membership, retained_trie, journal, auth, send_out, settings, counters, ids, wall_offset
     )
@@ -219,14 +223,15 @@ class Cluster:
         self.handover.expire_claims(now)
         self.retained.expire_lookups(now)
         self.replication.expire(now)
+        self.handover.retry_lagging(now)
         self.registry.publish_lost_wills(now)
         if now - self.handover.last_register >= self.settings.register_interval:
             self.handover.register_local(now)
         self.retained.expire_tombstones(now)
 
-    def flush(self) -> None:
+    def flush(self, now: float) -> None:
         """Send what accumulated: settlements to holders, retained sets to owners."""
-        self.handover.flush()
+        self.handover.flush(now)
         self.retained.flush()
 
     # ------------------------------------------------------------------ status
@@ -295,6 +300,10 @@ def _sess_settle(c: Cluster, frm: str, m: SessSettle, now: float) -> None:
     c.handover.on_settle(frm, m, now)
 
 
+def _sess_ack(c: Cluster, frm: str, m: SessAck, now: float) -> None:
+    c.handover.on_ack(frm, m, now)
+
+
 def _sess_subs(c: Cluster, frm: str, m: SessSubs, now: float) -> None:
     c.handover.on_subs(frm, m, now)
 
@@ -337,6 +346,7 @@ HANDLERS: dict[str, tuple[type[Wire], Handler]] = dict(
         _on(SessCopy, _sess_copy),
         _on(SessMerge, _sess_merge),
         _on(SessSettle, _sess_settle),
+        _on(SessAck, _sess_ack),
         _on(SessSubs, _sess_subs),
         _on(SessDiscard, _sess_discard),
         _on(SessFwd, _sess_fwd),

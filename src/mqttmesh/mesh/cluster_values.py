@@ -35,6 +35,7 @@ class ClusterSettings:
     lookup_timeout: float = 1.0  # retained lookups wait this long for every answer
     tombstone_ttl: float = 3600.0  # deleted retained topics are remembered this long
     register_interval: float = 5.0  # local connections re-register with their registrar
+    settle_retry: float = 0.5  # a holder that has not acknowledged settlements this long gets a copy
 
 
 class ClusterWireError(ValueError):

@@ -61,6 +61,7 @@ __all__ = [
     "SessCopy",
     "SessMerge",
     "SessSettle",
+    "SessAck",
     "SessSubs",
     "SessDiscard",
     "SessFwd",
@@ -347,6 +348,18 @@ class SessSettle(Wire):
 
 
 @dataclass(frozen=True, slots=True)
+class SessAck(_Flat):
+    """A holder's answer to a settlement batch or a copy: the session's (epoch, version) it
+    now holds. ``version`` -1: it could not apply them (no copy, or an older epoch), send a
+    copy; -2: it serves the client itself at ``epoch``."""
+
+    KIND: ClassVar[str] = "sess.ack"
+    cid: str
+    epoch: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
 class SessSubs(Wire):
     KIND: ClassVar[str] = "sess.subs"
     cid: str
@@ -455,6 +468,7 @@ KINDS: dict[str, type[Wire]] = {
         SessCopy,
         SessMerge,
         SessSettle,
+        SessAck,
         SessSubs,
         SessDiscard,
         SessFwd,

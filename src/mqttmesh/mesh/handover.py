@@ -32,6 +32,7 @@ from .cluster_wire import (
     RegRelease,
     SendFn,
     SendOutFn,
+    SessAck,
     SessCopy,
     SessDiscard,
     SessFetch,
@@ -133,6 +134,9 @@ class HandOver:
         # cid -> where its client went: the Replication's dict, which Broker.dispatch reads
         self.redirects: dict[str, Redirect] = replication.targets
         self.last_register = 0.0
+        # cid -> since when its settlements wait for a holder's sess.ack (copies re-sent after
+        # settings.settle_retry)
+        self.lagging: dict[str, float] = {}
 
     # -- connecting -----------------------------------------------------------------------------
 
@@ -234,6 +238,8 @@ class HandOver:
                 present = True
             replica.active_node = self.node_id
             replica.epoch = max(replica.epoch, claim.epoch)
+            replica.holder_acks = {}  # (what holders said while another node had the client)
+            replica.safe_version = 0
             for fwd in claim.forwarded:  # what holders forwarded while we gathered
                 self._forwarded(fwd)
         wall = now + self.wall_offset
@@ -242,11 +248,12 @@ class HandOver:
         if not claim.clean and replica is not None:
             self._copy_to_holders(replica, now)
 
-    def _copy_to_holders(self, session: _Replicated, now: float) -> None:
+    def _copy_to_holders(self, session: _Replicated, now: float, only: set[str] | None = None) -> None:
         snap = snapshot(session)
         for node in self.membership.holders(session.client_id, self.node_id):
-            if node != self.node_id:
+            if node != self.node_id and (only is None or node in only):
                 self._send(node, SessCopy(snap), now)
+        self._advance(session, now)  # (no other live holder: nothing to wait for)
 
     def disconnected(self, channel: ClaimingChannel, now: float) -> None:
         cid = channel.client_id
@@ -324,13 +331,26 @@ class HandOver:
 
     def on_copy(self, frm: str, m: SessCopy, now: float) -> None:
         """The holder the client is on sends its session: ours is replaced."""
-        session = self._offline_replica(frm, m.snap, take_over=True)
-        if session is None or m.snap.epoch < session.epoch:
+        snap = m.snap
+        session = self._offline_replica(frm, snap, take_over=True)
+        if session is None or snap.epoch < session.epoch:
+            self._refuse(frm, snap.cid, snap.epoch)
             return
-        install(session, m.snap)
-        self._apply_subs(session, m.snap.subs)
-        session.subs_version = m.snap.subs_version
-        self._adopt(session, m.snap)
+        install(session, snap)
+        self._apply_subs(session, snap.subs)
+        session.subs_version = snap.subs_version
+        self._adopt(session, snap)
+        self._send(frm, SessAck(snap.cid, session.epoch, session.version), now)
+
+    def _refuse(self, frm: str, cid: str, epoch: int) -> None:
+        """We cannot take ``frm``'s copy or settlements of ``cid`` at ``epoch``: say why."""
+        session = self._replica(cid, create=False)
+        if session is None:
+            self._send_out(frm, SessAck(cid, epoch, -1))  # (send us a copy)
+        elif session.channel is not None:
+            self._send_out(frm, SessAck(cid, session.epoch, -2))  # we serve the client
+        else:
+            self._send_out(frm, SessAck(cid, max(epoch, session.epoch), -1))
 
     def on_merge(self, frm: str, m: SessMerge, now: float) -> None:
         """A copy of an offline session nobody coordinates: pooled with ours."""
@@ -367,15 +387,68 @@ class HandOver:
     def on_settle(self, frm: str, m: SessSettle, now: float) -> None:
         session = self._replica(m.cid, create=False)
         if session is None or session.channel is not None or m.epoch < session.epoch:
-            return  # (a node serving an older epoch: its client has moved on)
+            # no copy here, our own client, or a node serving an older epoch (its client has
+            # moved on): the sender learns which from the answer
+            self._refuse(frm, m.cid, m.epoch)
+            return
         for origin, seq, state, pid in m.items:
             session.settle((origin, seq), state, pid)
-        if m.version - len(m.items) == session.version:
+        if m.epoch == session.epoch and m.version - len(m.items) == session.version:
             session.version = m.version
         else:
-            # settlements were missed (a link dropped them): this copy is not the latest
-            # for merges until the next copy (which a link coming back up brings)
+            # settlements were missed (a link dropped them) or a newer epoch's copy has not
+            # come yet: this copy is not the latest for merges until the next copy, which the
+            # sender sends when our answer stays behind (settle_retry)
             self.counters["settle_gaps"] += 1
+        self._send_out(frm, SessAck(m.cid, session.epoch, session.version))
+
+    def on_ack(self, frm: str, m: SessAck, now: float) -> None:
+        """A holder has our settlements up to ``m.version`` (or could not take them)."""
+        session = self._replica(m.cid, create=False)
+        if session is None or session.channel is None or session.active_node != self.node_id:
+            return
+        if m.epoch > session.epoch or (m.version == -2 and m.epoch == session.epoch):
+            # the holder knows a newer claim of the ClientId (or serves it at ours): the
+            # client is not ours to serve any more [MQTT-3.1.4-2]
+            self.counters["fenced"] += 1
+            session.channel.kick(f"ClientId {m.cid!r} is active elsewhere (epoch {m.epoch})")
+            return
+        if m.version < 0 or m.epoch < session.epoch:
+            self._copy_to_holders(session, now, only={frm})
+            return
+        if m.version > session.holder_acks.get(frm, -1):
+            session.holder_acks[frm] = m.version
+            self._advance(session, now)
+
+    def _advance(self, session: _Replicated, now: float) -> None:
+        """Raise the session's safe version to what every other live holder has; release the
+        frames that waited for it."""
+        others = [n for n in self.membership.holders(session.client_id, self.node_id) if n != self.node_id]
+        acked = session.holder_acks
+        safe = min((acked.get(n, -1) for n in others), default=session.version)
+        if safe >= session.version:
+            self.lagging.pop(session.client_id, None)
+        if safe > session.safe_version:
+            session.safe_version = safe
+            channel = session.channel
+            if channel is not None:
+                channel.release_acks(self.broker.journal.committed)
+
+    def retry_lagging(self, now: float) -> None:
+        """Holders that have not answered our settlements for settle_retry get a copy."""
+        retry = self.settings.settle_retry
+        for cid, since in list(self.lagging.items()):
+            session = self._replica(cid, create=False)
+            if session is None or session.channel is None:
+                del self.lagging[cid]
+                continue
+            if now - since < retry:
+                continue
+            self.lagging[cid] = now
+            self.counters["settle_retries"] += 1
+            behind = {n for n, v in session.holder_acks.items() if v < session.version}
+            others = set(self.membership.holders(cid, self.node_id)) - {self.node_id}
+            self._copy_to_holders(session, now, only=(others - set(session.holder_acks)) | behind)
 
     def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
         session = self._replica(m.cid)
@@ -400,10 +473,17 @@ class HandOver:
             active = replica.active_node
             holders = self.membership.holders(cid, active)
             if replica.channel is not None:
-                # the client is here: make sure every holder has a copy
-                new = set(holders) - old_live - {self.node_id}
-                if new or set(holders) - (set(old_live)):
-                    self._copy_to_holders(replica, now)
+                # the client is here: every holder that has not acknowledged a copy (a new
+                # holder, or one that was away: it may have restarted) gets one, and frames
+                # that waited for a holder that left go out
+                others = set(holders) - {self.node_id}
+                fresh = (others - set(replica.holder_acks)) | (others - old_live)
+                for node in fresh:
+                    replica.holder_acks.pop(node, None)
+                if fresh:
+                    self._copy_to_holders(replica, now, only=fresh)
+                else:
+                    self._advance(replica, now)
             elif active is None or active not in live or active == self.node_id:
                 # nobody coordinates this offline session: holders pool what they have
                 snap = snapshot(replica)
@@ -418,17 +498,24 @@ class HandOver:
 
     # -- while the client is here ---------------------------------------------------------
 
-    def flush(self) -> None:
-        """Tell the holders what was settled since the last flush."""
+    def flush(self, now: float) -> None:
+        """Tell the holders what was settled since the last flush (they answer sess.ack)."""
         settles = self.replication.take_settles()
         if settles:
             for cid, items in settles.items():
                 session = self.broker.sessions.get(cid)
                 replica = session.replica if session is not None else None
                 epoch, version = (replica.epoch, replica.version) if replica is not None else (0, len(items))
+                sent = False
                 for node in self.membership.holders(cid, self.node_id):
                     if node != self.node_id:
                         self._send_out(node, SessSettle(cid, epoch, items, version))
+                        sent = True
+                if replica is not None:
+                    if sent:
+                        self.lagging.setdefault(cid, now)
+                    else:
+                        self._advance(replica, now)
 
     # -- redirects during a hand-over ---------------------------------------------------------
 

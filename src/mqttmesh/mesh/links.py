@@ -302,7 +302,7 @@ class PeerLinks:
     def flush(self, now: float) -> None:
         """Hand what the cluster and the engine queued to the links (the I/O writes them)."""
         self._check_membership(now)
-        self.cluster.flush()
+        self.cluster.flush(now)
         links = self.links
         for peer, kind, payload, qos in self.engine.flush(now):
             link = links.get(peer)
@@ -314,7 +314,7 @@ class PeerLinks:
         ``connect_all`` (nodes with a larger id that we have no link to: they do not dial us)."""
         self._check_membership(now)
         self.cluster.tick(now)
-        self.cluster.flush()
+        self.cluster.flush(now)
         links = self.links
         for peer, kind, payload, qos in self.engine.tick(now):
             link = links.get(peer)

@@ -71,6 +71,10 @@ class _Replicated(_SessionPart):
         # settlements made, ever, by the holders the client was on: the holder with the
         # highest (epoch, version) has the latest inbound QoS 2 state (merge_snapshots)
         self.version = 0
+        # while the client is here: the version each other holder said it has (sess.ack), and
+        # the lowest of them over the live holders (frames that need more wait, channel.py)
+        self.holder_acks: dict[str, int] = {}
+        self.safe_version = 0
 
     def _report(self, key: tuple[str, int], state: str, pid: int) -> None:
         self.version += 1
@@ -113,10 +117,21 @@ class _Replicated(_SessionPart):
         self.ids[(entry.msg.origin, entry.msg.seq)] = entry  # found by id, as _stored_put does
 
     def _send_new(self, entry: Entry) -> None:
-        super()._send_new(entry)
-        if entry.qos == 2 and self.on_settled is not None and not entry.retain:
-            # a holder taking over must re-send it with this id, not as a new message
-            self._report((entry.msg.origin, entry.msg.seq), "sent", entry.packet_id)
+        if entry.qos != 2 or entry.retain or self.on_settled is None:
+            super()._send_new(entry)
+            return
+        # (Session._send_new, with the settlement before the write) a holder taking over must
+        # re-send it with this id (DUP=1), not as a new message: the other holders have the
+        # id before the client has the PUBLISH [MQTT-4.3.3-1]
+        pid = self._alloc_pid()
+        entry.packet_id = pid
+        entry.state = SENT_PUBLISH
+        self.inflight[pid] = entry
+        self._stored_put(entry)
+        self._report((entry.msg.origin, entry.msg.seq), "sent", pid)
+        self.channel.write_replicated(entry.msg.frame(2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
+        if self.on_sent is not None:
+            self.on_sent(self, entry.msg, 2, False)
 
     def on_pubrec(self, pid: int) -> bool:
         entry = self.inflight.get(pid)
@@ -254,17 +269,22 @@ class Replication:
         membership: Membership,
         send_out: Callable[[str, Wire], bool],
         counters: dict[str, int],
+        wake: Callable[[], None] = lambda: None,
     ):
         self.node_id = node_id
         self.membership = membership
         self._send_out = send_out
         self.counters = counters
+        self._wake = wake  # asks the I/O layer for a flush this loop iteration (MeshIO.flush_soon)
         # cid -> where its client went; read by Broker.dispatch for every message
         self.targets: dict[str, Redirect] = {}
         self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
 
     def on_settled(self, session: _Replicated, key: tuple[str, int], state: str, pid: int) -> None:
-        """A replicated session settled a message (its hook)."""
+        """A replicated session settled a message (its hook). Frames wait for the settlement to
+        reach the other holders, so it goes out this loop iteration (Cluster.flush)."""
+        if not self._settles:
+            self._wake()
         self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid))
 
     def take_settles(self) -> dict[str, list[Settlement]]:
