@@ -117,7 +117,9 @@ def schedule(
 class Nemesis:
     """Applies a schedule; ``t0`` is the run's clock origin (time.monotonic())."""
 
-    def __init__(self, cluster: Any, faults: list[Fault], on_heal: Callable[[str, float], None], log: Callable[[str], None]):
+    def __init__(
+        self, cluster: Any, faults: list[Fault], on_heal: Callable[[str, float], None], log: Callable[[str], None]
+    ):
         self.cluster = cluster
         self.faults = faults
         self.on_heal = on_heal

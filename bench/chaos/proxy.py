@@ -39,9 +39,7 @@ class _Pipe(asyncio.Protocol):
     async def _dial(self) -> None:
         proxy = self.proxy
         try:
-            _, out = await proxy.loop.create_connection(
-                lambda: _Pipe(proxy, False), "127.0.0.1", proxy.target_port
-            )
+            _, out = await proxy.loop.create_connection(lambda: _Pipe(proxy, False), "127.0.0.1", proxy.target_port)
         except OSError:
             if self.transport is not None:
                 self.transport.abort()

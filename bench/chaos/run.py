@@ -68,7 +68,9 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     t_begin = time.monotonic()
     try:
         cluster = Cluster(cfg.broker, cfg.nodes, workdir)
-        faults = schedule(random.Random(rng.getrandbits(64)), cluster.names, cluster.pairs(), cfg.duration, cfg.max_pause)
+        faults = schedule(
+            random.Random(rng.getrandbits(64)), cluster.names, cluster.pairs(), cfg.duration, cfg.max_pause
+        )
         cluster.start()
         t0 = time.monotonic()
         wl = Workload(cluster.ports, history, random.Random(rng.getrandbits(64)), wopts, t0)

@@ -146,8 +146,7 @@ class Workload:
             "clients": len(pers),
             "unacked": sum(len(a.mqtt.outgoing) for a in pers if a.role == "pub"),
             "quiet_for": self.now() - self.last_receive,
-            "measuring": sum(1 for m in self.measurements if m.t_done is None and not m.expired)
-            + self.heals.qsize(),
+            "measuring": sum(1 for m in self.measurements if m.t_done is None and not m.expired) + self.heals.qsize(),
             "subscribed": sum(1 for a in pers if a.role == "sub" and a.subscribed),
             "probes_ready": sum(1 for a in self.actors if a.role == "probe" and a.subscribed),
         }
