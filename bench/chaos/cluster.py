@@ -204,8 +204,28 @@ class Cluster:
         return [p for (a, b), p in self.links.items() if (a in side_a and b in side_b) or (a in side_b and b in side_a)]
 
     def pairs(self) -> list[tuple[str, str]]:
-        """The node pairs that have a link (either direction), each once."""
-        return sorted({(min(a, b), max(a, b)) for a, b in self.links})
+        """Every pair of nodes, each once: what a flap picks from, the same for every broker
+        so that one seed gives one schedule."""
+        return [(a, b) for i, a in enumerate(self.names) for b in self.names[i + 1 :]]
+
+    def path_links(self, a: str, b: str) -> list[FaultProxy]:
+        """The proxies of the links between a and b: the direct ones (a full mesh), or those
+        of the tree path between them (Mosquitto's bridges)."""
+        direct = self.links_between({a}, {b})
+        if direct or self.kind != "mosquitto":
+            return direct
+        parent = {n: self.names[(i - 1) // 2] for i, n in enumerate(self.names) if i}
+
+        def up(n: str) -> list[str]:
+            path = [n]
+            while path[-1] in parent:
+                path.append(parent[path[-1]])
+            return path
+
+        pa, pb = up(a), up(b)
+        common = next(n for n in pa if n in pb)
+        edges = pa[: pa.index(common) + 1] + pb[: pb.index(common)][::-1]
+        return [p for x, y in zip(edges, edges[1:], strict=False) for p in self.links_between({x}, {y})]
 
     def connections_per_client(self, timeout: float = 5.0) -> dict[str, int] | None:
         """How many nodes list each ClientId among their local clients (mqttmesh status)."""

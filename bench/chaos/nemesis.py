@@ -4,7 +4,8 @@
 the run's length: the same seed gives the same faults at the same offsets. First every fault
 kind once, one at a time with quiet gaps (in a seeded order), then overlapping faults; every
 fault ends (is healed) before ``duration``. ``Nemesis`` applies a schedule in real time and
-reports each heal (to measure reconvergence) through ``on_heal``.
+reports each heal (to measure reconvergence) through ``on_heal``, saying whether it healed
+the only fault then holding (``alone``).
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ class Nemesis:
     """Applies a schedule; ``t0`` is the run's clock origin (time.monotonic())."""
 
     def __init__(
-        self, cluster: Any, faults: list[Fault], on_heal: Callable[[str, float], None], log: Callable[[str], None]
+        self, cluster: Any, faults: list[Fault], on_heal: Callable[[str, float, bool], None], log: Callable[[str], None]
     ):
         self.cluster = cluster
         self.faults = faults
@@ -176,12 +177,12 @@ class Nemesis:
             self._end(f, token)
             now = time.monotonic() - self.t0  # a restart takes a moment: the heal is when it is done
             self.log(f"[{now:7.2f}s] nemesis: healed {f.describe()}")
-            self.on_heal(f.describe(), now)
+            self.on_heal(f.describe(), now, not self.active)
         self.events.append({"t": round(now, 3), "step": step, "fault": f.fid})
 
     def _flap(self, f: Fault, token: str, cut: bool) -> None:
         a, b = f.link
-        for p in self.cluster.links_between({a}, {b}):
+        for p in self.cluster.path_links(a, b):
             if cut:
                 p.hold(token, CUT)
             else:
@@ -206,4 +207,4 @@ class Nemesis:
         for f in self.faults:
             if f.fid in self.active:
                 self._end(f, f"f{f.fid}")
-                self.on_heal(f.describe(), now)
+                self.on_heal(f.describe(), now, False)

@@ -20,7 +20,7 @@ COLUMNS = (
     "wrong session present",
     "refusals",
     "ClientIds not on 1 connection",
-    "reconvergence median / max s (unmeasured)",
+    "reconvergence s, median / max: lone heals; all heals (unmeasured)",
 )
 
 
@@ -37,8 +37,13 @@ def row(r: dict[str, Any]) -> str:
     refusals = ", ".join(f"{k}: {v}" for k, v in c["refusals"].items()) or "0"
     conns = c["connections_per_client"]
     one = "n/a" if conns is None else str(len(c["not_one_connection"]))
-    med, mx = r["reconvergence_median_s"], r["reconvergence_max_s"]
-    reconv = "-" if med is None else f"{med:.2f} / {mx:.2f}"
+    reconv = "; ".join(
+        "-" if med is None else f"{med:.2f} / {mx:.2f}"
+        for med, mx in (
+            (r["reconvergence_alone_median_s"], r["reconvergence_alone_max_s"]),
+            (r["reconvergence_median_s"], r["reconvergence_max_s"]),
+        )
+    )
     reconv += f" ({r['reconvergence_unmeasured']})"
     cells = head + [
         f"{c['acked']:,}",

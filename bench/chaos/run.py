@@ -124,6 +124,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         result = check(history, persistent, cfg.settle, connections)
         heals = [m.as_dict() for m in wl.measurements]
         times = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None]
+        alone = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None and h["alone"]]
         out.update(
             {
                 "completed": True,
@@ -143,6 +144,9 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
                 "reconvergence": heals,
                 "reconvergence_median_s": round(statistics.median(times), 3) if times else None,
                 "reconvergence_max_s": max(times) if times else None,
+                "reconvergence_alone_median_s": round(statistics.median(alone), 3) if alone else None,
+                "reconvergence_alone_max_s": max(alone) if alone else None,
+                "reconvergence_alone_heals": sum(1 for h in heals[1:] if h["alone"]),
                 "reconvergence_unmeasured": sum(1 for h in heals[1:] if h["reconverged_s"] is None),
                 "clients": {
                     a.name: {"connections": a.conns, "moves": a.moves, "published": a.n, "skipped": a.skipped}

@@ -50,6 +50,7 @@ class Measurement:
     label: str
     t_heal: float
     pending: set[tuple[str, str]]
+    alone: bool = True  # no other fault held at the heal
     t_done: float | None = None
     expired: bool = False
 
@@ -57,6 +58,7 @@ class Measurement:
         return {
             "heal": self.label,
             "t": round(self.t_heal, 3),
+            "alone": self.alone,
             "reconverged_s": None if self.t_done is None else round(self.t_done - self.t_heal, 3),
             "missing_pairs": sorted(f"{a}->{b}" for a, b in self.pending) if self.expired else [],
         }
@@ -95,7 +97,7 @@ class Workload:
         self.opts = opts
         self.t0 = t0
         self.sel = selectors.DefaultSelector()
-        self.heals: queue.Queue[tuple[str, float]] = queue.Queue()
+        self.heals: queue.Queue[tuple[str, float, bool]] = queue.Queue()
         self.measurements: list[Measurement] = []
         self.publishing = False
         self.moving = False
@@ -129,8 +131,8 @@ class Workload:
     def start(self) -> None:
         self.thread.start()
 
-    def heal(self, label: str, t: float) -> None:
-        self.heals.put((label, t))
+    def heal(self, label: str, t: float, alone: bool = True) -> None:
+        self.heals.put((label, t, alone))
 
     def stop(self, timeout: float = 10.0) -> None:
         self.stopping = True
@@ -374,11 +376,11 @@ class Workload:
     def _take_heals(self, now: float) -> None:
         while True:
             try:
-                label, t = self.heals.get_nowait()
+                label, t, alone = self.heals.get_nowait()
             except queue.Empty:
                 return
             pairs = {(s, d) for s in self.names for d in self.names if s != d}
-            self.measurements.append(Measurement(label, t, pairs))
+            self.measurements.append(Measurement(label, t, pairs, alone))
 
     def _probe(self, now: float) -> None:
         open_ = [m for m in self.measurements if m.t_done is None and not m.expired]
