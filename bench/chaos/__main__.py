@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="chaos-out", help="directory of the JSON files")
     p.add_argument("--keep", action="store_true", help="keep the nodes' directories (logs, stores)")
     args = p.parse_args(argv)
+    # SIGTERM ends the run through its finally blocks: the nodes are stopped by PID
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     seeds = args.seeds or [int.from_bytes(os.urandom(3), "big")]
     brokers = [b.strip() for b in args.broker.split(",") if b.strip()]
     out_dir = Path(args.out)

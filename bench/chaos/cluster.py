@@ -28,6 +28,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGKILL when the thread that started it ends, so
+    that a harness killed without its cleanup (a test time-out) leaves no node behind."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=0.5):
@@ -54,6 +65,7 @@ class Node:
                 stderr=subprocess.STDOUT,
                 cwd=self.workdir,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
         self.starts += 1
         deadline = time.monotonic() + timeout
