@@ -39,17 +39,19 @@ class _Pipe(asyncio.Protocol):
     async def _dial(self) -> None:
         proxy = self.proxy
         try:
-            _, out = await proxy.loop.create_connection(lambda: _Pipe(proxy, False), "127.0.0.1", proxy.target_port)
+            transport, out = await proxy.loop.create_connection(
+                lambda: _Pipe(proxy, False), "127.0.0.1", proxy.target_port
+            )
         except OSError:
             if self.transport is not None:
                 self.transport.abort()
             return
         if self.transport is None or self.transport.is_closing() or proxy.mode == CUT:
-            out.transport.abort()
+            transport.abort()
             return
         out.other, self.other = self, out
         for data in self.pending:
-            out.transport.write(data)
+            transport.write(data)
         self.pending.clear()
 
     def data_received(self, data: bytes) -> None:

@@ -102,7 +102,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
 
         def drained() -> bool:
             s = workload.snapshot()
-            return (
+            return bool(
                 s["connected"] == s["clients"]
                 and s["unacked"] == 0
                 and s["quiet_for"] >= cfg.quiet
