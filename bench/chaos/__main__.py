@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mqttmesh.sim.history import History
+
+from .checker import check
 from .report import row, table_header
 from .run import RunConfig, run
 from .workload import Options
@@ -38,7 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tail", type=float, default=30.0, help="longest drain after the last heal, seconds")
     p.add_argument("--out", default="chaos-out", help="directory of the JSON files")
     p.add_argument("--keep", action="store_true", help="keep the nodes' directories (logs, stores)")
+    p.add_argument("--recheck", metavar="JSON", help="judge the history a run wrote again (no processes)")
     args = p.parse_args(argv)
+    if args.recheck:
+        return recheck(Path(args.recheck))
     # SIGTERM ends the run through its finally blocks: the nodes are stopped by PID
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     seeds = args.seeds or [int.from_bytes(os.urandom(3), "big")]
@@ -77,6 +83,18 @@ def main(argv: list[str] | None = None) -> int:
     print(table_header())
     print("\n".join(rows))
     return 1 if failed else 0
+
+
+def recheck(path: Path) -> int:
+    """The checker is a pure function of the history: run it again on a saved one."""
+    saved = json.loads(path.read_text())
+    history = History()
+    history.ops = [tuple(op) for op in saved["history"]]
+    persistent = set(saved["clients"])
+    connections = saved["check"]["connections_per_client"]
+    result = check(history, persistent, saved.get("settle", 2.0), connections)
+    print(json.dumps(result.summary(), indent=1))
+    return 1 if result.failed else 0
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         "rate": wopts.rate,
         "pid_range": wopts.pid_range,
         "duration": cfg.duration,
+        "settle": cfg.settle,
         "completed": False,
     }
     t_begin = time.monotonic()

@@ -30,7 +30,7 @@ def result() -> dict[str, Any]:
         seed=SEED,
         duration=35.0,
         max_pause=3.0,
-        tail=20.0,
+        tail=30.0,
         workload=Options(rate=120.0, move_min=3.0, move_max=8.0),
     )
     lines: list[str] = []
