@@ -11,7 +11,7 @@ LINTED := src tests bench
 # (tests/conftest.py refuses a test that needs one of these markers and lacks it)
 FAST   := not process and not spark and not interop and not slow and not hostile
 
-.PHONY: run test check lint typecheck fmt bench venv clean simulate-scale fuzz hostile-bench
+.PHONY: run test check lint typecheck fmt bench venv clean simulate-scale fuzz hostile-bench chaos
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ fuzz: $(STAMP)
 # the hostile attacks against mqttmesh and Mosquitto, side by side (a Markdown table)
 hostile-bench: $(STAMP)
 	$(PY) -m bench.hostile
+
+# the fault harness of issue 15 (bench/chaos/README.md): 2 runs of 90 s (seeds 1 and 2) of
+# 5 real nodes, every fault kind; prints the table, writes chaos-out/*.json; exit 1 while
+# acknowledged messages are lost or QoS 2 messages delivered twice. CHAOS_ARGS adds options
+# (e.g. CHAOS_ARGS="--broker mqttmesh,mosquitto" or "--rate 400 --pid-range 8")
+CHAOS_ARGS ?=
+chaos: $(STAMP)
+	$(PY) -m bench.chaos --seeds 1,2 --duration 90 --nodes 5 --out chaos-out $(CHAOS_ARGS)
 
 # 1,000 simulated nodes, 100,000 filters, a fault schedule (docs/simulation.md)
 simulate-scale: $(STAMP)

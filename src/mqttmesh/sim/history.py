@@ -11,7 +11,12 @@ are ``(time, client, op)``:
 - ``connect``: ``(t, client, "invoke"|"ok"|"fail", "connect", conn, node, detail)``: detail is
   "will" on an invoke whose CONNECT carries a will, session present (ok) or the return code (fail);
 - ``subscribe``: ``(t, client, "ok", "subscribe", filters)`` (the SUBACK);
-- ``receive``: ``(t, client, "ok", "receive", msg_id, topic, qos, dup, conn)``;
+- ``publish`` re-sent: ``(t, client, "resend", "publish", msg_id, topic, qos)``: a new
+  connection of a persistent session sent the PUBLISH (DUP=1) or its PUBREL again;
+- ``receive``: ``(t, client, "ok", "receive", msg_id, topic, qos, dup, conn, packet_id)``
+  (packet_id 0 when the recorder does not say);
+- ``repeat``: ``(t, client, "ok", "repeat", msg_id, topic, qos, dup, conn, packet_id)``: a QoS 2
+  PUBLISH for an id the client still held awaiting PUBREL (acknowledged, not delivered);
 - ``close``: ``(t, client, "ok", "close", conn, clean, reason)``: clean when the server
   read our DISCONNECT.
 
@@ -44,8 +49,15 @@ class History:
     def subscribed(self, t: float, client: str, filters: list[tuple[str, int]]) -> None:
         self.ops.append((t, client, "ok", "subscribe", list(filters)))
 
-    def received(self, t: float, client: str, msg_id: str, topic: str, qos: int, dup: bool, conn: str) -> None:
-        self.ops.append((t, client, "ok", "receive", msg_id, topic, qos, dup, conn))
+    def received(
+        self, t: float, client: str, msg_id: str, topic: str, qos: int, dup: bool, conn: str, packet_id: int = 0
+    ) -> None:
+        self.ops.append((t, client, "ok", "receive", msg_id, topic, qos, dup, conn, packet_id))
+
+    def repeated(
+        self, t: float, client: str, msg_id: str, topic: str, qos: int, dup: bool, conn: str, packet_id: int
+    ) -> None:
+        self.ops.append((t, client, "ok", "repeat", msg_id, topic, qos, dup, conn, packet_id))
 
     def closed(self, t: float, client: str, conn: str, clean: bool, reason: str) -> None:
         self.ops.append((t, client, "ok", "close", conn, clean, reason))

@@ -18,6 +18,9 @@ Events returned by ``receive_data`` and ``connection_lost`` (tuples, first field
 ``("connack", return_code, session_present)``, ``("suback", packet_id, codes)``,
 ``("message", topic, payload, qos, dup, packet_id)`` (new to this client: a QoS 2
 PUBLISH re-sent for an id still awaiting PUBREL is acknowledged, not reported),
+``("repeat", topic, payload, qos, dup, packet_id)`` (only with ``report_repeats``: a QoS 2
+PUBLISH for an id still awaiting PUBREL, acknowledged again and not delivered; a harness
+that checks packet-id reuse compares its payload with the one first taken on that id),
 ``("acked", packet_id, payload)`` (PUBACK, or PUBREC for QoS 2: the server owns the
 message), ``("completed", packet_id)`` (PUBCOMP), ``("closed", reason)``.
 """
@@ -56,8 +59,17 @@ class Outgoing:
 
 
 class MqttClient:
-    def __init__(self, client_id: str, clean: bool, keepalive: int = 0):
+    def __init__(
+        self, client_id: str, clean: bool, keepalive: int = 0, pid_range: int = 65535, report_repeats: bool = False
+    ):
+        """``pid_range``: outgoing packet ids are taken from 1..pid_range only, an id free again
+        as soon as its PUBACK or PUBCOMP arrives (as small embedded clients do; issue 15).
+        ``report_repeats``: also return the "repeat" events (above)."""
+        if not 1 <= pid_range <= 65535:
+            raise ValueError(f"pid_range must be within 1..65535, not {pid_range}")
         self.client_id = client_id
+        self.pid_range = pid_range
+        self.report_repeats = report_repeats
         self.clean = clean
         self.keepalive = keepalive
         self.connected = False  # a CONNACK accepted the current connection
@@ -119,8 +131,8 @@ class MqttClient:
             self._out.append(codec.encode(codec.PingReq()))
 
     def _alloc_pid(self) -> int:
-        for _ in range(65535):
-            self._next_pid = self._next_pid % 65535 + 1  # ids are 1..65535 [MQTT-2.3.1-1]
+        for _ in range(self.pid_range):
+            self._next_pid = self._next_pid % self.pid_range + 1  # ids are 1..65535 [MQTT-2.3.1-1]
             if self._next_pid not in self.outgoing:
                 return self._next_pid
         raise RuntimeError("every packet id is in use")
@@ -150,6 +162,8 @@ class MqttClient:
                 if pid not in self.awaiting_rel:
                     self.awaiting_rel.add(pid)
                     events.append(("message", pkt.topic, pkt.payload, qos, pkt.dup, pid))
+                elif self.report_repeats:
+                    events.append(("repeat", pkt.topic, pkt.payload, qos, pkt.dup, pid))
                 self._out.append(codec.encode(codec.PubRec(pid)))
                 return
             events.append(("message", pkt.topic, pkt.payload, qos, pkt.dup, pid))

@@ -1,0 +1,101 @@
+"""``python -m bench.chaos``: runs of the fault harness, a Markdown table, a JSON file per run.
+
+Exit status 1 when any run lost an acknowledged message, delivered a QoS 2 message twice,
+reused a packet id a subscriber still held, or answered session present = 0 to a client
+that had a session (or did not complete); 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from mqttmesh.sim.history import History
+
+from .checker import check
+from .report import row, table_header
+from .run import RunConfig, run
+from .workload import Options
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.splitlines()[0])
+    p.add_argument("--broker", default="mqttmesh", help="mqttmesh, mosquitto, or both (comma-separated)")
+    p.add_argument("--nodes", type=int, default=5)
+    p.add_argument("--seeds", type=_ints, default=None, help="comma-separated; default: one random seed")
+    p.add_argument("--duration", type=float, default=90.0, help="seconds of load and faults per run")
+    p.add_argument("--rate", type=float, default=120.0, help="messages per second, all publishers together")
+    p.add_argument("--pid-range", type=int, default=65535, help="publishers take packet ids from 1..K")
+    p.add_argument("--publishers", type=int, default=4)
+    p.add_argument("--subscribers", type=int, default=4)
+    p.add_argument("--max-pause", type=float, default=5.0, help="longest SIGSTOP, seconds")
+    p.add_argument("--tail", type=float, default=30.0, help="longest drain after the last heal, seconds")
+    p.add_argument("--out", default="chaos-out", help="directory of the JSON files")
+    p.add_argument("--keep", action="store_true", help="keep the nodes' directories (logs, stores)")
+    p.add_argument("--recheck", metavar="JSON", help="judge the history a run wrote again (no processes)")
+    args = p.parse_args(argv)
+    if args.recheck:
+        return recheck(Path(args.recheck))
+    # SIGTERM ends the run through its finally blocks: the nodes are stopped by PID
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    seeds = args.seeds or [int.from_bytes(os.urandom(3), "big")]
+    brokers = [b.strip() for b in args.broker.split(",") if b.strip()]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[str] = []
+    failed = False
+    for seed in seeds:
+        for broker in brokers:
+            wopts = Options(
+                publishers=args.publishers,
+                subscribers=args.subscribers,
+                rate=args.rate,
+                pid_range=args.pid_range,
+                window=min(20, args.pid_range),
+            )
+            cfg = RunConfig(
+                broker=broker,
+                nodes=args.nodes,
+                seed=seed,
+                duration=args.duration,
+                max_pause=args.max_pause,
+                tail=args.tail,
+                keep=args.keep,
+                workload=wopts,
+            )
+            result: dict[str, Any] = run(cfg, log=lambda s: print(s, flush=True))
+            path = out_dir / f"chaos-{broker}-seed{seed}-{args.nodes}n-{args.rate:g}.json"
+            path.write_text(json.dumps(result, default=list) + "\n")
+            print(f"chaos: {path}", flush=True)
+            rows.append(row(result))
+            failed = failed or not result["completed"] or result["check"]["failed"]
+            print(table_header() + "\n" + rows[-1], flush=True)
+    print()
+    print(table_header())
+    print("\n".join(rows))
+    return 1 if failed else 0
+
+
+def recheck(path: Path) -> int:
+    """The checker is a pure function of the history: run it again on a saved one."""
+    saved = json.loads(path.read_text())
+    history = History()
+    history.ops = [tuple(op) for op in saved["history"]]
+    persistent = set(saved["clients"])
+    connections = saved["check"]["connections_per_client"]
+    result = check(history, persistent, saved.get("settle", 2.0), connections)
+    print(json.dumps(result.summary(), indent=1))
+    return 1 if result.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

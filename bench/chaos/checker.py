@@ -1,0 +1,177 @@
+"""The checker: a pure function from a client history to what broke (Jepsen style).
+
+Leaves to its caller: running the clients and recording the ``History``
+(mqttmesh.sim.history), and what only the nodes know (connections per ClientId, read
+from their status). Nothing here looks at a clock, a socket or a broker's counters.
+
+How a QoS 2 duplicate (a subscriber told twice of one message id) is classified:
+
+- ``inbound`` when its publisher sent it on more than one connection (the PUBLISH with
+  DUP=1, or its PUBREL, re-sent after a reconnection): the mesh may have taken it in twice;
+- ``outbound`` otherwise, when the repeat came on a later connection of the subscriber
+  (DUP=0 or another packet id: a new delivery from a session that had lost track of the
+  first; with DUP=1 and the same id after the id's PUBREL: a re-send of a completed one);
+- ``other`` otherwise: both copies on one connection of the subscriber (two copies routed).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from mqttmesh.sim.history import History, Op
+from mqttmesh.topics import filter_matches
+
+__all__ = ["ChaosCheck", "check"]
+
+
+@dataclass
+class ChaosCheck:
+    published: int = 0  # PUBLISHes invoked (QoS 1 and 2)
+    acked: int = 0  # of them, acknowledged (PUBACK, or PUBREC for QoS 2)
+    checked: int = 0  # (acked message, subscriber whose subscription was in place) pairs
+    lost: list[tuple[str, str]] = field(default_factory=list)  # (msg id, subscriber)
+    qos2_dups: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, subscriber, class)
+    qos1_dups: int = 0
+    reorders: dict[str, int] = field(default_factory=dict)  # "publisher topic" -> count
+    pid_reuse: list[tuple[str, int, str, str]] = field(default_factory=list)  # (sub, pid, held, new)
+    wrong_session_present: list[tuple[str, str]] = field(default_factory=list)  # (client, connection)
+    refusals: dict[str, int] = field(default_factory=dict)  # CONNACK code -> count
+    connect_errors: dict[str, int] = field(default_factory=dict)  # no CONNACK: why -> count
+    connections: dict[str, int] | None = None  # ClientId -> live connections at the end
+    not_one_connection: dict[str, int] = field(default_factory=dict)
+
+    def qos2_by_class(self) -> dict[str, int]:
+        counts = Counter(c for _, _, c in self.qos2_dups)
+        return {k: counts.get(k, 0) for k in ("inbound", "outbound", "other")}
+
+    @property
+    def failed(self) -> bool:
+        """What gates CI: lost, QoS 2 duplicates, packet-id reuse, wrong session present."""
+        return bool(self.lost or self.qos2_dups or self.pid_reuse or self.wrong_session_present)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "published": self.published,
+            "acked": self.acked,
+            "checked": self.checked,
+            "lost": len(self.lost),
+            "qos2_duplicates": len(self.qos2_dups),
+            "qos2_duplicates_by_class": self.qos2_by_class(),
+            "qos1_duplicates": self.qos1_dups,
+            "reorders": sum(self.reorders.values()),
+            "reorders_by_publisher_topic": dict(sorted(self.reorders.items())),
+            "pid_reuse": len(self.pid_reuse),
+            "wrong_session_present": len(self.wrong_session_present),
+            "refusals": dict(sorted(self.refusals.items())),
+            "connect_errors": dict(sorted(self.connect_errors.items())),
+            "connections_per_client": self.connections,
+            "not_one_connection": self.not_one_connection,
+            "failed": self.failed,
+        }
+
+
+def check(
+    history: History,
+    persistent: set[str],
+    settle: float = 2.0,
+    connections: dict[str, int] | None = None,
+) -> ChaosCheck:
+    """Judge ``history``. ``persistent``: the ClientIds that connect with CleanSession=0 (each
+    must be told session present = 1 from its second accepted connection on). A message must
+    reach every subscriber whose first SUBACK came at least ``settle`` seconds before the
+    message was invoked (time for the filter to reach every node). ``connections``: live
+    connections per ClientId at the end, as the nodes report them (None: not known)."""
+    r = ChaosCheck(connections=connections)
+    invoked: dict[str, tuple[float, str, str, int]] = {}  # msg id -> (t, publisher, topic, qos)
+    acked: set[str] = set()
+    resent: set[str] = set()
+    first_sub: dict[str, tuple[float, list[tuple[str, int]]]] = {}
+    got: dict[tuple[str, str], list[Op]] = {}  # (subscriber, msg id) -> receive ops
+    held: dict[tuple[str, int], str] = {}  # (subscriber, packet id) -> msg id taken on it (QoS 2)
+    had_session: set[str] = set()
+    last_seen: dict[tuple[str, str], int] = {}  # (subscriber, topic) -> highest sequence
+    for op in history.ops:
+        t, client, what, kind = op[0], op[1], op[2], op[3]
+        if kind == "publish":
+            msg_id = op[4]
+            if what == "invoke":
+                invoked[msg_id] = (t, client, op[5], op[6])
+            elif what == "ok":
+                acked.add(msg_id)
+            elif what == "resend":
+                resent.add(msg_id)
+        elif kind == "subscribe":
+            first_sub.setdefault(client, (t, op[4]))
+        elif kind == "connect":
+            if what == "ok":
+                if client in persistent and client in had_session and not op[6]:
+                    r.wrong_session_present.append((client, op[4]))
+                had_session.add(client)
+            elif what == "fail":
+                detail = op[6]
+                if isinstance(detail, int):
+                    r.refusals[f"0x{detail:02x}"] = r.refusals.get(f"0x{detail:02x}", 0) + 1
+                else:
+                    r.connect_errors[str(detail)] = r.connect_errors.get(str(detail), 0) + 1
+        elif kind == "receive":
+            msg_id, topic, qos = op[4], op[5], op[6]
+            seen = got.setdefault((client, msg_id), [])
+            seen.append(op)
+            if qos == 2 and len(op) > 9:
+                held[(client, op[9])] = msg_id
+            if len(seen) == 1:
+                _order(r, last_seen, client, msg_id, topic)
+        elif kind == "repeat":
+            msg_id, pid = op[4], op[9]
+            before = held.get((client, pid))
+            if before is not None and before != msg_id:
+                r.pid_reuse.append((client, pid, before, msg_id))
+    r.published = sum(1 for _, _, _, q in invoked.values() if q > 0)
+    r.acked = sum(1 for m in acked if m in invoked and invoked[m][3] > 0)
+    for (client, msg_id), ops in sorted(got.items()):
+        if len(ops) < 2:
+            continue
+        if all(o[6] == 2 for o in ops):
+            for repeat in ops[1:]:
+                r.qos2_dups.append((msg_id, client, _classify(msg_id, ops[0], repeat, resent)))
+        else:
+            r.qos1_dups += len(ops) - 1
+    for msg_id in sorted(acked):
+        if msg_id not in invoked:
+            continue
+        t_inv, _, topic, qos = invoked[msg_id]
+        if qos == 0:
+            continue
+        for client, (t_sub, filters) in sorted(first_sub.items()):
+            if t_inv < t_sub + settle or not any(filter_matches(f, topic) and q > 0 for f, q in filters):
+                continue
+            r.checked += 1
+            if (client, msg_id) not in got:
+                r.lost.append((msg_id, client))
+    if connections is not None:
+        r.not_one_connection = {c: connections.get(c, 0) for c in sorted(persistent) if connections.get(c, 0) != 1}
+    return r
+
+
+def _order(r: ChaosCheck, last_seen: dict[tuple[str, str], int], client: str, msg_id: str, topic: str) -> None:
+    """A first delivery whose sequence is below one already seen on its topic is a reorder."""
+    publisher, _, n = msg_id.rpartition(":")
+    if not n.isdigit():
+        return
+    key = (client, topic)
+    seq = int(n)
+    if seq < last_seen.get(key, 0):
+        name = f"{publisher} {topic}"
+        r.reorders[name] = r.reorders.get(name, 0) + 1
+    else:
+        last_seen[key] = seq
+
+
+def _classify(msg_id: str, first: Op, repeat: Op, resent: set[str]) -> str:
+    if msg_id in resent:
+        return "inbound"
+    if repeat[8] != first[8]:
+        return "outbound"
+    return "other"

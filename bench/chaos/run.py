@@ -1,0 +1,173 @@
+"""One run: start the nodes, the workload and the nemesis; drain; judge; clean up."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mqttmesh.sim.history import History
+
+from .checker import check
+from .cluster import Cluster
+from .nemesis import KINDS, Nemesis, schedule
+from .workload import Options, Workload
+
+
+@dataclass
+class RunConfig:
+    broker: str = "mqttmesh"
+    nodes: int = 5
+    seed: int = 1
+    duration: float = 90.0  # seconds of load and faults
+    max_pause: float = 5.0
+    tail: float = 30.0  # longest wait for the drain after the last heal
+    quiet: float = 3.0  # the drain: no message received for this long
+    settle: float = 2.0
+    startup_timeout: float = 60.0
+    keep: bool = False  # keep the nodes' directory (logs, stores)
+    workload: Options | None = None
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
+    wopts = cfg.workload or Options()
+    rng = random.Random(cfg.seed)
+    log(
+        f"chaos: broker {cfg.broker}, seed {cfg.seed}, {cfg.nodes} nodes, {wopts.rate:g} msgs/s, "
+        f"pid range {wopts.pid_range}, {cfg.duration:g} s"
+    )
+    workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{cfg.broker}-{cfg.seed}-"))
+    history = History()
+    cluster: Cluster | None = None
+    wl: Workload | None = None
+    out: dict[str, Any] = {
+        "broker": cfg.broker,
+        "seed": cfg.seed,
+        "nodes": cfg.nodes,
+        "rate": wopts.rate,
+        "pid_range": wopts.pid_range,
+        "duration": cfg.duration,
+        "settle": cfg.settle,
+        "completed": False,
+    }
+    t_begin = time.monotonic()
+    try:
+        cluster = Cluster(cfg.broker, cfg.nodes, workdir)
+        faults = schedule(
+            random.Random(rng.getrandbits(64)), cluster.names, cluster.pairs(), cfg.duration, cfg.max_pause
+        )
+        cluster.start()
+        t0 = time.monotonic()
+        wl = Workload(cluster.ports, history, random.Random(rng.getrandbits(64)), wopts, t0)
+        wl.start()
+        wl.heal("start-up", wl.now())
+        workload = wl
+        if not wait_until(
+            lambda: workload.snapshot()["measuring"] == 0 and workload.measurements[0].t_done is not None,
+            cfg.startup_timeout,
+        ):
+            raise RuntimeError(f"the nodes did not link up within {cfg.startup_timeout}s ({workdir})")
+        log(f"chaos: linked up {wl.measurements[0].t_done:.2f}s after the nodes listened")
+        wl.persistent_on = True
+        if not wait_until(lambda: workload.snapshot()["subscribed"] == wopts.subscribers, 30):
+            raise RuntimeError("the subscribers did not subscribe within 30s")
+        t_start = wl.now()
+        for f in faults:
+            f.start += t_start
+            f.end += t_start
+            f.toggles = [t + t_start for t in f.toggles]
+        wl.publishing = wl.moving = True
+        nemesis = Nemesis(cluster, faults, wl.heal, log)
+        nemesis.run(t0, stop=lambda: bool(workload.errors))
+        while wl.now() < t_start + cfg.duration and not wl.errors:  # the load runs its length
+            time.sleep(0.05)
+        wl.publishing = wl.moving = False
+        t_tail = wl.now()
+        log(f"[{t_tail:7.2f}s] chaos: load over, draining (at most {cfg.tail:g}s)")
+
+        def drained() -> bool:
+            s = workload.snapshot()
+            return bool(
+                s["connected"] == s["clients"]
+                and s["unacked"] == 0
+                and s["quiet_for"] >= cfg.quiet
+                and s["measuring"] == 0
+            )
+
+        out["drained"] = wait_until(drained, cfg.tail)
+        out["drain_s"] = round(wl.now() - t_tail, 2)
+        out["drain_state"] = wl.snapshot()
+        connections = None
+        try:
+            connections = cluster.connections_per_client()
+        except (OSError, ConnectionError) as exc:
+            out["connections_error"] = repr(exc)
+        wl.stop()
+        if wl.errors:
+            raise RuntimeError("; ".join(wl.errors))
+        persistent = {a.name for a in wl.persistent()}
+        result = check(history, persistent, cfg.settle, connections)
+        heals = [m.as_dict() for m in wl.measurements]
+        times = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None]
+        alone = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None and h["alone"]]
+        out.update(
+            {
+                "completed": True,
+                "check": result.summary(),
+                "samples": {
+                    "lost": result.lost[:20],
+                    "qos2_duplicates": result.qos2_dups[:20],
+                    "pid_reuse": result.pid_reuse[:20],
+                    "wrong_session_present": result.wrong_session_present[:20],
+                },
+                "faults": [f.as_dict() for f in faults],
+                "applied": nemesis.applied,
+                "healed": nemesis.healed,
+                "every_kind_applied_and_healed": all(
+                    nemesis.applied[k] > 0 and nemesis.applied[k] == nemesis.healed[k] for k in KINDS
+                ),
+                "reconvergence": heals,
+                "reconvergence_median_s": round(statistics.median(times), 3) if times else None,
+                "reconvergence_max_s": max(times) if times else None,
+                "reconvergence_alone_median_s": round(statistics.median(alone), 3) if alone else None,
+                "reconvergence_alone_max_s": max(alone) if alone else None,
+                "reconvergence_alone_heals": sum(1 for h in heals[1:] if h["alone"]),
+                "reconvergence_unmeasured": sum(1 for h in heals[1:] if h["reconverged_s"] is None),
+                "clients": {
+                    a.name: {"connections": a.conns, "moves": a.moves, "published": a.n, "skipped": a.skipped}
+                    for a in wl.persistent()
+                },
+                "node_starts": {n: node.starts for n, node in cluster.nodes.items()},
+                "history_ops": len(history.ops),
+            }
+        )
+        return out
+    finally:
+        if wl is not None:
+            wl.stop()
+        if cluster is not None:
+            cluster.close()
+            out["left_running"] = [n for n, node in cluster.nodes.items() if node.alive()]
+        out["wall_s"] = round(time.monotonic() - t_begin, 1)
+        out["history"] = history.ops
+        if cfg.keep:
+            out["workdir"] = str(workdir)
+            log(f"chaos: nodes' directory kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,95 @@
+"""A short seeded run of the fault harness (bench/chaos) against real mqttmesh nodes.
+
+What holds today is asserted: the harness completes, messages are acknowledged, every
+fault kind is applied and healed, reconvergence is measured, no node process is left
+behind, one connection per ClientId at the end. The exactly-once promises of issue 15
+(no acknowledged message lost, no QoS 2 duplicate, no packet id reused, session present
+right) are known to break today: they are xfail(strict=False), and pass once it lands.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from bench.chaos.nemesis import KINDS
+from bench.chaos.run import RunConfig, run
+from bench.chaos.workload import Options
+
+pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
+
+SEED = 6  # its schedule: every fault kind once, then a kill, a cut partition and a pause overlapping
+
+
+@pytest.fixture(scope="module")
+def result() -> dict[str, Any]:
+    cfg = RunConfig(
+        broker="mqttmesh",
+        nodes=3,
+        seed=SEED,
+        duration=35.0,
+        max_pause=3.0,
+        tail=30.0,
+        workload=Options(rate=120.0, move_min=3.0, move_max=8.0),
+    )
+    lines: list[str] = []
+    out = run(cfg, log=lines.append)
+    out["log"] = lines
+    return out
+
+
+def test_the_harness_completes_and_drains(result: dict[str, Any]) -> None:
+    assert result["completed"], result.get("log")
+    assert result["drained"], result["drain_state"]
+    assert result["check"]["acked"] > 1000
+    assert result["check"]["checked"] > 0  # (message, subscriber) pairs were judged
+
+
+def test_every_fault_kind_was_applied_and_healed(result: dict[str, Any]) -> None:
+    for kind in KINDS:
+        assert result["applied"][kind] >= 1, kind
+        assert result["healed"][kind] == result["applied"][kind], kind
+    assert any(f["overlapping"] for f in result["faults"])
+    assert result["node_starts"] and max(result["node_starts"].values()) >= 2  # a kill restarted it
+
+
+def test_reconvergence_is_measured(result: dict[str, Any]) -> None:
+    heals = result["reconvergence"][1:]  # [0] is the start-up
+    assert len(heals) == len(result["faults"])
+    measured = [h["reconverged_s"] for h in heals if h["reconverged_s"] is not None]
+    assert len(measured) >= len(KINDS)
+    assert result["reconvergence_max_s"] is not None and result["reconvergence_max_s"] < 40
+
+
+def test_no_node_left_behind(result: dict[str, Any]) -> None:
+    assert result["left_running"] == []
+
+
+def test_clients_moved_and_reconnected(result: dict[str, Any]) -> None:
+    assert all(c["moves"] >= 1 for c in result["clients"].values()), result["clients"]
+
+
+def test_one_connection_per_client_id(result: dict[str, Any]) -> None:
+    assert result["check"]["connections_per_client"] is not None
+    assert result["check"]["not_one_connection"] == {}
+
+
+@pytest.mark.xfail(strict=False, reason="issue 15: exactly once under faults is not built yet")
+def test_no_acknowledged_message_lost(result: dict[str, Any]) -> None:
+    assert result["check"]["lost"] == 0, result["samples"]["lost"]
+
+
+@pytest.mark.xfail(strict=False, reason="issue 15: exactly once under faults is not built yet")
+def test_no_qos2_duplicate(result: dict[str, Any]) -> None:
+    assert result["check"]["qos2_duplicates"] == 0, result["samples"]["qos2_duplicates"]
+
+
+@pytest.mark.xfail(strict=False, reason="issue 15: exactly once under faults is not built yet")
+def test_no_packet_id_reuse(result: dict[str, Any]) -> None:
+    assert result["check"]["pid_reuse"] == 0, result["samples"]["pid_reuse"]
+
+
+@pytest.mark.xfail(strict=False, reason="issue 15: exactly once under faults is not built yet")
+def test_session_present_is_right(result: dict[str, Any]) -> None:
+    assert result["check"]["wrong_session_present"] == 0, result["samples"]["wrong_session_present"]

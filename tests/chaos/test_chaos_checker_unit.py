@@ -1,0 +1,232 @@
+"""The fault harness's pure parts on hand-made inputs (no processes, milliseconds): the
+checker (bench/chaos/checker.py) finds each anomaly in a history written to have exactly
+that one, the nemesis schedule is a function of its seed, and the MqttClient options the
+harness uses (pid_range, report_repeats) do what they say."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bench.chaos.checker import check
+from bench.chaos.nemesis import KINDS, schedule
+from mqttmesh import codec
+from mqttmesh.sim.history import History
+from mqttmesh.sim.mqttclient import MqttClient
+
+PERSISTENT = {"pub", "sub", "sub2"}
+TOPIC = "chaos/pub/q2"
+
+
+def _base(subs: tuple[str, ...] = ("sub",)) -> History:
+    """Subscribers connected and subscribed at t=0..1; nothing published yet."""
+    h = History()
+    for s in subs:
+        h.connect(0.0, s, "invoke", f"{s}/1", "n0")
+        h.connect(0.1, s, "ok", f"{s}/1", "n0", False)
+        h.subscribed(0.2, s, [("chaos/#", 2)])
+    h.connect(1.0, "pub", "invoke", "pub/1", "n1")
+    h.connect(1.1, "pub", "ok", "pub/1", "n1", False)
+    return h
+
+
+def _publish(h: History, t: float, n: int, qos: int = 2, topic: str = TOPIC) -> str:
+    msg = f"pub:{n}"
+    h.publish(t, "pub", "invoke", msg, topic, qos)
+    h.publish(t + 0.01, "pub", "ok", msg, topic, qos)
+    return msg
+
+
+def test_a_clean_history_passes() -> None:
+    h = _base()
+    for n in range(1, 4):
+        msg = _publish(h, 5.0 + n, n)
+        h.received(5.5 + n, "sub", msg, TOPIC, 2, False, "sub/1", n)
+    r = check(h, PERSISTENT, settle=2.0, connections={"pub": 1, "sub": 1})
+    assert (r.acked, r.checked, r.failed) == (3, 3, False)
+    assert r.summary()["lost"] == 0 and r.summary()["reorders"] == 0
+
+
+def test_lost_an_acknowledged_message() -> None:
+    h = _base()
+    _publish(h, 5.0, 1)
+    r = check(h, PERSISTENT, settle=2.0)
+    assert r.lost == [("pub:1", "sub")]
+    assert r.failed
+
+
+def test_not_lost_when_published_before_the_subscription_was_in_place() -> None:
+    h = _base()
+    _publish(h, 1.5, 1)  # 1.3 s after the SUBACK, settle is 2 s
+    h.publish(6.0, "pub", "invoke", "pub:2", TOPIC, 2)  # never acknowledged: no promise
+    r = check(h, PERSISTENT, settle=2.0)
+    assert (r.lost, r.checked, r.acked) == ([], 0, 1)
+
+
+def test_qos2_duplicate_outbound() -> None:
+    h = _base()
+    msg = _publish(h, 5.0, 1)
+    h.received(5.1, "sub", msg, TOPIC, 2, False, "sub/1", 7)
+    h.connect(6.0, "sub", "ok", "sub/2", "n2", True)
+    h.received(6.1, "sub", msg, TOPIC, 2, False, "sub/2", 3)  # new id, DUP=0: a new delivery
+    r = check(h, PERSISTENT)
+    assert r.qos2_dups == [("pub:1", "sub", "outbound")]
+    assert r.qos2_by_class() == {"inbound": 0, "outbound": 1, "other": 0}
+    assert r.failed
+
+
+def test_qos2_duplicate_inbound() -> None:
+    h = _base()
+    msg = _publish(h, 5.0, 1)
+    h.connect(5.5, "pub", "ok", "pub/2", "n2", True)
+    h.publish(5.5, "pub", "resend", msg, TOPIC, 2)  # the PUBREL went again on the new connection
+    h.received(5.6, "sub", msg, TOPIC, 2, False, "sub/1", 1)
+    h.received(5.7, "sub", msg, TOPIC, 2, False, "sub/1", 2)
+    r = check(h, PERSISTENT)
+    assert r.qos2_by_class() == {"inbound": 1, "outbound": 0, "other": 0}
+
+
+def test_qos2_duplicate_on_one_connection() -> None:
+    h = _base()
+    msg = _publish(h, 5.0, 1)
+    h.received(5.1, "sub", msg, TOPIC, 2, False, "sub/1", 1)
+    h.received(5.2, "sub", msg, TOPIC, 2, False, "sub/1", 2)
+    assert check(h, PERSISTENT).qos2_by_class() == {"inbound": 0, "outbound": 0, "other": 1}
+
+
+def test_qos1_duplicate_is_counted_and_allowed() -> None:
+    h = _base()
+    topic = "chaos/pub/q1"
+    msg = _publish(h, 5.0, 1, qos=1, topic=topic)
+    h.received(5.1, "sub", msg, topic, 1, False, "sub/1", 1)
+    h.received(5.2, "sub", msg, topic, 1, True, "sub/1", 1)
+    r = check(h, PERSISTENT)
+    assert (r.qos1_dups, r.qos2_dups, r.failed) == (1, [], False)
+
+
+def test_reorder_per_publisher_and_topic() -> None:
+    h = _base()
+    for n in (1, 2, 3):
+        _publish(h, 5.0 + n, n)
+    for n in (1, 3, 2):
+        h.received(9.0 + n, "sub", f"pub:{n}", TOPIC, 2, False, "sub/1", n)
+    other = "chaos/pub/q1"  # another topic of the same publisher: its own order
+    _publish(h, 9.0, 4, qos=1, topic=other)
+    h.received(9.5, "sub", "pub:4", other, 1, False, "sub/1", 9)
+    r = check(h, PERSISTENT)
+    assert r.reorders == {f"pub {TOPIC}": 1}
+    assert not r.failed  # reported, not gated
+
+
+def test_packet_id_reused_while_the_subscriber_awaits_pubrel() -> None:
+    h = _base()
+    a, b = _publish(h, 5.0, 1), _publish(h, 5.1, 2)
+    h.received(5.2, "sub", a, TOPIC, 2, False, "sub/1", 9)
+    h.repeated(5.3, "sub", a, TOPIC, 2, True, "sub/1", 9)  # a re-send of the same message: fine
+    h.repeated(5.4, "sub", b, TOPIC, 2, False, "sub/1", 9)  # another message on the held id
+    r = check(h, PERSISTENT)
+    assert r.pid_reuse == [("sub", 9, a, b)]
+    assert r.lost == [(b, "sub")]  # the strict receiver dropped it: a loss too
+    assert r.failed
+
+
+def test_wrong_session_present() -> None:
+    h = _base()
+    h.closed(3.0, "sub", "sub/1", False, "move")
+    h.connect(3.1, "sub", "invoke", "sub/2", "n2")
+    h.connect(3.2, "sub", "ok", "sub/2", "n2", False)  # it had a session: 0 is wrong
+    h.connect(3.3, "cleanclient", "ok", "c/2", "n2", False)  # not persistent: not judged
+    r = check(h, PERSISTENT)
+    assert r.wrong_session_present == [("sub", "sub/2")]
+    assert r.failed
+
+
+def test_refusals_by_code_and_connect_errors() -> None:
+    h = _base()
+    h.connect(3.0, "sub", "fail", "sub/2", "n1", 3)
+    h.connect(3.5, "sub", "fail", "sub/3", "n2", 3)
+    h.connect(4.0, "sub", "fail", "sub/4", "n0", 5)
+    h.connect(4.5, "sub", "fail", "sub/5", "n1", "no CONNACK")
+    r = check(h, PERSISTENT)
+    assert r.refusals == {"0x03": 2, "0x05": 1}
+    assert r.connect_errors == {"no CONNACK": 1}
+    assert not r.failed
+
+
+def test_connections_per_client_id() -> None:
+    r = check(_base(), PERSISTENT, connections={"pub": 1, "sub": 2})
+    assert r.not_one_connection == {"sub": 2, "sub2": 0}
+    assert check(_base(), PERSISTENT).not_one_connection == {}  # unknown: not judged
+
+
+def test_every_subscriber_is_judged() -> None:
+    h = _base(("sub", "sub2"))
+    msg = _publish(h, 5.0, 1)
+    h.received(5.1, "sub", msg, TOPIC, 2, False, "sub/1", 1)
+    assert check(h, PERSISTENT).lost == [(msg, "sub2")]
+
+
+# -- the nemesis schedule ---------------------------------------------------------------------
+
+NAMES = ["n0", "n1", "n2", "n3", "n4"]
+PAIRS = [(a, b) for a in NAMES for b in NAMES if a < b]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_schedule_is_a_function_of_its_seed(seed: int) -> None:
+    one = schedule(random.Random(seed), NAMES, PAIRS, 90.0)
+    two = schedule(random.Random(seed), NAMES, PAIRS, 90.0)
+    assert [f.as_dict() for f in one] == [f.as_dict() for f in two]
+    assert [f.toggles for f in one] == [f.toggles for f in two]
+    assert [f.as_dict() for f in schedule(random.Random(seed + 100), NAMES, PAIRS, 90.0)] != [f.as_dict() for f in one]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_schedule_covers_every_kind_then_overlaps_and_heals_in_time(seed: int) -> None:
+    faults = schedule(random.Random(seed), NAMES, PAIRS, 90.0, max_pause=5.0)
+    first = faults[: len(KINDS)]
+    assert sorted(f.kind for f in first) == sorted(KINDS)
+    for f, g in zip(first, first[1:], strict=False):
+        assert f.end < g.start, "phase 1 is one fault at a time"
+    assert any(f.overlapping for f in faults)
+    assert all(f.end <= 88.0 for f in faults)
+    for f in faults:
+        if f.kind == "pause":
+            assert f.end - f.start <= 5.0
+        if f.kind.startswith("partition"):
+            assert set(f.sides[0]) | set(f.sides[1]) == set(NAMES) and not set(f.sides[0]) & set(f.sides[1])
+        if f.kind == "flap":
+            assert len(f.toggles) >= 2 and all(f.start < t < f.end for t in f.toggles)
+    for f in faults:  # never one node under two node faults, never more than 2 of 5 at once
+        if f.kind in ("kill", "pause"):
+            at = [g for g in faults if g.kind in ("kill", "pause") and g.start <= f.start < g.end]
+            assert len({g.node for g in at}) == len(at) <= 2
+
+
+# -- the MqttClient options the harness uses ------------------------------------------------------
+
+
+def test_pid_range_reuses_ids_once_acknowledged() -> None:
+    c = MqttClient("p", clean=False, pid_range=2)
+    c.connect()
+    c.receive_data(codec.encode(codec.ConnAck(False, 0)))
+    assert [c.publish("t", b"a", 1), c.publish("t", b"b", 1)] == [1, 2]
+    with pytest.raises(RuntimeError):
+        c.publish("t", b"c", 1)
+    c.receive_data(codec.encode(codec.PubAck(1)))
+    assert c.publish("t", b"c", 1) == 1
+    with pytest.raises(ValueError):
+        MqttClient("p", clean=False, pid_range=0)
+
+
+def test_report_repeats() -> None:
+    quiet, loud = MqttClient("s", clean=False), MqttClient("s", clean=False, report_repeats=True)
+    first = codec.encode(codec.Publish("t", b"m1", 2, False, False, 5))
+    again = codec.encode(codec.Publish("t", b"m2", 2, False, True, 5))
+    for c in (quiet, loud):
+        c.connect()
+        c.receive_data(codec.encode(codec.ConnAck(False, 0)))
+        assert c.receive_data(first) == [("message", "t", b"m1", 2, False, 5)]
+    assert quiet.receive_data(again) == []
+    assert loud.receive_data(again) == [("repeat", "t", b"m2", 2, True, 5)]
