@@ -386,8 +386,8 @@ class Channel(PeerListening):
             self._process(now)  # packets that arrived behind the CONNECT
 
     def refused(self, rc: int, reason: str, now: float) -> None:
-        """The mesh could not claim the ClientId for this connection: CONNACK ``rc``, close.
-        (No claim fails yet; issue 15's fencing will refuse with 0x03, server unavailable.)"""
+        """The mesh could not claim the ClientId for this connection: CONNACK ``rc`` (0x03,
+        server unavailable: mesh/handover.py says when), close."""
         if self.state is not CLAIMING:
             return
         self._refuse(rc, reason)

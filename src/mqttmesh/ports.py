@@ -231,8 +231,9 @@ class ClaimingChannel(Protocol):
         """The ClientId is this connection's, mesh-wide, and ``session`` is ready."""
 
     def refused(self, rc: int, reason: str, now: float) -> None:
-        """The claim failed: CONNACK ``rc`` (0x03, server unavailable) and close.
-        (Unused until the claim can fail: room for fencing, issue 15.)"""
+        """The claim failed: CONNACK ``rc`` (0x03, server unavailable) and close. A
+        persistent session is not served where the node cannot tell it has its latest state
+        (mesh/handover.py)."""
 
     def kick(self, reason: str) -> None:
         """Another connection took the ClientId over [MQTT-3.1.4-2]."""

@@ -70,6 +70,7 @@ class FakeChannel:
     def __init__(self, net: Net, node: str, cid: str):
         self.net, self.node, self.client_id = net, node, cid
         self.state = "claiming"
+        self.refused_rc: int | None = None
         self.session = None
         self.present: bool | None = None
         self.reason = ""
@@ -105,6 +106,10 @@ class FakeChannel:
     def release_acks(self, committed: int) -> None:
         while self.held and self.held[0][0] <= self.session.safe_version:
             self.frames.append(self.held.pop(0)[1])
+
+    def refused(self, rc: int, reason: str, now: float) -> None:
+        self.refused_rc = rc
+        self.state, self.reason = "closed", reason
 
     def kick(self, reason: str) -> None:
         self.close(reason)
@@ -146,11 +151,14 @@ class Net:
         self.clusters: dict[str, Cluster] = {}
         self.incs = {n: 1 for n in names}
         self.published: dict[str, list[Message]] = {n: [] for n in names}
-        self.settings = settings or ClusterSettings()
+        # (time jumps by whole seconds here: no stall makes the nodes distrust their view,
+        # except in the tests of that, which pass their own settings)
+        self.settings = settings or ClusterSettings(stall=1e9)
         self.wall_offset = wall_offset
         for n in names:
             self._build(n)
         self.membership()
+        self.tick(0.0)  # (the nodes' first tick: their quorum needs one)
 
     def _build(self, n: str) -> None:
         # wired as assembly.build_core wires a mesh node, with an instant network for
@@ -170,6 +178,8 @@ class Net:
         self.incs[n] += 1
         self._build(n)
         self.membership()
+        self.clusters[n].tick(self.t)  # (its first tick)
+        self.pump()
 
     def _sender(self, frm: str):
         def send(dest: str, kind: str, payload: bytes) -> bool:
@@ -500,6 +510,72 @@ def test_a_holder_that_knows_a_newer_epoch_fences_the_old_node_off():
     assert ch.state == "closed" and "active elsewhere" in ch.reason
     assert ch.frames == []  # the PUBLISH was never written
     assert net.clusters["a"].counters["fenced"] == 1
+
+
+def test_quorum_needs_a_majority_of_the_nodes_ever_seen_and_a_fresh_view():
+    m = Membership("a", 1, replication=2, will_delay=0.5, stall=1.0, grace=3.0)
+    assert not m.quorum(0.0)  # no tick yet
+    m.ticked(0.0)
+    assert not m.quorum(0.1)  # just started, no peer heard of: maybe they come
+    m.update(["a", "b", "c"], {"a": 1, "b": 1, "c": 1}, 0.2)
+    assert m.quorum(0.2)  # peers known: the majority rule alone
+    m.update(["a"], {"a": 1}, 0.3)
+    assert not m.quorum(0.3)  # 1 of the 3 nodes seen: the minority side
+    m.update(["a", "b"], {"a": 1, "b": 1}, 0.4)
+    assert m.quorum(0.4)
+    m.ticked(0.5)
+    assert not m.quorum(2.0)  # no tick for 1.5 s: paused, or about to find out
+    m.ticked(2.0)  # resumed after a stall: the view is stale for quorum_grace
+    assert not m.quorum(2.1) and not m.quorum(4.9)
+    for t in (2.25, 2.5, 2.75, 3.0, 3.25, 3.5, 3.75, 4.0, 4.25, 4.5, 4.75, 5.0):
+        m.ticked(t)
+    assert m.quorum(5.0)
+    alone = Membership("z", 1, replication=2, will_delay=0.5, stall=1.0, grace=3.0)
+    for t in (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0):
+        alone.ticked(t)
+        assert alone.quorum(t) == (t >= 3.0)  # a mesh of one serves after the grace
+
+
+def test_a_persistent_connect_on_the_minority_side_is_refused_with_0x03():
+    """Issue 15: at most one live copy of a persistent session. A node cut off from the
+    majority answers CONNACK 0x03 (server unavailable) to a persistent connect; a clean one
+    is served on both sides, as before [MQTT-3.2.2-5]."""
+    net = Net()
+    net.up.discard("c")
+    net.membership()  # a and b see each other, c sees only itself
+    net.clusters["c"].membership(["c"], {"c": 1}, net.t)
+    refused = net.connect("c", "p1", clean=False)
+    assert refused.state == "closed" and refused.refused_rc == 0x03
+    assert net.clusters["c"].counters["refused_no_quorum"] == 1
+    assert net.connect("c", "k1", clean=True).state == "connected"
+    assert net.connect("a", "p2", clean=False).state == "connected"  # the majority side
+
+
+def test_losing_the_majority_closes_the_persistent_clients_only():
+    net = Net()
+    persistent = net.connect("a", "p1", clean=False)
+    clean = net.connect("a", "k1", clean=True)
+    net.up -= {"b", "c"}
+    net.clusters["a"].membership(["a"], {"a": 1}, net.t)
+    assert persistent.state == "closed" and "majority" in persistent.reason
+    assert clean.state == "connected"
+    assert net.clusters["a"].counters["fenced"] == 1
+
+
+def test_a_persistent_claim_without_the_registrars_answer_is_refused_not_served_anyway():
+    net = Net()
+    cid = cid_with(net, lambda regs, holders: regs[0] == "b")
+    ch = net.connect("a", cid, clean=False, pump=False)
+    net.queue.clear()  # the claim is lost on the way
+    assert ch.state == "claiming"
+    net.tick(1.1)  # claim_timeout
+    assert ch.state == "closed" and ch.refused_rc == 0x03
+    clean = net.connect("a", cid, clean=True, pump=False)
+    net.queue.clear()
+    net.tick(1.1)
+    assert clean.state == "connected"  # (a clean session is served anyway, as before)
+    net.up.discard("b")  # out of reach (not yet noticed): the claim cannot even go out
+    assert net.connect("a", cid, clean=False).refused_rc == 0x03
 
 
 def test_a_clean_start_discards_the_holders_copies():

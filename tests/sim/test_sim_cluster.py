@@ -162,7 +162,9 @@ def test_cluster_runs_are_the_same_across_hash_seeds(tmp_path, name: str) -> Non
         # 1: an invariant broke (move-partition-24: findings 8 and 9), the same in both runs
         assert p.returncode in (0, 1) and "Traceback" not in p.stderr, p.stderr
         s = json.loads(out.read_text())
-        for key in ("run", "spf"):
+        # ("memory": the sizes of sets and dicts depend on where deleted entries fell, which
+        # follows the hashes; issue 15's refusals and fencing churn the subscriptions more)
+        for key in ("run", "spf", "memory"):
             s.pop(key)
         for e in s["convergence"]:
             e.pop("spf_seconds"), e.pop("spf_ms_per_run")
@@ -200,8 +202,10 @@ def test_partition24_wills_once(partition24: Simulator) -> None:
     assert not _violations(partition24, "cluster.wills_once")
 
 
-@pytest.mark.xfail(strict=True, reason="finding 9: cluster.handover_loss (QoS 2 twice), move-partition-24 seed 3")
 def test_partition24_qos2_once(partition24: Simulator) -> None:
+    # finding 9, fixed by issue 15 (a regression guard now): settlements reach the other
+    # holders before the client sees the frame that depends on them, and a node without a
+    # majority of the mesh serves no persistent session
     assert not _violations(partition24, "cluster.handover_loss")
 
 

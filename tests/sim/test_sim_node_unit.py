@@ -62,7 +62,8 @@ class _Owner:
 
 def _node(store: SimStore, inc: int = 1) -> tuple[SimNode, _IO]:
     io = _IO()
-    core = build_node("n1", inc, 0.0, MeshSettings(), ClusterSettings(), store, io, seed=1)
+    core = build_node("n1", inc, 0.0, MeshSettings(), ClusterSettings(quorum_grace=0.0), store, io, seed=1)
+    core.tick(0.0)  # (a node's first tick: its quorum needs one, issue 15)
     return core, io
 
 

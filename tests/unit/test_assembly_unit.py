@@ -13,6 +13,7 @@ import pytest
 
 from mqttmesh.assembly import MeshConfig, build_core, seq_base
 from mqttmesh.broker import Broker, BrokerSettings
+from mqttmesh.mesh.cluster import ClusterSettings
 from mqttmesh.mesh.gateway import MeshGateway
 from mqttmesh.mesh.peerauth import NONCE_BYTES
 from mqttmesh.mesh.replica import DurableMeshSession, MeshSession, ReplicaSessions
@@ -80,7 +81,8 @@ class MemLink:
 
 def mesh_core(name, journal=NULL_JOURNAL, incarnation=1, wall_offset=0.0):
     io, log = IO(), Log()
-    config = MeshConfig(SECRET, [f"{name}.example:1883"], io, log)
+    # (no grace: a node alone serves persistent sessions from its first tick, issue 15)
+    config = MeshConfig(SECRET, [f"{name}.example:1883"], io, log, cluster=ClusterSettings(quorum_grace=0.0))
     core = build_core(
         BrokerSettings(node_id=name),
         incarnation=incarnation,
@@ -89,6 +91,7 @@ def mesh_core(name, journal=NULL_JOURNAL, incarnation=1, wall_offset=0.0):
         journal=journal,
         mesh=config,
     )
+    core.cluster.tick(0.0)
     return core, io
 
 

@@ -117,8 +117,12 @@ def cluster_parts(
         "settle_gaps": 0,
         "settle_retries": 0,
         "fenced": 0,
+        "refused_no_quorum": 0,
+        "claims_refused": 0,
     }
-    membership = Membership(node_id, incarnation, settings.replication, settings.will_delay)
+    membership = Membership(
+        node_id, incarnation, settings.replication, settings.will_delay, settings.stall, settings.quorum_grace
+    )
     ids = itertools.count(1)
     send_out = wire_sender(send)
     replication = Replication(node_id, membership, send_out, counters, wake)
@@ -200,6 +204,7 @@ class Cluster:
         self.handover.rebalance(old_live, now)
         self.retained.rebalance()
         self.handover.retry_claims(now)
+        self.handover.fence(now)
 
     # ------------------------------------------------------------------ the Channel's side
 
@@ -220,6 +225,8 @@ class Cluster:
         HANDLERS[kind][1](self, frm, msg, now)
 
     def tick(self, now: float) -> None:
+        self.members.ticked(now)
+        self.handover.fence(now)
         self.handover.expire_claims(now)
         self.retained.expire_lookups(now)
         self.replication.expire(now)

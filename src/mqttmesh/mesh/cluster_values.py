@@ -36,6 +36,8 @@ class ClusterSettings:
     tombstone_ttl: float = 3600.0  # deleted retained topics are remembered this long
     register_interval: float = 5.0  # local connections re-register with their registrar
     settle_retry: float = 0.5  # a holder that has not acknowledged settlements this long gets a copy
+    stall: float = 1.0  # a gap this long between ticks: the node was paused (membership.py)
+    quorum_grace: float = 3.0  # after a start or a pause, the links' dead time (3 x mesh.keepalive)
 
 
 class ClusterWireError(ValueError):

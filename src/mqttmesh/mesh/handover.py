@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..message import Message
+from ..packets import UNAVAILABLE
 from ..ports import ClaimingChannel
 from ..topics import filter_matches
 from .cluster_wire import (
@@ -142,6 +143,12 @@ class HandOver:
 
     def connect(self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float) -> None:
         self.counters["claims"] += 1
+        if not clean and not self.membership.quorum(now):
+            # at most one live copy of a persistent session: not on the minority side of a
+            # partition, nor just after a pause or a start (membership.py)
+            self.counters["refused_no_quorum"] += 1
+            channel.refused(UNAVAILABLE, "this node does not see a majority of the mesh now", now)
+            return
         conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
         claim = Claim(channel, cid, clean, _wire_will(will), conn, now)
         claim.deadline = now + self.settings.claim_timeout
@@ -149,7 +156,21 @@ class HandOver:
         registrar = self.membership.registrars(cid)[0]
         claim.waiting = {registrar}
         if not self._send(registrar, self._claim(claim, now), now):
-            self._granted(claim, 0, None, now)  # registrar unreachable: serve anyway
+            self._ungranted(claim, now)
+
+    def _ungranted(self, claim: Claim, now: float) -> None:
+        """The registrar is out of reach or did not answer: a clean session is served anyway
+        (availability), a persistent one is not (one live copy): CONNACK 0x03."""
+        if claim.clean:
+            self._granted(claim, 0, None, now)
+            return
+        self._refuse(claim, "the ClientId's registrar did not answer", now)
+
+    def _refuse(self, claim: Claim, why: str, now: float) -> None:  # (a claim of ours)
+        self.claims.pop(claim.conn, None)
+        claim.stage = DONE
+        self.counters["claims_refused"] += 1
+        claim.channel.refused(UNAVAILABLE, why, now)
 
     def _claim(self, claim: Claim, now: float) -> RegClaim:
         wall = now + self.wall_offset
@@ -164,7 +185,7 @@ class HandOver:
                 if claim.waiting and not claim.waiting & live:
                     claim.waiting = {registrar}
                     if not self._send(registrar, self._claim(claim, now), now):
-                        self._granted(claim, 0, None, now)
+                        self._ungranted(claim, now)
             elif claim.stage == GATHER:
                 claim.waiting &= live
                 if not claim.waiting:
@@ -175,9 +196,13 @@ class HandOver:
             if now >= claim.deadline:
                 if claim.stage == CLAIM:
                     self.counters["claim_timeouts"] += 1
-                    self._granted(claim, 0, None, now)
+                    self._ungranted(claim, now)
                 elif claim.stage == GATHER:
-                    self._finish(claim, now)
+                    if claim.waiting and not claim.clean:
+                        # a live holder did not send its copy: it may have the latest state
+                        self._refuse(claim, f"holders {sorted(claim.waiting)} did not answer", now)
+                    else:
+                        self._finish(claim, now)
 
     def on_grant(self, frm: str, m: RegGrant, now: float) -> None:
         claim = self.claims.get(m.conn)
@@ -254,6 +279,16 @@ class HandOver:
             if node != self.node_id and (only is None or node in only):
                 self._send(node, SessCopy(snap), now)
         self._advance(session, now)  # (no other live holder: nothing to wait for)
+
+    def fence(self, now: float) -> None:
+        """Without a quorum (membership.py) this node stops serving persistent sessions: their
+        clients are closed and reconnect elsewhere (where the majority is)."""
+        if self.membership.quorum(now):
+            return
+        for cid, local in list(self.local.items()):
+            if not local.clean:
+                self.counters["fenced"] += 1
+                local.channel.kick(f"ClientId {cid!r}: this node does not see a majority of the mesh now")
 
     def disconnected(self, channel: ClaimingChannel, now: float) -> None:
         cid = channel.client_id
@@ -334,7 +369,7 @@ class HandOver:
         snap = m.snap
         session = self._offline_replica(frm, snap, take_over=True)
         if session is None or snap.epoch < session.epoch:
-            self._refuse(frm, snap.cid, snap.epoch)
+            self._cannot_take(frm, snap.cid, snap.epoch)
             return
         install(session, snap)
         self._apply_subs(session, snap.subs)
@@ -342,7 +377,7 @@ class HandOver:
         self._adopt(session, snap)
         self._send(frm, SessAck(snap.cid, session.epoch, session.version), now)
 
-    def _refuse(self, frm: str, cid: str, epoch: int) -> None:
+    def _cannot_take(self, frm: str, cid: str, epoch: int) -> None:
         """We cannot take ``frm``'s copy or settlements of ``cid`` at ``epoch``: say why."""
         session = self._replica(cid, create=False)
         if session is None:
@@ -389,7 +424,7 @@ class HandOver:
         if session is None or session.channel is not None or m.epoch < session.epoch:
             # no copy here, our own client, or a node serving an older epoch (its client has
             # moved on): the sender learns which from the answer
-            self._refuse(frm, m.cid, m.epoch)
+            self._cannot_take(frm, m.cid, m.epoch)
             return
         for origin, seq, state, pid in m.items:
             session.settle((origin, seq), state, pid)
@@ -423,6 +458,8 @@ class HandOver:
     def _advance(self, session: _Replicated, now: float) -> None:
         """Raise the session's safe version to what every other live holder has; release the
         frames that waited for it."""
+        if not self.membership.quorum(now):
+            return  # (frames wait: the node closes its persistent clients, fenced)
         others = [n for n in self.membership.holders(session.client_id, self.node_id) if n != self.node_id]
         acked = session.holder_acks
         safe = min((acked.get(n, -1) for n in others), default=session.version)

@@ -13,13 +13,48 @@ __all__ = ["Membership"]
 
 
 class Membership:
-    def __init__(self, node_id: str, incarnation: int, replication: int, will_delay: float):
+    def __init__(
+        self,
+        node_id: str,
+        incarnation: int,
+        replication: int,
+        will_delay: float,
+        stall: float = 1.0,
+        grace: float = 3.0,
+    ):
         self.node_id = node_id
         self.replication = replication  # holders of a session, owners of a retained topic
         self.will_delay = will_delay  # a node unreachable this long has lost its clients
         self.live: list[str] = [node_id]  # sorted; always holds this node
         self.incs: dict[str, int] = {node_id: incarnation}
         self.suspect: dict[str, float] = {}  # unreachable (or restarted) node -> since
+        # -- quorum (issue 15): may this node serve persistent sessions now?
+        self.stall = stall  # a gap this long between ticks: the process was not running
+        self.grace = grace  # the links' dead time: after a start or a stall, the live set settles
+        self.last_tick: float | None = None
+        self.alone_until = 0.0  # just started: no peer known yet, and maybe they come
+        self.distrust_until = 0.0  # resumed after a pause: what we know is stale
+
+    def ticked(self, now: float) -> None:
+        """The cluster's timer ran (at least every stall / 4 while the process runs)."""
+        last = self.last_tick
+        if last is None:
+            self.alone_until = now + self.grace
+        elif now - last > self.stall:
+            # resumed after a pause (SIGSTOP, a swapped-out process): links that look alive
+            # may be dead, and other nodes may have taken our clients over meanwhile
+            self.distrust_until = now + self.grace
+        self.last_tick = now
+
+    def quorum(self, now: float) -> bool:
+        """This node sees a majority of the nodes it has ever seen, and its view is fresh:
+        it may serve persistent sessions now (a minority side of a partition may not)."""
+        last = self.last_tick
+        if last is None or now - last > self.stall or now < self.distrust_until:
+            return False  # (the first case: a CONNECT read before the first tick after a pause)
+        if len(self.incs) == 1 and now < self.alone_until:
+            return False  # just started: the peers, if any, have not been heard of yet
+        return 2 * len(self.live) > len(self.incs)
 
     def update(self, live: list[str], incs: dict[str, int], now: float) -> set[str]:
         """The reachable nodes (with incarnations) changed; the live set before."""

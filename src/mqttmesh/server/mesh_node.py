@@ -303,6 +303,9 @@ class MeshNode:
             replication=cfg.get("mesh.replication"),
             will_delay=cfg.get("mesh.will_delay"),
             claim_timeout=cfg.get("mesh.claim_timeout"),
+            # (the timer runs every min(0.25, keepalive / 4) s; a link is dead after 3 x keepalive)
+            stall=max(1.0, cfg.get("mesh.keepalive")),
+            quorum_grace=3 * cfg.get("mesh.keepalive"),
         )
         return MeshConfig(
             self.secret,
