@@ -841,7 +841,11 @@ GOLDEN = [
         RegClaim("c1", "n1", 7, "n1/7/3", False, WILL, 1700000000.25),
         {"cid": "c1", "node": "n1", "inc": 7, "conn": "n1/7/3", "clean": False, "will": WILL_JSON, "at": 1700000000.25},
     ),
-    (RegGrant("c1", "n1/7/3", 4, None), {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "prev": None}),
+    (RegGrant("c1", "n1/7/3", 4, None), {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "prev": None, "kept": 0}),
+    (
+        RegGrant("c1", "n1/7/3", 5, "n2", 4),  # ("kept": mesh protocol 3)
+        {"cid": "c1", "conn": "n1/7/3", "epoch": 5, "prev": "n2", "kept": 4},
+    ),
     (RegKick("c1", "n1/7/3", 5, "n2"), {"cid": "c1", "conn": "n1/7/3", "epoch": 5, "by": "n2"}),
     (RegRelease("c1", "n1/7/3", 4, "n1"), {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "node": "n1"}),
     (
@@ -881,7 +885,7 @@ GOLDEN = [
 
 
 def test_the_golden_set_covers_every_kind_and_every_kind_has_a_handler():
-    assert sorted(type(m).KIND for m, _ in GOLDEN) == sorted(KINDS) == sorted(HANDLERS)
+    assert sorted({type(m).KIND for m, _ in GOLDEN}) == sorted(KINDS) == sorted(HANDLERS)
     assert len(KINDS) == 19
     assert all(HANDLERS[k][0] is KINDS[k] for k in KINDS)
 

@@ -164,9 +164,10 @@ class RegGrant(Wire):
     conn: str
     epoch: int
     prev: str | None  # the node that held the ClientId before
+    kept: int = 0  # the epoch of that claim if it kept a session (CleanSession=0), else 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "prev": self.prev}
+        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "prev": self.prev, "kept": self.kept}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
@@ -176,6 +177,7 @@ class RegGrant(Wire):
             _str(_key(obj, "conn", w), w, "conn"),
             _int(_key(obj, "epoch", w), w, "epoch"),
             _opt_str(_key(obj, "prev", w), w, "prev"),
+            _int(_key(obj, "kept", w), w, "kept"),
         )
 
 

@@ -75,6 +75,8 @@ class Claim:
         "snaps",
         "deadline",
         "forwarded",
+        "kept",
+        "answered",
     )
 
     def __init__(self, channel: ClaimingChannel, cid: str, clean: bool, will: WireWill | None, conn: str, now: float):
@@ -87,6 +89,8 @@ class Claim:
         self.snaps: list[Snapshot] = []
         self.deadline = 0.0
         self.forwarded: list[SessFwd] = []  # messages holders forwarded before the session is here
+        self.kept = 0  # the registrar's word: the last claim kept a session at this epoch
+        self.answered: set[str] = set()  # nodes that sent their copy (or said they have none)
 
 
 class LocalConnection:
@@ -168,6 +172,8 @@ class HandOver:
 
     def _refuse(self, claim: Claim, why: str, now: float) -> None:  # (a claim of ours)
         self.claims.pop(claim.conn, None)
+        if claim.epoch:
+            self._release(claim.cid, claim.conn, claim.epoch, now)  # (the registrar granted it)
         claim.stage = DONE
         self.counters["claims_refused"] += 1
         claim.channel.refused(UNAVAILABLE, why, now)
@@ -207,6 +213,7 @@ class HandOver:
     def on_grant(self, frm: str, m: RegGrant, now: float) -> None:
         claim = self.claims.get(m.conn)
         if claim is not None:
+            claim.kept = m.kept
             self._granted(claim, m.epoch, m.prev, now)
 
     def _granted(self, claim: Claim, epoch: int, prev: str | None, now: float) -> None:
@@ -247,6 +254,12 @@ class HandOver:
             snaps = list(claim.snaps)
             if own is not None and own.replica is not None:
                 snaps.append(snapshot(own.replica))
+            if claim.kept and max((s.epoch for s in snaps), default=0) < claim.kept:
+                if claim.prev != self.node_id and claim.prev not in claim.answered:
+                    # no copy of the session as of its last claim is within reach (its node
+                    # and the holders that had it are on the other side, or down): not served
+                    self._refuse(claim, "no copy of the session's latest state is within reach", now)
+                    return
             merged = merge_snapshots(snaps)
         session, present = broker.open_session(channel, claim.cid, claim.clean)
         replica = session.replica
@@ -341,6 +354,7 @@ class HandOver:
             return
         if m.snap is not None:
             claim.snaps.append(m.snap)
+        claim.answered.add(frm)
         claim.waiting.discard(frm)
         if not claim.waiting:
             self._finish(claim, now)

@@ -55,7 +55,8 @@ class Registry:
             self.counters["kicks"] += 1
             self._send(entry.node, RegKick(cid, entry.conn, epoch, m.node), now)
         self._store(Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at), now)
-        self._send(m.node, RegGrant(cid, m.conn, epoch, prev), now)
+        kept = entry.epoch if entry and not entry.clean else 0
+        self._send(m.node, RegGrant(cid, m.conn, epoch, prev, kept), now)
 
     def on_register(self, frm: str, m: RegRegister, now: float) -> None:
         """A holder of a connection says so (after membership changes, and periodically)."""
