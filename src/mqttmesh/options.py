@@ -320,8 +320,9 @@ OPTIONS: list[Option] = [
         "mesh",
         "replication",
         int,
-        2,
-        "nodes that hold each persistent session and each retained topic (rendezvous hashing over the live nodes)",
+        3,
+        "nodes that hold each persistent session (its home: a majority of them must be in reach to serve it) "
+        "and each retained topic (rendezvous hashing)",
         1,
         16,
     ),

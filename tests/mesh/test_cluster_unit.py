@@ -153,7 +153,7 @@ class Net:
         self.published: dict[str, list[Message]] = {n: [] for n in names}
         # (time jumps by whole seconds here: no stall makes the nodes distrust their view,
         # except in the tests of that, which pass their own settings)
-        self.settings = settings or ClusterSettings(stall=1e9)
+        self.settings = settings or ClusterSettings(replication=2, stall=1e9)  # (2: these tests place ids on 2 of 3)
         self.wall_offset = wall_offset
         for n in names:
             self._build(n)
@@ -472,13 +472,13 @@ def test_a_qos2_publish_waits_until_the_other_holder_has_its_packet_id():
 
 
 def test_frames_held_for_a_holder_out_of_reach_go_out_when_the_membership_drops_it():
-    net = Net()
-    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    net = Net(settings=ClusterSettings(replication=3, stall=1e9))  # (a majority of 3 stays)
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: regs[0] != "b")
     net.up.discard("b")  # (not yet noticed by the membership: sends to b are lost)
     _local_publish(net, "a", "t/1")
     net.pump()
     assert ch.frames == [] and len(ch.held) == 1
-    net.membership()  # b is gone: c becomes a holder, gets a copy, acknowledges it
+    net.membership()  # b is gone: a and c are the majority of the session's home
     assert len(ch.frames) == 1 and ch.held == []
     assert net.brokers["c"].sessions[cid].version == ch.session.version
 
@@ -541,6 +541,7 @@ def test_a_persistent_connect_on_the_minority_side_is_refused_with_0x03():
     majority answers CONNACK 0x03 (server unavailable) to a persistent connect; a clean one
     is served on both sides, as before [MQTT-3.2.2-5]."""
     net = Net()
+    away_from_c = cid_with(net, lambda regs, holders: "c" not in holders, "p")
     net.up.discard("c")
     net.membership()  # a and b see each other, c sees only itself
     net.clusters["c"].membership(["c"], {"c": 1}, net.t)
@@ -548,7 +549,13 @@ def test_a_persistent_connect_on_the_minority_side_is_refused_with_0x03():
     assert refused.state == "closed" and refused.refused_rc == 0x03
     assert net.clusters["c"].counters["refused_no_quorum"] == 1
     assert net.connect("c", "k1", clean=True).state == "connected"
-    assert net.connect("a", "p2", clean=False).state == "connected"  # the majority side
+    # the majority side serves a session whose home (a and b) is in reach; one whose home
+    # includes c is not served anywhere until c is back (a majority of 2 is 2)
+    assert net.connect("a", away_from_c, clean=False).state == "connected"
+    members = net.clusters["a"].members
+    with_c = next(f"q-{i}" for i in range(1000) if "c" in members.home(f"q-{i}"))
+    refused = net.connect("a", with_c, clean=False)
+    assert refused.refused_rc == 0x03
 
 
 def test_losing_the_majority_closes_the_persistent_clients_only():

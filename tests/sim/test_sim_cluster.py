@@ -245,7 +245,7 @@ def test_move200_runs_and_checks(move200: tuple[Simulator, float]) -> None:
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason="findings 8, 9 and 12: cluster.handover_loss and wills_once, move-200 seed 7")
+@pytest.mark.xfail(strict=True, reason="finding 8: cluster.wills_once, move-200 seed 7 (findings 9 and 12 fixed by issue 15)")
 def test_move200_cluster_invariants(move200: tuple[Simulator, float]) -> None:
     sim, _wall = move200
     assert not any(sim.violations.count.get(k) for k in STRICT)

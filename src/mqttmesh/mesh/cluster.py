@@ -226,7 +226,7 @@ class Cluster:
 
     def tick(self, now: float) -> None:
         self.members.ticked(now)
-        self.handover.fence(now)
+        self.handover.fence(now, sessions=False)
         self.handover.expire_claims(now)
         self.retained.expire_lookups(now)
         self.replication.expire(now)

@@ -27,7 +27,7 @@ __all__ = [
 
 @dataclass
 class ClusterSettings:
-    replication: int = 2  # holders of a session, owners of a retained topic
+    replication: int = 3  # a persistent session's home (membership.py), a retained topic's owners
     claim_timeout: float = 1.0  # without an answer from the registrar, connect anyway
     gather_timeout: float = 2.0  # wait this long for the other holders of a session
     will_delay: float = 0.5  # a node unreachable this long has lost its clients

@@ -147,11 +147,14 @@ class HandOver:
 
     def connect(self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float) -> None:
         self.counters["claims"] += 1
-        if not clean and not self.membership.quorum(now):
+        if not clean and not (self.membership.quorum(now) and self.membership.home_quorum(cid)):
             # at most one live copy of a persistent session: not on the minority side of a
-            # partition, nor just after a pause or a start (membership.py)
+            # partition, nor just after a pause or a start, nor without a majority of the
+            # session's home in reach (membership.py)
             self.counters["refused_no_quorum"] += 1
-            channel.refused(UNAVAILABLE, "this node does not see a majority of the mesh now", now)
+            channel.refused(
+                UNAVAILABLE, "this node does not see a majority of the mesh (or of the session's nodes) now", now
+            )
             return
         conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
         claim = Claim(channel, cid, clean, _wire_will(will), conn, now)
@@ -254,6 +257,12 @@ class HandOver:
             snaps = list(claim.snaps)
             if own is not None and own.replica is not None:
                 snaps.append(snapshot(own.replica))
+            home = self.membership.home(claim.cid)
+            answered = sum(1 for n in home if n in claim.answered or n == self.node_id)
+            if 2 * answered <= len(home):
+                # a copy with the latest state is on a majority of the home: one must be here
+                self._refuse(claim, f"too few of the session's nodes {home} answered", now)
+                return
             if claim.kept and max((s.epoch for s in snaps), default=0) < claim.kept:
                 if claim.prev != self.node_id and claim.prev not in claim.answered:
                     # no copy of the session as of its last claim is within reach (its node
@@ -293,13 +302,16 @@ class HandOver:
                 self._send(node, SessCopy(snap), now)
         self._advance(session, now)  # (no other live holder: nothing to wait for)
 
-    def fence(self, now: float) -> None:
+    def fence(self, now: float, sessions: bool = True) -> None:
         """Without a quorum (membership.py) this node stops serving persistent sessions: their
-        clients are closed and reconnect elsewhere (where the majority is)."""
-        if self.membership.quorum(now):
+        clients are closed and reconnect elsewhere (where the majority is). ``sessions``: also
+        each session's home (which changes only with the membership)."""
+        members = self.membership
+        quorum = members.quorum(now)
+        if quorum and not sessions:
             return
         for cid, local in list(self.local.items()):
-            if not local.clean:
+            if not local.clean and not (quorum and members.home_quorum(cid)):
                 self.counters["fenced"] += 1
                 local.channel.kick(f"ClientId {cid!r}: this node does not see a majority of the mesh now")
 
@@ -472,7 +484,7 @@ class HandOver:
     def _advance(self, session: _Replicated, now: float) -> None:
         """Raise the session's safe version to what every other live holder has; release the
         frames that waited for it."""
-        if not self.membership.quorum(now):
+        if not (self.membership.quorum(now) and self.membership.home_quorum(session.client_id)):
             return  # (frames wait: the node closes its persistent clients, fenced)
         others = [n for n in self.membership.holders(session.client_id, self.node_id) if n != self.node_id]
         acked = session.holder_acks

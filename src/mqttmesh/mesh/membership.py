@@ -86,11 +86,25 @@ class Membership:
         """The registrar of a ClientId, then its backup."""
         return owners(cid, self.live, 2)
 
+    def home(self, cid: str) -> list[str]:
+        """A persistent session's home: the top ``replication`` of its ranking over every
+        node ever seen, so the same list on both sides of a partition (issue 15). A change of
+        the session is confirmed by every live node of it before the client sees the change,
+        and a client is served only where a majority of it is live: so any node that serves
+        the session next can reach a node that has its latest state."""
+        return owners(cid, sorted(self.incs), self.replication)
+
+    def home_quorum(self, cid: str) -> bool:
+        """A majority of the session's home is live (this node counted if it is one)."""
+        live = self.live
+        return 2 * sum(1 for n in self.home(cid) if n in live) > min(self.replication, len(self.incs))
+
     def holders(self, cid: str, last: str | None = None) -> list[str]:
-        """The nodes that keep a copy of a persistent session: the top ``replication`` of
-        its ranking, and ``last`` (the node its client was last on) if alive."""
-        h = owners(cid, self.live, self.replication)
-        if last and last in self.live and last not in h:
+        """The nodes that keep a copy of a persistent session now: the live nodes of its
+        home, and ``last`` (the node its client was last on) if alive."""
+        live = self.live
+        h = [n for n in self.home(cid) if n in live]
+        if last and last in live and last not in h:
             h.append(last)
         return h
 

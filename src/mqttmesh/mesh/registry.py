@@ -52,8 +52,14 @@ class Registry:
         epoch = (entry.epoch if entry else 0) + 1
         prev = entry.node if entry else None
         if entry and entry.connected and entry.conn != m.conn:
-            self.counters["kicks"] += 1
-            self._send(entry.node, RegKick(cid, entry.conn, epoch, m.node), now)
+            members = self.membership
+            if entry.node not in members.live or members.incs.get(entry.node) != entry.inc:
+                # the old connection went with its node (no kick can reach it): its will is
+                # due now, not after will_delay, for this claim replaces the registration
+                self._publish_will(entry, now)
+            else:
+                self.counters["kicks"] += 1
+                self._send(entry.node, RegKick(cid, entry.conn, epoch, m.node), now)
         self._store(Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at), now)
         kept = entry.epoch if entry and not entry.clean else 0
         self._send(m.node, RegGrant(cid, m.conn, epoch, prev, kept), now)
@@ -123,15 +129,18 @@ class Registry:
                 node_dead = entry.node in dead
             if not node_dead or membership.registrars(cid)[0] != self.node_id:
                 continue
-            will = entry.will
             self._store(dataclasses.replace(entry, connected=False, will=None), now)
-            if will is not None:
-                self.counters["wills_published"] += 1
-                payload = base64.b64decode(will.payload_b64)
-                wall = now + self.wall_offset
-                seq = self.broker.next_seq()
-                self.broker.publish(Message(will.topic, payload, will.qos, will.retain, self.node_id, seq, cid, wall))
+            self._publish_will(entry, now)
         membership.restarts_settled()
+
+    def _publish_will(self, entry: Registration, now: float) -> None:
+        will = entry.will
+        if will is not None:
+            self.counters["wills_published"] += 1
+            payload = base64.b64decode(will.payload_b64)
+            wall = now + self.wall_offset
+            seq = self.broker.next_seq()
+            self.broker.publish(Message(will.topic, payload, will.qos, will.retain, self.node_id, seq, entry.cid, wall))
 
     def view(self) -> dict[str, dict[str, Any]]:
         """The ClientIds this node is the first registrar of (for $SYS/mesh/clients)."""

@@ -119,7 +119,7 @@ class Clients:
     settle: float = 2.0  # hand-over check: a message counts from this long after the SUBACK
     check_every: float = 0.5  # the single-registration check runs this often
     double_grace: float = 1.0  # two live connections of one ClientId seen for longer: a violation
-    replication: int = 2  # ClusterSettings
+    replication: int = 3  # ClusterSettings (mesh.replication)
     register_interval: float = 5.0
     claim_timeout: float = 1.0
     gather_timeout: float = 2.0
