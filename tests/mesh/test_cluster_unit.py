@@ -585,6 +585,33 @@ def test_a_persistent_claim_without_the_registrars_answer_is_refused_not_served_
     assert net.connect("a", cid, clean=False).refused_rc == 0x03
 
 
+def test_a_holder_that_gets_the_message_after_its_packet_id_keeps_that_id():
+    """Issue 15: the node the client is on settled a QoS 2 message ("sent", then "rel")
+    before the mesh brought the message to another holder. That holder reserves the id; when
+    the message comes, it takes it in that state, so after the first node dies the client
+    gets PUBREL for the id, not the message again under a new one [MQTT-4.3.3-1]."""
+    net = Net(settings=ClusterSettings(replication=3, stall=1e9))
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: regs[0] != "a")
+    broker = net.brokers["a"]
+    msg = Message("t/1", b"x", 2, False, "a", broker.next_seq(), "pub", net.t + 1_000_000.0)
+    broker.publish(msg)  # (reaches a only, for now)
+    net.pump()
+    pid = next(iter(ch.session.inflight))
+    assert len(ch.frames) == 1  # b and c acknowledged the id without having the message
+    ch.session.on_pubrec(pid)  # the client's PUBREC: PUBREL is due
+    net.pump()
+    held = net.brokers["b"].sessions[cid]
+    assert held.reserved[("a", msg.seq)] == (2, pid)  # (session.SENT_PUBREL)
+    net.up.discard("a")  # a dies before the PUBCOMP
+    net.membership()
+    net.brokers["b"].deliver_remote(Message("t/1", b"x", 2, False, "a", msg.seq, "pub", msg.timestamp))
+    assert held.inflight[pid].msg.seq == msg.seq and not held.queue
+    moved = net.connect("b", cid, clean=False)
+    assert moved.present is True
+    assert moved.frames[:1] == [bytes((0x62, 2, pid >> 8, pid & 0xFF))]  # PUBREL, same id
+    assert not any(f[0] >> 4 == 3 for f in moved.frames)  # and no PUBLISH of it again
+
+
 def test_a_clean_start_discards_the_holders_copies():
     net = Net()
     cid = cid_with(net, lambda regs, holders: "c" not in holders)
@@ -826,7 +853,7 @@ REG_JSON = {
     "at": 1700000000.25,
 }
 ENTRY = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5)
-SNAP = Snapshot("c1", {"t/#": 1}, 3, [ENTRY], [("n2", 8)], [4], "n1", 4, 17)
+SNAP = Snapshot("c1", {"t/#": 1}, 3, [ENTRY], [("n2", 8)], [4], "n1", 4, 17, [("n2", 10, 1, 6)])
 SNAP_JSON = {
     "cid": "c1",
     "subs": {"t/#": 1},
@@ -836,7 +863,8 @@ SNAP_JSON = {
     "rel": [4],
     "active": "n1",
     "epoch": 4,
-    "version": 17,  # (mesh protocol 3, issue 15)
+    "version": 17,  # (mesh protocol 3, issue 15: "version" and "reserved")
+    "reserved": [["n2", 10, 1, 6]],
 }
 ITEM = RetainedItem("r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub")
 ITEM_JSON = ["r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub"]

@@ -238,14 +238,18 @@ def test_move200_runs_and_checks(move200: tuple[Simulator, float]) -> None:
     sim, _wall = move200
     cl = _cluster(sim)
     assert len(sim.names) == 200 and cl["clients"] == 132
-    assert sum(cl["moves"].values()) > 100 and cl["handover_checked"] > 500 and cl["wills_checked"] > 200
+    # (pairs judged: 764 before issue 15, 351 since; persistent clients are refused (0x03)
+    # while a majority of their session's nodes is out of reach, so fewer reconnect in time)
+    assert sum(cl["moves"].values()) > 100 and cl["handover_checked"] > 300 and cl["wills_checked"] > 200
     assert set(sim.violations.count) <= {"cluster.wills_once", "cluster.handover_loss"}
     assert "convergence" not in sim.violations.count
     assert _cluster(sim)["registration_checks"] > 0  # the quiet end of the run is checked
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason="finding 8: cluster.wills_once, move-200 seed 7 (findings 9 and 12 fixed by issue 15)")
+@pytest.mark.xfail(
+    strict=True, reason="finding 8: cluster.wills_once, move-200 seed 7 (findings 9 and 12 fixed by issue 15)"
+)
 def test_move200_cluster_invariants(move200: tuple[Simulator, float]) -> None:
     sim, _wall = move200
     assert not any(sim.violations.count.get(k) for k in STRICT)

@@ -8,7 +8,7 @@ kind and the key (or the record: "sess.copy entries[3]") at fault.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -313,6 +313,8 @@ class Snapshot:
     active: str | None  # the node the client was last on
     epoch: int
     version: int  # settlements made by the holders the client was on (replica.py)
+    # (origin, seq, state, packet id): ids settled for messages this copy did not have yet
+    reserved: list[tuple[str, int, int, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -325,6 +327,7 @@ class Snapshot:
             "active": self.active,
             "epoch": self.epoch,
             "version": self.version,
+            "reserved": self.reserved,
         }
 
     @classmethod
@@ -337,6 +340,12 @@ class Snapshot:
         for w, d in _items(o, "done", where):
             a = _array(d, 2, w)
             done.append((_str(a[0], w, "origin"), _int(a[1], w, "seq")))
+        reserved = []
+        for w, r in _items(o, "reserved", where):
+            a = _array(r, 4, w)
+            reserved.append(
+                (_str(a[0], w, "origin"), _int(a[1], w, "seq"), _int(a[2], w, "state"), _int(a[3], w, "pid"))
+            )
         return cls(
             _str(_key(o, "cid", where), where, "cid"),
             subs,
@@ -347,4 +356,5 @@ class Snapshot:
             _opt_str(_key(o, "active", where), where, "active"),
             _int(_key(o, "epoch", where), where, "epoch"),
             _int(_key(o, "version", where), where, "version"),
+            reserved,
         )

@@ -18,6 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
+from ..codec import PubRel, encode
 from ..message import Message
 from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from .cluster_values import Forwarded, Settlement, Snapshot, SnapshotEntry
@@ -75,6 +76,9 @@ class _Replicated(_SessionPart):
         # the lowest of them over the live holders (frames that need more wait, channel.py)
         self.holder_acks: dict[str, int] = {}
         self.safe_version = 0
+        # message id -> (state, packet id) settled by the node the client is on before the
+        # message itself reached this copy (the mesh brings it later): it takes that id then
+        self.reserved: dict[tuple[str, int], tuple[int, int]] = {}
 
     def _report(self, key: tuple[str, int], state: str, pid: int) -> None:
         self.version += 1
@@ -97,7 +101,28 @@ class _Replicated(_SessionPart):
                 return  # already here: arrived by another path during a hand-over
             if qos == 0 and self.channel is not None:
                 self._remember_done(key)
+            if self.reserved and qos and key in self.reserved:
+                self._deliver_reserved(msg, qos, key)
+                return
         super().deliver(msg, qos, retain)
+
+    def _deliver_reserved(self, msg: Message, qos: int, key: tuple[str, int]) -> None:
+        """A message the client already had (under a packet id) reached this copy late: it
+        keeps that id and state, and is re-sent as such (DUP=1 PUBLISH, or PUBREL)."""
+        state, pid = self.reserved.pop(key)
+        if pid in self.inflight:  # (the id is taken again: only a queued copy can be kept)
+            super().deliver(msg, qos)
+            return
+        entry = self._new_entry(msg, qos, False)
+        entry.packet_id, entry.state = pid, state
+        self.inflight[pid] = entry
+        self._stored_put(entry)
+        channel = self.channel
+        if channel is not None:
+            if state == SENT_PUBREL:
+                channel.write(encode(PubRel(pid)))
+            else:
+                channel.write(msg.frame(qos, pid, True, False))
 
     def _stored_put(self, entry: Entry) -> None:
         super()._stored_put(entry)
@@ -172,9 +197,14 @@ class _Replicated(_SessionPart):
             if entry is not None:
                 self._drop_entry(entry)
             else:
+                self.reserved.pop(key, None)
                 self._remember_done(key)
             return
         if entry is None:
+            if key not in self.done:
+                rank = SENT_PUBREL if state == "rel" else SENT_PUBLISH
+                if self.reserved.get(key, (0, 0))[0] <= rank:
+                    self.reserved[key] = (rank, pid)
             return
         if entry in self.queue:
             self.queue.remove(entry)
@@ -355,6 +385,7 @@ def snapshot(session: _Replicated) -> Snapshot:
         session.active_node,
         session.epoch,
         session.version,
+        [(o, s, state, pid) for (o, s), (state, pid) in session.reserved.items()],
     )
 
 
@@ -381,6 +412,19 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
                 order.append(key)
             elif e.state > have.state:
                 best[key] = e
+    # ids settled for messages a copy did not have yet: the furthest state wins, an entry's too
+    reserved: dict[tuple[str, int], tuple[int, int]] = {}
+    for s in snaps:
+        for origin, seq, state, pid in s.reserved:
+            key = (origin, seq)
+            if key not in done and reserved.get(key, (0, 0))[0] <= state:
+                reserved[key] = (state, pid)
+    for key, (state, pid) in list(reserved.items()):
+        entry = best.get(key)
+        if entry is not None:
+            del reserved[key]
+            if entry.state < state:
+                best[key] = entry._replace(pid=pid, state=state)
     subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
     latest = max(snaps, key=lambda s: (s.epoch, s.version))
     # in flight first (in packet-id send order), then queued, each in arrival order
@@ -398,6 +442,7 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         subs_from.active,
         max(s.epoch for s in snaps),
         latest.version,
+        [(o, s, state, pid) for (o, s), (state, pid) in reserved.items()],
     )
 
 
@@ -427,6 +472,7 @@ def install(session: _Replicated, snap: Snapshot) -> None:
         base.awaiting_rel_remove(pid)  # type: ignore[attr-defined]  # (journaled by a DurableMeshSession)
     for pid in sorted(new - old):
         base.awaiting_rel_add(pid)  # type: ignore[attr-defined]
+    session.reserved = {(o, s): (state, pid) for o, s, state, pid in snap.reserved if (o, s) not in session.ids}
     session.subs_version = max(session.subs_version, snap.subs_version)
     session.epoch = max(session.epoch, snap.epoch)
     session.version = snap.version
