@@ -8,7 +8,10 @@ that dials us, and the mesh-wide ClientIds (``claims``, a ports.ClaimPort:
 mesh/cluster.py) for a client; both are None outside a mesh.
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
-protocol violation, refused with the statement of the standard it breaks.
+protocol violation, refused with the statement of the standard it breaks. Two
+mixins hold parts of it, the Channel keeping their state: the frames out, held while an
+acknowledgement waits for the store (channel_held.py), and the listening side of a peer's
+handshake (channel_peer.py).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import codec
+from .channel_held import HeldFrames
 from .channel_peer import PEER_AUTH, PeerListening
 from .codec import (
     CONNACK,
@@ -79,7 +83,7 @@ class ProtocolViolation(Exception):
         self.rule = rule
 
 
-class Channel(PeerListening):
+class Channel(PeerListening, HeldFrames):
     __slots__ = (
         "broker",
         "owner",
@@ -156,7 +160,7 @@ class Channel(PeerListening):
         # frames waiting for a journal batch and a session's replication (version), in order
         self._held: deque[tuple[int, int, bytes]] = deque()
 
-    # -- bytes in, bytes out ----------------------------------------------------------
+    # -- bytes in (bytes out: channel_held.py) ------------------------------------------
 
     def receive_data(self, data: bytes, now: float) -> None:
         if self.state is CLOSED:
@@ -205,34 +209,6 @@ class Channel(PeerListening):
                 read.end(now + self.broker.wall_offset)
         if self.decoder.buffered > self.decoder.max_packet_size and self.state is not CLOSED:
             self.close("input buffer over the maximum packet size")  # pragma: no cover
-
-    def write(self, frame: bytes) -> None:
-        if self._held:
-            # an acknowledgement ahead of this frame waits for the store: keep the order
-            last = self._held[-1]
-            self._held.append((last[0], last[1], frame))
-            return
-        out = self._out
-        out.append(frame)
-        if len(out) == 1:
-            self.owner.wake(self)
-
-    def _write_now(self, frame: bytes) -> None:
-        out = self._out
-        out.append(frame)
-        if len(out) == 1:
-            self.owner.wake(self)
-
-    def data_to_send(self) -> bytes:
-        out = self._out
-        if not out:
-            return b""
-        self._out = []
-        return out[0] if len(out) == 1 else b"".join(out)
-
-    @property
-    def pending_frames(self) -> int:
-        return len(self._out)
 
     @property
     def claiming(self) -> bool:
@@ -571,34 +547,6 @@ class Channel(PeerListening):
         self.close_reason = "client sent DISCONNECT"
         self._end(publish_will=False)
         self.owner.close(self, self.close_reason)
-
-    # -- acknowledgements that wait for the store (group commit) -------------------------------
-
-    def _send_after(self, frame: bytes, batch: Batch, version: int = 0) -> None:
-        """Write ``frame`` once journal ``batch`` is committed and, for a replicated session,
-        once its other holders have its settlement ``version`` (both 0: at once)."""
-        held = self._held
-        if not held and not batch and (not version or version <= self.session.safe_version):
-            self._write_now(frame)
-            return
-        if held:
-            last = held[-1]  # keep acknowledgements in order
-            batch, version = max(batch, last[0]), max(version, last[1])
-        held.append((batch, version, frame))
-        self.broker.held_ack_channels.add(self)
-
-    def write_replicated(self, frame: bytes, version: int) -> None:
-        """A frame for the client once the session's settlement ``version`` is replicated."""
-        self._send_after(frame, 0, version)
-
-    def release_acks(self, committed: int) -> None:
-        held = self._held
-        session = self.session
-        safe = session.safe_version if session is not None else 0
-        while held and held[0][0] <= committed and held[0][1] <= safe:
-            self._write_now(held.popleft()[2])
-        if held:
-            self.broker.held_ack_channels.add(self)
 
 
 def _quoted(name: str | None, limit: int = 64) -> str:

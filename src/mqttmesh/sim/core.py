@@ -29,6 +29,7 @@ from ..mesh.engine import MeshEngine
 from ..topics import SubscriptionTrie
 from .checks import InvariantViolation, Violations
 from .clients import ClientsMixin
+from .cluster_checks import ClusterChecksMixin
 from .convergence import ConvergenceMixin, Episode
 from .faults import FaultsMixin
 from .model import (
@@ -63,7 +64,9 @@ from .workload import TopicSpace
 __all__ = ["Simulator", "Episode", "ATTRIBUTED", "CONTROL", "PROPAGATING"]
 
 
-class Simulator(ClusterMixin, NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin):
+class Simulator(
+    ClusterMixin, ClusterChecksMixin, NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin
+):
     """N engines, the links between them, their clients, a fault schedule; run() plays it out."""
 
     def __init__(self, scenario: Scenario, progress=None):

@@ -1,4 +1,4 @@
-"""mode = "cluster": MQTT clients of whole nodes, moving between them, and the cluster invariants.
+"""mode = "cluster": MQTT clients of whole nodes, moving between them: the workload.
 
 Part of the Simulator (core.py), as a mixin. Every node is a whole node
 (sim/cluster.py: the NodeCore of assembly.build_core, as the server builds it);
@@ -8,22 +8,12 @@ subscribers (CleanSession=0, with a will) move between nodes: cleanly (DISCONNEC
 then a new connection), abruptly (the connection drops), or by a takeover (a new
 connection elsewhere while the old one lives on until the server ends it).
 Publishers publish QoS 0-2 to the subscribers' topics. Every client writes a history
-(sim/history.py), judged at the end; the nodes' state is checked while the run goes.
-
-Invariants (docs/simulation.md, "The whole cluster"):
-- ``cluster.single_registration``: once quiet (no fault and no membership change for
-  register_interval + claim_timeout + gather_timeout, no claim in progress, routing
-  converged), no ClientId has connected Channels on two nodes, nor connected
-  registrations naming two nodes, for longer than ``clients.double_grace``;
-- ``cluster.handover_loss``: sim/history.py ``check_handover``;
-- ``cluster.wills_once``: sim/history.py ``check_wills``, wills counted where they are
-  published (the node's ArchivePort sees every message published there: a Channel's
-  will, or the registrar's).
+(sim/history.py); the cluster invariants that judge it, and the nodes' state while the
+run goes, are sim/cluster_checks.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
 import random
 from typing import Any
 
@@ -32,13 +22,11 @@ from ..codec import Will
 from ..mesh.cluster import ClusterSettings
 from ..message import Message
 from .cluster import SimLink, SimNode, SimStore, build_node
-from .history import History, check_handover, check_wills
+from .history import History
 from .model import CCHECK, CLIENT, COMMIT, TO_CLIENT, TO_NODE, Node, SimulatorPart
 from .mqttclient import MqttClient
 
 __all__ = ["ClusterMixin", "SimConnection", "SimClient"]
-
-_CONNECTED = "connected"  # channel.CONNECTED
 
 
 class SimConnection:
@@ -115,16 +103,10 @@ class ClusterMixin(SimulatorPart):
         self.rng_clients = random.Random(f"{sc.seed}/clients")
         self.moves = {"clean": 0, "abrupt": 0, "takeover": 0}
         self.published_ids: dict[str, tuple[str, int]] = {}
-        self.handover_result: Any = None
-        self.wills_result: Any = None
         self.history = History()
-        self.will_counts: dict[str, int] = {}
         self.sconns: dict[str, SimConnection] = {}
         self.woken: list[SimConnection] = []  # connections with bytes for their client, this instant
         self.clients: dict[str, SimClient] = {}
-        self.last_fault_at = 0.0
-        self.double_seen: dict[str, tuple[frozenset[str], float]] = {}
-        self.registration_checks = 0
         self.cluster_errors = 0
         self.client_stop = sc.duration - sc.drain  # no moves, no publications after this
         self.node_io = {n: _NodeIO(self, self.nodes[n]) for n in self.names}
@@ -137,6 +119,7 @@ class ClusterMixin(SimulatorPart):
             home = names[(i * 7 + len(names) // 2) % len(names)]
             self.clients[f"p{i:03d}"] = SimClient(f"p{i:03d}", False, c.keepalive, home)
         self.subscribers = [cl.name for cl in self.clients.values() if cl.persistent]
+        self._init_cluster_checks()  # (cluster_checks.py)
 
     def _start_clients(self) -> None:
         c = self.sc.clients
@@ -182,10 +165,6 @@ class ClusterMixin(SimulatorPart):
         node.plinks = {}
         node.core = None
 
-    def _on_fault(self, i: int) -> None:
-        self.last_fault_at = self.now
-        super()._on_fault(i)
-
     def _on_commit(self, name: str, gen: int) -> None:
         node = self.nodes[name]
         if not node.up or node.gen != gen:
@@ -209,11 +188,6 @@ class ClusterMixin(SimulatorPart):
             deadline = conn.channel.deadline()
             if deadline is not None and self.now >= deadline:
                 conn.channel.tick(self.now)  # keepalive [MQTT-3.1.2-24]
-
-    def _published(self, node: Node, msg: Message) -> None:
-        if msg.topic.startswith("will/"):
-            conn = msg.payload.decode()
-            self.will_counts[conn] = self.will_counts.get(conn, 0) + 1
 
     # ------------------------------------------------------------------ connections
 
@@ -464,112 +438,6 @@ class ClusterMixin(SimulatorPart):
                 client.pending[pid] = msg_id
             self._client_send(client)
         self._at(self.now + self.rng_clients.expovariate(c.publish_rate), CLIENT, "publish", client.name)
-
-    # ------------------------------------------------------------------ invariants
-
-    def _on_ccheck(self) -> None:
-        c = self.sc.clients
-        if self.now < self.end:
-            self._at(self.now + c.check_every, CCHECK)
-        s = self.cluster_settings
-        quiet = s.register_interval + s.claim_timeout + s.gather_timeout
-        last_change = max([self.last_fault_at] + [n.core.membership_at for n in self.nodes.values() if n.up])
-        if self.now - last_change < quiet or self.episode is not None:
-            self.double_seen.clear()
-            return
-        live: dict[str, set[str]] = {}
-        registered: dict[str, set[str]] = {}
-        for name in self.names:
-            node = self.nodes[name]
-            if not node.up:
-                continue
-            for conn in node.conns.values():
-                ch = conn.channel
-                if ch.claiming:
-                    self.double_seen.clear()
-                    return  # a claim in progress: not converged
-                if ch.state == _CONNECTED and ch.session is not None and ch.session.channel is ch:
-                    live.setdefault(ch.client_id, set()).add(f"{name}:{conn.id}")
-            for cid, reg in node.core.cluster.clients()["registrations"].items():
-                if reg["connected"]:
-                    registered.setdefault(cid, set()).add(reg["node"])
-        self.registration_checks += 1
-        seen: dict[str, tuple[frozenset[str], float]] = {}
-        for cid in sorted(set(live) | set(registered)):
-            who = frozenset(
-                [x for x in live.get(cid, ()) if len(live[cid]) > 1]
-                + [f"registered at {x}" for x in registered.get(cid, ()) if len(registered[cid]) > 1]
-            )
-            if not who:
-                continue
-            first = self.double_seen.get(cid)
-            since = first[1] if first is not None and first[0] == who else self.now
-            seen[cid] = (who, since)
-            if self.now - since >= c.double_grace:
-                self.violations.add(
-                    "cluster.single_registration",
-                    f"t={self.now:.3f}s ClientId {cid!r} has two live registrations since {since:.3f}s: {sorted(who)}",
-                )
-                since = self.now  # once per grace period
-                seen[cid] = (who, since)
-        self.double_seen = seen
-
-    def _finish_cluster(self) -> None:
-        v = self.violations
-        ho = check_handover(self.history, self.sc.clients.settle)
-        wills = check_wills(self.history, self.will_counts)
-        self.handover_result, self.wills_result = ho, wills
-        for msg_id, client, t in ho.lost[:20]:
-            v.add("cluster.handover_loss", f"{msg_id} (acknowledged at {t:.3f}s) never reached {client}")
-        for msg_id, client in ho.qos2_twice[:20]:
-            v.add("cluster.handover_loss", f"QoS 2 message {msg_id} reached {client} more than once")
-        for conn in wills.missing[:20]:
-            v.add("cluster.wills_once", f"connection {conn} ended without DISCONNECT and its will was never published")
-        for conn, n in wills.twice[:20]:
-            v.add("cluster.wills_once", f"the will of connection {conn} was published {n} times")
-        for conn, why in wills.unwanted[:20]:
-            v.add("cluster.wills_once", f"connection {conn}: {why}")
-
-    def cluster_summary(self) -> dict[str, Any]:
-        ho, wills = self.handover_result, self.wills_result
-        ops = self.history.ops
-        counters: dict[str, int] = {}
-        for name in self.names:
-            node = self.nodes[name]
-            if node.up:
-                for k, val in node.core.cluster.status()["counters"].items():
-                    counters[k] = counters.get(k, 0) + val
-        seen: set[str] = set()
-        fresh = 0  # a persistent client's later CONNACK with session present 0: its session was lost
-        for op in ops:
-            if op[3] == "connect" and op[2] == "ok" and op[1] in self.clients and self.clients[op[1]].persistent:
-                fresh += op[1] in seen and not op[6]
-                seen.add(op[1])
-        return {
-            "clients": len(self.clients),
-            "sessions_not_present": fresh,
-            "connections": len(self.sconns),
-            "moves": dict(self.moves),
-            "published": sum(1 for op in ops if op[3] == "publish" and op[2] == "invoke"),
-            "acknowledged": sum(1 for op in ops if op[3] == "publish" and op[2] == "ok"),
-            "received": sum(1 for op in ops if op[3] == "receive"),
-            "handover_checked": ho.checked,
-            "handover_lost": len(ho.lost),
-            "qos2_twice": len(ho.qos2_twice),
-            "qos1_again": ho.qos1_again,
-            "not_moved": ho.not_moved,
-            "not_moved_lost": ho.not_moved_lost,
-            "wills_checked": wills.checked,
-            "wills_published": sum(self.will_counts.values()),
-            "wills_missing": len(wills.missing),
-            "wills_twice": len(wills.twice),
-            "wills_unwanted": len(wills.unwanted),
-            "registration_checks": self.registration_checks,
-            "cluster_errors": self.cluster_errors,
-            "cluster_counters": counters,
-            # every client operation in order, with its time: equal digests, equal runs
-            "history_digest": hashlib.sha256(repr(ops).encode()).hexdigest(),
-        }
 
 
 def _conn_order(conn: SimConnection) -> tuple[str, int]:

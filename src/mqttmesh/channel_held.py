@@ -1,0 +1,93 @@
+"""The frames a Channel writes, in order: at once, or held while one waits for the store.
+
+Pure: frames in, bytes out (``data_to_send``); it leaves the socket to the owner
+(ports.Owner, woken when there are bytes to send) and the commits to the store. An
+acknowledgement may depend on a journal batch being committed (a durable session's packet
+id, a subscription: the group commit) and, for a session replicated in a mesh, on its other
+holders having its settlement version (mesh/replica.py). Such a frame is held, and so is
+every frame written after it: the client sees them in the order they were written.
+``Broker.committed`` and the holders' answers (mesh/handover.py) call ``release_acks``.
+``HeldFrames`` holds these steps for ``channel.Channel``, which inherits them and keeps
+the state (``_out``, ``_held``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections import deque
+
+    from .broker import Broker
+    from .ports import Batch, Owner
+    from .session import Session
+
+__all__ = ["HeldFrames"]
+
+
+class HeldFrames:
+    """The output queue of a Channel (a mixin: the Channel keeps the state)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # what the queue uses of the Channel
+        broker: Broker
+        owner: Owner
+        session: Session | None
+        _out: list[bytes]
+        # frames waiting for a journal batch and a session's replication (version), in order
+        _held: deque[tuple[int, int, bytes]]
+
+    def write(self, frame: bytes) -> None:
+        if self._held:
+            # an acknowledgement ahead of this frame waits for the store: keep the order
+            last = self._held[-1]
+            self._held.append((last[0], last[1], frame))
+            return
+        out = self._out
+        out.append(frame)
+        if len(out) == 1:
+            self.owner.wake(self)  # type: ignore[arg-type]  # (self is the Channel)
+
+    def _write_now(self, frame: bytes) -> None:
+        out = self._out
+        out.append(frame)
+        if len(out) == 1:
+            self.owner.wake(self)  # type: ignore[arg-type]
+
+    def data_to_send(self) -> bytes:
+        out = self._out
+        if not out:
+            return b""
+        self._out = []  # type: ignore[misc]  # (a slot of the Channel)
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    @property
+    def pending_frames(self) -> int:
+        return len(self._out)
+
+    def _send_after(self, frame: bytes, batch: Batch, version: int = 0) -> None:
+        """Write ``frame`` once journal ``batch`` is committed and, for a replicated session,
+        once its other holders have its settlement ``version`` (both 0: at once)."""
+        held = self._held
+        if not held and not batch and (not version or version <= self.session.safe_version):
+            self._write_now(frame)
+            return
+        if held:
+            last = held[-1]  # keep acknowledgements in order
+            batch, version = max(batch, last[0]), max(version, last[1])
+        held.append((batch, version, frame))
+        self.broker.held_ack_channels.add(self)  # type: ignore[arg-type]
+
+    def write_replicated(self, frame: bytes, version: int) -> None:
+        """A frame for the client once the session's settlement ``version`` is replicated."""
+        self._send_after(frame, 0, version)
+
+    def release_acks(self, committed: int) -> None:
+        held = self._held
+        session = self.session
+        safe = session.safe_version if session is not None else 0
+        while held and held[0][0] <= committed and held[0][1] <= safe:
+            self._write_now(held.popleft()[2])
+        if held:
+            self.broker.held_ack_channels.add(self)  # type: ignore[arg-type]
