@@ -45,6 +45,7 @@ from .cluster_wire import (
     Snapshot,
     WireWill,
 )
+from .confirm import Confirmations
 from .membership import Membership
 from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, snapshot
 
@@ -108,7 +109,7 @@ def _wire_will(will: Will | None) -> WireWill | None:
     return WireWill(will.topic, base64.b64encode(will.payload).decode(), will.qos, will.retain)
 
 
-class HandOver:
+class HandOver(Confirmations):
     def __init__(
         self,
         node_id: str,
@@ -302,19 +303,6 @@ class HandOver:
                 self._send(node, SessCopy(snap), now)
         self._advance(session, now)  # (no other live holder: nothing to wait for)
 
-    def fence(self, now: float, sessions: bool = True) -> None:
-        """Without a quorum (membership.py) this node stops serving persistent sessions: their
-        clients are closed and reconnect elsewhere (where the majority is). ``sessions``: also
-        each session's home (which changes only with the membership)."""
-        members = self.membership
-        quorum = members.quorum(now)
-        if quorum and not sessions:
-            return
-        for cid, local in list(self.local.items()):
-            if not local.clean and not (quorum and members.home_quorum(cid)):
-                self.counters["fenced"] += 1
-                local.channel.kick(f"ClientId {cid!r}: this node does not see a majority of the mesh now")
-
     def disconnected(self, channel: ClaimingChannel, now: float) -> None:
         cid = channel.client_id
         local = self.local.get(cid)
@@ -403,16 +391,6 @@ class HandOver:
         self._adopt(session, snap)
         self._send(frm, SessAck(snap.cid, session.epoch, session.version), now)
 
-    def _cannot_take(self, frm: str, cid: str, epoch: int) -> None:
-        """We cannot take ``frm``'s copy or settlements of ``cid`` at ``epoch``: say why."""
-        session = self._replica(cid, create=False)
-        if session is None:
-            self._send_out(frm, SessAck(cid, epoch, -1))  # (send us a copy)
-        elif session.channel is not None:
-            self._send_out(frm, SessAck(cid, session.epoch, -2))  # we serve the client
-        else:
-            self._send_out(frm, SessAck(cid, max(epoch, session.epoch), -1))
-
     def on_merge(self, frm: str, m: SessMerge, now: float) -> None:
         """A copy of an offline session nobody coordinates: pooled with ours."""
         session = self._offline_replica(frm, m.snap, take_over=False)
@@ -462,56 +440,6 @@ class HandOver:
             # sender sends when our answer stays behind (settle_retry)
             self.counters["settle_gaps"] += 1
         self._send_out(frm, SessAck(m.cid, session.epoch, session.version))
-
-    def on_ack(self, frm: str, m: SessAck, now: float) -> None:
-        """A holder has our settlements up to ``m.version`` (or could not take them)."""
-        session = self._replica(m.cid, create=False)
-        if session is None or session.channel is None or session.active_node != self.node_id:
-            return
-        if m.epoch > session.epoch or (m.version == -2 and m.epoch == session.epoch):
-            # the holder knows a newer claim of the ClientId (or serves it at ours): the
-            # client is not ours to serve any more [MQTT-3.1.4-2]
-            self.counters["fenced"] += 1
-            session.channel.kick(f"ClientId {m.cid!r} is active elsewhere (epoch {m.epoch})")
-            return
-        if m.version < 0 or m.epoch < session.epoch:
-            self._copy_to_holders(session, now, only={frm})
-            return
-        if m.version > session.holder_acks.get(frm, -1):
-            session.holder_acks[frm] = m.version
-            self._advance(session, now)
-
-    def _advance(self, session: _Replicated, now: float) -> None:
-        """Raise the session's safe version to what every other live holder has; release the
-        frames that waited for it."""
-        if not (self.membership.quorum(now) and self.membership.home_quorum(session.client_id)):
-            return  # (frames wait: the node closes its persistent clients, fenced)
-        others = [n for n in self.membership.holders(session.client_id, self.node_id) if n != self.node_id]
-        acked = session.holder_acks
-        safe = min((acked.get(n, -1) for n in others), default=session.version)
-        if safe >= session.version:
-            self.lagging.pop(session.client_id, None)
-        if safe > session.safe_version:
-            session.safe_version = safe
-            channel = session.channel
-            if channel is not None:
-                channel.release_acks(self.broker.journal.committed)
-
-    def retry_lagging(self, now: float) -> None:
-        """Holders that have not answered our settlements for settle_retry get a copy."""
-        retry = self.settings.settle_retry
-        for cid, since in list(self.lagging.items()):
-            session = self._replica(cid, create=False)
-            if session is None or session.channel is None:
-                del self.lagging[cid]
-                continue
-            if now - since < retry:
-                continue
-            self.lagging[cid] = now
-            self.counters["settle_retries"] += 1
-            behind = {n for n, v in session.holder_acks.items() if v < session.version}
-            others = set(self.membership.holders(cid, self.node_id)) - {self.node_id}
-            self._copy_to_holders(session, now, only=(others - set(session.holder_acks)) | behind)
 
     def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
         session = self._replica(m.cid)

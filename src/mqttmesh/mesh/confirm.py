@@ -1,0 +1,120 @@
+"""Confirmations: a persistent session's settlements reach its other holders before the
+client sees what depends on them, and a node that cannot keep that promise stops serving.
+
+Pure. ``Confirmations`` is mixed into ``handover.HandOver`` (which keeps the state: the
+sessions, the membership, ``lagging``). The node the client is on sends each settlement batch
+(``HandOver.flush``); every other live holder answers ``sess.ack`` with the session's version
+it now has, or why it could not take them (no copy: -1, send one; it serves the client
+itself: -2). ``_advance`` raises the session's safe version to what every live holder has
+and releases the frames that waited for it (channel_held.py); a holder silent for
+``settle_retry`` gets a copy of the whole session; a holder that knows a newer epoch fences
+this node off, and so does losing the majority of the mesh or of the session's home
+(membership.py).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .cluster_wire import SessAck
+
+if TYPE_CHECKING:
+    from ..broker import Broker
+    from .cluster_values import ClusterSettings
+    from .cluster_wire import SendOutFn
+    from .handover import LocalConnection
+    from .membership import Membership
+    from .replica import _Replicated
+
+__all__ = ["Confirmations"]
+
+
+class Confirmations:
+    """The confirmation steps of the hand-over (a mixin: ``HandOver`` keeps the state)."""
+
+    if TYPE_CHECKING:  # what they use of the HandOver
+        node_id: str
+        membership: Membership
+        broker: Broker
+        settings: ClusterSettings
+        counters: dict[str, int]
+        local: dict[str, LocalConnection]
+        lagging: dict[str, float]
+        _send_out: SendOutFn
+
+        def _replica(self, cid: str, create: bool = True) -> _Replicated | None: ...
+
+        def _copy_to_holders(self, session: _Replicated, now: float, only: set[str] | None = None) -> None: ...
+
+    def on_ack(self, frm: str, m: SessAck, now: float) -> None:
+        """A holder has our settlements up to ``m.version`` (or could not take them)."""
+        session = self._replica(m.cid, create=False)
+        if session is None or session.channel is None or session.active_node != self.node_id:
+            return
+        if m.epoch > session.epoch or (m.version == -2 and m.epoch == session.epoch):
+            # the holder knows a newer claim of the ClientId (or serves it at ours): the
+            # client is not ours to serve any more [MQTT-3.1.4-2]
+            self.counters["fenced"] += 1
+            session.channel.kick(f"ClientId {m.cid!r} is active elsewhere (epoch {m.epoch})")
+            return
+        if m.version < 0 or m.epoch < session.epoch:
+            self._copy_to_holders(session, now, only={frm})
+            return
+        if m.version > session.holder_acks.get(frm, -1):
+            session.holder_acks[frm] = m.version
+            self._advance(session, now)
+
+    def _advance(self, session: _Replicated, now: float) -> None:
+        """Raise the session's safe version to what every other live holder has; release the
+        frames that waited for it."""
+        if not (self.membership.quorum(now) and self.membership.home_quorum(session.client_id)):
+            return  # (frames wait: the node closes its persistent clients, fenced)
+        others = [n for n in self.membership.holders(session.client_id, self.node_id) if n != self.node_id]
+        acked = session.holder_acks
+        safe = min((acked.get(n, -1) for n in others), default=session.version)
+        if safe >= session.version:
+            self.lagging.pop(session.client_id, None)
+        if safe > session.safe_version:
+            session.safe_version = safe
+            channel = session.channel
+            if channel is not None:
+                channel.release_acks(self.broker.journal.committed)
+
+    def retry_lagging(self, now: float) -> None:
+        """Holders that have not answered our settlements for settle_retry get a copy."""
+        retry = self.settings.settle_retry
+        for cid, since in list(self.lagging.items()):
+            session = self._replica(cid, create=False)
+            if session is None or session.channel is None:
+                del self.lagging[cid]
+                continue
+            if now - since < retry:
+                continue
+            self.lagging[cid] = now
+            self.counters["settle_retries"] += 1
+            behind = {n for n, v in session.holder_acks.items() if v < session.version}
+            others = set(self.membership.holders(cid, self.node_id)) - {self.node_id}
+            self._copy_to_holders(session, now, only=(others - set(session.holder_acks)) | behind)
+
+    def _cannot_take(self, frm: str, cid: str, epoch: int) -> None:
+        """We cannot take ``frm``'s copy or settlements of ``cid`` at ``epoch``: say why."""
+        session = self._replica(cid, create=False)
+        if session is None:
+            self._send_out(frm, SessAck(cid, epoch, -1))  # (send us a copy)
+        elif session.channel is not None:
+            self._send_out(frm, SessAck(cid, session.epoch, -2))  # we serve the client
+        else:
+            self._send_out(frm, SessAck(cid, max(epoch, session.epoch), -1))
+
+    def fence(self, now: float, sessions: bool = True) -> None:
+        """Without a quorum (membership.py) this node stops serving persistent sessions: their
+        clients are closed and reconnect elsewhere (where the majority is). ``sessions``: also
+        each session's home (which changes only with the membership)."""
+        members = self.membership
+        quorum = members.quorum(now)
+        if quorum and not sessions:
+            return
+        for cid, local in list(self.local.items()):
+            if not local.clean and not (quorum and members.home_quorum(cid)):
+                self.counters["fenced"] += 1
+                local.channel.kick(f"ClientId {cid!r}: this node does not see a majority of the mesh now")
