@@ -106,7 +106,7 @@ WORKLOADS: dict[str, Workload] = {
             "fanin",
             4,
             1,
-            (0, 1),
+            (0, 1, 2),  # (QoS 2 across nodes at 10,000 msgs/s: issue 15's p99 target)
             rate=10_000.0,
             inflight=500,
             e2e_window=500,
