@@ -160,8 +160,9 @@ def _set_nodelay(transport) -> None:
 class _Client(asyncio.Protocol):
     """What publishers and subscribers share: CONNECT/CONNACK, connection state."""
 
-    def __init__(self, client_id: str):
+    def __init__(self, client_id: str, clean: bool = True):
         self.client_id = client_id
+        self.clean = clean
         self.transport = None
         self.buf = b""
         self.connack: asyncio.Future | None = None
@@ -172,7 +173,7 @@ class _Client(asyncio.Protocol):
         self.transport = transport
         _set_nodelay(transport)
         self.connack = asyncio.get_running_loop().create_future()
-        transport.write(mq.connect(self.client_id))
+        transport.write(mq.connect(self.client_id, clean=self.clean))
 
     def connection_lost(self, exc):
         if not self.closing:
@@ -198,10 +199,21 @@ class _Client(asyncio.Protocol):
             self.transport.close()
 
 
-async def _connect(loop, factory, ep: tuple[str, int]):
-    _, proto = await loop.create_connection(factory, ep[0], ep[1])
-    await proto.connack
-    return proto
+async def _connect(loop, factory, ep: tuple[str, int], attempts: int = 20):
+    """Connect and wait for CONNACK 0. A CONNACK 0x03 (server unavailable: a mesh node that
+    does not yet see enough of the mesh to serve a persistent session) is retried, as a real
+    client does, every 0.1 s, ``attempts`` times at most."""
+    for attempt in range(attempts):
+        _, proto = await loop.create_connection(factory, ep[0], ep[1])
+        try:
+            await proto.connack
+            return proto
+        except RunError as exc:
+            if "CONNACK return code 3" not in str(exc) or attempt == attempts - 1:
+                raise
+            proto.close()
+            await asyncio.sleep(0.1)
+    raise RunError("unreachable")  # (the loop returns or raises)
 
 
 # --------------------------------------------------------------------------- subscribers
@@ -235,8 +247,9 @@ class SubClient(_Client):
         n_pubs: int,
         stats: Stats,
         progress,
+        clean: bool = True,
     ):
-        super().__init__(client_id)
+        super().__init__(client_id, clean)
         self.sub_id = sub_id
         self.topic_filter = topic_filter
         self.qos = qos
@@ -433,7 +446,18 @@ async def _sub_main(conn, spec: RunSpec, sub_ids: list[int], progress) -> None:
         cid = f"bench-{spec.run_id}-s{j}"
         c = await _connect(
             loop,
-            lambda: SubClient(cid, j, w.sub_filter(j), spec.qos, spec.run_id, w.senders(j), w.n_pubs, stats, progress),
+            lambda: SubClient(
+                cid,
+                j,
+                w.sub_filter(j),
+                spec.qos,
+                spec.run_id,
+                w.senders(j),
+                w.n_pubs,
+                stats,
+                progress,
+                not w.persistent,
+            ),
             spec.sub_eps[j],
         )
         await c.subscribe()
@@ -511,8 +535,8 @@ def _sub_proc(conn, spec: RunSpec, sub_ids: list[int], progress) -> None:
 
 
 class PubClient(_Client):
-    def __init__(self, client_id: str, pub_id: int, topic: str, qos: int, run_id: int):
-        super().__init__(client_id)
+    def __init__(self, client_id: str, pub_id: int, topic: str, qos: int, run_id: int, clean: bool = True):
+        super().__init__(client_id, clean)
         self.pub_id = pub_id
         self.qos = qos
         self.run_id = run_id
@@ -667,7 +691,9 @@ async def _pub_main(conn, spec: RunSpec, pub_ids: list[int], progress) -> None:
 
     async def one(i: int) -> PubClient:
         cid = f"bench-{spec.run_id}-p{i}"
-        return await _connect(loop, lambda: PubClient(cid, i, w.pub_topic(i), spec.qos, spec.run_id), spec.pub_eps[i])
+        return await _connect(
+            loop, lambda: PubClient(cid, i, w.pub_topic(i), spec.qos, spec.run_id, not w.persistent), spec.pub_eps[i]
+        )
 
     try:
         clients = list(await asyncio.wait_for(asyncio.gather(*(one(i) for i in pub_ids)), o.connect_timeout))

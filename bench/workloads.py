@@ -32,6 +32,9 @@ class Workload:
     pub_procs: int = 2  # the generator is easily the bottleneck: spread it over processes
     sub_procs: int = 1
     description: str = ""
+    # clients connect with CleanSession=0: in a mesh their sessions are replicated, and every
+    # QoS 2 step waits for the session's other nodes to confirm it (issue 15)
+    persistent: bool = False
 
     def pub_topic(self, i: int) -> str:
         if self.topology == "fanout":
@@ -100,6 +103,19 @@ WORKLOADS: dict[str, Workload] = {
             pub_procs=2,
             sub_procs=2,
             description="50 publishers -> 50 subscribers, one topic per pair",
+        ),
+        Workload(
+            "p2p-persistent",
+            "p2p",
+            50,
+            50,
+            (1, 2),
+            inflight=100,
+            e2e_window=100,
+            pub_procs=2,
+            sub_procs=2,
+            description="p2p with persistent sessions (CleanSession=0) for every client",
+            persistent=True,
         ),
         Workload(
             "latency",

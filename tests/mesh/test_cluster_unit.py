@@ -514,7 +514,10 @@ def test_a_holder_that_knows_a_newer_epoch_fences_the_old_node_off():
 
 def test_quorum_needs_a_majority_of_the_nodes_ever_seen_and_a_fresh_view():
     m = Membership("a", 1, replication=2, will_delay=0.5, stall=1.0, grace=3.0)
-    assert not m.quorum(0.0)  # no tick yet
+    assert not m.quorum(0.0)  # just started, no tick yet, and no peer known
+    early = Membership("e", 1, replication=2, will_delay=0.5, stall=1.0, grace=3.0)
+    early.update(["e", "f", "g"], {"e": 1, "f": 1, "g": 1}, 0.01)
+    assert early.quorum(0.02)  # just started, its first links up: a fresh view, served
     m.ticked(0.0)
     assert not m.quorum(0.1)  # just started, no peer heard of: maybe they come
     m.update(["a", "b", "c"], {"a": 1, "b": 1, "c": 1}, 0.2)

@@ -50,8 +50,11 @@ class Membership:
         """This node sees a majority of the nodes it has ever seen, and its view is fresh:
         it may serve persistent sessions now (a minority side of a partition may not)."""
         last = self.last_tick
-        if last is None or now - last > self.stall or now < self.distrust_until:
-            return False  # (the first case: a CONNECT read before the first tick after a pause)
+        if last is None:
+            # just started, no tick yet: what it knows is fresh, but it must know someone
+            return len(self.incs) > 1 and 2 * len(self.live) > len(self.incs)
+        if now - last > self.stall or now < self.distrust_until:
+            return False  # (a CONNECT read before the first tick after a pause, or soon after)
         if len(self.incs) == 1 and now < self.alone_until:
             return False  # just started: the peers, if any, have not been heard of yet
         return 2 * len(self.live) > len(self.incs)
