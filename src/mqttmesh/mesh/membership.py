@@ -27,6 +27,7 @@ class Membership:
         self.will_delay = will_delay  # a node unreachable this long has lost its clients
         self.live: list[str] = [node_id]  # sorted; always holds this node
         self.incs: dict[str, int] = {node_id: incarnation}
+        self.known: list[str] = [node_id]  # every node ever seen, sorted (the keys of incs)
         self.suspect: dict[str, float] = {}  # unreachable (or restarted) node -> since
         # -- quorum (issue 15): may this node serve persistent sessions now?
         self.stall = stall  # a gap this long between ticks: the process was not running
@@ -64,6 +65,8 @@ class Membership:
         old_live = set(self.live)
         restarted = {n for n, inc in incs.items() if n in self.incs and self.incs[n] != inc}
         self.live = sorted(set(live) | {self.node_id})
+        if incs.keys() - self.incs.keys():
+            self.known = sorted(self.incs.keys() | incs.keys())
         self.incs.update(incs)
         for node in self.live:
             self.suspect.pop(node, None)
@@ -95,7 +98,7 @@ class Membership:
         the session is confirmed by every live node of it before the client sees the change,
         and a client is served only where a majority of it is live: so any node that serves
         the session next can reach a node that has its latest state."""
-        return owners(cid, sorted(self.incs), self.replication)
+        return owners(cid, self.known, self.replication)
 
     def home_quorum(self, cid: str) -> bool:
         """A majority of the session's home is live (this node counted if it is one)."""
