@@ -101,6 +101,7 @@ class Channel(PeerListening, HeldFrames):
         "clean_disconnect",
         "_out",
         "_held",
+        "_deferred",
         "is_peer",
         "peer_node",
         "_pending_connect",
@@ -158,7 +159,10 @@ class Channel(PeerListening, HeldFrames):
         self._read: ReadCapture | None = None
         self._out: list[bytes] = []
         # frames waiting for a journal batch and a session's replication (version), in order
-        self._held: deque[tuple[int, int, bytes]] = deque()
+        self._held: deque[tuple[int, int, bytes | Message]] = deque()
+        # messages in ``_held`` (routed when they reach its head): while there is one, what
+        # this client publishes waits behind it, in order [MQTT-4.6.0-6]
+        self._deferred = 0
 
     # -- bytes in (bytes out: channel_held.py) ------------------------------------------
 
@@ -284,6 +288,11 @@ class Channel(PeerListening, HeldFrames):
         session = self.session
         if session is not None and session.channel is self:
             broker.close_session(session)
+        if self._deferred:
+            # messages waiting for the holders are not routed from a closed connection: the
+            # session keeps them and the node the client comes back to routes them
+            self._held = deque(item for item in self._held if type(item[2]) is bytes)
+            self._deferred = 0
         if self.is_peer and was_connected and self.peers is not None:
             self.peers.peer_closed(self, self.last_rx if now is None else now)
         if was_connected and self.claims is not None and not self.is_peer:
@@ -378,6 +387,7 @@ class Channel(PeerListening, HeldFrames):
         self.session = session
         self._send_after(bytes((0x20, 2, 1 if present else 0, ACCEPTED)), batch)  # [MQTT-3.2.2-1..3]
         session.attach(self)  # re-send unacknowledged messages [MQTT-4.4.0-1]
+        self._route_unrouted(session)
 
     def _refuse(self, rc: int, detail: str) -> None:
         self.broker.stats.connections_refused += 1
@@ -410,6 +420,9 @@ class Channel(PeerListening, HeldFrames):
 
     def _on_publish(self, pkt: codec.Publish, now: float) -> None:
         qos = pkt.qos
+        if self._deferred and not self.is_peer:
+            self._publish_behind(pkt, now)
+            return
         if qos == 0:
             self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now)
             return
@@ -431,7 +444,21 @@ class Channel(PeerListening, HeldFrames):
             return
         if len(awaiting) >= session.limits.max_awaiting_rel:
             raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
-        batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
+        replica = session.replica
+        if replica is not None and replica.on_settled is not None:
+            msg = self._message(pkt.topic, pkt.payload, 2, pkt.retain, now)
+            if msg is not None:
+                # a persistent session in a mesh: the message is routed once its holders have
+                # it with its id, and under that id by whichever holder the client is on, so
+                # that a re-send to another node after this one died is neither a second
+                # delivery nor a loss (mesh/replica.py); the PUBREC waits for it too
+                agreed = replica.awaiting_rel_agreed(pid, msg)
+                routed = self._route_after(msg, session.version)
+                self._send_after(_ack(_PUBREC, pid), max(agreed, routed), session.version)
+                return
+            batch = 0
+        else:
+            batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
         # a durable session's id is journaled: the PUBREC waits for it, and for the message
         # (the id's batch is the current one, no older than the message's)
         # so is the id, at the session's other holders in a mesh (replica.py): a re-send to
@@ -476,6 +503,103 @@ class Channel(PeerListening, HeldFrames):
             if self.state is CONNECTED:
                 congestion.pause(self, now)  # read no more from this publisher for now (flow.py)
         return batch
+
+    # -- messages routed once replicated (a persistent publisher's QoS 2, in a mesh) ------
+
+    def _message(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Message | None:
+        """A message from this client, numbered, to be routed later (``_route``); None if it
+        may not be published (acknowledged all the same [MQTT-3.3.5-2]). ``_publish`` does
+        the same inline, on the path every message takes."""
+        broker = self.broker
+        broker.stats.messages_received += 1
+        if self._read is not None:
+            self._read.skip()  # (the archive takes it when it is routed: Broker.publish)
+        auth = broker.auth
+        if topic[0] == "$" or (auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)):
+            broker.stats.publish_denied += 1
+            return None
+        seq = next(broker.seqs)
+        return Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
+
+    def _route_after(self, msg: Message, version: int) -> Batch:
+        """Route ``msg`` once the session's settlement ``version`` is replicated and every
+        message held before it went out: now (the journal batch to wait for), or later (0)."""
+        held = self._held
+        if not held and version <= self.session.safe_version:
+            return self._route(msg)
+        if held:
+            last = held[-1]
+            held.append((last[0], max(version, last[1]), msg))
+        else:
+            held.append((0, version, msg))
+        self._deferred += 1
+        self.broker.held_ack_channels.add(self)
+        return 0
+
+    def _route(self, msg: Message) -> Batch:
+        """Route a message published by this client (``_message``); the batch to wait for.
+        One whose id the session's holders agreed on may have been routed by another node
+        already: its local subscribers had it then (the mesh's duplicate filters know)."""
+        broker = self.broker
+        session = self.session
+        replica = session.replica if session is not None else None
+        if msg.qos == 2 and replica is not None:
+            key = (msg.origin, msg.seq)
+            if key in replica.routed_here:
+                return 0  # (the client came back while it waited: routed by the new channel)
+            replica.routed_here.add(key)
+            mesh = broker.mesh
+            if mesh is not None and not mesh.first_here(msg):
+                mesh.published(msg)
+                return 0
+        batch = broker.publish(msg)
+        congestion = broker.congestion
+        if congestion.hit:
+            congestion.hit = False
+            if self.state is CONNECTED:
+                congestion.pause(self, self.last_rx)
+        return batch
+
+    def _publish_behind(self, pkt: codec.Publish, now: float) -> None:
+        """A PUBLISH while an earlier one of this client waits for its replication: it waits
+        too, and so does its acknowledgement [MQTT-4.6.0-6]."""
+        qos = pkt.qos
+        if qos == 2:
+            pid: int = pkt.packet_id  # type: ignore[assignment]
+            session = self.session
+            if pid in session.awaiting_rel:
+                if self._read is not None:
+                    self._read.skip()
+                self.write(_ack(_PUBREC, pid))  # (behind what is held) [MQTT-4.3.3-2]
+                return
+            if len(session.awaiting_rel) >= session.limits.max_awaiting_rel:
+                raise ProtocolViolation(
+                    "MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)"
+                )
+        msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now)
+        if qos == 2:
+            replica = self.session.replica
+            batch = (
+                replica.awaiting_rel_agreed(pkt.packet_id, msg)  # type: ignore[arg-type]
+                if msg is not None and replica is not None
+                else self.session.awaiting_rel_add(pkt.packet_id)  # type: ignore[arg-type]
+            )
+            version = self.session.version
+        else:
+            batch, version = 0, 0
+        if msg is not None:
+            self._route_after(msg, version)
+        if qos:
+            self._send_after(_ack(_PUBREC if qos == 2 else _PUBACK, pkt.packet_id), batch, version)  # type: ignore[arg-type]
+
+    def _route_unrouted(self, session: Session) -> None:
+        """A persistent session just attached here: the QoS 2 messages it took that no node
+        may have routed yet (its node died, or its client left, before they went out) are
+        routed now, under their agreed ids (mesh/replica.py)."""
+        replica = session.replica
+        if replica is not None and replica.inbound:
+            for msg in replica.unrouted():
+                self._route_after(msg, replica.version)
 
     def _on_pubrel(self, pkt: codec.PubRel, now: float) -> None:
         session = self.session

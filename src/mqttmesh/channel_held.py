@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from collections import deque
 
     from .broker import Broker
+    from .message import Message
     from .ports import Batch, Owner
     from .session import Session
 
@@ -35,8 +36,12 @@ class HeldFrames:
         owner: Owner
         session: Session | None
         _out: list[bytes]
-        # frames waiting for a journal batch and a session's replication (version), in order
-        _held: deque[tuple[int, int, bytes]]
+        # frames waiting for a journal batch and a session's replication (version), in order,
+        # and messages to route (a persistent publisher's QoS 2, channel.py ``_route_after``)
+        _held: deque[tuple[int, int, bytes | Message]]
+        _deferred: int
+
+        def _route(self, msg: Message) -> Batch: ...
 
     def write(self, frame: bytes) -> None:
         if self._held:
@@ -88,6 +93,17 @@ class HeldFrames:
         session = self.session
         safe = session.safe_version if session is not None else 0
         while held and held[0][0] <= committed and held[0][1] <= safe:
-            self._write_now(held.popleft()[2])
+            item = held.popleft()[2]
+            if type(item) is bytes:
+                self._write_now(item)
+                continue
+            self._deferred -= 1  # type: ignore[misc]  # (a slot of the Channel)
+            batch = self._route(item)  # type: ignore[arg-type]  # (a Message)
+            if batch > committed:
+                # what was held behind the message (its acknowledgement) waits for it
+                for i, (b, v, f) in enumerate(held):
+                    if b >= batch:
+                        break
+                    held[i] = (batch, v, f)
         if held:
             self.broker.held_ack_channels.add(self)  # type: ignore[arg-type]

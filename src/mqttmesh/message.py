@@ -27,6 +27,7 @@ class Message:
         "seq",
         "publisher",
         "timestamp",
+        "ack_to",
         "_topic_bytes",
         "_frame0",
         "_head",
@@ -51,6 +52,9 @@ class Message:
         self.seq = seq  # per-origin sequence: (origin, seq) is mesh-wide unique
         self.publisher = publisher  # publishing ClientId
         self.timestamp = timestamp
+        # "" or the node that routes this message again for its origin (a persistent
+        # publisher's session moved, mesh/replica.py): the destinations acknowledge to it
+        self.ack_to = ""
         self._topic_bytes: bytes | None = None
         self._frame0: bytes | None = None
         self._head: tuple[bytes, bytes] | None = None

@@ -141,6 +141,9 @@ class MeshPort(Protocol):
     def published(self, msg: Message) -> None:
         """A message published at this node, after its local dispatch (the hot path)."""
 
+    def first_here(self, msg: Message) -> bool:
+        """False when ``msg`` (by its id) reached this node's subscribers before; it has now."""
+
 
 class RetainedPort(Protocol):
     """Where the retained messages of non-$ topics live in a mesh (mesh/retained.py

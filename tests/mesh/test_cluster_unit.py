@@ -856,7 +856,9 @@ REG_JSON = {
     "at": 1700000000.25,
 }
 ENTRY = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5)
-SNAP = Snapshot("c1", {"t/#": 1}, 3, [ENTRY], [("n2", 8)], [4], "n1", 4, 17, [("n2", 10, 1, 6)])
+FWD = Forwarded("t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75)
+FWD_JSON = ["t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75]
+SNAP = Snapshot("c1", {"t/#": 1}, 3, [ENTRY], [("n2", 8)], [4], "n1", 4, 17, [("n2", 10, 1, 6)], [(4, FWD)])
 SNAP_JSON = {
     "cid": "c1",
     "subs": {"t/#": 1},
@@ -868,6 +870,7 @@ SNAP_JSON = {
     "epoch": 4,
     "version": 17,  # (mesh protocol 3, issue 15: "version" and "reserved")
     "reserved": [["n2", 10, 1, 6]],
+    "inbound": [[4, FWD_JSON]],  # (mesh protocol 4: inbound QoS 2 messages with their agreed ids)
 }
 ITEM = RetainedItem("r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub")
 ITEM_JSON = ["r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub"]
@@ -907,6 +910,11 @@ GOLDEN = [
     (
         SessSettle("c1", 4, [Settlement("n2", 9, "sent", 5), Settlement("n2", 8, "done", 0)], 17),
         {"cid": "c1", "epoch": 4, "items": [["n2", 9, "sent", 5], ["n2", 8, "done", 0]], "version": 17},
+    ),
+    (
+        # an "in" carries its message (mesh protocol 4); the others keep their four fields
+        SessSettle("c1", 4, [Settlement("n1", 12, "in", 4, FWD), Settlement("", 0, "free", 3)], 19),
+        {"cid": "c1", "epoch": 4, "items": [["n1", 12, "in", 4, FWD_JSON], ["", 0, "free", 3]], "version": 19},
     ),
     (SessAck("c1", 4, 17), {"cid": "c1", "epoch": 4, "version": 17}),  # (new in mesh protocol 3)
     (SessSubs("c1", 3, {"a/+": 0, "b": 2}), {"cid": "c1", "version": 3, "subs": {"a/+": 0, "b": 2}}),

@@ -15,6 +15,7 @@ import pytest
 from mqttmesh.mesh.actions import Inbound, Send, Unicast
 from mqttmesh.mesh.custody import Custody
 from mqttmesh.mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
+from mqttmesh.mesh.envelope import Envelope, EnvelopeError, decode_batch, encode_batch
 from mqttmesh.mesh.hello import Hello, encode_hello
 from mqttmesh.mesh.lsdb import newest_only
 from mqttmesh.mesh.wire import AckGroup, decode_acks
@@ -312,7 +313,7 @@ def test_the_handshake_rtt_is_the_first_cost_of_a_link():
     a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
     assert a.routers["a"].seq == 2
     hello = encode_hello(Hello(a.node_id, a.incarnation, a.addresses, rtt_us=40_000.4))
-    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 3}
+    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 4}
 
 
 def test_custody_lets_go_of_a_node_that_aged_out():
@@ -540,3 +541,58 @@ def test_restored_custody_is_not_written_again_and_is_removed_when_acked():
     net._pump("a", net.engines["a"].tick(net.t))
     net.settle()
     assert j.ops == [("remove", 7)]
+
+
+def test_a_message_routed_again_under_its_origins_id_reaches_each_node_once_and_is_acked_to_the_router():
+    """Issue 15: a persistent publisher's QoS 2 message whose id its session's holders agreed
+    on may be routed by its origin and again by the node its client moved to (the origin died
+    before the message was known to be out). Each destination takes it once, whoever sent it
+    first; the second router keeps it in custody by (origin, seq), the destinations
+    acknowledge to it, and nothing goes into its custody journal."""
+    j = Journal()
+    net = Net(["a", "b", "c", "d"], [("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")], custody={"b": j})
+    net.subscribe("c", "t/#")
+    net.subscribe("d", "t/#")
+    a, b = net.engines["a"], net.engines["b"]
+    first = Message("t/1", b"x", 2, False, "a", 41, "p", net.t)
+    a.route_local(first, net.t)
+    net.settle()
+    assert sorted(n for n, got in net.delivered.items() if got) == ["c", "d"] and a.custody == {}
+    # b routes it again under a's id (same origin and seq): no destination takes it twice
+    again = Message("t/1", b"x", 2, False, "a", 41, "p", net.t)
+    assert b.route_local(again, net.t) and again.ack_to == "b"
+    assert set(b.custody) == {("a", 41)} and j.ops == []
+    net.settle()
+    assert net.delivered["c"] == [("a", 41, "t/1")] and net.delivered["d"] == [("a", 41, "t/1")]
+    assert b.custody == {} and j.ops == []  # acknowledged again, to b
+    # the same when the origin never sent it: b's copy is the one delivered
+    lost = Message("t/2", b"y", 2, False, "a", 42, "p", net.t)
+    b.route_local(lost, net.t)
+    net.settle()
+    assert ("a", 42, "t/2") in net.delivered["c"] and ("a", 42, "t/2") in net.delivered["d"]
+    assert net.delivered["a"] == [] and b.custody == {}
+
+
+def test_the_origin_takes_its_own_message_routed_again_by_another_node_and_acks_to_that_node():
+    """The origin may have subscribers of the topic (its restart lost what it had routed): a
+    copy under its own id that another node routes is delivered to it, not taken for a loop."""
+    net = Net(["a", "b"], [("a", "b")])
+    net.subscribe("a", "t/#")
+    b = net.engines["b"]
+    b.route_local(Message("t/1", b"x", 2, False, "a", 7, "p", net.t), net.t)
+    net.settle()
+    assert net.delivered["a"] == [("a", 7, "t/1")] and b.custody == {}
+
+
+def test_an_envelope_to_acknowledge_elsewhere_round_trips_and_a_malformed_one_is_refused():
+    msg = Message("t", b"p", 2, False, "a", 5, "pub", 1.0)
+    msg.ack_to = "b"
+    [env] = decode_batch(encode_batch([Envelope(msg, ["c"], 4)]))
+    assert (env.msg.origin, env.msg.ack_to, env.msg.seq) == ("a", "b", 5)
+    plain = decode_batch(encode_batch([Envelope(Message("t", b"p", 2, False, "a", 6), ["c"], 4)]))[0]
+    assert plain.msg.ack_to == "" and plain.msg.origin == "a"
+    bad = bytearray(encode_batch([Envelope(Message("t", b"p", 2, False, "a", 6), ["c"], 4)]))
+    flags_at = len(bad) - 1 - 31  # (the record's flags byte: 31 bytes of record and 1 of payload)
+    bad[flags_at] |= 8
+    with pytest.raises(EnvelopeError):
+        decode_batch(bytes(bad))

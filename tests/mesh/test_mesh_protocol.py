@@ -6,6 +6,7 @@ import struct
 
 import pytest
 
+from mqttmesh.mesh.peerauth import PEER_PROTOCOL as V
 from support import mqttraw as raw
 from support.mesh import (
     SECRET,
@@ -105,22 +106,22 @@ def test_peer_connect_refusals(broker_factory):
     node = broker_factory("--cluster-secret", SECRET)
     nonce = "ab" * 16
     with raw.RawClient(node.host, node.port) as c:
-        ack = c.connect(client_id="$mesh-other", username="mqttmesh-peer", password=f"3|p|1|{nonce}", clean=False)
+        ack = c.connect(client_id="$mesh-other", username="mqttmesh-peer", password=f"{V}|p|1|{nonce}", clean=False)
         assert ack.body == b"\x00\x02"  # the ClientId must be $mesh-<node>
         c.expect_closed()
     with raw.RawClient(node.host, node.port) as c:
-        ack = c.connect(client_id="$mesh-p", username="mqttmesh-peer", password=b"3|p|1|short", clean=False)
+        ack = c.connect(client_id="$mesh-p", username="mqttmesh-peer", password=f"{V}|p|1|short".encode(), clean=False)
         assert ack.body == b"\x00\x04"  # malformed credentials
         c.expect_closed()
     with raw.RawClient(node.host, node.port) as c:
-        ack = c.connect(client_id="$mesh-node1", username="mqttmesh-peer", password=f"3|node1|1|{nonce}", clean=False)
+        ack = c.connect(client_id="$mesh-node1", username="mqttmesh-peer", password=f"{V}|node1|1|{nonce}", clean=False)
         assert ack.body == b"\x00\x04"  # a peer with this node's own id
     with raw.RawClient(node.host, node.port) as c:
         ack = c.connect(client_id="$mesh-x", username="someone")
         assert ack.body == b"\x00\x02"  # $mesh ClientIds are reserved for peer links
     plain = broker_factory(name="plain")
     with raw.RawClient(plain.host, plain.port) as c:
-        ack = c.connect(client_id="$mesh-p", username="mqttmesh-peer", password=f"3|p|1|{nonce}", clean=False)
+        ack = c.connect(client_id="$mesh-p", username="mqttmesh-peer", password=f"{V}|p|1|{nonce}", clean=False)
         assert ack.body == b"\x00\x05"  # not a mesh node: not authorized
 
 

@@ -651,13 +651,18 @@ def replicated_net():
     from mqttmesh.store import NULL_JOURNAL
 
     settled: list[tuple[str, str, int]] = []
+    agreed: list = []  # ("in" settlements' message ids and messages)
     congestion = Congestion()
 
-    def hook(session, key, state, pid):
+    def hook(session, key, state, pid, msg=None):
         settled.append((session.client_id, state, pid))
+        if msg is not None:
+            agreed.append((key, msg))
 
     sessions = ReplicaSessions(Limits(), NULL_JOURNAL, congestion, hook)
-    return Net(ports=BrokerPorts(sessions=sessions, congestion=congestion)), settled
+    net = Net(ports=BrokerPorts(sessions=sessions, congestion=congestion))
+    net.agreed = agreed
+    return net, settled
 
 
 def replicated(net, channel, up_to: int) -> None:
@@ -704,6 +709,72 @@ def test_a_qos2_publish_to_a_replicated_session_waits_for_its_packet_id_to_be_re
     assert settled[-1] == ("s", "rel", 1)
     replicated(net, sub, sub.session.version)
     assert sub.data_to_send() == h("62 02 00 01")
+
+
+def test_a_persistent_publishers_qos2_message_is_routed_once_its_holders_have_it_with_its_id():
+    """Issue 15: routed at once, a message whose node died before its holders had the id was
+    published twice when the client re-sent it elsewhere; it now goes out only once the
+    holders have it, with the id it is routed under, so the node the client moves to can
+    route it again under that id (one delivery: the duplicate filters) [MQTT-4.3.3-2]."""
+    net, settled = replicated_net()
+    sub = net.subscriber("s", ("a", 2))
+    pub = net.connect("p", clean=False)
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=7), 1.0)
+    assert publishes(sub) == [] and pub.data_to_send() == b""
+    assert settled == [("p", "in", 7)]
+    [(key, msg)] = net.agreed
+    assert key == (msg.origin, msg.seq) == ("n1", msg.seq) and (msg.topic, msg.payload, msg.qos) == ("a", b"x", 2)
+    assert pub.session.inbound == {7: msg}
+    replicated(net, pub, 1)
+    assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
+    assert pub.data_to_send() == h("50 02 00 07")
+    # a re-send of it (DUP=1) is acknowledged, not routed again [MQTT-4.3.3-2]
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=7, dup=True), 2.0)
+    assert pub.data_to_send() == h("50 02 00 07") and publishes(sub) == []
+    pub.receive_data(mqttraw.pubrel(7), 2.0)
+    replicated(net, pub, 2)
+    assert pub.data_to_send() == h("70 02 00 07")
+    assert pub.session.inbound == {} and pub.session.routed_here == set()
+
+
+def test_what_a_client_publishes_behind_a_waiting_qos2_message_waits_too_in_order():
+    """[MQTT-4.6.0-6]: each topic is ordered; a QoS 0 or 1 message the same client publishes
+    while its QoS 2 message waits for the holders is routed after it, and acknowledged after."""
+    net, settled = replicated_net()
+    sub = net.subscriber("s", ("a", 2))
+    pub = net.connect("p", clean=False)
+    pub.receive_data(
+        mqttraw.publish("a", b"2", qos=2, pid=1)
+        + mqttraw.publish("a", b"1", qos=1, pid=2)
+        + mqttraw.publish("a", b"0"),
+        1.0,
+    )
+    assert publishes(sub) == [] and pub.data_to_send() == b""
+    replicated(net, pub, 1)
+    assert [(t, p) for t, p, *_ in publishes(sub)] == [("a", b"2"), ("a", b"1"), ("a", b"0")]
+    assert pub.data_to_send() == h("50 02 00 01 40 02 00 02")
+    pub.receive_data(mqttraw.publish("a", b"later", qos=1, pid=3), 2.0)  # nothing waits now
+    assert [p for _, p, *_ in publishes(sub)] == [b"later"] and pub.data_to_send() == h("40 02 00 03")
+
+
+def test_a_qos2_message_left_waiting_by_its_connection_is_routed_when_the_client_is_back():
+    """The client left before the holders answered: the message was not routed, its id awaits
+    PUBREL. When the client is back here the node routes it (once); the client's re-send is
+    only acknowledged."""
+    net, settled = replicated_net()
+    sub = net.subscriber("s", ("a", 2))
+    pub = net.connect("p", clean=False)
+    pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=4), 1.0)
+    pub.connection_lost(1.5)
+    replicated(net, pub, 1)  # (the holders answered meanwhile)
+    assert publishes(sub) == []  # not from a closed connection
+    again = net.connect("p", now=2.0, clean=False, expect=h("20 02 01 00"))
+    assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
+    again.receive_data(mqttraw.publish("a", b"x", qos=2, pid=4, dup=True), 2.5)
+    assert out(again)[-1].body == b"\x00\x04" and publishes(sub) == []
+    again.connection_lost(3.0)
+    net.connect("p", now=4.0, clean=False, expect=h("20 02 01 00"))
+    assert publishes(sub) == []  # routed here already: not again
 
 
 def test_a_clean_session_of_a_mesh_node_waits_for_nothing():

@@ -8,8 +8,11 @@ kind and the key (or the record: "sess.copy entries[3]") at fault.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
+
+from ..message import Message
 
 __all__ = [
     "ClusterSettings",
@@ -185,18 +188,27 @@ class Registration:
 
 class Settlement(NamedTuple):
     """What the holder a client is on did with one message: "sent", "rel" or "done"; or with
-    an inbound QoS 2 packet id (origin "" and seq 0): "in" (awaits PUBREL) or "free"."""
+    an inbound QoS 2 packet id: "in" (awaits PUBREL; with the message and the id it is
+    routed under, or origin "" and seq 0 when there is none) or "free" (origin "", seq 0)."""
 
     origin: str
     seq: int
     state: str
     pid: int
+    msg: Forwarded | None = None  # "in": the message, routed once every holder has it
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Settlement:
-        a = _array(value, 4, where)
+        if not isinstance(value, list) or len(value) not in (4, 5):
+            raise ClusterWireError(f"{where}: not an array of 4 or 5")
+        a = value
+        msg = Forwarded.from_json(a[4], f"{where} msg") if len(a) == 5 and a[4] is not None else None
         return cls(
-            _str(a[0], where, "origin"), _int(a[1], where, "seq"), _str(a[2], where, "state"), _int(a[3], where, "pid")
+            _str(a[0], where, "origin"),
+            _int(a[1], where, "seq"),
+            _str(a[2], where, "state"),
+            _int(a[3], where, "pid"),
+            msg,
         )
 
 
@@ -252,6 +264,23 @@ class Forwarded(NamedTuple):
     seq: int
     publisher: str
     ts: float
+
+    @classmethod
+    def of(cls, msg: Message) -> Forwarded:
+        payload = base64.b64encode(msg.payload).decode()
+        return cls(msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp)
+
+    def message(self) -> Message:
+        return Message(
+            self.topic,
+            base64.b64decode(self.payload_b64),
+            self.qos,
+            self.retain,
+            self.origin,
+            self.seq,
+            self.publisher,
+            self.ts,
+        )
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Forwarded:
@@ -315,6 +344,8 @@ class Snapshot:
     version: int  # settlements made by the holders the client was on (replica.py)
     # (origin, seq, state, packet id): ids settled for messages this copy did not have yet
     reserved: list[tuple[str, int, int, int]] = field(default_factory=list)
+    # inbound QoS 2 packet ids awaiting PUBREL with their messages (those of ``rel`` that have one)
+    inbound: list[tuple[int, Forwarded]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -328,6 +359,7 @@ class Snapshot:
             "epoch": self.epoch,
             "version": self.version,
             "reserved": self.reserved,
+            "inbound": self.inbound,
         }
 
     @classmethod
@@ -346,6 +378,10 @@ class Snapshot:
             reserved.append(
                 (_str(a[0], w, "origin"), _int(a[1], w, "seq"), _int(a[2], w, "state"), _int(a[3], w, "pid"))
             )
+        inbound = []
+        for w, r in _items(o, "inbound", where):
+            a = _array(r, 2, w)
+            inbound.append((_int(a[0], w, "pid"), Forwarded.from_json(a[1], f"{w} msg")))
         return cls(
             _str(_key(o, "cid", where), where, "cid"),
             subs,
@@ -357,4 +393,5 @@ class Snapshot:
             _int(_key(o, "epoch", where), where, "epoch"),
             _int(_key(o, "version", where), where, "version"),
             reserved,
+            inbound,
         )

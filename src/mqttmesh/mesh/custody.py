@@ -1,5 +1,11 @@
 """Custody: QoS 1/2 messages held at their origin until every destination acknowledged them.
 
+(Or at the node that routes a message again for its origin, under the origin's id: a
+persistent publisher's QoS 2 message whose id its session's holders agreed on, when the
+session moved before the message was known to be out, mesh/replica.py. The destinations'
+duplicate filters drop a second copy; their acknowledgements go to that node, named in the
+envelope, as "node NUL origin" in the ack's sender field.)
+
 Pure. A part of ``MeshEngine`` (engine.py, a mixin over engine_base.EngineState):
 end-to-end acknowledgements out (after a delivery is safe), in (releasing custody)
 and relayed towards their origin; retransmission with backoff; giving up after
@@ -47,7 +53,11 @@ class CustodyMixin(EngineState):
         self._ack(msg)
 
     def _ack(self, msg: Message) -> None:
-        self._acks_out.setdefault(msg.origin, []).append(msg.seq)
+        to = msg.ack_to
+        if to:  # routed again by another node for its origin: that node holds it in custody
+            self._acks_for.setdefault((to, msg.origin), []).append(msg.seq)
+        else:
+            self._acks_out.setdefault(msg.origin, []).append(msg.seq)
 
     def _relay_ack(self, to: str, frm: str, seqs: Sequence[int]) -> None:
         self._ensure_spf()
@@ -68,14 +78,19 @@ class CustodyMixin(EngineState):
             if to == self.node_id:
                 custody = self.custody
                 journal = self.custody_journal
-                for seq in seqs:
-                    c = custody.get(seq)
+                keys: Sequence[int | tuple[str, int]] = seqs
+                if "\0" in frm:  # messages of another origin we routed: frm is "node NUL origin"
+                    frm, _, origin = frm.partition("\0")
+                    keys = [(origin, seq) for seq in seqs]
+                    journal = None  # (never journaled: route_local)
+                for key in keys:
+                    c = custody.get(key)
                     if c is not None:
                         c.dests.discard(frm)
                         if not c.dests:
-                            del custody[seq]
+                            del custody[key]
                             if journal is not None:
-                                journal.custody_remove(seq)
+                                journal.custody_remove(key)  # type: ignore[arg-type]  # (an int: our own)
             else:
                 self._relay_ack(to, frm, seqs)
 
@@ -95,11 +110,11 @@ class CustodyMixin(EngineState):
         settings = self.settings
         expired = []
         self._ensure_spf()
-        for seq, c in self.custody.items():
+        for key, c in self.custody.items():
             if c.due > now:
                 continue
             if now - c.since > settings.custody_timeout:
-                expired.append(seq)
+                expired.append(key)
                 continue
             # every destination keeps it until it acknowledges: one whose subscriber left
             # acknowledges a message it delivers to nobody, and one across a partition is
@@ -111,28 +126,31 @@ class CustodyMixin(EngineState):
             if reachable:
                 self.counters["custody_retransmits"] += 1
                 self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt))
-        journal = self.custody_journal
-        for seq in expired:
-            c = self.custody.pop(seq)
-            if journal is not None:
-                journal.custody_remove(seq)
+        for key in expired:
+            c = self.custody.pop(key)
+            self._unjournal(key)
             if c.dests:
                 self.counters["custody_expired"] += 1
 
     def _release_custody(self, node: str) -> None:
         """``node`` has aged out of the database: stop holding messages for it."""
         done = []
-        for seq, c in self.custody.items():
+        for key, c in self.custody.items():
             if node in c.dests:
                 c.dests.discard(node)
                 self.counters["custody_expired"] += 1
                 if not c.dests:
-                    done.append(seq)
+                    done.append(key)
+        for key in done:
+            del self.custody[key]
+            self._unjournal(key)
+
+    def _unjournal(self, key: int | tuple[str, int]) -> None:
+        """A message left custody: out of the journal too (our own; another origin's was
+        never in it)."""
         journal = self.custody_journal
-        for seq in done:
-            del self.custody[seq]
-            if journal is not None:
-                journal.custody_remove(seq)
+        if journal is not None and type(key) is int:
+            journal.custody_remove(key)
 
     # ------------------------------------------------------------------ output (engine.flush)
 
@@ -141,6 +159,10 @@ class CustodyMixin(EngineState):
         acks, self._acks_out = self._acks_out, {}
         for origin, seqs in acks.items():
             self._relay_ack(origin, self.node_id, seqs)
+        if self._acks_for:
+            acks_for, self._acks_for = self._acks_for, {}
+            for (to, origin), seqs in acks_for.items():
+                self._relay_ack(to, self.node_id + "\0" + origin, seqs)
 
     def _flush_relayed_acks(self, sends: list[Send]) -> None:
         relay, self._acks_relay = self._acks_relay, {}

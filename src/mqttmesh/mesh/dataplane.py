@@ -44,18 +44,24 @@ class DataPlaneMixin(EngineState):
         counters["routed"] += 1
         if msg.qos:
             custody = self.custody
-            journal = self.custody_journal
             if len(custody) >= self.settings.custody_limit:
                 # full: give up on the oldest message (most likely waiting for a node that is
                 # gone), not on the new one, whose destinations are probably alive
                 counters["custody_overflow"] += 1
                 oldest = next(iter(custody))
                 del custody[oldest]
+                self._unjournal(oldest)
+            if msg.origin == self.node_id:
+                custody[msg.seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now)
+                journal = self.custody_journal
                 if journal is not None:
-                    journal.custody_remove(oldest)
-            custody[msg.seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now)
-            if journal is not None:
-                journal.custody_put(msg, dests)  # durable before the PUBACK
+                    journal.custody_put(msg, dests)  # durable before the PUBACK
+            else:
+                # another node took it from its publisher and may have routed it already
+                # (custody.py): same id, acknowledged to us; its agreed id is kept by the
+                # publisher's session, not journaled here
+                msg.ack_to = self.node_id
+                custody[(msg.origin, msg.seq)] = Custody(msg, set(dests), now + self.settings.retransmit_after, now)
         if unreachable:
             counters["unreachable_drops"] += unreachable
         outbox = self._outbox
@@ -94,9 +100,11 @@ class DataPlaneMixin(EngineState):
         """One envelope of a ``fwd`` batch (MeshEngine.receive): deliver here, pass on, or both."""
         msg = env.msg
         me = self.node_id
-        if msg.origin == me:
-            self.counters["duplicates"] += 1  # our own message came round: a transient loop
-            return
+        if msg.origin == me or msg.ack_to:
+            ack_to = msg.ack_to
+            if ack_to == me or not ack_to:
+                self.counters["duplicates"] += 1  # our own message came round: a transient loop
+                return
         env_dests = env.dests
         if len(env_dests) == 1 and env_dests[0] == me:
             # the common case, a leaf: nothing to forward, the delivery filter alone decides

@@ -95,6 +95,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
         # data plane
         self._outbox = {}
         self._acks_out = {}
+        self._acks_for = {}
         self._acks_relay = {}
         self._unicast_out = {}
         self.forward_filter = ForwardFilter(self.settings.dedup_window)
@@ -217,7 +218,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
             self._flush_floods(sends)
         if self._outbox:
             self._flush_outbox(sends)
-        if self._acks_out:
+        if self._acks_out or self._acks_for:
             self._flush_acks()
         if self._unicast_out:
             self._flush_unicasts(sends)

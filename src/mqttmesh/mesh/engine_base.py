@@ -117,8 +117,11 @@ class EngineState:
     forward_filter: ForwardFilter
     delivery_filter: DeliveryFilter
     # custody and end-to-end acknowledgements (custody.py)
-    custody: dict[int, Custody]  # our QoS 1/2 messages by seq, until every destination acked
+    # our QoS 1/2 messages by seq (another origin's that we route again: by (origin, seq)),
+    # until every destination acked
+    custody: dict[int | tuple[str, int], Custody]
     _acks_out: dict[str, list[int]]  # origin -> seqs delivered here
+    _acks_for: dict[tuple[str, str], list[int]]  # (node routing for the origin, origin) -> seqs
     _acks_relay: dict[str, list[AckGroup]]  # next hop -> acknowledgements to pass on
 
     def _stats(self, peer: str) -> PeerStats:
@@ -146,3 +149,5 @@ class EngineState:
         def _retransmit_soon(self, now: float) -> None: ...  # custody
 
         def _release_custody(self, node: str) -> None: ...  # custody
+
+        def _unjournal(self, key: int | tuple[str, int]) -> None: ...  # custody

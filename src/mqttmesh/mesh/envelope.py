@@ -12,7 +12,9 @@ the format version, so nodes of different versions can tell.
     envelope = flags:u8 hop_limit:u8 attempt:u8 seq:u64 ts:f64
                origin:u16 publisher:u16 topic:u16 dests:u16 (indexes into the table)
                payload_len:u32 payload
-    flags    = qos (bits 0-1) | retain (bit 2);  a destination list is its node ids joined by NUL
+    flags    = qos (bits 0-1) | retain (bit 2) | acknowledged to another node (bit 3);
+               a destination list is its node ids joined by NUL; with bit 3 the origin
+               string is the origin and the node to acknowledge to, joined by NUL
 """
 
 from __future__ import annotations
@@ -63,10 +65,15 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
         if dk is None:
             dk = "\0".join(env.dests)
         # four table lookups, unrolled: this loop runs once per forwarded message
-        o = get(m.origin)
+        origin = m.origin
+        flags = m.qos | (4 if m.retain else 0)
+        if m.ack_to:
+            origin = origin + "\0" + m.ack_to
+            flags |= 8
+        o = get(origin)
         if o is None:
-            o = table[m.origin] = len(strings)
-            strings.append(m.origin)
+            o = table[origin] = len(strings)
+            strings.append(origin)
         p = get(m.publisher)
         if p is None:
             p = table[m.publisher] = len(strings)
@@ -80,11 +87,7 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
             d = table[dk] = len(strings)
             strings.append(dk)
         payload = m.payload
-        append(
-            pack(
-                m.qos | (4 if m.retain else 0), env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload)
-            )
-        )
+        append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload)))
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
     for text in strings:
@@ -125,6 +128,11 @@ def decode_batch(data: bytes) -> list[Envelope]:
                 raise EnvelopeError("invalid envelope flags or topic")
             msg = Message(topic, payload, qos, flags & 4 == 4, strings[oi], seq, strings[pi], ts)
             msg._topic_bytes = raws[ti]  # saves re-encoding it for every subscriber frame
+            if flags & 8:
+                origin, sep, msg.ack_to = msg.origin.partition("\0")
+                if not sep or not msg.ack_to:
+                    raise EnvelopeError("an envelope to acknowledge elsewhere names no node")
+                msg.origin = origin
             out.append(Envelope(msg, dests, hops, attempt, strings[di]))
         if pos != end:
             raise EnvelopeError(

@@ -71,6 +71,13 @@ class MeshGateway:
             if congestion.reasons:
                 self._check_links(msg, congestion)
 
+    def first_here(self, msg: Message) -> bool:
+        """Is ``msg`` new to this node's subscribers? A QoS 2 message whose id a persistent
+        publisher's holders agreed on (mesh/replica.py) may be routed by two nodes, the one
+        that took it and the one its client moved to: the second finds it seen here (it
+        came through the mesh), and it is remembered either way."""
+        return not self.engine.delivery_filter.seen(msg.origin, msg.seq, 2)
+
     def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
         """A cluster message for node ``dest`` (the Cluster's send); False: unreachable now."""
         ok = self.engine.send_unicast(dest, kind, payload)

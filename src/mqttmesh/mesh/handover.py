@@ -21,7 +21,6 @@ import base64
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..message import Message
 from ..packets import UNAVAILABLE
 from ..ports import ClaimingChannel
 from ..topics import filter_matches
@@ -430,8 +429,8 @@ class HandOver(Confirmations):
             # moved on): the sender learns which from the answer
             self._cannot_take(frm, m.cid, m.epoch)
             return
-        for origin, seq, state, pid in m.items:
-            session.settle((origin, seq), state, pid)
+        for origin, seq, state, pid, fwd in m.items:
+            session.settle((origin, seq), state, pid, fwd.message() if fwd is not None else None)
         if m.epoch == session.epoch and m.version - len(m.items) == session.version:
             session.version = m.version
         else:
@@ -528,7 +527,6 @@ class HandOver(Confirmations):
                 granted = q if granted is None else max(granted, q)
         if granted is None:
             return
-        msg = Message(
-            fwd.topic, base64.b64decode(fwd.payload_b64), fwd.qos, False, fwd.origin, fwd.seq, fwd.publisher, fwd.ts
-        )
+        msg = fwd.message()
+        msg.retain = False
         replica.deliver(msg, min(fwd.qos, granted))  # a duplicate by id is dropped there

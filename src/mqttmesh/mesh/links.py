@@ -291,7 +291,10 @@ class PeerLinks:
             return
         self._seen_changes = engine.changes
         live = engine.reachable()
-        incs = {n: engine.routers[n].inc for n in live if n in engine.routers}
+        # every node of the database, reachable or not: a node that just started learns
+        # from its neighbours of the nodes across a partition, and counts them in its quorum
+        # and in each session's home (membership.py), as the nodes that saw them do
+        incs = {n: r.inc for n, r in engine.routers.items()}
         key = (tuple(live), tuple(sorted(incs.items())))
         if key != self._membership:
             self._membership = key

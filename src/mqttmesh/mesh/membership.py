@@ -61,7 +61,8 @@ class Membership:
         return 2 * len(self.live) > len(self.incs)
 
     def update(self, live: list[str], incs: dict[str, int], now: float) -> set[str]:
-        """The reachable nodes (with incarnations) changed; the live set before."""
+        """The reachable nodes, or the incarnations of the nodes known (reachable or not),
+        changed; the live set before."""
         old_live = set(self.live)
         restarted = {n for n, inc in incs.items() if n in self.incs and self.incs[n] != inc}
         self.live = sorted(set(live) | {self.node_id})

@@ -47,7 +47,7 @@ __all__ = [
     "version_mismatch",
 ]
 
-PEER_PROTOCOL = 3  # the peer protocol's version: a node refuses a peer of another
+PEER_PROTOCOL = 4  # the peer protocol's version: a node refuses a peer of another
 PEER_USERNAME = "mqttmesh-peer"
 NONCE_BYTES = 16
 

@@ -44,10 +44,11 @@ __all__ = [
 
 TOMBSTONES = 50_000  # settled message ids remembered per session (duplicates suppressed)
 
-# (session, message id, state, packet id) of a settlement: outbound "sent", "rel", "done";
-# inbound QoS 2 "in" (PUBREC is due: the id awaits its PUBREL) and "free" (PUBREL came), whose
-# message id is ("", 0): the packet id alone names them
-SettledHook = Callable[["_Replicated", tuple[str, int], str, int], None]
+# (session, message id, state, packet id, message) of a settlement: outbound "sent", "rel",
+# "done"; inbound QoS 2 "in" (PUBREC is due: the id awaits its PUBREL) and "free" (PUBREL
+# came). An "in" carries the message and the id it is routed under (its origin is the node
+# that took it); "free", and an "in" without a message, have message id ("", 0)
+SettledHook = Callable[["_Replicated", tuple[str, int], str, int, "Message | None"], None]
 
 
 # _Replicated is mixed in before Session or DurableSession: a type checker sees it as a Session
@@ -79,10 +80,15 @@ class _Replicated(_SessionPart):
         # message id -> (state, packet id) settled by the node the client is on before the
         # message itself reached this copy (the mesh brings it later): it takes that id then
         self.reserved: dict[tuple[str, int], tuple[int, int]] = {}
+        # inbound QoS 2: packet id awaiting PUBREL -> its message, under the id the holders
+        # agreed on ("in"): whichever holder the client is on routes it under that id, and
+        # the duplicate filters keep it to one delivery (channel.py, mesh/custody.py)
+        self.inbound: dict[int, Message] = {}
+        self.routed_here: set[tuple[str, int]] = set()  # ids of ``inbound`` this node routed
 
-    def _report(self, key: tuple[str, int], state: str, pid: int) -> None:
+    def _report(self, key: tuple[str, int], state: str, pid: int, msg: Message | None = None) -> None:
         self.version += 1
-        self.on_settled(self, key, state, pid)  # type: ignore[misc]  # (callers checked it is set)
+        self.on_settled(self, key, state, pid, msg)  # type: ignore[misc]  # (callers checked it is set)
 
     @property
     def replica(self) -> _Replicated:
@@ -171,26 +177,52 @@ class _Replicated(_SessionPart):
 
     def awaiting_rel_add(self, packet_id: int) -> Batch:
         batch = super().awaiting_rel_add(packet_id)
+        self._forget_inbound(packet_id)
         if self.on_settled is not None and self.channel is not None:
             self._report(("", 0), "in", packet_id)
         return batch
 
+    def awaiting_rel_agreed(self, packet_id: int, msg: Message) -> Batch:
+        """A new QoS 2 PUBLISH: its id awaits PUBREL, and its message is routed under the id
+        (origin, seq) the other holders are told with it, once they have it (channel.py)."""
+        batch = super().awaiting_rel_add(packet_id)
+        self._forget_inbound(packet_id)
+        self.inbound[packet_id] = msg
+        self._report((msg.origin, msg.seq), "in", packet_id, msg)
+        return batch
+
+    def unrouted(self) -> list[Message]:
+        """The inbound messages awaiting PUBREL that this node has not routed (oldest first):
+        the node the client is on routes them, under their agreed ids."""
+        routed = self.routed_here
+        return [m for m in self.inbound.values() if (m.origin, m.seq) not in routed]
+
+    def _forget_inbound(self, packet_id: int) -> None:
+        msg = self.inbound.pop(packet_id, None)
+        if msg is not None:
+            self.routed_here.discard((msg.origin, msg.seq))
+
     def awaiting_rel_remove(self, packet_id: int) -> Batch:
         awaited = packet_id in self.awaiting_rel
         batch = super().awaiting_rel_remove(packet_id)
+        self._forget_inbound(packet_id)
         if awaited and self.on_settled is not None and self.channel is not None:
             self._report(("", 0), "free", packet_id)
         return batch
 
     # -- what other holders tell us ----------------------------------------------
 
-    def settle(self, key: tuple[str, int], state: str, pid: int) -> None:
+    def settle(self, key: tuple[str, int], state: str, pid: int, msg: Message | None = None) -> None:
         """Another holder (the one the client is on) settled a message."""
         if state == "in":
             super().awaiting_rel_add(pid)  # (journaled by a DurableMeshSession; no settlement)
+            self._forget_inbound(pid)
+            if msg is not None:
+                self.inbound[pid] = msg
             return
         if state == "free":
             super().awaiting_rel_remove(pid)
+            self._forget_inbound(pid)
             return
         entry = self.ids.get(key)
         if state == "done":
@@ -310,12 +342,15 @@ class Replication:
         self.targets: dict[str, Redirect] = {}
         self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
 
-    def on_settled(self, session: _Replicated, key: tuple[str, int], state: str, pid: int) -> None:
+    def on_settled(
+        self, session: _Replicated, key: tuple[str, int], state: str, pid: int, msg: Message | None = None
+    ) -> None:
         """A replicated session settled a message (its hook). Frames wait for the settlement to
         reach the other holders, so it goes out this loop iteration (Cluster.flush)."""
         if not self._settles:
             self._wake()
-        self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid))
+        fwd = Forwarded.of(msg) if msg is not None else None
+        self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid, fwd))
 
     def take_settles(self) -> dict[str, list[Settlement]]:
         """The settlements since the last call, by ClientId (Cluster.flush sends them)."""
@@ -340,9 +375,7 @@ class Replication:
         if target is None:
             return
         self.counters["redirected"] += 1
-        payload = base64.b64encode(msg.payload).decode()
-        fwd = Forwarded(msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp)
-        self._send_out(target.node, SessFwd(session.client_id, fwd))
+        self._send_out(target.node, SessFwd(session.client_id, Forwarded.of(msg)))
 
     def expire(self, now: float) -> None:
         for cid, (_, until) in list(self.targets.items()):
@@ -386,6 +419,7 @@ def snapshot(session: _Replicated) -> Snapshot:
         session.epoch,
         session.version,
         [(o, s, state, pid) for (o, s), (state, pid) in session.reserved.items()],
+        [(pid, Forwarded.of(m)) for pid, m in session.inbound.items() if pid in session.awaiting_rel],
     )
 
 
@@ -443,6 +477,7 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         max(s.epoch for s in snaps),
         latest.version,
         [(o, s, state, pid) for (o, s), (state, pid) in reserved.items()],
+        [(pid, fwd) for pid, fwd in latest.inbound if pid in latest.rel],
     )
 
 
@@ -472,6 +507,10 @@ def install(session: _Replicated, snap: Snapshot) -> None:
         base.awaiting_rel_remove(pid)  # type: ignore[attr-defined]  # (journaled by a DurableMeshSession)
     for pid in sorted(new - old):
         base.awaiting_rel_add(pid)  # type: ignore[attr-defined]
+    inbound = {pid: fwd.message() for pid, fwd in snap.inbound if pid in new}
+    ids = {(m.origin, m.seq) for m in inbound.values()}
+    session.routed_here = {key for key in session.routed_here if key in ids}
+    session.inbound = inbound
     session.reserved = {(o, s): (state, pid) for o, s, state, pid in snap.reserved if (o, s) not in session.ids}
     session.subs_version = max(session.subs_version, snap.subs_version)
     session.epoch = max(session.epoch, snap.epoch)
