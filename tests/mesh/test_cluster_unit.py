@@ -12,14 +12,10 @@ from __future__ import annotations
 import base64
 import json
 import random
-from collections import deque
 
 import pytest
 
-from mqttmesh.auth import Auth
-from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
-from mqttmesh.flow import Congestion
-from mqttmesh.mesh.cluster import HANDLERS, Cluster, ClusterSettings, cluster_parts
+from mqttmesh.mesh.cluster import HANDLERS, ClusterSettings
 from mqttmesh.mesh.cluster_values import (
     ClusterWireError,
     Forwarded,
@@ -54,200 +50,12 @@ from mqttmesh.mesh.cluster_wire import (
     SessSubs,
     decode,
 )
+from mqttmesh.mesh.hrw import owners
 from mqttmesh.mesh.membership import Membership
-from mqttmesh.mesh.replica import ReplicaSessions, merge_snapshots
+from mqttmesh.mesh.replica import merge_snapshots
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
-from mqttmesh.store import NULL_JOURNAL
-from mqttmesh.topics import RetainedTrie
-
-NAMES = ["a", "b", "c"]
-
-
-class FakeChannel:
-    """One client connection, as the cluster sees it (channel.py's claiming part)."""
-
-    def __init__(self, net: Net, node: str, cid: str):
-        self.net, self.node, self.client_id = net, node, cid
-        self.state = "claiming"
-        self.refused_rc: int | None = None
-        self.session = None
-        self.present: bool | None = None
-        self.reason = ""
-        self.frames: list[bytes] = []
-        self.held: list[tuple[int, bytes]] = []  # (settlement version, frame) not written yet
-        self.blocked = False
-        self.peer = "fake"
-
-    @property
-    def claiming(self) -> bool:
-        return self.state == "claiming"
-
-    def claimed(self, session, present: bool, now: float) -> None:
-        if self.state != "claiming":
-            return
-        self.state = "connected"
-        self.session, self.present = session, present
-        session.attach(self)
-
-    def write(self, data: bytes) -> None:
-        if self.held:
-            self.held.append((self.held[-1][0], bytes(data)))  # (in order, as channel.py)
-        else:
-            self.frames.append(bytes(data))
-
-    def write_replicated(self, data: bytes, version: int) -> None:
-        """As channel.py: the frame waits until the session's other holders have ``version``."""
-        if self.held or version > self.session.safe_version:
-            self.held.append((max(version, self.held[-1][0] if self.held else 0), bytes(data)))
-        else:
-            self.frames.append(bytes(data))
-
-    def release_acks(self, committed: int) -> None:
-        while self.held and self.held[0][0] <= self.session.safe_version:
-            self.frames.append(self.held.pop(0)[1])
-
-    def refused(self, rc: int, reason: str, now: float) -> None:
-        self.refused_rc = rc
-        self.state, self.reason = "closed", reason
-
-    def kick(self, reason: str) -> None:
-        self.close(reason)
-
-    def close(self, reason: str) -> None:
-        """As Channel._end: the session detaches, then the cluster hears of it."""
-        if self.state == "closed":
-            return
-        was_connected = self.state == "connected"
-        self.state, self.reason = "closed", reason
-        broker, cluster = self.net.brokers[self.node], self.net.clusters[self.node]
-        if self.session is not None and self.session.channel is self:
-            broker.close_session(self.session)
-        if was_connected:
-            cluster.disconnected(self, self.net.t)
-
-
-class _Published:
-    """A MeshPort that records the messages published at its node."""
-
-    def __init__(self, out: list[Message]):
-        self.published = out.append
-
-    def filter_added(self, topic_filter: str) -> None:
-        pass
-
-    def filter_removed(self, topic_filter: str) -> None:
-        pass
-
-
-class Net:
-    def __init__(self, names=NAMES, settings: ClusterSettings | None = None, wall_offset: float = 1_000_000.0):
-        self.t = 0.0
-        self.names = list(names)
-        self.up = set(names)  # nodes every other node can reach
-        self.queue: deque[tuple[str, str, str, bytes]] = deque()
-        self.sent: list[tuple[str, str, str, bytes]] = []  # every unicast, in order
-        self.brokers: dict[str, Broker] = {}
-        self.clusters: dict[str, Cluster] = {}
-        self.incs = {n: 1 for n in names}
-        self.published: dict[str, list[Message]] = {n: [] for n in names}
-        # (time jumps by whole seconds here: no stall makes the nodes distrust their view,
-        # except in the tests of that, which pass their own settings)
-        self.settings = settings or ClusterSettings(replication=2, stall=1e9)  # (2: these tests place ids on 2 of 3)
-        self.wall_offset = wall_offset
-        for n in names:
-            self._build(n)
-        self.membership()
-        self.tick(0.0)  # (the nodes' first tick: their quorum needs one)
-
-    def _build(self, n: str) -> None:
-        # wired as assembly.build_core wires a mesh node, with an instant network for
-        # the engine and a MeshPort that records what was published here
-        send, inc, settings = self._sender(n), self.incs[n], self.settings
-        trie, auth, bsettings = RetainedTrie(), Auth(), BrokerSettings(node_id=n)
-        congestion = Congestion(bsettings.slow_consumer_timeout, bsettings.backpressure_timeout)
-        parts = cluster_parts(n, inc, send, trie, NULL_JOURNAL, auth, settings, self.wall_offset)
-        sessions = ReplicaSessions(bsettings.limits, NULL_JOURNAL, congestion, parts.replication.on_settled)
-        ports = BrokerPorts(sessions, congestion, _Published(self.published[n]), parts.retained, parts.replication)
-        broker = Broker(bsettings, auth, None, ports, retained_trie=trie)
-        self.brokers[n] = broker
-        self.clusters[n] = Cluster(n, inc, broker, send, parts, settings, self.wall_offset)
-
-    def restart(self, n: str) -> None:
-        """``n`` is killed and comes back empty (no store) with a new incarnation."""
-        self.incs[n] += 1
-        self._build(n)
-        self.membership()
-        self.clusters[n].tick(self.t)  # (its first tick)
-        self.pump()
-
-    def _sender(self, frm: str):
-        def send(dest: str, kind: str, payload: bytes) -> bool:
-            if frm not in self.up or dest not in self.up:
-                return False
-            self.queue.append((frm, dest, kind, payload))
-            self.sent.append((frm, dest, kind, payload))
-            return True
-
-        return send
-
-    def membership(self) -> None:
-        live = sorted(self.up)
-        for n in live:
-            self.clusters[n].membership(live, {m: self.incs[m] for m in live}, self.t)
-        self.pump()
-
-    def pump(self, limit: int = 100_000) -> None:
-        for _ in range(limit):
-            for n in sorted(self.up):
-                self.clusters[n].flush(self.t)
-            if not self.queue:
-                return
-            frm, dest, kind, payload = self.queue.popleft()
-            if dest in self.up:
-                self.clusters[dest].receive(frm, kind, payload, self.t)
-        raise AssertionError("the cluster did not settle")
-
-    def tick(self, dt: float) -> None:
-        self.t += dt
-        for n in sorted(self.up):
-            self.clusters[n].tick(self.t)
-        self.pump()
-
-    def connect(self, node: str, cid: str, clean: bool, will: Will | None = None, pump: bool = True) -> FakeChannel:
-        ch = FakeChannel(self, node, cid)
-        self.clusters[node].connect(ch, cid, clean, will, self.t)
-        if pump:
-            self.pump()
-        return ch
-
-    def publish(self, node: str, topic: str, payload: bytes, qos: int, retain: bool = False) -> Message:
-        """A client published at ``node``; the routing engine brings it to every other node."""
-        broker = self.brokers[node]
-        msg = Message(topic, payload, qos, retain, node, broker.next_seq(), "pub", self.t + 1_000_000.0)
-        broker.publish(msg)
-        for n in sorted(self.up - {node}):
-            self.brokers[n].deliver_remote(Message(topic, payload, qos, False, node, msg.seq, "pub", msg.timestamp))
-        self.pump()
-        return msg
-
-    def kinds(self, since: int = 0) -> list[tuple[str, str, str]]:
-        return [(frm, dest, kind) for frm, dest, kind, _ in self.sent[since:]]
-
-
-def cid_with(net: Net, pred, prefix: str = "client") -> str:
-    """The first ClientId whose placement (registrar, holders) satisfies ``pred``."""
-    members = net.clusters[net.names[0]].members
-    for i in range(10_000):
-        cid = f"{prefix}-{i}"
-        if pred(members.registrars(cid), members.holders(cid)):
-            return cid
-    raise AssertionError("no such ClientId")
-
-
-def holder_of(net: Net, cid: str) -> list[str]:
-    return [n for n in net.names if cid in net.brokers[n].sessions]
-
+from support.cluster_net import NAMES, FakeChannel, Net, cid_with, holder_of
 
 # --------------------------------------------------------------------------- membership
 
@@ -537,6 +345,19 @@ def test_quorum_needs_a_majority_of_the_nodes_ever_seen_and_a_fresh_view():
     for t in (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.25, 2.5, 2.75, 3.0):
         alone.ticked(t)
         assert alone.quorum(t) == (t >= 3.0)  # a mesh of one serves after the grace
+
+
+def test_a_node_that_starts_beside_nodes_out_of_reach_counts_them_in_quorum_and_homes():
+    """Issue 15 (harness, seed 1): a node restarted on the majority side of a partition knew
+    only the nodes it could reach, so it placed a session's home among them and served the
+    session from stale copies while its latest state was across the partition."""
+    everyone = {n: 1 for n in ("n0", "n1", "n2", "n3", "n4")}
+    m = Membership("n2", 1, replication=3, will_delay=0.5)
+    m.update(["n1", "n2", "n3"], everyone, 0.0)  # n0 and n4: in the database, out of reach
+    assert m.known == sorted(everyone) and m.quorum(0.0)
+    cid = next(f"s{i}" for i in range(1000) if {"n0", "n4"} <= set(m.home(f"s{i}")))
+    assert m.home(cid) == owners(cid, sorted(everyone), 3)
+    assert not m.home_quorum(cid)  # two of its three home nodes are out of reach: not served here
 
 
 def test_a_persistent_connect_on_the_minority_side_is_refused_with_0x03():

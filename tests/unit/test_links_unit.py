@@ -539,6 +539,18 @@ def test_membership_is_told_once_per_change_and_not_on_a_refresh():
     assert cluster.memberships[1:] == [(["a", "b"], {"a": 4, "b": 1}), (["a", "b"], {"a": 5, "b": 1})]
 
 
+def test_membership_names_the_nodes_of_the_database_out_of_reach_too():
+    """Issue 15: a node that starts on one side of a partition learns of the other side from
+    its neighbours' databases; it must count those nodes in its quorum and in each session's
+    home as they do, or it serves a session whose latest state is across the partition."""
+    links, engine, cluster = fake_links()
+    engine.live = ["b", "c"]
+    engine.routers = {"b": Router(1), "c": Router(2), "d": Router(3), "e": Router(4)}  # d, e: out of reach
+    engine.changes += 1
+    links.flush(0.0)
+    assert cluster.memberships == [(["b", "c"], {"b": 1, "c": 2, "d": 3, "e": 4})]
+
+
 def test_flush_hands_sends_to_the_current_links_only():
     links, engine, cluster = fake_links()
     link = MemLink("a", "a", True)

@@ -1,0 +1,100 @@
+"""Issue 15: a persistent publisher's QoS 2 message, whatever moment its node dies at.
+
+The client sent PUBLISH (QoS 2) to node a and did not get PUBREC; a dies; the client
+connects to b and re-sends the PUBLISH (DUP=1, same id) [MQTT-4.3.3-2]. Whether a died
+before its session's holders had the message, after they had it but before it was routed,
+or after it was routed, every subscriber gets the message exactly once. The message is
+routed only once the holders have it with its id (origin, seq); the node the client moves
+to routes it again under that id, and each node takes an id once (the engine's delivery
+filter, test_engine.py; here support.cluster_net's ``route``).
+
+Real Channels for the publisher (channel.py), the cluster parts of three nodes on the
+in-memory network of support.cluster_net; no process, no clock, no socket.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from mqttmesh.mesh.cluster import ClusterSettings
+from support import mqttraw
+from support.cluster_net import Net
+from support.frames import out, publish_fields, split_frames
+
+
+def _setup() -> tuple[Net, object, object]:
+    net = Net(settings=ClusterSettings(replication=3, stall=1e9))  # every node holds every session
+    sub = net.connect("c", "sub", clean=False)
+    net.brokers["c"].subscribe(sub.session, "t/#", 2)
+    net.pump()
+    pub = net.client("a")
+    pub.receive_data(mqttraw.connect("pub", clean=False), net.t)
+    net.pump()
+    assert [p.type for p in out(pub)] == [mqttraw.CONNACK]
+    return net, sub, pub
+
+
+def _kill(net: Net, node: str) -> None:
+    """kill -9: what it sent is in flight still; what was sent to it is lost."""
+    net.up.discard(node)
+    net.queue = deque(m for m in net.queue if m[1] != node)
+    net.membership()
+
+
+def _deliver_from(net: Net, node: str) -> None:
+    """Hand over what ``node`` sent, and nothing the answers cause."""
+    net.clusters[node].flush(net.t)
+    for frm, dest, kind, payload in [m for m in net.queue if m[0] == node]:
+        net.queue.remove((frm, dest, kind, payload))
+        net.clusters[dest].receive(frm, kind, payload, net.t)
+
+
+def _received(sub) -> list[bytes]:
+    """The payloads of the new QoS 2 PUBLISHes the subscriber's connection got (DUP=0)."""
+    packets = [p for f in sub.frames for p in split_frames(f)]
+    return [publish_fields(p)[1] for p in packets if p.type == mqttraw.PUBLISH and not p.dup]
+
+
+def _move_and_resend(net: Net, to: str):
+    """The client connects to ``to`` and re-sends its unacknowledged PUBLISH, then PUBREL."""
+    pub = net.client(to)
+    pub.receive_data(mqttraw.connect("pub", clean=False), net.t)
+    net.pump()
+    net.route(to)
+    pub.receive_data(mqttraw.publish("t/1", b"x", qos=2, pid=1, dup=True), net.t)
+    net.pump()
+    net.route(to)
+    pub.receive_data(mqttraw.pubrel(1), net.t)
+    net.pump()
+    net.route(to)
+    return pub
+
+
+@pytest.mark.parametrize("window", ["before the holders had it", "before it was routed", "after it was routed"])
+def test_a_qos2_publish_resent_to_another_node_after_its_node_died_is_delivered_once(window):
+    net, sub, pub = _setup()
+    pub.receive_data(mqttraw.publish("t/1", b"x", qos=2, pid=1), net.t)
+    assert net.published["a"] == []  # not routed: the holders do not have it yet
+    if window == "before it was routed":
+        _deliver_from(net, "a")  # b and c have the message and its id; their answers are lost
+    elif window == "after it was routed":
+        net.pump()
+        assert [m.payload for m in net.route("a")] == [b"x"]
+        net.pump()
+        assert _received(sub) == [b"x"]
+    pub.data_to_send()  # (the PUBREC, if any, never reaches the client)
+    _kill(net, "a")
+    moved = _move_and_resend(net, "b")
+    frames = out(moved)
+    assert [p.type for p in frames] == [mqttraw.CONNACK, mqttraw.PUBREC, mqttraw.PUBCOMP]
+    assert frames[0].body[0] == 1  # session present: the holders had the session all along
+    net.pump()
+    assert _received(sub) == [b"x"]  # exactly once [MQTT-4.3.3-2]
+    routed_by_b = [(m.origin, m.payload) for m in net.published["b"]]
+    if window == "before the holders had it":
+        assert routed_by_b == [("b", b"x")]  # b never heard of it: the re-send is the message
+    else:
+        assert routed_by_b == [("a", b"x")]  # under a's id, whether a routed it or not
+    assert net.brokers["b"].sessions["pub"].awaiting_rel == set()
