@@ -262,6 +262,10 @@ class Session:
         self.awaiting_rel.discard(packet_id)
         return 0
 
+    def _stored_inbound(self, packet_id: int, msg: Message | None) -> None:
+        """The message of inbound QoS 2 id ``packet_id`` changed (None: gone); a store keeps
+        it (a session replicated in a mesh has them: mesh/replica.py)."""
+
     def restore_entry(self, entry: Entry) -> None:
         """An entry loaded from the store: in flight if it had been sent, else queued."""
         if entry.packet_id and entry.state:
@@ -331,6 +335,12 @@ class DurableSession(Session):
         # the id must not come back after a crash once PUBCOMP said it is free
         self.journal.awaiting_rel_remove(self.client_id, packet_id)
         return self.journal.batch
+
+    def _stored_inbound(self, packet_id: int, msg: Message | None) -> None:
+        if msg is None:
+            self.journal.inbound_remove(self.client_id, packet_id)
+        else:
+            self.journal.inbound_put(self.client_id, packet_id, msg)
 
     def restore_entry(self, entry: Entry) -> None:
         super().restore_entry(entry)

@@ -68,7 +68,7 @@ class Journal:
     def session_delete(self, client_id: str) -> None:
         # Earlier changes of this client are moot; drop them so the delete lands
         # before anything a new session of the same ClientId records after it.
-        for key in [k for k in self._ops if len(k) > 1 and k[1] == client_id and k[0] in "dsmr"]:
+        for key in [k for k in self._ops if len(k) > 1 and k[1] == client_id and k[0] in "dsmriv"]:
             del self._ops[key]
         # a key of its own: a session_put after it (same ClientId, new session) must not replace it
         self._record(("d", client_id), ("session_delete", client_id))
@@ -85,6 +85,19 @@ class Journal:
 
     def awaiting_rel_remove(self, client_id: str, packet_id: int) -> None:
         self._record(("r", client_id, packet_id), ("rel_remove", client_id, packet_id))
+
+    def inbound_put(self, client_id: str, packet_id: int, msg: Message) -> None:
+        """The message of an inbound QoS 2 id awaiting PUBREL, for a session replicated in a
+        mesh (mesh/replica.py): after a restart this node can still route it."""
+        self._record(("i", client_id, packet_id), ("inbound_put", client_id, packet_id, msg))
+
+    def inbound_remove(self, client_id: str, packet_id: int) -> None:
+        self._record(("i", client_id, packet_id), ("inbound_remove", client_id, packet_id))
+
+    def version_put(self, client_id: str, epoch: int, version: int) -> None:
+        """A replicated session's (epoch, settlement version): after a restart its copy is
+        ranked by what it holds, not as the oldest (mesh/replica.py merge_snapshots)."""
+        self._record(("v", client_id), ("version_put", client_id, epoch, version))
 
     # -- messages a mesh origin holds until their destinations acknowledge them -------
 
@@ -168,6 +181,15 @@ class NullJournal:
     def awaiting_rel_remove(self, client_id: str, packet_id: int) -> None:
         pass
 
+    def inbound_put(self, client_id: str, packet_id: int, msg: Message) -> None:
+        pass
+
+    def inbound_remove(self, client_id: str, packet_id: int) -> None:
+        pass
+
+    def version_put(self, client_id: str, epoch: int, version: int) -> None:
+        pass
+
     def custody_put(self, msg: Message, dests: list[str]) -> None:
         pass
 
@@ -208,6 +230,20 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.publisher,
             m.timestamp,
         )
+    if kind == "inbound_put":
+        _, client_id, pid, m = op
+        return (
+            "inbound_put",
+            client_id,
+            pid,
+            m.topic,
+            m.payload,
+            int(m.retain),
+            m.origin,
+            m.seq,
+            m.publisher,
+            m.timestamp,
+        )
     if kind == "retained_put":
         _, topic, m = op
         return ("retained_put", topic, m.payload, m.qos, m.origin, m.seq, m.publisher, m.timestamp)
@@ -236,12 +272,17 @@ def restore_sessions(
     sessions: Iterable[tuple[str, dict[str, int]]],
     messages: Iterable[tuple[Any, ...]],
     awaiting_rel: Iterable[tuple[str, int]],
+    inbound: Iterable[tuple[Any, ...]] = (),
+    versions: Iterable[tuple[str, int, int]] = (),
 ) -> list[Session]:
     """Rebuild the persistent sessions from what the store read back, in its row order.
 
     ``sessions``: (client_id, subscriptions); ``messages``: (client_id, key, topic, payload,
     msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp), ordered by
-    client and key; ``awaiting_rel``: (client_id, packet_id). Rows of unknown clients are
+    client and key; ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id,
+    packet_id, topic, payload, retain, origin, seq, publisher, timestamp), the messages of
+    those ids in a mesh (mesh/replica.py); ``versions``: (client_id, epoch, version) of
+    sessions replicated in a mesh. Rows of unknown clients are
     skipped. Each is consumed only after the one before it.
     """
     restored: dict[str, Session] = {}
@@ -262,6 +303,14 @@ def restore_sessions(
         owner = restored.get(client_id)
         if owner is not None:
             owner.awaiting_rel.add(pid)
+    for client_id, pid, topic, payload, retain, origin, seq, publisher, ts in inbound:
+        owner = restored.get(client_id)
+        if owner is not None and pid in owner.awaiting_rel and hasattr(owner, "inbound"):
+            owner.inbound[pid] = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts)
+    for client_id, epoch, version in versions:
+        owner = restored.get(client_id)
+        if owner is not None and hasattr(owner, "epoch"):
+            owner.epoch, owner.version = epoch, version
     for session in restored.values():
         if session.inflight:
             session._next_pid = max(session.inflight) % 65535 + 1  # after the highest id in flight

@@ -409,6 +409,27 @@ def test_a_persistent_claim_without_the_registrars_answer_is_refused_not_served_
     assert net.connect("a", cid, clean=False).refused_rc == 0x03
 
 
+def test_a_holder_with_a_store_answers_once_the_settlement_is_stored():
+    """Issue 15 (harness, seed 2): a holder answered before its store had the settlement, was
+    killed and restarted without it; the next node gathered that copy and served a stale
+    session. The answer (and so the frame the client waits for) now follows the commit."""
+    from mqttmesh.store import Journal
+
+    journal = Journal()
+    net = Net(journals={"b": journal})
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    net.brokers["b"].committed(journal.take()[0])  # (b stored its copy of the session)
+    counters = net.clusters["b"].counters
+    before = counters["acks_after_commit"]
+    _local_publish(net, "a", "t/1")
+    net.pump()  # the "sent" settlement reaches b, which journals it
+    assert ch.frames == [] and len(journal)  # b has not answered: not stored yet
+    assert counters["acks_after_commit"] == before + 1
+    net.brokers["b"].committed(journal.take()[0])  # (b's store committed the batch)
+    net.pump()
+    assert len(ch.frames) == 1  # the PUBLISH, now that b has its packet id in its store
+
+
 def test_a_holder_that_gets_the_message_after_its_packet_id_keeps_that_id():
     """Issue 15: the node the client is on settled a QoS 2 message ("sent", then "rel")
     before the mesh brought the message to another holder. That holder reserves the id; when

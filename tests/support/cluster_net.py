@@ -113,8 +113,15 @@ class _Published:
 
 
 class Net:
-    def __init__(self, names=NAMES, settings: ClusterSettings | None = None, wall_offset: float = 1_000_000.0):
+    def __init__(
+        self,
+        names=NAMES,
+        settings: ClusterSettings | None = None,
+        wall_offset: float = 1_000_000.0,
+        journals: dict | None = None,
+    ):
         self.t = 0.0
+        self.journals = journals or {}  # node -> its store's Journal (else it keeps nothing)
         self.names = list(names)
         self.up = set(names)  # nodes every other node can reach
         self.queue: deque[tuple[str, str, str, bytes]] = deque()
@@ -140,12 +147,13 @@ class Net:
         send, inc, settings = self._sender(n), self.incs[n], self.settings
         trie, auth, bsettings = RetainedTrie(), Auth(), BrokerSettings(node_id=n)
         congestion = Congestion(bsettings.slow_consumer_timeout, bsettings.backpressure_timeout)
-        parts = cluster_parts(n, inc, send, trie, NULL_JOURNAL, auth, settings, self.wall_offset)
-        sessions = ReplicaSessions(bsettings.limits, NULL_JOURNAL, congestion, parts.replication.on_settled)
+        journal = self.journals.get(n, NULL_JOURNAL)
+        parts = cluster_parts(n, inc, send, trie, journal, auth, settings, self.wall_offset)
+        sessions = ReplicaSessions(bsettings.limits, journal, congestion, parts.replication.on_settled)
         self.seen[n] = set()  # (a restart forgets them)
         mesh = _Published(self.published[n], self.seen[n])
         ports = BrokerPorts(sessions, congestion, mesh, parts.retained, parts.replication)
-        broker = Broker(bsettings, auth, None, ports, retained_trie=trie)
+        broker = Broker(bsettings, auth, journal if n in self.journals else None, ports, retained_trie=trie)
         self.brokers[n] = broker
         self.clusters[n] = Cluster(n, inc, broker, send, parts, settings, self.wall_offset)
 

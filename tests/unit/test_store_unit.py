@@ -313,3 +313,52 @@ def test_restore_sessions_without_a_persistent_journal_makes_memory_sessions():
     [s] = restore_sessions(Sessions(Limits(), NULL_JOURNAL), [("a", {"t": 0})], [_row("a", 1, b"x")], [])
     assert type(s) is Session and s.clean is False
     assert [e.msg.payload for e in s.queue] == [b"x"]
+
+
+def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_from_sqlite(tmp_path):
+    """Issue 15 (harness, seed 2): two holders of a publisher's session restarted and kept the
+    ids awaiting PUBREL but not their messages; the node the client came back to had nothing
+    to route, and the client's re-sends were taken for re-sends of routed messages (a loss).
+    The messages are journaled with the ids, and a restart brings them back."""
+    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+    from mqttmesh.mesh.cluster_values import Snapshot
+    from mqttmesh.mesh.replica import install
+    from mqttmesh.server.sqlite_store import SqliteStore
+
+    j = Journal()
+    s = DurableMeshSession("p", Limits(), j, on_settled=lambda *a: None)
+    msg = Message("t/1", b"x", 2, False, "n1", 41, "p", 9.5)
+    s.awaiting_rel_agreed(3, msg)
+    s.settle(("n2", 7), "in", 5, Message("t/2", b"y", 2, True, "n2", 7, "p", 9.75))  # (another holder's)
+    s.awaiting_rel_add(6)  # (an id without a message: a PUBLISH that was not allowed)
+    ops = j.take()[1]
+    assert ("inbound_put", "p", 3, "t/1", b"x", 0, "n1", 41, "p", 9.5) in ops
+    assert ("inbound_put", "p", 5, "t/2", b"y", 1, "n2", 7, "p", 9.75) in ops
+    store = SqliteStore(str(tmp_path))
+    store.write([("session_put", "p", {})] + ops)
+    store.db.close()
+
+    def restarted():
+        factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
+        broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
+        again = SqliteStore(str(tmp_path))
+        again.load(broker)
+        again.db.close()
+        return broker.sessions["p"]
+
+    back = restarted()
+    assert back.awaiting_rel == {3, 5, 6}
+    assert {pid: (m.origin, m.seq, m.topic, m.payload, m.retain) for pid, m in back.inbound.items()} == {
+        3: ("n1", 41, "t/1", b"x", False),
+        5: ("n2", 7, "t/2", b"y", True),
+    }
+    assert [m.seq for m in back.unrouted()] == [41, 7]  # (the node the client comes to routes them)
+    assert (back.epoch, back.version) == (0, 1)  # ranked by what it holds in a merge, not as empty
+    # PUBREL, a copy installed from another holder: what leaves the session leaves the store
+    s.awaiting_rel_remove(3)
+    install(s, Snapshot("p", {}, 0, [], [], [6], None, 1, 9))
+    store = SqliteStore(str(tmp_path))
+    store.write(j.take()[1])
+    store.db.close()
+    back = restarted()
+    assert back.awaiting_rel == {6} and back.inbound == {} and (back.epoch, back.version) == (1, 9)

@@ -116,6 +116,7 @@ def cluster_parts(
         "claim_timeouts": 0,
         "settle_gaps": 0,
         "settle_retries": 0,
+        "acks_after_commit": 0,
         "fenced": 0,
         "refused_no_quorum": 0,
         "claims_refused": 0,

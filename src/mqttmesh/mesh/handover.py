@@ -380,6 +380,8 @@ class HandOver(Confirmations):
     def on_copy(self, frm: str, m: SessCopy, now: float) -> None:
         """The holder the client is on sends its session: ours is replaced."""
         snap = m.snap
+        journal = self.broker.journal
+        mark = journal.mark()
         session = self._offline_replica(frm, snap, take_over=True)
         if session is None or snap.epoch < session.epoch:
             self._cannot_take(frm, snap.cid, snap.epoch)
@@ -388,7 +390,7 @@ class HandOver(Confirmations):
         self._apply_subs(session, snap.subs)
         session.subs_version = snap.subs_version
         self._adopt(session, snap)
-        self._send(frm, SessAck(snap.cid, session.epoch, session.version), now)
+        self._ack_when_stored(frm, SessAck(snap.cid, session.epoch, session.version), journal.since(mark))
 
     def on_merge(self, frm: str, m: SessMerge, now: float) -> None:
         """A copy of an offline session nobody coordinates: pooled with ours."""
@@ -429,6 +431,8 @@ class HandOver(Confirmations):
             # moved on): the sender learns which from the answer
             self._cannot_take(frm, m.cid, m.epoch)
             return
+        journal = self.broker.journal
+        mark = journal.mark()
         for origin, seq, state, pid, fwd in m.items:
             session.settle((origin, seq), state, pid, fwd.message() if fwd is not None else None)
         if m.epoch == session.epoch and m.version - len(m.items) == session.version:
@@ -438,7 +442,20 @@ class HandOver(Confirmations):
             # come yet: this copy is not the latest for merges until the next copy, which the
             # sender sends when our answer stays behind (settle_retry)
             self.counters["settle_gaps"] += 1
-        self._send_out(frm, SessAck(m.cid, session.epoch, session.version))
+        session._stored_version()
+        self._ack_when_stored(frm, SessAck(m.cid, session.epoch, session.version), journal.since(mark))
+
+    def _ack_when_stored(self, frm: str, ack: SessAck, batch: int) -> None:
+        """Answer once what the answer vouches for is in this node's store (``batch``: 0, at
+        once): the node the client is on counts on this copy to survive a kill -9 and restart,
+        as a client counts on what a PUBACK vouches for."""
+        if batch:
+            self.counters["acks_after_commit"] += 1
+
+        def send() -> None:
+            self._send_out(frm, ack)
+
+        self.broker.after_commit(batch, send)
 
     def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
         session = self._replica(m.cid)

@@ -88,11 +88,15 @@ class _Replicated(_SessionPart):
 
     def _report(self, key: tuple[str, int], state: str, pid: int, msg: Message | None = None) -> None:
         self.version += 1
+        self._stored_version()
         self.on_settled(self, key, state, pid, msg)  # type: ignore[misc]  # (callers checked it is set)
 
     @property
     def replica(self) -> _Replicated:
         return self
+
+    def _stored_version(self) -> None:
+        """(epoch, version) changed; a store keeps them (DurableMeshSession)."""
 
     def _remember_done(self, key: tuple[str, int]) -> None:
         done = self.done
@@ -188,6 +192,7 @@ class _Replicated(_SessionPart):
         batch = super().awaiting_rel_add(packet_id)
         self._forget_inbound(packet_id)
         self.inbound[packet_id] = msg
+        self._stored_inbound(packet_id, msg)
         self._report((msg.origin, msg.seq), "in", packet_id, msg)
         return batch
 
@@ -201,6 +206,7 @@ class _Replicated(_SessionPart):
         msg = self.inbound.pop(packet_id, None)
         if msg is not None:
             self.routed_here.discard((msg.origin, msg.seq))
+            self._stored_inbound(packet_id, None)
 
     def awaiting_rel_remove(self, packet_id: int) -> Batch:
         awaited = packet_id in self.awaiting_rel
@@ -219,6 +225,7 @@ class _Replicated(_SessionPart):
             self._forget_inbound(pid)
             if msg is not None:
                 self.inbound[pid] = msg
+                self._stored_inbound(pid, msg)
             return
         if state == "free":
             super().awaiting_rel_remove(pid)
@@ -286,6 +293,9 @@ class DurableMeshSession(_Replicated, DurableSession):
     ):
         DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
         self._init_replication(on_settled)
+
+    def _stored_version(self) -> None:
+        self.journal.version_put(self.client_id, self.epoch, self.version)
 
 
 class ReplicaSessions(Sessions):
@@ -510,10 +520,17 @@ def install(session: _Replicated, snap: Snapshot) -> None:
     inbound = {pid: fwd.message() for pid, fwd in snap.inbound if pid in new}
     ids = {(m.origin, m.seq) for m in inbound.values()}
     session.routed_here = {key for key in session.routed_here if key in ids}
+    for pid in session.inbound.keys() - inbound.keys():
+        session._stored_inbound(pid, None)
+    for pid, msg in inbound.items():
+        have = session.inbound.get(pid)
+        if have is None or (have.origin, have.seq) != (msg.origin, msg.seq):
+            session._stored_inbound(pid, msg)
     session.inbound = inbound
     session.reserved = {(o, s): (state, pid) for o, s, state, pid in snap.reserved if (o, s) not in session.ids}
     session.subs_version = max(session.subs_version, snap.subs_version)
     session.epoch = max(session.epoch, snap.epoch)
     session.version = snap.version
+    session._stored_version()
     if session.inflight:
         session._next_pid = max(session.inflight) % 65535 + 1

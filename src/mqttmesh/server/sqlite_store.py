@@ -35,6 +35,11 @@ CREATE TABLE IF NOT EXISTS messages(
     publisher TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY(client_id, key));
 CREATE TABLE IF NOT EXISTS awaiting_rel(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
     PRIMARY KEY(client_id, packet_id));
+CREATE TABLE IF NOT EXISTS inbound(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
+    topic TEXT NOT NULL, payload BLOB NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL,
+    seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY(client_id, packet_id));
+CREATE TABLE IF NOT EXISTS session_versions(client_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL,
+    version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, publisher TEXT NOT NULL,
     ts REAL NOT NULL, dests TEXT NOT NULL);
@@ -48,6 +53,9 @@ _SQL = {
     "message_remove": "DELETE FROM messages WHERE client_id = ? AND key = ?",
     "rel_put": "INSERT OR IGNORE INTO awaiting_rel VALUES (?, ?)",
     "rel_remove": "DELETE FROM awaiting_rel WHERE client_id = ? AND packet_id = ?",
+    "inbound_put": "INSERT OR REPLACE INTO inbound VALUES (?,?,?,?,?,?,?,?,?)",
+    "inbound_remove": "DELETE FROM inbound WHERE client_id = ? AND packet_id = ?",
+    "version_put": "INSERT OR REPLACE INTO session_versions VALUES (?,?,?)",
     "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?)",
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
     "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?)",
@@ -117,6 +125,8 @@ class SqliteStore:
                 " origin, seq, publisher, ts FROM messages ORDER BY client_id, key",
             ),
             _rows(db, "SELECT client_id, packet_id FROM awaiting_rel"),
+            _rows(db, "SELECT * FROM inbound ORDER BY client_id, packet_id"),
+            _rows(db, "SELECT * FROM session_versions"),
         )
         for session in sessions:
             broker.restore_session(session)
@@ -161,6 +171,8 @@ class SqliteStore:
                     db.execute("DELETE FROM sessions WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM messages WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM awaiting_rel WHERE client_id = ?", (op[1],))
+                    db.execute("DELETE FROM inbound WHERE client_id = ?", (op[1],))
+                    db.execute("DELETE FROM session_versions WHERE client_id = ?", (op[1],))
                 else:
                     db.execute(_SQL[kind], op[1:])
             db.execute("COMMIT")

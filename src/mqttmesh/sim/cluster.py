@@ -70,6 +70,8 @@ class SimStore:
         self.sessions: dict[str, dict[str, int]] = {}
         self.messages: dict[tuple[str, int], tuple[Any, ...]] = {}
         self.rels: set[tuple[str, int]] = set()
+        self.inbound: dict[tuple[str, int], tuple[Any, ...]] = {}
+        self.versions: dict[str, tuple[str, int, int]] = {}
         self.retained: dict[str, tuple[Any, ...]] = {}
         self.custody: dict[int, tuple[Any, ...]] = {}
         self.batches = 0
@@ -87,6 +89,8 @@ class SimStore:
                 for key in [k for k in self.messages if k[0] == cid]:
                     del self.messages[key]
                 self.rels = {r for r in self.rels if r[0] != cid}
+                self.inbound = {k: v for k, v in self.inbound.items() if k[0] != cid}
+                self.versions.pop(cid, None)
             elif kind == "message_put":
                 self.messages[(op[1], op[2])] = op[1:]
             elif kind == "message_remove":
@@ -95,6 +99,12 @@ class SimStore:
                 self.rels.add((op[1], op[2]))
             elif kind == "rel_remove":
                 self.rels.discard((op[1], op[2]))
+            elif kind == "inbound_put":
+                self.inbound[(op[1], op[2])] = op[1:]
+            elif kind == "inbound_remove":
+                self.inbound.pop((op[1], op[2]), None)
+            elif kind == "version_put":
+                self.versions[op[1]] = op[1:]
             elif kind == "retained_put":
                 self.retained[op[1]] = op[1:]
             elif kind == "retained_delete":
@@ -113,6 +123,8 @@ class SimStore:
             sorted(self.sessions.items()),
             [self.messages[k] for k in sorted(self.messages)],
             sorted(self.rels),
+            [self.inbound[k] for k in sorted(self.inbound)],
+            [self.versions[k] for k in sorted(self.versions)],
         )
         for session in sessions:
             broker.restore_session(session)
