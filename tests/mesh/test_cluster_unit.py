@@ -430,6 +430,20 @@ def test_a_holder_with_a_store_answers_once_the_settlement_is_stored():
     assert len(ch.frames) == 1  # the PUBLISH, now that b has its packet id in its store
 
 
+def test_a_holders_copy_of_a_session_without_subscriptions_is_in_its_store():
+    """Issue 15 (harness, 400/s): a holder stored the copy of a publisher's session (no
+    subscriptions) only as rows of messages and ids, which a restart skips without the
+    session's own row; the holder came back without it and the client was told session
+    present = 0."""
+    from mqttmesh.store import Journal
+
+    journal = Journal()
+    net = Net(journals={"b": journal})
+    cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
+    net.connect("a", cid, clean=False)
+    assert ("session_put", cid, {}) in journal.take()[1]
+
+
 def test_a_holder_that_gets_the_message_after_its_packet_id_keeps_that_id():
     """Issue 15: the node the client is on settled a QoS 2 message ("sent", then "rel")
     before the mesh brought the message to another holder. That holder reserves the id; when

@@ -499,3 +499,18 @@ def test_queued_qos0_is_dropped_on_refill_while_blocked():
     s.attach(ch)
     assert [publish_fields(p)[1] for p in ch.take()] == [b"q1"]
     assert s.dropped_qos0 == 1
+
+
+def test_installing_a_copy_never_brings_back_a_message_this_copy_settled():
+    """Issue 15 (harness, 400/s): a copy that was away still held messages the session had
+    completed long before; a snapshot carries only the last 5,000 settled ids, so a merge
+    brought them back and the client got them again under new packet ids. The copy that
+    installs it remembers TOMBSTONES ids of its own and drops those."""
+    from mqttmesh.mesh.cluster_values import SnapshotEntry
+
+    s = MeshSession("c", Limits())
+    s.settle(("n2", 7), "done", 0)  # (completed at the node the client was on)
+    stale = SnapshotEntry("n2", 7, "t", "eA==", 2, 2, 0, 0, "pub", 1.0)
+    fresh = SnapshotEntry("n2", 8, "t", "eQ==", 2, 2, 0, 0, "pub", 1.5)
+    install(s, Snapshot("c", {}, 0, [stale, fresh], [], [], None, 1, 3))
+    assert [e.msg.seq for e in s.queue] == [8] and ("n2", 7) not in s.ids

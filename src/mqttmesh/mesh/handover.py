@@ -365,6 +365,9 @@ class HandOver(Confirmations):
         if not create:
             return None
         restored = self.broker.session_factory.restored(cid)
+        # in the store from now on, subscriptions or not: a restart must find the copy of a
+        # publisher's session too (its inbound QoS 2 ids and messages, its version)
+        restored._stored_subscriptions()
         self.broker.restore_session(restored)
         return restored.replica
 

@@ -502,7 +502,12 @@ def install(session: _Replicated, snap: Snapshot) -> None:
     for key in snap.done:
         session._remember_done(key)
     used = set()
+    done = session.done
     for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap.entries:
+        if (origin, seq) in done:
+            # settled here before (this copy remembers TOMBSTONES ids, a snapshot carries the
+            # last 5,000): a copy that was away, or paused, must not bring it back
+            continue
         msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts)
         entry = session._new_entry(msg, qos, False)
         if state and pid and pid not in used:
