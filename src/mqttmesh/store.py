@@ -19,6 +19,7 @@ from .message import Message
 from .session import Entry
 
 if TYPE_CHECKING:
+    from .mesh.replica import _Replicated
     from .ports import Batch, SessionFactory
     from .session import Session
 
@@ -68,7 +69,7 @@ class Journal:
     def session_delete(self, client_id: str) -> None:
         # Earlier changes of this client are moot; drop them so the delete lands
         # before anything a new session of the same ClientId records after it.
-        for key in [k for k in self._ops if len(k) > 1 and k[1] == client_id and k[0] in "dsmriv"]:
+        for key in [k for k in self._ops if len(k) > 1 and k[1] == client_id and k[0] in "dsmrivx"]:
             del self._ops[key]
         # a key of its own: a session_put after it (same ClientId, new session) must not replace it
         self._record(("d", client_id), ("session_delete", client_id))
@@ -93,6 +94,11 @@ class Journal:
 
     def inbound_remove(self, client_id: str, packet_id: int) -> None:
         self._record(("i", client_id, packet_id), ("inbound_remove", client_id, packet_id))
+
+    def done_put(self, client_id: str, slot: int, number: int, origin: str, seq: int) -> None:
+        """A message id a replicated session settled (its ``number``-th, kept in ``slot`` of a
+        ring): a copy restarted from the store must not take it for a message it never had."""
+        self._record(("x", client_id, slot), ("done_put", client_id, slot, number, origin, seq))
 
     def version_put(self, client_id: str, epoch: int, version: int) -> None:
         """A replicated session's (epoch, settlement version): after a restart its copy is
@@ -190,6 +196,9 @@ class NullJournal:
     def version_put(self, client_id: str, epoch: int, version: int) -> None:
         pass
 
+    def done_put(self, client_id: str, slot: int, number: int, origin: str, seq: int) -> None:
+        pass
+
     def custody_put(self, msg: Message, dests: list[str]) -> None:
         pass
 
@@ -274,6 +283,7 @@ def restore_sessions(
     awaiting_rel: Iterable[tuple[str, int]],
     inbound: Iterable[tuple[Any, ...]] = (),
     versions: Iterable[tuple[str, int, int]] = (),
+    tombstones: Iterable[tuple[str, int, str, int]] = (),
 ) -> list[Session]:
     """Rebuild the persistent sessions from what the store read back, in its row order.
 
@@ -282,7 +292,8 @@ def restore_sessions(
     client and key; ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id,
     packet_id, topic, payload, retain, origin, seq, publisher, timestamp), the messages of
     those ids in a mesh (mesh/replica.py); ``versions``: (client_id, epoch, version) of
-    sessions replicated in a mesh. Rows of unknown clients are
+    sessions replicated in a mesh; ``tombstones``: (client_id, number, origin, seq), the
+    message ids they settled, oldest first. Rows of unknown clients are
     skipped. Each is consumed only after the one before it.
     """
     restored: dict[str, Session] = {}
@@ -303,15 +314,26 @@ def restore_sessions(
         owner = restored.get(client_id)
         if owner is not None:
             owner.awaiting_rel.add(pid)
+    # the parts only a session replicated in a mesh has (mesh/replica.py)
     for client_id, pid, topic, payload, retain, origin, seq, publisher, ts in inbound:
-        owner = restored.get(client_id)
-        if owner is not None and pid in owner.awaiting_rel and hasattr(owner, "inbound"):
-            owner.inbound[pid] = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts)
+        replica = _replica_of(restored, client_id)
+        if replica is not None and pid in replica.awaiting_rel:
+            replica.inbound[pid] = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts)
     for client_id, epoch, version in versions:
-        owner = restored.get(client_id)
-        if owner is not None and hasattr(owner, "epoch"):
-            owner.epoch, owner.version = epoch, version
+        replica = _replica_of(restored, client_id)
+        if replica is not None:
+            replica.epoch, replica.version = epoch, version
+    for client_id, number, origin, seq in tombstones:
+        replica = _replica_of(restored, client_id)
+        if replica is not None:
+            replica._remember_done((origin, seq))
+            replica.tombstones_stored = max(replica.tombstones_stored, number)
     for session in restored.values():
         if session.inflight:
             session._next_pid = max(session.inflight) % 65535 + 1  # after the highest id in flight
     return list(restored.values())
+
+
+def _replica_of(restored: dict[str, Session], client_id: str) -> _Replicated | None:
+    session = restored.get(client_id)
+    return session.replica if session is not None else None

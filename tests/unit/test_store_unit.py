@@ -362,3 +362,36 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     store.db.close()
     back = restarted()
     assert back.awaiting_rel == {6} and back.inbound == {} and (back.epoch, back.version) == (1, 9)
+
+
+def test_a_durable_replica_keeps_the_ids_it_settled_across_a_restart(tmp_path):
+    """Issue 15 (harness, seed 3): a holder that had removed a completed message came back
+    from a restart knowing nothing of it, a copy that had missed the settlement still queued
+    it, and their merge sent it to the client again under a new packet id. The settled ids
+    are stored (a ring of TOMBSTONES per session) and come back with the session."""
+    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+    from mqttmesh.mesh.cluster_values import Snapshot, SnapshotEntry
+    from mqttmesh.mesh.replica import TOMBSTONES, install
+    from mqttmesh.server.sqlite_store import SqliteStore
+
+    j = Journal()
+    s = DurableMeshSession("s", Limits(), j)
+    s.deliver(Message("t", b"x", 2, False, "n2", 7, "p", 1.0), 2)
+    s.settle(("n2", 7), "done", 0)  # (it had it: completed at the node the client was on)
+    s.settle(("n2", 9), "done", 0)  # (it never had it)
+    ops = j.take()[1]
+    assert ("done_put", "s", 1, 1, "n2", 7) in ops and ("done_put", "s", 2, 2, "n2", 9) in ops
+    store = SqliteStore(str(tmp_path))
+    store.write([("session_put", "s", {"t": 2})] + ops)
+    store.db.close()
+    factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
+    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
+    again = SqliteStore(str(tmp_path))
+    again.load(broker)
+    again.db.close()
+    back = broker.sessions["s"]
+    assert list(back.done) == [("n2", 7), ("n2", 9)] and back.tombstones_stored == 2
+    stale = SnapshotEntry("n2", 7, "t", "eA==", 2, 2, 0, 0, "p", 1.0)  # (a copy that missed it)
+    install(back, Snapshot("s", {"t": 2}, 0, [stale], [], [], None, 1, 5))
+    assert not back.queue and not back.inflight
+    assert 1 < TOMBSTONES and back.tombstones_stored % TOMBSTONES == 2  # (the next slot of the ring)

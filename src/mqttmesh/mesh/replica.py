@@ -98,6 +98,13 @@ class _Replicated(_SessionPart):
     def _stored_version(self) -> None:
         """(epoch, version) changed; a store keeps them (DurableMeshSession)."""
 
+    tombstones_stored = 0  # settled ids put in a store, ever (its ring has TOMBSTONES slots)
+
+    def _stored_done(self, key: tuple[str, int]) -> None:
+        """This copy settled message ``key`` that it had (or was told of): a store keeps the
+        id (DurableMeshSession), so that after a restart a copy that never heard of the
+        settlement does not bring the message back through a merge."""
+
     def _remember_done(self, key: tuple[str, int]) -> None:
         done = self.done
         done[key] = None
@@ -144,6 +151,7 @@ class _Replicated(_SessionPart):
         key = (entry.msg.origin, entry.msg.seq)
         if self.ids.pop(key, None) is not None:
             self._remember_done(key)
+            self._stored_done(key)
             if self.on_settled is not None and self.channel is not None:
                 self._report(key, "done", 0)
 
@@ -238,6 +246,7 @@ class _Replicated(_SessionPart):
             else:
                 self.reserved.pop(key, None)
                 self._remember_done(key)
+                self._stored_done(key)
             return
         if entry is None:
             if key not in self.done:
@@ -265,6 +274,7 @@ class _Replicated(_SessionPart):
         key = (entry.msg.origin, entry.msg.seq)
         self.ids.pop(key, None)
         self._remember_done(key)
+        self._stored_done(key)
         super()._stored_remove(entry)
 
 
@@ -296,6 +306,10 @@ class DurableMeshSession(_Replicated, DurableSession):
 
     def _stored_version(self) -> None:
         self.journal.version_put(self.client_id, self.epoch, self.version)
+
+    def _stored_done(self, key: tuple[str, int]) -> None:
+        n = self.tombstones_stored = self.tombstones_stored + 1
+        self.journal.done_put(self.client_id, n % TOMBSTONES, n, key[0], key[1])
 
 
 class ReplicaSessions(Sessions):
@@ -494,8 +508,12 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
 def install(session: _Replicated, snap: Snapshot) -> None:
     """Replace the session's messages with the snapshot's (subscriptions are the caller's job)."""
     base = super(_Replicated, session)  # storage only: these are not settlements
+    settled = set(snap.done)
     for entry in list(session.inflight.values()) + list(session.queue):
         base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method, reached past _Replicated)
+        key = (entry.msg.origin, entry.msg.seq)
+        if key in settled:
+            session._stored_done(key)  # (a message this copy had: its settlement is stored too)
     session.inflight.clear()
     session.queue.clear()
     session.ids.clear()

@@ -40,6 +40,8 @@ CREATE TABLE IF NOT EXISTS inbound(client_id TEXT NOT NULL, packet_id INTEGER NO
     seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY(client_id, packet_id));
 CREATE TABLE IF NOT EXISTS session_versions(client_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL,
     version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tombstones(client_id TEXT NOT NULL, slot INTEGER NOT NULL,
+    n INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(client_id, slot));
 CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, publisher TEXT NOT NULL,
     ts REAL NOT NULL, dests TEXT NOT NULL);
@@ -56,6 +58,7 @@ _SQL = {
     "inbound_put": "INSERT OR REPLACE INTO inbound VALUES (?,?,?,?,?,?,?,?,?)",
     "inbound_remove": "DELETE FROM inbound WHERE client_id = ? AND packet_id = ?",
     "version_put": "INSERT OR REPLACE INTO session_versions VALUES (?,?,?)",
+    "done_put": "INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)",
     "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?)",
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
     "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?)",
@@ -127,6 +130,7 @@ class SqliteStore:
             _rows(db, "SELECT client_id, packet_id FROM awaiting_rel"),
             _rows(db, "SELECT * FROM inbound ORDER BY client_id, packet_id"),
             _rows(db, "SELECT * FROM session_versions"),
+            _rows(db, "SELECT client_id, n, origin, seq FROM tombstones ORDER BY client_id, n"),
         )
         for session in sessions:
             broker.restore_session(session)
@@ -173,6 +177,7 @@ class SqliteStore:
                     db.execute("DELETE FROM awaiting_rel WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM inbound WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM session_versions WHERE client_id = ?", (op[1],))
+                    db.execute("DELETE FROM tombstones WHERE client_id = ?", (op[1],))
                 else:
                     db.execute(_SQL[kind], op[1:])
             db.execute("COMMIT")

@@ -72,6 +72,7 @@ class SimStore:
         self.rels: set[tuple[str, int]] = set()
         self.inbound: dict[tuple[str, int], tuple[Any, ...]] = {}
         self.versions: dict[str, tuple[str, int, int]] = {}
+        self.tombstones: dict[tuple[str, int], tuple[str, int, str, int]] = {}  # (cid, slot) -> row
         self.retained: dict[str, tuple[Any, ...]] = {}
         self.custody: dict[int, tuple[Any, ...]] = {}
         self.batches = 0
@@ -91,6 +92,7 @@ class SimStore:
                 self.rels = {r for r in self.rels if r[0] != cid}
                 self.inbound = {k: v for k, v in self.inbound.items() if k[0] != cid}
                 self.versions.pop(cid, None)
+                self.tombstones = {k: v for k, v in self.tombstones.items() if k[0] != cid}
             elif kind == "message_put":
                 self.messages[(op[1], op[2])] = op[1:]
             elif kind == "message_remove":
@@ -105,6 +107,8 @@ class SimStore:
                 self.inbound.pop((op[1], op[2]), None)
             elif kind == "version_put":
                 self.versions[op[1]] = op[1:]
+            elif kind == "done_put":
+                self.tombstones[(op[1], op[2])] = (op[1], op[3], op[4], op[5])
             elif kind == "retained_put":
                 self.retained[op[1]] = op[1:]
             elif kind == "retained_delete":
@@ -125,6 +129,7 @@ class SimStore:
             sorted(self.rels),
             [self.inbound[k] for k in sorted(self.inbound)],
             [self.versions[k] for k in sorted(self.versions)],
+            sorted(self.tombstones.values()),
         )
         for session in sessions:
             broker.restore_session(session)
