@@ -230,6 +230,26 @@ def test_the_latest_view_decides_the_ids_awaiting_pubrel_never_their_union():
     assert merged is not None and (merged.rel, merged.epoch, merged.version) == ([], 3, 1)
 
 
+def test_an_in_flight_message_of_an_older_claim_gone_from_the_newest_copy_was_completed():
+    """Issue 15 (harness, 400/s, seed 3): a node paused while its client had a QoS 2 message in
+    flight kept that copy; the client completed the message elsewhere, came back 30 s later
+    and got it again (DUP=1, the old id), the settled id being older than the 5,000 a snapshot
+    carries. Every step of an in-flight message reached the copies a newer claim gathered from,
+    so one that the newest copy no longer has was completed; a queued one may be new."""
+    in_flight = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 2, 1173, 1, "pub", 1.0)
+    queued = SnapshotEntry("n2", 10, "t/1", "eQ==", 2, 2, 0, 0, "pub", 1.5)
+    stale = Snapshot("c", {}, 0, [in_flight, queued], [], [], "n4", 3, 40)
+    newest = Snapshot("c", {}, 0, [], [], [], "n0", 5, 2)
+    merged = merge_snapshots([stale, newest])
+    assert merged is not None and [(e.seq, e.state) for e in merged.entries] == [(10, 0)]
+    # the same epoch: nothing is known to be newer, both are kept
+    same = merge_snapshots([stale, Snapshot("c", {}, 0, [], [], [], "n0", 3, 41)])
+    assert same is not None and [e.seq for e in same.entries] == [9, 10]
+    # still in flight in the newest copy (or reserved there): kept, the furthest state winning
+    kept = merge_snapshots([stale, Snapshot("c", {}, 0, [], [], [], "n0", 5, 2, [("n2", 9, 2, 1173)])])
+    assert kept is not None and [(e.seq, e.state) for e in kept.entries] == [(9, 2), (10, 0)]
+
+
 def test_a_holder_that_missed_settlements_is_not_the_latest_view():
     net = Net()
     cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})

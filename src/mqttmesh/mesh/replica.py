@@ -457,12 +457,19 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     done: set[tuple[str, int]] = set()
     for s in snaps:
         done.update(s.done)
+    latest = max(snaps, key=lambda s: (s.epoch, s.version))
+    in_latest = {(e.origin, e.seq) for e in latest.entries} | {(o, q) for o, q, _, _ in latest.reserved}
     best: dict[tuple[str, int], SnapshotEntry] = {}
     order: list[tuple[str, int]] = []
     for s in snaps:
         for e in s.entries:
             key = (e.origin, e.seq)
             if key in done:
+                continue
+            if e.state and s.epoch < latest.epoch and key not in in_latest:
+                # in flight under an older claim, gone from the newest copy: every step of it
+                # reached the nodes the newer claim gathered from, so it was completed since
+                # (its settled id may be older than the snapshots' last 5,000)
                 continue
             have = best.get(key)
             if have is None:
@@ -484,7 +491,6 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
             if entry.state < state:
                 best[key] = entry._replace(pid=pid, state=state)
     subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
-    latest = max(snaps, key=lambda s: (s.epoch, s.version))
     # in flight first (in packet-id send order), then queued, each in arrival order
     entries = [best[k] for k in order]
     entries.sort(key=lambda e: 0 if e.state else 1)
