@@ -230,6 +230,23 @@ def test_the_latest_view_decides_the_ids_awaiting_pubrel_never_their_union():
     assert merged is not None and (merged.rel, merged.epoch, merged.version) == ([], 3, 1)
 
 
+def test_the_node_a_client_leaves_keeps_no_copy_unless_it_is_a_holder():
+    """Issue 15 (harness, 400/s, seed 3): the node the client had been on kept its copy after
+    the client moved (no settlements reach it any more) until the membership changed; when
+    the client came back there, that stale copy was merged in. Answering the new node's
+    fetch, it hands its copy to the holders and keeps none."""
+    net = Net()
+    members = net.clusters["a"].members
+    cid = cid_with(net, lambda regs, holders: "a" not in holders)  # (holders: the home, all live)
+    first = net.connect("a", cid, clean=False)
+    assert cid in net.brokers["a"].sessions  # (the node the client is on holds a copy)
+    home = members.home(cid)
+    moved = net.connect(home[0], cid, clean=False)
+    assert first.state == "closed" and moved.state == "connected" and moved.present
+    assert cid not in net.brokers["a"].sessions
+    assert all(cid in net.brokers[n].sessions for n in home)
+
+
 def test_an_in_flight_message_of_an_older_claim_gone_from_the_newest_copy_was_completed():
     """Issue 15 (harness, 400/s, seed 3): a node paused while its client had a QoS 2 message in
     flight kept that copy; the client completed the message elsewhere, came back 30 s later

@@ -346,6 +346,11 @@ class HandOver(Confirmations):
         self._send(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None), now)
         if frm != self.node_id:
             self.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
+            if replica is not None and replica.channel is None:
+                # the session is claimed at frm: a copy here that is no holder's (the client was
+                # here last) gets no settlements from now on, and would come back stale
+                replica.active_node = frm
+                self._let_go(replica, self.membership.holders(cid, frm), now)
 
     def on_state(self, frm: str, m: SessState, now: float) -> None:
         claim = self.claims.get(m.conn)
@@ -500,11 +505,16 @@ class HandOver(Confirmations):
                 for node in holders:
                     if node != self.node_id:
                         self._send(node, SessMerge(snap), now)
-            if self.node_id not in holders and replica.channel is None and active != self.node_id:
-                # not ours to keep any more: the holders have (or just got) it
-                for node in holders:
-                    self._send(node, SessMerge(snapshot(replica)), now)
-                self.broker.discard_session(replica)
+            if active != self.node_id:
+                self._let_go(replica, holders, now)
+
+    def _let_go(self, replica: _Replicated, holders: list[str], now: float) -> None:
+        """A copy of a session whose client is not here, on a node that is none of its holders:
+        the holders get it (pooled with theirs), this node keeps none."""
+        if self.node_id not in holders and replica.channel is None:
+            for node in holders:
+                self._send(node, SessMerge(snapshot(replica)), now)
+            self.broker.discard_session(replica)
 
     # -- while the client is here ---------------------------------------------------------
 
