@@ -230,6 +230,21 @@ def test_the_latest_view_decides_the_ids_awaiting_pubrel_never_their_union():
     assert merged is not None and (merged.rel, merged.epoch, merged.version) == ([], 3, 1)
 
 
+def test_a_claim_is_newer_than_every_copy_it_gathered_whatever_the_registrar_granted():
+    """Issue 15 (harness, seed 3): a registrar that took over without the ClientId's entry
+    granted a small epoch; the session's copies of an earlier claim had a larger one and won
+    the next merge, whose stale inbound QoS 2 message was routed a second time."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    for n in ("a", "b"):
+        net.brokers[n].sessions[cid].epoch = 40  # (as after many claims a new registrar never saw)
+    ch.close("moved")
+    net.pump()
+    moved = net.connect("b", cid, clean=False)
+    granted = net.clusters["b"].handover.local[cid].epoch
+    assert granted < 40 and moved.session.epoch == 41
+
+
 def test_the_node_a_client_leaves_keeps_no_copy_unless_it_is_a_holder():
     """Issue 15 (harness, 400/s, seed 3): the node the client had been on kept its copy after
     the client moved (no settlements reach it any more) until the membership changed; when

@@ -284,7 +284,11 @@ class HandOver(Confirmations):
                         broker.subscribe(replica, f, q)
                 present = True
             replica.active_node = self.node_id
-            replica.epoch = max(replica.epoch, claim.epoch)
+            # newer than every copy gathered, whatever the registrar granted: a registrar that
+            # took over without the ClientId's entry grants from 1, and the copies of an earlier
+            # claim with a larger epoch would win every later merge (stale ids, a second route)
+            replica.epoch = max(replica.epoch + (merged is not None), claim.epoch)
+            replica._stored_version()
             replica.holder_acks = {}  # (what holders said while another node had the client)
             replica.safe_version = 0
             for fwd in claim.forwarded:  # what holders forwarded while we gathered
