@@ -230,6 +230,38 @@ def test_the_latest_view_decides_the_ids_awaiting_pubrel_never_their_union():
     assert merged is not None and (merged.rel, merged.epoch, merged.version) == ([], 3, 1)
 
 
+def test_a_message_that_reached_only_a_holder_goes_to_the_node_the_client_is_on():
+    """Issue 15 (harness, losses during moves): a message routed before the node the client
+    moved to wanted its topic, or retransmitted to a holder after a partition, reached a
+    holder only, after the hand-over's redirect; the next copy from the client's node
+    replaced that holder's messages and the message was gone. The holder now hands such a
+    message to the client's node, which takes it unless it settled it."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    net.tick(11.0)  # (the redirect of the client's arrival is over: redirect_grace)
+    late = Message("t/late", b"x", 1, False, "c", 77, "pub", 1e6)
+    net.brokers["b"].deliver_remote(late)  # (reached b only)
+    net.pump()
+    assert not any(b"t/late" in f for f in ch.frames)
+    done = Message("t/old", b"y", 1, False, "c", 78, "pub", 1e6)
+    net.brokers["b"].deliver_remote(done)
+    ch.session._remember_done(("c", 78))  # (completed at a already)
+    net.clusters["a"].handover._copy_to_holders(ch.session, net.t)
+    net.pump()
+    assert net.clusters["b"].counters["late_forwarded"] == 1  # (the settled one is known as such)
+    assert any(b"t/late" in f for f in ch.frames) and not any(b"t/old" in f for f in ch.frames)
+    held = net.brokers["b"].sessions[cid]
+    assert ("c", 77) in held.ids and ("c", 78) not in held.ids  # (b keeps its copy of the late one)
+    # a holder's late message that the client's node had settled: it tells the holder so
+    stale = Message("t/stale", b"z", 1, False, "c", 79, "pub", 1e6)
+    net.brokers["b"].deliver_remote(stale)
+    ch.session._remember_done(("c", 79))  # (settled at a, its id no longer in a's snapshots)
+    net.clusters["a"].handover.on_fwd("b", SessFwd(cid, Forwarded.of(stale)), net.t)
+    net.pump()
+    assert ("c", 79) not in held.ids and ("c", 79) in held.done
+    assert not any(b"t/stale" in f for f in ch.frames)
+
+
 def test_a_claim_is_newer_than_every_copy_it_gathered_whatever_the_registrar_granted():
     """Issue 15 (harness, seed 3): a registrar that took over without the ClientId's entry
     granted a small epoch; the session's copies of an earlier claim had a larger one and won

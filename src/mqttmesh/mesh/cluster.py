@@ -117,6 +117,7 @@ def cluster_parts(
         "settle_gaps": 0,
         "settle_retries": 0,
         "acks_after_commit": 0,
+        "late_forwarded": 0,
         "fenced": 0,
         "refused_no_quorum": 0,
         "claims_refused": 0,

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from ..packets import UNAVAILABLE
 from ..ports import ClaimingChannel
 from ..topics import filter_matches
+from .cluster_values import Forwarded
 from .cluster_wire import (
     RegClaim,
     RegGrant,
@@ -46,7 +47,7 @@ from .cluster_wire import (
 )
 from .confirm import Confirmations
 from .membership import Membership
-from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, snapshot
+from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, snapshot, unknown_to
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -398,7 +399,15 @@ class HandOver(Confirmations):
         if session is None or snap.epoch < session.epoch:
             self._cannot_take(frm, snap.cid, snap.epoch)
             return
+        late = unknown_to(session, snap)
         install(session, snap)
+        for entry in late:
+            # it reached this copy but not the node the client is on (routed before that node
+            # wanted the topic, delivered here after the hand-over's redirect): that node takes
+            # it, or answers "done" if it settled it; this copy keeps it meanwhile
+            self.counters["late_forwarded"] += 1
+            session.deliver(entry.msg, entry.qos)
+            self._send_out(frm, SessFwd(snap.cid, Forwarded.of(entry.msg)))
         self._apply_subs(session, snap.subs)
         session.subs_version = snap.subs_version
         self._adopt(session, snap)
@@ -563,4 +572,8 @@ class HandOver(Confirmations):
             return
         msg = fwd.message()
         msg.retain = False
+        key = (msg.origin, msg.seq)
+        if key in replica.done and replica.channel is not None and replica.on_settled is not None:
+            replica._report(key, "done", 0)  # (a holder kept it: it may drop it, we settled it)
+            return
         replica.deliver(msg, min(fwd.qos, granted))  # a duplicate by id is dropped there

@@ -39,6 +39,7 @@ __all__ = [
     "snapshot",
     "merge_snapshots",
     "install",
+    "unknown_to",
     "TOMBSTONES",
 ]
 
@@ -509,6 +510,21 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         [(o, s, state, pid) for (o, s), (state, pid) in reserved.items()],
         [(pid, fwd) for pid, fwd in latest.inbound if pid in latest.rel],
     )
+
+
+def unknown_to(session: _Replicated, snap: Snapshot) -> list[Entry]:
+    """The entries of ``session`` whose messages ``snap`` neither has nor settled (as far as
+    either knows): a copy about to be replaced by ``snap`` must not drop them."""
+    known = {(e.origin, e.seq) for e in snap.entries}
+    known.update(snap.done)
+    known.update((o, q) for o, q, _, _ in snap.reserved)
+    done = session.done
+    out = []
+    for entry in list(session.inflight.values()) + list(session.queue):
+        key = (entry.msg.origin, entry.msg.seq)
+        if not entry.retain and key not in known and key not in done:
+            out.append(entry)
+    return out
 
 
 def install(session: _Replicated, snap: Snapshot) -> None:
