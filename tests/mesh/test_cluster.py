@@ -400,3 +400,88 @@ def test_hand_over_while_messages_flow_loses_and_duplicates_nothing(broker_facto
     client.close()
     assert sorted(received) == sorted(f"f{i}".encode() for i in range(total))
     assert len(received) == total, "a message arrived twice"
+
+
+def _present(node, cid):
+    """A connection of ``cid`` told session present = 1, or None (refused or not yet up)."""
+    try:
+        client = raw.RawClient(node.host, node.port)
+    except OSError:
+        return None
+    try:
+        if client.connect(client_id=cid, clean=False).body == b"\x01\x00":
+            return client
+    except (OSError, TimeoutError, ConnectionError):
+        pass
+    client.close()
+    return None
+
+
+def test_a_persistent_session_survives_a_full_restart_of_every_node_exactly_once(broker_factory, tmp_path):
+    """Issue 15, the last row of the guarantees (docs/design.md 3.5): every node is killed
+    (kill -9) at once and restarted on its data; the queued QoS 1/2 messages of a persistent
+    session come back, QoS 2 exactly once and in order, and a persistent publisher's QoS 2
+    message answered with PUBREC before the crash is released with PUBREL afterwards and
+    delivered once."""
+    nodes = start_mesh(
+        broker_factory, ["a", "b", "c"], FULL3, extra=("--mesh-keepalive", "0.3"), data_dirs=tmp_path, admin=True
+    )
+    wait_converged(nodes, FULL3)
+    sub = raw.RawClient(nodes["a"].host, nodes["a"].port)
+    assert sub.connect(client_id="restarted-sub", clean=False).body == b"\x00\x00"
+    sub.send(raw.subscribe(1, ("restart/q1", 1), ("restart/q2", 2)))
+    sub.expect(raw.SUBACK)
+    for f in ("restart/q1", "restart/q2"):
+        wait_interest(nodes, f, "a")
+    sub.send(raw.DISCONNECT_BYTES)
+    sub.close()
+    publish(nodes["c"], "restart/q1", [f"one-{i}".encode() for i in range(30)], qos=1)
+    publish(nodes["c"], "restart/q2", [f"two-{i}".encode() for i in range(30)], qos=2)
+    pub = raw.RawClient(nodes["b"].host, nodes["b"].port)
+    assert pub.connect(client_id="restarted-pub", clean=False).body == b"\x00\x00"
+    pub.send(raw.publish("restart/q2", b"released-after", qos=2, pid=9))
+    assert pub.expect(raw.PUBREC).packet_id == 9
+    # every copy is in its node's store (the custody of the 60, the copies of both sessions)
+    wait_for(
+        _tolerant(lambda: all(status(n)["custody"] == 0 for n in nodes.values())),
+        15,
+        what="every message out of custody",
+    )
+    for node in nodes.values():
+        node.kill()
+    for node in nodes.values():
+        node.start()
+    wait_converged(nodes, FULL3, timeout=30)
+    pub2 = wait_for(
+        lambda: _present(nodes["c"], "restarted-pub"),
+        30,
+        what="the publisher's session back (CONNACK 0x03 while the nodes settle)",
+    )
+    pub2.send(raw.pubrel(9))
+    assert pub2.expect(raw.PUBCOMP).packet_id == 9
+    pub2.close()
+    back = wait_for(lambda: _present(nodes["b"], "restarted-sub"), 30, what="the subscriber's session back")
+    got = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            p = back.recv(2.0)
+        except TimeoutError:
+            if len(got) >= 61:
+                break
+            continue
+        if p.type == raw.PUBLISH:
+            got.append((p.topic, p.payload, p.dup))
+            if p.qos == 1:
+                back.send(raw.puback(p.packet_id))
+            elif p.qos == 2:
+                back.send(raw.pubrec(p.packet_id))
+        elif p.type == raw.PUBREL:
+            back.send(raw.pubcomp(p.packet_id))
+    back.close()
+    q1 = [pl for t, pl, _ in got if t == "restart/q1"]
+    q2 = [pl for t, pl, _ in got if t == "restart/q2"]
+    assert sorted(set(q1)) == sorted(f"one-{i}".encode() for i in range(30))
+    assert q2.count(b"released-after") == 1, "the publisher's QoS 2 message, exactly once"
+    q2 = [pl for pl in q2 if pl != b"released-after"]
+    assert q2 == [f"two-{i}".encode() for i in range(30)], "QoS 2 exactly once, in order [MQTT-4.6.0-6]"
