@@ -8,10 +8,10 @@ that dials us, and the mesh-wide ClientIds (``claims``, a ports.ClaimPort:
 mesh/cluster.py) for a client; both are None outside a mesh.
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
-protocol violation, refused with the statement of the standard it breaks. Two
+protocol violation, refused with the statement of the standard it breaks. Three
 mixins hold parts of it, the Channel keeping their state: the frames out, held while an
-acknowledgement waits for the store (channel_held.py), and the listening side of a peer's
-handshake (channel_peer.py).
+acknowledgement waits for the store (channel_held.py), a client's PUBLISH in
+(channel_publish.py), and the listening side of a peer's handshake (channel_peer.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from . import codec
-from .channel_held import HeldFrames
+from .channel_held import PUBREL_FIRST, HeldFrames, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
+from .channel_publish import Publishing
+from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED
 from .codec import (
     CONNACK,
     CONNECT,
@@ -59,31 +61,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
 
-AWAIT_CONNECT = "await-connect"
-AUTHENTICATING = "authenticating"
-CLAIMING = "claiming"  # in a mesh: the ClientId is being claimed, the session gathered
-CONNECTED = "connected"
-CLOSED = "closed"
-
-
 _PINGRESP = codec.encode(codec.PingResp())
 # bytes that may wait behind the CONNECT before CONNACK: what one read from the socket
 # brings (uvloop and asyncio read at most 256 KiB at a time)
 PREAUTH_READ_SLACK = 256 * 1024
-_PUBACK, _PUBREC, _PUBREL, _PUBCOMP = 0x40, 0x50, 0x62, 0x70
 
 
-def _ack(first: int, pid: int) -> bytes:
-    return bytes((first, 2, pid >> 8, pid & 0xFF))
-
-
-class ProtocolViolation(Exception):
-    def __init__(self, rule: str, message: str):
-        super().__init__(f"[{rule}] {message}")
-        self.rule = rule
-
-
-class Channel(PeerListening, HeldFrames):
+class Channel(Publishing, PeerListening, HeldFrames):
     __slots__ = (
         "broker",
         "owner",
@@ -416,196 +400,6 @@ class Channel(PeerListening, HeldFrames):
         session.attach(self)  # re-send what the peer's session held [MQTT-4.4.0-1]
         broker.subscribe(session, topic_filter, granted)
 
-    # -- PUBLISH, client to server -----------------------------------------------------------
-
-    def _on_publish(self, pkt: codec.Publish, now: float) -> None:
-        qos = pkt.qos
-        if self._deferred and not self.is_peer:
-            self._publish_behind(pkt, now)
-            return
-        if qos == 0:
-            self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now)
-            return
-        pid: int = pkt.packet_id  # type: ignore[assignment]  # (QoS 1 or 2: the decoder read an id)
-        if qos == 1:
-            batch = self._publish(pkt.topic, pkt.payload, 1, pkt.retain, now)
-            if not batch and not self._held:
-                self.write(_ack(_PUBACK, pid))
-            else:
-                self._send_after(_ack(_PUBACK, pid), batch)
-            return
-        session = self.session
-        awaiting = session.awaiting_rel
-        if pid in awaiting:
-            # a re-sent QoS 2 PUBLISH: acknowledge again, deliver nothing [MQTT-4.3.3-2]
-            if self._read is not None:
-                self._read.skip()
-            self.write(_ack(_PUBREC, pid))
-            return
-        if len(awaiting) >= session.limits.max_awaiting_rel:
-            raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
-        replica = session.replica
-        if replica is not None and replica.on_settled is not None:
-            msg = self._message(pkt.topic, pkt.payload, 2, pkt.retain, now)
-            if msg is not None:
-                # a persistent session in a mesh: the message is routed once its holders have
-                # it with its id, and under that id by whichever holder the client is on, so
-                # that a re-send to another node after this one died is neither a second
-                # delivery nor a loss (mesh/replica.py); the PUBREC waits for it too
-                agreed = replica.awaiting_rel_agreed(pid, msg)
-                routed = self._route_after(msg, session.version)
-                self._send_after(_ack(_PUBREC, pid), max(agreed, routed), session.version)
-                return
-            batch = 0
-        else:
-            batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
-        # a durable session's id is journaled: the PUBREC waits for it, and for the message
-        # (the id's batch is the current one, no older than the message's)
-        # so is the id, at the session's other holders in a mesh (replica.py): a re-send to
-        # another node after this one died must find it there
-        self._send_after(_ack(_PUBREC, pid), session.awaiting_rel_add(pid) or batch, session.version)
-
-    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Batch:
-        """Hand a message from this client (or its will) to the broker; the journal batch to wait for.
-        (The Message is made whole once it is allowed: origin, number, publisher, timestamp.)"""
-        broker = self.broker
-        broker.stats.messages_received += 1
-        auth = broker.auth
-        if (topic[0] == "$" and not self.is_peer) or (
-            not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
-        ):
-            # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
-            broker.stats.publish_denied += 1
-            if self._read is not None:
-                self._read.skip()
-            return 0
-        seq = next(broker.seqs)
-        msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
-        congestion = broker.congestion
-        congestion.hit = False  # only what this message reaches counts
-        if self.is_peer and topic.startswith("$mesh/"):
-            batch = self.peers.peer_input(self, msg, now)  # the PUBACK is the hop-by-hop ack
-            congestion = broker.congestion
-            if congestion.hit:
-                congestion.hit = False
-                if self.state is CONNECTED:
-                    congestion.pause(self, now)  # a local client cannot keep up: stop reading the link
-            return batch
-        if self._read is not None:
-            # a message of the read being captured: the archive takes it from the read's bytes
-            self._read.message(seq)
-            batch = broker.publish(msg, True)
-        else:
-            batch = broker.publish(msg)
-        congestion = broker.congestion
-        if congestion.hit:
-            congestion.hit = False
-            if self.state is CONNECTED:
-                congestion.pause(self, now)  # read no more from this publisher for now (flow.py)
-        return batch
-
-    # -- messages routed once replicated (a persistent publisher's QoS 2, in a mesh) ------
-
-    def _message(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Message | None:
-        """A message from this client, numbered, to be routed later (``_route``); None if it
-        may not be published (acknowledged all the same [MQTT-3.3.5-2]). ``_publish`` does
-        the same inline, on the path every message takes."""
-        broker = self.broker
-        broker.stats.messages_received += 1
-        if self._read is not None:
-            self._read.skip()  # (the archive takes it when it is routed: Broker.publish)
-        auth = broker.auth
-        if topic[0] == "$" or (auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)):
-            broker.stats.publish_denied += 1
-            return None
-        seq = next(broker.seqs)
-        return Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
-
-    def _route_after(self, msg: Message, version: int) -> Batch:
-        """Route ``msg`` once the session's settlement ``version`` is replicated and every
-        message held before it went out: now (the journal batch to wait for), or later (0)."""
-        held = self._held
-        if not held and version <= self.session.safe_version:
-            return self._route(msg)
-        if held:
-            last = held[-1]
-            held.append((last[0], max(version, last[1]), msg))
-        else:
-            held.append((0, version, msg))
-        self._deferred += 1
-        self.broker.held_ack_channels.add(self)
-        return 0
-
-    def _route(self, msg: Message) -> Batch:
-        """Route a message published by this client (``_message``); the batch to wait for.
-        One whose id the session's holders agreed on may have been routed by another node
-        already: its local subscribers had it then (the mesh's duplicate filters know)."""
-        broker = self.broker
-        session = self.session
-        replica = session.replica if session is not None else None
-        if msg.qos == 2 and replica is not None:
-            key = (msg.origin, msg.seq)
-            if key in replica.routed_here:
-                return 0  # (the client came back while it waited: routed by the new channel)
-            replica.routed_here.add(key)
-            mesh = broker.mesh
-            if mesh is not None and not mesh.first_here(msg):
-                mesh.published(msg)
-                return 0
-        batch = broker.publish(msg)
-        congestion = broker.congestion
-        if congestion.hit:
-            congestion.hit = False
-            if self.state is CONNECTED:
-                congestion.pause(self, self.last_rx)
-        return batch
-
-    def _publish_behind(self, pkt: codec.Publish, now: float) -> None:
-        """A PUBLISH while an earlier one of this client waits for its replication: it waits
-        too, and so does its acknowledgement [MQTT-4.6.0-6]."""
-        qos = pkt.qos
-        if qos == 2:
-            pid: int = pkt.packet_id  # type: ignore[assignment]
-            session = self.session
-            if pid in session.awaiting_rel:
-                if self._read is not None:
-                    self._read.skip()
-                self.write(_ack(_PUBREC, pid))  # (behind what is held) [MQTT-4.3.3-2]
-                return
-            if len(session.awaiting_rel) >= session.limits.max_awaiting_rel:
-                raise ProtocolViolation(
-                    "MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)"
-                )
-        msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now)
-        if qos == 2:
-            replica = self.session.replica
-            batch = (
-                replica.awaiting_rel_agreed(pkt.packet_id, msg)  # type: ignore[arg-type]
-                if msg is not None and replica is not None
-                else self.session.awaiting_rel_add(pkt.packet_id)  # type: ignore[arg-type]
-            )
-            version = self.session.version
-        else:
-            batch, version = 0, 0
-        if msg is not None:
-            self._route_after(msg, version)
-        if qos:
-            self._send_after(_ack(_PUBREC if qos == 2 else _PUBACK, pkt.packet_id), batch, version)  # type: ignore[arg-type]
-
-    def _route_unrouted(self, session: Session) -> None:
-        """A persistent session just attached here: the QoS 2 messages it took that no node
-        may have routed yet (its node died, or its client left, before they went out) are
-        routed now, under their agreed ids (mesh/replica.py)."""
-        replica = session.replica
-        if replica is not None and replica.inbound:
-            for msg in replica.unrouted():
-                self._route_after(msg, replica.version)
-
-    def _on_pubrel(self, pkt: codec.PubRel, now: float) -> None:
-        session = self.session
-        batch = session.awaiting_rel_remove(pkt.packet_id)
-        self._send_after(_ack(_PUBCOMP, pkt.packet_id), batch, session.version)  # [MQTT-4.3.3-2]
-
     # -- acknowledgements, server to client messages --------------------------------------
 
     def _on_puback(self, pkt: codec.PubAck, now: float) -> None:
@@ -618,7 +412,7 @@ class Channel(PeerListening, HeldFrames):
         session.on_pubrec(pkt.packet_id)
         # after a crash (here, or of this node in a mesh) the PUBLISH must not be re-sent
         # once its PUBREL went out [MQTT-4.3.3-1]
-        self._send_after(_ack(_PUBREL, pkt.packet_id), journal.since(mark), session.version)
+        self._send_after(ack_frame(PUBREL_FIRST, pkt.packet_id), journal.since(mark), session.version)
 
     def _on_pubcomp(self, pkt: codec.PubComp, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id)
@@ -660,7 +454,7 @@ class Channel(PeerListening, HeldFrames):
         session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
         for topic_filter in pkt.filters:  # [MQTT-3.10.4-6]
             broker.unsubscribe(session, topic_filter)
-        self._send_after(_ack(0xB0, pkt.packet_id), journal.since(mark))  # even if nothing matched [MQTT-3.10.4-5]
+        self._send_after(ack_frame(0xB0, pkt.packet_id), journal.since(mark))  # even if nothing matched [MQTT-3.10.4-5]
 
     def _on_pingreq(self, pkt: codec.PingReq, now: float) -> None:
         self.write(_PINGRESP)  # [MQTT-3.12.4-1]

@@ -23,7 +23,30 @@ if TYPE_CHECKING:
     from .ports import Batch, Owner
     from .session import Session
 
-__all__ = ["HeldFrames"]
+__all__ = [
+    "HeldFrames",
+    "ProtocolViolation",
+    "ack_frame",
+    "PUBACK_FIRST",
+    "PUBREC_FIRST",
+    "PUBREL_FIRST",
+    "PUBCOMP_FIRST",
+]
+
+# the first byte of the four acknowledgements a Channel writes (built without a packet object)
+PUBACK_FIRST, PUBREC_FIRST, PUBREL_FIRST, PUBCOMP_FIRST = 0x40, 0x50, 0x62, 0x70
+
+
+def ack_frame(first: int, pid: int) -> bytes:
+    return bytes((first, 2, pid >> 8, pid & 0xFF))
+
+
+class ProtocolViolation(Exception):
+    """A packet the standard does not allow here: the connection is closed, naming ``rule``."""
+
+    def __init__(self, rule: str, message: str):
+        super().__init__(f"[{rule}] {message}")
+        self.rule = rule
 
 
 class HeldFrames:
@@ -74,14 +97,19 @@ class HeldFrames:
     def _send_after(self, frame: bytes, batch: Batch, version: int = 0) -> None:
         """Write ``frame`` once journal ``batch`` is committed and, for a replicated session,
         once its other holders have its settlement ``version`` (both 0: at once)."""
-        held = self._held
-        if not held and not batch and (not version or version <= self.session.safe_version):
+        if not self._held and not batch and (not version or version <= self.session.safe_version):
             self._write_now(frame)
             return
+        self._hold(frame, batch, version)
+
+    def _hold(self, item: bytes | Message, batch: Batch, version: int) -> None:
+        """Queue ``item`` (a frame, or a message to route) behind what is held already: it
+        waits for journal ``batch``, settlement ``version`` and everything before it."""
+        held = self._held
         if held:
             last = held[-1]  # keep acknowledgements in order
             batch, version = max(batch, last[0]), max(version, last[1])
-        held.append((batch, version, frame))
+        held.append((batch, version, item))
         self.broker.held_ack_channels.add(self)  # type: ignore[arg-type]
 
     def write_replicated(self, frame: bytes, version: int) -> None:

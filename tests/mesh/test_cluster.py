@@ -96,16 +96,46 @@ def test_hundred_client_ids_racing_on_three_nodes_one_winner_each(broker_factory
         c.close()
 
 
-def _persistent_flow(broker_factory, kill_home: bool):
-    nodes = mesh3(broker_factory)
+def _subscribe_and_leave(nodes, cid: str, prefix: str) -> None:
+    """A persistent client on node a subscribes PREFIX/q1 (QoS 1) and PREFIX/q2 (QoS 2), and
+    leaves once every node routes them to a."""
     sub = raw.RawClient(nodes["a"].host, nodes["a"].port)
-    assert sub.connect(client_id="traveller", clean=False).body == b"\x00\x00"
-    sub.send(raw.subscribe(1, ("journey/q1", 1), ("journey/q2", 2)))
+    assert sub.connect(client_id=cid, clean=False).body == b"\x00\x00"
+    sub.send(raw.subscribe(1, (f"{prefix}/q1", 1), (f"{prefix}/q2", 2)))
     sub.expect(raw.SUBACK)
-    for f in ("journey/q1", "journey/q2"):
+    for f in (f"{prefix}/q1", f"{prefix}/q2"):
         wait_interest(nodes, f, "a")
     sub.send(raw.DISCONNECT_BYTES)
     sub.close()
+
+
+def _receive(client, count: int, timeout: float = 20.0) -> list[tuple[str, bytes]]:
+    """(topic, payload) of every PUBLISH until ``count`` came and then 1 s of silence, each
+    acknowledged as a client does (PUBACK, PUBREC; PUBCOMP for a PUBREL)."""
+    got: list[tuple[str, bytes]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            p = client.recv(1.0 if len(got) >= count else 5.0)
+        except TimeoutError:
+            if len(got) >= count:
+                break
+            continue
+        if p.type == raw.PUBLISH:
+            got.append((p.topic, p.payload))
+            if p.qos == 1:
+                client.send(raw.puback(p.packet_id))
+            elif p.qos == 2:
+                client.send(raw.pubrec(p.packet_id))
+        elif p.type == raw.PUBREL:
+            client.send(raw.pubcomp(p.packet_id))
+    client.close()
+    return got
+
+
+def _persistent_flow(broker_factory, kill_home: bool):
+    nodes = mesh3(broker_factory)
+    _subscribe_and_leave(nodes, "traveller", "journey")
     if kill_home:
         nodes["a"].kill()
         wait_for(_tolerant(lambda: status(nodes["c"])["nodes"]["a"]["reachable"] is False), 10, what="c to see a gone")
@@ -114,29 +144,7 @@ def _persistent_flow(broker_factory, kill_home: bool):
     back = raw.RawClient(nodes["b"].host, nodes["b"].port)
     ack = back.connect(client_id="traveller", clean=False)
     assert ack.body == b"\x01\x00", "session present [MQTT-3.2.2-2]"
-    got = []
-    deadline = time.monotonic() + 20
-    while len(got) < 200 and time.monotonic() < deadline:
-        p = back.recv(5)
-        if p.type == raw.PUBLISH:
-            got.append((p.topic, p.payload))
-            if p.qos == 1:
-                back.send(raw.puback(p.packet_id))
-            else:
-                back.send(raw.pubrec(p.packet_id))
-        elif p.type == raw.PUBREL:
-            back.send(raw.pubcomp(p.packet_id))
-    # nothing more may come: QoS 2 exactly once
-    try:
-        while True:
-            p = back.recv(1.0)
-            if p.type == raw.PUBLISH:
-                got.append((p.topic, p.payload))
-            elif p.type == raw.PUBREL:
-                back.send(raw.pubcomp(p.packet_id))
-    except TimeoutError:
-        pass
-    back.close()
+    got = _receive(back, 200)  # (and what comes after: QoS 2 exactly once)
     q1 = [pl for t, pl in got if t == "journey/q1"]
     q2 = [pl for t, pl in got if t == "journey/q2"]
     assert sorted(set(q1)) == sorted(f"one-{i}".encode() for i in range(100))
@@ -427,14 +435,7 @@ def test_a_persistent_session_survives_a_full_restart_of_every_node_exactly_once
         broker_factory, ["a", "b", "c"], FULL3, extra=("--mesh-keepalive", "0.3"), data_dirs=tmp_path, admin=True
     )
     wait_converged(nodes, FULL3)
-    sub = raw.RawClient(nodes["a"].host, nodes["a"].port)
-    assert sub.connect(client_id="restarted-sub", clean=False).body == b"\x00\x00"
-    sub.send(raw.subscribe(1, ("restart/q1", 1), ("restart/q2", 2)))
-    sub.expect(raw.SUBACK)
-    for f in ("restart/q1", "restart/q2"):
-        wait_interest(nodes, f, "a")
-    sub.send(raw.DISCONNECT_BYTES)
-    sub.close()
+    _subscribe_and_leave(nodes, "restarted-sub", "restart")
     publish(nodes["c"], "restart/q1", [f"one-{i}".encode() for i in range(30)], qos=1)
     publish(nodes["c"], "restart/q2", [f"two-{i}".encode() for i in range(30)], qos=2)
     pub = raw.RawClient(nodes["b"].host, nodes["b"].port)
@@ -461,26 +462,9 @@ def test_a_persistent_session_survives_a_full_restart_of_every_node_exactly_once
     assert pub2.expect(raw.PUBCOMP).packet_id == 9
     pub2.close()
     back = wait_for(lambda: _present(nodes["b"], "restarted-sub"), 30, what="the subscriber's session back")
-    got = []
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            p = back.recv(2.0)
-        except TimeoutError:
-            if len(got) >= 61:
-                break
-            continue
-        if p.type == raw.PUBLISH:
-            got.append((p.topic, p.payload, p.dup))
-            if p.qos == 1:
-                back.send(raw.puback(p.packet_id))
-            elif p.qos == 2:
-                back.send(raw.pubrec(p.packet_id))
-        elif p.type == raw.PUBREL:
-            back.send(raw.pubcomp(p.packet_id))
-    back.close()
-    q1 = [pl for t, pl, _ in got if t == "restart/q1"]
-    q2 = [pl for t, pl, _ in got if t == "restart/q2"]
+    got = _receive(back, 61)
+    q1 = [pl for t, pl in got if t == "restart/q1"]
+    q2 = [pl for t, pl in got if t == "restart/q2"]
     assert sorted(set(q1)) == sorted(f"one-{i}".encode() for i in range(30))
     assert q2.count(b"released-after") == 1, "the publisher's QoS 2 message, exactly once"
     q2 = [pl for pl in q2 if pl != b"released-after"]

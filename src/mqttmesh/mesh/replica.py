@@ -106,6 +106,11 @@ class _Replicated(_SessionPart):
         id (DurableMeshSession), so that after a restart a copy that never heard of the
         settlement does not bring the message back through a merge."""
 
+    def _settled_id(self, key: tuple[str, int]) -> None:
+        """Message ``key`` is settled for this session: remembered, and stored."""
+        self._remember_done(key)
+        self._stored_done(key)
+
     def _remember_done(self, key: tuple[str, int]) -> None:
         done = self.done
         done[key] = None
@@ -151,8 +156,7 @@ class _Replicated(_SessionPart):
         super()._stored_remove(entry)
         key = (entry.msg.origin, entry.msg.seq)
         if self.ids.pop(key, None) is not None:
-            self._remember_done(key)
-            self._stored_done(key)
+            self._settled_id(key)
             if self.on_settled is not None and self.channel is not None:
                 self._report(key, "done", 0)
 
@@ -246,8 +250,7 @@ class _Replicated(_SessionPart):
                 self._drop_entry(entry)
             else:
                 self.reserved.pop(key, None)
-                self._remember_done(key)
-                self._stored_done(key)
+                self._settled_id(key)
             return
         if entry is None:
             if key not in self.done:
@@ -274,8 +277,7 @@ class _Replicated(_SessionPart):
                 pass
         key = (entry.msg.origin, entry.msg.seq)
         self.ids.pop(key, None)
-        self._remember_done(key)
-        self._stored_done(key)
+        self._settled_id(key)
         super()._stored_remove(entry)
 
 

@@ -1,0 +1,227 @@
+"""A client's PUBLISH into the broker, as part of the Channel: at once, or in order behind a
+persistent publisher's QoS 2 message that waits for its session's other holders.
+
+Pure. A message is numbered (origin, seq) and handed to the broker with its
+acknowledgement (PUBACK, PUBREC) written once what it depends on is committed
+(channel_held.py). In a mesh, a persistent session's QoS 2 message is routed only once the
+session's other holders have it with its id, and under that id by whichever node the client
+is on (mesh/replica.py): what the same client publishes meanwhile waits behind it, in order
+[MQTT-4.6.0-6]. ``Publishing`` holds these steps for ``channel.Channel``, which inherits
+them and keeps the state (``_held``, ``_deferred``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import codec
+from .channel_held import PUBACK_FIRST, PUBCOMP_FIRST, PUBREC_FIRST, ProtocolViolation, ack_frame
+from .channel_states import CONNECTED
+from .message import Message
+
+if TYPE_CHECKING:
+    from collections import deque
+
+    from .broker import Broker
+    from .ports import Batch, PeerPort, ReadCapture
+    from .session import Session
+
+__all__ = ["Publishing"]
+
+
+class Publishing:
+    """The PUBLISH and PUBREL handlers of a Channel (a mixin: the Channel keeps the state)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # what the handlers use of the Channel
+        broker: Broker
+        session: Session | None
+        state: str
+        is_peer: bool
+        peers: PeerPort | None
+        username: str | None
+        client_id: str
+        last_rx: float
+        _held: deque[tuple[int, int, bytes | Message]]
+        _deferred: int
+        _read: ReadCapture | None
+
+        def write(self, frame: bytes) -> None: ...
+
+        def _send_after(self, frame: bytes, batch: Batch, version: int = 0) -> None: ...
+
+        def _hold(self, item: bytes | Message, batch: Batch, version: int) -> None: ...
+
+    def _on_publish(self, pkt: codec.Publish, now: float) -> None:
+        qos = pkt.qos
+        if self._deferred and not self.is_peer:
+            self._publish_in_order(pkt, now)  # an earlier message of this client waits
+            return
+        if qos == 0:
+            self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now)
+            return
+        pid: int = pkt.packet_id  # type: ignore[assignment]  # (QoS 1 or 2: the decoder read an id)
+        if qos == 1:
+            batch = self._publish(pkt.topic, pkt.payload, 1, pkt.retain, now)
+            if not batch and not self._held:
+                self.write(ack_frame(PUBACK_FIRST, pid))
+            else:
+                self._send_after(ack_frame(PUBACK_FIRST, pid), batch)
+            return
+        session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
+        if self._qos2_seen(session, pid):
+            return
+        replica = session.replica
+        if replica is not None and replica.on_settled is not None:
+            # a persistent session in a mesh: the message is routed once its holders have it
+            # with its id, and under that id by whichever holder the client is on, so that a
+            # re-send to another node after this one died is neither a second delivery nor a
+            # loss (mesh/replica.py); the PUBREC waits for it too
+            self._publish_in_order(pkt, now, seen=True)
+            return
+        batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
+        # a durable session's id is journaled: the PUBREC waits for it, and for the message
+        # (the id's batch is the current one, no older than the message's)
+        self._send_after(ack_frame(PUBREC_FIRST, pid), session.awaiting_rel_add(pid) or batch, session.version)
+
+    def _qos2_seen(self, session: Session, pid: int) -> bool:
+        """A re-sent QoS 2 PUBLISH is acknowledged again and delivered no more (True)
+        [MQTT-4.3.3-2]; too many ids awaiting PUBREL is a protocol error."""
+        awaiting = session.awaiting_rel
+        if pid in awaiting:
+            if self._read is not None:
+                self._read.skip()
+            self.write(ack_frame(PUBREC_FIRST, pid))  # (behind what is held)
+            return True
+        if len(awaiting) >= session.limits.max_awaiting_rel:
+            raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
+        return False
+
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Batch:
+        """Hand a message from this client (or its will) to the broker; the journal batch to wait for.
+        (The Message is made whole once it is allowed: origin, number, publisher, timestamp.)"""
+        broker = self.broker
+        broker.stats.messages_received += 1
+        auth = broker.auth
+        if (topic[0] == "$" and not self.is_peer) or (
+            not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
+        ):
+            # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
+            broker.stats.publish_denied += 1
+            if self._read is not None:
+                self._read.skip()
+            return 0
+        seq = next(broker.seqs)
+        msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
+        congestion = broker.congestion
+        congestion.hit = False  # only what this message reaches counts
+        if self.is_peer and topic.startswith("$mesh/"):
+            batch = self.peers.peer_input(self, msg, now)  # type: ignore[union-attr,arg-type]  # (a peer has them)
+            congestion = broker.congestion
+            if congestion.hit:
+                congestion.hit = False
+                if self.state is CONNECTED:
+                    congestion.pause(self, now)  # type: ignore[arg-type]  # a local client cannot keep up: stop reading the link
+            return batch
+        if self._read is not None:
+            # a message of the read being captured: the archive takes it from the read's bytes
+            self._read.message(seq)
+            batch = broker.publish(msg, True)
+        else:
+            batch = broker.publish(msg)
+        congestion = broker.congestion
+        if congestion.hit:
+            congestion.hit = False
+            if self.state is CONNECTED:
+                congestion.pause(self, now)  # type: ignore[arg-type]  # read no more from this publisher for now (flow.py)
+        return batch
+
+    # -- routed once replicated, in order ----------------------------------------------------
+
+    def _publish_in_order(self, pkt: codec.Publish, now: float, seen: bool = False) -> None:
+        """A PUBLISH routed behind what this client's session waits for (``_route_after``),
+        and acknowledged after it; a QoS 2 one of a replicated session gets its agreed id.
+        ``seen``: the caller checked it is not a re-send (``_qos2_seen``)."""
+        qos = pkt.qos
+        pid: int = pkt.packet_id  # type: ignore[assignment]  # (0 for QoS 0, unused)
+        session: Session = self.session  # type: ignore[assignment]
+        if qos == 2 and not seen and self._qos2_seen(session, pid):
+            return
+        msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now)
+        batch = version = 0
+        if qos == 2:
+            replica = session.replica
+            if msg is None or replica is None:
+                batch = session.awaiting_rel_add(pid)
+            else:
+                batch = replica.awaiting_rel_agreed(pid, msg)
+            version = session.version
+        if msg is not None:
+            batch = max(batch, self._route_after(msg, version))
+        if qos:
+            self._send_after(ack_frame(PUBREC_FIRST if qos == 2 else PUBACK_FIRST, pid), batch, version)
+
+    def _message(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Message | None:
+        """A message from this client, numbered, to be routed later (``_route``); None if it
+        may not be published (acknowledged all the same [MQTT-3.3.5-2]). ``_publish`` does
+        the same inline, on the path every message takes."""
+        broker = self.broker
+        broker.stats.messages_received += 1
+        if self._read is not None:
+            self._read.skip()  # (the archive takes it when it is routed: Broker.publish)
+        auth = broker.auth
+        if topic[0] == "$" or (auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)):
+            broker.stats.publish_denied += 1
+            return None
+        seq = next(broker.seqs)
+        return Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
+
+    def _route_after(self, msg: Message, version: int) -> Batch:
+        """Route ``msg`` once the session's settlement ``version`` is replicated and every
+        message held before it went out: now (the journal batch to wait for), or later (0)."""
+        if not self._held and version <= self.session.safe_version:  # type: ignore[union-attr]
+            return self._route(msg)
+        self._hold(msg, 0, version)
+        self._deferred += 1  # type: ignore[misc]  # (a slot of the Channel)
+        return 0
+
+    def _route(self, msg: Message) -> Batch:
+        """Route a message published by this client (``_message``); the batch to wait for.
+        One whose id the session's holders agreed on may have been routed by another node
+        already: its local subscribers had it then (the mesh's duplicate filters know)."""
+        broker = self.broker
+        session = self.session
+        replica = session.replica if session is not None else None
+        if msg.qos == 2 and replica is not None:
+            key = (msg.origin, msg.seq)
+            if key in replica.routed_here:
+                return 0  # (the client came back while it waited: routed by the new channel)
+            replica.routed_here.add(key)
+            mesh = broker.mesh
+            if mesh is not None and not mesh.first_here(msg):
+                mesh.published(msg)
+                return 0
+        batch = broker.publish(msg)
+        congestion = broker.congestion
+        if congestion.hit:
+            congestion.hit = False
+            if self.state is CONNECTED:
+                congestion.pause(self, self.last_rx)  # type: ignore[arg-type]
+        return batch
+
+    def _route_unrouted(self, session: Session) -> None:
+        """A persistent session just attached here: the QoS 2 messages it took that no node
+        may have routed yet (its node died, or its client left, before they went out) are
+        routed now, under their agreed ids (mesh/replica.py)."""
+        replica = session.replica
+        if replica is not None and replica.inbound:
+            for msg in replica.unrouted():
+                self._route_after(msg, replica.version)
+
+    # -- PUBREL ------------------------------------------------------------------------------
+
+    def _on_pubrel(self, pkt: codec.PubRel, now: float) -> None:
+        session: Session = self.session  # type: ignore[assignment]
+        batch = session.awaiting_rel_remove(pkt.packet_id)
+        self._send_after(ack_frame(PUBCOMP_FIRST, pkt.packet_id), batch, session.version)  # [MQTT-4.3.3-2]
