@@ -226,6 +226,10 @@ class BrokerServer:
     def start(self) -> Target:
         raise NotImplementedError
 
+    def use_defaults(self, on: bool) -> None:
+        """Start with the broker's own default limits (True) or the large ones set for the
+        benchmark (False) from the next ``start`` on."""
+
     def alive(self) -> bool:
         return bool(self.procs) and all(p.poll() is None for p in self.procs)
 
@@ -286,6 +290,7 @@ class MqttmeshNodes(BrokerServer):
             raise ValueError("extra_args needs one list per node")
         self.max_inflight = max_inflight
         self.max_queued = max_queued
+        self.defaults = False  # use_defaults: no --max-inflight / --max-queued
         venv_python = REPO / ".venv" / "bin" / "python"
         self.python = python or (str(venv_python) if venv_python.exists() else sys.executable)
         self.start_timeout = start_timeout
@@ -324,10 +329,11 @@ class MqttmeshNodes(BrokerServer):
                     str(port_file),
                     "--sys-interval",
                     "0",
-                    "--max-inflight",
-                    str(self.max_inflight),
-                    "--max-queued",
-                    str(self.max_queued),
+                    *(
+                        []
+                        if self.defaults
+                        else ["--max-inflight", str(self.max_inflight), "--max-queued", str(self.max_queued)]
+                    ),
                     *extra,
                 ]
                 proc = _popen(argv, log_path, cwd=REPO)
@@ -355,19 +361,27 @@ class MqttmeshNodes(BrokerServer):
         )
         return self.target
 
+    def use_defaults(self, on: bool) -> None:
+        self.defaults = on
+
     def _benign(self, line: str) -> bool:
         return "no data directory" in line  # the in-memory warning at every start
 
 
 class Mosquitto(BrokerServer):
-    """Debian's mosquitto with limits large enough not to drop QoS 1/2 messages silently."""
+    """Debian's mosquitto with limits large enough not to drop QoS 1/2 messages silently
+    (``tuned``), or as it comes (``tuned=False``: "mosquitto-default", its stock limits of
+    20 messages in flight and 1,000 queued per client, Nagle on)."""
 
     name = "mosquitto"
 
-    def __init__(self, workdir: Path, path: str = MOSQUITTO, start_timeout: float = 10.0):
+    def __init__(self, workdir: Path, path: str = MOSQUITTO, start_timeout: float = 10.0, tuned: bool = True):
         super().__init__(workdir)
         self.path = path
         self.start_timeout = start_timeout
+        self.tuned = tuned
+        if not tuned:
+            self.name = "mosquitto-default"
 
     def unavailable(self) -> str | None:
         if not os.access(self.path, os.X_OK):
@@ -395,10 +409,12 @@ class Mosquitto(BrokerServer):
                 f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
                 f"listener {port} {HOST}\n"
                 "allow_anonymous true\n"
-                "set_tcp_nodelay true\n"
-                "max_inflight_messages 1000\n"
-                "max_queued_messages 1000000\n"
-                "persistence false\n"
+                + (
+                    "set_tcp_nodelay true\nmax_inflight_messages 1000\nmax_queued_messages 1000000\n"
+                    if self.tuned
+                    else ""
+                )
+                + "persistence false\n"
                 f"log_dest file {log_path}\n"
                 "log_type error\nlog_type warning\nlog_type notice\nlog_type information\n"
             )

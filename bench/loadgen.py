@@ -23,7 +23,8 @@ Measurements:
 - a subscriber tracks per publisher the next expected sequence number and the
   gaps below it, which gives loss, duplicates and reordering in O(1) per message;
 - lost = messages sent at QoS 0, or acknowledged at QoS 1/2, that a subscriber
-  that should have received them never did.
+  that should have received them never did; delivered fraction = 1 - lost / those
+  messages (times their subscribers): the share of what a broker took that it delivered.
 """
 
 from __future__ import annotations
@@ -917,6 +918,9 @@ def run_once(target: Target, workload: Workload, qos: int, opts: RunOptions, run
     errors += [f"publisher {i}: {e}" for i, p in per_pub.items() for e in p["errors"]]
     n_sent = sum(sent.values())
     expected = sum(sent[i] * len(w.receivers(i)) for i in sent)
+    # what a subscriber must get: every message sent at QoS 0, every one acknowledged at QoS 1/2
+    owed = sum((sent[i] - len(unacked.get(i, ()))) * len(w.receivers(i)) for i in sent)
+    lost = sum(r["lost"] for r in sub_res.values())
     p = lambda q: None if (v := percentile(hist, over, q)) is None else v / 1000.0  # noqa: E731
     elapsed = t_end - t0
     return {
@@ -928,7 +932,9 @@ def run_once(target: Target, workload: Workload, qos: int, opts: RunOptions, run
         "published_per_s": n_sent / (opts.warmup + opts.duration),
         "expected": expected,
         "unacked": sum(len(u) for u in unacked.values()),
-        "lost": sum(r["lost"] for r in sub_res.values()),
+        "lost": lost,
+        # the fraction of what was sent (QoS 0) or acknowledged (QoS 1/2) that arrived
+        "delivered_fraction": (owed - lost) / owed if owed else None,
         "dups": sum(r["dups"] for r in sub_res.values()),
         "reordered": sum(r["reordered"] for r in sub_res.values()),
         "foreign": sum(r["foreign"] for r in sub_res.values()),

@@ -35,6 +35,11 @@ class Workload:
     # clients connect with CleanSession=0: in a mesh their sessions are replicated, and every
     # QoS 2 step waits for the session's other nodes to confirm it (issue 15)
     persistent: bool = False
+    # every broker runs with its own default limits (as a user starts it), not the large
+    # ones the other workloads give it: what a broker does with more than it can deliver
+    # (issue 20) depends on exactly those limits
+    broker_defaults: bool = False
+    skip_brokers: tuple[str, ...] = ()  # brokers this workload means nothing for
 
     def pub_topic(self, i: int) -> str:
         if self.topology == "fanout":
@@ -79,6 +84,21 @@ WORKLOADS: dict[str, Workload] = {
             pub_procs=2,
             sub_procs=1,
             description="4 publishers -> 1 subscriber on bench/#",
+        ),
+        Workload(
+            "saturation",
+            "fanin",
+            4,
+            1,
+            (0, 1, 2),
+            inflight=500,
+            e2e_window=0,  # publishers send as fast as the broker reads them
+            pub_procs=2,
+            sub_procs=1,
+            description="4 publishers -> 1 subscriber on bench/#, as fast as the broker reads, "
+            "every broker at its default limits: delivered msgs/s and the fraction delivered",
+            broker_defaults=True,
+            skip_brokers=("amqtt", "mesh2"),
         ),
         Workload(
             "fanout",

@@ -37,6 +37,14 @@ __all__ = [
 PUBACK_FIRST, PUBREC_FIRST, PUBREL_FIRST, PUBCOMP_FIRST = 0x40, 0x50, 0x62, 0x70
 
 
+# the owner is woken at the first frame waiting, and again every SPILL_FRAMES frames: one
+# read can bring thousands of messages for one client, and an owner that writes them then,
+# not at the end of the loop iteration, sees a client that cannot keep up (its socket
+# buffer fills) while the publishers are still being read (flow.py)
+SPILL_FRAMES = 1024
+SPILL_MASK = SPILL_FRAMES - 1
+
+
 def ack_frame(first: int, pid: int) -> bytes:
     return bytes((first, 2, pid >> 8, pid & 0xFF))
 
@@ -74,13 +82,15 @@ class HeldFrames:
             return
         out = self._out
         out.append(frame)
-        if len(out) == 1:
+        n = len(out)
+        if n == 1 or not n & SPILL_MASK:
             self.owner.wake(self)  # type: ignore[arg-type]  # (self is the Channel)
 
     def _write_now(self, frame: bytes) -> None:
         out = self._out
         out.append(frame)
-        if len(out) == 1:
+        n = len(out)
+        if n == 1 or not n & SPILL_MASK:
             self.owner.wake(self)  # type: ignore[arg-type]
 
     def data_to_send(self) -> bytes:

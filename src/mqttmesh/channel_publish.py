@@ -115,14 +115,13 @@ class Publishing:
         seq = next(broker.seqs)
         msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
         congestion = broker.congestion
-        congestion.hit = False  # only what this message reaches counts
+        if congestion.hits:
+            congestion.hits = []  # only what this message reaches counts
         if self.is_peer and topic.startswith("$mesh/"):
             batch = self.peers.peer_input(self, msg, now)  # type: ignore[union-attr,arg-type]  # (a peer has them)
-            congestion = broker.congestion
-            if congestion.hit:
-                congestion.hit = False
-                if self.state is CONNECTED:
-                    congestion.pause(self, now)  # type: ignore[arg-type]  # a local client cannot keep up: stop reading the link
+            if congestion.hits:
+                # a local client cannot keep up: read the link no faster than it drains
+                congestion.hold(self if self.state is CONNECTED else None, now, len(payload))  # type: ignore[arg-type]
             return batch
         if self._read is not None:
             # a message of the read being captured: the archive takes it from the read's bytes
@@ -130,11 +129,9 @@ class Publishing:
             batch = broker.publish(msg, True)
         else:
             batch = broker.publish(msg)
-        congestion = broker.congestion
-        if congestion.hit:
-            congestion.hit = False
-            if self.state is CONNECTED:
-                congestion.pause(self, now)  # type: ignore[arg-type]  # read no more from this publisher for now (flow.py)
+        if congestion.hits:
+            # read this publisher no faster than the congested sessions it reached drain (flow.py)
+            congestion.hold(self if self.state is CONNECTED else None, now, len(topic) + len(payload))  # type: ignore[arg-type]
         return batch
 
     # -- routed once replicated, in order ----------------------------------------------------
@@ -202,12 +199,12 @@ class Publishing:
             if mesh is not None and not mesh.first_here(msg):
                 mesh.published(msg)
                 return 0
-        batch = broker.publish(msg)
         congestion = broker.congestion
-        if congestion.hit:
-            congestion.hit = False
-            if self.state is CONNECTED:
-                congestion.pause(self, self.last_rx)  # type: ignore[arg-type]
+        if congestion.hits:
+            congestion.hits = []
+        batch = broker.publish(msg)
+        if congestion.hits:
+            congestion.hold(self if self.state is CONNECTED else None, self.last_rx, len(msg.topic) + len(msg.payload))  # type: ignore[arg-type]
         return batch
 
     def _route_unrouted(self, session: Session) -> None:

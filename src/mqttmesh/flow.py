@@ -1,19 +1,27 @@
-"""Flow control: a congested session slows the publishers it waits for, for a bounded time.
+"""Flow control: a congested session paces the publishers that feed it to the rate it drains.
 
 Pure. A session (or a peer link) is *congested* while it is online and either its queue is
 over the high-water mark or its socket's send buffer is full (the I/O layer says so). A
-publisher whose message reached a congested session stops being read until every session it
-waits for is clear, so TCP pushes back on it and nobody else. No publisher waits longer than
-``backpressure_timeout``: a session still congested that long after it first held a
-publisher back stops holding anyone back until it is clear again, and what it is sent
-meanwhile is queued or dropped by its own limits (session.py), and counted. A session
-congested for longer than the slow-consumer ``timeout`` without progress is reported by
-``sweep`` for the I/O layer to drop.
+publisher whose message reached a congested session stops being read: it owes that session
+the messages it sent it meanwhile (its *debt*). What the session drains pays the debts of
+the publishers it holds back, shared out max-min fairly (water-filling), and a publisher is
+read again once it owes nothing to any session. So the node reads the publishers that feed a
+congested session no faster than that session drains, and never accepts what it would have
+to drop; a publisher that sends now and then (a canary) owes little and goes through at once.
+A session that becomes clear releases everyone it holds at once.
 
-It leaves to its caller the clock (``pause``, ``expire`` and ``sweep`` take ``now``; the
-caller calls ``expire`` at least every ``backpressure_timeout / 4``) and the sockets: a
-paused publisher is a ``ports.Pausable`` (a Channel, a peer link) whose ``pause_reading()``
-and ``resume_reading()`` stop and restart reading it.
+No guarantee rests on a timer firing: a session that makes no progress at all for
+``backpressure_timeout`` is *stalled*; it stops holding anyone back until it makes progress
+again, and what it is sent meanwhile is queued or dropped by its own limits (session.py),
+and counted. A session congested without progress for longer than the slow-consumer
+``timeout`` is reported by ``sweep`` for the I/O layer to drop.
+
+It leaves to its caller the clock (``hold``, ``expire`` and ``sweep`` take ``now``; the
+caller calls ``expire`` often, every few tens of milliseconds while anything is congested),
+the measure of progress (``expire`` and ``sweep`` take ``progress(session)``: messages the
+client acknowledged and bytes the kernel took), and the sockets: a paused publisher is a
+``ports.Pausable`` (a Channel, a peer link) whose ``pause_reading()`` and
+``resume_reading()`` stop and restart reading it.
 """
 
 from __future__ import annotations
@@ -24,23 +32,42 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .ports import Pausable
 
-__all__ = ["Congestion"]
+__all__ = ["Congestion", "Progress"]
+
+# what ``progress(session)`` returns: (messages acknowledged, bytes the kernel took), ever
+Progress = Callable[[Any], tuple[int, int]]
+
+FRAME_BYTES = 80  # a message's size on the wire, until a session has seen its own
+
+
+class _Held:
+    """A congested session's account: what it drained, and what each publisher owes it."""
+
+    __slots__ = ("marker", "progressed_at", "debts", "msgs", "bytes")
+
+    def __init__(self) -> None:
+        self.marker: tuple[int, int] | None = None  # the last progress(session) seen
+        self.progressed_at = 0.0  # when it last changed
+        self.debts: dict[Pausable, float] = {}  # publisher -> messages it sent here while held
+        self.msgs = 0  # messages the held publishers sent it, and their bytes: the mean
+        self.bytes = 0  # size converts bytes drained into messages drained
 
 
 class Congestion:
     def __init__(self, timeout: float = 5.0, backpressure_timeout: float = 1.0):
-        self.timeout = timeout  # slow consumer: dropped after this
-        self.backpressure_timeout = backpressure_timeout  # longest a publisher waits
+        self.timeout = timeout  # slow consumer: dropped after this without progress
+        self.backpressure_timeout = backpressure_timeout  # longest a publisher waits for no progress
         self.reasons: dict[Hashable, set[str]] = {}  # session -> {"queue", "socket"}
-        self.since: dict[Hashable, tuple[float, Any]] = {}  # session -> (last progress, marker)
-        self.holding: dict[Hashable, float] = {}  # session -> when it first held a publisher back
-        self.overrun: set[Hashable] = set()  # congested past the bound: holds no one back
-        self.waiting: dict[Hashable, set[Pausable]] = {}  # session -> publishers paused for it
-        self.paused: dict[Pausable, tuple[float, set[Hashable]]] = {}  # publisher -> (paused at, sessions it waits for)
-        self.hit = False  # the last dispatch reached a congested session ...
-        self.hit_sessions: list[Hashable] = []  # ... these ones (valid while ``hit``)
+        self.held: dict[Hashable, _Held] = {}  # congested session -> its account
+        self.stalled: set[Hashable] = set()  # congested, no progress for the bound: hold no one
+        self.paused: dict[Pausable, set[Hashable]] = {}  # publisher -> sessions it owes
+        # the congested sessions the message (or read) being handled reached, once per
+        # message: filled by ``check``/``note`` during a dispatch, emptied by ``hold``
+        self.hits: list[Hashable] = []
+        self.since: dict[Hashable, tuple[float, Any]] = {}  # sweep: session -> (last progress, marker)
         self.pauses = 0  # publishers paused, ever
-        self.released = 0  # publishers read again because the bound passed, ever
+        self.paced = 0  # publishers read again because their debts were paid, ever
+        self.released = 0  # publishers read again because a session stalled, ever
 
     def __bool__(self) -> bool:
         return bool(self.reasons)
@@ -66,101 +93,139 @@ class Congestion:
 
     def _cleared(self, session: Hashable) -> None:
         self.since.pop(session, None)
-        self.holding.pop(session, None)
-        self.overrun.discard(session)
-        self._release(session)
+        self.stalled.discard(session)
+        held = self.held.pop(session, None)
+        if held is not None:
+            for publisher in held.debts:
+                self._paid(publisher, session)
 
-    def _release(self, session: Hashable) -> None:
-        """Publishers stop waiting for ``session``; those that wait for nothing else resume."""
-        for channel in self.waiting.pop(session, ()):
-            entry = self.paused.get(channel)
-            if entry is not None:
-                entry[1].discard(session)
-                if not entry[1]:
-                    self._resume(channel)
+    def _paid(self, publisher: Pausable, session: Hashable) -> bool:
+        """``publisher`` owes ``session`` nothing more; read again if it owes no one (True)."""
+        owed = self.paused.get(publisher)
+        if owed is None:
+            return False
+        owed.discard(session)
+        if owed:
+            return False
+        del self.paused[publisher]
+        publisher.resume_reading()  # (which a publisher closed meanwhile ignores)
+        return True
 
     # -- the hot path: did this message reach a congested session? ------------------------------
 
     def check(self, sessions: Iterable[Hashable]) -> None:
         """Called by dispatch (only while something is congested) with the sessions reached."""
         reasons = self.reasons
-        overrun = self.overrun
+        stalled = self.stalled
         for session in sessions:
-            if session in reasons and session not in overrun:
-                self.note(session)
+            if session in reasons and session not in stalled:
+                self.hits.append(session)
 
     def note(self, session: Hashable) -> None:
         """The message being handled reached ``session``, which is congested."""
-        if self.hit:
-            self.hit_sessions.append(session)
-        else:
-            self.hit = True
-            self.hit_sessions = [session]
+        self.hits.append(session)
 
-    def pause(self, channel: Pausable, now: float) -> None:
-        """Stop reading ``channel``: what it published reached the sessions of the last hit."""
-        sessions = self.hit_sessions if self.hit else []
-        self.hit = False
-        self.hit_sessions = []
-        if self.backpressure_timeout <= 0:
+    def hold(self, publisher: Pausable | None, now: float, size: int = 0) -> None:
+        """The message (or read) just handled came from ``publisher`` and reached the
+        sessions in ``hits``: it owes each of them one message per hit, and is not read
+        until it has paid (``size``: the message's bytes, 0 if unknown). ``None``: the
+        message came from no one who can be paused (a closing client): forget the hits."""
+        hits = self.hits
+        self.hits = []
+        if publisher is None or self.backpressure_timeout <= 0:
             return  # publishers are never held back: congested sessions queue or drop
-        entry = self.paused.get(channel)
-        fresh = entry is None
-        if entry is None:
-            entry = self.paused[channel] = (now, set())
-        waits = entry[1]
-        for session in sessions:
-            if session in self.reasons and session not in self.overrun:
-                waits.add(session)
-                self.waiting.setdefault(session, set()).add(channel)
-                self.holding.setdefault(session, now)
-        if not waits:
-            del self.paused[channel]
-            return
-        if fresh:
+        reasons = self.reasons
+        owed = self.paused.get(publisher)
+        fresh = owed is None
+        for session in hits:
+            if session not in reasons or session in self.stalled:
+                continue
+            held = self.held.get(session)
+            if held is None:
+                held = self.held[session] = _Held()
+                held.progressed_at = now
+            held.debts[publisher] = held.debts.get(publisher, 0.0) + 1.0
+            held.msgs += 1
+            held.bytes += size or FRAME_BYTES
+            if owed is None:
+                owed = self.paused[publisher] = set()
+            owed.add(session)
+        if fresh and owed:
             self.pauses += 1
-            channel.pause_reading()
+            publisher.pause_reading()
 
-    def unpause(self, channel: Pausable) -> None:
-        """``channel`` closed: forget it without touching its socket."""
-        entry = self.paused.pop(channel, None)
-        if entry is not None:
-            for session in entry[1]:
-                waiting = self.waiting.get(session)
-                if waiting is not None:
-                    waiting.discard(channel)
-
-    def _resume(self, channel: Pausable) -> None:
-        entry = self.paused.pop(channel, None)
-        if entry is None:
-            return
-        for session in entry[1]:
-            waiting = self.waiting.get(session)
-            if waiting is not None:
-                waiting.discard(channel)
-        channel.resume_reading()  # (which a publisher closed meanwhile ignores)
+    def unpause(self, publisher: Pausable) -> None:
+        """``publisher`` closed: forget it without touching its socket."""
+        for session in self.paused.pop(publisher, ()):
+            held = self.held.get(session)
+            if held is not None:
+                held.debts.pop(publisher, None)
 
     def resume_all(self) -> None:
-        for channel in list(self.paused):
-            self._resume(channel)
+        for publisher in list(self.paused):
+            del self.paused[publisher]
+            publisher.resume_reading()
+        for held in self.held.values():
+            held.debts.clear()
 
     # -- time -----------------------------------------------------------------------------------
 
-    def expire(self, now: float) -> int:
-        """Sessions that have held publishers back for ``backpressure_timeout`` stop doing so
-        (until they are clear again); the number of publishers this resumed."""
+    def expire(self, now: float, progress: Progress) -> int:
+        """What each congested session drained since the last call pays the debts of the
+        publishers it holds; one that made no progress for ``backpressure_timeout`` stalls
+        and releases them all (until it progresses again). The number of publishers resumed."""
+        resumed = 0
         limit = self.backpressure_timeout
-        before = len(self.paused)
-        for session, start in list(self.holding.items()):
-            if now - start >= limit:
-                del self.holding[session]
-                self.overrun.add(session)
-                self._release(session)
-        for channel, (paused_at, _) in list(self.paused.items()):
-            if now - paused_at >= limit:  # (a session that went away without being cleared)
-                self._resume(channel)
-        resumed = before - len(self.paused)
-        self.released += resumed
+        for session, reasons in list(self.reasons.items()):
+            marker = progress(session)
+            held = self.held.get(session)
+            if held is None:
+                held = self.held[session] = _Held()
+            if held.marker is None:
+                held.marker, held.progressed_at = marker, now
+                continue
+            acked = marker[0] - held.marker[0]
+            drained = marker[1] - held.marker[1]
+            if acked <= 0 and drained <= 0:
+                if now - held.progressed_at >= limit and session not in self.stalled:
+                    self.stalled.add(session)  # it holds no one back until it progresses
+                    for publisher in list(held.debts):
+                        if self._paid(publisher, session):
+                            self.released += 1
+                            resumed += 1
+                    held.debts.clear()
+                continue
+            held.marker, held.progressed_at = marker, now
+            self.stalled.discard(session)
+            if "queue" in reasons:
+                taken = float(acked)  # messages leave the queue as the client acknowledges
+            else:
+                taken = drained / (held.bytes / held.msgs if held.msgs else FRAME_BYTES)
+            resumed += self._pay(session, held, taken)
+        return resumed
+
+    def _pay(self, session: Hashable, held: _Held, taken: float) -> int:
+        """Share ``taken`` messages out among the publishers ``session`` holds, max-min
+        fairly: the smallest debts are paid in full, the rest get equal shares."""
+        debts = held.debts
+        if not debts:
+            return 0  # drained with no one waiting: the backlog shrank, nobody owes anything
+        credit = taken
+        resumed = 0
+        waiting = sorted(debts.items(), key=lambda kv: kv[1])
+        left = len(waiting)
+        for publisher, debt in waiting:
+            share = credit / left
+            left -= 1
+            if debt <= share:
+                credit -= debt
+                del debts[publisher]
+                if self._paid(publisher, session):
+                    resumed += 1
+            else:
+                debts[publisher] = debt - share
+                credit -= share
+        self.paced += resumed
         return resumed
 
     def sweep(self, now: float, progress: Callable[[Any], Any]) -> list[Hashable]:

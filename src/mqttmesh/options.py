@@ -113,9 +113,10 @@ OPTIONS: list[Option] = [
         "backpressure_timeout",
         float,
         1.0,
-        "longest time, in seconds, a publisher is not "
-        "read because a client it publishes to is congested; after it that client's messages are "
-        "queued or dropped by its own limits (0 = publishers are never held back)",
+        "seconds a congested client may make no "
+        "progress at all before it stops holding back the publishers that feed it (until then "
+        "they are read no faster than it drains); after it that client's messages are queued or "
+        "dropped by its own limits (0 = publishers are never held back)",
         0,
     ),
     Option(

@@ -58,7 +58,10 @@ class Owner(Protocol):
     """A Channel's connection: the socket and timers of one client (server/connection.py)."""
 
     def wake(self, channel: Channel) -> None:
-        """There are bytes in ``channel.data_to_send()``."""
+        """There are bytes in ``channel.data_to_send()``: called at the first frame, and
+        again every ``channel_held.SPILL_FRAMES`` frames while they wait, when an owner that
+        batches its writes should write them at once (``Channel.pending_frames`` says how
+        many wait)."""
 
     def close(self, channel: Channel, reason: str) -> None:
         """Send what is pending, then close."""

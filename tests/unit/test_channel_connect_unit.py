@@ -762,14 +762,14 @@ def test_a_channel_is_paused_and_resumed_through_its_owner_while_connected(net):
     congestion.add(slow, "queue")
     ch = net.connect("p")
     congestion.note(slow)
-    congestion.pause(ch, 0.0)
+    congestion.hold(ch, 0.0)
     assert net.owner.paused == [ch]
     congestion.remove(slow, "queue")
     assert net.owner.resumed == [ch]
     other = net.connect("q")
     congestion.add(slow, "queue")
     congestion.note(slow)
-    congestion.pause(other, 0.0)
+    congestion.hold(other, 0.0)
     other.state = CLOSED  # (closed without the Channel's own unpause)
     congestion.remove(slow, "queue")
     assert net.owner.resumed == [ch]  # a closed channel's socket is not touched

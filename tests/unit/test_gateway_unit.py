@@ -128,21 +128,21 @@ def test_a_congested_link_holds_the_publisher():
     engine.next_hop = {"b": "b", "c": "c"}  # d is unreachable
     congestion = broker.congestion
     gw.published(msg("t/1"))
-    assert not congestion.hit  # nothing congested: not even looked at
+    assert not congestion.hits  # nothing congested: not even looked at
     congestion.add("slow", "queue")
     gw.published(msg("t/1"))
-    assert congestion.hit and congestion.hit_sessions == ["slow"]
+    assert congestion.hits == ["slow"]
 
 
-def test_an_overrun_link_does_not_hold_the_publisher():
+def test_a_stalled_link_does_not_hold_the_publisher():
     slow = Link("slow")
     gw, engine, broker, _ = gateway(links={"b": slow})
     engine.wanting["t/1"] = ["b"]
     engine.next_hop = {"b": "b"}
     broker.congestion.add("slow", "queue")
-    broker.congestion.overrun.add("slow")
+    broker.congestion.stalled.add("slow")
     gw.published(msg("t/1"))
-    assert not broker.congestion.hit
+    assert not broker.congestion.hits
 
 
 def test_a_unicast_goes_to_the_engine_and_is_sent_soon():

@@ -129,6 +129,7 @@ class LinkClient:
         self.inflight: dict[int, bytes] = {}  # packet id -> frame, in send order
         self.queue: deque[tuple[bytes, bytes, int]] = deque()
         self.dropped = 0
+        self.acked = 0  # PUBACKs received, ever (progress, for flow control)
         self._next_pid = 1
         self._reset()
 
@@ -190,6 +191,7 @@ class LinkClient:
                     events.append(Received(pkt.topic, pkt.payload))
                 elif t == PUBACK:
                     if self.inflight.pop(pkt.packet_id, None) is not None:
+                        self.acked += 1
                         self._refill()
                 elif t == PINGRESP:
                     if self._ping_sent is not None:

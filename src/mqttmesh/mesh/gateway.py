@@ -95,5 +95,5 @@ class MeshGateway:
             link = self.links.get(engine.route_to(node) or "")
             if link is not None:
                 key = link.congestion_key()
-                if key in congestion.reasons and key not in congestion.overrun:
+                if key in congestion.reasons and key not in congestion.stalled:
                     congestion.note(key)

@@ -220,7 +220,12 @@ class Connection(asyncio.Protocol):
     # -- the Channel's owner interface ------------------------------------------------------
 
     def wake(self, channel) -> None:
-        self.node.mark_dirty(self)
+        if channel.pending_frames > 1:
+            # a read brought this client many messages: write them now, so that a client
+            # that cannot take them is congested before more is read (flow.py)
+            self.flush()
+        else:
+            self.node.mark_dirty(self)
 
     def close(self, channel, reason: str) -> None:
         if self.closing:

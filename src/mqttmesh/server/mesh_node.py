@@ -83,9 +83,15 @@ class PeerClient(asyncio.Protocol):
         # the peer is slow
         self.state = "connecting"
         self.reading_paused = False
+        self.written = 0  # bytes handed to the transport, ever
 
     def congestion_key(self):
         return self
+
+    @property
+    def acked(self) -> int:
+        """Batches the peer acknowledged, ever (progress: Node._progress)."""
+        return self.client.acked
 
     # flow control ---------------------------------------------------------------------
     def pause_reading(self) -> None:
@@ -117,7 +123,8 @@ class PeerClient(asyncio.Protocol):
         now = self.loop.time()
         mesh = self.mesh
         congestion = mesh.broker.congestion
-        congestion.hit = False  # only what this read reaches counts
+        if congestion.hits:
+            congestion.hits = []  # only what this read reaches counts
         for event in self.client.receive_data(data, now):
             if type(event) is Received:
                 mesh.peer_links.link_message(self, event.topic, event.payload, now)
@@ -143,10 +150,11 @@ class PeerClient(asyncio.Protocol):
             elif type(event) is ProtocolError:
                 log.warning("peer %s: %s", self.address, event.reason)
                 self.transport.close()
-        if congestion.hit:
-            # what this link brought reached a local client that cannot keep up: read no
-            # more from it, so the peer's sending backs up and pauses its publishers
-            congestion.pause(self, now)
+        if congestion.hits:
+            # what this link brought reached a local client that cannot keep up: read it no
+            # faster than that client drains, so the peer's sending backs up and paces its
+            # publishers
+            congestion.hold(self, now)
         if self in congestion.reasons:
             self._check_queue()
         self._write()
@@ -165,6 +173,7 @@ class PeerClient(asyncio.Protocol):
         data = self.client.data_to_send()
         if data and self.transport is not None and not self.transport.is_closing():
             self.transport.write(data)
+            self.written += len(data)  # (progress: Node._progress)
 
     # link side
     def send(self, kind: str, payload: bytes, qos: int) -> None:

@@ -284,8 +284,8 @@ class Node:
         """Often: the back-pressure time bound, and the memory all buffers hold."""
         now = self.loop.time()
         congestion = self.broker.congestion
-        if congestion.holding or congestion.paused:
-            congestion.expire(now)
+        if congestion.reasons:
+            congestion.expire(now, self._progress)
         if self.buffering:
             self._refresh_buffers()
         if self.reading_paused and self.buffered <= self.buffer_low:
@@ -518,6 +518,7 @@ class Node:
             "connections/preauth_refused": s.preauth_refused,
             "clients/outputs_blocked": s.outputs_blocked,
             "clients/publishers_paused": b.congestion.pauses,
+            "clients/publishers_paced": b.congestion.paced,
             "clients/publishers_released": b.congestion.released,
             "load/buffered": self.buffered,
             "load/memory_pauses": s.memory_pauses,
