@@ -217,9 +217,9 @@ def test_tls_listener_without_certificate_is_a_config_error():
 
 
 def _peer_connect_over(sock) -> bytes:
-    """Send a peer CONNECT (protocol 4, a well-formed nonce) and return the CONNACK's 4 bytes."""
+    """Send a peer CONNECT (protocol 5, a well-formed nonce) and return the CONNACK's 4 bytes."""
     sock.sendall(
-        mqttraw.connect("$mesh-x", clean=False, keepalive=2, username="mqttmesh-peer", password=b"4|x|1|" + b"ab" * 16)
+        mqttraw.connect("$mesh-x", clean=False, keepalive=2, username="mqttmesh-peer", password=b"5|x|1|" + b"ab" * 16)
     )
     data = b""
     while len(data) < 4:

@@ -105,6 +105,11 @@ class Journal:
         ranked by what it holds, not as the oldest (mesh/replica.py merge_snapshots)."""
         self._record(("v", client_id), ("version_put", client_id, epoch, version))
 
+    def floor_put(self, client_id: str, origin: str, seq: int) -> None:
+        """A replicated session forgot settled ids of ``origin`` up to ``seq`` (its floor,
+        mesh/replica.py): after a restart it still tells a settled QoS 2 message apart."""
+        self._record(("f", client_id, origin), ("floor_put", client_id, origin, seq))
+
     # -- messages a mesh origin holds until their destinations acknowledge them -------
 
     def custody_put(self, msg: Message, dests: list[str]) -> None:
@@ -199,6 +204,9 @@ class NullJournal:
     def done_put(self, client_id: str, slot: int, number: int, origin: str, seq: int) -> None:
         pass
 
+    def floor_put(self, client_id: str, origin: str, seq: int) -> None:
+        pass
+
     def custody_put(self, msg: Message, dests: list[str]) -> None:
         pass
 
@@ -284,6 +292,7 @@ def restore_sessions(
     inbound: Iterable[tuple[Any, ...]] = (),
     versions: Iterable[tuple[str, int, int]] = (),
     tombstones: Iterable[tuple[str, int, str, int]] = (),
+    floors: Iterable[tuple[str, str, int]] = (),
 ) -> list[Session]:
     """Rebuild the persistent sessions from what the store read back, in its row order.
 
@@ -293,7 +302,8 @@ def restore_sessions(
     packet_id, topic, payload, retain, origin, seq, publisher, timestamp), the messages of
     those ids in a mesh (mesh/replica.py); ``versions``: (client_id, epoch, version) of
     sessions replicated in a mesh; ``tombstones``: (client_id, number, origin, seq), the
-    message ids they settled, oldest first. Rows of unknown clients are
+    message ids they settled, oldest first; ``floors``: (client_id, origin, seq), up to
+    which they forgot settled ids. Rows of unknown clients are
     skipped. Each is consumed only after the one before it.
     """
     restored: dict[str, Session] = {}
@@ -328,6 +338,10 @@ def restore_sessions(
         if replica is not None:
             replica._remember_done((origin, seq))
             replica.tombstones_stored = max(replica.tombstones_stored, number)
+    for client_id, origin, seq in floors:
+        replica = _replica_of(restored, client_id)
+        if replica is not None and seq > replica.floors.get(origin, -1):
+            replica.floors[origin] = seq  # (as stored: no need to store it again)
     for session in restored.values():
         if session.inflight:
             session._next_pid = max(session.inflight) % 65535 + 1  # after the highest id in flight

@@ -260,3 +260,35 @@ def test_acl_without_sys_grants_gives_nothing_under_sys(broker_factory, tmp_path
     alice.ack(own)
     alice.expect_silence(0.5)
     bob.expect_silence(0.5)
+
+
+def test_a_refused_login_gets_its_connack_and_a_clean_close_not_a_reset(broker_factory, pwfile):
+    """Issue 20: a node closed a connection it refused while the client's later bytes (a
+    PINGREQ sent while the CONNECT was checked, when the node does not read) were unread,
+    so the kernel answered with a TCP reset, which can destroy the CONNACK on its way (a
+    persistent client reconnecting after a kill -9 saw ConnectionResetError instead of
+    CONNACK 0x03). The node now half-closes, reads and drops what still comes, then closes."""
+    import socket
+
+    b = broker_factory("--password-file", str(pwfile), "--auth-fail-threshold", "100000")
+    for i in range(20):
+        sock = socket.create_connection((b.host, b.port), timeout=10)
+        try:
+            sock.sendall(mqttraw.connect(client_id=f"r{i}", username="alice", password="wrong"))
+            sock.setblocking(False)
+            got = b""
+            deadline = time.monotonic() + 10
+            while len(got) < 4 and time.monotonic() < deadline:  # pings until the CONNACK comes
+                sock.sendall(mqttraw.packet(0xC0, b""))
+                try:
+                    got += sock.recv(64)
+                except BlockingIOError:
+                    time.sleep(0.002)  # (a pause between pings, not a wait for an event)
+            assert got[:4] == b"\x20\x02\x00\x04", got
+            sock.setblocking(True)
+            rest = got[4:]
+            while chunk := sock.recv(64):  # ConnectionResetError here was the bug
+                rest += chunk
+            assert rest == b""  # nothing after the refusal, then the node's FIN
+        finally:
+            sock.close()

@@ -798,13 +798,18 @@ REG_JSON = {
 ENTRY = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5)
 FWD = Forwarded("t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75)
 FWD_JSON = ["t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75]
-SNAP = Snapshot("c1", {"t/#": 1}, 3, [ENTRY], [("n2", 8)], [4], "n1", 4, 17, [("n2", 10, 1, 6)], [(4, FWD)])
+SNAP = Snapshot(
+    "c1", {"t/#": 1}, 3, [ENTRY], [("n2", 3), ("n2", 8)], [4], "n1", 4, 17, [("n2", 10, 1, 6)], [(4, FWD)], {"n2": 2}
+)
 SNAP_JSON = {
     "cid": "c1",
     "subs": {"t/#": 1},
     "subs_version": 3,
     "entries": [["n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5]],
-    "done": [["n2", 8]],
+    # (mesh protocol 5, issue 20: every settled id the copy remembers, packed: per origin the
+    # sorted sequence numbers as LEB128 varints of their differences, 3 and 5; and the floors)
+    "done": {"n2": "AwU="},
+    "floors": {"n2": 2},
     "rel": [4],
     "active": "n1",
     "epoch": 4,

@@ -313,7 +313,7 @@ def test_the_handshake_rtt_is_the_first_cost_of_a_link():
     a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
     assert a.routers["a"].seq == 2
     hello = encode_hello(Hello(a.node_id, a.incarnation, a.addresses, rtt_us=40_000.4))
-    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 4}
+    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 5}
 
 
 def test_custody_lets_go_of_a_node_that_aged_out():

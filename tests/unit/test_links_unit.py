@@ -213,9 +213,9 @@ def test_identity_mismatch_closes_and_logs_on_both_sides():
 def test_hello_of_another_version_is_refused_naming_both():
     node = Node("b")
     link = MemLink("a", "a", True, "10.0.0.1:50000")
-    node.links.receive(link, "hello", hello_of("a", proto=5), 0.0)
-    assert link.closed == "peer 'a' speaks mesh protocol 5, this node 4"
-    assert "peer 'a' speaks mesh protocol 5, this node 4" in node.log.text("warning")
+    node.links.receive(link, "hello", hello_of("a", proto=6), 0.0)
+    assert link.closed == "peer 'a' speaks mesh protocol 6, this node 5"
+    assert "peer 'a' speaks mesh protocol 6, this node 5" in node.log.text("warning")
     assert node.links.links == {}
 
 

@@ -395,3 +395,40 @@ def test_a_durable_replica_keeps_the_ids_it_settled_across_a_restart(tmp_path):
     install(back, Snapshot("s", {"t": 2}, 0, [stale], [], [], None, 1, 5))
     assert not back.queue and not back.inflight
     assert 1 < TOMBSTONES and back.tombstones_stored % TOMBSTONES == 2  # (the next slot of the ring)
+
+
+def test_a_durable_replicas_floors_are_stored_and_come_back(tmp_path, monkeypatch):
+    """Issue 20: a copy that forgot settled ids (more than TOMBSTONES) keeps, per origin, the
+    highest sequence number it forgot; after a restart it still takes a QoS 2 message at or
+    below it for settled, and a QoS 1 one for new."""
+    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+    from mqttmesh.mesh import replica
+    from mqttmesh.server.sqlite_store import SqliteStore
+
+    monkeypatch.setattr(replica, "TOMBSTONES", 3)
+    j = Journal()
+    s = DurableMeshSession("s", Limits(), j)
+    for seq in (7, 8, 9, 10, 11):
+        s.settle(("n2", seq), "done", 0)
+    assert list(s.done) == [("n2", 9), ("n2", 10), ("n2", 11)] and s.floors == {"n2": 8}
+    ops = j.take()[1]
+    assert ("floor_put", "s", "n2", 8) in ops
+    store = SqliteStore(str(tmp_path))
+    store.write([("session_put", "s", {"t": 2})] + ops)
+    store.db.close()
+    factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
+    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
+    again = SqliteStore(str(tmp_path))
+    again.load(broker)
+    again.db.close()
+    back = broker.sessions["s"]
+    assert back.floors == {"n2": 8}
+    back.deliver(Message("t", b"x", 2, False, "n2", 6, "p", 1.0), 2)  # forgotten: taken as settled
+    back.deliver(Message("t", b"y", 1, False, "n2", 5, "p", 1.0), 1)  # QoS 1: taken as new
+    back.deliver(Message("t", b"z", 2, False, "n2", 12, "p", 1.0), 2)  # above the floor: new
+    assert [(e.msg.seq, e.qos) for e in back.queue] == [(5, 1), (12, 2)] and back.forgotten_qos2 == 1
+    # a session deleted for good takes its floors with it
+    store = SqliteStore(str(tmp_path))
+    store.write([("session_delete", "s")])
+    assert store.db.execute("SELECT COUNT(*) FROM tombstone_floors").fetchone()[0] == 0
+    store.db.close()

@@ -247,7 +247,12 @@ class Cluster:
 
     def status(self) -> dict[str, Any]:
         """Counters and live nodes: nothing that names a client."""
-        return {"counters": dict(self.counters), "live": self.members.live}
+        counters = dict(self.counters)
+        # QoS 2 messages the sessions here took for settled and forgotten (replica.forgotten)
+        counters["forgotten_qos2"] = sum(
+            getattr(s.replica, "forgotten_qos2", 0) for s in self.broker.sessions.values() if s.replica is not None
+        )
+        return {"counters": counters, "live": self.members.live}
 
     def clients(self) -> dict[str, Any]:
         """The ClientIds this node registers (as their first registrar) and serves."""

@@ -25,6 +25,8 @@ __all__ = [
     "Forwarded",
     "SnapshotEntry",
     "Snapshot",
+    "pack_ids",
+    "unpack_ids",
 ]
 
 
@@ -108,6 +110,61 @@ def _array(value: Any, n: int, where: str) -> list[Any]:
 def _items(obj: dict[str, Any], key: str, where: str) -> list[tuple[str, Any]]:
     """The elements of list ``key`` of ``obj``, each with its place for messages."""
     return [(f"{where} {key}[{i}]", v) for i, v in enumerate(_list(_key(obj, key, where), where, key))]
+
+
+# --------------------------------------------------------------------------- message ids, packed
+
+MAX_PACKED_IDS = 1_000_000  # ids one packed list may hold (a session remembers far fewer)
+
+
+def pack_ids(ids: list[tuple[str, int]]) -> dict[str, str]:
+    """Message ids (origin, seq) as ``{origin: base64 of the sorted sequence numbers as
+    LEB128 varints of their differences}``: about two bytes an id where a JSON pair takes
+    twenty, so a snapshot carries every settled id its copy remembers."""
+    by_origin: dict[str, list[int]] = {}
+    for origin, seq in ids:
+        by_origin.setdefault(origin, []).append(seq)
+    out: dict[str, str] = {}
+    for origin in sorted(by_origin):
+        buf = bytearray()
+        prev = 0
+        for seq in sorted(set(by_origin[origin])):
+            delta = seq - prev
+            prev = seq
+            while delta >= 0x80:
+                buf.append((delta & 0x7F) | 0x80)
+                delta >>= 7
+            buf.append(delta)
+        out[origin] = base64.b64encode(bytes(buf)).decode()
+    return out
+
+
+def unpack_ids(value: Any, where: str) -> list[tuple[str, int]]:
+    """The ids of ``pack_ids``; a malformed list is a ClusterWireError naming the origin."""
+    packed = _obj(value, where)
+    ids: list[tuple[str, int]] = []
+    for origin, text in packed.items():
+        _str(text, where, origin)
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except (ValueError, TypeError):
+            raise ClusterWireError(f"{where}: {origin!r} is not base64") from None
+        seq = shift = delta = 0
+        for byte in raw:
+            delta |= (byte & 0x7F) << shift
+            if byte & 0x80:
+                shift += 7
+                if shift > 63:
+                    raise ClusterWireError(f"{where}: {origin!r} holds a number of more than 64 bits")
+                continue
+            seq += delta
+            ids.append((origin, seq))
+            shift = delta = 0
+            if len(ids) > MAX_PACKED_IDS:
+                raise ClusterWireError(f"{where}: more than {MAX_PACKED_IDS} ids")
+        if shift:
+            raise ClusterWireError(f"{where}: {origin!r} ends inside a number")
+    return ids
 
 
 # --------------------------------------------------------------------------- records
@@ -337,7 +394,7 @@ class Snapshot:
     subs: dict[str, int]
     subs_version: int
     entries: list[SnapshotEntry]
-    done: list[tuple[str, int]]  # settled message ids (origin, seq), oldest first
+    done: list[tuple[str, int]]  # settled message ids (origin, seq) the copy remembers
     rel: list[int]  # inbound QoS 2 packet ids between PUBREC and PUBREL
     active: str | None  # the node the client was last on
     epoch: int
@@ -346,6 +403,10 @@ class Snapshot:
     reserved: list[tuple[str, int, int, int]] = field(default_factory=list)
     # inbound QoS 2 packet ids awaiting PUBREL with their messages (those of ``rel`` that have one)
     inbound: list[tuple[int, Forwarded]] = field(default_factory=list)
+    # origin -> the highest sequence number whose settlement the copy no longer remembers
+    # (its floor, mesh/replica.py): an id at or below it that the copy neither holds nor
+    # remembers cannot be told apart any more
+    floors: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -353,7 +414,8 @@ class Snapshot:
             "subs": self.subs,
             "subs_version": self.subs_version,
             "entries": self.entries,
-            "done": self.done,
+            "done": pack_ids(self.done),
+            "floors": self.floors,
             "rel": self.rel,
             "active": self.active,
             "epoch": self.epoch,
@@ -368,10 +430,10 @@ class Snapshot:
         subs = _obj(_key(o, "subs", where), f"{where} subs")
         for topic_filter, qos in subs.items():
             _int(qos, f"{where} subs", topic_filter)
-        done = []
-        for w, d in _items(o, "done", where):
-            a = _array(d, 2, w)
-            done.append((_str(a[0], w, "origin"), _int(a[1], w, "seq")))
+        done = unpack_ids(_key(o, "done", where), f"{where} done")
+        floors = _obj(_key(o, "floors", where), f"{where} floors")
+        for origin, seq in floors.items():
+            _int(seq, f"{where} floors", origin)
         reserved = []
         for w, r in _items(o, "reserved", where):
             a = _array(r, 4, w)
@@ -394,4 +456,5 @@ class Snapshot:
             _int(_key(o, "version", where), where, "version"),
             reserved,
             inbound,
+            floors,
         )

@@ -43,7 +43,9 @@ __all__ = [
     "TOMBSTONES",
 ]
 
-TOMBSTONES = 50_000  # settled message ids remembered per session (duplicates suppressed)
+# settled message ids remembered per session (duplicates suppressed); past it the oldest are
+# forgotten and the session's floor for their origin rises (``_Replicated.forgotten``)
+TOMBSTONES = 50_000
 
 # (session, message id, state, packet id, message) of a settlement: outbound "sent", "rel",
 # "done"; inbound QoS 2 "in" (PUBREC is due: the id awaits its PUBREL) and "free" (PUBREL
@@ -66,6 +68,11 @@ class _Replicated(_SessionPart):
     def _init_replication(self, on_settled: SettledHook | None) -> None:
         self.ids: dict[tuple[str, int], Entry] = {}  # (origin, seq) -> its entry
         self.done: OrderedDict[tuple[str, int], None] = OrderedDict()  # settled ids, oldest first
+        # origin -> the highest sequence number whose settlement this copy forgot (``done``
+        # keeps TOMBSTONES ids): an id at or below it that the copy neither holds nor
+        # remembers cannot be told apart from a new one any more (``forgotten``)
+        self.floors: dict[str, int] = {}
+        self.forgotten_qos2 = 0  # QoS 2 messages taken as settled for being below the floor
         # every settlement, for the other holders (Replication.on_settled); None in tests
         self.on_settled = on_settled
         self.active_node: str | None = None
@@ -115,13 +122,37 @@ class _Replicated(_SessionPart):
         done = self.done
         done[key] = None
         if len(done) > TOMBSTONES:
-            done.popitem(last=False)
+            old, _ = done.popitem(last=False)
+            self._raise_floor(old[0], old[1])
+
+    def _raise_floor(self, origin: str, seq: int) -> None:
+        if seq > self.floors.get(origin, -1):
+            self.floors[origin] = seq
+            self._stored_floor(origin, seq)
+
+    def _stored_floor(self, origin: str, seq: int) -> None:
+        """The floor of ``origin`` rose; a store keeps it (DurableMeshSession)."""
+
+    def forgotten(self, key: tuple[str, int], qos: int) -> bool:
+        """A message at QoS 2 that this copy neither holds nor remembers, at or below the
+        floor of its origin: it may have been settled and forgotten, so it is taken as
+        settled (exactly once never becomes twice); at QoS 0/1 it is taken as new (at least
+        once never becomes never). The node's delivery filter decides the same way
+        (mesh/dedup.py). Only a message that reached no copy of the session for as long as
+        TOMBSTONES others were settled can be taken for settled wrongly."""
+        if qos != 2:
+            return False
+        floor = self.floors.get(key[0])
+        return floor is not None and key[1] <= floor and key not in self.ids
 
     def deliver(self, msg: Message, qos: int, retain: bool = False) -> None:
         if not retain:  # a retained copy is a re-send by design, never a duplicate
             key = (msg.origin, msg.seq)
             if key in self.ids or key in self.done:
                 return  # already here: arrived by another path during a hand-over
+            if self.floors and self.forgotten(key, qos):
+                self.forgotten_qos2 += 1
+                return
             if qos == 0 and self.channel is not None:
                 self._remember_done(key)
             if self.reserved and qos and key in self.reserved:
@@ -310,6 +341,9 @@ class DurableMeshSession(_Replicated, DurableSession):
     def _stored_version(self) -> None:
         self.journal.version_put(self.client_id, self.epoch, self.version)
 
+    def _stored_floor(self, origin: str, seq: int) -> None:
+        self.journal.floor_put(self.client_id, origin, seq)
+
     def _stored_done(self, key: tuple[str, int]) -> None:
         n = self.tombstones_stored = self.tombstones_stored + 1
         self.journal.done_put(self.client_id, n % TOMBSTONES, n, key[0], key[1])
@@ -440,13 +474,14 @@ def snapshot(session: _Replicated) -> Snapshot:
         dict(session.subscriptions),
         session.subs_version,
         entries,
-        list(session.done)[-5000:],
+        list(session.done),  # every id it remembers (packed: about two bytes each)
         sorted(session.awaiting_rel),
         session.active_node,
         session.epoch,
         session.version,
         [(o, s, state, pid) for (o, s), (state, pid) in session.reserved.items()],
         [(pid, Forwarded.of(m)) for pid, m in session.inbound.items() if pid in session.awaiting_rel],
+        dict(session.floors),
     )
 
 
@@ -454,12 +489,18 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     """Several holders' views in one. Message ids: an id settled anywhere is settled, and the
     furthest state wins (a message only moves forward). Inbound QoS 2 ids awaiting PUBREL
     come and go (an id is released, then reused by a new message): they are the latest
-    view's, the one with the highest (epoch, version), never a union."""
+    view's, the one with the highest (epoch, version), never a union. A QoS 2 message at or
+    below a copy's floor that the latest view does not hold cannot be told from one settled
+    and forgotten: it is taken as settled (``_Replicated.forgotten``)."""
     if not snaps:
         return None
     done: set[tuple[str, int]] = set()
+    floors: dict[str, int] = {}
     for s in snaps:
         done.update(s.done)
+        for origin, floor in s.floors.items():
+            if floor > floors.get(origin, -1):
+                floors[origin] = floor
     latest = max(snaps, key=lambda s: (s.epoch, s.version))
     in_latest = {(e.origin, e.seq) for e in latest.entries} | {(o, q) for o, q, _, _ in latest.reserved}
     best: dict[tuple[str, int], SnapshotEntry] = {}
@@ -469,10 +510,12 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
             key = (e.origin, e.seq)
             if key in done:
                 continue
+            if e.qos == 2 and key not in in_latest and e.seq <= floors.get(e.origin, -1):
+                continue  # (settled and forgotten, as far as anyone can tell)
             if e.state and s.epoch < latest.epoch and key not in in_latest:
                 # in flight under an older claim, gone from the newest copy: every step of it
                 # reached the nodes the newer claim gathered from, so it was completed since
-                # (its settled id may be older than the snapshots' last 5,000)
+                # (its settled id may be older than the TOMBSTONES a copy remembers)
                 continue
             have = best.get(key)
             if have is None:
@@ -511,6 +554,7 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         latest.version,
         [(o, s, state, pid) for (o, s), (state, pid) in reserved.items()],
         [(pid, fwd) for pid, fwd in latest.inbound if pid in latest.rel],
+        floors,
     )
 
 
@@ -521,11 +565,15 @@ def unknown_to(session: _Replicated, snap: Snapshot) -> list[Entry]:
     known.update(snap.done)
     known.update((o, q) for o, q, _, _ in snap.reserved)
     done = session.done
+    floors = snap.floors
     out = []
     for entry in list(session.inflight.values()) + list(session.queue):
         key = (entry.msg.origin, entry.msg.seq)
-        if not entry.retain and key not in known and key not in done:
-            out.append(entry)
+        if entry.retain or key in known or key in done:
+            continue
+        if entry.qos == 2 and key[1] <= floors.get(key[0], -1):
+            continue  # settled and forgotten there, as far as anyone can tell (forgotten)
+        out.append(entry)
     return out
 
 
@@ -543,12 +591,14 @@ def install(session: _Replicated, snap: Snapshot) -> None:
     session.ids.clear()
     for key in snap.done:
         session._remember_done(key)
+    for origin, floor in snap.floors.items():
+        session._raise_floor(origin, floor)
     used = set()
     done = session.done
     for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap.entries:
         if (origin, seq) in done:
-            # settled here before (this copy remembers TOMBSTONES ids, a snapshot carries the
-            # last 5,000): a copy that was away, or paused, must not bring it back
+            # settled here before (this copy remembers TOMBSTONES ids, a snapshot carries
+            # those of its copy): a copy that was away, or paused, must not bring it back
             continue
         msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts)
         entry = session._new_entry(msg, qos, False)

@@ -29,6 +29,7 @@ PAUSE_MEMORY = 4  # all connections together are over limits.buffer_memory
 
 _LINGER_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 WRITE_HIGH = 256 * 1024  # transport buffer above which the client counts as congested
+DRAIN_SECONDS = 2.0  # longest a connection we closed is read (and dropped) before it is closed
 
 
 class Connection(asyncio.Protocol):
@@ -50,6 +51,7 @@ class Connection(asyncio.Protocol):
         "_reset",
         "_linger",
         "written",
+        "draining",
     )
 
     def __init__(self, node, accepted_at: float | None = None):
@@ -71,6 +73,7 @@ class Connection(asyncio.Protocol):
         self._reset = False  # end with a TCP reset, not a graceful close
         self._linger = None  # timer that resets a graceful close that does not finish
         self.written = 0  # bytes handed to the transport, ever (progress: Node._progress)
+        self.draining = False  # closed by us: what the client still sends is read and dropped
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -103,8 +106,8 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         channel = self.channel
-        if channel is None:
-            return
+        if channel is None or self.draining:
+            return  # (closing: read only so that the kernel has nothing unread, see close)
         node = self.node
         node.broker.stats.bytes_received += len(data)
         if not self.announced:
@@ -241,13 +244,36 @@ class Connection(asyncio.Protocol):
         level = logging.INFO if channel.clean_disconnect else logging.WARNING
         log.log(level, "closing client %r from %s: %s", channel.client_id or "-", self.peer, reason)
         data = channel.data_to_send()  # e.g. a CONNACK with a refusal code goes out first
-        if data and not transport.is_closing():
+        if transport.is_closing():
+            return
+        if data:
             transport.write(data)
+        # A socket closed with bytes it has not read is reset by the kernel, and a reset can
+        # destroy the last bytes on their way: a client that pinged or published while its
+        # CONNECT was checked (reading was paused) would get ECONNRESET instead of its
+        # CONNACK 0x03. So the node says it is done (FIN after the data), reads and drops
+        # what still comes, and closes once the client closes, or after DRAIN_SECONDS.
+        self.draining = True
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.pauses = 0
+        if not transport.is_reading():
+            transport.resume_reading()
+        self._linger = self._loop.call_later(
+            min(DRAIN_SECONDS, node.broker.settings.slow_consumer_timeout), self._drained
+        )
+
+    def _drained(self) -> None:
+        """The client did not close within the drain time: close (reset if bytes are left)."""
+        self._linger = None
+        transport = self.transport
+        if transport.is_closing():
+            return
         transport.close()
         if transport.get_write_buffer_size():
             # a client that does not read what is left would hold its socket and its slot
             # for as long as the kernel keeps trying: it gets as long as a slow consumer
-            self._linger = self._loop.call_later(node.broker.settings.slow_consumer_timeout, self._linger_expired)
+            self._linger = self._loop.call_later(self.node.broker.settings.slow_consumer_timeout, self._linger_expired)
 
     def _linger_expired(self) -> None:
         self._linger = None

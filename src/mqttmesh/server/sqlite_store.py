@@ -42,6 +42,8 @@ CREATE TABLE IF NOT EXISTS session_versions(client_id TEXT PRIMARY KEY, epoch IN
     version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS tombstones(client_id TEXT NOT NULL, slot INTEGER NOT NULL,
     n INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(client_id, slot));
+CREATE TABLE IF NOT EXISTS tombstone_floors(client_id TEXT NOT NULL, origin TEXT NOT NULL,
+    seq INTEGER NOT NULL, PRIMARY KEY(client_id, origin));
 CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, publisher TEXT NOT NULL,
     ts REAL NOT NULL, dests TEXT NOT NULL);
@@ -59,6 +61,7 @@ _SQL = {
     "inbound_remove": "DELETE FROM inbound WHERE client_id = ? AND packet_id = ?",
     "version_put": "INSERT OR REPLACE INTO session_versions VALUES (?,?,?)",
     "done_put": "INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)",
+    "floor_put": "INSERT OR REPLACE INTO tombstone_floors VALUES (?,?,?)",
     "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?)",
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
     "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?)",
@@ -131,6 +134,7 @@ class SqliteStore:
             _rows(db, "SELECT * FROM inbound ORDER BY client_id, packet_id"),
             _rows(db, "SELECT * FROM session_versions"),
             _rows(db, "SELECT client_id, n, origin, seq FROM tombstones ORDER BY client_id, n"),
+            _rows(db, "SELECT client_id, origin, seq FROM tombstone_floors"),
         )
         for session in sessions:
             broker.restore_session(session)
@@ -178,6 +182,7 @@ class SqliteStore:
                     db.execute("DELETE FROM inbound WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM session_versions WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM tombstones WHERE client_id = ?", (op[1],))
+                    db.execute("DELETE FROM tombstone_floors WHERE client_id = ?", (op[1],))
                 else:
                     db.execute(_SQL[kind], op[1:])
             db.execute("COMMIT")

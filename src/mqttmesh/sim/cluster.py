@@ -73,6 +73,7 @@ class SimStore:
         self.inbound: dict[tuple[str, int], tuple[Any, ...]] = {}
         self.versions: dict[str, tuple[str, int, int]] = {}
         self.tombstones: dict[tuple[str, int], tuple[str, int, str, int]] = {}  # (cid, slot) -> row
+        self.floors: dict[tuple[str, str], int] = {}  # (cid, origin) -> seq
         self.retained: dict[str, tuple[Any, ...]] = {}
         self.custody: dict[int, tuple[Any, ...]] = {}
         self.batches = 0
@@ -93,6 +94,7 @@ class SimStore:
                 self.inbound = {k: v for k, v in self.inbound.items() if k[0] != cid}
                 self.versions.pop(cid, None)
                 self.tombstones = {k: v for k, v in self.tombstones.items() if k[0] != cid}
+                self.floors = {k: v for k, v in self.floors.items() if k[0] != cid}
             elif kind == "message_put":
                 self.messages[(op[1], op[2])] = op[1:]
             elif kind == "message_remove":
@@ -109,6 +111,8 @@ class SimStore:
                 self.versions[op[1]] = op[1:]
             elif kind == "done_put":
                 self.tombstones[(op[1], op[2])] = (op[1], op[3], op[4], op[5])
+            elif kind == "floor_put":
+                self.floors[(op[1], op[2])] = op[3]
             elif kind == "retained_put":
                 self.retained[op[1]] = op[1:]
             elif kind == "retained_delete":
@@ -130,6 +134,7 @@ class SimStore:
             [self.inbound[k] for k in sorted(self.inbound)],
             [self.versions[k] for k in sorted(self.versions)],
             sorted(self.tombstones.values()),
+            [(cid, origin, seq) for (cid, origin), seq in sorted(self.floors.items())],
         )
         for session in sessions:
             broker.restore_session(session)
