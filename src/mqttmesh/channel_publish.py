@@ -120,8 +120,9 @@ class Publishing:
         if self.is_peer and topic.startswith("$mesh/"):
             batch = self.peers.peer_input(self, msg, now)  # type: ignore[union-attr,arg-type]  # (a peer has them)
             if congestion.hits:
-                # a local client cannot keep up: read the link no faster than it drains
-                congestion.hold(self if self.state is CONNECTED else None, now, len(payload))  # type: ignore[arg-type]
+                # a local client cannot keep up: read the link no faster than it drains, for
+                # at most backpressure_timeout at a time (the link carries other sessions' too)
+                congestion.hold(self if self.state is CONNECTED else None, now, len(payload), bounded=True)  # type: ignore[arg-type]
             return batch
         if self._read is not None:
             # a message of the read being captured: the archive takes it from the read's bytes

@@ -8,7 +8,9 @@ the publishers it holds back, shared out max-min fairly (water-filling), and a p
 read again once it owes nothing to any session. So the node reads the publishers that feed a
 congested session no faster than that session drains, and never accepts what it would have
 to drop; a publisher that sends now and then (a canary) owes little and goes through at once.
-A session that becomes clear releases everyone it holds at once.
+A session that becomes clear releases everyone it holds at once. A peer link is held like a
+publisher, but for at most ``backpressure_timeout`` at a time (``hold(..., bounded=True)``):
+what it carries for every other session waits with it.
 
 No guarantee rests on a timer firing: a session that makes no progress at all for
 ``backpressure_timeout`` is *stalled*; it stops holding anyone back until it makes progress
@@ -61,6 +63,9 @@ class Congestion:
         self.held: dict[Hashable, _Held] = {}  # congested session -> its account
         self.stalled: set[Hashable] = set()  # congested, no progress for the bound: hold no one
         self.paused: dict[Pausable, set[Hashable]] = {}  # publisher -> sessions it owes
+        # publishers whose wait is capped at backpressure_timeout -> when they were paused: the
+        # peer links, whose other traffic (every other session's, the cluster's) waits with them
+        self.bounded: dict[Pausable, float] = {}
         # the congested sessions the message (or read) being handled reached, once per
         # message: filled by ``check``/``note`` during a dispatch, emptied by ``hold``
         self.hits: list[Hashable] = []
@@ -108,6 +113,7 @@ class Congestion:
         if owed:
             return False
         del self.paused[publisher]
+        self.bounded.pop(publisher, None)
         publisher.resume_reading()  # (which a publisher closed meanwhile ignores)
         return True
 
@@ -125,11 +131,12 @@ class Congestion:
         """The message being handled reached ``session``, which is congested."""
         self.hits.append(session)
 
-    def hold(self, publisher: Pausable | None, now: float, size: int = 0) -> None:
+    def hold(self, publisher: Pausable | None, now: float, size: int = 0, bounded: bool = False) -> None:
         """The message (or read) just handled came from ``publisher`` and reached the
         sessions in ``hits``: it owes each of them one message per hit, and is not read
-        until it has paid (``size``: the message's bytes, 0 if unknown). ``None``: the
-        message came from no one who can be paused (a closing client): forget the hits."""
+        until it has paid (``size``: the message's bytes, 0 if unknown; ``bounded``: nor
+        longer than ``backpressure_timeout``, a peer link). ``None``: the message came from
+        no one who can be paused (a closing client): forget the hits."""
         hits = self.hits
         self.hits = []
         if publisher is None or self.backpressure_timeout <= 0:
@@ -152,16 +159,20 @@ class Congestion:
             owed.add(session)
         if fresh and owed:
             self.pauses += 1
+            if bounded:
+                self.bounded[publisher] = now
             publisher.pause_reading()
 
     def unpause(self, publisher: Pausable) -> None:
         """``publisher`` closed: forget it without touching its socket."""
+        self.bounded.pop(publisher, None)
         for session in self.paused.pop(publisher, ()):
             held = self.held.get(session)
             if held is not None:
                 held.debts.pop(publisher, None)
 
     def resume_all(self) -> None:
+        self.bounded.clear()
         for publisher in list(self.paused):
             del self.paused[publisher]
             publisher.resume_reading()
@@ -176,6 +187,15 @@ class Congestion:
         and releases them all (until it progresses again). The number of publishers resumed."""
         resumed = 0
         limit = self.backpressure_timeout
+        for publisher, paused_at in list(self.bounded.items()):
+            if now - paused_at >= limit:  # a peer link waited as long as it may
+                for session in list(self.paused.get(publisher, ())):
+                    held = self.held.get(session)
+                    if held is not None:
+                        held.debts.pop(publisher, None)
+                    if self._paid(publisher, session):
+                        self.released += 1
+                        resumed += 1
         for session, reasons in list(self.reasons.items()):
             marker = progress(session)
             held = self.held.get(session)

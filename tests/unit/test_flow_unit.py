@@ -349,3 +349,27 @@ def test_a_publisher_on_an_unrelated_topic_is_not_paused_through_a_channel():
         pub.receive_data(mqttraw.publish("t", b"x", qos=1, pid=pid), 0.0)
     other.receive_data(mqttraw.publish("other", b"x", qos=1, pid=1), 0.0)
     assert net.owner.paused == [pub] and not c.hits
+
+
+def test_a_peer_link_is_held_for_at_most_the_bound_even_while_the_session_progresses():
+    """A link carries every other session's messages and the cluster's: pacing it to one
+    slow session's speed would hold them all, so its wait is capped (``bounded``)."""
+    c = Congestion(backpressure_timeout=1.0)
+    slow = object()
+    link, client = Pub("link"), Pub("client")
+    progress = Progress()
+    c.add(slow, "queue")
+    c.expire(0.0, progress)
+    for _ in range(100):
+        c.check([slow])
+        c.hold(link, 0.0, bounded=True)
+        c.check([slow])
+        c.hold(client, 0.0)
+    for step in range(1, 10):  # one message taken every 0.1 s: progress, never a stall
+        progress.ack(slow, 1)
+        c.expire(step * 0.1, progress)
+    assert not link.reading and not client.reading
+    progress.ack(slow, 1)
+    c.expire(1.0, progress)
+    assert link.reading and not client.reading  # the link: past the bound; the client: paced
+    assert c.released == 1 and not c.bounded and link not in c.held[slow].debts

@@ -153,8 +153,9 @@ class PeerClient(asyncio.Protocol):
         if congestion.hits:
             # what this link brought reached a local client that cannot keep up: read it no
             # faster than that client drains, so the peer's sending backs up and paces its
-            # publishers
-            congestion.hold(self, now)
+            # publishers, for at most backpressure_timeout at a time (the link carries the
+            # other sessions' messages and the cluster's too)
+            congestion.hold(self, now, bounded=True)
         if self in congestion.reasons:
             self._check_queue()
         self._write()
