@@ -33,8 +33,27 @@ def fetch_retained(
 def _fetch(
     host: str, port: int, topics: list[str], last: str, timeout: float, username: str | None, password: bytes | None
 ) -> dict[str, bytes]:
-    """Subscribe to ``topics`` (in that order) and collect what arrives until ``last`` does."""
+    """Subscribe to ``topics`` (in that order) and collect what arrives until ``last`` does.
+    A node that answers CONNACK 0x03 (it has not learned the mesh yet) is asked again until
+    ``timeout``."""
     deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return _fetch_once(host, port, topics, last, deadline, username, password)
+        except _Unavailable:
+            if time.monotonic() + 0.1 >= deadline:
+                raise ConnectionError(f"{host}:{port} refused the connection (CONNACK 3)") from None
+            time.sleep(0.1)  # (between two attempts)
+
+
+class _Unavailable(Exception):
+    """CONNACK 0x03."""
+
+
+def _fetch_once(
+    host: str, port: int, topics: list[str], last: str, deadline: float, username: str | None, password: bytes | None
+) -> dict[str, bytes]:
+    timeout = max(0.01, deadline - time.monotonic())
     got: dict[str, bytes] = {}
     with socket.create_connection((host, port), timeout=timeout) as sock:
         sock.sendall(
@@ -57,6 +76,8 @@ def _fetch(
             decoder.feed(data)
             try:
                 for pkt in decoder.packets():
+                    if pkt.type == 2 and pkt.return_code == 3:
+                        raise _Unavailable
                     if pkt.type == 2 and pkt.return_code:
                         raise ConnectionError(f"{host}:{port} refused the connection (CONNACK {pkt.return_code})")
                     if pkt.type == PUBLISH and pkt.topic in topics:

@@ -143,7 +143,9 @@ def build_core(
         mesh.io.flush_soon,
     )
     # CleanSession=0 sessions are replicated (mesh/replica.py), journaled too with a store
-    sessions = ReplicaSessions(settings.limits, journal, congestion, parts.replication.on_settled, on_sent)
+    sessions = ReplicaSessions(
+        settings.limits, journal, congestion, parts.replication.on_settled, on_sent, parts.replication.late
+    )
     ports = BrokerPorts(sessions, congestion, gateway, parts.retained, parts.replication, archive, random_hex)
     broker = Broker(
         settings,

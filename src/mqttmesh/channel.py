@@ -78,6 +78,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
         "client_id",
         "username",
         "will",
+        "will_seq",
         "keepalive",
         "last_rx",
         "opened_at",
@@ -125,6 +126,10 @@ class Channel(Publishing, PeerListening, HeldFrames):
         self.client_id = ""
         self.username: str | None = None
         self.will: Will | None = None
+        # the sequence number the will's message takes, reserved at CONNECT: whichever node
+        # publishes it (this one, or the registrar that finds this node gone) publishes the
+        # same message (this node, will_seq), so the mesh delivers it once (registry.py)
+        self.will_seq = 0
         self.keepalive = 0
         self.last_rx = now
         self.opened_at = now
@@ -284,7 +289,8 @@ class Channel(Publishing, PeerListening, HeldFrames):
         if publish_will and was_connected and self.will is not None:
             will, self.will = self.will, None
             broker.stats.wills_published += 1
-            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx)  # [MQTT-3.1.2-16/17]
+            # [MQTT-3.1.2-16/17]
+            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq)
         self.will = None  # [MQTT-3.1.2-10]
 
     # -- CONNECT -------------------------------------------------------------------------------
@@ -302,6 +308,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
         self.keepalive = pkt.keepalive
         self.client_id = pkt.client_id
         self.will = pkt.will
+        self.will_seq = self.broker.next_seq() if pkt.will is not None else 0
         self.state = AUTHENTICATING
         self._pending_connect = pkt
         if pkt.username == PEER_USERNAME:
@@ -338,7 +345,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
             # the id and gathers the session, then calls claimed() (mesh/cluster.py)
             self.state = CLAIMING
-            self.claims.connect(self, self.client_id, pkt.clean_session, self.will, now)
+            self.claims.connect(self, self.client_id, pkt.clean_session, self.will, now, self.will_seq)
             return
         mark = broker.journal.mark()
         session, present = broker.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)

@@ -98,9 +98,10 @@ class Publishing:
             raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
         return False
 
-    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Batch:
-        """Hand a message from this client (or its will) to the broker; the journal batch to wait for.
-        (The Message is made whole once it is allowed: origin, number, publisher, timestamp.)"""
+    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, now: float, will_seq: int = 0) -> Batch:
+        """Hand a message from this client (or its will, ``will_seq``: its reserved number) to
+        the broker; the journal batch to wait for. (The Message is made whole once it is
+        allowed: origin, number, publisher, timestamp.)"""
         broker = self.broker
         broker.stats.messages_received += 1
         auth = broker.auth
@@ -112,8 +113,10 @@ class Publishing:
             if self._read is not None:
                 self._read.skip()
             return 0
-        seq = next(broker.seqs)
+        seq = will_seq or next(broker.seqs)
         msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
+        if will_seq and broker.mesh is not None:
+            broker.mesh.first_here(msg)  # (here now: the registrar's copy of it is not delivered again)
         congestion = broker.congestion
         if congestion.hits:
             congestion.hits = []  # only what this message reaches counts

@@ -28,6 +28,7 @@ class Message:
         "publisher",
         "timestamp",
         "ack_to",
+        "retried",
         "_topic_bytes",
         "_frame0",
         "_head",
@@ -55,6 +56,8 @@ class Message:
         # "" or the node that routes this message again for its origin (a persistent
         # publisher's session moved, mesh/replica.py): the destinations acknowledge to it
         self.ack_to = ""
+        # it reached this node in a retransmission from custody (mesh/custody.py): late
+        self.retried = False
         self._topic_bytes: bytes | None = None
         self._frame0: bytes | None = None
         self._head: tuple[bytes, bytes] | None = None

@@ -110,6 +110,12 @@ class Journal:
         mesh/replica.py): after a restart it still tells a settled QoS 2 message apart."""
         self._record(("f", client_id, origin), ("floor_put", client_id, origin, seq))
 
+    def node_seen(self, node: str) -> None:
+        """A node of the mesh this one had not seen before (mesh/membership.py): a restart
+        that reaches none of them still counts them, and does not take itself for a mesh
+        of one."""
+        self._record(("n", node), ("node_seen", node))
+
     # -- messages a mesh origin holds until their destinations acknowledge them -------
 
     def custody_put(self, msg: Message, dests: list[str]) -> None:
@@ -205,6 +211,9 @@ class NullJournal:
         pass
 
     def floor_put(self, client_id: str, origin: str, seq: int) -> None:
+        pass
+
+    def node_seen(self, node: str) -> None:
         pass
 
     def custody_put(self, msg: Message, dests: list[str]) -> None:

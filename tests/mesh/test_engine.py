@@ -596,3 +596,27 @@ def test_an_envelope_to_acknowledge_elsewhere_round_trips_and_a_malformed_one_is
     bad[flags_at] |= 8
     with pytest.raises(EnvelopeError):
         decode_batch(bytes(bad))
+
+
+def test_an_engine_is_synced_once_it_holds_a_neighbours_whole_database():
+    """Issue 20 (fuzzer seed 281): a node that has just started knows no other node's
+    subscriptions; it says when it holds a neighbour's whole database (``synced``), and the
+    cluster takes no client before (membership.routing_ready)."""
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    net.subscribe("c", "s/#")
+    assert all(e.synced for e in net.engines.values())
+    late = MeshEngine("d", 1, ["d:1883"], MeshSettings())
+    late.start(net.t)
+    net.engines["d"] = late
+    net.delivered["d"] = []
+    net.seq["d"] = 0
+    assert not late.synced  # started, no link: it knows nobody
+    net.links.add(frozenset(("d", "a")))
+    late.link_up("a", net.t)
+    net.engines["a"].link_up("d", net.t)
+    assert not late.synced  # the link is up, the database not in yet
+    net.settle()
+    assert late.synced and "c" in late.nodes_wanting("s/x")
+    # what it publishes now reaches the subscriber it had not heard of before the exchange
+    m = net.publish("d", "s/x", qos=1)
+    assert m in net.delivered["c"]

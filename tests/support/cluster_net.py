@@ -149,7 +149,9 @@ class Net:
         congestion = Congestion(bsettings.slow_consumer_timeout, bsettings.backpressure_timeout)
         journal = self.journals.get(n, NULL_JOURNAL)
         parts = cluster_parts(n, inc, send, trie, journal, auth, settings, self.wall_offset)
-        sessions = ReplicaSessions(bsettings.limits, journal, congestion, parts.replication.on_settled)
+        sessions = ReplicaSessions(
+            bsettings.limits, journal, congestion, parts.replication.on_settled, on_late=parts.replication.late
+        )
         self.seen[n] = set()  # (a restart forgets them)
         mesh = _Published(self.published[n], self.seen[n])
         ports = BrokerPorts(sessions, congestion, mesh, parts.retained, parts.replication)

@@ -218,17 +218,25 @@ def connack_code(p: Packet) -> int:
 
 
 def connect_client(host: str, port: int, client_id: str, timeout: float = 5.0, source=None, rcvbuf=None, **kw) -> Raw:
-    """A connection that was accepted (CONNACK 0); raises otherwise."""
-    c = Raw(host, port, timeout, source, rcvbuf)
-    try:
-        c.send(mqttraw.connect(client_id=client_id, **kw))
-        rc = connack_code(c.recv())
-        if rc != 0:
-            raise AssertionError(f"{client_id}: CONNACK {rc:#04x}")
-    except BaseException:
-        c.close()
-        raise
-    return c
+    """A connection that was accepted (CONNACK 0); raises otherwise. CONNACK 0x03 (server
+    unavailable: a mesh node that has not learned the mesh yet, issue 20) is tried again
+    within ``timeout``, as a client does."""
+    deadline = time.monotonic() + timeout
+    while True:
+        c = Raw(host, port, timeout, source, rcvbuf)
+        try:
+            c.send(mqttraw.connect(client_id=client_id, **kw))
+            rc = connack_code(c.recv())
+            if rc == 3 and time.monotonic() < deadline:
+                c.close()
+                time.sleep(0.05)  # (between two attempts, as a client backs off)
+                continue
+            if rc != 0:
+                raise AssertionError(f"{client_id}: CONNACK {rc:#04x}")
+        except BaseException:
+            c.close()
+            raise
+        return c
 
 
 def sys_values(target, topic_filter: str = "$SYS/broker/#", timeout: float = 2.0) -> dict[str, str]:

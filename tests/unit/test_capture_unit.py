@@ -116,13 +116,27 @@ def denied(node):
     return node.connect("dev")
 
 
-# 4. a seq gap inside a read: delivering t/1 breaks a subscriber's connection, and its will
-# takes the next seq before t/2 gets one
+# 4. a seq gap inside a read: delivering t/1 breaks a subscriber's connection, and something
+# else takes the next seq before t/2 gets one (a will no longer does: its number is reserved
+# at CONNECT, issue 20; the owner stands for any other message numbered meanwhile)
 GAP = [raw.publish("t/1", b"a"), raw.publish("t/2", b"b"), raw.publish("t/3", b"c")]
 
 
+class NumberingOwner(ClosingOwner):
+    """A ClosingOwner that, as the connection breaks, numbers one more message at the node."""
+
+    def __init__(self, broker):
+        super().__init__()
+        self.broker = broker
+
+    def wake(self, channel):
+        if self.armed:
+            self.broker.next_seq()
+        super().wake(channel)
+
+
 def gap(node):
-    owner = ClosingOwner()
+    owner = NumberingOwner(node.broker)
     node.connect("s", owner, clean=False, will=("w/s", b"gone", 0, False))
     sub = node.broker.sessions["s"].channel
     sub.receive_data(raw.subscribe(1, ("t/1", 0)), 0.0)
@@ -159,8 +173,9 @@ def read(*packets: bytes, segments, skips=(), count):
 
 
 P, R, D, G, M, F = PLAIN, RESEND, DENIED, GAP, MALFORMED, REFUSED
-WILL_DEV = (NOW, 3, "dev", "will/dev", 1, False, b"bye")  # dev's last read was at NOW
-WILL_S = (0.0, 2, "s", "w/s", 0, False, b"gone")  # s last sent something at 0.0
+# (a will's number is the one reserved at its CONNECT, 1 here: issue 20)
+WILL_DEV = (NOW, 1, "dev", "will/dev", 1, False, b"bye")  # dev's last read was at NOW
+WILL_S = (0.0, 1, "s", "w/s", 0, False, b"gone")  # s last sent something at 0.0
 
 # (scenario, setup, packets, node settings, {mode: (read records, publish records)})
 CASES = {
@@ -213,17 +228,17 @@ CASES = {
         GAP,
         {},
         {
-            "whole": ([read(*G, segments=[(0, 1), (1, 3)], count=3)], [WILL_S]),
+            "whole": ([read(*G, segments=[(0, 2), (1, 4)], count=3)], [WILL_S]),
             "bytes": (
                 [
-                    read(G[0], segments=[(0, 1)], count=1),
-                    read(G[1], segments=[(0, 3)], count=1),
-                    read(G[2], segments=[(0, 4)], count=1),
+                    read(G[0], segments=[(0, 2)], count=1),
+                    read(G[1], segments=[(0, 4)], count=1),
+                    read(G[2], segments=[(0, 5)], count=1),
                 ],
                 [WILL_S],
             ),
             "partial": (
-                [read(G[0], G[1], segments=[(0, 1), (1, 3)], count=2), read(G[2], segments=[(0, 4)], count=1)],
+                [read(G[0], G[1], segments=[(0, 2), (1, 4)], count=2), read(G[2], segments=[(0, 5)], count=1)],
                 [WILL_S],
             ),
         },
@@ -233,10 +248,10 @@ CASES = {
         MALFORMED,
         {},
         {
-            "whole": ([read(M[0], M[1], segments=[(0, 1)], count=2)], [WILL_DEV]),
-            "bytes": ([read(M[0], segments=[(0, 1)], count=1), read(M[1], segments=[(0, 2)], count=1)], [WILL_DEV]),
+            "whole": ([read(M[0], M[1], segments=[(0, 2)], count=2)], [WILL_DEV]),
+            "bytes": ([read(M[0], segments=[(0, 2)], count=1), read(M[1], segments=[(0, 3)], count=1)], [WILL_DEV]),
             # (the second read comes after the close: nothing of it is processed [MQTT-3.1.4-5])
-            "partial": ([read(M[0], M[1], segments=[(0, 1)], count=2)], [WILL_DEV]),
+            "partial": ([read(M[0], M[1], segments=[(0, 2)], count=2)], [WILL_DEV]),
         },
     ),
     "refused mid-read": (
@@ -245,12 +260,9 @@ CASES = {
         {"limits": Limits(max_awaiting_rel=1)},
         {
             # (the refused PUBLISH is in the bytes, after the `count` handled ones)
-            "whole": ([read(F[0], F[1], segments=[(0, 1)], count=1)], [(NOW, 2, "dev", "will/dev", 1, False, b"bye")]),
-            "bytes": ([read(F[0], segments=[(0, 1)], count=1)], [(NOW, 2, "dev", "will/dev", 1, False, b"bye")]),
-            "partial": (
-                [read(F[0], F[1], segments=[(0, 1)], count=1)],
-                [(NOW, 2, "dev", "will/dev", 1, False, b"bye")],
-            ),
+            "whole": ([read(F[0], F[1], segments=[(0, 2)], count=1)], [WILL_DEV]),
+            "bytes": ([read(F[0], segments=[(0, 2)], count=1)], [WILL_DEV]),
+            "partial": ([read(F[0], F[1], segments=[(0, 2)], count=1)], [WILL_DEV]),
         },
     ),
 }
@@ -280,9 +292,9 @@ def test_the_acknowledgements_of_packets_that_are_no_message_still_go_out():
 def test_a_gap_between_two_reads_starts_the_second_at_its_own_seq():
     node = Node()
     dev = node.connect("dev")
-    other = node.connect("other", will=("w/o", b"x", 0, False))
     dev.receive_data(raw.publish("t/1", b"1") + raw.publish("t/2", b"2"), NOW)
-    other.connection_lost(NOW)  # its will takes seq 3
+    other = node.connect("other", will=("w/o", b"x", 0, False))  # its will's number: 3
+    other.connection_lost(NOW)
     dev.receive_data(raw.publish("t/3", b"3"), NOW)
     reads, published = node.records()
     assert reads == [
@@ -322,7 +334,8 @@ def test_a_closed_channel_ends_its_read_and_drops_it():
     assert dev.state is CLOSED
     assert dev._read is None
     # DISCONNECT discards the will [MQTT-3.14.4-3]; what came after it is not read
-    assert node.records() == ([read(raw.publish("t/1", b"a") + raw.DISCONNECT_BYTES, segments=[(0, 1)], count=1)], [])
+    # (the will's number, 1, was reserved at CONNECT: t/1 is 2)
+    assert node.records() == ([read(raw.publish("t/1", b"a") + raw.DISCONNECT_BYTES, segments=[(0, 2)], count=1)], [])
 
 
 # --------------------------------------------------------------------------- the delivery log

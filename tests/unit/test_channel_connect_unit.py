@@ -720,7 +720,7 @@ class _Claims:
     def __init__(self):
         self.calls = []
 
-    def connect(self, channel, client_id, clean, will, now):
+    def connect(self, channel, client_id, clean, will, now, will_seq=0):
         self.calls.append((channel, client_id))
 
     def disconnected(self, channel, now):

@@ -89,7 +89,7 @@ class Cluster:
             raise ValueError("no such field")
         self.received.append((frm, kind, body))
 
-    def membership(self, live, incs, now):
+    def membership(self, live, incs, now, synced=True):
         self.memberships.append((list(live), dict(incs)))
 
     def flush(self, now):
@@ -486,6 +486,7 @@ class FakeEngine:
 
     def __init__(self):
         self.changes = 0
+        self.synced = True
         self.live = ["b"]
         self.routers = {}
         self.known = {}

@@ -121,9 +121,16 @@ def cluster_parts(
         "fenced": 0,
         "refused_no_quorum": 0,
         "claims_refused": 0,
+        "refused_not_synced": 0,
     }
     membership = Membership(
-        node_id, incarnation, settings.replication, settings.will_delay, settings.stall, settings.quorum_grace
+        node_id,
+        incarnation,
+        settings.replication,
+        settings.will_delay,
+        settings.stall,
+        settings.quorum_grace,
+        settings.expect_peers,
     )
     ids = itertools.count(1)
     send_out = wire_sender(send)
@@ -157,7 +164,9 @@ class Cluster:
         self.members = parts.membership
         self.replication = parts.replication
         self.retained = parts.retained
-        self.registry = Registry(node_id, self.members, broker, self._send, counters, wall_offset)
+        self.registry = Registry(
+            node_id, self.members, broker, self._send, counters, wall_offset, 2 * settings.register_interval
+        )
         self.handover = HandOver(
             node_id,
             incarnation,
@@ -198,9 +207,17 @@ class Cluster:
 
     # ------------------------------------------------------------------ membership
 
-    def membership(self, live: list[str], incs: dict[str, int], now: float) -> None:
-        """The reachable nodes (with incarnations) changed."""
-        old_live = self.members.update(live, incs, now)
+    def membership(self, live: list[str], incs: dict[str, int], now: float, synced: bool = True) -> None:
+        """The reachable nodes (with incarnations) changed; ``synced``: the routing engine holds
+        a neighbour's whole database (the mesh's subscriptions are known here)."""
+        members = self.members
+        before = len(members.known)
+        old_live = members.update(live, incs, now, synced)
+        if len(members.known) > before:
+            journal = self.broker.journal
+            for node in members.known:
+                if node != self.node_id:
+                    journal.node_seen(node)  # (stored once: the store ignores a repeat)
         self.registry.rebalance(now)
         self.handover.register_local(now)
         self.handover.rebalance(old_live, now)
@@ -208,11 +225,18 @@ class Cluster:
         self.handover.retry_claims(now)
         self.handover.fence(now)
 
+    def remember(self, nodes: list[str], now: float) -> None:
+        """The nodes this node had seen before it stopped (its store): they count in its
+        quorum and in every session's home from the start, reachable or not."""
+        self.members.remember(nodes)
+
     # ------------------------------------------------------------------ the Channel's side
 
-    def connect(self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float) -> None:
+    def connect(
+        self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
+    ) -> None:
         """A client passed authentication; finish with ``channel.claimed(session, present, now)``."""
-        self.handover.connect(channel, cid, clean, will, now)
+        self.handover.connect(channel, cid, clean, will, now, will_seq)
 
     def disconnected(self, channel: ClaimingChannel, now: float) -> None:
         """A local connection ended; its will, if due, was published here by the Channel."""

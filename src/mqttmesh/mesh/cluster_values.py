@@ -43,6 +43,9 @@ class ClusterSettings:
     settle_retry: float = 0.5  # a holder that has not acknowledged settlements this long gets a copy
     stall: float = 1.0  # a gap this long between ticks: the node was paused (membership.py)
     quorum_grace: float = 3.0  # after a start or a pause, the links' dead time (3 x mesh.keepalive)
+    # peers to dial (mesh.peers): at a start, no client is taken before the mesh's
+    # subscriptions are learned (membership.py routing_ready); a first node alone need not wait
+    expect_peers: bool = True
 
 
 class ClusterWireError(ValueError):
@@ -178,9 +181,15 @@ class WireWill:
     payload_b64: str
     qos: int
     retain: bool
+    # the sequence number of the will's message at the connection's node (0: none reserved):
+    # whoever publishes it publishes that one message, taken once by the duplicate filters
+    seq: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"topic": self.topic, "payload": self.payload_b64, "qos": self.qos, "retain": self.retain}
+        out = {"topic": self.topic, "payload": self.payload_b64, "qos": self.qos, "retain": self.retain}
+        if self.seq:
+            out["seq"] = self.seq
+        return out
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> WireWill | None:
@@ -193,6 +202,7 @@ class WireWill:
             _str(_key(o, "payload", where), where, "payload"),
             _int(_key(o, "qos", where), where, "qos"),
             _bool(_key(o, "retain", where), where, "retain"),
+            _int(o.get("seq", 0), where, "seq"),
         )
 
 

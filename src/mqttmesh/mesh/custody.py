@@ -121,6 +121,12 @@ class CustodyMixin(EngineState):
             # waited for (its interest may not be known again yet when the split heals)
             # (sorted: a set's order would make the envelope depend on the hash seed)
             reachable = [d for d in sorted(c.dests) if d in self.next_hop]
+            if not reachable:
+                # nobody to send it to: no attempt, and no longer wait for the next one (the
+                # route's return also makes it due: routes.py); fuzzer finding 15: a heal
+                # found messages whose next try was 30 s away
+                c.due = now + settings.retransmit_after
+                continue
             c.attempt = min(c.attempt + 1, 255)
             c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
             if reachable:

@@ -114,6 +114,8 @@ class DataPlaneMixin(EngineState):
                     self._ack(msg)  # the origin did not hear our earlier acknowledgement
             else:
                 self.counters["delivered"] += 1
+                if env.attempt:
+                    msg.retried = True  # (a retransmission from custody: late, replica.py)
                 deliveries.append(msg)
             return
         dests = self.forward_filter.claim((msg.origin, msg.seq, env.attempt), env_dests)
@@ -128,6 +130,7 @@ class DataPlaneMixin(EngineState):
                     self._ack(msg)  # the origin did not hear our earlier acknowledgement
                 else:
                     self.counters["delivered"] += 1
+                    msg.retried = env.attempt > 0
                     deliveries.append(msg)
             elif not self.delivery_filter.seen(msg.origin, msg.seq, 0):
                 self.counters["delivered"] += 1

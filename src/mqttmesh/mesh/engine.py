@@ -86,6 +86,8 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
         # what we know of everybody (including ourselves)
         self.routers = {}
         self.interests = {}
+        self.synced = False
+        self._wanted = {}
         self.remote = InterestIndex()
         self.next_hop = {}
         self.distance = {}
@@ -146,6 +148,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
         if self._links.pop(peer, None) is None:
             return
         self._measured.pop(peer, None)
+        self._wanted.pop(peer, None)  # (its answers will not come: another link's will)
         stranded = self._outbox.pop(peer, [])
         self._flood_out.pop(peer, None)
         self._acks_relay.pop(peer, None)

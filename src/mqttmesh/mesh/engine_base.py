@@ -99,6 +99,10 @@ class EngineState:
     _pending_add: set[str]
     _pending_del: set[str]
     routers: dict[str, RouterLsa]  # what we know of everybody, ourselves included
+    # we hold the whole database of a neighbour (every advertisement its summary named came):
+    # until then a message published here would miss the subscribers we have not heard of
+    synced: bool
+    _wanted: dict[str, set[tuple[str, str]]]  # neighbour -> advertisements asked of it, not yet come
     interests: dict[str, InterestState]
     remote: InterestIndex  # filter -> nodes (every node's, ours included)
     _flood_out: dict[str, list[dict[str, Any]]]  # neighbour -> advertisements to send

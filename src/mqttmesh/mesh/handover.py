@@ -103,10 +103,10 @@ class LocalConnection:
         self.channel, self.conn, self.epoch, self.will, self.clean, self.at = channel, conn, epoch, will, clean, at
 
 
-def _wire_will(will: Will | None) -> WireWill | None:
+def _wire_will(will: Will | None, seq: int = 0) -> WireWill | None:
     if will is None:
         return None
-    return WireWill(will.topic, base64.b64encode(will.payload).decode(), will.qos, will.retain)
+    return WireWill(will.topic, base64.b64encode(will.payload).decode(), will.qos, will.retain, seq)
 
 
 class HandOver(Confirmations):
@@ -136,6 +136,11 @@ class HandOver(Confirmations):
         self._ids = ids  # connection ids
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.local: dict[str, LocalConnection] = {}  # our connected clients
+        # connections that ended here (their wills published or discarded here), told to
+        # the registrar again with every registration round for a while: a release lost in
+        # a partition would leave the registrar to publish the will a second time when it
+        # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until)
+        self.released: dict[tuple[str, str], tuple[int, float]] = {}
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
         # cid -> where its client went: the Replication's dict, which Broker.dispatch reads
         self.redirects: dict[str, Redirect] = replication.targets
@@ -146,8 +151,16 @@ class HandOver(Confirmations):
 
     # -- connecting -----------------------------------------------------------------------------
 
-    def connect(self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float) -> None:
+    def connect(
+        self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
+    ) -> None:
         self.counters["claims"] += 1
+        if not self.membership.routing_ready(now):
+            # just started: the subscriptions of the other nodes are not known here yet, and
+            # what the client publishes would reach none of them (membership.py)
+            self.counters["refused_not_synced"] += 1
+            channel.refused(UNAVAILABLE, "this node has not learned the mesh's subscriptions yet", now)
+            return
         if not clean and not (self.membership.quorum(now) and self.membership.home_quorum(cid)):
             # at most one live copy of a persistent session: not on the minority side of a
             # partition, nor just after a pause or a start, nor without a majority of the
@@ -158,7 +171,7 @@ class HandOver(Confirmations):
             )
             return
         conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
-        claim = Claim(channel, cid, clean, _wire_will(will), conn, now)
+        claim = Claim(channel, cid, clean, _wire_will(will, will_seq), conn, now)
         claim.deadline = now + self.settings.claim_timeout
         self.claims[conn] = claim
         registrar = self.membership.registrars(cid)[0]
@@ -176,8 +189,9 @@ class HandOver(Confirmations):
 
     def _refuse(self, claim: Claim, why: str, now: float) -> None:  # (a claim of ours)
         self.claims.pop(claim.conn, None)
-        if claim.epoch:
-            self._release(claim.cid, claim.conn, claim.epoch, now)  # (the registrar granted it)
+        # the registrar may hold it, granted or not yet answered: the connection is not
+        # accepted, so its will must not be published for it (fuzzer seed 551)
+        self._release(claim.cid, claim.conn, claim.epoch, now)
         claim.stage = DONE
         self.counters["claims_refused"] += 1
         claim.channel.refused(UNAVAILABLE, why, now)
@@ -219,6 +233,12 @@ class HandOver(Confirmations):
         if claim is not None:
             claim.kept = m.kept
             self._granted(claim, m.epoch, m.prev, now)
+            return
+        local = self.local.get(m.cid)
+        if local is None or local.conn != m.conn:
+            # a grant for a claim that ended meanwhile (refused after claim_timeout, or its
+            # client left): the registrar must not keep it, nor publish its will
+            self._release(m.cid, m.conn, m.epoch, now)
 
     def _granted(self, claim: Claim, epoch: int, prev: str | None, now: float) -> None:
         if claim.stage != CLAIM:
@@ -316,6 +336,7 @@ class HandOver(Confirmations):
         self._release(cid, local.conn, local.epoch, now)
 
     def _release(self, cid: str, conn: str, epoch: int, now: float) -> None:
+        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval)
         self._send(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id), now)
 
     def on_kick(self, frm: str, m: RegKick, now: float) -> None:
@@ -334,7 +355,16 @@ class HandOver(Confirmations):
     def register_local(self, now: float) -> None:
         """Tell the registrars which clients are here (after a change, and periodically)."""
         self.last_register = now
-        for cid, local in self.local.items():
+        for (cid, conn), (epoch, until) in list(self.released.items()):
+            if now >= until:
+                del self.released[(cid, conn)]
+            else:  # (idempotent at the registrar: it drops a release of another connection)
+                self._send(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id), now)
+        # (a copy: when this node is the registrar, the registration is handled at once and
+        # may end a local connection, fuzzer seed 214)
+        for cid, local in list(self.local.items()):
+            if self.local.get(cid) is not local:
+                continue  # ended by a registration handled above
             will, at = local.will, local.at
             body = RegRegister(cid, self.node_id, self.incarnation, local.conn, local.epoch, local.clean, will, at)
             self._send(self.membership.registrars(cid)[0], body, now)
@@ -401,13 +431,17 @@ class HandOver(Confirmations):
             return
         late = unknown_to(session, snap)
         install(session, snap)
-        for entry in late:
-            # it reached this copy but not the node the client is on (routed before that node
-            # wanted the topic, delivered here after the hand-over's redirect): that node takes
-            # it, or answers "done" if it settled it; this copy keeps it meanwhile
-            self.counters["late_forwarded"] += 1
-            session.deliver(entry.msg, entry.qos)
-            self._send_out(frm, SessFwd(snap.cid, Forwarded.of(entry.msg)))
+        on_late, session.on_late = session.on_late, None  # (handed over here, once)
+        try:
+            for entry in late:
+                # it reached this copy but not the node the client is on (routed before that
+                # node wanted the topic, delivered here after the hand-over's redirect): that
+                # node takes it, or answers "done" if it settled it; this copy keeps it meanwhile
+                self.counters["late_forwarded"] += 1
+                session.deliver(entry.msg, entry.qos)
+                self._send_out(frm, SessFwd(snap.cid, Forwarded.of(entry.msg)))
+        finally:
+            session.on_late = on_late
         self._apply_subs(session, snap.subs)
         session.subs_version = snap.subs_version
         self._adopt(session, snap)

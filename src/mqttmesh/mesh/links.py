@@ -116,7 +116,7 @@ class PeerLinks:
         self.links = links  # peer node -> its current link (shared with the MeshGateway)
         self._inbound: dict[Channel, InboundLink] = {}  # peer channels that published
         self._to_me = f"$mesh/to/{node_id}/"
-        self._membership: tuple[tuple[str, ...], tuple[tuple[str, int], ...]] | None = None
+        self._membership: tuple[tuple[str, ...], tuple[tuple[str, int], ...], bool] | None = None
         self._seen_changes = -1
 
     # -- a node that dialled us (the Channel's side) -----------------------------------------
@@ -295,10 +295,10 @@ class PeerLinks:
         # from its neighbours of the nodes across a partition, and counts them in its quorum
         # and in each session's home (membership.py), as the nodes that saw them do
         incs = {n: r.inc for n, r in engine.routers.items()}
-        key = (tuple(live), tuple(sorted(incs.items())))
+        key = (tuple(live), tuple(sorted(incs.items())), engine.synced)
         if key != self._membership:
             self._membership = key
-            self.cluster.membership(live, incs, now)
+            self.cluster.membership(live, incs, now, engine.synced)
 
     # -- once per loop iteration, and on the timer --------------------------------------------------
 

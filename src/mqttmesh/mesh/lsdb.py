@@ -193,6 +193,7 @@ class LsdbMixin(EngineState):
 
     def _receive_lsas(self, peer: str, lsas: list[Lsa], now: float) -> None:
         requests: list[list[str]] = []
+        wanted = self._wanted.get(peer)
         for lsa in lsas:
             self.counters["lsa_received"] += 1
             kind = lsa.get("t")
@@ -208,10 +209,22 @@ class LsdbMixin(EngineState):
                 need = self._install_interest(peer, lsa)
                 if need:
                     requests.append([node, "interest"])
+                    continue  # (a delta we could not apply: still wanted, asked again)
             else:
                 raise MeshProtocolError(f"unknown advertisement type {kind!r}")
+            if wanted:
+                wanted.discard((node, kind))
         if requests:
             self._send_control(peer, "lsreq", requests)
+        if wanted is not None and not wanted:
+            self._synced_with(peer)
+
+    def _synced_with(self, peer: str) -> None:
+        """Every advertisement ``peer``'s summary named is here: we know what it knows."""
+        self._wanted.pop(peer, None)
+        if not self.synced:
+            self.synced = True
+            self.changes += 1  # (the cluster hears of it with the next membership check)
 
     def _own_lsa_echo(self, lsa: Lsa, now: float) -> None:
         """An advertisement of ours from an earlier life: out-number it."""
@@ -342,6 +355,9 @@ class LsdbMixin(EngineState):
             self._send_control(peer, "lsa", push)
         if requests:
             self._send_control(peer, "lsreq", requests)
+            self._wanted[peer] = {(node, kind) for node, kind in requests}
+        else:
+            self._synced_with(peer)
 
     def _receive_lsreq(self, peer: str, requests: list[list[str]], now: float) -> None:
         out = []

@@ -21,13 +21,15 @@ class Membership:
         will_delay: float,
         stall: float = 1.0,
         grace: float = 3.0,
+        expect_peers: bool = True,
     ):
         self.node_id = node_id
         self.replication = replication  # holders of a session, owners of a retained topic
         self.will_delay = will_delay  # a node unreachable this long has lost its clients
         self.live: list[str] = [node_id]  # sorted; always holds this node
         self.incs: dict[str, int] = {node_id: incarnation}
-        self.known: list[str] = [node_id]  # every node ever seen, sorted (the keys of incs)
+        self.known: list[str] = [node_id]  # every node ever seen, sorted (incs, and remembered)
+        self.remembered: set[str] = set()  # seen before this node's restart (its store)
         self.suspect: dict[str, float] = {}  # unreachable (or restarted) node -> since
         # -- quorum (issue 15): may this node serve persistent sessions now?
         self.stall = stall  # a gap this long between ticks: the process was not running
@@ -35,6 +37,10 @@ class Membership:
         self.last_tick: float | None = None
         self.alone_until = 0.0  # just started: no peer known yet, and maybe they come
         self.distrust_until = 0.0  # resumed after a pause: what we know is stale
+        # the routing engine holds a neighbour's whole database: the subscriptions of the
+        # mesh are known here, so what a client publishes reaches them (``routing_ready``)
+        self.synced = False
+        self.expect_peers = expect_peers  # it has peers to dial (else a first node, alone)
 
     def ticked(self, now: float) -> None:
         """The cluster's timer ran (at least every stall / 4 while the process runs)."""
@@ -51,23 +57,38 @@ class Membership:
         """This node sees a majority of the nodes it has ever seen, and its view is fresh:
         it may serve persistent sessions now (a minority side of a partition may not)."""
         last = self.last_tick
+        known = len(self.known)
         if last is None:
             # just started, no tick yet: what it knows is fresh, but it must know someone
-            return len(self.incs) > 1 and 2 * len(self.live) > len(self.incs)
+            return known > 1 and 2 * len(self.live) > known
         if now - last > self.stall or now < self.distrust_until:
             return False  # (a CONNECT read before the first tick after a pause, or soon after)
-        if len(self.incs) == 1 and now < self.alone_until:
+        if known == 1 and now < self.alone_until:
             return False  # just started: the peers, if any, have not been heard of yet
-        return 2 * len(self.live) > len(self.incs)
+        return 2 * len(self.live) > known
 
-    def update(self, live: list[str], incs: dict[str, int], now: float) -> set[str]:
+    def routing_ready(self, now: float) -> bool:
+        """May this node take clients' messages? Only once it knows where they go: it holds a
+        neighbour's database, or it has been alone for ``grace`` (a mesh of one). A node just
+        started knows no subscription of another node yet: a QoS 1/2 message it acknowledged
+        then would reach none of them (issue 20, found by the simulator's fuzzer)."""
+        if self.synced or not (self.expect_peers or self.remembered):
+            return True  # (a node with no peer to dial and none seen before starts a mesh)
+        if self.last_tick is None:
+            return False
+        # alone past the grace (a mesh of one), or, whatever holds the exchange up, twice it
+        return now >= self.alone_until + (0 if len(self.live) == 1 else self.grace)
+
+    def update(self, live: list[str], incs: dict[str, int], now: float, synced: bool = True) -> set[str]:
         """The reachable nodes, or the incarnations of the nodes known (reachable or not),
-        changed; the live set before."""
+        changed; the live set before. ``synced``: the routing engine holds a neighbour's
+        whole database."""
+        self.synced = self.synced or synced
         old_live = set(self.live)
         restarted = {n for n, inc in incs.items() if n in self.incs and self.incs[n] != inc}
         self.live = sorted(set(live) | {self.node_id})
         if incs.keys() - self.incs.keys():
-            self.known = sorted(self.incs.keys() | incs.keys())
+            self.known = sorted(self.incs.keys() | incs.keys() | self.remembered)
         self.incs.update(incs)
         for node in self.live:
             self.suspect.pop(node, None)
@@ -76,6 +97,14 @@ class Membership:
         for node in restarted:
             self.suspect[node] = now - self.will_delay  # its old connections are gone
         return old_live
+
+    def remember(self, nodes: list[str]) -> None:
+        """Nodes seen before a restart (the store): counted in the quorum and the homes as
+        nodes out of reach until they are heard of, so that a node restarted where it
+        reaches none of them does not take itself for a mesh of one (fuzzer seed 525: it
+        served a persistent session as new while the session's copies were elsewhere)."""
+        self.remembered.update(nodes)
+        self.known = sorted(set(self.known) | self.remembered)
 
     def restarts_settled(self) -> None:
         """The registrations of restarted nodes were checked (their old connections' wills
@@ -104,7 +133,7 @@ class Membership:
     def home_quorum(self, cid: str) -> bool:
         """A majority of the session's home is live (this node counted if it is one)."""
         live = self.live
-        return 2 * sum(1 for n in self.home(cid) if n in live) > min(self.replication, len(self.incs))
+        return 2 * sum(1 for n in self.home(cid) if n in live) > min(self.replication, len(self.known))
 
     def holders(self, cid: str, last: str | None = None) -> list[str]:
         """The nodes that keep a copy of a persistent session now: the live nodes of its

@@ -35,6 +35,7 @@ class Registry:
         send: SendFn,
         counters: dict[str, int],
         wall_offset: float,
+        kick_wait: float = 10.0,
     ):
         self.node_id = node_id
         self.membership = membership
@@ -43,6 +44,13 @@ class Registry:
         self.counters = counters
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.entries: dict[str, Registration] = {}  # the ids we are registrar or backup of
+        # (cid, conn) -> (the registration a claim replaced, when): a connection kicked on a
+        # node we believed alive. Its node publishes its will as it closes it and tells us
+        # (RegRelease); if that node turns out dead (or restarted) first, we publish it. Kept
+        # ``kick_wait`` at most while the node stays alive (it got the kick, or it would
+        # still register the connection and be kicked again).
+        self.kicked: dict[tuple[str, str], tuple[Registration, float]] = {}
+        self.kick_wait = kick_wait
 
     # -- handlers of the registrar's messages --------------------------------------------
 
@@ -59,6 +67,7 @@ class Registry:
                 self._publish_will(entry, now)
             else:
                 self.counters["kicks"] += 1
+                self.kicked[(cid, entry.conn)] = (entry, now)
                 self._send(entry.node, RegKick(cid, entry.conn, epoch, m.node), now)
         self._store(Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at), now)
         kept = entry.epoch if entry and not entry.clean else 0
@@ -72,6 +81,8 @@ class Registry:
         if entry is None or entry.conn == m.conn or not entry.connected or entry.node not in live:
             if entry is None or m.epoch >= entry.epoch or not entry.connected or entry.node not in live:
                 epoch = max(m.epoch, entry.epoch if entry else 0)
+                if entry is not None and entry.conn != m.conn:
+                    self._replaced(entry, now)
                 self._store(_registration(m, epoch), now)
             return
         # two live connections for one ClientId (e.g. made on both sides of a split): one goes
@@ -84,16 +95,59 @@ class Registry:
         self._store(dataclasses.replace(winner, connected=True), now)
 
     def on_release(self, frm: str, m: RegRelease, now: float) -> None:
+        self.kicked.pop((m.cid, m.conn), None)  # (its node closed it: its will is out there)
+        regs = self.membership.registrars(m.cid)
+        if frm not in regs:
+            # the backup may keep the connection among its kicked too (a registrar's copy
+            # replaced it there): it hears of the release as well (fuzzer seed 94)
+            for r in regs:
+                if r != self.node_id:
+                    self._send(r, m, now)
         entry = self.entries.get(m.cid)
         if entry is not None and entry.conn == m.conn:
             self._store(dataclasses.replace(entry, connected=False, will=None), now)
 
     def on_copy(self, frm: str, m: RegCopy, now: float) -> None:
         """The registrar's copy, at its backup (or at a new registrar after a change)."""
+        mine = self.membership.incs.get(self.node_id)
         for entry in m.entries:
             have = self.entries.get(entry.cid)
+            if not entry.connected:
+                self.kicked.pop((entry.cid, entry.conn), None)  # (its node released it)
             if have is None or (entry.epoch, not entry.connected) >= (have.epoch, not have.connected):
+                if have is not None and have.conn != entry.conn:
+                    # (two registrars of one id across a split may hand out the same epoch:
+                    # the connection this copy replaces still has its will, fuzzer seed 12)
+                    self._replaced(have, now)
                 self.entries[entry.cid] = entry
+                if entry.connected and entry.node == self.node_id and entry.inc != mine:
+                    # a connection of this node's earlier life, handed back by the backup that
+                    # kept it while we were down: it is gone, its will is due (fuzzer seed 12)
+                    if self.membership.registrars(entry.cid)[0] == self.node_id:
+                        self._store(dataclasses.replace(entry, connected=False, will=None), now)
+                        self._publish_will(entry, now)
+
+    def _replaced(self, entry: Registration, now: float) -> None:
+        """The registration of another connection replaces ``entry``: if that connection was
+        open with a will on a node that is gone (or restarted), its will is due now, and
+        nobody else knows of it any more (published by the registrar). On a node believed
+        alive, that node publishes it when the connection ends; it is kept among the kicked
+        in case the node turns out dead first."""
+        if not entry.connected or entry.will is None:
+            return
+        members = self.membership
+        if entry.node in members.live and members.incs.get(entry.node) == entry.inc:
+            # (believed alive: kept until its node closes it, or is found dead or restarted:
+            # the news of a restart may come after the entry was replaced, fuzzer seed 12)
+            self.kicked.setdefault((entry.cid, entry.conn), (entry, now))
+        elif self._may_publish(entry):
+            self._publish_will(entry, now)
+
+    def _may_publish(self, entry: Registration) -> bool:
+        """A will with its own message id (reserved at CONNECT) is one message whoever
+        publishes it: any holder of the registration may; one without (a registration of
+        before) only the registrar, lest it be two messages."""
+        return bool(entry.will and entry.will.seq) or self.membership.registrars(entry.cid)[0] == self.node_id
 
     # -- upkeep -----------------------------------------------------------------------------
 
@@ -117,6 +171,19 @@ class Registry:
         """Clients of nodes found dead: their wills, published once, by their registrar."""
         membership = self.membership
         dead = membership.dead(now)
+        for key, (entry, at) in list(self.kicked.items()):
+            if entry.node in membership.live and membership.incs.get(entry.node) == entry.inc:
+                if now - at >= self.kick_wait:
+                    del self.kicked[key]  # its node is alive and had time to close it
+                continue
+            if entry.node in membership.live or entry.node in dead:
+                # kicked on a node that died (or restarted) before it closed the connection:
+                # its will is due, and nobody else will publish it (fuzzer seed 551); whoever
+                # holds it publishes it (a registrar, its backup, one that was registrar when
+                # it kept it, seed 17): one message by its id, taken once everywhere
+                del self.kicked[key]
+                if self._may_publish(entry):
+                    self._publish_will(entry, now)
         if not dead:
             return
         for cid, entry in list(self.entries.items()):
@@ -135,12 +202,27 @@ class Registry:
 
     def _publish_will(self, entry: Registration, now: float) -> None:
         will = entry.will
-        if will is not None:
-            self.counters["wills_published"] += 1
-            payload = base64.b64decode(will.payload_b64)
-            wall = now + self.wall_offset
-            seq = self.broker.next_seq()
-            self.broker.publish(Message(will.topic, payload, will.qos, will.retain, self.node_id, seq, entry.cid, wall))
+        if will is None:
+            return
+        self.counters["wills_published"] += 1
+        payload = base64.b64decode(will.payload_b64)
+        wall = now + self.wall_offset
+        broker = self.broker
+        if not will.seq:  # (a registration of before the will's number was reserved)
+            seq = broker.next_seq()
+            broker.publish(Message(will.topic, payload, will.qos, will.retain, self.node_id, seq, entry.cid, wall))
+            return
+        # the message the connection's node would have published, under its id: if that node
+        # (or another registrar, across a split) published it too, every node's duplicate
+        # filter and every persistent session take it once
+        msg = Message(will.topic, payload, will.qos, will.retain, entry.node, will.seq, entry.cid, wall)
+        if entry.node != self.node_id:
+            msg.ack_to = self.node_id  # (the destinations acknowledge to us: custody is ours)
+        mesh = broker.mesh
+        if mesh is None or mesh.first_here(msg):
+            broker.publish(msg)
+        else:
+            mesh.published(msg)  # (delivered here already: only routed)
 
     def view(self) -> dict[str, dict[str, Any]]:
         """The ClientIds this node is the first registrar of (for $SYS/mesh/clients)."""

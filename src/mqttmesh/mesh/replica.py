@@ -52,6 +52,9 @@ TOMBSTONES = 50_000
 # came). An "in" carries the message and the id it is routed under (its origin is the node
 # that took it); "free", and an "in" without a message, have message id ("", 0)
 SettledHook = Callable[["_Replicated", tuple[str, int], str, int, "Message | None"], None]
+# (session, message): a copy whose client is on another node took a message that node may
+# never have had (Replication.late hands it over)
+LateHook = Callable[["_Replicated", "Message"], None]
 
 
 # _Replicated is mixed in before Session or DurableSession: a type checker sees it as a Session
@@ -65,7 +68,7 @@ else:
 class _Replicated(_SessionPart):
     """Mixed in before Session/DurableSession: keeps every entry findable by message id."""
 
-    def _init_replication(self, on_settled: SettledHook | None) -> None:
+    def _init_replication(self, on_settled: SettledHook | None, on_late: LateHook | None = None) -> None:
         self.ids: dict[tuple[str, int], Entry] = {}  # (origin, seq) -> its entry
         self.done: OrderedDict[tuple[str, int], None] = OrderedDict()  # settled ids, oldest first
         # origin -> the highest sequence number whose settlement this copy forgot (``done``
@@ -75,6 +78,10 @@ class _Replicated(_SessionPart):
         self.forgotten_qos2 = 0  # QoS 2 messages taken as settled for being below the floor
         # every settlement, for the other holders (Replication.on_settled); None in tests
         self.on_settled = on_settled
+        self.on_late = on_late
+        # origin -> the highest sequence number this copy took from it: a message that comes
+        # in below it came late (a retransmission after a partition, a crash, a pause)
+        self.highest: dict[str, int] = {}
         self.active_node: str | None = None
         self.epoch = 0
         self.subs_version = 0
@@ -153,6 +160,16 @@ class _Replicated(_SessionPart):
             if self.floors and self.forgotten(key, qos):
                 self.forgotten_qos2 += 1
                 return
+            highest = self.highest
+            top = highest.get(key[0], -1)
+            if key[1] > top:
+                highest[key[0]] = key[1]
+            if self.channel is None and qos and self.on_late is not None and (key[1] < top or msg.retried):
+                # late: the node the client is on may have taken every message the mesh
+                # brought it before this one reached the session's copies (it was no
+                # destination of it for this session: the session was not there when it was
+                # routed); it takes it, or answers "done" if it settled it
+                self.on_late(self, msg)
             if qos == 0 and self.channel is not None:
                 self._remember_done(key)
             if self.reserved and qos and key in self.reserved:
@@ -320,9 +337,10 @@ class MeshSession(_Replicated, Session):
         congestion: Congestion | None = None,
         on_settled: SettledHook | None = None,
         on_sent: SentHook | None = None,
+        on_late: LateHook | None = None,
     ):
         Session.__init__(self, client_id, False, limits, congestion, on_sent)
-        self._init_replication(on_settled)
+        self._init_replication(on_settled, on_late)
 
 
 class DurableMeshSession(_Replicated, DurableSession):
@@ -334,9 +352,10 @@ class DurableMeshSession(_Replicated, DurableSession):
         congestion: Congestion | None = None,
         on_settled: SettledHook | None = None,
         on_sent: SentHook | None = None,
+        on_late: LateHook | None = None,
     ):
         DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
-        self._init_replication(on_settled)
+        self._init_replication(on_settled, on_late)
 
     def _stored_version(self) -> None:
         self.journal.version_put(self.client_id, self.epoch, self.version)
@@ -360,16 +379,18 @@ class ReplicaSessions(Sessions):
         congestion: Congestion | None,
         on_settled: SettledHook,
         on_sent: SentHook | None = None,
+        on_late: LateHook | None = None,
     ):
         super().__init__(limits, journal, congestion, on_sent)
         self.on_settled = on_settled
+        self.on_late = on_late
 
     def restored(self, client_id: str) -> Session:
         if self.journal.persistent:
             return DurableMeshSession(
-                client_id, self.limits, self.journal, self.congestion, self.on_settled, self.on_sent
+                client_id, self.limits, self.journal, self.congestion, self.on_settled, self.on_sent, self.on_late
             )
-        return MeshSession(client_id, self.limits, self.congestion, self.on_settled, self.on_sent)
+        return MeshSession(client_id, self.limits, self.congestion, self.on_settled, self.on_sent, self.on_late)
 
 
 class Redirect(NamedTuple):
@@ -429,6 +450,16 @@ class Replication:
         for node in self.membership.holders(replica.client_id, self.node_id):
             if node != self.node_id:
                 self._send_out(node, body)
+
+    def late(self, session: _Replicated, msg: Message) -> None:
+        """A copy here of a session whose client is on another node took a message late
+        (``_Replicated.deliver``): that node may never have had it, so it gets it, and takes
+        it unless it has it or settled it (then it answers "done", which settles it here)."""
+        active = session.active_node
+        if active is None or active == self.node_id or active not in self.membership.live:
+            return  # nobody else serves it now: the next claim gathers this copy
+        self.counters["late_forwarded"] += 1
+        self._send_out(active, SessFwd(session.client_id, Forwarded.of(msg)))
 
     def forward(self, session: Session, msg: Message) -> None:
         """A message reached a local replica whose client just moved elsewhere."""

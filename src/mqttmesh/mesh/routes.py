@@ -33,7 +33,13 @@ class RoutesMixin(EngineState):
             started = timer() if timer is not None else 0.0
             links = {node: r.links for node, r in self.routers.items()}
             links[self.node_id] = dict(self._links)
+            before = self.next_hop
             self.next_hop, self.distance, self.parent = shortest_paths(self.node_id, links)
+            if self.custody and self.next_hop.keys() - before.keys():
+                # nodes in reach again (a heal, a restart): what waits in custody for them goes
+                # now, not at a retransmission time doubled while they were out of reach
+                for c in self.custody.values():
+                    c.due = min(c.due, 0.0)
             self._spf_dirty = False
             self._route_cache.clear()
             self.counters["spf_runs"] += 1

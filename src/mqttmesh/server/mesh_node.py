@@ -316,6 +316,7 @@ class MeshNode:
             # (the timer runs every min(0.25, keepalive / 4) s; a link is dead after 3 x keepalive)
             stall=max(1.0, cfg.get("mesh.keepalive")),
             quorum_grace=3 * cfg.get("mesh.keepalive"),
+            expect_peers=bool(cfg.get("mesh.peers")),
         )
         return MeshConfig(
             self.secret,

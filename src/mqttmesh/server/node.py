@@ -172,6 +172,8 @@ class Node:
         self.logins = Logins(self, self.config)
         if self.store is not None:
             sessions, retained = self.store.load(broker)
+            if self.core.cluster is not None:
+                self.core.cluster.remember(self.store.load_nodes(), self.loop.time())
             self.store.start(self._committed_on_thread)
             log.info(
                 "store %s: %d persistent sessions, %d retained messages restored", self.store.path, sessions, retained

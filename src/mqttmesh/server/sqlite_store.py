@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS session_versions(client_id TEXT PRIMARY KEY, epoch IN
     version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS tombstones(client_id TEXT NOT NULL, slot INTEGER NOT NULL,
     n INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY(client_id, slot));
+CREATE TABLE IF NOT EXISTS nodes_seen(node TEXT PRIMARY KEY);
 CREATE TABLE IF NOT EXISTS tombstone_floors(client_id TEXT NOT NULL, origin TEXT NOT NULL,
     seq INTEGER NOT NULL, PRIMARY KEY(client_id, origin));
 CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
@@ -62,6 +63,7 @@ _SQL = {
     "version_put": "INSERT OR REPLACE INTO session_versions VALUES (?,?,?)",
     "done_put": "INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)",
     "floor_put": "INSERT OR REPLACE INTO tombstone_floors VALUES (?,?,?)",
+    "node_seen": "INSERT OR IGNORE INTO nodes_seen VALUES (?)",
     "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?)",
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
     "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?)",
@@ -143,6 +145,10 @@ class SqliteStore:
             broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts))
             retained += 1
         return len(sessions), retained
+
+    def load_nodes(self) -> list[str]:
+        """The nodes of the mesh this node had seen when it stopped (mesh/membership.py)."""
+        return [row[0] for row in self.db.execute("SELECT node FROM nodes_seen ORDER BY node")]
 
     def load_custody(self) -> list[tuple[Message, list[str]]]:
         """Messages this node held for other nodes when it stopped (mesh/engine.py custody)."""

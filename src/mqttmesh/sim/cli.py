@@ -1,4 +1,5 @@
-"""`mqttmesh simulate SCENARIO.toml` and `python -m mqttmesh.sim SCENARIO.toml`.
+"""`mqttmesh simulate SCENARIO.toml` and `python -m mqttmesh.sim SCENARIO.toml`; with
+`--fuzz N`, the scenarios of N seeds drawn at random (sim/fuzz_run.py).
 
 Exit status: 0 when every invariant held, 1 when one was violated, 2 when the
 scenario cannot run (a clear message names the key at fault).
@@ -16,11 +17,25 @@ __all__ = ["main", "run", "add_arguments", "build_parser"]
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The simulate command's arguments (argparse only: the simulator is imported when it runs)."""
-    p.add_argument("scenario", help="a scenario file (TOML; examples in scenarios/)")
+    p.add_argument("scenario", nargs="?", help="a scenario file (TOML; examples in scenarios/); not with --fuzz")
+    p.add_argument(
+        "--fuzz",
+        type=int,
+        metavar="N",
+        help="run the cluster scenarios drawn from N consecutive seeds (from --seed, else a random one), "
+        "shrink each that breaks an invariant; --out DIR: write the failing scenarios there",
+    )
+    p.add_argument(
+        "--shrink",
+        choices=("all", "first", "none"),
+        default="all",
+        help="with --fuzz: shrink every failing seed, the first of each invariant, or none (default all)",
+    )
+    p.add_argument("--shrink-runs", type=int, default=50, metavar="K", help="with --fuzz: runs per shrink (50)")
     p.add_argument("--out", metavar="DIR", help="write summary.json, summary.txt and the plots here")
     p.add_argument("--json", metavar="FILE", help="write the JSON summary to FILE ('-': standard output)")
     p.add_argument("--no-plots", action="store_true", help="with --out: no plots")
-    p.add_argument("--seed", type=int, help="override the scenario's seed")
+    p.add_argument("--seed", type=int, help="override the scenario's seed (--fuzz: the first seed)")
     p.add_argument("--duration", type=float, help="override the scenario's duration (seconds simulated)")
     p.add_argument(
         "--keep-going", action="store_true", help="collect every violated invariant instead of stopping at the first"
@@ -44,6 +59,20 @@ def main(argv: list[str] | None = None, prog: str = "python -m mqttmesh.sim") ->
 
 
 def run(args: argparse.Namespace, prog: str = "mqttmesh simulate") -> int:
+    if args.fuzz is not None:
+        if args.scenario is not None or args.fuzz < 1:
+            print(f"{prog}: --fuzz N takes a number of seeds (at least 1) and no scenario file", file=sys.stderr)
+            return 2
+        from .fuzz_run import main_fuzz
+
+        return main_fuzz(args.fuzz, args.seed, args.out, args.shrink, args.shrink_runs)
+    if args.scenario is None:
+        print(f"{prog}: a scenario file, or --fuzz N", file=sys.stderr)
+        return 2
+    return _run_scenario(args, prog)
+
+
+def _run_scenario(args: argparse.Namespace, prog: str) -> int:
     from .checks import InvariantViolation
     from .core import Simulator
     from .report import format_text, summarize

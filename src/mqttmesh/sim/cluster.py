@@ -74,6 +74,7 @@ class SimStore:
         self.versions: dict[str, tuple[str, int, int]] = {}
         self.tombstones: dict[tuple[str, int], tuple[str, int, str, int]] = {}  # (cid, slot) -> row
         self.floors: dict[tuple[str, str], int] = {}  # (cid, origin) -> seq
+        self.nodes_seen: set[str] = set()
         self.retained: dict[str, tuple[Any, ...]] = {}
         self.custody: dict[int, tuple[Any, ...]] = {}
         self.batches = 0
@@ -113,6 +114,8 @@ class SimStore:
                 self.tombstones[(op[1], op[2])] = (op[1], op[3], op[4], op[5])
             elif kind == "floor_put":
                 self.floors[(op[1], op[2])] = op[3]
+            elif kind == "node_seen":
+                self.nodes_seen.add(op[1])
             elif kind == "retained_put":
                 self.retained[op[1]] = op[1:]
             elif kind == "retained_delete":
@@ -140,6 +143,9 @@ class SimStore:
             broker.restore_session(session)
         for topic, payload, qos, origin, seq, publisher, ts in sorted(self.retained.values()):
             broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts))
+
+    def load_nodes(self) -> list[str]:
+        return sorted(self.nodes_seen)
 
     def load_custody(self) -> list[tuple[Message, list[str]]]:
         out = []
@@ -294,6 +300,7 @@ def build_node(
     )
     node = SimNode(core, journal)
     store.load(node.broker)
+    node.core.cluster.remember(store.load_nodes(), now)
     for msg, dests in store.load_custody():
         node.engine.restore_custody(msg, dests, now)
     io.flush_soon()  # what the restored sessions' filters told the engine

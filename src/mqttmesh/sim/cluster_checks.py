@@ -12,7 +12,9 @@ Invariants (docs/simulation.md, "The whole cluster"):
 - ``cluster.handover_loss``: sim/history.py ``check_handover``;
 - ``cluster.wills_once``: sim/history.py ``check_wills``, wills counted where they are
   published (the node's ArchivePort sees every message published there: a Channel's
-  will, or the registrar's).
+  will, or the registrar's);
+- ``cluster.session_present``: sim/history.py ``check_sessions_resumed``: a persistent
+  client accepted again after its first acceptance finds its session.
 (``cluster.error``, a cluster handler that raised, is reported by the node: sessions.py.)
 """
 
@@ -22,7 +24,8 @@ import hashlib
 from typing import Any
 
 from ..message import Message
-from .history import check_handover, check_wills
+from .checks import components
+from .history import check_handover, check_sessions_resumed, check_wills
 from .model import CCHECK, Node, SimulatorPart
 
 __all__ = ["ClusterChecksMixin"]
@@ -34,7 +37,15 @@ class ClusterChecksMixin(SimulatorPart):
     def _init_cluster_checks(self) -> None:
         self.handover_result: Any = None
         self.wills_result: Any = None
+        self.not_resumed: list[tuple[float, str, str, str]] = []
         self.will_counts: dict[str, int] = {}  # connection id -> wills published
+        # connection id -> for each will published: the side of the node that published it
+        # (the first node of what it could reach) if it could not reach the connection's
+        # node (a partition, or that node was down), else None
+        self.will_sides: dict[str, list[str | None]] = {}
+        self._conn_nodes: dict[str, str] = {}  # connection id -> its node (from the history)
+        self._will_ids: dict[str, set[tuple[str, int]]] = {}  # connection id -> will message ids
+        self._conn_ops_seen = 0
         self.last_fault_at = 0.0
         self.double_seen: dict[str, tuple[frozenset[str], float]] = {}
         self.registration_checks = 0
@@ -49,8 +60,37 @@ class ClusterChecksMixin(SimulatorPart):
     def _published(self, node: Node, msg: Message) -> None:
         """A message published at ``node`` (its _NodeIO, sessions.py): the wills are counted."""
         if msg.topic.startswith("will/"):
+            # a will is one message (its id reserved at CONNECT): published by its node and by
+            # a registrar, it reaches each subscriber once (the duplicate filters): counted once
             conn = msg.payload.decode()
+            ids = self._will_ids.setdefault(conn, set())
+            if (msg.origin, msg.seq) in ids:
+                return
+            ids.add((msg.origin, msg.seq))
             self.will_counts[conn] = self.will_counts.get(conn, 0) + 1
+            self.will_sides.setdefault(conn, []).append(self._across_cut(node.name, conn))
+
+    def _across_cut(self, publisher: str, conn: str) -> str | None:
+        """The side of ``publisher`` (the first node it can reach) if it cannot reach
+        ``conn``'s node now (a partition, or that node is down), else None."""
+        ops = self.history.ops
+        for op in ops[self._conn_ops_seen :]:
+            if op[3] == "connect" and op[2] == "invoke":
+                self._conn_nodes[op[4]] = op[5]
+        self._conn_ops_seen = len(ops)
+        where = self._conn_nodes.get(conn)
+        if where is None or where == publisher:
+            return None
+        # what the publisher can reach over the peer connections both ends hold open (a
+        # partition closes them, and so does a stall long enough for the peers to give up)
+        comp = components(
+            (n for n in self.names if self.nodes[n].up),
+            ((lk.a, lk.b) for lk in self.links.values() if lk.alive and lk.side[lk.a] and lk.side[lk.b]),
+        )
+        root = comp.get(publisher)
+        if root is not None and comp.get(where) == root:
+            return None
+        return min(n for n, r in comp.items() if r == root) if root is not None else publisher
 
     # ------------------------------------------------------------------ invariants
 
@@ -104,8 +144,10 @@ class ClusterChecksMixin(SimulatorPart):
     def _finish_cluster(self) -> None:
         v = self.violations
         ho = check_handover(self.history, self.sc.clients.settle)
-        wills = check_wills(self.history, self.will_counts)
+        wills = check_wills(self.history, self.will_counts, self.will_sides)
         self.handover_result, self.wills_result = ho, wills
+        persistent = {name for name, cl in self.clients.items() if cl.persistent}
+        self.not_resumed = check_sessions_resumed(self.history, persistent)
         for msg_id, client, t in ho.lost[:20]:
             v.add("cluster.handover_loss", f"{msg_id} (acknowledged at {t:.3f}s) never reached {client}")
         for msg_id, client in ho.qos2_twice[:20]:
@@ -116,6 +158,11 @@ class ClusterChecksMixin(SimulatorPart):
             v.add("cluster.wills_once", f"the will of connection {conn} was published {n} times")
         for conn, why in wills.unwanted[:20]:
             v.add("cluster.wills_once", f"connection {conn}: {why}")
+        for t, client, conn, node in self.not_resumed[:20]:
+            v.add(
+                "cluster.session_present",
+                f"t={t:.3f}s {conn}: {node} accepted {client} (CleanSession=0, accepted before) with session present 0",
+            )
 
     def cluster_summary(self) -> dict[str, Any]:
         ho, wills = self.handover_result, self.wills_result
@@ -126,15 +173,12 @@ class ClusterChecksMixin(SimulatorPart):
             if node.up:
                 for k, val in node.core.cluster.status()["counters"].items():
                     counters[k] = counters.get(k, 0) + val
-        seen: set[str] = set()
-        fresh = 0  # a persistent client's later CONNACK with session present 0: its session was lost
-        for op in ops:
-            if op[3] == "connect" and op[2] == "ok" and op[1] in self.clients and self.clients[op[1]].persistent:
-                fresh += op[1] in seen and not op[6]
-                seen.add(op[1])
+        accepted = [op[1] for op in ops if op[3] == "connect" and op[2] == "ok" and self.clients[op[1]].persistent]
         return {
             "clients": len(self.clients),
-            "sessions_not_present": fresh,
+            # a persistent client's later CONNACK with session present 0: its session was lost
+            "sessions_not_present": len(self.not_resumed),
+            "sessions_resumed_checked": len(accepted) - len(set(accepted)),
             "connections": len(self.sconns),
             "moves": dict(self.moves),
             "published": sum(1 for op in ops if op[3] == "publish" and op[2] == "invoke"),

@@ -158,8 +158,8 @@ class ConvergenceMixin(SimulatorPart):
         self.comp_dirty = False
 
     def _converged(self) -> bool:
-        if self.dirty_interest or self.unstarted:
-            return False
+        if self.dirty_interest or self.unstarted or self.stalled:
+            return False  # (a stalled node, sim/stall.py, has not yet done what it was told)
         last = self.last_unsettled
         if last is not None and not self._settled(last):
             return False
@@ -195,6 +195,8 @@ class ConvergenceMixin(SimulatorPart):
 
     def _why_unconverged(self) -> str:
         """The first disagreement between an engine and reality, in words."""
+        if self.stalled:
+            return f"{', '.join(sorted(self.stalled))} stalled"
         if self.dirty_interest or self.unstarted:
             return "local subscription changes not advertised yet"
         for link in self.links.values():
@@ -220,10 +222,24 @@ class ConvergenceMixin(SimulatorPart):
         return "unknown"
 
     def _settled(self, link: Link) -> bool:
-        established = link.side[link.a] and link.side[link.b]
         if self._avail(link):
-            return established and link.alive
+            return link.alive and self._established(link)
         return not link.side[link.a] and not link.side[link.b]
+
+    def _established(self, link: Link) -> bool:
+        """Both ends have the link up. (A whole node's side is open from the dialler's
+        LINK_READY, before the hello exchange that brings the link up in its engine: until the
+        answer comes back, its PeerLinks has not made it the current link.)"""
+        if not (link.side[link.a] and link.side[link.b]):
+            return False
+        if not self.cluster_mode:
+            return True
+        for x in (link.a, link.b):
+            node, peer = self.nodes[x], link.peer(x)
+            sim_link = node.plinks.get(peer)
+            if sim_link is None or sim_link.conn != link.conn or node.core.links.links.get(peer) is not sim_link:
+                return False
+        return True
 
     def _routing_adj(self) -> dict[str, dict[str, int]]:
         """The real graph for routing: established links, each direction at the cost its origin advertises."""

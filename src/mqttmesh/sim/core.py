@@ -46,6 +46,8 @@ from .model import (
     MSGCHECK,
     PING,
     PUBLISH,
+    SILENT,
+    STALL_END,
     START,
     TALLY,
     TICK,
@@ -57,6 +59,7 @@ from .network import ATTRIBUTED, CONTROL, PROPAGATING, NetworkMixin
 from .observe import MsgRecord
 from .scenario import Scenario
 from .sessions import ClusterMixin
+from .stall import StallMixin
 from .topology import build_topology
 from .verify import VerifyMixin
 from .workload import TopicSpace
@@ -65,7 +68,14 @@ __all__ = ["Simulator", "Episode", "ATTRIBUTED", "CONTROL", "PROPAGATING"]
 
 
 class Simulator(
-    ClusterMixin, ClusterChecksMixin, NetworkMixin, ClientsMixin, FaultsMixin, ConvergenceMixin, VerifyMixin
+    ClusterMixin,
+    ClusterChecksMixin,
+    NetworkMixin,
+    ClientsMixin,
+    StallMixin,
+    FaultsMixin,
+    ConvergenceMixin,
+    VerifyMixin,
 ):
     """N engines, the links between them, their clients, a fault schedule; run() plays it out."""
 
@@ -151,6 +161,7 @@ class Simulator(
         self.checked_by_origin: dict[str, int] = {}
         self.wall_start = time.perf_counter()
         self.decoding = SharedDecoding()
+        self._init_stalls()
         if self.cluster_mode:
             self._init_cluster()
 
@@ -195,6 +206,8 @@ class Simulator(
             START: self._on_start,
             DRAIN: self._on_drain,
             TALLY: self._on_tally,
+            STALL_END: self._on_stall_end,
+            SILENT: self._on_silent,
         }
         if self.cluster_mode:
             handlers.update(self._cluster_handlers())
@@ -209,6 +222,7 @@ class Simulator(
         gc.disable()
         gc.freeze()
         same_time, last_time = 0, -1.0
+        stalled = self.stalled  # (sim/stall.py: a stalled node's events wait for its loop)
         try:
             while heap:
                 ev = heapq.heappop(heap)
@@ -221,6 +235,8 @@ class Simulator(
                 self.now = ev[0]
                 if ev[2] == END:
                     break
+                if stalled and self._hold(ev):
+                    continue
                 self.events += 1
                 handlers[ev[2]](*ev[3:])
                 if not self.events & 0x3FFFF:
@@ -309,6 +325,7 @@ class Simulator(
                 self._add_filters(node)
 
     def _crash(self, node: Node, how: str) -> None:
+        self._unstall(node)
         if node.core is not None:
             self._cluster_crash(node, how)
         e = node.engine
@@ -326,6 +343,9 @@ class Simulator(
             self.dormant.add(f, node.name, 0)
         for link in node.links:
             self._break(link, "reset" if how == "kill" else "timeout")
+            # (a link that broke before, whose end this node had not noticed yet: it never will,
+            # and the link must be dialled again when the node restarts)
+            link.side[node.name] = False
         self.phys_cache = None
         self.comp_dirty = True
         self.stale.pop(node.name, None)

@@ -67,6 +67,11 @@ class FaultsMixin(SimulatorPart):
             label = fault.label or f"latency {link.a}-{link.b} {p['latency_ms']}ms"
             self._disturb(label, kind)
             link.latency = float(p["latency_ms"]) / 1000.0
+        elif kind == "stall":
+            node = self._pick_node(p.get("node", "random"), want_up=True, label=label)
+            label = fault.label or f"stall {node.name} {p['seconds']}s"
+            self._disturb(label, kind)
+            self._stall(node, float(p["seconds"]))  # (stall.py)
         elif kind in ("subscribe", "unsubscribe"):
             node = self._pick_node(p.get("node", "random"), want_up=True, label=label)
             f = p.get("filter", "random")

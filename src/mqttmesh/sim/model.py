@@ -24,6 +24,8 @@ SimulatorPart: Any = object
 # mode = "cluster" (sim/sessions.py): bytes to a node, bytes to a client, a journal commit, a
 # client's next action, the single-registration check, a dialled peer link's handshake done
 (TO_NODE, TO_CLIENT, COMMIT, CLIENT, CCHECK, LINK_READY) = range(15, 21)
+# a stall fault (sim/stall.py): the stalled node's loop runs again; a peer gave up on its silence
+(STALL_END, SILENT) = range(21, 23)
 
 
 class SharedDecoding:
@@ -102,6 +104,8 @@ class Node:
         "conns",
         "commit_due",
         "plinks",
+        "stalled_until",
+        "held",
     )
 
     def __init__(self, name: str):
@@ -130,6 +134,10 @@ class Node:
         self.conns: dict[str, Any] = {}
         self.commit_due = False
         self.plinks: dict[str, Any] = {}  # peer -> this side's sim/cluster.py SimLink of the current connection
+        # a stall fault (sim/stall.py): the node's event loop runs nothing before then; the
+        # events it would have handled wait here, in order
+        self.stalled_until = 0.0
+        self.held: list[tuple[Any, ...]] = []
 
 
 class Link:

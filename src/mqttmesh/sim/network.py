@@ -399,13 +399,15 @@ class NetworkMixin(SimulatorPart):
             self._note_detection()
             if self.episode is not None:
                 self.episode.new_links.add((link.a, link.b))
-            self._at(self.now + self.sc.node.keepalive, PING, link.a, link.b, link.conn)
+            t = self.now + self.sc.node.keepalive
+            self._at(t, PING, link.a, link.b, link.conn, t)
         self.comp_dirty = True
         self._observe_own(node)
         self._want_flush(node)
 
-    def _on_ping(self, a: str, b: str, conn: int) -> None:
-        """A PINGRESP came back: the dialling side gets an RTT sample, as LinkClient reports it."""
+    def _on_ping(self, a: str, b: str, conn: int, due: float) -> None:
+        """A PINGRESP came back: the dialling side gets an RTT sample, as LinkClient reports it
+        (``due``: when it would have, had neither end been stalled; sim/stall.py)."""
         link = self.links[(a, b)]
         if link.conn != conn or not link.side[a] or not link.side[b]:
             return
@@ -414,6 +416,7 @@ class NetworkMixin(SimulatorPart):
         jitter = self.sc.node.rtt_jitter
         if jitter:
             rtt *= 1 + jitter * self.rng_time.uniform(-1, 1)
+        rtt += self.now - due  # a stalled end answered, or read the answer, late
         before = node.engine.routers[a].seq
         if node.core is not None:
             sim_link = node.plinks.get(b)
@@ -425,4 +428,5 @@ class NetworkMixin(SimulatorPart):
             node.depth_out = max(node.depth_out, 1)
         self._observe_own(node)
         self._want_flush(node)
-        self._at(self.now + self.sc.node.keepalive, PING, a, b, conn)
+        t = self.now + self.sc.node.keepalive
+        self._at(t, PING, a, b, conn, t)

@@ -291,6 +291,7 @@ def summarize(sim, memory_sample: int = 3) -> dict:
     }
     if getattr(sim, "cluster_mode", False):
         summary["cluster"] = sim.cluster_summary()
+    summary["stalls"] = dict(sim.stall_counts)  # sim/stall.py
     return summary
 
 
@@ -423,6 +424,12 @@ def format_text(s: dict) -> str:
             f"single registration checked {cl['registration_checks']} times; cluster errors {cl['cluster_errors']}",
             f"  cluster counters: {json.dumps(cl['cluster_counters'], sort_keys=True)}",
         ]
+    st = s.get("stalls")
+    if st and st["stalls"]:
+        out.append(
+            f"stalled nodes: {st['stalls']} stalls, {st['held']:,} events held until their loop ran again, "
+            f"{st['silenced']} links closed by peers that heard nothing for 3 keepalives"
+        )
     inv = s["invariants"]
     out += [
         "",

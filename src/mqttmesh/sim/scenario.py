@@ -137,6 +137,7 @@ FAULT_KINDS = {
     "latency": {"link", "latency_ms"},
     "subscribe": {"node", "filter"},
     "unsubscribe": {"node", "filter"},
+    "stall": {"node", "seconds"},
 }
 
 
@@ -311,6 +312,10 @@ def _fault(i: int, raw) -> Fault:
         raise ScenarioError(
             f'{where}: how must be "kill" (peers see the reset) or "power" (peers time out), got {params["how"]!r}'
         )
+    if kind == "stall":
+        seconds = params.get("seconds")
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise ScenarioError(f"{where}: stall needs seconds, a positive number, got {seconds!r}")
     if kind == "partition" and len(params) != 1:
         raise ScenarioError(f"{where}: partition needs exactly one of groups, isolate, isolate_site, half, grow")
     label = raw.get("label", "")

@@ -80,14 +80,14 @@ def _edges_ba(names, rng, t):
     m = max(1, min(t.m, len(names) - 1))
     seed = names[: m + 1]
     edges = {_key(a, b) for i, a in enumerate(seed) for b in seed[i + 1 :]}
-    targets = [x for e in edges for x in e]  # a node appears once per link it has
+    targets = [x for e in sorted(edges) for x in e]  # a node appears once per link it has
     for new in names[m + 1 :]:
         chosen: set[str] = set()
         for _ in range(100 * m):
             if len(chosen) == m:
                 break
             chosen.add(rng.choice(targets))
-        for c in chosen:
+        for c in sorted(chosen):  # (a set's order would make the graph depend on the hash seed)
             edges.add(_key(new, c))
             targets += [new, c]
     return sorted(edges)
