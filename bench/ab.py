@@ -58,6 +58,8 @@ def run_cell(src: str, broker: str, workload: str, qos: int, duration: float, ou
         "p50": (s.get("p50_ms") or {}).get("median"),
         "p99": (s.get("p99_ms") or {}).get("median"),
         "lost": s.get("lost_total", 0),
+        # the share of what was sent (QoS 0) or acknowledged (QoS 1/2) that arrived
+        "delivered": (s.get("delivered_fraction") or {}).get("median"),
     }
 
 
@@ -68,6 +70,10 @@ def _med(values):
 
 def _fmt(v, spec):
     return "-" if v is None else format(v, spec)
+
+
+def _pct(v):
+    return "-" if v is None else f"{v * 100:.1f} %"
 
 
 def main(argv=None) -> int:
@@ -100,13 +106,17 @@ def main(argv=None) -> int:
                     flush=True,
                 )
     print(f"\nmedians of {args.rounds} alternating rounds ({args.duration:g} s windows); A = {args.a}, B = {args.b}")
-    print("| broker | workload | QoS | A msgs/s | B msgs/s | A/B | A p50/p99 ms | B p50/p99 ms | A / B cpu µs/msg |")
-    print("|---|---|---:|---:|---:|---:|---|---|---|")
+    print(
+        "| broker | workload | QoS | A msgs/s | B msgs/s | A/B | A / B delivered | A p50/p99 ms | B p50/p99 ms "
+        "| A / B cpu µs/msg |"
+    )
+    print("|---|---|---:|---:|---:|---:|---|---|---|---|")
     for (broker, workload, qos), sides in results.items():
         a, b = sides["A"], sides["B"]
         ra, rb = _med(x["rate"] for x in a), _med(x["rate"] for x in b)
         print(
             f"| {broker} | {workload} | {qos} | {ra:,.0f} | {rb:,.0f} | {ra / rb:.3f} | "
+            f"{_pct(_med(x['delivered'] for x in a))} / {_pct(_med(x['delivered'] for x in b))} | "
             f"{_fmt(_med(x['p50'] for x in a), '.2f')}/{_fmt(_med(x['p99'] for x in a), '.2f')} | "
             f"{_fmt(_med(x['p50'] for x in b), '.2f')}/{_fmt(_med(x['p99'] for x in b), '.2f')} | "
             f"{_fmt(_med(x['cpu'] for x in a), '.2f')} / {_fmt(_med(x['cpu'] for x in b), '.2f')} |"
