@@ -10,6 +10,7 @@ import sys
 import paho.mqtt.client as mqtt
 import pytest
 
+from mqttmesh.mesh.peerauth import PEER_PROTOCOL
 from support import mqttraw
 from support.mesh import Subscriber, publish, wait_converged, wait_interest
 from support.processes import free_port, wait_for
@@ -217,9 +218,15 @@ def test_tls_listener_without_certificate_is_a_config_error():
 
 
 def _peer_connect_over(sock) -> bytes:
-    """Send a peer CONNECT (protocol 5, a well-formed nonce) and return the CONNACK's 4 bytes."""
+    """Send a peer CONNECT (the current protocol, a well-formed nonce) and return the CONNACK's 4 bytes."""
     sock.sendall(
-        mqttraw.connect("$mesh-x", clean=False, keepalive=2, username="mqttmesh-peer", password=b"5|x|1|" + b"ab" * 16)
+        mqttraw.connect(
+            "$mesh-x",
+            clean=False,
+            keepalive=2,
+            username="mqttmesh-peer",
+            password=b"%d|x|1|" % PEER_PROTOCOL + b"ab" * 16,
+        )
     )
     data = b""
     while len(data) < 4:

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from mqttmesh.sim.history import History, Op
+from mqttmesh.sim.history import History, Op, OrderCheck, check_order
 from mqttmesh.topics import filter_matches
 
 __all__ = ["ChaosCheck", "check"]
@@ -34,7 +34,7 @@ class ChaosCheck:
     lost: list[tuple[str, str]] = field(default_factory=list)  # (msg id, subscriber)
     qos2_dups: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, subscriber, class)
     qos1_dups: int = 0
-    reorders: dict[str, int] = field(default_factory=dict)  # "publisher topic" -> count
+    order: OrderCheck = field(default_factory=OrderCheck)  # per (publisher, topic, QoS): sim/history.py
     pid_reuse: list[tuple[str, int, str, str]] = field(default_factory=list)  # (sub, pid, held, new)
     wrong_session_present: list[tuple[str, str]] = field(default_factory=list)  # (client, connection)
     refusals: dict[str, int] = field(default_factory=dict)  # CONNACK code -> count
@@ -60,8 +60,10 @@ class ChaosCheck:
             "qos2_duplicates": len(self.qos2_dups),
             "qos2_duplicates_by_class": self.qos2_by_class(),
             "qos1_duplicates": self.qos1_dups,
-            "reorders": sum(self.reorders.values()),
-            "reorders_by_publisher_topic": dict(sorted(self.reorders.items())),
+            "reorders": self.order.reorders,
+            "reorders_same_connection": len(self.order.same_connection),
+            "reorders_across_connections": len(self.order.across_connections),
+            "reorders_by_stream": dict(sorted(self.order.by_stream.items())),
             "pid_reuse": len(self.pid_reuse),
             "wrong_session_present": len(self.wrong_session_present),
             "refusals": dict(sorted(self.refusals.items())),
@@ -91,7 +93,6 @@ def check(
     got: dict[tuple[str, str], list[Op]] = {}  # (subscriber, msg id) -> receive ops
     held: dict[tuple[str, int], str] = {}  # (subscriber, packet id) -> msg id taken on it (QoS 2)
     had_session: set[str] = set()
-    last_seen: dict[tuple[str, str], int] = {}  # (subscriber, topic) -> highest sequence
     for op in history.ops:
         t, client, what, kind = op[0], op[1], op[2], op[3]
         if kind == "publish":
@@ -121,8 +122,6 @@ def check(
             seen.append(op)
             if qos == 2 and len(op) > 9:
                 held[(client, op[9])] = msg_id
-            if len(seen) == 1:
-                _order(r, last_seen, client, msg_id, topic)
         elif kind == "repeat":
             msg_id, pid = op[4], op[9]
             before = held.get((client, pid))
@@ -150,23 +149,10 @@ def check(
             r.checked += 1
             if (client, msg_id) not in got:
                 r.lost.append((msg_id, client))
+    r.order = check_order(history)
     if connections is not None:
         r.not_one_connection = {c: connections.get(c, 0) for c in sorted(persistent) if connections.get(c, 0) != 1}
     return r
-
-
-def _order(r: ChaosCheck, last_seen: dict[tuple[str, str], int], client: str, msg_id: str, topic: str) -> None:
-    """A first delivery whose sequence is below one already seen on its topic is a reorder."""
-    publisher, _, n = msg_id.rpartition(":")
-    if not n.isdigit():
-        return
-    key = (client, topic)
-    seq = int(n)
-    if seq < last_seen.get(key, 0):
-        name = f"{publisher} {topic}"
-        r.reorders[name] = r.reorders.get(name, 0) + 1
-    else:
-        last_seen[key] = seq
 
 
 def _classify(msg_id: str, first: Op, repeat: Op, resent: set[str]) -> str:

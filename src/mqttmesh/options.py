@@ -319,6 +319,24 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "mesh",
+        "reorder_wait",
+        float,
+        10.0,
+        "seconds a QoS 1/2 message that overtook an earlier one of its origin waits for it before it is "
+        "delivered anyway (the origin is asked for the earlier one at once)",
+        0,
+    ),
+    Option(
+        "mesh",
+        "reorder_limit",
+        int,
+        50_000,
+        "QoS 1/2 messages a node holds back at most while they wait for an earlier one of their origin "
+        "(beyond it the oldest is delivered out of order)",
+        0,
+    ),
+    Option(
+        "mesh",
         "replication",
         int,
         3,

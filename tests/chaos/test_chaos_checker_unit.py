@@ -115,7 +115,9 @@ def test_reorder_per_publisher_and_topic() -> None:
     _publish(h, 9.0, 4, qos=1, topic=other)
     h.received(9.5, "sub", "pub:4", other, 1, False, "sub/1", 9)
     r = check(h, PERSISTENT)
-    assert r.reorders == {f"pub {TOPIC}": 1}
+    assert r.order.by_stream == {f"pub {TOPIC} 2": 1}
+    assert r.order.same_connection == [("sub", "pub:2", "pub:3")] and r.order.across_connections == []
+    assert r.summary()["reorders"] == 1
     assert not r.failed  # reported, not gated
 
 

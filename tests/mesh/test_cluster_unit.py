@@ -230,6 +230,24 @@ def test_the_latest_view_decides_the_ids_awaiting_pubrel_never_their_union():
     assert merged is not None and (merged.rel, merged.epoch, merged.version) == ([], 3, 1)
 
 
+def test_copies_merge_into_each_origins_order_and_in_flight_messages_stay_first():
+    """Issue 20 (ordered delivery): two holders that got one origin's messages in different
+    orders, or not all of them, merge into that origin's order [MQTT-4.6.0-6]; another
+    origin's messages keep their places, and in-flight ones stay first in send order."""
+
+    def entry(origin: str, seq: int, state: int = 0, pid: int = 0) -> SnapshotEntry:
+        return SnapshotEntry(origin, seq, "t/1", "eA==", 1, 1, pid, state, "pub", 1.0)
+
+    one = Snapshot(
+        "c", {}, 0, [entry("n2", 30, 1, 4), entry("n1", 5), entry("n1", 9), entry("n2", 12)], [], [], "a", 3, 7
+    )
+    other = Snapshot("c", {}, 0, [entry("n1", 7), entry("n2", 11), entry("n1", 6)], [], [], "b", 3, 6)
+    merged = merge_snapshots([one, other])
+    assert merged is not None
+    got = [(e.origin, e.seq) for e in merged.entries]
+    assert got == [("n2", 30), ("n1", 5), ("n1", 6), ("n2", 11), ("n1", 7), ("n2", 12), ("n1", 9)]
+
+
 def test_a_message_that_reached_only_a_holder_goes_to_the_node_the_client_is_on():
     """Issue 15 (harness, losses during moves): a message routed before the node the client
     moved to wanted its topic, or retransmitted to a holder after a partition, reached a

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import random
-from collections import deque
 
 import pytest
 
@@ -20,72 +19,7 @@ from mqttmesh.mesh.hello import Hello, encode_hello
 from mqttmesh.mesh.lsdb import newest_only
 from mqttmesh.mesh.wire import AckGroup, decode_acks
 from mqttmesh.message import Message
-
-
-class Net:
-    def __init__(self, names, edges, settings=None, custody=None):
-        self.t = 0.0
-        custody = custody or {}
-        self.engines = {
-            n: MeshEngine(n, 1, [f"{n}:1883"], settings or MeshSettings(), custody=custody.get(n)) for n in names
-        }
-        self.links = set()
-        self.queue = deque()
-        self.delivered = {n: [] for n in names}
-        self.fwd_per_link = {}
-        self.seq = {n: 0 for n in names}
-        for e in self.engines.values():
-            e.start(self.t)
-        for a, b in edges:
-            self.connect(a, b)
-        self.settle()
-
-    def connect(self, a, b):
-        self.links.add(frozenset((a, b)))
-        self.engines[a].link_up(b, self.t)
-        self.engines[b].link_up(a, self.t)
-
-    def cut(self, a, b):
-        self.links.discard(frozenset((a, b)))
-        self.engines[a].link_down(b, self.t)
-        self.engines[b].link_down(a, self.t)
-
-    def _pump(self, name, sends):
-        for peer, kind, payload, _qos in sends:
-            if frozenset((name, peer)) in self.links:
-                self.queue.append((name, peer, kind, payload))
-
-    def _take(self, name, inbound):
-        for msg in inbound.deliveries:
-            self.delivered[name].append((msg.origin, msg.seq, msg.topic))
-            if msg.qos:  # QoS 1/2: acknowledged end to end, as the broker does once it is safe
-                self.engines[name].delivered(msg)
-
-    def settle(self, limit=100_000):
-        steps = 0
-        while True:
-            for name, e in self.engines.items():
-                self._pump(name, e.flush(self.t))
-            if not self.queue:
-                return steps
-            while self.queue:
-                frm, to, kind, payload = self.queue.popleft()
-                if kind == "fwd":
-                    self.fwd_per_link[(frm, to)] = self.fwd_per_link.get((frm, to), 0) + 1
-                self._take(to, self.engines[to].receive(frm, kind, payload, self.t))
-                steps += 1
-                assert steps < limit, "the network does not settle: a loop?"
-
-    def subscribe(self, node, topic_filter):
-        self.engines[node].local_filter_added(topic_filter)
-        self.settle()
-
-    def publish(self, node, topic, qos=0):
-        self.seq[node] += 1
-        msg = Message(topic, b"x", qos, False, node, self.seq[node], "c", self.t)
-        self.engines[node].route_local(msg, self.t)
-        self.settle()
-        return (node, self.seq[node], topic)
+from support.engine_net import Net
 
 
 def ring(n):
@@ -313,7 +247,7 @@ def test_the_handshake_rtt_is_the_first_cost_of_a_link():
     a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
     assert a.routers["a"].seq == 2
     hello = encode_hello(Hello(a.node_id, a.incarnation, a.addresses, rtt_us=40_000.4))
-    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 5}
+    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 6}
 
 
 def test_custody_lets_go_of_a_node_that_aged_out():

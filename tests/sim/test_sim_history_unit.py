@@ -6,7 +6,7 @@ from __future__ import annotations
 from mqttmesh.broker import Broker, BrokerSettings
 from mqttmesh.channel import Channel
 from mqttmesh.codec import Will
-from mqttmesh.sim.history import History, check_handover, check_wills
+from mqttmesh.sim.history import History, check_handover, check_order, check_wills
 from mqttmesh.sim.mqttclient import MqttClient
 
 
@@ -172,3 +172,24 @@ def test_will_check() -> None:
     assert result.twice == [("c", 2)]
     assert [conn for conn, _ in result.unwanted] == ["b", "d"]
     assert check_wills(h, {"c": 1}).missing == ["a"]
+
+
+def test_order_is_per_publisher_topic_and_qos_and_a_moved_session_counts_apart():
+    """[MQTT-4.6.0-6]: a first delivery below one already delivered on its stream is a reorder;
+    repeats of an id are not deliveries; the earlier delivery on another connection counts
+    apart (the subscriber's session moved between nodes)."""
+    h = History()
+    h.received(1.0, "s", "p:1", "t/a", 1, False, "s#1", 1)
+    h.received(1.1, "s", "p:3", "t/a", 1, False, "s#1", 2)
+    h.received(1.2, "s", "p:2", "t/a", 1, False, "s#1", 3)  # after 3, same connection
+    h.received(1.3, "s", "p:2", "t/a", 1, True, "s#1", 3)  # a repeat: not counted again
+    h.received(1.4, "s", "p:0", "t/b", 1, False, "s#1", 4)  # another topic: its own order
+    h.received(1.5, "s", "p:5", "t/a", 2, False, "s#1", 5)  # another QoS: its own order
+    h.received(1.6, "s", "q:9", "t/a", 1, False, "s#1", 6)  # another publisher
+    h.received(2.0, "s", "p:4", "t/a", 2, False, "s#2", 1)  # after 5, on the next connection
+    h.received(2.1, "s", "x", "t/a", 1, False, "s#2", 2)  # not "publisher:n": not judged
+    r = check_order(h)
+    assert r.checked == 7
+    assert r.same_connection == [("s", "p:2", "p:3")]
+    assert r.across_connections == [("s", "p:4", "p:5")]
+    assert r.by_stream == {"p t/a 1": 1, "p t/a 2": 1} and r.reorders == 2

@@ -37,12 +37,13 @@ class CustodyJournal(Protocol):
 
 
 class Custody:
-    """One message in custody: the destinations that have not acknowledged it yet."""
+    """One message in custody: the destinations that have not acknowledged it yet, and per
+    destination its predecessor there (order.py; None: sent unordered)."""
 
-    __slots__ = ("msg", "dests", "attempt", "due", "since")
+    __slots__ = ("msg", "dests", "attempt", "due", "since", "prev")
 
-    def __init__(self, msg: Message, dests: set[str], due: float, since: float):
-        self.msg, self.dests, self.attempt, self.due, self.since = msg, dests, 0, due, since
+    def __init__(self, msg: Message, dests: set[str], due: float, since: float, prev: dict[str, int] | None = None):
+        self.msg, self.dests, self.attempt, self.due, self.since, self.prev = msg, dests, 0, due, since, prev
 
 
 class CustodyMixin(EngineState):
@@ -131,7 +132,9 @@ class CustodyMixin(EngineState):
             c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
             if reachable:
                 self.counters["custody_retransmits"] += 1
-                self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt))
+                prev = c.prev
+                prevs = [prev.get(d, 0) for d in reachable] if prev else None
+                self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt, None, prevs))
         for key in expired:
             c = self.custody.pop(key)
             self._unjournal(key)

@@ -42,6 +42,7 @@ class DataPlaneMixin(EngineState):
             return False
         counters = self.counters
         counters["routed"] += 1
+        prev: dict[str, int] | None = None
         if msg.qos:
             custody = self.custody
             if len(custody) >= self.settings.custody_limit:
@@ -52,7 +53,13 @@ class DataPlaneMixin(EngineState):
                 del custody[oldest]
                 self._unjournal(oldest)
             if msg.origin == self.node_id:
-                custody[msg.seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now)
+                # each destination's predecessor: it delivers this message after that one (order.py)
+                last_to = self._last_to
+                seq = msg.seq
+                prev = {d: last_to.get(d, 0) for d in dests}
+                for d in dests:
+                    last_to[d] = seq
+                custody[seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now, prev)
                 journal = self.custody_journal
                 if journal is not None:
                     journal.custody_put(msg, dests)  # durable before the PUBACK
@@ -70,7 +77,7 @@ class DataPlaneMixin(EngineState):
             queue = outbox.get(hop)
             if queue is None:
                 queue = outbox[hop] = []
-            queue.append(Envelope(msg, hop_dests, hop_limit, 0, key))
+            queue.append(Envelope(msg, hop_dests, hop_limit, 0, key, [prev[d] for d in hop_dests] if prev else None))
         return bool(groups)
 
     def _send_envelope(self, env: Envelope) -> None:
@@ -91,13 +98,19 @@ class DataPlaneMixin(EngineState):
                 self.counters["unreachable_drops"] += 1
                 continue
             by_hop.setdefault(hop, []).append(d)
+        prevs = env.prevs
+        pmap = dict(zip(env.dests, prevs, strict=True)) if prevs is not None else None
         for hop, dests in by_hop.items():
-            self._outbox.setdefault(hop, []).append(Envelope(env.msg, dests, env.hop_limit, env.attempt))
+            hop_prevs = [pmap[d] for d in dests] if pmap is not None else None
+            self._outbox.setdefault(hop, []).append(
+                Envelope(env.msg, dests, env.hop_limit, env.attempt, None, hop_prevs)
+            )
 
     # ------------------------------------------------------------------ from a neighbour
 
-    def _handle_envelope(self, peer: str, env: Envelope, deliveries: list[Message]) -> None:
-        """One envelope of a ``fwd`` batch (MeshEngine.receive): deliver here, pass on, or both."""
+    def _handle_envelope(self, peer: str, env: Envelope, deliveries: list[Message], now: float) -> None:
+        """One envelope of a ``fwd`` batch (MeshEngine.receive): deliver here, pass on, or both.
+        A QoS 1/2 message with a predecessor here is delivered after it (order.py)."""
         msg = env.msg
         me = self.node_id
         if msg.origin == me or msg.ack_to:
@@ -106,9 +119,12 @@ class DataPlaneMixin(EngineState):
                 self.counters["duplicates"] += 1  # our own message came round: a transient loop
                 return
         env_dests = env.dests
+        prevs = env.prevs
         if len(env_dests) == 1 and env_dests[0] == me:
             # the common case, a leaf: nothing to forward, the delivery filter alone decides
-            if self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
+            if prevs is not None and prevs[0]:
+                self._deliver_ordered(msg, prevs[0], env.attempt, now, deliveries)
+            elif self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
                 self.counters["duplicates"] += 1
                 if msg.qos:
                     self._ack(msg)  # the origin did not hear our earlier acknowledgement
@@ -117,21 +133,22 @@ class DataPlaneMixin(EngineState):
                 if env.attempt:
                     msg.retried = True  # (a retransmission from custody: late, replica.py)
                 deliveries.append(msg)
+                if self._held and msg.qos:  # (a predecessor sent unordered: restored custody)
+                    self._release_after(msg.origin, msg.seq, deliveries)
             return
         dests = self.forward_filter.claim((msg.origin, msg.seq, env.attempt), env_dests)
         if len(dests) < len(env_dests):
             self.counters["duplicates"] += 1
         if not dests:
             return
+        pmap = dict(zip(env_dests, prevs, strict=True)) if prevs is not None else None
         if me in dests:
             if msg.qos:
-                if self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
-                    self.counters["duplicates"] += 1
-                    self._ack(msg)  # the origin did not hear our earlier acknowledgement
+                prev = pmap.get(me, 0) if pmap is not None else 0
+                if prev:
+                    self._deliver_ordered(msg, prev, env.attempt, now, deliveries)
                 else:
-                    self.counters["delivered"] += 1
-                    msg.retried = env.attempt > 0
-                    deliveries.append(msg)
+                    self._deliver_one(msg, env.attempt, deliveries)
             elif not self.delivery_filter.seen(msg.origin, msg.seq, 0):
                 self.counters["delivered"] += 1
                 deliveries.append(msg)
@@ -141,7 +158,8 @@ class DataPlaneMixin(EngineState):
         if env.hop_limit <= 1:
             self.counters["hop_limit_drops"] += 1
             return
-        self._send_envelope(Envelope(msg, dests, env.hop_limit - 1, env.attempt))
+        fwd_prevs = [pmap[d] for d in dests] if pmap is not None else None
+        self._send_envelope(Envelope(msg, dests, env.hop_limit - 1, env.attempt, None, fwd_prevs))
 
     # ------------------------------------------------------------------ unicast between nodes
 

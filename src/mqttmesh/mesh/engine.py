@@ -19,6 +19,8 @@ What travels between neighbours (``kind`` of a Send):
     lsa     flooded: router and interest advertisements
     fwd     routed: a batch of envelopes (application messages)
     e2e     routed: end-to-end acknowledgements of QoS 1/2 messages, to their origin
+    nack    routed: a destination asks an origin for a message another one waits for (order.py)
+    skip    routed: the origin's answer when that message is not coming
     uni     routed: unicast messages between two nodes (session and registry protocols)
 
 ``receive`` returns what a message brought for this node, an ``Inbound``: the
@@ -28,9 +30,10 @@ safe) and the unicasts addressed here. Everything to send leaves at the next
 iteration, so envelopes and advertisements are batched per neighbour); ``tick``
 ends with a flush. The types are in actions.py.
 
-The engine is one object made of four parts (engine_base.py says why): the
+The engine is one object made of five parts (engine_base.py says why): the
 advertisement database (lsdb.py), routes (routes.py), the data plane
-(dataplane.py) and custody (custody.py); the binary formats are in wire.py.
+(dataplane.py), custody (custody.py) and ordered delivery (order.py); the
+binary formats are in wire.py and envelope.py.
 """
 
 from __future__ import annotations
@@ -48,13 +51,14 @@ from .engine_base import JsonCodec, MeshSettings, PeerStats
 from .envelope import EnvelopeError, decode_batch
 from .interest import InterestIndex
 from .lsdb import InterestState, LsdbMixin, RouterLsa
+from .order import OrderMixin
 from .routes import RoutesMixin
 from .wire import MeshProtocolError
 
 __all__ = ["MeshSettings", "MeshEngine", "PeerStats", "RouterLsa", "InterestState", "MeshProtocolError"]
 
 
-class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
+class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixin):
     def __init__(
         self,
         node_id: str,
@@ -103,6 +107,12 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
         self.forward_filter = ForwardFilter(self.settings.dedup_window)
         self.delivery_filter = DeliveryFilter(self.settings.dedup_window)
         self.custody = {}
+        # ordered delivery
+        self._last_to = {}
+        self._held = {}
+        self._held_ids = set()
+        self._order_out = {}
+        self._order_relay = {}
         self._flood_out = {}
         self._control_out = []
         self._last_refresh = 0.0
@@ -117,6 +127,12 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
             "custody_retransmits": 0,
             "custody_expired": 0,
             "custody_overflow": 0,
+            "reorder_held": 0,
+            "reorder_resent": 0,
+            "reorder_skipped": 0,
+            "reorder_timeouts": 0,
+            "reorder_overflow": 0,
+            "reorder_unordered": 0,
             "lsa_originated": 0,
             "interest_originated": 0,
             "lsa_received": 0,
@@ -202,7 +218,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
         stats.envelopes_in += len(envelopes)
         deliveries: list[Message] = []
         for env in envelopes:
-            self._handle_envelope(peer, env, deliveries)
+            self._handle_envelope(peer, env, deliveries, now)
         return _new_tuple(Inbound, (deliveries, ()))  # Inbound(deliveries, ()) at half the cost
 
     def _receive_cost(self, peer: str, body: Any, now: float) -> None:
@@ -227,6 +243,8 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
             self._flush_unicasts(sends)
         if self._acks_relay:
             self._flush_relayed_acks(sends)
+        if self._order_out or self._order_relay:
+            self._flush_order(sends)
         return sends
 
     def tick(self, now: float) -> list[Send]:
@@ -270,6 +288,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin):
             "nodes": nodes,
             "tree": {n: p for n, p in sorted(self.parent.items())},
             "custody": len(self.custody),
+            "held": len(self._held_ids),
             "counters": dict(self.counters),
         }
 
@@ -301,6 +320,8 @@ _new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new
 _RECEIVERS: dict[str, Callable[[MeshEngine, str, str, bytes, float], Inbound]] = {
     "uni": MeshEngine._receive_unicast,
     "e2e": MeshEngine._receive_e2e,
+    "nack": MeshEngine._receive_order,
+    "skip": MeshEngine._receive_order,
 }
 # the JSON kinds: kind -> handler(engine, peer, decoded body, now)
 _CONTROL: dict[str, Callable[[MeshEngine, str, Any, float], None]] = {

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from .envelope import Envelope
     from .interest import InterestIndex
     from .lsdb import Control, InterestState, RouterLsa
+    from .order import Held
     from .routes import Route
     from .wire import AckGroup
 
@@ -39,6 +40,10 @@ class MeshSettings:
     custody_timeout: float = 3600.0  # give up on a destination after this long
     retransmit_after: float = 2.0  # first end-to-end retransmission; doubles up to 30 s
     max_batch_bytes: int = 16 * 1024
+    # a QoS 1/2 message whose predecessor from its origin has not arrived waits for it at
+    # most this long (order.py); the origin is asked for the predecessor at once
+    reorder_wait: float = 10.0
+    reorder_limit: int = 50_000  # messages waiting for a predecessor, per node
 
 
 class PeerStats:
@@ -127,6 +132,12 @@ class EngineState:
     _acks_out: dict[str, list[int]]  # origin -> seqs delivered here
     _acks_for: dict[tuple[str, str], list[int]]  # (node routing for the origin, origin) -> seqs
     _acks_relay: dict[str, list[AckGroup]]  # next hop -> acknowledgements to pass on
+    # ordered delivery (order.py)
+    _last_to: dict[str, int]  # destination -> seq of our last QoS 1/2 message routed to it
+    _held: dict[str, dict[int, Held]]  # origin -> predecessor waited for -> the message waiting
+    _held_ids: set[tuple[str, int]]  # (origin, seq) of every held message
+    _order_out: dict[tuple[str, str], list[int]]  # (nack or skip, node) -> our seqs for it
+    _order_relay: dict[tuple[str, str], list[AckGroup]]  # (nack or skip, next hop) -> groups
 
     def _stats(self, peer: str) -> PeerStats:
         # not setdefault(peer, PeerStats()): that builds a PeerStats for every message
@@ -149,6 +160,14 @@ class EngineState:
         def _send_envelope(self, env: Envelope) -> None: ...  # dataplane
 
         def _ack(self, msg: Message) -> None: ...  # custody
+
+        def _deliver_ordered(  # order
+            self, msg: Message, prev: int, attempt: int, now: float, out: list[Message]
+        ) -> None: ...
+
+        def _deliver_one(self, msg: Message, attempt: int, out: list[Message]) -> None: ...  # order
+
+        def _release_after(self, origin: str, seq: int, out: list[Message]) -> None: ...  # order
 
         def _retransmit_soon(self, now: float) -> None: ...  # custody
 

@@ -8,13 +8,19 @@ in a table, and each envelope as one fixed-size record plus its payload, so
 encoding and decoding cost one struct call per message. The first byte is
 the format version, so nodes of different versions can tell.
 
-    batch    = version:u8=2  count:u32  nstrings:u16  (len:u16 utf8)*nstrings  envelope*count
+    batch    = version:u8=3  count:u32  nstrings:u16  (len:u16 utf8)*nstrings  envelope*count
     envelope = flags:u8 hop_limit:u8 attempt:u8 seq:u64 ts:f64
                origin:u16 publisher:u16 topic:u16 dests:u16 (indexes into the table)
-               payload_len:u32 payload
-    flags    = qos (bits 0-1) | retain (bit 2) | acknowledged to another node (bit 3);
+               payload_len:u32 [back:u32 * len(dests), with bit 4] payload
+    flags    = qos (bits 0-1) | retain (bit 2) | acknowledged to another node (bit 3)
+               | ordered (bit 4);
                a destination list is its node ids joined by NUL; with bit 3 the origin
                string is the origin and the node to acknowledge to, joined by NUL
+
+With bit 4, each destination has its predecessor: the sequence number of the origin's
+previous QoS 1/2 message to that node, as ``seq - previous`` (0: none, deliver at once),
+in the order of the destination list; the destination delivers the message after its
+predecessor (order.py, docs/design.md 3.6). Version 3 added it.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from ..message import Message
 
 __all__ = ["VERSION", "Envelope", "encode_batch", "decode_batch", "EnvelopeError", "MAX_STRINGS"]
 
-VERSION = 2
+VERSION = 3
 MAX_STRINGS = 65535
 _HEAD = struct.Struct(">BIH")
 _REC = struct.Struct(">BBBQdHHHHI")
@@ -37,17 +43,28 @@ class EnvelopeError(ValueError):
 
 
 class Envelope:
-    __slots__ = ("msg", "dests", "hop_limit", "attempt", "dests_key")
+    __slots__ = ("msg", "dests", "hop_limit", "attempt", "dests_key", "prevs")
 
-    def __init__(self, msg: Message, dests: list[str], hop_limit: int, attempt: int = 0, dests_key: str | None = None):
+    def __init__(
+        self,
+        msg: Message,
+        dests: list[str],
+        hop_limit: int,
+        attempt: int = 0,
+        dests_key: str | None = None,
+        prevs: list[int] | None = None,
+    ):
         self.msg = msg
         self.dests = dests
         self.hop_limit = hop_limit
         self.attempt = attempt
         self.dests_key = dests_key  # "\0".join(dests), when the caller already has it
+        # per destination, the origin's previous QoS 1/2 message to it (0: none); None: unordered
+        self.prevs = prevs
 
     def __repr__(self) -> str:
-        return f"Envelope({self.msg!r}, dests={self.dests}, hops={self.hop_limit}, attempt={self.attempt})"
+        prevs = f", prevs={self.prevs}" if self.prevs is not None else ""
+        return f"Envelope({self.msg!r}, dests={self.dests}, hops={self.hop_limit}, attempt={self.attempt}{prevs})"
 
 
 def encode_batch(envelopes: list[Envelope]) -> bytes:
@@ -87,7 +104,14 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
             d = table[dk] = len(strings)
             strings.append(dk)
         payload = m.payload
-        append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload)))
+        prevs = env.prevs
+        if prevs is None:
+            append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload)))
+        else:
+            seq = m.seq
+            append(pack(flags | 16, env.hop_limit, env.attempt, seq, m.timestamp, o, p, t, d, len(payload)))
+            # (a predecessor further back than 2**32 numbers is as good as none)
+            append(struct.pack(f">{len(prevs)}I", *[seq - b if b and 0 < seq - b < 4294967296 else 0 for b in prevs]))
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
     for text in strings:
@@ -117,11 +141,18 @@ def decode_batch(data: bytes) -> list[Envelope]:
         for _ in range(count):
             flags, hops, attempt, seq, ts, oi, pi, ti, di, plen = unpack(data, pos)
             pos += size
-            payload = data[pos : pos + plen]
-            pos += plen
             dests = dest_lists.get(di)
             if dests is None:
                 dests = dest_lists[di] = strings[di].split("\0")
+            prevs = None
+            if flags & 16:
+                n = len(dests)
+                prevs = [seq - back if back else 0 for back in struct.unpack_from(f">{n}I", data, pos)]
+                pos += 4 * n
+                if min(prevs) < 0:
+                    raise EnvelopeError("a predecessor after its message")
+            payload = data[pos : pos + plen]
+            pos += plen
             topic = strings[ti]
             qos = flags & 3
             if qos == 3 or not topic:
@@ -133,7 +164,7 @@ def decode_batch(data: bytes) -> list[Envelope]:
                 if not sep or not msg.ack_to:
                     raise EnvelopeError("an envelope to acknowledge elsewhere names no node")
                 msg.origin = origin
-            out.append(Envelope(msg, dests, hops, attempt, strings[di]))
+            out.append(Envelope(msg, dests, hops, attempt, strings[di], prevs))
         if pos != end:
             raise EnvelopeError(
                 f"{end - pos} bytes after the last envelope" if pos < end else "envelope overruns its batch"

@@ -20,6 +20,7 @@ stays, whichever of the two came up first.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -249,6 +250,12 @@ class PeerLinks:
         # (a fwd batch brings deliveries only, a uni message unicasts only: no order to keep)
         for unicast in unicasts:
             self._unicast(unicast, now)
+        return self._deliver(deliveries, len(unicasts))
+
+    def _deliver(self, deliveries: Sequence[Message], unicasts: int = 0) -> Batch:
+        """Messages from other nodes to this node's sessions; each QoS 1/2 one acknowledged to
+        its origin once the store has it. Returns the journal batch to wait for."""
+        engine = self.engine
         broker = self.broker
         if not broker.journal.persistent:
             dispatch = broker.dispatch
@@ -257,7 +264,7 @@ class PeerLinks:
                 if msg.qos:  # QoS 1/2: acknowledged end to end to the origin's custody
                     engine.delivered(msg)
             self.io.flush_soon()
-            if len(deliveries) + len(unicasts) >= FLUSH_EVERY // 4:
+            if len(deliveries) + unicasts >= FLUSH_EVERY // 4:
                 # a read from the link holds up to 16 batches: pass each on as it comes (as
                 # the publishers' side does every FLUSH_EVERY messages)
                 self.io.write_clients_now()
@@ -318,6 +325,9 @@ class PeerLinks:
         self._check_membership(now)
         self.cluster.tick(now)
         self.cluster.flush(now)
+        late = self.engine.release_held(now)  # (waited for a predecessor too long: order.py)
+        if late:
+            self._deliver(late)
         links = self.links
         for peer, kind, payload, qos in self.engine.tick(now):
             link = links.get(peer)

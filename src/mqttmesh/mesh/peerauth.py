@@ -5,14 +5,16 @@ Pure: no sockets, no clock, no randomness. Each side's nonce is an argument (the
 layer, server/mesh_node.py, draws it); the MQTT packets that carry these fields are
 mesh/client.py's (dialling side) and channel.py's (listening side).
 
-Version 5 of the peer protocol (``PEER_PROTOCOL``; versions 2 to 4 had the same handshake:
+Version 6 of the peer protocol (``PEER_PROTOCOL``; versions 2 to 5 had the same handshake:
 3 added settlement versions to session snapshots, 4 routes a persistent publisher's QoS 2
 message under the id its session's holders agreed on and names, in an envelope, the node
 to acknowledge it to, issue 15; 5 packs every settled id a snapshot's copy remembers and
-carries its floors, issue 20), in ordinary MQTT 3.1.1 packets (D dials, L listens):
+carries its floors, 6 gives each QoS 1/2 envelope its predecessor per destination and adds
+the ``nack`` and ``skip`` messages of ordered delivery, issue 20), in ordinary MQTT 3.1.1
+packets (D dials, L listens):
 
     D -> L  CONNECT  user mqttmesh-peer, ClientId $mesh-<D>,
-                     password "5|<D>|<incarnation D>|<Nd>"
+                     password "6|<D>|<incarnation D>|<Nd>"
     L -> D  CONNACK 0: D is a provisional peer, nothing is routed to it
     D -> L  SUBSCRIBE $mesh/to/<D>/#
     L -> D  SUBACK, then PUBLISH $mesh/to/<D>/auth   "<L>|<incarnation L>|<Nl>|<MAC L>"
@@ -50,7 +52,7 @@ __all__ = [
     "version_mismatch",
 ]
 
-PEER_PROTOCOL = 5  # the peer protocol's version: a node refuses a peer of another
+PEER_PROTOCOL = 6  # the peer protocol's version: a node refuses a peer of another
 PEER_USERNAME = "mqttmesh-peer"
 NONCE_BYTES = 16
 

@@ -306,6 +306,8 @@ class MeshNode:
             retransmit_after=cfg.get("mesh.retransmit_after"),
             custody_limit=cfg.get("mesh.custody_limit"),
             custody_timeout=cfg.get("mesh.custody_timeout"),
+            reorder_wait=cfg.get("mesh.reorder_wait"),
+            reorder_limit=cfg.get("mesh.reorder_limit"),
             dedup_window=cfg.get("mesh.dedup_window"),
             max_age=cfg.get("mesh.max_age"),
         )

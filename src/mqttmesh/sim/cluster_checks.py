@@ -25,7 +25,7 @@ from typing import Any
 
 from ..message import Message
 from .checks import components
-from .history import check_handover, check_sessions_resumed, check_wills
+from .history import check_handover, check_order, check_sessions_resumed, check_wills
 from .model import CCHECK, Node, SimulatorPart
 
 __all__ = ["ClusterChecksMixin"]
@@ -37,6 +37,7 @@ class ClusterChecksMixin(SimulatorPart):
     def _init_cluster_checks(self) -> None:
         self.handover_result: Any = None
         self.wills_result: Any = None
+        self.order_result: Any = None
         self.not_resumed: list[tuple[float, str, str, str]] = []
         self.will_counts: dict[str, int] = {}  # connection id -> wills published
         # connection id -> for each will published: the side of the node that published it
@@ -146,6 +147,7 @@ class ClusterChecksMixin(SimulatorPart):
         ho = check_handover(self.history, self.sc.clients.settle)
         wills = check_wills(self.history, self.will_counts, self.will_sides)
         self.handover_result, self.wills_result = ho, wills
+        self.order_result = check_order(self.history)
         persistent = {name for name, cl in self.clients.items() if cl.persistent}
         self.not_resumed = check_sessions_resumed(self.history, persistent)
         for msg_id, client, t in ho.lost[:20]:
@@ -190,6 +192,9 @@ class ClusterChecksMixin(SimulatorPart):
             "qos1_again": ho.qos1_again,
             "not_moved": ho.not_moved,
             "not_moved_lost": ho.not_moved_lost,
+            "order_checked": self.order_result.checked,
+            "reorders_same_connection": len(self.order_result.same_connection),
+            "reorders_across_connections": len(self.order_result.across_connections),
             "wills_checked": wills.checked,
             "wills_published": sum(self.will_counts.values()),
             "wills_missing": len(wills.missing),

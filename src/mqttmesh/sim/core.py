@@ -384,6 +384,8 @@ class Simulator(
             core.tick(self.now)
             node.depth_out = 0
         else:
+            for msg in node.engine.release_held(self.now):  # (as PeerLinks.tick does)
+                self._deliver(node, msg)
             self._dispatch(node, node.engine.tick(self.now))
         self._observe_own(node)
         self._at(self.now + self.sc.node.tick, TICK, name, gen)

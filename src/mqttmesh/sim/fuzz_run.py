@@ -40,6 +40,9 @@ _COUNTS = (
     "wills_twice",
     "wills_unwanted",
     "sessions_not_present",
+    "order_checked",
+    "reorders_same_connection",
+    "reorders_across_connections",
 )
 
 

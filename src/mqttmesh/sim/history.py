@@ -31,7 +31,16 @@ from typing import Any
 
 from ..topics import filter_matches
 
-__all__ = ["History", "HandoverCheck", "WillCheck", "check_handover", "check_wills", "check_sessions_resumed"]
+__all__ = [
+    "History",
+    "HandoverCheck",
+    "OrderCheck",
+    "WillCheck",
+    "check_handover",
+    "check_order",
+    "check_wills",
+    "check_sessions_resumed",
+]
 
 Op = tuple[Any, ...]
 
@@ -125,6 +134,54 @@ def check_handover(history: History, settle: float) -> HandoverCheck:
             if not delivered:
                 result.lost.append((msg_id, client, t_ack))
     return result
+
+
+@dataclass
+class OrderCheck:
+    """Each publisher's messages on one topic and QoS, as one subscriber got them."""
+
+    checked: int = 0  # first deliveries of a message id "publisher:n"
+    # (subscriber, msg id, the id it came after): a first delivery below one already delivered
+    same_connection: list[tuple[str, str, str]] = field(default_factory=list)
+    across_connections: list[tuple[str, str, str]] = field(default_factory=list)  # the other on an earlier one
+    by_stream: dict[str, int] = field(default_factory=dict)  # "publisher topic qos" -> reorders
+
+    @property
+    def reorders(self) -> int:
+        return len(self.same_connection) + len(self.across_connections)
+
+
+def check_order(history: History) -> OrderCheck:
+    """[MQTT-4.6.0-5, MQTT-4.6.0-6]: the messages of one publisher on one topic at one QoS
+    reach each subscriber in the order they were published. Message ids are "publisher:n"
+    with n counting up per publisher; a first delivery (re-sends and repeats of one id do
+    not count) whose n is below one already delivered on that stream is a reorder, counted
+    apart when the earlier delivery came on another connection of the subscriber (a session
+    that moved: MQTT orders the messages of a session, the mesh moved it between nodes)."""
+    r = OrderCheck()
+    first: set[tuple[str, str]] = set()
+    high: dict[tuple[str, str, str, int], tuple[int, str, str]] = {}  # stream -> (n, msg id, conn)
+    for op in history.ops:
+        if op[3] != "receive":
+            continue
+        client, msg_id, topic, qos, conn = op[1], op[4], op[5], op[6], op[8]
+        if (client, msg_id) in first:
+            continue
+        first.add((client, msg_id))
+        publisher, _, n_text = msg_id.rpartition(":")
+        if not n_text.isdigit():
+            continue
+        r.checked += 1
+        n = int(n_text)
+        key = (client, publisher, topic, qos)
+        top = high.get(key)
+        if top is None or n > top[0]:
+            high[key] = (n, msg_id, conn)
+            continue
+        (r.same_connection if top[2] == conn else r.across_connections).append((client, msg_id, top[1]))
+        stream = f"{publisher} {topic} {qos}"
+        r.by_stream[stream] = r.by_stream.get(stream, 0) + 1
+    return r
 
 
 @dataclass

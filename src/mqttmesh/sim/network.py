@@ -21,7 +21,7 @@ from .observe import read_envelope_heads
 __all__ = ["NetworkMixin", "CONTROL", "PROPAGATING", "ATTRIBUTED"]
 
 
-CONTROL = ("lsa", "dbsum", "lsreq", "cost", "e2e", "uni")
+CONTROL = ("lsa", "dbsum", "lsreq", "cost", "e2e", "nack", "skip", "uni")
 PROPAGATING = ("lsa", "dbsum", "lsreq", "cost")  # routing control: what a round of advertisement is made of
 # episodes whose control traffic is attributed (advertisements parsed); not the start, whose
 # traffic is all of it, nor spontaneous re-costing

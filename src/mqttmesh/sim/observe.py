@@ -22,10 +22,10 @@ def read_envelope_heads(batch: bytes) -> list[tuple[str, int, int, int, tuple[st
     """(origin, seq, attempt, hop_limit, destinations) of every envelope of a ``fwd`` batch."""
     if not batch:
         raise ValueError("empty envelope batch")
-    if batch[0] == 2:
+    if batch[0] in (2, 3):
         return _read_v2(batch)
     if batch[0] != 1:
-        raise ValueError(f"envelope batch version {batch[0]}, expected 1 or 2")
+        raise ValueError(f"envelope batch version {batch[0]}, expected 1, 2 or 3")
     count = _U32.unpack_from(batch, 1)[0]
     pos = 5
     out = []
@@ -52,7 +52,8 @@ def read_envelope_heads(batch: bytes) -> list[tuple[str, int, int, int, tuple[st
 
 
 def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
-    """Version 2: a string table (origins, publishers, topics, NUL-joined destination lists) first."""
+    """Versions 2 and 3: a string table (origins, publishers, topics, NUL-joined destination
+    lists) first; version 3 adds each destination's predecessor to an ordered envelope."""
     count = _U32.unpack_from(batch, 1)[0]
     nstrings = _U16.unpack_from(batch, 5)[0]
     pos = 7
@@ -63,9 +64,12 @@ def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
         pos += 2 + n
     out = []
     for _ in range(count):
-        _flags, hops, attempt, seq, _ts, oi, _pi, _ti, di, plen = _REC2.unpack_from(batch, pos)
+        flags, hops, attempt, seq, _ts, oi, _pi, _ti, di, plen = _REC2.unpack_from(batch, pos)
+        dests = tuple(strings[di].split("\0"))
         pos += _REC2.size + plen
-        out.append((strings[oi], seq, attempt, hops, tuple(strings[di].split("\0"))))
+        if batch[0] == 3 and flags & 16:
+            pos += 4 * len(dests)  # (each destination's predecessor)
+        out.append((strings[oi], seq, attempt, hops, dests))
     if pos != len(batch):
         raise ValueError(f"{len(batch) - pos} bytes after the last envelope")
     return out
