@@ -8,13 +8,15 @@ topic and only differ in the packet identifier.
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Callable, MutableSequence
+from typing import Any, TypeVar
 
 from .codec import encode_publish, encode_remaining_length
 
-__all__ = ["Message"]
+__all__ = ["Message", "in_origin_order"]
 
 _U16 = struct.Struct(">H")
+T = TypeVar("T")
 
 
 class Message:
@@ -104,3 +106,20 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, retain={self.retain}, id={self.msg_id})"
+
+
+def in_origin_order(items: MutableSequence[T], ident: Callable[[T], tuple[str, int] | None]) -> None:
+    """Put each origin's items in the order of their sequence numbers, in the places that
+    origin's items hold (the others stay where they are); ``ident`` gives an item's (origin,
+    seq), or None for one that stays put. What reached a session by two ways (a copy of it
+    and the mesh, or two copies) leaves in the order its origin took it [MQTT-4.6.0-6]."""
+    places: dict[str, list[tuple[int, int]]] = {}
+    for i, item in enumerate(items):
+        key = ident(item)
+        if key is not None:
+            places.setdefault(key[0], []).append((key[1], i))
+    for at in places.values():
+        if len(at) > 1 and any(at[k][0] > at[k + 1][0] for k in range(len(at) - 1)):
+            moved = [items[i] for _, i in sorted(at)]
+            for i, item in zip([i for _, i in at], moved, strict=True):  # (at: in index order)
+                items[i] = item

@@ -153,6 +153,10 @@ class MeshPort(Protocol):
     def first_here(self, msg: Message) -> bool:
         """False when ``msg`` (by its id) reached this node's subscribers before; it has now."""
 
+    def comes_later(self, msg: Message) -> bool:
+        """True when ``msg`` (by its id) reached this node and waits for an earlier message of
+        its origin (mesh/order.py): it is dispatched here once that one is."""
+
 
 class RetainedPort(Protocol):
     """Where the retained messages of non-$ topics live in a mesh (mesh/retained.py

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .codec import PubRel, encode
+from .message import in_origin_order
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -121,6 +122,14 @@ class Session:
 
     def _new_entry(self, msg: Message, qos: int, retain: bool) -> Entry:
         return Entry(msg, qos, retain)
+
+    def queue_in_origin_order(self) -> None:
+        """The queue in each origin's order (what reached it from copies of the session and
+        from the mesh, mesh/handover.py); what is in flight keeps its packet ids and order."""
+        items = list(self.queue)
+        in_origin_order(items, lambda e: (e.msg.origin, e.msg.seq))
+        self.queue.clear()
+        self.queue.extend(items)
 
     def _enqueue(self, entry: Entry) -> None:
         queue = self.queue

@@ -105,6 +105,9 @@ class _Published:
         self.seen.add(key)
         return True
 
+    def comes_later(self, msg: Message) -> bool:
+        return False  # (this network delivers in order: nothing waits for an earlier message)
+
     def filter_added(self, topic_filter: str) -> None:
         pass
 

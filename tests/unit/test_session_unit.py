@@ -514,3 +514,16 @@ def test_installing_a_copy_never_brings_back_a_message_this_copy_settled():
     fresh = SnapshotEntry("n2", 8, "t", "eQ==", 2, 2, 0, 0, "pub", 1.5)
     install(s, Snapshot("c", {}, 0, [stale, fresh], [], [], None, 1, 3))
     assert [e.msg.seq for e in s.queue] == [8] and ("n2", 7) not in s.ids
+
+
+def test_in_origin_order_sorts_each_origins_items_in_their_own_places():
+    """What reached a session by two ways leaves in each origin's order [MQTT-4.6.0-6];
+    another origin's items and those without an id stay where they are."""
+    from mqttmesh.message import in_origin_order
+
+    items = [("a", 3), ("b", 9), None, ("a", 1), ("b", 4), ("a", 2), ("c", 5)]
+    in_origin_order(items, lambda x: x)
+    assert items == [("a", 1), ("b", 4), None, ("a", 2), ("b", 9), ("a", 3), ("c", 5)]
+    ordered = [("a", 1), ("a", 2)]
+    in_origin_order(ordered, lambda x: x)
+    assert ordered == [("a", 1), ("a", 2)]

@@ -118,6 +118,7 @@ def cluster_parts(
         "settle_retries": 0,
         "acks_after_commit": 0,
         "late_forwarded": 0,
+        "forwarded_comes_later": 0,
         "fenced": 0,
         "refused_no_quorum": 0,
         "claims_refused": 0,

@@ -78,6 +78,10 @@ class MeshGateway:
         came through the mesh), and it is remembered either way."""
         return not self.engine.delivery_filter.seen(msg.origin, msg.seq, 2)
 
+    def comes_later(self, msg: Message) -> bool:
+        """Does the engine hold ``msg`` for an earlier message of its origin (order.py)?"""
+        return (msg.origin, msg.seq) in self.engine._held_ids
+
     def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
         """A cluster message for node ``dest`` (the Cluster's send); False: unreachable now."""
         ok = self.engine.send_unicast(dest, kind, payload)

@@ -314,6 +314,8 @@ class HandOver(Confirmations):
             replica.safe_version = 0
             for fwd in claim.forwarded:  # what holders forwarded while we gathered
                 self._forwarded(fwd)
+            if claim.forwarded:
+                replica.queue_in_origin_order()  # (after the copies' messages: in their place)
         wall = now + self.wall_offset
         self.local[claim.cid] = LocalConnection(channel, claim.conn, claim.epoch, claim.will, claim.clean, wall)
         channel.claimed(session, present, now)
@@ -609,5 +611,11 @@ class HandOver(Confirmations):
         key = (msg.origin, msg.seq)
         if key in replica.done and replica.channel is not None and replica.on_settled is not None:
             replica._report(key, "done", 0)  # (a holder kept it: it may drop it, we settled it)
+            return
+        mesh = self.broker.mesh
+        if mesh is not None and mesh.comes_later(msg):
+            # it reached this node too and waits there for an earlier message of its origin:
+            # it reaches the session then, in its origin's order (order.py), not before
+            self.counters["forwarded_comes_later"] += 1
             return
         replica.deliver(msg, min(fwd.qos, granted))  # a duplicate by id is dropped there

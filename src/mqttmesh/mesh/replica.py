@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..codec import PubRel, encode
-from ..message import Message
+from ..message import Message, in_origin_order
 from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from .cluster_values import Forwarded, Settlement, Snapshot, SnapshotEntry
 from .cluster_wire import SessFwd, SessSubs, Wire
@@ -571,7 +571,8 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     # in flight first (in packet-id send order), then queued, each in arrival order
     entries = [best[k] for k in order]
     entries.sort(key=lambda e: 0 if e.state else 1)
-    _queued_in_origin_order(entries)
+    # (copies that got one origin's messages in different orders, or not all of them)
+    in_origin_order(entries, lambda e: None if e.state else (e.origin, e.seq))
     return Snapshot(
         snaps[0].cid,
         subs_from.subs,
@@ -588,21 +589,6 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         [(pid, fwd) for pid, fwd in latest.inbound if pid in latest.rel],
         floors,
     )
-
-
-def _queued_in_origin_order(entries: list[SnapshotEntry]) -> None:
-    """Each origin's queued messages in the order of its sequence numbers, in the places its
-    messages take in ``entries`` (the others stay where they are): copies that got one
-    origin's messages in different orders, or not all of them, merge into the order the
-    origin routed them [MQTT-4.6.0-6] (order.py keeps it on each node)."""
-    places: dict[str, list[int]] = {}
-    for i, e in enumerate(entries):
-        if not e.state:
-            places.setdefault(e.origin, []).append(i)
-    for at in places.values():
-        if len(at) > 1:
-            for i, e in zip(at, sorted((entries[i] for i in at), key=lambda e: e.seq), strict=True):
-                entries[i] = e
 
 
 def unknown_to(session: _Replicated, snap: Snapshot) -> list[Entry]:

@@ -153,7 +153,7 @@ class OrderCheck:
 
 def check_order(history: History) -> OrderCheck:
     """[MQTT-4.6.0-5, MQTT-4.6.0-6]: the messages of one publisher on one topic at one QoS
-    reach each subscriber in the order they were published. Message ids are "publisher:n"
+    (the QoS it published at) reach each subscriber in the order they were published. Message ids are "publisher:n"
     with n counting up per publisher; a first delivery (re-sends and repeats of one id do
     not count) whose n is below one already delivered on that stream is a reorder, counted
     apart when the earlier delivery came on another connection of the subscriber (a session
@@ -161,10 +161,15 @@ def check_order(history: History) -> OrderCheck:
     r = OrderCheck()
     first: set[tuple[str, str]] = set()
     high: dict[tuple[str, str, str, int], tuple[int, str, str]] = {}  # stream -> (n, msg id, conn)
+    published: dict[str, int] = {}  # msg id -> the QoS it was published at
     for op in history.ops:
+        if op[3] == "publish" and op[2] == "invoke":
+            published[op[4]] = op[6]
         if op[3] != "receive":
             continue
-        client, msg_id, topic, qos, conn = op[1], op[4], op[5], op[6], op[8]
+        client, msg_id, topic, conn = op[1], op[4], op[5], op[8]
+        # (the publication's QoS orders; a subscription may lower it)
+        qos = published[msg_id] if msg_id in published else int(op[6])
         if (client, msg_id) in first:
             continue
         first.add((client, msg_id))
