@@ -184,3 +184,20 @@ def test_the_waiting_messages_are_bounded_and_the_oldest_goes_out_first():
         out += b.receive("a", "fwd", encode_batch([Envelope(msg, ["b"], 4, 0, None, [seq - 1])]), 0.0).deliveries
     assert [m.seq for m in out] == [11] and b.counters["reorder_overflow"] == 1
     assert len(b._held_ids) == 3
+
+
+def test_seen_after_is_seen_for_a_message_whose_predecessor_was_delivered():
+    from mqttmesh.mesh.dedup import NEW, SEEN, WAIT, DeliveryFilter
+
+    f = DeliveryFilter(window=4)
+    assert f.seen_after("a", 2, 1, 1) == WAIT  # nothing of a's delivered: wait
+    assert not f.seen("a", 1, 1)
+    assert f.seen_after("a", 3, 2, 1) == WAIT and not f.has("a", 3)  # (remembered nothing)
+    assert f.seen_after("a", 2, 1, 1) == NEW and f.has("a", 2)
+    assert f.seen_after("a", 2, 1, 1) == SEEN
+    assert f.seen_after("a", 3, 2, 2) == NEW
+    for seq in (4, 5, 6, 7, 8, 9, 10, 11, 12):  # two generations forgotten: the floor rises
+        f.seen("a", seq, 1)
+    assert f.has("a", 3)  # at or below the floor: nobody can tell, taken as delivered
+    assert f.seen_after("a", 20, 3, 1) == NEW  # its predecessor is below the floor
+    assert f.seen_after("a", 2, 1, 2) == SEEN and f.seen_after("a", 2, 1, 1) == NEW  # seen's rule

@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..message import Message
 from .actions import NOTHING, Inbound, Send, Unicast
 from .custody import Custody
+from .dedup import NEW, SEEN
 from .engine_base import EngineState, PeerStats
 from .envelope import Envelope, encode_batch
 from .wire import decode_unicasts, encode_unicast
@@ -43,6 +44,7 @@ class DataPlaneMixin(EngineState):
         counters = self.counters
         counters["routed"] += 1
         prev: dict[str, int] | None = None
+        one: list[int] | None = None  # the predecessors of the only envelope
         if msg.qos:
             custody = self.custody
             if len(custody) >= self.settings.custody_limit:
@@ -56,9 +58,17 @@ class DataPlaneMixin(EngineState):
                 # each destination's predecessor: it delivers this message after that one (order.py)
                 last_to = self._last_to
                 seq = msg.seq
-                prev = {d: last_to.get(d, 0) for d in dests}
-                for d in dests:
+                if len(dests) == 1:
+                    d = dests[0]
+                    p = last_to.get(d, 0)
+                    prev = {d: p}
                     last_to[d] = seq
+                    if len(groups) == 1:  # (one destination, one next hop: the common case)
+                        one = [p]
+                else:
+                    prev = {d: last_to.get(d, 0) for d in dests}
+                    for d in dests:
+                        last_to[d] = seq
                 custody[seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now, prev)
                 journal = self.custody_journal
                 if journal is not None:
@@ -73,6 +83,13 @@ class DataPlaneMixin(EngineState):
             counters["unreachable_drops"] += unreachable
         outbox = self._outbox
         hop_limit = self.settings.hop_limit
+        if one is not None:
+            hop, hop_dests, key = groups[0]
+            queue = outbox.get(hop)
+            if queue is None:
+                queue = outbox[hop] = []
+            queue.append(Envelope(msg, hop_dests, hop_limit, 0, key, one))
+            return True
         for hop, hop_dests, key in groups:
             queue = outbox.get(hop)
             if queue is None:
@@ -123,7 +140,21 @@ class DataPlaneMixin(EngineState):
         if len(env_dests) == 1 and env_dests[0] == me:
             # the common case, a leaf: nothing to forward, the delivery filter alone decides
             if prevs is not None and prevs[0]:
-                self._deliver_ordered(msg, prevs[0], env.attempt, now, deliveries)
+                # its predecessor here delivered, nothing held: one filter call (order.py)
+                if self._held:
+                    self._deliver_ordered(msg, prevs[0], env.attempt, now, deliveries)
+                    return
+                verdict = self.delivery_filter.seen_after(msg.origin, msg.seq, prevs[0], msg.qos)
+                if verdict == NEW:
+                    self.counters["delivered"] += 1
+                    if env.attempt:
+                        msg.retried = True
+                    deliveries.append(msg)
+                elif verdict == SEEN:
+                    self.counters["duplicates"] += 1
+                    self._ack(msg)  # the origin did not hear our earlier acknowledgement
+                else:
+                    self._deliver_ordered(msg, prevs[0], env.attempt, now, deliveries)
             elif self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
                 self.counters["duplicates"] += 1
                 if msg.qos:

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["ForwardFilter", "DeliveryFilter"]
+__all__ = ["ForwardFilter", "DeliveryFilter", "NEW", "SEEN", "WAIT"]
+
+NEW, SEEN, WAIT = 0, 1, 2  # DeliveryFilter.seen_after
 
 
 class ForwardFilter:
@@ -71,6 +73,31 @@ class DeliveryFilter:
             state[1], state[4] = newer, state[3]
             state[0], state[3] = set(), -1
         return False
+
+    def seen_after(self, origin: str, seq: int, prev: int, qos: int) -> int:
+        """``seen`` for a message delivered only after ``prev`` (order.py), in one call: SEEN
+        if it was delivered before, WAIT (remembering nothing) if ``prev`` was not, else NEW,
+        remembered as ``seen`` does. This runs once per QoS 1/2 message from another node."""
+        state = self._origins.get(origin)
+        if state is None:
+            return WAIT
+        newer = state[0]
+        older = state[1]
+        if seq in newer or seq in older:
+            return SEEN
+        floor = state[2]
+        if seq <= floor:
+            return SEEN if qos == 2 else NEW
+        if prev not in newer and prev not in older and prev > floor:
+            return WAIT
+        newer.add(seq)
+        if seq > state[3]:
+            state[3] = seq
+        if len(newer) >= self.window:
+            state[2] = max(floor, state[4])  # the older generation is forgotten
+            state[1], state[4] = newer, state[3]
+            state[0], state[3] = set(), -1
+        return NEW
 
     def has(self, origin: str, seq: int) -> bool:
         """Was (origin, seq) delivered? At or below the floor nobody can tell: yes, so that

@@ -36,6 +36,7 @@ MAX_STRINGS = 65535
 _HEAD = struct.Struct(">BIH")
 _REC = struct.Struct(">BBBQdHHHHI")
 _U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
 
 
 class EnvelopeError(ValueError):
@@ -75,6 +76,7 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
     records: list[bytes] = []
     append = records.append
     pack = _REC.pack
+    pack_u32 = _U32.pack
     get = table.get
     for env in envelopes:
         m = env.msg
@@ -111,7 +113,12 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
             seq = m.seq
             append(pack(flags | 16, env.hop_limit, env.attempt, seq, m.timestamp, o, p, t, d, len(payload)))
             # (a predecessor further back than 2**32 numbers is as good as none)
-            append(struct.pack(f">{len(prevs)}I", *[seq - b if b and 0 < seq - b < 4294967296 else 0 for b in prevs]))
+            if len(prevs) == 1:
+                back = seq - prevs[0]
+                append(pack_u32(back if prevs[0] and 0 < back < 4294967296 else 0))
+            else:
+                backs = [seq - b if b and 0 < seq - b < 4294967296 else 0 for b in prevs]
+                append(struct.pack(f">{len(prevs)}I", *backs))
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
     for text in strings:
@@ -136,6 +143,7 @@ def decode_batch(data: bytes) -> list[Envelope]:
         dest_lists: dict[int, list[str]] = {}
         out = []
         unpack = _REC.unpack_from
+        unpack_u32 = _U32.unpack_from
         size = _REC.size
         end = len(data)
         for _ in range(count):
@@ -147,10 +155,17 @@ def decode_batch(data: bytes) -> list[Envelope]:
             prevs = None
             if flags & 16:
                 n = len(dests)
-                prevs = [seq - back if back else 0 for back in struct.unpack_from(f">{n}I", data, pos)]
-                pos += 4 * n
-                if min(prevs) < 0:
-                    raise EnvelopeError("a predecessor after its message")
+                if n == 1:
+                    back = unpack_u32(data, pos)[0]
+                    pos += 4
+                    if back > seq:
+                        raise EnvelopeError("a predecessor after its message")
+                    prevs = [seq - back if back else 0]
+                else:
+                    prevs = [seq - back if back else 0 for back in struct.unpack_from(f">{n}I", data, pos)]
+                    pos += 4 * n
+                    if min(prevs) < 0:
+                        raise EnvelopeError("a predecessor after its message")
             payload = data[pos : pos + plen]
             pos += plen
             topic = strings[ti]
