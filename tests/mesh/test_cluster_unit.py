@@ -663,6 +663,40 @@ def test_a_client_of_a_restarted_node_keeps_its_will_while_connected():
     assert ch.state == "connected"
 
 
+def test_a_registration_is_kept_by_two_nodes_besides_the_connections_own():
+    """Finding 19 (issue 20): a connection whose own node is its registrar or backup is kept
+    by the next node of the ranking too, so its will outlives its node and one other."""
+    m = Membership("a", 1, replication=2, will_delay=0.5)
+    m.update(["b", "c", "d"], {"b": 1, "c": 1, "d": 1}, 10.0)
+    cid = "some-client"
+    regs = m.registrars(cid)
+    other = next(n for n in m.live if n not in regs)
+    assert m.keepers(cid, other) == regs
+    third = m.keepers(cid, regs[0])
+    assert third[:2] == regs and len(third) == 3 and regs[0] not in third[2:]
+    assert m.keepers(cid, regs[1]) == third
+
+
+def test_a_will_outlives_its_node_when_that_node_was_its_registrar_and_the_backup_dies_too():
+    """Finding 19 (fuzzer seeds 176, 693): the node holding the connection was also its
+    registrar, and its backup died before that node was found dead: both copies of the will
+    were gone. The next node of the ranking keeps a third."""
+    net = Net(names=["a", "b", "c", "d"], settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: regs[0] == "a")
+    backup = net.clusters["a"].members.registrars(cid)[1]
+    net.connect("a", cid, clean=True, will=Will("w/double", b"gone", 1, False))
+    net.pump()
+    third = net.clusters["a"].members.keepers(cid, "a")[2]
+    assert cid in net.clusters[third].registry.entries
+    net.up.discard("a")
+    net.up.discard(backup)
+    net.membership()
+    net.tick(0.6)
+    net.tick(5.0)
+    wills = [(n, m.payload) for n in sorted(net.up) for m in net.published[n] if m.topic == "w/double"]
+    assert len(wills) == 1 and wills[0][1] == b"gone"
+
+
 def test_a_client_that_left_normally_has_no_will_at_the_registrar():
     net = Net(settings=ClusterSettings(will_delay=0.5))
     cid = _will_cid(net, "a")

@@ -122,6 +122,14 @@ class Membership:
         """The registrar of a ClientId, then its backup."""
         return owners(cid, self.live, 2)
 
+    def keepers(self, cid: str, node: str) -> list[str]:
+        """Where the registration of a connection on ``node`` is kept: the registrar and its
+        backup, and the next node of the ranking when one of them is ``node`` itself, which
+        goes down with the connection: so two nodes besides it keep the client's will, and
+        its will outlives the loss of its node and one other (fuzzer seeds 176, 693)."""
+        keep = owners(cid, self.live, 3)
+        return keep if node in keep[:2] else keep[:2]
+
     def home(self, cid: str) -> list[str]:
         """A persistent session's home: the top ``replication`` of its ranking over every
         node ever seen, so the same list on both sides of a partition (issue 15). A change of

@@ -153,18 +153,18 @@ class Registry:
 
     def _store(self, entry: Registration, now: float) -> None:
         self.entries[entry.cid] = entry
-        for r in self.membership.registrars(entry.cid):
+        for r in self.membership.keepers(entry.cid, entry.node):
             if r != self.node_id:
                 self._send(r, RegCopy([entry]), now)
 
     def rebalance(self, now: float) -> None:
-        """The live nodes changed: entries go to their (new) registrars, and we keep ours."""
+        """The live nodes changed: entries go to their (new) keepers, and we keep ours."""
         for cid, entry in list(self.entries.items()):
-            regs = self.membership.registrars(cid)
-            for r in regs:
+            keep = self.membership.keepers(cid, entry.node)
+            for r in keep:
                 if r != self.node_id:
                     self._send(r, RegCopy([entry]), now)
-            if self.node_id not in regs:
+            if self.node_id not in keep:
                 del self.entries[cid]
 
     def publish_lost_wills(self, now: float) -> None:

@@ -72,8 +72,12 @@ class ClusterChecksMixin(SimulatorPart):
             self.will_sides.setdefault(conn, []).append(self._across_cut(node.name, conn))
 
     def _across_cut(self, publisher: str, conn: str) -> str | None:
-        """The side of ``publisher`` (the first node it can reach) if it cannot reach
-        ``conn``'s node now (a partition, or that node is down), else None."""
+        """The side of ``publisher`` (the first node it can reach) if it has lost sight of
+        ``conn``'s node, else None. Lost sight: it cannot reach that node now (a partition,
+        or the node is down), the node lost the life the connection was made in (it crashed
+        and restarted since: a DISCONNECT it read just before may never have reached the
+        registrar), or the publisher's own view does not have the node live yet (a registrar
+        learns of a heal some time after it: docs/simulation.md, finding 8's rule)."""
         ops = self.history.ops
         for op in ops[self._conn_ops_seen :]:
             if op[3] == "connect" and op[2] == "invoke":
@@ -89,9 +93,16 @@ class ClusterChecksMixin(SimulatorPart):
             ((lk.a, lk.b) for lk in self.links.values() if lk.alive and lk.side[lk.a] and lk.side[lk.b]),
         )
         root = comp.get(publisher)
-        if root is not None and comp.get(where) == root:
-            return None
-        return min(n for n, r in comp.items() if r == root) if root is not None else publisher
+        side = min(n for n, r in comp.items() if r == root) if root is not None else publisher
+        if root is None or comp.get(where) != root:
+            return side
+        sconn = self.sconns.get(conn)
+        if sconn is not None and sconn.gen != self.nodes[where].gen:
+            return side  # (the connection's node crashed and restarted since)
+        core = self.nodes[publisher].core
+        if core is not None and where not in core.cluster.members.live:
+            return side  # (reachable, but not in the publisher's view yet)
+        return None
 
     # ------------------------------------------------------------------ invariants
 
