@@ -11,7 +11,7 @@ LINTED := src tests bench
 # (tests/conftest.py refuses a test that needs one of these markers and lacks it)
 FAST   := not process and not spark and not interop and not slow and not hostile
 
-.PHONY: run test check lint typecheck fmt bench venv clean simulate-scale fuzz hostile-bench chaos sim-sweep
+.PHONY: run test check lint typecheck fmt bench venv clean simulate-scale fuzz hostile-bench chaos sim-sweep system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,18 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
+	scripts/system-deps run
 	$(PY) -m mqttmesh run-local
 
-# what CI runs (.ci/run): lint, types, then the whole suite
-test: lint typecheck
+# what CI runs (.ci/run): the Debian tools the tests use (installed as root, else named),
+# lint, types, then the whole suite
+test: system-deps lint typecheck
 	$(PY) -m pytest -q
+
+# Debian packages (mosquitto, mosquitto-clients, a JRE for PySpark, openssl): apt-get as
+# root; otherwise a message naming them, and the tests that need them are skipped
+system-deps:
+	scripts/system-deps test
 
 check: lint typecheck
 	$(PY) -m pytest -q -m "$(FAST)"
@@ -42,7 +49,7 @@ fmt: $(STAMP)
 	$(PY) -m ruff check --select I --fix $(LINTED)
 	$(PY) -m ruff format $(LINTED)
 
-bench: $(STAMP)
+bench: $(STAMP) system-deps
 	$(PY) -m bench
 
 # the fuzz target of tests/hostile for 5 minutes (MQTTMESH_FUZZ_SEED=N repeats a run)
@@ -50,7 +57,7 @@ fuzz: $(STAMP)
 	MQTTMESH_FUZZ_SECONDS=300 $(PY) -m pytest -q -s tests/hostile/test_fuzz.py
 
 # the hostile attacks against mqttmesh and Mosquitto, side by side (a Markdown table)
-hostile-bench: $(STAMP)
+hostile-bench: $(STAMP) system-deps
 	$(PY) -m bench.hostile
 
 # the fault harness of issue 15 (bench/chaos/README.md): 2 runs of 120 s (seeds 1 and 2) of
@@ -58,7 +65,7 @@ hostile-bench: $(STAMP)
 # acknowledged messages are lost or QoS 2 messages delivered twice. CHAOS_ARGS adds options
 # (e.g. CHAOS_ARGS="--broker mqttmesh,mosquitto" or "--rate 400 --pid-range 8")
 CHAOS_ARGS ?=
-chaos: $(STAMP)
+chaos: $(STAMP) system-deps
 	$(PY) -m bench.chaos --seeds 1,2 --duration 120 --nodes 5 --out chaos-out $(CHAOS_ARGS)
 
 # 1,000 simulated nodes, 100,000 filters, a fault schedule (docs/simulation.md)

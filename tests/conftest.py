@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from support.markers import refuse_unmarked
+from support.markers import refuse_unmarked, skip_missing_tools
 from support.processes import BrokerProcess
 
 pytest_plugins = ("pytester",)  # tests/test_markers.py runs the hook below on small suites of its own
@@ -18,6 +18,7 @@ pytest_plugins = ("pytester",)  # tests/test_markers.py runs the hook below on s
 @pytest.hookimpl(tryfirst=True)  # before -m deselects anything: every collected test is checked
 def pytest_collection_modifyitems(items):
     refuse_unmarked(items)
+    skip_missing_tools(items)  # (named, never failed: scripts/system-deps installs them)
 
 
 @pytest.fixture

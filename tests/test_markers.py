@@ -137,3 +137,41 @@ def test_named_like_a_fixture(broker):
     result = run(suite)
     assert result.ret == pytest.ExitCode.OK
     result.assert_outcomes(passed=1)
+
+
+def test_a_test_whose_tools_are_missing_is_skipped_naming_the_package(suite):
+    """Without root, `make test` cannot install the Debian tools: the tests that use them are
+    skipped with the package to install, never failed (scripts/system-deps)."""
+    suite.makeconftest(
+        CONFTEST.replace(
+            "from support.markers import refuse_unmarked",
+            "from support.markers import refuse_unmarked, skip_missing_tools",
+        ).replace(
+            "    refuse_unmarked(items)\n",
+            "    refuse_unmarked(items)\n    skip_missing_tools(items, which=lambda command: None)\n",
+        )
+    )
+    suite.makepyfile(
+        test_one="""
+import pytest
+
+@pytest.mark.interop
+def test_mosquitto_tools():
+    pass
+
+@pytest.mark.spark
+def test_uses_spark(spark):
+    pass
+
+def test_pure():
+    pass
+"""
+    )
+    result = run(suite, "-rs")
+    result.assert_outcomes(passed=1, skipped=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*mosquitto_pub, mosquitto_sub not installed: apt-get install mosquitto-clients*",
+            "*java not installed: apt-get install openjdk-17-jre-headless*",
+        ]
+    )

@@ -77,3 +77,33 @@ def _fixtures(item: pytest.Item) -> list[str]:
     without parametrized arguments, which show up there too and start nothing."""
     params = item.callspec.params if hasattr(item, "callspec") else {}
     return [name for name in getattr(item, "fixturenames", ()) if name not in params]
+
+
+# marker or fixture -> the commands its tests run, and the Debian package that has them
+# (scripts/system-deps installs them under `make test` as root)
+TOOLS = {
+    "interop": (("mosquitto_pub", "mosquitto_sub"), "mosquitto-clients"),
+    "spark": (("java",), "openjdk-17-jre-headless"),
+    "pki": (("openssl",), "openssl"),
+}
+
+
+def skip_missing_tools(items: list[pytest.Item], which=None) -> None:
+    """Skip, with a message naming the package, each test whose tools are not installed
+    (``make test`` installs them as root; without root it says which are missing)."""
+    import shutil
+
+    which = which or shutil.which
+    missing: dict[str, str] = {}
+    for key, (commands, package) in TOOLS.items():
+        absent = [c for c in commands if which(c) is None]
+        if absent:
+            missing[key] = f"{', '.join(absent)} not installed: apt-get install {package} (make test does, as root)"
+    if not missing:
+        return
+    for item in items:
+        names = {m.name for m in item.iter_markers()} | set(_fixtures(item))
+        for key, why in missing.items():
+            if key in names:
+                item.add_marker(pytest.mark.skip(reason=why))
+                break
