@@ -21,7 +21,7 @@ import statistics
 import tempfile
 import time
 
-from mqttmesh.mesh.hrw import owners
+from mqttmesh.mesh.cluster.hrw import owners
 from support import mqttraw as raw
 
 from .mesh_figures import Nodes, free_port

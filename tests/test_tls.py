@@ -10,7 +10,7 @@ import sys
 import paho.mqtt.client as mqtt
 import pytest
 
-from mqttmesh.mesh.peerauth import PEER_PROTOCOL
+from mqttmesh.mesh.link.peerauth import PEER_PROTOCOL
 from support import mqttraw
 from support.mesh import Subscriber, publish, wait_converged, wait_interest
 from support.processes import free_port, wait_for

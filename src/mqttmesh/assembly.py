@@ -7,7 +7,7 @@ built earlier never holds a later one (docs/design.md, "How the code is laid out
 
     congestion, retained trie                      the Broker's, made first to be shared
     engine, gateway (MeshPort)                     mesh nodes only
-    membership, replication, retained owners       mesh nodes only (mesh/cluster.py cluster_parts)
+    membership, replication, retained owners       mesh nodes only (mesh/cluster/cluster.py cluster_parts)
     sessions (ReplicaSessions in a mesh)
     broker (BrokerPorts: all of the above)
     cluster (ClaimPort), links (PeerPort)          mesh nodes only
@@ -27,11 +27,11 @@ from .auth import Auth
 from .broker import Broker, BrokerPorts, BrokerSettings
 from .channel import Channel
 from .flow import Congestion
-from .mesh.cluster import Cluster, ClusterSettings, cluster_parts
-from .mesh.engine import MeshEngine, MeshSettings
-from .mesh.gateway import MeshGateway
-from .mesh.links import PeerLinks
-from .mesh.replica import ReplicaSessions
+from .mesh.cluster.cluster import Cluster, ClusterSettings, cluster_parts
+from .mesh.cluster.replica import ReplicaSessions
+from .mesh.link.gateway import MeshGateway
+from .mesh.link.links import PeerLinks
+from .mesh.routing.engine import MeshEngine, MeshSettings
 from .session import Sessions
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie
@@ -53,7 +53,7 @@ def seq_base(incarnation: int) -> int:
 class MeshConfig:
     """What a mesh node needs beyond a standalone one."""
 
-    secret: bytes  # the cluster secret (mesh/peerauth.py)
+    secret: bytes  # the cluster secret (mesh/link/peerauth.py)
     addresses: list[str]  # advertised to the other nodes
     io: MeshIO  # the event loop's side (server/mesh_node.py MeshNode)
     log: Log
@@ -142,7 +142,7 @@ def build_core(
         wall_offset,
         mesh.io.flush_soon,
     )
-    # CleanSession=0 sessions are replicated (mesh/replica.py), journaled too with a store
+    # CleanSession=0 sessions are replicated (mesh/cluster/replica.py), journaled too with a store
     sessions = ReplicaSessions(
         settings.limits, journal, congestion, parts.replication.on_settled, on_sent, parts.replication.late
     )

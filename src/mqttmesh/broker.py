@@ -126,9 +126,9 @@ class BrokerPorts:
 
     sessions: SessionFactory | None = None  # made with the same journal and congestion
     congestion: Congestion | None = None
-    mesh: MeshPort | None = None  # mesh/gateway.py MeshGateway
-    retained: RetainedPort | None = None  # mesh/retained.py RetainedOwners: non-$ retained topics
-    replication: ReplicationPort | None = None  # mesh/replica.py Replication
+    mesh: MeshPort | None = None  # mesh/link/gateway.py MeshGateway
+    retained: RetainedPort | None = None  # mesh/cluster/retained.py RetainedOwners: non-$ retained topics
+    replication: ReplicationPort | None = None  # mesh/cluster/replica.py Replication
     archive: ArchivePort | None = None  # archive/capture.py Capture
     random_hex: RandomHex | None = None  # auto ClientIds [MQTT-3.1.3-6]
 
@@ -156,7 +156,7 @@ class Broker:
         self.sessions: dict[str, Session] = {}
         self.router = SubscriptionTrie()
         # this node's retained messages: all of them standalone, in a mesh those of the
-        # topics it owns (shared with mesh/retained.py) and $SYS
+        # topics it owns (shared with mesh/cluster/retained.py) and $SYS
         self.retained = retained_trie if retained_trie is not None else RetainedTrie()
         self.stats = Stats()
         # message numbers, (node, seq) unique mesh-wide; the I/O layer passes a base that
@@ -195,7 +195,7 @@ class Broker:
         """Take over ``client_id`` for ``channel``; (session, session_present).
 
         ``durable=False`` keeps even a CleanSession=0 session in memory (peer links:
-        what they carry is held end to end by its origin, see mesh/engine.py).
+        what they carry is held end to end by its origin, see mesh/routing/engine.py).
         """
         old = self.sessions.get(client_id)
         if old is not None and old.channel is not None and old.channel is not channel:

@@ -3,9 +3,9 @@
 Pure: bytes and times in, bytes and requests out. It leaves to its caller (the
 *owner*, the I/O layer: ``ports.Owner``) the socket, the timers, and slow password
 checks, and to the broker the randomness of auto ClientIds. In a mesh it is given, at
-construction, the peer links (``peers``, a ports.PeerPort: mesh/links.py) for a node
+construction, the peer links (``peers``, a ports.PeerPort: mesh/link/links.py) for a node
 that dials us, and the mesh-wide ClientIds (``claims``, a ports.ClaimPort:
-mesh/cluster.py) for a client; both are None outside a mesh.
+mesh/cluster/cluster.py) for a client; both are None outside a mesh.
 
 Every transition is in TRANSITIONS below; a packet that is not there is a
 protocol violation, refused with the statement of the standard it breaks. Three
@@ -45,7 +45,7 @@ from .codec import (
     MalformedPacket,
     Will,
 )
-from .mesh.peerauth import PEER_USERNAME, ListenerAuth
+from .mesh.link.peerauth import PEER_USERNAME, ListenerAuth
 from .message import Message
 from .packets import (
     ACCEPTED,
@@ -135,7 +135,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
         self.opened_at = now
         self.close_reason: str | None = None
         self.clean_disconnect = False
-        self.is_peer = False  # a peer link from another mesh node (mesh/peerauth.py)
+        self.is_peer = False  # a peer link from another mesh node (mesh/link/peerauth.py)
         self.peer_node: str | None = None
         self._pending_connect: codec.Connect | None = None
         self._processing = False
@@ -205,7 +205,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
 
     @property
     def claiming(self) -> bool:
-        """In a mesh: the ClientId is being claimed, the session gathered (mesh/cluster.py)."""
+        """In a mesh: the ClientId is being claimed, the session gathered (mesh/cluster/cluster.py)."""
         return self.state is CLAIMING
 
     # -- flow control (flow.py): a ports.Pausable ------------------------------------------
@@ -343,7 +343,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
         broker = self.broker
         if self.claims is not None and not self.is_peer:
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
-            # the id and gathers the session, then calls claimed() (mesh/cluster.py)
+            # the id and gathers the session, then calls claimed() (mesh/cluster/cluster.py)
             self.state = CLAIMING
             self.claims.connect(self, self.client_id, pkt.clean_session, self.will, now, self.will_seq)
             return
@@ -363,7 +363,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
 
     def refused(self, rc: int, reason: str, now: float) -> None:
         """The mesh could not claim the ClientId for this connection: CONNACK ``rc`` (0x03,
-        server unavailable: mesh/handover.py says when), close."""
+        server unavailable: mesh/cluster/handover.py says when), close."""
         if self.state is not CLAIMING:
             return
         self._refuse(rc, reason)
@@ -497,7 +497,7 @@ TRANSITIONS: dict[str, dict[int, Callable[[Channel, Any, float], None]]] = {
     AWAIT_CONNECT: {CONNECT: Channel._on_connect},
     AUTHENTICATING: {},
     CLAIMING: {},
-    # a provisional peer may only take the challenge and answer it (mesh/peerauth.py)
+    # a provisional peer may only take the challenge and answer it (mesh/link/peerauth.py)
     PEER_AUTH: {
         SUBSCRIBE: Channel._on_peer_subscribe,
         PUBLISH: Channel._on_peer_proof,

@@ -4,9 +4,9 @@ Pure: frames in, bytes out (``data_to_send``); it leaves the socket to the owner
 (ports.Owner, woken when there are bytes to send) and the commits to the store. An
 acknowledgement may depend on a journal batch being committed (a durable session's packet
 id, a subscription: the group commit) and, for a session replicated in a mesh, on its other
-holders having its settlement version (mesh/replica.py). Such a frame is held, and so is
+holders having its settlement version (mesh/cluster/replica.py). Such a frame is held, and so is
 every frame written after it: the client sees them in the order they were written.
-``Broker.committed`` and the holders' answers (mesh/handover.py) call ``release_acks``.
+``Broker.committed`` and the holders' answers (mesh/cluster/handover.py) call ``release_acks``.
 ``HeldFrames`` holds these steps for ``channel.Channel``, which inherits them and keeps
 the state (``_out``, ``_held``).
 """

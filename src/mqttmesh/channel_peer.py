@@ -1,4 +1,4 @@
-"""The listening side of a peer link's handshake, as part of the Channel (mesh/peerauth.py).
+"""The listening side of a peer link's handshake, as part of the Channel (mesh/link/peerauth.py).
 
 Pure. A node that dials us connects like a client, with the peer user name: it gets CONNACK
 at once, may then subscribe once, to its own topic, which brings it our challenge, and must
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import codec
-from .mesh.peerauth import PEER_PROTOCOL, ListenerAuth, PeerAuthError, parse_connect, version_mismatch
+from .mesh.link.peerauth import PEER_PROTOCOL, ListenerAuth, PeerAuthError, parse_connect, version_mismatch
 from .packets import ACCEPTED, BAD_CREDENTIALS, ID_REJECTED, NOT_AUTHORIZED
 
 if TYPE_CHECKING:

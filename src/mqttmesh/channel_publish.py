@@ -5,7 +5,7 @@ Pure. A message is numbered (origin, seq) and handed to the broker with its
 acknowledgement (PUBACK, PUBREC) written once what it depends on is committed
 (channel_held.py). In a mesh, a persistent session's QoS 2 message is routed only once the
 session's other holders have it with its id, and under that id by whichever node the client
-is on (mesh/replica.py): what the same client publishes meanwhile waits behind it, in order
+is on (mesh/cluster/replica.py): what the same client publishes meanwhile waits behind it, in order
 [MQTT-4.6.0-6]. ``Publishing`` holds these steps for ``channel.Channel``, which inherits
 them and keeps the state (``_held``, ``_deferred``).
 """
@@ -77,7 +77,7 @@ class Publishing:
             # a persistent session in a mesh: the message is routed once its holders have it
             # with its id, and under that id by whichever holder the client is on, so that a
             # re-send to another node after this one died is neither a second delivery nor a
-            # loss (mesh/replica.py); the PUBREC waits for it too
+            # loss (mesh/cluster/replica.py); the PUBREC waits for it too
             self._publish_in_order(pkt, now, seen=True)
             return
         batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
@@ -214,7 +214,7 @@ class Publishing:
     def _route_unrouted(self, session: Session) -> None:
         """A persistent session just attached here: the QoS 2 messages it took that no node
         may have routed yet (its node died, or its client left, before they went out) are
-        routed now, under their agreed ids (mesh/replica.py)."""
+        routed now, under their agreed ids (mesh/cluster/replica.py)."""
         replica = session.replica
         if replica is not None and replica.inbound:
             for msg in replica.unrouted():

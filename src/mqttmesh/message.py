@@ -56,9 +56,9 @@ class Message:
         self.publisher = publisher  # publishing ClientId
         self.timestamp = timestamp
         # "" or the node that routes this message again for its origin (a persistent
-        # publisher's session moved, mesh/replica.py): the destinations acknowledge to it
+        # publisher's session moved, mesh/cluster/replica.py): the destinations acknowledge to it
         self.ack_to = ""
-        # it reached this node in a retransmission from custody (mesh/custody.py): late
+        # it reached this node in a retransmission from custody (mesh/routing/custody.py): late
         self.retried = False
         self._topic_bytes: bytes | None = None
         self._frame0: bytes | None = None

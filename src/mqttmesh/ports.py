@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from .channel import Channel
-    from .mesh.peerauth import ListenerAuth, PeerConnect
+    from .mesh.link.peerauth import ListenerAuth, PeerConnect
     from .message import Message
     from .packets import Will
     from .session import Entry, Session
@@ -139,7 +139,7 @@ class SessionFactory(Protocol):
 
 
 class MeshPort(Protocol):
-    """The mesh, as the Broker sees it (mesh/gateway.py MeshGateway). None outside a mesh."""
+    """The mesh, as the Broker sees it (mesh/link/gateway.py MeshGateway). None outside a mesh."""
 
     def filter_added(self, topic_filter: str) -> None:
         """The first local subscriber of ``topic_filter`` (restored sessions' too)."""
@@ -155,11 +155,11 @@ class MeshPort(Protocol):
 
     def comes_later(self, msg: Message) -> bool:
         """True when ``msg`` (by its id) reached this node and waits for an earlier message of
-        its origin (mesh/order.py): it is dispatched here once that one is."""
+        its origin (mesh/routing/order.py): it is dispatched here once that one is."""
 
 
 class RetainedPort(Protocol):
-    """Where the retained messages of non-$ topics live in a mesh (mesh/retained.py
+    """Where the retained messages of non-$ topics live in a mesh (mesh/cluster/retained.py
     RetainedOwners: on the topic's owner nodes). None standalone: the Broker keeps them."""
 
     def retain(self, msg: Message) -> None:
@@ -170,7 +170,7 @@ class RetainedPort(Protocol):
 
 
 class ReplicationPort(Protocol):
-    """The replicated sessions' side of the Broker (mesh/replica.py Replication)."""
+    """The replicated sessions' side of the Broker (mesh/cluster/replica.py Replication)."""
 
     @property
     def targets(self) -> Mapping[str, object]:
@@ -220,7 +220,7 @@ class ReadCapture(Protocol):
 
 
 class PeerPort(Protocol):
-    """The mesh, as a Channel of a node that dialled us sees it (mesh/links.py PeerLinks)."""
+    """The mesh, as a Channel of a node that dialled us sees it (mesh/link/links.py PeerLinks)."""
 
     certificate_required: bool  # mesh.tls_mutual: a peer CONNECT needs a verified certificate
 
@@ -249,7 +249,7 @@ class ClaimingChannel(Protocol):
     def refused(self, rc: int, reason: str, now: float) -> None:
         """The claim failed: CONNACK ``rc`` (0x03, server unavailable) and close. A
         persistent session is not served where the node cannot tell it has its latest state
-        (mesh/handover.py)."""
+        (mesh/cluster/handover.py)."""
 
     def kick(self, reason: str) -> None:
         """Another connection took the ClientId over [MQTT-3.1.4-2]."""
@@ -258,7 +258,7 @@ class ClaimingChannel(Protocol):
 
 
 class ClaimPort(Protocol):
-    """Mesh-wide ClientIds, as a client's Channel sees them (mesh/cluster.py Cluster).
+    """Mesh-wide ClientIds, as a client's Channel sees them (mesh/cluster/cluster.py Cluster).
     None outside a mesh: the Channel opens the session with the Broker itself."""
 
     def connect(
@@ -273,12 +273,12 @@ class ClaimPort(Protocol):
 
 
 # (dest, kind, payload) -> reachable now: a cluster unicast over the routing engine
-# (mesh/gateway.py MeshGateway.unicast)
+# (mesh/link/gateway.py MeshGateway.unicast)
 UnicastPort = Callable[[str, str, bytes], bool]
 
 
 class PeerLink(Protocol):
-    """One link to a peer node, whichever side dialled (mesh/links.py InboundLink, the
+    """One link to a peer node, whichever side dialled (mesh/link/links.py InboundLink, the
     server's PeerClient, a test's in-memory link)."""
 
     dialer: str  # node id of the side that dialled

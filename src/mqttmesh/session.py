@@ -19,7 +19,7 @@ from .message import in_origin_order
 if TYPE_CHECKING:
     from .channel import Channel
     from .flow import Congestion
-    from .mesh.replica import _Replicated
+    from .mesh.cluster.replica import _Replicated
     from .message import Message
     from .ports import Batch, JournalPort, SentHook
 
@@ -67,7 +67,7 @@ class Entry:
 
 class Session:
     durable = False
-    # a replicated session's (mesh/replica.py) settlements made, and how many of them every
+    # a replicated session's (mesh/cluster/replica.py) settlements made, and how many of them every
     # other holder has: a frame that depends on settlement n waits until safe_version >= n
     version = 0
     safe_version = 0
@@ -125,7 +125,7 @@ class Session:
 
     def queue_in_origin_order(self) -> None:
         """The queue in each origin's order (what reached it from copies of the session and
-        from the mesh, mesh/handover.py); what is in flight keeps its packet ids and order."""
+        from the mesh, mesh/cluster/handover.py); what is in flight keeps its packet ids and order."""
         items = list(self.queue)
         in_origin_order(items, lambda e: (e.msg.origin, e.msg.seq))
         self.queue.clear()
@@ -273,7 +273,7 @@ class Session:
 
     def _stored_inbound(self, packet_id: int, msg: Message | None) -> None:
         """The message of inbound QoS 2 id ``packet_id`` changed (None: gone); a store keeps
-        it (a session replicated in a mesh has them: mesh/replica.py)."""
+        it (a session replicated in a mesh has them: mesh/cluster/replica.py)."""
 
     def restore_entry(self, entry: Entry) -> None:
         """An entry loaded from the store: in flight if it had been sent, else queued."""

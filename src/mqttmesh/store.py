@@ -19,7 +19,7 @@ from .message import Message
 from .session import Entry
 
 if TYPE_CHECKING:
-    from .mesh.replica import _Replicated
+    from .mesh.cluster.replica import _Replicated
     from .ports import Batch, SessionFactory
     from .session import Session
 
@@ -89,7 +89,7 @@ class Journal:
 
     def inbound_put(self, client_id: str, packet_id: int, msg: Message) -> None:
         """The message of an inbound QoS 2 id awaiting PUBREL, for a session replicated in a
-        mesh (mesh/replica.py): after a restart this node can still route it."""
+        mesh (mesh/cluster/replica.py): after a restart this node can still route it."""
         self._record(("i", client_id, packet_id), ("inbound_put", client_id, packet_id, msg))
 
     def inbound_remove(self, client_id: str, packet_id: int) -> None:
@@ -102,16 +102,16 @@ class Journal:
 
     def version_put(self, client_id: str, epoch: int, version: int) -> None:
         """A replicated session's (epoch, settlement version): after a restart its copy is
-        ranked by what it holds, not as the oldest (mesh/replica.py merge_snapshots)."""
+        ranked by what it holds, not as the oldest (mesh/cluster/replica.py merge_snapshots)."""
         self._record(("v", client_id), ("version_put", client_id, epoch, version))
 
     def floor_put(self, client_id: str, origin: str, seq: int) -> None:
         """A replicated session forgot settled ids of ``origin`` up to ``seq`` (its floor,
-        mesh/replica.py): after a restart it still tells a settled QoS 2 message apart."""
+        mesh/cluster/replica.py): after a restart it still tells a settled QoS 2 message apart."""
         self._record(("f", client_id, origin), ("floor_put", client_id, origin, seq))
 
     def node_seen(self, node: str) -> None:
-        """A node of the mesh this one had not seen before (mesh/membership.py): a restart
+        """A node of the mesh this one had not seen before (mesh/cluster/membership.py): a restart
         that reaches none of them still counts them, and does not take itself for a mesh
         of one."""
         self._record(("n", node), ("node_seen", node))
@@ -309,7 +309,7 @@ def restore_sessions(
     msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp), ordered by
     client and key; ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id,
     packet_id, topic, payload, retain, origin, seq, publisher, timestamp), the messages of
-    those ids in a mesh (mesh/replica.py); ``versions``: (client_id, epoch, version) of
+    those ids in a mesh (mesh/cluster/replica.py); ``versions``: (client_id, epoch, version) of
     sessions replicated in a mesh; ``tombstones``: (client_id, number, origin, seq), the
     message ids they settled, oldest first; ``floors``: (client_id, origin, seq), up to
     which they forgot settled ids. Rows of unknown clients are
@@ -333,7 +333,7 @@ def restore_sessions(
         owner = restored.get(client_id)
         if owner is not None:
             owner.awaiting_rel.add(pid)
-    # the parts only a session replicated in a mesh has (mesh/replica.py)
+    # the parts only a session replicated in a mesh has (mesh/cluster/replica.py)
     for client_id, pid, topic, payload, retain, origin, seq, publisher, ts in inbound:
         replica = _replica_of(restored, client_id)
         if replica is not None and pid in replica.awaiting_rel:

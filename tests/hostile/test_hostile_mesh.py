@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from mqttmesh.mesh.hello import Hello, encode_hello
+from mqttmesh.mesh.link.hello import Hello, encode_hello
 from support import mqttraw, probes
 from support.faultrelay import FaultRelay
 from support.hostile import SECRET, check, run, target_of

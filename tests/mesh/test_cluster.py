@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from mqttmesh.mesh.hrw import owners
+from mqttmesh.mesh.cluster.hrw import owners
 from support import mqttraw as raw
 from support.mesh import Subscriber, _tolerant, publish, relayed_mesh, start_mesh, status, wait_converged, wait_interest
 from support.processes import wait_for

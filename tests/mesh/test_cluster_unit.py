@@ -1,4 +1,4 @@
-"""The cluster protocols (mesh/cluster.py and its parts) on an instant in-memory network.
+"""The cluster protocols (mesh/cluster/cluster.py and its parts) on an instant in-memory network.
 
 N Broker+Cluster pairs; a unicast is queued and handed over by ``pump`` in order; a
 published message reaches every broker at once (the routing engine's job, tested in
@@ -15,8 +15,8 @@ import random
 
 import pytest
 
-from mqttmesh.mesh.cluster import HANDLERS, ClusterSettings
-from mqttmesh.mesh.cluster_values import (
+from mqttmesh.mesh.cluster.cluster import HANDLERS, ClusterSettings
+from mqttmesh.mesh.cluster.cluster_values import (
     ClusterWireError,
     Forwarded,
     Registration,
@@ -27,7 +27,7 @@ from mqttmesh.mesh.cluster_values import (
     SnapshotEntry,
     WireWill,
 )
-from mqttmesh.mesh.cluster_wire import (
+from mqttmesh.mesh.cluster.cluster_wire import (
     KINDS,
     RegClaim,
     RegCopy,
@@ -50,9 +50,9 @@ from mqttmesh.mesh.cluster_wire import (
     SessSubs,
     decode,
 )
-from mqttmesh.mesh.hrw import owners
-from mqttmesh.mesh.membership import Membership
-from mqttmesh.mesh.replica import merge_snapshots
+from mqttmesh.mesh.cluster.hrw import owners
+from mqttmesh.mesh.cluster.membership import Membership
+from mqttmesh.mesh.cluster.replica import merge_snapshots
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
 from support.cluster_net import NAMES, FakeChannel, Net, cid_with, holder_of

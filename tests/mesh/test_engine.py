@@ -11,13 +11,13 @@ import random
 
 import pytest
 
-from mqttmesh.mesh.actions import Inbound, Send, Unicast
-from mqttmesh.mesh.custody import Custody
-from mqttmesh.mesh.engine import MeshEngine, MeshProtocolError, MeshSettings
-from mqttmesh.mesh.envelope import Envelope, EnvelopeError, decode_batch, encode_batch
-from mqttmesh.mesh.hello import Hello, encode_hello
-from mqttmesh.mesh.lsdb import newest_only
-from mqttmesh.mesh.wire import AckGroup, decode_acks
+from mqttmesh.mesh.link.hello import Hello, encode_hello
+from mqttmesh.mesh.routing.actions import Inbound, Send, Unicast
+from mqttmesh.mesh.routing.custody import Custody
+from mqttmesh.mesh.routing.engine import MeshEngine, MeshProtocolError, MeshSettings
+from mqttmesh.mesh.routing.envelope import Envelope, EnvelopeError, decode_batch, encode_batch
+from mqttmesh.mesh.routing.lsdb import newest_only
+from mqttmesh.mesh.routing.wire import AckGroup, decode_acks
 from mqttmesh.message import Message
 from support.engine_net import Net
 
@@ -178,7 +178,7 @@ def test_unicast_is_routed_hop_by_hop_to_its_destination():
 
 
 def test_delivery_filter_forgets_by_generations_and_fails_safe_per_qos():
-    from mqttmesh.mesh.dedup import DeliveryFilter
+    from mqttmesh.mesh.routing.dedup import DeliveryFilter
 
     f = DeliveryFilter(window=4)
     assert not f.seen("o", 1) and f.seen("o", 1)

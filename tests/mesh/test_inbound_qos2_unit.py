@@ -18,7 +18,7 @@ from collections import deque
 
 import pytest
 
-from mqttmesh.mesh.cluster import ClusterSettings
+from mqttmesh.mesh.cluster.cluster import ClusterSettings
 from support import mqttraw
 from support.cluster_net import Net
 from support.frames import out, publish_fields, split_frames

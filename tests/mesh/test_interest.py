@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqttmesh.mesh.interest import InterestIndex
+from mqttmesh.mesh.routing.interest import InterestIndex
 from mqttmesh.topics import SubscriptionTrie, filter_matches
 
 # (filter, topic, matches?) written out by hand from the spec's examples

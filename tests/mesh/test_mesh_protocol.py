@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from mqttmesh.mesh.peerauth import PEER_PROTOCOL as V
+from mqttmesh.mesh.link.peerauth import PEER_PROTOCOL as V
 from support import mqttraw as raw
 from support.mesh import (
     SECRET,

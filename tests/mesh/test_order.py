@@ -1,4 +1,4 @@
-"""Ordered delivery (mesh/order.py): each origin's QoS 1/2 messages reach a node in the order
+"""Ordered delivery (mesh/routing/order.py): each origin's QoS 1/2 messages reach a node in the order
 the origin routed them, whatever was lost or overtaken on the way [MQTT-4.6.0-5, MQTT-4.6.0-6].
 
 The in-memory network of support/engine_net.py delivers in order; these tests drop or hold
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from mqttmesh.mesh.engine import MeshEngine, MeshSettings
-from mqttmesh.mesh.envelope import Envelope, EnvelopeError, decode_batch, encode_batch
-from mqttmesh.mesh.wire import decode_acks
+from mqttmesh.mesh.routing.engine import MeshEngine, MeshSettings
+from mqttmesh.mesh.routing.envelope import Envelope, EnvelopeError, decode_batch, encode_batch
+from mqttmesh.mesh.routing.wire import decode_acks
 from mqttmesh.message import Message
 from support.engine_net import Net
 
@@ -187,7 +187,7 @@ def test_the_waiting_messages_are_bounded_and_the_oldest_goes_out_first():
 
 
 def test_seen_after_is_seen_for_a_message_whose_predecessor_was_delivered():
-    from mqttmesh.mesh.dedup import NEW, SEEN, WAIT, DeliveryFilter
+    from mqttmesh.mesh.routing.dedup import NEW, SEEN, WAIT, DeliveryFilter
 
     f = DeliveryFilter(window=4)
     assert f.seen_after("a", 2, 1, 1) == WAIT  # nothing of a's delivered: wait

@@ -1,6 +1,6 @@
 """Peer authentication on real nodes over real sockets: a recorded handshake replayed, a
 listener that does not know the secret, a peer of another protocol version, and real
-nodes that still link, route and reconnect (mesh/peerauth.py, design.md 2.6).
+nodes that still link, route and reconnect (mesh/link/peerauth.py, design.md 2.6).
 
 The attackers here are raw sockets that build their bytes with tests/support/mqttraw.py.
 """

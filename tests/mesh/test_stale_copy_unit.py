@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from mqttmesh.mesh import replica
-from mqttmesh.mesh.cluster import ClusterSettings
-from mqttmesh.mesh.cluster_values import ClusterWireError, Snapshot, SnapshotEntry, pack_ids, unpack_ids
-from mqttmesh.mesh.replica import merge_snapshots
+from mqttmesh.mesh.cluster import replica
+from mqttmesh.mesh.cluster.cluster import ClusterSettings
+from mqttmesh.mesh.cluster.cluster_values import ClusterWireError, Snapshot, SnapshotEntry, pack_ids, unpack_ids
+from mqttmesh.mesh.cluster.replica import merge_snapshots
 from support.cluster_net import Net, cid_with
 
 
@@ -76,7 +76,7 @@ def test_a_copy_that_missed_settlements_beyond_the_old_5000_does_not_bring_them_
 
 
 def test_past_what_a_copy_remembers_qos2_is_taken_as_settled_and_qos1_as_new(monkeypatch):
-    """The last resort, the delivery filter's (mesh/dedup.py): at or below the floor a
+    """The last resort, the delivery filter's (mesh/routing/dedup.py): at or below the floor a
     message cannot be told apart; a QoS 2 one never becomes twice, a QoS 1 one never never."""
     monkeypatch.setattr(replica, "TOMBSTONES", 100)
     for qos in (1, 2):
@@ -168,7 +168,7 @@ def test_a_node_that_has_not_learned_the_meshs_subscriptions_refuses_every_clien
     one, so the subscribers on the other nodes never got it. A node takes clients only once
     its routing engine holds a neighbour's whole database (or it has been alone for the
     grace, a mesh of one)."""
-    from mqttmesh.mesh.membership import Membership
+    from mqttmesh.mesh.cluster.membership import Membership
 
     m = Membership("a", 1, replication=2, will_delay=0.5, stall=1.0, grace=3.0)
     assert not m.routing_ready(0.0)  # no tick yet
@@ -206,7 +206,7 @@ def test_a_restarted_node_counts_the_nodes_it_had_seen_and_is_no_mesh_of_one(tmp
     persistent client a new, empty session (session present 0) while the session's copies
     were elsewhere. The nodes it has seen are stored, and count from the start."""
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
-    from mqttmesh.mesh.membership import Membership
+    from mqttmesh.mesh.cluster.membership import Membership
     from mqttmesh.server.sqlite_store import SqliteStore
     from mqttmesh.store import Journal
 

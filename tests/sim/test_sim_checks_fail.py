@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-import mqttmesh.mesh.engine as engine_module
-import mqttmesh.mesh.routes as routes_module
-from mqttmesh.mesh.dedup import DeliveryFilter
-from mqttmesh.mesh.interest import InterestIndex
+import mqttmesh.mesh.routing.engine as engine_module
+import mqttmesh.mesh.routing.routes as routes_module
+from mqttmesh.mesh.routing.dedup import DeliveryFilter
+from mqttmesh.mesh.routing.interest import InterestIndex
 from mqttmesh.sim.checks import InvariantViolation
 from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.scenario import load_scenario

@@ -12,7 +12,7 @@ from collections import deque
 
 import pytest
 
-from mqttmesh.mesh.engine import MeshEngine
+from mqttmesh.mesh.routing.engine import MeshEngine
 from support.sim import run
 
 pytestmark = pytest.mark.slow

@@ -4,8 +4,8 @@ ports) and its disk, without the simulator: milliseconds, no processes."""
 from __future__ import annotations
 
 from mqttmesh.channel import Channel
-from mqttmesh.mesh.cluster import ClusterSettings
-from mqttmesh.mesh.engine import MeshSettings
+from mqttmesh.mesh.cluster.cluster import ClusterSettings
+from mqttmesh.mesh.routing.engine import MeshSettings
 from mqttmesh.message import Message
 from mqttmesh.sim.cluster import SimLink, SimNode, SimStore, build_node
 from mqttmesh.sim.mqttclient import MqttClient

@@ -1,4 +1,4 @@
-"""Ordered delivery in the whole cluster (mesh/order.py, issue 20): fuzzer seeds whose
+"""Ordered delivery in the whole cluster (mesh/routing/order.py, issue 20): fuzzer seeds whose
 subscribers got a publisher's messages out of order on one connection before the engine
 ordered each origin's messages; in order now, and out of order again when the engine's
 ordering is taken away (so the check can fail)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqttmesh.mesh.order import OrderMixin
+from mqttmesh.mesh.routing.order import OrderMixin
 from mqttmesh.sim.fuzz_run import fuzz_seed
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mqttmesh.mesh.envelope import Envelope, encode_batch
+from mqttmesh.mesh.routing.envelope import Envelope, encode_batch
 from mqttmesh.message import Message
 from mqttmesh.sim.checks import dijkstra, tree_edges
 from mqttmesh.sim.observe import read_envelope_heads

@@ -1,4 +1,4 @@
-"""The cluster protocols (mesh/cluster.py and its parts) on an instant in-memory network.
+"""The cluster protocols (mesh/cluster/cluster.py and its parts) on an instant in-memory network.
 
 N Broker+Cluster pairs; a unicast is queued and handed over by ``pump`` in order; a
 published message reaches every broker at once (the routing engine's job, tested in
@@ -14,8 +14,8 @@ from collections import deque
 from mqttmesh.auth import Auth
 from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
 from mqttmesh.flow import Congestion
-from mqttmesh.mesh.cluster import Cluster, ClusterSettings, cluster_parts
-from mqttmesh.mesh.replica import ReplicaSessions
+from mqttmesh.mesh.cluster.cluster import Cluster, ClusterSettings, cluster_parts
+from mqttmesh.mesh.cluster.replica import ReplicaSessions
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
 from mqttmesh.store import NULL_JOURNAL

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from mqttmesh.mesh.engine import MeshEngine, MeshSettings
+from mqttmesh.mesh.routing.engine import MeshEngine, MeshSettings
 from mqttmesh.message import Message
 
 __all__ = ["Net"]

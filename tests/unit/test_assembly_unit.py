@@ -13,10 +13,10 @@ import pytest
 
 from mqttmesh.assembly import MeshConfig, build_core, seq_base
 from mqttmesh.broker import Broker, BrokerSettings
-from mqttmesh.mesh.cluster import ClusterSettings
-from mqttmesh.mesh.gateway import MeshGateway
-from mqttmesh.mesh.peerauth import NONCE_BYTES
-from mqttmesh.mesh.replica import DurableMeshSession, MeshSession, ReplicaSessions
+from mqttmesh.mesh.cluster.cluster import ClusterSettings
+from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions
+from mqttmesh.mesh.link.gateway import MeshGateway
+from mqttmesh.mesh.link.peerauth import NONCE_BYTES
 from mqttmesh.session import DurableSession, Session, Sessions
 from mqttmesh.store import NULL_JOURNAL, Journal
 from support import mqttraw
@@ -208,8 +208,8 @@ def test_a_mesh_core_gives_every_port_at_construction_and_the_arrows_go_one_way(
     ch = core.channel(object(), "peer", 0.0)
     assert ch.peers is links and ch.claims is cluster
     # built before the Broker, nothing the Broker holds leads back to the Cluster or the links
-    from mqttmesh.mesh.cluster import Cluster
-    from mqttmesh.mesh.links import PeerLinks
+    from mqttmesh.mesh.cluster.cluster import Cluster
+    from mqttmesh.mesh.link.links import PeerLinks
 
     assert reachable_from(broker, Cluster, PeerLinks) == []
     assert reachable_from(cluster, PeerLinks) == []

@@ -22,7 +22,7 @@ from mqttmesh.auth import Acl, Auth
 from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
 from mqttmesh.channel import CLOSED, CONNECTED, Channel
 from mqttmesh.codec import Decoder, MalformedPacket
-from mqttmesh.mesh.replica import ReplicaSessions
+from mqttmesh.mesh.cluster.replica import ReplicaSessions
 from mqttmesh.session import Limits, Sessions
 from mqttmesh.store import NULL_JOURNAL
 from support import mqttraw as raw

@@ -715,7 +715,7 @@ def test_bytes_piling_up_while_the_password_is_checked_close_the_connection(auth
 
 
 class _Claims:
-    """A mesh that takes the claim and answers later (mesh/cluster.py Cluster.connect)."""
+    """A mesh that takes the claim and answers later (mesh/cluster/cluster.py Cluster.connect)."""
 
     def __init__(self):
         self.calls = []

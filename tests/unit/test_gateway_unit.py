@@ -1,9 +1,9 @@
-"""What the local broker's subscribers and publishers mean for the mesh (mesh/gateway.py)."""
+"""What the local broker's subscribers and publishers mean for the mesh (mesh/link/gateway.py)."""
 
 from __future__ import annotations
 
 from mqttmesh.flow import Congestion
-from mqttmesh.mesh.gateway import FLUSH_EVERY, MeshGateway
+from mqttmesh.mesh.link.gateway import FLUSH_EVERY, MeshGateway
 from mqttmesh.message import Message
 
 

@@ -1,4 +1,4 @@
-"""The hello (mesh/hello.py): its JSON form, today's hellos without ``proto``, and refusals."""
+"""The hello (mesh/link/hello.py): its JSON form, today's hellos without ``proto``, and refusals."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from mqttmesh.mesh.hello import Hello, HelloVersionError, encode_hello, parse_hello
-from mqttmesh.mesh.peerauth import PEER_PROTOCOL, version_mismatch
-from mqttmesh.mesh.wire import MeshProtocolError
+from mqttmesh.mesh.link.hello import Hello, HelloVersionError, encode_hello, parse_hello
+from mqttmesh.mesh.link.peerauth import PEER_PROTOCOL, version_mismatch
+from mqttmesh.mesh.routing.wire import MeshProtocolError
 
 
 def test_round_trip():

@@ -1,4 +1,4 @@
-"""The pure peer-link manager (mesh/links.py PeerLinks), driven over in-memory links.
+"""The pure peer-link manager (mesh/link/links.py PeerLinks), driven over in-memory links.
 
 No sockets, no clock: the links are MemLink objects (a ports.PeerLink) whose sends are
 moved to the other node by hand, the cluster is a recorder, and time is an argument.
@@ -10,12 +10,12 @@ import pytest
 
 from mqttmesh.broker import BrokerPorts, BrokerSettings
 from mqttmesh.flow import Congestion
-from mqttmesh.mesh.actions import Inbound, Send, Unicast
-from mqttmesh.mesh.engine import MeshEngine
-from mqttmesh.mesh.gateway import MeshGateway
-from mqttmesh.mesh.hello import Hello, encode_hello
-from mqttmesh.mesh.links import FLUSH_EVERY, InboundLink, PeerLinks, refusal_reason
-from mqttmesh.mesh.peerauth import NONCE_BYTES, DiallerAuth, parse_connect
+from mqttmesh.mesh.link.gateway import MeshGateway
+from mqttmesh.mesh.link.hello import Hello, encode_hello
+from mqttmesh.mesh.link.links import FLUSH_EVERY, InboundLink, PeerLinks, refusal_reason
+from mqttmesh.mesh.link.peerauth import NONCE_BYTES, DiallerAuth, parse_connect
+from mqttmesh.mesh.routing.actions import Inbound, Send, Unicast
+from mqttmesh.mesh.routing.engine import MeshEngine
 from mqttmesh.message import Message
 from mqttmesh.store import Journal
 from support import mqttraw

@@ -1,4 +1,4 @@
-"""mqttmesh.mesh.wire: one table of (records, exact bytes) drives each decoder and its encoder.
+"""mqttmesh.mesh.routing.wire: one table of (records, exact bytes) drives each decoder and its encoder.
 
 The bytes are written by hand from the formats in wire.py's docstring, never produced
 by our encoder, so a bug mirrored in the encoder and the decoder shows. Every decoder
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from mqttmesh.mesh.wire import (
+from mqttmesh.mesh.routing.wire import (
     AckGroup,
     MeshProtocolError,
     UnicastRecord,

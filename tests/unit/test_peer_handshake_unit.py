@@ -11,8 +11,8 @@ import pytest
 
 from mqttmesh.channel import CLOSED, CONNECTED, PEER_AUTH, TRANSITIONS
 from mqttmesh.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT, PINGREQ, PUBLISH, SUBSCRIBE
-from mqttmesh.mesh.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused
-from mqttmesh.mesh.peerauth import DiallerAuth, ListenerAuth, parse_connect
+from mqttmesh.mesh.link.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused
+from mqttmesh.mesh.link.peerauth import DiallerAuth, ListenerAuth, parse_connect
 from support import mqttraw
 from support.frames import Net, out, split_frames, v1_token
 

@@ -1,4 +1,5 @@
-"""mqttmesh.mesh.peerauth: the fields and proofs of the peer handshake (version 5; versions 2 to 4 had the same fields).
+"""mqttmesh.mesh.link.peerauth: the fields and proofs of the peer handshake (version 6; versions 2
+to 5 had the same fields).
 
 The expected MACs are computed here from the transcript as docs/design.md 2.6 states it,
 with hmac and hashlib directly, so a mistake mirrored in making and checking a proof
@@ -12,7 +13,7 @@ import hmac
 
 import pytest
 
-from mqttmesh.mesh.peerauth import (
+from mqttmesh.mesh.link.peerauth import (
     NONCE_BYTES,
     PEER_PROTOCOL,
     DiallerAuth,

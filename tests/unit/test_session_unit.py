@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mqttmesh.flow import Congestion
-from mqttmesh.mesh.cluster_values import Snapshot
-from mqttmesh.mesh.replica import DurableMeshSession, MeshSession, ReplicaSessions, install
+from mqttmesh.mesh.cluster.cluster_values import Snapshot
+from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions, install
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from mqttmesh.store import NULL_JOURNAL, Journal
@@ -506,7 +506,7 @@ def test_installing_a_copy_never_brings_back_a_message_this_copy_settled():
     completed long before; a snapshot carries only the last 5,000 settled ids, so a merge
     brought them back and the client got them again under new packet ids. The copy that
     installs it remembers TOMBSTONES ids of its own and drops those."""
-    from mqttmesh.mesh.cluster_values import SnapshotEntry
+    from mqttmesh.mesh.cluster.cluster_values import SnapshotEntry
 
     s = MeshSession("c", Limits())
     s.settle(("n2", 7), "done", 0)  # (completed at the node the client was on)

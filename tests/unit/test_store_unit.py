@@ -4,7 +4,7 @@ mark/since), the NullJournal, and restore_sessions."""
 from __future__ import annotations
 
 from mqttmesh.flow import Congestion
-from mqttmesh.mesh.replica import DurableMeshSession, ReplicaSessions
+from mqttmesh.mesh.cluster.replica import DurableMeshSession, ReplicaSessions
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from mqttmesh.store import FORMAT_VERSION, NULL_JOURNAL, Journal, NullJournal, restore_sessions
@@ -321,8 +321,8 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     to route, and the client's re-sends were taken for re-sends of routed messages (a loss).
     The messages are journaled with the ids, and a restart brings them back."""
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
-    from mqttmesh.mesh.cluster_values import Snapshot
-    from mqttmesh.mesh.replica import install
+    from mqttmesh.mesh.cluster.cluster_values import Snapshot
+    from mqttmesh.mesh.cluster.replica import install
     from mqttmesh.server.sqlite_store import SqliteStore
 
     j = Journal()
@@ -370,8 +370,8 @@ def test_a_durable_replica_keeps_the_ids_it_settled_across_a_restart(tmp_path):
     it, and their merge sent it to the client again under a new packet id. The settled ids
     are stored (a ring of TOMBSTONES per session) and come back with the session."""
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
-    from mqttmesh.mesh.cluster_values import Snapshot, SnapshotEntry
-    from mqttmesh.mesh.replica import TOMBSTONES, install
+    from mqttmesh.mesh.cluster.cluster_values import Snapshot, SnapshotEntry
+    from mqttmesh.mesh.cluster.replica import TOMBSTONES, install
     from mqttmesh.server.sqlite_store import SqliteStore
 
     j = Journal()
@@ -402,7 +402,7 @@ def test_a_durable_replicas_floors_are_stored_and_come_back(tmp_path, monkeypatc
     highest sequence number it forgot; after a restart it still takes a QoS 2 message at or
     below it for settled, and a QoS 1 one for new."""
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
-    from mqttmesh.mesh import replica
+    from mqttmesh.mesh.cluster import replica
     from mqttmesh.server.sqlite_store import SqliteStore
 
     monkeypatch.setattr(replica, "TOMBSTONES", 3)

@@ -4,14 +4,14 @@ A peer link is an ordinary MQTT connection. The node that dials is a client
 (``PeerClient`` around the pure ``mesh.client.LinkClient``): it publishes on
 ``$mesh/from/<self>/<kind>`` and receives on ``$mesh/to/<self>/<kind>``, which
 it subscribes to. Before anything else both nodes prove they hold the cluster
-secret, with a nonce of each side (mesh/peerauth.py, drawn here). The node that
+secret, with a nonce of each side (mesh/link/peerauth.py, drawn here). The node that
 accepts sees a Channel that becomes a peer once the dialler's proof checks out;
 what it sends goes through that peer's ordinary Session (the in-flight window,
 QoS 1 and retransmission of the normal client machinery).
 Either side may dial; if both do, the link dialled by the smaller node id stays.
 What is decided about links (hellos, which link is current, what arrives on them) is
-mesh/links.py; what the local broker's publishers and subscribers mean for the mesh
-is mesh/gateway.py. This module only moves bytes and keeps time for them.
+mesh/link/links.py; what the local broker's publishers and subscribers mean for the mesh
+is mesh/link/gateway.py. This module only moves bytes and keeps time for them.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 from ..assembly import MeshConfig
 from ..config import Config
-from ..mesh.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused, Rtt
-from ..mesh.cluster import Cluster, ClusterSettings
-from ..mesh.engine import MeshEngine, MeshSettings
-from ..mesh.gateway import MeshGateway
-from ..mesh.links import PeerLinks, refusal_reason
-from ..mesh.peerauth import NONCE_BYTES
+from ..mesh.cluster.cluster import Cluster, ClusterSettings
+from ..mesh.link.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused, Rtt
+from ..mesh.link.gateway import MeshGateway
+from ..mesh.link.links import PeerLinks, refusal_reason
+from ..mesh.link.peerauth import NONCE_BYTES
+from ..mesh.routing.engine import MeshEngine, MeshSettings
 from .tls import peer_certificate_required, peer_context
 
 if TYPE_CHECKING:

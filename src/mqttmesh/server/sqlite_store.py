@@ -147,11 +147,11 @@ class SqliteStore:
         return len(sessions), retained
 
     def load_nodes(self) -> list[str]:
-        """The nodes of the mesh this node had seen when it stopped (mesh/membership.py)."""
+        """The nodes of the mesh this node had seen when it stopped (mesh/cluster/membership.py)."""
         return [row[0] for row in self.db.execute("SELECT node FROM nodes_seen ORDER BY node")]
 
     def load_custody(self) -> list[tuple[Message, list[str]]]:
-        """Messages this node held for other nodes when it stopped (mesh/engine.py custody)."""
+        """Messages this node held for other nodes when it stopped (mesh/routing/engine.py custody)."""
         out = []
         for seq, topic, payload, qos, retain, origin, publisher, ts, dests in self.db.execute(
             "SELECT * FROM custody ORDER BY seq"

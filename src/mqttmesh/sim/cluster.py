@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..assembly import MeshConfig, NodeCore, build_core
 from ..broker import Broker, BrokerSettings
-from ..mesh.cluster import ClusterSettings
-from ..mesh.engine import MeshSettings
+from ..mesh.cluster.cluster import ClusterSettings
+from ..mesh.routing.engine import MeshSettings
 from ..message import Message
 from ..session import Limits
 from ..store import Journal, restore_sessions

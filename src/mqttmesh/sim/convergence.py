@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 
-from ..mesh.engine import MeshEngine
+from ..mesh.routing.engine import MeshEngine
 from .checks import components, dijkstra
 from .model import CHECK, TALLY, Link, SimulatorPart
 

@@ -25,7 +25,7 @@ import random
 import time
 from collections.abc import Callable
 
-from ..mesh.engine import MeshEngine
+from ..mesh.routing.engine import MeshEngine
 from ..topics import SubscriptionTrie
 from .checks import InvariantViolation, Violations
 from .clients import ClientsMixin

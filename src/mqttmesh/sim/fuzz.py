@@ -26,7 +26,7 @@ __all__ = ["draw_scenario", "FAULT_EPISODES", "scenario_graph", "describe"]
 
 # what one drawn fault is (each is one or more [[faults]] entries), and how often
 FAULT_EPISODES = {"stall": 0.3, "crash": 0.25, "partition": 0.2, "flap": 0.17, "latency": 0.08}
-# a quiet end longer than custody's longest retransmission interval (30 s, mesh/custody.py):
+# a quiet end longer than custody's longest retransmission interval (30 s, mesh/routing/custody.py):
 # a message held across a fault may arrive that late, and the hand-over check counts to the end
 TAIL = 30
 _KINDS = {"full": 2, "ring": 1, "line": 0.5, "star": 0.5, "random": 3, "rgg": 2, "ba": 1.5, "sites": 2}

@@ -1,6 +1,6 @@
 """The simulated network's parts: nodes, links, and the decoding the engines of a run share.
 
-Pure data, no behaviour of the mesh: the routing is the engines' (mesh/engine.py).
+Pure data, no behaviour of the mesh: the routing is the engines' (mesh/routing/engine.py).
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 from collections import OrderedDict
 from typing import Any
 
-from ..mesh.engine import MeshEngine
-from ..mesh.lsdb import InterestState
+from ..mesh.routing.engine import MeshEngine
+from ..mesh.routing.lsdb import InterestState
 
 __all__ = ["SharedDecoding", "Node", "Link", "SimulatorPart"]
 

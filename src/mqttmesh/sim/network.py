@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 
-from ..mesh.actions import Send
-from ..mesh.engine import MeshProtocolError
+from ..mesh.routing.actions import Send
+from ..mesh.routing.engine import MeshProtocolError
 from .cluster import SimLink
 from .convergence import Episode
 from .model import ARRIVE, DETECT, DIAL, DRAIN, LINK_READY, PING, Link, Node, SimulatorPart

@@ -1,7 +1,7 @@
 """What the simulator watches on the wire: envelope headers, and one record per message.
 
 Pure. The envelope header reader is written here from the formats documented in
-mesh/envelope.py (versions 1 and 2), independently of that module's decoder,
+mesh/routing/envelope.py (versions 1 and 2), independently of that module's decoder,
 so that a bug mirrored in the engine's encoder and decoder would show up as a
 mismatch.
 """

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..mesh.engine import MeshSettings
+from ..mesh.routing.engine import MeshSettings
 
 __all__ = [
     "ScenarioError",

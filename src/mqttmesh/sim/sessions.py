@@ -19,7 +19,7 @@ from typing import Any
 
 from ..channel import Channel
 from ..codec import Will
-from ..mesh.cluster import ClusterSettings
+from ..mesh.cluster.cluster import ClusterSettings
 from ..message import Message
 from .cluster import SimLink, SimNode, SimStore, build_node
 from .history import History

@@ -6,7 +6,7 @@ clients, its ticks, its flushes, its journal commits, its dials, its PINGRESPs) 
 order, and is handled when the stall ends: what was read first (I/O), then the timers
 that fell due, as asyncio's ``_run_once`` orders them; its ticks resume from then on.
 Nothing the node does is simulated differently: its code simply runs late, and sees the
-gap between two ticks (mesh/membership.py). Its peers hear nothing from it: a peer that
+gap between two ticks (mesh/cluster/membership.py). Its peers hear nothing from it: a peer that
 heard nothing on a link for 3 keepalives closes the link (docs/simulation.md, section 1),
 which the stalled node reads when it runs again. Its clients' connections stay open
 (the simulated MQTT client does not time out a silent server).

@@ -10,7 +10,7 @@ This is the per-message path: keep the work per message as it is, or cheaper.
 
 from __future__ import annotations
 
-from ..message import Message
+from ...message import Message
 from .actions import NOTHING, Inbound, Send, Unicast
 from .custody import Custody
 from .dedup import NEW, SEEN

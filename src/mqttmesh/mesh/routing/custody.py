@@ -2,7 +2,7 @@
 
 (Or at the node that routes a message again for its origin, under the origin's id: a
 persistent publisher's QoS 2 message whose id its session's holders agreed on, when the
-session moved before the message was known to be out, mesh/replica.py. The destinations'
+session moved before the message was known to be out, mesh/cluster/replica.py. The destinations'
 duplicate filters drop a second copy; their acknowledgements go to that node, named in the
 envelope, as "node NUL origin" in the ack's sender field.)
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from ..message import Message
+from ...message import Message
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import Envelope

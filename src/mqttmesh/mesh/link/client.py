@@ -3,7 +3,7 @@
 Pure: bytes, times and nonces in, bytes and events out. A node that dials a peer is an
 ordinary MQTT client of the peer's listener [MQTT-7.0.0-1]: CONNECT with the peer
 credentials, SUBSCRIBE to its own ``$mesh/to/<node>/#`` topic, the two-way proof of the
-cluster secret (mesh/peerauth.py), then PUBLISH (QoS 0/1) both ways, PINGREQ for
+cluster secret (mesh/link/peerauth.py), then PUBLISH (QoS 0/1) both ways, PINGREQ for
 keepalive and round-trip time. It leaves to its caller the socket, the clock, the
 nonces (one per connection) and what the messages mean.
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from ..codec import (
+from ...codec import (
     CONNACK,
     PINGRESP,
     PUBACK,

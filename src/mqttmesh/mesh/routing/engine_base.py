@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from ..message import Message
+    from ...message import Message
     from .custody import Custody, CustodyJournal
     from .dedup import DeliveryFilter, ForwardFilter
     from .envelope import Envelope

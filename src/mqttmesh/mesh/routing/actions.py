@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..message import Message
+from ...message import Message
 
 __all__ = ["Send", "Unicast", "Inbound", "NOTHING"]
 

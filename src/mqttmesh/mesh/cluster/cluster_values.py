@@ -1,4 +1,4 @@
-"""The values inside cluster messages (mesh/cluster_wire.py), and the checks that read them.
+"""The values inside cluster messages (mesh/cluster/cluster_wire.py), and the checks that read them.
 
 Pure. Record types inside bodies: a NamedTuple where the wire has a JSON array (its fields
 in array order: ``json.dumps`` writes a NamedTuple as the array), a dataclass where it has
@@ -12,7 +12,7 @@ import base64
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from ..message import Message
+from ...message import Message
 
 __all__ = [
     "ClusterSettings",
@@ -397,7 +397,7 @@ class SnapshotEntry(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Snapshot:
-    """A persistent session as one holder sends it to another (mesh/replica.py makes,
+    """A persistent session as one holder sends it to another (mesh/cluster/replica.py makes,
     merges and installs them)."""
 
     cid: str
@@ -414,7 +414,7 @@ class Snapshot:
     # inbound QoS 2 packet ids awaiting PUBREL with their messages (those of ``rel`` that have one)
     inbound: list[tuple[int, Forwarded]] = field(default_factory=list)
     # origin -> the highest sequence number whose settlement the copy no longer remembers
-    # (its floor, mesh/replica.py): an id at or below it that the copy neither holds nor
+    # (its floor, mesh/cluster/replica.py): an id at or below it that the copy neither holds nor
     # remembers cannot be told apart any more
     floors: dict[str, int] = field(default_factory=dict)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import struct
 
-from ..message import Message
+from ...message import Message
 
 __all__ = ["VERSION", "Envelope", "encode_batch", "decode_batch", "EnvelopeError", "MAX_STRINGS"]
 

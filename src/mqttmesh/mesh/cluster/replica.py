@@ -6,8 +6,8 @@ each queues it; only the node the client is connected to sends to the client.
 That node tells the other holders which messages are settled. This module
 gives the session what that needs: entries known by message id (origin, seq),
 tombstones of settled ids, a hook for every settlement, and snapshots that can
-be merged (their wire form is in ``mesh/cluster_wire.py``). The protocol around it is in
-``mesh/handover.py``; ``Replication`` is the part of it the Broker and the sessions
+be merged (their wire form is in ``mesh/cluster/cluster_wire.py``). The protocol around it is in
+``mesh/cluster/handover.py``; ``Replication`` is the part of it the Broker and the sessions
 call (settlements, subscription changes, redirects), built before both.
 """
 
@@ -18,15 +18,15 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..codec import PubRel, encode
-from ..message import Message, in_origin_order
-from ..session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from ...codec import PubRel, encode
+from ...message import Message, in_origin_order
+from ...session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from .cluster_values import Forwarded, Settlement, Snapshot, SnapshotEntry
 from .cluster_wire import SessFwd, SessSubs, Wire
 
 if TYPE_CHECKING:
-    from ..flow import Congestion
-    from ..ports import Batch, JournalPort, SentHook
+    from ...flow import Congestion
+    from ...ports import Batch, JournalPort, SentHook
     from .membership import Membership
 
 __all__ = [
@@ -97,7 +97,7 @@ class _Replicated(_SessionPart):
         self.reserved: dict[tuple[str, int], tuple[int, int]] = {}
         # inbound QoS 2: packet id awaiting PUBREL -> its message, under the id the holders
         # agreed on ("in"): whichever holder the client is on routes it under that id, and
-        # the duplicate filters keep it to one delivery (channel.py, mesh/custody.py)
+        # the duplicate filters keep it to one delivery (channel.py, mesh/routing/custody.py)
         self.inbound: dict[int, Message] = {}
         self.routed_here: set[tuple[str, int]] = set()  # ids of ``inbound`` this node routed
 
@@ -145,7 +145,7 @@ class _Replicated(_SessionPart):
         floor of its origin: it may have been settled and forgotten, so it is taken as
         settled (exactly once never becomes twice); at QoS 0/1 it is taken as new (at least
         once never becomes never). The node's delivery filter decides the same way
-        (mesh/dedup.py). Only a message that reached no copy of the session for as long as
+        (mesh/routing/dedup.py). Only a message that reached no copy of the session for as long as
         TOMBSTONES others were settled can be taken for settled wrongly."""
         if qos != 2:
             return False
@@ -404,7 +404,7 @@ class Replication:
     """What the Broker and the replicated sessions tell the other holders of a session
     (a ports.ReplicationPort): settlements (batched until ``take_settles``), subscription
     changes, and messages for a client that just moved (``targets``, written by the
-    hand-over, mesh/handover.py). Built before the Broker and the Cluster; it holds
+    hand-over, mesh/cluster/handover.py). Built before the Broker and the Cluster; it holds
     neither, only who the holders are (``membership``) and a way to send."""
 
     def __init__(
@@ -479,7 +479,7 @@ class Replication:
 
 
 def snapshot(session: _Replicated) -> Snapshot:
-    """The session's state, as a holder sends it to another (mesh/cluster_wire.py)."""
+    """The session's state, as a holder sends it to another (mesh/cluster/cluster_wire.py)."""
     entries = []
     for entry in list(session.inflight.values()) + list(session.queue):
         if entry.retain:

@@ -1,11 +1,11 @@
 """The connecting side of mesh-wide ClientIds, and the holders of persistent sessions.
 
-Pure. A client that connects here is *claimed* at its registrar (mesh/registry.py), which
+Pure. A client that connects here is *claimed* at its registrar (mesh/cluster/registry.py), which
 answers with an epoch and the node that held the id before. A CleanSession=1 connect then
 discards the session wherever it is [MQTT-3.1.2-6]; a CleanSession=0 one *gathers* it:
 every holder (membership.py) sends its copy (``sess.fetch`` → ``sess.state``), stops
 serving a client it still had, and forwards what still arrives for the id to us for
-``redirect_grace`` (``sess.fwd``). The copies merge (mesh/replica.py: an id settled
+``redirect_grace`` (``sess.fwd``). The copies merge (mesh/cluster/replica.py: an id settled
 anywhere is settled, the furthest state wins), the Channel gets its CONNACK with session
 present = 1 [MQTT-3.2.2-2], and the holders get the merged copy back (``sess.copy``).
 While the client stays, the holders queue what it is sent, and we tell them what is
@@ -21,9 +21,9 @@ import base64
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..packets import UNAVAILABLE
-from ..ports import ClaimingChannel
-from ..topics import filter_matches
+from ...packets import UNAVAILABLE
+from ...ports import ClaimingChannel
+from ...topics import filter_matches
 from .cluster_values import Forwarded
 from .cluster_wire import (
     RegClaim,
@@ -50,8 +50,8 @@ from .membership import Membership
 from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, snapshot, unknown_to
 
 if TYPE_CHECKING:
-    from ..broker import Broker
-    from ..packets import Will
+    from ...broker import Broker
+    from ...packets import Will
     from .cluster_values import ClusterSettings
 
 __all__ = ["ClaimingChannel", "HandOver", "Claim", "LocalConnection", "Redirect", "CLAIM", "GATHER", "DONE"]

@@ -67,11 +67,11 @@ from .replica import Redirect, Replication
 from .retained import RetainedOwners
 
 if TYPE_CHECKING:
-    from ..auth import Auth
-    from ..broker import Broker
-    from ..packets import Will
-    from ..ports import ClaimingChannel, JournalPort, UnicastPort
-    from ..topics import RetainedTrie
+    from ...auth import Auth
+    from ...broker import Broker
+    from ...packets import Will
+    from ...ports import ClaimingChannel, JournalPort, UnicastPort
+    from ...topics import RetainedTrie
 
 __all__ = ["ClusterSettings", "ClusterParts", "Cluster", "HANDLERS", "cluster_parts", "wire_sender"]
 

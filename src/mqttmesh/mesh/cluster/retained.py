@@ -21,15 +21,15 @@ import base64
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..message import Message
+from ...message import Message
 from .cluster_wire import RetAck, RetainedAck, RetainedItem, RetQuery, RetReply, RetSet, SendOutFn
 from .membership import Membership
 
 if TYPE_CHECKING:
-    from ..auth import Auth
-    from ..ports import JournalPort
-    from ..session import Session
-    from ..topics import RetainedTrie
+    from ...auth import Auth
+    from ...ports import JournalPort
+    from ...session import Session
+    from ...topics import RetainedTrie
     from .cluster_values import ClusterSettings
 
 __all__ = ["RetainedOwners"]

@@ -42,7 +42,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from ..message import Message
+from ...message import Message
 from .actions import NOTHING, Inbound, Send
 from .custody import CustodyJournal, CustodyMixin
 from .dataplane import DataPlaneMixin

@@ -1,4 +1,4 @@
-"""The cluster's messages (mesh/cluster.py) as types: one frozen dataclass per kind.
+"""The cluster's messages (mesh/cluster/cluster.py) as types: one frozen dataclass per kind.
 
 Pure. A cluster message travels as a mesh unicast: a kind (``reg.*``, ``sess.*``,
 ``ret.*``) and a JSON body. ``encode`` writes the bodies these nodes have always written,
@@ -6,7 +6,7 @@ key for key and in the same order (tests/mesh/test_cluster_unit.py pins the byte
 kind), so nodes of the previous release read them unchanged. ``decode`` checks a body once,
 where it comes in, and raises ClusterWireError naming the kind and the key at fault, so the
 handlers behind it read typed fields instead of dict keys and list positions. The values
-inside bodies (registrations, snapshots, retained items...) are in mesh/cluster_values.py.
+inside bodies (registrations, snapshots, retained items...) are in mesh/cluster/cluster_values.py.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ SendFn = Callable[[str, Wire, float], bool]
 SendOutFn = Callable[[str, Wire], bool]
 
 
-# -- the registry (mesh/registry.py answers claims; mesh/handover.py makes them)
+# -- the registry (mesh/cluster/registry.py answers claims; mesh/cluster/handover.py makes them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +264,7 @@ class RegCopy(Wire):
         return cls([Registration.from_json(e, w) for w, e in _items(obj, "entries", cls.KIND)])
 
 
-# -- session holders (mesh/handover.py)
+# -- session holders (mesh/cluster/handover.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -403,7 +403,7 @@ class SessFwd(Wire):
         return cls(_str(_key(obj, "cid", w), w, "cid"), Forwarded.from_json(_key(obj, "msg", w), f"{w} msg"))
 
 
-# -- retained messages (mesh/retained.py)
+# -- retained messages (mesh/cluster/retained.py)
 
 
 @dataclass(frozen=True, slots=True)

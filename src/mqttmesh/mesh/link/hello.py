@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
+from ..routing.wire import MeshProtocolError
 from .peerauth import PEER_PROTOCOL, version_mismatch
-from .wire import MeshProtocolError
 
 __all__ = ["Hello", "HelloVersionError", "encode_hello", "parse_hello"]
 

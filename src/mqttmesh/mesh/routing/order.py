@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..message import Message
+from ...message import Message
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import Envelope

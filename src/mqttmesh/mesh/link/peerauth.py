@@ -3,7 +3,7 @@ that they hold the cluster secret (design.md 2.6 and "Threat model of the peer p
 
 Pure: no sockets, no clock, no randomness. Each side's nonce is an argument (the I/O
 layer, server/mesh_node.py, draws it); the MQTT packets that carry these fields are
-mesh/client.py's (dialling side) and channel.py's (listening side).
+mesh/link/client.py's (dialling side) and channel.py's (listening side).
 
 Version 6 of the peer protocol (``PEER_PROTOCOL``; versions 2 to 5 had the same handshake:
 3 added settlement versions to session snapshots, 4 routes a persistent publisher's QoS 2
@@ -66,7 +66,7 @@ LISTENER, DIALLER = "listener", "dialler"
 
 def version_mismatch(peer: str, version: int) -> str:
     """Why a peer of another protocol version is refused, both versions named: the same
-    words whether its CONNECT (channel.py) or its hello (mesh/hello.py) said it."""
+    words whether its CONNECT (channel.py) or its hello (mesh/link/hello.py) said it."""
     return f"peer {peer!r} speaks mesh protocol {version}, this node {PEER_PROTOCOL}"
 
 

@@ -16,12 +16,12 @@ import base64
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
-from ..message import Message
+from ...message import Message
 from .cluster_wire import RegClaim, RegCopy, RegGrant, Registration, RegKick, RegRegister, RegRelease, SendFn
 from .membership import Membership
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ...broker import Broker
 
 __all__ = ["Registry"]
 

@@ -13,7 +13,7 @@ A link is an ordinary MQTT connection, in one of two roles:
 - a node we dialled answers our LinkClient; what it publishes on ``$mesh/to/<us>/<kind>``
   comes in through ``link_message``.
 Both reach the one ``receive`` path. Each side introduces itself with a hello
-(mesh/hello.py; the listener answers the dialler's); the hello's node must be the one the
+(mesh/link/hello.py; the listener answers the dialler's); the hello's node must be the one the
 handshake proved. If both nodes dial each other, the link dialled by the smaller node id
 stays, whichever of the two came up first.
 """
@@ -24,20 +24,20 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
-from ..message import Message
-from ..ports import Batch, Log, MeshIO, PeerLink
-from .actions import Unicast
-from .engine import MeshEngine
+from ...message import Message
+from ...ports import Batch, Log, MeshIO, PeerLink
+from ..routing.actions import Unicast
+from ..routing.engine import MeshEngine
+from ..routing.wire import MeshProtocolError
 from .hello import Hello, HelloVersionError, encode_hello, parse_hello
 from .peerauth import PEER_PROTOCOL, ListenerAuth, PeerConnect
-from .wire import MeshProtocolError
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
 
-    from ..broker import Broker
-    from ..channel import Channel
-    from .cluster import Cluster
+    from ...broker import Broker
+    from ...channel import Channel
+    from ..cluster.cluster import Cluster
 
 __all__ = ["FLUSH_EVERY", "InboundLink", "PeerLinks", "refusal_reason"]
 

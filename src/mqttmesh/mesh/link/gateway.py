@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..message import Message
-from ..ports import MeshIO, PeerLink
-from .engine import MeshEngine
+from ...message import Message
+from ...ports import MeshIO, PeerLink
+from ..routing.engine import MeshEngine
 from .links import FLUSH_EVERY
 
 if TYPE_CHECKING:
-    from ..flow import Congestion
+    from ...flow import Congestion
 
 __all__ = ["MeshGateway", "FLUSH_EVERY"]
 
@@ -73,7 +73,7 @@ class MeshGateway:
 
     def first_here(self, msg: Message) -> bool:
         """Is ``msg`` new to this node's subscribers? A QoS 2 message whose id a persistent
-        publisher's holders agreed on (mesh/replica.py) may be routed by two nodes, the one
+        publisher's holders agreed on (mesh/cluster/replica.py) may be routed by two nodes, the one
         that took it and the one its client moved to: the second finds it seen here (it
         came through the mesh), and it is remembered either way."""
         return not self.engine.delivery_filter.seen(msg.origin, msg.seq, 2)

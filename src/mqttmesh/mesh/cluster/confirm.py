@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .cluster_wire import SessAck
 
 if TYPE_CHECKING:
-    from ..broker import Broker
+    from ...broker import Broker
     from .cluster_values import ClusterSettings
     from .cluster_wire import SendOutFn
     from .handover import LocalConnection
