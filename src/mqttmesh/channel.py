@@ -45,7 +45,6 @@ from .codec import (
     MalformedPacket,
     Will,
 )
-from .mesh.link.peerauth import PEER_USERNAME, ListenerAuth
 from .message import Message
 from .packets import (
     ACCEPTED,
@@ -53,10 +52,11 @@ from .packets import (
     CONNACK_REASONS,
     ID_REJECTED,
 )
+from .ports import PEER_USERNAME
 
 if TYPE_CHECKING:
     from .broker import Broker
-    from .ports import Batch, ClaimPort, Owner, PeerPort, ReadCapture
+    from .ports import Batch, ClaimPort, Owner, PeerListener, PeerPort, ReadCapture
     from .session import Session
 
 __all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
@@ -142,7 +142,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
         # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
         # client are dropped (session.py) until the output drains
         self.blocked = False
-        self._peer_auth: ListenerAuth | None = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
+        self._peer_auth: PeerListener | None = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
         self._peer_filter: tuple[str, int] | None = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
         # the archive's capture of the read being processed (archive/capture.py), if any
         self._read: ReadCapture | None = None

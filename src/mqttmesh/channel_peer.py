@@ -1,4 +1,4 @@
-"""The listening side of a peer link's handshake, as part of the Channel (mesh/link/peerauth.py).
+"""The listening side of a peer link's handshake, as part of the Channel (ports.PeerPort).
 
 Pure. A node that dials us connects like a client, with the peer user name: it gets CONNACK
 at once, may then subscribe once, to its own topic, which brings it our challenge, and must
@@ -12,12 +12,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import codec
-from .mesh.link.peerauth import PEER_PROTOCOL, ListenerAuth, PeerAuthError, parse_connect, version_mismatch
-from .packets import ACCEPTED, BAD_CREDENTIALS, ID_REJECTED, NOT_AUTHORIZED
+from .packets import ACCEPTED, NOT_AUTHORIZED
+from .ports import PeerRefused
 
 if TYPE_CHECKING:
     from .broker import Broker
-    from .ports import PeerPort
+    from .ports import PeerListener, PeerPort
 
 __all__ = ["PEER_AUTH", "PeerListening"]
 
@@ -34,7 +34,7 @@ class PeerListening:
         peers: PeerPort | None
         certified: bool
         state: str
-        _peer_auth: ListenerAuth | None
+        _peer_auth: PeerListener | None
         _peer_filter: tuple[str, int] | None
 
         def _accept(self, rc: int, now: float, why: str = "") -> None: ...
@@ -46,35 +46,21 @@ class PeerListening:
         mesh = self.peers
         if mesh is None:
             return self._accept(NOT_AUTHORIZED, now, "this node is not part of a mesh")
-        try:
-            peer = parse_connect(pkt.password)
-        except PeerAuthError as exc:
-            return self._accept(BAD_CREDENTIALS, now, f"peer {pkt.client_id!r}: {exc}")
-        if peer.version != PEER_PROTOCOL:
-            # a rolling upgrade meets an older or newer node: say so, both versions named
-            who = peer.node or pkt.client_id.removeprefix("$mesh-")
-            return self._accept(BAD_CREDENTIALS, now, version_mismatch(who, peer.version))
-        if pkt.client_id != f"$mesh-{peer.node}":
-            return self._accept(ID_REJECTED, now, "peer ClientId must be $mesh-<node>")
-        if peer.node == self.broker.node_id:
-            return self._accept(BAD_CREDENTIALS, now, "a peer claims this node's own id")
-        if mesh.certificate_required and not self.certified:
-            return self._accept(
-                NOT_AUTHORIZED,
-                now,
-                "a peer link needs a TLS client certificate signed by tls.ca_file (mesh.tls_mutual)",
-            )
+        # the mesh checks the CONNECT's fields (mesh/link/links.py PeerLinks.listen)
+        answer = mesh.listen(pkt.client_id, pkt.password, self.certified)
+        if isinstance(answer, PeerRefused):
+            return self._accept(answer.rc, now, answer.reason)
         # CONNACK now, so that the dialler can subscribe and take our challenge; but the
         # ClientId is not taken over (that would let anyone close a peer's link) and nothing
         # is routed here until the dialler has proved the secret (_on_peer_proof)
         self.state = PEER_AUTH  # type: ignore[misc]  # (a slot of the Channel)
-        self._peer_auth = mesh.handshake(peer)  # type: ignore[misc]
+        self._peer_auth = answer  # type: ignore[misc]
         old = self.broker.sessions.get(pkt.client_id)
         present = old is not None and not old.clean and not pkt.clean_session  # as open_session will say
         self.write(bytes((0x20, 2, 1 if present else 0, ACCEPTED)))
 
     def _on_peer_subscribe(self, pkt: codec.Subscribe, now: float) -> None:
-        dialler = self._peer_auth.handshake.dialler
+        dialler = self._peer_auth.dialler
         wanted = f"$mesh/to/{dialler}/#"
         if self._peer_filter is not None or len(pkt.topics) != 1 or pkt.topics[0][0] != wanted:
             self.broker.stats.connections_refused += 1
@@ -86,14 +72,14 @@ class PeerListening:
 
     def _on_peer_proof(self, pkt: codec.Publish, now: float) -> None:
         auth = self._peer_auth
-        dialler = auth.handshake.dialler
-        try:
-            if self._peer_filter is None or pkt.qos or pkt.retain or pkt.topic != f"$mesh/from/{dialler}/auth":
-                raise PeerAuthError(
-                    f"provisional peer {dialler!r} sent a PUBLISH on {pkt.topic!r} before proving the cluster secret"
-                )
-            auth.check_dialler(pkt.payload)
-        except PeerAuthError as exc:
+        dialler = auth.dialler
+        if self._peer_filter is None or pkt.qos or pkt.retain or pkt.topic != f"$mesh/from/{dialler}/auth":
+            why: str | None = (
+                f"provisional peer {dialler!r} sent a PUBLISH on {pkt.topic!r} before proving the cluster secret"
+            )
+        else:
+            why = auth.proof_refused(pkt.payload)
+        if why is not None:
             self.broker.stats.connections_refused += 1
-            return self.close(str(exc))
+            return self.close(why)
         self._peer_proved(dialler, now)

@@ -9,11 +9,10 @@ implementation only has to have the methods. Issue 14 fills this module step by 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .channel import Channel
-    from .mesh.link.peerauth import ListenerAuth, PeerConnect
     from .message import Message
     from .packets import Will
     from .session import Entry, Session
@@ -27,6 +26,9 @@ __all__ = [
     "JournalPort",
     "SessionFactory",
     "MeshPort",
+    "PEER_USERNAME",
+    "PeerListener",
+    "PeerRefused",
     "RetainedPort",
     "ReplicationPort",
     "ArchivePort",
@@ -219,13 +221,39 @@ class ReadCapture(Protocol):
         """The read is over; ``wall``: its wall-clock time, every message's timestamp."""
 
 
+# the user name a dialling node logs in with (its password is the peer handshake's first
+# field, mesh/link/peerauth.py); any other CONNECT is a client's
+PEER_USERNAME = "mqttmesh-peer"
+
+
+class PeerRefused(NamedTuple):
+    """Why a peer's CONNECT is refused: the CONNACK return code and the reason logged."""
+
+    rc: int
+    reason: str
+
+
+class PeerListener(Protocol):
+    """This node's half of one dialling peer's handshake (mesh/link/peerauth.py ListenerAuth)."""
+
+    @property
+    def dialler(self) -> str:
+        """The node that dials us, as its CONNECT says (not proved until ``proof_refused``)."""
+
+    def challenge(self) -> bytes:
+        """Our proof of the cluster secret, and our nonce for the dialler's answer."""
+
+    def proof_refused(self, payload: bytes) -> str | None:
+        """None when ``payload`` proves the cluster secret for this handshake; else why not."""
+
+
 class PeerPort(Protocol):
     """The mesh, as a Channel of a node that dialled us sees it (mesh/link/links.py PeerLinks)."""
 
-    certificate_required: bool  # mesh.tls_mutual: a peer CONNECT needs a verified certificate
-
-    def handshake(self, peer: PeerConnect) -> ListenerAuth:
-        """Our half of the peer handshake, with a nonce fresh for this connection."""
+    def listen(self, client_id: str, password: bytes | None, certified: bool) -> PeerListener | PeerRefused:
+        """A CONNECT with the peer user name (``certified``: over TLS with a verified client
+        certificate): our half of its handshake, with a nonce fresh for this connection, or
+        why it is refused."""
 
     def peer_input(self, channel: Channel, msg: Message, now: float) -> Batch:
         """A PUBLISH from the peer; the batch its PUBACK waits for."""

@@ -261,9 +261,6 @@ def _imports(path: Path) -> set[str]:
 # what a module outside mesh/ may still take from it, each named (issue 21 removes them: the
 # listener's handshake behind the peer port, replication behind the session interface)
 CORE_USES_MESH = {
-    ("channel.py", "mqttmesh.mesh.link.peerauth"),
-    ("channel_peer.py", "mqttmesh.mesh.link.peerauth"),
-    ("ports.py", "mqttmesh.mesh.link.peerauth"),
     ("session.py", "mqttmesh.mesh.cluster.replica"),
     ("store.py", "mqttmesh.mesh.cluster.replica"),
 }

@@ -13,10 +13,11 @@ from mqttmesh.flow import Congestion
 from mqttmesh.mesh.link.gateway import MeshGateway
 from mqttmesh.mesh.link.hello import Hello, encode_hello
 from mqttmesh.mesh.link.links import FLUSH_EVERY, InboundLink, PeerLinks, refusal_reason
-from mqttmesh.mesh.link.peerauth import NONCE_BYTES, DiallerAuth, parse_connect
+from mqttmesh.mesh.link.peerauth import NONCE_BYTES, DiallerAuth, ListenerAuth
 from mqttmesh.mesh.routing.actions import Inbound, Send, Unicast
 from mqttmesh.mesh.routing.engine import MeshEngine
 from mqttmesh.message import Message
+from mqttmesh.ports import PeerRefused
 from mqttmesh.store import Journal
 from support import mqttraw
 from support.frames import Net, publishes
@@ -585,10 +586,12 @@ def test_status_names_the_links_without_a_time():
 
 def test_handshake_takes_a_fresh_nonce_from_the_io():
     links, engine, cluster = fake_links()
-    peer = parse_connect(DiallerAuth(SECRET, "a", 7, bytes(NONCE_BYTES)).password())
-    first, second = links.handshake(peer), links.handshake(peer)
+    password = DiallerAuth(SECRET, "a", 7, bytes(NONCE_BYTES)).password()
+    first, second = links.listen("$mesh-a", password, False), links.listen("$mesh-a", password, False)
+    assert isinstance(first, ListenerAuth) and isinstance(second, ListenerAuth)
     assert first.handshake.listener_nonce != second.handshake.listener_nonce
-    assert first.handshake.listener == "b"
+    assert first.handshake.listener == "b" and first.dialler == "a"
+    assert links.listen("$mesh-x", password, False) == PeerRefused(0x02, "peer ClientId must be $mesh-<node>")
 
 
 def test_refusal_reasons():

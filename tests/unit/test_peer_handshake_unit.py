@@ -12,7 +12,7 @@ import pytest
 from mqttmesh.channel import CLOSED, CONNECTED, PEER_AUTH, TRANSITIONS
 from mqttmesh.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT, PINGREQ, PUBLISH, SUBSCRIBE
 from mqttmesh.mesh.link.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused
-from mqttmesh.mesh.link.peerauth import DiallerAuth, ListenerAuth, parse_connect
+from mqttmesh.mesh.link.peerauth import DiallerAuth, ListenerAuth, listen, parse_connect
 from support import mqttraw
 from support.frames import Net, out, split_frames, v1_token
 
@@ -178,8 +178,18 @@ class FakeMesh:
         self.inputs = []
         self.closed = []
 
-    def handshake(self, peer):
-        return ListenerAuth(SECRET, self.node_id, 9, self.nonces.pop(0), peer)
+    def listen(self, client_id, password, certified):
+        # the real checks (PeerLinks.listen calls the same), with a known nonce
+        return listen(
+            SECRET,
+            self.node_id,
+            9,
+            lambda: self.nonces.pop(0),
+            client_id,
+            password,
+            certified,
+            self.certificate_required,
+        )
 
     def peer_input(self, channel, msg, now):
         self.inputs.append((channel.peer_node, msg.topic, msg.payload))

@@ -25,12 +25,12 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from ...message import Message
-from ...ports import Batch, Log, MeshIO, PeerLink
+from ...ports import Batch, Log, MeshIO, PeerLink, PeerRefused
 from ..routing.actions import Unicast
 from ..routing.engine import MeshEngine
 from ..routing.wire import MeshProtocolError
 from .hello import Hello, HelloVersionError, encode_hello, parse_hello
-from .peerauth import PEER_PROTOCOL, ListenerAuth, PeerConnect
+from .peerauth import PEER_PROTOCOL, ListenerAuth, listen
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -122,9 +122,11 @@ class PeerLinks:
 
     # -- a node that dialled us (the Channel's side) -----------------------------------------
 
-    def handshake(self, peer: PeerConnect) -> ListenerAuth:
-        """Our half of the handshake with a dialling peer, with a nonce fresh for it (channel.py)."""
-        return ListenerAuth(self.secret, self.node_id, self.incarnation, self.io.nonce(), peer)
+    def listen(self, client_id: str, password: bytes | None, certified: bool) -> ListenerAuth | PeerRefused:
+        """A CONNECT with the peer user name (channel_peer.py): our half of the handshake, with
+        a nonce fresh for it, or why it is refused (peerauth.listen)."""
+        me = (self.secret, self.node_id, self.incarnation)
+        return listen(*me, self.io.nonce, client_id, password, certified, self.certificate_required)
 
     def peer_input(self, channel: Channel, msg: Message, now: float) -> Batch:
         """A PUBLISH from a peer that dialled us; the batch its PUBACK waits for."""

@@ -37,7 +37,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from ...packets import BAD_CREDENTIALS, ID_REJECTED, NOT_AUTHORIZED
+from ...ports import PEER_USERNAME, PeerRefused
 
 __all__ = [
     "PEER_PROTOCOL",
@@ -49,11 +53,11 @@ __all__ = [
     "parse_connect",
     "DiallerAuth",
     "ListenerAuth",
+    "listen",
     "version_mismatch",
 ]
 
 PEER_PROTOCOL = 6  # the peer protocol's version: a node refuses a peer of another
-PEER_USERNAME = "mqttmesh-peer"
 NONCE_BYTES = 16
 
 _NONCE = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")
@@ -210,6 +214,18 @@ class ListenerAuth:
         hs = self.handshake
         return (f"{hs.listener}|{hs.listener_incarnation}|{hs.listener_nonce}|{hs.mac(self.secret, LISTENER)}").encode()
 
+    @property
+    def dialler(self) -> str:
+        return self.handshake.dialler
+
+    def proof_refused(self, payload: bytes) -> str | None:
+        """None when the dialler's proof is right for this handshake; else why not (ports.PeerListener)."""
+        try:
+            self.check_dialler(payload)
+        except PeerAuthError as exc:
+            return str(exc)
+        return None
+
     def check_dialler(self, payload: bytes) -> None:
         """PeerAuthError unless the dialler's proof is right for this handshake."""
         mac = _text(payload, "dialler proof")
@@ -218,3 +234,36 @@ class ListenerAuth:
         hs = self.handshake
         if not hmac.compare_digest(mac, hs.mac(self.secret, DIALLER)):
             raise PeerAuthError(f"peer {hs.dialler!r} failed to prove the cluster secret")
+
+
+def listen(
+    secret: bytes,
+    node: str,
+    incarnation: int,
+    nonce: Callable[[], bytes],
+    client_id: str,
+    password: bytes | None,
+    certified: bool,
+    certificate_required: bool,
+) -> ListenerAuth | PeerRefused:
+    """A dialling node's CONNECT, as ``node`` (the listener) reads it: our half of the
+    handshake, with a fresh ``nonce()``, or why it is refused, with its CONNACK code.
+    ``certified``: it came over TLS with a verified client certificate, which
+    ``certificate_required`` (mesh.tls_mutual) asks for."""
+    try:
+        peer = parse_connect(password)
+    except PeerAuthError as exc:
+        return PeerRefused(BAD_CREDENTIALS, f"peer {client_id!r}: {exc}")
+    if peer.version != PEER_PROTOCOL:
+        # a rolling upgrade meets an older or newer node: say so, both versions named
+        who = peer.node or client_id.removeprefix("$mesh-")
+        return PeerRefused(BAD_CREDENTIALS, version_mismatch(who, peer.version))
+    if client_id != f"$mesh-{peer.node}":
+        return PeerRefused(ID_REJECTED, "peer ClientId must be $mesh-<node>")
+    if peer.node == node:
+        return PeerRefused(BAD_CREDENTIALS, "a peer claims this node's own id")
+    if certificate_required and not certified:
+        return PeerRefused(
+            NOT_AUTHORIZED, "a peer link needs a TLS client certificate signed by tls.ca_file (mesh.tls_mutual)"
+        )
+    return ListenerAuth(secret, node, incarnation, nonce(), peer)
