@@ -20,7 +20,7 @@ import time
 
 from .codec import PUBLISH, Connect, Decoder, Disconnect, MalformedPacket, Subscribe, encode
 
-__all__ = ["fetch_retained", "fetch_status", "format_status", "topology_edges", "Cluster"]
+__all__ = ["fetch_retained", "fetch_status", "format_status", "topology_edges", "LocalMesh"]
 
 
 def fetch_retained(
@@ -172,7 +172,7 @@ def topology_edges(n: int, topology: str, seed: int = 1) -> list[tuple[int, int]
     raise ValueError(f"unknown topology {topology!r} (full, ring, line, star, random)")
 
 
-class Cluster:
+class LocalMesh:
     """N local nodes as separate processes, wired in a topology."""
 
     def __init__(

@@ -154,7 +154,7 @@ class Broker:
         self.journal: JournalPort = journal if journal is not None else NULL_JOURNAL
         self.random_hex = ports.random_hex if ports.random_hex is not None else counting_hex()
         self.sessions: dict[str, Session] = {}
-        self.router = SubscriptionTrie()
+        self.trie = SubscriptionTrie()  # the local subscriptions (filters -> sessions), not the mesh's routes
         # this node's retained messages: all of them standalone, in a mesh those of the
         # topics it owns (shared with mesh/cluster/retained.py) and $SYS
         self.retained = retained_trie if retained_trie is not None else RetainedTrie()
@@ -219,7 +219,7 @@ class Broker:
         self.stats.ended_queue_full += session.dropped
         self.stats.ended_slow_qos0 += session.dropped_qos0
         for topic_filter in list(session.subscriptions):
-            self._router_remove(topic_filter, session)
+            self._trie_remove(topic_filter, session)
         session.subscriptions.clear()
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
@@ -229,30 +229,30 @@ class Broker:
         """Re-register a session loaded from the store at start (made by ``session_factory``)."""
         self.sessions[session.client_id] = session
         for topic_filter, qos in session.subscriptions.items():
-            self._router_add(topic_filter, session, qos)
+            self._trie_add(topic_filter, session, qos)
 
     # -- subscriptions ------------------------------------------------------------------
 
     def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
-        self._router_add(topic_filter, session, qos)
+        self._trie_add(topic_filter, session, qos)
         if self.replication is not None and session.channel is not None and session.replica is not None:
             self.replication.subs_changed(session)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
             return False
-        self._router_remove(topic_filter, session)
+        self._trie_remove(topic_filter, session)
         if self.replication is not None and session.channel is not None and session.replica is not None:
             self.replication.subs_changed(session)
         return True
 
-    def _router_add(self, topic_filter: str, session: Session, qos: int) -> None:
-        if self.router.add(topic_filter, session, qos) and self.mesh is not None:
+    def _trie_add(self, topic_filter: str, session: Session, qos: int) -> None:
+        if self.trie.add(topic_filter, session, qos) and self.mesh is not None:
             self.mesh.filter_added(topic_filter)
 
-    def _router_remove(self, topic_filter: str, session: Session) -> None:
-        if self.router.remove(topic_filter, session) and self.mesh is not None:
+    def _trie_remove(self, topic_filter: str, session: Session) -> None:
+        if self.trie.remove(topic_filter, session) and self.mesh is not None:
             self.mesh.filter_removed(topic_filter)
 
     def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
@@ -298,15 +298,15 @@ class Broker:
 
     def dispatch(self, msg: Message) -> int:
         """Deliver to the matching local sessions; the number of sessions reached."""
-        matches = self.router.match(msg.topic)
+        matches = self.trie.match(msg.topic)
         if not matches:
             return 0
         self.stats.messages_sent += len(matches)
         if self.congestion.reasons:
             self.congestion.check(matches)
         replication = self.replication
-        if replication is not None and replication.targets:
-            targets = replication.targets
+        if replication is not None and replication.redirects:
+            targets = replication.redirects
             for session in matches:
                 if session.client_id in targets:
                     replication.forward(session, msg)  # its client moved: forward it
@@ -326,7 +326,7 @@ class Broker:
         """Retain and deliver a message about this node (``$SYS/...``): each receiver
         passes ``Auth.can_read_sys`` (the ACL, and no ClientIds for anonymous clients)."""
         self.retained.set(msg.topic, msg)  # in memory only: recomputed at every start
-        matches = self.router.match(msg.topic)
+        matches = self.trie.match(msg.topic)
         auth = self.auth
         topic = msg.topic
         for session, granted in matches.items():

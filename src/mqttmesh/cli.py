@@ -118,10 +118,10 @@ def cmd_mesh_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cluster_up(args: argparse.Namespace) -> int:
-    from .admin import Cluster
+    from .admin import LocalMesh
 
     try:
-        cluster = Cluster(
+        cluster = LocalMesh(
             args.nodes,
             args.topology,
             args.base_port,

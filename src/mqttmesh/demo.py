@@ -3,7 +3,7 @@
 Several sites, many devices, each device its own MQTT client on one of the nodes,
 publishing JSON readings (temperature, humidity, battery) at QoS 1 for a bounded time;
 a few legacy devices send plain-text readings, which the payloads job counts as not
-JSON. By default the demo starts its own mesh (admin.Cluster, archive on, on free
+JSON. By default the demo starts its own mesh (admin.LocalMesh, archive on, on free
 ports) and stops it before the analysis, which flushes every node's archive; with
 --ports it publishes to a running mesh whose nodes archive into --archive instead.
 """
@@ -274,12 +274,12 @@ def run_demo(args: argparse.Namespace) -> int:
             return 2
         archive = os.path.abspath(args.archive)
     else:
-        from .admin import Cluster
+        from .admin import LocalMesh
 
         archive = os.path.join(out, "archive")
         # the mesh is stopped before the analysis, which writes every node's last files
         extra = ["--archive", "true", "--archive-dir", archive, "--archive-delivery-log", "true"]
-        cluster = Cluster(args.nodes, "full", 0, workdir=os.path.join(out, "mesh"), extra=extra)
+        cluster = LocalMesh(args.nodes, "full", 0, workdir=os.path.join(out, "mesh"), extra=extra)
         cluster.ports = ports = _free_ports(args.nodes)
         print(
             f"mqttmesh demo: starting {args.nodes} nodes on ports {', '.join(map(str, ports))} "

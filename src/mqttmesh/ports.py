@@ -175,12 +175,12 @@ class ReplicationPort(Protocol):
     """The replicated sessions' side of the Broker (mesh/cluster/replica.py Replication)."""
 
     @property
-    def targets(self) -> Mapping[str, object]:
+    def redirects(self) -> Mapping[str, object]:
         """ClientId -> where its client just went: the hand-over's own dict (a plain
         attribute), nearly always empty, so Broker.dispatch pays one truth test per message."""
 
     def forward(self, session: Session, msg: Message) -> None:
-        """A message reached a local replica whose client is in ``targets``."""
+        """A message reached a local replica whose client is in ``redirects``."""
 
     def subs_changed(self, session: Session) -> None:
         """The connected client of a replicated session subscribed or unsubscribed."""
@@ -306,10 +306,10 @@ UnicastPort = Callable[[str, str, bytes], bool]
 
 
 class PeerLink(Protocol):
-    """One link to a peer node, whichever side dialled (mesh/link/links.py InboundLink, the
+    """One link to a peer node, whichever side dialled (mesh/link/links.py AcceptedLink, the
     server's PeerClient, a test's in-memory link)."""
 
-    dialer: str  # node id of the side that dialled
+    dialler: str  # node id of the side that dialled
     peer: str  # "" until its hello made it a link
     proved: str  # the node id its handshake proved
     handshake_rtt: float | None  # the dialler's SUBSCRIBE/SUBACK round trip (seconds)

@@ -179,7 +179,7 @@ def test_a_persistent_session_moves_with_its_queued_and_in_flight_messages():
     assert sorted(inflight.values()) == [(m.origin, m.seq) for m in sent]
     assert net.clusters["c"].counters["sessions_gathered"] == 1
     # the old node forwards what still reaches it for a while
-    assert cid in net.clusters["a"].redirects
+    assert cid in net.clusters["a"].replication.redirects
 
 
 def test_a_released_inbound_qos2_id_stays_released_when_the_client_moves_on():

@@ -62,8 +62,8 @@ class Log:
 class MemLink:
     """One end of an in-memory peer link (a ports.PeerLink)."""
 
-    def __init__(self, dialer, proved, answers_hello, address, rtt=None):
-        self.dialer, self.peer, self.proved = dialer, "", proved
+    def __init__(self, dialler, proved, answers_hello, address, rtt=None):
+        self.dialler, self.peer, self.proved = dialler, "", proved
         self.handshake_rtt, self.answers_hello, self.address = rtt, answers_hello, address
         self.sent: list[tuple[str, bytes, int]] = []
         self.closed = None
@@ -202,7 +202,7 @@ def test_a_mesh_core_gives_every_port_at_construction_and_the_arrows_go_one_way(
     assert isinstance(gateway, MeshGateway) and broker.mesh is gateway
     assert broker.retained_port is cluster.retained and broker.replication is cluster.replication
     assert type(broker.session_factory) is ReplicaSessions
-    assert broker.replication.targets is cluster.redirects is cluster.handover.redirects  # one dict
+    assert broker.replication is cluster.replication is cluster.handover.replication  # one owner of the redirects
     assert gateway.links is links.links and gateway.congestion is broker.congestion
     assert gateway.wall_offset == broker.wall_offset == cluster.wall_offset == 50.0
     ch = core.channel(object(), "peer", 0.0)

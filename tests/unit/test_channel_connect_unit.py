@@ -366,7 +366,7 @@ def test_clean_session_ends_with_the_connection(net):
     ch = net.subscriber("c", ("a/#", 1))
     ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
     assert "c" not in net.broker.sessions
-    assert len(net.broker.router) == 0
+    assert len(net.broker.trie) == 0
 
 
 def test_persistent_session_keeps_messages_while_offline(net):
@@ -610,7 +610,7 @@ def test_nothing_processed_after_close(net):
     ch.receive_data(mqttraw.PINGREQ_BYTES + mqttraw.subscribe(1, ("a", 0)), 1.0)
     assert ch.data_to_send() == b""
     assert len(net.owner.reasons(ch)) == 1
-    assert len(net.broker.router) == 0
+    assert len(net.broker.trie) == 0
 
 
 @pytest.mark.parametrize(

@@ -245,7 +245,7 @@ def test_unsubscribe_compares_filters_exactly(net):
     assert sub.data_to_send() == h("b0 02 00 06")
     pub.receive_data(mqttraw.publish("a/b", b"2"), 2.0)
     assert publishes(sub) == []
-    assert len(net.broker.router) == 0
+    assert len(net.broker.trie) == 0
 
 
 def test_unsuback_even_when_nothing_matched(net):

@@ -12,7 +12,7 @@ from mqttmesh.broker import BrokerPorts, BrokerSettings
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.link.gateway import MeshGateway
 from mqttmesh.mesh.link.hello import Hello, encode_hello
-from mqttmesh.mesh.link.links import FLUSH_EVERY, InboundLink, PeerLinks, refusal_reason
+from mqttmesh.mesh.link.links import FLUSH_EVERY, AcceptedLink, PeerLinks, refusal_reason
 from mqttmesh.mesh.link.peerauth import NONCE_BYTES, DiallerAuth, ListenerAuth
 from mqttmesh.mesh.routing.actions import Inbound, Send, Unicast
 from mqttmesh.mesh.routing.engine import MeshEngine
@@ -106,8 +106,8 @@ class Cluster:
 class MemLink:
     """One end of an in-memory peer link (a ports.PeerLink)."""
 
-    def __init__(self, dialer, proved, answers_hello, address=None, rtt=None):
-        self.dialer = dialer
+    def __init__(self, dialler, proved, answers_hello, address=None, rtt=None):
+        self.dialler = dialler
         self.peer = ""
         self.proved = proved
         self.handshake_rtt = rtt
@@ -267,8 +267,8 @@ def test_duplicate_link_tie_break(me, first, second, stays):
     other = "b" if me == "a" else "a"
     node = Node(me)
 
-    def link(dialer):
-        return MemLink(dialer, other, dialer != me)
+    def link(dialler):
+        return MemLink(dialler, other, dialler != me)
 
     links = {"first": link(first), "second": link(second)}
     for which in ("first", "second"):
@@ -289,9 +289,9 @@ def test_both_arrival_orders_keep_the_link_the_smaller_id_dialled(me):
     for order in (("a", "b"), ("b", "a")):
         node = Node(me)
         made = {d: MemLink(d, other, d != me) for d in order}
-        for dialer in order:
-            node.links.receive(made[dialer], "hello", hello_of(other), 0.0)
-        finals.append(node.links.links[other].dialer)
+        for dialler in order:
+            node.links.receive(made[dialler], "hello", hello_of(other), 0.0)
+        finals.append(node.links.links[other].dialler)
     assert finals == ["a", "a"]
 
 
@@ -354,7 +354,7 @@ def test_inbound_channel_hello_is_answered_on_the_peers_session():
     assert node.links.peer_input(channel, Message("$mesh/from/a/hello", hello_of("a", 3000), 1), 0.0) == 0
     (msg, qos), *_ = channel.session.delivered
     assert (msg.topic, qos) == ("$mesh/to/a/hello", 1)
-    assert isinstance(node.links.links["a"], InboundLink)
+    assert isinstance(node.links.links["a"], AcceptedLink)
     assert node.engine.routers["b"].links == {"a": 3000}  # the cost the dialler measured
     node.links.peer_closed(channel, 2.0)
     assert node.links.links == {}

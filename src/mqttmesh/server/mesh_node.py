@@ -65,14 +65,14 @@ class PeerClient(asyncio.Protocol):
 
     answers_hello = False
 
-    def __init__(self, mesh: MeshNode, dialer: Dialer):
+    def __init__(self, mesh: MeshNode, dialler: Dialler):
         self.mesh = mesh
-        self.dialer_obj = dialer
-        self.dialer = mesh.node_id
+        self.dialler_obj = dialler
+        self.dialler = mesh.node_id
         self.peer = ""
-        self.address: str | None = dialer.address
+        self.address: str | None = dialler.address
         self.handshake_rtt: float | None = None  # measured before our hello
-        self.client: LinkClient = dialer.client
+        self.client: LinkClient = dialler.client
         self.proved = ""  # the node id the listener proved the cluster secret for
         self.transport: asyncio.Transport | None = None
         self.loop = mesh.loop
@@ -207,7 +207,7 @@ class PeerClient(asyncio.Protocol):
         self._write()
 
 
-class Dialer:
+class Dialler:
     """Keeps one peer address dialled: reconnects with backoff, yields to a link the other way."""
 
     def __init__(self, mesh: MeshNode, address: str, configured: bool):
@@ -287,7 +287,7 @@ class MeshNode:
         self.gateway: MeshGateway | None = None
         self.cluster: Cluster | None = None
         self.broker: Broker | None = None  # the node's, from start() on (the links' flow control uses its congestion)
-        self.dialers: dict[str, Dialer] = {}
+        self.diallers: dict[str, Dialler] = {}
         self._dirty: set = set()
         self._flush_scheduled = False
         self._tick_handle = None
@@ -361,12 +361,12 @@ class MeshNode:
     def stop(self) -> None:
         if self._tick_handle is not None:
             self._tick_handle.cancel()
-        for dialer in self.dialers.values():
-            dialer.cancel()
+        for dialler in self.diallers.values():
+            dialler.cancel()
 
     def dial(self, address: str, configured: bool = False) -> None:
-        if address not in self.dialers:
-            self.dialers[address] = Dialer(self, address, configured)
+        if address not in self.diallers:
+            self.diallers[address] = Dialler(self, address, configured)
 
     # -- ports.MeshIO ------------------------------------------------------------------------
 
@@ -388,7 +388,7 @@ class MeshNode:
         return secrets.token_bytes(NONCE_BYTES)
 
     def learned(self, address: str, node: str) -> None:
-        known = self.dialers.get(address)
+        known = self.diallers.get(address)
         if known is not None:
             known.peer = node
 
@@ -419,12 +419,12 @@ class MeshNode:
         for link in list(links.values()):
             if isinstance(link, PeerClient):
                 link.tick(now)
-        for dialer in self.dialers.values():  # links still being set up ping too
-            protocol = dialer.protocol
+        for dialler in self.diallers.values():  # links still being set up ping too
+            protocol = dialler.protocol
             if protocol is not None and protocol.peer not in links:
                 protocol.tick(now)
         for node, address in self.peer_links.tick(now):  # mesh.connect = "all"
-            if not any(d.peer == node for d in self.dialers.values()):
+            if not any(d.peer == node for d in self.diallers.values()):
                 self.dial(address)
         for link in list(self._dirty):
             link.flush()

@@ -514,7 +514,7 @@ class Node:
             "load/bytes/received": s.bytes_received,
             "load/bytes/sent": s.bytes_sent,
             "retained messages/count": len(b.retained),
-            "subscriptions/count": len(b.router),
+            "subscriptions/count": len(b.trie),
             "connections/refused": s.connections_refused,
             "connections/slow_consumers": s.slow_consumers,
             "connections/preauth_refused": s.preauth_refused,

@@ -162,17 +162,17 @@ class SimLink:
     it crosses the simulated network; the simulator hands it what arrives, its round trips
     and its end (``PeerLinks.receive``, ``rtt``, ``closed``)."""
 
-    __slots__ = ("io", "node", "conn", "dialer", "peer", "proved", "handshake_rtt", "answers_hello", "address")
+    __slots__ = ("io", "node", "conn", "dialler", "peer", "proved", "handshake_rtt", "answers_hello", "address")
 
-    def __init__(self, io: NodeIO, node: str, other: str, dialer: str, conn: int, handshake_rtt: float | None):
+    def __init__(self, io: NodeIO, node: str, other: str, dialler: str, conn: int, handshake_rtt: float | None):
         self.io = io
         self.node = node  # this side
         self.conn = conn  # the simulated connection's number: a later one is another link
-        self.dialer = dialer
+        self.dialler = dialler
         self.peer = ""  # PeerLinks sets it from the hello
         self.proved = other  # the node at the far end (its handshake is taken as done)
         self.handshake_rtt = handshake_rtt  # the dialler's SUBSCRIBE/SUBACK round trip
-        self.answers_hello = dialer != node  # the listening side answers the dialler's hello
+        self.answers_hello = dialler != node  # the listening side answers the dialler's hello
         self.address: str | None = f"{other}:1883"
 
     def send(self, kind: str, payload: bytes, qos: int) -> None:

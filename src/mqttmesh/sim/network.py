@@ -50,7 +50,7 @@ class NetworkMixin(SimulatorPart):
         elif backoff:
             delay = self.rng_time.uniform(0, self.sc.node.redial_max)  # somewhere in the backoff
         else:
-            delay = 0.05 + 0.1 * self.rng_time.random()  # Dialer: right after a connection ends
+            delay = 0.05 + 0.1 * self.rng_time.random()  # Dialler: right after a connection ends
         self._at(self.now + delay, DIAL, link.a, link.b)
 
     def _on_dial(self, a: str, b: str) -> None:

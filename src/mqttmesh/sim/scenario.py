@@ -56,7 +56,7 @@ class NodeModel:
     keepalive: float = 1.0  # PINGREQ interval on a link (RTT sample); dead after 3x
     tick: float = 0.25  # engine.tick period, as server/mesh_node.py
     flush_delay_ms: float = 0.2  # one event-loop iteration: events within it share a flush
-    redial_max: float = 2.0  # a dialler retries with backoff up to this (mesh_node Dialer)
+    redial_max: float = 2.0  # a dialler retries with backoff up to this (mesh_node Dialler)
     handshake_rtts: int = 3  # TCP + CONNECT/CONNACK + SUBSCRIBE/SUBACK before hello
     start_spread: float = 0.1  # nodes start at random times in [0, this)
     rtt_jitter: float = 0.0  # RTT samples vary by up to this fraction

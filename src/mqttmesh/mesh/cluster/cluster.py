@@ -63,7 +63,7 @@ from .cluster_wire import (
 from .handover import HandOver
 from .membership import Membership
 from .registry import Registry
-from .replica import Redirect, Replication
+from .replica import Replication
 from .retained import RetainedOwners
 
 if TYPE_CHECKING:
@@ -181,8 +181,6 @@ class Cluster:
             parts.ids,
             wall_offset,
         )
-        # the Replication's dict, written by the hand-over, read by Broker.dispatch
-        self.redirects: dict[str, Redirect] = parts.replication.targets
 
     # ------------------------------------------------------------------ plumbing
 

@@ -142,8 +142,6 @@ class HandOver(Confirmations):
         # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until)
         self.released: dict[tuple[str, str], tuple[int, float]] = {}
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
-        # cid -> where its client went: the Replication's dict, which Broker.dispatch reads
-        self.redirects: dict[str, Redirect] = replication.targets
         self.last_register = 0.0
         # cid -> since when its settlements wait for a holder's sess.ack (copies re-sent after
         # settings.settle_retry)
@@ -382,7 +380,8 @@ class HandOver(Confirmations):
         replica = session.replica if session is not None else None
         self._send(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None), now)
         if frm != self.node_id:
-            self.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
+            # (the Replication owns the redirects: Broker.dispatch reads them)
+            self.replication.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
             if replica is not None and replica.channel is None:
                 # the session is claimed at frm: a copy here that is no holder's (the client was
                 # here last) gets no settlements from now on, and would come back stale

@@ -403,7 +403,7 @@ class Redirect(NamedTuple):
 class Replication:
     """What the Broker and the replicated sessions tell the other holders of a session
     (a ports.ReplicationPort): settlements (batched until ``take_settles``), subscription
-    changes, and messages for a client that just moved (``targets``, written by the
+    changes, and messages for a client that just moved (``redirects``, written by the
     hand-over, mesh/cluster/handover.py). Built before the Broker and the Cluster; it holds
     neither, only who the holders are (``membership``) and a way to send."""
 
@@ -421,7 +421,7 @@ class Replication:
         self.counters = counters
         self._wake = wake  # asks the I/O layer for a flush this loop iteration (MeshIO.flush_soon)
         # cid -> where its client went; read by Broker.dispatch for every message
-        self.targets: dict[str, Redirect] = {}
+        self.redirects: dict[str, Redirect] = {}
         self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
 
     def on_settled(
@@ -463,16 +463,16 @@ class Replication:
 
     def forward(self, session: Session, msg: Message) -> None:
         """A message reached a local replica whose client just moved elsewhere."""
-        target = self.targets.get(session.client_id)
+        target = self.redirects.get(session.client_id)
         if target is None:
             return
         self.counters["redirected"] += 1
         self._send_out(target.node, SessFwd(session.client_id, Forwarded.of(msg)))
 
     def expire(self, now: float) -> None:
-        for cid, (_, until) in list(self.targets.items()):
+        for cid, (_, until) in list(self.redirects.items()):
             if now >= until:
-                del self.targets[cid]
+                del self.redirects[cid]
 
 
 # --------------------------------------------------------------------------- snapshots

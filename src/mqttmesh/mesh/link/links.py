@@ -9,7 +9,7 @@ links of their own (ports.PeerLink).
 A link is an ordinary MQTT connection, in one of two roles:
 - a node that dialled us is a Channel of our broker; what it publishes on
   ``$mesh/from/<it>/<kind>`` comes in through ``peer_input``, and what we send goes out
-  through its ordinary Session (``InboundLink``);
+  through its ordinary Session (``AcceptedLink``);
 - a node we dialled answers our LinkClient; what it publishes on ``$mesh/to/<us>/<kind>``
   comes in through ``link_message``.
 Both reach the one ``receive`` path. Each side introduces itself with a hello
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from ...channel import Channel
     from ..cluster.cluster import Cluster
 
-__all__ = ["FLUSH_EVERY", "InboundLink", "PeerLinks", "refusal_reason"]
+__all__ = ["FLUSH_EVERY", "AcceptedLink", "PeerLinks", "refusal_reason"]
 
 FLUSH_EVERY = 256  # routed messages after which the mesh sends without waiting for the loop
 
@@ -58,7 +58,7 @@ def refusal_reason(code: int) -> str:
     return _REFUSALS.get(code, "see its log")
 
 
-class InboundLink:
+class AcceptedLink:
     """A link a peer dialled: a Channel of our broker that proved the cluster secret."""
 
     answers_hello = True
@@ -67,7 +67,7 @@ class InboundLink:
     def __init__(self, channel: Channel):
         self.channel = channel
         self.proved: str = channel.peer_node or ""
-        self.dialer = self.proved
+        self.dialler = self.proved
         self.peer = ""
         self.address: str | None = channel.peer
 
@@ -115,7 +115,7 @@ class PeerLinks:
         self.certificate_required = certificate_required
         self.connect_all = connect_all  # mesh.connect = "all": dial every node we learn of
         self.links = links  # peer node -> its current link (shared with the MeshGateway)
-        self._inbound: dict[Channel, InboundLink] = {}  # peer channels that published
+        self._inbound: dict[Channel, AcceptedLink] = {}  # peer channels that published
         self._to_me = f"$mesh/to/{node_id}/"
         self._membership: tuple[tuple[str, ...], tuple[tuple[str, int], ...], bool] | None = None
         self._seen_changes = -1
@@ -136,7 +136,7 @@ class PeerLinks:
             return 0
         link = self._inbound.get(channel)
         if link is None:
-            link = self._inbound[channel] = InboundLink(channel)
+            link = self._inbound[channel] = AcceptedLink(channel)
         return self.receive(link, msg.topic[len(prefix) :], msg.payload, now)
 
     def peer_closed(self, channel: Channel, now: float) -> None:
@@ -219,15 +219,15 @@ class PeerLinks:
             return
         if current is not None:
             # two links between the same pair: keep the one dialled by the smaller id
-            if link.dialer != current.dialer and link.dialer > current.dialer:
+            if link.dialler != current.dialler and link.dialler > current.dialler:
                 link.close(f"duplicate link to {peer}")
                 return
             self.links[peer] = link
-            current.close(f"replaced by a link dialled by {link.dialer}")
-            self.log.info("link to %s switched to the one dialled by %s", peer, link.dialer)
+            current.close(f"replaced by a link dialled by {link.dialler}")
+            self.log.info("link to %s switched to the one dialled by %s", peer, link.dialler)
             return
         self.links[peer] = link
-        self.log.info("link to %s up (dialled by %s)", peer, link.dialer)
+        self.log.info("link to %s up (dialled by %s)", peer, link.dialler)
         # the first cost: the dialler's SUBSCRIBE/SUBACK round trip (it measured it before its
         # hello, and says it in there), so a new link is not advertised at the floor cost and
         # again a keepalive later when the first PINGRESP says what it really costs
@@ -347,7 +347,7 @@ class PeerLinks:
         """The engine's status, the links and the cluster's (the caller adds the time)."""
         status: dict[str, object] = self.engine.status()
         status["links"] = {
-            peer: {"dialled_by": link.dialer, "address": link.address} for peer, link in sorted(self.links.items())
+            peer: {"dialled_by": link.dialler, "address": link.address} for peer, link in sorted(self.links.items())
         }
         status["cluster"] = self.cluster.status()
         return status
