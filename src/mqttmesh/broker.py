@@ -236,14 +236,14 @@ class Broker:
     def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
         self._trie_add(topic_filter, session, qos)
-        if self.replication is not None and session.channel is not None and session.replica is not None:
+        if self.replication is not None and session.channel is not None and session.replicated:
             self.replication.subs_changed(session)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
             return False
         self._trie_remove(topic_filter, session)
-        if self.replication is not None and session.channel is not None and session.replica is not None:
+        if self.replication is not None and session.channel is not None and session.replicated:
             self.replication.subs_changed(session)
         return True
 

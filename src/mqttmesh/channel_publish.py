@@ -72,8 +72,7 @@ class Publishing:
         session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
         if self._qos2_seen(session, pid):
             return
-        replica = session.replica
-        if replica is not None and replica.on_settled is not None:
+        if session.routes_when_agreed:
             # a persistent session in a mesh: the message is routed once its holders have it
             # with its id, and under that id by whichever holder the client is on, so that a
             # re-send to another node after this one died is neither a second delivery nor a
@@ -152,11 +151,7 @@ class Publishing:
         msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now)
         batch = version = 0
         if qos == 2:
-            replica = session.replica
-            if msg is None or replica is None:
-                batch = session.awaiting_rel_add(pid)
-            else:
-                batch = replica.awaiting_rel_agreed(pid, msg)
+            batch = session.awaiting_rel_add(pid) if msg is None else session.awaiting_rel_agreed(pid, msg)
             version = session.version
         if msg is not None:
             batch = max(batch, self._route_after(msg, version))
@@ -193,12 +188,9 @@ class Publishing:
         already: its local subscribers had it then (the mesh's duplicate filters know)."""
         broker = self.broker
         session = self.session
-        replica = session.replica if session is not None else None
-        if msg.qos == 2 and replica is not None:
-            key = (msg.origin, msg.seq)
-            if key in replica.routed_here:
+        if msg.qos == 2 and session is not None and session.replicated:
+            if not session.route_here(msg):
                 return 0  # (the client came back while it waited: routed by the new channel)
-            replica.routed_here.add(key)
             mesh = broker.mesh
             if mesh is not None and not mesh.first_here(msg):
                 mesh.published(msg)
@@ -215,10 +207,8 @@ class Publishing:
         """A persistent session just attached here: the QoS 2 messages it took that no node
         may have routed yet (its node died, or its client left, before they went out) are
         routed now, under their agreed ids (mesh/cluster/replica.py)."""
-        replica = session.replica
-        if replica is not None and replica.inbound:
-            for msg in replica.unrouted():
-                self._route_after(msg, replica.version)
+        for msg in session.unrouted():
+            self._route_after(msg, session.version)
 
     # -- PUBREL ------------------------------------------------------------------------------
 

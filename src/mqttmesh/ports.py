@@ -8,8 +8,8 @@ implementation only has to have the methods. Issue 14 fills this module step by 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .channel import Channel
@@ -138,6 +138,17 @@ class SessionFactory(Protocol):
 
     def restored(self, client_id: str) -> Session:
         """An empty persistent session for the store to fill (store.restore_sessions)."""
+
+    def restore_replicated(
+        self,
+        restored: Mapping[str, Session],
+        inbound: Iterable[tuple[Any, ...]],
+        versions: Iterable[tuple[str, int, int]],
+        tombstones: Iterable[tuple[str, int, str, int]],
+        floors: Iterable[tuple[str, str, int]],
+    ) -> None:
+        """The rows of the sessions ``restored`` that only a session replicated in a mesh has
+        (store.restore_sessions says what each is); nothing to do outside a mesh."""
 
 
 class MeshPort(Protocol):

@@ -10,8 +10,9 @@ that also records every change in a store journal, which the I/O layer commits.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .codec import PubRel, encode
 from .message import in_origin_order
@@ -19,7 +20,6 @@ from .message import in_origin_order
 if TYPE_CHECKING:
     from .channel import Channel
     from .flow import Congestion
-    from .mesh.cluster.replica import _Replicated
     from .message import Message
     from .ports import Batch, JournalPort, SentHook
 
@@ -254,10 +254,31 @@ class Session:
     def pending(self) -> int:
         return len(self.queue) + len(self.inflight)
 
+    # -- replication: what a session replicated across a mesh does differently ------------
+    # (mesh/cluster/replica.py implements these; a session of one node has nothing to replicate)
+
+    replicated = False  # one copy of a session replicated across a mesh
+
     @property
-    def replica(self) -> _Replicated | None:
-        """This session as one copy of a session replicated across a mesh, or None."""
-        return None
+    def routes_when_agreed(self) -> bool:
+        """A QoS 2 message of its client is routed only once the session's other holders have
+        it with its id, and acknowledged after that (channel_publish.py); False here."""
+        return False
+
+    def awaiting_rel_agreed(self, packet_id: int, msg: Message) -> Batch:
+        """A new QoS 2 PUBLISH whose message is routed under an id the session's copies agree
+        on; here just ``awaiting_rel_add``."""
+        return self.awaiting_rel_add(packet_id)
+
+    def route_here(self, msg: Message) -> bool:
+        """May this node route ``msg``, an inbound QoS 2 message of this session, now? False
+        when it did already (a client that came back while it waited); always True here."""
+        return True
+
+    def unrouted(self) -> list[Message]:
+        """The inbound QoS 2 messages awaiting PUBREL that no node may have routed yet (this
+        session's copy on a node that died): none here."""
+        return []
 
     # -- inbound QoS 2: packet ids between PUBREC and PUBREL [MQTT-4.3.3-2] -------------
 
@@ -388,3 +409,14 @@ class Sessions:
         if self.journal.persistent:
             return DurableSession(client_id, self.limits, self.journal, self.congestion, self.on_sent)
         return Session(client_id, False, self.limits, self.congestion, self.on_sent)
+
+    def restore_replicated(
+        self,
+        restored: Mapping[str, Session],
+        inbound: Iterable[tuple[Any, ...]],
+        versions: Iterable[tuple[str, int, int]],
+        tombstones: Iterable[tuple[str, int, str, int]],
+        floors: Iterable[tuple[str, str, int]],
+    ) -> None:
+        """What only a session replicated in a mesh keeps (mesh/cluster/replica.py
+        ReplicaSessions); a store of a node that left its mesh may still hold such rows."""

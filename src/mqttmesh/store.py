@@ -19,7 +19,6 @@ from .message import Message
 from .session import Entry
 
 if TYPE_CHECKING:
-    from .mesh.cluster.replica import _Replicated
     from .ports import Batch, SessionFactory
     from .session import Session
 
@@ -333,30 +332,9 @@ def restore_sessions(
         owner = restored.get(client_id)
         if owner is not None:
             owner.awaiting_rel.add(pid)
-    # the parts only a session replicated in a mesh has (mesh/cluster/replica.py)
-    for client_id, pid, topic, payload, retain, origin, seq, publisher, ts in inbound:
-        replica = _replica_of(restored, client_id)
-        if replica is not None and pid in replica.awaiting_rel:
-            replica.inbound[pid] = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts)
-    for client_id, epoch, version in versions:
-        replica = _replica_of(restored, client_id)
-        if replica is not None:
-            replica.epoch, replica.version = epoch, version
-    for client_id, number, origin, seq in tombstones:
-        replica = _replica_of(restored, client_id)
-        if replica is not None:
-            replica._remember_done((origin, seq))
-            replica.tombstones_stored = max(replica.tombstones_stored, number)
-    for client_id, origin, seq in floors:
-        replica = _replica_of(restored, client_id)
-        if replica is not None and seq > replica.floors.get(origin, -1):
-            replica.floors[origin] = seq  # (as stored: no need to store it again)
+    # the parts only a session replicated in a mesh has: its factory's business
+    factory.restore_replicated(restored, inbound, versions, tombstones, floors)
     for session in restored.values():
         if session.inflight:
             session._next_pid = max(session.inflight) % 65535 + 1  # after the highest id in flight
     return list(restored.values())
-
-
-def _replica_of(restored: dict[str, Session], client_id: str) -> _Replicated | None:
-    session = restored.get(client_id)
-    return session.replica if session is not None else None

@@ -258,12 +258,9 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
-# what a module outside mesh/ may still take from it, each named (issue 21 removes them: the
-# listener's handshake behind the peer port, replication behind the session interface)
-CORE_USES_MESH = {
-    ("session.py", "mqttmesh.mesh.cluster.replica"),
-    ("store.py", "mqttmesh.mesh.cluster.replica"),
-}
+# what a module outside mesh/ may still take from it, each named (issue 21 removed the last:
+# the listener's handshake is behind the peer port, replication behind the session interface)
+CORE_USES_MESH: set[tuple[str, str]] = set()
 
 
 def test_routing_and_cluster_import_nothing_of_the_other_mesh_packages():
@@ -280,8 +277,8 @@ def test_routing_and_cluster_import_nothing_of_the_other_mesh_packages():
 
 
 def test_the_core_takes_from_the_mesh_only_what_is_named():
-    """The broker core (the top-level modules but the wiring) knows nothing of the mesh but
-    the uses named in CORE_USES_MESH, which issue 21 removes one by one."""
+    """The broker core (the top-level modules but the wiring) knows nothing of the mesh: not
+    the peer handshake (ports.PeerPort), not replication (the Session's contract)."""
     wiring = {"assembly.py"}
     found = set()
     for path in sorted(SRC.glob("*.py")):
@@ -292,6 +289,7 @@ def test_the_core_takes_from_the_mesh_only_what_is_named():
                 found.add((path.name, module))
     assert found <= CORE_USES_MESH, sorted(found - CORE_USES_MESH)
     assert found == CORE_USES_MESH, f"no longer used, take it off the list: {sorted(CORE_USES_MESH - found)}"
+    assert not found  # nothing at all since issue 21
 
 
 def test_the_import_reader_resolves_relative_imports():

@@ -6,7 +6,7 @@ import pytest
 
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.cluster.cluster_values import Snapshot
-from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions, install
+from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions, install, replica_of
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from mqttmesh.store import NULL_JOURNAL, Journal
@@ -448,7 +448,7 @@ def test_sessions_factory_makes_the_kind_the_connect_and_the_journal_call_for():
     for session in (clean, persistent, peer, restored):
         assert session.congestion is congestion
         assert session.limits.max_inflight == 3
-        assert session.replica is None
+        assert not session.replicated and replica_of(session) is None
 
 
 def test_sessions_factory_without_a_store_keeps_persistent_sessions_in_memory():
@@ -462,14 +462,14 @@ def test_replica_sessions_factory_replicates_persistent_sessions_only():
     settled = []
     factory = ReplicaSessions(Limits(), j, congestion, lambda *a: settled.append(a))
     s = factory.new("b", clean=False, durable=True)
-    assert type(s) is DurableMeshSession and s.replica is s
+    assert type(s) is DurableMeshSession and replica_of(s) is s
     assert s.congestion is congestion and s.on_settled is not None
     assert j.take()[1] == [("session_put", "b", {})]
     assert type(factory.restored("b")) is DurableMeshSession
     assert type(factory.new("a", clean=True, durable=True)) is Session
     assert type(factory.new("$mesh-n2", clean=False, durable=False)) is Session
     memory = ReplicaSessions(Limits(), NULL_JOURNAL, congestion, lambda *a: None).new("b", False, True)
-    assert type(memory) is MeshSession and memory.replica is memory
+    assert type(memory) is MeshSession and replica_of(memory) is memory
     assert j.take()[1] == []
 
 

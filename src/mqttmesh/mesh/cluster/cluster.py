@@ -63,7 +63,7 @@ from .cluster_wire import (
 from .handover import HandOver
 from .membership import Membership
 from .registry import Registry
-from .replica import Replication
+from .replica import Replication, replica_of
 from .retained import RetainedOwners
 
 if TYPE_CHECKING:
@@ -273,7 +273,7 @@ class Cluster:
         counters = dict(self.counters)
         # QoS 2 messages the sessions here took for settled and forgotten (replica.forgotten)
         counters["forgotten_qos2"] = sum(
-            getattr(s.replica, "forgotten_qos2", 0) for s in self.broker.sessions.values() if s.replica is not None
+            r.forgotten_qos2 for r in map(replica_of, self.broker.sessions.values()) if r is not None
         )
         return {"counters": counters, "live": self.members.live}
 

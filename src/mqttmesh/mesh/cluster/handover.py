@@ -47,7 +47,7 @@ from .cluster_wire import (
 )
 from .confirm import Confirmations
 from .membership import Membership
-from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, snapshot, unknown_to
+from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, replica_of, snapshot, unknown_to
 
 if TYPE_CHECKING:
     from ...broker import Broker
@@ -274,8 +274,9 @@ class HandOver(Confirmations):
             # our own copy as it is now (it kept queueing while we gathered), and the others'
             own = broker.sessions.get(claim.cid)
             snaps = list(claim.snaps)
-            if own is not None and own.replica is not None:
-                snaps.append(snapshot(own.replica))
+            own_copy = replica_of(own)
+            if own_copy is not None:
+                snaps.append(snapshot(own_copy))
             home = self.membership.home(claim.cid)
             answered = sum(1 for n in home if n in claim.answered or n == self.node_id)
             if 2 * answered <= len(home):
@@ -290,7 +291,7 @@ class HandOver(Confirmations):
                     return
             merged = merge_snapshots(snaps)
         session, present = broker.open_session(channel, claim.cid, claim.clean)
-        replica = session.replica
+        replica = replica_of(session)
         if not claim.clean and replica is not None:
             if merged is not None:
                 self.counters["sessions_gathered"] += 1
@@ -377,7 +378,7 @@ class HandOver(Confirmations):
         if local is not None and local.conn != m.conn:
             local.channel.kick(f"ClientId {cid!r} taken over by node {frm}")  # stops delivery first
         session = self.broker.sessions.get(cid)
-        replica = session.replica if session is not None else None
+        replica = replica_of(session)
         self._send(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None), now)
         if frm != self.node_id:
             # (the Replication owns the redirects: Broker.dispatch reads them)
@@ -402,7 +403,7 @@ class HandOver(Confirmations):
     def _replica(self, cid: str, create: bool = True) -> _Replicated | None:
         session = self.broker.sessions.get(cid)
         if session is not None:
-            return session.replica
+            return replica_of(session)
         if not create:
             return None
         restored = self.broker.session_factory.restored(cid)
@@ -410,7 +411,7 @@ class HandOver(Confirmations):
         # publisher's session too (its inbound QoS 2 ids and messages, its version)
         restored._stored_subscriptions()
         self.broker.restore_session(restored)
-        return restored.replica
+        return replica_of(restored)
 
     def _apply_subs(self, session: _Replicated, subs: dict[str, int]) -> None:
         broker = self.broker
@@ -523,14 +524,14 @@ class HandOver(Confirmations):
 
     def on_discard(self, frm: str, m: SessDiscard, now: float) -> None:
         session = self.broker.sessions.get(m.cid)
-        if session is not None and session.replica is not None and session.channel is None:
+        if session is not None and session.replicated and session.channel is None:
             self.broker.discard_session(session)
 
     def rebalance(self, old_live: set[str], now: float) -> None:
         """The live nodes changed: sessions reach their (new) holders; we keep only ours."""
         live = set(self.membership.live)
         for cid, session in list(self.broker.sessions.items()):
-            replica = session.replica
+            replica = replica_of(session)
             if replica is None:
                 continue
             active = replica.active_node
@@ -572,7 +573,7 @@ class HandOver(Confirmations):
         if settles:
             for cid, items in settles.items():
                 session = self.broker.sessions.get(cid)
-                replica = session.replica if session is not None else None
+                replica = replica_of(session)
                 epoch, version = (replica.epoch, replica.version) if replica is not None else (0, len(items))
                 sent = False
                 for node in self.membership.holders(cid, self.node_id):
@@ -592,7 +593,7 @@ class HandOver(Confirmations):
 
     def _forwarded(self, m: SessFwd) -> None:
         session = self.broker.sessions.get(m.cid)
-        replica = session.replica if session is not None else None
+        replica = replica_of(session)
         if replica is None:
             for claim in self.claims.values():
                 if claim.cid == m.cid and claim.stage == GATHER:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import base64
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...codec import PubRel, encode
 from ...message import Message, in_origin_order
@@ -106,9 +106,18 @@ class _Replicated(_SessionPart):
         self._stored_version()
         self.on_settled(self, key, state, pid, msg)  # type: ignore[misc]  # (callers checked it is set)
 
+    replicated = True
+
     @property
-    def replica(self) -> _Replicated:
-        return self
+    def routes_when_agreed(self) -> bool:
+        return self.on_settled is not None
+
+    def route_here(self, msg: Message) -> bool:
+        key = (msg.origin, msg.seq)
+        if key in self.routed_here:
+            return False
+        self.routed_here.add(key)
+        return True
 
     def _stored_version(self) -> None:
         """(epoch, version) changed; a store keeps them (DurableMeshSession)."""
@@ -329,6 +338,11 @@ class _Replicated(_SessionPart):
         super()._stored_remove(entry)
 
 
+def replica_of(session: Session | None) -> _Replicated | None:
+    """``session`` as one copy of a session replicated across the mesh, or None."""
+    return session if isinstance(session, _Replicated) else None
+
+
 class MeshSession(_Replicated, Session):
     def __init__(
         self,
@@ -392,6 +406,39 @@ class ReplicaSessions(Sessions):
             )
         return MeshSession(client_id, self.limits, self.congestion, self.on_settled, self.on_sent, self.on_late)
 
+    def restore_replicated(
+        self,
+        restored: Mapping[str, Session],
+        inbound: Iterable[tuple[Any, ...]],
+        versions: Iterable[tuple[str, int, int]],
+        tombstones: Iterable[tuple[str, int, str, int]],
+        floors: Iterable[tuple[str, str, int]],
+    ) -> None:
+        """The rows of a replicated session (store.restore_sessions): its inbound QoS 2
+        messages, (epoch, version), settled ids and floors."""
+
+        def replica(client_id: str) -> _Replicated | None:
+            session = restored.get(client_id)
+            return replica_of(session)
+
+        for client_id, pid, topic, payload, retain, origin, seq, publisher, ts in inbound:
+            r = replica(client_id)
+            if r is not None and pid in r.awaiting_rel:
+                r.inbound[pid] = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts)
+        for client_id, epoch, version in versions:
+            r = replica(client_id)
+            if r is not None:
+                r.epoch, r.version = epoch, version
+        for client_id, number, origin, seq in tombstones:
+            r = replica(client_id)
+            if r is not None:
+                r._remember_done((origin, seq))
+                r.tombstones_stored = max(r.tombstones_stored, number)
+        for client_id, origin, seq in floors:
+            r = replica(client_id)
+            if r is not None and seq > r.floors.get(origin, -1):
+                r.floors[origin] = seq  # (as stored: no need to store it again)
+
 
 class Redirect(NamedTuple):
     """A holder's note that a ClientId's client moved to ``node``: forward until ``until``."""
@@ -442,7 +489,7 @@ class Replication:
         return settles
 
     def subs_changed(self, session: Session) -> None:
-        replica = session.replica
+        replica = replica_of(session)
         if replica is None:
             return
         replica.subs_version += 1
