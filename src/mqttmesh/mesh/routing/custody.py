@@ -71,10 +71,10 @@ class CustodyMixin(EngineState):
     def _receive_e2e(self, peer: str, kind: str, payload: bytes, now: float) -> Inbound:
         """``e2e``: acknowledgements, for our messages or to pass on towards their origin."""
         self._stats(peer).control_in += 1
-        self._receive_acks(decode_acks(payload))
+        self._receive_acks(decode_acks(payload), now)
         return NOTHING
 
-    def _receive_acks(self, groups: list[AckGroup]) -> None:
+    def _receive_acks(self, groups: list[AckGroup], now: float) -> None:
         for to, frm, seqs in groups:
             if to == self.node_id:
                 custody = self.custody
@@ -84,6 +84,12 @@ class CustodyMixin(EngineState):
                     frm, _, origin = frm.partition("\0")
                     keys = [(origin, seq) for seq in seqs]
                     journal = None  # (never journaled: route_local)
+                elif seqs:
+                    # what ``frm`` has taken of ours, and when it last said so (_retransmit_due)
+                    self._heard[frm] = now
+                    top = max(seqs)
+                    if top > self._acked_hi.get(frm, 0):
+                        self._acked_hi[frm] = top
                 for key in keys:
                     c = custody.get(key)
                     if c is not None:
@@ -102,6 +108,8 @@ class CustodyMixin(EngineState):
         self.custody[msg.seq] = Custody(msg, set(dests), now, now)
 
     def _retransmit_soon(self, now: float) -> None:
+        """A link came up or went down: what it carried may be lost, send everything due again."""
+        self._links_changed_at = now
         for c in self.custody.values():
             c.due = min(c.due, now)
 
@@ -122,6 +130,21 @@ class CustodyMixin(EngineState):
             # waited for (its interest may not be known again yet when the split heals)
             # (sorted: a set's order would make the envelope depend on the hash seed)
             reachable = [d for d in sorted(c.dests) if d in self.next_hop]
+            if reachable and type(key) is int and c.due > self._links_changed_at:
+                # our own message, not made due by a link's change: a destination that has
+                # acknowledged none of our later messages but is heard from (within the
+                # timer) is taking what we sent in order and has not got this far: it is in
+                # the pipe, not lost (resending it would double a loaded link's work); one
+                # that took a later message lost it, one gone quiet may have (issue 20)
+                seq = key
+                acked_hi, heard, wait = self._acked_hi, self._heard, settings.retransmit_after
+                lost = [d for d in reachable if acked_hi.get(d, 0) > seq or now - heard.get(d, -wait) >= wait]
+                if len(lost) < len(reachable):
+                    self.counters["custody_waited"] += 1
+                    reachable = lost
+                    if not reachable:
+                        c.due = now + wait  # (no attempt: nothing was sent)
+                        continue
             if not reachable:
                 # nobody to send it to: no attempt, and no longer wait for the next one (the
                 # route's return also makes it due: routes.py); fuzzer finding 15: a heal

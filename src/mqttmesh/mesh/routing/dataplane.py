@@ -63,11 +63,15 @@ class DataPlaneMixin(EngineState):
                     p = last_to.get(d, 0)
                     prev = {d: p}
                     last_to[d] = seq
+                    if not p:  # (the first to d: its silence counts from now, custody.py)
+                        self._heard.setdefault(d, now)
                     if len(groups) == 1:  # (one destination, one next hop: the common case)
                         one = [p]
                 else:
                     prev = {d: last_to.get(d, 0) for d in dests}
                     for d in dests:
+                        if not prev[d]:
+                            self._heard.setdefault(d, now)
                         last_to[d] = seq
                 custody[seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now, prev)
                 journal = self.custody_journal

@@ -107,6 +107,9 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self.forward_filter = ForwardFilter(self.settings.dedup_window)
         self.delivery_filter = DeliveryFilter(self.settings.dedup_window)
         self.custody = {}
+        self._acked_hi = {}
+        self._heard = {}
+        self._links_changed_at = 0.0
         # ordered delivery
         self._last_to = {}
         self._held = {}
@@ -125,6 +128,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             "hop_limit_drops": 0,
             "unreachable_drops": 0,
             "custody_retransmits": 0,
+            "custody_waited": 0,
             "custody_expired": 0,
             "custody_overflow": 0,
             "reorder_held": 0,

@@ -132,6 +132,9 @@ class EngineState:
     _acks_out: dict[str, list[int]]  # origin -> seqs delivered here
     _acks_for: dict[tuple[str, str], list[int]]  # (node routing for the origin, origin) -> seqs
     _acks_relay: dict[str, list[AckGroup]]  # next hop -> acknowledgements to pass on
+    _acked_hi: dict[str, int]  # destination -> the highest seq of ours it acknowledged
+    _heard: dict[str, float]  # destination -> when it last acknowledged one of ours
+    _links_changed_at: float  # when a link last came up or went down (custody resends all due)
     # ordered delivery (order.py)
     _last_to: dict[str, int]  # destination -> seq of our last QoS 1/2 message routed to it
     _held: dict[str, dict[int, Held]]  # origin -> predecessor waited for -> the message waiting
