@@ -1,4 +1,4 @@
-"""Custody's retransmission (mesh/custody.py): a message is sent again when it is
+"""Custody's retransmission (mesh/routing/custody.py): a message is sent again when it is
 likely lost, not because its acknowledgement is late (issue 20: under load every QoS 1
 message across two nodes was sent twice, 119,576 retransmissions for 80,000 messages).
 
@@ -9,7 +9,7 @@ acknowledges our messages in order and has not got this far yet.
 
 from __future__ import annotations
 
-from mqttmesh.mesh.engine import MeshSettings
+from mqttmesh.mesh.routing.engine import MeshSettings
 from mqttmesh.message import Message
 from support.engine_net import Net
 
