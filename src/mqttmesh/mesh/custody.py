@@ -22,7 +22,7 @@ from typing import Protocol
 from ..message import Message
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
-from .envelope import Envelope
+from .envelope import for_dests
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Custody", "CustodyJournal", "CustodyMixin"]
@@ -37,13 +37,22 @@ class CustodyJournal(Protocol):
 
 
 class Custody:
-    """One message in custody: the destinations that have not acknowledged it yet, and per
-    destination its predecessor there (order.py; None: sent unordered)."""
+    """One message in custody: the destinations that have not acknowledged it yet, and its
+    predecessor at each (order.py): one number for a message to one node, a dict for several,
+    None when it was sent unordered."""
 
     __slots__ = ("msg", "dests", "attempt", "due", "since", "prev")
 
-    def __init__(self, msg: Message, dests: set[str], due: float, since: float, prev: dict[str, int] | None = None):
+    def __init__(
+        self, msg: Message, dests: set[str], due: float, since: float, prev: int | dict[str, int] | None = None
+    ):
         self.msg, self.dests, self.attempt, self.due, self.since, self.prev = msg, dests, 0, due, since, prev
+
+    def predecessors(self) -> dict[str, int] | None:
+        prev = self.prev
+        if isinstance(prev, int):
+            return {next(iter(self.dests)): prev} if prev and self.dests else None
+        return prev
 
 
 class CustodyMixin(EngineState):
@@ -155,9 +164,7 @@ class CustodyMixin(EngineState):
             c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
             if reachable:
                 self.counters["custody_retransmits"] += 1
-                prev = c.prev
-                prevs = [prev.get(d, 0) for d in reachable] if prev else None
-                self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt, None, prevs))
+                self._send_envelope(for_dests(c.msg, reachable, settings.hop_limit, c.attempt, c.predecessors()))
         for key in expired:
             c = self.custody.pop(key)
             self._unjournal(key)
