@@ -58,16 +58,20 @@ class Custody:
 class CustodyMixin(EngineState):
     # ------------------------------------------------------------------ acknowledgements out
 
-    def delivered(self, msg: Message) -> None:
-        """A QoS 1/2 message from another node is safely ours: acknowledge it to its origin."""
-        self._ack(msg)
-
     def _ack(self, msg: Message) -> None:
         to = msg.ack_to
         if to:  # routed again by another node for its origin: that node holds it in custody
             self._acks_for.setdefault((to, msg.origin), []).append(msg.seq)
-        else:
-            self._acks_out.setdefault(msg.origin, []).append(msg.seq)
+            return
+        # (not setdefault: that would make a list for every message; this runs once per one)
+        seqs = self._acks_out.get(msg.origin)
+        if seqs is None:
+            seqs = self._acks_out[msg.origin] = []
+        seqs.append(msg.seq)
+
+    # A QoS 1/2 message from another node is safely ours: acknowledge it to its origin (one
+    # name for the caller, no call more: it runs once per message)
+    delivered = _ack
 
     def _relay_ack(self, to: str, frm: str, seqs: Sequence[int]) -> None:
         self._ensure_spf()

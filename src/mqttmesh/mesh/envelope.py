@@ -72,7 +72,7 @@ class Envelope:
         prev = self.prev
         if isinstance(prev, list):
             return dict(zip(self.dests, prev, strict=True))
-        if prev:
+        if prev and len(self.dests) == 1:
             return {self.dests[0]: prev}
         return None
 
@@ -185,9 +185,9 @@ def decode_batch(data: bytes) -> list[Envelope]:
             if dests is None:
                 dests = dest_lists[di] = strings[di].split("\0")
             if back:
-                if back > seq or len(dests) != 1:
-                    raise EnvelopeError("a predecessor after its message, or of several destinations")
-                back = seq - back
+                if back > seq:
+                    raise EnvelopeError("a predecessor after its message")
+                back = seq - back  # (on an envelope to several, it is ignored: predecessors())
             if flags & 16:
                 n = len(dests)
                 back = [seq - b if b else 0 for b in struct.unpack_from(f">{n}I", data, pos)]
