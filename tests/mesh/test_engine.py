@@ -526,7 +526,7 @@ def test_an_envelope_to_acknowledge_elsewhere_round_trips_and_a_malformed_one_is
     plain = decode_batch(encode_batch([Envelope(Message("t", b"p", 2, False, "a", 6), ["c"], 4)]))[0]
     assert plain.msg.ack_to == "" and plain.msg.origin == "a"
     bad = bytearray(encode_batch([Envelope(Message("t", b"p", 2, False, "a", 6), ["c"], 4)]))
-    flags_at = len(bad) - 1 - 31  # (the record's flags byte: 31 bytes of record and 1 of payload)
+    flags_at = len(bad) - 1 - 35  # (the record's flags byte: 35 bytes of record and 1 of payload)
     bad[flags_at] |= 8
     with pytest.raises(EnvelopeError):
         decode_batch(bytes(bad))

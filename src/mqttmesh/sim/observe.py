@@ -53,7 +53,8 @@ def read_envelope_heads(batch: bytes) -> list[tuple[str, int, int, int, tuple[st
 
 def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
     """Versions 2 and 3: a string table (origins, publishers, topics, NUL-joined destination
-    lists) first; version 3 adds each destination's predecessor to an ordered envelope."""
+    lists) first; version 3 adds a predecessor to each record, and one per destination to
+    an envelope to several (flag 16)."""
     count = _U32.unpack_from(batch, 1)[0]
     nstrings = _U16.unpack_from(batch, 5)[0]
     pos = 7
@@ -67,8 +68,10 @@ def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
         flags, hops, attempt, seq, _ts, oi, _pi, _ti, di, plen = _REC2.unpack_from(batch, pos)
         dests = tuple(strings[di].split("\0"))
         pos += _REC2.size + plen
-        if batch[0] == 3 and flags & 16:
-            pos += 4 * len(dests)  # (each destination's predecessor)
+        if batch[0] == 3:
+            pos += 4  # (the predecessor of an envelope to one destination)
+            if flags & 16:
+                pos += 4 * len(dests)  # (each destination's predecessor)
         out.append((strings[oi], seq, attempt, hops, dests))
     if pos != len(batch):
         raise ValueError(f"{len(batch) - pos} bytes after the last envelope")

@@ -22,7 +22,7 @@ from typing import Protocol
 from ...message import Message
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
-from .envelope import Envelope
+from .envelope import for_dests
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Custody", "CustodyJournal", "CustodyMixin"]
@@ -37,28 +37,41 @@ class CustodyJournal(Protocol):
 
 
 class Custody:
-    """One message in custody: the destinations that have not acknowledged it yet, and per
-    destination its predecessor there (order.py; None: sent unordered)."""
+    """One message in custody: the destinations that have not acknowledged it yet, and its
+    predecessor at each (order.py): one number for a message to one node, a dict for several,
+    None when it was sent unordered."""
 
     __slots__ = ("msg", "dests", "attempt", "due", "since", "prev")
 
-    def __init__(self, msg: Message, dests: set[str], due: float, since: float, prev: dict[str, int] | None = None):
+    def __init__(
+        self, msg: Message, dests: set[str], due: float, since: float, prev: int | dict[str, int] | None = None
+    ):
         self.msg, self.dests, self.attempt, self.due, self.since, self.prev = msg, dests, 0, due, since, prev
+
+    def predecessors(self) -> dict[str, int] | None:
+        prev = self.prev
+        if isinstance(prev, int):
+            return {next(iter(self.dests)): prev} if prev and self.dests else None
+        return prev
 
 
 class CustodyMixin(EngineState):
     # ------------------------------------------------------------------ acknowledgements out
 
-    def delivered(self, msg: Message) -> None:
-        """A QoS 1/2 message from another node is safely ours: acknowledge it to its origin."""
-        self._ack(msg)
-
     def _ack(self, msg: Message) -> None:
         to = msg.ack_to
         if to:  # routed again by another node for its origin: that node holds it in custody
             self._acks_for.setdefault((to, msg.origin), []).append(msg.seq)
-        else:
-            self._acks_out.setdefault(msg.origin, []).append(msg.seq)
+            return
+        # (not setdefault: that would make a list for every message; this runs once per one)
+        seqs = self._acks_out.get(msg.origin)
+        if seqs is None:
+            seqs = self._acks_out[msg.origin] = []
+        seqs.append(msg.seq)
+
+    # A QoS 1/2 message from another node is safely ours: acknowledge it to its origin (one
+    # name for the caller, no call more: it runs once per message)
+    delivered = _ack
 
     def _relay_ack(self, to: str, frm: str, seqs: Sequence[int]) -> None:
         self._ensure_spf()
@@ -155,9 +168,7 @@ class CustodyMixin(EngineState):
             c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
             if reachable:
                 self.counters["custody_retransmits"] += 1
-                prev = c.prev
-                prevs = [prev.get(d, 0) for d in reachable] if prev else None
-                self._send_envelope(Envelope(c.msg, reachable, settings.hop_limit, c.attempt, None, prevs))
+                self._send_envelope(for_dests(c.msg, reachable, settings.hop_limit, c.attempt, c.predecessors()))
         for key in expired:
             c = self.custody.pop(key)
             self._unjournal(key)

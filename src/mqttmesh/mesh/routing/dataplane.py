@@ -15,7 +15,7 @@ from .actions import NOTHING, Inbound, Send, Unicast
 from .custody import Custody
 from .dedup import NEW, SEEN
 from .engine_base import EngineState, PeerStats
-from .envelope import Envelope, encode_batch
+from .envelope import Envelope, encode_batch, for_dests
 from .wire import decode_unicasts, encode_unicast
 
 __all__ = ["DataPlaneMixin"]
@@ -43,8 +43,8 @@ class DataPlaneMixin(EngineState):
             return False
         counters = self.counters
         counters["routed"] += 1
-        prev: dict[str, int] | None = None
-        one: list[int] | None = None  # the predecessors of the only envelope
+        pmap: dict[str, int] | None = None  # destination -> predecessor, several destinations
+        one = -1  # one destination: its predecessor (0: none)
         if msg.qos:
             custody = self.custody
             if len(custody) >= self.settings.custody_limit:
@@ -60,20 +60,18 @@ class DataPlaneMixin(EngineState):
                 seq = msg.seq
                 if len(dests) == 1:
                     d = dests[0]
-                    p = last_to.get(d, 0)
-                    prev = {d: p}
+                    one = last_to.get(d, 0)
                     last_to[d] = seq
-                    if not p:  # (the first to d: its silence counts from now, custody.py)
+                    if not one:  # (the first to d: its silence counts from now, custody.py)
                         self._heard.setdefault(d, now)
-                    if len(groups) == 1:  # (one destination, one next hop: the common case)
-                        one = [p]
+                    custody[seq] = Custody(msg, {d}, now + self.settings.retransmit_after, now, one)
                 else:
-                    prev = {d: last_to.get(d, 0) for d in dests}
+                    pmap = {d: last_to.get(d, 0) for d in dests}
                     for d in dests:
-                        if not prev[d]:
+                        if not pmap[d]:
                             self._heard.setdefault(d, now)
                         last_to[d] = seq
-                custody[seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now, prev)
+                    custody[seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now, pmap)
                 journal = self.custody_journal
                 if journal is not None:
                     journal.custody_put(msg, dests)  # durable before the PUBACK
@@ -87,7 +85,7 @@ class DataPlaneMixin(EngineState):
             counters["unreachable_drops"] += unreachable
         outbox = self._outbox
         hop_limit = self.settings.hop_limit
-        if one is not None:
+        if one >= 0 and len(groups) == 1:  # (one destination: the common case)
             hop, hop_dests, key = groups[0]
             queue = outbox.get(hop)
             if queue is None:
@@ -98,7 +96,10 @@ class DataPlaneMixin(EngineState):
             queue = outbox.get(hop)
             if queue is None:
                 queue = outbox[hop] = []
-            queue.append(Envelope(msg, hop_dests, hop_limit, 0, key, [prev[d] for d in hop_dests] if prev else None))
+            if pmap is None:
+                queue.append(Envelope(msg, hop_dests, hop_limit, 0, key))
+            else:
+                queue.append(for_dests(msg, hop_dests, hop_limit, 0, pmap))
         return bool(groups)
 
     def _send_envelope(self, env: Envelope) -> None:
@@ -119,13 +120,9 @@ class DataPlaneMixin(EngineState):
                 self.counters["unreachable_drops"] += 1
                 continue
             by_hop.setdefault(hop, []).append(d)
-        prevs = env.prevs
-        pmap = dict(zip(env.dests, prevs, strict=True)) if prevs is not None else None
+        pmap = env.predecessors()
         for hop, dests in by_hop.items():
-            hop_prevs = [pmap[d] for d in dests] if pmap is not None else None
-            self._outbox.setdefault(hop, []).append(
-                Envelope(env.msg, dests, env.hop_limit, env.attempt, None, hop_prevs)
-            )
+            self._outbox.setdefault(hop, []).append(for_dests(env.msg, dests, env.hop_limit, env.attempt, pmap))
 
     # ------------------------------------------------------------------ from a neighbour
 
@@ -140,15 +137,15 @@ class DataPlaneMixin(EngineState):
                 self.counters["duplicates"] += 1  # our own message came round: a transient loop
                 return
         env_dests = env.dests
-        prevs = env.prevs
         if len(env_dests) == 1 and env_dests[0] == me:
             # the common case, a leaf: nothing to forward, the delivery filter alone decides
-            if prevs is not None and prevs[0]:
+            prev: int = env.prev  # type: ignore[assignment]  # (one destination: a number)
+            if prev:
                 # its predecessor here delivered, nothing held: one filter call (order.py)
                 if self._held:
-                    self._deliver_ordered(msg, prevs[0], env.attempt, now, deliveries)
+                    self._deliver_ordered(msg, prev, env.attempt, now, deliveries)
                     return
-                verdict = self.delivery_filter.seen_after(msg.origin, msg.seq, prevs[0], msg.qos)
+                verdict = self.delivery_filter.seen_after(msg.origin, msg.seq, prev, msg.qos)
                 if verdict == NEW:
                     self.counters["delivered"] += 1
                     if env.attempt:
@@ -158,7 +155,7 @@ class DataPlaneMixin(EngineState):
                     self.counters["duplicates"] += 1
                     self._ack(msg)  # the origin did not hear our earlier acknowledgement
                 else:
-                    self._deliver_ordered(msg, prevs[0], env.attempt, now, deliveries)
+                    self._deliver_ordered(msg, prev, env.attempt, now, deliveries)
             elif self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
                 self.counters["duplicates"] += 1
                 if msg.qos:
@@ -176,7 +173,7 @@ class DataPlaneMixin(EngineState):
             self.counters["duplicates"] += 1
         if not dests:
             return
-        pmap = dict(zip(env_dests, prevs, strict=True)) if prevs is not None else None
+        pmap = env.predecessors()
         if me in dests:
             if msg.qos:
                 prev = pmap.get(me, 0) if pmap is not None else 0
@@ -193,8 +190,7 @@ class DataPlaneMixin(EngineState):
         if env.hop_limit <= 1:
             self.counters["hop_limit_drops"] += 1
             return
-        fwd_prevs = [pmap[d] for d in dests] if pmap is not None else None
-        self._send_envelope(Envelope(msg, dests, env.hop_limit - 1, env.attempt, None, fwd_prevs))
+        self._send_envelope(for_dests(msg, dests, env.hop_limit - 1, env.attempt, pmap))
 
     # ------------------------------------------------------------------ unicast between nodes
 

@@ -11,16 +11,18 @@ the format version, so nodes of different versions can tell.
     batch    = version:u8=3  count:u32  nstrings:u16  (len:u16 utf8)*nstrings  envelope*count
     envelope = flags:u8 hop_limit:u8 attempt:u8 seq:u64 ts:f64
                origin:u16 publisher:u16 topic:u16 dests:u16 (indexes into the table)
-               payload_len:u32 [back:u32 * len(dests), with bit 4] payload
+               payload_len:u32 back:u32 [back:u32 * len(dests), with bit 4] payload
     flags    = qos (bits 0-1) | retain (bit 2) | acknowledged to another node (bit 3)
-               | ordered (bit 4);
+               | one predecessor per destination follows (bit 4);
                a destination list is its node ids joined by NUL; with bit 3 the origin
                string is the origin and the node to acknowledge to, joined by NUL
 
-With bit 4, each destination has its predecessor: the sequence number of the origin's
-previous QoS 1/2 message to that node, as ``seq - previous`` (0: none, deliver at once),
-in the order of the destination list; the destination delivers the message after its
-predecessor (order.py, docs/design.md 3.6). Version 3 added it.
+A QoS 1/2 message's predecessor at a destination is the origin's previous QoS 1/2 message
+to that node, given as ``back = seq - previous`` (0: none, deliver at once); the
+destination delivers the message after its predecessor (order.py, docs/design.md 3.6). An
+envelope to one destination carries it in its record (``back``, 0 for any other envelope);
+one to several carries bit 4 and one ``back`` per destination, in the order of the list.
+Version 3 added them.
 """
 
 from __future__ import annotations
@@ -29,14 +31,13 @@ import struct
 
 from ...message import Message
 
-__all__ = ["VERSION", "Envelope", "encode_batch", "decode_batch", "EnvelopeError", "MAX_STRINGS"]
+__all__ = ["VERSION", "Envelope", "for_dests", "encode_batch", "decode_batch", "EnvelopeError", "MAX_STRINGS"]
 
 VERSION = 3
 MAX_STRINGS = 65535
 _HEAD = struct.Struct(">BIH")
-_REC = struct.Struct(">BBBQdHHHHI")
+_REC = struct.Struct(">BBBQdHHHHII")
 _U16 = struct.Struct(">H")
-_U32 = struct.Struct(">I")
 
 
 class EnvelopeError(ValueError):
@@ -44,7 +45,11 @@ class EnvelopeError(ValueError):
 
 
 class Envelope:
-    __slots__ = ("msg", "dests", "hop_limit", "attempt", "dests_key", "prevs")
+    """One message on its way, for ``dests``, with its predecessors there (order.py): ``prev``
+    is one number for an envelope to one destination (0: none), a list of one per destination
+    for an envelope to several (0 for all: none)."""
+
+    __slots__ = ("msg", "dests", "hop_limit", "attempt", "dests_key", "prev")
 
     def __init__(
         self,
@@ -53,19 +58,36 @@ class Envelope:
         hop_limit: int,
         attempt: int = 0,
         dests_key: str | None = None,
-        prevs: list[int] | None = None,
+        prev: int | list[int] = 0,
     ):
         self.msg = msg
         self.dests = dests
         self.hop_limit = hop_limit
         self.attempt = attempt
         self.dests_key = dests_key  # "\0".join(dests), when the caller already has it
-        # per destination, the origin's previous QoS 1/2 message to it (0: none); None: unordered
-        self.prevs = prevs
+        self.prev = prev
+
+    def predecessors(self) -> dict[str, int] | None:
+        """Destination -> its predecessor, or None when no destination has one."""
+        prev = self.prev
+        if isinstance(prev, list):
+            return dict(zip(self.dests, prev, strict=True))
+        if prev and len(self.dests) == 1:
+            return {self.dests[0]: prev}
+        return None
 
     def __repr__(self) -> str:
-        prevs = f", prevs={self.prevs}" if self.prevs is not None else ""
+        prevs = f", prevs={self.predecessors()}" if self.prev else ""
         return f"Envelope({self.msg!r}, dests={self.dests}, hops={self.hop_limit}, attempt={self.attempt}{prevs})"
+
+
+def for_dests(msg: Message, dests: list[str], hop_limit: int, attempt: int, pmap: dict[str, int] | None) -> Envelope:
+    """An envelope for ``dests`` with their predecessors from ``pmap`` (None: none)."""
+    if pmap is None:
+        return Envelope(msg, dests, hop_limit, attempt)
+    if len(dests) == 1:
+        return Envelope(msg, dests, hop_limit, attempt, None, pmap.get(dests[0], 0))
+    return Envelope(msg, dests, hop_limit, attempt, None, [pmap.get(d, 0) for d in dests])
 
 
 def encode_batch(envelopes: list[Envelope]) -> bytes:
@@ -76,7 +98,6 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
     records: list[bytes] = []
     append = records.append
     pack = _REC.pack
-    pack_u32 = _U32.pack
     get = table.get
     for env in envelopes:
         m = env.msg
@@ -106,19 +127,31 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
             d = table[dk] = len(strings)
             strings.append(dk)
         payload = m.payload
-        prevs = env.prevs
-        if prevs is None:
-            append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload)))
+        prev = env.prev
+        if type(prev) is int:
+            try:
+                append(
+                    pack(
+                        flags,
+                        env.hop_limit,
+                        env.attempt,
+                        m.seq,
+                        m.timestamp,
+                        o,
+                        p,
+                        t,
+                        d,
+                        len(payload),
+                        m.seq - prev if prev else 0,
+                    )
+                )
+            except struct.error:  # (a predecessor further back than 2**32 numbers is as good as none)
+                append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), 0))
         else:
             seq = m.seq
-            append(pack(flags | 16, env.hop_limit, env.attempt, seq, m.timestamp, o, p, t, d, len(payload)))
-            # (a predecessor further back than 2**32 numbers is as good as none)
-            if len(prevs) == 1:
-                back = seq - prevs[0]
-                append(pack_u32(back if prevs[0] and 0 < back < 4294967296 else 0))
-            else:
-                backs = [seq - b if b and 0 < seq - b < 4294967296 else 0 for b in prevs]
-                append(struct.pack(f">{len(prevs)}I", *backs))
+            append(pack(flags | 16, env.hop_limit, env.attempt, seq, m.timestamp, o, p, t, d, len(payload), 0))
+            backs = [seq - b if b and 0 < seq - b < 4294967296 else 0 for b in prev]  # type: ignore[union-attr]
+            append(struct.pack(f">{len(backs)}I", *backs))
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
     for text in strings:
@@ -143,29 +176,24 @@ def decode_batch(data: bytes) -> list[Envelope]:
         dest_lists: dict[int, list[str]] = {}
         out = []
         unpack = _REC.unpack_from
-        unpack_u32 = _U32.unpack_from
         size = _REC.size
         end = len(data)
         for _ in range(count):
-            flags, hops, attempt, seq, ts, oi, pi, ti, di, plen = unpack(data, pos)
+            flags, hops, attempt, seq, ts, oi, pi, ti, di, plen, back = unpack(data, pos)
             pos += size
             dests = dest_lists.get(di)
             if dests is None:
                 dests = dest_lists[di] = strings[di].split("\0")
-            prevs = None
+            if back:
+                if back > seq:
+                    raise EnvelopeError("a predecessor after its message")
+                back = seq - back  # (on an envelope to several, it is ignored: predecessors())
             if flags & 16:
                 n = len(dests)
-                if n == 1:
-                    back = unpack_u32(data, pos)[0]
-                    pos += 4
-                    if back > seq:
-                        raise EnvelopeError("a predecessor after its message")
-                    prevs = [seq - back if back else 0]
-                else:
-                    prevs = [seq - back if back else 0 for back in struct.unpack_from(f">{n}I", data, pos)]
-                    pos += 4 * n
-                    if min(prevs) < 0:
-                        raise EnvelopeError("a predecessor after its message")
+                back = [seq - b if b else 0 for b in struct.unpack_from(f">{n}I", data, pos)]
+                pos += 4 * n
+                if n < 2 or min(back) < 0:
+                    raise EnvelopeError("a predecessor after its message, or a list for one destination")
             payload = data[pos : pos + plen]
             pos += plen
             topic = strings[ti]
@@ -179,7 +207,7 @@ def decode_batch(data: bytes) -> list[Envelope]:
                 if not sep or not msg.ack_to:
                     raise EnvelopeError("an envelope to acknowledge elsewhere names no node")
                 msg.origin = origin
-            out.append(Envelope(msg, dests, hops, attempt, strings[di], prevs))
+            out.append(Envelope(msg, dests, hops, attempt, strings[di], back))
         if pos != end:
             raise EnvelopeError(
                 f"{end - pos} bytes after the last envelope" if pos < end else "envelope overruns its batch"

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from ...message import Message
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
-from .envelope import Envelope
+from .envelope import for_dests
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Held", "OrderMixin"]
@@ -177,9 +177,8 @@ class OrderMixin(EngineState):
             c = self.custody.get(seq)
             if c is not None and dest in c.dests:
                 c.attempt = min(c.attempt + 1, 255)  # (a new attempt: the relays' forward filters)
-                prev = c.prev.get(dest, 0) if c.prev else 0
                 self.counters["reorder_resent"] += 1
-                self._send_envelope(Envelope(c.msg, [dest], self.settings.hop_limit, c.attempt, None, [prev]))
+                self._send_envelope(for_dests(c.msg, [dest], self.settings.hop_limit, c.attempt, c.predecessors()))
             else:
                 skip.append(seq)
         if skip:
