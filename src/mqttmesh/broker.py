@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from .auth import Auth
-from .flow import Congestion
+from .flow import NO_HITS, Congestion, Hits
 from .message import Message
 from .ports import (
     ArchivePort,
@@ -276,12 +276,14 @@ class Broker:
     def next_seq(self) -> int:
         return next(self.seqs)
 
-    def publish(self, msg: Message, captured: bool = False) -> Batch:
+    def publish(self, msg: Message, captured: bool = False) -> tuple[Batch, Hits]:
         """Take ownership of a message published at this node; ``captured``: the archive
         has it already, from the bytes of the read it came in (archive/capture.py).
 
-        Returns the journal batch the caller must wait for before acknowledging
-        the message, or 0 when nothing it caused needs to become durable.
+        Returns the journal batch the caller must wait for before acknowledging the
+        message (0 when nothing it caused needs to become durable), and the congested
+        sessions and peer links it reached, which its publisher owes (flow.py; mostly
+        none).
         """
         journal = self.journal
         # journal.mark() and .since() spelled out, here and in deliver_remote: these run
@@ -289,21 +291,22 @@ class Broker:
         before = journal.writes
         if msg.retain:
             self.set_retained(msg)
-        self.dispatch(msg)
+        hits = self.dispatch(msg)
         if self.mesh is not None:
-            self.mesh.published(msg)
+            links = self.mesh.published(msg)
+            if links:
+                hits = [*hits, *links]
         if not captured and self.archive is not None:
             self.archive.published(msg)
-        return journal.batch if journal.writes != before else 0
+        return journal.batch if journal.writes != before else 0, hits
 
-    def dispatch(self, msg: Message) -> int:
-        """Deliver to the matching local sessions; the number of sessions reached."""
+    def dispatch(self, msg: Message) -> Hits:
+        """Deliver to the matching local sessions; the congested ones among them (flow.py)."""
         matches = self.trie.match(msg.topic)
         if not matches:
-            return 0
+            return NO_HITS
         self.stats.messages_sent += len(matches)
-        if self.congestion.reasons:
-            self.congestion.check(matches)
+        hits = self.congestion.check(matches) if self.congestion.reasons else NO_HITS
         replication = self.replication
         if replication is not None and replication.redirects:
             targets = replication.redirects
@@ -320,7 +323,7 @@ class Broker:
             for session, granted in matches.items():
                 if auth.can_receive(session.username, session.client_id, topic):
                     session.deliver(msg, qos if qos < granted else granted)
-        return len(matches)
+        return hits
 
     def publish_sys(self, msg: Message) -> None:
         """Retain and deliver a message about this node (``$SYS/...``): each receiver
@@ -372,12 +375,13 @@ class Broker:
         else:
             self._after_commit.append((batch, fn))
 
-    def deliver_remote(self, msg: Message) -> Batch:
+    def deliver_remote(self, msg: Message) -> tuple[Batch, Hits]:
         """A message another node routed here: deliver it to local sessions only.
 
-        Returns the journal batch to wait for before it may be acknowledged.
+        Returns the journal batch to wait for before it may be acknowledged, and the
+        congested sessions it reached (``publish``).
         """
         journal = self.journal
         before = journal.writes  # (mark and since spelled out: see publish)
-        self.dispatch(msg)
-        return journal.batch if journal.writes != before else 0
+        hits = self.dispatch(msg)
+        return journal.batch if journal.writes != before else 0, hits

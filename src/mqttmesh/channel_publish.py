@@ -116,25 +116,24 @@ class Publishing:
         msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
         if will_seq and broker.mesh is not None:
             broker.mesh.first_here(msg)  # (here now: the registrar's copy of it is not delivered again)
-        congestion = broker.congestion
-        if congestion.hits:
-            congestion.hits = []  # only what this message reaches counts
         if self.is_peer and topic.startswith("$mesh/"):
-            batch = self.peers.peer_input(self, msg, now)  # type: ignore[union-attr,arg-type]  # (a peer has them)
-            if congestion.hits:
+            batch, hits = self.peers.peer_input(self, msg, now)  # type: ignore[union-attr,arg-type]  # (a peer has them)
+            if hits:
                 # a local client cannot keep up: read the link no faster than it drains, for
                 # at most backpressure_timeout at a time (the link carries other sessions' too)
-                congestion.hold(self if self.state is CONNECTED else None, now, len(payload), bounded=True)  # type: ignore[arg-type]
+                me = self if self.state is CONNECTED else None
+                broker.congestion.hold(me, hits, now, len(payload), bounded=True)  # type: ignore[arg-type]
             return batch
         if self._read is not None:
             # a message of the read being captured: the archive takes it from the read's bytes
             self._read.message(seq)
-            batch = broker.publish(msg, True)
+            batch, hits = broker.publish(msg, True)
         else:
-            batch = broker.publish(msg)
-        if congestion.hits:
+            batch, hits = broker.publish(msg)
+        if hits:
             # read this publisher no faster than the congested sessions it reached drain (flow.py)
-            congestion.hold(self if self.state is CONNECTED else None, now, len(topic) + len(payload))  # type: ignore[arg-type]
+            me = self if self.state is CONNECTED else None
+            broker.congestion.hold(me, hits, now, len(topic) + len(payload))  # type: ignore[arg-type]
         return batch
 
     # -- routed once replicated, in order ----------------------------------------------------
@@ -195,12 +194,10 @@ class Publishing:
             if mesh is not None and not mesh.first_here(msg):
                 mesh.published(msg)
                 return 0
-        congestion = broker.congestion
-        if congestion.hits:
-            congestion.hits = []
-        batch = broker.publish(msg)
-        if congestion.hits:
-            congestion.hold(self if self.state is CONNECTED else None, self.last_rx, len(msg.topic) + len(msg.payload))  # type: ignore[arg-type]
+        batch, hits = broker.publish(msg)
+        if hits:
+            me = self if self.state is CONNECTED else None
+            broker.congestion.hold(me, hits, self.last_rx, len(msg.topic) + len(msg.payload))  # type: ignore[arg-type]
         return batch
 
     def _route_unrouted(self, session: Session) -> None:

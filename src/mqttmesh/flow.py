@@ -28,16 +28,21 @@ client acknowledged and bytes the kernel took), and the sockets: a paused publis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .ports import Pausable
 
-__all__ = ["Congestion", "Progress"]
+__all__ = ["NO_HITS", "Congestion", "Hits", "Progress"]
 
 # what ``progress(session)`` returns: (messages acknowledged, bytes the kernel took), ever
 Progress = Callable[[Any], tuple[int, int]]
+
+# the congested sessions (and links) one message reached, as ``check`` finds them and
+# ``Broker.publish`` returns them: what its publisher owes (``hold``); mostly NO_HITS
+Hits = Sequence[Hashable]
+NO_HITS: Hits = ()
 
 FRAME_BYTES = 80  # a message's size on the wire, until a session has seen its own
 
@@ -66,9 +71,6 @@ class Congestion:
         # publishers whose wait is capped at backpressure_timeout -> when they were paused: the
         # peer links, whose other traffic (every other session's, the cluster's) waits with them
         self.bounded: dict[Pausable, float] = {}
-        # the congested sessions the message (or read) being handled reached, once per
-        # message: filled by ``check``/``note`` during a dispatch, emptied by ``hold``
-        self.hits: list[Hashable] = []
         self.since: dict[Hashable, tuple[float, Any]] = {}  # sweep: session -> (last progress, marker)
         self.pauses = 0  # publishers paused, ever
         self.paced = 0  # publishers read again because their debts were paid, ever
@@ -119,26 +121,19 @@ class Congestion:
 
     # -- the hot path: did this message reach a congested session? ------------------------------
 
-    def check(self, sessions: Iterable[Hashable]) -> None:
-        """Called by dispatch (only while something is congested) with the sessions reached."""
+    def check(self, sessions: Iterable[Hashable]) -> Hits:
+        """The congested sessions (or links) among ``sessions``, those a message reached,
+        but not the stalled ones (called by dispatch only while something is congested)."""
         reasons = self.reasons
         stalled = self.stalled
-        for session in sessions:
-            if session in reasons and session not in stalled:
-                self.hits.append(session)
+        return [session for session in sessions if session in reasons and session not in stalled] or NO_HITS
 
-    def note(self, session: Hashable) -> None:
-        """The message being handled reached ``session``, which is congested."""
-        self.hits.append(session)
-
-    def hold(self, publisher: Pausable | None, now: float, size: int = 0, bounded: bool = False) -> None:
+    def hold(self, publisher: Pausable | None, hits: Hits, now: float, size: int = 0, bounded: bool = False) -> None:
         """The message (or read) just handled came from ``publisher`` and reached the
-        sessions in ``hits``: it owes each of them one message per hit, and is not read
-        until it has paid (``size``: the message's bytes, 0 if unknown; ``bounded``: nor
-        longer than ``backpressure_timeout``, a peer link). ``None``: the message came from
-        no one who can be paused (a closing client): forget the hits."""
-        hits = self.hits
-        self.hits = []
+        congested sessions ``hits`` (``check``, ``Broker.publish``): it owes each of them one
+        message per hit, and is not read until it has paid (``size``: the message's bytes, 0
+        if unknown; ``bounded``: nor longer than ``backpressure_timeout``, a peer link).
+        ``None``: the message came from no one who can be paused (a closing client)."""
         if publisher is None or self.backpressure_timeout <= 0:
             return  # publishers are never held back: congested sessions queue or drop
         reasons = self.reasons

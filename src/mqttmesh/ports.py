@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from .channel import Channel
+    from .flow import Hits
     from .message import Message
     from .packets import Will
     from .session import Entry, Session
@@ -160,8 +161,9 @@ class MeshPort(Protocol):
     def filter_removed(self, topic_filter: str) -> None:
         """The last local subscriber of ``topic_filter`` left."""
 
-    def published(self, msg: Message) -> None:
-        """A message published at this node, after its local dispatch (the hot path)."""
+    def published(self, msg: Message) -> Hits:
+        """A message published at this node, after its local dispatch (the hot path); the
+        congested links it goes out on (flow.py), NO_HITS mostly."""
 
     def first_here(self, msg: Message) -> bool:
         """False when ``msg`` (by its id) reached this node's subscribers before; it has now."""

@@ -631,11 +631,11 @@ def test_deliver_remote_returns_the_batch_when_a_persistent_session_queued_it(pe
     subscribed(net, "c", "b", 1)
     settle(net)
     remote = Message("a", b"x", 1, False, "n2", 5, "p", 1.0)
-    assert net.broker.deliver_remote(remote) == (journal.batch if persistent else 0)
+    assert net.broker.deliver_remote(remote) == (journal.batch if persistent else 0, ())
     assert len(net.broker.sessions["d"].queue) == 1
     settle(net)
-    assert net.broker.deliver_remote(Message("b", b"y", 1, False, "n2", 6, "p", 1.0)) == 0  # a clean session
-    assert net.broker.deliver_remote(Message("z", b"z", 1, False, "n2", 7, "p", 1.0)) == 0  # nobody
+    assert net.broker.deliver_remote(Message("b", b"y", 1, False, "n2", 6, "p", 1.0)) == (0, ())  # a clean session
+    assert net.broker.deliver_remote(Message("z", b"z", 1, False, "n2", 7, "p", 1.0)) == (0, ())  # nobody
 
 
 # --------------------------------------------------------------------------- replicated sessions

@@ -37,9 +37,9 @@ class Pub:
 
 def publish(c: Congestion, pub: Pub, now: float, *sessions, size: int = 0) -> None:
     """What Channel._publish does for one message that reached ``sessions``."""
-    c.check(sessions)
-    if c.hits:
-        c.hold(pub, now, size)
+    hits = c.check(sessions)
+    if hits:
+        c.hold(pub, hits, now, size)
 
 
 class Progress:
@@ -68,7 +68,7 @@ def test_publisher_waits_only_for_the_sessions_it_reached():
     publish(c, a, 0.0, slow, healthy)
     publish(c, b, 0.0, healthy)  # b publishes on another topic: never held back
     assert not a.reading and b.reading
-    assert c.pauses == 1 and not c.hits
+    assert c.pauses == 1 and set(c.paused) == {a}
 
 
 def test_clearing_one_session_resumes_only_its_publishers():
@@ -238,7 +238,7 @@ def test_zero_backpressure_timeout_never_pauses():
     a = Pub("a")
     c.add(s, "queue")
     publish(c, a, 0.0, s)
-    assert a.reading and c.pauses == 0 and not c.paused and not c.hits
+    assert a.reading and c.pauses == 0 and not c.paused and not c.held
 
 
 def test_closed_publisher_is_forgotten_without_touching_its_socket():
@@ -269,10 +269,11 @@ def test_hits_list_every_congested_session_reached_but_not_stalled_ones():
     for s in (s1, s2, s3):
         c.add(s, "queue")
     c.stalled.add(s3)
-    c.check([s1, object(), s2, s3])
-    assert c.hits == [s1, s2]
-    c.hold(None, 0.0)  # a message from no one who can be paused: the hits are dropped
-    assert c.hits == [] and not c.paused
+    hits = c.check([s1, object(), s2, s3])
+    assert hits == [s1, s2]
+    assert c.check([object(), s3]) == ()  # none: the shared empty answer, no list made
+    c.hold(None, hits, 0.0)  # a message from no one who can be paused: the hits are dropped
+    assert not c.paused and not c.held
 
 
 def test_sweep_reports_sessions_without_progress_past_the_timeout():
@@ -348,7 +349,7 @@ def test_a_publisher_on_an_unrelated_topic_is_not_paused_through_a_channel():
     for pid in (1, 2, 3, 4):
         pub.receive_data(mqttraw.publish("t", b"x", qos=1, pid=pid), 0.0)
     other.receive_data(mqttraw.publish("other", b"x", qos=1, pid=1), 0.0)
-    assert net.owner.paused == [pub] and not c.hits
+    assert net.owner.paused == [pub] and list(c.paused) == [pub]
 
 
 def test_a_peer_link_is_held_for_at_most_the_bound_even_while_the_session_progresses():
@@ -361,10 +362,8 @@ def test_a_peer_link_is_held_for_at_most_the_bound_even_while_the_session_progre
     c.add(slow, "queue")
     c.expire(0.0, progress)
     for _ in range(100):
-        c.check([slow])
-        c.hold(link, 0.0, bounded=True)
-        c.check([slow])
-        c.hold(client, 0.0)
+        c.hold(link, c.check([slow]), 0.0, bounded=True)
+        c.hold(client, c.check([slow]), 0.0)
     for step in range(1, 10):  # one message taken every 0.1 s: progress, never a stall
         progress.ack(slow, 1)
         c.expire(step * 0.1, progress)

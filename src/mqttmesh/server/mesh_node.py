@@ -123,11 +123,12 @@ class PeerClient(asyncio.Protocol):
         now = self.loop.time()
         mesh = self.mesh
         congestion = mesh.broker.congestion
-        if congestion.hits:
-            congestion.hits = []  # only what this read reaches counts
+        congested: list = []  # the congested local sessions what this read brought reached
         for event in self.client.receive_data(data, now):
             if type(event) is Received:
-                mesh.peer_links.link_message(self, event.topic, event.payload, now)
+                hits = mesh.peer_links.link_message(self, event.topic, event.payload, now)
+                if hits:
+                    congested += hits
             elif type(event) is Ready:
                 self.state = "connected"
                 self.proved = self.client.peer or ""
@@ -150,12 +151,12 @@ class PeerClient(asyncio.Protocol):
             elif type(event) is ProtocolError:
                 log.warning("peer %s: %s", self.address, event.reason)
                 self.transport.close()
-        if congestion.hits:
+        if congested:
             # what this link brought reached a local client that cannot keep up: read it no
             # faster than that client drains, so the peer's sending backs up and paces its
             # publishers, for at most backpressure_timeout at a time (the link carries the
             # other sessions' messages and the cluster's too)
-            congestion.hold(self, now, bounded=True)
+            congestion.hold(self, congested, now, bounded=True)
         if self in congestion.reasons:
             self._check_queue()
         self._write()

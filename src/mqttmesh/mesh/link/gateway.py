@@ -12,8 +12,10 @@ protocols send their unicasts through it too.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
+from ...flow import NO_HITS, Hits
 from ...message import Message
 from ...ports import MeshIO, PeerLink
 from ..routing.engine import MeshEngine
@@ -52,8 +54,9 @@ class MeshGateway:
             self.engine.local_filter_removed(topic_filter)
             self.io.flush_soon()
 
-    def published(self, msg: Message) -> None:
-        """A message published at this node, after its local dispatch (the hot path)."""
+    def published(self, msg: Message) -> Hits:
+        """A message published at this node, after its local dispatch (the hot path); the
+        congested links it goes out on, which its publisher owes (flow.py; mostly none)."""
         if msg.topic[0] != "$":
             # the publish time on our loop clock, without asking the loop for it again
             if self.engine.route_local(msg, msg.timestamp - self.wall_offset):
@@ -69,7 +72,8 @@ class MeshGateway:
                     self.io.flush_now()
             congestion = self.congestion
             if congestion.reasons:
-                self._check_links(msg, congestion)
+                return self._check_links(msg, congestion)
+        return NO_HITS
 
     def first_here(self, msg: Message) -> bool:
         """Is ``msg`` new to this node's subscribers? A QoS 2 message whose id a persistent
@@ -92,12 +96,14 @@ class MeshGateway:
         """What was routed has been handed to the links: count from zero again."""
         self.routed = 0
 
-    def _check_links(self, msg: Message, congestion: Congestion) -> None:
-        """Does this message go out over a congested link? Then its publisher waits (flow.py)."""
+    def _check_links(self, msg: Message, congestion: Congestion) -> Hits:
+        """The congested links this message goes out over: its publisher waits (flow.py)."""
         engine = self.engine
+        hits: list[Hashable] = []
         for node in engine.nodes_wanting(msg.topic):
             link = self.links.get(engine.route_to(node) or "")
             if link is not None:
                 key = link.congestion_key()
                 if key in congestion.reasons and key not in congestion.stalled:
-                    congestion.note(key)
+                    hits.append(key)
+        return hits

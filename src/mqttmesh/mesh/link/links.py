@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING
 
+from ...flow import NO_HITS, Hits
 from ...message import Message
 from ...ports import Batch, Log, MeshIO, PeerLink, PeerRefused
 from ..routing.actions import Unicast
@@ -128,12 +129,13 @@ class PeerLinks:
         me = (self.secret, self.node_id, self.incarnation)
         return listen(*me, self.io.nonce, client_id, password, certified, self.certificate_required)
 
-    def peer_input(self, channel: Channel, msg: Message, now: float) -> Batch:
-        """A PUBLISH from a peer that dialled us; the batch its PUBACK waits for."""
+    def peer_input(self, channel: Channel, msg: Message, now: float) -> tuple[Batch, Hits]:
+        """A PUBLISH from a peer that dialled us; the batch its PUBACK waits for and the
+        congested local sessions it reached (``receive``)."""
         prefix = f"$mesh/from/{channel.peer_node}/"
         if not msg.topic.startswith(prefix):
             channel.close(f"peer {channel.peer_node} published on {msg.topic!r}")
-            return 0
+            return 0, NO_HITS
         link = self._inbound.get(channel)
         if link is None:
             link = self._inbound[channel] = AcceptedLink(channel)
@@ -151,22 +153,25 @@ class PeerLinks:
         ourselves, with the round trip we measured; the peer answers with its own hello."""
         link.send("hello", self.hello(link.handshake_rtt), 1)
 
-    def link_message(self, link: PeerLink, topic: str, payload: bytes, now: float) -> None:
+    def link_message(self, link: PeerLink, topic: str, payload: bytes, now: float) -> Hits:
         """A PUBLISH on our subscription; its PUBACK has gone already (custody at the origin
-        holds the guarantee), so the batch is not waited for."""
+        holds the guarantee), so the batch is not waited for; the congested local sessions
+        it reached (``receive``)."""
         if topic.startswith(self._to_me):
-            self.receive(link, topic[len(self._to_me) :], payload, now)
+            return self.receive(link, topic[len(self._to_me) :], payload, now)[1]
+        return NO_HITS
 
     # -- either side ---------------------------------------------------------------------------
 
-    def receive(self, link: PeerLink, kind: str, payload: bytes, now: float) -> Batch:
+    def receive(self, link: PeerLink, kind: str, payload: bytes, now: float) -> tuple[Batch, Hits]:
         """The one receive path: a message of ``kind`` on ``link``; the journal batch an
-        acknowledgement of it must wait for."""
+        acknowledgement of it must wait for, and the congested local sessions what it
+        brought reached: the link owes them (flow.py)."""
         if kind == "hello":
             self._hello(link, payload, now)
-            return 0
+            return 0, NO_HITS
         if self.links.get(link.peer) is not link:
-            return 0  # not introduced yet, or a duplicate link we are closing
+            return 0, NO_HITS  # not introduced yet, or a duplicate link we are closing
         return self._inbound_messages(link, kind, payload, now)
 
     def rtt(self, link: PeerLink, seconds: float, now: float) -> None:
@@ -241,28 +246,32 @@ class PeerLinks:
 
     # -- what the engine hands us ----------------------------------------------------------------
 
-    def _inbound_messages(self, link: PeerLink, kind: str, payload: bytes, now: float) -> Batch:
+    def _inbound_messages(self, link: PeerLink, kind: str, payload: bytes, now: float) -> tuple[Batch, Hits]:
         engine = self.engine
         try:
             deliveries, unicasts = engine.receive(link.peer, kind, payload, now)
         except MeshProtocolError as exc:
             self.log.warning("peer %s sent something invalid: %s", link.peer, exc)
             link.close(f"mesh protocol error: {exc}")
-            return 0
+            return 0, NO_HITS
         # (a fwd batch brings deliveries only, a uni message unicasts only: no order to keep)
         for unicast in unicasts:
             self._unicast(unicast, now)
         return self._deliver(deliveries, len(unicasts))
 
-    def _deliver(self, deliveries: Sequence[Message], unicasts: int = 0) -> Batch:
+    def _deliver(self, deliveries: Sequence[Message], unicasts: int = 0) -> tuple[Batch, Hits]:
         """Messages from other nodes to this node's sessions; each QoS 1/2 one acknowledged to
-        its origin once the store has it. Returns the journal batch to wait for."""
+        its origin once the store has it. Returns the journal batch to wait for and the
+        congested sessions they reached."""
         engine = self.engine
         broker = self.broker
+        congested: list[Hashable] = []
         if not broker.journal.persistent:
             dispatch = broker.dispatch
             for msg in deliveries:
-                dispatch(msg)  # in memory: nothing to wait for before acknowledging
+                hits = dispatch(msg)  # in memory: nothing to wait for before acknowledging
+                if hits:
+                    congested += hits
                 if msg.qos:  # QoS 1/2: acknowledged end to end to the origin's custody
                     engine.delivered(msg)
             self.io.flush_soon()
@@ -270,15 +279,17 @@ class PeerLinks:
                 # a read from the link holds up to 16 batches: pass each on as it comes (as
                 # the publishers' side does every FLUSH_EVERY messages)
                 self.io.write_clients_now()
-            return 0
+            return 0, congested or NO_HITS
         batch = 0
         for msg in deliveries:
-            wrote = broker.deliver_remote(msg)
+            wrote, hits = broker.deliver_remote(msg)
+            if hits:
+                congested += hits
             if msg.qos:
                 broker.after_commit(wrote, partial(self._delivered, msg))
             batch = max(batch, wrote)
         self.io.flush_soon()
-        return batch
+        return batch, congested or NO_HITS
 
     def _unicast(self, unicast: Unicast, now: float) -> None:
         frm, kind, body = unicast
@@ -329,7 +340,7 @@ class PeerLinks:
         self.cluster.flush(now)
         late = self.engine.release_held(now)  # (waited for a predecessor too long: order.py)
         if late:
-            self._deliver(late)
+            self._deliver(late)  # (their links were read long ago: no one to hold back)
         links = self.links
         for peer, kind, payload, qos in self.engine.tick(now):
             link = links.get(peer)
