@@ -80,6 +80,17 @@ class NodeCore:
         self.cluster = cluster
         self.links = links
 
+    def committed(self, batch: int) -> None:
+        """The I/O layer made journal ``batch`` durable: each part releases what it held for
+        it (the Broker its clients' acknowledgements; the links the end-to-end
+        acknowledgements of messages from other nodes; the cluster its answers to holders)."""
+        for channel in self.broker.committed(batch):
+            channel.release_acks(batch)
+        if self.links is not None:
+            self.links.committed(batch)
+        if self.cluster is not None:
+            self.cluster.committed(batch)
+
     def channel(self, owner: Owner, peer: str, now: float, certified: bool = False) -> Channel:
         """The Channel of a new connection: in a mesh it answers peers through the links
         and claims ClientIds through the cluster."""

@@ -12,7 +12,6 @@ assembly.build_core is where they are made.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -181,7 +180,6 @@ class Broker:
         self.mesh = ports.mesh  # told of filter changes and of each message published here
         self.retained_port = ports.retained  # where non-$ retained messages go, in a mesh
         self.replication = ports.replication  # subscriptions and redirects of replicated sessions
-        self._after_commit: list[tuple[int, Callable[[], None]]] = []
 
     @property
     def connected_count(self) -> int:
@@ -354,26 +352,16 @@ class Broker:
 
     # -- durability ---------------------------------------------------------------------------
 
-    def committed(self, batch: int) -> None:
-        """The I/O layer made ``batch`` durable: release the acknowledgements it held."""
+    def committed(self, batch: int) -> set[Channel]:
+        """The I/O layer made ``batch`` durable: the channels holding acknowledgements (or
+        messages) back for a commit, to be released (``Channel.release_acks``; those still
+        waiting for a later batch hold theirs again). ``assembly.NodeCore.committed`` does it,
+        and tells the mesh, which holds its own."""
         self.journal.mark_committed(batch)
-        if self.held_ack_channels:
-            waiting = self.held_ack_channels
+        waiting = self.held_ack_channels
+        if waiting:
             self.held_ack_channels = set()
-            for channel in waiting:
-                channel.release_acks(batch)
-        if self._after_commit:
-            ready = [fn for b, fn in self._after_commit if b <= batch]
-            self._after_commit = [(b, fn) for b, fn in self._after_commit if b > batch]
-            for fn in ready:
-                fn()
-
-    def after_commit(self, batch: int, fn: Callable[[], None]) -> None:
-        """Run ``fn`` once ``batch`` is durable (at once if it is 0 or already is)."""
-        if not batch or batch <= self.journal.committed:
-            fn()
-        else:
-            self._after_commit.append((batch, fn))
+        return waiting
 
     def deliver_remote(self, msg: Message) -> tuple[Batch, Hits]:
         """A message another node routed here: deliver it to local sessions only.

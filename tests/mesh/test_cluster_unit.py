@@ -520,14 +520,14 @@ def test_a_holder_with_a_store_answers_once_the_settlement_is_stored():
     journal = Journal()
     net = Net(journals={"b": journal})
     cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
-    net.brokers["b"].committed(journal.take()[0])  # (b stored its copy of the session)
+    net.committed("b", journal.take()[0])  # (b stored its copy of the session)
     counters = net.clusters["b"].counters
     before = counters["acks_after_commit"]
     _local_publish(net, "a", "t/1")
     net.pump()  # the "sent" settlement reaches b, which journals it
     assert ch.frames == [] and len(journal)  # b has not answered: not stored yet
     assert counters["acks_after_commit"] == before + 1
-    net.brokers["b"].committed(journal.take()[0])  # (b's store committed the batch)
+    net.committed("b", journal.take()[0])  # (b's store committed the batch)
     net.pump()
     assert len(ch.frames) == 1  # the PUBLISH, now that b has its packet id in its store
 

@@ -197,6 +197,12 @@ class Net:
                 self.clusters[dest].receive(frm, kind, payload, self.t)
         raise AssertionError("the cluster did not settle")
 
+    def committed(self, node: str, batch: int) -> None:
+        """``node``'s store committed ``batch`` (as assembly.NodeCore.committed tells its parts)."""
+        for channel in self.brokers[node].committed(batch):
+            channel.release_acks(batch)
+        self.clusters[node].committed(batch)
+
     def tick(self, dt: float) -> None:
         self.t += dt
         for n in sorted(self.up):

@@ -123,6 +123,12 @@ class Net:
         net.broker, net.owner, net.peers, net.claims = core.broker, Recorder(), core.links, core.cluster
         return net
 
+    def committed(self, batch: int) -> None:
+        """The store committed ``batch``: release what waited for it (as
+        assembly.NodeCore.committed does for a standalone node)."""
+        for channel in self.broker.committed(batch):
+            channel.release_acks(batch)
+
     def channel(self, now: float = 0.0, peer: str = "peer"):
         from mqttmesh.channel import Channel
 
@@ -139,7 +145,7 @@ class Net:
         journal = self.broker.journal
         if not data and journal is not None and len(journal):
             # a persistent session was created or discarded: CONNACK waits for the store
-            self.broker.committed(journal.batch)
+            self.committed(journal.batch)
             data = ch.data_to_send()
         assert data[:4] == expect, data
         _LEFTOVER[ch] = data[4:]

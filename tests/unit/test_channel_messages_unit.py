@@ -375,11 +375,11 @@ def durable_offline_subscriber(net, journal, client_id="d", topic_filter="g/#"):
     ch = net.connect(client_id, clean=False)
     ch.receive_data(mqttraw.subscribe(1, (topic_filter, 1)), 0.0)
     number, _ = journal.take()
-    net.broker.committed(number)
+    net.committed(number)
     assert out(ch)[0].type == mqttraw.SUBACK
     ch.receive_data(mqttraw.DISCONNECT_BYTES, 0.0)
     number, _ = journal.take()
-    net.broker.committed(number)
+    net.committed(number)
 
 
 def test_puback_waits_for_the_commit_of_an_offline_durable_delivery():
@@ -392,9 +392,9 @@ def test_puback_waits_for_the_commit_of_an_offline_durable_delivery():
     assert pub in net.broker.held_ack_channels
     number, ops = journal.take()
     assert [op[0] for op in ops] == ["message_put"]
-    net.broker.committed(number - 1)  # an older batch: still held
+    net.committed(number - 1)  # an older batch: still held
     assert pub.data_to_send() == b""
-    net.broker.committed(number)
+    net.committed(number)
     assert pub.data_to_send() == h("40 02 00 01")
     assert journal.committed == number
 
@@ -415,7 +415,7 @@ def test_acks_stay_in_order_behind_a_held_one():
     )
     assert pub.data_to_send() == b""
     number, _ = journal.take()
-    net.broker.committed(number)
+    net.committed(number)
     assert pub.data_to_send() == h("40 02 00 01 40 02 00 02 50 02 00 03 70 02 00 03 40 02 00 04")
 
 
@@ -439,7 +439,7 @@ def test_retained_publish_waits_for_commit():
     assert pub.data_to_send() == b""
     number, ops = journal.take()
     assert ops == [("retained_put", "r", b"v", 1, "n1", ops[0][5], "p", ops[0][7])]
-    net.broker.committed(number)
+    net.committed(number)
     assert pub.data_to_send() == h("40 02 00 01")
 
 
@@ -452,13 +452,13 @@ def test_suback_of_a_durable_session_waits_for_commit():
     assert ch.data_to_send() == b""
     number, ops = journal.take()
     assert ops == [("session_put", "d", {"a": 1})]
-    net.broker.committed(number)
+    net.committed(number)
     assert ch.data_to_send() == h("90 03 00 04 01")
 
 
 def commit(net, journal):
     number, _ = journal.take()
-    net.broker.committed(number)
+    net.committed(number)
 
 
 def test_pubrec_of_a_durable_publisher_waits_for_commit():
@@ -471,7 +471,7 @@ def test_pubrec_of_a_durable_publisher_waits_for_commit():
     assert pub.data_to_send() == b""
     number, ops = journal.take()
     assert ops == [("rel_put", "p", 3)]
-    net.broker.committed(number)
+    net.committed(number)
     assert pub.data_to_send() == h("50 02 00 03")
 
 
@@ -487,7 +487,7 @@ def test_pubcomp_of_a_durable_publisher_waits_for_commit():
     assert pub.data_to_send() == b""
     number, ops = journal.take()
     assert ops == [("rel_remove", "p", 3)]
-    net.broker.committed(number)
+    net.committed(number)
     assert pub.data_to_send() == h("70 02 00 03")
 
 
@@ -506,7 +506,7 @@ def test_pubrel_to_a_durable_subscriber_waits_for_commit():
     assert sub.data_to_send() == b""
     number, ops = journal.take()
     assert [op[0] for op in ops] == ["message_put"]
-    net.broker.committed(number)
+    net.committed(number)
     assert sub.data_to_send() == h("62 02 00 01")
 
 
@@ -518,7 +518,7 @@ def settle(net) -> None:
     journal = net.broker.journal
     if len(journal):
         number, _ = journal.take()
-        net.broker.committed(number)
+        net.committed(number)
 
 
 def subscribed(net, client_id, topic_filter, qos, clean=True):

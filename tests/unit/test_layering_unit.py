@@ -70,6 +70,8 @@ class _Checker(ast.NodeVisitor):
         self.module = module  # "auth.py", "mesh/link/links.py"
         self.scope: list[str] = []
         self.found: list[tuple[str, str, int]] = []
+        self.methods: list[set[str]] = []  # the method names of each enclosing class
+        self.nested: list[set[str]] = []  # the functions defined in each enclosing function
 
     @property
     def where(self) -> str:
@@ -84,7 +86,44 @@ class _Checker(ast.NodeVisitor):
         self.generic_visit(node)
         self.scope.pop()
 
-    visit_ClassDef = visit_FunctionDef = visit_AsyncFunctionDef = _scoped
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.methods.append({b.name for b in node.body if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))})
+        self._scoped(node)
+        self.methods.pop()
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        inner = {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node}
+        self.nested.append(inner)
+        self._scoped(node)
+        self.nested.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def _callback(self, arg: ast.expr) -> str | None:
+        """``arg`` as a function handed over to be called later: a lambda, a partial, a
+        nested function, one of this class's methods; None for anything else."""
+        if isinstance(arg, ast.Lambda):
+            return "a lambda"
+        if isinstance(arg, ast.Call) and isinstance(arg.func, ast.Name) and arg.func.id == "partial":
+            return "a partial"
+        if isinstance(arg, ast.Name) and any(arg.id in names for names in self.nested):
+            return arg.id
+        if isinstance(arg, ast.Attribute) and _is_self(arg.value) and self.methods and arg.attr in self.methods[-1]:
+            return f"self.{arg.attr}"
+        return None
+
+    def _registrations(self, node: ast.Call) -> None:
+        """A function handed to a method of another object (``x.after_commit(batch, fn)``):
+        a registration, the other object calling back up later. Constructors (the wiring)
+        and sort keys are not."""
+        func = node.func
+        if not isinstance(func, ast.Attribute) or _is_self(func.value):
+            return
+        args = list(node.args) + [k.value for k in node.keywords if k.arg != "key"]
+        for arg in args:
+            what = self._callback(arg)
+            if what is not None:
+                self._add(f"registers {what} with {ast.unparse(func)}", node.lineno)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -113,6 +152,7 @@ class _Checker(ast.NodeVisitor):
             target = node.args[0]
             if isinstance(name, ast.Constant) and name.value in LATE_WIRING and not _is_self(target):
                 self._add(f"setattr(..., {name.value!r})", node.lineno)
+        self._registrations(node)
         self.generic_visit(node)
 
     def _targets(self, targets: list[ast.expr], line: int) -> None:
@@ -203,6 +243,14 @@ PLANTED = [
     ("class A:\n    def f(self, x):\n        self.broker.mesh = x\n", "self.broker.mesh ="),
     ("def f(b, x):\n    setattr(b, 'mesh', x)\n", "setattr(..., 'mesh')"),
     ("def f(p):\n    return open(p).read()\n", "open"),
+    # registrations: a function handed to another object to be called back later
+    ("def f(b, n):\n    def send():\n        pass\n    b.after_commit(n, send)\n", "registers send with b.after_commit"),
+    ("def f(b, n, m):\n    b.after_commit(n, partial(g, m))\n", "registers a partial with b.after_commit"),
+    ("def f(b):\n    b.on(lambda: 1)\n", "registers a lambda with b.on"),
+    (
+        "class A:\n    def g(self):\n        pass\n    def f(self):\n        self.broker.later(cb=self.g)\n",
+        "registers self.g with self.broker.later",
+    ),
 ]
 
 
@@ -225,6 +273,11 @@ def test_the_checker_lets_an_object_set_its_own_attributes_and_other_names():
         "        msg.topic = 'x'\n"
         "        self.ids[(msg.origin, msg.seq)] = msg\n"
         "        return Message('t', b'', seq=self.seq)\n"
+        "    def g(self, items, b):\n"
+        "        items.sort(key=lambda e: e.seq)\n"  # a sort key is called at once
+        "        b.send(self.seq, self.mesh)\n"  # data, not one of its methods
+        "        self.later(self.f)\n"  # its own table
+        "        return Broker(self.f)\n"  # a constructor: wiring
     )
     assert violations(source, "planted.py") == []
 

@@ -175,7 +175,7 @@ class Pair:
                 sent, link.sent = link.sent, []
                 for kind, payload, _qos in sent:
                     moved = True
-                    self.batches.append(far.links.receive(far_link, kind, payload, now))
+                    self.batches.append(far.links.receive(far_link, kind, payload, now)[0])
             if not moved:
                 return
         raise AssertionError("the two nodes never went quiet")
@@ -240,10 +240,10 @@ def test_a_link_to_ourselves_is_refused():
 def test_anything_before_the_hello_is_ignored_on_both_paths():
     node = Node("b")
     dialled = MemLink("b", "a", False)
-    assert node.links.receive(dialled, "lsa", b"garbage that would close the link", 0.0) == 0
+    assert node.links.receive(dialled, "lsa", b"garbage that would close the link", 0.0) == (0, ())
     assert dialled.closed is None
     channel = FakeChannel("a")
-    assert node.links.peer_input(channel, Message("$mesh/from/a/lsa", b"garbage", 1), 0.0) == 0
+    assert node.links.peer_input(channel, Message("$mesh/from/a/lsa", b"garbage", 1), 0.0) == (0, ())
     assert channel.closed is None
     node.links.link_message(dialled, "$mesh/to/b/lsa", b"garbage", 0.0)
     assert dialled.closed is None
@@ -351,7 +351,7 @@ class FakeChannel:
 def test_inbound_channel_hello_is_answered_on_the_peers_session():
     node = Node("b")
     channel = FakeChannel("a")
-    assert node.links.peer_input(channel, Message("$mesh/from/a/hello", hello_of("a", 3000), 1), 0.0) == 0
+    assert node.links.peer_input(channel, Message("$mesh/from/a/hello", hello_of("a", 3000), 1), 0.0) == (0, ())
     (msg, qos), *_ = channel.session.delivered
     assert (msg.topic, qos) == ("$mesh/to/a/hello", 1)
     assert isinstance(node.links.links["a"], AcceptedLink)
@@ -363,7 +363,7 @@ def test_inbound_channel_hello_is_answered_on_the_peers_session():
 def test_a_peer_publishing_outside_its_topic_is_closed():
     node = Node("b")
     channel = FakeChannel("a")
-    assert node.links.peer_input(channel, Message("$mesh/from/x/hello", hello_of("a"), 1), 0.0) == 0
+    assert node.links.peer_input(channel, Message("$mesh/from/x/hello", hello_of("a"), 1), 0.0) == (0, ())
     assert channel.closed == "peer a published on '$mesh/from/x/hello'"
 
 
@@ -405,7 +405,7 @@ def test_in_memory_qos1_is_acknowledged_end_to_end_at_once():
     fwd = [s for s in pair.out.sent if s[0] == "fwd"]
     pair.out.sent = [s for s in pair.out.sent if s[0] != "fwd"]
     assert fwd
-    assert a.links.receive(pair.inb, "fwd", fwd[0][1], 0.2) == 0
+    assert a.links.receive(pair.inb, "fwd", fwd[0][1], 0.2) == (0, ())
     assert [p[:3] for p in publishes(sub)] == [("t/1", b"x", 1)]
     a.links.flush(0.2)
     assert any(kind == "e2e" for kind, _, _ in pair.inb.sent)
@@ -414,7 +414,9 @@ def test_in_memory_qos1_is_acknowledged_end_to_end_at_once():
 def commit(node: Node) -> int:
     """What the store does: take the batch being filled, write it, report it durable."""
     batch, _ops = node.broker.journal.take()
-    node.broker.committed(batch)
+    for channel in node.broker.committed(batch):  # (as assembly.NodeCore.committed does)
+        channel.release_acks(batch)
+    node.links.committed(batch)
     return batch
 
 
@@ -430,7 +432,7 @@ def test_journaled_delivery_returns_its_batch_and_acks_after_commit():
     fwd = [s for s in pair.out.sent if s[0] == "fwd"]
     pair.out.sent = []
     pair.inb.sent = []
-    batch = a.links.receive(pair.inb, "fwd", fwd[0][1], 0.2)
+    batch, _hits = a.links.receive(pair.inb, "fwd", fwd[0][1], 0.2)
     assert batch > 0  # the PUBACK to the peer waits for it
     a.links.flush(0.2)
     assert not any(kind == "e2e" for kind, _, _ in pair.inb.sent)
@@ -474,7 +476,7 @@ def test_a_read_of_many_batches_writes_the_clients_at_once():
 def test_an_invalid_mesh_message_closes_its_link():
     node = Node("b")
     link = linked(node)
-    assert node.links.receive(link, "lsa", b"not json", 0.0) == 0
+    assert node.links.receive(link, "lsa", b"not json", 0.0) == (0, ())
     assert link.closed.startswith("mesh protocol error:")
     assert "peer a sent something invalid" in node.log.text("warning")
 

@@ -483,7 +483,7 @@ class Node:
             return
         self._commit_in_flight = False
         self._pending_ops = []  # (only a failed commit, retried, reads it)
-        self.broker.committed(batch)
+        self.core.committed(batch)
         if len(self.broker.journal):
             self._schedule_commit()
 

@@ -261,7 +261,7 @@ class SimNode:
         self._observe(now)
 
     def committed(self, batch: int) -> None:
-        self.broker.committed(batch)
+        self.core.committed(batch)
 
     def _observe(self, now: float) -> None:
         live = self.cluster.members.live  # a new list at every membership change

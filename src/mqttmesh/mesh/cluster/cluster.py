@@ -261,6 +261,10 @@ class Cluster:
             self.handover.register_local(now)
         self.retained.expire_tombstones(now)
 
+    def committed(self, batch: int) -> None:
+        """The store committed ``batch`` (``assembly.NodeCore.committed``)."""
+        self.handover.committed(batch)
+
     def flush(self, now: float) -> None:
         """Send what accumulated: settlements to holders, retained sets to owners."""
         self.handover.flush(now)

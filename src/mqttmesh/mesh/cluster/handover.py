@@ -18,6 +18,7 @@ Without an answer in ``claim_timeout`` (``gather_timeout``) the claim goes on wi
 from __future__ import annotations
 
 import base64
+from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -146,6 +147,9 @@ class HandOver(Confirmations):
         # cid -> since when its settlements wait for a holder's sess.ack (copies re-sent after
         # settings.settle_retry)
         self.lagging: dict[str, float] = {}
+        # answers (sess.ack) waiting for the store to commit what they vouch for, by journal
+        # batch in the order they were made (batches only grow): sent by ``committed``
+        self._acks_after: deque[tuple[int, str, SessAck]] = deque()
 
     # -- connecting -----------------------------------------------------------------------------
 
@@ -508,11 +512,17 @@ class HandOver(Confirmations):
         as a client counts on what a PUBACK vouches for."""
         if batch:
             self.counters["acks_after_commit"] += 1
-
-        def send() -> None:
+        if batch > self.broker.journal.committed:
+            self._acks_after.append((batch, frm, ack))
+        else:
             self._send_out(frm, ack)
 
-        self.broker.after_commit(batch, send)
+    def committed(self, batch: int) -> None:
+        """The store committed ``batch``: the answers that waited for it go."""
+        waiting = self._acks_after
+        while waiting and waiting[0][0] <= batch:
+            _, frm, ack = waiting.popleft()
+            self._send_out(frm, ack)
 
     def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
         session = self._replica(m.cid)

@@ -20,8 +20,8 @@ stays, whichever of the two came up first.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING
 
 from ...flow import NO_HITS, Hits
@@ -117,6 +117,10 @@ class PeerLinks:
         self.connect_all = connect_all  # mesh.connect = "all": dial every node we learn of
         self.links = links  # peer node -> its current link (shared with the MeshGateway)
         self._inbound: dict[Channel, AcceptedLink] = {}  # peer channels that published
+        # messages from other nodes whose end-to-end acknowledgement waits for the store to
+        # commit what they queued here (the journal batch, in the order they came: batches
+        # only grow): sent by ``committed``
+        self._acks_after: deque[tuple[Batch, Message]] = deque()
         self._to_me = f"$mesh/to/{node_id}/"
         self._membership: tuple[tuple[str, ...], tuple[tuple[str, int], ...], bool] | None = None
         self._seen_changes = -1
@@ -281,12 +285,16 @@ class PeerLinks:
                 self.io.write_clients_now()
             return 0, congested or NO_HITS
         batch = 0
+        committed = broker.journal.committed
         for msg in deliveries:
             wrote, hits = broker.deliver_remote(msg)
             if hits:
                 congested += hits
             if msg.qos:
-                broker.after_commit(wrote, partial(self._delivered, msg))
+                if wrote > committed:
+                    self._acks_after.append((wrote, msg))
+                else:
+                    engine.delivered(msg)
             batch = max(batch, wrote)
         self.io.flush_soon()
         return batch, congested or NO_HITS
@@ -300,8 +308,15 @@ class PeerLinks:
         except Exception:  # a bug of ours must not take the link's other messages with it
             self.log.exception("handling %s from node %s failed", kind, frm)
 
-    def _delivered(self, msg: Message) -> None:
-        self.engine.delivered(msg)
+    def committed(self, batch: Batch) -> None:
+        """The store committed ``batch``: the messages it queued here are acknowledged to
+        their origins' custody now."""
+        waiting = self._acks_after
+        if not waiting or waiting[0][0] > batch:
+            return
+        engine = self.engine
+        while waiting and waiting[0][0] <= batch:
+            engine.delivered(waiting.popleft()[1])
         self.io.flush_soon()
 
     def _check_membership(self, now: float) -> None:
