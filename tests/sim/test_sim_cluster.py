@@ -128,7 +128,7 @@ def test_checks_fail_when_a_hand_over_loses_messages(monkeypatch: pytest.MonkeyP
 
     def lossy(self: Broker, msg):
         if msg.topic.startswith("c/"):
-            return 0
+            return 0, ()
         return original(self, msg)
 
     monkeypatch.setattr(Broker, "deliver_remote", lossy)
@@ -141,7 +141,7 @@ def test_checks_fail_when_wills_go_missing(monkeypatch: pytest.MonkeyPatch) -> N
 
     def no_wills(self: Broker, msg, captured: bool = False):
         if msg.topic.startswith("will/"):
-            return 0
+            return 0, ()
         return original(self, msg, captured)
 
     monkeypatch.setattr(Broker, "publish", no_wills)

@@ -239,7 +239,7 @@ def test_the_shrinker_finds_a_smaller_scenario_that_still_fails(monkeypatch: pyt
     original = Broker.deliver_remote
 
     def lossy(self: Broker, msg):
-        return 0 if msg.topic.startswith("c/") else original(self, msg)
+        return (0, ()) if msg.topic.startswith("c/") else original(self, msg)
 
     monkeypatch.setattr(Broker, "deliver_remote", lossy)
     sc = draw_scenario(16)  # 16 nodes, a crash

@@ -57,18 +57,20 @@ from .cluster_wire import (
     SessSettle,
     SessState,
     SessSubs,
+    ToNode,
     Wire,
     decode,
 )
 from .handover import HandOver
 from .membership import Membership
-from .registry import Registry
+from .registry import Registry, RegistryOut
 from .replica import Replication, replica_of
 from .retained import RetainedOwners
 
 if TYPE_CHECKING:
     from ...auth import Auth
     from ...broker import Broker
+    from ...message import Message
     from ...packets import Will
     from ...ports import ClaimingChannel, JournalPort, UnicastPort
     from ...topics import RetainedTrie
@@ -165,9 +167,7 @@ class Cluster:
         self.members = parts.membership
         self.replication = parts.replication
         self.retained = parts.retained
-        self.registry = Registry(
-            node_id, self.members, broker, self._send, counters, wall_offset, 2 * settings.register_interval
-        )
+        self.registry = Registry(node_id, self.members, counters, wall_offset, 2 * settings.register_interval)
         self.handover = HandOver(
             node_id,
             incarnation,
@@ -194,6 +194,28 @@ class Cluster:
     def _send_out(self, dest: str, msg: Wire) -> bool:
         return self._send_fn(dest, msg.KIND, msg.encode())
 
+    def do(self, out: RegistryOut, now: float) -> None:
+        """What a protocol answered, in order: messages to nodes (this one's handled here,
+        now) and wills to publish here."""
+        for action in out:
+            if type(action) is ToNode:
+                self._send(action.dest, action.msg, now)
+            else:
+                self._publish_will(action.msg)  # type: ignore[union-attr]
+
+    def _publish_will(self, msg: Message) -> None:
+        """A will the registrar found due: one message by its id wherever it is published
+        (a node that had it already only routes it on), or numbered here (``seq`` 0)."""
+        broker = self.broker
+        if not msg.seq:
+            broker.publish(msg.copy(seq=broker.next_seq()))
+            return
+        mesh = broker.mesh
+        if mesh is None or mesh.first_here(msg):
+            broker.publish(msg)
+        else:
+            mesh.published(msg)  # (delivered here already: only routed)
+
     @property
     def live(self) -> list[str]:
         return self.members.live
@@ -217,7 +239,7 @@ class Cluster:
             for node in members.known:
                 if node != self.node_id:
                     journal.node_seen(node)  # (stored once: the store ignores a repeat)
-        self.registry.rebalance(now)
+        self.do(self.registry.rebalance(now), now)
         self.handover.register_local(now)
         self.handover.rebalance(old_live, now)
         self.retained.rebalance()
@@ -256,7 +278,7 @@ class Cluster:
         self.retained.expire_lookups(now)
         self.replication.expire(now)
         self.handover.retry_lagging(now)
-        self.registry.publish_lost_wills(now)
+        self.do(self.registry.publish_lost_wills(now), now)
         if now - self.handover.last_register >= self.settings.register_interval:
             self.handover.register_local(now)
         self.retained.expire_tombstones(now)
@@ -298,7 +320,7 @@ def _on(kind: type[W], handler: Callable[[Cluster, str, W, float], None]) -> tup
 
 
 def _reg_claim(c: Cluster, frm: str, m: RegClaim, now: float) -> None:
-    c.registry.on_claim(frm, m, now)
+    c.do(c.registry.on_claim(frm, m, now), now)
 
 
 def _reg_grant(c: Cluster, frm: str, m: RegGrant, now: float) -> None:
@@ -310,15 +332,15 @@ def _reg_kick(c: Cluster, frm: str, m: RegKick, now: float) -> None:
 
 
 def _reg_release(c: Cluster, frm: str, m: RegRelease, now: float) -> None:
-    c.registry.on_release(frm, m, now)
+    c.do(c.registry.on_release(frm, m, now), now)
 
 
 def _reg_register(c: Cluster, frm: str, m: RegRegister, now: float) -> None:
-    c.registry.on_register(frm, m, now)
+    c.do(c.registry.on_register(frm, m, now), now)
 
 
 def _reg_copy(c: Cluster, frm: str, m: RegCopy, now: float) -> None:
-    c.registry.on_copy(frm, m, now)
+    c.do(c.registry.on_copy(frm, m, now), now)
 
 
 def _sess_fetch(c: Cluster, frm: str, m: SessFetch, now: float) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self
 
 from .cluster_values import (
     ClusterWireError,
@@ -37,11 +37,16 @@ from .cluster_values import (
     _will_json,
 )
 
+if TYPE_CHECKING:
+    from ...message import Message
+
 __all__ = [
     "ClusterWireError",
     "Wire",
     "SendFn",
     "SendOutFn",
+    "ToNode",
+    "WillDue",
     "WireWill",
     "Registration",
     "Settlement",
@@ -116,6 +121,21 @@ _READ = {"str": _str, "int": _int, "bool": _bool}
 SendFn = Callable[[str, Wire, float], bool]
 # (dest, message) -> reachable now; `dest` is never this node
 SendOutFn = Callable[[str, Wire], bool]
+
+
+class ToNode(NamedTuple):
+    """An answer of a cluster protocol: ``msg`` for node ``dest`` (this node included: the
+    Cluster hands it back to itself, after the call that made it)."""
+
+    dest: str
+    msg: Wire
+
+
+class WillDue(NamedTuple):
+    """An answer of the registrar: publish this will here. ``msg.seq`` 0: a will registered
+    before its number was reserved, numbered by this node as it publishes it."""
+
+    msg: Message
 
 
 # -- the registry (mesh/cluster/registry.py answers claims; mesh/cluster/handover.py makes them)

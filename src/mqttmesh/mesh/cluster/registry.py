@@ -8,22 +8,36 @@ for) [MQTT-3.1.4-2]. Nodes re-register their connections after a membership chan
 live registrations for one id (made on both sides of a split) keep the larger
 (epoch, at, node) and kick the other. When the node holding a connection is found dead,
 the registrar publishes the client's will, once [MQTT-3.1.2-8].
+
+It answers with data: every handler takes ``(from, message, now)`` (the upkeep, ``now``)
+and returns what to do, in order: ``ToNode`` messages for other nodes (or this one) and
+``WillDue`` wills to publish here; the Cluster does it. It holds no broker and no send.
 """
 
 from __future__ import annotations
 
 import base64
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ...message import Message
-from .cluster_wire import RegClaim, RegCopy, RegGrant, Registration, RegKick, RegRegister, RegRelease, SendFn
+from .cluster_wire import (
+    RegClaim,
+    RegCopy,
+    RegGrant,
+    Registration,
+    RegKick,
+    RegRegister,
+    RegRelease,
+    ToNode,
+    WillDue,
+)
 from .membership import Membership
 
-if TYPE_CHECKING:
-    from ...broker import Broker
+__all__ = ["Registry", "RegistryOut"]
 
-__all__ = ["Registry"]
+# what the registry answers: messages for nodes and wills to publish here, in order
+RegistryOut = list[ToNode | WillDue]
 
 
 class Registry:
@@ -31,16 +45,12 @@ class Registry:
         self,
         node_id: str,
         membership: Membership,
-        broker: Broker,
-        send: SendFn,
         counters: dict[str, int],
         wall_offset: float,
         kick_wait: float = 10.0,
     ):
         self.node_id = node_id
         self.membership = membership
-        self.broker = broker
-        self._send = send
         self.counters = counters
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.entries: dict[str, Registration] = {}  # the ids we are registrar or backup of
@@ -54,7 +64,8 @@ class Registry:
 
     # -- handlers of the registrar's messages --------------------------------------------
 
-    def on_claim(self, frm: str, m: RegClaim, now: float) -> None:
+    def on_claim(self, frm: str, m: RegClaim, now: float) -> RegistryOut:
+        out: RegistryOut = []
         cid = m.cid
         entry = self.entries.get(cid)
         epoch = (entry.epoch if entry else 0) + 1
@@ -64,17 +75,19 @@ class Registry:
             if entry.node not in members.live or members.incs.get(entry.node) != entry.inc:
                 # the old connection went with its node (no kick can reach it): its will is
                 # due now, not after will_delay, for this claim replaces the registration
-                self._publish_will(entry, now)
+                self._publish_will(entry, now, out)
             else:
                 self.counters["kicks"] += 1
                 self.kicked[(cid, entry.conn)] = (entry, now)
-                self._send(entry.node, RegKick(cid, entry.conn, epoch, m.node), now)
-        self._store(Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at), now)
+                out.append(ToNode(entry.node, RegKick(cid, entry.conn, epoch, m.node)))
+        self._store(Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at), out)
         kept = entry.epoch if entry and not entry.clean else 0
-        self._send(m.node, RegGrant(cid, m.conn, epoch, prev, kept), now)
+        out.append(ToNode(m.node, RegGrant(cid, m.conn, epoch, prev, kept)))
+        return out
 
-    def on_register(self, frm: str, m: RegRegister, now: float) -> None:
+    def on_register(self, frm: str, m: RegRegister, now: float) -> RegistryOut:
         """A holder of a connection says so (after membership changes, and periodically)."""
+        out: RegistryOut = []
         cid = m.cid
         entry = self.entries.get(cid)
         live = self.membership.live
@@ -82,19 +95,21 @@ class Registry:
             if entry is None or m.epoch >= entry.epoch or not entry.connected or entry.node not in live:
                 epoch = max(m.epoch, entry.epoch if entry else 0)
                 if entry is not None and entry.conn != m.conn:
-                    self._replaced(entry, now)
-                self._store(_registration(m, epoch), now)
-            return
+                    self._replaced(entry, now, out)
+                self._store(_registration(m, epoch), out)
+            return out
         # two live connections for one ClientId (e.g. made on both sides of a split): one goes
         if (entry.epoch, entry.at, entry.node) >= (m.epoch, m.at, m.node):
             winner, loser_node, loser_conn = entry, m.node, m.conn
         else:
             winner, loser_node, loser_conn = _registration(m, m.epoch), entry.node, entry.conn
         self.counters["kicks"] += 1
-        self._send(loser_node, RegKick(cid, loser_conn, winner.epoch, winner.node), now)
-        self._store(dataclasses.replace(winner, connected=True), now)
+        out.append(ToNode(loser_node, RegKick(cid, loser_conn, winner.epoch, winner.node)))
+        self._store(dataclasses.replace(winner, connected=True), out)
+        return out
 
-    def on_release(self, frm: str, m: RegRelease, now: float) -> None:
+    def on_release(self, frm: str, m: RegRelease, now: float) -> RegistryOut:
+        out: RegistryOut = []
         self.kicked.pop((m.cid, m.conn), None)  # (its node closed it: its will is out there)
         regs = self.membership.registrars(m.cid)
         if frm not in regs:
@@ -102,13 +117,15 @@ class Registry:
             # replaced it there): it hears of the release as well (fuzzer seed 94)
             for r in regs:
                 if r != self.node_id:
-                    self._send(r, m, now)
+                    out.append(ToNode(r, m))
         entry = self.entries.get(m.cid)
         if entry is not None and entry.conn == m.conn:
-            self._store(dataclasses.replace(entry, connected=False, will=None), now)
+            self._store(dataclasses.replace(entry, connected=False, will=None), out)
+        return out
 
-    def on_copy(self, frm: str, m: RegCopy, now: float) -> None:
+    def on_copy(self, frm: str, m: RegCopy, now: float) -> RegistryOut:
         """The registrar's copy, at its backup (or at a new registrar after a change)."""
+        out: RegistryOut = []
         mine = self.membership.incs.get(self.node_id)
         for entry in m.entries:
             have = self.entries.get(entry.cid)
@@ -118,16 +135,17 @@ class Registry:
                 if have is not None and have.conn != entry.conn:
                     # (two registrars of one id across a split may hand out the same epoch:
                     # the connection this copy replaces still has its will, fuzzer seed 12)
-                    self._replaced(have, now)
+                    self._replaced(have, now, out)
                 self.entries[entry.cid] = entry
                 if entry.connected and entry.node == self.node_id and entry.inc != mine:
                     # a connection of this node's earlier life, handed back by the backup that
                     # kept it while we were down: it is gone, its will is due (fuzzer seed 12)
                     if self.membership.registrars(entry.cid)[0] == self.node_id:
-                        self._store(dataclasses.replace(entry, connected=False, will=None), now)
-                        self._publish_will(entry, now)
+                        self._store(dataclasses.replace(entry, connected=False, will=None), out)
+                        self._publish_will(entry, now, out)
+        return out
 
-    def _replaced(self, entry: Registration, now: float) -> None:
+    def _replaced(self, entry: Registration, now: float, out: RegistryOut) -> None:
         """The registration of another connection replaces ``entry``: if that connection was
         open with a will on a node that is gone (or restarted), its will is due now, and
         nobody else knows of it any more (published by the registrar). On a node believed
@@ -141,7 +159,7 @@ class Registry:
             # the news of a restart may come after the entry was replaced, fuzzer seed 12)
             self.kicked.setdefault((entry.cid, entry.conn), (entry, now))
         elif self._may_publish(entry):
-            self._publish_will(entry, now)
+            self._publish_will(entry, now, out)
 
     def _may_publish(self, entry: Registration) -> bool:
         """A will with its own message id (reserved at CONNECT) is one message whoever
@@ -151,24 +169,27 @@ class Registry:
 
     # -- upkeep -----------------------------------------------------------------------------
 
-    def _store(self, entry: Registration, now: float) -> None:
+    def _store(self, entry: Registration, out: RegistryOut) -> None:
         self.entries[entry.cid] = entry
         for r in self.membership.keepers(entry.cid, entry.node):
             if r != self.node_id:
-                self._send(r, RegCopy([entry]), now)
+                out.append(ToNode(r, RegCopy([entry])))
 
-    def rebalance(self, now: float) -> None:
+    def rebalance(self, now: float) -> RegistryOut:
         """The live nodes changed: entries go to their (new) keepers, and we keep ours."""
+        out: RegistryOut = []
         for cid, entry in list(self.entries.items()):
             keep = self.membership.keepers(cid, entry.node)
             for r in keep:
                 if r != self.node_id:
-                    self._send(r, RegCopy([entry]), now)
+                    out.append(ToNode(r, RegCopy([entry])))
             if self.node_id not in keep:
                 del self.entries[cid]
+        return out
 
-    def publish_lost_wills(self, now: float) -> None:
+    def publish_lost_wills(self, now: float) -> RegistryOut:
         """Clients of nodes found dead: their wills, published once, by their registrar."""
+        out: RegistryOut = []
         membership = self.membership
         dead = membership.dead(now)
         for key, (entry, at) in list(self.kicked.items()):
@@ -183,9 +204,9 @@ class Registry:
                 # it kept it, seed 17): one message by its id, taken once everywhere
                 del self.kicked[key]
                 if self._may_publish(entry):
-                    self._publish_will(entry, now)
+                    self._publish_will(entry, now, out)
         if not dead:
-            return
+            return out
         for cid, entry in list(self.entries.items()):
             if not entry.connected:
                 continue
@@ -196,21 +217,20 @@ class Registry:
                 node_dead = entry.node in dead
             if not node_dead or membership.registrars(cid)[0] != self.node_id:
                 continue
-            self._store(dataclasses.replace(entry, connected=False, will=None), now)
-            self._publish_will(entry, now)
+            self._store(dataclasses.replace(entry, connected=False, will=None), out)
+            self._publish_will(entry, now, out)
         membership.restarts_settled()
+        return out
 
-    def _publish_will(self, entry: Registration, now: float) -> None:
+    def _publish_will(self, entry: Registration, now: float, out: RegistryOut) -> None:
         will = entry.will
         if will is None:
             return
         self.counters["wills_published"] += 1
         payload = base64.b64decode(will.payload_b64)
         wall = now + self.wall_offset
-        broker = self.broker
         if not will.seq:  # (a registration of before the will's number was reserved)
-            seq = broker.next_seq()
-            broker.publish(Message(will.topic, payload, will.qos, will.retain, self.node_id, seq, entry.cid, wall))
+            out.append(WillDue(Message(will.topic, payload, will.qos, will.retain, self.node_id, 0, entry.cid, wall)))
             return
         # the message the connection's node would have published, under its id: if that node
         # (or another registrar, across a split) published it too, every node's duplicate
@@ -218,11 +238,7 @@ class Registry:
         msg = Message(will.topic, payload, will.qos, will.retain, entry.node, will.seq, entry.cid, wall)
         if entry.node != self.node_id:
             msg.ack_to = self.node_id  # (the destinations acknowledge to us: custody is ours)
-        mesh = broker.mesh
-        if mesh is None or mesh.first_here(msg):
-            broker.publish(msg)
-        else:
-            mesh.published(msg)  # (delivered here already: only routed)
+        out.append(WillDue(msg))
 
     def view(self) -> dict[str, dict[str, Any]]:
         """The ClientIds this node is the first registrar of (for $SYS/mesh/clients)."""
