@@ -268,8 +268,9 @@ class PeerPort(Protocol):
         certificate): our half of its handshake, with a nonce fresh for this connection, or
         why it is refused."""
 
-    def peer_input(self, channel: Channel, msg: Message, now: float) -> Batch:
-        """A PUBLISH from the peer; the batch its PUBACK waits for."""
+    def peer_input(self, channel: Channel, msg: Message, now: float) -> tuple[Batch, Hits]:
+        """A PUBLISH from the peer; the batch its PUBACK waits for, and the congested local
+        sessions it reached (the link owes them: flow.py)."""
 
     def peer_closed(self, channel: Channel, now: float) -> None: ...
 

@@ -92,7 +92,8 @@ class _Checker(ast.NodeVisitor):
         self.methods.pop()
 
     def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-        inner = {n.name for n in ast.walk(node) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n is not node}
+        defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+        inner = {n.name for n in ast.walk(node) if isinstance(n, defs) and n is not node}
         self.nested.append(inner)
         self._scoped(node)
         self.nested.pop()
@@ -244,7 +245,10 @@ PLANTED = [
     ("def f(b, x):\n    setattr(b, 'mesh', x)\n", "setattr(..., 'mesh')"),
     ("def f(p):\n    return open(p).read()\n", "open"),
     # registrations: a function handed to another object to be called back later
-    ("def f(b, n):\n    def send():\n        pass\n    b.after_commit(n, send)\n", "registers send with b.after_commit"),
+    (
+        "def f(b, n):\n    def send():\n        pass\n    b.after_commit(n, send)\n",
+        "registers send with b.after_commit",
+    ),
     ("def f(b, n, m):\n    b.after_commit(n, partial(g, m))\n", "registers a partial with b.after_commit"),
     ("def f(b):\n    b.on(lambda: 1)\n", "registers a lambda with b.on"),
     (

@@ -198,10 +198,10 @@ class Cluster:
         """What a protocol answered, in order: messages to nodes (this one's handled here,
         now) and wills to publish here."""
         for action in out:
-            if type(action) is ToNode:
+            if isinstance(action, ToNode):
                 self._send(action.dest, action.msg, now)
             else:
-                self._publish_will(action.msg)  # type: ignore[union-attr]
+                self._publish_will(action.msg)
 
     def _publish_will(self, msg: Message) -> None:
         """A will the registrar found due: one message by its id wherever it is published
