@@ -761,15 +761,13 @@ def test_a_channel_is_paused_and_resumed_through_its_owner_while_connected(net):
     slow = object()
     congestion.add(slow, "queue")
     ch = net.connect("p")
-    congestion.note(slow)
-    congestion.hold(ch, 0.0)
+    congestion.hold(ch, congestion.check([slow]), 0.0)
     assert net.owner.paused == [ch]
     congestion.remove(slow, "queue")
     assert net.owner.resumed == [ch]
     other = net.connect("q")
     congestion.add(slow, "queue")
-    congestion.note(slow)
-    congestion.hold(other, 0.0)
+    congestion.hold(other, congestion.check([slow]), 0.0)
     other.state = CLOSED  # (closed without the Channel's own unpause)
     congestion.remove(slow, "queue")
     assert net.owner.resumed == [ch]  # a closed channel's socket is not touched

@@ -193,7 +193,7 @@ class FakeMesh:
 
     def peer_input(self, channel, msg, now):
         self.inputs.append((channel.peer_node, msg.topic, msg.payload))
-        return 0
+        return 0, ()
 
     def peer_closed(self, channel, now):
         self.closed.append(channel)
