@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...message import Message
 
+if TYPE_CHECKING:
+    from ...ports import ClaimingChannel
+
 __all__ = [
     "ClusterSettings",
+    "LocalConnection",
     "ClusterWireError",
     "WireWill",
     "Registration",
@@ -468,3 +472,12 @@ class Snapshot:
             inbound,
             floors,
         )
+
+
+class LocalConnection:
+    """A client connected here, as registered at its registrar."""
+
+    __slots__ = ("channel", "conn", "epoch", "will", "clean", "at")
+
+    def __init__(self, channel: ClaimingChannel, conn: str, epoch: int, will: WireWill | None, clean: bool, at: float):
+        self.channel, self.conn, self.epoch, self.will, self.clean, self.at = channel, conn, epoch, will, clean, at

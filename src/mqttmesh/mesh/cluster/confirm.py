@@ -20,9 +20,8 @@ from .cluster_wire import SessAck
 
 if TYPE_CHECKING:
     from ...broker import Broker
-    from .cluster_values import ClusterSettings
+    from .cluster_values import ClusterSettings, LocalConnection
     from .cluster_wire import SendOutFn
-    from .handover import LocalConnection
     from .membership import Membership
     from .replica import _Replicated
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from ...packets import UNAVAILABLE
 from ...ports import ClaimingChannel
 from ...topics import filter_matches
-from .cluster_values import Forwarded
+from .cluster_values import Forwarded, LocalConnection
 from .cluster_wire import (
     RegClaim,
     RegGrant,
@@ -93,15 +93,6 @@ class Claim:
         self.forwarded: list[SessFwd] = []  # messages holders forwarded before the session is here
         self.kept = 0  # the registrar's word: the last claim kept a session at this epoch
         self.answered: set[str] = set()  # nodes that sent their copy (or said they have none)
-
-
-class LocalConnection:
-    """A client connected here, as registered at its registrar."""
-
-    __slots__ = ("channel", "conn", "epoch", "will", "clean", "at")
-
-    def __init__(self, channel: ClaimingChannel, conn: str, epoch: int, will: WireWill | None, clean: bool, at: float):
-        self.channel, self.conn, self.epoch, self.will, self.clean, self.at = channel, conn, epoch, will, clean, at
 
 
 def _wire_will(will: Will | None, seq: int = 0) -> WireWill | None:

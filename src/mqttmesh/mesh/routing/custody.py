@@ -17,42 +17,15 @@ It leaves durability to a ``CustodyJournal`` given to the engine's constructor
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 from ...message import Message
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import for_dests
+from .records import Custody, CustodyJournal
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Custody", "CustodyJournal", "CustodyMixin"]
-
-
-class CustodyJournal(Protocol):
-    """Where custody is made durable (store.Journal), so a restart keeps it."""
-
-    def custody_put(self, msg: Message, dests: list[str]) -> None: ...
-
-    def custody_remove(self, seq: int) -> None: ...
-
-
-class Custody:
-    """One message in custody: the destinations that have not acknowledged it yet, and its
-    predecessor at each (order.py): one number for a message to one node, a dict for several,
-    None when it was sent unordered."""
-
-    __slots__ = ("msg", "dests", "attempt", "due", "since", "prev")
-
-    def __init__(
-        self, msg: Message, dests: set[str], due: float, since: float, prev: int | dict[str, int] | None = None
-    ):
-        self.msg, self.dests, self.attempt, self.due, self.since, self.prev = msg, dests, 0, due, since, prev
-
-    def predecessors(self) -> dict[str, int] | None:
-        prev = self.prev
-        if isinstance(prev, int):
-            return {next(iter(self.dests)): prev} if prev and self.dests else None
-        return prev
 
 
 class CustodyMixin(EngineState):

@@ -16,13 +16,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ...message import Message
-    from .custody import Custody, CustodyJournal
     from .dedup import DeliveryFilter, ForwardFilter
     from .envelope import Envelope
     from .interest import InterestIndex
-    from .lsdb import Control, InterestState, RouterLsa
-    from .order import Held
-    from .routes import Route
+    from .records import Control, Custody, CustodyJournal, Held, InterestState, Route, RouterLsa
     from .wire import AckGroup
 
 __all__ = ["MeshSettings", "PeerStats", "JsonCodec", "EngineState"]

@@ -13,58 +13,14 @@ from __future__ import annotations
 import sys
 import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from .actions import Send
 from .engine_base import EngineState
+from .records import Control, InterestState, Lsa, RouterLsa
 from .wire import MeshProtocolError
 
 __all__ = ["RouterLsa", "InterestState", "Control", "newest_only", "LsdbMixin"]
-
-Lsa = dict[str, Any]  # an advertisement as it travels (JSON)
-
-
-@dataclass
-class RouterLsa:
-    node: str
-    inc: int
-    seq: int
-    addresses: list[str]
-    links: dict[str, int]
-    received: float = 0.0
-
-    def to_json(self) -> Lsa:
-        return {
-            "t": "router",
-            "node": self.node,
-            "inc": self.inc,
-            "seq": self.seq,
-            "addr": self.addresses,
-            "links": self.links,
-        }
-
-
-@dataclass
-class InterestState:
-    node: str
-    inc: int
-    ver: int
-    # a tuple of interned strings, in no particular order: every node holds every other
-    # node's filters, and a tuple of shared strings costs a tenth of a set of copies; sorting
-    # is left to the rare readers (docs/simulation.md, memory)
-    filters: tuple[str, ...] = ()
-
-    def full_json(self) -> Lsa:
-        return {"t": "interest", "node": self.node, "inc": self.inc, "ver": self.ver, "full": sorted(self.filters)}
-
-
-class Control(NamedTuple):
-    """A link-local control message waiting for the next flush (dbsum, lsreq, cost)."""
-
-    peer: str
-    kind: str
-    body: Any  # JSON
 
 
 def _filter_tuple(filters: Iterable[str]) -> tuple[str, ...]:

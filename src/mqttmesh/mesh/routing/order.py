@@ -29,18 +29,10 @@ from ...message import Message
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import for_dests
+from .records import Held
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Held", "OrderMixin"]
-
-
-class Held:
-    """A message waiting for its predecessor: since when, and when the origin was last asked."""
-
-    __slots__ = ("msg", "attempt", "since", "asked")
-
-    def __init__(self, msg: Message, attempt: int, since: float):
-        self.msg, self.attempt, self.since, self.asked = msg, attempt, since, since
 
 
 class OrderMixin(EngineState):

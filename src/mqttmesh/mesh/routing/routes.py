@@ -9,21 +9,12 @@ leaves the clock to its caller: ``spf_timer``, when given, only measures.
 from __future__ import annotations
 
 from .engine_base import EngineState
+from .records import HopGroup, Route
 from .spf import shortest_paths
 
 __all__ = ["HopGroup", "Route", "RoutesMixin"]
 
 ROUTE_CACHE_LIMIT = 65536  # topics; the cache starts again when full
-
-
-# What route_local reads for every message, so plain tuples: CPython 3.11 unpacks an exact
-# tuple in a specialised instruction and a NamedTuple in the generic one, about 40 ns more for
-# each of the two unpackings per routed message (7 % of route_local + flush in a micro-benchmark).
-#   HopGroup: (next hop, the destinations reached through it, "\0".join(those destinations):
-#             the batch encoder's string for the list, made once per route)
-#   Route:    (hop groups, every node that wants the topic (sorted), how many have no next hop)
-HopGroup = tuple[str, list[str], str]
-Route = tuple[list[HopGroup], list[str], int]
 
 
 class RoutesMixin(EngineState):
