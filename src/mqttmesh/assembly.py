@@ -37,7 +37,8 @@ from .store import NULL_JOURNAL
 from .topics import RetainedTrie
 
 if TYPE_CHECKING:
-    from .ports import ArchivePort, JournalPort, Log, MeshIO, Owner, PeerLink, RandomHex, SessionFactory
+    from .ports import ArchivePort, JournalPort, Log, MeshIO, Owner, PeerLink, RandomHex
+    from .session import SessionFactory
 
 __all__ = ["MeshConfig", "NodeCore", "build_core", "seq_base"]
 
@@ -91,7 +92,7 @@ class NodeCore:
         if self.cluster is not None:
             self.cluster.committed(batch)
 
-    def channel(self, owner: Owner, peer: str, now: float, certified: bool = False) -> Channel:
+    def channel(self, owner: Owner[Channel], peer: str, now: float, certified: bool = False) -> Channel:
         """The Channel of a new connection: in a mesh it answers peers through the links
         and claims ClientIds through the cluster."""
         return Channel(self.broker, owner, peer, now, certified, peers=self.links, claims=self.cluster)

@@ -12,31 +12,84 @@ assembly.build_core is where they are made.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .auth import Auth
-from .flow import NO_HITS, Congestion, Hits
+from .flow import Congestion
 from .message import Message
-from .ports import (
-    ArchivePort,
-    Batch,
-    ClaimingChannel,
-    JournalPort,
-    MeshPort,
-    RandomHex,
-    ReplicationPort,
-    RetainedPort,
-    SessionFactory,
-)
-from .session import Limits, Session, Sessions
+from .ports import NO_HITS, ArchivePort, Batch, Hits, JournalPort, MeshPort, RandomHex
+from .session import Attached, Limits, Session, SessionFactory, Sessions
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie, SubscriptionTrie
 
-if TYPE_CHECKING:
-    from .channel import Channel
+__all__ = [
+    "Broker",
+    "BrokerPorts",
+    "BrokerSettings",
+    "Stats",
+    "counting_hex",
+    "ClaimingChannel",
+    "HoldsAcks",
+    "RetainedPort",
+    "ReplicationPort",
+]
 
-__all__ = ["Broker", "BrokerPorts", "BrokerSettings", "Stats", "counting_hex"]
+
+# -- the Broker's ports that name its sessions (the others are in ports.py) -----------------
+
+
+class RetainedPort(Protocol):
+    """Where the retained messages of non-$ topics live in a mesh (mesh/cluster/retained.py
+    RetainedOwners: on the topic's owner nodes). None standalone: the Broker keeps them."""
+
+    def retain(self, msg: Message) -> None:
+        """A retained message, or an empty one (a deletion) [MQTT-3.3.1-5, -10]."""
+
+    def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
+        """Send a new subscription the retained messages matching it [MQTT-3.3.1-6]."""
+
+
+class ReplicationPort(Protocol):
+    """The replicated sessions' side of the Broker (mesh/cluster/replica.py Replication)."""
+
+    @property
+    def redirects(self) -> Mapping[str, object]:
+        """ClientId -> where its client just went: the hand-over's own dict (a plain
+        attribute), nearly always empty, so Broker.dispatch pays one truth test per message."""
+
+    def forward(self, session: Session, msg: Message) -> None:
+        """A message reached a local replica whose client is in ``redirects``."""
+
+    def subs_changed(self, session: Session) -> None:
+        """The connected client of a replicated session subscribed or unsubscribed."""
+
+
+class ClaimingChannel(Attached, Protocol):
+    """A client's Channel as the cluster answers it (channel.Channel): the session's
+    connection to be, once claimed."""
+
+    client_id: str
+
+    @property
+    def claiming(self) -> bool:
+        """Still waiting for the claim (a channel that closed meanwhile is not)."""
+
+    def claimed(self, session: Session, present: bool, now: float) -> None:
+        """The ClientId is this connection's, mesh-wide, and ``session`` is ready."""
+
+    def refused(self, rc: int, reason: str, now: float) -> None:
+        """The claim failed: CONNACK ``rc`` (0x03, server unavailable) and close. A
+        persistent session is not served where the node cannot tell it has its latest state
+        (mesh/cluster/handover.py)."""
+
+
+class HoldsAcks(Protocol):
+    """A Channel holding acknowledgements (or messages) back until a journal batch is
+    durable (channel_held.py): released by whoever commits (``Broker.committed``)."""
+
+    def release_acks(self, committed: int) -> None: ...
 
 
 @dataclass
@@ -162,7 +215,7 @@ class Broker:
         # a later start of this node exceeds (its incarnation)
         self.seqs = itertools.count(seq_base + 1)
         self.wall_offset = wall_offset  # wall-clock time minus the caller's clock
-        self.held_ack_channels: set[Channel] = set()  # channels waiting for a journal commit
+        self.held_ack_channels: set[HoldsAcks] = set()  # channels waiting for a journal commit
         if ports.congestion is not None:
             self.congestion = ports.congestion
         else:
@@ -352,7 +405,7 @@ class Broker:
 
     # -- durability ---------------------------------------------------------------------------
 
-    def committed(self, batch: int) -> set[Channel]:
+    def committed(self, batch: int) -> set[HoldsAcks]:
         """The I/O layer made ``batch`` durable: the channels holding acknowledgements (or
         messages) back for a commit, to be released (``Channel.release_acks``; those still
         waiting for a later batch hold theirs again). ``assembly.NodeCore.committed`` does it,

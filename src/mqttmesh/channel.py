@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from .channel_held import PUBREL_FIRST, HeldFrames, ProtocolViolation, ack_frame
@@ -55,16 +55,42 @@ from .packets import (
 from .ports import PEER_USERNAME
 
 if TYPE_CHECKING:
-    from .broker import Broker
-    from .ports import Batch, ClaimPort, Owner, PeerListener, PeerPort, ReadCapture
+    from .broker import Broker, ClaimingChannel
+    from .packets import Will
+    from .ports import Batch, Owner, PeerListener, PeerPort, ReadCapture
     from .session import Session
 
-__all__ = ["Channel", "AWAIT_CONNECT", "AUTHENTICATING", "CLAIMING", "PEER_AUTH", "CONNECTED", "CLOSED", "TRANSITIONS"]
+__all__ = [
+    "Channel",
+    "ClaimPort",
+    "AWAIT_CONNECT",
+    "AUTHENTICATING",
+    "CLAIMING",
+    "PEER_AUTH",
+    "CONNECTED",
+    "CLOSED",
+    "TRANSITIONS",
+]
 
 _PINGRESP = codec.encode(codec.PingResp())
 # bytes that may wait behind the CONNECT before CONNACK: what one read from the socket
 # brings (uvloop and asyncio read at most 256 KiB at a time)
 PREAUTH_READ_SLACK = 256 * 1024
+
+
+class ClaimPort(Protocol):
+    """Mesh-wide ClientIds, as a client's Channel sees them (mesh/cluster/cluster.py Cluster).
+    None outside a mesh: the Channel opens the session with the Broker itself."""
+
+    def connect(
+        self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
+    ) -> None:
+        """A client passed authentication: claim ``cid``, gather its session, and answer
+        with ``channel.claimed(session, present, now)`` (``will_seq``: the number its will's
+        message takes, wherever it is published)."""
+
+    def disconnected(self, channel: ClaimingChannel, now: float) -> None:
+        """A local connection ended; its will, if due, is the Channel's to publish."""
 
 
 class Channel(Publishing, PeerListening, HeldFrames):
@@ -104,12 +130,12 @@ class Channel(Publishing, PeerListening, HeldFrames):
     def __init__(
         self,
         broker: Broker,
-        owner: Owner,
+        owner: Owner[Channel],
         peer: str,
         now: float,
         certified: bool = False,
         *,
-        peers: PeerPort | None = None,
+        peers: PeerPort[Channel] | None = None,
         claims: ClaimPort | None = None,
     ):
         self.broker = broker

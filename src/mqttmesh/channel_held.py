@@ -13,7 +13,7 @@ the state (``_out``, ``_held``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from collections import deque
@@ -64,7 +64,7 @@ class HeldFrames:
 
     if TYPE_CHECKING:  # what the queue uses of the Channel
         broker: Broker
-        owner: Owner
+        owner: Owner[Any]  # (Owner[Channel]: the Channel mixes this in)
         session: Session | None
         _out: list[bytes]
         # frames waiting for a journal batch and a session's replication (version), in order,
@@ -84,14 +84,14 @@ class HeldFrames:
         out.append(frame)
         n = len(out)
         if n == 1 or not n & SPILL_MASK:
-            self.owner.wake(self)  # type: ignore[arg-type]  # (self is the Channel)
+            self.owner.wake(self)
 
     def _write_now(self, frame: bytes) -> None:
         out = self._out
         out.append(frame)
         n = len(out)
         if n == 1 or not n & SPILL_MASK:
-            self.owner.wake(self)  # type: ignore[arg-type]
+            self.owner.wake(self)
 
     def data_to_send(self) -> bytes:
         out = self._out
@@ -120,7 +120,7 @@ class HeldFrames:
             last = held[-1]  # keep acknowledgements in order
             batch, version = max(batch, last[0]), max(version, last[1])
         held.append((batch, version, item))
-        self.broker.held_ack_channels.add(self)  # type: ignore[arg-type]
+        self.broker.held_ack_channels.add(self)
 
     def write_replicated(self, frame: bytes, version: int) -> None:
         """A frame for the client once the session's settlement ``version`` is replicated."""
@@ -144,4 +144,4 @@ class HeldFrames:
                         break
                     held[i] = (batch, v, f)
         if held:
-            self.broker.held_ack_channels.add(self)  # type: ignore[arg-type]
+            self.broker.held_ack_channels.add(self)

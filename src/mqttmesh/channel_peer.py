@@ -9,7 +9,7 @@ for ``channel.Channel``, which inherits them; the Channel's TRANSITIONS name the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import codec
 from .packets import ACCEPTED, NOT_AUTHORIZED
@@ -31,7 +31,7 @@ class PeerListening:
 
     if TYPE_CHECKING:  # what the handlers use of the Channel
         broker: Broker
-        peers: PeerPort | None
+        peers: PeerPort[Any] | None  # (PeerPort[Channel])
         certified: bool
         state: str
         _peer_auth: PeerListener | None

@@ -12,7 +12,7 @@ them and keeps the state (``_held``, ``_deferred``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import codec
 from .channel_held import PUBACK_FIRST, PUBCOMP_FIRST, PUBREC_FIRST, ProtocolViolation, ack_frame
@@ -39,7 +39,7 @@ class Publishing:
         session: Session | None
         state: str
         is_peer: bool
-        peers: PeerPort | None
+        peers: PeerPort[Any] | None  # (PeerPort[Channel])
         username: str | None
         client_id: str
         last_rx: float
@@ -117,7 +117,7 @@ class Publishing:
         if will_seq and broker.mesh is not None:
             broker.mesh.first_here(msg)  # (here now: the registrar's copy of it is not delivered again)
         if self.is_peer and topic.startswith("$mesh/"):
-            batch, hits = self.peers.peer_input(self, msg, now)  # type: ignore[union-attr,arg-type]  # (a peer has them)
+            batch, hits = self.peers.peer_input(self, msg, now)  # type: ignore[union-attr]  # (a peer has them)
             if hits:
                 # a local client cannot keep up: read the link no faster than it drains, for
                 # at most backpressure_timeout at a time (the link carries other sessions' too)

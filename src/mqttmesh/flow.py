@@ -28,8 +28,10 @@ client acknowledged and bytes the kernel took), and the sockets: a paused publis
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from typing import TYPE_CHECKING, Any
+
+from .ports import NO_HITS, Hits
 
 if TYPE_CHECKING:
     from .ports import Pausable
@@ -38,11 +40,6 @@ __all__ = ["NO_HITS", "Congestion", "Hits", "Progress"]
 
 # what ``progress(session)`` returns: (messages acknowledged, bytes the kernel took), ever
 Progress = Callable[[Any], tuple[int, int]]
-
-# the congested sessions (and links) one message reached, as ``check`` finds them and
-# ``Broker.publish`` returns them: what its publisher owes (``hold``); mostly NO_HITS
-Hits = Sequence[Hashable]
-NO_HITS: Hits = ()
 
 FRAME_BYTES = 80  # a message's size on the wire, until a session has seen its own
 

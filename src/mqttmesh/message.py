@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from .codec import encode_publish, encode_remaining_length
 
-__all__ = ["Message", "in_origin_order"]
+__all__ = ["Message", "Entry", "in_origin_order"]
 
 _U16 = struct.Struct(">H")
 T = TypeVar("T")
@@ -106,6 +106,23 @@ class Message:
 
     def __repr__(self) -> str:
         return f"Message({self.topic!r}, {self.payload[:32]!r}, qos={self.qos}, retain={self.retain}, id={self.msg_id})"
+
+
+class Entry:
+    """One message on its way to one session: queued, or in flight with a packet id."""
+
+    __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key")
+
+    def __init__(self, msg: Message, qos: int, retain: bool = False, key: int = 0) -> None:
+        self.msg = msg
+        self.qos = qos
+        self.retain = retain
+        self.packet_id = 0
+        self.state = 0
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"Entry({self.msg!r}, qos={self.qos}, pid={self.packet_id}, state={self.state})"
 
 
 def in_origin_order(items: MutableSequence[T], ident: Callable[[T], tuple[str, int] | None]) -> None:

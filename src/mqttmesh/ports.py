@@ -8,35 +8,29 @@ implementation only has to have the methods. Issue 14 fills this module step by 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from collections.abc import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from .channel import Channel
-    from .flow import Hits
-    from .message import Message
-    from .packets import Will
-    from .session import Entry, Session
+    from .message import Entry, Message
 
 __all__ = [
     "Batch",
     "RandomHex",
+    "Hits",
+    "NO_HITS",
+    "Recipient",
     "SentHook",
     "Owner",
     "Pausable",
     "JournalPort",
-    "SessionFactory",
     "MeshPort",
     "PEER_USERNAME",
     "PeerListener",
     "PeerRefused",
-    "RetainedPort",
-    "ReplicationPort",
     "ArchivePort",
     "ReadCapture",
     "PeerPort",
-    "ClaimPort",
-    "ClaimingChannel",
     "UnicastPort",
     "PeerLink",
     "MeshIO",
@@ -53,33 +47,50 @@ Batch = int
 RandomHex = Callable[[int], str]
 
 # (session, message, QoS, DUP) of a PUBLISH a session just wrote to its client: the
+# the congested sessions (and peer links) one message reached: what its publisher owes
+# (flow.Congestion.hold); ``Broker.publish`` returns them, mostly NO_HITS
+Hits = Sequence[Hashable]
+NO_HITS: Hits = ()
+
+# a Channel (channel.Channel, which imports this module): what an Owner and the PeerPort are
+# handed back, typed by who uses them (``Owner[Channel]``)
+ChannelT = TypeVar("ChannelT", contravariant=True)
+
+
+class Recipient(Protocol):
+    """Whoever a message was delivered to, as the archive's delivery log names it (a session)."""
+
+    client_id: str
+
+
+# (session, message, QoS, DUP) of a PUBLISH a session just wrote to its client: the
 # archive's delivery log (session.Session.on_sent)
-SentHook = Callable[["Session", "Message", int, bool], None]
+SentHook = Callable[[Recipient, "Message", int, bool], None]
 
 
-class Owner(Protocol):
+class Owner(Protocol[ChannelT]):
     """A Channel's connection: the socket and timers of one client (server/connection.py)."""
 
-    def wake(self, channel: Channel) -> None:
+    def wake(self, channel: ChannelT) -> None:
         """There are bytes in ``channel.data_to_send()``: called at the first frame, and
         again every ``channel_held.SPILL_FRAMES`` frames while they wait, when an owner that
         batches its writes should write them at once (``Channel.pending_frames`` says how
         many wait)."""
 
-    def close(self, channel: Channel, reason: str) -> None:
+    def close(self, channel: ChannelT, reason: str) -> None:
         """Send what is pending, then close."""
 
-    def authenticate(self, channel: Channel, username: str | None, password: bytes | None) -> None:
+    def authenticate(self, channel: ChannelT, username: str | None, password: bytes | None) -> None:
         """Run the slow password check somewhere (throttled and bounded: server/logins.py)
         and answer with ``channel.authenticated(rc, now)``."""
 
-    def connected(self, channel: Channel) -> None:
+    def connected(self, channel: ChannelT) -> None:
         """A CONNECT finished later than the bytes that carried it (mesh claims)."""
 
-    def pause_reading(self, channel: Channel) -> None:
+    def pause_reading(self, channel: ChannelT) -> None:
         """Stop feeding this channel for now (flow.py)."""
 
-    def resume_reading(self, channel: Channel) -> None:
+    def resume_reading(self, channel: ChannelT) -> None:
         """Feed it again."""
 
 
@@ -130,28 +141,6 @@ class JournalPort(Protocol):
     def mark_committed(self, number: int) -> None: ...
 
 
-class SessionFactory(Protocol):
-    """Makes the Broker's sessions (session.Sessions; mesh/replica.ReplicaSessions in a mesh)."""
-
-    def new(self, client_id: str, clean: bool, durable: bool) -> Session:
-        """A session for a CONNECT; ``durable=False`` keeps even CleanSession=0 in memory
-        (peer links). A persistent one is recorded in the journal as it is made."""
-
-    def restored(self, client_id: str) -> Session:
-        """An empty persistent session for the store to fill (store.restore_sessions)."""
-
-    def restore_replicated(
-        self,
-        restored: Mapping[str, Session],
-        inbound: Iterable[tuple[Any, ...]],
-        versions: Iterable[tuple[str, int, int]],
-        tombstones: Iterable[tuple[str, int, str, int]],
-        floors: Iterable[tuple[str, str, int]],
-    ) -> None:
-        """The rows of the sessions ``restored`` that only a session replicated in a mesh has
-        (store.restore_sessions says what each is); nothing to do outside a mesh."""
-
-
 class MeshPort(Protocol):
     """The mesh, as the Broker sees it (mesh/link/gateway.py MeshGateway). None outside a mesh."""
 
@@ -171,32 +160,6 @@ class MeshPort(Protocol):
     def comes_later(self, msg: Message) -> bool:
         """True when ``msg`` (by its id) reached this node and waits for an earlier message of
         its origin (mesh/routing/order.py): it is dispatched here once that one is."""
-
-
-class RetainedPort(Protocol):
-    """Where the retained messages of non-$ topics live in a mesh (mesh/cluster/retained.py
-    RetainedOwners: on the topic's owner nodes). None standalone: the Broker keeps them."""
-
-    def retain(self, msg: Message) -> None:
-        """A retained message, or an empty one (a deletion) [MQTT-3.3.1-5, -10]."""
-
-    def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
-        """Send a new subscription the retained messages matching it [MQTT-3.3.1-6]."""
-
-
-class ReplicationPort(Protocol):
-    """The replicated sessions' side of the Broker (mesh/cluster/replica.py Replication)."""
-
-    @property
-    def redirects(self) -> Mapping[str, object]:
-        """ClientId -> where its client just went: the hand-over's own dict (a plain
-        attribute), nearly always empty, so Broker.dispatch pays one truth test per message."""
-
-    def forward(self, session: Session, msg: Message) -> None:
-        """A message reached a local replica whose client is in ``redirects``."""
-
-    def subs_changed(self, session: Session) -> None:
-        """The connected client of a replicated session subscribed or unsubscribed."""
 
 
 class ArchivePort(Protocol):
@@ -260,7 +223,7 @@ class PeerListener(Protocol):
         """None when ``payload`` proves the cluster secret for this handshake; else why not."""
 
 
-class PeerPort(Protocol):
+class PeerPort(Protocol[ChannelT]):
     """The mesh, as a Channel of a node that dialled us sees it (mesh/link/links.py PeerLinks)."""
 
     def listen(self, client_id: str, password: bytes | None, certified: bool) -> PeerListener | PeerRefused:
@@ -268,50 +231,11 @@ class PeerPort(Protocol):
         certificate): our half of its handshake, with a nonce fresh for this connection, or
         why it is refused."""
 
-    def peer_input(self, channel: Channel, msg: Message, now: float) -> tuple[Batch, Hits]:
+    def peer_input(self, channel: ChannelT, msg: Message, now: float) -> tuple[Batch, Hits]:
         """A PUBLISH from the peer; the batch its PUBACK waits for, and the congested local
         sessions it reached (the link owes them: flow.py)."""
 
-    def peer_closed(self, channel: Channel, now: float) -> None: ...
-
-
-class ClaimingChannel(Protocol):
-    """A client's Channel as the cluster answers it (channel.Channel)."""
-
-    client_id: str
-    peer: str  # the client's address, for the log line of a takeover
-
-    @property
-    def claiming(self) -> bool:
-        """Still waiting for the claim (a channel that closed meanwhile is not)."""
-
-    def claimed(self, session: Session, present: bool, now: float) -> None:
-        """The ClientId is this connection's, mesh-wide, and ``session`` is ready."""
-
-    def refused(self, rc: int, reason: str, now: float) -> None:
-        """The claim failed: CONNACK ``rc`` (0x03, server unavailable) and close. A
-        persistent session is not served where the node cannot tell it has its latest state
-        (mesh/cluster/handover.py)."""
-
-    def kick(self, reason: str) -> None:
-        """Another connection took the ClientId over [MQTT-3.1.4-2]."""
-
-    def close(self, reason: str) -> None: ...
-
-
-class ClaimPort(Protocol):
-    """Mesh-wide ClientIds, as a client's Channel sees them (mesh/cluster/cluster.py Cluster).
-    None outside a mesh: the Channel opens the session with the Broker itself."""
-
-    def connect(
-        self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
-    ) -> None:
-        """A client passed authentication: claim ``cid``, gather its session, and answer
-        with ``channel.claimed(session, present, now)`` (``will_seq``: the number its will's
-        message takes, wherever it is published)."""
-
-    def disconnected(self, channel: ClaimingChannel, now: float) -> None:
-        """A local connection ended; its will, if due, is the Channel's to publish."""
+    def peer_closed(self, channel: ChannelT, now: float) -> None: ...
 
 
 # (dest, kind, payload) -> reachable now: a cluster unicast over the routing engine

@@ -12,18 +12,27 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .codec import PubRel, encode
-from .message import in_origin_order
+from .message import Entry, in_origin_order
 
 if TYPE_CHECKING:
-    from .channel import Channel
     from .flow import Congestion
     from .message import Message
     from .ports import Batch, JournalPort, SentHook
 
-__all__ = ["Limits", "Entry", "Session", "DurableSession", "Sessions", "SENT_PUBLISH", "SENT_PUBREL"]
+__all__ = [
+    "Limits",
+    "Entry",
+    "Attached",
+    "SessionFactory",
+    "Session",
+    "DurableSession",
+    "Sessions",
+    "SENT_PUBLISH",
+    "SENT_PUBREL",
+]
 
 SENT_PUBLISH, SENT_PUBREL = 1, 2
 
@@ -48,21 +57,47 @@ class Limits:
         return self.max_queued // 4
 
 
-class Entry:
-    """One message on its way to one session: queued, or in flight with a packet id."""
+class Attached(Protocol):
+    """The connection a session's client is on, as the session and its owners use it
+    (channel.Channel, which imports this module)."""
 
-    __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key")
+    peer: str  # the client's address (the log line of a takeover)
+    blocked: bool  # the socket takes no more for now: queue instead of writing
 
-    def __init__(self, msg: Message, qos: int, retain: bool = False, key: int = 0) -> None:
-        self.msg = msg
-        self.qos = qos
-        self.retain = retain
-        self.packet_id = 0
-        self.state = 0
-        self.key = key
+    def write(self, frame: bytes) -> None: ...
 
-    def __repr__(self) -> str:
-        return f"Entry({self.msg!r}, qos={self.qos}, pid={self.packet_id}, state={self.state})"
+    def write_replicated(self, frame: bytes, version: int) -> None:
+        """A frame once the session's settlement ``version`` is replicated."""
+
+    def release_acks(self, committed: int) -> None:
+        """Send what waited for journal batch ``committed`` and the session's safe version."""
+
+    def kick(self, reason: str) -> None:
+        """Another connection took the ClientId over [MQTT-3.1.4-2]."""
+
+    def close(self, reason: str) -> None: ...
+
+
+class SessionFactory(Protocol):
+    """Makes the Broker's sessions (session.Sessions; mesh/replica.ReplicaSessions in a mesh)."""
+
+    def new(self, client_id: str, clean: bool, durable: bool) -> Session:
+        """A session for a CONNECT; ``durable=False`` keeps even CleanSession=0 in memory
+        (peer links). A persistent one is recorded in the journal as it is made."""
+
+    def restored(self, client_id: str) -> Session:
+        """An empty persistent session for the store to fill (store.restore_sessions)."""
+
+    def restore_replicated(
+        self,
+        restored: Mapping[str, Session],
+        inbound: Iterable[tuple[Any, ...]],
+        versions: Iterable[tuple[str, int, int]],
+        tombstones: Iterable[tuple[str, int, str, int]],
+        floors: Iterable[tuple[str, str, int]],
+    ) -> None:
+        """The rows of the sessions ``restored`` that only a session replicated in a mesh has
+        (store.restore_sessions says what each is); nothing to do outside a mesh."""
 
 
 class Session:
@@ -87,7 +122,7 @@ class Session:
         self.inflight: dict[int, Entry] = {}  # packet id -> entry, in send order
         self.queue: deque[Entry] = deque()
         self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids between PUBREC and PUBREL
-        self.channel: Channel | None = None  # the Channel the client is connected on
+        self.channel: Attached | None = None  # the Channel the client is connected on
         self.username: str | None = None
         self.dropped = 0  # messages a full queue dropped
         self.dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
@@ -222,7 +257,7 @@ class Session:
 
     # -- connection life -------------------------------------------------------------
 
-    def attach(self, channel: Channel) -> None:
+    def attach(self, channel: Attached) -> None:
         """Bind to a new connection and re-send what was unacknowledged [MQTT-4.4.0-1]."""
         self.channel = channel
         for entry in list(self.inflight.values()):  # original order [MQTT-4.6.0-1]

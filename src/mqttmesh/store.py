@@ -15,12 +15,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .message import Message
-from .session import Entry
+from .message import Entry, Message
 
 if TYPE_CHECKING:
-    from .ports import Batch, SessionFactory
-    from .session import Session
+    from .ports import Batch
+    from .session import Session, SessionFactory
 
 __all__ = ["Journal", "NullJournal", "NULL_JOURNAL", "restore_sessions", "FORMAT_VERSION"]
 

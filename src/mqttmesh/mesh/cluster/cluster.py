@@ -69,10 +69,10 @@ from .retained import RetainedOwners
 
 if TYPE_CHECKING:
     from ...auth import Auth
-    from ...broker import Broker
+    from ...broker import Broker, ClaimingChannel
     from ...message import Message
     from ...packets import Will
-    from ...ports import ClaimingChannel, JournalPort, UnicastPort
+    from ...ports import JournalPort, UnicastPort
     from ...topics import RetainedTrie
 
 __all__ = ["ClusterSettings", "ClusterParts", "Cluster", "HANDLERS", "cluster_parts", "wire_sender"]

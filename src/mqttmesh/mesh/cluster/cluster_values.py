@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ...message import Message
 
 if TYPE_CHECKING:
-    from ...ports import ClaimingChannel
+    from ...broker import ClaimingChannel
 
 __all__ = [
     "ClusterSettings",

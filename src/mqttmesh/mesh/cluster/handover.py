@@ -22,8 +22,8 @@ from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from ...broker import ClaimingChannel
 from ...packets import UNAVAILABLE
-from ...ports import ClaimingChannel
 from ...topics import filter_matches
 from .cluster_values import Forwarded, LocalConnection
 from .cluster_wire import (

@@ -15,9 +15,8 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
-from ...flow import NO_HITS, Hits
 from ...message import Message
-from ...ports import MeshIO, PeerLink
+from ...ports import NO_HITS, Hits, MeshIO, PeerLink
 from ..routing.engine import MeshEngine
 from .links import FLUSH_EVERY
 

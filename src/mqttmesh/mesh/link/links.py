@@ -24,9 +24,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ...flow import NO_HITS, Hits
 from ...message import Message
-from ...ports import Batch, Log, MeshIO, PeerLink, PeerRefused
+from ...ports import NO_HITS, Batch, Hits, Log, MeshIO, PeerLink, PeerRefused
 from ..routing.actions import Unicast
 from ..routing.engine import MeshEngine
 from ..routing.wire import MeshProtocolError
