@@ -62,7 +62,10 @@ class RunOptions:
     warmup: float = 0.5  # seconds published before the measurement window opens
     duration: float = 3.0  # the measurement window
     drain_timeout: float = 10.0  # publishers waiting for acks, then subscribers for stragglers
-    quiet: float = 0.3  # a subscriber process stops draining after this long without progress
+    # a subscriber process stops draining after this long without progress: longer than a
+    # node's timer period (0.25 s), on which the last of a persistent session's messages
+    # across nodes may wait, so that a straggler is counted late, not lost
+    quiet: float = 1.0
     connect_timeout: float = 30.0
     batch: int = 128  # messages per write for unpaced publishers
     settle: float = 0.0  # pause between "subscribed" and publishing (a mesh propagates routes)

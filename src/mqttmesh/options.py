@@ -121,6 +121,17 @@ OPTIONS: list[Option] = [
     ),
     Option(
         "limits",
+        "read_slice",
+        float,
+        0.1,
+        "seconds of clients' input a node handles in one turn of its event loop; what it read "
+        "beyond waits, in order, for the next turn (reading those clients paused meanwhile), so "
+        "its timers (link keepalives, the cluster's clock) run however many publishers flood it",
+        0.001,
+        10.0,
+    ),
+    Option(
+        "limits",
         "buffer_memory",
         int,
         512 * _MiB,

@@ -449,6 +449,26 @@ def test_quorum_needs_a_majority_of_the_nodes_ever_seen_and_a_fresh_view():
         assert alone.quorum(t) == (t >= 3.0)  # a mesh of one serves after the grace
 
 
+def test_a_busy_loop_shorter_than_a_links_death_keeps_the_persistent_clients():
+    """Issue 20 (make bench, p2p-persistent across two nodes): under load one iteration of a
+    node's loop took 1.4 s; the cluster's stall bound was 1 s, so the node took itself for
+    paused, closed its 50 persistent clients and refused them with 0x03 for 3 s. A peer
+    gives a link up after 3 keepalives of silence, counted from what it last heard, at most
+    a keepalive before the gap: a gap under 2 keepalives (less a tick) cannot have cost a
+    link, and the view stays trusted. A longer gap still distrusts it."""
+    keepalive, tick = 1.0, 0.25
+    stall = ClusterSettings().stall
+    assert stall == 2 * keepalive - tick  # (what server/mesh_node.py derives from mesh.keepalive)
+    m = Membership("a", 1, replication=2, will_delay=0.5, stall=stall, grace=3 * keepalive)
+    m.update(["a", "b"], {"a": 1, "b": 1}, 0.0)
+    m.ticked(0.0)
+    m.ticked(1.4)  # one iteration of 1.4 s: busy, not paused
+    assert m.quorum(1.4) and m.quorum(1.5)
+    m.ticked(1.5)
+    m.ticked(3.3)  # 1.8 s: a peer may have heard nothing for 2.8 s and be about to close
+    assert not m.quorum(3.3) and not m.quorum(6.2)
+
+
 def test_a_node_that_starts_beside_nodes_out_of_reach_counts_them_in_quorum_and_homes():
     """Issue 15 (harness, seed 1): a node restarted on the majority side of a partition knew
     only the nodes it could reach, so it placed a session's home among them and served the

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import socket
 import struct
+from collections import deque
 
 from ..channel import AUTHENTICATING, CLAIMING, CLOSED, CONNECTED, Channel
 
@@ -26,6 +27,8 @@ log = logging.getLogger("mqttmesh.connection")
 PAUSE_AUTH = 1  # its CONNECT is being checked: nothing more is read before CONNACK
 PAUSE_FLOW = 2  # it published to a congested client (flow.py)
 PAUSE_MEMORY = 4  # all connections together are over limits.buffer_memory
+PAUSE_SLICE = 8  # what it sent waits for the next turn of the loop (Node.read_slice)
+SMALL_READ = 4096  # a read this small is handled in the turn it came, spent or not
 
 _LINGER_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 WRITE_HIGH = 256 * 1024  # transport buffer above which the client counts as congested
@@ -52,6 +55,7 @@ class Connection(asyncio.Protocol):
         "_linger",
         "written",
         "draining",
+        "waiting",
     )
 
     def __init__(self, node, accepted_at: float | None = None):
@@ -74,6 +78,8 @@ class Connection(asyncio.Protocol):
         self._linger = None  # timer that resets a graceful close that does not finish
         self.written = 0  # bytes handed to the transport, ever (progress: Node._progress)
         self.draining = False  # closed by us: what the client still sends is read and dropped
+        # reads handled at a later turn of the loop (Node.read_slice), in the order they came
+        self.waiting: deque[bytes] = deque()
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -113,6 +119,36 @@ class Connection(asyncio.Protocol):
         if not self.announced:
             self._received_before_connack(channel, data)
             return
+        if self.waiting or (len(data) > SMALL_READ and node.turn_spent()):
+            # this turn of the loop has handled its share of input: the read waits, in order,
+            # and nothing more is read from this client until it is handled (Node.next_turn);
+            # a small one (acknowledgements that free a subscriber's window, a PINGREQ) is
+            # cheap and goes at once, lest it wait behind every flooding publisher's
+            if not self.waiting:
+                node.wait_turn(self)
+            self.waiting.append(data)
+            node.reads_waited += 1
+            node.buffered += len(data)
+            self.pause(PAUSE_SLICE)
+            return
+        self._handle(channel, data)
+
+    def handle_waiting(self) -> None:
+        """A read that waited for this turn of the loop (Node.next_turn)."""
+        if not self.waiting:
+            return  # (closed meanwhile)
+        data = self.waiting.popleft()
+        self.node.buffered -= len(data)
+        channel = self.channel
+        if channel is None or self.draining or self.closing:
+            self.waiting.clear()
+            return
+        self._handle(channel, data)
+        if not self.waiting:
+            self.resume(PAUSE_SLICE)
+
+    def _handle(self, channel: Channel, data: bytes) -> None:
+        node = self.node
         channel.receive_data(data, self._loop.time())
         held = channel.decoder.buffered
         if held or self.in_bytes:
@@ -180,10 +216,11 @@ class Connection(asyncio.Protocol):
             self._linger.cancel()
             self._linger = None
         if self.announced:
-            node.buffered -= self.in_bytes + self.out_bytes
+            node.buffered -= self.in_bytes + self.out_bytes + sum(map(len, self.waiting))
         else:
             node.preauth_bytes -= self.in_bytes
         self.in_bytes = self.out_bytes = 0
+        self.waiting.clear()
         channel = self.channel
         if channel is None:
             return

@@ -316,8 +316,10 @@ class MeshNode:
             replication=cfg.get("mesh.replication"),
             will_delay=cfg.get("mesh.will_delay"),
             claim_timeout=cfg.get("mesh.claim_timeout"),
-            # (the timer runs every min(0.25, keepalive / 4) s; a link is dead after 3 x keepalive)
-            stall=max(1.0, cfg.get("mesh.keepalive")),
+            # (the timer runs every min(0.25, keepalive / 4) s; a link is dead after 3 x keepalive,
+            # counted from what was last heard, at most a keepalive before a gap: a shorter gap
+            # than 2 x keepalive, less a tick, cannot have cost a link; a longer one may have)
+            stall=2 * cfg.get("mesh.keepalive") - min(0.25, cfg.get("mesh.keepalive") / 4),
             quorum_grace=3 * cfg.get("mesh.keepalive"),
             expect_peers=bool(cfg.get("mesh.peers")),
         )

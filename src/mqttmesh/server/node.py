@@ -17,6 +17,7 @@ import socket
 import ssl
 import struct
 import time
+from collections import deque
 
 from .. import __version__
 from ..assembly import MeshConfig, NodeCore, build_core
@@ -102,6 +103,13 @@ class Node:
         self._tokens = max(1.0, self.connection_rate)
         self._tokens_at = 0.0
         self.connections: set[Connection] = set()
+        # clients' input handled per turn of the event loop (limits.read_slice): the node's
+        # timers (link keepalives, the cluster's clock, which takes a long gap between its
+        # ticks for a pause) run between turns however many publishers flood it
+        self.read_slice = config.get("limits.read_slice")
+        self._turn_started: float | None = None  # when this turn handled its first read
+        self._turn_waiting: deque[Connection] = deque()  # with reads for a later turn, in order
+        self.reads_waited = 0  # client reads handled at a later turn than the one they came in
         self._dirty: list[Connection] = []
         self._flush_scheduled = False
         self._commit_scheduled = False
@@ -415,6 +423,33 @@ class Node:
         self.connections.add(conn)
         return None
 
+    # -- turns of the loop ----------------------------------------------------------------------
+
+    def turn_spent(self) -> bool:
+        """Has this turn of the loop handled its share of clients' input (limits.read_slice)?
+        The first read of a turn starts its clock, and the next turn (``next_turn``)."""
+        started = self._turn_started
+        if started is None:
+            self._turn_started = time.perf_counter()
+            self.loop.call_soon(self.next_turn)
+            return False
+        return time.perf_counter() - started > self.read_slice
+
+    def wait_turn(self, conn: Connection) -> None:
+        """``conn`` has a read to be handled at a later turn (Connection.waiting)."""
+        self._turn_waiting.append(conn)
+
+    def next_turn(self) -> None:
+        """A new turn: the reads that waited go first, a read per connection in turn, for
+        as long as the turn's share lasts; the rest wait again (reading them stays paused)."""
+        self._turn_started = None
+        waiting = self._turn_waiting
+        while waiting and not self.turn_spent():
+            conn = waiting.popleft()
+            conn.handle_waiting()
+            if conn.waiting:
+                waiting.append(conn)
+
     def forget(self, conn: Connection) -> None:
         self.connections.discard(conn)
         self.buffering.discard(conn)
@@ -523,6 +558,7 @@ class Node:
             "clients/publishers_paced": b.congestion.paced,
             "clients/publishers_released": b.congestion.released,
             "load/buffered": self.buffered,
+            "load/reads_waited": self.reads_waited,
             "load/memory_pauses": s.memory_pauses,
             "connections/auth_failures": s.auth_failures,
             "connections/auth_throttled": s.auth_throttled,

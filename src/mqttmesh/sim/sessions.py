@@ -99,6 +99,7 @@ class ClusterMixin(SimulatorPart):
             will_delay=c.will_delay,
             redirect_grace=c.redirect_grace,
             register_interval=c.register_interval,
+            stall=2 * sc.node.keepalive - sc.node.tick,  # (as server/mesh_node.py)
         )
         self.rng_clients = random.Random(f"{sc.seed}/clients")
         self.moves = {"clean": 0, "abrupt": 0, "takeover": 0}

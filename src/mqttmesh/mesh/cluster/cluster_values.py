@@ -45,7 +45,11 @@ class ClusterSettings:
     tombstone_ttl: float = 3600.0  # deleted retained topics are remembered this long
     register_interval: float = 5.0  # local connections re-register with their registrar
     settle_retry: float = 0.5  # a holder that has not acknowledged settlements this long gets a copy
-    stall: float = 1.0  # a gap this long between ticks: the node was paused (membership.py)
+    # a gap this long between ticks: the node was not running, or so busy that a peer may
+    # have given its links up (membership.py): a peer closes a link silent for 3 keepalives,
+    # and heard from us at most a keepalive before the gap began, so a gap shorter than 2
+    # keepalives (less a tick, for the peer's timer) leaves every link as it was
+    stall: float = 1.75
     quorum_grace: float = 3.0  # after a start or a pause, the links' dead time (3 x mesh.keepalive)
     # peers to dial (mesh.peers): at a start, no client is taken before the mesh's
     # subscriptions are learned (membership.py routing_ready); a first node alone need not wait
