@@ -123,7 +123,7 @@ OPTIONS: list[Option] = [
         "limits",
         "read_slice",
         float,
-        0.1,
+        0.25,
         "seconds of clients' input a node handles in one turn of its event loop; what it read "
         "beyond waits, in order, for the next turn (reading those clients paused meanwhile), so "
         "its timers (link keepalives, the cluster's clock) run however many publishers flood it",
