@@ -141,6 +141,7 @@ class Connection(asyncio.Protocol):
         self.node.buffered -= len(data)
         channel = self.channel
         if channel is None or self.draining or self.closing:
+            self.node.buffered -= sum(map(len, self.waiting))  # (dropped: not held any more)
             self.waiting.clear()
             return
         self._handle(channel, data)
