@@ -146,7 +146,7 @@ def build_core(
     parts = cluster_parts(
         node_id,
         incarnation,
-        gateway.unicast,
+        gateway,
         retained_trie,
         journal,
         auth,
@@ -168,7 +168,7 @@ def build_core(
         wall_offset=wall_offset,
         retained_trie=retained_trie,
     )
-    cluster = Cluster(node_id, incarnation, broker, gateway.unicast, parts, mesh.cluster, wall_offset)
+    cluster = Cluster(node_id, incarnation, broker, gateway, parts, mesh.cluster, wall_offset)
     links = PeerLinks(
         node_id,
         incarnation,

@@ -238,9 +238,15 @@ class PeerPort(Protocol[ChannelT]):
     def peer_closed(self, channel: ChannelT, now: float) -> None: ...
 
 
-# (dest, kind, payload) -> reachable now: a cluster unicast over the routing engine
-# (mesh/link/gateway.py MeshGateway.unicast)
-UnicastPort = Callable[[str, str, bytes], bool]
+class UnicastPort(Protocol):
+    """The cluster's messages to other nodes, over the routing engine (mesh/link/gateway.py
+    MeshGateway; a test's instant network)."""
+
+    def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
+        """Route ``payload`` to node ``dest``; False: unreachable now (dropped)."""
+
+    def reachable(self, dest: str) -> bool:
+        """Would a unicast to ``dest`` (another node) be routed now?"""
 
 
 class PeerLink(Protocol):

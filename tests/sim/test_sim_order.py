@@ -14,8 +14,10 @@ pytestmark = pytest.mark.slow
 
 # seed: reorders on one connection without the engine's ordering (each origin's order kept
 # in merges of copies and in what holders forward, as since issue 20); 3 and 175 on the code
-# of 4e7d7da, which ordered neither
-SEEDS = {9: 2, 37: 40}
+# of 4e7d7da, which ordered neither. (Seed 37, 42 of them before the cluster's parts put
+# their messages in an outbox, runs another timeline since, without reorders: 35 took its
+# place; the simulator is deterministic, so these numbers are exact.)
+SEEDS = {9: 2, 35: 20}
 
 
 @pytest.mark.parametrize("seed", sorted(SEEDS))

@@ -170,15 +170,8 @@ class Net:
         self.clusters[n].tick(self.t)  # (its first tick)
         self.pump()
 
-    def _sender(self, frm: str):
-        def send(dest: str, kind: str, payload: bytes) -> bool:
-            if frm not in self.up or dest not in self.up:
-                return False
-            self.queue.append((frm, dest, kind, payload))
-            self.sent.append((frm, dest, kind, payload))
-            return True
-
-        return send
+    def _sender(self, frm: str) -> _InstantNet:
+        return _InstantNet(self, frm)
 
     def membership(self) -> None:
         live = sorted(self.up)
@@ -264,3 +257,21 @@ def cid_with(net: Net, pred, prefix: str = "client") -> str:
 
 def holder_of(net: Net, cid: str) -> list[str]:
     return [n for n in net.names if cid in net.brokers[n].sessions]
+
+
+class _InstantNet:
+    """Node ``frm``'s unicasts over the test's network (a ports.UnicastPort): queued for
+    ``pump``, in order; a node that is not up neither sends nor is reached."""
+
+    def __init__(self, net: Net, frm: str):
+        self.net, self.frm = net, frm
+
+    def reachable(self, dest: str) -> bool:
+        return self.frm in self.net.up and dest in self.net.up
+
+    def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
+        if not self.reachable(dest):
+            return False
+        self.net.queue.append((self.frm, dest, kind, payload))
+        self.net.sent.append((self.frm, dest, kind, payload))
+        return True

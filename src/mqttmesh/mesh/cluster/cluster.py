@@ -2,8 +2,10 @@
 
 Pure: no sockets, no asyncio, no clock (every entry point takes ``now``; wall-clock
 seconds, for the timestamps other nodes compare, are ``now + wall_offset``). It leaves to
-its caller how unicasts reach other nodes (``send(dest, kind, payload) -> bool``, over the
-routing engine) and which nodes are alive (it is told with ``membership``).
+its caller how unicasts reach other nodes (a ``ports.UnicastPort``, over the routing
+engine) and which nodes are alive (it is told with ``membership``). Its parts answer with
+data: the registry returns what to do, the hand-over, the replication and the retained
+owners put what they have to say in one ``Outbox``; the Cluster alone sends.
 
 The pieces, all keyed by rendezvous hashing over the live nodes (membership.py):
 
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 from .cluster_values import ClusterSettings
 from .cluster_wire import (
+    Outbox,
     RegClaim,
     RegCopy,
     RegGrant,
@@ -75,16 +78,7 @@ if TYPE_CHECKING:
     from ...ports import JournalPort, UnicastPort
     from ...topics import RetainedTrie
 
-__all__ = ["ClusterSettings", "ClusterParts", "Cluster", "HANDLERS", "cluster_parts", "wire_sender"]
-
-
-def wire_sender(send: UnicastPort) -> Callable[[str, Wire], bool]:
-    """A typed cluster message to another node, over ``send`` (dest, kind, payload)."""
-
-    def send_out(dest: str, msg: Wire) -> bool:
-        return send(dest, msg.KIND, msg.encode())
-
-    return send_out
+__all__ = ["ClusterSettings", "ClusterParts", "Cluster", "HANDLERS", "cluster_parts"]
 
 
 class ClusterParts(NamedTuple):
@@ -93,6 +87,7 @@ class ClusterParts(NamedTuple):
     membership: Membership
     replication: Replication  # the Broker's ReplicationPort; settles for ReplicaSessions
     retained: RetainedOwners  # the Broker's RetainedPort
+    outbox: Outbox  # what the parts have to say to nodes, in order (the Cluster sends it)
     counters: dict[str, int]  # the cluster's counters (status), shared by all the pieces
     ids: Iterator[int]  # one counter for connection ids and retained query ids
 
@@ -100,7 +95,7 @@ class ClusterParts(NamedTuple):
 def cluster_parts(
     node_id: str,
     incarnation: int,
-    send: UnicastPort,
+    net: UnicastPort,
     retained_trie: RetainedTrie,
     journal: JournalPort,
     auth: Auth,
@@ -136,12 +131,12 @@ def cluster_parts(
         settings.expect_peers,
     )
     ids = itertools.count(1)
-    send_out = wire_sender(send)
-    replication = Replication(node_id, membership, send_out, counters, wake)
+    outbox = Outbox(wake)
+    replication = Replication(node_id, membership, outbox, counters, wake)
     retained = RetainedOwners(
-        node_id, membership, retained_trie, journal, auth, send_out, settings, counters, ids, wall_offset
+        node_id, membership, retained_trie, journal, auth, outbox, net, settings, counters, ids, wall_offset
     )
-    return ClusterParts(membership, replication, retained, counters, ids)
+    return ClusterParts(membership, replication, retained, outbox, counters, ids)
 
 
 class Cluster:
@@ -152,7 +147,7 @@ class Cluster:
         node_id: str,
         incarnation: int,
         broker: Broker,
-        send: UnicastPort,
+        net: UnicastPort,
         parts: ClusterParts,
         settings: ClusterSettings,
         wall_offset: float = 0.0,
@@ -160,7 +155,8 @@ class Cluster:
         self.node_id = node_id
         self.incarnation = incarnation
         self.broker = broker
-        self._send_fn = send
+        self._net = net
+        self.outbox = parts.outbox
         self.settings = settings
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.counters = counters = parts.counters
@@ -174,8 +170,8 @@ class Cluster:
             self.members,
             broker,
             parts.replication,
-            self._send,
-            self._send_out,
+            parts.outbox,
+            net,
             settings,
             counters,
             parts.ids,
@@ -184,24 +180,32 @@ class Cluster:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _send(self, dest: str, msg: Wire, now: float) -> bool:
+    def _send(self, dest: str, msg: Wire, now: float) -> None:
         """To another node, or to this one (handled at once, through the same decoding)."""
         if dest == self.node_id:
             self.receive(self.node_id, msg.KIND, msg.encode(), now)
-            return True
-        return self._send_fn(dest, msg.KIND, msg.encode())
+            return
+        self._net.unicast(dest, msg.KIND, msg.encode())
 
-    def _send_out(self, dest: str, msg: Wire) -> bool:
-        return self._send_fn(dest, msg.KIND, msg.encode())
+    def send_out(self, now: float) -> None:
+        """Send what the parts put in the outbox, in order (after each call into the
+        Cluster, and at every flush: what they said outside its calls)."""
+        outbox = self.outbox
+        while outbox.items:
+            for dest, msg in outbox.take():
+                self._send(dest, msg, now)
 
     def do(self, out: RegistryOut, now: float) -> None:
         """What a protocol answered, in order: messages to nodes (this one's handled here,
-        now) and wills to publish here."""
+        now), after what the parts said before them, and wills to publish here."""
+        outbox = self.outbox
         for action in out:
             if isinstance(action, ToNode):
-                self._send(action.dest, action.msg, now)
+                outbox.items.append(action)  # (items: a new list after each take)
             else:
+                self.send_out(now)
                 self._publish_will(action.msg)
+        self.send_out(now)
 
     def _publish_will(self, msg: Message) -> None:
         """A will the registrar found due: one message by its id wherever it is published
@@ -241,10 +245,14 @@ class Cluster:
                     journal.node_seen(node)  # (stored once: the store ignores a repeat)
         self.do(self.registry.rebalance(now), now)
         self.handover.register_local(now)
+        self.send_out(now)  # (each step's messages before the next step: as they were said)
         self.handover.rebalance(old_live, now)
         self.retained.rebalance()
+        self.send_out(now)
         self.handover.retry_claims(now)
+        self.send_out(now)
         self.handover.fence(now)
+        self.send_out(now)
 
     def remember(self, nodes: list[str], now: float) -> None:
         """The nodes this node had seen before it stopped (its store): they count in its
@@ -258,10 +266,12 @@ class Cluster:
     ) -> None:
         """A client passed authentication; finish with ``channel.claimed(session, present, now)``."""
         self.handover.connect(channel, cid, clean, will, now, will_seq)
+        self.send_out(now)
 
     def disconnected(self, channel: ClaimingChannel, now: float) -> None:
         """A local connection ended; its will, if due, was published here by the Channel."""
         self.handover.disconnected(channel, now)
+        self.send_out(now)
 
     # ------------------------------------------------------------------ input and time
 
@@ -270,27 +280,36 @@ class Cluster:
         is not its kind's, or an unknown kind, raises ClusterWireError (a ValueError)."""
         msg = decode(kind, payload)
         HANDLERS[kind][1](self, frm, msg, now)
+        self.send_out(now)
 
     def tick(self, now: float) -> None:
         self.members.ticked(now)
         self.handover.fence(now, sessions=False)
+        self.send_out(now)
         self.handover.expire_claims(now)
+        self.send_out(now)
         self.retained.expire_lookups(now)
         self.replication.expire(now)
         self.handover.retry_lagging(now)
+        self.send_out(now)
         self.do(self.registry.publish_lost_wills(now), now)
         if now - self.handover.last_register >= self.settings.register_interval:
             self.handover.register_local(now)
+            self.send_out(now)
         self.retained.expire_tombstones(now)
 
     def committed(self, batch: int) -> None:
-        """The store committed ``batch`` (``assembly.NodeCore.committed``)."""
+        """The store committed ``batch`` (``assembly.NodeCore.committed``): the answers that
+        waited for it go at the next flush, which the outbox asks for."""
         self.handover.committed(batch)
 
     def flush(self, now: float) -> None:
-        """Send what accumulated: settlements to holders, retained sets to owners."""
+        """Send what accumulated: settlements to holders, retained sets to owners, and what
+        the parts said outside the Cluster's calls."""
+        self.send_out(now)
         self.handover.flush(now)
         self.retained.flush()
+        self.send_out(now)
 
     # ------------------------------------------------------------------ status
 

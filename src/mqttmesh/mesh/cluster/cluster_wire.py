@@ -43,8 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ClusterWireError",
     "Wire",
-    "SendFn",
-    "SendOutFn",
+    "Outbox",
     "ToNode",
     "WillDue",
     "WireWill",
@@ -117,18 +116,37 @@ class _Flat(Wire):
 _READ = {"str": _str, "int": _int, "bool": _bool}
 
 
-# (dest, message, now) -> reachable now; `dest` may be this node (handled at once, at `now`)
-SendFn = Callable[[str, Wire, float], bool]
-# (dest, message) -> reachable now; `dest` is never this node
-SendOutFn = Callable[[str, Wire], bool]
-
-
 class ToNode(NamedTuple):
     """An answer of a cluster protocol: ``msg`` for node ``dest`` (this node included: the
     Cluster hands it back to itself, after the call that made it)."""
 
     dest: str
     msg: Wire
+
+
+class Outbox:
+    """What the cluster's parts (hand-over, replication, retained owners) have to say to
+    other nodes, or to this one, in the order they said it: data, which the Cluster takes and
+    sends after each of its calls and at every flush (``Cluster.send_out``). The first message
+    after a take asks the I/O layer for a flush this loop iteration (``wake``, MeshIO.flush_soon),
+    for what the parts say outside the Cluster's calls (a session's subscriptions, a redirect)."""
+
+    __slots__ = ("items", "_wake")
+
+    def __init__(self, wake: Callable[[], None] = lambda: None):
+        self.items: list[ToNode] = []
+        self._wake = wake
+
+    def put(self, dest: str, msg: Wire) -> None:
+        if not self.items:
+            self._wake()
+        self.items.append(ToNode(dest, msg))
+
+    def take(self) -> list[ToNode]:
+        items = self.items
+        if items:
+            self.items = []
+        return items
 
 
 class WillDue(NamedTuple):

@@ -21,7 +21,7 @@ from .cluster_wire import SessAck
 if TYPE_CHECKING:
     from ...broker import Broker
     from .cluster_values import ClusterSettings, LocalConnection
-    from .cluster_wire import SendOutFn
+    from .cluster_wire import Outbox
     from .membership import Membership
     from .replica import _Replicated
 
@@ -39,7 +39,7 @@ class Confirmations:
         counters: dict[str, int]
         local: dict[str, LocalConnection]
         lagging: dict[str, float]
-        _send_out: SendOutFn
+        out: Outbox
 
         def _replica(self, cid: str, create: bool = True) -> _Replicated | None: ...
 
@@ -99,11 +99,11 @@ class Confirmations:
         """We cannot take ``frm``'s copy or settlements of ``cid`` at ``epoch``: say why."""
         session = self._replica(cid, create=False)
         if session is None:
-            self._send_out(frm, SessAck(cid, epoch, -1))  # (send us a copy)
+            self.out.put(frm, SessAck(cid, epoch, -1))  # (send us a copy)
         elif session.channel is not None:
-            self._send_out(frm, SessAck(cid, session.epoch, -2))  # we serve the client
+            self.out.put(frm, SessAck(cid, session.epoch, -2))  # we serve the client
         else:
-            self._send_out(frm, SessAck(cid, max(epoch, session.epoch), -1))
+            self.out.put(frm, SessAck(cid, max(epoch, session.epoch), -1))
 
     def fence(self, now: float, sessions: bool = True) -> None:
         """Without a quorum (membership.py) this node stops serving persistent sessions: their

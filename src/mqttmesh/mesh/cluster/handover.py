@@ -27,13 +27,12 @@ from ...packets import UNAVAILABLE
 from ...topics import filter_matches
 from .cluster_values import Forwarded, LocalConnection
 from .cluster_wire import (
+    Outbox,
     RegClaim,
     RegGrant,
     RegKick,
     RegRegister,
     RegRelease,
-    SendFn,
-    SendOutFn,
     SessAck,
     SessCopy,
     SessDiscard,
@@ -53,6 +52,7 @@ from .replica import Redirect, Replication, _Replicated, install, merge_snapshot
 if TYPE_CHECKING:
     from ...broker import Broker
     from ...packets import Will
+    from ...ports import UnicastPort
     from .cluster_values import ClusterSettings
 
 __all__ = ["ClaimingChannel", "HandOver", "Claim", "LocalConnection", "Redirect", "CLAIM", "GATHER", "DONE"]
@@ -109,8 +109,8 @@ class HandOver(Confirmations):
         membership: Membership,
         broker: Broker,
         replication: Replication,
-        send: SendFn,
-        send_out: SendOutFn,
+        outbox: Outbox,
+        net: UnicastPort,
         settings: ClusterSettings,
         counters: dict[str, int],
         ids: Iterator[int],
@@ -121,8 +121,8 @@ class HandOver(Confirmations):
         self.membership = membership
         self.broker = broker
         self.replication = replication
-        self._send = send
-        self._send_out = send_out
+        self.out = outbox  # what it says to nodes (this one too): the Cluster sends it
+        self._net = net  # asked who is reachable, never to send
         self.settings = settings
         self.counters = counters
         self._ids = ids  # connection ids
@@ -169,8 +169,14 @@ class HandOver(Confirmations):
         self.claims[conn] = claim
         registrar = self.membership.registrars(cid)[0]
         claim.waiting = {registrar}
-        if not self._send(registrar, self._claim(claim, now), now):
+        if not self._reaches(registrar):
             self._ungranted(claim, now)
+            return
+        self.out.put(registrar, self._claim(claim, now))
+
+    def _reaches(self, node: str) -> bool:
+        """Can a message to ``node`` go now (this node: always, handled here)?"""
+        return node == self.node_id or self._net.reachable(node)
 
     def _ungranted(self, claim: Claim, now: float) -> None:
         """The registrar is out of reach or did not answer: a clean session is served anyway
@@ -201,7 +207,9 @@ class HandOver(Confirmations):
                 registrar = self.membership.registrars(claim.cid)[0]
                 if claim.waiting and not claim.waiting & live:
                     claim.waiting = {registrar}
-                    if not self._send(registrar, self._claim(claim, now), now):
+                    if self._reaches(registrar):
+                        self.out.put(registrar, self._claim(claim, now))
+                    else:
                         self._ungranted(claim, now)
             elif claim.stage == GATHER:
                 claim.waiting &= live
@@ -242,7 +250,7 @@ class HandOver(Confirmations):
         if claim.clean:
             # a clean start discards the persistent session wherever it is [MQTT-3.1.2-6]
             for node in sorted(set(holders) - {self.node_id}):  # (sorted: the same order every run)
-                self._send(node, SessDiscard(claim.cid, epoch), now)
+                self.out.put(node, SessDiscard(claim.cid, epoch))
             self._finish(claim, now)
             return
         targets = (set(holders) | ({prev} if prev else set())) - {self.node_id}
@@ -250,7 +258,8 @@ class HandOver(Confirmations):
         claim.stage = GATHER
         claim.waiting = set()
         for node in sorted(targets):
-            if self._send(node, SessFetch(claim.cid, claim.conn, epoch, self.node_id), now):
+            if self._reaches(node):
+                self.out.put(node, SessFetch(claim.cid, claim.conn, epoch, self.node_id))
                 claim.waiting.add(node)
         claim.deadline = now + self.settings.gather_timeout
         if not claim.waiting:
@@ -320,7 +329,7 @@ class HandOver(Confirmations):
         snap = snapshot(session)
         for node in self.membership.holders(session.client_id, self.node_id):
             if node != self.node_id and (only is None or node in only):
-                self._send(node, SessCopy(snap), now)
+                self.out.put(node, SessCopy(snap))
         self._advance(session, now)  # (no other live holder: nothing to wait for)
 
     def disconnected(self, channel: ClaimingChannel, now: float) -> None:
@@ -333,7 +342,7 @@ class HandOver(Confirmations):
 
     def _release(self, cid: str, conn: str, epoch: int, now: float) -> None:
         self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval)
-        self._send(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id), now)
+        self.out.put(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id))
 
     def on_kick(self, frm: str, m: RegKick, now: float) -> None:
         self.counters["kicks"] += frm != self.node_id
@@ -355,15 +364,14 @@ class HandOver(Confirmations):
             if now >= until:
                 del self.released[(cid, conn)]
             else:  # (idempotent at the registrar: it drops a release of another connection)
-                self._send(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id), now)
-        # (a copy: when this node is the registrar, the registration is handled at once and
-        # may end a local connection, fuzzer seed 214)
+                self.out.put(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id))
+        # (a copy: a registration handled here may end a local connection, fuzzer seed 214)
         for cid, local in list(self.local.items()):
             if self.local.get(cid) is not local:
                 continue  # ended by a registration handled above
             will, at = local.will, local.at
             body = RegRegister(cid, self.node_id, self.incarnation, local.conn, local.epoch, local.clean, will, at)
-            self._send(self.membership.registrars(cid)[0], body, now)
+            self.out.put(self.membership.registrars(cid)[0], body)
 
     # -- holders of sessions ------------------------------------------------------------------
 
@@ -374,7 +382,7 @@ class HandOver(Confirmations):
             local.channel.kick(f"ClientId {cid!r} taken over by node {frm}")  # stops delivery first
         session = self.broker.sessions.get(cid)
         replica = replica_of(session)
-        self._send(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None), now)
+        self.out.put(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None))
         if frm != self.node_id:
             # (the Replication owns the redirects: Broker.dispatch reads them)
             self.replication.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
@@ -436,7 +444,7 @@ class HandOver(Confirmations):
                 # node takes it, or answers "done" if it settled it; this copy keeps it meanwhile
                 self.counters["late_forwarded"] += 1
                 session.deliver(entry.msg, entry.qos)
-                self._send_out(frm, SessFwd(snap.cid, Forwarded.of(entry.msg)))
+                self.out.put(frm, SessFwd(snap.cid, Forwarded.of(entry.msg)))
         finally:
             session.on_late = on_late
         self._apply_subs(session, snap.subs)
@@ -506,14 +514,14 @@ class HandOver(Confirmations):
         if batch > self.broker.journal.committed:
             self._acks_after.append((batch, frm, ack))
         else:
-            self._send_out(frm, ack)
+            self.out.put(frm, ack)
 
     def committed(self, batch: int) -> None:
         """The store committed ``batch``: the answers that waited for it go."""
         waiting = self._acks_after
         while waiting and waiting[0][0] <= batch:
             _, frm, ack = waiting.popleft()
-            self._send_out(frm, ack)
+            self.out.put(frm, ack)
 
     def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
         session = self._replica(m.cid)
@@ -554,7 +562,7 @@ class HandOver(Confirmations):
                 snap = snapshot(replica)
                 for node in holders:
                     if node != self.node_id:
-                        self._send(node, SessMerge(snap), now)
+                        self.out.put(node, SessMerge(snap))
             if active != self.node_id:
                 self._let_go(replica, holders, now)
 
@@ -563,7 +571,7 @@ class HandOver(Confirmations):
         the holders get it (pooled with theirs), this node keeps none."""
         if self.node_id not in holders and replica.channel is None:
             for node in holders:
-                self._send(node, SessMerge(snapshot(replica)), now)
+                self.out.put(node, SessMerge(snapshot(replica)))
             self.broker.discard_session(replica)
 
     # -- while the client is here ---------------------------------------------------------
@@ -579,7 +587,7 @@ class HandOver(Confirmations):
                 sent = False
                 for node in self.membership.holders(cid, self.node_id):
                     if node != self.node_id:
-                        self._send_out(node, SessSettle(cid, epoch, items, version))
+                        self.out.put(node, SessSettle(cid, epoch, items, version))
                         sent = True
                 if replica is not None:
                     if sent:

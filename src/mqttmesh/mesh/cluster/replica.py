@@ -22,7 +22,7 @@ from ...codec import PubRel, encode
 from ...message import Message, in_origin_order
 from ...session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from .cluster_values import Forwarded, Settlement, Snapshot, SnapshotEntry
-from .cluster_wire import SessFwd, SessSubs, Wire
+from .cluster_wire import Outbox, SessFwd, SessSubs
 
 if TYPE_CHECKING:
     from ...flow import Congestion
@@ -458,13 +458,13 @@ class Replication:
         self,
         node_id: str,
         membership: Membership,
-        send_out: Callable[[str, Wire], bool],
+        outbox: Outbox,
         counters: dict[str, int],
         wake: Callable[[], None] = lambda: None,
     ):
         self.node_id = node_id
         self.membership = membership
-        self._send_out = send_out
+        self.out = outbox  # what it says to other holders (the Cluster sends it)
         self.counters = counters
         self._wake = wake  # asks the I/O layer for a flush this loop iteration (MeshIO.flush_soon)
         # cid -> where its client went; read by Broker.dispatch for every message
@@ -496,7 +496,7 @@ class Replication:
         body = SessSubs(replica.client_id, replica.subs_version, replica.subscriptions)
         for node in self.membership.holders(replica.client_id, self.node_id):
             if node != self.node_id:
-                self._send_out(node, body)
+                self.out.put(node, body)
 
     def late(self, session: _Replicated, msg: Message) -> None:
         """A copy here of a session whose client is on another node took a message late
@@ -506,7 +506,7 @@ class Replication:
         if active is None or active == self.node_id or active not in self.membership.live:
             return  # nobody else serves it now: the next claim gathers this copy
         self.counters["late_forwarded"] += 1
-        self._send_out(active, SessFwd(session.client_id, Forwarded.of(msg)))
+        self.out.put(active, SessFwd(session.client_id, Forwarded.of(msg)))
 
     def forward(self, session: Session, msg: Message) -> None:
         """A message reached a local replica whose client just moved elsewhere."""
@@ -514,7 +514,7 @@ class Replication:
         if target is None:
             return
         self.counters["redirected"] += 1
-        self._send_out(target.node, SessFwd(session.client_id, Forwarded.of(msg)))
+        self.out.put(target.node, SessFwd(session.client_id, Forwarded.of(msg)))
 
     def expire(self, now: float) -> None:
         for cid, (_, until) in list(self.redirects.items()):

@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ...message import Message
-from .cluster_wire import RetAck, RetainedAck, RetainedItem, RetQuery, RetReply, RetSet, SendOutFn
+from .cluster_wire import Outbox, RetAck, RetainedAck, RetainedItem, RetQuery, RetReply, RetSet
 from .membership import Membership
 
 if TYPE_CHECKING:
     from ...auth import Auth
-    from ...ports import JournalPort
+    from ...ports import JournalPort, UnicastPort
     from ...session import Session
     from ...topics import RetainedTrie
     from .cluster_values import ClusterSettings
@@ -58,7 +58,8 @@ class RetainedOwners:
         retained: RetainedTrie,
         journal: JournalPort,
         auth: Auth,
-        send_out: SendOutFn,
+        outbox: Outbox,
+        net: UnicastPort,
         settings: ClusterSettings,
         counters: dict[str, int],
         ids: Iterator[int],
@@ -69,7 +70,8 @@ class RetainedOwners:
         self.retained = retained  # the Broker's trie: this node's copies, $SYS too
         self.journal = journal
         self.auth = auth
-        self._send_out = send_out
+        self.out = outbox  # what it says to other nodes (the Cluster sends it)
+        self._net = net  # asked who is reachable, never to send
         self.settings = settings
         self.counters = counters
         self._ids = ids  # query ids
@@ -102,7 +104,7 @@ class RetainedOwners:
         """We own these topics (or hold them for an owner): keep the newest, confirm."""
         for item in m.items:
             self._store(item)
-        self._send_out(frm, RetAck([RetainedAck(i.topic, i.ts, i.origin, i.seq) for i in m.items]))
+        self.out.put(frm, RetAck([RetainedAck(i.topic, i.ts, i.origin, i.seq) for i in m.items]))
 
     def on_ack(self, frm: str, m: RetAck, now: float) -> None:
         """An owner has these: our interim copies of topics we do not own can go."""
@@ -143,7 +145,7 @@ class RetainedOwners:
         if self._out:
             out, self._out = self._out, {}
             for node, items in out.items():
-                self._send_out(node, RetSet(items))
+                self.out.put(node, RetSet(items))
 
     # -- lookups ------------------------------------------------------------------------------
 
@@ -158,7 +160,8 @@ class RetainedOwners:
         for node in sorted(targets):  # (sorted: the same sends in the same order on every run)
             if node == self.node_id:
                 self._add_items(lookup, self._local(topic_filter))
-            elif self._send_out(node, RetQuery(qid, topic_filter)):
+            elif self._net.reachable(node):
+                self.out.put(node, RetQuery(qid, topic_filter))
                 lookup.waiting.add(node)
         if not lookup.waiting:
             self._deliver(qid)
@@ -168,7 +171,7 @@ class RetainedOwners:
         return [_item(m) for _, m in self.retained.match(topic_filter)]
 
     def on_query(self, frm: str, m: RetQuery, now: float) -> None:
-        self._send_out(frm, RetReply(m.qid, self._local(m.filter)))
+        self.out.put(frm, RetReply(m.qid, self._local(m.filter)))
 
     def on_reply(self, frm: str, m: RetReply, now: float) -> None:
         lookup = self.lookups.get(m.qid)

@@ -91,6 +91,10 @@ class MeshGateway:
         self.io.flush_soon()
         return ok
 
+    def reachable(self, dest: str) -> bool:
+        """Would a unicast to node ``dest`` be routed now (``unicast`` would return True)?"""
+        return self.engine.reaches(dest)
+
     def sent(self) -> None:
         """What was routed has been handed to the links: count from zero again."""
         self.routed = 0

@@ -209,6 +209,13 @@ class DataPlaneMixin(EngineState):
         self._unicast_out.setdefault(hop, []).append(record)
         return True
 
+    def reaches(self, dest: str) -> bool:
+        """Is there a route to node ``dest`` (another node) now (``send_unicast`` would send)?"""
+        if dest == self.node_id:
+            return False
+        self._ensure_spf()
+        return dest in self.next_hop
+
     def _receive_unicast(self, peer: str, kind: str, payload: bytes, now: float) -> Inbound:
         """``uni``: unicast records, for this node or to pass on."""
         self._stats(peer).control_in += 1
