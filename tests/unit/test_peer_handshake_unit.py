@@ -69,15 +69,15 @@ def test_connack_then_subscribe_then_wait_for_the_proof():
     assert client.state == "authenticating"
     assert client.data_to_send() == b""
     # nothing goes out before the listener proved the secret, at any QoS
-    client.publish(b"$mesh/from/a/lsa", b"x", 0)
-    client.publish(b"$mesh/from/a/fwd", b"y", 1)
+    client.publish("$mesh/from/a/lsa", b"x", 0)
+    client.publish("$mesh/from/a/fwd", b"y", 1)
     assert client.data_to_send() == b""
     assert len(client.queue) == 1
 
 
 def test_right_proof_makes_the_link_ready_and_ours_goes_out_first():
     client = connected(link())
-    client.publish(b"$mesh/from/a/fwd", b"queued", 1)
+    client.publish("$mesh/from/a/fwd", b"queued", 1)
     challenge = challenge_for()
     events = client.receive_data(mqttraw.publish("$mesh/to/a/auth", challenge), 0.01)
     assert events == [Ready(pytest.approx(0.002))]
@@ -94,7 +94,7 @@ def test_right_proof_makes_the_link_ready_and_ours_goes_out_first():
 
 def test_unacknowledged_messages_are_resent_only_after_the_proof():
     client = connected(link())
-    client.publish(b"$mesh/from/a/fwd", b"m", 1)
+    client.publish("$mesh/from/a/fwd", b"m", 1)
     client.receive_data(mqttraw.publish("$mesh/to/a/auth", challenge_for()), 0.01)
     client.data_to_send()
     client.connection_lost()
@@ -125,7 +125,7 @@ def test_unacknowledged_messages_are_resent_only_after_the_proof():
 )
 def test_wrong_or_missing_proof_fails_and_nothing_is_sent(packet, why):
     client = connected(link())
-    client.publish(b"$mesh/from/a/fwd", b"m", 1)
+    client.publish("$mesh/from/a/fwd", b"m", 1)
     events = client.receive_data(packet(), 0.01)
     assert len(events) == 1 and isinstance(events[0], AuthFailed) and why in events[0].reason, events
     assert client.state == "refused"

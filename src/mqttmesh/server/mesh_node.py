@@ -77,7 +77,7 @@ class PeerClient(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.loop = mesh.loop
         self.done = self.loop.create_future()
-        self._topic_prefix = f"$mesh/from/{mesh.node_id}/".encode()
+        self._topic_prefix = f"$mesh/from/{mesh.node_id}/"
         # flow control (flow.py) treats this link like a client channel: it can be paused
         # (a ports.Pausable) when what it brings cannot be delivered, and be congested when
         # the peer is slow
@@ -180,7 +180,7 @@ class PeerClient(asyncio.Protocol):
     # link side
     def send(self, kind: str, payload: bytes, qos: int) -> None:
         client = self.client
-        client.publish(self._topic_prefix + kind.encode(), payload, qos)
+        client.publish(self._topic_prefix + kind, payload, qos)
         if len(client.queue) >= _LINK_QUEUE_HIGH:
             self.mesh.broker.congestion.add(self, "queue")  # the peer acknowledges slower than we send
         self.mesh.mark_dirty(self)

@@ -12,8 +12,12 @@ authenticating (SUBACK; the listener's proof expected) -> ready (its proof check
 ours sent); any failure -> refused. A handshake not finished within
 ``handshake_timeout`` of the connection is dead (tick).
 
-Unacknowledged QoS 1 PUBLISH packets survive a reconnect and are re-sent with
-DUP=1 and their packet ids once the listener proved the secret [MQTT-4.4.0-1].
+Its QoS 1 messages go out as the listener's go to it: through a ``session.Session`` (the
+outbound window of every client session: packet ids, at most ``max_inflight`` in flight,
+``max_queued`` waiting, the newest dropped beyond), here one of the link's own, attached
+while the link is ready. So unacknowledged QoS 1 PUBLISH packets survive a reconnect and
+are re-sent with DUP=1 and their packet ids once the listener proved the secret
+[MQTT-4.4.0-1], in the one way both directions of a link do it.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from ...codec import (
     encode,
     encode_publish,
 )
+from ...message import Entry, Message
+from ...session import Limits, Session
 from .peerauth import PEER_USERNAME, DiallerAuth, PeerAuthError
 
 __all__ = [
@@ -124,19 +130,18 @@ class LinkClient:
         self._proof_topic = f"$mesh/from/{node_id}/auth".encode()
         self.keepalive = keepalive  # seconds between PINGREQs; dead after 3 x this
         self.handshake_timeout = handshake_timeout
-        self.max_inflight = max_inflight
-        self.max_queued = max_queued
-        self.inflight: dict[int, bytes] = {}  # packet id -> frame, in send order
-        self.queue: deque[tuple[bytes, bytes, int]] = deque()
-        self.dropped = 0
-        self.acked = 0  # PUBACKs received, ever (progress, for flow control)
-        self._next_pid = 1
+        # the outbound QoS 1 window, kept across connections (the listener keeps ours as a
+        # CleanSession=0 session too); attached to this client while the link is ready
+        limits = Limits(max_inflight=max_inflight, max_queued=max_queued, drop_policy="newest")
+        self.session = Session(self.client_id, False, limits)
+        self._out: list[bytes] = []
         self._reset()
 
     def _reset(self) -> None:
         self.state = "idle"
+        self.session.detach()  # (QoS 1 waits in its queue until the link is ready again)
         self.decoder = Decoder()
-        self._out: list[bytes] = []
+        self._out = []
         self.last_rx = 0.0
         self._last_ping = 0.0
         self._ping_sent: float | None = None
@@ -172,6 +177,7 @@ class LinkClient:
 
     def connection_lost(self) -> None:
         self.state = "idle"
+        self.session.detach()
         self._auth = None
 
     def receive_data(self, data: bytes, now: float) -> list[LinkEvent]:
@@ -190,9 +196,7 @@ class LinkClient:
                         self._out.append(encode(PubAck(pkt.packet_id)))
                     events.append(Received(pkt.topic, pkt.payload))
                 elif t == PUBACK:
-                    if self.inflight.pop(pkt.packet_id, None) is not None:
-                        self.acked += 1
-                        self._refill()
+                    self.session.on_puback(pkt.packet_id)  # (an unknown id is ignored)
                 elif t == PINGRESP:
                     if self._ping_sent is not None:
                         events.append(Rtt(now - self._ping_sent))
@@ -244,38 +248,25 @@ class LinkClient:
         self.peer, self.peer_incarnation = hs.listener, hs.listener_incarnation
         self._auth = None  # one proof per connection
         self.state = "ready"
-        for frame in self.inflight.values():  # [MQTT-4.4.0-1], DUP=1
-            self._out.append(bytes((frame[0] | 0x08,)) + frame[1:])
-        self._refill()
+        self.session.attach(_Ready(self))  # what is in flight again, DUP=1 [MQTT-4.4.0-1], then the queue
         return None
 
     # -- sending -------------------------------------------------------------------------
 
-    def publish(self, topic: bytes, payload: bytes, qos: int) -> None:
-        if qos == 0:
-            if self.state == "ready":
-                self._out.append(encode_publish(topic, payload))
-            return  # QoS 0 on a link that is down is lost, as MQTT says
-        if self.state == "ready" and not self.queue and len(self.inflight) < self.max_inflight:
-            self._send(topic, payload)
-        elif len(self.queue) < self.max_queued:
-            self.queue.append((topic, payload, qos))
-        else:
-            self.dropped += 1
+    def publish(self, topic: str, payload: bytes, qos: int) -> None:
+        """A message for the listener, at QoS 0 or 1: it goes out while the link is ready; QoS 1
+        waits in the session's queue otherwise, QoS 0 is lost."""
+        self.session.deliver(Message(topic, payload, qos), qos)
 
-    def _send(self, topic: bytes, payload: bytes) -> None:
-        pid = self._next_pid
-        while pid in self.inflight:
-            pid = pid % 65535 + 1
-        self._next_pid = pid % 65535 + 1
-        frame = encode_publish(topic, payload, 1, False, False, pid)
-        self.inflight[pid] = frame
-        self._out.append(frame)
+    @property
+    def queue(self) -> deque[Entry]:
+        """QoS 1 messages waiting behind the window or for the link (flow control reads it)."""
+        return self.session.queue
 
-    def _refill(self) -> None:
-        while self.queue and len(self.inflight) < self.max_inflight and self.state == "ready":
-            topic, payload, qos = self.queue.popleft()
-            self._send(topic, payload)
+    @property
+    def acked(self) -> int:
+        """PUBACKs received, ever (progress, for flow control)."""
+        return self.session.acked
 
     def data_to_send(self) -> bytes:
         out = self._out
@@ -303,3 +294,31 @@ class LinkClient:
                 self._ping_sent = now
             self._out.append(_PINGREQ)
         return None
+
+
+class _Ready:
+    """The session's connection (session.Attached) while the link is ready: the frames its
+    window writes go out with the client's."""
+
+    __slots__ = ("client",)
+
+    peer = "link"  # (the log line of a takeover: a link's session is never taken over)
+    blocked = False  # (QoS 0 goes past the session: nothing for it to drop)
+
+    def __init__(self, client: LinkClient):
+        self.client = client
+
+    def write(self, frame: bytes) -> None:
+        self.client._out.append(frame)
+
+    def write_replicated(self, frame: bytes, version: int) -> None:
+        self.client._out.append(frame)  # (a link's session is not replicated)
+
+    def release_acks(self, committed: int) -> None:
+        pass  # (nothing of a link's session waits for a store)
+
+    def kick(self, reason: str) -> None:
+        pass  # (never taken over: the session is the link's own)
+
+    def close(self, reason: str) -> None:
+        pass  # (the link's end is its caller's: tick says when)
