@@ -82,15 +82,13 @@ class HeldFrames:
             return
         out = self._out
         out.append(frame)
-        n = len(out)
-        if n == 1 or not n & SPILL_MASK:
+        if len(out) & SPILL_MASK == 1:  # the first frame, and every SPILL_FRAMES more
             self.owner.wake(self)
 
     def _write_now(self, frame: bytes) -> None:
         out = self._out
         out.append(frame)
-        n = len(out)
-        if n == 1 or not n & SPILL_MASK:
+        if len(out) & SPILL_MASK == 1:  # the first frame, and every SPILL_FRAMES more
             self.owner.wake(self)
 
     def data_to_send(self) -> bytes:

@@ -345,31 +345,38 @@ class Decoder:
             raise MalformedPacket("MQTT-4.8.0-1", "decoder used after a malformed packet")
         buf = self._buf
         size = len(buf)
+        max_size = self.max_packet_size
         pos = 0
         try:
             while size > pos:
                 first = buf[pos]
                 if not _FIRST_OK[first]:
                     raise first_byte_error(first)
-                # remaining length: up to four bytes, seven bits each (2.2.3)
-                length = 0
-                shift = 0
+                # remaining length: up to four bytes, seven bits each (2.2.3); one byte (below
+                # 128) for nearly every packet, so that one is read without the loop
                 i = pos + 1
-                while True:
-                    if i >= size:
-                        return
-                    byte = buf[i]
-                    length |= (byte & 0x7F) << shift
-                    i += 1
-                    if not byte & 0x80:
-                        break
-                    shift += 7
-                    if shift == 28:
-                        raise MalformedPacket("MQTT-4.8.0-1", "remaining length longer than four bytes")
-                if i - pos + length > self.max_packet_size:
+                if i >= size:
+                    return
+                length = buf[i]
+                i += 1
+                if length & 0x80:
+                    length &= 0x7F
+                    shift = 7
+                    while True:
+                        if i >= size:
+                            return
+                        byte = buf[i]
+                        length |= (byte & 0x7F) << shift
+                        i += 1
+                        if not byte & 0x80:
+                            break
+                        shift += 7
+                        if shift == 28:
+                            raise MalformedPacket("MQTT-4.8.0-1", "remaining length longer than four bytes")
+                if i - pos + length > max_size:
                     raise MalformedPacket(
                         "MQTT-4.8.0-1",
-                        f"packet of {i - pos + length} bytes exceeds the maximum packet size {self.max_packet_size}",
+                        f"packet of {i - pos + length} bytes exceeds the maximum packet size {max_size}",
                     )
                 end = i + length
                 if end > size:

@@ -17,6 +17,10 @@ __all__ = ["Message", "Entry", "in_origin_order"]
 
 _U16 = struct.Struct(">H")
 T = TypeVar("T")
+# the first byte of a PUBLISH at QoS 0, 1, 2 with DUP=0 and RETAIN=0 (the frames of live
+# delivery), and a remaining length below 128 as its one byte: made once, not per frame
+_FIRST = [bytes((0x30 | (qos << 1),)) for qos in range(3)]
+_LENGTH1 = [bytes((n,)) for n in range(128)]
 
 
 class Message:
@@ -62,7 +66,7 @@ class Message:
         self.retried = False
         self._topic_bytes: bytes | None = None
         self._frame0: bytes | None = None
-        self._head: tuple[bytes, bytes] | None = None
+        self._head: bytes | None = None  # a QoS 1/2 frame's remaining length and topic
 
     @property
     def msg_id(self) -> str:
@@ -79,7 +83,16 @@ class Message:
         """The QoS 0, RETAIN=0 frame of live delivery [MQTT-3.3.1-9], built once."""
         frame = self._frame0
         if frame is None:
-            frame = self._frame0 = encode_publish(self.topic_bytes, self.payload)
+            tb = self._topic_bytes
+            if tb is None:
+                tb = self.topic_bytes
+            payload = self.payload
+            length = 2 + len(tb) + len(payload)
+            if length < 128:  # (encode_publish, inlined: this runs once per message delivered)
+                frame = b"".join((_FIRST[0], _LENGTH1[length], _U16.pack(len(tb)), tb, payload))
+            else:
+                frame = encode_publish(tb, payload)
+            self._frame0 = frame
         return frame
 
     def frame(self, qos: int, packet_id: int | None, dup: bool = False, retain: bool = False) -> bytes:
@@ -90,11 +103,17 @@ class Message:
             return encode_publish(self.topic_bytes, self.payload, 0, True)
         head = self._head
         if head is None:
-            tb = self.topic_bytes
+            tb = self._topic_bytes
+            if tb is None:
+                tb = self.topic_bytes
             length = 4 + len(tb) + len(self.payload)
-            self._head = head = (encode_remaining_length(length), _U16.pack(len(tb)) + tb)
-        first = 0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0)
-        return b"".join((bytes((first,)), head[0], head[1], _U16.pack(packet_id), self.payload))
+            rl = _LENGTH1[length] if length < 128 else encode_remaining_length(length)
+            self._head = head = rl + _U16.pack(len(tb)) + tb
+        if dup or retain:
+            first = bytes((0x30 | (qos << 1) | (0x08 if dup else 0) | (0x01 if retain else 0),))
+        else:
+            first = _FIRST[qos]
+        return b"".join((first, head, _U16.pack(packet_id), self.payload))
 
     def copy(self, **changes: Any) -> Message:
         m = Message(

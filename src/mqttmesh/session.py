@@ -102,6 +102,9 @@ class SessionFactory(Protocol):
 
 class Session:
     durable = False
+    # its _stored_* hooks do something (DurableSession journals, a replicated session keeps
+    # ids): the per-message paths call them only then, not as no-ops
+    stores = False
     # a replicated session's (mesh/cluster/replica.py) settlements made, and how many of them every
     # other holder has: a frame that depends on settlement n waits until safe_version >= n
     version = 0
@@ -174,7 +177,8 @@ class Session:
                 return
             self._stored_remove(queue.popleft())
         queue.append(entry)
-        self._stored_put(entry)
+        if self.stores:
+            self._stored_put(entry)
         if (
             not self.backlogged
             and self.channel is not None
@@ -189,7 +193,8 @@ class Session:
         entry.packet_id = pid
         entry.state = SENT_PUBLISH
         self.inflight[pid] = entry
-        self._stored_put(entry)
+        if self.stores:
+            self._stored_put(entry)
         self.channel.write(entry.msg.frame(entry.qos, pid, False, entry.retain))  # type: ignore[union-attr]  # (sent only while attached)
         if self.on_sent is not None:
             self.on_sent(self, entry.msg, entry.qos, False)
@@ -209,7 +214,8 @@ class Session:
         while queue and channel is not None and len(self.inflight) < limit:
             entry = queue.popleft()
             if entry.qos == 0:
-                self._stored_remove(entry)
+                if self.stores:
+                    self._stored_remove(entry)
                 if channel.blocked:
                     self.dropped_qos0 += 1
                     continue
@@ -235,7 +241,8 @@ class Session:
         """The client acknowledged ``entry`` for good: free its id, move the queue on."""
         del self.inflight[pid]
         self.acked += 1
-        self._stored_remove(entry)
+        if self.stores:
+            self._stored_remove(entry)
         if self.queue:
             self._refill()
 
@@ -359,6 +366,8 @@ class DurableSession(Session):
     The journal is an in-memory list of operations; the I/O layer commits it in
     groups and only then releases the acknowledgements that depend on it.
     """
+
+    stores = True
 
     durable = True
 

@@ -204,6 +204,8 @@ class _Replicated(_SessionPart):
             else:
                 channel.write(msg.frame(qos, pid, True, False))
 
+    stores = True  # (its ids: Session calls the hooks below only when this is set)
+
     def _stored_put(self, entry: Entry) -> None:
         super()._stored_put(entry)
         if not entry.retain:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ...message import Message
 from .actions import NOTHING, Inbound, Send, Unicast
 from .custody import Custody
-from .dedup import NEW, SEEN
+from .dedup import SEEN
 from .engine_base import EngineState, PeerStats
 from .envelope import Envelope, encode_batch, for_dests
 from .wire import decode_unicasts, encode_unicast
@@ -43,63 +43,70 @@ class DataPlaneMixin(EngineState):
             return False
         counters = self.counters
         counters["routed"] += 1
-        pmap: dict[str, int] | None = None  # destination -> predecessor, several destinations
-        one = -1  # one destination: its predecessor (0: none)
-        if msg.qos:
-            custody = self.custody
-            if len(custody) >= self.settings.custody_limit:
-                # full: give up on the oldest message (most likely waiting for a node that is
-                # gone), not on the new one, whose destinations are probably alive
-                counters["custody_overflow"] += 1
-                oldest = next(iter(custody))
-                del custody[oldest]
-                self._unjournal(oldest)
-            if msg.origin == self.node_id:
-                # each destination's predecessor: it delivers this message after that one (order.py)
-                last_to = self._last_to
-                seq = msg.seq
-                if len(dests) == 1:
-                    d = dests[0]
-                    one = last_to.get(d, 0)
-                    last_to[d] = seq
-                    if not one:  # (the first to d: its silence counts from now, custody.py)
-                        self._heard.setdefault(d, now)
-                    custody[seq] = Custody(msg, {d}, now + self.settings.retransmit_after, now, one)
-                else:
-                    pmap = {d: last_to.get(d, 0) for d in dests}
-                    for d in dests:
-                        if not pmap[d]:
-                            self._heard.setdefault(d, now)
-                        last_to[d] = seq
-                    custody[seq] = Custody(msg, set(dests), now + self.settings.retransmit_after, now, pmap)
-                journal = self.custody_journal
-                if journal is not None:
-                    journal.custody_put(msg, dests)  # durable before the PUBACK
-            else:
-                # another node took it from its publisher and may have routed it already
-                # (custody.py): same id, acknowledged to us; its agreed id is kept by the
-                # publisher's session, not journaled here
-                msg.ack_to = self.node_id
-                custody[(msg.origin, msg.seq)] = Custody(msg, set(dests), now + self.settings.retransmit_after, now)
         if unreachable:
             counters["unreachable_drops"] += unreachable
         outbox = self._outbox
-        hop_limit = self.settings.hop_limit
-        if one >= 0 and len(groups) == 1:  # (one destination: the common case)
-            hop, hop_dests, key = groups[0]
-            queue = outbox.get(hop)
-            if queue is None:
-                queue = outbox[hop] = []
-            queue.append(Envelope(msg, hop_dests, hop_limit, 0, key, one))
-            return True
-        for hop, hop_dests, key in groups:
-            queue = outbox.get(hop)
-            if queue is None:
-                queue = outbox[hop] = []
-            if pmap is None:
+        settings = self.settings
+        hop_limit = settings.hop_limit
+        if not msg.qos:  # (QoS 0: no custody, no predecessor)
+            for hop, hop_dests, key in groups:
+                queue = outbox.get(hop)
+                if queue is None:
+                    queue = outbox[hop] = []
                 queue.append(Envelope(msg, hop_dests, hop_limit, 0, key))
-            else:
-                queue.append(for_dests(msg, hop_dests, hop_limit, 0, pmap))
+            return bool(groups)
+        custody = self.custody
+        if len(custody) >= settings.custody_limit:
+            # full: give up on the oldest message (most likely waiting for a node that is
+            # gone), not on the new one, whose destinations are probably alive
+            counters["custody_overflow"] += 1
+            oldest = next(iter(custody))
+            del custody[oldest]
+            self._unjournal(oldest)
+        if msg.origin != self.node_id:
+            # another node took it from its publisher and may have routed it already
+            # (custody.py): same id, acknowledged to us; its agreed id is kept by the
+            # publisher's session, not journaled here
+            msg.ack_to = self.node_id
+            custody[(msg.origin, msg.seq)] = Custody(msg, set(dests), now + settings.retransmit_after, now)
+            for hop, hop_dests, key in groups:
+                queue = outbox.get(hop)
+                if queue is None:
+                    queue = outbox[hop] = []
+                queue.append(Envelope(msg, hop_dests, hop_limit, 0, key))
+            return bool(groups)
+        # each destination's predecessor: it delivers this message after that one (order.py)
+        last_to = self._last_to
+        seq = msg.seq
+        journal = self.custody_journal
+        if len(dests) == 1:  # (one destination: the common case)
+            d = dests[0]
+            one = last_to.get(d, 0)
+            last_to[d] = seq
+            if not one:  # (the first to d: its silence counts from now, custody.py)
+                self._heard.setdefault(d, now)
+            custody[seq] = Custody(msg, {d}, now + settings.retransmit_after, now, one)
+            if journal is not None:
+                journal.custody_put(msg, dests)  # durable before the PUBACK
+            for hop, hop_dests, key in groups:  # (one group: d's next hop, if it has one)
+                queue = outbox.get(hop)
+                if queue is None:
+                    queue = outbox[hop] = []
+                queue.append(Envelope(msg, hop_dests, hop_limit, 0, key, one))
+            return bool(groups)
+        pmap = {d: last_to.get(d, 0) for d in dests}
+        for d in dests:
+            if not pmap[d]:
+                self._heard.setdefault(d, now)
+            last_to[d] = seq
+        custody[seq] = Custody(msg, set(dests), now + settings.retransmit_after, now, pmap)
+        if journal is not None:
+            journal.custody_put(msg, dests)  # durable before the PUBACK
+        for hop, hop_dests, _ in groups:
+            queue = outbox.get(hop)
+            if queue is None:
+                queue = outbox[hop] = []
+            queue.append(for_dests(msg, hop_dests, hop_limit, 0, pmap))
         return bool(groups)
 
     def _send_envelope(self, env: Envelope) -> None:
@@ -128,7 +135,8 @@ class DataPlaneMixin(EngineState):
 
     def _handle_envelope(self, peer: str, env: Envelope, deliveries: list[Message], now: float) -> None:
         """One envelope of a ``fwd`` batch (MeshEngine.receive): deliver here, pass on, or both.
-        A QoS 1/2 message with a predecessor here is delivered after it (order.py)."""
+        A QoS 1/2 message with a predecessor here is delivered after it (order.py). What it
+        adds to ``deliveries`` its caller counts ("delivered")."""
         msg = env.msg
         me = self.node_id
         if msg.origin == me or msg.ack_to:
@@ -146,8 +154,7 @@ class DataPlaneMixin(EngineState):
                     self._deliver_ordered(msg, prev, env.attempt, now, deliveries)
                     return
                 verdict = self.delivery_filter.seen_after(msg.origin, msg.seq, prev, msg.qos)
-                if verdict == NEW:
-                    self.counters["delivered"] += 1
+                if not verdict:  # (NEW)
                     if env.attempt:
                         msg.retried = True
                     deliveries.append(msg)
@@ -161,11 +168,10 @@ class DataPlaneMixin(EngineState):
                 if msg.qos:
                     self._ack(msg)  # the origin did not hear our earlier acknowledgement
             else:
-                self.counters["delivered"] += 1
                 if env.attempt:
                     msg.retried = True  # (a retransmission from custody: late, replica.py)
                 deliveries.append(msg)
-                if self._held and msg.qos:  # (a predecessor sent unordered: restored custody)
+                if msg.qos and self._held:  # (a predecessor sent unordered: restored custody)
                     self._release_after(msg.origin, msg.seq, deliveries)
             return
         dests = self.forward_filter.claim((msg.origin, msg.seq, env.attempt), env_dests)
@@ -182,7 +188,6 @@ class DataPlaneMixin(EngineState):
                 else:
                     self._deliver_one(msg, env.attempt, deliveries)
             elif not self.delivery_filter.seen(msg.origin, msg.seq, 0):
-                self.counters["delivered"] += 1
                 deliveries.append(msg)
             if len(dests) == 1:
                 return

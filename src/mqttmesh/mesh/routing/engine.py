@@ -223,6 +223,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         deliveries: list[Message] = []
         for env in envelopes:
             self._handle_envelope(peer, env, deliveries, now)
+        self.counters["delivered"] += len(deliveries)  # (counted here, once per batch)
         return _new_tuple(Inbound, (deliveries, ()))  # Inbound(deliveries, ()) at half the cost
 
     def _receive_cost(self, peer: str, body: Any, now: float) -> None:

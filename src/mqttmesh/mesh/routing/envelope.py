@@ -128,30 +128,19 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
             strings.append(dk)
         payload = m.payload
         prev = env.prev
-        if type(prev) is int:
+        if not prev:  # (no predecessor: every QoS 0 envelope)
+            append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), 0))
+        else:
             try:
-                append(
-                    pack(
-                        flags,
-                        env.hop_limit,
-                        env.attempt,
-                        m.seq,
-                        m.timestamp,
-                        o,
-                        p,
-                        t,
-                        d,
-                        len(payload),
-                        m.seq - prev if prev else 0,
-                    )
-                )
+                back = m.seq - prev  # type: ignore[operator]  # (a list raises TypeError: below)
+                append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), back))
+            except TypeError:  # (a list, one predecessor per destination: seq - list)
+                seq = m.seq
+                append(pack(flags | 16, env.hop_limit, env.attempt, seq, m.timestamp, o, p, t, d, len(payload), 0))
+                backs = [seq - b if b and 0 < seq - b < 4294967296 else 0 for b in prev]  # type: ignore[union-attr]
+                append(struct.pack(f">{len(backs)}I", *backs))
             except struct.error:  # (a predecessor further back than 2**32 numbers is as good as none)
                 append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), 0))
-        else:
-            seq = m.seq
-            append(pack(flags | 16, env.hop_limit, env.attempt, seq, m.timestamp, o, p, t, d, len(payload), 0))
-            backs = [seq - b if b and 0 < seq - b < 4294967296 else 0 for b in prev]  # type: ignore[union-attr]
-            append(struct.pack(f">{len(backs)}I", *backs))
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
     for text in strings:

@@ -78,7 +78,6 @@ class OrderMixin(EngineState):
             self.counters["duplicates"] += 1
             self._ack(msg)  # the origin did not hear our earlier acknowledgement
             return
-        self.counters["delivered"] += 1
         msg.retried = attempt > 0  # (a retransmission from custody: late, replica.py)
         out.append(msg)
         if self._held:
@@ -98,7 +97,6 @@ class OrderMixin(EngineState):
                 self.counters["duplicates"] += 1
                 self._ack(m)
                 continue
-            self.counters["delivered"] += 1
             m.retried = h.attempt > 0
             out.append(m)
         if held is not None and not held:
@@ -135,6 +133,7 @@ class OrderMixin(EngineState):
                 elif now - h.asked >= again and (origin, prev) not in self._held_ids:
                     h.asked = now
                     self._order_out.setdefault(("nack", origin), []).append(prev)
+        self.counters["delivered"] += len(out)
         return out
 
     # ------------------------------------------------------------------ nack and skip
@@ -160,7 +159,10 @@ class OrderMixin(EngineState):
                         self.counters["reorder_skipped"] += 1
                         self._release(frm, held, prev, out)
                         held = self._held.get(frm)
-        return Inbound(out, ()) if out else NOTHING
+        if not out:
+            return NOTHING
+        self.counters["delivered"] += len(out)
+        return Inbound(out, ())
 
     def _answer_nack(self, dest: str, seqs: Sequence[int]) -> None:
         """``dest`` waits for these messages of ours: send each again to it alone, or say skip."""
