@@ -85,6 +85,34 @@ class ClaimingChannel(Attached, Protocol):
         (mesh/cluster/handover.py)."""
 
 
+class SessionTable(Protocol):
+    """What the cluster uses of the Broker (mesh/cluster/cluster.py, handover.py): its
+    sessions, opened, restored, subscribed and dropped the Broker's way (the trie and the
+    journal follow), its journal's batches, its door to the mesh, and publishing a will.
+    The cluster holds the Broker only as this."""
+
+    sessions: dict[str, Session]
+    journal: JournalPort
+    session_factory: SessionFactory
+    mesh: MeshPort | None
+
+    def open_session(
+        self, channel: ClaimingChannel, client_id: str, clean: bool, durable: bool = True
+    ) -> tuple[Session, bool]: ...
+
+    def restore_session(self, session: Session) -> None: ...
+
+    def discard_session(self, session: Session) -> None: ...
+
+    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None: ...
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool: ...
+
+    def publish(self, msg: Message, captured: bool = False) -> tuple[Batch, Hits]: ...
+
+    def next_seq(self) -> int: ...
+
+
 class HoldsAcks(Protocol):
     """A Channel holding acknowledgements (or messages) back until a journal batch is
     durable (channel_held.py): released by whoever commits (``Broker.committed``)."""

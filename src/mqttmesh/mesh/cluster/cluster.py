@@ -72,7 +72,7 @@ from .retained import RetainedOwners
 
 if TYPE_CHECKING:
     from ...auth import Auth
-    from ...broker import Broker, ClaimingChannel
+    from ...broker import ClaimingChannel, SessionTable
     from ...message import Message
     from ...packets import Will
     from ...ports import JournalPort, UnicastPort
@@ -146,7 +146,7 @@ class Cluster:
         self,
         node_id: str,
         incarnation: int,
-        broker: Broker,
+        broker: SessionTable,
         net: UnicastPort,
         parts: ClusterParts,
         settings: ClusterSettings,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .cluster_wire import SessAck
 
 if TYPE_CHECKING:
-    from ...broker import Broker
+    from ...broker import SessionTable
     from .cluster_values import ClusterSettings, LocalConnection
     from .cluster_wire import Outbox
     from .membership import Membership
@@ -34,7 +34,7 @@ class Confirmations:
     if TYPE_CHECKING:  # what they use of the HandOver
         node_id: str
         membership: Membership
-        broker: Broker
+        broker: SessionTable
         settings: ClusterSettings
         counters: dict[str, int]
         local: dict[str, LocalConnection]

@@ -50,7 +50,7 @@ from .membership import Membership
 from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, replica_of, snapshot, unknown_to
 
 if TYPE_CHECKING:
-    from ...broker import Broker
+    from ...broker import SessionTable
     from ...packets import Will
     from ...ports import UnicastPort
     from .cluster_values import ClusterSettings
@@ -107,7 +107,7 @@ class HandOver(Confirmations):
         node_id: str,
         incarnation: int,
         membership: Membership,
-        broker: Broker,
+        broker: SessionTable,
         replication: Replication,
         outbox: Outbox,
         net: UnicastPort,
@@ -119,7 +119,7 @@ class HandOver(Confirmations):
         self.node_id = node_id
         self.incarnation = incarnation
         self.membership = membership
-        self.broker = broker
+        self.broker = broker  # its sessions and journal, through the port (broker.SessionTable)
         self.replication = replication
         self.out = outbox  # what it says to nodes (this one too): the Cluster sends it
         self._net = net  # asked who is reachable, never to send
