@@ -45,68 +45,55 @@ class DataPlaneMixin(EngineState):
         counters["routed"] += 1
         if unreachable:
             counters["unreachable_drops"] += unreachable
-        outbox = self._outbox
         settings = self.settings
+        prev = 0  # the predecessor at a lone destination (order.py); 0: none
+        pmap: dict[str, int] | None = None  # several destinations: each one's predecessor
+        if msg.qos:
+            custody = self.custody
+            if len(custody) >= settings.custody_limit:
+                # full: give up on the oldest message (most likely waiting for a node that is
+                # gone), not on the new one, whose destinations are probably alive
+                counters["custody_overflow"] += 1
+                oldest = next(iter(custody))
+                del custody[oldest]
+                self._unjournal(oldest)
+            if msg.origin != self.node_id:
+                # another node took it from its publisher and may have routed it already
+                # (custody.py): same id, acknowledged to us; its agreed id is kept by the
+                # publisher's session, not journaled here
+                msg.ack_to = self.node_id
+                custody[(msg.origin, msg.seq)] = Custody(msg, set(dests), now + settings.retransmit_after, now)
+            else:
+                # each destination's predecessor: it delivers this message after that one
+                last_to = self._last_to
+                seq = msg.seq
+                if len(dests) == 1:  # (one destination: the common case)
+                    d = dests[0]
+                    prev = last_to.get(d, 0)
+                    last_to[d] = seq
+                    if not prev:  # (the first to d: its silence counts from now, custody.py)
+                        self._heard.setdefault(d, now)
+                    custody[seq] = Custody(msg, {d}, now + settings.retransmit_after, now, prev)
+                else:
+                    pmap = {d: last_to.get(d, 0) for d in dests}
+                    for d in dests:
+                        if not pmap[d]:
+                            self._heard.setdefault(d, now)
+                        last_to[d] = seq
+                    custody[seq] = Custody(msg, set(dests), now + settings.retransmit_after, now, pmap)
+                journal = self.custody_journal
+                if journal is not None:
+                    journal.custody_put(msg, dests)  # durable before the PUBACK
+        outbox = self._outbox
         hop_limit = settings.hop_limit
-        if not msg.qos:  # (QoS 0: no custody, no predecessor)
-            for hop, hop_dests, key in groups:
-                queue = outbox.get(hop)
-                if queue is None:
-                    queue = outbox[hop] = []
-                queue.append(Envelope(msg, hop_dests, hop_limit, 0, key))
-            return bool(groups)
-        custody = self.custody
-        if len(custody) >= settings.custody_limit:
-            # full: give up on the oldest message (most likely waiting for a node that is
-            # gone), not on the new one, whose destinations are probably alive
-            counters["custody_overflow"] += 1
-            oldest = next(iter(custody))
-            del custody[oldest]
-            self._unjournal(oldest)
-        if msg.origin != self.node_id:
-            # another node took it from its publisher and may have routed it already
-            # (custody.py): same id, acknowledged to us; its agreed id is kept by the
-            # publisher's session, not journaled here
-            msg.ack_to = self.node_id
-            custody[(msg.origin, msg.seq)] = Custody(msg, set(dests), now + settings.retransmit_after, now)
-            for hop, hop_dests, key in groups:
-                queue = outbox.get(hop)
-                if queue is None:
-                    queue = outbox[hop] = []
-                queue.append(Envelope(msg, hop_dests, hop_limit, 0, key))
-            return bool(groups)
-        # each destination's predecessor: it delivers this message after that one (order.py)
-        last_to = self._last_to
-        seq = msg.seq
-        journal = self.custody_journal
-        if len(dests) == 1:  # (one destination: the common case)
-            d = dests[0]
-            one = last_to.get(d, 0)
-            last_to[d] = seq
-            if not one:  # (the first to d: its silence counts from now, custody.py)
-                self._heard.setdefault(d, now)
-            custody[seq] = Custody(msg, {d}, now + settings.retransmit_after, now, one)
-            if journal is not None:
-                journal.custody_put(msg, dests)  # durable before the PUBACK
-            for hop, hop_dests, key in groups:  # (one group: d's next hop, if it has one)
-                queue = outbox.get(hop)
-                if queue is None:
-                    queue = outbox[hop] = []
-                queue.append(Envelope(msg, hop_dests, hop_limit, 0, key, one))
-            return bool(groups)
-        pmap = {d: last_to.get(d, 0) for d in dests}
-        for d in dests:
-            if not pmap[d]:
-                self._heard.setdefault(d, now)
-            last_to[d] = seq
-        custody[seq] = Custody(msg, set(dests), now + settings.retransmit_after, now, pmap)
-        if journal is not None:
-            journal.custody_put(msg, dests)  # durable before the PUBACK
-        for hop, hop_dests, _ in groups:
+        for hop, hop_dests, key in groups:
             queue = outbox.get(hop)
             if queue is None:
                 queue = outbox[hop] = []
-            queue.append(for_dests(msg, hop_dests, hop_limit, 0, pmap))
+            if pmap is None:
+                queue.append(Envelope(msg, hop_dests, hop_limit, 0, key, prev))
+            else:
+                queue.append(for_dests(msg, hop_dests, hop_limit, 0, pmap))
         return bool(groups)
 
     def _send_envelope(self, env: Envelope) -> None:
