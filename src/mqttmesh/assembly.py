@@ -155,10 +155,10 @@ def build_core(
         mesh.io.flush_soon,
     )
     # CleanSession=0 sessions are replicated (mesh/cluster/replica.py), journaled too with a store
-    sessions = ReplicaSessions(
-        settings.limits, journal, congestion, parts.replication.on_settled, on_sent, parts.replication.late
-    )
-    ports = BrokerPorts(sessions, congestion, gateway, parts.retained, parts.replication, archive, random_hex)
+    replication = parts.replication
+    hooks = (replication.on_settled, on_sent, replication.late, replication.subs_changed)
+    sessions = ReplicaSessions(settings.limits, journal, congestion, *hooks)
+    ports = BrokerPorts(sessions, congestion, gateway, parts.retained, replication, archive, random_hex)
     broker = Broker(
         settings,
         auth,

@@ -4,7 +4,7 @@ Pure. It leaves to its caller the connections (Channels call in and receive
 frames), the clock (times are passed in), randomness (``random_hex``), storage
 (changes go to a Journal that the I/O layer commits), the archive (an ArchivePort,
 archive/capture.py) and the mesh (a MeshPort told of filter changes and of each
-message published here; in a mesh also a RetainedPort, a ReplicationPort and the
+message published here; in a mesh also a RetainedPort, a RedirectPort and the
 mesh's SessionFactory). Every port comes with the constructor (``BrokerPorts``):
 assembly.build_core is where they are made.
 """
@@ -33,7 +33,7 @@ __all__ = [
     "ClaimingChannel",
     "HoldsAcks",
     "RetainedPort",
-    "ReplicationPort",
+    "RedirectPort",
 ]
 
 
@@ -51,8 +51,9 @@ class RetainedPort(Protocol):
         """Send a new subscription the retained messages matching it [MQTT-3.3.1-6]."""
 
 
-class ReplicationPort(Protocol):
-    """The replicated sessions' side of the Broker (mesh/cluster/replica.py Replication)."""
+class RedirectPort(Protocol):
+    """Where the clients of sessions held here just went (mesh/cluster/replica.py
+    Replication): a message for one of them is forwarded there too."""
 
     @property
     def redirects(self) -> Mapping[str, object]:
@@ -60,10 +61,7 @@ class ReplicationPort(Protocol):
         attribute), nearly always empty, so Broker.dispatch pays one truth test per message."""
 
     def forward(self, session: Session, msg: Message) -> None:
-        """A message reached a local replica whose client is in ``redirects``."""
-
-    def subs_changed(self, session: Session) -> None:
-        """The connected client of a replicated session subscribed or unsubscribed."""
+        """A message reached a local session whose client is in ``redirects``."""
 
 
 class ClaimingChannel(Attached, Protocol):
@@ -200,7 +198,7 @@ class BrokerPorts:
     None is the standalone node's: the Broker makes ``session.Sessions`` over its journal
     and congestion, a Congestion of its settings, and counts for auto ClientIds
     (``counting_hex``; the server passes os.urandom's). ``mesh``, ``retained``,
-    ``replication`` and ``archive`` stay None outside a mesh or without an archive, and
+    ``forwarding`` and ``archive`` stay None outside a mesh or without an archive, and
     each costs one ``is None`` test where it is called.
     """
 
@@ -208,7 +206,7 @@ class BrokerPorts:
     congestion: Congestion | None = None
     mesh: MeshPort | None = None  # mesh/link/gateway.py MeshGateway
     retained: RetainedPort | None = None  # mesh/cluster/retained.py RetainedOwners: non-$ retained topics
-    replication: ReplicationPort | None = None  # mesh/cluster/replica.py Replication
+    forwarding: RedirectPort | None = None  # mesh/cluster/replica.py Replication: its redirects
     archive: ArchivePort | None = None  # archive/capture.py Capture
     random_hex: RandomHex | None = None  # auto ClientIds [MQTT-3.1.3-6]
 
@@ -260,7 +258,7 @@ class Broker:
             )
         self.mesh = ports.mesh  # told of filter changes and of each message published here
         self.retained_port = ports.retained  # where non-$ retained messages go, in a mesh
-        self.replication = ports.replication  # subscriptions and redirects of replicated sessions
+        self.forwarding = ports.forwarding  # messages for the clients of local sessions that just moved
 
     @property
     def connected_count(self) -> int:
@@ -315,15 +313,11 @@ class Broker:
     def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
         session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
         self._trie_add(topic_filter, session, qos)
-        if self.replication is not None and session.channel is not None and session.replicated:
-            self.replication.subs_changed(session)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
             return False
         self._trie_remove(topic_filter, session)
-        if self.replication is not None and session.channel is not None and session.replicated:
-            self.replication.subs_changed(session)
         return True
 
     def _trie_add(self, topic_filter: str, session: Session, qos: int) -> None:
@@ -386,12 +380,12 @@ class Broker:
             return NO_HITS
         self.stats.messages_sent += len(matches)
         hits = self.congestion.check(matches) if self.congestion.reasons else NO_HITS
-        replication = self.replication
-        if replication is not None and replication.redirects:
-            targets = replication.redirects
+        forwarding = self.forwarding
+        if forwarding is not None and forwarding.redirects:
+            targets = forwarding.redirects
             for session in matches:
                 if session.client_id in targets:
-                    replication.forward(session, msg)  # its client moved: forward it
+                    forwarding.forward(session, msg)  # its client moved: forward it
         qos = msg.qos
         auth = self.auth
         if auth.acl is None:

@@ -173,7 +173,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
         # the archive's capture of the read being processed (archive/capture.py), if any
         self._read: ReadCapture | None = None
         self._out: list[bytes] = []
-        # frames waiting for a journal batch and a session's replication (version), in order
+        # frames waiting for a journal batch and a ticket of the session's gate, in order
         self._held: deque[tuple[int, int, bytes | Message]] = deque()
         # messages in ``_held`` (routed when they reach its head): while there is one, what
         # this client publishes waits behind it, in order [MQTT-4.6.0-6]
@@ -445,7 +445,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
         session.on_pubrec(pkt.packet_id)
         # after a crash (here, or of this node in a mesh) the PUBLISH must not be re-sent
         # once its PUBREL went out [MQTT-4.3.3-1]
-        self._send_after(ack_frame(PUBREL_FIRST, pkt.packet_id), journal.since(mark), session.version)
+        self._send_after(ack_frame(PUBREL_FIRST, pkt.packet_id), journal.since(mark), session.gate.ticket())
 
     def _on_pubcomp(self, pkt: codec.PubComp, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id)

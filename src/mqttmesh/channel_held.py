@@ -3,10 +3,11 @@
 Pure: frames in, bytes out (``data_to_send``); it leaves the socket to the owner
 (ports.Owner, woken when there are bytes to send) and the commits to the store. An
 acknowledgement may depend on a journal batch being committed (a durable session's packet
-id, a subscription: the group commit) and, for a session replicated in a mesh, on its other
-holders having its settlement version (mesh/cluster/replica.py). Such a frame is held, and so is
-every frame written after it: the client sees them in the order they were written.
-``Broker.committed`` and the holders' answers (mesh/cluster/handover.py) call ``release_acks``.
+id, a subscription: the group commit) and on the session's gate (session.Gate: for a session
+replicated in a mesh, its other holders having the step, mesh/cluster/replica.py). Such a
+frame is held, and so is every frame written after it: the client sees them in the order
+they were written. ``Broker.committed`` and the gate's owner (mesh/cluster/confirm.py) call
+``release_acks``.
 ``HeldFrames`` holds these steps for ``channel.Channel``, which inherits them and keeps
 the state (``_out``, ``_held``).
 """
@@ -67,7 +68,7 @@ class HeldFrames:
         owner: Owner[Any]  # (Owner[Channel]: the Channel mixes this in)
         session: Session | None
         _out: list[bytes]
-        # frames waiting for a journal batch and a session's replication (version), in order,
+        # frames waiting for a journal batch and a ticket of the session's gate, in order,
         # and messages to route (a persistent publisher's QoS 2, channel.py ``_route_after``)
         _held: deque[tuple[int, int, bytes | Message]]
         _deferred: int
@@ -102,33 +103,33 @@ class HeldFrames:
     def pending_frames(self) -> int:
         return len(self._out)
 
-    def _send_after(self, frame: bytes, batch: Batch, version: int = 0) -> None:
-        """Write ``frame`` once journal ``batch`` is committed and, for a replicated session,
-        once its other holders have its settlement ``version`` (both 0: at once)."""
-        if not self._held and not batch and (not version or version <= self.session.safe_version):
+    def _send_after(self, frame: bytes, batch: Batch, ticket: int = 0) -> None:
+        """Write ``frame`` once journal ``batch`` is committed and the session's gate passed
+        ``ticket`` (session.Gate; both 0: at once)."""
+        if not self._held and not batch and (not ticket or ticket <= self.session.gate.passed()):
             self._write_now(frame)
             return
-        self._hold(frame, batch, version)
+        self._hold(frame, batch, ticket)
 
-    def _hold(self, item: bytes | Message, batch: Batch, version: int) -> None:
+    def _hold(self, item: bytes | Message, batch: Batch, ticket: int) -> None:
         """Queue ``item`` (a frame, or a message to route) behind what is held already: it
-        waits for journal ``batch``, settlement ``version`` and everything before it."""
+        waits for journal ``batch``, the gate's ``ticket`` and everything before it."""
         held = self._held
         if held:
             last = held[-1]  # keep acknowledgements in order
-            batch, version = max(batch, last[0]), max(version, last[1])
-        held.append((batch, version, item))
+            batch, ticket = max(batch, last[0]), max(ticket, last[1])
+        held.append((batch, ticket, item))
         self.broker.held_ack_channels.add(self)
 
-    def write_replicated(self, frame: bytes, version: int) -> None:
-        """A frame for the client once the session's settlement ``version`` is replicated."""
-        self._send_after(frame, 0, version)
+    def write_gated(self, frame: bytes, ticket: int) -> None:
+        """A frame for the client once the session's gate passed ``ticket``."""
+        self._send_after(frame, 0, ticket)
 
     def release_acks(self, committed: int) -> None:
         held = self._held
         session = self.session
-        safe = session.safe_version if session is not None else 0
-        while held and held[0][0] <= committed and held[0][1] <= safe:
+        passed = session.gate.passed() if session is not None else 0
+        while held and held[0][0] <= committed and held[0][1] <= passed:
             item = held.popleft()[2]
             if type(item) is bytes:
                 self._write_now(item)

@@ -49,9 +49,9 @@ class Publishing:
 
         def write(self, frame: bytes) -> None: ...
 
-        def _send_after(self, frame: bytes, batch: Batch, version: int = 0) -> None: ...
+        def _send_after(self, frame: bytes, batch: Batch, ticket: int = 0) -> None: ...
 
-        def _hold(self, item: bytes | Message, batch: Batch, version: int) -> None: ...
+        def _hold(self, item: bytes | Message, batch: Batch, ticket: int) -> None: ...
 
     def _on_publish(self, pkt: codec.Publish, now: float) -> None:
         qos = pkt.qos
@@ -82,7 +82,7 @@ class Publishing:
         batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
         # a durable session's id is journaled: the PUBREC waits for it, and for the message
         # (the id's batch is the current one, no older than the message's)
-        self._send_after(ack_frame(PUBREC_FIRST, pid), session.awaiting_rel_add(pid) or batch, session.version)
+        self._send_after(ack_frame(PUBREC_FIRST, pid), session.awaiting_rel_add(pid) or batch, session.gate.ticket())
 
     def _qos2_seen(self, session: Session, pid: int) -> bool:
         """A re-sent QoS 2 PUBLISH is acknowledged again and delivered no more (True)
@@ -148,14 +148,14 @@ class Publishing:
         if qos == 2 and not seen and self._qos2_seen(session, pid):
             return
         msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now)
-        batch = version = 0
+        batch = ticket = 0
         if qos == 2:
             batch = session.awaiting_rel_add(pid) if msg is None else session.awaiting_rel_agreed(pid, msg)
-            version = session.version
+            ticket = session.gate.ticket()
         if msg is not None:
-            batch = max(batch, self._route_after(msg, version))
+            batch = max(batch, self._route_after(msg, ticket))
         if qos:
-            self._send_after(ack_frame(PUBREC_FIRST if qos == 2 else PUBACK_FIRST, pid), batch, version)
+            self._send_after(ack_frame(PUBREC_FIRST if qos == 2 else PUBACK_FIRST, pid), batch, ticket)
 
     def _message(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Message | None:
         """A message from this client, numbered, to be routed later (``_route``); None if it
@@ -172,12 +172,12 @@ class Publishing:
         seq = next(broker.seqs)
         return Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
 
-    def _route_after(self, msg: Message, version: int) -> Batch:
-        """Route ``msg`` once the session's settlement ``version`` is replicated and every
-        message held before it went out: now (the journal batch to wait for), or later (0)."""
-        if not self._held and version <= self.session.safe_version:  # type: ignore[union-attr]
+    def _route_after(self, msg: Message, ticket: int) -> Batch:
+        """Route ``msg`` once the session's gate passed ``ticket`` and every message held
+        before it went out: now (the journal batch to wait for), or later (0)."""
+        if not self._held and ticket <= self.session.gate.passed():  # type: ignore[union-attr]
             return self._route(msg)
-        self._hold(msg, 0, version)
+        self._hold(msg, 0, ticket)
         self._deferred += 1  # type: ignore[misc]  # (a slot of the Channel)
         return 0
 
@@ -187,7 +187,7 @@ class Publishing:
         already: its local subscribers had it then (the mesh's duplicate filters know)."""
         broker = self.broker
         session = self.session
-        if msg.qos == 2 and session is not None and session.replicated:
+        if msg.qos == 2 and session is not None and session.routes_when_agreed:
             if not session.route_here(msg):
                 return 0  # (the client came back while it waited: routed by the new channel)
             mesh = broker.mesh
@@ -205,11 +205,11 @@ class Publishing:
         may have routed yet (its node died, or its client left, before they went out) are
         routed now, under their agreed ids (mesh/cluster/replica.py)."""
         for msg in session.unrouted():
-            self._route_after(msg, session.version)
+            self._route_after(msg, session.gate.ticket())
 
     # -- PUBREL ------------------------------------------------------------------------------
 
     def _on_pubrel(self, pkt: codec.PubRel, now: float) -> None:
         session: Session = self.session  # type: ignore[assignment]
         batch = session.awaiting_rel_remove(pkt.packet_id)
-        self._send_after(ack_frame(PUBCOMP_FIRST, pkt.packet_id), batch, session.version)  # [MQTT-4.3.3-2]
+        self._send_after(ack_frame(PUBCOMP_FIRST, pkt.packet_id), batch, session.gate.ticket())  # [MQTT-4.3.3-2]

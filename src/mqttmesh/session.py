@@ -26,6 +26,8 @@ __all__ = [
     "Limits",
     "Entry",
     "Attached",
+    "Gate",
+    "OPEN",
     "SessionFactory",
     "Session",
     "DurableSession",
@@ -66,16 +68,45 @@ class Attached(Protocol):
 
     def write(self, frame: bytes) -> None: ...
 
-    def write_replicated(self, frame: bytes, version: int) -> None:
-        """A frame once the session's settlement ``version`` is replicated."""
+    def write_gated(self, frame: bytes, ticket: int) -> None:
+        """A frame once the session's gate passes ``ticket`` (``Gate``)."""
 
     def release_acks(self, committed: int) -> None:
-        """Send what waited for journal batch ``committed`` and the session's safe version."""
+        """Send what waited for journal batch ``committed`` and for the session's gate."""
 
     def kick(self, reason: str) -> None:
         """Another connection took the ClientId over [MQTT-3.1.4-2]."""
 
     def close(self, reason: str) -> None: ...
+
+
+class Gate(Protocol):
+    """Whether a frame that follows a step of a session (a settlement: PUBREC, PUBREL, PUBCOMP
+    after the id changed state) may go out now. A session of one node has nothing to wait
+    for (``OPEN``); a session whose copies live on several nodes lets such a frame go once
+    its other copies have the step (mesh/cluster/replica.py). The Channel asks the gate of
+    its session and holds the frame until then (channel_held.py)."""
+
+    def ticket(self) -> int:
+        """What a frame that follows the session's latest step waits for (0: nothing)."""
+
+    def passed(self) -> int:
+        """Frames holding tickets up to this one may go."""
+
+
+class _Open:
+    """The gate of a session of one node: every frame goes at once."""
+
+    __slots__ = ()
+
+    def ticket(self) -> int:
+        return 0
+
+    def passed(self) -> int:
+        return 0
+
+
+OPEN: Gate = _Open()
 
 
 class SessionFactory(Protocol):
@@ -105,10 +136,8 @@ class Session:
     # its _stored_* hooks do something (DurableSession journals, a replicated session keeps
     # ids): the per-message paths call them only then, not as no-ops
     stores = False
-    # a replicated session's (mesh/cluster/replica.py) settlements made, and how many of them every
-    # other holder has: a frame that depends on settlement n waits until safe_version >= n
-    version = 0
-    safe_version = 0
+    # what a frame that follows one of its steps waits for (a replicated session is its own)
+    gate: Gate = OPEN
 
     def __init__(
         self,
@@ -299,8 +328,6 @@ class Session:
     # -- replication: what a session replicated across a mesh does differently ------------
     # (mesh/cluster/replica.py implements these; a session of one node has nothing to replicate)
 
-    replicated = False  # one copy of a session replicated across a mesh
-
     @property
     def routes_when_agreed(self) -> bool:
         """A QoS 2 message of its client is routed only once the session's other holders have
@@ -344,6 +371,12 @@ class Session:
             self.inflight[entry.packet_id] = entry
         else:
             self.queue.append(entry)
+
+    def restore_done(self) -> None:
+        """Every entry of the store is in (``restore_entry``): new packet ids follow the
+        highest one in flight."""
+        if self.inflight:
+            self._next_pid = max(self.inflight) % 65535 + 1
 
     def discarded(self) -> None:
         """The broker dropped this session for good (clean start, or a clean session ended)."""

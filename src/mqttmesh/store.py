@@ -334,6 +334,5 @@ def restore_sessions(
     # the parts only a session replicated in a mesh has: its factory's business
     factory.restore_replicated(restored, inbound, versions, tombstones, floors)
     for session in restored.values():
-        if session.inflight:
-            session._next_pid = max(session.inflight) % 65535 + 1  # after the highest id in flight
+        session.restore_done()
     return list(restored.values())

@@ -59,15 +59,16 @@ class FakeChannel:
         else:
             self.frames.append(bytes(data))
 
-    def write_replicated(self, data: bytes, version: int) -> None:
-        """As channel.py: the frame waits until the session's other holders have ``version``."""
-        if self.held or version > self.session.safe_version:
-            self.held.append((max(version, self.held[-1][0] if self.held else 0), bytes(data)))
+    def write_gated(self, data: bytes, ticket: int) -> None:
+        """As channel.py: the frame waits until the session's gate passed ``ticket`` (the
+        session's other holders have that settlement)."""
+        if self.held or ticket > self.session.gate.passed():
+            self.held.append((max(ticket, self.held[-1][0] if self.held else 0), bytes(data)))
         else:
             self.frames.append(bytes(data))
 
     def release_acks(self, committed: int) -> None:
-        while self.held and self.held[0][0] <= self.session.safe_version:
+        while self.held and self.held[0][0] <= self.session.gate.passed():
             self.frames.append(self.held.pop(0)[1])
 
     def refused(self, rc: int, reason: str, now: float) -> None:
@@ -152,8 +153,14 @@ class Net:
         congestion = Congestion(bsettings.slow_consumer_timeout, bsettings.backpressure_timeout)
         journal = self.journals.get(n, NULL_JOURNAL)
         parts = cluster_parts(n, inc, send, trie, journal, auth, settings, self.wall_offset)
+        replication = parts.replication
         sessions = ReplicaSessions(
-            bsettings.limits, journal, congestion, parts.replication.on_settled, on_late=parts.replication.late
+            bsettings.limits,
+            journal,
+            congestion,
+            replication.on_settled,
+            on_late=replication.late,
+            on_subs=replication.subs_changed,
         )
         self.seen[n] = set()  # (a restart forgets them)
         mesh = _Published(self.published[n], self.seen[n])

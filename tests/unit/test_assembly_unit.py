@@ -154,7 +154,7 @@ def test_a_standalone_core_has_no_mesh_and_its_channels_no_ports():
     core = build_core(BrokerSettings(node_id="n1"))
     broker = core.broker
     assert core.engine is core.gateway is core.cluster is core.links is None
-    assert broker.mesh is broker.retained_port is broker.replication is broker.archive is None
+    assert broker.mesh is broker.retained_port is broker.forwarding is broker.archive is None
     assert type(broker.session_factory) is Sessions
     assert broker.session_factory.congestion is broker.congestion  # one Congestion, shared
     ch = core.channel(object(), "peer", 0.0)
@@ -200,9 +200,9 @@ def test_a_mesh_core_gives_every_port_at_construction_and_the_arrows_go_one_way(
     core, _io = mesh_core("a", wall_offset=50.0)
     broker, cluster, links, gateway = core.broker, core.cluster, core.links, core.gateway
     assert isinstance(gateway, MeshGateway) and broker.mesh is gateway
-    assert broker.retained_port is cluster.retained and broker.replication is cluster.replication
+    assert broker.retained_port is cluster.retained and broker.forwarding is cluster.replication
     assert type(broker.session_factory) is ReplicaSessions
-    assert broker.replication is cluster.replication is cluster.handover.replication  # one owner of the redirects
+    assert broker.forwarding is cluster.replication is cluster.handover.replication  # one owner of the redirects
     assert gateway.links is links.links and gateway.congestion is broker.congestion
     assert gateway.wall_offset == broker.wall_offset == cluster.wall_offset == 50.0
     ch = core.channel(object(), "peer", 0.0)
@@ -231,6 +231,7 @@ def test_a_mesh_core_replicates_persistent_sessions(durable):
     session = core.broker.sessions["c"]
     assert type(session) is (DurableMeshSession if durable else MeshSession)
     assert session.on_settled == core.cluster.replication.on_settled  # a constructor argument
+    assert session.on_subs == core.cluster.replication.subs_changed
     assert type(core.broker.sessions.get("c")) is not Session
 
 

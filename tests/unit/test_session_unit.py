@@ -8,7 +8,7 @@ from mqttmesh.flow import Congestion
 from mqttmesh.mesh.cluster.cluster_values import Snapshot
 from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions, install, replica_of
 from mqttmesh.message import Message
-from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from mqttmesh.session import OPEN, SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from mqttmesh.store import NULL_JOURNAL, Journal
 from support.frames import FakeChannel, publish_fields
 
@@ -448,7 +448,7 @@ def test_sessions_factory_makes_the_kind_the_connect_and_the_journal_call_for():
     for session in (clean, persistent, peer, restored):
         assert session.congestion is congestion
         assert session.limits.max_inflight == 3
-        assert not session.replicated and replica_of(session) is None
+        assert replica_of(session) is None and session.gate is OPEN
 
 
 def test_sessions_factory_without_a_store_keeps_persistent_sessions_in_memory():

@@ -286,7 +286,7 @@ def test_restore_sessions_of_a_mesh_finds_entries_by_message_id():
     [s] = restore_sessions(
         factory, [("a", {})], [_row("a", 1, b"x", seq=11), _row("a", 2, b"y", pid=1, state=SENT_PUBLISH, seq=12)], []
     )
-    assert isinstance(s, DurableMeshSession) and s.replicated and replica_of(s) is s
+    assert isinstance(s, DurableMeshSession) and replica_of(s) is s
     assert {k: e.msg.payload for k, e in s.ids.items()} == {("n1", 11): b"x", ("n1", 12): b"y"}
     assert settled == [] and len(journal) == 0
 

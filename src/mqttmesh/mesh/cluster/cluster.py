@@ -85,7 +85,7 @@ class ClusterParts(NamedTuple):
     """What the Cluster shares with the Broker, built before either (assembly.build_core)."""
 
     membership: Membership
-    replication: Replication  # the Broker's ReplicationPort; settles for ReplicaSessions
+    replication: Replication  # the Broker's RedirectPort; the hooks of ReplicaSessions
     retained: RetainedOwners  # the Broker's RetainedPort
     outbox: Outbox  # what the parts have to say to nodes, in order (the Cluster sends it)
     counters: dict[str, int]  # the cluster's counters (status), shared by all the pieces

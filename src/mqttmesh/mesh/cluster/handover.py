@@ -532,8 +532,8 @@ class HandOver(Confirmations):
         self._apply_subs(session, m.subs)
 
     def on_discard(self, frm: str, m: SessDiscard, now: float) -> None:
-        session = self.broker.sessions.get(m.cid)
-        if session is not None and session.replicated and session.channel is None:
+        session = replica_of(self.broker.sessions.get(m.cid))
+        if session is not None and session.channel is None:
             self.broker.discard_session(session)
 
     def rebalance(self, old_live: set[str], now: float) -> None:

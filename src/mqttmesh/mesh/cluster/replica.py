@@ -55,6 +55,8 @@ SettledHook = Callable[["_Replicated", tuple[str, int], str, int, "Message | Non
 # (session, message): a copy whose client is on another node took a message that node may
 # never have had (Replication.late hands it over)
 LateHook = Callable[["_Replicated", "Message"], None]
+# (session): the client changed its subscriptions here (Replication.subs_changed tells the holders)
+SubsHook = Callable[["Session"], None]
 
 
 # _Replicated is mixed in before Session or DurableSession: a type checker sees it as a Session
@@ -68,7 +70,9 @@ else:
 class _Replicated(_SessionPart):
     """Mixed in before Session/DurableSession: keeps every entry findable by message id."""
 
-    def _init_replication(self, on_settled: SettledHook | None, on_late: LateHook | None = None) -> None:
+    def _init_replication(
+        self, on_settled: SettledHook | None, on_late: LateHook | None = None, on_subs: SubsHook | None = None
+    ) -> None:
         self.ids: dict[tuple[str, int], Entry] = {}  # (origin, seq) -> its entry
         self.done: OrderedDict[tuple[str, int], None] = OrderedDict()  # settled ids, oldest first
         # origin -> the highest sequence number whose settlement this copy forgot (``done``
@@ -79,6 +83,8 @@ class _Replicated(_SessionPart):
         # every settlement, for the other holders (Replication.on_settled); None in tests
         self.on_settled = on_settled
         self.on_late = on_late
+        self.on_subs = on_subs
+        self.gate = self  # (session.Gate: a frame after settlement n waits until the holders have n)
         # origin -> the highest sequence number this copy took from it: a message that comes
         # in below it came late (a retransmission after a partition, a crash, a pause)
         self.highest: dict[str, int] = {}
@@ -106,7 +112,23 @@ class _Replicated(_SessionPart):
         self._stored_version()
         self.on_settled(self, key, state, pid, msg)  # type: ignore[misc]  # (callers checked it is set)
 
-    replicated = True
+    def ticket(self) -> int:
+        return self.version
+
+    def passed(self) -> int:
+        return self.safe_version
+
+    def subscribe(self, topic_filter: str, qos: int) -> None:
+        super().subscribe(topic_filter, qos)
+        if self.channel is not None and self.on_subs is not None:
+            self.on_subs(self)  # (the client's change: the holders' copies follow it)
+
+    def unsubscribe(self, topic_filter: str) -> bool:
+        if not super().unsubscribe(topic_filter):
+            return False
+        if self.channel is not None and self.on_subs is not None:
+            self.on_subs(self)
+        return True
 
     @property
     def routes_when_agreed(self) -> bool:
@@ -236,7 +258,7 @@ class _Replicated(_SessionPart):
         self.inflight[pid] = entry
         self._stored_put(entry)
         self._report((entry.msg.origin, entry.msg.seq), "sent", pid)
-        self.channel.write_replicated(entry.msg.frame(2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
+        self.channel.write_gated(entry.msg.frame(2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
         if self.on_sent is not None:
             self.on_sent(self, entry.msg, 2, False)
 
@@ -354,9 +376,10 @@ class MeshSession(_Replicated, Session):
         on_settled: SettledHook | None = None,
         on_sent: SentHook | None = None,
         on_late: LateHook | None = None,
+        on_subs: SubsHook | None = None,
     ):
         Session.__init__(self, client_id, False, limits, congestion, on_sent)
-        self._init_replication(on_settled, on_late)
+        self._init_replication(on_settled, on_late, on_subs)
 
 
 class DurableMeshSession(_Replicated, DurableSession):
@@ -369,9 +392,10 @@ class DurableMeshSession(_Replicated, DurableSession):
         on_settled: SettledHook | None = None,
         on_sent: SentHook | None = None,
         on_late: LateHook | None = None,
+        on_subs: SubsHook | None = None,
     ):
         DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
-        self._init_replication(on_settled, on_late)
+        self._init_replication(on_settled, on_late, on_subs)
 
     def _stored_version(self) -> None:
         self.journal.version_put(self.client_id, self.epoch, self.version)
@@ -396,17 +420,18 @@ class ReplicaSessions(Sessions):
         on_settled: SettledHook,
         on_sent: SentHook | None = None,
         on_late: LateHook | None = None,
+        on_subs: SubsHook | None = None,
     ):
         super().__init__(limits, journal, congestion, on_sent)
         self.on_settled = on_settled
         self.on_late = on_late
+        self.on_subs = on_subs
 
     def restored(self, client_id: str) -> Session:
+        hooks = (self.on_settled, self.on_sent, self.on_late, self.on_subs)
         if self.journal.persistent:
-            return DurableMeshSession(
-                client_id, self.limits, self.journal, self.congestion, self.on_settled, self.on_sent, self.on_late
-            )
-        return MeshSession(client_id, self.limits, self.congestion, self.on_settled, self.on_sent, self.on_late)
+            return DurableMeshSession(client_id, self.limits, self.journal, self.congestion, *hooks)
+        return MeshSession(client_id, self.limits, self.congestion, *hooks)
 
     def restore_replicated(
         self,
@@ -451,7 +476,7 @@ class Redirect(NamedTuple):
 
 class Replication:
     """What the Broker and the replicated sessions tell the other holders of a session
-    (a ports.ReplicationPort): settlements (batched until ``take_settles``), subscription
+    (the Broker's broker.RedirectPort): settlements (batched until ``take_settles``), subscription
     changes, and messages for a client that just moved (``redirects``, written by the
     hand-over, mesh/cluster/handover.py). Built before the Broker and the Cluster; it holds
     neither, only who the holders are (``membership``) and a way to send."""
@@ -711,5 +736,4 @@ def install(session: _Replicated, snap: Snapshot) -> None:
     session.epoch = max(session.epoch, snap.epoch)
     session.version = snap.version
     session._stored_version()
-    if session.inflight:
-        session._next_pid = max(session.inflight) % 65535 + 1
+    session.restore_done()  # (new packet ids after the highest in flight)

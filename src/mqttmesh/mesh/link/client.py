@@ -311,7 +311,7 @@ class _Ready:
     def write(self, frame: bytes) -> None:
         self.client._out.append(frame)
 
-    def write_replicated(self, frame: bytes, version: int) -> None:
+    def write_gated(self, frame: bytes, ticket: int) -> None:
         self.client._out.append(frame)  # (a link's session is not replicated)
 
     def release_acks(self, committed: int) -> None:
