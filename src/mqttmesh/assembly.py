@@ -38,7 +38,6 @@ from .topics import RetainedTrie
 
 if TYPE_CHECKING:
     from .ports import ArchivePort, JournalPort, Log, MeshIO, Owner, PeerLink, RandomHex
-    from .session import SessionFactory
 
 __all__ = ["MeshConfig", "NodeCore", "build_core", "seq_base"]
 
@@ -119,7 +118,7 @@ def build_core(
     retained_trie = RetainedTrie()
     on_sent = None if archive is None else archive.sent  # the archive's delivery log
     if mesh is None:
-        sessions: SessionFactory = Sessions(settings.limits, journal, congestion, on_sent)
+        sessions = Sessions(settings.limits, journal, congestion, on_sent)
         ports = BrokerPorts(sessions, congestion, archive=archive, random_hex=random_hex)
         broker = Broker(
             settings,
@@ -168,7 +167,8 @@ def build_core(
         wall_offset=wall_offset,
         retained_trie=retained_trie,
     )
-    cluster = Cluster(node_id, incarnation, broker, gateway, parts, mesh.cluster, wall_offset)
+    # one table of sessions: the Broker delivers through it, the cluster keeps its copies there
+    cluster = Cluster(node_id, incarnation, broker.table, broker, gateway, parts, mesh.cluster, wall_offset)
     links = PeerLinks(
         node_id,
         incarnation,

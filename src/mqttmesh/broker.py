@@ -1,11 +1,11 @@
-"""The local broker: ClientId registry, subscriptions, retained messages, publish.
+"""The local broker: publish, delivery to the local sessions, retained messages.
 
 Pure. It leaves to its caller the connections (Channels call in and receive
 frames), the clock (times are passed in), randomness (``random_hex``), storage
 (changes go to a Journal that the I/O layer commits), the archive (an ArchivePort,
 archive/capture.py) and the mesh (a MeshPort told of filter changes and of each
 message published here; in a mesh also a RetainedPort, a RedirectPort and the
-mesh's SessionFactory). Every port comes with the constructor (``BrokerPorts``):
+mesh's SessionFactory; the cluster shares its SessionTable). Every port comes with the constructor (``BrokerPorts``):
 assembly.build_core is where they are made.
 """
 
@@ -21,8 +21,9 @@ from .flow import Congestion
 from .message import Message
 from .ports import NO_HITS, ArchivePort, Batch, Hits, JournalPort, MeshPort, RandomHex
 from .session import Attached, Limits, Session, SessionFactory, Sessions
+from .session_table import SessionTable
 from .store import NULL_JOURNAL
-from .topics import RetainedTrie, SubscriptionTrie
+from .topics import RetainedTrie
 
 __all__ = [
     "Broker",
@@ -83,34 +84,6 @@ class ClaimingChannel(Attached, Protocol):
         (mesh/cluster/handover.py)."""
 
 
-class SessionTable(Protocol):
-    """What the cluster uses of the Broker (mesh/cluster/cluster.py, handover.py): its
-    sessions, opened, restored, subscribed and dropped the Broker's way (the trie and the
-    journal follow), its journal's batches, its door to the mesh, and publishing a will.
-    The cluster holds the Broker only as this."""
-
-    sessions: dict[str, Session]
-    journal: JournalPort
-    session_factory: SessionFactory
-    mesh: MeshPort | None
-
-    def open_session(
-        self, channel: ClaimingChannel, client_id: str, clean: bool, durable: bool = True
-    ) -> tuple[Session, bool]: ...
-
-    def restore_session(self, session: Session) -> None: ...
-
-    def discard_session(self, session: Session) -> None: ...
-
-    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None: ...
-
-    def unsubscribe(self, session: Session, topic_filter: str) -> bool: ...
-
-    def publish(self, msg: Message, captured: bool = False) -> tuple[Batch, Hits]: ...
-
-    def next_seq(self) -> int: ...
-
-
 class HoldsAcks(Protocol):
     """A Channel holding acknowledgements (or messages) back until a journal batch is
     durable (channel_held.py): released by whoever commits (``Broker.committed``)."""
@@ -153,9 +126,7 @@ class Stats:
         "auth_failures",
         "auth_throttled",
         "auth_busy",
-        "ended_queue_full",
-        "ended_slow_qos0",
-    )  # drops counted by sessions now gone
+    )
     # (annotations only: __init__ sets every slot to 0)
     messages_received: int
     messages_sent: int
@@ -174,8 +145,6 @@ class Stats:
     auth_failures: int
     auth_throttled: int
     auth_busy: int
-    ended_queue_full: int
-    ended_slow_qos0: int
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -231,8 +200,6 @@ class Broker:
         self.auth = auth or Auth()
         self.journal: JournalPort = journal if journal is not None else NULL_JOURNAL
         self.random_hex = ports.random_hex if ports.random_hex is not None else counting_hex()
-        self.sessions: dict[str, Session] = {}
-        self.trie = SubscriptionTrie()  # the local subscriptions (filters -> sessions), not the mesh's routes
         # this node's retained messages: all of them standalone, in a mesh those of the
         # topics it owns (shared with mesh/cluster/retained.py) and $SYS
         self.retained = retained_trie if retained_trie is not None else RetainedTrie()
@@ -249,84 +216,19 @@ class Broker:
         # the archive (archive/capture.py): published(msg) for each message published here
         # that a Channel's read capture did not take; its delivery log goes to the sessions
         archive = self.archive = ports.archive
-        self.session_factory: SessionFactory
-        if ports.sessions is not None:
-            self.session_factory = ports.sessions
-        else:
-            self.session_factory = Sessions(
-                settings.limits, self.journal, self.congestion, on_sent=None if archive is None else archive.sent
-            )
         self.mesh = ports.mesh  # told of filter changes and of each message published here
+        factory = ports.sessions
+        if factory is None:
+            on_sent = None if archive is None else archive.sent
+            factory = Sessions(settings.limits, self.journal, self.congestion, on_sent=on_sent)
+        # the sessions and their subscriptions (session_table.py): the Broker delivers through
+        # the trie; in a mesh the cluster holds there the copies of other nodes' sessions too
+        table = self.table = SessionTable(factory, self.journal, self.mesh)
+        self.sessions = table.sessions  # (the table's: read here, changed only through it)
+        self.trie = table.trie
+        self.session_factory = table.factory
         self.retained_port = ports.retained  # where non-$ retained messages go, in a mesh
         self.forwarding = ports.forwarding  # messages for the clients of local sessions that just moved
-
-    @property
-    def connected_count(self) -> int:
-        return sum(1 for s in self.sessions.values() if s.channel is not None)
-
-    # -- sessions -------------------------------------------------------------------
-
-    def open_session(
-        self, channel: ClaimingChannel, client_id: str, clean: bool, durable: bool = True
-    ) -> tuple[Session, bool]:
-        """Take over ``client_id`` for ``channel``; (session, session_present).
-
-        ``durable=False`` keeps even a CleanSession=0 session in memory (peer links:
-        what they carry is held end to end by its origin, see mesh/routing/engine.py).
-        """
-        old = self.sessions.get(client_id)
-        if old is not None and old.channel is not None and old.channel is not channel:
-            old.channel.kick(f"ClientId {client_id!r} connected again from {channel.peer}")  # [MQTT-3.1.4-2]
-        if old is not None and (clean or old.clean):
-            self.discard_session(old)  # [MQTT-3.1.2-6]
-            old = None
-        if old is not None:
-            return old, True  # [MQTT-3.2.2-2]
-        session = self.session_factory.new(client_id, clean, durable)
-        self.sessions[client_id] = session
-        return session, False
-
-    def close_session(self, session: Session) -> None:
-        """The connection of ``session`` ended: clean sessions end with it [MQTT-3.1.2-6]."""
-        session.detach()
-        if session.clean and self.sessions.get(session.client_id) is session:
-            self.discard_session(session)
-
-    def discard_session(self, session: Session) -> None:
-        self.stats.ended_queue_full += session.dropped
-        self.stats.ended_slow_qos0 += session.dropped_qos0
-        for topic_filter in list(session.subscriptions):
-            self._trie_remove(topic_filter, session)
-        session.subscriptions.clear()
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
-        session.discarded()
-
-    def restore_session(self, session: Session) -> None:
-        """Re-register a session loaded from the store at start (made by ``session_factory``)."""
-        self.sessions[session.client_id] = session
-        for topic_filter, qos in session.subscriptions.items():
-            self._trie_add(topic_filter, session, qos)
-
-    # -- subscriptions ------------------------------------------------------------------
-
-    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
-        session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
-        self._trie_add(topic_filter, session, qos)
-
-    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
-        if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
-            return False
-        self._trie_remove(topic_filter, session)
-        return True
-
-    def _trie_add(self, topic_filter: str, session: Session, qos: int) -> None:
-        if self.trie.add(topic_filter, session, qos) and self.mesh is not None:
-            self.mesh.filter_added(topic_filter)
-
-    def _trie_remove(self, topic_filter: str, session: Session) -> None:
-        if self.trie.remove(topic_filter, session) and self.mesh is not None:
-            self.mesh.filter_removed(topic_filter)
 
     def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
         """Send the retained messages matching a new subscription [MQTT-3.3.1-6]."""

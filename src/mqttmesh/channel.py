@@ -302,7 +302,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
             broker.congestion.unpause(self)
         session = self.session
         if session is not None and session.channel is self:
-            broker.close_session(session)
+            broker.table.close_session(session)
         if self._deferred:
             # messages waiting for the holders are not routed from a closed connection: the
             # session keeps them and the node the client comes back to routes them
@@ -374,7 +374,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
             self.claims.connect(self, self.client_id, pkt.clean_session, self.will, now, self.will_seq)
             return
         mark = broker.journal.mark()
-        session, present = broker.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
+        session, present = broker.table.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
         self._connected(session, present, now, broker.journal.since(mark))
 
@@ -424,14 +424,14 @@ class Channel(Publishing, PeerListening, HeldFrames):
         # advertisements may exceed the clients' limits.max_packet_size
         self.decoder.max_packet_size = codec.DEFAULT_MAX_PACKET_SIZE
         broker = self.broker
-        session, _ = broker.open_session(self, self.client_id, connect.clean_session, durable=False)
+        session, _ = broker.table.open_session(self, self.client_id, connect.clean_session, durable=False)
         self.state = CONNECTED
         self.last_rx = now
         broker.stats.connections_total += 1
         session.username = self.username
         self.session = session
         session.attach(self)  # re-send what the peer's session held [MQTT-4.4.0-1]
-        broker.subscribe(session, topic_filter, granted)
+        broker.table.subscribe(session, topic_filter, granted)
 
     # -- acknowledgements, server to client messages --------------------------------------
 
@@ -473,7 +473,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
                 codes.append(0x80)
                 continue
             granted = min(qos, broker.settings.max_qos)
-            broker.subscribe(session, topic_filter, granted)
+            broker.table.subscribe(session, topic_filter, granted)
             codes.append(granted)
             granted_filters.append((topic_filter, granted))
         self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), journal.since(mark))  # [MQTT-3.8.4-1,5]
@@ -486,7 +486,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
         mark = journal.mark()
         session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
         for topic_filter in pkt.filters:  # [MQTT-3.10.4-6]
-            broker.unsubscribe(session, topic_filter)
+            broker.table.unsubscribe(session, topic_filter)
         self._send_after(ack_frame(0xB0, pkt.packet_id), journal.since(mark))  # even if nothing matched [MQTT-3.10.4-5]
 
     def _on_pingreq(self, pkt: codec.PingReq, now: float) -> None:

@@ -151,7 +151,7 @@ def test_a_persistent_session_moves_with_its_queued_and_in_flight_messages():
     cid = cid_with(net, lambda regs, holders: "c" not in holders and regs[0] != "a")
     ch = net.connect("a", cid, clean=False)
     assert ch.present is False
-    net.brokers["a"].subscribe(ch.session, "t/#", 2)  # the holders subscribe too (sess.subs)
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 2)  # the holders subscribe too (sess.subs)
     net.pump()
     for n in net.clusters["a"].members.holders(cid, "a"):
         assert net.brokers[n].sessions[cid].subscriptions == {"t/#": 2}
@@ -350,7 +350,7 @@ def test_a_holder_that_missed_settlements_is_not_the_latest_view():
 def _persistent_subscriber(net: Net, cid_pred) -> tuple[str, FakeChannel]:
     cid = cid_with(net, cid_pred)
     ch = net.connect("a", cid, clean=False)
-    net.brokers["a"].subscribe(ch.session, "t/#", 2)
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 2)
     net.pump()
     return cid, ch
 
@@ -597,7 +597,7 @@ def test_a_clean_start_discards_the_holders_copies():
     net = Net()
     cid = cid_with(net, lambda regs, holders: "c" not in holders)
     ch = net.connect("a", cid, clean=False)
-    net.brokers["a"].subscribe(ch.session, "t", 1)
+    net.brokers["a"].table.subscribe(ch.session, "t", 1)
     net.pump()
     ch.close("bye")
     net.publish("b", "t", b"kept", qos=1)
@@ -809,14 +809,14 @@ def test_a_lookup_asks_the_owners_for_an_exact_filter_and_everyone_for_a_wildcar
     net.pump()
     ch = _subscriber(net, asker, "sub-1")
     mark = len(net.sent)
-    net.brokers[asker].subscribe(ch.session, topic, 1)
+    net.brokers[asker].table.subscribe(ch.session, topic, 1)
     net.brokers[asker].send_retained(ch.session, topic, 1, net.t)
     net.pump()
     queries = [(d, k) for f, d, k in net.kinds(mark) if k == "ret.query"]
     assert queries == [(n, "ret.query") for n in sorted(owners)]
     assert len(ch.frames) == 1 and b"kept" in ch.frames[0]  # sent once [MQTT-3.3.1-6]
     mark = len(net.sent)
-    net.brokers[asker].subscribe(ch.session, "look/#", 1)
+    net.brokers[asker].table.subscribe(ch.session, "look/#", 1)
     net.brokers[asker].send_retained(ch.session, "look/#", 1, net.t)
     net.pump()
     queries = [d for f, d, k in net.kinds(mark) if k == "ret.query"]
@@ -827,7 +827,7 @@ def test_a_lookup_asks_the_owners_for_an_exact_filter_and_everyone_for_a_wildcar
 def test_an_unanswered_lookup_delivers_what_it_has_after_lookup_timeout():
     net = Net(settings=ClusterSettings(lookup_timeout=1.0))
     ch = _subscriber(net, "a", "sub-2")
-    net.brokers["a"].subscribe(ch.session, "x/#", 0)
+    net.brokers["a"].table.subscribe(ch.session, "x/#", 0)
     net.brokers["a"].send_retained(ch.session, "x/#", 0, net.t)
     net.queue.clear()  # the queries are lost
     assert net.clusters["a"].retained.lookups

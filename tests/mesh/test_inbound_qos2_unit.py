@@ -27,7 +27,7 @@ from support.frames import out, publish_fields, split_frames
 def _setup() -> tuple[Net, object, object]:
     net = Net(settings=ClusterSettings(replication=3, stall=1e9))  # every node holds every session
     sub = net.connect("c", "sub", clean=False)
-    net.brokers["c"].subscribe(sub.session, "t/#", 2)
+    net.brokers["c"].table.subscribe(sub.session, "t/#", 2)
     net.pump()
     pub = net.client("a")
     pub.receive_data(mqttraw.connect("pub", clean=False), net.t)

@@ -37,7 +37,7 @@ def _stale_holder(net: Net, qos: int, first: int, then: int):
     before it stored it); ``then`` more are settled with b following again."""
     cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
     ch = net.connect("a", cid, clean=False)
-    net.brokers["a"].subscribe(ch.session, "t/#", qos)
+    net.brokers["a"].table.subscribe(ch.session, "t/#", qos)
     net.pump()
     early = [net.publish("c", f"t/{i}", b"x", qos=qos) for i in range(first)]
     _complete_all(ch)
@@ -136,7 +136,7 @@ def test_a_message_a_holder_takes_late_goes_to_the_node_the_client_is_on():
     net = Net()
     cid = cid_with(net, lambda regs, holders: set(holders) == {"b", "c"})
     ch = net.connect("a", cid, clean=False)  # (a: not one of the holders)
-    net.brokers["a"].subscribe(ch.session, "t/#", 1)
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
     net.tick(11.0)  # (the hand-over's redirects are over)
     net.pump()
     sent = len(net.sent)
@@ -212,7 +212,7 @@ def test_a_restarted_node_counts_the_nodes_it_had_seen_and_is_no_mesh_of_one(tmp
 
     net = Net()
     journal = Journal()
-    net.brokers["a"].journal = journal
+    net.clusters["a"].table.journal = journal  # (what the cluster stores through)
     net.clusters["a"].membership(["a", "b", "c"], {"a": 1, "b": 1, "c": 1, "d": 1}, 1.0)  # d: new
     ops = journal.take()[1]
     assert sorted(op for op in ops if op[0] == "node_seen") == [("node_seen", n) for n in "bcd"]

@@ -86,7 +86,7 @@ class FakeChannel:
         self.state, self.reason = "closed", reason
         broker, cluster = self.net.brokers[self.node], self.net.clusters[self.node]
         if self.session is not None and self.session.channel is self:
-            broker.close_session(self.session)
+            broker.table.close_session(self.session)
         if was_connected:
             cluster.disconnected(self, self.net.t)
 
@@ -167,7 +167,7 @@ class Net:
         ports = BrokerPorts(sessions, congestion, mesh, parts.retained, parts.replication)
         broker = Broker(bsettings, auth, journal if n in self.journals else None, ports, retained_trie=trie)
         self.brokers[n] = broker
-        self.clusters[n] = Cluster(n, inc, broker, send, parts, settings, self.wall_offset)
+        self.clusters[n] = Cluster(n, inc, broker.table, broker, send, parts, settings, self.wall_offset)
 
     def restart(self, n: str) -> None:
         """``n`` is killed and comes back empty (no store) with a new incarnation."""

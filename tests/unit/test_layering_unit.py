@@ -354,3 +354,37 @@ def test_the_import_reader_resolves_relative_imports():
     got = _imports(path)
     assert "mqttmesh.mesh.routing.engine" in got and "mqttmesh.mesh.cluster.cluster" in got
     assert "mqttmesh.message" in got
+
+
+def test_no_cluster_protocol_holds_the_broker():
+    """The cluster's parts keep the node's sessions in its SessionTable (session_table.py) and
+    publish wills through the Cluster's WillPort: none of mesh/cluster/ imports the Broker
+    (its Protocols of what a Channel is, broker.ClaimingChannel, are all it takes of broker.py),
+    nor takes or keeps anything called ``broker``."""
+    for path in sorted((SRC / "mesh" / "cluster").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "broker":
+                names = {a.name for a in node.names}
+                assert names <= {"ClaimingChannel"}, f"{_name(path)} imports {sorted(names)} of broker.py"
+            if isinstance(node, ast.arg):
+                assert node.arg != "broker", f"{_name(path)}:{node.lineno} takes a broker"
+            if isinstance(node, ast.Attribute):
+                assert node.attr != "broker", f"{_name(path)}:{node.lineno} keeps a broker"
+
+
+def test_the_session_contract_has_no_replication_fields():
+    """session.py's Session knows nothing of replicas: no version, safe version or
+    'replicated' flag; a frame that follows a step asks the session's gate (session.Gate)."""
+    tree = ast.parse((SRC / "session.py").read_text())
+    session = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Session")
+    names = set()
+    for node in ast.walk(session):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            names.add(node.attr)
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    assert "gate" in names
+    assert not names & {"version", "safe_version", "replicated", "replica", "epoch"}, sorted(names)

@@ -535,11 +535,12 @@ class Node:
     def publish_sys_stats(self) -> None:
         b = self.broker
         s = b.stats
-        queue_full = s.ended_queue_full + sum(x.dropped for x in b.sessions.values())
-        slow_qos0 = s.ended_slow_qos0 + sum(x.dropped_qos0 for x in b.sessions.values())
+        ended = b.table.ended
+        queue_full = ended.queue_full + sum(x.dropped for x in b.sessions.values())
+        slow_qos0 = ended.slow_qos0 + sum(x.dropped_qos0 for x in b.sessions.values())
         values = {
             "uptime": f"{int(time.time() - self.started_at)} seconds",
-            "clients/connected": b.connected_count,
+            "clients/connected": b.table.connected_count,
             "clients/total": len(b.sessions),
             "messages/received": s.messages_received,
             "messages/sent": s.messages_sent,

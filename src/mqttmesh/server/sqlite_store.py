@@ -139,7 +139,7 @@ class SqliteStore:
             _rows(db, "SELECT client_id, origin, seq FROM tombstone_floors"),
         )
         for session in sessions:
-            broker.restore_session(session)
+            broker.table.restore_session(session)
         retained = 0
         for topic, payload, qos, origin, seq, publisher, ts in db.execute("SELECT * FROM retained"):
             broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts))

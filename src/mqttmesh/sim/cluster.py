@@ -140,7 +140,7 @@ class SimStore:
             [(cid, origin, seq) for (cid, origin), seq in sorted(self.floors.items())],
         )
         for session in sessions:
-            broker.restore_session(session)
+            broker.table.restore_session(session)
         for topic, payload, qos, origin, seq, publisher, ts in sorted(self.retained.values()):
             broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts))
 

@@ -27,7 +27,10 @@ The pieces, all keyed by rendezvous hashing over the live nodes (membership.py):
   asks those owners (exact filter) or every node (wildcards).
 
 This module is the coordinator: it builds the registry and the hand-over, decodes every
-message once at the door (cluster_wire.py) and hands it to its handler (``HANDLERS``).
+message once at the door (cluster_wire.py), hands it to its handler (``HANDLERS``) and
+does what the parts answered: messages to nodes (the outbox) and wills to publish (through
+a ``WillPort``). None of them holds the Broker: the hand-over keeps its copies of sessions
+in the node's session table (session_table.py), which the Broker delivers through.
 What the Broker calls (the replicated sessions' Replication, the RetainedOwners) and who
 is alive (Membership) are built before the Broker, by ``cluster_parts``, and given to it.
 """
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
 from .cluster_values import ClusterSettings
 from .cluster_wire import (
@@ -72,13 +75,22 @@ from .retained import RetainedOwners
 
 if TYPE_CHECKING:
     from ...auth import Auth
-    from ...broker import ClaimingChannel, SessionTable
+    from ...broker import ClaimingChannel
     from ...message import Message
     from ...packets import Will
-    from ...ports import JournalPort, UnicastPort
+    from ...ports import Batch, Hits, JournalPort, UnicastPort
+    from ...session_table import SessionTable
     from ...topics import RetainedTrie
 
-__all__ = ["ClusterSettings", "ClusterParts", "Cluster", "HANDLERS", "cluster_parts"]
+__all__ = ["ClusterSettings", "ClusterParts", "Cluster", "WillPort", "HANDLERS", "cluster_parts"]
+
+
+class WillPort(Protocol):
+    """Where the Cluster publishes the wills its registry found due (the Broker)."""
+
+    def publish(self, msg: Message, captured: bool = False) -> tuple[Batch, Hits]: ...
+
+    def next_seq(self) -> int: ...
 
 
 class ClusterParts(NamedTuple):
@@ -146,7 +158,8 @@ class Cluster:
         self,
         node_id: str,
         incarnation: int,
-        broker: SessionTable,
+        table: SessionTable,
+        wills: WillPort,
         net: UnicastPort,
         parts: ClusterParts,
         settings: ClusterSettings,
@@ -154,7 +167,8 @@ class Cluster:
     ):
         self.node_id = node_id
         self.incarnation = incarnation
-        self.broker = broker
+        self.table = table  # the node's sessions, the copies held for other nodes' clients too
+        self.wills = wills
         self._net = net
         self.outbox = parts.outbox
         self.settings = settings
@@ -168,7 +182,7 @@ class Cluster:
             node_id,
             incarnation,
             self.members,
-            broker,
+            table,
             parts.replication,
             parts.outbox,
             net,
@@ -210,13 +224,13 @@ class Cluster:
     def _publish_will(self, msg: Message) -> None:
         """A will the registrar found due: one message by its id wherever it is published
         (a node that had it already only routes it on), or numbered here (``seq`` 0)."""
-        broker = self.broker
+        wills = self.wills
         if not msg.seq:
-            broker.publish(msg.copy(seq=broker.next_seq()))
+            wills.publish(msg.copy(seq=wills.next_seq()))
             return
-        mesh = broker.mesh
+        mesh = self.table.mesh
         if mesh is None or mesh.first_here(msg):
-            broker.publish(msg)
+            wills.publish(msg)
         else:
             mesh.published(msg)  # (delivered here already: only routed)
 
@@ -239,7 +253,7 @@ class Cluster:
         before = len(members.known)
         old_live = members.update(live, incs, now, synced)
         if len(members.known) > before:
-            journal = self.broker.journal
+            journal = self.table.journal
             for node in members.known:
                 if node != self.node_id:
                     journal.node_seen(node)  # (stored once: the store ignores a repeat)
@@ -318,7 +332,7 @@ class Cluster:
         counters = dict(self.counters)
         # QoS 2 messages the sessions here took for settled and forgotten (replica.forgotten)
         counters["forgotten_qos2"] = sum(
-            r.forgotten_qos2 for r in map(replica_of, self.broker.sessions.values()) if r is not None
+            r.forgotten_qos2 for r in map(replica_of, self.table.sessions.values()) if r is not None
         )
         return {"counters": counters, "live": self.members.live}
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from .cluster_wire import SessAck
 
 if TYPE_CHECKING:
-    from ...broker import SessionTable
+    from ...session_table import SessionTable
     from .cluster_values import ClusterSettings, LocalConnection
     from .cluster_wire import Outbox
     from .membership import Membership
@@ -34,7 +34,7 @@ class Confirmations:
     if TYPE_CHECKING:  # what they use of the HandOver
         node_id: str
         membership: Membership
-        broker: SessionTable
+        table: SessionTable
         settings: ClusterSettings
         counters: dict[str, int]
         local: dict[str, LocalConnection]
@@ -77,7 +77,7 @@ class Confirmations:
             session.safe_version = safe
             channel = session.channel
             if channel is not None:
-                channel.release_acks(self.broker.journal.committed)
+                channel.release_acks(self.table.journal.committed)
 
     def retry_lagging(self, now: float) -> None:
         """Holders that have not answered our settlements for settle_retry get a copy."""

@@ -50,9 +50,9 @@ from .membership import Membership
 from .replica import Redirect, Replication, _Replicated, install, merge_snapshots, replica_of, snapshot, unknown_to
 
 if TYPE_CHECKING:
-    from ...broker import SessionTable
     from ...packets import Will
     from ...ports import UnicastPort
+    from ...session_table import SessionTable
     from .cluster_values import ClusterSettings
 
 __all__ = ["ClaimingChannel", "HandOver", "Claim", "LocalConnection", "Redirect", "CLAIM", "GATHER", "DONE"]
@@ -107,7 +107,7 @@ class HandOver(Confirmations):
         node_id: str,
         incarnation: int,
         membership: Membership,
-        broker: SessionTable,
+        table: SessionTable,
         replication: Replication,
         outbox: Outbox,
         net: UnicastPort,
@@ -119,7 +119,7 @@ class HandOver(Confirmations):
         self.node_id = node_id
         self.incarnation = incarnation
         self.membership = membership
-        self.broker = broker  # its sessions and journal, through the port (broker.SessionTable)
+        self.table = table  # the node's sessions (session_table.py): the copies held here among them
         self.replication = replication
         self.out = outbox  # what it says to nodes (this one too): the Cluster sends it
         self._net = net  # asked who is reachable, never to send
@@ -272,11 +272,11 @@ class HandOver(Confirmations):
         if not channel.claiming:  # it closed meanwhile
             self._release(claim.cid, claim.conn, claim.epoch, now)
             return
-        broker = self.broker
+        table = self.table
         merged = None
         if not claim.clean:
             # our own copy as it is now (it kept queueing while we gathered), and the others'
-            own = broker.sessions.get(claim.cid)
+            own = table.sessions.get(claim.cid)
             snaps = list(claim.snaps)
             own_copy = replica_of(own)
             if own_copy is not None:
@@ -294,7 +294,7 @@ class HandOver(Confirmations):
                     self._refuse(claim, "no copy of the session's latest state is within reach", now)
                     return
             merged = merge_snapshots(snaps)
-        session, present = broker.open_session(channel, claim.cid, claim.clean)
+        session, present = table.open_session(channel, claim.cid, claim.clean)
         replica = replica_of(session)
         if not claim.clean and replica is not None:
             if merged is not None:
@@ -302,10 +302,10 @@ class HandOver(Confirmations):
                 install(replica, merged)
                 for f in list(replica.subscriptions):
                     if f not in merged.subs:
-                        broker.unsubscribe(replica, f)
+                        table.unsubscribe(replica, f)
                 for f, q in merged.subs.items():
                     if replica.subscriptions.get(f) != q:
-                        broker.subscribe(replica, f, q)
+                        table.subscribe(replica, f, q)
                 present = True
             replica.active_node = self.node_id
             # newer than every copy gathered, whatever the registrar granted: a registrar that
@@ -380,7 +380,7 @@ class HandOver(Confirmations):
         local = self.local.get(cid)
         if local is not None and local.conn != m.conn:
             local.channel.kick(f"ClientId {cid!r} taken over by node {frm}")  # stops delivery first
-        session = self.broker.sessions.get(cid)
+        session = self.table.sessions.get(cid)
         replica = replica_of(session)
         self.out.put(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None))
         if frm != self.node_id:
@@ -404,31 +404,31 @@ class HandOver(Confirmations):
             self._finish(claim, now)
 
     def _replica(self, cid: str, create: bool = True) -> _Replicated | None:
-        session = self.broker.sessions.get(cid)
+        session = self.table.sessions.get(cid)
         if session is not None:
             return replica_of(session)
         if not create:
             return None
-        restored = self.broker.session_factory.restored(cid)
+        restored = self.table.factory.restored(cid)
         # in the store from now on, subscriptions or not: a restart must find the copy of a
         # publisher's session too (its inbound QoS 2 ids and messages, its version)
         restored._stored_subscriptions()
-        self.broker.restore_session(restored)
+        self.table.restore_session(restored)
         return replica_of(restored)
 
     def _apply_subs(self, session: _Replicated, subs: dict[str, int]) -> None:
-        broker = self.broker
+        table = self.table
         for f in list(session.subscriptions):
             if f not in subs:
-                broker.unsubscribe(session, f)
+                table.unsubscribe(session, f)
         for f, q in subs.items():
             if session.subscriptions.get(f) != q:
-                broker.subscribe(session, f, q)
+                table.subscribe(session, f, q)
 
     def on_copy(self, frm: str, m: SessCopy, now: float) -> None:
         """The holder the client is on sends its session: ours is replaced."""
         snap = m.snap
-        journal = self.broker.journal
+        journal = self.table.journal
         mark = journal.mark()
         session = self._offline_replica(frm, snap, take_over=True)
         if session is None or snap.epoch < session.epoch:
@@ -491,7 +491,7 @@ class HandOver(Confirmations):
             # moved on): the sender learns which from the answer
             self._cannot_take(frm, m.cid, m.epoch)
             return
-        journal = self.broker.journal
+        journal = self.table.journal
         mark = journal.mark()
         for origin, seq, state, pid, fwd in m.items:
             session.settle((origin, seq), state, pid, fwd.message() if fwd is not None else None)
@@ -511,7 +511,7 @@ class HandOver(Confirmations):
         as a client counts on what a PUBACK vouches for."""
         if batch:
             self.counters["acks_after_commit"] += 1
-        if batch > self.broker.journal.committed:
+        if batch > self.table.journal.committed:
             self._acks_after.append((batch, frm, ack))
         else:
             self.out.put(frm, ack)
@@ -532,14 +532,14 @@ class HandOver(Confirmations):
         self._apply_subs(session, m.subs)
 
     def on_discard(self, frm: str, m: SessDiscard, now: float) -> None:
-        session = replica_of(self.broker.sessions.get(m.cid))
+        session = replica_of(self.table.sessions.get(m.cid))
         if session is not None and session.channel is None:
-            self.broker.discard_session(session)
+            self.table.discard_session(session)
 
     def rebalance(self, old_live: set[str], now: float) -> None:
         """The live nodes changed: sessions reach their (new) holders; we keep only ours."""
         live = set(self.membership.live)
-        for cid, session in list(self.broker.sessions.items()):
+        for cid, session in list(self.table.sessions.items()):
             replica = replica_of(session)
             if replica is None:
                 continue
@@ -572,7 +572,7 @@ class HandOver(Confirmations):
         if self.node_id not in holders and replica.channel is None:
             for node in holders:
                 self.out.put(node, SessMerge(snapshot(replica)))
-            self.broker.discard_session(replica)
+            self.table.discard_session(replica)
 
     # -- while the client is here ---------------------------------------------------------
 
@@ -581,7 +581,7 @@ class HandOver(Confirmations):
         settles = self.replication.take_settles()
         if settles:
             for cid, items in settles.items():
-                session = self.broker.sessions.get(cid)
+                session = self.table.sessions.get(cid)
                 replica = replica_of(session)
                 epoch, version = (replica.epoch, replica.version) if replica is not None else (0, len(items))
                 sent = False
@@ -601,7 +601,7 @@ class HandOver(Confirmations):
         self._forwarded(m)
 
     def _forwarded(self, m: SessFwd) -> None:
-        session = self.broker.sessions.get(m.cid)
+        session = self.table.sessions.get(m.cid)
         replica = replica_of(session)
         if replica is None:
             for claim in self.claims.values():
@@ -621,7 +621,7 @@ class HandOver(Confirmations):
         if key in replica.done and replica.channel is not None and replica.on_settled is not None:
             replica._report(key, "done", 0)  # (a holder kept it: it may drop it, we settled it)
             return
-        mesh = self.broker.mesh
+        mesh = self.table.mesh
         if mesh is not None and mesh.comes_later(msg):
             # it reached this node too and waits there for an earlier message of its origin:
             # it reaches the session then, in its origin's order (order.py), not before

@@ -1,0 +1,109 @@
+"""The sessions of this node by ClientId, and their subscriptions as a topic trie.
+
+Pure. One owner of both tables: a session is opened, restored, subscribed and discarded
+here, so that the trie (what the Broker delivers through), the journal (a persistent
+session's subscriptions) and the mesh's interest (a filter new to the node, or gone from
+it) follow every change. The Broker delivers through ``trie``; in a mesh the cluster
+(mesh/cluster/) holds here the copies of sessions whose clients are on other nodes: the
+Broker makes the table, assembly.build_core gives it to the cluster.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .topics import SubscriptionTrie
+
+if TYPE_CHECKING:
+    from .ports import JournalPort, MeshPort
+    from .session import Attached, Session, SessionFactory
+
+__all__ = ["SessionTable", "Ended"]
+
+
+class Ended:
+    """What the sessions discarded here had dropped (Stats: ``ended_*``)."""
+
+    __slots__ = ("queue_full", "slow_qos0")
+
+    def __init__(self) -> None:
+        self.queue_full = 0  # messages their full queues dropped
+        self.slow_qos0 = 0  # QoS 0 messages dropped for a slow consumer
+
+
+class SessionTable:
+    def __init__(self, factory: SessionFactory, journal: JournalPort, mesh: MeshPort | None = None):
+        self.factory = factory  # makes them (session.Sessions; the mesh's ReplicaSessions)
+        self.journal = journal
+        self.mesh = mesh  # told when a filter is new to this node, or gone from it
+        self.sessions: dict[str, Session] = {}
+        self.trie = SubscriptionTrie()  # the local subscriptions (filters -> sessions), not the mesh's routes
+        self.ended = Ended()
+
+    @property
+    def connected_count(self) -> int:
+        return sum(1 for s in self.sessions.values() if s.channel is not None)
+
+    def open_session(
+        self, channel: Attached, client_id: str, clean: bool, durable: bool = True
+    ) -> tuple[Session, bool]:
+        """Take over ``client_id`` for ``channel``; (session, session_present).
+
+        ``durable=False`` keeps even a CleanSession=0 session in memory (peer links:
+        what they carry is held end to end by its origin, see mesh/routing/engine.py).
+        """
+        old = self.sessions.get(client_id)
+        if old is not None and old.channel is not None and old.channel is not channel:
+            old.channel.kick(f"ClientId {client_id!r} connected again from {channel.peer}")  # [MQTT-3.1.4-2]
+        if old is not None and (clean or old.clean):
+            self.discard_session(old)  # [MQTT-3.1.2-6]
+            old = None
+        if old is not None:
+            return old, True  # [MQTT-3.2.2-2]
+        session = self.factory.new(client_id, clean, durable)
+        self.sessions[client_id] = session
+        return session, False
+
+    def close_session(self, session: Session) -> None:
+        """The connection of ``session`` ended: clean sessions end with it [MQTT-3.1.2-6]."""
+        session.detach()
+        if session.clean and self.sessions.get(session.client_id) is session:
+            self.discard_session(session)
+
+    def discard_session(self, session: Session) -> None:
+        ended = self.ended
+        ended.queue_full += session.dropped
+        ended.slow_qos0 += session.dropped_qos0
+        for topic_filter in list(session.subscriptions):
+            self._trie_remove(topic_filter, session)
+        session.subscriptions.clear()
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        session.discarded()
+
+    def restore_session(self, session: Session) -> None:
+        """Register a session made by ``factory.restored`` (filled from the store at start,
+        or, in a mesh, a copy of a session whose client is elsewhere)."""
+        self.sessions[session.client_id] = session
+        for topic_filter, qos in session.subscriptions.items():
+            self._trie_add(topic_filter, session, qos)
+
+    # -- subscriptions ------------------------------------------------------------------
+
+    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
+        session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
+        self._trie_add(topic_filter, session, qos)
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
+        if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
+            return False
+        self._trie_remove(topic_filter, session)
+        return True
+
+    def _trie_add(self, topic_filter: str, session: Session, qos: int) -> None:
+        if self.trie.add(topic_filter, session, qos) and self.mesh is not None:
+            self.mesh.filter_added(topic_filter)
+
+    def _trie_remove(self, topic_filter: str, session: Session) -> None:
+        if self.trie.remove(topic_filter, session) and self.mesh is not None:
+            self.mesh.filter_removed(topic_filter)
