@@ -81,7 +81,7 @@ class ClaimingChannel(Attached, Protocol):
     def refused(self, rc: int, reason: str, now: float) -> None:
         """The claim failed: CONNACK ``rc`` (0x03, server unavailable) and close. A
         persistent session is not served where the node cannot tell it has its latest state
-        (mesh/cluster/handover.py)."""
+        (mesh/cluster/claimant.py)."""
 
 
 class HoldsAcks(Protocol):

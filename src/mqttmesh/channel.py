@@ -389,7 +389,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
 
     def refused(self, rc: int, reason: str, now: float) -> None:
         """The mesh could not claim the ClientId for this connection: CONNACK ``rc`` (0x03,
-        server unavailable: mesh/cluster/handover.py says when), close."""
+        server unavailable: mesh/cluster/claimant.py says when), close."""
         if self.state is not CLAIMING:
             return
         self._refuse(rc, reason)

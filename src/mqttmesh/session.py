@@ -192,7 +192,7 @@ class Session:
 
     def queue_in_origin_order(self) -> None:
         """The queue in each origin's order (what reached it from copies of the session and
-        from the mesh, mesh/cluster/handover.py); what is in flight keeps its packet ids and order."""
+        from the mesh, mesh/cluster/holders.py); what is in flight keeps its packet ids and order."""
         items = list(self.queue)
         in_origin_order(items, lambda e: (e.msg.origin, e.msg.seq))
         self.queue.clear()

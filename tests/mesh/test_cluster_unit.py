@@ -104,7 +104,7 @@ def test_a_registrar_out_of_reach_does_not_stop_a_connect():
     net.up.discard("c")  # (not yet noticed by the membership)
     ch = net.connect("a", cid, clean=True)
     assert ch.state == "connected"
-    assert net.clusters["a"].handover.local[cid].epoch == 0
+    assert net.clusters["a"].claimant.local[cid].epoch == 0
 
 
 def test_a_claim_unanswered_goes_on_after_claim_timeout():
@@ -264,7 +264,7 @@ def test_a_message_that_reached_only_a_holder_goes_to_the_node_the_client_is_on(
     done = Message("t/old", b"y", 1, False, "c", 78, "pub", 1e6)
     net.brokers["b"].deliver_remote(done)
     ch.session._remember_done(("c", 78))  # (completed at a already)
-    net.clusters["a"].handover._copy_to_holders(ch.session, net.t)
+    net.clusters["a"].holders._copy_to_holders(ch.session, net.t)
     net.pump()
     assert net.clusters["b"].counters["late_forwarded"] == 1  # (the settled one is known as such)
     assert any(b"t/late" in f for f in ch.frames) and not any(b"t/old" in f for f in ch.frames)
@@ -274,7 +274,7 @@ def test_a_message_that_reached_only_a_holder_goes_to_the_node_the_client_is_on(
     stale = Message("t/stale", b"z", 1, False, "c", 79, "pub", 1e6)
     net.brokers["b"].deliver_remote(stale)
     ch.session._remember_done(("c", 79))  # (settled at a, its id no longer in a's snapshots)
-    net.clusters["a"].handover.on_fwd("b", SessFwd(cid, Forwarded.of(stale)), net.t)
+    net.clusters["a"].holders.forwarded(SessFwd(cid, Forwarded.of(stale)))
     net.pump()
     assert ("c", 79) not in held.ids and ("c", 79) in held.done
     assert not any(b"t/stale" in f for f in ch.frames)
@@ -291,7 +291,7 @@ def test_a_claim_is_newer_than_every_copy_it_gathered_whatever_the_registrar_gra
     ch.close("moved")
     net.pump()
     moved = net.connect("b", cid, clean=False)
-    granted = net.clusters["b"].handover.local[cid].epoch
+    granted = net.clusters["b"].claimant.local[cid].epoch
     assert granted < 40 and moved.session.epoch == 41
 
 

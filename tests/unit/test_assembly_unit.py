@@ -202,7 +202,7 @@ def test_a_mesh_core_gives_every_port_at_construction_and_the_arrows_go_one_way(
     assert isinstance(gateway, MeshGateway) and broker.mesh is gateway
     assert broker.retained_port is cluster.retained and broker.forwarding is cluster.replication
     assert type(broker.session_factory) is ReplicaSessions
-    assert broker.forwarding is cluster.replication is cluster.handover.replication  # one owner of the redirects
+    assert broker.forwarding is cluster.replication is cluster.holders.replication  # one owner of the redirects
     assert gateway.links is links.links and gateway.congestion is broker.congestion
     assert gateway.wall_offset == broker.wall_offset == cluster.wall_offset == 50.0
     ch = core.channel(object(), "peer", 0.0)

@@ -641,7 +641,7 @@ def test_deliver_remote_returns_the_batch_when_a_persistent_session_queued_it(pe
 # --------------------------------------------------------------------------- replicated sessions
 # A persistent session of a mesh node (mesh/cluster/replica.py) counts its settlements (version); the
 # Channel holds each frame that depends on one until every other holder has it (safe_version,
-# raised by mesh/cluster/handover.py on their sess.ack). Here nothing raises it but the test.
+# raised by mesh/cluster/confirm.py on their sess.ack). Here nothing raises it but the test.
 
 
 def replicated_net():

@@ -15,7 +15,7 @@ The pieces, all keyed by rendezvous hashing over the live nodes (membership.py):
   its connection (fencing: a kick names the connection it is for). The registrar also
   keeps the client's will: when the node holding the connection is found dead, the
   registrar publishes it, once.
-* **Sessions** (handover.py, replica.py). A persistent session is held by its holders:
+* **Sessions** (claimant.py, holders.py, replica.py, replication.py). A persistent session is held by its holders:
   the top ``replication`` nodes of the ClientId's ranking plus the node the client was
   last connected to. All holders subscribe, so each gets every message; the node the
   client is on delivers and tells the others what is settled. A client connecting
@@ -41,6 +41,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
+from .claimant import Claimant
 from .cluster_values import ClusterSettings
 from .cluster_wire import (
     Outbox,
@@ -67,10 +68,11 @@ from .cluster_wire import (
     Wire,
     decode,
 )
-from .handover import HandOver
+from .holders import Holders
 from .membership import Membership
 from .registry import Registry, RegistryOut
-from .replica import Replication, replica_of
+from .replica import replica_of
+from .replication import Replication
 from .retained import RetainedOwners
 
 if TYPE_CHECKING:
@@ -178,12 +180,13 @@ class Cluster:
         self.replication = parts.replication
         self.retained = parts.retained
         self.registry = Registry(node_id, self.members, counters, wall_offset, 2 * settings.register_interval)
-        self.handover = HandOver(
+        # the copies of persistent sessions held here, and the claims of clients connecting here
+        self.holders = Holders(node_id, self.members, table, parts.replication, parts.outbox, settings, counters)
+        self.claimant = Claimant(
             node_id,
             incarnation,
             self.members,
-            table,
-            parts.replication,
+            self.holders,
             parts.outbox,
             net,
             settings,
@@ -238,12 +241,6 @@ class Cluster:
     def live(self) -> list[str]:
         return self.members.live
 
-    def registrars(self, cid: str) -> list[str]:
-        return self.members.registrars(cid)
-
-    def holders(self, cid: str, last: str | None = None) -> list[str]:
-        return self.members.holders(cid, last)
-
     # ------------------------------------------------------------------ membership
 
     def membership(self, live: list[str], incs: dict[str, int], now: float, synced: bool = True) -> None:
@@ -258,14 +255,14 @@ class Cluster:
                 if node != self.node_id:
                     journal.node_seen(node)  # (stored once: the store ignores a repeat)
         self.do(self.registry.rebalance(now), now)
-        self.handover.register_local(now)
+        self.claimant.register_local(now)
         self.send_out(now)  # (each step's messages before the next step: as they were said)
-        self.handover.rebalance(old_live, now)
+        self.holders.rebalance(old_live, now)
         self.retained.rebalance()
         self.send_out(now)
-        self.handover.retry_claims(now)
+        self.claimant.retry_claims(now)
         self.send_out(now)
-        self.handover.fence(now)
+        self.claimant.fence(now)
         self.send_out(now)
 
     def remember(self, nodes: list[str], now: float) -> None:
@@ -279,12 +276,12 @@ class Cluster:
         self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
     ) -> None:
         """A client passed authentication; finish with ``channel.claimed(session, present, now)``."""
-        self.handover.connect(channel, cid, clean, will, now, will_seq)
+        self.claimant.connect(channel, cid, clean, will, now, will_seq)
         self.send_out(now)
 
     def disconnected(self, channel: ClaimingChannel, now: float) -> None:
         """A local connection ended; its will, if due, was published here by the Channel."""
-        self.handover.disconnected(channel, now)
+        self.claimant.disconnected(channel, now)
         self.send_out(now)
 
     # ------------------------------------------------------------------ input and time
@@ -298,30 +295,30 @@ class Cluster:
 
     def tick(self, now: float) -> None:
         self.members.ticked(now)
-        self.handover.fence(now, sessions=False)
+        self.claimant.fence(now, sessions=False)
         self.send_out(now)
-        self.handover.expire_claims(now)
+        self.claimant.expire_claims(now)
         self.send_out(now)
         self.retained.expire_lookups(now)
         self.replication.expire(now)
-        self.handover.retry_lagging(now)
+        self.holders.retry_lagging(now)
         self.send_out(now)
         self.do(self.registry.publish_lost_wills(now), now)
-        if now - self.handover.last_register >= self.settings.register_interval:
-            self.handover.register_local(now)
+        if now - self.claimant.last_register >= self.settings.register_interval:
+            self.claimant.register_local(now)
             self.send_out(now)
         self.retained.expire_tombstones(now)
 
     def committed(self, batch: int) -> None:
         """The store committed ``batch`` (``assembly.NodeCore.committed``): the answers that
         waited for it go at the next flush, which the outbox asks for."""
-        self.handover.committed(batch)
+        self.holders.committed(batch)
 
     def flush(self, now: float) -> None:
         """Send what accumulated: settlements to holders, retained sets to owners, and what
         the parts said outside the Cluster's calls."""
         self.send_out(now)
-        self.handover.flush(now)
+        self.holders.flush(now)
         self.retained.flush()
         self.send_out(now)
 
@@ -338,7 +335,7 @@ class Cluster:
 
     def clients(self) -> dict[str, Any]:
         """The ClientIds this node registers (as their first registrar) and serves."""
-        return {"registrations": self.registry.view(), "local_clients": sorted(self.handover.local)}
+        return {"registrations": self.registry.view(), "local_clients": sorted(self.claimant.local)}
 
 
 # --------------------------------------------------------------------------- dispatch
@@ -357,11 +354,11 @@ def _reg_claim(c: Cluster, frm: str, m: RegClaim, now: float) -> None:
 
 
 def _reg_grant(c: Cluster, frm: str, m: RegGrant, now: float) -> None:
-    c.handover.on_grant(frm, m, now)
+    c.claimant.on_grant(frm, m, now)
 
 
 def _reg_kick(c: Cluster, frm: str, m: RegKick, now: float) -> None:
-    c.handover.on_kick(frm, m, now)
+    c.claimant.on_kick(frm, m, now)
 
 
 def _reg_release(c: Cluster, frm: str, m: RegRelease, now: float) -> None:
@@ -377,39 +374,41 @@ def _reg_copy(c: Cluster, frm: str, m: RegCopy, now: float) -> None:
 
 
 def _sess_fetch(c: Cluster, frm: str, m: SessFetch, now: float) -> None:
-    c.handover.on_fetch(frm, m, now)
+    c.claimant.on_fetch(frm, m, now)  # (a client of ours with another connection stops first)
+    c.holders.on_fetch(frm, m, now)
 
 
 def _sess_state(c: Cluster, frm: str, m: SessState, now: float) -> None:
-    c.handover.on_state(frm, m, now)
+    c.claimant.on_state(frm, m, now)
 
 
 def _sess_copy(c: Cluster, frm: str, m: SessCopy, now: float) -> None:
-    c.handover.on_copy(frm, m, now)
+    c.holders.on_copy(frm, m, now)
 
 
 def _sess_merge(c: Cluster, frm: str, m: SessMerge, now: float) -> None:
-    c.handover.on_merge(frm, m, now)
+    c.holders.on_merge(frm, m, now)
 
 
 def _sess_settle(c: Cluster, frm: str, m: SessSettle, now: float) -> None:
-    c.handover.on_settle(frm, m, now)
+    c.holders.on_settle(frm, m, now)
 
 
 def _sess_ack(c: Cluster, frm: str, m: SessAck, now: float) -> None:
-    c.handover.on_ack(frm, m, now)
+    c.holders.on_ack(frm, m, now)
 
 
 def _sess_subs(c: Cluster, frm: str, m: SessSubs, now: float) -> None:
-    c.handover.on_subs(frm, m, now)
+    c.holders.on_subs(frm, m, now)
 
 
 def _sess_discard(c: Cluster, frm: str, m: SessDiscard, now: float) -> None:
-    c.handover.on_discard(frm, m, now)
+    c.holders.on_discard(frm, m, now)
 
 
 def _sess_fwd(c: Cluster, frm: str, m: SessFwd, now: float) -> None:
-    c.handover.on_fwd(frm, m, now)
+    if not c.holders.forwarded(m):
+        c.claimant.gathering(m)  # (no copy here yet: a claim may be gathering it)
 
 
 def _ret_set(c: Cluster, frm: str, m: RetSet, now: float) -> None:

@@ -156,7 +156,7 @@ class WillDue(NamedTuple):
     msg: Message
 
 
-# -- the registry (mesh/cluster/registry.py answers claims; mesh/cluster/handover.py makes them)
+# -- the registry (mesh/cluster/registry.py answers claims; mesh/cluster/claimant.py makes them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +302,7 @@ class RegCopy(Wire):
         return cls([Registration.from_json(e, w) for w, e in _items(obj, "entries", cls.KIND)])
 
 
-# -- session holders (mesh/cluster/handover.py)
+# -- session holders (mesh/cluster/claimant.py gathers, mesh/cluster/holders.py keeps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,15 +1,15 @@
 """Confirmations: a persistent session's settlements reach its other holders before the
 client sees what depends on them, and a node that cannot keep that promise stops serving.
 
-Pure. ``Confirmations`` is mixed into ``handover.HandOver`` (which keeps the state: the
+Pure. ``Confirmations`` is mixed into ``holders.Holders`` (which keeps the state: the
 sessions, the membership, ``lagging``). The node the client is on sends each settlement batch
 (``HandOver.flush``); every other live holder answers ``sess.ack`` with the session's version
 it now has, or why it could not take them (no copy: -1, send one; it serves the client
 itself: -2). ``_advance`` raises the session's safe version to what every live holder has
 and releases the frames that waited for it (channel_held.py); a holder silent for
 ``settle_retry`` gets a copy of the whole session; a holder that knows a newer epoch fences
-this node off, and so does losing the majority of the mesh or of the session's home
-(membership.py).
+this node off (and so does losing the majority of the mesh or of the session's home:
+claimant.py ``fence``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .cluster_wire import SessAck
 
 if TYPE_CHECKING:
     from ...session_table import SessionTable
-    from .cluster_values import ClusterSettings, LocalConnection
+    from .cluster_values import ClusterSettings
     from .cluster_wire import Outbox
     from .membership import Membership
     from .replica import _Replicated
@@ -29,15 +29,14 @@ __all__ = ["Confirmations"]
 
 
 class Confirmations:
-    """The confirmation steps of the hand-over (a mixin: ``HandOver`` keeps the state)."""
+    """The confirmation steps of the holders (a mixin: ``Holders`` keeps the state)."""
 
-    if TYPE_CHECKING:  # what they use of the HandOver
+    if TYPE_CHECKING:  # what they use of the Holders
         node_id: str
         membership: Membership
         table: SessionTable
         settings: ClusterSettings
         counters: dict[str, int]
-        local: dict[str, LocalConnection]
         lagging: dict[str, float]
         out: Outbox
 
@@ -104,16 +103,3 @@ class Confirmations:
             self.out.put(frm, SessAck(cid, session.epoch, -2))  # we serve the client
         else:
             self.out.put(frm, SessAck(cid, max(epoch, session.epoch), -1))
-
-    def fence(self, now: float, sessions: bool = True) -> None:
-        """Without a quorum (membership.py) this node stops serving persistent sessions: their
-        clients are closed and reconnect elsewhere (where the majority is). ``sessions``: also
-        each session's home (which changes only with the membership)."""
-        members = self.membership
-        quorum = members.quorum(now)
-        if quorum and not sessions:
-            return
-        for cid, local in list(self.local.items()):
-            if not local.clean and not (quorum and members.home_quorum(cid)):
-                self.counters["fenced"] += 1
-                local.channel.kick(f"ClientId {cid!r}: this node does not see a majority of the mesh now")

@@ -7,8 +7,8 @@ That node tells the other holders which messages are settled. This module
 gives the session what that needs: entries known by message id (origin, seq),
 tombstones of settled ids, a hook for every settlement, and snapshots that can
 be merged (their wire form is in ``mesh/cluster/cluster_wire.py``). The protocol around it is in
-``mesh/cluster/handover.py``; ``Replication`` is the part of it the Broker and the sessions
-call (settlements, subscription changes, redirects), built before both.
+claimant.py (gathering the copies for a client that connects) and holders.py (keeping
+them); what a session reports goes through its hooks to replication.py.
 """
 
 from __future__ import annotations
@@ -16,25 +16,23 @@ from __future__ import annotations
 import base64
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from ...codec import PubRel, encode
 from ...message import Message, in_origin_order
 from ...session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
-from .cluster_values import Forwarded, Settlement, Snapshot, SnapshotEntry
-from .cluster_wire import Outbox, SessFwd, SessSubs
+from .cluster_values import Forwarded, Snapshot, SnapshotEntry
 
 if TYPE_CHECKING:
     from ...flow import Congestion
     from ...ports import Batch, JournalPort, SentHook
-    from .membership import Membership
 
 __all__ = [
     "MeshSession",
     "DurableMeshSession",
     "ReplicaSessions",
-    "Replication",
-    "Redirect",
+    "SubsHook",
+    "LateHook",
     "SettledHook",
     "snapshot",
     "merge_snapshots",
@@ -465,88 +463,6 @@ class ReplicaSessions(Sessions):
             r = replica(client_id)
             if r is not None and seq > r.floors.get(origin, -1):
                 r.floors[origin] = seq  # (as stored: no need to store it again)
-
-
-class Redirect(NamedTuple):
-    """A holder's note that a ClientId's client moved to ``node``: forward until ``until``."""
-
-    node: str
-    until: float
-
-
-class Replication:
-    """What the Broker and the replicated sessions tell the other holders of a session
-    (the Broker's broker.RedirectPort): settlements (batched until ``take_settles``), subscription
-    changes, and messages for a client that just moved (``redirects``, written by the
-    hand-over, mesh/cluster/handover.py). Built before the Broker and the Cluster; it holds
-    neither, only who the holders are (``membership``) and a way to send."""
-
-    def __init__(
-        self,
-        node_id: str,
-        membership: Membership,
-        outbox: Outbox,
-        counters: dict[str, int],
-        wake: Callable[[], None] = lambda: None,
-    ):
-        self.node_id = node_id
-        self.membership = membership
-        self.out = outbox  # what it says to other holders (the Cluster sends it)
-        self.counters = counters
-        self._wake = wake  # asks the I/O layer for a flush this loop iteration (MeshIO.flush_soon)
-        # cid -> where its client went; read by Broker.dispatch for every message
-        self.redirects: dict[str, Redirect] = {}
-        self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
-
-    def on_settled(
-        self, session: _Replicated, key: tuple[str, int], state: str, pid: int, msg: Message | None = None
-    ) -> None:
-        """A replicated session settled a message (its hook). Frames wait for the settlement to
-        reach the other holders, so it goes out this loop iteration (Cluster.flush)."""
-        if not self._settles:
-            self._wake()
-        fwd = Forwarded.of(msg) if msg is not None else None
-        self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid, fwd))
-
-    def take_settles(self) -> dict[str, list[Settlement]]:
-        """The settlements since the last call, by ClientId (Cluster.flush sends them)."""
-        settles = self._settles
-        if settles:
-            self._settles = {}
-        return settles
-
-    def subs_changed(self, session: Session) -> None:
-        replica = replica_of(session)
-        if replica is None:
-            return
-        replica.subs_version += 1
-        body = SessSubs(replica.client_id, replica.subs_version, replica.subscriptions)
-        for node in self.membership.holders(replica.client_id, self.node_id):
-            if node != self.node_id:
-                self.out.put(node, body)
-
-    def late(self, session: _Replicated, msg: Message) -> None:
-        """A copy here of a session whose client is on another node took a message late
-        (``_Replicated.deliver``): that node may never have had it, so it gets it, and takes
-        it unless it has it or settled it (then it answers "done", which settles it here)."""
-        active = session.active_node
-        if active is None or active == self.node_id or active not in self.membership.live:
-            return  # nobody else serves it now: the next claim gathers this copy
-        self.counters["late_forwarded"] += 1
-        self.out.put(active, SessFwd(session.client_id, Forwarded.of(msg)))
-
-    def forward(self, session: Session, msg: Message) -> None:
-        """A message reached a local replica whose client just moved elsewhere."""
-        target = self.redirects.get(session.client_id)
-        if target is None:
-            return
-        self.counters["redirected"] += 1
-        self.out.put(target.node, SessFwd(session.client_id, Forwarded.of(msg)))
-
-    def expire(self, now: float) -> None:
-        for cid, (_, until) in list(self.redirects.items()):
-            if now >= until:
-                del self.redirects[cid]
 
 
 # --------------------------------------------------------------------------- snapshots

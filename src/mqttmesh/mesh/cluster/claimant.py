@@ -1,0 +1,367 @@
+"""The connecting side of mesh-wide ClientIds: a client's claim, from CONNECT to CONNACK.
+
+Pure. A client that connects here is *claimed* at its registrar (mesh/cluster/registry.py), which
+answers with an epoch and the node that held the id before. A CleanSession=1 connect then
+discards the session wherever it is [MQTT-3.1.2-6]; a CleanSession=0 one *gathers* it:
+every holder (membership.py) sends its copy (``sess.fetch`` → ``sess.state``), stops
+serving a client it still had, and forwards what still arrives for the id to us for
+``redirect_grace`` (``sess.fwd``). The copies merge (mesh/cluster/replica.py: an id settled
+anywhere is settled, the furthest state wins), the Channel gets its CONNACK with session
+present = 1 [MQTT-3.2.2-2], and the holders get the merged copy back (``sess.copy``):
+from then on the session is the holders' business (holders.py). The claimant keeps the
+clients connected here (``local``), tells their registrars (``reg.register``, and
+``reg.release`` when they leave), and closes its persistent clients when this node loses
+its majority (``fence``).
+
+Stages of a claim: CLAIM (waiting for the registrar), GATHER (waiting for holders), DONE.
+Without an answer in ``claim_timeout`` (``gather_timeout``) the claim goes on without it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from ...broker import ClaimingChannel
+from ...packets import UNAVAILABLE
+from .cluster_values import LocalConnection
+from .cluster_wire import (
+    Outbox,
+    RegClaim,
+    RegGrant,
+    RegKick,
+    RegRegister,
+    RegRelease,
+    SessDiscard,
+    SessFetch,
+    SessFwd,
+    SessState,
+    Snapshot,
+    WireWill,
+)
+from .holders import Holders
+from .membership import Membership
+from .replica import merge_snapshots
+
+if TYPE_CHECKING:
+    from ...packets import Will
+    from ...ports import UnicastPort
+    from .cluster_values import ClusterSettings
+
+__all__ = ["ClaimingChannel", "Claimant", "Claim", "LocalConnection", "CLAIM", "GATHER", "DONE"]
+
+CLAIM, GATHER, DONE = "claim", "gather", "done"
+
+
+class Claim:
+    """A connect in progress here."""
+
+    __slots__ = (
+        "channel",
+        "cid",
+        "clean",
+        "will",
+        "conn",
+        "started",
+        "stage",
+        "epoch",
+        "prev",
+        "waiting",
+        "snaps",
+        "deadline",
+        "forwarded",
+        "kept",
+        "answered",
+    )
+
+    def __init__(self, channel: ClaimingChannel, cid: str, clean: bool, will: WireWill | None, conn: str, now: float):
+        self.channel, self.cid, self.clean, self.will, self.conn = channel, cid, clean, will, conn
+        self.started = now
+        self.stage = CLAIM
+        self.epoch = 0
+        self.prev: str | None = None
+        self.waiting: set[str] = set()  # nodes yet to answer
+        self.snaps: list[Snapshot] = []
+        self.deadline = 0.0
+        self.forwarded: list[SessFwd] = []  # messages holders forwarded before the session is here
+        self.kept = 0  # the registrar's word: the last claim kept a session at this epoch
+        self.answered: set[str] = set()  # nodes that sent their copy (or said they have none)
+
+
+def _wire_will(will: Will | None, seq: int = 0) -> WireWill | None:
+    if will is None:
+        return None
+    return WireWill(will.topic, base64.b64encode(will.payload).decode(), will.qos, will.retain, seq)
+
+
+class Claimant:
+    """The claims in progress here and the clients they connected."""
+
+    def __init__(
+        self,
+        node_id: str,
+        incarnation: int,
+        membership: Membership,
+        holders: Holders,
+        outbox: Outbox,
+        net: UnicastPort,
+        settings: ClusterSettings,
+        counters: dict[str, int],
+        ids: Iterator[int],
+        wall_offset: float,
+    ):
+        self.node_id = node_id
+        self.incarnation = incarnation
+        self.membership = membership
+        self.holders = holders  # where a claim's session is gathered and served from
+        self.out = outbox  # what it says to nodes (this one too): the Cluster sends it
+        self._net = net  # asked who is reachable, never to send
+        self.settings = settings
+        self.counters = counters
+        self._ids = ids  # connection ids
+        self.wall_offset = wall_offset  # wall-clock seconds minus `now`
+        self.local: dict[str, LocalConnection] = {}  # our connected clients
+        # connections that ended here (their wills published or discarded here), told to
+        # the registrar again with every registration round for a while: a release lost in
+        # a partition would leave the registrar to publish the will a second time when it
+        # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until)
+        self.released: dict[tuple[str, str], tuple[int, float]] = {}
+        self.claims: dict[str, Claim] = {}  # conn -> claim in progress
+        self.last_register = 0.0
+
+    # -- connecting -----------------------------------------------------------------------------
+
+    def connect(
+        self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
+    ) -> None:
+        self.counters["claims"] += 1
+        if not self.membership.routing_ready(now):
+            # just started: the subscriptions of the other nodes are not known here yet, and
+            # what the client publishes would reach none of them (membership.py)
+            self.counters["refused_not_synced"] += 1
+            channel.refused(UNAVAILABLE, "this node has not learned the mesh's subscriptions yet", now)
+            return
+        if not clean and not (self.membership.quorum(now) and self.membership.home_quorum(cid)):
+            # at most one live copy of a persistent session: not on the minority side of a
+            # partition, nor just after a pause or a start, nor without a majority of the
+            # session's home in reach (membership.py)
+            self.counters["refused_no_quorum"] += 1
+            channel.refused(
+                UNAVAILABLE, "this node does not see a majority of the mesh (or of the session's nodes) now", now
+            )
+            return
+        conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
+        claim = Claim(channel, cid, clean, _wire_will(will, will_seq), conn, now)
+        claim.deadline = now + self.settings.claim_timeout
+        self.claims[conn] = claim
+        registrar = self.membership.registrars(cid)[0]
+        claim.waiting = {registrar}
+        if not self._reaches(registrar):
+            self._ungranted(claim, now)
+            return
+        self.out.put(registrar, self._claim(claim, now))
+
+    def _reaches(self, node: str) -> bool:
+        """Can a message to ``node`` go now (this node: always, handled here)?"""
+        return node == self.node_id or self._net.reachable(node)
+
+    def _ungranted(self, claim: Claim, now: float) -> None:
+        """The registrar is out of reach or did not answer: a clean session is served anyway
+        (availability), a persistent one is not (one live copy): CONNACK 0x03."""
+        if claim.clean:
+            self._granted(claim, 0, None, now)
+            return
+        self._refuse(claim, "the ClientId's registrar did not answer", now)
+
+    def _refuse(self, claim: Claim, why: str, now: float) -> None:  # (a claim of ours)
+        self.claims.pop(claim.conn, None)
+        # the registrar may hold it, granted or not yet answered: the connection is not
+        # accepted, so its will must not be published for it (fuzzer seed 551)
+        self._release(claim.cid, claim.conn, claim.epoch, now)
+        claim.stage = DONE
+        self.counters["claims_refused"] += 1
+        claim.channel.refused(UNAVAILABLE, why, now)
+
+    def _claim(self, claim: Claim, now: float) -> RegClaim:
+        wall = now + self.wall_offset
+        return RegClaim(claim.cid, self.node_id, self.incarnation, claim.conn, claim.clean, claim.will, wall)
+
+    def retry_claims(self, now: float) -> None:
+        """Claims and gathers waiting on nodes that just became unreachable move on."""
+        live = set(self.membership.live)
+        for claim in list(self.claims.values()):
+            if claim.stage == CLAIM and claim.prev is None:
+                registrar = self.membership.registrars(claim.cid)[0]
+                if claim.waiting and not claim.waiting & live:
+                    claim.waiting = {registrar}
+                    if self._reaches(registrar):
+                        self.out.put(registrar, self._claim(claim, now))
+                    else:
+                        self._ungranted(claim, now)
+            elif claim.stage == GATHER:
+                claim.waiting &= live
+                if not claim.waiting:
+                    self._finish(claim, now)
+
+    def expire_claims(self, now: float) -> None:
+        for claim in list(self.claims.values()):
+            if now >= claim.deadline:
+                if claim.stage == CLAIM:
+                    self.counters["claim_timeouts"] += 1
+                    self._ungranted(claim, now)
+                elif claim.stage == GATHER:
+                    if claim.waiting and not claim.clean:
+                        # a live holder did not send its copy: it may have the latest state
+                        self._refuse(claim, f"holders {sorted(claim.waiting)} did not answer", now)
+                    else:
+                        self._finish(claim, now)
+
+    def on_grant(self, frm: str, m: RegGrant, now: float) -> None:
+        claim = self.claims.get(m.conn)
+        if claim is not None:
+            claim.kept = m.kept
+            self._granted(claim, m.epoch, m.prev, now)
+            return
+        local = self.local.get(m.cid)
+        if local is None or local.conn != m.conn:
+            # a grant for a claim that ended meanwhile (refused after claim_timeout, or its
+            # client left): the registrar must not keep it, nor publish its will
+            self._release(m.cid, m.conn, m.epoch, now)
+
+    def _granted(self, claim: Claim, epoch: int, prev: str | None, now: float) -> None:
+        if claim.stage != CLAIM:
+            return
+        claim.epoch = epoch
+        claim.prev = prev
+        holders = self.membership.holders(claim.cid, prev)
+        if claim.clean:
+            # a clean start discards the persistent session wherever it is [MQTT-3.1.2-6]
+            for node in sorted(set(holders) - {self.node_id}):  # (sorted: the same order every run)
+                self.out.put(node, SessDiscard(claim.cid, epoch))
+            self._finish(claim, now)
+            return
+        targets = (set(holders) | ({prev} if prev else set())) - {self.node_id}
+        targets &= set(self.membership.live)
+        claim.stage = GATHER
+        claim.waiting = set()
+        for node in sorted(targets):
+            if self._reaches(node):
+                self.out.put(node, SessFetch(claim.cid, claim.conn, epoch, self.node_id))
+                claim.waiting.add(node)
+        claim.deadline = now + self.settings.gather_timeout
+        if not claim.waiting:
+            self._finish(claim, now)
+
+    def _finish(self, claim: Claim, now: float) -> None:
+        self.claims.pop(claim.conn, None)
+        claim.stage = DONE
+        channel = claim.channel
+        if not channel.claiming:  # it closed meanwhile
+            self._release(claim.cid, claim.conn, claim.epoch, now)
+            return
+        holders = self.holders
+        merged = None
+        if not claim.clean:
+            # our own copy as it is now (it kept queueing while we gathered), and the others'
+            snaps = list(claim.snaps)
+            own_copy = holders.own_copy(claim.cid)
+            if own_copy is not None:
+                snaps.append(own_copy)
+            home = self.membership.home(claim.cid)
+            answered = sum(1 for n in home if n in claim.answered or n == self.node_id)
+            if 2 * answered <= len(home):
+                # a copy with the latest state is on a majority of the home: one must be here
+                self._refuse(claim, f"too few of the session's nodes {home} answered", now)
+                return
+            if claim.kept and max((s.epoch for s in snaps), default=0) < claim.kept:
+                if claim.prev != self.node_id and claim.prev not in claim.answered:
+                    # no copy of the session as of its last claim is within reach (its node
+                    # and the holders that had it are on the other side, or down): not served
+                    self._refuse(claim, "no copy of the session's latest state is within reach", now)
+                    return
+            merged = merge_snapshots(snaps)
+        session, present = holders.serve(channel, claim.cid, claim.clean, merged, claim.epoch, claim.forwarded)
+        wall = now + self.wall_offset
+        self.local[claim.cid] = LocalConnection(channel, claim.conn, claim.epoch, claim.will, claim.clean, wall)
+        channel.claimed(session, present, now)
+        holders.served(session, now)
+
+    def disconnected(self, channel: ClaimingChannel, now: float) -> None:
+        cid = channel.client_id
+        local = self.local.get(cid)
+        if local is None or local.channel is not channel:
+            return
+        del self.local[cid]
+        self._release(cid, local.conn, local.epoch, now)
+
+    def _release(self, cid: str, conn: str, epoch: int, now: float) -> None:
+        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval)
+        self.out.put(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id))
+
+    def on_kick(self, frm: str, m: RegKick, now: float) -> None:
+        self.counters["kicks"] += frm != self.node_id
+        cid, conn = m.cid, m.conn
+        local = self.local.get(cid)
+        if local is not None and local.conn == conn:
+            local.channel.kick(f"ClientId {cid!r} connected on node {m.by}")  # [MQTT-3.1.4-2]
+            return
+        claim = self.claims.get(conn)
+        if claim is not None:
+            claim.stage = DONE
+            self.claims.pop(conn, None)
+            claim.channel.close(f"ClientId {cid!r} connected on node {m.by} meanwhile")
+
+    def register_local(self, now: float) -> None:
+        """Tell the registrars which clients are here (after a change, and periodically)."""
+        self.last_register = now
+        for (cid, conn), (epoch, until) in list(self.released.items()):
+            if now >= until:
+                del self.released[(cid, conn)]
+            else:  # (idempotent at the registrar: it drops a release of another connection)
+                self.out.put(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id))
+        # (a copy: a registration handled here may end a local connection, fuzzer seed 214)
+        for cid, local in list(self.local.items()):
+            if self.local.get(cid) is not local:
+                continue  # ended by a registration handled above
+            will, at = local.will, local.at
+            body = RegRegister(cid, self.node_id, self.incarnation, local.conn, local.epoch, local.clean, will, at)
+            self.out.put(self.membership.registrars(cid)[0], body)
+
+    def on_state(self, frm: str, m: SessState, now: float) -> None:
+        claim = self.claims.get(m.conn)
+        if claim is None or claim.stage != GATHER:
+            return
+        if m.snap is not None:
+            claim.snaps.append(m.snap)
+        claim.answered.add(frm)
+        claim.waiting.discard(frm)
+        if not claim.waiting:
+            self._finish(claim, now)
+
+    def on_fetch(self, frm: str, m: SessFetch, now: float) -> None:
+        """A claim of ``m.cid`` at ``frm`` gathers its session: a client of ours with another
+        connection stops first (its copy goes to ``frm``: holders.py ``on_fetch``)."""
+        local = self.local.get(m.cid)
+        if local is not None and local.conn != m.conn:
+            local.channel.kick(f"ClientId {m.cid!r} taken over by node {frm}")  # stops delivery first
+
+    def gathering(self, m: SessFwd) -> None:
+        """A message a holder forwarded for a session not here yet: a claim still gathering
+        it keeps it for ``_finish`` (holders.py ``serve``)."""
+        for claim in self.claims.values():
+            if claim.cid == m.cid and claim.stage == GATHER:
+                claim.forwarded.append(m)
+
+    def fence(self, now: float, sessions: bool = True) -> None:
+        """Without a quorum (membership.py) this node stops serving persistent sessions: their
+        clients are closed and reconnect elsewhere (where the majority is). ``sessions``: also
+        each session's home (which changes only with the membership)."""
+        members = self.membership
+        quorum = members.quorum(now)
+        if quorum and not sessions:
+            return
+        for cid, local in list(self.local.items()):
+            if not local.clean and not (quorum and members.home_quorum(cid)):
+                self.counters["fenced"] += 1
+                local.channel.kick(f"ClientId {cid!r}: this node does not see a majority of the mesh now")

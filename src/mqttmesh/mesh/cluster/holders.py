@@ -1,0 +1,373 @@
+"""The holders of persistent sessions: the copies of a session on the nodes that hold it.
+
+Pure. Every persistent session is held by a few nodes (membership.py ``holders``); each
+keeps a copy (mesh/cluster/replica.py) in the node's session table (session_table.py), which
+subscribes like any session, so the mesh brings every message to every holder. The holder
+the client is on (where its claim ended, claimant.py) serves it and tells the others:
+what is settled (``sess.settle``, batched per flush, answered ``sess.ack``:
+confirm.py), what it subscribes (``sess.subs``), and its whole copy when one is missing or
+behind (``sess.copy``). A claim elsewhere fetches the copies (``sess.fetch`` →
+``sess.state``) and makes the holders forward what still arrives for the ClientId
+(``sess.fwd``, the Replication's redirects). When the live nodes change, copies move to
+the new holders, and copies nobody serves are pooled (``sess.merge``).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING
+
+from ...topics import filter_matches
+from .cluster_values import Forwarded
+from .cluster_wire import (
+    Outbox,
+    SessAck,
+    SessCopy,
+    SessDiscard,
+    SessFetch,
+    SessFwd,
+    SessMerge,
+    SessSettle,
+    SessState,
+    SessSubs,
+    Snapshot,
+)
+from .confirm import Confirmations
+from .membership import Membership
+from .replica import _Replicated, install, merge_snapshots, replica_of, snapshot, unknown_to
+from .replication import Redirect, Replication
+
+if TYPE_CHECKING:
+    from ...broker import ClaimingChannel
+    from ...session import Session
+    from ...session_table import SessionTable
+    from .cluster_values import ClusterSettings
+
+__all__ = ["Holders"]
+
+
+class Holders(Confirmations):
+    """This node's part in holding persistent sessions: the copies it keeps for clients on
+    other nodes, and, for its own clients, the copies the other holders keep."""
+
+    def __init__(
+        self,
+        node_id: str,
+        membership: Membership,
+        table: SessionTable,
+        replication: Replication,
+        outbox: Outbox,
+        settings: ClusterSettings,
+        counters: dict[str, int],
+    ):
+        self.node_id = node_id
+        self.membership = membership
+        self.table = table  # the node's sessions (session_table.py): the copies held here among them
+        self.replication = replication
+        self.out = outbox  # what it says to nodes (this one too): the Cluster sends it
+        self.settings = settings
+        self.counters = counters
+        # cid -> since when its settlements wait for a holder's sess.ack (copies re-sent after
+        # settings.settle_retry)
+        self.lagging: dict[str, float] = {}
+        # answers (sess.ack) waiting for the store to commit what they vouch for, by journal
+        # batch in the order they were made (batches only grow): sent by ``committed``
+        self._acks_after: deque[tuple[int, str, SessAck]] = deque()
+
+    # -- the session of a client that connects here ----------------------------------------
+
+    def own_copy(self, cid: str) -> Snapshot | None:
+        """Our copy of ``cid``'s session as it is now (it kept queueing during the claim)."""
+        replica = replica_of(self.table.sessions.get(cid))
+        return snapshot(replica) if replica is not None else None
+
+    def serve(
+        self,
+        channel: ClaimingChannel,
+        cid: str,
+        clean: bool,
+        merged: Snapshot | None,
+        epoch: int,
+        forwarded: list[SessFwd],
+    ) -> tuple[Session, bool]:
+        """The session of a claim that ended here, for ``channel``: (session, present). A
+        persistent one is the ``merged`` copies gathered, at a claim ``epoch`` newer than all
+        of them, with what the holders ``forwarded`` meanwhile."""
+        session, present = self.table.open_session(channel, cid, clean)
+        replica = replica_of(session)
+        if clean or replica is None:
+            return session, present
+        if merged is not None:
+            self.counters["sessions_gathered"] += 1
+            install(replica, merged)
+            self._apply_subs(replica, merged.subs)
+            present = True
+        replica.active_node = self.node_id
+        # newer than every copy gathered, whatever the registrar granted: a registrar that
+        # took over without the ClientId's entry grants from 1, and the copies of an earlier
+        # claim with a larger epoch would win every later merge (stale ids, a second route)
+        replica.epoch = max(replica.epoch + (merged is not None), epoch)
+        replica._stored_version()
+        replica.holder_acks = {}  # (what holders said while another node had the client)
+        replica.safe_version = 0
+        for fwd in forwarded:  # what holders forwarded while we gathered
+            self.forwarded(fwd)
+        if forwarded:
+            replica.queue_in_origin_order()  # (after the copies' messages: in their place)
+        return session, present
+
+    def served(self, session: Session, now: float) -> None:
+        """The client of ``session`` has its CONNACK: the other holders get its copy."""
+        replica = replica_of(session)
+        if replica is not None and not session.clean:
+            self._copy_to_holders(replica, now)
+
+    # -- holding copies ------------------------------------------------------------------------
+
+    def on_fetch(self, frm: str, m: SessFetch, now: float) -> None:
+        """A claim at ``frm`` gathers the session: our copy goes to it (None: we have none),
+        and what still arrives here for the ClientId follows it for ``redirect_grace``.
+        (The Claimant stopped a client of ours first: claimant.py ``on_fetch``.)"""
+        cid = m.cid
+        session = self.table.sessions.get(cid)
+        replica = replica_of(session)
+        self.out.put(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None))
+        if frm != self.node_id:
+            # (the Replication owns the redirects: Broker.dispatch reads them)
+            self.replication.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
+            if replica is not None and replica.channel is None:
+                # the session is claimed at frm: a copy here that is no holder's (the client was
+                # here last) gets no settlements from now on, and would come back stale
+                replica.active_node = frm
+                self._let_go(replica, self.membership.holders(cid, frm), now)
+
+    def _replica(self, cid: str, create: bool = True) -> _Replicated | None:
+        session = self.table.sessions.get(cid)
+        if session is not None:
+            return replica_of(session)
+        if not create:
+            return None
+        restored = self.table.factory.restored(cid)
+        # in the store from now on, subscriptions or not: a restart must find the copy of a
+        # publisher's session too (its inbound QoS 2 ids and messages, its version)
+        restored._stored_subscriptions()
+        self.table.restore_session(restored)
+        return replica_of(restored)
+
+    def _apply_subs(self, session: _Replicated, subs: dict[str, int]) -> None:
+        table = self.table
+        for f in list(session.subscriptions):
+            if f not in subs:
+                table.unsubscribe(session, f)
+        for f, q in subs.items():
+            if session.subscriptions.get(f) != q:
+                table.subscribe(session, f, q)
+
+    def on_copy(self, frm: str, m: SessCopy, now: float) -> None:
+        """The holder the client is on sends its session: ours is replaced."""
+        snap = m.snap
+        journal = self.table.journal
+        mark = journal.mark()
+        session = self._offline_replica(frm, snap, take_over=True)
+        if session is None or snap.epoch < session.epoch:
+            self._cannot_take(frm, snap.cid, snap.epoch)
+            return
+        late = unknown_to(session, snap)
+        install(session, snap)
+        on_late, session.on_late = session.on_late, None  # (handed over here, once)
+        try:
+            for entry in late:
+                # it reached this copy but not the node the client is on (routed before that
+                # node wanted the topic, delivered here after the hand-over's redirect): that
+                # node takes it, or answers "done" if it settled it; this copy keeps it meanwhile
+                self.counters["late_forwarded"] += 1
+                session.deliver(entry.msg, entry.qos)
+                self.out.put(frm, SessFwd(snap.cid, Forwarded.of(entry.msg)))
+        finally:
+            session.on_late = on_late
+        self._apply_subs(session, snap.subs)
+        session.subs_version = snap.subs_version
+        self._adopt(session, snap)
+        self._ack_when_stored(frm, SessAck(snap.cid, session.epoch, session.version), journal.since(mark))
+
+    def on_merge(self, frm: str, m: SessMerge, now: float) -> None:
+        """A copy of an offline session nobody coordinates: pooled with ours."""
+        session = self._offline_replica(frm, m.snap, take_over=False)
+        if session is None:
+            return
+        merged = merge_snapshots([snapshot(session), m.snap])
+        assert merged is not None  # (two snapshots in, one out)
+        install(session, merged)
+        self._apply_subs(session, merged.subs)
+        self._adopt(session, m.snap)
+
+    def _offline_replica(self, frm: str, snap: Snapshot, take_over: bool) -> _Replicated | None:
+        """Our replica of ``snap``'s session (made if missing) while its client is not here.
+        ``take_over``: a newer epoch elsewhere means our client is stale: drop it first."""
+        cid = snap.cid
+        session = self._replica(cid)
+        if session is None:
+            return None
+        channel = session.channel
+        if channel is not None:
+            if not take_over or snap.epoch <= session.epoch:
+                return None
+            channel.kick(f"ClientId {cid!r} is active on node {frm}")
+            session = self._replica(cid)
+            if session is None or session.channel is not None:
+                return None
+        return session
+
+    def _adopt(self, session: _Replicated, snap: Snapshot) -> None:
+        session.active_node = snap.active
+        session.epoch = max(session.epoch, snap.epoch)
+
+    def on_settle(self, frm: str, m: SessSettle, now: float) -> None:
+        session = self._replica(m.cid, create=False)
+        if session is None or session.channel is not None or m.epoch < session.epoch:
+            # no copy here, our own client, or a node serving an older epoch (its client has
+            # moved on): the sender learns which from the answer
+            self._cannot_take(frm, m.cid, m.epoch)
+            return
+        journal = self.table.journal
+        mark = journal.mark()
+        for origin, seq, state, pid, fwd in m.items:
+            session.settle((origin, seq), state, pid, fwd.message() if fwd is not None else None)
+        if m.epoch == session.epoch and m.version - len(m.items) == session.version:
+            session.version = m.version
+        else:
+            # settlements were missed (a link dropped them) or a newer epoch's copy has not
+            # come yet: this copy is not the latest for merges until the next copy, which the
+            # sender sends when our answer stays behind (settle_retry)
+            self.counters["settle_gaps"] += 1
+        session._stored_version()
+        self._ack_when_stored(frm, SessAck(m.cid, session.epoch, session.version), journal.since(mark))
+
+    def _ack_when_stored(self, frm: str, ack: SessAck, batch: int) -> None:
+        """Answer once what the answer vouches for is in this node's store (``batch``: 0, at
+        once): the node the client is on counts on this copy to survive a kill -9 and restart,
+        as a client counts on what a PUBACK vouches for."""
+        if batch:
+            self.counters["acks_after_commit"] += 1
+        if batch > self.table.journal.committed:
+            self._acks_after.append((batch, frm, ack))
+        else:
+            self.out.put(frm, ack)
+
+    def committed(self, batch: int) -> None:
+        """The store committed ``batch``: the answers that waited for it go."""
+        waiting = self._acks_after
+        while waiting and waiting[0][0] <= batch:
+            _, frm, ack = waiting.popleft()
+            self.out.put(frm, ack)
+
+    def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
+        session = self._replica(m.cid)
+        if session is None or session.channel is not None or m.version <= session.subs_version:
+            return
+        session.subs_version = m.version
+        session.active_node = frm
+        self._apply_subs(session, m.subs)
+
+    def on_discard(self, frm: str, m: SessDiscard, now: float) -> None:
+        session = replica_of(self.table.sessions.get(m.cid))
+        if session is not None and session.channel is None:
+            self.table.discard_session(session)
+
+    def rebalance(self, old_live: set[str], now: float) -> None:
+        """The live nodes changed: sessions reach their (new) holders; we keep only ours."""
+        live = set(self.membership.live)
+        for cid, session in list(self.table.sessions.items()):
+            replica = replica_of(session)
+            if replica is None:
+                continue
+            active = replica.active_node
+            holders = self.membership.holders(cid, active)
+            if replica.channel is not None:
+                # the client is here: every holder that has not acknowledged a copy (a new
+                # holder, or one that was away: it may have restarted) gets one, and frames
+                # that waited for a holder that left go out
+                others = set(holders) - {self.node_id}
+                fresh = (others - set(replica.holder_acks)) | (others - old_live)
+                for node in fresh:
+                    replica.holder_acks.pop(node, None)
+                if fresh:
+                    self._copy_to_holders(replica, now, only=fresh)
+                else:
+                    self._advance(replica, now)
+            elif active is None or active not in live or active == self.node_id:
+                # nobody coordinates this offline session: holders pool what they have
+                snap = snapshot(replica)
+                for node in holders:
+                    if node != self.node_id:
+                        self.out.put(node, SessMerge(snap))
+            if active != self.node_id:
+                self._let_go(replica, holders, now)
+
+    def _let_go(self, replica: _Replicated, holders: list[str], now: float) -> None:
+        """A copy of a session whose client is not here, on a node that is none of its holders:
+        the holders get it (pooled with theirs), this node keeps none."""
+        if self.node_id not in holders and replica.channel is None:
+            for node in holders:
+                self.out.put(node, SessMerge(snapshot(replica)))
+            self.table.discard_session(replica)
+
+    # -- while the client is here ---------------------------------------------------------
+
+    def flush(self, now: float) -> None:
+        """Tell the holders what was settled since the last flush (they answer sess.ack)."""
+        settles = self.replication.take_settles()
+        if settles:
+            for cid, items in settles.items():
+                session = self.table.sessions.get(cid)
+                replica = replica_of(session)
+                epoch, version = (replica.epoch, replica.version) if replica is not None else (0, len(items))
+                sent = False
+                for node in self.membership.holders(cid, self.node_id):
+                    if node != self.node_id:
+                        self.out.put(node, SessSettle(cid, epoch, items, version))
+                        sent = True
+                if replica is not None:
+                    if sent:
+                        self.lagging.setdefault(cid, now)
+                    else:
+                        self._advance(replica, now)
+
+    def _copy_to_holders(self, session: _Replicated, now: float, only: set[str] | None = None) -> None:
+        snap = snapshot(session)
+        for node in self.membership.holders(session.client_id, self.node_id):
+            if node != self.node_id and (only is None or node in only):
+                self.out.put(node, SessCopy(snap))
+        self._advance(session, now)  # (no other live holder: nothing to wait for)
+
+    # -- redirects during a hand-over ---------------------------------------------------------
+
+    def forwarded(self, m: SessFwd) -> bool:
+        """A message for a session whose client is (or is coming) here, from a holder that
+        got it after the hand-over (or took it late): False if no copy of it is here yet
+        (a claim still gathering it keeps it: claimant.py)."""
+        session = self.table.sessions.get(m.cid)
+        replica = replica_of(session)
+        if replica is None:
+            return False
+        fwd = m.msg
+        granted = None
+        for f, q in replica.subscriptions.items():
+            if filter_matches(f, fwd.topic):
+                granted = q if granted is None else max(granted, q)
+        if granted is None:
+            return True
+        msg = fwd.message()
+        msg.retain = False
+        key = (msg.origin, msg.seq)
+        if key in replica.done and replica.channel is not None and replica.on_settled is not None:
+            replica._report(key, "done", 0)  # (a holder kept it: it may drop it, we settled it)
+            return True
+        mesh = self.table.mesh
+        if mesh is not None and mesh.comes_later(msg):
+            # it reached this node too and waits there for an earlier message of its origin:
+            # it reaches the session then, in its origin's order (order.py), not before
+            self.counters["forwarded_comes_later"] += 1
+            return True
+        replica.deliver(msg, min(fwd.qos, granted))  # a duplicate by id is dropped there
+        return True

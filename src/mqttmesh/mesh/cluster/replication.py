@@ -1,0 +1,107 @@
+"""What the copies of a persistent session tell the other holders, and where moved clients went.
+
+Pure. A replicated session (replica.py) reports through its hooks, which are this
+``Replication``'s: each settlement (batched until the holders' flush, holders.py), each
+change of its client's subscriptions, and a message a copy took late. The hand-over notes
+here where a ClientId's client just went (``redirects``), and the Broker forwards what
+still reaches the session's copy there (broker.RedirectPort). Built before the Broker and
+the Cluster; it holds neither, only who the holders are (``membership``) and an outbox.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from .cluster_values import Forwarded, Settlement
+from .cluster_wire import Outbox, SessFwd, SessSubs
+from .replica import _Replicated, replica_of
+
+if TYPE_CHECKING:
+    from ...message import Message
+    from ...session import Session
+    from .membership import Membership
+
+__all__ = ["Replication", "Redirect"]
+
+
+class Redirect(NamedTuple):
+    """A holder's note that a ClientId's client moved to ``node``: forward until ``until``."""
+
+    node: str
+    until: float
+
+
+class Replication:
+    """What the Broker and the replicated sessions tell the other holders of a session
+    (the Broker's broker.RedirectPort): settlements (batched until ``take_settles``), subscription
+    changes, and messages for a client that just moved (``redirects``, written by the
+    hand-over, holders.py ``on_fetch``). Built before the Broker and the Cluster; it holds
+    neither, only who the holders are (``membership``) and a way to send."""
+
+    def __init__(
+        self,
+        node_id: str,
+        membership: Membership,
+        outbox: Outbox,
+        counters: dict[str, int],
+        wake: Callable[[], None] = lambda: None,
+    ):
+        self.node_id = node_id
+        self.membership = membership
+        self.out = outbox  # what it says to other holders (the Cluster sends it)
+        self.counters = counters
+        self._wake = wake  # asks the I/O layer for a flush this loop iteration (MeshIO.flush_soon)
+        # cid -> where its client went; read by Broker.dispatch for every message
+        self.redirects: dict[str, Redirect] = {}
+        self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
+
+    def on_settled(
+        self, session: _Replicated, key: tuple[str, int], state: str, pid: int, msg: Message | None = None
+    ) -> None:
+        """A replicated session settled a message (its hook). Frames wait for the settlement to
+        reach the other holders, so it goes out this loop iteration (Cluster.flush)."""
+        if not self._settles:
+            self._wake()
+        fwd = Forwarded.of(msg) if msg is not None else None
+        self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid, fwd))
+
+    def take_settles(self) -> dict[str, list[Settlement]]:
+        """The settlements since the last call, by ClientId (Cluster.flush sends them)."""
+        settles = self._settles
+        if settles:
+            self._settles = {}
+        return settles
+
+    def subs_changed(self, session: Session) -> None:
+        replica = replica_of(session)
+        if replica is None:
+            return
+        replica.subs_version += 1
+        body = SessSubs(replica.client_id, replica.subs_version, replica.subscriptions)
+        for node in self.membership.holders(replica.client_id, self.node_id):
+            if node != self.node_id:
+                self.out.put(node, body)
+
+    def late(self, session: _Replicated, msg: Message) -> None:
+        """A copy here of a session whose client is on another node took a message late
+        (``_Replicated.deliver``): that node may never have had it, so it gets it, and takes
+        it unless it has it or settled it (then it answers "done", which settles it here)."""
+        active = session.active_node
+        if active is None or active == self.node_id or active not in self.membership.live:
+            return  # nobody else serves it now: the next claim gathers this copy
+        self.counters["late_forwarded"] += 1
+        self.out.put(active, SessFwd(session.client_id, Forwarded.of(msg)))
+
+    def forward(self, session: Session, msg: Message) -> None:
+        """A message reached a local replica whose client just moved elsewhere."""
+        target = self.redirects.get(session.client_id)
+        if target is None:
+            return
+        self.counters["redirected"] += 1
+        self.out.put(target.node, SessFwd(session.client_id, Forwarded.of(msg)))
+
+    def expire(self, now: float) -> None:
+        for cid, (_, until) in list(self.redirects.items()):
+            if now >= until:
+                del self.redirects[cid]
