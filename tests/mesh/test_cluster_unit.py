@@ -541,7 +541,7 @@ def test_a_holder_with_a_store_answers_once_the_settlement_is_stored():
     net = Net(journals={"b": journal})
     cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
     net.committed("b", journal.take()[0])  # (b stored its copy of the session)
-    counters = net.clusters["b"].counters
+    counters = net.clusters["b"].holders.counters  # (its own, live)
     before = counters["acks_after_commit"]
     _local_publish(net, "a", "t/1")
     net.pump()  # the "sent" settlement reaches b, which journals it

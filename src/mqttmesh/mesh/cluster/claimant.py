@@ -107,7 +107,6 @@ class Claimant:
         outbox: Outbox,
         net: UnicastPort,
         settings: ClusterSettings,
-        counters: dict[str, int],
         ids: Iterator[int],
         wall_offset: float,
     ):
@@ -118,7 +117,19 @@ class Claimant:
         self.out = outbox  # what it says to nodes (this one too): the Cluster sends it
         self._net = net  # asked who is reachable, never to send
         self.settings = settings
-        self.counters = counters
+        # what it counts (Cluster.counters adds up every part's)
+        self.counters = dict.fromkeys(
+            (
+                "claims",
+                "kicks",
+                "claim_timeouts",
+                "fenced",
+                "refused_no_quorum",
+                "claims_refused",
+                "refused_not_synced",
+            ),
+            0,
+        )
         self._ids = ids  # connection ids
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.local: dict[str, LocalConnection] = {}  # our connected clients

@@ -102,7 +102,6 @@ class ClusterParts(NamedTuple):
     replication: Replication  # the Broker's RedirectPort; the hooks of ReplicaSessions
     retained: RetainedOwners  # the Broker's RetainedPort
     outbox: Outbox  # what the parts have to say to nodes, in order (the Cluster sends it)
-    counters: dict[str, int]  # the cluster's counters (status), shared by all the pieces
     ids: Iterator[int]  # one counter for connection ids and retained query ids
 
 
@@ -117,24 +116,6 @@ def cluster_parts(
     wall_offset: float,
     wake: Callable[[], None] = lambda: None,
 ) -> ClusterParts:
-    counters: dict[str, int] = {
-        "claims": 0,
-        "kicks": 0,
-        "wills_published": 0,
-        "sessions_gathered": 0,
-        "redirected": 0,
-        "retained_lookups": 0,
-        "claim_timeouts": 0,
-        "settle_gaps": 0,
-        "settle_retries": 0,
-        "acks_after_commit": 0,
-        "late_forwarded": 0,
-        "forwarded_comes_later": 0,
-        "fenced": 0,
-        "refused_no_quorum": 0,
-        "claims_refused": 0,
-        "refused_not_synced": 0,
-    }
     membership = Membership(
         node_id,
         incarnation,
@@ -146,11 +127,11 @@ def cluster_parts(
     )
     ids = itertools.count(1)
     outbox = Outbox(wake)
-    replication = Replication(node_id, membership, outbox, counters, wake)
+    replication = Replication(node_id, membership, outbox, wake)
     retained = RetainedOwners(
-        node_id, membership, retained_trie, journal, auth, outbox, net, settings, counters, ids, wall_offset
+        node_id, membership, retained_trie, journal, auth, outbox, net, settings, ids, wall_offset
     )
-    return ClusterParts(membership, replication, retained, outbox, counters, ids)
+    return ClusterParts(membership, replication, retained, outbox, ids)
 
 
 class Cluster:
@@ -175,13 +156,12 @@ class Cluster:
         self.outbox = parts.outbox
         self.settings = settings
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
-        self.counters = counters = parts.counters
         self.members = parts.membership
         self.replication = parts.replication
         self.retained = parts.retained
-        self.registry = Registry(node_id, self.members, counters, wall_offset, 2 * settings.register_interval)
+        self.registry = Registry(node_id, self.members, wall_offset, 2 * settings.register_interval)
         # the copies of persistent sessions held here, and the claims of clients connecting here
-        self.holders = Holders(node_id, self.members, table, parts.replication, parts.outbox, settings, counters)
+        self.holders = Holders(node_id, self.members, table, parts.replication, parts.outbox, settings)
         self.claimant = Claimant(
             node_id,
             incarnation,
@@ -190,7 +170,6 @@ class Cluster:
             parts.outbox,
             net,
             settings,
-            counters,
             parts.ids,
             wall_offset,
         )
@@ -236,6 +215,15 @@ class Cluster:
             wills.publish(msg)
         else:
             mesh.published(msg)  # (delivered here already: only routed)
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """Every part's counters, added up (a part counts what it does, in a dict of its own)."""
+        total: dict[str, int] = {}
+        for part in (self.claimant, self.holders, self.registry, self.replication, self.retained):
+            for name, n in part.counters.items():
+                total[name] = total.get(name, 0) + n
+        return total
 
     @property
     def live(self) -> list[str]:
@@ -326,7 +314,7 @@ class Cluster:
 
     def status(self) -> dict[str, Any]:
         """Counters and live nodes: nothing that names a client."""
-        counters = dict(self.counters)
+        counters = self.counters
         # QoS 2 messages the sessions here took for settled and forgotten (replica.forgotten)
         counters["forgotten_qos2"] = sum(
             r.forgotten_qos2 for r in map(replica_of, self.table.sessions.values()) if r is not None

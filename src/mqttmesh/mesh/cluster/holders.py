@@ -58,7 +58,6 @@ class Holders(Confirmations):
         replication: Replication,
         outbox: Outbox,
         settings: ClusterSettings,
-        counters: dict[str, int],
     ):
         self.node_id = node_id
         self.membership = membership
@@ -66,7 +65,19 @@ class Holders(Confirmations):
         self.replication = replication
         self.out = outbox  # what it says to nodes (this one too): the Cluster sends it
         self.settings = settings
-        self.counters = counters
+        # what it counts (Cluster.counters adds up every part's)
+        self.counters = dict.fromkeys(
+            (
+                "sessions_gathered",
+                "settle_gaps",
+                "settle_retries",
+                "acks_after_commit",
+                "late_forwarded",
+                "forwarded_comes_later",
+                "fenced",
+            ),
+            0,
+        )
         # cid -> since when its settlements wait for a holder's sess.ack (copies re-sent after
         # settings.settle_retry)
         self.lagging: dict[str, float] = {}

@@ -45,13 +45,13 @@ class Registry:
         self,
         node_id: str,
         membership: Membership,
-        counters: dict[str, int],
         wall_offset: float,
         kick_wait: float = 10.0,
     ):
         self.node_id = node_id
         self.membership = membership
-        self.counters = counters
+        # what it counts (Cluster.counters adds up every part's)
+        self.counters = dict.fromkeys(("kicks", "wills_published"), 0)
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.entries: dict[str, Registration] = {}  # the ids we are registrar or backup of
         # (cid, conn) -> (the registration a claim replaced, when): a connection kicked on a

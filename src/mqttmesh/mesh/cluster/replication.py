@@ -44,13 +44,13 @@ class Replication:
         node_id: str,
         membership: Membership,
         outbox: Outbox,
-        counters: dict[str, int],
         wake: Callable[[], None] = lambda: None,
     ):
         self.node_id = node_id
         self.membership = membership
         self.out = outbox  # what it says to other holders (the Cluster sends it)
-        self.counters = counters
+        # what it counts (Cluster.counters adds up every part's)
+        self.counters = dict.fromkeys(("redirected", "late_forwarded"), 0)
         self._wake = wake  # asks the I/O layer for a flush this loop iteration (MeshIO.flush_soon)
         # cid -> where its client went; read by Broker.dispatch for every message
         self.redirects: dict[str, Redirect] = {}

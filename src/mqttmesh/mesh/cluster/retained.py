@@ -61,7 +61,6 @@ class RetainedOwners:
         outbox: Outbox,
         net: UnicastPort,
         settings: ClusterSettings,
-        counters: dict[str, int],
         ids: Iterator[int],
         wall_offset: float,
     ):
@@ -73,7 +72,8 @@ class RetainedOwners:
         self.out = outbox  # what it says to other nodes (the Cluster sends it)
         self._net = net  # asked who is reachable, never to send
         self.settings = settings
-        self.counters = counters
+        # what it counts (Cluster.counters adds up every part's)
+        self.counters = dict.fromkeys(("retained_lookups",), 0)
         self._ids = ids  # query ids
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.lookups: dict[int, _Lookup] = {}
