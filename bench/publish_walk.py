@@ -16,7 +16,7 @@ import os
 import sys
 
 tree = (
-    sys.argv[1]
+    os.path.abspath(sys.argv[1])
     if len(sys.argv) > 1 and sys.argv[1] != "journal"
     else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 )
@@ -32,12 +32,15 @@ CLUSTER = {
     "cluster",
     "cluster_values",
     "cluster_wire",
+    "claimant",
     "confirm",
     "handover",
+    "holders",
     "hrw",
     "membership",
     "registry",
     "replica",
+    "replication",
     "retained",
 }
 CORE = [
@@ -48,6 +51,7 @@ CORE = [
     "channel_peer",
     "broker",
     "store",
+    "session_table",
     "session",
     "flow",
     "ports",
