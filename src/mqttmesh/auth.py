@@ -24,7 +24,10 @@ Password file: one ``user:$pbkdf2-sha512$ITERATIONS$SALT$HASH`` line per user
 Comments are whole lines starting with '#' (inside a rule '#' is a wildcard).
 
 Access is one of ``read``, ``write``, ``subscribe``, ``readwrite`` (all three)
-or ``deny``. ``read`` also allows subscribing. A deny rule wins over a grant.
+or ``deny``. ``read`` also allows subscribing. A deny rule wins over a grant. As in
+Mosquitto, a subscription whose filter only overlaps a denied topic is granted, and the
+denied topics are filtered out of what it receives; a filter entirely inside a denied
+subtree is refused (SUBACK 0x80).
 """
 
 from __future__ import annotations
@@ -275,12 +278,15 @@ class Acl:
         return granted
 
     def allows_subscribe(self, username: str | None, client_id: str, topic_filter: str) -> bool:
+        """Subscribe to ``topic_filter``: a grant covers it and no deny rule covers all of it.
+        As in Mosquitto, a deny rule that covers only part of the filter (``deny a/secret``
+        under a subscription to ``a/#``) does not refuse it: the denied topics are filtered
+        out at delivery (``allows`` with READ, asked for every message)."""
         granted = False
         for bits, rule_filter in self._rules(username, client_id):
             if bits == 0:
-                # a deny rule that overlaps the filter refuses it
-                if filter_covers(rule_filter, topic_filter) or filter_covers(topic_filter, rule_filter):
-                    return False
+                if filter_covers(rule_filter, topic_filter):
+                    return False  # every topic of the filter is denied
             elif bits & SUBSCRIBE and filter_covers(rule_filter, topic_filter):
                 granted = True
         return granted

@@ -275,7 +275,8 @@ def test_acl_allows(acl, user, client, topic, access, expected):
         (None, "d1", "devices/+/#", False),
         (None, "d1", "devices/#", False),
         ("alice", "x", "sensors/+", True),
-        ("alice", "x", "sensors/#", False),  # overlaps the denied sensors/secret/#
+        ("alice", "x", "sensors/#", True),  # overlaps the denied sensors/secret/#: filtered at delivery
+        ("alice", "x", "sensors/secret/#", False),  # entirely inside it
         ("alice", "x", "sensors/secret/a", False),
         ("alice", "x", "sensors/secret", False),  # the deny rule sensors/secret/# matches it (4.7.1.2)
         (None, "gateway-1", "cmd/#", True),  # subscribe access
@@ -488,7 +489,8 @@ def test_auth_with_acl(acl):
     assert auth.can_receive("alice", "c", "sensors/a")
     assert not auth.can_receive("alice", "c", "sensors/secret/a")
     assert auth.can_subscribe("alice", "c", "sensors/a")
-    assert not auth.can_subscribe("alice", "c", "sensors/#")
+    assert auth.can_subscribe("alice", "c", "sensors/#")  # (sensors/secret/# filtered at delivery)
+    assert not auth.can_subscribe("alice", "c", "sensors/secret/+")
 
 
 # --------------------------------------------------------------------------- $SYS visibility

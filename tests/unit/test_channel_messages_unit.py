@@ -204,7 +204,8 @@ def test_suback_0x80_from_the_acl():
     net = Net(auth=Auth(acl=acl))
     ch = net.connect("c")
     ch.receive_data(mqttraw.subscribe(1, ("a/x", 1), ("b", 1), ("a/secret/y", 0), ("a/#", 2), ("w/1", 0)), 1.0)
-    assert ch.data_to_send() == h("90 07 00 01 01 80 80 80 80")
+    # a/# only overlaps the denied a/secret/#: granted, the denied topics filtered at delivery
+    assert ch.data_to_send() == h("90 07 00 01 01 80 80 02 80")
 
 
 def test_acl_filters_delivery_and_publish():
@@ -360,12 +361,19 @@ def test_retained_filtered_by_acl():
     assert got == [("r/open", b"1", 0, True, False)]
 
 
-def test_acl_deny_overlapping_a_filter_refuses_the_subscription():
+def test_acl_deny_overlapping_a_filter_grants_it_and_filters_the_denied_topics_at_delivery():
+    """Mosquitto's semantics (issue 22): with ``readwrite r/#`` and ``deny r/secret``, a
+    subscription to ``r/#`` is granted and r/secret is never delivered through it; a filter
+    entirely inside the denied topics is refused (0x80)."""
     acl = Acl.parse("topic readwrite r/#\ntopic deny r/secret\n")
     net = Net(auth=Auth(acl=acl))
     ch = net.connect("c")
-    ch.receive_data(mqttraw.subscribe(1, ("r/#", 0), ("r/open", 0)), 1.0)
-    assert ch.data_to_send() == h("90 04 00 01 80 00")
+    ch.receive_data(mqttraw.subscribe(1, ("r/#", 0), ("r/open", 0), ("r/secret", 0)), 1.0)
+    assert ch.data_to_send() == h("90 05 00 01 00 00 80")
+    pub = net.connect("p")
+    pub.receive_data(mqttraw.publish("r/secret", b"no") + mqttraw.publish("r/open", b"yes"), 2.0)
+    got = [(p.topic, p.payload) for p in out(ch)]
+    assert got == [("r/open", b"yes")]  # one copy (two filters match it), r/secret none
 
 
 # --------------------------------------------------------------------------- group commit
