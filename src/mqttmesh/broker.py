@@ -53,7 +53,7 @@ class RetainedPort(Protocol):
 
 
 class RedirectPort(Protocol):
-    """Where the clients of sessions held here just went (mesh/cluster/replica.py
+    """Where the clients of sessions held here just went (mesh/cluster/replication.py
     Replication): a message for one of them is forwarded there too."""
 
     @property
@@ -175,7 +175,7 @@ class BrokerPorts:
     congestion: Congestion | None = None
     mesh: MeshPort | None = None  # mesh/link/gateway.py MeshGateway
     retained: RetainedPort | None = None  # mesh/cluster/retained.py RetainedOwners: non-$ retained topics
-    forwarding: RedirectPort | None = None  # mesh/cluster/replica.py Replication: its redirects
+    forwarding: RedirectPort | None = None  # mesh/cluster/replication.py Replication: its redirects
     archive: ArchivePort | None = None  # archive/capture.py Capture
     random_hex: RandomHex | None = None  # auto ClientIds [MQTT-3.1.3-6]
 

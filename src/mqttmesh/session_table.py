@@ -22,7 +22,8 @@ __all__ = ["SessionTable", "Ended"]
 
 
 class Ended:
-    """What the sessions discarded here had dropped (Stats: ``ended_*``)."""
+    """What the sessions discarded here had dropped (the node's ``$SYS`` drop counts add the
+    live sessions' own)."""
 
     __slots__ = ("queue_full", "slow_qos0")
 

@@ -3,7 +3,7 @@ client sees what depends on them, and a node that cannot keep that promise stops
 
 Pure. ``Confirmations`` is mixed into ``holders.Holders`` (which keeps the state: the
 sessions, the membership, ``lagging``). The node the client is on sends each settlement batch
-(``HandOver.flush``); every other live holder answers ``sess.ack`` with the session's version
+(``Holders.flush``); every other live holder answers ``sess.ack`` with the session's version
 it now has, or why it could not take them (no copy: -1, send one; it serves the client
 itself: -2). ``_advance`` raises the session's safe version to what every live holder has
 and releases the frames that waited for it (channel_held.py); a holder silent for
