@@ -487,6 +487,7 @@ def test_a_persistent_connect_on_the_minority_side_is_refused_with_0x03():
     majority answers CONNACK 0x03 (server unavailable) to a persistent connect; a clean one
     is served on both sides, as before [MQTT-3.2.2-5]."""
     net = Net()
+    net.tick(10.0)  # (past the start: a node still forming its links waits, test below)
     away_from_c = cid_with(net, lambda regs, holders: "c" not in holders, "p")
     net.up.discard("c")
     net.membership()  # a and b see each other, c sees only itself
@@ -997,3 +998,39 @@ def test_a_body_that_is_not_json_and_an_unknown_kind_raise_value_errors():
         net.clusters["a"].receive("b", "reg.nope", b"{}", 0.0)
     with pytest.raises(ValueError, match="reg.grant"):
         net.clusters["a"].receive("b", "reg.grant", b'{"cid": 1}', 0.0)
+
+
+def test_a_node_still_forming_its_links_waits_for_them_before_it_decides():
+    """Issue 22: a 3-node mesh started and connected to at once refused a persistent client
+    (CONNACK 0x03) in 2 of 6 tries, its node not seeing the others yet. A node that has just
+    started waits for its links, up to claim_timeout: the client is served once they are up,
+    and refused as before if they do not come."""
+    net = Net(settings=ClusterSettings(replication=2, stall=1e9, claim_timeout=1.0))
+    # node c has just started (first tick) and has heard of nobody yet
+    net.up.discard("c")
+    net.membership()
+    net.clusters["c"].membership(["c"], {"c": 1}, net.t)
+    waiting = net.connect("c", "p1", clean=False)
+    assert waiting.state == "claiming" and net.clusters["c"].counters["waited_no_quorum"] == 1
+    net.tick(0.5)
+    assert waiting.state == "claiming"  # still within claim_timeout
+    net.up.add("c")
+    net.membership()  # its links are up: the claim goes on to the registrar
+    assert waiting.state == "connected" and waiting.refused_rc is None
+    assert net.clusters["c"].counters["refused_no_quorum"] == 0
+
+    alone = Net(settings=ClusterSettings(replication=2, stall=1e9, claim_timeout=1.0))
+    alone.up.discard("c")
+    alone.membership()
+    alone.clusters["c"].membership(["c"], {"c": 1}, alone.t)
+    refused = alone.connect("c", "p1", clean=False)
+    assert refused.state == "claiming"
+    c = alone.clusters["c"]  # (cut off: Net.tick ticks only the nodes in reach)
+    alone.t += 0.9
+    c.tick(alone.t)
+    assert refused.state == "claiming"
+    alone.t += 0.1
+    c.tick(alone.t)  # claim_timeout: the links did not come, refused as before
+    assert refused.state == "closed" and refused.refused_rc == 0x03
+    assert alone.clusters["c"].counters["refused_no_quorum"] == 1
+    assert not alone.clusters["c"].claimant.claims  # nothing left behind

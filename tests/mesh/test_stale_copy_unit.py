@@ -196,6 +196,8 @@ def test_a_node_that_has_not_learned_the_meshs_subscriptions_refuses_every_clien
     net.clusters["a"].members.synced = False
     net.clusters["a"].members.last_tick = None
     ch = net.connect("a", "pub-1", clean=True)
+    assert ch.state == "claiming"  # just started: it waits for its links (issue 22), up to claim_timeout
+    net.tick(net.settings.claim_timeout)
     assert ch.refused_rc == 0x03 and "not learned the mesh's subscriptions" in ch.reason
     assert net.clusters["a"].counters["refused_not_synced"] == 1
 

@@ -13,7 +13,8 @@ clients connected here (``local``), tells their registrars (``reg.register``, an
 ``reg.release`` when they leave), and closes its persistent clients when this node loses
 its majority (``fence``).
 
-Stages of a claim: CLAIM (waiting for the registrar), GATHER (waiting for holders), DONE.
+Stages of a claim: WAIT (the node is still forming its links: it waits for them, up to
+``claim_timeout``), CLAIM (waiting for the registrar), GATHER (waiting for holders), DONE.
 Without an answer in ``claim_timeout`` (``gather_timeout``) the claim goes on without it.
 """
 
@@ -49,9 +50,9 @@ if TYPE_CHECKING:
     from ...ports import UnicastPort
     from .cluster_values import ClusterSettings
 
-__all__ = ["ClaimingChannel", "Claimant", "Claim", "LocalConnection", "CLAIM", "GATHER", "DONE"]
+__all__ = ["ClaimingChannel", "Claimant", "Claim", "LocalConnection", "WAIT", "CLAIM", "GATHER", "DONE"]
 
-CLAIM, GATHER, DONE = "claim", "gather", "done"
+WAIT, CLAIM, GATHER, DONE = "wait", "claim", "gather", "done"
 
 
 class Claim:
@@ -121,6 +122,8 @@ class Claimant:
         self.counters = dict.fromkeys(
             (
                 "claims",
+                "waited_not_synced",
+                "waited_no_quorum",
                 "kicks",
                 "claim_timeouts",
                 "fenced",
@@ -147,26 +150,65 @@ class Claimant:
         self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
     ) -> None:
         self.counters["claims"] += 1
-        if not self.membership.routing_ready(now):
-            # just started: the subscriptions of the other nodes are not known here yet, and
-            # what the client publishes would reach none of them (membership.py)
-            self.counters["refused_not_synced"] += 1
-            channel.refused(UNAVAILABLE, "this node has not learned the mesh's subscriptions yet", now)
-            return
-        if not clean and not (self.membership.quorum(now) and self.membership.home_quorum(cid)):
-            # at most one live copy of a persistent session: not on the minority side of a
-            # partition, nor just after a pause or a start, nor without a majority of the
-            # session's home in reach (membership.py)
-            self.counters["refused_no_quorum"] += 1
-            channel.refused(
-                UNAVAILABLE, "this node does not see a majority of the mesh (or of the session's nodes) now", now
-            )
+        why = self._not_ready(cid, clean, now)
+        if why is not None and not self.membership.forming(now):
+            self._refuse_unready(channel, why, now)
             return
         conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
         claim = Claim(channel, cid, clean, _wire_will(will, will_seq), conn, now)
         claim.deadline = now + self.settings.claim_timeout
         self.claims[conn] = claim
-        registrar = self.membership.registrars(cid)[0]
+        if why is not None:
+            # the node is still forming its links (just started, or resumed after a pause):
+            # the claim waits for them, up to claim_timeout, rather than turning away a
+            # client of a healthy mesh that connected a moment too early (issue 22)
+            claim.stage = WAIT
+            self.counters["waited_" + why.removeprefix("refused_")] += 1  # waited_not_synced, waited_no_quorum
+            return
+        self._to_registrar(claim, now)
+
+    def _not_ready(self, cid: str, clean: bool, now: float) -> str | None:
+        """Why this node may not take a claim of ``cid`` now (None: it may)."""
+        members = self.membership
+        if not members.routing_ready(now):
+            # just started: the subscriptions of the other nodes are not known here yet, and
+            # what the client publishes would reach none of them (membership.py)
+            return "refused_not_synced"
+        if not clean and not (members.quorum(now) and members.home_quorum(cid)):
+            # at most one live copy of a persistent session: not on the minority side of a
+            # partition, nor just after a pause or a start, nor without a majority of the
+            # session's home in reach (membership.py)
+            return "refused_no_quorum"
+        return None
+
+    def _refuse_unready(self, channel: ClaimingChannel, why: str, now: float) -> None:
+        self.counters[why] += 1
+        if why == "refused_not_synced":
+            channel.refused(UNAVAILABLE, "this node has not learned the mesh's subscriptions yet", now)
+        else:
+            channel.refused(
+                UNAVAILABLE, "this node does not see a majority of the mesh (or of the session's nodes) now", now
+            )
+
+    def _waited(self, claim: Claim, now: float) -> None:
+        """A claim that waited for the mesh to form goes on if the node may take it now, and
+        is refused as it would have been at once if the wait is over (claim_timeout)."""
+        why = self._not_ready(claim.cid, claim.clean, now)
+        if why is None or now >= claim.deadline:
+            del self.claims[claim.conn]  # (nothing was said to a registrar yet)
+            claim.stage = DONE
+            if not claim.channel.claiming:
+                return  # it closed meanwhile
+            if why is not None:
+                self._refuse_unready(claim.channel, why, now)
+                return
+            claim.stage = CLAIM
+            claim.deadline = now + self.settings.claim_timeout
+            self.claims[claim.conn] = claim
+            self._to_registrar(claim, now)
+
+    def _to_registrar(self, claim: Claim, now: float) -> None:
+        registrar = self.membership.registrars(claim.cid)[0]
         claim.waiting = {registrar}
         if not self._reaches(registrar):
             self._ungranted(claim, now)
@@ -199,10 +241,13 @@ class Claimant:
         return RegClaim(claim.cid, self.node_id, self.incarnation, claim.conn, claim.clean, claim.will, wall)
 
     def retry_claims(self, now: float) -> None:
-        """Claims and gathers waiting on nodes that just became unreachable move on."""
+        """Claims and gathers waiting on nodes that just became unreachable move on, and
+        claims that waited for the mesh to form go on if it has."""
         live = set(self.membership.live)
         for claim in list(self.claims.values()):
-            if claim.stage == CLAIM and claim.prev is None:
+            if claim.stage == WAIT:
+                self._waited(claim, now)
+            elif claim.stage == CLAIM and claim.prev is None:
                 registrar = self.membership.registrars(claim.cid)[0]
                 if claim.waiting and not claim.waiting & live:
                     claim.waiting = {registrar}
@@ -217,7 +262,9 @@ class Claimant:
 
     def expire_claims(self, now: float) -> None:
         for claim in list(self.claims.values()):
-            if now >= claim.deadline:
+            if claim.stage == WAIT:
+                self._waited(claim, now)  # (the mesh formed between two membership changes, or the wait is over)
+            elif now >= claim.deadline:
                 if claim.stage == CLAIM:
                     self.counters["claim_timeouts"] += 1
                     self._ungranted(claim, now)

@@ -67,6 +67,16 @@ class Membership:
             return False  # just started: the peers, if any, have not been heard of yet
         return 2 * len(self.live) > known
 
+    def forming(self, now: float) -> bool:
+        """This node's view of the mesh is still forming: it has just started (its links come
+        up within ``grace``, its routing within twice that) or resumed after a pause. A claim
+        the node may not take yet then waits a moment rather than being refused (claimant.py);
+        a node that is past this and still cut off refuses at once."""
+        last = self.last_tick
+        if last is None:
+            return True
+        return now < self.alone_until + self.grace or now < self.distrust_until or now - last > self.stall
+
     def routing_ready(self, now: float) -> bool:
         """May this node take clients' messages? Only once it knows where they go: it holds a
         neighbour's database, or it has been alone for ``grace`` (a mesh of one). A node just
