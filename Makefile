@@ -11,7 +11,7 @@ LINTED := src tests bench
 # (tests/conftest.py refuses a test that needs one of these markers and lacks it)
 FAST   := not process and not spark and not interop and not slow and not hostile
 
-.PHONY: run test check lint typecheck fmt bench venv clean simulate-scale fuzz hostile-bench chaos sim-sweep system-deps
+.PHONY: run test check lint typecheck fmt bench venv clean simulate-scale fuzz hostile-bench chaos sim-sweep system-deps js-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,13 +27,23 @@ run: $(STAMP)
 
 # what CI runs (.ci/run): the Debian tools the tests use (installed as root, else named),
 # lint, types, then the whole suite
-test: system-deps lint typecheck
+test: system-deps js-deps lint typecheck
 	$(PY) -m pytest -q
 
-# Debian packages (mosquitto, mosquitto-clients, a JRE for PySpark, openssl): apt-get as
-# root; otherwise a message naming them, and the tests that need them are skipped
+# Debian packages (mosquitto, mosquitto-clients, a JRE for PySpark, openssl, Node and npm):
+# apt-get as root; otherwise a message naming them, and the tests that need them are skipped
 system-deps:
 	scripts/system-deps test
+
+# the JavaScript clients the tests drive (MQTT.js), pinned by js/package-lock.json, into
+# js/node_modules; without npm, a message (the tests that need them are skipped)
+JS_STAMP := js/node_modules/.installed
+$(JS_STAMP): js/package.json js/package-lock.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd js && npm ci --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "js-deps: npm is missing (Debian nodejs, npm): the MQTT.js tests are skipped"; fi
+
+js-deps: $(JS_STAMP)
 
 check: lint typecheck
 	$(PY) -m pytest -q -m "$(FAST)"

@@ -13,6 +13,7 @@ import pytest
 from mqttmesh.mesh.link.peerauth import PEER_PROTOCOL
 from support import mqttraw
 from support.mesh import Subscriber, publish, wait_converged, wait_interest
+from support.pki import make_pki
 from support.processes import free_port, wait_for
 
 pytestmark = [
@@ -21,67 +22,10 @@ pytestmark = [
 ]
 
 
-def _run(*args, cwd):
-    subprocess.run(args, cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
     """A test CA, a node certificate for 127.0.0.1 and a client certificate."""
-    d = tmp_path_factory.mktemp("pki")
-    _run(
-        "openssl",
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.pem",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=mqttmesh-test-ca",
-        cwd=d,
-    )
-    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("node", "client"):
-        _run(
-            "openssl",
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-            cwd=d,
-        )
-        _run(
-            "openssl",
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.pem",
-            "-days",
-            "2",
-            "-extfile",
-            "ext.cnf",
-            cwd=d,
-        )
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _paho(port, pki, cert=None, role="c"):

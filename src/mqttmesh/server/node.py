@@ -18,6 +18,7 @@ import ssl
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 
 from .. import __version__
 from ..assembly import MeshConfig, NodeCore, build_core
@@ -31,6 +32,10 @@ from .connection import PAUSE_MEMORY, Connection
 from .logins import Logins
 from .sqlite_store import SqliteStore
 from .tls import server_context
+from .websocket import WebSocketLink
+
+# makes the protocol of a connection accepted on a TLS listener (the node, when accepted)
+MakeProtocol = Callable[["Node", float], "Connection | WebSocketLink"]
 
 GC_THRESHOLD = 20_000  # allocations between two collections of the youngest generation
 
@@ -120,6 +125,13 @@ class Node:
         self._tls_task: asyncio.Task | None = None
         self._handshakes: set[asyncio.Task] = set()
         self.tls_port = 0
+        # MQTT over WebSocket (websocket.py): ws:// served by asyncio, wss:// accepted and
+        # admitted before its TLS handshake, as the TLS listener's connections
+        self._ws_server: asyncio.base_events.Server | None = None
+        self._wss_sock: socket.socket | None = None
+        self._wss_task: asyncio.Task | None = None
+        self.ws_port = 0
+        self.wss_port = 0
         self._sys_task: asyncio.Task | None = None
         self.started_at = time.time()
         self.port = port
@@ -152,8 +164,23 @@ class Node:
             # accepted here, then handshaken (_tls_handshake): a connection counts against
             # max_connections, and its connect timeout runs, from the moment it is accepted
             self._tls = tls
-            self._tls_sock = _listening_socket(self.config.host, self.config.get("tls.port"))
-            self.tls_port = self._tls_sock.getsockname()[1]
+            if self.config.get("tls.port") or self.config.get("mesh.tls"):
+                self._tls_sock = _listening_socket(self.config.host, self.config.get("tls.port"))
+                self.tls_port = self._tls_sock.getsockname()[1]
+            if self.config.get("websocket.tls_port"):
+                self._wss_sock = _listening_socket(self.config.host, self.config.get("websocket.tls_port"))
+                self.wss_port = self._wss_sock.getsockname()[1]
+        if self.config.get("websocket.port"):
+            path = self.config.get("websocket.path")
+            self._ws_server = await self.loop.create_server(
+                lambda: WebSocketLink(self, path),
+                self.config.host,
+                self.config.get("websocket.port"),
+                backlog=1024,
+                reuse_address=True,
+                start_serving=False,
+            )
+            self.ws_port = self._ws_server.sockets[0].getsockname()[1]
         if not self.config.node_id:  # host-port, with the port actually bound
             self.node_id = self.settings.node_id = f"{self.config.host}-{self.port}"
         if self.store is not None:
@@ -206,8 +233,18 @@ class Node:
         gc.freeze()
         await self._server.start_serving()
         if self._tls_sock is not None:
-            self._tls_task = self.loop.create_task(self._accept_tls())
+            self._tls_task = self.loop.create_task(self._accept_tls(self._tls_sock, _plain))
             log.info("TLS listener on %s:%d", self.config.host, self.tls_port)
+        if self._ws_server is not None:
+            await self._ws_server.start_serving()
+            path = self.config.get("websocket.path")
+            log.info("WebSocket listener on ws://%s:%d%s", self.config.host, self.ws_port, path)
+        if self._wss_sock is not None:
+            path = self.config.get("websocket.path")
+            self._wss_task = self.loop.create_task(
+                self._accept_tls(self._wss_sock, lambda node, at: WebSocketLink(node, path, at))
+            )
+            log.info("WebSocket TLS listener on wss://%s:%d%s", self.config.host, self.wss_port, path)
         if self.config.port_file:
             tmp = self.config.port_file + ".tmp"
             with open(tmp, "w") as fh:
@@ -233,6 +270,12 @@ class Node:
             self._tls_task.cancel()
         if self._tls_sock is not None:
             self._tls_sock.close()
+        if self._ws_server is not None:
+            self._ws_server.close()
+        if self._wss_task is not None:
+            self._wss_task.cancel()
+        if self._wss_sock is not None:
+            self._wss_sock.close()
         for task in list(self._handshakes):
             task.cancel()
         if self.mesh is not None:
@@ -353,16 +396,17 @@ class Node:
 
     # -- TLS: accept, admit, then handshake -------------------------------------------------
 
-    async def _accept_tls(self) -> None:
-        sock = self._tls_sock
+    async def _accept_tls(self, sock: socket.socket, make: MakeProtocol) -> None:
+        """Accept on a TLS listener (``make``: the protocol of each connection, a plain
+        Connection or a WebSocketLink around one)."""
         while True:
             try:
-                client, addr = await self.loop.sock_accept(sock)  # type: ignore[arg-type]  # (runs only with the TLS listener open)
+                client, addr = await self.loop.sock_accept(sock)
             except OSError as exc:  # out of file descriptors, say: try again shortly
                 log.warning("TLS listener: accept failed: %s", exc)
                 await asyncio.sleep(0.1)
                 continue
-            self._tls_accepted(client, addr)
+            self._tls_accepted(client, addr, make)
             while True:  # and whatever else is waiting, now: each counts from this moment
                 try:
                     client, addr = sock.accept()
@@ -371,11 +415,12 @@ class Node:
                 except OSError as exc:
                     log.warning("TLS listener: accept failed: %s", exc)
                     break
-                self._tls_accepted(client, addr)
+                self._tls_accepted(client, addr, make)
 
-    def _tls_accepted(self, sock: socket.socket, addr) -> None:
+    def _tls_accepted(self, sock: socket.socket, addr, make: MakeProtocol) -> None:
         """Admit a TLS connection before its handshake: it counts against the limits now."""
-        conn = Connection(self, accepted_at=self.loop.time())
+        protocol = make(self, self.loop.time())
+        conn = protocol if isinstance(protocol, Connection) else protocol.inner
         conn.peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         refusal = self.admit(conn)
         if refusal:
@@ -383,15 +428,15 @@ class Node:
             self.broker.stats.connections_refused += 1
             _close_with_reset(sock)
             return
-        task = self.loop.create_task(self._tls_handshake(conn, sock))
+        task = self.loop.create_task(self._tls_handshake(protocol, conn, sock))
         self._handshakes.add(task)
         task.add_done_callback(self._handshakes.discard)
 
-    async def _tls_handshake(self, conn: Connection, sock: socket.socket) -> None:
+    async def _tls_handshake(self, protocol: asyncio.Protocol, conn: Connection, sock: socket.socket) -> None:
         try:
             sock.setblocking(False)
             await self.loop.connect_accepted_socket(
-                lambda: conn,
+                lambda: protocol,
                 sock,
                 ssl=self._tls,
                 ssl_handshake_timeout=max(
@@ -572,6 +617,11 @@ class Node:
         # $SYS values are retained in memory only: they are recomputed at every start
         msg = Message(topic, value.encode(), 0, True, self.node_id, 0, "$SYS", time.time())
         self.broker.publish_sys(msg)
+
+
+def _plain(node: Node, accepted_at: float) -> Connection:
+    """A TLS listener's connection: a plain MQTT Connection."""
+    return Connection(node, accepted_at=accepted_at)
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

@@ -9,8 +9,9 @@ from ..config import Config
 
 
 def server_context(config: Config) -> ssl.SSLContext | None:
-    """The context of the TLS listener (``tls.port``), or None when TLS is off."""
-    if not config.get("tls.port") and not config.get("mesh.tls"):
+    """The context of the TLS listeners (``tls.port``, ``websocket.tls_port``), or None when
+    TLS is off."""
+    if not config.get("tls.port") and not config.get("mesh.tls") and not config.get("websocket.tls_port"):
         return None
     cert, key = config.get("tls.cert_file"), config.get("tls.key_file")
     if not cert or not key:
