@@ -29,7 +29,9 @@ from ..message import Message
 from ..session import Limits
 from ..store import NULL_JOURNAL, Journal, clock_incarnation
 from .connection import PAUSE_MEMORY, Connection
+from .http import HttpConnection
 from .logins import Logins
+from .metrics import COMMIT_BUCKETS, Histogram
 from .sqlite_store import SqliteStore
 from .tls import server_context
 from .websocket import WebSocketLink
@@ -132,6 +134,13 @@ class Node:
         self._wss_task: asyncio.Task | None = None
         self.ws_port = 0
         self.wss_port = 0
+        # the operator's HTTP listener (http.py): /metrics, /api/v1/status
+        self._http_server: asyncio.base_events.Server | None = None
+        self.http_port = 0
+        self.http_tokens = _http_tokens(config)
+        self.version = __version__
+        self.commit_latency = Histogram(COMMIT_BUCKETS)  # seconds per group commit (/metrics)
+        self._commit_started = 0.0
         self._sys_task: asyncio.Task | None = None
         self.started_at = time.time()
         self.port = port
@@ -170,6 +179,15 @@ class Node:
             if self.config.get("websocket.tls_port"):
                 self._wss_sock = _listening_socket(self.config.host, self.config.get("websocket.tls_port"))
                 self.wss_port = self._wss_sock.getsockname()[1]
+        if self.config.get("http.port"):
+            self._http_server = await self.loop.create_server(
+                lambda: HttpConnection(self),
+                self.config.get("http.host"),
+                self.config.get("http.port"),
+                reuse_address=True,
+                start_serving=False,
+            )
+            self.http_port = self._http_server.sockets[0].getsockname()[1]
         if self.config.get("websocket.port"):
             path = self.config.get("websocket.path")
             self._ws_server = await self.loop.create_server(
@@ -235,6 +253,9 @@ class Node:
         if self._tls_sock is not None:
             self._tls_task = self.loop.create_task(self._accept_tls(self._tls_sock, _plain))
             log.info("TLS listener on %s:%d", self.config.host, self.tls_port)
+        if self._http_server is not None:
+            await self._http_server.start_serving()
+            log.info("HTTP listener on http://%s:%d", self.config.get("http.host"), self.http_port)
         if self._ws_server is not None:
             await self._ws_server.start_serving()
             path = self.config.get("websocket.path")
@@ -272,6 +293,8 @@ class Node:
             self._tls_sock.close()
         if self._ws_server is not None:
             self._ws_server.close()
+        if self._http_server is not None:
+            self._http_server.close()
         if self._wss_task is not None:
             self._wss_task.cancel()
         if self._wss_sock is not None:
@@ -551,6 +574,7 @@ class Node:
         batch, ops = journal.take()
         self._commit_in_flight = True
         self._pending_ops = ops
+        self._commit_started = time.perf_counter()
         self.store.submit(batch, ops)
 
     def _committed_on_thread(self, batch: int, error) -> None:
@@ -562,6 +586,7 @@ class Node:
             self.loop.call_later(1.0, self.store.submit, batch, self._pending_ops)
             return
         self._commit_in_flight = False
+        self.commit_latency.observe(time.perf_counter() - self._commit_started)
         self._pending_ops = []  # (only a failed commit, retried, reads it)
         self.core.committed(batch)
         if len(self.broker.journal):
@@ -613,10 +638,46 @@ class Node:
         for key, value in values.items():
             self.publish_sys(f"$SYS/broker/{key}", str(value))
 
+    def uptime(self) -> float:
+        return time.time() - self.started_at
+
+    def http_status(self) -> dict:
+        """The node as /api/v1/status shows it: its counters, and the mesh as it sees it."""
+        broker = self.broker
+        status: dict = {
+            "node": self.node_id,
+            "version": self.version,
+            "uptime_s": round(self.uptime(), 3),
+            "clients_connected": broker.table.connected_count,
+            "sessions": len(broker.sessions),
+            "stats": broker.stats.as_dict(),
+        }
+        if self.mesh is not None:
+            status["mesh"] = self.mesh.status()
+        return status
+
     def publish_sys(self, topic: str, value: str) -> None:
         # $SYS values are retained in memory only: they are recomputed at every start
         msg = Message(topic, value.encode(), 0, True, self.node_id, 0, "$SYS", time.time())
         self.broker.publish_sys(msg)
+
+
+def _http_tokens(config: Config) -> list[str]:
+    """The bearer tokens the HTTP listener accepts (none: it asks for none)."""
+    token = config.get("http.token")
+    path = config.get("http.token_file")
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                token = fh.readline().strip()
+        except OSError as exc:
+            raise ConfigError(f"http.token_file: cannot read {path} ({exc.strerror})") from None
+        if not token:
+            raise ConfigError(f"http.token_file: {path} has no token on its first line")
+    tokens = [t for t in (token, config.get("http.read_token")) if t]
+    if config.get("http.read_token") and not token:
+        raise ConfigError("http.read_token: needs http.token (or http.token_file) as well")
+    return tokens
 
 
 def _plain(node: Node, accepted_at: float) -> Connection:

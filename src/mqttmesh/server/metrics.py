@@ -1,0 +1,220 @@
+"""The node's metrics in the Prometheus text format (version 0.0.4), served at ``/metrics``.
+
+Everything is read when Prometheus scrapes: the counters the node keeps anyway (the
+Broker's Stats, the sessions' drops, the routing engine's and the cluster's counters, the
+links' figures), so counting costs the hot path nothing. The one figure measured for this
+page is the store's commit latency (``Histogram``, observed once per group commit).
+Names follow Prometheus's conventions: ``mqttmesh_`` first, ``_total`` on counters, base
+units (seconds, bytes).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from typing import Any
+
+__all__ = ["Histogram", "render", "COMMIT_BUCKETS"]
+
+# seconds: a group commit of SQLite in WAL mode takes from tens of microseconds to, on a
+# slow disk under load, tens of milliseconds
+COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+class Histogram:
+    """Cumulative buckets, their sum and count, as Prometheus reads a histogram."""
+
+    __slots__ = ("bounds", "counts", "sum", "count")
+
+    def __init__(self, bounds: Iterable[float]):
+        self.bounds = tuple(sorted(bounds))
+        self.counts = [0] * len(self.bounds)  # per bucket (not cumulative): cumulated at render
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.bounds, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.sum += value
+        self.count += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for bound, n in zip(self.bounds, self.counts, strict=True):
+            running += n
+            out.append(f'{name}_bucket{{le="{bound:g}"}} {running}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum {self.sum:.9g}")
+        out.append(f"{name}_count {self.count}")
+        return out
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+class _Page:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def metric(self, name: str, kind: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} {kind}")
+        for labels, value in samples:
+            if labels:
+                inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+                self.lines.append(f"{name}{{{inner}}} {_number(value)}")
+            else:
+                self.lines.append(f"{name} {_number(value)}")
+
+    def one(self, name: str, kind: str, help_text: str, value: float) -> None:
+        self.metric(name, kind, help_text, [({}, value)])
+
+    def histogram(self, name: str, help_text: str, h: Histogram) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} histogram")
+        self.lines.extend(h.lines(name))
+
+
+def _number(value: float) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.9g}"
+
+
+def render(node: Any) -> str:
+    """The page for ``node`` (server/node.py Node), now."""
+    page = _Page()
+    broker = node.broker
+    s = broker.stats
+    table = broker.table
+    sessions = list(broker.sessions.values())
+    queue_full = table.ended.queue_full + sum(x.dropped for x in sessions)
+    slow_qos0 = table.ended.slow_qos0 + sum(x.dropped_qos0 for x in sessions)
+    page.metric(
+        "mqttmesh_info",
+        "gauge",
+        "this node: its id and version",
+        [({"node": node.node_id, "version": node.version}, 1)],
+    )
+    page.one("mqttmesh_uptime_seconds", "gauge", "seconds since the node started", node.uptime())
+    page.one(
+        "mqttmesh_clients_connected", "gauge", "connections past CONNACK (peer links included)", table.connected_count
+    )
+    page.one(
+        "mqttmesh_sessions",
+        "gauge",
+        "sessions held (connected or not; in a mesh, copies of other nodes' too)",
+        len(sessions),
+    )
+    page.one("mqttmesh_subscriptions", "gauge", "distinct (filter, session) subscriptions", len(broker.trie))
+    page.one("mqttmesh_retained_messages", "gauge", "retained messages held here", len(broker.retained))
+    page.one(
+        "mqttmesh_queued_messages",
+        "gauge",
+        "messages queued in sessions (behind the window or offline)",
+        sum(len(x.queue) for x in sessions),
+    )
+    page.one(
+        "mqttmesh_inflight_messages",
+        "gauge",
+        "outbound QoS 1/2 messages awaiting acknowledgement",
+        sum(len(x.inflight) for x in sessions),
+    )
+    page.one(
+        "mqttmesh_messages_received_total", "counter", "PUBLISH packets received from clients", s.messages_received
+    )
+    page.one("mqttmesh_messages_sent_total", "counter", "messages handed to sessions for delivery", s.messages_sent)
+    page.one("mqttmesh_bytes_received_total", "counter", "bytes read from clients", s.bytes_received)
+    page.one("mqttmesh_bytes_sent_total", "counter", "bytes written to clients", s.bytes_sent)
+    page.metric(
+        "mqttmesh_messages_dropped_total",
+        "counter",
+        "messages dropped, by reason",
+        [({"reason": "queue_full"}, queue_full), ({"reason": "slow_qos0"}, slow_qos0)],
+    )
+    page.one(
+        "mqttmesh_publish_denied_total",
+        "counter",
+        "PUBLISHes the ACL or a $ topic refused (acknowledged, dropped)",
+        s.publish_denied,
+    )
+    page.one("mqttmesh_connections_total", "counter", "connections that reached CONNACK 0", s.connections_total)
+    page.one("mqttmesh_connections_refused_total", "counter", "connections refused by a limit", s.connections_refused)
+    page.one("mqttmesh_protocol_errors_total", "counter", "connections closed for a protocol error", s.protocol_errors)
+    page.one("mqttmesh_slow_consumers_total", "counter", "clients reset for not reading", s.slow_consumers)
+    page.one("mqttmesh_wills_published_total", "counter", "wills published", s.wills_published)
+    page.metric(
+        "mqttmesh_logins_failed_total",
+        "counter",
+        "logins refused, by how",
+        [
+            ({"how": "bad_credentials"}, s.auth_failures),
+            ({"how": "throttled"}, s.auth_throttled),
+            ({"how": "busy"}, s.auth_busy),
+        ],
+    )
+    page.one("mqttmesh_buffered_bytes", "gauge", "bytes held in connections' buffers", node.buffered)
+    page.one("mqttmesh_memory_pauses_total", "counter", "times reading paused for buffer memory", s.memory_pauses)
+    page.histogram("mqttmesh_store_commit_seconds", "time of one group commit of the store", node.commit_latency)
+    mesh = node.mesh
+    if mesh is not None:
+        _mesh(page, mesh.status())
+    return "\n".join(page.lines) + "\n"
+
+
+def _mesh(page: _Page, status: dict[str, Any]) -> None:
+    nodes = status["nodes"]
+    page.one("mqttmesh_mesh_nodes", "gauge", "nodes known to this node", len(nodes))
+    page.one(
+        "mqttmesh_mesh_nodes_reachable",
+        "gauge",
+        "nodes this node can route to (itself included)",
+        sum(1 for n in nodes.values() if n["reachable"]),
+    )
+    neighbours = status["neighbours"]
+    page.metric(
+        "mqttmesh_mesh_link_up", "gauge", "a peer link to this neighbour is up", [({"peer": p}, 1) for p in neighbours]
+    )
+    page.metric(
+        "mqttmesh_mesh_link_cost",
+        "gauge",
+        "the link's routing cost",
+        [({"peer": p}, n["cost"]) for p, n in neighbours.items()],
+    )
+    page.metric(
+        "mqttmesh_mesh_link_rtt_seconds",
+        "gauge",
+        "smoothed round trip of the link, measured by its keepalives",
+        [({"peer": p}, n["srtt_us"] / 1e6) for p, n in neighbours.items() if n.get("srtt_us") is not None],
+    )
+    for key, help_text in (
+        ("envelopes_out", "routed messages sent on the link"),
+        ("envelopes_in", "routed messages received on the link"),
+        ("control_out", "control messages sent on the link"),
+        ("control_in", "control messages received on the link"),
+    ):
+        page.metric(
+            f"mqttmesh_mesh_link_{key}_total",
+            "counter",
+            help_text,
+            [({"peer": p}, n[key]) for p, n in neighbours.items()],
+        )
+    page.one(
+        "mqttmesh_mesh_custody_messages",
+        "gauge",
+        "QoS 1/2 messages held here until their destinations acknowledge them",
+        status["custody"],
+    )
+    page.one(
+        "mqttmesh_mesh_held_messages", "gauge", "messages held back for an earlier one of their origin", status["held"]
+    )
+    for name, value in sorted(status["counters"].items()):
+        page.one(f"mqttmesh_mesh_{name}_total", "counter", f"routing engine: {name.replace('_', ' ')}", value)
+    cluster = status.get("cluster")
+    if cluster:
+        for name, value in sorted(cluster["counters"].items()):
+            page.one(f"mqttmesh_cluster_{name}_total", "counter", f"cluster: {name.replace('_', ' ')}", value)
