@@ -327,6 +327,14 @@ class Auth:
         self._verified: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._dummy = f"$pbkdf2-sha512${_usual_iterations(passwords)}${_DUMMY_SALT}${_DUMMY_DIGEST}"
 
+    def reload(self, passwords: PasswordFile | None, acl: Acl | None) -> None:
+        """New password file and ACL (SIGHUP): the next login and the next delivery use them.
+        Remembered logins are forgotten: a changed password must be checked again."""
+        self.passwords = passwords
+        self.acl = acl
+        self._verified.clear()
+        self._dummy = f"$pbkdf2-sha512${_usual_iterations(passwords)}${_DUMMY_SALT}${_DUMMY_DIGEST}"
+
     def check_fast(self, username: str | None, password: bytes | None) -> int | None:
         """CONNACK return code, or None when a password check must run (``check_slow``).
 

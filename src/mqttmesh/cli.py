@@ -59,6 +59,18 @@ def cmd_broker(args: argparse.Namespace) -> int:
             print(f"mqttmesh: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}", file=sys.stderr)
             return 1
         log.info("event loop: %s", loop_kind)
+
+        def reload() -> None:
+            # SIGHUP: files and log level again (Node.reload); a config file with an error
+            # changes nothing
+            try:
+                fresh = load_config(args.config, overrides_from_args(args))
+            except ConfigError as exc:
+                log.error("reload: %s; the configuration in force is kept", exc)
+                return
+            node.reload(fresh)
+
+        loop.add_signal_handler(signal.SIGHUP, reload)
         await stop.wait()
         log.info("stopping")
         await node.stop()

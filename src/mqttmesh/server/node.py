@@ -638,6 +638,48 @@ class Node:
         for key, value in values.items():
             self.publish_sys(f"$SYS/broker/{key}", str(value))
 
+    def reload(self, fresh: Config) -> None:
+        """SIGHUP (or ``mqttmesh ctl reload``): the password file, the ACL file, the TLS
+        certificate and key, and the log level, from ``fresh`` (the configuration read again).
+        Each file is read whole first: one with an error is not applied, the one in force
+        stays, and the error is logged with the file and line. New rules apply to the next
+        login and to every live session's next delivery; other settings need a restart."""
+        auth = self.auth
+        passwords, acl = auth.passwords, auth.acl
+        kept = []
+        path = fresh.get("auth.password_file")
+        try:
+            passwords = PasswordFile.load(path) if path else None
+        except ConfigError as exc:
+            log.error("reload: %s; the password file in force is kept", exc)
+            kept.append("password file")
+        path = fresh.get("auth.acl_file")
+        try:
+            acl = Acl.load(path) if path else None
+        except ConfigError as exc:
+            log.error("reload: %s; the ACL in force is kept", exc)
+            kept.append("ACL")
+        auth.reload(passwords, acl)
+        if self._tls is not None:
+            try:
+                tls = server_context(fresh)
+            except ConfigError as exc:
+                log.error("reload: %s; the TLS certificate in force is kept", exc)
+                kept.append("TLS certificate")
+            else:
+                if tls is not None:
+                    self._tls = tls  # (the next TLS handshake; live connections keep theirs)
+        logging.getLogger().setLevel(fresh.log_level.upper())
+        log.warning(
+            "reloaded: password file %s (%d users), ACL %s, TLS %s, log level %s%s",
+            fresh.get("auth.password_file") or "none",
+            len(passwords.users) if passwords is not None else 0,
+            fresh.get("auth.acl_file") or "none",
+            "yes" if self._tls is not None else "off",
+            fresh.log_level,
+            f"; kept after an error: {', '.join(kept)}" if kept else "",
+        )
+
     def uptime(self) -> float:
         return time.time() - self.started_at
 
