@@ -3,8 +3,8 @@
 Pure apart from reading the two files at load time. It leaves to its caller
 when to reload them, where to run a slow password check (a hash takes tens of
 milliseconds, so the server runs it off the event loop), the salt of a new hash
-(random bytes: ``SALT_BYTES`` of them), and the clock and the client addresses
-that ``LoginThrottle`` decides on.
+(random bytes: ``SALT_BYTES`` of them), and the clock, the client addresses and the
+answers that ``LoginThrottle`` decides on.
 
 Password file: one ``user:$pbkdf2-sha512$ITERATIONS$SALT$HASH`` line per user
 (salt and hash in base64). ACL file, one rule per line::
@@ -37,10 +37,9 @@ import fnmatch
 import hashlib
 import hmac
 import os
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal, overload
 
 from .codec import MalformedPacket, validate_topic_filter
 from .topics import filter_matches
@@ -409,35 +408,44 @@ def _usual_iterations(passwords: PasswordFile | None) -> int:
 
 
 class _Failures:
-    __slots__ = ("count", "last", "in_flight", "next_at")
+    __slots__ = ("count", "last")
 
     def __init__(self) -> None:
         self.count = 0  # failures since the window last forgave this key
         self.last = 0.0  # time of the last failure
-        self.in_flight = 0  # logins admitted by ``wait`` and not yet settled
-        self.next_at = 0.0  # the latest check time given out to a delayed login
+
+
+class _Address:
+    __slots__ = ("unanswered", "waiting")
+
+    def __init__(self) -> None:
+        self.unanswered = 0  # logins admitted and not yet answered (checking, or a failure held)
+        self.waiting: deque[object] = deque()  # logins waiting for one of them to be answered
 
 
 class LoginThrottle:
-    """Failed password logins per client address and per user name; how long the next waits.
+    """Logins slowed where an attacker needs them and never where a good client does.
 
-    Pure: the caller passes the time, runs the checks and reports each result. Up to
-    ``threshold`` failures of an address or a user name are answered without delay; after
-    that each login waits ``delay`` seconds, doubling with each further failure up to
-    ``delay_max``. A key is forgiven ``window`` seconds after its last failure, and an
-    address by a successful login from it.
+    Pure: the caller passes the time, runs the checks, reports each result and answers when
+    told to. Two things are throttled, never the check of a login nor its success:
 
-    Once a key is over the threshold, its logins still waiting or being checked count as
-    failures for the delay of the next one, and each is checked after the one given out
-    before it: opening many connections at once buys no more guesses than opening them one
-    by one. A login that would wait longer than ``delay_max`` is refused at once, unchecked.
-    (Below the threshold logins are not held back: a gateway may log in many devices at
-    once.)
+    - **The answer to a failure.** Up to ``threshold`` failures of an address or a user name
+      are answered at once; after that each failure's answer (CONNACK 0x04) is held back
+      ``delay`` seconds, doubling with each further failure up to ``delay_max`` (``failed``
+      says how long). A key is forgiven ``window`` seconds after its last failure. A right
+      password is answered as soon as it is checked, however many failures came before it
+      from its address or for its user name: a device retrying a wrong password behind a NAT
+      slows itself, not the site, and nobody can keep ``alice`` out by failing as ``alice``.
+    - **The logins of one address not yet answered**: at most ``max_unanswered`` (a held
+      failure keeps its place until its answer is due, even if its client hung up, so
+      hanging up after a second of silence buys no extra guesses). Beyond that a login waits
+      its turn (``admit`` says False and queues it, ``release`` hands it back when a place
+      frees); beyond another ``max_unanswered`` waiting it is refused at once. An attacker
+      behind one address thus makes at most ``max_unanswered`` guesses per ``delay_max``.
 
-    A user name's failures could lock its owner out (anybody can fail as ``alice``), so an
-    address that ``alice`` logged in from before is exempt from the delays of the name
-    ``alice`` (not from its own). Memory is bounded: at most ``max_entries`` keys and as
-    many (address, user) pairs, least recently used forgotten first.
+    Logins the node remembers as good (``Auth.remembered``) need none of this: the caller
+    answers them before asking. Memory is bounded: at most ``max_entries`` failure keys,
+    least recently used forgotten first; an address with nothing unanswered is forgotten.
     """
 
     def __init__(
@@ -447,20 +455,22 @@ class LoginThrottle:
         delay_max: float = 30.0,
         window: float = 600.0,
         max_entries: int = 50_000,
+        max_unanswered: int = 64,
     ):
         self.threshold = threshold
         self.delay = delay
         self.delay_max = delay_max
         self.window = window
         self.max_entries = max_entries
+        self.max_unanswered = max_unanswered
         self._keys: OrderedDict[tuple[str, str], _Failures] = OrderedDict()
-        self._trusted: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._addresses: dict[str, _Address] = {}
 
     def __len__(self) -> int:
         return len(self._keys)
 
     def delay_after(self, failures: int) -> float:
-        """The wait before a login checked after ``failures`` failures of its key."""
+        """How long the answer to a failure waits when its key had ``failures`` before it."""
         excess = failures - self.threshold
         if excess < 0:
             return 0.0
@@ -468,85 +478,79 @@ class LoginThrottle:
             return self.delay_max
         return self.delay * 2.0**excess
 
-    def wait(self, address: str, user: str | None, now: float) -> float | None:
-        """Seconds to wait before checking this login, or None to refuse it unchecked.
+    # -- the logins of one address ----------------------------------------------------------
 
-        A login given a number must be settled later with ``failed``, ``succeeded`` or
-        ``abandoned``.
-        """
-        keys = _keys(address, user)
-        exempt = user is not None and (address, user) in self._trusted
-        start = now
-        throttled = []
-        for key in keys:
-            entry = self._entry(key, now, create=False)
-            if entry is None or entry.count < self.threshold or (exempt and key[0] == "u"):
-                continue
-            throttled.append(key)
-            start = max(start, max(now, entry.next_at) + self.delay_after(entry.count + entry.in_flight))
-        if start - now > self.delay_max * (1 + 1e-9):
+    def admit(self, address: str, login: object) -> bool | None:
+        """May this login be checked now? True: it holds one of its address's places until
+        ``release``. False: it waits (``release`` returns it when its turn comes). None: the
+        address has as many waiting already; refuse it."""
+        entry = self._addresses.get(address)
+        if entry is None:
+            entry = self._addresses[address] = _Address()
+        if entry.unanswered < self.max_unanswered:
+            entry.unanswered += 1
+            return True
+        if len(entry.waiting) >= self.max_unanswered:
             return None
-        for key in keys:
-            entry = self._entry(key, now, create=True)
-            entry.in_flight += 1
-            if key in throttled:
-                entry.next_at = max(entry.next_at, start)
-        return start - now
+        entry.waiting.append(login)
+        return False
 
-    def failed(self, address: str, user: str | None, now: float) -> None:
-        for key in self._settle(address, user, now):
-            key.count += 1
-            key.last = now
+    def release(self, address: str) -> object | None:
+        """A login of this address was answered (or its held failure came due): its place
+        goes to the first waiting login, which is returned (it now holds the place), if any."""
+        entry = self._addresses.get(address)
+        if entry is None:
+            return None
+        if entry.waiting:
+            return entry.waiting.popleft()
+        entry.unanswered -= 1
+        if not entry.unanswered:
+            del self._addresses[address]
+        return None
 
-    def succeeded(self, address: str, user: str | None, now: float) -> None:
-        self._settle(address, user, now)[0].count = 0  # the address is forgiven
-        if user is not None:
-            trusted = self._trusted
-            trusted[(address, user)] = None
-            trusted.move_to_end((address, user))
-            while len(trusted) > self.max_entries:
-                trusted.popitem(last=False)
-        self._drop_idle(address, user)
+    def withdraw(self, address: str, login: object) -> bool:
+        """A waiting login left (its client hung up, or it waited too long)."""
+        entry = self._addresses.get(address)
+        if entry is None or login not in entry.waiting:
+            return False
+        entry.waiting.remove(login)
+        return True
 
-    def abandoned(self, address: str, user: str | None, now: float) -> None:
-        """The login was never checked (the client left, or the checks were full)."""
-        self._settle(address, user, now)
-        self._drop_idle(address, user)
+    def unanswered(self, address: str) -> int:
+        entry = self._addresses.get(address)
+        return entry.unanswered if entry is not None else 0
+
+    def waiting(self, address: str) -> int:
+        entry = self._addresses.get(address)
+        return len(entry.waiting) if entry is not None else 0
+
+    # -- failures ---------------------------------------------------------------------------
+
+    def failed(self, address: str, user: str | None, now: float) -> float:
+        """A login failed its check: counted against its address and user name. Returns how
+        long its answer waits (its place is released when that is over)."""
+        entries = [self._entry(key, now) for key in _keys(address, user)]
+        hold = self.delay_after(max(e.count for e in entries))
+        for e in entries:
+            e.count += 1
+            e.last = now
+        return hold
 
     def failures(self, key_kind: str, name: str, now: float) -> int:
         """Failures remembered for an address (``"a"``) or a user name (``"u"``)."""
-        entry = self._entry((key_kind, name), now, create=False)
-        return entry.count if entry is not None else 0
+        entry = self._keys.get((key_kind, name))
+        if entry is None or now - entry.last > self.window:
+            return 0
+        return entry.count
 
-    def _settle(self, address: str, user: str | None, now: float) -> list[_Failures]:
-        settled = []
-        for key in _keys(address, user):
-            entry = self._entry(key, now, create=True)
-            if entry.in_flight:
-                entry.in_flight -= 1
-            settled.append(entry)
-        return settled
-
-    def _drop_idle(self, address: str, user: str | None) -> None:
-        for key in _keys(address, user):
-            entry = self._keys.get(key)
-            if entry is not None and not entry.count and not entry.in_flight:
-                del self._keys[key]
-
-    @overload
-    def _entry(self, key: tuple[str, str], now: float, create: Literal[True]) -> _Failures: ...
-    @overload
-    def _entry(self, key: tuple[str, str], now: float, create: Literal[False]) -> _Failures | None: ...
-    def _entry(self, key: tuple[str, str], now: float, create: bool) -> _Failures | None:
+    def _entry(self, key: tuple[str, str], now: float) -> _Failures:
         keys = self._keys
         entry = keys.get(key)
         if entry is not None:
-            if entry.count and now - entry.last > self.window:
+            if now - entry.last > self.window:
                 entry.count = 0  # forgiven
             keys.move_to_end(key)
             return entry
-        if not create:
-            return None
         entry = keys[key] = _Failures()
         while len(keys) > self.max_entries:
             keys.popitem(last=False)

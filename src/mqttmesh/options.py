@@ -176,8 +176,8 @@ OPTIONS: list[Option] = [
         "fail_delay",
         float,
         0.5,
-        "seconds a login waits before its check once its address "
-        "or user name is over fail_threshold; doubles with each further failure",
+        "seconds the answer to a failed login is held back once its address "
+        "or user name is over fail_threshold; doubles with each further failure (a right password is never held)",
         0.001,
         flag_name="--auth-fail-delay",
     ),
@@ -186,7 +186,7 @@ OPTIONS: list[Option] = [
         "fail_delay_max",
         float,
         30.0,
-        "longest such wait; a login that would wait longer (many at once) gets CONNACK 0x03 unchecked",
+        "longest such hold",
         0.001,
         flag_name="--auth-fail-delay-max",
     ),
@@ -205,10 +205,19 @@ OPTIONS: list[Option] = [
         int,
         50_000,
         "addresses and user names whose failed logins are "
-        "remembered, and as many (address, user) pairs that logged in (least recently used "
-        "forgotten first; about 300 bytes each)",
+        "remembered (least recently used forgotten first; about 200 bytes each)",
         100,
         flag_name="--auth-fail-entries",
+    ),
+    Option(
+        "auth",
+        "max_unanswered",
+        int,
+        64,
+        "logins from one client address being checked or with a failure's answer held; "
+        "more wait their turn (as many again), beyond that CONNACK 0x03 unchecked",
+        1,
+        flag_name="--auth-max-unanswered",
     ),
     Option(
         "auth",

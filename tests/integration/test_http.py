@@ -13,7 +13,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from support.integration import Client, connack
+from support import mqttraw
+from support.integration import Client, connack, make_password_file
 from support.mesh import Subscriber, publish, start_mesh, wait_converged, wait_interest
 from support.processes import free_port, wait_for
 
@@ -215,3 +216,29 @@ def test_a_real_prometheus_scrapes_a_mesh_and_computes_a_rate(broker_factory, tm
         except subprocess.TimeoutExpired:
             prom.kill()
             prom.wait(5)
+
+
+def test_failed_and_held_logins_are_in_the_metrics(broker_factory, tmp_path):
+    """Three wrong passwords sent together with --auth-fail-threshold 1 --auth-fail-delay 5:
+    all three checked and counted as failed, the answers to the last two held (throttled)."""
+    pw = make_password_file(tmp_path / "passwd", {"alice": "wonderland"})
+    b = http_broker(
+        broker_factory, "--password-file", str(pw), "--auth-fail-threshold", "1", "--auth-fail-delay", "5"
+    )
+    bad = [Client(b.host, b.port, source="127.0.0.21") for _ in range(3)]
+    try:
+        for i, c in enumerate(bad):
+            c.send(mqttraw.connect(client_id=f"bad{i}", username="alice", password="nope"))
+        page = {}
+
+        def counted() -> bool:
+            page.update(samples(get(b, "/metrics")[2].decode()))
+            return page['mqttmesh_logins_failed_total{how="bad_credentials"}'] == 3
+
+        wait_for(counted, 10, what="3 failed logins in /metrics")
+        assert page['mqttmesh_logins_unanswered{stage="failure_held"}'] == 2
+        assert page['mqttmesh_logins_failed_total{how="throttled"}'] == 2
+        assert page['mqttmesh_logins_unanswered{stage="checking"}'] == 0
+    finally:
+        for c in bad:
+            c.close()

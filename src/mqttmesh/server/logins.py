@@ -1,11 +1,14 @@
 """Password logins: checked off the event loop, throttled, bounded, counted and logged.
 
 The I/O side of ``auth.LoginThrottle`` and ``Auth.check_slow``. A login with a user name
-(once there is a password file) goes: throttle (wait, or refuse unchecked), then the
-remembered successes, then a queue of at most ``auth.max_pending`` checks run by
-``auth.hash_workers`` threads at a lower CPU priority than the event loop. The connection
-reads nothing meanwhile (the Channel holds it in AUTHENTICATING) and still counts against
-``limits.max_connections``; a client that leaves while it waits is never checked.
+(once there is a password file) goes: the remembered successes (answered at once), then a
+place among its address's unanswered logins (``auth.max_unanswered``; it waits its turn
+when they are taken), then a queue of at most ``auth.max_pending`` checks run by
+``auth.hash_workers`` threads at a lower CPU priority than the event loop. A success is
+answered when its check ends; a failure's answer may be held back (``LoginThrottle.failed``)
+and keeps its place until it is due. The connection reads nothing meanwhile (the Channel
+holds it in AUTHENTICATING) and still counts against ``limits.max_connections``; a client
+that leaves while it waits for a place is never checked.
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class Logins:
             delay_max=config.get("auth.fail_delay_max"),
             window=config.get("auth.fail_window"),
             max_entries=config.get("auth.fail_entries"),
+            max_unanswered=config.get("auth.max_unanswered"),
         )
         self.max_pending = config.get("auth.max_pending")
         self.workers = config.get("auth.hash_workers")
@@ -81,6 +85,8 @@ class Logins:
         rate = config.get("auth.log_rate")
         self.budget = LogBudget(rate, burst=rate * SUMMARY_AFTER)
         self.pending = 0  # checks handed to the pool and not finished
+        self.held = 0  # failures whose answer is held back
+        self.waiting: dict[object, tuple[str, str, bytes | None]] = {}  # conn -> (address, user, password)
         self._pool: ThreadPoolExecutor | None = None
         self._summary = None
 
@@ -93,39 +99,43 @@ class Logins:
     # -- one login ------------------------------------------------------------------------
 
     def authenticate(self, conn, username: str, password: bytes | None) -> None:
+        if self.auth.remembered(username, password):
+            self._answer(conn, ACCEPTED)  # a right password seen before: no hash, no wait
+            return
         now = self.loop.time()
         address = address_key(conn.transport.get_extra_info("peername") if conn.transport else conn.peer)
-        wait = self.throttle.wait(address, username, now)
-        if wait is None:
-            # waiting would take longer than auth.fail_delay_max: refused without a check,
-            # so the answer tells nothing about the password
+        admitted = self.throttle.admit(address, conn)
+        if admitted is None:
             self.stats.auth_throttled += 1
-            why = f"too many failed logins from {address} or as this user; try again later (auth.fail_delay_max)"
+            why = f"too many logins from {address} waiting for an answer (auth.max_unanswered); try again later"
             self._warn(now, "login refused unchecked from %s: user %s: %s", conn.peer, quote_user(username), why)
             self._answer(conn, UNAVAILABLE, why)
-            return
-        if wait > 0:
-            self.stats.auth_throttled += 1
-            self.loop.call_later(wait, self._check, conn, address, username, password)
-        else:
+        elif admitted:
             self._check(conn, address, username, password)
+        else:
+            self.stats.auth_throttled += 1  # it waits for a place among its address's logins
+            self.waiting[conn] = (address, username, password)
+
+    def left(self, conn) -> None:
+        """The connection closed: if its login was waiting for a place, it gives it up."""
+        waiting = self.waiting.pop(conn, None)
+        if waiting is not None:
+            self.throttle.withdraw(waiting[0], conn)
 
     def _check(self, conn, address: str, username: str, password: bytes | None) -> None:
-        now = self.loop.time()
+        """The login holds a place of its address: check it (or refuse it if the checks are full)."""
         channel = conn.channel
         if channel is None or channel.state is not AUTHENTICATING:
-            self.throttle.abandoned(address, username, now)  # it left while it waited
-            return
-        if self.auth.remembered(username, password):
-            self.throttle.succeeded(address, username, now)
-            self._answer(conn, ACCEPTED)
+            self._release(address)  # it left meanwhile
             return
         if self.pending >= self.max_pending:
             self.stats.auth_busy += 1
-            self.throttle.abandoned(address, username, now)
             why = f"auth.max_pending ({self.max_pending}) password checks waiting"
-            self._warn(now, "login refused unchecked from %s: user %s: %s", conn.peer, quote_user(username), why)
+            self._warn(
+                self.loop.time(), "login refused unchecked from %s: user %s: %s", conn.peer, quote_user(username), why
+            )
             self._answer(conn, UNAVAILABLE, why)
+            self._release(address)
             return
         self.pending += 1
         future = self.loop.run_in_executor(self._executor(), self.auth.check_slow, username, password)
@@ -139,28 +149,54 @@ class Logins:
         error = future.exception()
         if error is not None:  # pragma: no cover (check_slow catches what it expects)
             log.error("password check failed: %r", error)
-            self.throttle.abandoned(address, username, now)
             self._answer(conn, UNAVAILABLE, "password check failed")
+            self._release(address)
             return
         rc = future.result()
         if rc == ACCEPTED:
-            self.throttle.succeeded(address, username, now)
             self.auth.remember(username, password)
-        else:
-            # counted even when the client already left: hanging up early buys no guesses
-            self.throttle.failed(address, username, now)
-            self.stats.auth_failures += 1
-            throttle = self.throttle
-            self._warn(
-                now,
-                "login failed from %s: user %s (failures: %d from %s, %d for this user name)",
-                conn.peer,
-                quote_user(username),
-                throttle.failures("a", address, now),
-                address,
-                throttle.failures("u", username, now),
-            )
+            self._answer(conn, ACCEPTED)
+            self._release(address)
+            return
+        # counted even when the client already left: hanging up early buys no guesses
+        hold = self.throttle.failed(address, username, now)
+        self.stats.auth_failures += 1
+        throttle = self.throttle
+        self._warn(
+            now,
+            "login failed from %s: user %s (failures: %d from %s, %d for this user name; answer held %gs)",
+            conn.peer,
+            quote_user(username),
+            throttle.failures("a", address, now),
+            address,
+            throttle.failures("u", username, now),
+            hold,
+        )
+        if hold <= 0:
+            self._answer(conn, rc)
+            self._release(address)
+            return
+        self.stats.auth_throttled += 1
+        self.held += 1
+        self.loop.call_later(hold, self._due, conn, address, rc)
+
+    def _due(self, conn, address: str, rc: int) -> None:
+        """A held failure's answer is due (sent if its client is still there); its place frees."""
+        self.held -= 1
         self._answer(conn, rc)
+        self._release(address)
+
+    def _release(self, address: str) -> None:
+        """A place of the address frees: the first login still waiting for one is checked."""
+        while True:
+            conn = self.throttle.release(address)
+            if conn is None:
+                return
+            waiting = self.waiting.pop(conn, None)
+            if waiting is not None:
+                self._check(conn, *waiting)
+                return
+            # (a connection that left without ``left``: it gives its place straight back)
 
     def _answer(self, conn, rc: int, why: str = "") -> None:
         channel = conn.channel

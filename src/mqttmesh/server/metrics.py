@@ -157,6 +157,18 @@ def render(node: Any) -> str:
             ({"how": "busy"}, s.auth_busy),
         ],
     )
+    logins = node.logins
+    if logins is not None:
+        page.metric(
+            "mqttmesh_logins_unanswered",
+            "gauge",
+            "password logins not answered yet, by stage",
+            [
+                ({"stage": "checking"}, logins.pending),
+                ({"stage": "failure_held"}, logins.held),
+                ({"stage": "waiting_turn"}, len(logins.waiting)),
+            ],
+        )
     page.one("mqttmesh_buffered_bytes", "gauge", "bytes held in connections' buffers", node.buffered)
     page.one("mqttmesh_memory_pauses_total", "counter", "times reading paused for buffer memory", s.memory_pauses)
     page.histogram("mqttmesh_store_commit_seconds", "time of one group commit of the store", node.commit_latency)

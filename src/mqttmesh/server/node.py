@@ -519,6 +519,8 @@ class Node:
                 waiting.append(conn)
 
     def forget(self, conn: Connection) -> None:
+        if self.logins is not None:
+            self.logins.left(conn)
         self.connections.discard(conn)
         self.buffering.discard(conn)
         self.blocked.discard(conn)
