@@ -222,9 +222,7 @@ def test_failed_and_held_logins_are_in_the_metrics(broker_factory, tmp_path):
     """Three wrong passwords sent together with --auth-fail-threshold 1 --auth-fail-delay 5:
     all three checked and counted as failed, the answers to the last two held (throttled)."""
     pw = make_password_file(tmp_path / "passwd", {"alice": "wonderland"})
-    b = http_broker(
-        broker_factory, "--password-file", str(pw), "--auth-fail-threshold", "1", "--auth-fail-delay", "5"
-    )
+    b = http_broker(broker_factory, "--password-file", str(pw), "--auth-fail-threshold", "1", "--auth-fail-delay", "5")
     bad = [Client(b.host, b.port, source="127.0.0.21") for _ in range(3)]
     try:
         for i, c in enumerate(bad):
