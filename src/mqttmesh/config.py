@@ -108,6 +108,19 @@ def _flatten_toml(data: dict, path: str) -> dict[str, Any]:
     return flat
 
 
+def read_first_line(setting: str, path: str) -> str:
+    """The first line of the file a setting names (a secret, a token), stripped; a
+    ConfigError naming the setting if it cannot be read or the line is empty."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            value = fh.readline().strip()
+    except OSError as exc:
+        raise ConfigError(f"{setting}: cannot read {path} ({exc.strerror})") from None
+    if not value:
+        raise ConfigError(f"{setting}: {path} has nothing on its first line")
+    return value
+
+
 def load_config(path: str | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Defaults, then the TOML file, then ``overrides`` (flags), each checked."""
     values = {o.name: o.default for o in OPTIONS}

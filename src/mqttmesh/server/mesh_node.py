@@ -25,7 +25,7 @@ import time
 from typing import TYPE_CHECKING
 
 from ..assembly import MeshConfig
-from ..config import Config
+from ..config import Config, read_first_line
 from ..mesh.cluster.cluster import Cluster, ClusterSettings
 from ..mesh.link.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused, Rtt
 from ..mesh.link.gateway import MeshGateway
@@ -41,18 +41,8 @@ log = logging.getLogger("mqttmesh.mesh")
 
 
 def read_secret(config: Config) -> bytes:
-    secret = config.get("mesh.cluster_secret")
     path = config.get("mesh.secret_file")
-    if path:
-        from ..auth import ConfigError
-
-        try:
-            with open(path, encoding="utf-8") as fh:
-                secret = fh.readline().strip()
-        except OSError as exc:
-            raise ConfigError(f"mesh.secret_file: cannot read {path}: {exc.strerror}") from None
-        if not secret:
-            raise ConfigError(f"mesh.secret_file: {path} is empty")
+    secret = read_first_line("mesh.secret_file", path) if path else config.get("mesh.cluster_secret")
     return secret.encode()
 
 

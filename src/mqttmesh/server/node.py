@@ -13,31 +13,22 @@ import gc
 import logging
 import os
 import platform
-import socket
-import ssl
-import struct
 import time
 from collections import deque
-from collections.abc import Callable
 
 from .. import __version__
 from ..assembly import MeshConfig, NodeCore, build_core
 from ..auth import Acl, Auth, ConfigError, PasswordFile
 from ..broker import Broker, BrokerSettings
-from ..config import Config
+from ..config import Config, read_first_line
 from ..message import Message
 from ..session import Limits
 from ..store import NULL_JOURNAL, Journal, clock_incarnation
 from .connection import PAUSE_MEMORY, Connection
-from .http import HttpConnection
+from .listeners import Listeners
 from .logins import Logins
 from .metrics import COMMIT_BUCKETS, Histogram
 from .sqlite_store import SqliteStore
-from .tls import server_context
-from .websocket import WebSocketLink
-
-# makes the protocol of a connection accepted on a TLS listener (the node, when accepted)
-MakeProtocol = Callable[["Node", float], "Connection | WebSocketLink"]
 
 GC_THRESHOLD = 20_000  # allocations between two collections of the youngest generation
 
@@ -122,21 +113,8 @@ class Node:
         self._commit_scheduled = False
         self._commit_in_flight = False
         self._server: asyncio.base_events.Server | None = None
-        self._tls: ssl.SSLContext | None = None
-        self._tls_sock: socket.socket | None = None
-        self._tls_task: asyncio.Task | None = None
-        self._handshakes: set[asyncio.Task] = set()
-        self.tls_port = 0
-        # MQTT over WebSocket (websocket.py): ws:// served by asyncio, wss:// accepted and
-        # admitted before its TLS handshake, as the TLS listener's connections
-        self._ws_server: asyncio.base_events.Server | None = None
-        self._wss_sock: socket.socket | None = None
-        self._wss_task: asyncio.Task | None = None
-        self.ws_port = 0
-        self.wss_port = 0
-        # the operator's HTTP listener (http.py): /metrics, /api/v1/status
-        self._http_server: asyncio.base_events.Server | None = None
-        self.http_port = 0
+        # TLS, WebSocket and HTTP (listeners.py); their ports are 0 while off
+        self.listeners = Listeners(self, config)
         self.http_tokens = _http_tokens(config)
         self.version = __version__
         self.commit_latency = Histogram(COMMIT_BUCKETS)  # seconds per group commit (/metrics)
@@ -167,38 +145,7 @@ class Node:
         )
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
-        self.tls_port = 0
-        tls = server_context(self.config)
-        if tls is not None:  # tls.port, or mesh.tls (peers dial this one)
-            # accepted here, then handshaken (_tls_handshake): a connection counts against
-            # max_connections, and its connect timeout runs, from the moment it is accepted
-            self._tls = tls
-            if self.config.get("tls.port") or self.config.get("mesh.tls"):
-                self._tls_sock = _listening_socket(self.config.host, self.config.get("tls.port"))
-                self.tls_port = self._tls_sock.getsockname()[1]
-            if self.config.get("websocket.tls_port"):
-                self._wss_sock = _listening_socket(self.config.host, self.config.get("websocket.tls_port"))
-                self.wss_port = self._wss_sock.getsockname()[1]
-        if self.config.get("http.port"):
-            self._http_server = await self.loop.create_server(
-                lambda: HttpConnection(self),
-                self.config.get("http.host"),
-                self.config.get("http.port"),
-                reuse_address=True,
-                start_serving=False,
-            )
-            self.http_port = self._http_server.sockets[0].getsockname()[1]
-        if self.config.get("websocket.port"):
-            path = self.config.get("websocket.path")
-            self._ws_server = await self.loop.create_server(
-                lambda: WebSocketLink(self, path),
-                self.config.host,
-                self.config.get("websocket.port"),
-                backlog=1024,
-                reuse_address=True,
-                start_serving=False,
-            )
-            self.ws_port = self._ws_server.sockets[0].getsockname()[1]
+        await self.listeners.bind()
         if not self.config.node_id:  # host-port, with the port actually bound
             self.node_id = self.settings.node_id = f"{self.config.host}-{self.port}"
         if self.store is not None:
@@ -250,22 +197,7 @@ class Node:
         gc.set_threshold(GC_THRESHOLD, 20, 20)
         gc.freeze()
         await self._server.start_serving()
-        if self._tls_sock is not None:
-            self._tls_task = self.loop.create_task(self._accept_tls(self._tls_sock, _plain))
-            log.info("TLS listener on %s:%d", self.config.host, self.tls_port)
-        if self._http_server is not None:
-            await self._http_server.start_serving()
-            log.info("HTTP listener on http://%s:%d", self.config.get("http.host"), self.http_port)
-        if self._ws_server is not None:
-            await self._ws_server.start_serving()
-            path = self.config.get("websocket.path")
-            log.info("WebSocket listener on ws://%s:%d%s", self.config.host, self.ws_port, path)
-        if self._wss_sock is not None:
-            path = self.config.get("websocket.path")
-            self._wss_task = self.loop.create_task(
-                self._accept_tls(self._wss_sock, lambda node, at: WebSocketLink(node, path, at))
-            )
-            log.info("WebSocket TLS listener on wss://%s:%d%s", self.config.host, self.wss_port, path)
+        await self.listeners.serve()
         if self.config.port_file:
             tmp = self.config.port_file + ".tmp"
             with open(tmp, "w") as fh:
@@ -287,20 +219,7 @@ class Node:
     async def stop(self) -> None:
         if self._server is not None:
             self._server.close()
-        if self._tls_task is not None:
-            self._tls_task.cancel()
-        if self._tls_sock is not None:
-            self._tls_sock.close()
-        if self._ws_server is not None:
-            self._ws_server.close()
-        if self._http_server is not None:
-            self._http_server.close()
-        if self._wss_task is not None:
-            self._wss_task.cancel()
-        if self._wss_sock is not None:
-            self._wss_sock.close()
-        for task in list(self._handshakes):
-            task.cancel()
+        self.listeners.stop()
         if self.mesh is not None:
             self.mesh.stop()
         if self._sys_task is not None:
@@ -416,64 +335,6 @@ class Node:
         # bytes the kernel took from the buffer: a buffer that grows is no progress
         drained = getattr(conn, "written", 0) - buffered
         return getattr(session, "acked", 0), drained
-
-    # -- TLS: accept, admit, then handshake -------------------------------------------------
-
-    async def _accept_tls(self, sock: socket.socket, make: MakeProtocol) -> None:
-        """Accept on a TLS listener (``make``: the protocol of each connection, a plain
-        Connection or a WebSocketLink around one)."""
-        while True:
-            try:
-                client, addr = await self.loop.sock_accept(sock)
-            except OSError as exc:  # out of file descriptors, say: try again shortly
-                log.warning("TLS listener: accept failed: %s", exc)
-                await asyncio.sleep(0.1)
-                continue
-            self._tls_accepted(client, addr, make)
-            while True:  # and whatever else is waiting, now: each counts from this moment
-                try:
-                    client, addr = sock.accept()
-                except (BlockingIOError, InterruptedError):
-                    break
-                except OSError as exc:
-                    log.warning("TLS listener: accept failed: %s", exc)
-                    break
-                self._tls_accepted(client, addr, make)
-
-    def _tls_accepted(self, sock: socket.socket, addr, make: MakeProtocol) -> None:
-        """Admit a TLS connection before its handshake: it counts against the limits now."""
-        protocol = make(self, self.loop.time())
-        conn = protocol if isinstance(protocol, Connection) else protocol.inner
-        conn.peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
-        refusal = self.admit(conn)
-        if refusal:
-            log.warning("refused connection from %s: %s", conn.peer, refusal)
-            self.broker.stats.connections_refused += 1
-            _close_with_reset(sock)
-            return
-        task = self.loop.create_task(self._tls_handshake(protocol, conn, sock))
-        self._handshakes.add(task)
-        task.add_done_callback(self._handshakes.discard)
-
-    async def _tls_handshake(self, protocol: asyncio.Protocol, conn: Connection, sock: socket.socket) -> None:
-        try:
-            sock.setblocking(False)
-            await self.loop.connect_accepted_socket(
-                lambda: protocol,
-                sock,
-                ssl=self._tls,
-                ssl_handshake_timeout=max(
-                    0.05,
-                    conn.accepted_at + self.broker.settings.connect_timeout - self.loop.time(),  # type: ignore[operator]  # (TLS connections are admitted with their time)
-                ),
-            )
-        except (TimeoutError, OSError, ssl.SSLError, RuntimeError) as exc:
-            # (the socket belongs to the transport now, which closed it)
-            log.info("TLS handshake with %s failed: %s", conn.peer, exc or type(exc).__name__)
-            self.forget(conn)
-        except asyncio.CancelledError:
-            self.forget(conn)
-            raise
 
     # -- admission ------------------------------------------------------------------------
 
@@ -662,25 +523,36 @@ class Node:
             log.error("reload: %s; the ACL in force is kept", exc)
             kept.append("ACL")
         auth.reload(passwords, acl)
-        if self._tls is not None:
-            try:
-                tls = server_context(fresh)
-            except ConfigError as exc:
-                log.error("reload: %s; the TLS certificate in force is kept", exc)
-                kept.append("TLS certificate")
-            else:
-                if tls is not None:
-                    self._tls = tls  # (the next TLS handshake; live connections keep theirs)
+        error = self.listeners.reload_tls(fresh)
+        if error is not None:
+            log.error("reload: %s; the TLS certificate in force is kept", error)
+            kept.append("TLS certificate")
         logging.getLogger().setLevel(fresh.log_level.upper())
         log.warning(
             "reloaded: password file %s (%d users), ACL %s, TLS %s, log level %s%s",
             fresh.get("auth.password_file") or "none",
             len(passwords.users) if passwords is not None else 0,
             fresh.get("auth.acl_file") or "none",
-            "yes" if self._tls is not None else "off",
+            "yes" if self.listeners.tls is not None else "off",
             fresh.log_level,
             f"; kept after an error: {', '.join(kept)}" if kept else "",
         )
+
+    @property
+    def tls_port(self) -> int:
+        return self.listeners.tls_port
+
+    @property
+    def ws_port(self) -> int:
+        return self.listeners.ws_port
+
+    @property
+    def wss_port(self) -> int:
+        return self.listeners.wss_port
+
+    @property
+    def http_port(self) -> int:
+        return self.listeners.http_port
 
     def uptime(self) -> float:
         return time.time() - self.started_at
@@ -708,47 +580,12 @@ class Node:
 
 def _http_tokens(config: Config) -> list[str]:
     """The bearer tokens the HTTP listener accepts (none: it asks for none)."""
-    token = config.get("http.token")
     path = config.get("http.token_file")
-    if path:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                token = fh.readline().strip()
-        except OSError as exc:
-            raise ConfigError(f"http.token_file: cannot read {path} ({exc.strerror})") from None
-        if not token:
-            raise ConfigError(f"http.token_file: {path} has no token on its first line")
+    token = read_first_line("http.token_file", path) if path else config.get("http.token")
     tokens = [t for t in (token, config.get("http.read_token")) if t]
     if config.get("http.read_token") and not token:
         raise ConfigError("http.read_token: needs http.token (or http.token_file) as well")
     return tokens
-
-
-def _plain(node: Node, accepted_at: float) -> Connection:
-    """A TLS listener's connection: a plain MQTT Connection."""
-    return Connection(node, accepted_at=accepted_at)
-
-
-def _listening_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    sock.listen(1024)
-    sock.setblocking(False)
-    return sock
-
-
-def _close_with_reset(sock: socket.socket) -> None:
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    except OSError:
-        pass
-    sock.close()
 
 
 def python_info() -> str:
