@@ -60,16 +60,18 @@ def cmd_broker(args: argparse.Namespace) -> int:
             return 1
         log.info("event loop: %s", loop_kind)
 
-        def reload() -> None:
-            # SIGHUP: files and log level again (Node.reload); a config file with an error
-            # changes nothing
+        def reread() -> list[str]:
+            # files and log level again (Node.reload); a config file with an error changes
+            # nothing (ConfigError, for the caller)
+            return node.reload(load_config(args.config, overrides_from_args(args)))
+
+        def reload() -> None:  # SIGHUP
             try:
-                fresh = load_config(args.config, overrides_from_args(args))
+                reread()
             except ConfigError as exc:
                 log.error("reload: %s; the configuration in force is kept", exc)
-                return
-            node.reload(fresh)
 
+        node.reread = reread
         loop.add_signal_handler(signal.SIGHUP, reload)
         await stop.wait()
         log.info("stopping")
@@ -211,6 +213,18 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def cmd_ctl(args: argparse.Namespace) -> int:
+    from .config import read_first_line
+    from .ctl import Ctl, CtlError, run
+
+    try:
+        token = read_first_line("--token-file", args.token_file) if args.token_file else args.token
+        return run(Ctl(args.url, token, args.timeout), args.ctl_command, args.argument, args.json)
+    except (CtlError, ConfigError) as exc:
+        print(f"mqttmesh ctl: {exc}", file=sys.stderr)
+        return getattr(exc, "code", 2)
+
+
 def cmd_run_local(args: argparse.Namespace) -> int:
     """What `make run` starts: a three-node full mesh on 127.0.0.1:1883-1885."""
     return main(
@@ -288,6 +302,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     q.add_argument("--password", help="its password (default: $MQTTMESH_PASSWORD)")
     q.set_defaults(func=cmd_mesh_status)
+
+    p = sub.add_parser("ctl", help="ask a node's admin API: status, clients, kick ID, reload")
+    p.add_argument("ctl_command", choices=("status", "clients", "kick", "reload"))
+    p.add_argument("argument", nargs="?", help="kick: the ClientId")
+    p.add_argument(
+        "--url",
+        default=os.environ.get("MQTTMESH_URL", "http://127.0.0.1:8080"),
+        help="the node's HTTP listener (default $MQTTMESH_URL or http://127.0.0.1:8080)",
+    )
+    p.add_argument("--token", default=os.environ.get("MQTTMESH_TOKEN"), help="bearer token (default $MQTTMESH_TOKEN)")
+    p.add_argument("--token-file", help="file whose first line is the token")
+    p.add_argument("--json", action="store_true", help="print the API's JSON")
+    p.add_argument("--timeout", type=float, default=10.0)
+    p.set_defaults(func=cmd_ctl)
 
     p = sub.add_parser("cluster", help="run a local mesh of several node processes")
     csub = p.add_subparsers(dest="cluster_command", required=True)

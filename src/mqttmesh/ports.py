@@ -286,6 +286,10 @@ class MeshIO(Protocol):
     def learned(self, address: str, node: str) -> None:
         """A dialled address belongs to ``node`` (its dialler can yield to a link the other way)."""
 
+    def inquiry(self, frm: str, kind: str, payload: bytes) -> None:
+        """An ``ops.*`` unicast from node ``frm``: an operator's question or its answer
+        (server/ops.py), which the I/O layer answers from what the node holds."""
+
 
 class Log(Protocol):
     """Where the pure mesh logs (a logging.Logger; tests record the lines)."""

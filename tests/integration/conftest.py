@@ -41,3 +41,15 @@ def paho():
     yield make
     for p in made:
         p.stop()
+
+
+@pytest.fixture
+def browser():
+    """A headless Chromium (selenium), quit at teardown (with its chromedriver)."""
+    from support.browser import chromium
+
+    driver = chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -31,20 +31,32 @@ def admin_password_file(directory: Path) -> Path:
 
 
 def start_mesh(
-    broker_factory, names, edges, extra=(), connect="configured", peers_via=None, data_dirs=None, admin=False
+    broker_factory,
+    names,
+    edges,
+    extra=(),
+    connect="configured",
+    peers_via=None,
+    data_dirs=None,
+    admin=False,
+    http=False,
 ):
     """Start one node per name; ``edges`` (a, b) means a dials b. Returns {name: BrokerProcess}.
 
     ``peers_via[(a, b)]`` gives the address a dials instead of b's own (e.g. a FaultRelay).
     ``admin``: the nodes know ADMIN_USER (``status(node, admin=True)`` then has the ClientIds).
+    ``http``: each node has an HTTP listener too, on ``node.http_port``.
     """
     nodes = {}
     for name in names:
         b = broker_factory(name=name, start=False)
         b.port = free_port()
+        b.http_port = free_port() if http else 0
         nodes[name] = b
     for name in names:
         args = ["--cluster-secret", SECRET, "--connect", connect, "--status-interval", "0.1", *extra]
+        if http:
+            args += ["--http-port", str(nodes[name].http_port)]
         if admin:
             args += ["--password-file", str(admin_password_file(nodes[name].workdir))]
         for a, b in edges:

@@ -17,6 +17,7 @@ import asyncio
 import logging
 import socket
 import struct
+import time
 from collections import deque
 
 from ..channel import AUTHENTICATING, CLAIMING, CLOSED, CONNECTED, Channel
@@ -56,6 +57,7 @@ class Connection(asyncio.Protocol):
         "written",
         "draining",
         "waiting",
+        "connected_at",
     )
 
     def __init__(self, node, accepted_at: float | None = None):
@@ -74,6 +76,7 @@ class Connection(asyncio.Protocol):
         self.in_bytes = 0  # the decoder's buffer as last seen (Node.buffered / preauth)
         # set for a TLS connection: when it was accepted, before its handshake (Node._accept_tls)
         self.accepted_at = accepted_at
+        self.connected_at = 0.0  # wall-clock time of its CONNACK 0 (the admin API shows it)
         self._reset = False  # end with a TCP reset, not a graceful close
         self._linger = None  # timer that resets a graceful close that does not finish
         self.written = 0  # bytes handed to the transport, ever (progress: Node._progress)
@@ -185,6 +188,7 @@ class Connection(asyncio.Protocol):
             return
         channel = self.channel
         self.announced = True
+        self.connected_at = time.time()
         node = self.node
         node.preauth_bytes -= self.in_bytes  # what is buffered now counts as an ordinary input
         held = channel.decoder.buffered

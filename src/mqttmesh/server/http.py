@@ -1,31 +1,28 @@
-"""The operator's HTTP listener (``http.port``): Prometheus metrics and the node's status.
+"""The operator's HTTP listener (``http.port``): requests in, replies out.
 
-HTTP/1.1 through ``h11`` (sans-I/O), keep-alive, one request at a time per connection, a
-bounded request head and body. Routes:
+HTTP/1.1 through ``h11`` (sans-I/O), keep-alive, one request at a time per connection (a
+pipelined request waits for the reply before it), a bounded request head and body. The
+routes are api.py's: the console, ``/metrics``, ``/healthz`` and the admin API under
+``/api/v1/``; a reply that needs the other nodes' answers comes when they have answered.
 
-- ``GET /metrics``: the Prometheus text format (server/metrics.py);
-- ``GET /api/v1/status``: the node's counters and, in a mesh, the mesh as this node sees it
-  (JSON);
-- ``GET /healthz``: 200 once the node serves clients.
-
-Access: with ``http.token`` set, every request needs ``Authorization: Bearer TOKEN`` (401
-without it, 403 with a wrong one); ``http.read_token`` is a second token that may only read
-(every route here reads). Without a token the listener is open to whoever reaches its
-address, which defaults to the loopback.
+Access: with ``http.token`` set, every request but the console's own files and ``/healthz``
+needs ``Authorization: Bearer TOKEN`` (401 without it, 403 with a wrong one);
+``http.read_token`` is a second token that may only read (403 on DELETE and POST routes).
+Without a token the listener is open to whoever reaches its address, which defaults to the
+loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
 from typing import Any
 
 import h11
 
-from .metrics import render
+from .api import Reply, answer
 
 log = logging.getLogger("mqttmesh.http")
 
@@ -34,7 +31,6 @@ __all__ = ["HttpConnection", "MAX_HEAD"]
 MAX_HEAD = 16 * 1024  # a request's line and headers
 MAX_BODY = 64 * 1024
 IDLE_TIMEOUT = 30.0  # seconds a connection may wait between requests (or within one)
-PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class HttpConnection(asyncio.Protocol):
@@ -45,6 +41,7 @@ class HttpConnection(asyncio.Protocol):
         self.request: h11.Request | None = None
         self.body = b""
         self._timer: asyncio.TimerHandle | None = None
+        self._busy: asyncio.Task | None = None  # the reply being made (other nodes asked)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -53,6 +50,9 @@ class HttpConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:
             self._timer.cancel()
+        if self._busy is not None:
+            self._busy.cancel()
+        self.transport = None
 
     def _arm(self) -> None:
         if self._timer is not None:
@@ -67,7 +67,10 @@ class HttpConnection(asyncio.Protocol):
         self._arm()
         try:
             self.h11.receive_data(data)
-            self._events()
+            if self._busy is None:
+                self._events()
+            elif len(self.h11.trailing_data[0]) > MAX_HEAD + MAX_BODY:
+                self._error(431, "too much pipelined before the reply")
         except h11.RemoteProtocolError as exc:
             self._error(exc.error_status_hint, str(exc))
 
@@ -91,49 +94,57 @@ class HttpConnection(asyncio.Protocol):
                     self._error(413, "request body too large")
                     return
             elif isinstance(event, h11.EndOfMessage):
-                self._answer()
-                if self.h11.our_state is h11.MUST_CLOSE or self.transport is None or self.transport.is_closing():
-                    self._close()
-                    return
-                self.h11.start_next_cycle()
+                self._busy = self.node.loop.create_task(self._answer())
+                return  # (the next request is read once this one is answered)
             elif isinstance(event, h11.ConnectionClosed):
                 self._close()
                 return
 
-    def _answer(self) -> None:
+    async def _answer(self) -> None:
         request = self.request
         assert request is not None
         method = request.method.decode()
-        target = request.target.decode("latin-1").split("?", 1)[0]
+        target = request.target.decode("latin-1")
         headers = {k.decode().lower(): v.decode("latin-1") for k, v in request.headers}
-        denied = self._denied(headers.get("authorization"))
-        if denied:
-            self._send(denied, "text/plain", f"{_REASONS[denied]}\n".encode(), [("WWW-Authenticate", "Bearer")])
-            return
-        if method not in ("GET", "HEAD"):
-            self._send(405, "text/plain", b"method not allowed\n", [("Allow", "GET, HEAD")])
-            return
-        node = self.node
-        if target == "/metrics":
-            self._send(200, PROMETHEUS, render(node).encode(), head=method == "HEAD")
-        elif target == "/api/v1/status":
-            self._send(200, "application/json", json.dumps(node.http_status(), sort_keys=True).encode() + b"\n")
-        elif target == "/healthz":
-            self._send(200, "text/plain", b"ok\n")
+        denied, role = self._denied(headers.get("authorization"))
+        if denied == 403:
+            reply = Reply(403, "text/plain", b"Forbidden\n", [("WWW-Authenticate", "Bearer")])
         else:
-            self._send(404, "text/plain", b"not found\n")
+            try:
+                reply = await answer(self.node, method, target, role)
+            except Exception:  # a bug of ours gets a 500, not a hung connection
+                log.exception("HTTP %s %s failed", method, target)
+                reply = Reply(500, "text/plain", b"internal error\n")
+        self._busy = None
+        if self.transport is None:
+            return
+        try:
+            self._send(reply.status, reply.content_type, reply.body, reply.headers, head=method == "HEAD")
+        except h11.LocalProtocolError:
+            self._close()
+            return
+        if self.h11.our_state is h11.MUST_CLOSE or self.transport is None or self.transport.is_closing():
+            self._close()
+            return
+        self.h11.start_next_cycle()
+        try:
+            self._events()  # a pipelined request that came meanwhile
+        except h11.RemoteProtocolError as exc:
+            self._error(exc.error_status_hint, str(exc))
 
-    def _denied(self, authorization: str | None) -> int:
-        """0, or the status refusing a request with this Authorization header."""
+    def _denied(self, authorization: str | None) -> tuple[int, str | None]:
+        """(0 or the status refusing the token, the role it gives: "admin", "read", or None
+        when it gives none). No token configured: everyone is admin."""
         tokens = self.node.http_tokens
         if not tokens:
-            return 0
+            return 0, "admin"
         if not authorization or not authorization.lower().startswith("bearer "):
-            return 401
+            return 0, None  # (public routes are served; the others answer 401)
         given = authorization[7:].strip().encode()
-        if any(hmac.compare_digest(given, t.encode()) for t in tokens):
-            return 0
-        return 403
+        for token, role in tokens.items():
+            if hmac.compare_digest(given, token.encode()):
+                return 0, role
+        return 403, None
 
     def _send(
         self,
@@ -181,5 +192,8 @@ _REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     413: "Payload Too Large",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
     431: "Request Header Fields Too Large",
 }

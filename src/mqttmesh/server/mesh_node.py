@@ -385,6 +385,9 @@ class MeshNode:
         if known is not None:
             known.peer = node
 
+    def inquiry(self, frm: str, kind: str, payload: bytes) -> None:
+        self.node.inquiries.receive(frm, kind, payload)
+
     # -- writing the links -----------------------------------------------------------------------
 
     def mark_dirty(self, link) -> None:

@@ -15,6 +15,7 @@ import os
 import platform
 import time
 from collections import deque
+from collections.abc import Callable
 
 from .. import __version__
 from ..assembly import MeshConfig, NodeCore, build_core
@@ -28,6 +29,7 @@ from .connection import PAUSE_MEMORY, Connection
 from .listeners import Listeners
 from .logins import Logins
 from .metrics import COMMIT_BUCKETS, Histogram
+from .ops import Inquiries
 from .sqlite_store import SqliteStore
 
 GC_THRESHOLD = 20_000  # allocations between two collections of the youngest generation
@@ -116,6 +118,11 @@ class Node:
         # TLS, WebSocket and HTTP (listeners.py); their ports are 0 while off
         self.listeners = Listeners(self, config)
         self.http_tokens = _http_tokens(config)
+        # the questions the admin API asks the other nodes (ops.py)
+        self.inquiries = Inquiries(self, config.get("http.mesh_timeout"))
+        # re-reads the configuration and reloads (cli.py sets it: SIGHUP, POST /api/v1/reload);
+        # returns what was kept after an error, or raises ConfigError for the config file
+        self.reread: Callable[[], list[str]] | None = None
         self.version = __version__
         self.commit_latency = Histogram(COMMIT_BUCKETS)  # seconds per group commit (/metrics)
         self._commit_started = 0.0
@@ -501,7 +508,7 @@ class Node:
         for key, value in values.items():
             self.publish_sys(f"$SYS/broker/{key}", str(value))
 
-    def reload(self, fresh: Config) -> None:
+    def reload(self, fresh: Config) -> list[str]:
         """SIGHUP (or ``mqttmesh ctl reload``): the password file, the ACL file, the TLS
         certificate and key, and the log level, from ``fresh`` (the configuration read again).
         Each file is read whole first: one with an error is not applied, the one in force
@@ -537,6 +544,7 @@ class Node:
             fresh.log_level,
             f"; kept after an error: {', '.join(kept)}" if kept else "",
         )
+        return kept
 
     @property
     def tls_port(self) -> int:
@@ -578,13 +586,19 @@ class Node:
         self.broker.publish_sys(msg)
 
 
-def _http_tokens(config: Config) -> list[str]:
-    """The bearer tokens the HTTP listener accepts (none: it asks for none)."""
+def _http_tokens(config: Config) -> dict[str, str]:
+    """The bearer tokens the HTTP listener accepts, each with what it may do: "admin"
+    (everything) or "read" (what only reads). None: it asks for none."""
     path = config.get("http.token_file")
     token = read_first_line("http.token_file", path) if path else config.get("http.token")
-    tokens = [t for t in (token, config.get("http.read_token")) if t]
-    if config.get("http.read_token") and not token:
+    read = config.get("http.read_token")
+    if read and not token:
         raise ConfigError("http.read_token: needs http.token (or http.token_file) as well")
+    if read and read == token:
+        raise ConfigError("http.read_token: must differ from http.token")
+    tokens = {token: "admin"} if token else {}
+    if read:
+        tokens[read] = "read"
     return tokens
 
 

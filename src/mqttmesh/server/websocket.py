@@ -173,6 +173,11 @@ class WebSocketLink(asyncio.Protocol):
             self.transport.close()
 
 
+def is_websocket(transport: object) -> bool:
+    """Is this the transport of a Connection served over WebSocket?"""
+    return isinstance(transport, _Framed)
+
+
 class _Framed:
     """The transport a WebSocket's Connection writes to: its bytes go out as binary
     messages; everything else is the socket's transport."""

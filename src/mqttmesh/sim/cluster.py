@@ -209,6 +209,9 @@ class _Ports:
     def learned(self, address: str, node: str) -> None:
         pass  # the simulator dials every link of the topology, by node
 
+    def inquiry(self, frm: str, kind: str, payload: bytes) -> None:
+        pass  # no operator asks a simulated node
+
     # ports.Log
     def info(self, msg: str, *args: object) -> None:
         pass

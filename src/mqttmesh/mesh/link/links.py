@@ -300,6 +300,9 @@ class PeerLinks:
 
     def _unicast(self, unicast: Unicast, now: float) -> None:
         frm, kind, body = unicast
+        if kind.startswith("ops."):
+            self.io.inquiry(frm, kind, body)  # an operator's question (server/ops.py)
+            return
         try:
             self.cluster.receive(frm, kind, body, now)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
