@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from .auth import Auth
 from .flow import Congestion
@@ -109,8 +109,10 @@ class Stats:
     """Counters behind $SYS/broker/... and `mqttmesh status`."""
 
     __slots__ = (
-        "messages_received",
-        "messages_sent",
+        "received",
+        "sent",
+        "received_payload",
+        "sent_payload",
         "publish_dropped",
         "publish_denied",
         "bytes_received",
@@ -127,9 +129,11 @@ class Stats:
         "auth_throttled",
         "auth_busy",
     )
-    # (annotations only: __init__ sets every slot to 0)
-    messages_received: int
-    messages_sent: int
+    # (annotations only: __init__ sets every slot to 0, the per-QoS ones to [0, 0, 0])
+    received: list[int]  # PUBLISHes received from clients, by their QoS
+    sent: list[int]  # messages handed to sessions, by the QoS they were published with
+    received_payload: list[int]  # payload bytes of those, by QoS
+    sent_payload: list[int]
     publish_dropped: int
     publish_denied: int
     bytes_received: int
@@ -146,12 +150,24 @@ class Stats:
     auth_throttled: int
     auth_busy: int
 
+    BY_QOS = ("received", "sent", "received_payload", "sent_payload")
+
     def __init__(self) -> None:
         for name in self.__slots__:
-            setattr(self, name, 0)
+            setattr(self, name, [0, 0, 0] if name in self.BY_QOS else 0)
 
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
+    @property
+    def messages_received(self) -> int:
+        return sum(self.received)
+
+    @property
+    def messages_sent(self) -> int:
+        return sum(self.sent)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"messages_received": self.messages_received, "messages_sent": self.messages_sent}
+        out.update((name, getattr(self, name)) for name in self.__slots__)
+        return out
 
 
 def counting_hex() -> RandomHex:
@@ -280,7 +296,11 @@ class Broker:
         matches = self.trie.match(msg.topic)
         if not matches:
             return NO_HITS
-        self.stats.messages_sent += len(matches)
+        stats = self.stats
+        qos = msg.qos
+        n = len(matches)
+        stats.sent[qos] += n
+        stats.sent_payload[qos] += len(msg.payload) * n
         hits = self.congestion.check(matches) if self.congestion.reasons else NO_HITS
         forwarding = self.forwarding
         if forwarding is not None and forwarding.redirects:
@@ -288,7 +308,6 @@ class Broker:
             for session in matches:
                 if session.client_id in targets:
                     forwarding.forward(session, msg)  # its client moved: forward it
-        qos = msg.qos
         auth = self.auth
         if auth.acl is None:
             for session, granted in matches.items():
@@ -309,7 +328,7 @@ class Broker:
         topic = msg.topic
         for session, granted in matches.items():
             if auth.can_read_sys(session.username, session.client_id, topic):
-                self.stats.messages_sent += 1
+                self.stats.sent[msg.qos] += 1
                 session.deliver(msg, min(msg.qos, granted))
 
     def set_retained(self, msg: Message) -> None:

@@ -102,7 +102,9 @@ class Publishing:
         the broker; the journal batch to wait for. (The Message is made whole once it is
         allowed: origin, number, publisher, timestamp.)"""
         broker = self.broker
-        broker.stats.messages_received += 1
+        stats = broker.stats
+        stats.received[qos] += 1
+        stats.received_payload[qos] += len(payload)
         auth = broker.auth
         if (topic[0] == "$" and not self.is_peer) or (
             not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
@@ -162,7 +164,9 @@ class Publishing:
         may not be published (acknowledged all the same [MQTT-3.3.5-2]). ``_publish`` does
         the same inline, on the path every message takes."""
         broker = self.broker
-        broker.stats.messages_received += 1
+        stats = broker.stats
+        stats.received[qos] += 1
+        stats.received_payload[qos] += len(payload)
         if self._read is not None:
             self._read.skip()  # (the archive takes it when it is routed: Broker.publish)
         auth = broker.auth

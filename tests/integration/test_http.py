@@ -61,11 +61,20 @@ def test_metrics_count_what_clients_do(broker_factory):
         assert sub.sub(1, ("m/#", 1)) == [1]
         for i in range(5):
             pub.pub("m/x", b"%d" % i, qos=1, pid=i + 1)
-        sub.publishes(5)
+        pub.pub("m/y", b"zero-0", qos=0)
+        pub.pub("m/z", b"two", qos=2, pid=9)
+        sub.publishes(7)
         after = samples(get(b, "/metrics")[2].decode())
     assert after["mqttmesh_clients_connected"] == 2
-    assert after["mqttmesh_messages_received_total"] - before["mqttmesh_messages_received_total"] == 5
-    assert after["mqttmesh_messages_sent_total"] - before["mqttmesh_messages_sent_total"] == 5
+
+    def delta(name: str, qos: int) -> float:
+        key = f'mqttmesh_{name}_total{{qos="{qos}"}}'
+        return after[key] - before[key]
+
+    for name in ("messages_received", "messages_sent"):  # by the QoS the messages were published at
+        assert [delta(name, q) for q in range(3)] == [1, 5, 1], name
+    for name in ("payload_bytes_received", "payload_bytes_sent"):
+        assert [delta(name, q) for q in range(3)] == [6, 5, 3], name
     assert after["mqttmesh_subscriptions"] == 1
     assert after["mqttmesh_bytes_received_total"] > before["mqttmesh_bytes_received_total"]
     assert 'mqttmesh_messages_dropped_total{reason="queue_full"}' in after
@@ -107,13 +116,8 @@ def test_bad_requests_get_an_answer_and_the_node_goes_on(broker_factory):
 def test_a_mesh_node_shows_its_links_and_counters(broker_factory):
     names = ["a", "b", "c"]
     edges = [("b", "a"), ("c", "a"), ("c", "b")]
-    http_port = free_port()
-    nodes = start_mesh(broker_factory, names, edges, connect="all")
+    nodes = start_mesh(broker_factory, names, edges, connect="all", http=True)
     a = nodes["a"]
-    a.stop()
-    a.args += ["--http-port", str(http_port)]
-    a.start()
-    a.http_port = http_port
     wait_converged(nodes, edges)
     page = wait_for(
         lambda: (lambda s: s if s.get('mqttmesh_mesh_link_up{peer="c"}') == 1 else None)(
@@ -124,6 +128,16 @@ def test_a_mesh_node_shows_its_links_and_counters(broker_factory):
     )
     assert page['mqttmesh_mesh_link_up{peer="b"}'] == 1
     assert page["mqttmesh_mesh_nodes_reachable"] == 3
+    # the round trips of the links c dialled (to a and b), as histograms
+    page = wait_for(
+        lambda: (lambda s: s if s.get('mqttmesh_mesh_link_rtt_sample_seconds_count{peer="a"}', 0) >= 2 else None)(
+            samples(get(nodes["c"], "/metrics")[2].decode())
+        ),
+        10,
+        what="a few round trips sampled",
+    )
+    assert page['mqttmesh_mesh_link_rtt_sample_seconds_bucket{peer="a",le="+Inf"}'] >= 2
+    assert 0 < page['mqttmesh_mesh_link_rtt_sample_seconds_sum{peer="a"}'] < 1
     assert "mqttmesh_mesh_spf_runs_total" in page and "mqttmesh_cluster_claims_total" in page
     doc = json.loads(get(a, "/api/v1/status")[2])
     assert set(doc["mesh"]["nodes"]) == set(names)
@@ -201,7 +215,7 @@ def test_a_real_prometheus_scrapes_a_mesh_and_computes_a_rate(broker_factory, tm
             sub.wait_count(800)
             rate = wait_for(
                 lambda: (lambda r: r if r and float(r[0]["value"][1]) > 0 else None)(
-                    query(f'rate(mqttmesh_messages_sent_total{{instance="127.0.0.1:{ports["b"]}"}}[5s])')
+                    query(f'sum(rate(mqttmesh_messages_sent_total{{instance="127.0.0.1:{ports["b"]}",qos="1"}}[5s]))')
                 ),
                 30,
                 what="a rate of messages sent at b from Prometheus",

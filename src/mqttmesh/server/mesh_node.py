@@ -32,6 +32,7 @@ from ..mesh.link.gateway import MeshGateway
 from ..mesh.link.links import PeerLinks, refusal_reason
 from ..mesh.link.peerauth import NONCE_BYTES
 from ..mesh.routing.engine import MeshEngine, MeshSettings
+from .metrics import RTT_BUCKETS, Histogram
 from .tls import peer_certificate_required, peer_context
 
 if TYPE_CHECKING:
@@ -127,6 +128,10 @@ class PeerClient(asyncio.Protocol):
             elif type(event) is Rtt:
                 if self.peer:
                     mesh.peer_links.rtt(self, event.seconds, now)
+                    rtt = mesh.rtt.get(self.peer)
+                    if rtt is None:
+                        rtt = mesh.rtt[self.peer] = Histogram(RTT_BUCKETS)
+                    rtt.observe(event.seconds)
             elif type(event) is Refused:
                 log.warning(
                     "peer %s refused our link: code 0x%02x (%s)",
@@ -279,6 +284,7 @@ class MeshNode:
         self.cluster: Cluster | None = None
         self.broker: Broker | None = None  # the node's, from start() on (the links' flow control uses its congestion)
         self.diallers: dict[str, Dialler] = {}
+        self.rtt: dict[str, Histogram] = {}  # peer -> round trips of the link we dialled (/metrics)
         self._dirty: set = set()
         self._flush_scheduled = False
         self._tick_handle = None

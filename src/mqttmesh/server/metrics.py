@@ -2,8 +2,10 @@
 
 Everything is read when Prometheus scrapes: the counters the node keeps anyway (the
 Broker's Stats, the sessions' drops, the routing engine's and the cluster's counters, the
-links' figures), so counting costs the hot path nothing. The one figure measured for this
-page is the store's commit latency (``Histogram``, observed once per group commit).
+links' figures), so counting costs the hot path nothing (the messages and payload bytes by
+QoS are the Broker's counters of messages in and out, kept per QoS). Two figures are
+measured for this page: the store's commit latency (``Histogram``, observed once per group
+commit) and each dialled peer link's round trips (once per keepalive).
 Names follow Prometheus's conventions: ``mqttmesh_`` first, ``_total`` on counters, base
 units (seconds, bytes).
 """
@@ -14,11 +16,16 @@ import bisect
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["Histogram", "render", "COMMIT_BUCKETS"]
+__all__ = ["Histogram", "render", "COMMIT_BUCKETS", "RTT_BUCKETS"]
 
 # seconds: a group commit of SQLite in WAL mode takes from tens of microseconds to, on a
 # slow disk under load, tens of milliseconds
 COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+# seconds: a round trip on loopback takes tens of microseconds, across a WAN tens to
+# hundreds of milliseconds
+RTT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Histogram:
@@ -39,19 +46,26 @@ class Histogram:
         self.sum += value
         self.count += 1
 
-    def lines(self, name: str) -> list[str]:
+    def lines(self, name: str, labels: str = "") -> list[str]:
+        """``labels``: ``key="value"`` pairs, escaped, for every sample."""
         out, running = [], 0
+        inner = f"{labels}," if labels else ""
+        plain = f"{{{labels}}}" if labels else ""
         for bound, n in zip(self.bounds, self.counts, strict=True):
             running += n
-            out.append(f'{name}_bucket{{le="{bound:g}"}} {running}')
-        out.append(f'{name}_bucket{{le="+Inf"}} {self.count}')
-        out.append(f"{name}_sum {self.sum:.9g}")
-        out.append(f"{name}_count {self.count}")
+            out.append(f'{name}_bucket{{{inner}le="{bound:g}"}} {running}')
+        out.append(f'{name}_bucket{{{inner}le="+Inf"}} {self.count}')
+        out.append(f"{name}_sum{plain} {self.sum:.9g}")
+        out.append(f"{name}_count{plain} {self.count}")
         return out
 
 
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(labels: dict[str, str]) -> str:
+    return ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
 
 
 class _Page:
@@ -63,8 +77,7 @@ class _Page:
         self.lines.append(f"# TYPE {name} {kind}")
         for labels, value in samples:
             if labels:
-                inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
-                self.lines.append(f"{name}{{{inner}}} {_number(value)}")
+                self.lines.append(f"{name}{{{_labels(labels)}}} {_number(value)}")
             else:
                 self.lines.append(f"{name} {_number(value)}")
 
@@ -72,9 +85,13 @@ class _Page:
         self.metric(name, kind, help_text, [({}, value)])
 
     def histogram(self, name: str, help_text: str, h: Histogram) -> None:
+        self.histograms(name, help_text, [({}, h)])
+
+    def histograms(self, name: str, help_text: str, series: Iterable[tuple[dict[str, str], Histogram]]) -> None:
         self.lines.append(f"# HELP {name} {help_text}")
         self.lines.append(f"# TYPE {name} histogram")
-        self.lines.extend(h.lines(name))
+        for labels, h in series:
+            self.lines.extend(h.lines(name, _labels(labels)))
 
 
 def _number(value: float) -> str:
@@ -124,10 +141,13 @@ def render(node: Any) -> str:
         "outbound QoS 1/2 messages awaiting acknowledgement",
         sum(len(x.inflight) for x in sessions),
     )
-    page.one(
-        "mqttmesh_messages_received_total", "counter", "PUBLISH packets received from clients", s.messages_received
-    )
-    page.one("mqttmesh_messages_sent_total", "counter", "messages handed to sessions for delivery", s.messages_sent)
+    for name, help_text, counts in (
+        ("messages_received", "PUBLISH packets received from clients, by QoS", s.received),
+        ("messages_sent", "messages handed to sessions for delivery, by the QoS they were published at", s.sent),
+        ("payload_bytes_received", "payload bytes of the PUBLISH packets received, by QoS", s.received_payload),
+        ("payload_bytes_sent", "payload bytes of the messages handed to sessions, by QoS", s.sent_payload),
+    ):
+        page.metric(f"mqttmesh_{name}_total", "counter", help_text, [({"qos": str(q)}, counts[q]) for q in range(3)])
     page.one("mqttmesh_bytes_received_total", "counter", "bytes read from clients", s.bytes_received)
     page.one("mqttmesh_bytes_sent_total", "counter", "bytes written to clients", s.bytes_sent)
     page.metric(
@@ -175,6 +195,11 @@ def render(node: Any) -> str:
     mesh = node.mesh
     if mesh is not None:
         _mesh(page, mesh.status())
+        page.histograms(
+            "mqttmesh_mesh_link_rtt_sample_seconds",
+            "round trips of the links this node dialled, one sample per keepalive",
+            [({"peer": p}, h) for p, h in sorted(mesh.rtt.items())],
+        )
     return "\n".join(page.lines) + "\n"
 
 
@@ -188,33 +213,22 @@ def _mesh(page: _Page, status: dict[str, Any]) -> None:
         sum(1 for n in nodes.values() if n["reachable"]),
     )
     neighbours = status["neighbours"]
-    page.metric(
-        "mqttmesh_mesh_link_up", "gauge", "a peer link to this neighbour is up", [({"peer": p}, 1) for p in neighbours]
-    )
-    page.metric(
-        "mqttmesh_mesh_link_cost",
-        "gauge",
-        "the link's routing cost",
-        [({"peer": p}, n["cost"]) for p, n in neighbours.items()],
-    )
-    page.metric(
-        "mqttmesh_mesh_link_rtt_seconds",
-        "gauge",
-        "smoothed round trip of the link, measured by its keepalives",
-        [({"peer": p}, n["srtt_us"] / 1e6) for p, n in neighbours.items() if n.get("srtt_us") is not None],
-    )
-    for key, help_text in (
-        ("envelopes_out", "routed messages sent on the link"),
-        ("envelopes_in", "routed messages received on the link"),
-        ("control_out", "control messages sent on the link"),
-        ("control_in", "control messages received on the link"),
+    rtt = {p: n["srtt_us"] / 1e6 for p, n in neighbours.items() if n.get("srtt_us") is not None}
+    for name, kind, help_text, values in (
+        ("link_up", "gauge", "a peer link to this neighbour is up", dict.fromkeys(neighbours, 1)),
+        ("link_cost", "gauge", "the link's routing cost", {p: n["cost"] for p, n in neighbours.items()}),
+        ("link_rtt_seconds", "gauge", "smoothed round trip of the link, measured by its keepalives", rtt),
+        *(
+            (f"link_{key}_total", "counter", f"{what} on the link", {p: n[key] for p, n in neighbours.items()})
+            for key, what in (
+                ("envelopes_out", "routed messages sent"),
+                ("envelopes_in", "routed messages received"),
+                ("control_out", "control messages sent"),
+                ("control_in", "control messages received"),
+            )
+        ),
     ):
-        page.metric(
-            f"mqttmesh_mesh_link_{key}_total",
-            "counter",
-            help_text,
-            [({"peer": p}, n[key]) for p, n in neighbours.items()],
-        )
+        page.metric(f"mqttmesh_mesh_{name}", kind, help_text, [({"peer": p}, v) for p, v in values.items()])
     page.one(
         "mqttmesh_mesh_custody_messages",
         "gauge",
