@@ -1,7 +1,7 @@
 """Before/after figures for a change on the hot path: two source trees, alternating runs.
 
     .venv/bin/python -m bench.ab --a SRC_A --b SRC_B [--rounds 5] [--brokers mqttmesh,mesh2]
-        [--workloads fanin,p2p,latency] [--qos 0,1] [--duration 3]
+        [--workloads fanin,p2p,latency] [--qos 0,1] [--duration 3] [--a-scrape SECONDS]
 
 SRC_A and SRC_B are ``src`` directories of two checkouts (e.g. ``git worktree add
 /tmp/base <commit>`` for the "before" one). Each round runs every cell once with A
@@ -26,8 +26,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cell(src: str, broker: str, workload: str, qos: int, duration: float, out: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.path.abspath(src)}
+def run_cell(
+    src: str, broker: str, workload: str, qos: int, duration: float, out: Path, scrape: float = 0.0
+) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.path.abspath(src), "MQTTMESH_BENCH_SCRAPE": str(scrape)}
     cmd = [
         sys.executable,
         "-m",
@@ -87,6 +89,13 @@ def main(argv=None) -> int:
     p.add_argument("--workloads", default="fanin,p2p")
     p.add_argument("--qos", default="0,1")
     p.add_argument("--duration", type=float, default=3.0)
+    p.add_argument(
+        "--a-scrape",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="A's nodes serve HTTP and their /metrics is fetched this often (what a Prometheus costs)",
+    )
     args = p.parse_args(argv)
     cells = [
         (b, w, int(q)) for b in args.brokers.split(",") for w in args.workloads.split(",") for q in args.qos.split(",")
@@ -98,7 +107,8 @@ def main(argv=None) -> int:
             order = ("A", "B") if r % 2 == 0 else ("B", "A")
             for side in order:
                 src = args.a if side == "A" else args.b
-                res = run_cell(src, *cell, args.duration, work / "run.json")
+                scrape = args.a_scrape if side == "A" else 0.0
+                res = run_cell(src, *cell, args.duration, work / "run.json", scrape)
                 results[cell][side].append(res)
                 print(
                     f"round {r + 1} {cell[0]} {cell[1]} QoS {cell[2]} {side}: {res['rate']:>10,.0f} msgs/s"

@@ -262,6 +262,42 @@ class BrokerServer:
         return False
 
 
+class Scraper:
+    """GET /metrics from each address every ``interval`` seconds, on a thread, until
+    ``stop`` (at most an hour: a bench run that forgot to stop it ends it all the same)."""
+
+    def __init__(self, addresses: list[tuple[str, int]], interval: float):
+        import threading
+
+        self.addresses = addresses
+        self.interval = interval
+        self.scrapes = 0
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics-scraper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import http.client
+
+        deadline = time.monotonic() + 3600
+        while not self._stop.wait(self.interval) and time.monotonic() < deadline:
+            for host, port in self.addresses:
+                conn = http.client.HTTPConnection(host, port, timeout=5)
+                try:
+                    conn.request("GET", "/metrics")
+                    conn.getresponse().read()
+                    self.scrapes += 1
+                except OSError:
+                    self.failures += 1
+                finally:
+                    conn.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
 class MqttmeshNodes(BrokerServer):
     """``count`` mqttmesh nodes, each ``python -m mqttmesh broker`` on its own free port.
 
@@ -308,6 +344,10 @@ class MqttmeshNodes(BrokerServer):
         # With one node the kernel picks the port (--port 0) and the node reports it in the
         # port file: no race. A mesh needs every port before the first node starts.
         ports = [0] if self.count == 1 else [free_port() for _ in range(self.count)]
+        # MQTTMESH_BENCH_SCRAPE=SECONDS: every node serves HTTP and /metrics is fetched that
+        # often while it runs (what a Prometheus costs the node: bench.ab --a-scrape)
+        scrape = float(os.environ.get("MQTTMESH_BENCH_SCRAPE", "0") or 0)
+        http_ports = [free_port() for _ in range(self.count)] if scrape > 0 else []
         endpoints = []
         self.procs, self.log_paths = [], []
         try:
@@ -335,6 +375,7 @@ class MqttmeshNodes(BrokerServer):
                         else ["--max-inflight", str(self.max_inflight), "--max-queued", str(self.max_queued)]
                     ),
                     *extra,
+                    *(["--http-port", str(http_ports[i])] if http_ports else []),
                 ]
                 proc = _popen(argv, log_path, cwd=REPO)
                 self.procs.append(proc)
@@ -352,6 +393,8 @@ class MqttmeshNodes(BrokerServer):
         except Exception:
             self.stop()
             raise
+        if http_ports:
+            self.scraper = Scraper([(HOST, p) for p in http_ports], scrape)
         sub_eps = [endpoints[1]] if len(endpoints) > 1 else [endpoints[0]]
         self.target = Target(
             self.name if self.count == 1 else f"{self.name}x{self.count}",
@@ -360,6 +403,13 @@ class MqttmeshNodes(BrokerServer):
             [p.pid for p in self.procs],
         )
         return self.target
+
+    def stop(self) -> None:
+        scraper = getattr(self, "scraper", None)
+        if scraper is not None:
+            scraper.stop()
+            self.scraper = None
+        super().stop()
 
     def use_defaults(self, on: bool) -> None:
         self.defaults = on
