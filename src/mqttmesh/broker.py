@@ -111,8 +111,6 @@ class Stats:
     __slots__ = (
         "received",
         "sent",
-        "received_payload",
-        "sent_payload",
         "publish_dropped",
         "publish_denied",
         "bytes_received",
@@ -132,8 +130,6 @@ class Stats:
     # (annotations only: __init__ sets every slot to 0, the per-QoS ones to [0, 0, 0])
     received: list[int]  # PUBLISHes received from clients, by their QoS
     sent: list[int]  # messages handed to sessions, by the QoS they were published with
-    received_payload: list[int]  # payload bytes of those, by QoS
-    sent_payload: list[int]
     publish_dropped: int
     publish_denied: int
     bytes_received: int
@@ -150,7 +146,7 @@ class Stats:
     auth_throttled: int
     auth_busy: int
 
-    BY_QOS = ("received", "sent", "received_payload", "sent_payload")
+    BY_QOS = ("received", "sent")
 
     def __init__(self) -> None:
         for name in self.__slots__:
@@ -296,11 +292,8 @@ class Broker:
         matches = self.trie.match(msg.topic)
         if not matches:
             return NO_HITS
-        stats = self.stats
         qos = msg.qos
-        n = len(matches)
-        stats.sent[qos] += n
-        stats.sent_payload[qos] += len(msg.payload) * n
+        self.stats.sent[qos] += len(matches)
         hits = self.congestion.check(matches) if self.congestion.reasons else NO_HITS
         forwarding = self.forwarding
         if forwarding is not None and forwarding.redirects:

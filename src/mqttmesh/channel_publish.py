@@ -102,9 +102,7 @@ class Publishing:
         the broker; the journal batch to wait for. (The Message is made whole once it is
         allowed: origin, number, publisher, timestamp.)"""
         broker = self.broker
-        stats = broker.stats
-        stats.received[qos] += 1
-        stats.received_payload[qos] += len(payload)
+        broker.stats.received[qos] += 1
         auth = broker.auth
         if (topic[0] == "$" and not self.is_peer) or (
             not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
@@ -164,9 +162,7 @@ class Publishing:
         may not be published (acknowledged all the same [MQTT-3.3.5-2]). ``_publish`` does
         the same inline, on the path every message takes."""
         broker = self.broker
-        stats = broker.stats
-        stats.received[qos] += 1
-        stats.received_payload[qos] += len(payload)
+        broker.stats.received[qos] += 1
         if self._read is not None:
             self._read.skip()  # (the archive takes it when it is routed: Broker.publish)
         auth = broker.auth

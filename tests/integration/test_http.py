@@ -73,8 +73,6 @@ def test_metrics_count_what_clients_do(broker_factory):
 
     for name in ("messages_received", "messages_sent"):  # by the QoS the messages were published at
         assert [delta(name, q) for q in range(3)] == [1, 5, 1], name
-    for name in ("payload_bytes_received", "payload_bytes_sent"):
-        assert [delta(name, q) for q in range(3)] == [6, 5, 3], name
     assert after["mqttmesh_subscriptions"] == 1
     assert after["mqttmesh_bytes_received_total"] > before["mqttmesh_bytes_received_total"]
     assert 'mqttmesh_messages_dropped_total{reason="queue_full"}' in after

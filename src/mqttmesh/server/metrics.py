@@ -2,8 +2,9 @@
 
 Everything is read when Prometheus scrapes: the counters the node keeps anyway (the
 Broker's Stats, the sessions' drops, the routing engine's and the cluster's counters, the
-links' figures), so counting costs the hot path nothing (the messages and payload bytes by
-QoS are the Broker's counters of messages in and out, kept per QoS). Two figures are
+links' figures), so counting costs the hot path nothing (the messages by QoS are the
+Broker's counters of messages in and out, kept per QoS: a list index where there was a
+plain counter). Two figures are
 measured for this page: the store's commit latency (``Histogram``, observed once per group
 commit) and each dialled peer link's round trips (once per keepalive).
 Names follow Prometheus's conventions: ``mqttmesh_`` first, ``_total`` on counters, base
@@ -144,8 +145,6 @@ def render(node: Any) -> str:
     for name, help_text, counts in (
         ("messages_received", "PUBLISH packets received from clients, by QoS", s.received),
         ("messages_sent", "messages handed to sessions for delivery, by the QoS they were published at", s.sent),
-        ("payload_bytes_received", "payload bytes of the PUBLISH packets received, by QoS", s.received_payload),
-        ("payload_bytes_sent", "payload bytes of the messages handed to sessions, by QoS", s.sent_payload),
     ):
         page.metric(f"mqttmesh_{name}_total", "counter", help_text, [({"qos": str(q)}, counts[q]) for q in range(3)])
     page.one("mqttmesh_bytes_received_total", "counter", "bytes read from clients", s.bytes_received)
