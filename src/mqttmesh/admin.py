@@ -187,11 +187,16 @@ class LocalMesh:
         extra: list[str] | None = None,
         seed: int = 1,
         python: str = sys.executable,
+        http_base_port: int = 0,
+        ws_base_port: int = 0,
     ):
         self.n = nodes
         self.topology = topology
         self.host = host
         self.ports = [base_port + i for i in range(nodes)]
+        # the console and admin API, and MQTT over WebSocket, of each node (0: none)
+        self.http_ports = [http_base_port + i if http_base_port else 0 for i in range(nodes)]
+        self.ws_ports = [ws_base_port + i if ws_base_port else 0 for i in range(nodes)]
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.secret = secret or secrets.token_hex(16)
         self.workdir = workdir or tempfile.mkdtemp(prefix="mqttmesh-cluster-")
@@ -223,6 +228,10 @@ class LocalMesh:
                 cmd += ["--peer", f"{self.host}:{self.ports[b]}"]
         if self.data:
             cmd += ["--data-dir", os.path.join(self.workdir, self.names[i])]
+        if self.http_ports[i]:
+            cmd += ["--http-port", str(self.http_ports[i])]
+        if self.ws_ports[i]:
+            cmd += ["--ws-port", str(self.ws_ports[i])]
         return cmd + self.extra
 
     def start(self) -> None:

@@ -145,6 +145,8 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
             args.data,
             args.extra or [],
             args.seed,
+            http_base_port=args.http_base_port,
+            ws_base_port=args.ws_base_port,
         )
     except ValueError as exc:
         print(f"mqttmesh cluster up: {exc}", file=sys.stderr)
@@ -164,15 +166,27 @@ def cmd_cluster_up(args: argparse.Namespace) -> int:
         print(f"\nthe mesh converged in {took:.1f}s:")
         for i, name in enumerate(cluster.names):
             peers = ", ".join(sorted(cluster.expected_neighbours(i)))
-            print(f"  {name}  mqtt://{cluster.host}:{cluster.ports[i]}   links: {peers}")
+            more = "".join(
+                f"   {kind}://{cluster.host}:{port}{path}"
+                for kind, port, path in (("ws", cluster.ws_ports[i], "/mqtt"), ("http", cluster.http_ports[i], "/"))
+                if port
+            )
+            print(f"  {name}  mqtt://{cluster.host}:{cluster.ports[i]}{more}   links: {peers}")
         a, b = cluster.ports[0], cluster.ports[-1]
+        h = cluster.http_ports[0]
+        console = (
+            f"\nThe console (the mesh live, the clients, a kick button), and the same on the command line:"
+            f"\n    http://{cluster.host}:{h}/\n    mqttmesh ctl status --url http://{cluster.host}:{h}"
+            if h
+            else ""
+        )
         print(
             f"""
 Subscribe on one node and publish on another:
     mosquitto_sub -h {cluster.host} -p {a} -t 'demo/#' -v
     mosquitto_pub -h {cluster.host} -p {b} -t demo/hello -m 'hello from {cluster.names[-1]}'
 What a node knows of the mesh:
-    mqttmesh mesh status --port {a}
+    mqttmesh mesh status --port {a}{console}
 Another node joining this mesh:
     mqttmesh broker --port {cluster.ports[-1] + 1} --cluster-secret {cluster.secret} --peer {cluster.host}:{a}
 
@@ -226,7 +240,8 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
 
 def cmd_run_local(args: argparse.Namespace) -> int:
-    """What `make run` starts: a three-node full mesh on 127.0.0.1:1883-1885."""
+    """What `make run` starts: a three-node full mesh on 127.0.0.1:1883-1885, its consoles and
+    admin API on 8080-8082, MQTT over WebSocket on 9001-9003."""
     return main(
         [
             "cluster",
@@ -239,6 +254,10 @@ def cmd_run_local(args: argparse.Namespace) -> int:
             str(args.port),
             "--host",
             args.host,
+            "--http-base-port",
+            str(args.http_port),
+            "--ws-base-port",
+            str(args.ws_port),
         ]
     )
 
@@ -286,6 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=1883, help="port of the first node")
     p.add_argument("--nodes", type=int, default=3)
+    p.add_argument("--http-port", type=int, default=8080, help="the first node's console and admin API (0: none)")
+    p.add_argument("--ws-port", type=int, default=9001, help="the first node's MQTT over WebSocket (0: none)")
     p.set_defaults(func=cmd_run_local)
 
     p = sub.add_parser("mesh", help="what a mesh node knows")
@@ -329,6 +350,15 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--data", action="store_true", help="give each node a data directory")
     q.add_argument("--seed", type=int, default=1, help="seed of the random topology")
     q.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for convergence")
+    q.add_argument(
+        "--http-base-port",
+        type=int,
+        default=0,
+        help="node i serves the console and admin API on this port + i (0: none)",
+    )
+    q.add_argument(
+        "--ws-base-port", type=int, default=0, help="node i serves MQTT over WebSocket on this port + i (0: none)"
+    )
     q.add_argument("extra", nargs="*", help="more `mqttmesh broker` flags for every node (after --)")
     q.set_defaults(func=cmd_cluster_up)
     return parser
