@@ -11,7 +11,7 @@ LINTED := src tests bench
 # (tests/conftest.py refuses a test that needs one of these markers and lacks it)
 FAST   := not process and not spark and not interop and not slow and not hostile
 
-.PHONY: run test check lint typecheck fmt bench venv clean simulate-scale fuzz hostile-bench chaos sim-sweep system-deps js-deps
+.PHONY: run test check lint typecheck fmt bench bench-ws venv clean simulate-scale fuzz hostile-bench chaos sim-sweep system-deps js-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +61,13 @@ fmt: $(STAMP)
 
 bench: $(STAMP) system-deps
 	$(PY) -m bench
+
+# MQTT over WebSocket beside Mosquitto's WebSocket listener (and both over TCP, in the same
+# run): the run goes into a private network namespace (Mosquitto 2.0's ws listener binds
+# every interface), so it needs root; figures in bench/results/ws.json
+bench-ws: $(STAMP) system-deps
+	$(PY) -m bench --brokers mqttmesh-ws,mosquitto-ws,mqttmesh,mosquitto --workloads fanin,fanout,p2p,latency \
+		--qos 0,1 --json bench/results/ws.json --no-md
 
 # the fuzz target of tests/hostile for 5 minutes (MQTTMESH_FUZZ_SEED=N repeats a run)
 fuzz: $(STAMP)

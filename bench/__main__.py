@@ -16,6 +16,7 @@ import os
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,7 +27,8 @@ from .loadgen import RunError, RunOptions, run_once
 from .workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BROKER_ORDER = ["mqttmesh", "mesh2", "mosquitto", "mosquitto-default", "amqtt"]
+BROKER_ORDER = ["mqttmesh", "mesh2", "mosquitto", "mosquitto-default", "amqtt", "mqttmesh-ws", "mosquitto-ws"]
+WS_BROKERS = {"mqttmesh-ws", "mosquitto-ws"}  # clients over WebSocket; the run in a private network namespace
 # mesh2: two mqttmesh nodes linked as a mesh, publishers on one, subscribers on the other,
 # so every message crosses a peer link (issue 3 compares it with the same-node runs)
 MESH2_ARGS = [["--cluster-secret", "bench"], ["--cluster-secret", "bench", "--peer", "{host}:{ports[0]}"]]
@@ -47,9 +49,10 @@ def parse_args(argv):
     p.add_argument(
         "--brokers",
         default=",".join(BROKER_ORDER),
-        help="comma list of mqttmesh,mesh2,mosquitto,mosquitto-default,amqtt (mesh2: two linked "
-        "mqttmesh nodes, publishers on one and subscribers on the other; mosquitto-default: Mosquitto "
-        "with its stock limits, run only in the workloads where every broker runs at its defaults)",
+        help="comma list of mqttmesh,mesh2,mosquitto,mosquitto-default,amqtt,mqttmesh-ws,mosquitto-ws (mesh2: "
+        "two linked mqttmesh nodes, publishers on one and subscribers on the other; mosquitto-default: "
+        "Mosquitto with its stock limits, run only in the workloads where every broker runs at its "
+        "defaults; the -ws ones: clients over WebSocket, the whole run in a private network namespace)",
     )
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {','.join(WORKLOADS)}")
     p.add_argument("--qos", default="0,1,2", help="comma list of QoS levels (a workload runs those it has)")
@@ -144,6 +147,10 @@ def make_brokers(args, logs: Path) -> dict:
             out[name] = Mosquitto(logs)
         elif name == "mosquitto-default":
             out[name] = Mosquitto(logs / "default", tuned=False)
+        elif name == "mqttmesh-ws":
+            out[name] = MqttmeshNodes(logs / "ws", count=args.mqttmesh_nodes, extra_args=args.node_args, ws=True)
+        elif name == "mosquitto-ws":
+            out[name] = Mosquitto(logs / "ws", ws=True)
         else:
             out[name] = Amqtt(logs)
     return out
@@ -171,8 +178,30 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _in_private_netns(argv) -> int | None:
+    """Run this very command again in a new network namespace with only a loopback (for
+    Mosquitto's WebSocket listener, which binds every interface); None when already in one.
+    Needs root (``unshare -n``)."""
+    if os.environ.get("MQTTMESH_BENCH_NETNS") == "1":
+        return None
+    if os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("ip") is None:
+        print(
+            "bench: the WebSocket brokers run in a private network namespace (Mosquitto's ws listener "
+            "binds every interface): that needs root, unshare and ip (util-linux, iproute2)",
+            file=sys.stderr,
+        )
+        return 2
+    env = {**os.environ, "MQTTMESH_BENCH_NETNS": "1"}
+    cmd = ["unshare", "-n", "--", "sh", "-c", 'ip link set lo up && exec "$@"', "sh", sys.executable, "-m", "bench"]
+    return subprocess.run([*cmd, *(argv if argv is not None else sys.argv[1:])], env=env).returncode
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if WS_BROKERS & set(args.broker_list) and not args.render:
+        rc = _in_private_netns(argv)
+        if rc is not None:
+            return rc
     if args.render:
         data = json.loads(args.render.read_text())
         report.write_markdown(report.REPO / "BENCHMARKS.md", data)

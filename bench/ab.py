@@ -26,9 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_cell(
-    src: str, broker: str, workload: str, qos: int, duration: float, out: Path, scrape: float = 0.0
-) -> dict:
+def run_cell(src: str, broker: str, workload: str, qos: int, duration: float, out: Path, scrape: float = 0.0) -> dict:
     env = {**os.environ, "PYTHONPATH": os.path.abspath(src), "MQTTMESH_BENCH_SCRAPE": str(scrape)}
     cmd = [
         sys.executable,

@@ -171,9 +171,10 @@ def _popen(argv: list[str], log_path: Path, **kw) -> subprocess.Popen:
 class Endpoint:
     host: str
     port: int
+    path: str | None = None  # MQTT over WebSocket at this path (None: plain TCP)
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return f"ws://{self.host}:{self.port}{self.path}" if self.path else f"{self.host}:{self.port}"
 
 
 @dataclass
@@ -318,9 +319,14 @@ class MqttmeshNodes(BrokerServer):
         max_queued: int = 1_000_000,
         python: str | None = None,
         start_timeout: float = 20.0,
+        ws: bool = False,
     ):
         super().__init__(workdir)
         self.count = count
+        # ws: clients connect over WebSocket (--ws-port, path /mqtt) instead of TCP
+        self.ws = ws
+        if ws:
+            self.name = "mqttmesh-ws"
         self.extra_args = extra_args or [[] for _ in range(count)]
         if len(self.extra_args) != count:
             raise ValueError("extra_args needs one list per node")
@@ -348,6 +354,7 @@ class MqttmeshNodes(BrokerServer):
         # often while it runs (what a Prometheus costs the node: bench.ab --a-scrape)
         scrape = float(os.environ.get("MQTTMESH_BENCH_SCRAPE", "0") or 0)
         http_ports = [free_port() for _ in range(self.count)] if scrape > 0 else []
+        ws_ports = [free_port() for _ in range(self.count)] if self.ws else []
         endpoints = []
         self.procs, self.log_paths = [], []
         try:
@@ -376,6 +383,7 @@ class MqttmeshNodes(BrokerServer):
                     ),
                     *extra,
                     *(["--http-port", str(http_ports[i])] if http_ports else []),
+                    *(["--ws-port", str(ws_ports[i])] if ws_ports else []),
                 ]
                 proc = _popen(argv, log_path, cwd=REPO)
                 self.procs.append(proc)
@@ -389,7 +397,11 @@ class MqttmeshNodes(BrokerServer):
                     time.sleep(0.05)
                 port = int(port_file.read_text().strip())
                 wait_for_port(HOST, port, deadline, proc)
-                endpoints.append(Endpoint(HOST, port))
+                if ws_ports:
+                    wait_for_port(HOST, ws_ports[i], deadline, proc)
+                    endpoints.append(Endpoint(HOST, ws_ports[i], "/mqtt"))
+                else:
+                    endpoints.append(Endpoint(HOST, port))
         except Exception:
             self.stop()
             raise
@@ -425,13 +437,22 @@ class Mosquitto(BrokerServer):
 
     name = "mosquitto"
 
-    def __init__(self, workdir: Path, path: str = MOSQUITTO, start_timeout: float = 10.0, tuned: bool = True):
+    def __init__(
+        self, workdir: Path, path: str = MOSQUITTO, start_timeout: float = 10.0, tuned: bool = True, ws: bool = False
+    ):
         super().__init__(workdir)
         self.path = path
         self.start_timeout = start_timeout
         self.tuned = tuned
+        # ws: clients connect to its WebSocket listener. Mosquitto 2.0's (libwebsockets) binds
+        # every interface whatever address it is given, so it runs only in a private network
+        # namespace (bench/__main__.py starts the run in one), and it needs a TCP listener
+        # beside it or it refuses to start.
+        self.ws = ws
         if not tuned:
             self.name = "mosquitto-default"
+        if ws:
+            self.name = "mosquitto-ws"
 
     def unavailable(self) -> str | None:
         if not os.access(self.path, os.X_OK):
@@ -450,6 +471,7 @@ class Mosquitto(BrokerServer):
         last_error = None
         for _attempt in range(3):  # the port picked may be taken before mosquitto binds it
             port = free_port()
+            ws_port = free_port() if self.ws else 0
             log_path = self.workdir / "mosquitto.log"
             conf = self.workdir / "mosquitto.conf"
             conf.write_text(
@@ -458,7 +480,8 @@ class Mosquitto(BrokerServer):
                 # Naming the current user keeps it as is (ignored when not started as root).
                 f"user {pwd.getpwuid(os.getuid()).pw_name}\n"
                 f"listener {port} {HOST}\n"
-                "allow_anonymous true\n"
+                + (f"listener {ws_port}\nprotocol websockets\n" if self.ws else "")
+                + "allow_anonymous true\n"
                 + (
                     "set_tcp_nodelay true\nmax_inflight_messages 1000\nmax_queued_messages 1000000\n"
                     if self.tuned
@@ -473,11 +496,14 @@ class Mosquitto(BrokerServer):
             self.log_paths = [log_path, self.workdir / "mosquitto.stdout"]
             try:
                 wait_for_port(HOST, port, time.monotonic() + self.start_timeout, proc)
+                if self.ws:
+                    wait_for_port(HOST, ws_port, time.monotonic() + self.start_timeout, proc)
             except BrokerError as exc:
                 last_error = exc
                 self.stop()
                 continue
-            self.target = Target(self.name, [Endpoint(HOST, port)], [Endpoint(HOST, port)], [proc.pid])
+            ep = Endpoint(HOST, ws_port, "/mqtt") if self.ws else Endpoint(HOST, port)
+            self.target = Target(self.name, [ep], [ep], [proc.pid])
             return self.target
         raise BrokerError(f"mosquitto did not start: {last_error}")
 

@@ -80,8 +80,8 @@ class RunSpec:
     run_id: int
     workload: Workload
     qos: int
-    pub_eps: list[tuple[str, int]]  # per publisher index
-    sub_eps: list[tuple[str, int]]  # per subscriber index
+    pub_eps: list[tuple[str, int, str | None]]  # per publisher index (host, port, WebSocket path)
+    sub_eps: list[tuple[str, int, str | None]]  # per subscriber index
     opts: RunOptions
     inflight: int
     e2e_window: int
@@ -203,12 +203,24 @@ class _Client(asyncio.Protocol):
             self.transport.close()
 
 
-async def _connect(loop, factory, ep: tuple[str, int], attempts: int = 20):
+async def _connect(loop, factory, ep: tuple[str, int, str | None], attempts: int = 20):
     """Connect and wait for CONNACK 0. A CONNACK 0x03 (server unavailable: a mesh node that
     does not yet see enough of the mesh to serve a persistent session) is retried, as a real
-    client does, every 0.1 s, ``attempts`` times at most."""
+    client does, every 0.1 s, ``attempts`` times at most. ``ep[2]``: a WebSocket path (MQTT
+    over WebSocket, bench/wsclient.py), or None for TCP."""
+    host, port, path = ep
     for attempt in range(attempts):
-        _, proto = await loop.create_connection(factory, ep[0], ep[1])
+        if path is None:
+            _, proto = await loop.create_connection(factory, host, port)
+        else:
+            from .wsclient import WsAdapter
+
+            _, adapter = await loop.create_connection(lambda: WsAdapter(factory(), host, path), host, port)
+            try:
+                await adapter.opened
+            except ConnectionError as exc:
+                raise RunError(str(exc)) from None
+            proto = adapter.inner
         try:
             await proto.connack
             return proto
@@ -864,8 +876,8 @@ def run_once(target: Target, workload: Workload, qos: int, opts: RunOptions, run
         run_id,
         w,
         qos,
-        [(e.host, e.port) for e in map(target.pub_endpoint, range(w.n_pubs))],
-        [(e.host, e.port) for e in map(target.sub_endpoint, range(w.n_subs))],
+        [(e.host, e.port, e.path) for e in map(target.pub_endpoint, range(w.n_pubs))],
+        [(e.host, e.port, e.path) for e in map(target.sub_endpoint, range(w.n_subs))],
         opts,
         inflight,
         e2e,
