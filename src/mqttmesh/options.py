@@ -1,46 +1,22 @@
 """The node's options: one schema for the TOML keys, the command-line flags and the docs.
 
-Data only: each ``Option`` names its section and key, type, default, limits and help text.
-config.py reads a file and flags against it; docs/operations.md embeds the reference it
-generates (``config.reference_markdown``).
+Data only: each ``Option`` (option.py) names its section and key, type, default, limits and
+help text. Those of who may connect and how (``auth``, ``tls``, ``websocket``, ``http``) are
+in options_access.py. config.py reads a file and flags against it; docs/operations.md embeds
+the reference it generates (``config.reference_markdown``), in the order of ``OPTIONS``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from .option import Option
+from .options_access import AUTH_OPTIONS, LISTENER_OPTIONS
 
 __all__ = ["Option", "OPTIONS"]
 
 
-@dataclass(frozen=True)
-class Option:
-    section: str  # "" for top level
-    key: str
-    type: type  # int, float, bool, str, list
-    default: Any
-    help: str
-    minimum: float | None = None
-    maximum: float | None = None
-    choices: tuple[Any, ...] | None = None
-    flag_name: str | None = None  # when the key alone would be ambiguous as a flag
-
-    @property
-    def name(self) -> str:
-        return f"{self.section}.{self.key}" if self.section else self.key
-
-    @property
-    def flag(self) -> str:
-        return self.flag_name or "--" + self.key.replace("_", "-")
-
-    @property
-    def dest(self) -> str:
-        return self.name.replace(".", "__")
-
-
 _MiB = 1024 * 1024
 
-OPTIONS: list[Option] = [
+_NODE: list[Option] = [
     Option("", "host", str, "127.0.0.1", "address to listen on for MQTT clients"),
     Option("", "port", int, 1883, "TCP port for MQTT clients (0 picks a free one)", 0, 65535),
     Option("", "node_id", str, "", "name of this node in the mesh and in logs (default: host-port)"),
@@ -159,114 +135,9 @@ OPTIONS: list[Option] = [
         65536,
     ),
     Option("limits", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
-    Option("auth", "allow_anonymous", bool, True, "accept clients that send no user name"),
-    Option("auth", "password_file", str, "", "password file (manage with `mqttmesh passwd`)"),
-    Option("auth", "acl_file", str, "", "ACL file; when set, what it does not grant is denied"),
-    Option(
-        "auth",
-        "fail_threshold",
-        int,
-        3,
-        "failed logins per client address, and per user name, answered without delay (within fail_window)",
-        1,
-        flag_name="--auth-fail-threshold",
-    ),
-    Option(
-        "auth",
-        "fail_delay",
-        float,
-        0.5,
-        "seconds the answer to a failed login is held back once its address "
-        "or user name is over fail_threshold; doubles with each further failure (a right password is never held)",
-        0.001,
-        flag_name="--auth-fail-delay",
-    ),
-    Option(
-        "auth",
-        "fail_delay_max",
-        float,
-        30.0,
-        "longest such hold",
-        0.001,
-        flag_name="--auth-fail-delay-max",
-    ),
-    Option(
-        "auth",
-        "fail_window",
-        float,
-        600.0,
-        "seconds after its last failed login an address or user name is forgiven",
-        1,
-        flag_name="--auth-fail-window",
-    ),
-    Option(
-        "auth",
-        "fail_entries",
-        int,
-        50_000,
-        "addresses and user names whose failed logins are "
-        "remembered (least recently used forgotten first; about 200 bytes each)",
-        100,
-        flag_name="--auth-fail-entries",
-    ),
-    Option(
-        "auth",
-        "max_unanswered",
-        int,
-        64,
-        "logins from one client address being checked or with a failure's answer held; "
-        "more wait their turn (as many again), beyond that CONNACK 0x03 unchecked",
-        1,
-        flag_name="--auth-max-unanswered",
-    ),
-    Option(
-        "auth",
-        "hash_workers",
-        int,
-        1,
-        "threads that check password hashes, at a lower CPU priority than the event loop",
-        1,
-        64,
-        flag_name="--auth-hash-workers",
-    ),
-    Option(
-        "auth",
-        "hash_nice",
-        int,
-        10,
-        "CPU priority those threads give up (nice, Linux)",
-        0,
-        19,
-        flag_name="--auth-hash-nice",
-    ),
-    Option(
-        "auth",
-        "max_pending",
-        int,
-        64,
-        "password checks waiting for a thread; a login beyond gets CONNACK 0x03 (server unavailable) unchecked",
-        1,
-        flag_name="--auth-max-pending",
-    ),
-    Option(
-        "auth",
-        "cache_size",
-        int,
-        10_000,
-        "successful logins remembered, so that a reconnect skips the hash (0 = none; failures are never remembered)",
-        0,
-        flag_name="--auth-cache-size",
-    ),
-    Option(
-        "auth",
-        "log_rate",
-        float,
-        5.0,
-        "login failure lines logged per second at most (bursts of "
-        "10 s worth); the rest are counted in one line every 10 s",
-        0.1,
-        flag_name="--auth-log-rate",
-    ),
+]
+
+_STORE_AND_MESH: list[Option] = [
     Option(
         "store",
         "synchronous",
@@ -400,107 +271,9 @@ OPTIONS: list[Option] = [
         10,
     ),
     Option("mesh", "status_interval", float, 1.0, "seconds between $SYS/mesh/status updates", 0.05),
-    Option(
-        "tls",
-        "port",
-        int,
-        0,
-        "TCP port of a TLS listener for clients, beside the plain one (0 = none)",
-        0,
-        65535,
-        flag_name="--tls-port",
-    ),
-    Option(
-        "websocket",
-        "port",
-        int,
-        0,
-        "TCP port of an MQTT over WebSocket listener for clients (ws://HOST:PORT/PATH; 0 = none)",
-        0,
-        65535,
-        flag_name="--ws-port",
-    ),
-    Option(
-        "websocket",
-        "tls_port",
-        int,
-        0,
-        "TCP port of an MQTT over secure WebSocket listener (wss://; tls.cert_file and tls.key_file; 0 = none)",
-        0,
-        65535,
-        flag_name="--wss-port",
-    ),
-    Option(
-        "websocket",
-        "path",
-        str,
-        "/mqtt",
-        "the HTTP path of the WebSocket listeners (another path gets 404)",
-        flag_name="--ws-path",
-    ),
-    Option(
-        "http",
-        "port",
-        int,
-        0,
-        "TCP port of the operator's HTTP listener: the console, /metrics, the admin API /api/v1/ (0 = none)",
-        0,
-        65535,
-        flag_name="--http-port",
-    ),
-    Option("http", "host", str, "127.0.0.1", "address of the HTTP listener", flag_name="--http-host"),
-    Option(
-        "http",
-        "token",
-        str,
-        "",
-        "bearer token every HTTP request must carry (empty: none asked)",
-        flag_name="--http-token",
-    ),
-    Option(
-        "http",
-        "token_file",
-        str,
-        "",
-        "file whose first line is http.token (keeps it off the command line)",
-        flag_name="--http-token-file",
-    ),
-    Option(
-        "http",
-        "read_token",
-        str,
-        "",
-        "a second bearer token that may only read (metrics, the console, GET in the API)",
-        flag_name="--http-read-token",
-    ),
-    Option(
-        "http",
-        "mesh_timeout",
-        float,
-        2.0,
-        "seconds the admin API waits for the other nodes' answers to a mesh-wide question",
-        0.05,
-        60,
-        flag_name="--http-mesh-timeout",
-    ),
-    Option("tls", "cert_file", str, "", "PEM certificate (chain) of this node", flag_name="--tls-cert"),
-    Option("tls", "key_file", str, "", "PEM private key of this node", flag_name="--tls-key"),
-    Option(
-        "tls",
-        "ca_file",
-        str,
-        "",
-        "PEM CA bundle: checks client certificates and, with mesh.tls, the peers' certificates",
-        flag_name="--tls-ca",
-    ),
-    Option(
-        "tls",
-        "require_certificate",
-        bool,
-        False,
-        "TLS clients must present a certificate signed by tls.ca_file",
-        flag_name="--tls-require-certificate",
-    ),
+]
+
+_MESH_TLS_SYS_ARCHIVE: list[Option] = [
     Option(
         "mesh",
         "tls",
@@ -661,3 +434,6 @@ OPTIONS: list[Option] = [
         flag_name="--archive-writer-idle",
     ),
 ]
+
+# the order of the reference in docs/operations.md
+OPTIONS: list[Option] = [*_NODE, *AUTH_OPTIONS, *_STORE_AND_MESH, *LISTENER_OPTIONS, *_MESH_TLS_SYS_ARCHIVE]
