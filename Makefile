@@ -14,6 +14,7 @@ FAST   := not process and not spark and not interop and not slow and not hostile
 .PHONY: run test check lint typecheck fmt bench bench-ws venv clean simulate-scale fuzz hostile-bench chaos sim-sweep system-deps js-deps
 
 $(STAMP): pyproject.toml
+	PYTHON=$(PYTHON) scripts/system-deps venv
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
