@@ -18,7 +18,8 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..config import Config
+from ..auth import ConfigError
+from ..config import Config, read_first_line
 from .connection import Connection
 from .http import HttpConnection
 from .tls import server_context
@@ -117,8 +118,6 @@ class Listeners:
         keeps the ones in force (returned, to be logged)."""
         if self.tls is None:
             return None
-        from ..auth import ConfigError
-
         try:
             tls = server_context(fresh)
         except ConfigError as exc:
@@ -213,3 +212,19 @@ def _close_with_reset(sock: socket.socket) -> None:
     except OSError:
         pass
     sock.close()
+
+
+def http_tokens(config: Config) -> dict[str, str]:
+    """The bearer tokens the HTTP listener accepts, each with what it may do: "admin"
+    (everything) or "read" (what only reads). None: it asks for none."""
+    path = config.get("http.token_file")
+    token = read_first_line("http.token_file", path) if path else config.get("http.token")
+    read = config.get("http.read_token")
+    if read and not token:
+        raise ConfigError("http.read_token: needs http.token (or http.token_file) as well")
+    if read and read == token:
+        raise ConfigError("http.read_token: must differ from http.token")
+    tokens = {token: "admin"} if token else {}
+    if read:
+        tokens[read] = "read"
+    return tokens

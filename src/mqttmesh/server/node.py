@@ -21,12 +21,12 @@ from .. import __version__
 from ..assembly import MeshConfig, NodeCore, build_core
 from ..auth import Acl, Auth, ConfigError, PasswordFile
 from ..broker import Broker, BrokerSettings
-from ..config import Config, read_first_line
+from ..config import Config
 from ..message import Message
 from ..session import Limits
 from ..store import NULL_JOURNAL, Journal, clock_incarnation
 from .connection import PAUSE_MEMORY, Connection
-from .listeners import Listeners
+from .listeners import Listeners, http_tokens
 from .logins import Logins
 from .metrics import COMMIT_BUCKETS, Histogram
 from .ops import Inquiries
@@ -117,7 +117,7 @@ class Node:
         self._server: asyncio.base_events.Server | None = None
         # TLS, WebSocket and HTTP (listeners.py); their ports are 0 while off
         self.listeners = Listeners(self, config)
-        self.http_tokens = _http_tokens(config)
+        self.http_tokens = http_tokens(config)
         # the questions the admin API asks the other nodes (ops.py)
         self.inquiries = Inquiries(self, config.get("http.mesh_timeout"))
         # re-reads the configuration and reloads (cli.py sets it: SIGHUP, POST /api/v1/reload);
@@ -584,22 +584,6 @@ class Node:
         # $SYS values are retained in memory only: they are recomputed at every start
         msg = Message(topic, value.encode(), 0, True, self.node_id, 0, "$SYS", time.time())
         self.broker.publish_sys(msg)
-
-
-def _http_tokens(config: Config) -> dict[str, str]:
-    """The bearer tokens the HTTP listener accepts, each with what it may do: "admin"
-    (everything) or "read" (what only reads). None: it asks for none."""
-    path = config.get("http.token_file")
-    token = read_first_line("http.token_file", path) if path else config.get("http.token")
-    read = config.get("http.read_token")
-    if read and not token:
-        raise ConfigError("http.read_token: needs http.token (or http.token_file) as well")
-    if read and read == token:
-        raise ConfigError("http.read_token: must differ from http.token")
-    tokens = {token: "admin"} if token else {}
-    if read:
-        tokens[read] = "read"
-    return tokens
 
 
 def python_info() -> str:
