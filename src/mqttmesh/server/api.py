@@ -18,7 +18,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import unquote
 
 from .. import __version__
@@ -27,8 +27,8 @@ from ..mesh.routing.spf import shortest_paths
 from .metrics import render
 from .ops import MAX_LIMIT, answer_locally, decode_cursor
 
-if TYPE_CHECKING:
-    from .node import Node
+# the server/node.py Node, typed loosely: node.py imports this module (no circle)
+Node = Any
 
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 JSON = "application/json"
@@ -54,7 +54,7 @@ class BadRequest(Exception):
     pass
 
 
-Handler = Callable[["Node", dict[str, str], dict[str, str]], Awaitable[Reply]]
+Handler = Callable[[Node, dict[str, str], dict[str, str]], Awaitable[Reply]]
 
 
 @dataclass

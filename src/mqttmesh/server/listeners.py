@@ -16,7 +16,7 @@ import socket
 import ssl
 import struct
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..auth import ConfigError
 from ..config import Config, read_first_line
@@ -25,11 +25,11 @@ from .http import HttpConnection
 from .tls import server_context
 from .websocket import WebSocketLink
 
-if TYPE_CHECKING:
-    from .node import Node
+# the server/node.py Node, typed loosely: node.py imports this module (no circle)
+Node = Any
 
 # makes the protocol of a connection accepted on a TLS listener (the node, when accepted)
-MakeProtocol = Callable[["Node", float], "Connection | WebSocketLink"]
+MakeProtocol = Callable[[Node, float], "Connection | WebSocketLink"]
 
 log = logging.getLogger("mqttmesh.node")
 
@@ -173,9 +173,9 @@ class Listeners:
                 lambda: protocol,
                 sock,
                 ssl=self.tls,
+                # (TLS connections are admitted with their time: accepted_at is set)
                 ssl_handshake_timeout=max(
-                    0.05,
-                    conn.accepted_at + node.broker.settings.connect_timeout - self.loop.time(),  # type: ignore[operator]  # (TLS connections are admitted with their time)
+                    0.05, conn.accepted_at + node.broker.settings.connect_timeout - self.loop.time()
                 ),
             )
         except (TimeoutError, OSError, ssl.SSLError, RuntimeError) as exc:

@@ -23,13 +23,13 @@ import itertools
 import json
 import logging
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..channel import CONNECTED
 from .websocket import is_websocket
 
-if TYPE_CHECKING:
-    from .node import Node
+# the server/node.py Node, typed loosely: node.py imports this module (no circle)
+Node = Any
 
 log = logging.getLogger("mqttmesh.ops")
 
