@@ -25,7 +25,7 @@ from .. import __version__
 from ..auth import ConfigError
 from ..mesh.routing.spf import shortest_paths
 from .metrics import render
-from .ops import MAX_LIMIT, answer_locally, decode_cursor
+from .ops import MAX_LIMIT, decode_cursor
 
 # the server/node.py Node, typed loosely: node.py imports this module (no circle)
 Node = Any
@@ -326,4 +326,4 @@ async def answer(node: Node, method: str, target: str, role: str | None) -> Repl
     return Reply(404, "text/plain", b"not found\n")
 
 
-__all__ = ["answer", "openapi", "ROUTES", "Reply", "answer_locally"]
+__all__ = ["answer", "openapi", "ROUTES", "Reply"]
