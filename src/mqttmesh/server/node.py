@@ -162,7 +162,8 @@ class Node:
         wall_offset = time.time() - self.loop.time()  # message timestamps: the loop clock plus this
         mesh: MeshConfig | None = None
         if self.mesh is not None:
-            port = self.tls_port if self.mesh.tls is not None and self.tls_port else self.port
+            tls_port = self.listeners.tls_port
+            port = tls_port if self.mesh.tls is not None and tls_port else self.port
             mesh = self.mesh.core_config(port)
         self.core = build_core(
             self.settings,
@@ -545,22 +546,6 @@ class Node:
             f"; kept after an error: {', '.join(kept)}" if kept else "",
         )
         return kept
-
-    @property
-    def tls_port(self) -> int:
-        return self.listeners.tls_port
-
-    @property
-    def ws_port(self) -> int:
-        return self.listeners.ws_port
-
-    @property
-    def wss_port(self) -> int:
-        return self.listeners.wss_port
-
-    @property
-    def http_port(self) -> int:
-        return self.listeners.http_port
 
     def uptime(self) -> float:
         return time.time() - self.started_at
