@@ -135,7 +135,9 @@ def test_a_mesh_node_shows_its_links_and_counters(broker_factory):
         what="a few round trips sampled",
     )
     assert page['mqttmesh_mesh_link_rtt_sample_seconds_bucket{peer="a",le="+Inf"}'] >= 2
-    assert 0 < page['mqttmesh_mesh_link_rtt_sample_seconds_sum{peer="a"}'] < 1
+    # a loopback round trip may be shorter than the clock's tick on a virtual machine whose
+    # clock source is coarse (CI measured 0.0 for two samples): zero is a sample, not an error
+    assert 0 <= page['mqttmesh_mesh_link_rtt_sample_seconds_sum{peer="a"}'] < 1
     assert "mqttmesh_mesh_spf_runs_total" in page and "mqttmesh_cluster_claims_total" in page
     doc = json.loads(get(a, "/api/v1/status")[2])
     assert set(doc["mesh"]["nodes"]) == set(names)
