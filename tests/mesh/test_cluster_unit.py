@@ -52,7 +52,7 @@ from mqttmesh.mesh.cluster.cluster_wire import (
 )
 from mqttmesh.mesh.cluster.hrw import owners
 from mqttmesh.mesh.cluster.membership import Membership
-from mqttmesh.mesh.cluster.replica import merge_snapshots
+from mqttmesh.mesh.cluster.snapshots import merge_snapshots
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
 from support.cluster_net import NAMES, FakeChannel, Net, cid_with, holder_of

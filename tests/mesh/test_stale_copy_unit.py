@@ -12,7 +12,7 @@ import pytest
 from mqttmesh.mesh.cluster import replica
 from mqttmesh.mesh.cluster.cluster import ClusterSettings
 from mqttmesh.mesh.cluster.cluster_values import ClusterWireError, Snapshot, SnapshotEntry, pack_ids, unpack_ids
-from mqttmesh.mesh.cluster.replica import merge_snapshots
+from mqttmesh.mesh.cluster.snapshots import merge_snapshots
 from support.cluster_net import Net, cid_with
 
 

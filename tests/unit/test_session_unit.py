@@ -6,7 +6,8 @@ import pytest
 
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.cluster.cluster_values import Snapshot
-from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions, install, replica_of
+from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions, replica_of
+from mqttmesh.mesh.cluster.snapshots import install
 from mqttmesh.message import Message
 from mqttmesh.session import OPEN, SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
 from mqttmesh.store import NULL_JOURNAL, Journal

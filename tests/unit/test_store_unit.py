@@ -322,7 +322,7 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     The messages are journaled with the ids, and a restart brings them back."""
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.mesh.cluster.cluster_values import Snapshot
-    from mqttmesh.mesh.cluster.replica import install
+    from mqttmesh.mesh.cluster.snapshots import install
     from mqttmesh.server.sqlite_store import SqliteStore
 
     j = Journal()
@@ -371,7 +371,8 @@ def test_a_durable_replica_keeps_the_ids_it_settled_across_a_restart(tmp_path):
     are stored (a ring of TOMBSTONES per session) and come back with the session."""
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.mesh.cluster.cluster_values import Snapshot, SnapshotEntry
-    from mqttmesh.mesh.cluster.replica import TOMBSTONES, install
+    from mqttmesh.mesh.cluster.replica import TOMBSTONES
+    from mqttmesh.mesh.cluster.snapshots import install
     from mqttmesh.server.sqlite_store import SqliteStore
 
     j = Journal()

@@ -43,7 +43,7 @@ from .cluster_wire import (
 )
 from .holders import Holders
 from .membership import Membership
-from .replica import merge_snapshots
+from .snapshots import merge_snapshots
 
 if TYPE_CHECKING:
     from ...packets import Will

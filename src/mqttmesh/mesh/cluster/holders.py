@@ -34,8 +34,9 @@ from .cluster_wire import (
 )
 from .confirm import Confirmations
 from .membership import Membership
-from .replica import _Replicated, install, merge_snapshots, replica_of, snapshot, unknown_to
+from .replica import _Replicated, replica_of
 from .replication import Redirect, Replication
+from .snapshots import install, merge_snapshots, snapshot, unknown_to
 
 if TYPE_CHECKING:
     from ...broker import ClaimingChannel

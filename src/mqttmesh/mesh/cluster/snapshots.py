@@ -1,0 +1,206 @@
+"""A persistent session's state as one holder sends it to another, and what is done with it.
+
+Pure. ``snapshot`` takes a copy's messages, settled ids and floors; ``merge_snapshots`` makes
+one view of several holders' (an id settled anywhere is settled; a message only moves forward);
+``unknown_to`` names what a copy holds that a snapshot lacks; ``install`` replaces a copy's
+messages with a snapshot's. The wire form is in ``cluster_wire.py``; who sends and merges them,
+and when, is claimant.py's and holders.py's business.
+"""
+
+from __future__ import annotations
+
+import base64
+
+from ...message import Message, in_origin_order
+from ...session import Entry
+from .cluster_values import Forwarded, Snapshot, SnapshotEntry
+from .replica import _Replicated
+
+__all__ = ["snapshot", "merge_snapshots", "unknown_to", "install"]
+
+
+def snapshot(session: _Replicated) -> Snapshot:
+    """The session's state, as a holder sends it to another (mesh/cluster/cluster_wire.py)."""
+    entries = []
+    for entry in list(session.inflight.values()) + list(session.queue):
+        if entry.retain:
+            continue  # retained copies are re-sent from the retained store, not carried
+        m = entry.msg
+        payload = base64.b64encode(m.payload).decode()
+        entries.append(
+            SnapshotEntry(
+                m.origin,
+                m.seq,
+                m.topic,
+                payload,
+                m.qos,
+                entry.qos,
+                entry.packet_id,
+                entry.state,
+                m.publisher,
+                m.timestamp,
+            )
+        )
+    return Snapshot(
+        session.client_id,
+        dict(session.subscriptions),
+        session.subs_version,
+        entries,
+        list(session.done),  # every id it remembers (packed: about two bytes each)
+        sorted(session.awaiting_rel),
+        session.active_node,
+        session.epoch,
+        session.version,
+        [(o, s, state, pid) for (o, s), (state, pid) in session.reserved.items()],
+        [(pid, Forwarded.of(m)) for pid, m in session.inbound.items() if pid in session.awaiting_rel],
+        dict(session.floors),
+    )
+
+
+def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
+    """Several holders' views in one. Message ids: an id settled anywhere is settled, and the
+    furthest state wins (a message only moves forward). Inbound QoS 2 ids awaiting PUBREL
+    come and go (an id is released, then reused by a new message): they are the latest
+    view's, the one with the highest (epoch, version), never a union. A QoS 2 message at or
+    below a copy's floor that the latest view does not hold cannot be told from one settled
+    and forgotten: it is taken as settled (``_Replicated.forgotten``)."""
+    if not snaps:
+        return None
+    done: set[tuple[str, int]] = set()
+    floors: dict[str, int] = {}
+    for s in snaps:
+        done.update(s.done)
+        for origin, floor in s.floors.items():
+            if floor > floors.get(origin, -1):
+                floors[origin] = floor
+    latest = max(snaps, key=lambda s: (s.epoch, s.version))
+    in_latest = {(e.origin, e.seq) for e in latest.entries} | {(o, q) for o, q, _, _ in latest.reserved}
+    best: dict[tuple[str, int], SnapshotEntry] = {}
+    order: list[tuple[str, int]] = []
+    for s in snaps:
+        for e in s.entries:
+            key = (e.origin, e.seq)
+            if key in done:
+                continue
+            if e.qos == 2 and key not in in_latest and e.seq <= floors.get(e.origin, -1):
+                continue  # (settled and forgotten, as far as anyone can tell)
+            if e.state and s.epoch < latest.epoch and key not in in_latest:
+                # in flight under an older claim, gone from the newest copy: every step of it
+                # reached the nodes the newer claim gathered from, so it was completed since
+                # (its settled id may be older than the TOMBSTONES a copy remembers)
+                continue
+            have = best.get(key)
+            if have is None:
+                best[key] = e
+                order.append(key)
+            elif e.state > have.state:
+                best[key] = e
+    # ids settled for messages a copy did not have yet: the furthest state wins, an entry's too
+    reserved: dict[tuple[str, int], tuple[int, int]] = {}
+    for s in snaps:
+        for origin, seq, state, pid in s.reserved:
+            key = (origin, seq)
+            if key not in done and reserved.get(key, (0, 0))[0] <= state:
+                reserved[key] = (state, pid)
+    for key, (state, pid) in list(reserved.items()):
+        entry = best.get(key)
+        if entry is not None:
+            del reserved[key]
+            if entry.state < state:
+                best[key] = entry._replace(pid=pid, state=state)
+    subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
+    # in flight first (in packet-id send order), then queued, each in arrival order
+    entries = [best[k] for k in order]
+    entries.sort(key=lambda e: 0 if e.state else 1)
+    # (copies that got one origin's messages in different orders, or not all of them)
+    in_origin_order(entries, lambda e: None if e.state else (e.origin, e.seq))
+    return Snapshot(
+        snaps[0].cid,
+        subs_from.subs,
+        subs_from.subs_version,
+        entries,
+        # (a set's order, as before issue 14: it depends on the hash seed, which decides
+        # which ids are kept only when there are more than the snapshot and TOMBSTONES keep)
+        list(done),
+        sorted(latest.rel),
+        subs_from.active,
+        max(s.epoch for s in snaps),
+        latest.version,
+        [(o, s, state, pid) for (o, s), (state, pid) in reserved.items()],
+        [(pid, fwd) for pid, fwd in latest.inbound if pid in latest.rel],
+        floors,
+    )
+
+
+def unknown_to(session: _Replicated, snap: Snapshot) -> list[Entry]:
+    """The entries of ``session`` whose messages ``snap`` neither has nor settled (as far as
+    either knows): a copy about to be replaced by ``snap`` must not drop them."""
+    known = {(e.origin, e.seq) for e in snap.entries}
+    known.update(snap.done)
+    known.update((o, q) for o, q, _, _ in snap.reserved)
+    done = session.done
+    floors = snap.floors
+    out = []
+    for entry in list(session.inflight.values()) + list(session.queue):
+        key = (entry.msg.origin, entry.msg.seq)
+        if entry.retain or key in known or key in done:
+            continue
+        if entry.qos == 2 and key[1] <= floors.get(key[0], -1):
+            continue  # settled and forgotten there, as far as anyone can tell (forgotten)
+        out.append(entry)
+    return out
+
+
+def install(session: _Replicated, snap: Snapshot) -> None:
+    """Replace the session's messages with the snapshot's (subscriptions are the caller's job)."""
+    base = super(_Replicated, session)  # storage only: these are not settlements
+    settled = set(snap.done)
+    for entry in list(session.inflight.values()) + list(session.queue):
+        base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method, reached past _Replicated)
+        key = (entry.msg.origin, entry.msg.seq)
+        if key in settled:
+            session._stored_done(key)  # (a message this copy had: its settlement is stored too)
+    session.inflight.clear()
+    session.queue.clear()
+    session.ids.clear()
+    for key in snap.done:
+        session._remember_done(key)
+    for origin, floor in snap.floors.items():
+        session._raise_floor(origin, floor)
+    used = set()
+    done = session.done
+    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap.entries:
+        if (origin, seq) in done:
+            # settled here before (this copy remembers TOMBSTONES ids, a snapshot carries
+            # those of its copy): a copy that was away, or paused, must not bring it back
+            continue
+        msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts)
+        entry = session._new_entry(msg, qos, False)
+        if state and pid and pid not in used:
+            entry.packet_id, entry.state = pid, state
+            session.inflight[pid] = entry
+            used.add(pid)
+        else:
+            session.queue.append(entry)
+        session._stored_put(entry)
+    old, new = set(session.awaiting_rel), set(snap.rel)
+    for pid in sorted(old - new):
+        base.awaiting_rel_remove(pid)  # type: ignore[attr-defined]  # (journaled by a DurableMeshSession)
+    for pid in sorted(new - old):
+        base.awaiting_rel_add(pid)  # type: ignore[attr-defined]
+    inbound = {pid: fwd.message() for pid, fwd in snap.inbound if pid in new}
+    ids = {(m.origin, m.seq) for m in inbound.values()}
+    session.routed_here = {key for key in session.routed_here if key in ids}
+    for pid in session.inbound.keys() - inbound.keys():
+        session._stored_inbound(pid, None)
+    for pid, msg in inbound.items():
+        have = session.inbound.get(pid)
+        if have is None or (have.origin, have.seq) != (msg.origin, msg.seq):
+            session._stored_inbound(pid, msg)
+    session.inbound = inbound
+    session.reserved = {(o, s): (state, pid) for o, s, state, pid in snap.reserved if (o, s) not in session.ids}
+    session.subs_version = max(session.subs_version, snap.subs_version)
+    session.epoch = max(session.epoch, snap.epoch)
+    session.version = snap.version
+    session._stored_version()
+    session.restore_done()  # (new packet ids after the highest in flight)
