@@ -322,6 +322,11 @@ class Channel(Publishing, PeerListening, HeldFrames):
     # -- CONNECT -------------------------------------------------------------------------------
 
     def _on_connect(self, pkt: codec.Connect, now: float) -> None:
+        if pkt.protocol_level == 5 and pkt.protocol_name == "MQTT":
+            # in MQTT 5's form: 0x84 Unsupported Protocol Version [MQTT-3.1.2-2] (5.0)
+            self.broker.stats.connections_refused += 1
+            self.write(b"\x20\x03\x00\x84\x00")
+            return self.close("CONNACK 0x84 (Unsupported Protocol Version): MQTT 5 is not served yet")
         if pkt.protocol_level != 4 or pkt.protocol_name != "MQTT":
             return self._refuse(
                 BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} level {pkt.protocol_level}"

@@ -1,4 +1,4 @@
-"""MQTT 3.1.1 packet codec: bytes in, packets out; packets in, bytes out.
+"""MQTT packet codec: bytes in, packets out; packets in, bytes out (3.1.1 here, 5.0 in codec5.py).
 
 Pure: no sockets, no clock, no session state. It leaves to its caller where the
 bytes come from, when to read more, and what a packet means for a session; it
@@ -12,11 +12,14 @@ import struct
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from . import codec5
+from .fields import Reader
 from .packets import (  # re-exported: the codec is where callers find packets
     _FIRST_OK,
     _FLAG_RULES,
     _REQUIRED_FLAGS,
     ACCEPTED,
+    AUTH,
     BAD_CREDENTIALS,
     BAD_PROTOCOL,
     CONNACK,
@@ -39,12 +42,15 @@ from .packets import (  # re-exported: the codec is where callers find packets
     UNAVAILABLE,
     UNSUBACK,
     UNSUBSCRIBE,
+    Auth,
     ConnAck,
     Connect,
     Disconnect,
     MalformedPacket,
     PingReq,
     PingResp,
+    Props,
+    ProtocolError,
     PubAck,
     PubComp,
     Publish,
@@ -55,9 +61,6 @@ from .packets import (  # re-exported: the codec is where callers find packets
     UnsubAck,
     Unsubscribe,
     Will,
-    _decode_utf8,
-    _Empty,
-    _IdOnly,
     _Packet,
     first_byte_error,
     validate_topic_filter,
@@ -86,6 +89,10 @@ __all__ = [
     "PINGREQ",
     "PINGRESP",
     "DISCONNECT",
+    "AUTH",
+    "Auth",
+    "ProtocolError",
+    "Props",
     "PACKET_NAMES",
     "MalformedPacket",
     "Will",
@@ -113,52 +120,10 @@ __all__ = [
 ]
 
 _U16 = struct.Struct(">H")
+_Reader = Reader
 
 
 # --------------------------------------------------------------------------- decoding
-
-
-class _Reader:
-    """Reads the fields of one packet body; every overrun is a malformed packet."""
-
-    __slots__ = ("buf", "pos", "end", "name")
-
-    def __init__(self, buf: bytes | bytearray | memoryview, pos: int, end: int, name: str):
-        self.buf, self.pos, self.end, self.name = buf, pos, end, name
-
-    def u8(self) -> int:
-        if self.pos >= self.end:
-            raise MalformedPacket("MQTT-4.8.0-1", f"{self.name} is truncated")
-        value: int = self.buf[self.pos]
-        self.pos += 1
-        return value
-
-    def u16(self) -> int:
-        if self.pos + 2 > self.end:
-            raise MalformedPacket("MQTT-4.8.0-1", f"{self.name} is truncated")
-        value: int = (self.buf[self.pos] << 8) | self.buf[self.pos + 1]
-        self.pos += 2
-        return value
-
-    def binary(self) -> bytes:
-        length = self.u16()
-        if self.pos + length > self.end:
-            raise MalformedPacket("MQTT-4.8.0-1", f"{self.name}: field length {length} overruns the packet")
-        value = bytes(self.buf[self.pos : self.pos + length])
-        self.pos += length
-        return value
-
-    def string(self, what: str) -> str:
-        return _decode_utf8(self.binary(), what)
-
-    def rest(self) -> bytes:
-        value = bytes(self.buf[self.pos : self.end])
-        self.pos = self.end
-        return value
-
-    @property
-    def remaining(self) -> int:
-        return self.end - self.pos
 
 
 def _packet_id(r: _Reader, what: str) -> int:
@@ -179,6 +144,8 @@ def _decode_connect(r: _Reader, flags: int) -> Connect:
     if name != "MQTT":
         # We continue under no other specification, so we close [MQTT-3.1.2-1].
         raise MalformedPacket("MQTT-3.1.2-1", f"protocol name {name!r} is not 'MQTT'")
+    if level == 5:
+        return codec5.decode_connect(r, cflags, keepalive)
     if level != 4:
         return pkt  # the caller answers CONNACK 0x01 [MQTT-3.1.2-2]; the rest may be another format
     if cflags & 0x01:
@@ -230,9 +197,9 @@ def _decode_publish(r: _Reader, flags: int) -> Publish:
     return Publish(topic, r.rest(), qos, bool(flags & 0x01), dup, pid)
 
 
-def _decode_id_only(cls: type[_IdOnly]) -> Callable[[_Reader, int], _IdOnly]:
-    def decode(r: _Reader, flags: int) -> _IdOnly:
-        pkt = cls(_packet_id(r, PACKET_NAMES[cls.type]))
+def _decode_id_only(cls: Callable[[int], _Packet]) -> Callable[[_Reader, int], _Packet]:
+    def decode(r: _Reader, flags: int) -> _Packet:
+        pkt = cls(_packet_id(r, PACKET_NAMES[cls.type]))  # type: ignore[attr-defined]
         _expect_end(r)
         return pkt
 
@@ -275,8 +242,8 @@ def _decode_unsubscribe(r: _Reader, flags: int) -> Unsubscribe:
     return Unsubscribe(pid, filters)
 
 
-def _decode_empty(cls: type[_Empty]) -> Callable[[_Reader, int], _Empty]:
-    def decode(r: _Reader, flags: int) -> _Empty:
+def _decode_empty(cls: Callable[[], _Packet]) -> Callable[[_Reader, int], _Packet]:
+    def decode(r: _Reader, flags: int) -> _Packet:
         _expect_end(r)
         return cls()
 
@@ -307,6 +274,7 @@ _DECODERS: dict[int, Callable[[_Reader, int], _Packet]] = {
 
 
 _ACK_CLASSES = {PUBACK: PubAck, PUBREC: PubRec, PUBREL: PubRel, PUBCOMP: PubComp}
+PACKET_NAMES5 = {**PACKET_NAMES, AUTH: "AUTH"}
 
 
 class Decoder:
@@ -315,14 +283,18 @@ class Decoder:
     Each packet is yielded as soon as its last byte is fed. A malformed packet
     raises MalformedPacket; the decoder is then unusable, as the connection must
     close [MQTT-4.8.0-1].
+
+    ``version``: 4 (MQTT 3.1.1) or 5; it becomes 5 when a CONNECT of protocol level 5 is
+    decoded (a server's decoder learns its client's version from it), and a client sets it.
     """
 
-    __slots__ = ("_buf", "max_packet_size", "broken")
+    __slots__ = ("_buf", "max_packet_size", "broken", "version")
 
-    def __init__(self, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE):
+    def __init__(self, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE, version: int = 4):
         self._buf = bytearray()
         self.max_packet_size = max_packet_size
         self.broken = False
+        self.version = version
 
     def feed(self, data: bytes) -> None:
         self._buf += data
@@ -346,12 +318,14 @@ class Decoder:
         buf = self._buf
         size = len(buf)
         max_size = self.max_packet_size
+        v5 = self.version == 5
+        first_ok = codec5.FIRST_OK if v5 else _FIRST_OK
         pos = 0
         try:
             while size > pos:
                 first = buf[pos]
-                if not _FIRST_OK[first]:
-                    raise first_byte_error(first)
+                if not first_ok[first]:
+                    raise codec5.first_byte_error(first) if v5 else first_byte_error(first)
                 # remaining length: up to four bytes, seven bits each (2.2.3); one byte (below
                 # 128) for nearly every packet, so that one is read without the loop
                 i = pos + 1
@@ -377,11 +351,17 @@ class Decoder:
                     raise MalformedPacket(
                         "MQTT-4.8.0-1",
                         f"packet of {i - pos + length} bytes exceeds the maximum packet size {max_size}",
+                        0x95,  # (MQTT 5: Packet too large)
                     )
                 end = i + length
                 if end > size:
                     return
                 ptype = first >> 4
+                if v5:
+                    packet = codec5.DECODERS[ptype](_Reader(buf, i, end, PACKET_NAMES5[ptype]), first & 0x0F)
+                    pos = end
+                    yield packet
+                    continue
                 if ptype == PUBLISH:
                     # the hot path, inlined: same checks as _decode_publish
                     qos = (first >> 1) & 0x03
@@ -427,6 +407,9 @@ class Decoder:
                     )
                 decoded = decode(_Reader(buf, i, end, PACKET_NAMES[ptype]), flags)
                 pos = end
+                if isinstance(decoded, Connect) and decoded.protocol_level == 5 and decoded.protocol_name == "MQTT":
+                    self.version = 5  # what follows is MQTT 5
+                    v5, first_ok = True, codec5.FIRST_OK
                 yield decoded
         except MalformedPacket:
             self.broken = True

@@ -1,5 +1,6 @@
-"""MQTT 3.1.1 packets as values: packet types, the fixed-header rules, the packet classes,
-and the checks of strings and topics (sections 1.5, 2, 3 and 4.7 of the standard).
+"""MQTT packets as values (3.1.1, and the fields MQTT 5.0 adds): packet types, the
+fixed-header rules, the packet classes, and the checks of strings and topics (sections 1.5,
+2, 3 and 4.7 of the standard).
 
 Pure: no bytes are read or written here (codec.py does that). It leaves to its caller
 everything but what a well-formed packet is.
@@ -31,8 +32,12 @@ __all__ = [
     "PINGREQ",
     "PINGRESP",
     "DISCONNECT",
+    "AUTH",
     "PACKET_NAMES",
     "MalformedPacket",
+    "ProtocolError",
+    "Props",
+    "Auth",
     "Will",
     "Connect",
     "ConnAck",
@@ -55,6 +60,10 @@ __all__ = [
 
 CONNECT, CONNACK, PUBLISH, PUBACK, PUBREC, PUBREL, PUBCOMP = 1, 2, 3, 4, 5, 6, 7
 SUBSCRIBE, SUBACK, UNSUBSCRIBE, UNSUBACK, PINGREQ, PINGRESP, DISCONNECT = 8, 9, 10, 11, 12, 13, 14
+AUTH = 15  # MQTT 5 only
+
+# MQTT 5 properties by identifier (properties.py); a multi-valued one holds a list
+Props = dict[int, Any]
 
 PACKET_NAMES = {
     0: "Reserved(0)",
@@ -141,32 +150,59 @@ CONNACK_REASONS = {
 
 
 class MalformedPacket(Exception):
-    """The bytes break a rule of MQTT 3.1.1; ``rule`` is the statement id."""
+    """The bytes break a rule of MQTT; ``rule`` is the statement id (of 3.1.1 or of 5.0: the
+    same id names different statements in the two), ``reason`` the MQTT 5 reason code a
+    DISCONNECT or CONNACK gives for it (0x81 Malformed Packet unless the standard names
+    another)."""
 
-    def __init__(self, rule: str, message: str):
+    reason = 0x81
+
+    def __init__(self, rule: str, message: str, reason: int | None = None):
         super().__init__(f"[{rule}] {message}")
         self.rule = rule
         self.detail = message
+        if reason is not None:
+            self.reason = reason
+
+
+class ProtocolError(MalformedPacket):
+    """Well-formed bytes that MQTT 5.0 calls a Protocol Error (reason code 0x82): a property
+    given twice, a value out of its range, a packet out of place. The connection closes as for
+    a malformed packet (section 4.13)."""
+
+    reason = 0x82
 
 
 # --------------------------------------------------------------------------- packets
 
 
 class Will:
-    __slots__ = ("topic", "payload", "qos", "retain")
+    """``properties``: MQTT 5 Will Properties (properties.py), None for 3.1.1."""
 
-    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False):
+    __slots__ = ("topic", "payload", "qos", "retain", "properties")
+
+    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, properties: Props | None = None):
         self.topic, self.payload, self.qos, self.retain = topic, payload, qos, retain
+        self.properties = properties
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Will) and _fields(self) == _fields(other)
 
     def __repr__(self) -> str:
-        return f"Will({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain})"
+        props = f", properties={self.properties!r}" if self.properties is not None else ""
+        return f"Will({self.topic!r}, {self.payload!r}, qos={self.qos}, retain={self.retain}{props})"
 
 
 def _fields(obj: Any) -> tuple[Any, ...]:
-    return tuple(getattr(obj, name) for name in obj.__slots__)
+    return tuple(getattr(obj, name) for name in _slots(type(obj)))
+
+
+def _slots(cls: type) -> tuple[str, ...]:
+    """Every slot of ``cls`` and its bases (a subclass's ``__slots__`` names only its own)."""
+    names: list[str] = []
+    for klass in reversed(cls.__mro__):
+        names.extend(klass.__dict__.get("__slots__", ()))
+    return tuple(names)
 
 
 class _Packet:
@@ -177,7 +213,7 @@ class _Packet:
         return type(self) is type(other) and _fields(self) == _fields(other)
 
     def __repr__(self) -> str:
-        names: tuple[str, ...] = self.__slots__
+        names = _slots(type(self))
         args = ", ".join(f"{n}={getattr(self, n)!r}" for n in names)
         return f"{type(self).__name__}({args})"
 
@@ -192,6 +228,7 @@ class Connect(_Packet):
         "password",
         "protocol_name",
         "protocol_level",
+        "properties",
     )
     type = CONNECT
 
@@ -205,22 +242,31 @@ class Connect(_Packet):
         password: bytes | None = None,
         protocol_name: str = "MQTT",
         protocol_level: int = 4,
+        properties: Props | None = None,
     ):
+        # (in MQTT 5 ``clean_session`` is the Clean Start flag)
         self.client_id, self.clean_session, self.keepalive = client_id, clean_session, keepalive
         self.will, self.username, self.password = will, username, password
         self.protocol_name, self.protocol_level = protocol_name, protocol_level
+        self.properties = properties
 
 
 class ConnAck(_Packet):
-    __slots__ = ("session_present", "return_code")
+    """``return_code``: the 3.1.1 return code, or the MQTT 5 reason code."""
+
+    __slots__ = ("session_present", "return_code", "properties")
     type = CONNACK
 
-    def __init__(self, session_present: bool = False, return_code: int = 0):
+    def __init__(self, session_present: bool = False, return_code: int = 0, properties: Props | None = None):
         self.session_present, self.return_code = session_present, return_code
+        self.properties = properties
 
 
 class Publish(_Packet):
-    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id")
+    """``properties``: MQTT 5 properties (properties.py), None for 3.1.1; the topic is "" when
+    an MQTT 5 client sends only a Topic Alias."""
+
+    __slots__ = ("topic", "payload", "qos", "retain", "dup", "packet_id", "properties")
     type = PUBLISH
 
     def __init__(
@@ -231,16 +277,20 @@ class Publish(_Packet):
         retain: bool = False,
         dup: bool = False,
         packet_id: int | None = None,
+        properties: Props | None = None,
     ):
         self.topic, self.payload, self.qos = topic, payload, qos
         self.retain, self.dup, self.packet_id = retain, dup, packet_id
+        self.properties = properties
 
 
 class _IdOnly(_Packet):
-    __slots__ = ("packet_id",)
+    """PUBACK, PUBREC, PUBREL, PUBCOMP; MQTT 5 adds a reason code and properties."""
 
-    def __init__(self, packet_id: int):
-        self.packet_id = packet_id
+    __slots__ = ("packet_id", "reason_code", "properties")
+
+    def __init__(self, packet_id: int, reason_code: int = 0, properties: Props | None = None):
+        self.packet_id, self.reason_code, self.properties = packet_id, reason_code, properties
 
 
 class PubAck(_IdOnly):
@@ -263,33 +313,42 @@ class PubComp(_IdOnly):
     type = PUBCOMP
 
 
-class UnsubAck(_IdOnly):
-    __slots__ = ()
+class UnsubAck(_Packet):
+    """``reason_codes``: MQTT 5's, one per topic filter (3.1.1 has none: an empty list)."""
+
+    __slots__ = ("packet_id", "reason_codes", "properties")
     type = UNSUBACK
+
+    def __init__(self, packet_id: int, reason_codes: list[int] | None = None, properties: Props | None = None):
+        self.packet_id, self.properties = packet_id, properties
+        self.reason_codes = reason_codes if reason_codes is not None else []
 
 
 class Subscribe(_Packet):
-    __slots__ = ("packet_id", "topics")
+    """``topics``: (filter, options byte); in 3.1.1 the byte is the QoS, in MQTT 5 it also
+    holds No Local (bit 2), Retain As Published (bit 3) and Retain Handling (bits 4-5)."""
+
+    __slots__ = ("packet_id", "topics", "properties")
     type = SUBSCRIBE
 
-    def __init__(self, packet_id: int, topics: list[tuple[str, int]]):
-        self.packet_id, self.topics = packet_id, topics
+    def __init__(self, packet_id: int, topics: list[tuple[str, int]], properties: Props | None = None):
+        self.packet_id, self.topics, self.properties = packet_id, topics, properties
 
 
 class SubAck(_Packet):
-    __slots__ = ("packet_id", "return_codes")
+    __slots__ = ("packet_id", "return_codes", "properties")
     type = SUBACK
 
-    def __init__(self, packet_id: int, return_codes: list[int]):
-        self.packet_id, self.return_codes = packet_id, return_codes
+    def __init__(self, packet_id: int, return_codes: list[int], properties: Props | None = None):
+        self.packet_id, self.return_codes, self.properties = packet_id, return_codes, properties
 
 
 class Unsubscribe(_Packet):
-    __slots__ = ("packet_id", "filters")
+    __slots__ = ("packet_id", "filters", "properties")
     type = UNSUBSCRIBE
 
-    def __init__(self, packet_id: int, filters: list[str]):
-        self.packet_id, self.filters = packet_id, filters
+    def __init__(self, packet_id: int, filters: list[str], properties: Props | None = None):
+        self.packet_id, self.filters, self.properties = packet_id, filters, properties
 
 
 class _Empty(_Packet):
@@ -306,9 +365,24 @@ class PingResp(_Empty):
     type = PINGRESP
 
 
-class Disconnect(_Empty):
-    __slots__ = ()
+class Disconnect(_Packet):
+    """MQTT 5 adds a reason code (0x00 Normal disconnection when absent) and properties."""
+
+    __slots__ = ("reason_code", "properties")
     type = DISCONNECT
+
+    def __init__(self, reason_code: int = 0, properties: Props | None = None):
+        self.reason_code, self.properties = reason_code, properties
+
+
+class Auth(_Packet):
+    """MQTT 5's AUTH (type 15; reserved in 3.1.1)."""
+
+    __slots__ = ("reason_code", "properties")
+    type = AUTH
+
+    def __init__(self, reason_code: int = 0, properties: Props | None = None):
+        self.reason_code, self.properties = reason_code, properties
 
 
 # --------------------------------------------------------------------------- strings and topics

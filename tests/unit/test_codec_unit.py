@@ -217,7 +217,6 @@ def test_packets_before_a_malformed_one_are_yielded():
     "raw, name, level",
     [
         pytest.param(h("10 0d 00 04 4d 51 54 54 03 02 00 3c 00 01 63"), "MQTT", 3, id="MQTT-level-3"),
-        pytest.param(h("10 0e 00 04 4d 51 54 54 05 02 00 3c 00 00 01 63"), "MQTT", 5, id="MQTT-level-5"),
         pytest.param(h("10 0f 00 06 4d 51 49 73 64 70 03 02 00 3c 00 01 63"), "MQIsdp", 3, id="MQIsdp"),
     ],
 )
