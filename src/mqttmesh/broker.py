@@ -103,6 +103,10 @@ class BrokerSettings:
     slow_consumer_timeout: float = 5.0
     backpressure_timeout: float = 1.0
     max_connect_size: int = 65536
+    max_keepalive: int = 0  # 0: any
+    receive_maximum: int = 1000  # (MQTT 5)
+    topic_alias_maximum: int = 64  # (MQTT 5, client to server)
+    subscribe_denied_code: int = 0x80  # (MQTT 5)
 
 
 class Stats:
@@ -126,6 +130,7 @@ class Stats:
         "auth_failures",
         "auth_throttled",
         "auth_busy",
+        "too_large",
     )
     # (annotations only: __init__ sets every slot to 0, the per-QoS ones to [0, 0, 0])
     received: list[int]  # PUBLISHes received from clients, by their QoS
@@ -145,6 +150,7 @@ class Stats:
     auth_failures: int
     auth_throttled: int
     auth_busy: int
+    too_large: int  # messages not sent to an MQTT 5 client: over its Maximum Packet Size
 
     BY_QOS = ("received", "sent")
 

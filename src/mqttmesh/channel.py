@@ -21,11 +21,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
+from . import properties as P
+from .channel5 import CONNACK_CODES, Conn5, Mqtt5, reason_of
 from .channel_held import PUBREL_FIRST, HeldFrames, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing
 from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED
 from .codec import (
+    AUTH,
     CONNACK,
     CONNECT,
     DISCONNECT,
@@ -45,6 +48,7 @@ from .codec import (
     MalformedPacket,
     Will,
 )
+from .codec5 import REASON_NAMES
 from .message import Message
 from .packets import (
     ACCEPTED,
@@ -58,7 +62,7 @@ if TYPE_CHECKING:
     from .broker import Broker, ClaimingChannel
     from .packets import Will
     from .ports import Batch, Owner, PeerListener, PeerPort, ReadCapture
-    from .session import Session
+    from .session import Frame0Fn, FrameFn, Session
 
 __all__ = [
     "Channel",
@@ -93,8 +97,12 @@ class ClaimPort(Protocol):
         """A local connection ended; its will, if due, is the Channel's to publish."""
 
 
-class Channel(Publishing, PeerListening, HeldFrames):
+class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
     __slots__ = (
+        "v5",
+        "frame",
+        "frame0",
+        "transitions",
         "broker",
         "owner",
         "peer",
@@ -178,6 +186,12 @@ class Channel(Publishing, PeerListening, HeldFrames):
         # messages in ``_held`` (routed when they reach its head): while there is one, what
         # this client publishes waits behind it, in order [MQTT-4.6.0-6]
         self._deferred = 0
+        # what an MQTT 5 client agreed on (channel5.py), None for 3.1.1; the PUBLISH frames
+        # of its messages (session.Attached), its packets' handlers
+        self.v5: Conn5 | None = None
+        self.frame: FrameFn = Message.frame
+        self.frame0: Frame0Fn = Message.frame_qos0
+        self.transitions = TRANSITIONS
 
     # -- bytes in (bytes out: channel_held.py) ------------------------------------------
 
@@ -211,7 +225,7 @@ class Channel(Publishing, PeerListening, HeldFrames):
             read = self._read = archive.read(self.client_id)
         try:
             for packet in self.decoder.packets(None if read is None else read.keep):
-                table = TRANSITIONS[self.state]
+                table = self.transitions[self.state]
                 handler = table.get(packet.type)
                 if handler is None:
                     raise _violation(self.state, packet.type)
@@ -220,6 +234,8 @@ class Channel(Publishing, PeerListening, HeldFrames):
                     break  # closed, or waiting for a password check: read no further
         except (MalformedPacket, ProtocolViolation) as exc:
             self.broker.stats.protocol_errors += 1
+            if self.v5 is not None and self.state is CONNECTED:
+                self.disconnect5(reason_of(exc))  # the reason, then the close [MQTT-4.13.1-1]
             self.close(f"protocol violation: {exc}")
         finally:
             self._processing = False
@@ -283,6 +299,8 @@ class Channel(Publishing, PeerListening, HeldFrames):
 
     def kick(self, reason: str) -> None:
         """Another connection took this ClientId over [MQTT-3.1.4-2]."""
+        if self.v5 is not None and self.state is CONNECTED:
+            self.disconnect5(0x8E)  # Session taken over
         self.close(reason)
 
     def connection_lost(self, now: float) -> None:
@@ -316,23 +334,28 @@ class Channel(Publishing, PeerListening, HeldFrames):
             will, self.will = self.will, None
             broker.stats.wills_published += 1
             # [MQTT-3.1.2-16/17]
-            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq)
+            props = P.forwarded(will.properties)
+            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq, props)
         self.will = None  # [MQTT-3.1.2-10]
 
     # -- CONNECT -------------------------------------------------------------------------------
 
     def _on_connect(self, pkt: codec.Connect, now: float) -> None:
         if pkt.protocol_level == 5 and pkt.protocol_name == "MQTT":
-            # in MQTT 5's form: 0x84 Unsupported Protocol Version [MQTT-3.1.2-2] (5.0)
-            self.broker.stats.connections_refused += 1
-            self.write(b"\x20\x03\x00\x84\x00")
-            return self.close("CONNACK 0x84 (Unsupported Protocol Version): MQTT 5 is not served yet")
-        if pkt.protocol_level != 4 or pkt.protocol_name != "MQTT":
+            rc = self._connect5(pkt)
+            if rc is not None:
+                return self._refuse(rc, "an authentication method this node does not serve")
+            self.transitions = TRANSITIONS5
+        elif pkt.protocol_level != 4 or pkt.protocol_name != "MQTT":
             return self._refuse(
                 BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} level {pkt.protocol_level}"
             )  # [MQTT-3.1.2-2]
-        if not pkt.client_id and not pkt.clean_session:
+        if not pkt.client_id and not pkt.clean_session and self.v5 is None:
             return self._refuse(ID_REJECTED, "empty ClientId with CleanSession=0")  # [MQTT-3.1.3-8]
+        if self.v5 is None and self.broker.settings.max_keepalive:
+            if pkt.keepalive == 0 or pkt.keepalive > self.broker.settings.max_keepalive:
+                # 3.1.1 has no Server Keep Alive: refused, as Mosquitto does (mqtt.max_keepalive)
+                return self._refuse(ID_REJECTED, f"keep alive {pkt.keepalive}s over mqtt.max_keepalive")
         if len(pkt.client_id.encode()) > self.broker.settings.max_client_id_length:
             return self._refuse(ID_REJECTED, "ClientId longer than max_client_id_length")  # [MQTT-3.1.3-9]
         self.username = pkt.username
@@ -368,18 +391,32 @@ class Channel(Publishing, PeerListening, HeldFrames):
         self._pending_connect = None
         if rc != ACCEPTED:
             return self._refuse(rc, why or f"user {_quoted(pkt.username)}")
+        conn = self.v5
         if not pkt.client_id:
             # [MQTT-3.1.3-6]: a unique ClientId of our own making
             self.client_id = f"auto-{self.broker.node_id}-{self.broker.random_hex(6)}"
+            if conn is not None:
+                conn.assigned = self.client_id  # [MQTT-3.1.3-7] (5.0)
         broker = self.broker
+        # 3.1.1's CleanSession is two things MQTT 5 asks apart: start afresh (Clean Start),
+        # and end with the connection (a Session Expiry Interval of 0)
+        fresh = clean = pkt.clean_session
+        if conn is not None:
+            clean = conn.session_expiry == 0
         if self.claims is not None and not self.is_peer:
+            if clean != fresh:
+                # the mesh's claim knows CleanSession only (until sessions expire): served
+                # clean, and CONNACK says the session ends with the connection
+                clean = True
+                if conn is not None:
+                    conn.session_expiry = 0
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
             # the id and gathers the session, then calls claimed() (mesh/cluster/cluster.py)
             self.state = CLAIMING
-            self.claims.connect(self, self.client_id, pkt.clean_session, self.will, now, self.will_seq)
+            self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq)
             return
         mark = broker.journal.mark()
-        session, present = broker.table.open_session(self, self.client_id, pkt.clean_session, durable=not self.is_peer)
+        session, present = broker.table.open_session(self, self.client_id, clean, durable=not self.is_peer, fresh=fresh)
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
         self._connected(session, present, now, broker.journal.since(mark))
 
@@ -407,15 +444,23 @@ class Channel(Publishing, PeerListening, HeldFrames):
         self.broker.stats.connections_total += 1
         session.username = self.username
         self.session = session
-        self._send_after(bytes((0x20, 2, 1 if present else 0, ACCEPTED)), batch)  # [MQTT-3.2.2-1..3]
+        if self.v5 is None:
+            self._send_after(bytes((0x20, 2, 1 if present else 0, ACCEPTED)), batch)  # [MQTT-3.2.2-1..3]
+        else:
+            self._send_after(self.connack5(present), batch)
+            self.attach5(session)
         session.attach(self)  # re-send unacknowledged messages [MQTT-4.4.0-1]
         self._route_unrouted(session)
 
     def _refuse(self, rc: int, detail: str) -> None:
         self.broker.stats.connections_refused += 1
         self.will = None
-        self.write(bytes((0x20, 2, 0, rc)))  # session present 0 [MQTT-3.2.2-4]
-        self.close(f"CONNACK 0x{rc:02x} ({CONNACK_REASONS[rc]}): {detail}")  # [MQTT-3.2.2-5]
+        if self.v5 is None:
+            self.write(bytes((0x20, 2, 0, rc)))  # session present 0 [MQTT-3.2.2-4]
+            return self.close(f"CONNACK 0x{rc:02x} ({CONNACK_REASONS[rc]}): {detail}")  # [MQTT-3.2.2-5]
+        self.write(self.refuse5(rc))  # [MQTT-3.2.2-6] [MQTT-3.2.2-7] (5.0)
+        code = CONNACK_CODES.get(rc, rc)
+        self.close(f"CONNACK 0x{code:02x} ({REASON_NAMES.get(code, '?')}): {detail}")
 
     def _peer_proved(self, dialler: str, now: float) -> None:
         """A provisional peer proved the cluster secret (channel_peer.py): a peer link now."""
@@ -547,4 +592,17 @@ TRANSITIONS: dict[str, dict[int, Callable[[Channel, Any, float], None]]] = {
         DISCONNECT: Channel._on_disconnect,
     },
     CLOSED: {},
+}
+
+# an MQTT 5 client's (channel5.py); the same states
+TRANSITIONS5: dict[str, dict[int, Callable[[Channel, Any, float], None]]] = {
+    **TRANSITIONS,
+    CONNECTED: {
+        **TRANSITIONS[CONNECTED],
+        PUBLISH: Channel._on_publish5,
+        SUBSCRIBE: Channel._on_subscribe5,
+        UNSUBSCRIBE: Channel._on_unsubscribe5,
+        DISCONNECT: Channel._on_disconnect5,
+        AUTH: Channel._on_auth5,
+    },
 }

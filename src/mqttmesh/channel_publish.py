@@ -53,17 +53,18 @@ class Publishing:
 
         def _hold(self, item: bytes | Message, batch: Batch, ticket: int) -> None: ...
 
-    def _on_publish(self, pkt: codec.Publish, now: float) -> None:
+    def _on_publish(self, pkt: codec.Publish, now: float, props: bytes | None = None) -> None:
+        """``props``: an MQTT 5 message's properties (channel5.py ``_on_publish5``)."""
         qos = pkt.qos
         if self._deferred and not self.is_peer:
-            self._publish_in_order(pkt, now)  # an earlier message of this client waits
+            self._publish_in_order(pkt, now, False, props)  # an earlier message of this client waits
             return
         if qos == 0:
-            self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now)
+            self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now, 0, props)
             return
         pid: int = pkt.packet_id  # type: ignore[assignment]  # (QoS 1 or 2: the decoder read an id)
         if qos == 1:
-            batch = self._publish(pkt.topic, pkt.payload, 1, pkt.retain, now)
+            batch = self._publish(pkt.topic, pkt.payload, 1, pkt.retain, now, 0, props)
             if not batch and not self._held:
                 self.write(ack_frame(PUBACK_FIRST, pid))
             else:
@@ -77,9 +78,9 @@ class Publishing:
             # with its id, and under that id by whichever holder the client is on, so that a
             # re-send to another node after this one died is neither a second delivery nor a
             # loss (mesh/cluster/replica.py); the PUBREC waits for it too
-            self._publish_in_order(pkt, now, seen=True)
+            self._publish_in_order(pkt, now, True, props)
             return
-        batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now)
+        batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now, 0, props)
         # a durable session's id is journaled: the PUBREC waits for it, and for the message
         # (the id's batch is the current one, no older than the message's)
         self._send_after(ack_frame(PUBREC_FIRST, pid), session.awaiting_rel_add(pid) or batch, session.gate.ticket())
@@ -97,10 +98,21 @@ class Publishing:
             raise ProtocolViolation("MQTT-4.8.0-2", "too many QoS 2 messages awaiting PUBREL (limits.max_awaiting_rel)")
         return False
 
-    def _publish(self, topic: str, payload: bytes, qos: int, retain: bool, now: float, will_seq: int = 0) -> Batch:
+    def _publish(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        now: float,
+        will_seq: int = 0,
+        props: bytes | None = None,
+    ) -> Batch:
         """Hand a message from this client (or its will, ``will_seq``: its reserved number) to
         the broker; the journal batch to wait for. (The Message is made whole once it is
-        allowed: origin, number, publisher, timestamp.)"""
+        allowed: origin, number, publisher, timestamp.) ``props``: its MQTT 5 properties
+        (message.Message.props); a PUBLISH from an MQTT 5 client carries them in its
+        ``properties`` once channel5.py has read them."""
         broker = self.broker
         broker.stats.received[qos] += 1
         auth = broker.auth
@@ -113,7 +125,7 @@ class Publishing:
                 self._read.skip()
             return 0
         seq = will_seq or next(broker.seqs)
-        msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
+        msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset, props)
         if will_seq and broker.mesh is not None:
             broker.mesh.first_here(msg)  # (here now: the registrar's copy of it is not delivered again)
         if self.is_peer and topic.startswith("$mesh/"):
@@ -138,7 +150,7 @@ class Publishing:
 
     # -- routed once replicated, in order ----------------------------------------------------
 
-    def _publish_in_order(self, pkt: codec.Publish, now: float, seen: bool = False) -> None:
+    def _publish_in_order(self, pkt: codec.Publish, now: float, seen: bool = False, props: bytes | None = None) -> None:
         """A PUBLISH routed behind what this client's session waits for (``_route_after``),
         and acknowledged after it; a QoS 2 one of a replicated session gets its agreed id.
         ``seen``: the caller checked it is not a re-send (``_qos2_seen``)."""
@@ -147,7 +159,7 @@ class Publishing:
         session: Session = self.session  # type: ignore[assignment]
         if qos == 2 and not seen and self._qos2_seen(session, pid):
             return
-        msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now)
+        msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now, props)
         batch = ticket = 0
         if qos == 2:
             batch = session.awaiting_rel_add(pid) if msg is None else session.awaiting_rel_agreed(pid, msg)
@@ -157,7 +169,9 @@ class Publishing:
         if qos:
             self._send_after(ack_frame(PUBREC_FIRST if qos == 2 else PUBACK_FIRST, pid), batch, ticket)
 
-    def _message(self, topic: str, payload: bytes, qos: int, retain: bool, now: float) -> Message | None:
+    def _message(
+        self, topic: str, payload: bytes, qos: int, retain: bool, now: float, props: bytes | None = None
+    ) -> Message | None:
         """A message from this client, numbered, to be routed later (``_route``); None if it
         may not be published (acknowledged all the same [MQTT-3.3.5-2]). ``_publish`` does
         the same inline, on the path every message takes."""
@@ -170,7 +184,9 @@ class Publishing:
             broker.stats.publish_denied += 1
             return None
         seq = next(broker.seqs)
-        return Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset)
+        return Message(
+            topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset, props
+        )
 
     def _route_after(self, msg: Message, ticket: int) -> Batch:
         """Route ``msg`` once the session's gate passed ``ticket`` and every message held

@@ -258,7 +258,7 @@ def _decode_connack(r: Reader, flags: int) -> ConnAck:
     if ack_flags & 0xFE:
         raise MalformedPacket("MQTT-3.2.2-1", "reserved CONNACK flags set")
     code = _reason(r, CONNACK)
-    pkt = ConnAck(bool(ack_flags & 1), code, read_properties(r, CONNACK))
+    pkt = ConnAck(bool(ack_flags & 1), code, read_properties(r, CONNACK) or None)
     _expect_end(r)
     return pkt
 

@@ -168,6 +168,6 @@ def reference_markdown() -> str:
         default = o.default if o.default not in ("", []) else "(empty)"
         if isinstance(default, bool):
             default = str(default).lower()
-        extra = f" One of: {', '.join(o.choices)}." if o.choices else ""
+        extra = f" One of: {', '.join(str(c) for c in o.choices)}." if o.choices else ""
         lines.append(f"| `{o.name}` | `{o.flag}` | `{default}` | {o.help}.{extra} |")
     return "\n".join(lines) + "\n"

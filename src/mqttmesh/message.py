@@ -35,6 +35,7 @@ class Message:
         "timestamp",
         "ack_to",
         "retried",
+        "props",
         "_topic_bytes",
         "_frame0",
         "_head",
@@ -50,6 +51,7 @@ class Message:
         seq: int = 0,
         publisher: str = "",
         timestamp: float = 0.0,
+        props: bytes | None = None,
     ):
         self.topic = topic
         self.payload = payload
@@ -64,6 +66,10 @@ class Message:
         self.ack_to = ""
         # it reached this node in a retransmission from custody (mesh/routing/custody.py): late
         self.retried = False
+        # its MQTT 5 properties that travel with it unchanged (Payload Format Indicator, Content
+        # Type, Response Topic, Correlation Data, User Properties: properties.FORWARDED), as
+        # encoded, without their length; None when it has none (every 3.1.1 message)
+        self.props = props
         self._topic_bytes: bytes | None = None
         self._frame0: bytes | None = None
         self._head: bytes | None = None  # a QoS 1/2 frame's remaining length and topic
@@ -117,7 +123,15 @@ class Message:
 
     def copy(self, **changes: Any) -> Message:
         m = Message(
-            self.topic, self.payload, self.qos, self.retain, self.origin, self.seq, self.publisher, self.timestamp
+            self.topic,
+            self.payload,
+            self.qos,
+            self.retain,
+            self.origin,
+            self.seq,
+            self.publisher,
+            self.timestamp,
+            self.props,
         )
         for key, value in changes.items():
             setattr(m, key, value)

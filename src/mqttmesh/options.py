@@ -137,6 +137,49 @@ _NODE: list[Option] = [
     Option("limits", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
 ]
 
+# what an MQTT 5 client is told at CONNACK, and held to
+_MQTT5: list[Option] = [
+    Option(
+        "mqtt",
+        "max_keepalive",
+        int,
+        0,
+        "largest keep alive accepted, in seconds: an MQTT 5 client asking for more (or for none) "
+        "is given this one as Server Keep Alive; a 3.1.1 client asking for more is refused "
+        "(0x02); 0: no limit",
+        0,
+        65535,
+    ),
+    Option(
+        "mqtt",
+        "receive_maximum",
+        int,
+        1000,
+        "QoS 1 and 2 messages an MQTT 5 client may have unacknowledged towards this node; a "
+        "client with more QoS 2 messages awaiting PUBREL is disconnected (0x93)",
+        1,
+        65535,
+    ),
+    Option(
+        "mqtt",
+        "topic_alias_maximum",
+        int,
+        64,
+        "topic aliases an MQTT 5 client may set on its connection to this node (0: none)",
+        0,
+        65535,
+    ),
+    Option(
+        "mqtt",
+        "subscribe_denied_code",
+        int,
+        0x80,
+        "the SUBACK reason code an MQTT 5 client gets for a filter the ACL denies: 128 "
+        "(Unspecified error, which every client understands) or 135 (Not authorized)",
+        choices=(0x80, 0x87),
+    ),
+]
+
 _STORE_AND_MESH: list[Option] = [
     Option(
         "store",
@@ -436,4 +479,4 @@ _MESH_TLS_SYS_ARCHIVE: list[Option] = [
 ]
 
 # the order of the reference in docs/operations.md
-OPTIONS: list[Option] = [*_NODE, *AUTH_OPTIONS, *_STORE_AND_MESH, *LISTENER_OPTIONS, *_MESH_TLS_SYS_ARCHIVE]
+OPTIONS: list[Option] = [*_NODE, *_MQTT5, *AUTH_OPTIONS, *_STORE_AND_MESH, *LISTENER_OPTIONS, *_MESH_TLS_SYS_ARCHIVE]

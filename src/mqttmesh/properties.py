@@ -64,6 +64,9 @@ __all__ = [
     "NAMES",
     "read_properties",
     "encode_properties",
+    "encode_body",
+    "forwarded",
+    "FORWARDED",
 ]
 
 PAYLOAD_FORMAT = 0x01
@@ -218,7 +221,8 @@ def read_properties(r: Reader, where: int) -> Props:
             if pid in _ZERO_ONE and value > 1:
                 raise ProtocolError("MQTT-2.2.2-2", f"{name} is {value}: only 0 or 1 is allowed")
             if pid in _NOT_ZERO and value == 0:
-                raise ProtocolError("MQTT-2.2.2-2", f"{name} of 0")
+                # (a Topic Alias of 0 is Topic Alias invalid, 0x94 [MQTT-3.3.2-8])
+                raise ProtocolError("MQTT-2.2.2-2", f"{name} of 0", 0x94 if pid == TOPIC_ALIAS else None)
             if pid in MULTIPLE:
                 props.setdefault(pid, []).append(value)
             elif pid in props:
@@ -245,6 +249,26 @@ def encode_properties(props: Props | None) -> bytes:
     """The property set, its length first (one zero byte when there is none [MQTT-2.2.2-1])."""
     if not props:
         return b"\x00"
+    body = encode_body(props)
+    return varint(len(body)) + body
+
+
+# what a server passes on unaltered with an application message, from its PUBLISH or will
+# to every subscriber [MQTT-3.3.2-4] [MQTT-3.3.2-15] [MQTT-3.3.2-16] [MQTT-3.3.2-17] [MQTT-3.3.2-20]
+FORWARDED = (PAYLOAD_FORMAT, CONTENT_TYPE, RESPONSE_TOPIC, CORRELATION_DATA, USER_PROPERTY)
+
+
+def forwarded(props: Props | None) -> bytes | None:
+    """The properties of ``props`` a message carries to its subscribers, encoded without
+    their length (message.Message.props), or None when there is none."""
+    if not props:
+        return None
+    kept = {pid: props[pid] for pid in FORWARDED if pid in props}
+    return encode_body(kept) if kept else None
+
+
+def encode_body(props: Props) -> bytes:
+    """The properties without their length prefix."""
     out = bytearray()
     for pid, value in props.items():
         write = _WRITERS[TABLE[pid][1]]
@@ -255,4 +279,4 @@ def encode_properties(props: Props | None) -> bytes:
         else:
             out.append(pid)
             out += write(value)
-    return varint(len(out)) + bytes(out)
+    return bytes(out)

@@ -10,8 +10,8 @@ that also records every change in a store journal, which the I/O layer commits.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .codec import PubRel, encode
@@ -34,9 +34,26 @@ __all__ = [
     "Sessions",
     "SENT_PUBLISH",
     "SENT_PUBREL",
+    "SUB_QOS",
+    "NO_LOCAL",
+    "RETAIN_AS_PUBLISHED",
+    "SUB_ID_SHIFT",
 ]
 
 SENT_PUBLISH, SENT_PUBREL = 1, 2
+
+FrameFn = Callable[["Message", int, "int | None", bool, bool], bytes]
+Frame0Fn = Callable[["Message"], bytes]
+DeliverFn = Callable[["Message", int, bool], None]
+
+# A subscription's value in ``Session.subscriptions``: its granted QoS (bits 0-1) and, from an
+# MQTT 5 client, its options: No Local (bit 2), Retain As Published (bit 3), Retain Handling
+# (bits 4-5), its Subscription Identifier (bits 8 and up). A 3.1.1 subscription's value is its
+# QoS. The trie holds the QoS only; the store and the session's copies carry the whole value.
+SUB_QOS = 0x03
+NO_LOCAL = 0x04
+RETAIN_AS_PUBLISHED = 0x08
+SUB_ID_SHIFT = 8
 
 
 @dataclass
@@ -67,6 +84,15 @@ class Attached(Protocol):
     blocked: bool  # the socket takes no more for now: queue instead of writing
 
     def write(self, frame: bytes) -> None: ...
+
+    # the PUBLISH frame of a message for this client, in its protocol's form: (msg, qos,
+    # packet id, dup, retain) -> bytes, and the QoS 0 one of live delivery: (msg) -> bytes.
+    # For a 3.1.1 client they are message.Message.frame and .frame_qos0 themselves
+    @property
+    def frame(self) -> FrameFn: ...
+
+    @property
+    def frame0(self) -> Frame0Fn: ...
 
     def write_gated(self, frame: bytes, ticket: int) -> None:
         """A frame once the session's gate passes ``ticket`` (``Gate``)."""
@@ -176,7 +202,7 @@ class Session:
                     # its output is over limits.max_write_buffer: QoS 0 may be lost [MQTT-4.3.1]
                     self.dropped_qos0 += 1
                     return
-                channel.write(msg.frame(0, None, False, retain) if retain else msg.frame_qos0())
+                channel.write(channel.frame(msg, 0, None, False, True) if retain else channel.frame0(msg))
                 if self.on_sent is not None:
                     self.on_sent(self, msg, 0, False)
                 return
@@ -224,7 +250,8 @@ class Session:
         self.inflight[pid] = entry
         if self.stores:
             self._stored_put(entry)
-        self.channel.write(entry.msg.frame(entry.qos, pid, False, entry.retain))  # type: ignore[union-attr]  # (sent only while attached)
+        channel = self.channel
+        channel.write(channel.frame(entry.msg, entry.qos, pid, False, entry.retain))  # type: ignore[union-attr]  # (sent only while attached)
         if self.on_sent is not None:
             self.on_sent(self, entry.msg, entry.qos, False)
 
@@ -248,7 +275,7 @@ class Session:
                 if channel.blocked:
                     self.dropped_qos0 += 1
                     continue
-                channel.write(entry.msg.frame(0, None, False, entry.retain))
+                channel.write(channel.frame(entry.msg, 0, None, False, entry.retain))
                 if self.on_sent is not None:
                     self.on_sent(self, entry.msg, 0, False)
             else:
@@ -300,12 +327,30 @@ class Session:
             if entry.state == SENT_PUBREL:
                 channel.write(encode(PubRel(entry.packet_id)))
             else:
-                channel.write(entry.msg.frame(entry.qos, entry.packet_id, True, entry.retain))
+                channel.write(channel.frame(entry.msg, entry.qos, entry.packet_id, True, entry.retain))
                 if self.on_sent is not None:
                     self.on_sent(self, entry.msg, entry.qos, True)
         self._refill()
 
+    def adapt(self, max_inflight: int | None = None, deliver: DeliverFn | None = None) -> None:
+        """What an MQTT 5 client's connection asks of the session while it is attached
+        (channel5.py): a smaller window (its Receive Maximum [MQTT-3.3.4-9]), and ``deliver``
+        in place of ``Session.deliver`` (No Local, Maximum Packet Size), which passes on to
+        the class's own. ``adapt()`` undoes both; ``detach`` calls it."""
+        own = self.__dict__
+        configured = own.pop("_configured", None)
+        if configured is not None:
+            self.limits = configured
+        own.pop("deliver", None)
+        if max_inflight is not None and max_inflight < self.limits.max_inflight:
+            own["_configured"] = self.limits
+            self.limits = replace(self.limits, max_inflight=max_inflight)
+        if deliver is not None:
+            own["deliver"] = deliver  # (found before the class's method: broker.py calls it)
+
     def detach(self) -> None:
+        if "deliver" in self.__dict__ or "_configured" in self.__dict__:
+            self.adapt()
         self.channel = None
         self.backlogged = False
         if self.congestion is not None:

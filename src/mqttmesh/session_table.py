@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .session import SUB_QOS
 from .topics import SubscriptionTrie
 
 if TYPE_CHECKING:
@@ -46,20 +47,26 @@ class SessionTable:
         return sum(1 for s in self.sessions.values() if s.channel is not None)
 
     def open_session(
-        self, channel: Attached, client_id: str, clean: bool, durable: bool = True
+        self, channel: Attached, client_id: str, clean: bool, durable: bool = True, fresh: bool | None = None
     ) -> tuple[Session, bool]:
         """Take over ``client_id`` for ``channel``; (session, session_present).
 
-        ``durable=False`` keeps even a CleanSession=0 session in memory (peer links:
-        what they carry is held end to end by its origin, see mesh/routing/engine.py).
+        ``clean``: the session ends with the connection; ``fresh``: the session held is
+        discarded first (both are 3.1.1's CleanSession, which ``fresh`` follows when None;
+        MQTT 5 gives them apart, channel.py). ``durable=False`` keeps even a CleanSession=0
+        session in memory (peer links: what they carry is held end to end by its origin,
+        see mesh/routing/engine.py).
         """
+        if fresh is None:
+            fresh = clean
         old = self.sessions.get(client_id)
         if old is not None and old.channel is not None and old.channel is not channel:
             old.channel.kick(f"ClientId {client_id!r} connected again from {channel.peer}")  # [MQTT-3.1.4-2]
-        if old is not None and (clean or old.clean):
+        if old is not None and (fresh or old.clean):
             self.discard_session(old)  # [MQTT-3.1.2-6]
             old = None
         if old is not None:
+            old.clean = clean  # (MQTT 5: resumed, and ending with this connection, or not)
             return old, True  # [MQTT-3.2.2-2]
         session = self.factory.new(client_id, clean, durable)
         self.sessions[client_id] = session
@@ -86,14 +93,15 @@ class SessionTable:
         """Register a session made by ``factory.restored`` (filled from the store at start,
         or, in a mesh, a copy of a session whose client is elsewhere)."""
         self.sessions[session.client_id] = session
-        for topic_filter, qos in session.subscriptions.items():
-            self._trie_add(topic_filter, session, qos)
+        for topic_filter, value in session.subscriptions.items():
+            self._trie_add(topic_filter, session, value & SUB_QOS)
 
     # -- subscriptions ------------------------------------------------------------------
 
-    def subscribe(self, session: Session, topic_filter: str, qos: int) -> None:
-        session.subscribe(topic_filter, qos)  # replaces an identical filter [MQTT-3.8.4-3]
-        self._trie_add(topic_filter, session, qos)
+    def subscribe(self, session: Session, topic_filter: str, value: int) -> None:
+        """``value``: the granted QoS, with an MQTT 5 subscription's options (session.SUB_QOS)."""
+        session.subscribe(topic_filter, value)  # replaces an identical filter [MQTT-3.8.4-3]
+        self._trie_add(topic_filter, session, value & SUB_QOS)
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
         if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]

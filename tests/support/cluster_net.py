@@ -59,6 +59,9 @@ class FakeChannel:
         else:
             self.frames.append(bytes(data))
 
+    frame = staticmethod(Message.frame)
+    frame0 = staticmethod(Message.frame_qos0)
+
     def write_gated(self, data: bytes, ticket: int) -> None:
         """As channel.py: the frame waits until the session's gate passed ``ticket`` (the
         session's other holders have that settlement)."""

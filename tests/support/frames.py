@@ -12,6 +12,7 @@ import hmac
 import struct
 import weakref
 
+from mqttmesh.message import Message
 from support import mqttraw
 
 
@@ -81,7 +82,10 @@ class Recorder:
 
 
 class FakeChannel:
-    """What a Session writes to: records every frame."""
+    """What a Session writes to: records every frame (3.1.1's)."""
+
+    frame = staticmethod(Message.frame)
+    frame0 = staticmethod(Message.frame_qos0)
 
     def __init__(self):
         self.frames: list[bytes] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 
-from .mqttraw import packet, s, varint
+from support.mqttraw import packet, s, varint
 
 __all__ = [
     "props",

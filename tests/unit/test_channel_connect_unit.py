@@ -85,18 +85,6 @@ def test_connect_other_level_gets_connack_0x01_then_close(net, raw):
     assert len(net.broker.retained) == 0
 
 
-def test_an_mqtt5_connect_is_answered_in_mqtt5s_form_until_it_is_served(net):
-    """[MQTT-3.1.2-2] (5.0) CONNACK 0x84 Unsupported Protocol Version, in MQTT 5's layout
-    (a reason code and an empty property set), then the connection closes."""
-    ch = net.channel()
-    # CONNECT level 5: flags clean start, keep alive 60, no properties, ClientId "c"
-    raw = mqttraw.packet(0x10, mqttraw.s("MQTT") + bytes((5, 0x02, 0, 60, 0)) + mqttraw.s("c"))
-    ch.receive_data(raw, 0.0)
-    assert ch.data_to_send() == h("20 03 00 84 00")
-    assert ch.state == CLOSED
-    assert net.broker.sessions == {}
-
-
 def test_connect_mqisdp_with_level_4_is_not_accepted(net):
     ch = net.channel()
     ch.receive_data(mqttraw.connect("c", proto=b"MQIsdp", level=4), 0.0)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tests.support import mqttraw5 as r5
-from tests.support.mqttraw import packet, s, varint
 
 from mqttmesh import properties as P
 from mqttmesh.codec import (
@@ -36,6 +34,8 @@ from mqttmesh.codec import (
     Will,
 )
 from mqttmesh.codec5 import REASON_CODES, encode5
+from support import mqttraw5 as r5
+from support.mqttraw import packet, s, varint
 
 CONNECT5 = r5.connect("c")
 
@@ -75,7 +75,7 @@ def test_an_mqtt5_connect_switches_the_decoder_to_mqtt5():
 
 
 def test_a_311_connect_leaves_the_decoder_in_311():
-    from tests.support import mqttraw
+    from support import mqttraw
 
     d = Decoder()
     d.feed(mqttraw.connect("c") + mqttraw.publish("t", b"\x00x"))

@@ -225,6 +225,10 @@ def test_bool_flag_words(word, value):
 EXPECTED_OPTIONS = [
     "host",
     "port",
+    "mqtt.max_keepalive",
+    "mqtt.receive_maximum",
+    "mqtt.topic_alias_maximum",
+    "mqtt.subscribe_denied_code",
     "node_id",
     "data_dir",
     "log_level",
@@ -262,6 +266,6 @@ def test_reference_markdown_lists_every_option():
         assert f"`{o.flag}`" in row
         assert o.help in row
         for choice in o.choices or ():
-            assert choice in row
+            assert str(choice) in row
     assert "| `port` | `--port` | `1883` |" in ref
     assert "| `limits.queue_qos0` | `--queue-qos0` | `false` |" in ref

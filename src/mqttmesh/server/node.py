@@ -71,6 +71,10 @@ class Node:
             slow_consumer_timeout=config.get("limits.slow_consumer_timeout"),
             backpressure_timeout=config.get("limits.backpressure_timeout"),
             max_connect_size=config.get("limits.max_connect_size"),
+            max_keepalive=config.get("mqtt.max_keepalive"),
+            receive_maximum=config.get("mqtt.receive_maximum"),
+            topic_alias_maximum=config.get("mqtt.topic_alias_maximum"),
+            subscribe_denied_code=config.get("mqtt.subscribe_denied_code"),
         )
         self.store: SqliteStore | None = None
         self.journal: Journal | None = None  # with a store: what the broker records for it

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ..channel import CONNECTED
+from ..session import NO_LOCAL, RETAIN_AS_PUBLISHED, SUB_ID_SHIFT, SUB_QOS
 from .websocket import is_websocket
 
 # the server/node.py Node, typed loosely: node.py imports this module (no circle)
@@ -130,8 +131,15 @@ def local_subscriptions(node: Node, after: str = "", limit: int = 100) -> list[I
     for cid, session in node.broker.sessions.items():
         if cid < after.split("\x00", 1)[0]:
             continue
-        for topic_filter, qos in session.subscriptions.items():
-            out.append({"client_id": cid, "filter": topic_filter, "qos": qos})
+        for topic_filter, value in session.subscriptions.items():
+            item = {"client_id": cid, "filter": topic_filter, "qos": value & SUB_QOS}
+            if value > SUB_QOS:  # an MQTT 5 subscription's options
+                item["no_local"] = bool(value & NO_LOCAL)
+                item["retain_as_published"] = bool(value & RETAIN_AS_PUBLISHED)
+                item["retain_handling"] = (value >> 4) & 0x03
+                if value >> SUB_ID_SHIFT:
+                    item["subscription_id"] = value >> SUB_ID_SHIFT
+            out.append(item)
     return _page(out, _sub_key, after, limit)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from ...session import SUB_QOS
 from ...topics import filter_matches
 from .cluster_values import Forwarded
 from .cluster_wire import (
@@ -364,8 +365,9 @@ class Holders(Confirmations):
             return False
         fwd = m.msg
         granted = None
-        for f, q in replica.subscriptions.items():
+        for f, value in replica.subscriptions.items():
             if filter_matches(f, fwd.topic):
+                q = value & SUB_QOS
                 granted = q if granted is None else max(granted, q)
         if granted is None:
             return True

@@ -216,7 +216,7 @@ class _Replicated(_SessionPart):
             if state == SENT_PUBREL:
                 channel.write(encode(PubRel(pid)))
             else:
-                channel.write(msg.frame(qos, pid, True, False))
+                channel.write(channel.frame(msg, qos, pid, True, False))
 
     stores = True  # (its ids: Session calls the hooks below only when this is set)
 
@@ -250,7 +250,8 @@ class _Replicated(_SessionPart):
         self.inflight[pid] = entry
         self._stored_put(entry)
         self._report((entry.msg.origin, entry.msg.seq), "sent", pid)
-        self.channel.write_gated(entry.msg.frame(2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
+        channel = self.channel
+        channel.write_gated(channel.frame(entry.msg, 2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
         if self.on_sent is not None:
             self.on_sent(self, entry.msg, 2, False)
 

@@ -304,6 +304,8 @@ class _Ready:
 
     peer = "link"  # (the log line of a takeover: a link's session is never taken over)
     blocked = False  # (QoS 0 goes past the session: nothing for it to drop)
+    frame = staticmethod(Message.frame)  # (a link speaks 3.1.1)
+    frame0 = staticmethod(Message.frame_qos0)
 
     def __init__(self, client: LinkClient):
         self.client = client

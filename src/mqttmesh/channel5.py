@@ -1,0 +1,354 @@
+"""What an MQTT 5 client's connection does beyond a 3.1.1 one, as part of the Channel.
+
+Pure. The Channel decodes an MQTT 5 client's packets with codec5.py (the decoder turns to it
+at a CONNECT of level 5) and answers through these steps: what the CONNECT asked for and the
+CONNACK grants (``Conn5``), the PUBLISH frames in MQTT 5's form with the message's
+properties, the matching subscriptions' identifiers and topic aliases (``Conn5.frame``), a
+PUBLISH in with its topic alias resolved and its properties kept (``_on_publish5``),
+SUBSCRIBE with its options and UNSUBSCRIBE with reason codes, DISCONNECT with its reason
+both ways. Everything else (sessions, routing, the store, the mesh) is shared with 3.1.1:
+a message's properties travel with it (message.Message.props), a subscription's options
+in its value (session.SUB_QOS).
+
+Session Expiry Interval: 0 ends the session with the connection, as CleanSession=1 does;
+any other value keeps it, as CleanSession=0 does, and CONNACK tells the client it is kept
+without a limit (0xFFFFFFFF) until sessions expire (docs/design.md, MQTT 5).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import codec
+from . import properties as P
+from .channel_held import ProtocolViolation
+from .codec5 import REASON_NAMES, encode5, encode_publish5
+from .fields import varint
+from .packets import ACCEPTED, BAD_CREDENTIALS, BAD_PROTOCOL, ID_REJECTED, NOT_AUTHORIZED, UNAVAILABLE, ProtocolError
+from .session import NO_LOCAL, RETAIN_AS_PUBLISHED, SUB_ID_SHIFT, SUB_QOS
+from .topics import filter_matches
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .message import Message
+    from .ports import Batch
+    from .session import Frame0Fn, FrameFn, Session
+
+__all__ = ["Conn5", "Mqtt5", "CONNACK_CODES", "SESSION_KEPT"]
+
+# the 3.1.1 refusals the Channel decides on, as MQTT 5 reason codes
+CONNACK_CODES = {
+    ACCEPTED: 0x00,
+    BAD_PROTOCOL: 0x84,  # Unsupported Protocol Version
+    ID_REJECTED: 0x85,  # Client Identifier not valid
+    UNAVAILABLE: 0x88,  # Server unavailable
+    BAD_CREDENTIALS: 0x86,  # Bad User Name or Password
+    NOT_AUTHORIZED: 0x87,  # Not authorized
+}
+
+# the Session Expiry Interval of a session that does not expire
+SESSION_KEPT = 0xFFFFFFFF
+
+# shared subscriptions are issue 24's: until then, a filter in their form is refused with
+# 0x9E and CONNACK says they are not available
+SHARE_PREFIX = "$share/"
+
+# the largest MQTT packet (1 type byte + 4 length bytes + 268,435,455)
+_MAX_PACKET = 268_435_460
+
+
+class Conn5:
+    """What one MQTT 5 connection agreed on, and its topic aliases both ways. ``frame`` and
+    ``frame0`` build its PUBLISH frames (session.Attached)."""
+
+    __slots__ = (
+        "channel",
+        "session_expiry",
+        "receive_maximum",
+        "max_packet",
+        "alias_max_out",
+        "aliases_out",
+        "alias_max_in",
+        "aliases_in",
+        "problem_info",
+        "response_info",
+        "assigned",
+        "server_keepalive",
+        "too_large",
+    )
+
+    def __init__(self, channel: Any, props: P.Props, alias_max_in: int):
+        self.channel = channel
+        self.session_expiry: int = props.get(P.SESSION_EXPIRY, 0)
+        self.receive_maximum: int = props.get(P.RECEIVE_MAXIMUM, 65535)
+        self.max_packet: int = props.get(P.MAXIMUM_PACKET_SIZE, _MAX_PACKET)
+        self.alias_max_out: int = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
+        self.aliases_out: dict[str, int] = {}  # topic -> alias we set [MQTT-3.3.2-11]
+        self.alias_max_in = alias_max_in
+        self.aliases_in: dict[int, str] = {}  # alias -> topic the client set (this connection only [MQTT-3.3.2-7])
+        self.problem_info: bool = props.get(P.REQUEST_PROBLEM_INFO, 1) == 1
+        self.response_info: bool = props.get(P.REQUEST_RESPONSE_INFO, 0) == 1
+        self.assigned: str | None = None  # the ClientId we made for it [MQTT-3.1.3-7]
+        self.server_keepalive: int | None = None
+        self.too_large = 0  # messages not sent: larger than its Maximum Packet Size
+
+    # -- PUBLISH frames to the client ----------------------------------------------------
+
+    def _matching(self, topic: str) -> tuple[list[int], bool]:
+        """The identifiers of the session's subscriptions matching ``topic``, and whether one
+        of them keeps the RETAIN flag as published."""
+        session = self.channel.session
+        ids: list[int] = []
+        keep = False
+        if session is None:
+            return ids, keep
+        for topic_filter, value in session.subscriptions.items():
+            if value > SUB_QOS and filter_matches(topic_filter, topic):
+                sid = value >> SUB_ID_SHIFT
+                if sid:
+                    ids.append(sid)  # [MQTT-3.3.4-3] [MQTT-3.3.4-4]
+                if value & RETAIN_AS_PUBLISHED:
+                    keep = True
+        return ids, keep
+
+    def size(self, msg: Message, qos: int) -> int:
+        """The bytes of ``msg``'s frame to this client, without a topic alias."""
+        ids, _ = self._matching(msg.topic)
+        props = len(msg.props or b"") + sum(1 + len(varint(i)) for i in ids)
+        body = 2 + len(msg.topic_bytes) + (2 if qos else 0) + len(varint(props)) + props + len(msg.payload)
+        return 1 + len(varint(body)) + body
+
+    def frame(self, msg: Message, qos: int, packet_id: int | None, dup: bool = False, retain: bool = False) -> bytes:
+        """``msg`` as an MQTT 5 PUBLISH to this client: its properties unaltered and in order,
+        the identifiers of the subscriptions it matches, a topic alias when the client takes
+        them; RETAIN as published for a subscription that asked for it [MQTT-3.3.1-12]."""
+        ids, keep = self._matching(msg.topic)
+        if keep and msg.retain:
+            retain = True
+        props = bytearray()
+        topic = msg.topic_bytes
+        if self.alias_max_out:
+            aliases = self.aliases_out
+            alias = aliases.get(msg.topic)
+            if alias is not None:
+                props += b"\x23" + alias.to_bytes(2, "big")
+                topic = b""
+            elif len(aliases) < self.alias_max_out and len(topic) > 3:
+                alias = len(aliases) + 1  # (the first use carries the topic and sets it)
+                aliases[msg.topic] = alias
+                props += b"\x23" + alias.to_bytes(2, "big")
+        if msg.props:
+            props += msg.props
+        for sid in ids:
+            props += b"\x0b" + varint(sid)
+        return encode_publish5(topic, msg.payload, qos, retain, dup, packet_id, varint(len(props)) + props)
+
+    def frame0(self, msg: Message) -> bytes:
+        return self.frame(msg, 0, None)
+
+
+class Mqtt5:
+    """The MQTT 5 handlers of a Channel (a mixin: the Channel keeps the state)."""
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # what they use of the Channel
+        broker: Broker
+        session: Session | None
+        v5: Conn5 | None
+        client_id: str
+        username: str | None
+        is_peer: bool
+        will: codec.Will | None
+        clean_disconnect: bool
+        close_reason: str | None
+        decoder: codec.Decoder
+        frame: FrameFn
+        frame0: Frame0Fn
+
+        def write(self, frame: bytes) -> None: ...
+
+        def close(self, reason: str, now: float | None = None) -> None: ...
+
+        def _send_after(self, frame: bytes, batch: Batch, ticket: int = 0) -> None: ...
+
+        def _on_publish(self, pkt: codec.Publish, now: float, props: bytes | None = None) -> None: ...
+
+        def _end(self, publish_will: bool, now: float | None = None) -> None: ...
+
+    # -- CONNECT, CONNACK ---------------------------------------------------------------------
+
+    def _connect5(self, pkt: codec.Connect) -> int | None:
+        """Read what an MQTT 5 CONNECT asks for; a CONNACK reason code when it is refused."""
+        settings = self.broker.settings
+        props = pkt.properties or {}
+        conn = self.v5 = Conn5(self, props, settings.topic_alias_maximum)  # type: ignore[misc]  # (the Channel's slot)
+        if P.AUTH_METHOD in props:
+            return 0x8C  # no enhanced authentication method is served (4.12)
+        if settings.max_keepalive and (pkt.keepalive == 0 or pkt.keepalive > settings.max_keepalive):
+            conn.server_keepalive = settings.max_keepalive  # [MQTT-3.2.2-21]
+            pkt.keepalive = settings.max_keepalive
+        # the client must not receive packets larger than it takes: our answers are small
+        return None
+
+    def connack5(self, present: bool) -> bytes:
+        """CONNACK 0x00 with what this node holds the client to."""
+        conn: Conn5 = self.v5  # type: ignore[assignment]
+        settings = self.broker.settings
+        props: P.Props = {
+            P.RECEIVE_MAXIMUM: settings.receive_maximum,
+            P.MAXIMUM_PACKET_SIZE: settings.max_packet_size,
+            P.TOPIC_ALIAS_MAXIMUM: settings.topic_alias_maximum,
+            P.SHARED_SUB_AVAILABLE: 0,
+        }
+        if settings.topic_alias_maximum == 0:
+            del props[P.TOPIC_ALIAS_MAXIMUM]
+        if settings.max_qos < 2:
+            props[P.MAXIMUM_QOS] = settings.max_qos
+        if not settings.retain_available:
+            props[P.RETAIN_AVAILABLE] = 0
+        if conn.session_expiry and conn.session_expiry != SESSION_KEPT:
+            props[P.SESSION_EXPIRY] = SESSION_KEPT  # (kept without a limit: module docstring)
+        if conn.assigned is not None:
+            props[P.ASSIGNED_CLIENT_ID] = conn.assigned  # [MQTT-3.1.3-7]
+        if conn.server_keepalive is not None:
+            props[P.SERVER_KEEP_ALIVE] = conn.server_keepalive
+        return encode5(codec.ConnAck(present, 0, props))
+
+    def attach5(self, session: Session) -> None:
+        """The session is this client's from now on: its frames in MQTT 5's form, its window
+        within the client's Receive Maximum, and the deliveries the client must not get
+        filtered out before they take a packet id."""
+        conn: Conn5 = self.v5  # type: ignore[assignment]
+        self.frame = conn.frame  # (a slot of the Channel)
+        self.frame0 = conn.frame0
+        session.adapt(conn.receive_maximum, _filtered(session, conn, self.broker))
+
+    def refuse5(self, rc: int) -> bytes:
+        """A refusal's CONNACK in MQTT 5's form; ``rc`` a 3.1.1 return code or a reason code."""
+        return encode5(codec.ConnAck(False, CONNACK_CODES.get(rc, rc)))
+
+    # -- PUBLISH from the client ---------------------------------------------------------------
+
+    def _on_publish5(self, pkt: codec.Publish, now: float) -> None:
+        props = pkt.properties
+        if props is not None:
+            conn: Conn5 = self.v5  # type: ignore[assignment]
+            if P.SUBSCRIPTION_ID in props:
+                raise ProtocolError("MQTT-3.3.4-6", "a PUBLISH from a client with a Subscription Identifier")
+            alias = props.get(P.TOPIC_ALIAS)
+            if alias is not None:
+                if alias > conn.alias_max_in:
+                    raise ProtocolError(
+                        "MQTT-3.3.2-12", f"Topic Alias {alias} over the maximum {conn.alias_max_in}", 0x94
+                    )
+                if pkt.topic:
+                    conn.aliases_in[alias] = pkt.topic
+                else:
+                    topic = conn.aliases_in.get(alias)
+                    if topic is None:
+                        raise ProtocolError("MQTT-3.3.2-12", f"Topic Alias {alias} was never set on this connection")
+                    pkt.topic = topic
+        if pkt.qos == 2 and self.session is not None:
+            if len(self.session.awaiting_rel) >= self.broker.settings.receive_maximum:
+                if pkt.packet_id not in self.session.awaiting_rel:
+                    raise ProtocolError("MQTT-3.3.4-7", "more QoS 2 messages than the Receive Maximum", 0x93)
+        self._on_publish(pkt, now, P.forwarded(props))
+
+    # -- SUBSCRIBE, UNSUBSCRIBE --------------------------------------------------------------
+
+    def _on_subscribe5(self, pkt: codec.Subscribe, now: float) -> None:
+        broker = self.broker
+        auth = broker.auth
+        session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
+        journal = broker.journal
+        mark = journal.mark()
+        sid = (pkt.properties or {}).get(P.SUBSCRIPTION_ID, [0])[0]
+        codes = []
+        retained = []
+        for topic_filter, options in pkt.topics:  # as a sequence of SUBSCRIBEs
+            if topic_filter.startswith(SHARE_PREFIX):
+                codes.append(0x9E)  # Shared Subscriptions not supported (yet)
+                continue
+            if topic_filter.startswith("$mesh") or not auth.can_subscribe(self.username, self.client_id, topic_filter):
+                codes.append(broker.settings.subscribe_denied_code)
+                continue
+            granted = min(options & SUB_QOS, broker.settings.max_qos)  # [MQTT-3.2.2-10] (5.0)
+            existed = topic_filter in session.subscriptions
+            value = granted | (options & 0x3C) | (sid << SUB_ID_SHIFT)
+            broker.table.subscribe(session, topic_filter, value)  # replaces it [MQTT-3.8.4-3]
+            codes.append(granted)
+            handling = (options >> 4) & 0x03
+            if handling == 0 or (handling == 1 and not existed):  # [MQTT-3.3.1-9] [MQTT-3.3.1-10] [MQTT-3.3.1-11]
+                retained.append((topic_filter, granted))
+        self._send_after(encode5(codec.SubAck(pkt.packet_id, codes)), journal.since(mark))
+        for topic_filter, granted in retained:
+            broker.send_retained(session, topic_filter, granted, now)
+
+    def _on_unsubscribe5(self, pkt: codec.Unsubscribe, now: float) -> None:
+        broker = self.broker
+        journal = broker.journal
+        mark = journal.mark()
+        session: Session = self.session  # type: ignore[assignment]
+        codes = [0x00 if broker.table.unsubscribe(session, f) else 0x11 for f in pkt.filters]  # [MQTT-3.11.3-2]
+        self._send_after(encode5(codec.UnsubAck(pkt.packet_id, codes)), journal.since(mark))
+
+    # -- DISCONNECT, AUTH -------------------------------------------------------------------
+
+    def _on_disconnect5(self, pkt: codec.Disconnect, now: float) -> None:
+        conn: Conn5 = self.v5  # type: ignore[assignment]
+        expiry = (pkt.properties or {}).get(P.SESSION_EXPIRY)
+        if expiry is not None and conn.session_expiry == 0 and expiry != 0:
+            raise ProtocolError("MQTT-3.14.2-2", "DISCONNECT sets a Session Expiry Interval the CONNECT had as 0")
+        if pkt.reason_code != 0x04:
+            self.will = None  # type: ignore[misc]  # [MQTT-3.14.4-3]: 0x04 asks for the will, anything else drops it
+        self.clean_disconnect = pkt.reason_code != 0x04  # type: ignore[misc]
+        name = REASON_NAMES.get(pkt.reason_code, "?")
+        self.close_reason = f"client sent DISCONNECT 0x{pkt.reason_code:02x} ({name})"  # type: ignore[misc]
+        self._end(publish_will=pkt.reason_code == 0x04, now=now)
+        self.owner.close(self, self.close_reason)  # type: ignore[attr-defined]  # (the Channel's)
+
+    def _on_auth5(self, pkt: codec.Auth, now: float) -> None:
+        # no authentication method was agreed at CONNECT (4.12): an AUTH is out of place
+        raise ProtocolError("MQTT-4.12.0-1", "AUTH without an authentication method agreed at CONNECT")
+
+    def disconnect5(self, reason: int) -> None:
+        """Tell an MQTT 5 client why the server closes its connection (4.13)."""
+        self.write(encode5(codec.Disconnect(reason)))
+
+
+def _filtered(session: Session, conn: Conn5, broker: Broker) -> Any:
+    """``session.deliver`` for an MQTT 5 client: not its own messages on a No Local
+    subscription [MQTT-3.8.3-3], nothing larger than its Maximum Packet Size."""
+    deliver = type(session).deliver
+    client_id = session.client_id
+    limited = conn.max_packet < _MAX_PACKET
+    stats = broker.stats
+
+    def filtered(msg: Message, qos: int, retain: bool = False) -> None:
+        if msg.publisher == client_id and not retain and _local_refused(session, msg.topic):
+            return
+        if limited and conn.size(msg, qos) > conn.max_packet:
+            conn.too_large += 1  # not sent, counted [MQTT-3.1.2-25] (5.0)
+            stats.too_large += 1
+            return
+        deliver(session, msg, qos, retain)
+
+    return filtered
+
+
+def _local_refused(session: Session, topic: str) -> bool:
+    """Every subscription of ``session`` matching ``topic`` has No Local."""
+    for topic_filter, value in session.subscriptions.items():
+        if not value & NO_LOCAL and filter_matches(topic_filter, topic):
+            return False
+    return True
+
+
+def reason_of(exc: Exception) -> int:
+    """The DISCONNECT reason code for a protocol error the Channel caught."""
+    if isinstance(exc, codec.MalformedPacket):
+        return exc.reason
+    if isinstance(exc, ProtocolViolation):
+        return 0x82
+    return 0x80
