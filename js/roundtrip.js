@@ -4,12 +4,16 @@
 // subscription reach the publisher's node), then publishes; prints what arrived as one JSON
 // line and exits (a deadline bounds every run).
 //   node roundtrip.js '{"sub": "ws://127.0.0.1:8080/mqtt", "pub": "mqtt://127.0.0.1:1884",
-//                       "topic": "js/t", "count": 20, "qos": 1, "deadline_ms": 10000}'
+//                       "topic": "js/t", "count": 20, "qos": 1, "deadline_ms": 10000}
+// With "version": 5 both clients speak MQTT 5; "properties" (MQTT.js names: userProperties,
+// contentType, responseTopic, correlationData as a string) go with every publish, and
+// each message received reports its properties; "sub_properties" are the subscriber's
+// CONNECT properties (topicAliasMaximum: MQTT.js then resolves the aliases the node sets).'
 "use strict";
 const mqtt = require("mqtt");
 
 const cfg = JSON.parse(process.argv[2]);
-const options = { protocolVersion: 4, reconnectPeriod: 0, connectTimeout: 5000 };
+const options = { protocolVersion: cfg.version || 4, reconnectPeriod: 0, connectTimeout: 5000 };
 if (cfg.ca) options.ca = require("fs").readFileSync(cfg.ca);
 const got = [];
 const result = { connected: [], suback: null, received: got, error: null };
@@ -20,10 +24,18 @@ function finish(code) {
 }
 setTimeout(() => { result.error = "deadline"; finish(2); }, cfg.deadline_ms || 10000);
 
-const sub = mqtt.connect(cfg.sub, { ...options, clientId: "js-sub-" + process.pid, clean: true });
+const subOptions = { ...options, clientId: "js-sub-" + process.pid, clean: true };
+if (cfg.sub_properties) subOptions.properties = cfg.sub_properties; // (MQTT 5 CONNECT properties)
+const sub = mqtt.connect(cfg.sub, subOptions);
 sub.on("error", (e) => { result.error = "sub: " + e.message; finish(3); });
 sub.on("message", (topic, payload, packet) => {
-  got.push({ topic, payload: payload.toString(), qos: packet.qos });
+  const item = { topic, payload: payload.toString(), qos: packet.qos };
+  if (packet.properties) {
+    const p = { ...packet.properties };
+    if (p.correlationData) p.correlationData = p.correlationData.toString();
+    item.properties = p;
+  }
+  got.push(item);
   if (got.length === cfg.count) {
     sub.end(false, () => finish(0));
   }
@@ -44,7 +56,12 @@ function publish() {
   pub.on("connect", async () => {
     result.connected.push("pub");
     for (let i = 0; i < cfg.count; i++) {
-      await pub.publishAsync(cfg.topic + "/x", String(i), { qos: cfg.qos });
+      const opts = { qos: cfg.qos };
+      if (cfg.properties) {
+        opts.properties = { ...cfg.properties };
+        if (opts.properties.correlationData) opts.properties.correlationData = Buffer.from(opts.properties.correlationData);
+      }
+      await pub.publishAsync(cfg.topic + "/x", String(i), opts);
     }
     pub.end();
   });

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Journal", "NullJournal", "NULL_JOURNAL", "restore_sessions", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: messages keep their MQTT 5 properties (message.Message.props)
 
 # Incarnations count sixteenths of a second since 2024-01-01, so that a message id
 # (incarnation << 28) + n stays below 2**63 (a signed 64-bit column, e.g. in Spark) for
@@ -253,6 +253,7 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.seq,
             m.publisher,
             m.timestamp,
+            m.props,
         )
     if kind == "inbound_put":
         _, client_id, pid, m = op
@@ -267,10 +268,11 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.seq,
             m.publisher,
             m.timestamp,
+            m.props,
         )
     if kind == "retained_put":
         _, topic, m = op
-        return ("retained_put", topic, m.payload, m.qos, m.origin, m.seq, m.publisher, m.timestamp)
+        return ("retained_put", topic, m.payload, m.qos, m.origin, m.seq, m.publisher, m.timestamp, m.props)
     if kind == "custody_put":
         _, m, dests = op
         return (
@@ -284,6 +286,7 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.publisher,
             m.timestamp,
             "\0".join(dests),
+            m.props,
         )
     return op
 
@@ -304,9 +307,9 @@ def restore_sessions(
     """Rebuild the persistent sessions from what the store read back, in its row order.
 
     ``sessions``: (client_id, subscriptions); ``messages``: (client_id, key, topic, payload,
-    msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp), ordered by
+    msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp, props), ordered by
     client and key; ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id,
-    packet_id, topic, payload, retain, origin, seq, publisher, timestamp), the messages of
+    packet_id, topic, payload, retain, origin, seq, publisher, timestamp, props), the messages of
     those ids in a mesh (mesh/cluster/replica.py); ``versions``: (client_id, epoch, version) of
     sessions replicated in a mesh; ``tombstones``: (client_id, number, origin, seq), the
     message ids they settled, oldest first; ``floors``: (client_id, origin, seq), up to
@@ -318,13 +321,13 @@ def restore_sessions(
         session = factory.restored(client_id)
         session.subscriptions = subscriptions
         restored[client_id] = session
-    for client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts in messages:
+    for client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts, props in messages:
         owner = restored.get(client_id)
         if owner is None:
             continue
-        entry = Entry(
-            Message(topic, bytes(payload), msg_qos, False, origin, seq, publisher, ts), qos, bool(retain), key
-        )
+        props = bytes(props) if props is not None else None
+        msg = Message(topic, bytes(payload), msg_qos, False, origin, seq, publisher, ts, props)
+        entry = Entry(msg, qos, bool(retain), key)
         entry.packet_id, entry.state = pid, state
         owner.restore_entry(entry)
     for client_id, pid in awaiting_rel:

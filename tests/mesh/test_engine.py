@@ -247,7 +247,7 @@ def test_the_handshake_rtt_is_the_first_cost_of_a_link():
     a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
     assert a.routers["a"].seq == 2
     hello = encode_hello(Hello(a.node_id, a.incarnation, a.addresses, rtt_us=40_000.4))
-    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 6}
+    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 7}
 
 
 def test_custody_lets_go_of_a_node_that_aged_out():
@@ -554,3 +554,22 @@ def test_an_engine_is_synced_once_it_holds_a_neighbours_whole_database():
     # what it publishes now reaches the subscriber it had not heard of before the exchange
     m = net.publish("d", "s/x", qos=1)
     assert m in net.delivered["c"]
+
+
+def test_an_envelope_carries_a_messages_mqtt5_properties_and_the_simulators_reader_skips_them():
+    """Envelope version 4: flag 32 and the properties, as encoded, before the payload; a
+    3.1.1 message has none and costs nothing more. The simulator's reader (sim/observe.py,
+    written apart from the decoder) finds the same envelopes."""
+    from mqttmesh.sim.observe import read_envelope_heads
+
+    props = b"\x03\x00\x04json&\x00\x01k\x00\x01v"
+    with5 = Message("t", b"payload", 1, False, "a", 7, "pub", 1.0, props)
+    plain = Message("t", b"payload", 1, False, "a", 8, "pub", 1.0)
+    raw = encode_batch([Envelope(with5, ["b", "c"], 4, 0, None, [5, 0]), Envelope(plain, ["b"], 4, 0, None, 7)])
+    a, b = decode_batch(raw)
+    assert (a.msg.props, a.msg.payload, a.prev) == (props, b"payload", [5, 0])
+    assert (b.msg.props, b.msg.payload, b.prev) == (None, b"payload", 7)
+    assert [h[:2] for h in read_envelope_heads(raw)] == [("a", 7), ("a", 8)]
+    cut = raw[: raw.index(props) + 3]  # properties that overrun the batch
+    with pytest.raises(EnvelopeError):
+        decode_batch(cut)

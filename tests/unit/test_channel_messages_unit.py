@@ -446,7 +446,7 @@ def test_retained_publish_waits_for_commit():
     pub.receive_data(mqttraw.publish("r", b"v", qos=1, pid=1, retain=True), 1.0)
     assert pub.data_to_send() == b""
     number, ops = journal.take()
-    assert ops == [("retained_put", "r", b"v", 1, "n1", ops[0][5], "p", ops[0][7])]
+    assert ops == [("retained_put", "r", b"v", 1, "n1", ops[0][5], "p", ops[0][7], None)]
     net.committed(number)
     assert pub.data_to_send() == h("40 02 00 01")
 

@@ -214,9 +214,9 @@ def test_identity_mismatch_closes_and_logs_on_both_sides():
 def test_hello_of_another_version_is_refused_naming_both():
     node = Node("b")
     link = MemLink("a", "a", True, "10.0.0.1:50000")
-    node.links.receive(link, "hello", hello_of("a", proto=7), 0.0)
-    assert link.closed == "peer 'a' speaks mesh protocol 7, this node 6"
-    assert "peer 'a' speaks mesh protocol 7, this node 6" in node.log.text("warning")
+    node.links.receive(link, "hello", hello_of("a", proto=8), 0.0)
+    assert link.closed == "peer 'a' speaks mesh protocol 8, this node 7"
+    assert "peer 'a' speaks mesh protocol 8, this node 7" in node.log.text("warning")
     assert node.links.links == {}
 
 

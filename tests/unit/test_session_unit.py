@@ -287,7 +287,7 @@ def test_entry_defaults():
 
 
 def _message_put(client, key, payload, msg_qos, qos, retain, pid, state):
-    return ("message_put", client, key, "t", payload, msg_qos, qos, retain, pid, state, "n1", 7, "pub", 1.5)
+    return ("message_put", client, key, "t", payload, msg_qos, qos, retain, pid, state, "n1", 7, "pub", 1.5, None)
 
 
 def dmsg(payload: str, qos: int = 2) -> Message:

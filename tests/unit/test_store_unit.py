@@ -16,7 +16,7 @@ def entry(key: int, payload: bytes = b"p", qos: int = 1) -> Entry:
 
 
 def put(client, key, payload=b"p", qos=1, pid=0, state=0):
-    return ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5)
+    return ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5, None)
 
 
 def test_format_version_is_an_int():
@@ -43,7 +43,7 @@ def test_ops_in_order_of_arrival():
     assert ops == [
         ("session_put", "a", {"x": 1}),
         put("a", 1),
-        ("retained_put", "r/1", b"v", 1, "n1", 4, "pub", 2.0),
+        ("retained_put", "r/1", b"v", 1, "n1", 4, "pub", 2.0, None),
         ("rel_put", "a", 7),
         ("retained_delete", "r/2"),
     ]
@@ -103,7 +103,7 @@ def test_session_delete_drops_earlier_ops_of_that_client_only():
     j.session_delete("a")
     assert j.take()[1] == [
         put("b", 1),
-        ("retained_put", "a", b"v", 0, "n1", 1, "p", 0.0),
+        ("retained_put", "a", b"v", 0, "n1", 1, "p", 0.0, None),
         ("session_delete", "a"),
     ]
 
@@ -182,7 +182,7 @@ def test_take_returns_plain_tuples():
     for op in j.take()[1]:
         assert type(op) is tuple
         for field in op:
-            assert isinstance(field, (str, bytes, int, float, bool, dict)), field
+            assert field is None or isinstance(field, (str, bytes, int, float, bool, dict)), field
 
 
 # --------------------------------------------------------------------------- mark and since
@@ -245,7 +245,7 @@ def test_null_journal_records_nothing_and_never_holds_an_ack():
 
 def _row(client, key, payload, pid=0, state=0, qos=1, seq=None):
     """A messages row as the store reads it back."""
-    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5)
+    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5, None)
 
 
 def test_restore_sessions_rebuilds_queue_inflight_and_awaiting_rel_without_journaling():
@@ -332,8 +332,8 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     s.settle(("n2", 7), "in", 5, Message("t/2", b"y", 2, True, "n2", 7, "p", 9.75))  # (another holder's)
     s.awaiting_rel_add(6)  # (an id without a message: a PUBLISH that was not allowed)
     ops = j.take()[1]
-    assert ("inbound_put", "p", 3, "t/1", b"x", 0, "n1", 41, "p", 9.5) in ops
-    assert ("inbound_put", "p", 5, "t/2", b"y", 1, "n2", 7, "p", 9.75) in ops
+    assert ("inbound_put", "p", 3, "t/1", b"x", 0, "n1", 41, "p", 9.5, None) in ops
+    assert ("inbound_put", "p", 5, "t/2", b"y", 1, "n2", 7, "p", 9.75, None) in ops
     store = SqliteStore(str(tmp_path))
     store.write([("session_put", "p", {})] + ops)
     store.db.close()
@@ -432,4 +432,55 @@ def test_a_durable_replicas_floors_are_stored_and_come_back(tmp_path, monkeypatc
     store = SqliteStore(str(tmp_path))
     store.write([("session_delete", "s")])
     assert store.db.execute("SELECT COUNT(*) FROM tombstone_floors").fetchone()[0] == 0
+    store.db.close()
+
+
+PROPS = b"\x03\x00\x0atext/plain&\x00\x01k\x00\x01v"  # Content Type, a User Property (encoded)
+
+
+def test_mqtt5_properties_survive_a_restart_in_every_table(tmp_path):
+    """A message's properties (message.Message.props) are kept with it: queued or in flight
+    for a persistent session, retained, and in custody for other nodes."""
+    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+    from mqttmesh.server.sqlite_store import SqliteStore
+    from mqttmesh.session import Sessions
+
+    j = Journal()
+    e = Entry(Message("t", b"p", 1, False, "n1", 3, "pub", 9.5, PROPS), 1, False, 1)
+    j.session_put("a", {"t": 1})
+    j.message_put("a", e)
+    j.retained_put("r", Message("r", b"v", 1, True, "n1", 4, "pub", 2.0, PROPS))
+    j.custody_put(Message("c", b"w", 1, False, "n1", 5, "pub", 2.0, PROPS), ["n2"])
+    store = SqliteStore(str(tmp_path))
+    store.write(j.take()[1])
+    store.db.close()
+    again = SqliteStore(str(tmp_path))
+    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=Sessions(Limits(), Journal())))
+    again.load(broker)
+    [(custody, _)] = again.load_custody()
+    again.db.close()
+    assert [x.msg.props for x in broker.sessions["a"].queue] == [PROPS]
+    assert broker.retained.get("r").props == PROPS
+    assert custody.props == PROPS
+
+
+def test_a_format_1_store_gains_the_properties_column_and_keeps_its_rows(tmp_path):
+    """An older data directory is brought to format 2 in place, not refused."""
+    import sqlite3
+
+    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+    from mqttmesh.server.sqlite_store import SCHEMA, SqliteStore
+
+    db = sqlite3.connect(tmp_path / "mqttmesh.db")
+    db.executescript(SCHEMA.replace(", props BLOB", ""))
+    db.execute("INSERT INTO meta VALUES ('format_version', '1')")
+    db.execute("INSERT INTO retained VALUES ('r', x'76', 1, 'n1', 4, 'pub', 2.0)")
+    db.commit()
+    db.close()
+    store = SqliteStore(str(tmp_path))
+    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts())
+    assert store.load(broker) == (0, 1)
+    assert store._meta("format_version") == str(FORMAT_VERSION) == "2"
+    msg = broker.retained.get("r")
+    assert (msg.payload, msg.props) == (b"v", None)
     store.db.close()

@@ -32,12 +32,12 @@ CREATE TABLE IF NOT EXISTS messages(
     client_id TEXT NOT NULL, key INTEGER NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL,
     msg_qos INTEGER NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL,
     packet_id INTEGER NOT NULL, state INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL,
-    publisher TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY(client_id, key));
+    publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, PRIMARY KEY(client_id, key));
 CREATE TABLE IF NOT EXISTS awaiting_rel(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
     PRIMARY KEY(client_id, packet_id));
 CREATE TABLE IF NOT EXISTS inbound(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
     topic TEXT NOT NULL, payload BLOB NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL,
-    seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, PRIMARY KEY(client_id, packet_id));
+    seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, PRIMARY KEY(client_id, packet_id));
 CREATE TABLE IF NOT EXISTS session_versions(client_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL,
     version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS tombstones(client_id TEXT NOT NULL, slot INTEGER NOT NULL,
@@ -47,26 +47,29 @@ CREATE TABLE IF NOT EXISTS tombstone_floors(client_id TEXT NOT NULL, origin TEXT
     seq INTEGER NOT NULL, PRIMARY KEY(client_id, origin));
 CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, publisher TEXT NOT NULL,
-    ts REAL NOT NULL, dests TEXT NOT NULL);
+    ts REAL NOT NULL, dests TEXT NOT NULL, props BLOB);
 CREATE TABLE IF NOT EXISTS retained(topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL,
-    origin TEXT NOT NULL, seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL);
+    origin TEXT NOT NULL, seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB);
 """
+
+# the tables whose messages gained their MQTT 5 properties (a NULL column) in format 2
+_PROPS_TABLES = ("messages", "inbound", "custody", "retained")
 
 _SQL = {
     "session_put": "INSERT OR REPLACE INTO sessions(client_id, subscriptions) VALUES (?, ?)",
-    "message_put": "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    "message_put": "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
     "message_remove": "DELETE FROM messages WHERE client_id = ? AND key = ?",
     "rel_put": "INSERT OR IGNORE INTO awaiting_rel VALUES (?, ?)",
     "rel_remove": "DELETE FROM awaiting_rel WHERE client_id = ? AND packet_id = ?",
-    "inbound_put": "INSERT OR REPLACE INTO inbound VALUES (?,?,?,?,?,?,?,?,?)",
+    "inbound_put": "INSERT OR REPLACE INTO inbound VALUES (?,?,?,?,?,?,?,?,?,?)",
     "inbound_remove": "DELETE FROM inbound WHERE client_id = ? AND packet_id = ?",
     "version_put": "INSERT OR REPLACE INTO session_versions VALUES (?,?,?)",
     "done_put": "INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)",
     "floor_put": "INSERT OR REPLACE INTO tombstone_floors VALUES (?,?,?)",
     "node_seen": "INSERT OR IGNORE INTO nodes_seen VALUES (?)",
-    "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?)",
+    "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?,?)",
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
-    "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?)",
+    "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?,?)",
     "custody_remove": "DELETE FROM custody WHERE seq = ?",
 }
 
@@ -96,6 +99,12 @@ class SqliteStore:
             version = self._meta("format_version")
             if version is None:
                 self._set_meta("format_version", str(FORMAT_VERSION))
+            elif int(version) == 1:
+                # format 1 knew no MQTT 5 properties: each message table gains their column
+                for table in _PROPS_TABLES:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN props BLOB")
+                self._set_meta("format_version", str(FORMAT_VERSION))
+                log.info("%s: format version 1 brought to %d (MQTT 5 properties)", self.path, FORMAT_VERSION)
             elif int(version) != FORMAT_VERSION:
                 raise StoreError(f"{self.path}: format version {version}, this mqttmesh reads version {FORMAT_VERSION}")
         except sqlite3.DatabaseError as exc:
@@ -130,10 +139,14 @@ class SqliteStore:
             _rows(
                 db,
                 "SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
-                " origin, seq, publisher, ts FROM messages ORDER BY client_id, key",
+                " origin, seq, publisher, ts, props FROM messages ORDER BY client_id, key",
             ),
             _rows(db, "SELECT client_id, packet_id FROM awaiting_rel"),
-            _rows(db, "SELECT * FROM inbound ORDER BY client_id, packet_id"),
+            _rows(
+                db,
+                "SELECT client_id, packet_id, topic, payload, retain, origin, seq, publisher, ts, props"
+                " FROM inbound ORDER BY client_id, packet_id",
+            ),
             _rows(db, "SELECT * FROM session_versions"),
             _rows(db, "SELECT client_id, n, origin, seq FROM tombstones ORDER BY client_id, n"),
             _rows(db, "SELECT client_id, origin, seq FROM tombstone_floors"),
@@ -141,8 +154,11 @@ class SqliteStore:
         for session in sessions:
             broker.table.restore_session(session)
         retained = 0
-        for topic, payload, qos, origin, seq, publisher, ts in db.execute("SELECT * FROM retained"):
-            broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts))
+        for topic, payload, qos, origin, seq, publisher, ts, props in db.execute(
+            "SELECT topic, payload, qos, origin, seq, publisher, ts, props FROM retained"
+        ):
+            msg = Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts, _props(props))
+            broker.retained.set(topic, msg)
             retained += 1
         return len(sessions), retained
 
@@ -153,12 +169,11 @@ class SqliteStore:
     def load_custody(self) -> list[tuple[Message, list[str]]]:
         """Messages this node held for other nodes when it stopped (mesh/routing/engine.py custody)."""
         out = []
-        for seq, topic, payload, qos, retain, origin, publisher, ts, dests in self.db.execute(
-            "SELECT * FROM custody ORDER BY seq"
+        for seq, topic, payload, qos, retain, origin, publisher, ts, dests, props in self.db.execute(
+            "SELECT seq, topic, payload, qos, retain, origin, publisher, ts, dests, props FROM custody ORDER BY seq"
         ):
-            out.append(
-                (Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts), dests.split("\0"))
-            )
+            msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, _props(props))
+            out.append((msg, dests.split("\0")))
         return out
 
     # -- the writer thread -----------------------------------------------------------------
@@ -221,6 +236,10 @@ class SqliteStore:
     def close(self) -> None:
         self.stop_writer()
         self.db.close()
+
+
+def _props(raw: bytes | None) -> bytes | None:
+    return bytes(raw) if raw is not None else None
 
 
 def _rows(db: sqlite3.Connection, sql: str) -> Iterator[Any]:

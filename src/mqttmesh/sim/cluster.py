@@ -141,8 +141,8 @@ class SimStore:
         )
         for session in sessions:
             broker.table.restore_session(session)
-        for topic, payload, qos, origin, seq, publisher, ts in sorted(self.retained.values()):
-            broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts))
+        for topic, payload, qos, origin, seq, publisher, ts, props in sorted(self.retained.values()):
+            broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts, props))
 
     def load_nodes(self) -> list[str]:
         return sorted(self.nodes_seen)
@@ -150,10 +150,9 @@ class SimStore:
     def load_custody(self) -> list[tuple[Message, list[str]]]:
         out = []
         for seq in sorted(self.custody):
-            _, topic, payload, qos, retain, origin, publisher, ts, dests = self.custody[seq]
-            out.append(
-                (Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts), dests.split("\0"))
-            )
+            _, topic, payload, qos, retain, origin, publisher, ts, dests, props = self.custody[seq]
+            msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, props)
+            out.append((msg, dests.split("\0")))
         return out
 
 

@@ -1,7 +1,7 @@
 """What the simulator watches on the wire: envelope headers, and one record per message.
 
 Pure. The envelope header reader is written here from the formats documented in
-mesh/routing/envelope.py (versions 1 and 2), independently of that module's decoder,
+mesh/routing/envelope.py (versions 1 to 4), independently of that module's decoder,
 so that a bug mirrored in the engine's encoder and decoder would show up as a
 mismatch.
 """
@@ -22,10 +22,10 @@ def read_envelope_heads(batch: bytes) -> list[tuple[str, int, int, int, tuple[st
     """(origin, seq, attempt, hop_limit, destinations) of every envelope of a ``fwd`` batch."""
     if not batch:
         raise ValueError("empty envelope batch")
-    if batch[0] in (2, 3):
+    if batch[0] in (2, 3, 4):
         return _read_v2(batch)
     if batch[0] != 1:
-        raise ValueError(f"envelope batch version {batch[0]}, expected 1, 2 or 3")
+        raise ValueError(f"envelope batch version {batch[0]}, expected 1 to 4")
     count = _U32.unpack_from(batch, 1)[0]
     pos = 5
     out = []
@@ -52,9 +52,10 @@ def read_envelope_heads(batch: bytes) -> list[tuple[str, int, int, int, tuple[st
 
 
 def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
-    """Versions 2 and 3: a string table (origins, publishers, topics, NUL-joined destination
+    """Versions 2 to 4: a string table (origins, publishers, topics, NUL-joined destination
     lists) first; version 3 adds a predecessor to each record, and one per destination to
-    an envelope to several (flag 16)."""
+    an envelope to several (flag 16); version 4, the MQTT 5 properties (flag 32: their
+    length, four bytes, and themselves)."""
     count = _U32.unpack_from(batch, 1)[0]
     nstrings = _U16.unpack_from(batch, 5)[0]
     pos = 7
@@ -67,11 +68,14 @@ def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
     for _ in range(count):
         flags, hops, attempt, seq, _ts, oi, _pi, _ti, di, plen = _REC2.unpack_from(batch, pos)
         dests = tuple(strings[di].split("\0"))
-        pos += _REC2.size + plen
-        if batch[0] == 3:
+        pos += _REC2.size
+        if batch[0] >= 3:
             pos += 4  # (the predecessor of an envelope to one destination)
             if flags & 16:
                 pos += 4 * len(dests)  # (each destination's predecessor)
+        if batch[0] >= 4 and flags & 32:
+            pos += 4 + _U32.unpack_from(batch, pos)[0]  # (the properties, before the payload)
+        pos += plen
         out.append((strings[oi], seq, attempt, hops, dests))
     if pos != len(batch):
         raise ValueError(f"{len(batch) - pos} bytes after the last envelope")

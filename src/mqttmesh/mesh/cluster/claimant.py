@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING
 
 from ...broker import ClaimingChannel
 from ...packets import UNAVAILABLE
-from .cluster_values import LocalConnection
+from ...properties import forwarded
+from .cluster_values import LocalConnection, props_b64
 from .cluster_wire import (
     Outbox,
     RegClaim,
@@ -93,7 +94,8 @@ class Claim:
 def _wire_will(will: Will | None, seq: int = 0) -> WireWill | None:
     if will is None:
         return None
-    return WireWill(will.topic, base64.b64encode(will.payload).decode(), will.qos, will.retain, seq)
+    props = props_b64(forwarded(will.properties))
+    return WireWill(will.topic, base64.b64encode(will.payload).decode(), will.qos, will.retain, seq, props)
 
 
 class Claimant:

@@ -112,6 +112,26 @@ def _list(value: Any, where: str, key: str) -> list[Any]:
     return value
 
 
+def props_b64(props: bytes | None) -> str | None:
+    """A message's MQTT 5 properties as the cluster's JSON carries them."""
+    return base64.b64encode(props).decode() if props is not None else None
+
+
+def props_of(text: str | None) -> bytes | None:
+    return base64.b64decode(text) if text is not None else None
+
+
+def _props_json(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    text = _str(value, where, "props")
+    try:
+        base64.b64decode(text, validate=True)
+    except ValueError:
+        raise ClusterWireError(f"{where}: props is not base64") from None
+    return text
+
+
 def _array(value: Any, n: int, where: str) -> list[Any]:
     if not isinstance(value, list) or len(value) != n:
         raise ClusterWireError(f"{where}: not an array of {n}")
@@ -192,11 +212,14 @@ class WireWill:
     # the sequence number of the will's message at the connection's node (0: none reserved):
     # whoever publishes it publishes that one message, taken once by the duplicate filters
     seq: int = 0
+    props_b64: str | None = None  # the will's MQTT 5 properties, as its message carries them
 
     def to_json(self) -> dict[str, Any]:
         out = {"topic": self.topic, "payload": self.payload_b64, "qos": self.qos, "retain": self.retain}
         if self.seq:
             out["seq"] = self.seq
+        if self.props_b64 is not None:
+            out["props"] = self.props_b64
         return out
 
     @classmethod
@@ -211,6 +234,7 @@ class WireWill:
             _int(_key(o, "qos", where), where, "qos"),
             _bool(_key(o, "retain", where), where, "retain"),
             _int(o.get("seq", 0), where, "seq"),
+            _props_json(o.get("props"), where),
         )
 
 
@@ -297,10 +321,11 @@ class RetainedItem(NamedTuple):
     origin: str
     seq: int
     publisher: str
+    props_b64: str | None = None  # its MQTT 5 properties (message.Message.props)
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> RetainedItem:
-        a = _array(value, 7, where)
+        a = _array(value, 8, where)
         return cls(
             _str(a[0], where, "topic"),
             _str(a[1], where, "payload"),
@@ -309,6 +334,7 @@ class RetainedItem(NamedTuple):
             _str(a[4], where, "origin"),
             _int(a[5], where, "seq"),
             _str(a[6], where, "publisher"),
+            _props_json(a[7], where),
         )
 
 
@@ -339,11 +365,13 @@ class Forwarded(NamedTuple):
     seq: int
     publisher: str
     ts: float
+    props_b64: str | None = None  # its MQTT 5 properties (message.Message.props)
 
     @classmethod
     def of(cls, msg: Message) -> Forwarded:
         payload = base64.b64encode(msg.payload).decode()
-        return cls(msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp)
+        props = props_b64(msg.props)
+        return cls(msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp, props)
 
     def message(self) -> Message:
         return Message(
@@ -355,11 +383,12 @@ class Forwarded(NamedTuple):
             self.seq,
             self.publisher,
             self.ts,
+            props_of(self.props_b64),
         )
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Forwarded:
-        a = _array(value, 8, where)
+        a = _array(value, 9, where)
         return cls(
             _str(a[0], where, "topic"),
             _str(a[1], where, "payload"),
@@ -369,6 +398,7 @@ class Forwarded(NamedTuple):
             _int(a[5], where, "seq"),
             _str(a[6], where, "publisher"),
             _num(a[7], where, "ts"),
+            _props_json(a[8], where),
         )
 
 
@@ -385,10 +415,11 @@ class SnapshotEntry(NamedTuple):
     state: int  # 0 queued, session.SENT_PUBLISH, session.SENT_PUBREL
     publisher: str
     ts: float
+    props_b64: str | None = None  # its MQTT 5 properties (message.Message.props)
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> SnapshotEntry:
-        a = _array(value, 10, where)
+        a = _array(value, 11, where)
         return cls(
             _str(a[0], where, "origin"),
             _int(a[1], where, "seq"),
@@ -400,6 +431,7 @@ class SnapshotEntry(NamedTuple):
             _int(a[7], where, "state"),
             _str(a[8], where, "publisher"),
             _num(a[9], where, "ts"),
+            _props_json(a[10], where),
         )
 
 

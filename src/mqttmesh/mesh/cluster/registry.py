@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any
 
 from ...message import Message
+from .cluster_values import props_of
 from .cluster_wire import (
     RegClaim,
     RegCopy,
@@ -230,12 +231,15 @@ class Registry:
         payload = base64.b64decode(will.payload_b64)
         wall = now + self.wall_offset
         if not will.seq:  # (a registration of before the will's number was reserved)
-            out.append(WillDue(Message(will.topic, payload, will.qos, will.retain, self.node_id, 0, entry.cid, wall)))
+            msg = Message(will.topic, payload, will.qos, will.retain, self.node_id, 0, entry.cid, wall)
+            msg.props = props_of(will.props_b64)
+            out.append(WillDue(msg))
             return
         # the message the connection's node would have published, under its id: if that node
         # (or another registrar, across a split) published it too, every node's duplicate
         # filter and every persistent session take it once
         msg = Message(will.topic, payload, will.qos, will.retain, entry.node, will.seq, entry.cid, wall)
+        msg.props = props_of(will.props_b64)
         if entry.node != self.node_id:
             msg.ack_to = self.node_id  # (the destinations acknowledge to us: custody is ours)
         out.append(WillDue(msg))

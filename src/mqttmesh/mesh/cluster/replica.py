@@ -441,10 +441,11 @@ class ReplicaSessions(Sessions):
             session = restored.get(client_id)
             return replica_of(session)
 
-        for client_id, pid, topic, payload, retain, origin, seq, publisher, ts in inbound:
+        for client_id, pid, topic, payload, retain, origin, seq, publisher, ts, props in inbound:
             r = replica(client_id)
             if r is not None and pid in r.awaiting_rel:
-                r.inbound[pid] = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts)
+                props = bytes(props) if props is not None else None
+                r.inbound[pid] = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts, props)
         for client_id, epoch, version in versions:
             r = replica(client_id)
             if r is not None:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ...message import Message
+from .cluster_values import props_b64, props_of
 from .cluster_wire import Outbox, RetAck, RetainedAck, RetainedItem, RetQuery, RetReply, RetSet
 from .membership import Membership
 
@@ -37,7 +38,8 @@ __all__ = ["RetainedOwners"]
 
 def _item(msg: Message) -> RetainedItem:
     payload = base64.b64encode(msg.payload).decode()
-    return RetainedItem(msg.topic, payload, msg.qos, msg.timestamp, msg.origin, msg.seq, msg.publisher)
+    props = props_b64(msg.props)
+    return RetainedItem(msg.topic, payload, msg.qos, msg.timestamp, msg.origin, msg.seq, msg.publisher, props)
 
 
 class _Lookup:
@@ -96,7 +98,8 @@ class RetainedOwners:
         if have is not None and (have.timestamp, have.origin, have.seq) >= (item.ts, item.origin, item.seq):
             return  # we hold a newer one (the newest wins after a split)
         payload = base64.b64decode(item.payload_b64)
-        msg = Message(item.topic, payload, item.qos, True, item.origin, item.seq, item.publisher, item.ts)
+        props = props_of(item.props_b64)
+        msg = Message(item.topic, payload, item.qos, True, item.origin, item.seq, item.publisher, item.ts, props)
         self.retained.set(item.topic, msg)  # an empty payload stays as a tombstone
         self.journal.retained_put(item.topic, msg)
 
@@ -201,10 +204,12 @@ class RetainedOwners:
         if session.subscriptions.get(lookup.filter) is None:
             return  # unsubscribed meanwhile
         auth = self.auth
-        for topic, payload, qos, ts, origin, seq, publisher in sorted(lookup.items.values()):
+        for topic, payload, qos, ts, origin, seq, publisher, props in sorted(
+            lookup.items.values(), key=lambda i: i[:7]
+        ):
             if not payload:
                 continue  # a tombstone
             if auth.acl is not None and not auth.can_receive(session.username, session.client_id, topic):
                 continue
-            msg = Message(topic, base64.b64decode(payload), qos, True, origin, seq, publisher, ts)
+            msg = Message(topic, base64.b64decode(payload), qos, True, origin, seq, publisher, ts, props_of(props))
             session.deliver(msg, min(qos, lookup.granted), retain=True)  # [MQTT-3.3.1-6, -8]

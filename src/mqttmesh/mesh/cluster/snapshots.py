@@ -13,7 +13,7 @@ import base64
 
 from ...message import Message, in_origin_order
 from ...session import Entry
-from .cluster_values import Forwarded, Snapshot, SnapshotEntry
+from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of
 from .replica import _Replicated
 
 __all__ = ["snapshot", "merge_snapshots", "unknown_to", "install"]
@@ -39,6 +39,7 @@ def snapshot(session: _Replicated) -> Snapshot:
                 entry.state,
                 m.publisher,
                 m.timestamp,
+                props_b64(m.props),
             )
         )
     return Snapshot(
@@ -169,12 +170,12 @@ def install(session: _Replicated, snap: Snapshot) -> None:
         session._raise_floor(origin, floor)
     used = set()
     done = session.done
-    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts in snap.entries:
+    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts, props in snap.entries:
         if (origin, seq) in done:
             # settled here before (this copy remembers TOMBSTONES ids, a snapshot carries
             # those of its copy): a copy that was away, or paused, must not bring it back
             continue
-        msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts)
+        msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts, props_of(props))
         entry = session._new_entry(msg, qos, False)
         if state and pid and pid not in used:
             entry.packet_id, entry.state = pid, state

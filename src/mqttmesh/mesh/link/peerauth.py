@@ -57,7 +57,7 @@ __all__ = [
     "version_mismatch",
 ]
 
-PEER_PROTOCOL = 6  # the peer protocol's version: a node refuses a peer of another
+PEER_PROTOCOL = 7  # the peer protocol's version: a node refuses a peer of another (7: MQTT 5 properties in envelopes)
 NONCE_BYTES = 16
 
 _NONCE = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")

@@ -8,12 +8,14 @@ in a table, and each envelope as one fixed-size record plus its payload, so
 encoding and decoding cost one struct call per message. The first byte is
 the format version, so nodes of different versions can tell.
 
-    batch    = version:u8=3  count:u32  nstrings:u16  (len:u16 utf8)*nstrings  envelope*count
+    batch    = version:u8=4  count:u32  nstrings:u16  (len:u16 utf8)*nstrings  envelope*count
     envelope = flags:u8 hop_limit:u8 attempt:u8 seq:u64 ts:f64
                origin:u16 publisher:u16 topic:u16 dests:u16 (indexes into the table)
-               payload_len:u32 back:u32 [back:u32 * len(dests), with bit 4] payload
+               payload_len:u32 back:u32 [back:u32 * len(dests), with bit 4]
+               [props_len:u32 props, with bit 5] payload
     flags    = qos (bits 0-1) | retain (bit 2) | acknowledged to another node (bit 3)
-               | one predecessor per destination follows (bit 4);
+               | one predecessor per destination follows (bit 4)
+               | MQTT 5 properties follow (bit 5: message.Message.props, as encoded);
                a destination list is its node ids joined by NUL; with bit 3 the origin
                string is the origin and the node to acknowledge to, joined by NUL
 
@@ -22,7 +24,7 @@ to that node, given as ``back = seq - previous`` (0: none, deliver at once); the
 destination delivers the message after its predecessor (order.py, docs/design.md 3.6). An
 envelope to one destination carries it in its record (``back``, 0 for any other envelope);
 one to several carries bit 4 and one ``back`` per destination, in the order of the list.
-Version 3 added them.
+Version 3 added them; version 4, the properties.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from ...message import Message
 
 __all__ = ["VERSION", "Envelope", "for_dests", "encode_batch", "decode_batch", "EnvelopeError", "MAX_STRINGS"]
 
-VERSION = 3
+VERSION = 4
 MAX_STRINGS = 65535
 _HEAD = struct.Struct(">BIH")
 _REC = struct.Struct(">BBBQdHHHHII")
 _U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
 
 
 class EnvelopeError(ValueError):
@@ -127,6 +130,9 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
             d = table[dk] = len(strings)
             strings.append(dk)
         payload = m.payload
+        props = m.props
+        if props is not None:
+            flags |= 32
         prev = env.prev
         if not prev:  # (no predecessor: every QoS 0 envelope)
             append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), 0))
@@ -141,6 +147,9 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
                 append(struct.pack(f">{len(backs)}I", *backs))
             except struct.error:  # (a predecessor further back than 2**32 numbers is as good as none)
                 append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), 0))
+        if props is not None:
+            append(_U32.pack(len(props)))
+            append(props)
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
     for text in strings:
@@ -183,13 +192,18 @@ def decode_batch(data: bytes) -> list[Envelope]:
                 pos += 4 * n
                 if n < 2 or min(back) < 0:
                     raise EnvelopeError("a predecessor after its message, or a list for one destination")
+            props = None
+            if flags & 32:
+                n = _U32.unpack_from(data, pos)[0]
+                props = data[pos + 4 : pos + 4 + n]
+                pos += 4 + n
             payload = data[pos : pos + plen]
             pos += plen
             topic = strings[ti]
             qos = flags & 3
             if qos == 3 or not topic:
                 raise EnvelopeError("invalid envelope flags or topic")
-            msg = Message(topic, payload, qos, flags & 4 == 4, strings[oi], seq, strings[pi], ts)
+            msg = Message(topic, payload, qos, flags & 4 == 4, strings[oi], seq, strings[pi], ts, props)
             msg._topic_bytes = raws[ti]  # saves re-encoding it for every subscriber frame
             if flags & 8:
                 origin, sep, msg.ack_to = msg.origin.partition("\0")
