@@ -148,7 +148,7 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
             except struct.error:  # (a predecessor further back than 2**32 numbers is as good as none)
                 append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), 0))
         if props is not None:
-            append(_U32.pack(len(props)))
+            append(_U32.pack(len(props)))  # (the properties go before the payload)
             append(props)
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
@@ -186,17 +186,18 @@ def decode_batch(data: bytes) -> list[Envelope]:
                 if back > seq:
                     raise EnvelopeError("a predecessor after its message")
                 back = seq - back  # (on an envelope to several, it is ignored: predecessors())
-            if flags & 16:
-                n = len(dests)
-                back = [seq - b if b else 0 for b in struct.unpack_from(f">{n}I", data, pos)]
-                pos += 4 * n
-                if n < 2 or min(back) < 0:
-                    raise EnvelopeError("a predecessor after its message, or a list for one destination")
             props = None
-            if flags & 32:
-                n = _U32.unpack_from(data, pos)[0]
-                props = data[pos + 4 : pos + 4 + n]
-                pos += 4 + n
+            if flags & 48:  # (one test on the path of every envelope: bits 4 and 5 are rare)
+                if flags & 16:
+                    n = len(dests)
+                    back = [seq - b if b else 0 for b in struct.unpack_from(f">{n}I", data, pos)]
+                    pos += 4 * n
+                    if n < 2 or min(back) < 0:
+                        raise EnvelopeError("a predecessor after its message, or a list for one destination")
+                if flags & 32:
+                    n = _U32.unpack_from(data, pos)[0]
+                    props = data[pos + 4 : pos + 4 + n]
+                    pos += 4 + n
             payload = data[pos : pos + plen]
             pos += plen
             topic = strings[ti]
