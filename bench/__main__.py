@@ -27,7 +27,18 @@ from .loadgen import RunError, RunOptions, run_once
 from .workloads import WORKLOADS
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BROKER_ORDER = ["mqttmesh", "mesh2", "mosquitto", "mosquitto-default", "amqtt", "mqttmesh-ws", "mosquitto-ws"]
+BROKER_ORDER = [
+    "mqttmesh",
+    "mesh2",
+    "mosquitto",
+    "mosquitto-default",
+    "amqtt",
+    "mqttmesh-ws",
+    "mosquitto-ws",
+    "mqttmesh-v5",
+    "mesh2-v5",
+    "mosquitto-v5",
+]
 WS_BROKERS = {"mqttmesh-ws", "mosquitto-ws"}  # clients over WebSocket; the run in a private network namespace
 # mesh2: two mqttmesh nodes linked as a mesh, publishers on one, subscribers on the other,
 # so every message crosses a peer link (issue 3 compares it with the same-node runs)
@@ -49,10 +60,12 @@ def parse_args(argv):
     p.add_argument(
         "--brokers",
         default=",".join(BROKER_ORDER),
-        help="comma list of mqttmesh,mesh2,mosquitto,mosquitto-default,amqtt,mqttmesh-ws,mosquitto-ws (mesh2: "
+        help=f"comma list of {','.join(BROKER_ORDER)} (mesh2: "
         "two linked mqttmesh nodes, publishers on one and subscribers on the other; mosquitto-default: "
         "Mosquitto with its stock limits, run only in the workloads where every broker runs at its "
-        "defaults; the -ws ones: clients over WebSocket, the whole run in a private network namespace)",
+        "defaults; the -ws ones: clients over WebSocket, the whole run in a private network namespace; "
+        "the -v5 ones: MQTT 5 clients, each PUBLISH with a Content Type and a User Property, "
+        "subscribers taking topic aliases)",
     )
     p.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma list of {','.join(WORKLOADS)}")
     p.add_argument("--qos", default="0,1,2", help="comma list of QoS levels (a workload runs those it has)")
@@ -151,6 +164,12 @@ def make_brokers(args, logs: Path) -> dict:
             out[name] = MqttmeshNodes(logs / "ws", count=args.mqttmesh_nodes, extra_args=args.node_args, ws=True)
         elif name == "mosquitto-ws":
             out[name] = Mosquitto(logs / "ws", ws=True)
+        elif name == "mqttmesh-v5":
+            out[name] = MqttmeshNodes(logs / "v5", count=args.mqttmesh_nodes, extra_args=args.node_args, version=5)
+        elif name == "mesh2-v5":
+            out[name] = MqttmeshNodes(logs / "mesh2-v5", count=2, extra_args=[list(a) for a in MESH2_ARGS], version=5)
+        elif name == "mosquitto-v5":
+            out[name] = Mosquitto(logs / "v5", version=5)
         else:
             out[name] = Amqtt(logs)
     return out

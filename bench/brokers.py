@@ -186,6 +186,7 @@ class Target:
     pub_endpoints: list[Endpoint]
     sub_endpoints: list[Endpoint]
     pids: list[int] = field(default_factory=list)
+    version: int = 4  # the MQTT protocol level its clients speak (5: a ``-v5`` broker)
 
     def pub_endpoint(self, i: int) -> Endpoint:
         return self.pub_endpoints[i % len(self.pub_endpoints)]
@@ -320,6 +321,7 @@ class MqttmeshNodes(BrokerServer):
         python: str | None = None,
         start_timeout: float = 20.0,
         ws: bool = False,
+        version: int = 4,
     ):
         super().__init__(workdir)
         self.count = count
@@ -327,6 +329,10 @@ class MqttmeshNodes(BrokerServer):
         self.ws = ws
         if ws:
             self.name = "mqttmesh-ws"
+        # version 5: the clients speak MQTT 5, with properties and (subscribers) topic aliases
+        self.version = version
+        if version == 5:
+            self.name = "mqttmesh-v5"
         self.extra_args = extra_args or [[] for _ in range(count)]
         if len(self.extra_args) != count:
             raise ValueError("extra_args needs one list per node")
@@ -413,6 +419,7 @@ class MqttmeshNodes(BrokerServer):
             [endpoints[0]],
             sub_eps,
             [p.pid for p in self.procs],
+            self.version,
         )
         return self.target
 
@@ -438,7 +445,13 @@ class Mosquitto(BrokerServer):
     name = "mosquitto"
 
     def __init__(
-        self, workdir: Path, path: str = MOSQUITTO, start_timeout: float = 10.0, tuned: bool = True, ws: bool = False
+        self,
+        workdir: Path,
+        path: str = MOSQUITTO,
+        start_timeout: float = 10.0,
+        tuned: bool = True,
+        ws: bool = False,
+        version: int = 4,
     ):
         super().__init__(workdir)
         self.path = path
@@ -453,6 +466,9 @@ class Mosquitto(BrokerServer):
             self.name = "mosquitto-default"
         if ws:
             self.name = "mosquitto-ws"
+        self.version = version  # 5: MQTT 5 clients (Mosquitto sends them no topic aliases)
+        if version == 5:
+            self.name = "mosquitto-v5"
 
     def unavailable(self) -> str | None:
         if not os.access(self.path, os.X_OK):
@@ -503,7 +519,7 @@ class Mosquitto(BrokerServer):
                 self.stop()
                 continue
             ep = Endpoint(HOST, ws_port, "/mqtt") if self.ws else Endpoint(HOST, port)
-            self.target = Target(self.name, [ep], [ep], [proc.pid])
+            self.target = Target(self.name, [ep], [ep], [proc.pid], self.version)
             return self.target
         raise BrokerError(f"mosquitto did not start: {last_error}")
 

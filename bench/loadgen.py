@@ -35,6 +35,7 @@ import multiprocessing.connection as mpc
 import os
 import signal
 import socket
+import struct
 import sys
 import time
 import traceback
@@ -54,6 +55,7 @@ except ImportError:  # the generator still works, only slower
 HIST_US = 100_000
 
 _monotonic_ns = time.monotonic_ns
+_PID = struct.Struct("!H")
 _monotonic = time.monotonic
 
 
@@ -86,6 +88,7 @@ class RunSpec:
     inflight: int
     e2e_window: int
     hard_deadline: float  # seconds a child may live at most
+    version: int = 4  # the clients' MQTT protocol level (5: the ``-v5`` brokers, properties and aliases)
 
 
 class RunError(Exception):
@@ -164,9 +167,12 @@ def _set_nodelay(transport) -> None:
 class _Client(asyncio.Protocol):
     """What publishers and subscribers share: CONNECT/CONNACK, connection state."""
 
-    def __init__(self, client_id: str, clean: bool = True):
+    aliases = 0  # topic aliases it takes (an MQTT 5 subscriber)
+
+    def __init__(self, client_id: str, clean: bool = True, version: int = 4):
         self.client_id = client_id
         self.clean = clean
+        self.version = version
         self.transport = None
         self.buf = b""
         self.connack: asyncio.Future | None = None
@@ -177,7 +183,7 @@ class _Client(asyncio.Protocol):
         self.transport = transport
         _set_nodelay(transport)
         self.connack = asyncio.get_running_loop().create_future()
-        transport.write(mq.connect(self.client_id, clean=self.clean))
+        transport.write(mq.connect(self.client_id, clean=self.clean, version=self.version, aliases=self.aliases))
 
     def connection_lost(self, exc):
         if not self.closing:
@@ -264,8 +270,11 @@ class SubClient(_Client):
         stats: Stats,
         progress,
         clean: bool = True,
+        version: int = 4,
     ):
-        super().__init__(client_id, clean)
+        super().__init__(client_id, clean, version)
+        if version == 5:
+            self.aliases = mq.ALIASES5
         self.sub_id = sub_id
         self.topic_filter = topic_filter
         self.qos = qos
@@ -285,7 +294,7 @@ class SubClient(_Client):
 
     async def subscribe(self):
         self.suback = asyncio.get_running_loop().create_future()
-        self.transport.write(mq.subscribe(1, [(self.topic_filter, self.qos)]))
+        self.transport.write(mq.subscribe(1, [(self.topic_filter, self.qos)], self.version))
         await self.suback
 
     def data_received(self, data: bytes) -> None:
@@ -301,6 +310,7 @@ class SubClient(_Client):
         expect = self.expect
         run_id = self.run_id
         unpack = mq.PAYLOAD_HEAD.unpack_from
+        v5 = self.version == 5
         acks = []
         got = 0
         win = 0
@@ -333,6 +343,8 @@ class SubClient(_Client):
                 if qos:
                     acks.append(bytes((0x40 if qos == 1 else 0x50, 2, data[p], data[p + 1])))
                     p += 2
+                if v5:
+                    p += 1 + data[p]  # the properties (shorter than 128 bytes: a one-byte length)
                 run, pub, seq, ts = unpack(data, p)
                 pos = end
                 if run != run_id:
@@ -365,7 +377,7 @@ class SubClient(_Client):
             elif kind == mq.CONNACK:
                 self._on_connack(data, i, end)
             elif kind == mq.SUBACK:
-                codes = data[i + 2 : end]
+                codes = data[i + 3 + data[i + 2] : end] if v5 else data[i + 2 : end]
                 if any(c & 0x80 for c in codes):
                     self.suback.set_exception(RunError(f"{self.client_id}: SUBACK refused {self.topic_filter}"))
                 elif codes and codes[0] != self.qos:
@@ -473,6 +485,7 @@ async def _sub_main(conn, spec: RunSpec, sub_ids: list[int], progress) -> None:
                 stats,
                 progress,
                 not w.persistent,
+                spec.version,
             ),
             spec.sub_eps[j],
         )
@@ -551,12 +564,14 @@ def _sub_proc(conn, spec: RunSpec, sub_ids: list[int], progress) -> None:
 
 
 class PubClient(_Client):
-    def __init__(self, client_id: str, pub_id: int, topic: str, qos: int, run_id: int, clean: bool = True):
-        super().__init__(client_id, clean)
+    def __init__(
+        self, client_id: str, pub_id: int, topic: str, qos: int, run_id: int, clean: bool = True, version: int = 4
+    ):
+        super().__init__(client_id, clean, version)
         self.pub_id = pub_id
         self.qos = qos
         self.run_id = run_id
-        self.prefix = mq.publish_prefix(topic, qos)
+        self.prefix = mq.publish_prefix(topic, qos, version)
         self.inflight: dict[int, int] = {}  # packet id -> seq, waiting for PUBACK / PUBREC
         self.releasing: set[int] = set()  # QoS 2: packet ids waiting for PUBCOMP
         self.acked = 0
@@ -646,6 +661,7 @@ class PubClient(_Client):
         run_id, pub_id = self.run_id, self.pub_id
         pack0 = mq.PAYLOAD_QOS0.pack
         pack12 = mq.PAYLOAD_QOS12.pack
+        props5 = mq.PROPS5_FIELD if self.version == 5 else b""  # (between packet id and payload)
         inflight = self.inflight
         transport = self.transport
         seq = 0
@@ -687,7 +703,10 @@ class PubClient(_Client):
                 for s in range(seq, end):
                     pid = s % 65535 + 1
                     inflight[pid] = s
-                    frames.append(prefix + pack12(pid, run_id, pub_id, s, ts))
+                    if props5:
+                        frames.append(prefix + _PID.pack(pid) + props5 + pack0(run_id, pub_id, s, ts))
+                    else:
+                        frames.append(prefix + pack12(pid, run_id, pub_id, s, ts))
                 transport.write(b"".join(frames))
             seq = end
             await asyncio.sleep(0)  # let the acks in and the other publishers of this process run
@@ -708,7 +727,9 @@ async def _pub_main(conn, spec: RunSpec, pub_ids: list[int], progress) -> None:
     async def one(i: int) -> PubClient:
         cid = f"bench-{spec.run_id}-p{i}"
         return await _connect(
-            loop, lambda: PubClient(cid, i, w.pub_topic(i), spec.qos, spec.run_id, not w.persistent), spec.pub_eps[i]
+            loop,
+            lambda: PubClient(cid, i, w.pub_topic(i), spec.qos, spec.run_id, not w.persistent, spec.version),
+            spec.pub_eps[i],
         )
 
     try:
@@ -882,6 +903,7 @@ def run_once(target: Target, workload: Workload, qos: int, opts: RunOptions, run
         inflight,
         e2e,
         hard,
+        target.version,
     )
     kids = _Children()
     try:

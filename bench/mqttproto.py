@@ -1,4 +1,5 @@
-"""The little MQTT 3.1.1 the load generator needs, written from the standard.
+"""The little MQTT (3.1.1, and 5.0 for the ``-v5`` brokers) the load generator needs, written
+from the standards.
 
 It shares no code with ``mqttmesh.codec`` on purpose: a bug mirrored in the
 broker's encoder and decoder must not be able to hide from the benchmark.
@@ -55,16 +56,32 @@ def packet(first_byte: int, body: bytes) -> bytes:
     return bytes((first_byte,)) + varint(len(body)) + body
 
 
-def connect(client_id: str, keepalive: int = 0, clean: bool = True) -> bytes:
+# MQTT 5 (section 2.2.2): what a benchmark PUBLISH of an MQTT 5 client carries, a Content
+# Type and a User Property, as a typical device message does; a subscriber takes up to
+# ALIASES5 topic aliases from the broker (Topic Alias Maximum)
+PROPS5 = b"\x03" + mqtt_str("application/octet-stream") + b"\x26" + mqtt_str("site") + mqtt_str("bench")
+PROPS5_FIELD = bytes((len(PROPS5),)) + PROPS5  # (shorter than 128 bytes: its length is one byte)
+assert len(PROPS5) < 128
+ALIASES5 = 16
+
+
+def connect(client_id: str, keepalive: int = 0, clean: bool = True, version: int = 4, aliases: int = 0) -> bytes:
     # keepalive 0 turns the keepalive off [MQTT-3.1.2-24 note]: runs are short and
     # the generator does not want PINGREQ traffic in its measurements
     flags = 0x02 if clean else 0x00
-    body = mqtt_str("MQTT") + bytes((4, flags)) + struct.pack("!H", keepalive) + mqtt_str(client_id)
-    return packet(0x10, body)
+    head = mqtt_str("MQTT") + bytes((version, flags)) + struct.pack("!H", keepalive)
+    if version == 5:
+        # Session Expiry Interval: a persistent (clean=False) session outlives the connection
+        props = b"" if clean else b"\x11" + struct.pack("!I", 0xFFFFFFFF)
+        if aliases:
+            props += b"\x22" + struct.pack("!H", aliases)  # Topic Alias Maximum
+        head += bytes((len(props),)) + props
+    return packet(0x10, head + mqtt_str(client_id))
 
 
-def subscribe(packet_id: int, filters: list[tuple[str, int]]) -> bytes:
-    body = struct.pack("!H", packet_id) + b"".join(mqtt_str(f) + bytes((q,)) for f, q in filters)
+def subscribe(packet_id: int, filters: list[tuple[str, int]], version: int = 4) -> bytes:
+    body = struct.pack("!H", packet_id) + (b"\x00" if version == 5 else b"")  # (MQTT 5: no properties)
+    body += b"".join(mqtt_str(f) + bytes((q,)) for f, q in filters)
     return packet(0x82, body)  # flags 0b0010 [MQTT-3.8.1-1]
 
 
@@ -72,11 +89,15 @@ def ack(first_byte: int, packet_id: int) -> bytes:
     return bytes((first_byte, 2, packet_id >> 8, packet_id & 0xFF))
 
 
-def publish_prefix(topic: str, qos: int) -> bytes:
-    """Fixed header and topic of a benchmark PUBLISH; the packet id (QoS>0) and payload follow."""
+def publish_prefix(topic: str, qos: int, version: int = 4) -> bytes:
+    """Fixed header and topic of a benchmark PUBLISH; the packet id (QoS>0) and payload follow.
+    MQTT 5: the properties (PROPS5_FIELD) come after the packet id, so at QoS 0 they are part
+    of the prefix, and at QoS 1/2 the caller puts them between the id and the payload."""
     topic_field = mqtt_str(topic)
-    remaining = len(topic_field) + (2 if qos else 0) + PAYLOAD_SIZE
-    return bytes((0x30 | (qos << 1),)) + varint(remaining) + topic_field
+    props = len(PROPS5_FIELD) if version == 5 else 0
+    remaining = len(topic_field) + (2 if qos else 0) + props + PAYLOAD_SIZE
+    prefix = bytes((0x30 | (qos << 1),)) + varint(remaining) + topic_field
+    return prefix + PROPS5_FIELD if version == 5 and not qos else prefix
 
 
 def split_frames(data: bytes, pos: int = 0) -> tuple[list[tuple[int, int, int]], int]:

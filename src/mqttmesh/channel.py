@@ -234,9 +234,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
                     break  # closed, or waiting for a password check: read no further
         except (MalformedPacket, ProtocolViolation) as exc:
             self.broker.stats.protocol_errors += 1
-            if self.v5 is not None and self.state is CONNECTED:
-                self.disconnect5(reason_of(exc))  # the reason, then the close [MQTT-4.13.1-1]
-            self.close(f"protocol violation: {exc}")
+            self.close_because(reason_of(exc), f"protocol violation: {exc}")  # [MQTT-4.13.1-1] (5.0)
         finally:
             self._processing = False
             if read is not None:
@@ -284,7 +282,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
                 # we stopped reading this publisher (flow.py): its silence is ours, not its
                 self.last_rx = now
                 return
-            self.close(f"keepalive: nothing received for 1.5 x {self.keepalive}s", now)  # [MQTT-3.1.2-24]
+            self.close_because(0x8D, f"keepalive: nothing received for 1.5 x {self.keepalive}s", now)  # [MQTT-3.1.2-24]
 
     # -- closing ---------------------------------------------------------------------------------
 
@@ -299,9 +297,13 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
 
     def kick(self, reason: str) -> None:
         """Another connection took this ClientId over [MQTT-3.1.4-2]."""
+        self.close_because(0x8E, reason)  # (MQTT 5: Session taken over)
+
+    def close_because(self, code: int, reason: str, now: float | None = None) -> None:
+        """``close``, an MQTT 5 client told why first: DISCONNECT with reason ``code``."""
         if self.v5 is not None and self.state is CONNECTED:
-            self.disconnect5(0x8E)  # Session taken over
-        self.close(reason)
+            self.disconnect5(code)
+        self.close(reason, now)
 
     def connection_lost(self, now: float) -> None:
         """The network connection is gone (either side closed it)."""

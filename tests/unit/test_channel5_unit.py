@@ -359,7 +359,7 @@ def test_retain_handling(net):
         assert isinstance(got[0], SubAck)
         assert sum(1 for p in got if isinstance(p, Publish)) == expect, (handling, pid)
     ch2, _ = connect5(net, "s2")
-    ch2.receive_data(r5.subscribe(1, ("r", 1 << 4)), 1.0)  # new: sent, with RETAIN 1 [MQTT-3.3.1-8]
+    ch2.receive_data(r5.subscribe(1, ("r", 1 << 4)), 1.0)  # new: sent, with RETAIN 1
     assert [(p.payload, p.retain) for p in answers(ch2) if isinstance(p, Publish)] == [(b"kept", True)]
 
 
@@ -401,3 +401,13 @@ def test_an_mqtt5_subscription_is_stored_with_its_options():
     value = net.broker.sessions["p"].subscriptions["t"]
     assert value & 0x03 == 1 and value & 0x04 and value & 0x08 and value >> 8 == 9
     assert net.broker.trie.match("t") == {net.broker.sessions["p"]: 1}  # the trie: the QoS only
+
+
+def test_a_silent_client_is_told_keep_alive_timeout_before_the_close(net):
+    """[MQTT-3.1.2-22] (5.0): 1.5 times its Keep Alive without a packet; DISCONNECT 0x8D."""
+    ch, _ = connect5(net, keepalive=10)
+    ch.tick(14.0)
+    assert ch.state == CONNECTED
+    ch.tick(15.5)
+    assert answers(ch) == [Disconnect(0x8D)]
+    assert ch.state == CLOSED

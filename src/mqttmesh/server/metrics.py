@@ -152,8 +152,12 @@ def render(node: Any) -> str:
     page.metric(
         "mqttmesh_messages_dropped_total",
         "counter",
-        "messages dropped, by reason",
-        [({"reason": "queue_full"}, queue_full), ({"reason": "slow_qos0"}, slow_qos0)],
+        "messages dropped, by reason (too_large: over an MQTT 5 client's Maximum Packet Size)",
+        [
+            ({"reason": "queue_full"}, queue_full),
+            ({"reason": "slow_qos0"}, slow_qos0),
+            ({"reason": "too_large"}, s.too_large),
+        ],
     )
     page.one(
         "mqttmesh_publish_denied_total",
