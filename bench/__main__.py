@@ -165,11 +165,11 @@ def make_brokers(args, logs: Path) -> dict:
         elif name == "mosquitto-ws":
             out[name] = Mosquitto(logs / "ws", ws=True)
         elif name == "mqttmesh-v5":
-            out[name] = MqttmeshNodes(logs / "v5", count=args.mqttmesh_nodes, extra_args=args.node_args, version=5)
+            out[name] = MqttmeshNodes(logs / "v5", count=args.mqttmesh_nodes, extra_args=args.node_args, protocol=5)
         elif name == "mesh2-v5":
-            out[name] = MqttmeshNodes(logs / "mesh2-v5", count=2, extra_args=[list(a) for a in MESH2_ARGS], version=5)
+            out[name] = MqttmeshNodes(logs / "mesh2-v5", count=2, extra_args=[list(a) for a in MESH2_ARGS], protocol=5)
         elif name == "mosquitto-v5":
-            out[name] = Mosquitto(logs / "v5", version=5)
+            out[name] = Mosquitto(logs / "v5", protocol=5)
         else:
             out[name] = Amqtt(logs)
     return out

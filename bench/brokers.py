@@ -186,7 +186,7 @@ class Target:
     pub_endpoints: list[Endpoint]
     sub_endpoints: list[Endpoint]
     pids: list[int] = field(default_factory=list)
-    version: int = 4  # the MQTT protocol level its clients speak (5: a ``-v5`` broker)
+    protocol: int = 4  # the MQTT protocol level its clients speak (5: a ``-v5`` broker)
 
     def pub_endpoint(self, i: int) -> Endpoint:
         return self.pub_endpoints[i % len(self.pub_endpoints)]
@@ -321,7 +321,7 @@ class MqttmeshNodes(BrokerServer):
         python: str | None = None,
         start_timeout: float = 20.0,
         ws: bool = False,
-        version: int = 4,
+        protocol: int = 4,
     ):
         super().__init__(workdir)
         self.count = count
@@ -329,9 +329,9 @@ class MqttmeshNodes(BrokerServer):
         self.ws = ws
         if ws:
             self.name = "mqttmesh-ws"
-        # version 5: the clients speak MQTT 5, with properties and (subscribers) topic aliases
-        self.version = version
-        if version == 5:
+        # protocol 5: the clients speak MQTT 5, with properties and (subscribers) topic aliases
+        self.protocol = protocol
+        if protocol == 5:
             self.name = "mqttmesh-v5"
         self.extra_args = extra_args or [[] for _ in range(count)]
         if len(self.extra_args) != count:
@@ -419,7 +419,7 @@ class MqttmeshNodes(BrokerServer):
             [endpoints[0]],
             sub_eps,
             [p.pid for p in self.procs],
-            self.version,
+            self.protocol,
         )
         return self.target
 
@@ -451,7 +451,7 @@ class Mosquitto(BrokerServer):
         start_timeout: float = 10.0,
         tuned: bool = True,
         ws: bool = False,
-        version: int = 4,
+        protocol: int = 4,
     ):
         super().__init__(workdir)
         self.path = path
@@ -466,8 +466,8 @@ class Mosquitto(BrokerServer):
             self.name = "mosquitto-default"
         if ws:
             self.name = "mosquitto-ws"
-        self.version = version  # 5: MQTT 5 clients (Mosquitto sends them no topic aliases)
-        if version == 5:
+        self.protocol = protocol  # 5: MQTT 5 clients (Mosquitto sends them no topic aliases)
+        if protocol == 5:
             self.name = "mosquitto-v5"
 
     def unavailable(self) -> str | None:
@@ -519,7 +519,7 @@ class Mosquitto(BrokerServer):
                 self.stop()
                 continue
             ep = Endpoint(HOST, ws_port, "/mqtt") if self.ws else Endpoint(HOST, port)
-            self.target = Target(self.name, [ep], [ep], [proc.pid], self.version)
+            self.target = Target(self.name, [ep], [ep], [proc.pid], self.protocol)
             return self.target
         raise BrokerError(f"mosquitto did not start: {last_error}")
 

@@ -903,7 +903,7 @@ def run_once(target: Target, workload: Workload, qos: int, opts: RunOptions, run
         inflight,
         e2e,
         hard,
-        target.version,
+        target.protocol,
     )
     kids = _Children()
     try:

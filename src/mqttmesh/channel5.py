@@ -64,6 +64,7 @@ class Conn5:
     __slots__ = (
         "channel",
         "session_expiry",
+        "asked_expiry",
         "receive_maximum",
         "max_packet",
         "alias_max_out",
@@ -80,6 +81,7 @@ class Conn5:
     def __init__(self, channel: Any, props: P.Props, alias_max_in: int):
         self.channel = channel
         self.session_expiry: int = props.get(P.SESSION_EXPIRY, 0)
+        self.asked_expiry = self.session_expiry  # (CONNACK tells the client when they differ)
         self.receive_maximum: int = props.get(P.RECEIVE_MAXIMUM, 65535)
         self.max_packet: int = props.get(P.MAXIMUM_PACKET_SIZE, _MAX_PACKET)
         self.alias_max_out: int = props.get(P.TOPIC_ALIAS_MAXIMUM, 0)
@@ -207,8 +209,9 @@ class Mqtt5:
             props[P.MAXIMUM_QOS] = settings.max_qos
         if not settings.retain_available:
             props[P.RETAIN_AVAILABLE] = 0
-        if conn.session_expiry and conn.session_expiry != SESSION_KEPT:
-            props[P.SESSION_EXPIRY] = SESSION_KEPT  # (kept without a limit: module docstring)
+        served = SESSION_KEPT if conn.session_expiry else 0  # (kept without a limit: module docstring)
+        if served != conn.asked_expiry:
+            props[P.SESSION_EXPIRY] = served
         if conn.assigned is not None:
             props[P.ASSIGNED_CLIENT_ID] = conn.assigned  # [MQTT-3.1.3-7]
         if conn.server_keepalive is not None:

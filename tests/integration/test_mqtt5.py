@@ -115,6 +115,21 @@ def test_paho5_connack_tells_what_the_node_holds_the_client_to(broker, paho5):
     assert rc == 0 and props.AssignedClientIdentifier  # [MQTT-3.1.3-7]
 
 
+def test_connack_says_which_session_expiry_is_served(broker, mesh, paho5):
+    """Until sessions expire, an interval other than 0 keeps the session without a limit, and
+    in a mesh Clean Start 1 with an interval is served as a clean session: CONNACK's Session
+    Expiry Interval says which (3.2.2.3.2)."""
+    one = paho5("one")
+    _, _, props = one.connect(broker, clean_start=False, SessionExpiryInterval=60)
+    assert props.SessionExpiryInterval == 0xFFFFFFFF
+    fresh = paho5("fresh")
+    _, _, props = fresh.connect(mesh["a"], clean_start=True, SessionExpiryInterval=60)
+    assert props.SessionExpiryInterval == 0
+    kept = paho5("kept")
+    rc, _, props = kept.connect(mesh["a"], clean_start=False, SessionExpiryInterval=60)
+    assert rc == 0 and props.SessionExpiryInterval == 0xFFFFFFFF
+
+
 def test_properties_across_the_mesh_unaltered_and_in_order(mesh, paho5):
     """[MQTT-3.3.2-4] [MQTT-3.3.2-15] [MQTT-3.3.2-16] [MQTT-3.3.2-17] [MQTT-3.3.2-18]
     [MQTT-3.3.2-20]; the subscriber's Subscription Identifier [MQTT-3.3.4-3]."""
