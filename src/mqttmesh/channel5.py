@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from . import codec
 from . import properties as P
 from .channel_held import ProtocolViolation
-from .codec5 import REASON_NAMES, encode5, encode_publish5
+from .codec5 import REASON_NAMES, PublishProps, encode5, encode_publish5
 from .fields import varint
 from .packets import ACCEPTED, BAD_CREDENTIALS, BAD_PROTOCOL, ID_REJECTED, NOT_AUTHORIZED, UNAVAILABLE, ProtocolError
 from .session import NO_LOCAL, RETAIN_AS_PUBLISHED, SUB_ID_SHIFT, SUB_QOS
@@ -56,6 +56,10 @@ SHARE_PREFIX = "$share/"
 # the largest MQTT packet (1 type byte + 4 length bytes + 268,435,455)
 _MAX_PACKET = 268_435_460
 
+_NO_MATCH: tuple[list[int], bool] = ([], False)
+_LENGTH1 = [bytes((n,)) for n in range(128)]
+_MATCHES_KEPT = 1024  # topics a connection remembers the matching subscriptions of
+
 
 class Conn5:
     """What one MQTT 5 connection agreed on, and its topic aliases both ways. ``frame`` and
@@ -76,6 +80,8 @@ class Conn5:
         "assigned",
         "server_keepalive",
         "too_large",
+        "_matches",
+        "_matches_at",
     )
 
     def __init__(self, channel: Any, props: P.Props, alias_max_in: int):
@@ -93,17 +99,39 @@ class Conn5:
         self.assigned: str | None = None  # the ClientId we made for it [MQTT-3.1.3-7]
         self.server_keepalive: int | None = None
         self.too_large = 0  # messages not sent: larger than its Maximum Packet Size
+        # topic -> (identifiers, retain as published) of the session's subscriptions matching
+        # it, as of the session's ``sub_changes`` in ``_matches_at`` (None: none has options)
+        self._matches: dict[str, tuple[list[int], bool]] | None = None
+        self._matches_at = -1
 
     # -- PUBLISH frames to the client ----------------------------------------------------
 
     def _matching(self, topic: str) -> tuple[list[int], bool]:
         """The identifiers of the session's subscriptions matching ``topic``, and whether one
-        of them keeps the RETAIN flag as published."""
+        of them keeps the RETAIN flag as published (remembered per topic until the session's
+        subscriptions change)."""
         session = self.channel.session
+        if session is None:
+            return _NO_MATCH
+        matches = self._matches
+        if self._matches_at != session.sub_changes:
+            self._matches_at = session.sub_changes
+            special = any(value > SUB_QOS for value in session.subscriptions.values())
+            matches = self._matches = {} if special else None
+        if matches is None:
+            return _NO_MATCH  # (no subscription of the session has an option)
+        hit = matches.get(topic)
+        if hit is not None:
+            return hit
+        if len(matches) >= _MATCHES_KEPT:
+            matches.clear()
+        hit = matches[topic] = self._match(session, topic)
+        return hit
+
+    @staticmethod
+    def _match(session: Session, topic: str) -> tuple[list[int], bool]:
         ids: list[int] = []
         keep = False
-        if session is None:
-            return ids, keep
         for topic_filter, value in session.subscriptions.items():
             if value > SUB_QOS and filter_matches(topic_filter, topic):
                 sid = value >> SUB_ID_SHIFT
@@ -127,23 +155,23 @@ class Conn5:
         ids, keep = self._matching(msg.topic)
         if keep and msg.retain:
             retain = True
-        props = bytearray()
         topic = msg.topic_bytes
+        props = msg.props or b""
         if self.alias_max_out:
             aliases = self.aliases_out
             alias = aliases.get(msg.topic)
             if alias is not None:
-                props += b"\x23" + alias.to_bytes(2, "big")
+                props = b"\x23" + alias.to_bytes(2, "big") + props
                 topic = b""
             elif len(aliases) < self.alias_max_out and len(topic) > 3:
                 alias = len(aliases) + 1  # (the first use carries the topic and sets it)
                 aliases[msg.topic] = alias
-                props += b"\x23" + alias.to_bytes(2, "big")
-        if msg.props:
-            props += msg.props
-        for sid in ids:
-            props += b"\x0b" + varint(sid)
-        return encode_publish5(topic, msg.payload, qos, retain, dup, packet_id, varint(len(props)) + props)
+                props = b"\x23" + alias.to_bytes(2, "big") + props
+        if ids:
+            props += b"".join(b"\x0b" + varint(i) for i in ids)
+        n = len(props)
+        field = (_LENGTH1[n] if n < 128 else varint(n)) + props
+        return encode_publish5(topic, msg.payload, qos, retain, dup, packet_id, field)
 
     def frame0(self, msg: Message) -> bytes:
         return self.frame(msg, 0, None)
@@ -256,7 +284,10 @@ class Mqtt5:
             if len(self.session.awaiting_rel) >= self.broker.settings.receive_maximum:
                 if pkt.packet_id not in self.session.awaiting_rel:
                     raise ProtocolError("MQTT-3.3.4-7", "more QoS 2 messages than the Receive Maximum", 0x93)
-        self._on_publish(pkt, now, P.forwarded(props))
+        if props is None:
+            return self._on_publish(pkt, now)
+        fwd = props.forwarded if type(props) is PublishProps else P.forwarded(props)
+        self._on_publish(pkt, now, fwd)
 
     # -- SUBSCRIBE, UNSUBSCRIBE --------------------------------------------------------------
 

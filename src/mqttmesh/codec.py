@@ -357,12 +357,12 @@ class Decoder:
                 if end > size:
                     return
                 ptype = first >> 4
-                if v5:
-                    packet = codec5.DECODERS[ptype](_Reader(buf, i, end, PACKET_NAMES5[ptype]), first & 0x0F)
-                    pos = end
-                    yield packet
-                    continue
                 if ptype == PUBLISH:
+                    if v5:
+                        packet = codec5.decode_publish_fast(buf, i, end, first)
+                        pos = end
+                        yield packet
+                        continue
                     # the hot path, inlined: same checks as _decode_publish
                     qos = (first >> 1) & 0x03
                     if qos == 3 or (qos == 0 and first & 0x08) or length < 2:
@@ -396,6 +396,11 @@ class Decoder:
                         raise MalformedPacket("MQTT-2.3.1-1", f"{PACKET_NAMES[ptype]} with packet identifier 0")
                     pos = end
                     yield _ACK_CLASSES[ptype](pid)
+                    continue
+                if v5:
+                    packet = codec5.DECODERS[ptype](_Reader(buf, i, end, PACKET_NAMES5[ptype]), first & 0x0F)
+                    pos = end
+                    yield packet
                     continue
                 flags = first & 0x0F
                 decode = _DECODERS.get(ptype)

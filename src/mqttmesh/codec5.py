@@ -36,6 +36,7 @@ from .packets import (
     MalformedPacket,
     PingReq,
     PingResp,
+    Props,
     ProtocolError,
     PubAck,
     PubComp,
@@ -47,10 +48,11 @@ from .packets import (
     UnsubAck,
     Unsubscribe,
     Will,
+    _decode_utf8,
     _Packet,
     validate_topic_filter,
 )
-from .properties import SUBSCRIPTION_ID, TOPIC_ALIAS, WILL, encode_properties, read_properties
+from .properties import SUBSCRIPTION_ID, TOPIC_ALIAS, WILL, encode_properties, forwarded, read_properties
 
 __all__ = [
     "REASON_CODES",
@@ -60,6 +62,8 @@ __all__ = [
     "decode_connect",
     "encode5",
     "encode_publish5",
+    "decode_publish_fast",
+    "PublishProps",
     "NO_LOCAL",
     "RETAIN_AS_PUBLISHED",
 ]
@@ -276,6 +280,76 @@ def decode_publish(r: Reader, flags: int) -> Publish:
     if not topic and TOPIC_ALIAS not in props:
         raise ProtocolError("MQTT-3.3.2-1", "PUBLISH with an empty topic name and no Topic Alias")
     return Publish(topic, r.rest(), qos, bool(flags & 0x01), bool(flags & 0x08), pid, props or None)
+
+
+class PublishProps(dict):  # (a Props: dict[int, Any])
+    """A PUBLISH's properties as read, with what its message carries on (``forwarded``:
+    properties.forwarded) worked out once. The decoder keeps one per distinct property block
+    and every PUBLISH with those bytes shares it: never modify one."""
+
+    __slots__ = ("forwarded",)
+    forwarded: bytes | None
+
+
+# property blocks already read (most publishers send the same ones again and again): bytes ->
+# PublishProps; emptied when full, so that blocks that are all different (a Correlation Data
+# per request) cost what they would without it
+_PUBLISH_PROPS: dict[bytes, PublishProps] = {}
+PUBLISH_PROPS_CACHE = 4096
+
+
+def _publish_props(raw: bytes) -> PublishProps:
+    props = PublishProps(read_properties(Reader(varint(len(raw)) + raw, 0, len(raw) + 4, "PUBLISH"), PUBLISH))
+    props.forwarded = forwarded(props)
+    if len(_PUBLISH_PROPS) >= PUBLISH_PROPS_CACHE:
+        _PUBLISH_PROPS.clear()
+    _PUBLISH_PROPS[raw] = props
+    return props
+
+
+def decode_publish_fast(buf: bytes | bytearray, i: int, end: int, first: int) -> Publish:
+    """An MQTT 5 PUBLISH whose body is ``buf[i:end]`` (``first``: its first byte, already
+    checked): ``decode_publish``'s checks, inline, and its property block read once for all
+    the PUBLISHes that carry the same bytes."""
+    if i + 2 > end:
+        raise MalformedPacket("MQTT-4.8.0-1", "PUBLISH is truncated")
+    tend = i + 2 + ((buf[i] << 8) | buf[i + 1])
+    if tend > end:
+        raise MalformedPacket("MQTT-4.8.0-1", "PUBLISH topic overruns the packet")
+    topic = _decode_utf8(buf[i + 2 : tend], "topic name") if tend > i + 2 else ""
+    if "+" in topic or "#" in topic:
+        raise MalformedPacket("MQTT-3.3.2-2", f"wildcard in topic name {topic!r}", 0x90)
+    qos = (first >> 1) & 0x03
+    p = tend
+    pid = None
+    if qos:
+        if p + 2 > end:
+            raise MalformedPacket("MQTT-4.8.0-1", "PUBLISH is truncated")
+        pid = (buf[p] << 8) | buf[p + 1]
+        if not pid:
+            raise MalformedPacket("MQTT-2.2.1-3", "PUBLISH with packet identifier 0")
+        p += 2
+    if p >= end:
+        raise MalformedPacket("MQTT-4.8.0-1", "PUBLISH is truncated")
+    plen = buf[p]
+    if plen < 128:
+        p += 1
+    else:
+        r = Reader(buf, p, end, "PUBLISH")
+        plen = r.varint("property length")
+        p = r.pos
+    pend = p + plen
+    if pend > end:
+        raise MalformedPacket("MQTT-4.8.0-1", f"PUBLISH: property length {plen} overruns the packet")
+    props: Props | None = None
+    if plen:
+        raw = bytes(buf[p:pend])
+        props = _PUBLISH_PROPS.get(raw)
+        if props is None:
+            props = _publish_props(raw)
+    if not topic and (props is None or TOPIC_ALIAS not in props):
+        raise ProtocolError("MQTT-3.3.2-1", "PUBLISH with an empty topic name and no Topic Alias")
+    return Publish(topic, bytes(buf[pend:end]), qos, first & 1 == 1, first & 8 == 8, pid, props)
 
 
 def _decode_ack(cls: Callable[..., _Packet]) -> Callable[[Reader, int], _Packet]:

@@ -177,6 +177,7 @@ class Session:
         self.clean = clean
         self.limits = limits
         self.subscriptions: dict[str, int] = {}
+        self.sub_changes = 0  # subscribe and unsubscribe calls, ever (what remembers a match knows it is stale)
         self.inflight: dict[int, Entry] = {}  # packet id -> entry, in send order
         self.queue: deque[Entry] = deque()
         self.awaiting_rel: set[int] = set()  # inbound QoS 2 ids between PUBREC and PUBREL
@@ -358,11 +359,13 @@ class Session:
 
     def subscribe(self, topic_filter: str, qos: int) -> None:
         self.subscriptions[topic_filter] = qos
+        self.sub_changes += 1
         self._stored_subscriptions()
 
     def unsubscribe(self, topic_filter: str) -> bool:
         if self.subscriptions.pop(topic_filter, None) is None:
             return False
+        self.sub_changes += 1
         self._stored_subscriptions()
         return True
 
