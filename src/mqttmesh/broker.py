@@ -107,6 +107,7 @@ class BrokerSettings:
     receive_maximum: int = 1000  # (MQTT 5)
     topic_alias_maximum: int = 64  # (MQTT 5, client to server)
     subscribe_denied_code: int = 0x80  # (MQTT 5)
+    response_information: str = "response/{client_id}/"  # (MQTT 5, on request)
 
 
 class Stats:

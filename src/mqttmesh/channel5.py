@@ -244,6 +244,9 @@ class Mqtt5:
             props[P.ASSIGNED_CLIENT_ID] = conn.assigned  # [MQTT-3.1.3-7]
         if conn.server_keepalive is not None:
             props[P.SERVER_KEEP_ALIVE] = conn.server_keepalive
+        if conn.response_info and settings.response_information:
+            # (4.10: where the client may have responses sent; the ACL still decides)
+            props[P.RESPONSE_INFO] = settings.response_information.replace("{client_id}", self.client_id)
         return encode5(codec.ConnAck(present, 0, props))
 
     def attach5(self, session: Session) -> None:

@@ -171,6 +171,15 @@ _MQTT5: list[Option] = [
     ),
     Option(
         "mqtt",
+        "response_information",
+        str,
+        "response/{client_id}/",
+        "the Response Information an MQTT 5 client that asks for it (Request Response Information 1) "
+        "gets in CONNACK: the start of the topics it may use for responses; {client_id} is replaced "
+        "by its ClientId (the ACL still applies); empty: none is given",
+    ),
+    Option(
+        "mqtt",
         "subscribe_denied_code",
         int,
         0x80,

@@ -411,3 +411,17 @@ def test_a_silent_client_is_told_keep_alive_timeout_before_the_close(net):
     ch.tick(15.5)
     assert answers(ch) == [Disconnect(0x8D)]
     assert ch.state == CLOSED
+
+
+def test_response_information_on_request():
+    """4.10: a client that asks (Request Response Information 1) is given where it may have
+    responses sent (mqtt.response_information, its ClientId filled in); one that does not is
+    given none."""
+    net = Net()
+    _, ack = connect5(net, "asker", properties=r5.props((P.REQUEST_RESPONSE_INFO, b"\x01")))
+    assert ack.properties[P.RESPONSE_INFO] == "response/asker/"
+    _, ack = connect5(net, "other")
+    assert P.RESPONSE_INFO not in ack.properties
+    net = Net(response_information="")
+    _, ack = connect5(net, "asker", properties=r5.props((P.REQUEST_RESPONSE_INFO, b"\x01")))
+    assert P.RESPONSE_INFO not in ack.properties

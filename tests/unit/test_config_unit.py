@@ -229,6 +229,7 @@ EXPECTED_OPTIONS = [
     "mqtt.receive_maximum",
     "mqtt.topic_alias_maximum",
     "mqtt.subscribe_denied_code",
+    "mqtt.response_information",
     "node_id",
     "data_dir",
     "log_level",

@@ -75,6 +75,7 @@ class Node:
             receive_maximum=config.get("mqtt.receive_maximum"),
             topic_alias_maximum=config.get("mqtt.topic_alias_maximum"),
             subscribe_denied_code=config.get("mqtt.subscribe_denied_code"),
+            response_information=config.get("mqtt.response_information"),
         )
         self.store: SqliteStore | None = None
         self.journal: Journal | None = None  # with a store: what the broker records for it
