@@ -20,13 +20,18 @@ class Paho5:
     """A paho-mqtt MQTT 5 client: blocking connect and subscribe, every message with its
     properties in a queue."""
 
-    def __init__(self, client_id: str):
+    def __init__(self, client_id: str, websocket: bool = False):
         import paho.mqtt.client as mqtt
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
 
         self.mqtt, self.Properties, self.PacketTypes = mqtt, Properties, PacketTypes
-        self.c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        transport = "websockets" if websocket else "tcp"
+        self.c = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5, transport=transport
+        )
+        if websocket:
+            self.c.ws_set_options(path="/mqtt")
         self.messages: queue.Queue = queue.Queue()
         self.connacks: queue.Queue = queue.Queue()
         self.subacks: dict[int, list] = {}
@@ -84,8 +89,8 @@ class Paho5:
 def paho5():
     made: list[Paho5] = []
 
-    def make(client_id: str) -> Paho5:
-        p = Paho5(client_id)
+    def make(client_id: str, websocket: bool = False) -> Paho5:
+        p = Paho5(client_id, websocket)
         made.append(p)
         return p
 
@@ -102,6 +107,20 @@ def mesh(broker_factory):
     nodes = start_mesh(broker_factory, names, edges)
     wait_converged(nodes, edges)
     return nodes
+
+
+def test_mqtt5_over_websocket_beside_tcp(broker_factory, paho5):
+    """The same MQTT 5 on the WebSocket listener (path /mqtt, subprotocol mqtt) as on TCP."""
+    from support.processes import free_port
+
+    ws = free_port()
+    node = broker_factory("--ws-port", str(ws))
+    sub, pub = paho5("ws5", websocket=True), paho5("tcp5")
+    assert sub.connect(node, port=ws)[0] == 0 and pub.connect(node)[0] == 0
+    assert sub.subscribe("ws5/#", 1, sub_id=3) == [1]
+    pub.publish("ws5/t", b"x", 1, UserProperty=[("via", "tcp")])
+    m = sub.get()
+    assert (m.payload, m.properties.UserProperty, m.properties.SubscriptionIdentifier) == (b"x", [("via", "tcp")], [3])
 
 
 def test_paho5_connack_tells_what_the_node_holds_the_client_to(broker, paho5):
