@@ -48,10 +48,10 @@ class Paho5:
             setattr(p, name, value)
         return p
 
-    def connect(self, node, clean_start: bool = True, timeout: float = 5.0, **props):
+    def connect(self, node, clean_start: bool = True, timeout: float = 5.0, port: int | None = None, **props):
         self.c.connect(
             node.host,
-            node.port,
+            port or node.port,
             60,
             clean_start=clean_start,
             properties=self.props("CONNECT", **props) if props else None,
