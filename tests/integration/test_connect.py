@@ -36,13 +36,22 @@ def connect_bytes(flags: int, payload: bytes, proto=b"MQTT", level=4, keepalive=
 # --------------------------------------------------------------------------- protocol name/level
 
 
-@pytest.mark.parametrize("level", [3, 5, 0, 255])
+@pytest.mark.parametrize("level", [3, 0, 6, 255])
 def test_unsupported_protocol_level_gets_connack_0x01_then_close(broker, clients, level):
-    """[MQTT-3.1.2-2] CONNACK 0x01 then disconnect; session present 0 [MQTT-3.2.2-4]."""
+    """[MQTT-3.1.2-2] CONNACK 0x01 then disconnect; session present 0 [MQTT-3.2.2-4]. (Level
+    5 is MQTT 5, served: tests/integration/test_mqtt5.py.)"""
     c = clients.raw(broker)
     c.send(mqttraw.connect(client_id="lvl", level=level))
     packets = read_until_closed(c)
     assert [(p.type, p.flags, p.body) for p in packets] == [(CONNACK, 0, b"\x00\x01")]
+
+
+def test_level_5_in_the_311_layout_is_malformed_mqtt5(broker, clients):
+    """A CONNECT of level 5 is read as MQTT 5: without its property length, the ClientId's
+    length byte is read as one and the rest does not parse: closed without CONNACK (4.13)."""
+    c = clients.raw(broker)
+    c.send(mqttraw.connect(client_id="lvl", level=5))
+    assert read_until_closed(c) == []
 
 
 @pytest.mark.parametrize("name", [b"MQTX", b"mqtt", b"MQT", b"", b"MQTT\x00"])
