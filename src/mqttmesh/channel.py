@@ -26,23 +26,18 @@ from .channel5 import CONNACK_CODES, Conn5, Mqtt5, reason_of
 from .channel_held import PUBREL_FIRST, HeldFrames, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing
-from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED
+from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, violation
 from .codec import (
     AUTH,
-    CONNACK,
     CONNECT,
     DISCONNECT,
-    PACKET_NAMES,
     PINGREQ,
-    PINGRESP,
     PUBACK,
     PUBCOMP,
     PUBLISH,
     PUBREC,
     PUBREL,
-    SUBACK,
     SUBSCRIBE,
-    UNSUBACK,
     UNSUBSCRIBE,
     Decoder,
     MalformedPacket,
@@ -228,7 +223,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
                 table = self.transitions[self.state]
                 handler = table.get(packet.type)
                 if handler is None:
-                    raise _violation(self.state, packet.type)
+                    raise violation(self.state, packet.type)
                 handler(self, packet, now)
                 if self.state is not CONNECTED and self.state is not PEER_AUTH:
                     break  # closed, or waiting for a password check: read no further
@@ -559,18 +554,7 @@ def _quoted(name: str | None, limit: int = 64) -> str:
     return repr(name[:limit]) + ("..." if len(name) > limit else "")
 
 
-def _violation(state: str, ptype: int) -> ProtocolViolation:
-    name = PACKET_NAMES.get(ptype, str(ptype))
-    if state is AWAIT_CONNECT:
-        return ProtocolViolation("MQTT-3.1.0-1", f"first packet must be CONNECT, got {name}")
-    if ptype == CONNECT:
-        return ProtocolViolation("MQTT-3.1.0-2", "second CONNECT on one connection")
-    if ptype in (CONNACK, SUBACK, UNSUBACK, PINGRESP):
-        return ProtocolViolation("MQTT-4.8.0-1", f"{name} is only sent by a server")
-    return ProtocolViolation("MQTT-4.8.0-1", f"{name} not allowed in state {state}")
-
-
-# state -> {packet type -> handler}; anything else is a protocol violation (see _violation)
+# state -> {packet type -> handler}; anything else is a protocol violation (channel_states.violation)
 TRANSITIONS: dict[str, dict[int, Callable[[Channel, Any, float], None]]] = {
     AWAIT_CONNECT: {CONNECT: Channel._on_connect},
     AUTHENTICATING: {},

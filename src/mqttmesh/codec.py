@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from . import codec5
-from .fields import Reader
+from .fields import Reader, binary, utf8, varint
 from .packets import (  # re-exported: the codec is where callers find packets
     _FIRST_OK,
     _FLAG_RULES,
@@ -429,29 +429,11 @@ class Decoder:
 # --------------------------------------------------------------------------- encoding
 
 
-def encode_remaining_length(length: int) -> bytes:
-    if length < 128:
-        return bytes((length,))
-    if length > 268_435_455:
-        raise ValueError(f"remaining length {length} is too large for MQTT")
-    out = bytearray()
-    while True:
-        byte = length & 0x7F
-        length >>= 7
-        if length:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
-
-
-def _str(text: str) -> bytes:
-    raw = text.encode("utf-8")
-    return _U16.pack(len(raw)) + raw
-
-
-def _bin(raw: bytes) -> bytes:
-    return _U16.pack(len(raw)) + raw
+# the Remaining Length is a Variable Byte Integer (2.2.3); strings and binary fields are
+# length-prefixed (1.5): fields.py writes them for both versions
+encode_remaining_length = varint
+_str = utf8
+_bin = binary
 
 
 def _frame(first: int, body: bytes) -> bytes:

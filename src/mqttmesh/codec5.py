@@ -14,6 +14,7 @@ from typing import Any
 
 from .fields import U16, Reader, binary, utf8, varint
 from .packets import (
+    _REQUIRED_FLAGS,
     AUTH,
     CONNACK,
     CONNECT,
@@ -50,6 +51,7 @@ from .packets import (
     Will,
     _decode_utf8,
     _Packet,
+    first_bytes_ok,
     validate_topic_filter,
 )
 from .properties import SUBSCRIPTION_ID, TOPIC_ALIAS, WILL, encode_properties, forwarded, read_properties
@@ -151,23 +153,8 @@ _NAMES = {
     AUTH: "AUTH",
 }
 
-# Table 2.2 of 5.0: the required flag nibble of each type but PUBLISH (AUTH's is 0 [MQTT-3.15.1-1])
-REQUIRED_FLAGS = {
-    CONNECT: 0,
-    CONNACK: 0,
-    PUBACK: 0,
-    PUBREC: 0,
-    PUBREL: 2,
-    PUBCOMP: 0,
-    SUBSCRIBE: 2,
-    SUBACK: 0,
-    UNSUBSCRIBE: 2,
-    UNSUBACK: 0,
-    PINGREQ: 0,
-    PINGRESP: 0,
-    DISCONNECT: 0,
-    AUTH: 0,
-}
+# Table 2.2 of 5.0: 3.1.1's flag nibbles, and AUTH's 0 [MQTT-3.15.1-1]
+REQUIRED_FLAGS = {**_REQUIRED_FLAGS, AUTH: 0}
 FLAG_RULES = {
     PUBREL: "MQTT-2.1.3-1",
     SUBSCRIBE: "MQTT-3.8.1-1",
@@ -175,17 +162,7 @@ FLAG_RULES = {
     DISCONNECT: "MQTT-3.14.1-1",
     AUTH: "MQTT-3.15.1-1",
 }
-
-
-def _first_ok(first: int) -> bool:
-    ptype, flags = first >> 4, first & 0x0F
-    if ptype == PUBLISH:
-        qos = (flags >> 1) & 0x03
-        return qos != 3 and not (qos == 0 and flags & 0x08)
-    return REQUIRED_FLAGS.get(ptype) == flags
-
-
-FIRST_OK = bytes(_first_ok(b) for b in range(256))
+FIRST_OK = first_bytes_ok(REQUIRED_FLAGS)
 
 
 def first_byte_error(first: int) -> MalformedPacket:

@@ -108,17 +108,23 @@ _FLAG_RULES = {
 }
 
 
-def _first_byte_ok(first: int) -> bool:
-    ptype, flags = first >> 4, first & 0x0F
-    if ptype == PUBLISH:
-        qos = (flags >> 1) & 0x03
-        return qos != 3 and not (qos == 0 and flags & 0x08)
-    return _REQUIRED_FLAGS.get(ptype) == flags
+def first_bytes_ok(required: dict[int, int]) -> bytes:
+    """For each byte value, whether it can start a packet whose types and flag nibbles are
+    ``required`` (PUBLISH's flags: any QoS but 3, DUP only with a QoS)."""
+
+    def ok(first: int) -> bool:
+        ptype, flags = first >> 4, first & 0x0F
+        if ptype == PUBLISH:
+            qos = (flags >> 1) & 0x03
+            return qos != 3 and not (qos == 0 and flags & 0x08)
+        return required.get(ptype) == flags
+
+    return bytes(ok(b) for b in range(256))
 
 
 # fixed-header first bytes that can start a valid packet, by value: checked as soon as the
 # byte arrives, so a bad header is refused without waiting for the body it announces
-_FIRST_OK = bytes(_first_byte_ok(b) for b in range(256))
+_FIRST_OK = first_bytes_ok(_REQUIRED_FLAGS)
 
 
 def first_byte_error(first: int) -> MalformedPacket:
