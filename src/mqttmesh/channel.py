@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from . import properties as P
-from .channel5 import CONNACK_CODES, Conn5, Mqtt5, reason_of
+from .channel5 import Conn5, Mqtt5, reason_of
 from .channel_held import PUBREL_FIRST, HeldFrames, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing
@@ -43,7 +43,6 @@ from .codec import (
     MalformedPacket,
     Will,
 )
-from .codec5 import REASON_NAMES
 from .message import Message
 from .packets import (
     ACCEPTED,
@@ -452,12 +451,10 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
     def _refuse(self, rc: int, detail: str) -> None:
         self.broker.stats.connections_refused += 1
         self.will = None
-        if self.v5 is None:
-            self.write(bytes((0x20, 2, 0, rc)))  # session present 0 [MQTT-3.2.2-4]
-            return self.close(f"CONNACK 0x{rc:02x} ({CONNACK_REASONS[rc]}): {detail}")  # [MQTT-3.2.2-5]
-        self.write(self.refuse5(rc))  # [MQTT-3.2.2-6] [MQTT-3.2.2-7] (5.0)
-        code = CONNACK_CODES.get(rc, rc)
-        self.close(f"CONNACK 0x{code:02x} ({REASON_NAMES.get(code, '?')}): {detail}")
+        if self.v5 is not None:
+            return self._refuse5(rc, detail)
+        self.write(bytes((0x20, 2, 0, rc)))  # session present 0 [MQTT-3.2.2-4]
+        self.close(f"CONNACK 0x{rc:02x} ({CONNACK_REASONS[rc]}): {detail}")  # [MQTT-3.2.2-5]
 
     def _peer_proved(self, dialler: str, now: float) -> None:
         """A provisional peer proved the cluster secret (channel_peer.py): a peer link now."""

@@ -75,11 +75,9 @@ class Conn5:
         "aliases_out",
         "alias_max_in",
         "aliases_in",
-        "problem_info",
         "response_info",
         "assigned",
         "server_keepalive",
-        "too_large",
         "_matches",
         "_matches_at",
     )
@@ -94,11 +92,9 @@ class Conn5:
         self.aliases_out: dict[str, int] = {}  # topic -> alias we set [MQTT-3.3.2-11]
         self.alias_max_in = alias_max_in
         self.aliases_in: dict[int, str] = {}  # alias -> topic the client set (this connection only [MQTT-3.3.2-7])
-        self.problem_info: bool = props.get(P.REQUEST_PROBLEM_INFO, 1) == 1
         self.response_info: bool = props.get(P.REQUEST_RESPONSE_INFO, 0) == 1
         self.assigned: str | None = None  # the ClientId we made for it [MQTT-3.1.3-7]
         self.server_keepalive: int | None = None
-        self.too_large = 0  # messages not sent: larger than its Maximum Packet Size
         # topic -> (identifiers, retain as published) of the session's subscriptions matching
         # it, as of the session's ``sub_changes`` in ``_matches_at`` (None: none has options)
         self._matches: dict[str, tuple[list[int], bool]] | None = None
@@ -258,9 +254,12 @@ class Mqtt5:
         self.frame0 = conn.frame0
         session.adapt(conn.receive_maximum, _filtered(session, conn, self.broker))
 
-    def refuse5(self, rc: int) -> bytes:
-        """A refusal's CONNACK in MQTT 5's form; ``rc`` a 3.1.1 return code or a reason code."""
-        return encode5(codec.ConnAck(False, CONNACK_CODES.get(rc, rc)))
+    def _refuse5(self, rc: int, detail: str) -> None:
+        """A refusal's CONNACK in MQTT 5's form, then the close [MQTT-3.2.2-6] [MQTT-3.2.2-7];
+        ``rc`` a 3.1.1 return code or a reason code."""
+        code = CONNACK_CODES.get(rc, rc)
+        self.write(encode5(codec.ConnAck(False, code)))
+        self.close(f"CONNACK 0x{code:02x} ({REASON_NAMES.get(code, '?')}): {detail}")
 
     # -- PUBLISH from the client ---------------------------------------------------------------
 
@@ -366,8 +365,7 @@ def _filtered(session: Session, conn: Conn5, broker: Broker) -> Any:
         if msg.publisher == client_id and not retain and _local_refused(session, msg.topic):
             return
         if limited and conn.size(msg, qos) > conn.max_packet:
-            conn.too_large += 1  # not sent, counted [MQTT-3.1.2-25] (5.0)
-            stats.too_large += 1
+            stats.too_large += 1  # not sent, counted [MQTT-3.1.2-25] (5.0)
             return
         deliver(session, msg, qos, retain)
 

@@ -111,8 +111,7 @@ class Publishing:
         """Hand a message from this client (or its will, ``will_seq``: its reserved number) to
         the broker; the journal batch to wait for. (The Message is made whole once it is
         allowed: origin, number, publisher, timestamp.) ``props``: its MQTT 5 properties
-        (message.Message.props); a PUBLISH from an MQTT 5 client carries them in its
-        ``properties`` once channel5.py has read them."""
+        (message.Message.props), as channel5.py ``_on_publish5`` hands them to ``_on_publish``."""
         broker = self.broker
         broker.stats.received[qos] += 1
         auth = broker.auth

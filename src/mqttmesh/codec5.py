@@ -66,13 +66,10 @@ __all__ = [
     "encode_publish5",
     "decode_publish_fast",
     "PublishProps",
-    "NO_LOCAL",
-    "RETAIN_AS_PUBLISHED",
 ]
 
-# subscription options (section 3.8.3.1), beside the QoS in bits 0-1
-NO_LOCAL = 0x04
-RETAIN_AS_PUBLISHED = 0x08
+# the subscription option bits after QoS, No Local and Retain As Published (section
+# 3.8.3.1; session.py names those, as a subscription's value keeps them)
 RETAIN_HANDLING_SHIFT = 4
 
 # Table 2-6, by packet: the reason codes each may carry
@@ -244,21 +241,6 @@ def _decode_connack(r: Reader, flags: int) -> ConnAck:
     return pkt
 
 
-def decode_publish(r: Reader, flags: int) -> Publish:
-    qos = (flags >> 1) & 0x03
-    topic = r.string("topic name")
-    _topic_name(topic)
-    pid = None
-    if qos:
-        pid = r.u16()
-        if not pid:
-            raise MalformedPacket("MQTT-2.2.1-3", "PUBLISH with packet identifier 0")
-    props = read_properties(r, PUBLISH)
-    if not topic and TOPIC_ALIAS not in props:
-        raise ProtocolError("MQTT-3.3.2-1", "PUBLISH with an empty topic name and no Topic Alias")
-    return Publish(topic, r.rest(), qos, bool(flags & 0x01), bool(flags & 0x08), pid, props or None)
-
-
 class PublishProps(dict):  # (a Props: dict[int, Any])
     """A PUBLISH's properties as read, with what its message carries on (``forwarded``:
     properties.forwarded) worked out once. The decoder keeps one per distinct property block
@@ -284,7 +266,7 @@ def _publish_props(raw: bytes) -> PublishProps:
     return props
 
 
-def decode_publish_fast(buf: bytes | bytearray, i: int, end: int, first: int) -> Publish:
+def decode_publish_fast(buf: bytes | bytearray | memoryview, i: int, end: int, first: int) -> Publish:
     """An MQTT 5 PUBLISH whose body is ``buf[i:end]`` (``first``: its first byte, already
     checked): ``decode_publish``'s checks, inline, and its property block read once for all
     the PUBLISHes that carry the same bytes."""
@@ -294,8 +276,7 @@ def decode_publish_fast(buf: bytes | bytearray, i: int, end: int, first: int) ->
     if tend > end:
         raise MalformedPacket("MQTT-4.8.0-1", "PUBLISH topic overruns the packet")
     topic = _decode_utf8(buf[i + 2 : tend], "topic name") if tend > i + 2 else ""
-    if "+" in topic or "#" in topic:
-        raise MalformedPacket("MQTT-3.3.2-2", f"wildcard in topic name {topic!r}", 0x90)
+    _topic_name(topic)
     qos = (first >> 1) & 0x03
     p = tend
     pid = None
@@ -327,6 +308,11 @@ def decode_publish_fast(buf: bytes | bytearray, i: int, end: int, first: int) ->
     if not topic and (props is None or TOPIC_ALIAS not in props):
         raise ProtocolError("MQTT-3.3.2-1", "PUBLISH with an empty topic name and no Topic Alias")
     return Publish(topic, bytes(buf[pend:end]), qos, first & 1 == 1, first & 8 == 8, pid, props)
+
+
+def decode_publish(r: Reader, flags: int) -> Publish:
+    """``decode_publish_fast`` for a reader (the decoders' common form)."""
+    return decode_publish_fast(r.buf, r.pos, r.end, 0x30 | flags)
 
 
 def _decode_ack(cls: Callable[..., _Packet]) -> Callable[[Reader, int], _Packet]:
