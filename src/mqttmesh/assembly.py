@@ -80,12 +80,12 @@ class NodeCore:
         self.cluster = cluster
         self.links = links
 
-    def committed(self, batch: int) -> None:
+    def committed(self, batch: int, now: float) -> None:
         """The I/O layer made journal ``batch`` durable: each part releases what it held for
         it (the Broker its clients' acknowledgements; the links the end-to-end
         acknowledgements of messages from other nodes; the cluster its answers to holders)."""
         for channel in self.broker.committed(batch):
-            channel.release_acks(batch)
+            channel.release_acks(batch, now)
         if self.links is not None:
             self.links.committed(batch)
         if self.cluster is not None:

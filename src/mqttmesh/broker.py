@@ -88,7 +88,7 @@ class HoldsAcks(Protocol):
     """A Channel holding acknowledgements (or messages) back until a journal batch is
     durable (channel_held.py): released by whoever commits (``Broker.committed``)."""
 
-    def release_acks(self, committed: int) -> None: ...
+    def release_acks(self, committed: int, now: float) -> None: ...
 
 
 @dataclass
@@ -132,6 +132,7 @@ class Stats:
         "auth_throttled",
         "auth_busy",
         "too_large",
+        "expired",
     )
     # (annotations only: __init__ sets every slot to 0, the per-QoS ones to [0, 0, 0])
     received: list[int]  # PUBLISHes received from clients, by their QoS
@@ -152,6 +153,9 @@ class Stats:
     auth_throttled: int
     auth_busy: int
     too_large: int  # messages not sent to an MQTT 5 client: over its Maximum Packet Size
+    # messages past their Message Expiry before they reached a session (retained, held, in
+    # custody or in order between nodes); sessions count their own queues' (Session.expired)
+    expired: int
 
     BY_QOS = ("received", "sent")
 
@@ -256,6 +260,11 @@ class Broker:
         sent = 0
         auth = self.auth
         for topic, msg in self.retained.match(topic_filter):
+            if msg.expires is not None:
+                msg = msg.at(now)
+                if msg.ttl <= 0.0:  # never sent once expired [MQTT-3.3.2-5]
+                    self.stats.expired += 1
+                    continue
             if topic[0] == "$":
                 if not auth.can_read_sys(session.username, session.client_id, topic):
                     continue
@@ -295,9 +304,13 @@ class Broker:
         return journal.batch if journal.writes != before else 0, hits
 
     def dispatch(self, msg: Message) -> Hits:
-        """Deliver to the matching local sessions; the congested ones among them (flow.py)."""
+        """Deliver to the matching local sessions; the congested ones among them (flow.py).
+        A message that expired before it got here (``Message.at``) reaches none [MQTT-3.3.2-5]."""
         matches = self.trie.match(msg.topic)
         if not matches:
+            return NO_HITS
+        if msg.expires is not None and msg.ttl <= 0.0:
+            self.stats.expired += 1
             return NO_HITS
         qos = msg.qos
         self.stats.sent[qos] += len(matches)

@@ -330,8 +330,9 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
             will, self.will = self.will, None
             broker.stats.wills_published += 1
             # [MQTT-3.1.2-16/17]
-            props = P.forwarded(will.properties)
-            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq, props)
+            props = will.properties
+            fwd, expiry = (P.forwarded(props), props.get(P.MESSAGE_EXPIRY)) if props else (None, None)
+            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq, fwd, expiry)
         self.will = None  # [MQTT-3.1.2-10]
 
     # -- CONNECT -------------------------------------------------------------------------------
@@ -445,8 +446,8 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         else:
             self._send_after(self.connack5(present), batch)
             self.attach5(session)
-        session.attach(self)  # re-send unacknowledged messages [MQTT-4.4.0-1]
-        self._route_unrouted(session)
+        session.attach(self, now)  # re-send unacknowledged messages [MQTT-4.4.0-1]
+        self._route_unrouted(session, now)
 
     def _refuse(self, rc: int, detail: str) -> None:
         self.broker.stats.connections_refused += 1
@@ -474,13 +475,13 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         broker.stats.connections_total += 1
         session.username = self.username
         self.session = session
-        session.attach(self)  # re-send what the peer's session held [MQTT-4.4.0-1]
+        session.attach(self, now)  # re-send what the peer's session held [MQTT-4.4.0-1]
         broker.table.subscribe(session, topic_filter, granted)
 
     # -- acknowledgements, server to client messages --------------------------------------
 
     def _on_puback(self, pkt: codec.PubAck, now: float) -> None:
-        self.session.on_puback(pkt.packet_id)
+        self.session.on_puback(pkt.packet_id, now)
 
     def _on_pubrec(self, pkt: codec.PubRec, now: float) -> None:
         journal = self.broker.journal
@@ -492,7 +493,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         self._send_after(ack_frame(PUBREL_FIRST, pkt.packet_id), journal.since(mark), session.gate.ticket())
 
     def _on_pubcomp(self, pkt: codec.PubComp, now: float) -> None:
-        self.session.on_pubcomp(pkt.packet_id)
+        self.session.on_pubcomp(pkt.packet_id, now)
 
     # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------
 

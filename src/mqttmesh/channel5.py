@@ -17,6 +17,7 @@ without a limit (0xFFFFFFFF) until sessions expire (docs/design.md, MQTT 5).
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from . import codec
@@ -140,7 +141,7 @@ class Conn5:
     def size(self, msg: Message, qos: int) -> int:
         """The bytes of ``msg``'s frame to this client, without a topic alias."""
         ids, _ = self._matching(msg.topic)
-        props = len(msg.props or b"") + sum(1 + len(varint(i)) for i in ids)
+        props = len(msg.props or b"") + sum(1 + len(varint(i)) for i in ids) + (5 if msg.expires is not None else 0)
         body = 2 + len(msg.topic_bytes) + (2 if qos else 0) + len(varint(props)) + props + len(msg.payload)
         return 1 + len(varint(body)) + body
 
@@ -153,6 +154,8 @@ class Conn5:
             retain = True
         topic = msg.topic_bytes
         props = msg.props or b""
+        if msg.expires is not None:  # what is left of it [MQTT-3.3.2-6]
+            props = _expiry_field(msg.ttl) + props
         if self.alias_max_out:
             aliases = self.aliases_out
             alias = aliases.get(msg.topic)
@@ -171,6 +174,13 @@ class Conn5:
 
     def frame0(self, msg: Message) -> bytes:
         return self.frame(msg, 0, None)
+
+
+def _expiry_field(ttl: float) -> bytes:
+    """The Message Expiry Interval of a message with ``ttl`` seconds left: whole seconds,
+    rounded up (a message with 0.3 s left is not sent as one that expires at once)."""
+    left = math.ceil(ttl) if ttl > 0.0 else 0
+    return b"\x02" + min(left, 0xFFFFFFFF).to_bytes(4, "big")
 
 
 class Mqtt5:
@@ -198,7 +208,9 @@ class Mqtt5:
 
         def _send_after(self, frame: bytes, batch: Batch, ticket: int = 0) -> None: ...
 
-        def _on_publish(self, pkt: codec.Publish, now: float, props: bytes | None = None) -> None: ...
+        def _on_publish(
+            self, pkt: codec.Publish, now: float, props: bytes | None = None, expiry: int | None = None
+        ) -> None: ...
 
         def _end(self, publish_will: bool, now: float | None = None) -> None: ...
 
@@ -288,8 +300,10 @@ class Mqtt5:
                     raise ProtocolError("MQTT-3.3.4-7", "more QoS 2 messages than the Receive Maximum", 0x93)
         if props is None:
             return self._on_publish(pkt, now)
-        fwd = props.forwarded if type(props) is PublishProps else P.forwarded(props)
-        self._on_publish(pkt, now, fwd)
+        if type(props) is PublishProps:
+            self._on_publish(pkt, now, props.forwarded, props.expiry)
+        else:
+            self._on_publish(pkt, now, P.forwarded(props), props.get(P.MESSAGE_EXPIRY))
 
     # -- SUBSCRIBE, UNSUBSCRIBE --------------------------------------------------------------
 

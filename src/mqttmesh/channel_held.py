@@ -125,7 +125,7 @@ class HeldFrames:
         """A frame for the client once the session's gate passed ``ticket``."""
         self._send_after(frame, 0, ticket)
 
-    def release_acks(self, committed: int) -> None:
+    def release_acks(self, committed: int, now: float) -> None:
         held = self._held
         session = self.session
         passed = session.gate.passed() if session is not None else 0
@@ -135,7 +135,7 @@ class HeldFrames:
                 self._write_now(item)
                 continue
             self._deferred -= 1  # type: ignore[misc]  # (a slot of the Channel)
-            batch = self._route(item)  # type: ignore[arg-type]  # (a Message)
+            batch = self._route(item.at(now))  # (a Message: as it stands now)
             if batch > committed:
                 # what was held behind the message (its acknowledgement) waits for it
                 for i, (b, v, f) in enumerate(held):

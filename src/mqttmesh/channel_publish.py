@@ -53,18 +53,21 @@ class Publishing:
 
         def _hold(self, item: bytes | Message, batch: Batch, ticket: int) -> None: ...
 
-    def _on_publish(self, pkt: codec.Publish, now: float, props: bytes | None = None) -> None:
-        """``props``: an MQTT 5 message's properties (channel5.py ``_on_publish5``)."""
+    def _on_publish(
+        self, pkt: codec.Publish, now: float, props: bytes | None = None, expiry: int | None = None
+    ) -> None:
+        """``props``, ``expiry``: an MQTT 5 message's properties and its Message Expiry
+        Interval (channel5.py ``_on_publish5``)."""
         qos = pkt.qos
         if self._deferred and not self.is_peer:
-            self._publish_in_order(pkt, now, False, props)  # an earlier message of this client waits
+            self._publish_in_order(pkt, now, False, props, expiry)  # an earlier message of this client waits
             return
         if qos == 0:
-            self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now, 0, props)
+            self._publish(pkt.topic, pkt.payload, 0, pkt.retain, now, 0, props, expiry)
             return
         pid: int = pkt.packet_id  # type: ignore[assignment]  # (QoS 1 or 2: the decoder read an id)
         if qos == 1:
-            batch = self._publish(pkt.topic, pkt.payload, 1, pkt.retain, now, 0, props)
+            batch = self._publish(pkt.topic, pkt.payload, 1, pkt.retain, now, 0, props, expiry)
             if not batch and not self._held:
                 self.write(ack_frame(PUBACK_FIRST, pid))
             else:
@@ -78,9 +81,9 @@ class Publishing:
             # with its id, and under that id by whichever holder the client is on, so that a
             # re-send to another node after this one died is neither a second delivery nor a
             # loss (mesh/cluster/replica.py); the PUBREC waits for it too
-            self._publish_in_order(pkt, now, True, props)
+            self._publish_in_order(pkt, now, True, props, expiry)
             return
-        batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now, 0, props)
+        batch = self._publish(pkt.topic, pkt.payload, 2, pkt.retain, now, 0, props, expiry)
         # a durable session's id is journaled: the PUBREC waits for it, and for the message
         # (the id's batch is the current one, no older than the message's)
         self._send_after(ack_frame(PUBREC_FIRST, pid), session.awaiting_rel_add(pid) or batch, session.gate.ticket())
@@ -107,11 +110,13 @@ class Publishing:
         now: float,
         will_seq: int = 0,
         props: bytes | None = None,
+        expiry: int | None = None,
     ) -> Batch:
         """Hand a message from this client (or its will, ``will_seq``: its reserved number) to
         the broker; the journal batch to wait for. (The Message is made whole once it is
         allowed: origin, number, publisher, timestamp.) ``props``: its MQTT 5 properties
-        (message.Message.props), as channel5.py ``_on_publish5`` hands them to ``_on_publish``."""
+        (message.Message.props), as channel5.py ``_on_publish5`` hands them to ``_on_publish``;
+        ``expiry``: its Message Expiry Interval."""
         broker = self.broker
         broker.stats.received[qos] += 1
         auth = broker.auth
@@ -125,6 +130,8 @@ class Publishing:
             return 0
         seq = will_seq or next(broker.seqs)
         msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset, props)
+        if expiry is not None:
+            msg.expiring(expiry, now)
         if will_seq and broker.mesh is not None:
             broker.mesh.first_here(msg)  # (here now: the registrar's copy of it is not delivered again)
         if self.is_peer and topic.startswith("$mesh/"):
@@ -149,7 +156,14 @@ class Publishing:
 
     # -- routed once replicated, in order ----------------------------------------------------
 
-    def _publish_in_order(self, pkt: codec.Publish, now: float, seen: bool = False, props: bytes | None = None) -> None:
+    def _publish_in_order(
+        self,
+        pkt: codec.Publish,
+        now: float,
+        seen: bool = False,
+        props: bytes | None = None,
+        expiry: int | None = None,
+    ) -> None:
         """A PUBLISH routed behind what this client's session waits for (``_route_after``),
         and acknowledged after it; a QoS 2 one of a replicated session gets its agreed id.
         ``seen``: the caller checked it is not a re-send (``_qos2_seen``)."""
@@ -158,7 +172,7 @@ class Publishing:
         session: Session = self.session  # type: ignore[assignment]
         if qos == 2 and not seen and self._qos2_seen(session, pid):
             return
-        msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now, props)
+        msg = self._message(pkt.topic, pkt.payload, qos, pkt.retain, now, props, expiry)
         batch = ticket = 0
         if qos == 2:
             batch = session.awaiting_rel_add(pid) if msg is None else session.awaiting_rel_agreed(pid, msg)
@@ -169,7 +183,14 @@ class Publishing:
             self._send_after(ack_frame(PUBREC_FIRST if qos == 2 else PUBACK_FIRST, pid), batch, ticket)
 
     def _message(
-        self, topic: str, payload: bytes, qos: int, retain: bool, now: float, props: bytes | None = None
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        now: float,
+        props: bytes | None = None,
+        expiry: int | None = None,
     ) -> Message | None:
         """A message from this client, numbered, to be routed later (``_route``); None if it
         may not be published (acknowledged all the same [MQTT-3.3.5-2]). ``_publish`` does
@@ -183,9 +204,8 @@ class Publishing:
             broker.stats.publish_denied += 1
             return None
         seq = next(broker.seqs)
-        return Message(
-            topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset, props
-        )
+        msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset, props)
+        return msg if expiry is None else msg.expiring(expiry, now)
 
     def _route_after(self, msg: Message, ticket: int) -> Batch:
         """Route ``msg`` once the session's gate passed ``ticket`` and every message held
@@ -215,12 +235,12 @@ class Publishing:
             broker.congestion.hold(me, hits, self.last_rx, len(msg.topic) + len(msg.payload))  # type: ignore[arg-type]
         return batch
 
-    def _route_unrouted(self, session: Session) -> None:
+    def _route_unrouted(self, session: Session, now: float) -> None:
         """A persistent session just attached here: the QoS 2 messages it took that no node
         may have routed yet (its node died, or its client left, before they went out) are
         routed now, under their agreed ids (mesh/cluster/replica.py)."""
         for msg in session.unrouted():
-            self._route_after(msg, session.gate.ticket())
+            self._route_after(msg.at(now), session.gate.ticket())
 
     # -- PUBREL ------------------------------------------------------------------------------
 

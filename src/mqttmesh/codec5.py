@@ -54,7 +54,15 @@ from .packets import (
     first_bytes_ok,
     validate_topic_filter,
 )
-from .properties import SUBSCRIPTION_ID, TOPIC_ALIAS, WILL, encode_properties, forwarded, read_properties
+from .properties import (
+    MESSAGE_EXPIRY,
+    SUBSCRIPTION_ID,
+    TOPIC_ALIAS,
+    WILL,
+    encode_properties,
+    forwarded,
+    read_properties,
+)
 
 __all__ = [
     "REASON_CODES",
@@ -246,8 +254,9 @@ class PublishProps(dict):  # (a Props: dict[int, Any])
     properties.forwarded) worked out once. The decoder keeps one per distinct property block
     and every PUBLISH with those bytes shares it: never modify one."""
 
-    __slots__ = ("forwarded",)
+    __slots__ = ("forwarded", "expiry")
     forwarded: bytes | None
+    expiry: int | None  # its Message Expiry Interval, if it has one
 
 
 # property blocks already read (most publishers send the same ones again and again): bytes ->
@@ -260,6 +269,7 @@ PUBLISH_PROPS_CACHE = 4096
 def _publish_props(raw: bytes) -> PublishProps:
     props = PublishProps(read_properties(Reader(varint(len(raw)) + raw, 0, len(raw) + 4, "PUBLISH"), PUBLISH))
     props.forwarded = forwarded(props)
+    props.expiry = props.get(MESSAGE_EXPIRY)
     if len(_PUBLISH_PROPS) >= PUBLISH_PROPS_CACHE:
         _PUBLISH_PROPS.clear()
     _PUBLISH_PROPS[raw] = props

@@ -36,6 +36,8 @@ class Message:
         "ack_to",
         "retried",
         "props",
+        "expires",
+        "ttl",
         "_topic_bytes",
         "_frame0",
         "_head",
@@ -70,9 +72,34 @@ class Message:
         # Type, Response Topic, Correlation Data, User Properties: properties.FORWARDED), as
         # encoded, without their length; None when it has none (every 3.1.1 message)
         self.props = props
+        # Message Expiry (MQTT 5): None, or when it expires on this node's clock (the ``now``
+        # its callers pass); ``ttl``, its remaining life in seconds as of when it was handed to
+        # the sessions it reaches (at its arrival here, or ``at`` a later time). Both travel
+        # as the remaining time, never as an instant: each node counts on its own clock
+        self.expires: float | None = None
+        self.ttl = 0.0
         self._topic_bytes: bytes | None = None
         self._frame0: bytes | None = None
         self._head: bytes | None = None  # a QoS 1/2 frame's remaining length and topic
+
+    def expiring(self, interval: float, now: float) -> Message:
+        """This message, to expire ``interval`` seconds after ``now`` [MQTT-3.3.2-5]."""
+        self.expires = now + interval
+        self.ttl = interval
+        return self
+
+    def at(self, now: float) -> Message:
+        """This message as it stands at ``now``: itself if it never expires, else a copy whose
+        ``ttl`` is what is left of its life then (0 or less: expired, never to be delivered)."""
+        expires = self.expires
+        if expires is None:
+            return self
+        return self.copy(ttl=expires - now)
+
+    @property
+    def expired(self) -> bool:
+        """Its life was over when it was last handed on (``at``)."""
+        return self.expires is not None and self.ttl <= 0.0
 
     @property
     def msg_id(self) -> str:
@@ -133,6 +160,8 @@ class Message:
             self.timestamp,
             self.props,
         )
+        m.expires = self.expires
+        m.ttl = self.ttl
         for key, value in changes.items():
             setattr(m, key, value)
         return m

@@ -97,7 +97,7 @@ class Attached(Protocol):
     def write_gated(self, frame: bytes, ticket: int) -> None:
         """A frame once the session's gate passes ``ticket`` (``Gate``)."""
 
-    def release_acks(self, committed: int) -> None:
+    def release_acks(self, committed: int, now: float) -> None:
         """Send what waited for journal batch ``committed`` and for the session's gate."""
 
     def kick(self, reason: str) -> None:
@@ -185,6 +185,7 @@ class Session:
         self.username: str | None = None
         self.dropped = 0  # messages a full queue dropped
         self.dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
+        self.expired = 0  # messages whose Message Expiry passed while they were queued
         self.congestion = congestion  # the broker's Congestion tracker (flow.py)
         self.backlogged = False  # online, with the queue over queue_high
         self.acked = 0  # acknowledgements received, ever (progress)
@@ -264,12 +265,20 @@ class Session:
         self._next_pid = pid + 1 if pid < 65535 else 1
         return pid
 
-    def _refill(self) -> None:
+    def _refill(self, now: float) -> None:
         queue = self.queue
         limit = self.limits.max_inflight
         channel = self.channel
         while queue and channel is not None and len(self.inflight) < limit:
             entry = queue.popleft()
+            if entry.msg.expires is not None:
+                msg = entry.msg.at(now)
+                if msg.ttl <= 0.0:  # it expired while it waited: never sent [MQTT-3.3.2-5]
+                    self.expired += 1
+                    if self.stores:
+                        self._stored_remove(entry)
+                    continue
+                entry.msg = msg  # (sent with what is left of its life [MQTT-3.3.2-6])
             if entry.qos == 0:
                 if self.stores:
                     self._stored_remove(entry)
@@ -287,21 +296,21 @@ class Session:
 
     # -- acknowledgements from the client ------------------------------------------
 
-    def on_puback(self, pid: int) -> bool:
+    def on_puback(self, pid: int, now: float) -> bool:
         entry = self.inflight.get(pid)
         if entry is None or entry.qos != 1:
             return False
-        self._settled(pid, entry)
+        self._settled(pid, entry, now)
         return True
 
-    def _settled(self, pid: int, entry: Entry) -> None:
+    def _settled(self, pid: int, entry: Entry, now: float) -> None:
         """The client acknowledged ``entry`` for good: free its id, move the queue on."""
         del self.inflight[pid]
         self.acked += 1
         if self.stores:
             self._stored_remove(entry)
         if self.queue:
-            self._refill()
+            self._refill(now)
 
     def on_pubrec(self, pid: int) -> bool:
         entry = self.inflight.get(pid)
@@ -312,26 +321,28 @@ class Session:
             self._stored_put(entry)
         return True
 
-    def on_pubcomp(self, pid: int) -> bool:
+    def on_pubcomp(self, pid: int, now: float) -> bool:
         entry = self.inflight.get(pid)
         if entry is None or entry.state != SENT_PUBREL:
             return False
-        self._settled(pid, entry)
+        self._settled(pid, entry, now)
         return True
 
     # -- connection life -------------------------------------------------------------
 
-    def attach(self, channel: Attached) -> None:
-        """Bind to a new connection and re-send what was unacknowledged [MQTT-4.4.0-1]."""
+    def attach(self, channel: Attached, now: float) -> None:
+        """Bind to a new connection and re-send what was unacknowledged [MQTT-4.4.0-1]; what
+        is in flight is re-sent even if it expired since, as its delivery began [MQTT-3.3.2-5]."""
         self.channel = channel
         for entry in list(self.inflight.values()):  # original order [MQTT-4.6.0-1]
             if entry.state == SENT_PUBREL:
                 channel.write(encode(PubRel(entry.packet_id)))
             else:
-                channel.write(channel.frame(entry.msg, entry.qos, entry.packet_id, True, entry.retain))
+                msg = entry.msg if entry.msg.expires is None else entry.msg.at(now)
+                channel.write(channel.frame(msg, entry.qos, entry.packet_id, True, entry.retain))
                 if self.on_sent is not None:
                     self.on_sent(self, entry.msg, entry.qos, True)
-        self._refill()
+        self._refill(now)
 
     def adapt(self, max_inflight: int | None = None, deliver: DeliverFn | None = None) -> None:
         """What an MQTT 5 client's connection asks of the session while it is attached

@@ -26,11 +26,12 @@ class Ended:
     """What the sessions discarded here had dropped (the node's ``$SYS`` drop counts add the
     live sessions' own)."""
 
-    __slots__ = ("queue_full", "slow_qos0")
+    __slots__ = ("queue_full", "slow_qos0", "expired")
 
     def __init__(self) -> None:
         self.queue_full = 0  # messages their full queues dropped
         self.slow_qos0 = 0  # QoS 0 messages dropped for a slow consumer
+        self.expired = 0  # messages their queues held past their Message Expiry
 
 
 class SessionTable:
@@ -82,6 +83,7 @@ class SessionTable:
         ended = self.ended
         ended.queue_full += session.dropped
         ended.slow_qos0 += session.dropped_qos0
+        ended.expired += session.expired
         for topic_filter in list(session.subscriptions):
             self._trie_remove(topic_filter, session)
         session.subscriptions.clear()

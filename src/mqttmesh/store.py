@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Journal", "NullJournal", "NULL_JOURNAL", "restore_sessions", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 2  # 2: messages keep their MQTT 5 properties (message.Message.props)
+# 2: messages keep their MQTT 5 properties (message.Message.props); 3: and when they expire
+FORMAT_VERSION = 3
 
 # Incarnations count sixteenths of a second since 2024-01-01, so that a message id
 # (incarnation << 28) + n stays below 2**63 (a signed 64-bit column, e.g. in Spark) for
@@ -254,6 +255,7 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.publisher,
             m.timestamp,
             m.props,
+            m.expires,
         )
     if kind == "inbound_put":
         _, client_id, pid, m = op
@@ -269,10 +271,11 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.publisher,
             m.timestamp,
             m.props,
+            m.expires,
         )
     if kind == "retained_put":
         _, topic, m = op
-        return ("retained_put", topic, m.payload, m.qos, m.origin, m.seq, m.publisher, m.timestamp, m.props)
+        return ("retained_put", topic, m.payload, m.qos, m.origin, m.seq, m.publisher, m.timestamp, m.props, m.expires)
     if kind == "custody_put":
         _, m, dests = op
         return (
@@ -287,6 +290,7 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.timestamp,
             "\0".join(dests),
             m.props,
+            m.expires,
         )
     return op
 
@@ -307,9 +311,10 @@ def restore_sessions(
     """Rebuild the persistent sessions from what the store read back, in its row order.
 
     ``sessions``: (client_id, subscriptions); ``messages``: (client_id, key, topic, payload,
-    msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp, props), ordered by
-    client and key; ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id,
-    packet_id, topic, payload, retain, origin, seq, publisher, timestamp, props), the messages of
+    msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp, props, expires),
+    ordered by client and key (``expires``: Message.expires, on the clock of this run, or
+    None); ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id, packet_id,
+    topic, payload, retain, origin, seq, publisher, timestamp, props, expires), the messages of
     those ids in a mesh (mesh/cluster/replica.py); ``versions``: (client_id, epoch, version) of
     sessions replicated in a mesh; ``tombstones``: (client_id, number, origin, seq), the
     message ids they settled, oldest first; ``floors``: (client_id, origin, seq), up to
@@ -321,12 +326,14 @@ def restore_sessions(
         session = factory.restored(client_id)
         session.subscriptions = subscriptions
         restored[client_id] = session
-    for client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts, props in messages:
+    for row in messages:
+        client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts, props, exp = row
         owner = restored.get(client_id)
         if owner is None:
             continue
         props = bytes(props) if props is not None else None
         msg = Message(topic, bytes(payload), msg_qos, False, origin, seq, publisher, ts, props)
+        msg.expires = exp  # (its ``ttl`` is worked out where it is sent: Message.at)
         entry = Entry(msg, qos, bool(retain), key)
         entry.packet_id, entry.state = pid, state
         owner.restore_entry(entry)

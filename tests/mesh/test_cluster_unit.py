@@ -274,7 +274,7 @@ def test_a_message_that_reached_only_a_holder_goes_to_the_node_the_client_is_on(
     stale = Message("t/stale", b"z", 1, False, "c", 79, "pub", 1e6)
     net.brokers["b"].deliver_remote(stale)
     ch.session._remember_done(("c", 79))  # (settled at a, its id no longer in a's snapshots)
-    net.clusters["a"].holders.forwarded(SessFwd(cid, Forwarded.of(stale)))
+    net.clusters["a"].holders.forwarded(SessFwd(cid, Forwarded.of(stale)), net.t)
     net.pump()
     assert ("c", 79) not in held.ids and ("c", 79) in held.done
     assert not any(b"t/stale" in f for f in ch.frames)
@@ -870,8 +870,9 @@ REG_JSON = {
 }
 ENTRY = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5)
 FWD = Forwarded("t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75)
-# (mesh protocol 7, issue 23: a message's MQTT 5 properties last, base64, null when none)
-FWD_JSON = ["t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75, None]
+# (mesh protocol 7, issue 23: a message's MQTT 5 properties last, base64, null when none; 8: then
+# what is left of its life in milliseconds, null when it does not expire)
+FWD_JSON = ["t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75, None, None]
 SNAP = Snapshot(
     "c1", {"t/#": 1}, 3, [ENTRY], [("n2", 3), ("n2", 8)], [4], "n1", 4, 17, [("n2", 10, 1, 6)], [(4, FWD)], {"n2": 2}
 )
@@ -879,7 +880,7 @@ SNAP_JSON = {
     "cid": "c1",
     "subs": {"t/#": 1},
     "subs_version": 3,
-    "entries": [["n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5, None]],
+    "entries": [["n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5, None, None]],
     # (mesh protocol 5, issue 20: every settled id the copy remembers, packed: per origin the
     # sorted sequence numbers as LEB128 varints of their differences, 3 and 5; and the floors)
     "done": {"n2": "AwU="},
@@ -892,7 +893,7 @@ SNAP_JSON = {
     "inbound": [[4, FWD_JSON]],  # (mesh protocol 4: inbound QoS 2 messages with their agreed ids)
 }
 ITEM = RetainedItem("r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub")
-ITEM_JSON = ["r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub", None]
+ITEM_JSON = ["r/1", "dg==", 1, 1700000002.0, "n3", 11, "pub", None, None]
 
 # each kind: the typed message, and the dict the cluster wrote before issue 14 S3 (with the
 # fields mesh protocol 3 added for issue 15: a snapshot's and a settlement batch's "version")
@@ -940,7 +941,7 @@ GOLDEN = [
     (SessDiscard("c1", 4), {"cid": "c1", "epoch": 4}),
     (
         SessFwd("c1", Forwarded("t/1", "eA==", 1, False, "n2", 9, "pub", 1700000001.5)),
-        {"cid": "c1", "msg": ["t/1", "eA==", 1, False, "n2", 9, "pub", 1700000001.5, None]},
+        {"cid": "c1", "msg": ["t/1", "eA==", 1, False, "n2", 9, "pub", 1700000001.5, None, None]},
     ),
     (RetSet([ITEM]), {"items": [ITEM_JSON]}),
     (RetAck([RetainedAck("r/1", 1700000002.0, "n3", 11)]), {"items": [["r/1", 1700000002.0, "n3", 11]]}),
@@ -976,7 +977,7 @@ def test_a_kick_without_by_is_read_as_before():
     [
         ("reg.claim", {"cid": "c"}, ["reg.claim", "'node'"]),
         ("reg.grant", {"cid": "c", "conn": "x", "epoch": "1", "prev": None}, ["reg.grant", "'epoch'"]),
-        ("sess.copy", {**SNAP_JSON, "entries": [["n2", 9]]}, ["sess.copy entries[0]", "array of 11"]),
+        ("sess.copy", {**SNAP_JSON, "entries": [["n2", 9]]}, ["sess.copy entries[0]", "array of 12"]),
         ("sess.settle", {"cid": "c", "epoch": 1, "items": [["n", 1, "sent", None]]}, ["sess.settle items[0]", "'pid'"]),
         ("reg.copy", {"entries": [{**REG_JSON, "will": {"topic": "w"}}]}, ["reg.copy entries[0] will", "'payload'"]),
         ("ret.set", {"items": "no"}, ["ret.set", "'items'"]),
@@ -1045,10 +1046,10 @@ def test_mqtt5_properties_travel_in_every_cluster_message_that_carries_a_message
     msg = Message("t", b"x", 1, False, "n1", 5, "pub", 1.0, props)
     fwd = Forwarded.of(msg)
     back = SessFwd.from_json(json.loads(SessFwd("c1", fwd).encode()))
-    assert back.msg.message().props == props
+    assert back.msg.message(0.0).props == props
     item = RetainedItem("r", "dg==", 1, 2.0, "n3", 1, "pub", base64.b64encode(props).decode())
     assert RetainedItem.from_json(json.loads(json.dumps(item)), "ret.set") == item
     will = WireWill("w", "Ynll", 1, False, 3, base64.b64encode(props).decode())
     assert WireWill.from_json(will.to_json(), "reg.claim") == will
     with pytest.raises(ClusterWireError, match="props is not base64"):
-        Forwarded.from_json(["t", "eA==", 1, False, "n", 1, "p", 1.0, "not base64!"], "sess.fwd msg")
+        Forwarded.from_json(["t", "eA==", 1, False, "n", 1, "p", 1.0, "not base64!", None], "sess.fwd msg")

@@ -247,7 +247,7 @@ def test_the_handshake_rtt_is_the_first_cost_of_a_link():
     a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
     assert a.routers["a"].seq == 2
     hello = encode_hello(Hello(a.node_id, a.incarnation, a.addresses, rtt_us=40_000.4))
-    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 7}
+    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 8}
 
 
 def test_custody_lets_go_of_a_node_that_aged_out():
@@ -521,15 +521,15 @@ def test_the_origin_takes_its_own_message_routed_again_by_another_node_and_acks_
 def test_an_envelope_to_acknowledge_elsewhere_round_trips_and_a_malformed_one_is_refused():
     msg = Message("t", b"p", 2, False, "a", 5, "pub", 1.0)
     msg.ack_to = "b"
-    [env] = decode_batch(encode_batch([Envelope(msg, ["c"], 4)]))
+    [env] = decode_batch(encode_batch([Envelope(msg, ["c"], 4)], 0.0), 0.0)
     assert (env.msg.origin, env.msg.ack_to, env.msg.seq) == ("a", "b", 5)
-    plain = decode_batch(encode_batch([Envelope(Message("t", b"p", 2, False, "a", 6), ["c"], 4)]))[0]
+    plain = decode_batch(encode_batch([Envelope(Message("t", b"p", 2, False, "a", 6), ["c"], 4)], 0.0), 0.0)[0]
     assert plain.msg.ack_to == "" and plain.msg.origin == "a"
-    bad = bytearray(encode_batch([Envelope(Message("t", b"p", 2, False, "a", 6), ["c"], 4)]))
+    bad = bytearray(encode_batch([Envelope(Message("t", b"p", 2, False, "a", 6), ["c"], 4)], 0.0))
     flags_at = len(bad) - 1 - 35  # (the record's flags byte: 35 bytes of record and 1 of payload)
     bad[flags_at] |= 8
     with pytest.raises(EnvelopeError):
-        decode_batch(bytes(bad))
+        decode_batch(bytes(bad), 0.0)
 
 
 def test_an_engine_is_synced_once_it_holds_a_neighbours_whole_database():
@@ -565,11 +565,11 @@ def test_an_envelope_carries_a_messages_mqtt5_properties_and_the_simulators_read
     props = b"\x03\x00\x04json&\x00\x01k\x00\x01v"
     with5 = Message("t", b"payload", 1, False, "a", 7, "pub", 1.0, props)
     plain = Message("t", b"payload", 1, False, "a", 8, "pub", 1.0)
-    raw = encode_batch([Envelope(with5, ["b", "c"], 4, 0, None, [5, 0]), Envelope(plain, ["b"], 4, 0, None, 7)])
-    a, b = decode_batch(raw)
+    raw = encode_batch([Envelope(with5, ["b", "c"], 4, 0, None, [5, 0]), Envelope(plain, ["b"], 4, 0, None, 7)], 0.0)
+    a, b = decode_batch(raw, 0.0)
     assert (a.msg.props, a.msg.payload, a.prev) == (props, b"payload", [5, 0])
     assert (b.msg.props, b.msg.payload, b.prev) == (None, b"payload", 7)
     assert [h[:2] for h in read_envelope_heads(raw)] == [("a", 7), ("a", 8)]
     cut = raw[: raw.index(props) + 3]  # properties that overrun the batch
     with pytest.raises(EnvelopeError):
-        decode_batch(cut)
+        decode_batch(cut, 0.0)

@@ -93,18 +93,18 @@ def test_a_held_message_goes_out_after_reorder_wait_when_its_origin_cannot_answe
     b = MeshEngine("b", 1, ["b:1883"], settings)
     b.start(0.0)
     msg = Message("t/1", b"x", 1, False, "a", 8, "c", 0.0)
-    batch = encode_batch([Envelope(msg, ["b"], 4, 0, None, 7)])
+    batch = encode_batch([Envelope(msg, ["b"], 4, 0, None, 7)], 0.0)
     got = b.receive("a", "fwd", batch, 0.0)
     assert list(got.deliveries) == [] and b.counters["reorder_held"] == 1
     # the same message again (the origin's retransmission): still waiting, not acknowledged
-    again = b.receive("a", "fwd", encode_batch([Envelope(msg, ["b"], 4, 1, None, 7)]), 0.5)
+    again = b.receive("a", "fwd", encode_batch([Envelope(msg, ["b"], 4, 1, None, 7)], 0.0), 0.5)
     assert list(again.deliveries) == [] and b._acks_out == {}
     assert b.release_held(4.9) == []
     released = b.release_held(5.0)
     assert [(m.origin, m.seq) for m in released] == [("a", 8)]
     assert b.counters["reorder_timeouts"] == 1 and not b._held
     # the predecessor, late: delivered (out of order, but never lost)
-    late = b.receive("a", "fwd", encode_batch([Envelope(Message("t/1", b"x", 1, False, "a", 7), ["b"], 4)]), 6.0)
+    late = b.receive("a", "fwd", encode_batch([Envelope(Message("t/1", b"x", 1, False, "a", 7), ["b"], 4)], 0.0), 6.0)
     assert [(m.origin, m.seq) for m in late.deliveries] == [("a", 7)]
 
 
@@ -113,7 +113,7 @@ def test_the_origin_is_asked_again_while_the_message_waits():
     net = Net(["a", "b"], [("a", "b")], settings)
     b = net.engines["b"]
     msg = Message("t/1", b"x", 1, False, "a", 8, "c", 0.0)
-    b.receive("a", "fwd", encode_batch([Envelope(msg, ["b"], 4, 0, None, 7)]), 0.0)
+    b.receive("a", "fwd", encode_batch([Envelope(msg, ["b"], 4, 0, None, 7)], 0.0), 0.0)
     first = [s for s in b.flush(0.0) if s.kind == "nack"]
     assert [(g.to, g.frm, list(g.seqs)) for s in first for g in decode_acks(s.payload)] == [("a", "b", [7])]
     assert b.release_held(1.0) == [] and not [s for s in b.flush(1.0) if s.kind == "nack"]
@@ -124,13 +124,13 @@ def test_a_chain_of_waiting_messages_asks_only_for_the_first_missing_one():
     net = Net(["a", "b"], [("a", "b")])
     b = net.engines["b"]
     m = {s: Message("t/1", b"x", 1, False, "a", s, "c", 0.0) for s in (5, 6, 7, 8)}
-    b.receive("a", "fwd", encode_batch([Envelope(m[5], ["b"], 4)]), 0.0)  # (no predecessor)
-    b.receive("a", "fwd", encode_batch([Envelope(m[8], ["b"], 4, 0, None, 7)]), 0.0)
-    b.receive("a", "fwd", encode_batch([Envelope(m[7], ["b"], 4, 0, None, 6)]), 0.0)
+    b.receive("a", "fwd", encode_batch([Envelope(m[5], ["b"], 4)], 0.0), 0.0)  # (no predecessor)
+    b.receive("a", "fwd", encode_batch([Envelope(m[8], ["b"], 4, 0, None, 7)], 0.0), 0.0)
+    b.receive("a", "fwd", encode_batch([Envelope(m[7], ["b"], 4, 0, None, 6)], 0.0), 0.0)
     nacks = [g for s in b.flush(0.0) if s.kind == "nack" for g in decode_acks(s.payload)]
     # 8 waited for 7 and asked for it; 7 came and waits for 6, and asked for it
     assert sorted(seq for g in nacks for seq in g.seqs) == [6, 7]
-    got = b.receive("a", "fwd", encode_batch([Envelope(m[6], ["b"], 4, 0, None, 5)]), 0.1)
+    got = b.receive("a", "fwd", encode_batch([Envelope(m[6], ["b"], 4, 0, None, 5)], 0.0), 0.1)
     assert [x.seq for x in got.deliveries] == [6, 7, 8]
     b.release_held(30.0)
     assert not [s for s in b.flush(30.0) if s.kind == "nack"] and not b._held
@@ -160,22 +160,22 @@ def test_order_holds_through_a_relay_that_splits_the_destinations():
 
 def test_ordered_envelopes_round_trip_and_a_predecessor_after_its_message_is_refused():
     m = Message("t", b"p", 1, False, "a", 2**40 + 9, "pub", 1.0)
-    [env] = decode_batch(encode_batch([Envelope(m, ["b", "c"], 4, 0, None, [2**40 + 3, 0])]))
+    [env] = decode_batch(encode_batch([Envelope(m, ["b", "c"], 4, 0, None, [2**40 + 3, 0])], 0.0), 0.0)
     assert env.prev == [2**40 + 3, 0] and env.dests == ["b", "c"]
     assert env.predecessors() == {"b": 2**40 + 3, "c": 0}
-    [one] = decode_batch(encode_batch([Envelope(m, ["b"], 4, 0, None, 2**40 + 3)]))
+    [one] = decode_batch(encode_batch([Envelope(m, ["b"], 4, 0, None, 2**40 + 3)], 0.0), 0.0)
     assert one.prev == 2**40 + 3 and one.predecessors() == {"b": 2**40 + 3}
-    [plain] = decode_batch(encode_batch([Envelope(m, ["b"], 4)]))
+    [plain] = decode_batch(encode_batch([Envelope(m, ["b"], 4)], 0.0), 0.0)
     assert (plain.prev, plain.predecessors()) == (0, None)
     # a predecessor 2**32 numbers back or more is as good as none
-    [far] = decode_batch(encode_batch([Envelope(m, ["b"], 4, 0, None, 9)]))
+    [far] = decode_batch(encode_batch([Envelope(m, ["b"], 4, 0, None, 9)], 0.0), 0.0)
     assert far.prev == 0
-    bad = bytearray(encode_batch([Envelope(Message("t", b"p", 1, False, "a", 6), ["b"], 4, 0, None, 5)]))
+    bad = bytearray(encode_batch([Envelope(Message("t", b"p", 1, False, "a", 6), ["b"], 4, 0, None, 5)], 0.0))
     back_at = len(bad) - 1 - 4  # (the predecessor's u32, before one byte of payload)
     assert bad[back_at : back_at + 4] == b"\0\0\0\1"
     bad[back_at + 3] = 9  # 9 back from 6
     with pytest.raises(EnvelopeError):
-        decode_batch(bytes(bad))
+        decode_batch(bytes(bad), 0.0)
 
 
 def test_the_waiting_messages_are_bounded_and_the_oldest_goes_out_first():
@@ -184,7 +184,7 @@ def test_the_waiting_messages_are_bounded_and_the_oldest_goes_out_first():
     out = []
     for seq in (11, 21, 31, 41):  # each waits for a different missing predecessor
         msg = Message("t/1", b"x", 1, False, "a", seq, "c", 0.0)
-        out += b.receive("a", "fwd", encode_batch([Envelope(msg, ["b"], 4, 0, None, seq - 1)]), 0.0).deliveries
+        out += b.receive("a", "fwd", encode_batch([Envelope(msg, ["b"], 4, 0, None, seq - 1)], 0.0), 0.0).deliveries
     assert [m.seq for m in out] == [11] and b.counters["reorder_overflow"] == 1
     assert len(b._held_ids) == 3
 

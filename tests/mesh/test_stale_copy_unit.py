@@ -23,10 +23,10 @@ def _complete_all(ch) -> int:
     while session.inflight:
         for pid, entry in list(session.inflight.items()):
             if entry.qos == 1:
-                session.on_puback(pid)
+                session.on_puback(pid, 0.0)
             else:
                 session.on_pubrec(pid)
-                session.on_pubcomp(pid)
+                session.on_pubcomp(pid, 0.0)
             n += 1
     return n
 

@@ -86,7 +86,7 @@ def _pump(client: MqttClient, channel: Channel, core: SimNode, now: float) -> li
 def _commit(core: SimNode, store: SimStore) -> None:
     batch, ops = core.journal.take()
     store.write(ops)
-    core.committed(batch)
+    core.committed(batch, 0.0)
 
 
 def test_a_persistent_session_survives_a_restart_once_committed() -> None:

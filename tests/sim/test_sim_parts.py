@@ -137,7 +137,7 @@ def test_distinct_filters_are_reached_and_valid():
 def test_envelope_heads_read_from_the_engine_encoding():
     m1 = Message("s/1", b"payload", 1, False, "n07", (3 << 32) + 5, "client", 12.5)
     m2 = Message("s/2", b"", 0, True, "n08", 9, "c2", 0.0)
-    batch = encode_batch([Envelope(m1, ["n01", "n02"], 30, 0), Envelope(m2, ["n03"], 7, 2)])
+    batch = encode_batch([Envelope(m1, ["n01", "n02"], 30, 0), Envelope(m2, ["n03"], 7, 2)], 0.0)
     assert read_envelope_heads(batch) == [("n07", (3 << 32) + 5, 0, 30, ("n01", "n02")), ("n08", 9, 2, 7, ("n03",))]
     with pytest.raises(ValueError):
         read_envelope_heads(batch + b"x")

@@ -51,7 +51,7 @@ class FakeChannel:
             return
         self.state = "connected"
         self.session, self.present = session, present
-        session.attach(self)
+        session.attach(self, 0.0)
 
     def write(self, data: bytes) -> None:
         if self.held:
@@ -70,7 +70,7 @@ class FakeChannel:
         else:
             self.frames.append(bytes(data))
 
-    def release_acks(self, committed: int) -> None:
+    def release_acks(self, committed: int, now: float) -> None:
         while self.held and self.held[0][0] <= self.session.gate.passed():
             self.frames.append(self.held.pop(0)[1])
 
@@ -203,7 +203,7 @@ class Net:
     def committed(self, node: str, batch: int) -> None:
         """``node``'s store committed ``batch`` (as assembly.NodeCore.committed tells its parts)."""
         for channel in self.brokers[node].committed(batch):
-            channel.release_acks(batch)
+            channel.release_acks(batch, self.t)
         self.clusters[node].committed(batch)
 
     def tick(self, dt: float) -> None:

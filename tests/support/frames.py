@@ -131,7 +131,7 @@ class Net:
         """The store committed ``batch``: release what waited for it (as
         assembly.NodeCore.committed does for a standalone node)."""
         for channel in self.broker.committed(batch):
-            channel.release_acks(batch)
+            channel.release_acks(batch, 0.0)
 
     def channel(self, now: float = 0.0, peer: str = "peer"):
         from mqttmesh.channel import Channel

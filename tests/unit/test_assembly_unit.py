@@ -182,13 +182,13 @@ def test_a_durable_core_journals_persistent_sessions_and_holds_acks_for_the_stor
     sub = net.connect("sub", clean=False)
     sub.receive_data(mqttraw.subscribe(1, ("t/#", 1)), 0.0)
     assert out(sub) == []  # the SUBACK waits for the subscription to be durable
-    core.committed(journal.take()[0])
+    core.committed(journal.take()[0], 0.0)
     assert [p.type for p in out(sub)] == [mqttraw.SUBACK]
     assert type(core.broker.sessions["sub"]) is DurableSession
     pub = net.connect("pub")
     pub.receive_data(mqttraw.publish("t/1", b"x", 1, pid=7), 1.0)
     assert out(pub) == []  # the PUBACK waits: the message is in a durable session's queue
-    core.committed(journal.take()[0])
+    core.committed(journal.take()[0], 0.0)
     assert pub.data_to_send() == ack(0x40, 7)
     assert [p[:3] for p in publishes(sub)] == [("t/1", b"x", 1)]
 
@@ -226,7 +226,7 @@ def test_a_mesh_core_replicates_persistent_sessions(durable):
     ch = net.channel(0.0)
     ch.receive_data(mqttraw.connect("c", clean=False), 0.0)  # this node is its own registrar
     if durable:
-        core.committed(journal.take()[0])
+        core.committed(journal.take()[0], 0.0)
     assert out(ch)[0].type == mqttraw.CONNACK
     session = core.broker.sessions["c"]
     assert type(session) is (DurableMeshSession if durable else MeshSession)

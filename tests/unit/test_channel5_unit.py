@@ -45,7 +45,7 @@ def subscribe5(ch, *filters, pid=1, sub_id=None, now=0.0) -> SubAck:
     journal = ch.broker.journal
     if journal is not None and len(journal):
         for channel in ch.broker.committed(journal.batch):  # (the SUBACK waits for the store)
-            channel.release_acks(journal.batch)
+            channel.release_acks(journal.batch, 0.0)
     got = answers(ch)
     assert isinstance(got[0], SubAck), got
     return got[0]

@@ -446,7 +446,7 @@ def test_retained_publish_waits_for_commit():
     pub.receive_data(mqttraw.publish("r", b"v", qos=1, pid=1, retain=True), 1.0)
     assert pub.data_to_send() == b""
     number, ops = journal.take()
-    assert ops == [("retained_put", "r", b"v", 1, "n1", ops[0][5], "p", ops[0][7], None)]
+    assert ops == [("retained_put", "r", b"v", 1, "n1", ops[0][5], "p", ops[0][7], None, None)]
     net.committed(number)
     assert pub.data_to_send() == h("40 02 00 01")
 
@@ -676,7 +676,7 @@ def replicated_net():
 def replicated(net, channel, up_to: int) -> None:
     """The other holders now have the session's settlements up to ``up_to``."""
     channel.session.safe_version = up_to
-    channel.release_acks(net.broker.journal.committed)
+    channel.release_acks(net.broker.journal.committed, 0.0)
 
 
 def test_pubrec_and_pubcomp_of_a_replicated_session_wait_for_its_other_holders():

@@ -214,9 +214,9 @@ def test_identity_mismatch_closes_and_logs_on_both_sides():
 def test_hello_of_another_version_is_refused_naming_both():
     node = Node("b")
     link = MemLink("a", "a", True, "10.0.0.1:50000")
-    node.links.receive(link, "hello", hello_of("a", proto=8), 0.0)
-    assert link.closed == "peer 'a' speaks mesh protocol 8, this node 7"
-    assert "peer 'a' speaks mesh protocol 8, this node 7" in node.log.text("warning")
+    node.links.receive(link, "hello", hello_of("a", proto=9), 0.0)
+    assert link.closed == "peer 'a' speaks mesh protocol 9, this node 8"
+    assert "peer 'a' speaks mesh protocol 9, this node 8" in node.log.text("warning")
     assert node.links.links == {}
 
 
@@ -415,7 +415,7 @@ def commit(node: Node) -> int:
     """What the store does: take the batch being filled, write it, report it durable."""
     batch, _ops = node.broker.journal.take()
     for channel in node.broker.committed(batch):  # (as assembly.NodeCore.committed does)
-        channel.release_acks(batch)
+        channel.release_acks(batch, 0.0)
     node.links.committed(batch)
     return batch
 

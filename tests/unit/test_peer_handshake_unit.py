@@ -53,7 +53,7 @@ def test_connect_carries_version_node_incarnation_and_nonce():
     client = link()
     client.connection_made(0.0, ND)
     expected = mqttraw.connect(
-        "$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer", password=b"7|a|7|" + ND.hex().encode()
+        "$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer", password=b"8|a|7|" + ND.hex().encode()
     )
     assert client.data_to_send() == expected
     assert client.state == "connecting"
@@ -102,7 +102,7 @@ def test_unacknowledged_messages_are_resent_only_after_the_proof():
     nd2 = bytes(range(50, 66))
     client.connection_made(1.0, nd2)
     assert client.data_to_send() == mqttraw.connect(
-        "$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer", password=b"7|a|7|" + nd2.hex().encode()
+        "$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer", password=b"8|a|7|" + nd2.hex().encode()
     )
     client.receive_data(CONNACK_0 + SUBACK_1, 1.0)
     assert client.data_to_send() == mqttraw.subscribe(1, ("$mesh/to/a/#", 1))
@@ -402,14 +402,14 @@ def test_version_1_peer_is_refused_naming_both_versions(net):
     ch.receive_data(peer_connect(password=v1_token(SECRET, "a", 7, 1_700_000_000)), 0.0)
     assert ch.data_to_send() == b"\x20\x02\x00\x04"
     assert ch.state == CLOSED
-    assert "peer 'a' speaks mesh protocol 1, this node 7" in net.owner.reasons(ch)[0]
+    assert "peer 'a' speaks mesh protocol 1, this node 8" in net.owner.reasons(ch)[0]
 
 
 def test_newer_version_peer_is_refused_naming_both_versions(net):
     ch = net.channel()
-    ch.receive_data(peer_connect(password=b"8|a|7|anything"), 0.0)
+    ch.receive_data(peer_connect(password=b"9|a|7|anything"), 0.0)
     assert ch.data_to_send() == b"\x20\x02\x00\x04"
-    assert "peer 'a' speaks mesh protocol 8, this node 7" in net.owner.reasons(ch)[0]
+    assert "peer 'a' speaks mesh protocol 9, this node 8" in net.owner.reasons(ch)[0]
 
 
 @pytest.mark.parametrize("certified,expected", [(False, b"\x20\x02\x00\x05"), (True, CONNACK_0)])

@@ -28,7 +28,7 @@ def online(limits: Limits | None = None, cls=Session, **kw):
     else:
         s = Session("c", False, limits or Limits())
     ch = FakeChannel()
-    s.attach(ch)
+    s.attach(ch, 0.0)
     return s, ch
 
 
@@ -53,27 +53,27 @@ def test_qos1_exact_frame_and_puback():
     s.deliver(msg("hi", topic="a/b"), 1)
     assert ch.frames == [h("32 09 00 03 61 2f 62 00 01 68 69")]  # [MQTT-4.3.2-1] QoS 1, DUP 0, id 1
     assert list(s.inflight) == [1]
-    assert s.on_puback(2) is False
+    assert s.on_puback(2, 0.0) is False
     assert s.on_pubrec(1) is False  # a PUBREC for a QoS 1 message
-    assert s.on_pubcomp(1) is False
-    assert s.on_puback(1) is True
+    assert s.on_pubcomp(1, 0.0) is False
+    assert s.on_puback(1, 0.0) is True
     assert s.inflight == {}
-    assert s.on_puback(1) is False  # already acknowledged
+    assert s.on_puback(1, 0.0) is False  # already acknowledged
 
 
 def test_qos2_exact_frame_and_flow():
     s, ch = online()
     s.deliver(msg("hi", topic="a/b"), 2, retain=True)
     assert ch.frames == [h("35 09 00 03 61 2f 62 00 01 68 69")]  # QoS 2, RETAIN 1, id 1
-    assert s.on_pubcomp(1) is False  # PUBCOMP before PUBREC
-    assert s.on_puback(1) is False  # PUBACK for a QoS 2 message
+    assert s.on_pubcomp(1, 0.0) is False  # PUBCOMP before PUBREC
+    assert s.on_puback(1, 0.0) is False  # PUBACK for a QoS 2 message
     assert s.on_pubrec(9) is False
     assert s.on_pubrec(1) is True
     assert s.inflight[1].state == SENT_PUBREL
     assert s.on_pubrec(1) is True  # a repeated PUBREC is harmless
-    assert s.on_pubcomp(1) is True
+    assert s.on_pubcomp(1, 0.0) is True
     assert s.inflight == {}
-    assert s.on_pubcomp(1) is False
+    assert s.on_pubcomp(1, 0.0) is False
 
 
 def test_packet_ids_follow_send_order():
@@ -89,10 +89,10 @@ def test_inflight_window_then_queue():
         s.deliver(msg(str(i)), 1)
     assert [p.payload for p in ch.take()] == [b"0", b"1"]
     assert len(s.queue) == 2 and s.pending == 4
-    assert s.on_puback(1)
+    assert s.on_puback(1, 0.0)
     assert [publish_fields(p) for p in ch.take()] == [("t", b"2", 1, False, False, 3)]
-    assert s.on_puback(2)
-    assert s.on_puback(3)
+    assert s.on_puback(2, 0.0)
+    assert s.on_puback(3, 0.0)
     assert [publish_fields(p) for p in ch.take()] == [("t", b"3", 1, False, False, 4)]
     assert s.pending == 1
 
@@ -104,7 +104,7 @@ def test_qos2_window_frees_on_pubcomp_not_pubrec():
     assert len(ch.take()) == 1
     s.on_pubrec(1)
     assert ch.take() == []
-    s.on_pubcomp(1)
+    s.on_pubcomp(1, 0.0)
     assert [p.payload for p in ch.take()] == [b"b"]
 
 
@@ -114,7 +114,7 @@ def test_order_kept_when_the_window_is_free_but_the_queue_is_not():
     for i in range(3):
         s.deliver(msg(str(i)), 1)  # offline: queued
     ch = FakeChannel()
-    s.attach(ch)
+    s.attach(ch, 0.0)
     s.deliver(msg("3"), 1)
     assert [p.payload for p in ch.take()] == [b"0", b"1", b"2", b"3"]
 
@@ -167,7 +167,7 @@ def test_offline_queues_qos1_and_qos2_not_qos0():
     assert [(e.msg.payload, e.qos) for e in s.queue] == [(b"one", 1), (b"two", 2)]
     assert s.dropped == 0
     ch = FakeChannel()
-    s.attach(ch)
+    s.attach(ch, 0.0)
     assert [publish_fields(p) for p in ch.take()] == [
         ("t", b"one", 1, False, False, 1),
         ("t", b"two", 2, False, False, 2),
@@ -180,7 +180,7 @@ def test_offline_qos0_queued_with_queue_qos0():
     s.deliver(msg("one"), 1)
     s.deliver(msg("zero-r"), 0, retain=True)
     ch = FakeChannel()
-    s.attach(ch)
+    s.attach(ch, 0.0)
     assert [publish_fields(p) for p in ch.take()] == [
         ("t", b"zero", 0, False, False, None),
         ("t", b"one", 1, False, False, 1),
@@ -202,7 +202,7 @@ def test_packet_ids_skip_ids_in_flight_and_wrap_after_65535():
         s.deliver(msg("x"), 1)
         pid = publish_fields(ch.take()[0])[5]
         seen.append(pid)
-        assert s.on_puback(pid)
+        assert s.on_puback(pid, 0.0)
     assert seen[:3] == [2, 3, 4]
     assert seen[65533] == 65535
     assert seen[65534] == 2  # 1 is still in flight
@@ -216,7 +216,7 @@ def test_packet_ids_never_reuse_one_in_flight_with_a_full_id_space():
         s.deliver(msg("x"), 1)
     ids = [publish_fields(p)[5] for p in ch.take()]
     assert ids == list(range(1, 65535))
-    s.on_puback(7)
+    s.on_puback(7, 0.0)
     s.deliver(msg("y"), 1)
     s.deliver(msg("z"), 1)
     [p1, p2] = ch.take()
@@ -242,7 +242,7 @@ def test_attach_resends_unacknowledged_in_original_order():
     assert s.channel is None
     s.deliver(msg("e", topic="x"), 1)  # queued while offline
     ch2 = FakeChannel()
-    s.attach(ch2)
+    s.attach(ch2, 0.0)
     assert ch2.frames == [
         h("3a 06 00 01 78 00 01 61"),  # PUBLISH QoS 1 DUP id 1
         h("62 02 00 02"),  # PUBREL id 2 [MQTT-4.3.3-1]: not the PUBLISH again
@@ -258,12 +258,12 @@ def test_attach_twice_resends_again():
     for _ in range(2):
         s.detach()
         ch = FakeChannel()
-        s.attach(ch)
+        s.attach(ch, 0.0)
         assert ch.frames == [h("3a 06 00 01 78 00 01 61")]
-    assert s.on_puback(1)
+    assert s.on_puback(1, 0.0)
     s.detach()
     ch = FakeChannel()
-    s.attach(ch)
+    s.attach(ch, 0.0)
     assert ch.frames == []
 
 
@@ -287,7 +287,7 @@ def test_entry_defaults():
 
 
 def _message_put(client, key, payload, msg_qos, qos, retain, pid, state):
-    return ("message_put", client, key, "t", payload, msg_qos, qos, retain, pid, state, "n1", 7, "pub", 1.5, None)
+    return ("message_put", client, key, "t", payload, msg_qos, qos, retain, pid, state, "n1", 7, "pub", 1.5, None, None)
 
 
 def dmsg(payload: str, qos: int = 2) -> Message:
@@ -305,7 +305,7 @@ def test_durable_session_journals_queue_send_and_ack():
         [_message_put("c", 1, b"a", 2, 1, False, 0, 0), _message_put("c", 2, b"b", 1, 1, False, 0, 0)],
     )
     ch = FakeChannel()
-    s.attach(ch)
+    s.attach(ch, 0.0)
     assert j.take() == (
         2,
         [
@@ -313,7 +313,7 @@ def test_durable_session_journals_queue_send_and_ack():
             _message_put("c", 2, b"b", 1, 1, False, 2, SENT_PUBLISH),
         ],
     )
-    s.on_puback(2)
+    s.on_puback(2, 0.0)
     assert j.take() == (3, [("message_remove", "c", 2)])
 
 
@@ -324,7 +324,7 @@ def test_durable_session_journals_qos2_states():
     assert j.take()[1] == [_message_put("c", 1, b"a", 2, 2, True, 1, SENT_PUBLISH)]
     s.on_pubrec(1)
     assert j.take()[1] == [_message_put("c", 1, b"a", 2, 2, True, 1, SENT_PUBREL)]
-    s.on_pubcomp(1)
+    s.on_pubcomp(1, 0.0)
     assert j.take()[1] == [("message_remove", "c", 1)]
 
 
@@ -332,7 +332,7 @@ def test_durable_session_coalesces_within_a_batch():
     j = Journal()
     s, ch = online(cls=DurableSession, journal=j)
     s.deliver(dmsg("a"), 1)
-    s.on_puback(1)
+    s.on_puback(1, 0.0)
     assert j.take()[1] == [("message_remove", "c", 1)]
 
 
@@ -374,7 +374,7 @@ def test_durable_session_qos0_offline_queue_is_journaled_then_removed():
     s.deliver(dmsg("a", qos=0), 0)
     assert j.take()[1] == [_message_put("c", 1, b"a", 0, 0, False, 0, 0)]
     ch = FakeChannel()
-    s.attach(ch)
+    s.attach(ch, 0.0)
     assert [publish_fields(p) for p in ch.take()] == [("t", b"a", 0, False, False, None)]
     assert j.take()[1] == [("message_remove", "c", 1)]
 
@@ -413,12 +413,12 @@ def test_installing_a_snapshot_journals_awaiting_rel_for_a_durable_replica_only(
     snap = Snapshot("c", {}, 0, [], [], [4, 2], None, 1, 0)  # (typed since issue 14 S3)
     j = Journal()
     durable = DurableMeshSession("c", Limits(), j)
-    install(durable, snap)
+    install(durable, snap, 0.0)
     assert durable.awaiting_rel == {2, 4}
     # (and the copy's epoch and version: a restarted holder's copy is ranked by them)
     assert sorted(j.take()[1]) == [("rel_put", "c", 2), ("rel_put", "c", 4), ("version_put", "c", 1, 0)]
     memory = MeshSession("c", Limits())
-    install(memory, snap)
+    install(memory, snap, 0.0)
     assert memory.awaiting_rel == {2, 4}
 
 
@@ -497,7 +497,7 @@ def test_queued_qos0_is_dropped_on_refill_while_blocked():
     s.deliver(msg("q1"), 1)
     ch = FakeChannel()
     ch.blocked = True
-    s.attach(ch)
+    s.attach(ch, 0.0)
     assert [publish_fields(p)[1] for p in ch.take()] == [b"q1"]
     assert s.dropped_qos0 == 1
 
@@ -513,7 +513,7 @@ def test_installing_a_copy_never_brings_back_a_message_this_copy_settled():
     s.settle(("n2", 7), "done", 0)  # (completed at the node the client was on)
     stale = SnapshotEntry("n2", 7, "t", "eA==", 2, 2, 0, 0, "pub", 1.0)
     fresh = SnapshotEntry("n2", 8, "t", "eQ==", 2, 2, 0, 0, "pub", 1.5)
-    install(s, Snapshot("c", {}, 0, [stale, fresh], [], [], None, 1, 3))
+    install(s, Snapshot("c", {}, 0, [stale, fresh], [], [], None, 1, 3), 0.0)
     assert [e.msg.seq for e in s.queue] == [8] and ("n2", 7) not in s.ids
 
 

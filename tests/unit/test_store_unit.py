@@ -3,11 +3,13 @@ mark/since), the NullJournal, and restore_sessions."""
 
 from __future__ import annotations
 
+import pytest
+
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.cluster.replica import DurableMeshSession, ReplicaSessions, replica_of
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
-from mqttmesh.store import FORMAT_VERSION, NULL_JOURNAL, Journal, NullJournal, restore_sessions
+from mqttmesh.store import FORMAT_VERSION, NULL_JOURNAL, Journal, NullJournal, _snapshot, restore_sessions
 
 
 def entry(key: int, payload: bytes = b"p", qos: int = 1) -> Entry:
@@ -16,7 +18,7 @@ def entry(key: int, payload: bytes = b"p", qos: int = 1) -> Entry:
 
 
 def put(client, key, payload=b"p", qos=1, pid=0, state=0):
-    return ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5, None)
+    return ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5, None, None)
 
 
 def test_format_version_is_an_int():
@@ -43,7 +45,7 @@ def test_ops_in_order_of_arrival():
     assert ops == [
         ("session_put", "a", {"x": 1}),
         put("a", 1),
-        ("retained_put", "r/1", b"v", 1, "n1", 4, "pub", 2.0, None),
+        ("retained_put", "r/1", b"v", 1, "n1", 4, "pub", 2.0, None, None),
         ("rel_put", "a", 7),
         ("retained_delete", "r/2"),
     ]
@@ -103,7 +105,7 @@ def test_session_delete_drops_earlier_ops_of_that_client_only():
     j.session_delete("a")
     assert j.take()[1] == [
         put("b", 1),
-        ("retained_put", "a", b"v", 0, "n1", 1, "p", 0.0, None),
+        ("retained_put", "a", b"v", 0, "n1", 1, "p", 0.0, None, None),
         ("session_delete", "a"),
     ]
 
@@ -245,7 +247,7 @@ def test_null_journal_records_nothing_and_never_holds_an_ack():
 
 def _row(client, key, payload, pid=0, state=0, qos=1, seq=None):
     """A messages row as the store reads it back."""
-    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5, None)
+    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5, None, None)
 
 
 def test_restore_sessions_rebuilds_queue_inflight_and_awaiting_rel_without_journaling():
@@ -332,8 +334,8 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     s.settle(("n2", 7), "in", 5, Message("t/2", b"y", 2, True, "n2", 7, "p", 9.75))  # (another holder's)
     s.awaiting_rel_add(6)  # (an id without a message: a PUBLISH that was not allowed)
     ops = j.take()[1]
-    assert ("inbound_put", "p", 3, "t/1", b"x", 0, "n1", 41, "p", 9.5, None) in ops
-    assert ("inbound_put", "p", 5, "t/2", b"y", 1, "n2", 7, "p", 9.75, None) in ops
+    assert ("inbound_put", "p", 3, "t/1", b"x", 0, "n1", 41, "p", 9.5, None, None) in ops
+    assert ("inbound_put", "p", 5, "t/2", b"y", 1, "n2", 7, "p", 9.75, None, None) in ops
     store = SqliteStore(str(tmp_path))
     store.write([("session_put", "p", {})] + ops)
     store.db.close()
@@ -356,7 +358,7 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     assert (back.epoch, back.version) == (0, 1)  # ranked by what it holds in a merge, not as empty
     # PUBREL, a copy installed from another holder: what leaves the session leaves the store
     s.awaiting_rel_remove(3)
-    install(s, Snapshot("p", {}, 0, [], [], [6], None, 1, 9))
+    install(s, Snapshot("p", {}, 0, [], [], [6], None, 1, 9), 0.0)
     store = SqliteStore(str(tmp_path))
     store.write(j.take()[1])
     store.db.close()
@@ -393,7 +395,7 @@ def test_a_durable_replica_keeps_the_ids_it_settled_across_a_restart(tmp_path):
     back = broker.sessions["s"]
     assert list(back.done) == [("n2", 7), ("n2", 9)] and back.tombstones_stored == 2
     stale = SnapshotEntry("n2", 7, "t", "eA==", 2, 2, 0, 0, "p", 1.0)  # (a copy that missed it)
-    install(back, Snapshot("s", {"t": 2}, 0, [stale], [], [], None, 1, 5))
+    install(back, Snapshot("s", {"t": 2}, 0, [stale], [], [], None, 1, 5), 0.0)
     assert not back.queue and not back.inflight
     assert 1 < TOMBSTONES and back.tombstones_stored % TOMBSTONES == 2  # (the next slot of the ring)
 
@@ -464,23 +466,53 @@ def test_mqtt5_properties_survive_a_restart_in_every_table(tmp_path):
     assert custody.props == PROPS
 
 
-def test_a_format_1_store_gains_the_properties_column_and_keeps_its_rows(tmp_path):
-    """An older data directory is brought to format 2 in place, not refused."""
+@pytest.mark.parametrize("older", [1, 2])
+def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, older):
+    """An older data directory is brought to format 3 in place, not refused: format 1 had no
+    MQTT 5 properties, format 2 no message expiry."""
+    import re
     import sqlite3
 
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.server.sqlite_store import SCHEMA, SqliteStore
 
+    schema = re.sub(r",\s*expires REAL", "", SCHEMA)
+    if older == 1:
+        schema = schema.replace(", props BLOB", "")
     db = sqlite3.connect(tmp_path / "mqttmesh.db")
-    db.executescript(SCHEMA.replace(", props BLOB", ""))
-    db.execute("INSERT INTO meta VALUES ('format_version', '1')")
-    db.execute("INSERT INTO retained VALUES ('r', x'76', 1, 'n1', 4, 'pub', 2.0)")
+    db.executescript(schema)
+    db.execute("INSERT INTO meta VALUES ('format_version', ?)", (str(older),))
+    values = "('r', x'76', 1, 'n1', 4, 'pub', 2.0)" if older == 1 else "('r', x'76', 1, 'n1', 4, 'pub', 2.0, NULL)"
+    db.execute(f"INSERT INTO retained VALUES {values}")
     db.commit()
     db.close()
     store = SqliteStore(str(tmp_path))
     broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts())
     assert store.load(broker) == (0, 1)
-    assert store._meta("format_version") == str(FORMAT_VERSION) == "2"
+    assert store._meta("format_version") == str(FORMAT_VERSION) == "3"
     msg = broker.retained.get("r")
-    assert (msg.payload, msg.props) == (b"v", None)
+    assert (msg.payload, msg.props, msg.expires) == (b"v", None, None)
     store.db.close()
+
+
+def test_a_message_expiry_is_stored_on_the_wall_clock_and_read_back_on_the_runs_clock(tmp_path):
+    """[MQTT-3.3.2-5] across a restart: the store keeps when a message expires on the wall
+    clock (the event loop's clock starts again), and gives it back on the clock of the run
+    that reads it: the same instant."""
+    import time
+
+    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+    from mqttmesh.server.sqlite_store import SqliteStore
+
+    store = SqliteStore(str(tmp_path))
+    msg = Message("r", b"v", 1, True, "n1", 4, "pub", 2.0).expiring(100.0, time.monotonic())
+    store.write([_snapshot(("retained_put", "r", msg))])
+    on_wall = store.db.execute("SELECT expires FROM retained").fetchone()[0]
+    assert abs(on_wall - (time.time() + 100.0)) < 5.0  # (the wall clock, not the loop's)
+    store.db.close()
+    again = SqliteStore(str(tmp_path))
+    again.clock_offset += 1000.0  # a run whose loop clock is 1000 s behind the first's
+    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts())
+    again.load(broker)
+    assert broker.retained.get("r").expires == pytest.approx(msg.expires - 1000.0)
+    again.db.close()

@@ -112,6 +112,7 @@ def render(node: Any) -> str:
     sessions = list(broker.sessions.values())
     queue_full = table.ended.queue_full + sum(x.dropped for x in sessions)
     slow_qos0 = table.ended.slow_qos0 + sum(x.dropped_qos0 for x in sessions)
+    expired = s.expired + table.ended.expired + sum(x.expired for x in sessions)
     page.metric(
         "mqttmesh_info",
         "gauge",
@@ -152,11 +153,13 @@ def render(node: Any) -> str:
     page.metric(
         "mqttmesh_messages_dropped_total",
         "counter",
-        "messages dropped, by reason (too_large: over an MQTT 5 client's Maximum Packet Size)",
+        "messages dropped, by reason (too_large: over an MQTT 5 client's Maximum Packet Size; "
+        "expired: past its MQTT 5 Message Expiry before it could be sent)",
         [
             ({"reason": "queue_full"}, queue_full),
             ({"reason": "slow_qos0"}, slow_qos0),
             ({"reason": "too_large"}, s.too_large),
+            ({"reason": "expired"}, expired),
         ],
     )
     page.one(

@@ -464,7 +464,7 @@ class Node:
         self._commit_in_flight = False
         self.commit_latency.observe(time.perf_counter() - self._commit_started)
         self._pending_ops = []  # (only a failed commit, retried, reads it)
-        self.core.committed(batch)
+        self.core.committed(batch, self.loop.time())
         if len(self.broker.journal):
             self._schedule_commit()
 

@@ -32,12 +32,13 @@ CREATE TABLE IF NOT EXISTS messages(
     client_id TEXT NOT NULL, key INTEGER NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL,
     msg_qos INTEGER NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL,
     packet_id INTEGER NOT NULL, state INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL,
-    publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, PRIMARY KEY(client_id, key));
+    publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, expires REAL, PRIMARY KEY(client_id, key));
 CREATE TABLE IF NOT EXISTS awaiting_rel(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
     PRIMARY KEY(client_id, packet_id));
 CREATE TABLE IF NOT EXISTS inbound(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
     topic TEXT NOT NULL, payload BLOB NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL,
-    seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, PRIMARY KEY(client_id, packet_id));
+    seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, expires REAL,
+    PRIMARY KEY(client_id, packet_id));
 CREATE TABLE IF NOT EXISTS session_versions(client_id TEXT PRIMARY KEY, epoch INTEGER NOT NULL,
     version INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS tombstones(client_id TEXT NOT NULL, slot INTEGER NOT NULL,
@@ -47,29 +48,33 @@ CREATE TABLE IF NOT EXISTS tombstone_floors(client_id TEXT NOT NULL, origin TEXT
     seq INTEGER NOT NULL, PRIMARY KEY(client_id, origin));
 CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, publisher TEXT NOT NULL,
-    ts REAL NOT NULL, dests TEXT NOT NULL, props BLOB);
+    ts REAL NOT NULL, dests TEXT NOT NULL, props BLOB, expires REAL);
 CREATE TABLE IF NOT EXISTS retained(topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL,
-    origin TEXT NOT NULL, seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB);
+    origin TEXT NOT NULL, seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB,
+    expires REAL);
 """
 
-# the tables whose messages gained their MQTT 5 properties (a NULL column) in format 2
+# the tables whose messages gained their MQTT 5 properties (a NULL column) in format 2, and
+# when they expire in format 3 (wall-clock seconds: a restart keeps counting)
 _PROPS_TABLES = ("messages", "inbound", "custody", "retained")
+# the ops that carry a message's expiry last, on the clock of this run (store.py _snapshot)
+_EXPIRING = frozenset(("message_put", "inbound_put", "retained_put", "custody_put"))
 
 _SQL = {
     "session_put": "INSERT OR REPLACE INTO sessions(client_id, subscriptions) VALUES (?, ?)",
-    "message_put": "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    "message_put": "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
     "message_remove": "DELETE FROM messages WHERE client_id = ? AND key = ?",
     "rel_put": "INSERT OR IGNORE INTO awaiting_rel VALUES (?, ?)",
     "rel_remove": "DELETE FROM awaiting_rel WHERE client_id = ? AND packet_id = ?",
-    "inbound_put": "INSERT OR REPLACE INTO inbound VALUES (?,?,?,?,?,?,?,?,?,?)",
+    "inbound_put": "INSERT OR REPLACE INTO inbound VALUES (?,?,?,?,?,?,?,?,?,?,?)",
     "inbound_remove": "DELETE FROM inbound WHERE client_id = ? AND packet_id = ?",
     "version_put": "INSERT OR REPLACE INTO session_versions VALUES (?,?,?)",
     "done_put": "INSERT OR REPLACE INTO tombstones VALUES (?,?,?,?,?)",
     "floor_put": "INSERT OR REPLACE INTO tombstone_floors VALUES (?,?,?)",
     "node_seen": "INSERT OR IGNORE INTO nodes_seen VALUES (?)",
-    "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?,?)",
+    "retained_put": "INSERT OR REPLACE INTO retained VALUES (?,?,?,?,?,?,?,?,?)",
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
-    "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?,?)",
+    "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?,?,?)",
     "custody_remove": "DELETE FROM custody WHERE seq = ?",
 }
 
@@ -88,6 +93,9 @@ class SqliteStore:
             ) from None
         self.path = os.path.join(data_dir, "mqttmesh.db")
         self.synchronous = synchronous
+        # wall-clock seconds minus the event loop's clock (asyncio's is time.monotonic):
+        # message expiry is stored on the wall clock, which a restart does not reset
+        self.clock_offset = time.time() - time.monotonic()
         try:
             self.db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -99,12 +107,20 @@ class SqliteStore:
             version = self._meta("format_version")
             if version is None:
                 self._set_meta("format_version", str(FORMAT_VERSION))
-            elif int(version) == 1:
-                # format 1 knew no MQTT 5 properties: each message table gains their column
+            elif int(version) in (1, 2):
+                # format 1 knew no MQTT 5 properties, 2 no message expiry: each message table
+                # gains the columns it lacks
                 for table in _PROPS_TABLES:
-                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN props BLOB")
+                    if int(version) == 1:
+                        self.db.execute(f"ALTER TABLE {table} ADD COLUMN props BLOB")
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN expires REAL")
                 self._set_meta("format_version", str(FORMAT_VERSION))
-                log.info("%s: format version 1 brought to %d (MQTT 5 properties)", self.path, FORMAT_VERSION)
+                log.info(
+                    "%s: format version %s brought to %d (MQTT 5 properties, message expiry)",
+                    self.path,
+                    version,
+                    FORMAT_VERSION,
+                )
             elif int(version) != FORMAT_VERSION:
                 raise StoreError(f"{self.path}: format version {version}, this mqttmesh reads version {FORMAT_VERSION}")
         except sqlite3.DatabaseError as exc:
@@ -139,13 +155,15 @@ class SqliteStore:
             _rows(
                 db,
                 "SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
-                " origin, seq, publisher, ts, props FROM messages ORDER BY client_id, key",
+                " origin, seq, publisher, ts, props, expires FROM messages ORDER BY client_id, key",
+                self.clock_offset,
             ),
             _rows(db, "SELECT client_id, packet_id FROM awaiting_rel"),
             _rows(
                 db,
-                "SELECT client_id, packet_id, topic, payload, retain, origin, seq, publisher, ts, props"
+                "SELECT client_id, packet_id, topic, payload, retain, origin, seq, publisher, ts, props, expires"
                 " FROM inbound ORDER BY client_id, packet_id",
+                self.clock_offset,
             ),
             _rows(db, "SELECT * FROM session_versions"),
             _rows(db, "SELECT client_id, n, origin, seq FROM tombstones ORDER BY client_id, n"),
@@ -154,10 +172,11 @@ class SqliteStore:
         for session in sessions:
             broker.table.restore_session(session)
         retained = 0
-        for topic, payload, qos, origin, seq, publisher, ts, props in db.execute(
-            "SELECT topic, payload, qos, origin, seq, publisher, ts, props FROM retained"
+        for topic, payload, qos, origin, seq, publisher, ts, props, expires in db.execute(
+            "SELECT topic, payload, qos, origin, seq, publisher, ts, props, expires FROM retained"
         ):
             msg = Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts, _props(props))
+            msg.expires = self._here(expires)
             broker.retained.set(topic, msg)
             retained += 1
         return len(sessions), retained
@@ -169,10 +188,12 @@ class SqliteStore:
     def load_custody(self) -> list[tuple[Message, list[str]]]:
         """Messages this node held for other nodes when it stopped (mesh/routing/engine.py custody)."""
         out = []
-        for seq, topic, payload, qos, retain, origin, publisher, ts, dests, props in self.db.execute(
-            "SELECT seq, topic, payload, qos, retain, origin, publisher, ts, dests, props FROM custody ORDER BY seq"
+        for seq, topic, payload, qos, retain, origin, publisher, ts, dests, props, expires in self.db.execute(
+            "SELECT seq, topic, payload, qos, retain, origin, publisher, ts, dests, props, expires"
+            " FROM custody ORDER BY seq"
         ):
             msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, _props(props))
+            msg.expires = self._here(expires)
             out.append((msg, dests.split("\0")))
         return out
 
@@ -204,6 +225,8 @@ class SqliteStore:
                     db.execute("DELETE FROM session_versions WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM tombstones WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM tombstone_floors WHERE client_id = ?", (op[1],))
+                elif kind in _EXPIRING and op[-1] is not None:
+                    db.execute(_SQL[kind], (*op[1:-1], op[-1] + self.clock_offset))  # (on the wall clock)
                 else:
                     db.execute(_SQL[kind], op[1:])
             db.execute("COMMIT")
@@ -237,14 +260,24 @@ class SqliteStore:
         self.stop_writer()
         self.db.close()
 
+    def _here(self, expires: float | None) -> float | None:
+        """A stored expiry (wall clock) on the clock of this run."""
+        return None if expires is None else expires - self.clock_offset
+
 
 def _props(raw: bytes | None) -> bytes | None:
     return bytes(raw) if raw is not None else None
 
 
-def _rows(db: sqlite3.Connection, sql: str) -> Iterator[Any]:
-    """The rows of ``sql``, queried when the first one is wanted (one query at a time)."""
-    yield from db.execute(sql)
+def _rows(db: sqlite3.Connection, sql: str, clock_offset: float | None = None) -> Iterator[Any]:
+    """The rows of ``sql``, queried when the first one is wanted (one query at a time); with
+    ``clock_offset``, the last column is an expiry on the wall clock, given on this run's."""
+    if clock_offset is None:
+        yield from db.execute(sql)
+        return
+    for row in db.execute(sql):
+        expires = row[-1]
+        yield row if expires is None else (*row[:-1], expires - clock_offset)
 
 
 def _sessions(db: sqlite3.Connection) -> Iterator[tuple[str, dict[str, int]]]:

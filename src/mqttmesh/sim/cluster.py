@@ -141,8 +141,10 @@ class SimStore:
         )
         for session in sessions:
             broker.table.restore_session(session)
-        for topic, payload, qos, origin, seq, publisher, ts, props in sorted(self.retained.values()):
-            broker.retained.set(topic, Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts, props))
+        for topic, payload, qos, origin, seq, publisher, ts, props, expires in sorted(self.retained.values()):
+            msg = Message(topic, bytes(payload), qos, True, origin, seq, publisher, ts, props)
+            msg.expires = expires  # (the simulated clock goes on across a restart: kept as is)
+            broker.retained.set(topic, msg)
 
     def load_nodes(self) -> list[str]:
         return sorted(self.nodes_seen)
@@ -150,8 +152,9 @@ class SimStore:
     def load_custody(self) -> list[tuple[Message, list[str]]]:
         out = []
         for seq in sorted(self.custody):
-            _, topic, payload, qos, retain, origin, publisher, ts, dests, props = self.custody[seq]
+            _, topic, payload, qos, retain, origin, publisher, ts, dests, props, expires = self.custody[seq]
             msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, props)
+            msg.expires = expires
             out.append((msg, dests.split("\0")))
         return out
 
@@ -262,8 +265,8 @@ class SimNode:
         self.links.tick(now)  # (no dials to make: connect_all is off)
         self._observe(now)
 
-    def committed(self, batch: int) -> None:
-        self.core.committed(batch)
+    def committed(self, batch: int, now: float) -> None:
+        self.core.committed(batch, now)
 
     def _observe(self, now: float) -> None:
         live = self.cluster.members.live  # a new list at every membership change

@@ -176,7 +176,7 @@ class ClusterMixin(SimulatorPart):
             return
         batch, ops = core.journal.take()
         node.store.write(ops)
-        core.committed(batch)
+        core.committed(batch, self.now)
         self._want_flush(node)
 
     def _commit_soon(self, node: Node) -> None:

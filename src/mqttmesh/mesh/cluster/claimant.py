@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...broker import ClaimingChannel
@@ -86,7 +87,8 @@ class Claim:
         self.waiting: set[str] = set()  # nodes yet to answer
         self.snaps: list[Snapshot] = []
         self.deadline = 0.0
-        self.forwarded: list[SessFwd] = []  # messages holders forwarded before the session is here
+        # messages holders forwarded before the session is here, with when each arrived
+        self.forwarded: list[tuple[SessFwd, float]] = []
         self.kept = 0  # the registrar's word: the last claim kept a session at this epoch
         self.answered: set[str] = set()  # nodes that sent their copy (or said they have none)
 
@@ -325,7 +327,7 @@ class Claimant:
         if not claim.clean:
             # our own copy as it is now (it kept queueing while we gathered), and the others'
             snaps = list(claim.snaps)
-            own_copy = holders.own_copy(claim.cid)
+            own_copy = holders.own_copy(claim.cid, now)
             if own_copy is not None:
                 snaps.append(own_copy)
             home = self.membership.home(claim.cid)
@@ -341,7 +343,7 @@ class Claimant:
                     self._refuse(claim, "no copy of the session's latest state is within reach", now)
                     return
             merged = merge_snapshots(snaps)
-        session, present = holders.serve(channel, claim.cid, claim.clean, merged, claim.epoch, claim.forwarded)
+        session, present = holders.serve(channel, claim.cid, claim.clean, merged, claim.epoch, claim.forwarded, now)
         wall = now + self.wall_offset
         self.local[claim.cid] = LocalConnection(channel, claim.conn, claim.epoch, claim.will, claim.clean, wall)
         channel.claimed(session, present, now)
@@ -393,7 +395,7 @@ class Claimant:
         if claim is None or claim.stage != GATHER:
             return
         if m.snap is not None:
-            claim.snaps.append(m.snap)
+            claim.snaps.append(replace(m.snap, taken_at=now))  # (its messages' lives count from now)
         claim.answered.add(frm)
         claim.waiting.discard(frm)
         if not claim.waiting:
@@ -406,12 +408,12 @@ class Claimant:
         if local is not None and local.conn != m.conn:
             local.channel.kick(f"ClientId {m.cid!r} taken over by node {frm}")  # stops delivery first
 
-    def gathering(self, m: SessFwd) -> None:
+    def gathering(self, m: SessFwd, now: float) -> None:
         """A message a holder forwarded for a session not here yet: a claim still gathering
         it keeps it for ``_finish`` (holders.py ``serve``)."""
         for claim in self.claims.values():
             if claim.cid == m.cid and claim.stage == GATHER:
-                claim.forwarded.append(m)
+                claim.forwarded.append((m, now))
 
     def fence(self, now: float, sessions: bool = True) -> None:
         """Without a quorum (membership.py) this node stops serving persistent sessions: their

@@ -246,7 +246,7 @@ class Cluster:
         self.claimant.register_local(now)
         self.send_out(now)  # (each step's messages before the next step: as they were said)
         self.holders.rebalance(old_live, now)
-        self.retained.rebalance()
+        self.retained.rebalance(now)
         self.send_out(now)
         self.claimant.retry_claims(now)
         self.send_out(now)
@@ -395,8 +395,8 @@ def _sess_discard(c: Cluster, frm: str, m: SessDiscard, now: float) -> None:
 
 
 def _sess_fwd(c: Cluster, frm: str, m: SessFwd, now: float) -> None:
-    if not c.holders.forwarded(m):
-        c.claimant.gathering(m)  # (no copy here yet: a claim may be gathering it)
+    if not c.holders.forwarded(m, now):
+        c.claimant.gathering(m, now)  # (no copy here yet: a claim may be gathering it)
 
 
 def _ret_set(c: Cluster, frm: str, m: RetSet, now: float) -> None:

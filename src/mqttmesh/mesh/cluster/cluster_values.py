@@ -9,6 +9,7 @@ kind and the key (or the record: "sess.copy entries[3]") at fault.
 from __future__ import annotations
 
 import base64
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -130,6 +131,26 @@ def _props_json(value: Any, where: str) -> str | None:
     except ValueError:
         raise ClusterWireError(f"{where}: props is not base64") from None
     return text
+
+
+def ttl_ms(left: float) -> int:
+    """What is left of an expiring message's life, as the cluster's JSON carries it: whole
+    milliseconds, rounded up (0: expired); each node counts it from when it arrives."""
+    return math.ceil(left * 1000.0) if left > 0.0 else 0
+
+
+def _ttl_json(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    ttl = _int(value, where, "ttl")
+    if ttl < 0:
+        raise ClusterWireError(f"{where}: 'ttl' is negative")
+    return ttl
+
+
+def expiring(msg: Message, ttl: int | None, now: float) -> Message:
+    """``msg`` to expire ``ttl`` milliseconds after ``now`` (None: never)."""
+    return msg if ttl is None else msg.expiring(ttl / 1000.0, now)
 
 
 def _array(value: Any, n: int, where: str) -> list[Any]:
@@ -322,10 +343,11 @@ class RetainedItem(NamedTuple):
     seq: int
     publisher: str
     props_b64: str | None = None  # its MQTT 5 properties (message.Message.props)
+    ttl_ms: int | None = None  # what is left of its life when sent (``ttl_ms``), if it expires
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> RetainedItem:
-        a = _array(value, 8, where)
+        a = _array(value, 9, where)
         return cls(
             _str(a[0], where, "topic"),
             _str(a[1], where, "payload"),
@@ -335,6 +357,7 @@ class RetainedItem(NamedTuple):
             _int(a[5], where, "seq"),
             _str(a[6], where, "publisher"),
             _props_json(a[7], where),
+            _ttl_json(a[8], where),
         )
 
 
@@ -366,15 +389,23 @@ class Forwarded(NamedTuple):
     publisher: str
     ts: float
     props_b64: str | None = None  # its MQTT 5 properties (message.Message.props)
+    ttl_ms: int | None = None  # what is left of its life when sent (``ttl_ms``), if it expires
 
     @classmethod
-    def of(cls, msg: Message) -> Forwarded:
+    def of(cls, msg: Message, now: float | None = None) -> Forwarded:
+        """``msg`` as it stands at ``now`` (None: as it was last handed on, ``Message.ttl``)."""
         payload = base64.b64encode(msg.payload).decode()
         props = props_b64(msg.props)
-        return cls(msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp, props)
+        ttl = None
+        if msg.expires is not None:
+            ttl = ttl_ms(msg.ttl if now is None else msg.expires - now)
+        return cls(
+            msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp, props, ttl
+        )
 
-    def message(self) -> Message:
-        return Message(
+    def message(self, now: float) -> Message:
+        """The message, arrived at ``now``."""
+        msg = Message(
             self.topic,
             base64.b64decode(self.payload_b64),
             self.qos,
@@ -385,10 +416,11 @@ class Forwarded(NamedTuple):
             self.ts,
             props_of(self.props_b64),
         )
+        return expiring(msg, self.ttl_ms, now)
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Forwarded:
-        a = _array(value, 9, where)
+        a = _array(value, 10, where)
         return cls(
             _str(a[0], where, "topic"),
             _str(a[1], where, "payload"),
@@ -399,6 +431,7 @@ class Forwarded(NamedTuple):
             _str(a[6], where, "publisher"),
             _num(a[7], where, "ts"),
             _props_json(a[8], where),
+            _ttl_json(a[9], where),
         )
 
 
@@ -416,10 +449,11 @@ class SnapshotEntry(NamedTuple):
     publisher: str
     ts: float
     props_b64: str | None = None  # its MQTT 5 properties (message.Message.props)
+    ttl_ms: int | None = None  # what is left of its life when sent (``ttl_ms``), if it expires
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> SnapshotEntry:
-        a = _array(value, 11, where)
+        a = _array(value, 12, where)
         return cls(
             _str(a[0], where, "origin"),
             _int(a[1], where, "seq"),
@@ -432,6 +466,7 @@ class SnapshotEntry(NamedTuple):
             _str(a[8], where, "publisher"),
             _num(a[9], where, "ts"),
             _props_json(a[10], where),
+            _ttl_json(a[11], where),
         )
 
 
@@ -457,6 +492,9 @@ class Snapshot:
     # (its floor, mesh/cluster/replica.py): an id at or below it that the copy neither holds nor
     # remembers cannot be told apart any more
     floors: dict[str, int] = field(default_factory=dict)
+    # when, on this node's clock, its entries' ``ttl_ms`` count from: when it was taken
+    # here, or arrived (never on the wire; None: when it is used)
+    taken_at: float | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {

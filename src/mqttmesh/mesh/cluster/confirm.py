@@ -76,7 +76,7 @@ class Confirmations:
             session.safe_version = safe
             channel = session.channel
             if channel is not None:
-                channel.release_acks(self.table.journal.committed)
+                channel.release_acks(self.table.journal.committed, now)
 
     def retry_lagging(self, now: float) -> None:
         """Holders that have not answered our settlements for settle_retry get a copy."""

@@ -15,6 +15,7 @@ the new holders, and copies nobody serves are pooled (``sess.merge``).
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...session import SUB_QOS
@@ -89,10 +90,10 @@ class Holders(Confirmations):
 
     # -- the session of a client that connects here ----------------------------------------
 
-    def own_copy(self, cid: str) -> Snapshot | None:
+    def own_copy(self, cid: str, now: float) -> Snapshot | None:
         """Our copy of ``cid``'s session as it is now (it kept queueing during the claim)."""
         replica = replica_of(self.table.sessions.get(cid))
-        return snapshot(replica) if replica is not None else None
+        return snapshot(replica, now) if replica is not None else None
 
     def serve(
         self,
@@ -101,7 +102,8 @@ class Holders(Confirmations):
         clean: bool,
         merged: Snapshot | None,
         epoch: int,
-        forwarded: list[SessFwd],
+        forwarded: list[tuple[SessFwd, float]],
+        now: float,
     ) -> tuple[Session, bool]:
         """The session of a claim that ended here, for ``channel``: (session, present). A
         persistent one is the ``merged`` copies gathered, at a claim ``epoch`` newer than all
@@ -112,7 +114,7 @@ class Holders(Confirmations):
             return session, present
         if merged is not None:
             self.counters["sessions_gathered"] += 1
-            install(replica, merged)
+            install(replica, merged, now)
             self._apply_subs(replica, merged.subs)
             present = True
         replica.active_node = self.node_id
@@ -123,8 +125,8 @@ class Holders(Confirmations):
         replica._stored_version()
         replica.holder_acks = {}  # (what holders said while another node had the client)
         replica.safe_version = 0
-        for fwd in forwarded:  # what holders forwarded while we gathered
-            self.forwarded(fwd)
+        for fwd, arrived in forwarded:  # what holders forwarded while we gathered
+            self.forwarded(fwd, now, arrived)
         if forwarded:
             replica.queue_in_origin_order()  # (after the copies' messages: in their place)
         return session, present
@@ -144,7 +146,7 @@ class Holders(Confirmations):
         cid = m.cid
         session = self.table.sessions.get(cid)
         replica = replica_of(session)
-        self.out.put(frm, SessState(cid, m.conn, snapshot(replica) if replica is not None else None))
+        self.out.put(frm, SessState(cid, m.conn, snapshot(replica, now) if replica is not None else None))
         if frm != self.node_id:
             # (the Replication owns the redirects: Broker.dispatch reads them)
             self.replication.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
@@ -186,16 +188,20 @@ class Holders(Confirmations):
             self._cannot_take(frm, snap.cid, snap.epoch)
             return
         late = unknown_to(session, snap)
-        install(session, snap)
+        install(session, snap, now)
         on_late, session.on_late = session.on_late, None  # (handed over here, once)
         try:
             for entry in late:
                 # it reached this copy but not the node the client is on (routed before that
                 # node wanted the topic, delivered here after the hand-over's redirect): that
                 # node takes it, or answers "done" if it settled it; this copy keeps it meanwhile
+                msg = entry.msg.at(now)
+                if msg.expired:
+                    session.expired += 1  # (it waited here past its life: never sent [MQTT-3.3.2-5])
+                    continue
                 self.counters["late_forwarded"] += 1
-                session.deliver(entry.msg, entry.qos)
-                self.out.put(frm, SessFwd(snap.cid, Forwarded.of(entry.msg)))
+                session.deliver(msg, entry.qos)
+                self.out.put(frm, SessFwd(snap.cid, Forwarded.of(msg)))
         finally:
             session.on_late = on_late
         self._apply_subs(session, snap.subs)
@@ -208,9 +214,9 @@ class Holders(Confirmations):
         session = self._offline_replica(frm, m.snap, take_over=False)
         if session is None:
             return
-        merged = merge_snapshots([snapshot(session), m.snap])
+        merged = merge_snapshots([snapshot(session, now), replace(m.snap, taken_at=now)])
         assert merged is not None  # (two snapshots in, one out)
-        install(session, merged)
+        install(session, merged, now)
         self._apply_subs(session, merged.subs)
         self._adopt(session, m.snap)
 
@@ -245,7 +251,7 @@ class Holders(Confirmations):
         journal = self.table.journal
         mark = journal.mark()
         for origin, seq, state, pid, fwd in m.items:
-            session.settle((origin, seq), state, pid, fwd.message() if fwd is not None else None)
+            session.settle((origin, seq), state, pid, fwd.message(now) if fwd is not None else None)
         if m.epoch == session.epoch and m.version - len(m.items) == session.version:
             session.version = m.version
         else:
@@ -310,7 +316,7 @@ class Holders(Confirmations):
                     self._advance(replica, now)
             elif active is None or active not in live or active == self.node_id:
                 # nobody coordinates this offline session: holders pool what they have
-                snap = snapshot(replica)
+                snap = snapshot(replica, now)
                 for node in holders:
                     if node != self.node_id:
                         self.out.put(node, SessMerge(snap))
@@ -322,7 +328,7 @@ class Holders(Confirmations):
         the holders get it (pooled with theirs), this node keeps none."""
         if self.node_id not in holders and replica.channel is None:
             for node in holders:
-                self.out.put(node, SessMerge(snapshot(replica)))
+                self.out.put(node, SessMerge(snapshot(replica, now)))
             self.table.discard_session(replica)
 
     # -- while the client is here ---------------------------------------------------------
@@ -347,7 +353,7 @@ class Holders(Confirmations):
                         self._advance(replica, now)
 
     def _copy_to_holders(self, session: _Replicated, now: float, only: set[str] | None = None) -> None:
-        snap = snapshot(session)
+        snap = snapshot(session, now)
         for node in self.membership.holders(session.client_id, self.node_id):
             if node != self.node_id and (only is None or node in only):
                 self.out.put(node, SessCopy(snap))
@@ -355,10 +361,11 @@ class Holders(Confirmations):
 
     # -- redirects during a hand-over ---------------------------------------------------------
 
-    def forwarded(self, m: SessFwd) -> bool:
+    def forwarded(self, m: SessFwd, now: float, arrived: float | None = None) -> bool:
         """A message for a session whose client is (or is coming) here, from a holder that
         got it after the hand-over (or took it late): False if no copy of it is here yet
-        (a claim still gathering it keeps it: claimant.py)."""
+        (a claim still gathering it keeps it: claimant.py). ``arrived``: when it came, if
+        before ``now``; one whose life ended meanwhile is not delivered [MQTT-3.3.2-5]."""
         session = self.table.sessions.get(m.cid)
         replica = replica_of(session)
         if replica is None:
@@ -371,7 +378,10 @@ class Holders(Confirmations):
                 granted = q if granted is None else max(granted, q)
         if granted is None:
             return True
-        msg = fwd.message()
+        msg = fwd.message(now if arrived is None else arrived).at(now)
+        if msg.expired:
+            replica.expired += 1
+            return True
         msg.retain = False
         key = (msg.origin, msg.seq)
         if key in replica.done and replica.channel is not None and replica.on_settled is not None:

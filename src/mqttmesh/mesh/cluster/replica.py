@@ -441,11 +441,13 @@ class ReplicaSessions(Sessions):
             session = restored.get(client_id)
             return replica_of(session)
 
-        for client_id, pid, topic, payload, retain, origin, seq, publisher, ts, props in inbound:
+        for client_id, pid, topic, payload, retain, origin, seq, publisher, ts, props, expires in inbound:
             r = replica(client_id)
             if r is not None and pid in r.awaiting_rel:
                 props = bytes(props) if props is not None else None
-                r.inbound[pid] = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts, props)
+                msg = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts, props)
+                msg.expires = expires  # (routed as it stands then: Channel._route_unrouted)
+                r.inbound[pid] = msg
         for client_id, epoch, version in versions:
             r = replica(client_id)
             if r is not None:

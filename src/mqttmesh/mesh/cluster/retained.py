@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ...message import Message
-from .cluster_values import props_b64, props_of
+from .cluster_values import props_b64, props_of, ttl_ms
 from .cluster_wire import Outbox, RetAck, RetainedAck, RetainedItem, RetQuery, RetReply, RetSet
 from .membership import Membership
 
@@ -36,10 +36,26 @@ if TYPE_CHECKING:
 __all__ = ["RetainedOwners"]
 
 
-def _item(msg: Message) -> RetainedItem:
+def _item(msg: Message, now: float | None) -> RetainedItem:
+    """``msg`` on the wire, with what is left of its life at ``now`` (None: as it was handed
+    on, ``Message.ttl``)."""
     payload = base64.b64encode(msg.payload).decode()
     props = props_b64(msg.props)
-    return RetainedItem(msg.topic, payload, msg.qos, msg.timestamp, msg.origin, msg.seq, msg.publisher, props)
+    ttl = None
+    if msg.expires is not None:
+        ttl = ttl_ms(msg.ttl if now is None else msg.expires - now)
+    return RetainedItem(msg.topic, payload, msg.qos, msg.timestamp, msg.origin, msg.seq, msg.publisher, props, ttl)
+
+
+def _message(item: RetainedItem, now: float) -> Message:
+    payload = base64.b64decode(item.payload_b64)
+    props = props_of(item.props_b64)
+    msg = Message(item.topic, payload, item.qos, True, item.origin, item.seq, item.publisher, item.ts, props)
+    return msg if item.ttl_ms is None else msg.expiring(item.ttl_ms / 1000.0, now)
+
+
+def _topic(msg: Message) -> str:
+    return msg.topic  # (one version per topic: the same order on every run)
 
 
 class _Lookup:
@@ -48,7 +64,7 @@ class _Lookup:
     def __init__(self, session: Session, topic_filter: str, granted: int, deadline: float):
         self.session, self.filter, self.granted = session, topic_filter, granted
         self.waiting: set[str] = set()  # nodes yet to answer
-        self.items: dict[str, RetainedItem] = {}  # topic -> newest version so far
+        self.items: dict[str, Message] = {}  # topic -> newest version so far
         self.deadline = deadline
 
 
@@ -75,7 +91,7 @@ class RetainedOwners:
         self._net = net  # asked who is reachable, never to send
         self.settings = settings
         # what it counts (Cluster.counters adds up every part's)
-        self.counters = dict.fromkeys(("retained_lookups",), 0)
+        self.counters = dict.fromkeys(("retained_lookups", "retained_expired"), 0)
         self._ids = ids  # query ids
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.lookups: dict[int, _Lookup] = {}
@@ -85,28 +101,25 @@ class RetainedOwners:
 
     def retain(self, msg: Message) -> None:
         """A retained message (or an empty one, a deletion) published here [MQTT-3.3.1-5, -10]."""
-        item = _item(msg)
+        item = _item(msg, None)
         # kept here too (durable before the PUBACK) until an owner confirms it has it; a
         # copy lost on the way is sent again from here at the next rebalance
-        self._store(item)
+        self._store(msg.copy(retain=True))
         for node in self.membership.owners(msg.topic):
             if node != self.node_id:
                 self._out.setdefault(node, []).append(item)
 
-    def _store(self, item: RetainedItem) -> None:
-        have = self.retained.get(item.topic)
-        if have is not None and (have.timestamp, have.origin, have.seq) >= (item.ts, item.origin, item.seq):
+    def _store(self, msg: Message) -> None:
+        have = self.retained.get(msg.topic)
+        if have is not None and (have.timestamp, have.origin, have.seq) >= (msg.timestamp, msg.origin, msg.seq):
             return  # we hold a newer one (the newest wins after a split)
-        payload = base64.b64decode(item.payload_b64)
-        props = props_of(item.props_b64)
-        msg = Message(item.topic, payload, item.qos, True, item.origin, item.seq, item.publisher, item.ts, props)
-        self.retained.set(item.topic, msg)  # an empty payload stays as a tombstone
-        self.journal.retained_put(item.topic, msg)
+        self.retained.set(msg.topic, msg)  # an empty payload stays as a tombstone
+        self.journal.retained_put(msg.topic, msg)
 
     def on_set(self, frm: str, m: RetSet, now: float) -> None:
         """We own these topics (or hold them for an owner): keep the newest, confirm."""
         for item in m.items:
-            self._store(item)
+            self._store(_message(item, now))
         self.out.put(frm, RetAck([RetainedAck(i.topic, i.ts, i.origin, i.seq) for i in m.items]))
 
     def on_ack(self, frm: str, m: RetAck, now: float) -> None:
@@ -120,14 +133,14 @@ class RetainedOwners:
                 retained.delete(topic)
                 self.journal.retained_delete(topic)
 
-    def rebalance(self) -> None:
+    def rebalance(self, now: float) -> None:
         """The live nodes changed: each topic goes to its owners; we keep only ours."""
         retained = self.retained
         for topic, msg in list(retained.items()):
             if topic.startswith("$"):
                 continue
             own = self.membership.owners(topic)
-            item = _item(msg)
+            item = _item(msg, now)
             for node in own:
                 if node != self.node_id:
                     self._out.setdefault(node, []).append(item)
@@ -136,10 +149,14 @@ class RetainedOwners:
                 self.journal.retained_delete(topic)
 
     def expire_tombstones(self, now: float) -> None:
+        """Tombstones older than ``tombstone_ttl`` go, and messages past their expiry: a
+        newer version wins over either all the same, and an older one cannot come back
+        once the expired one is gone from every owner any more than an expired one may be
+        sent [MQTT-3.3.2-5]."""
         horizon = now + self.wall_offset - self.settings.tombstone_ttl
         retained = self.retained
         for topic, msg in list(retained.items()):
-            if not msg.payload and msg.timestamp < horizon:
+            if (not msg.payload and msg.timestamp < horizon) or (msg.expires is not None and msg.expires <= now):
                 retained.delete(topic)
                 self.journal.retained_delete(topic)
 
@@ -167,36 +184,36 @@ class RetainedOwners:
                 self.out.put(node, RetQuery(qid, topic_filter))
                 lookup.waiting.add(node)
         if not lookup.waiting:
-            self._deliver(qid)
+            self._deliver(qid, now)
         return 0
 
-    def _local(self, topic_filter: str) -> list[RetainedItem]:
-        return [_item(m) for _, m in self.retained.match(topic_filter)]
+    def _local(self, topic_filter: str) -> list[Message]:
+        return [m for _, m in self.retained.match(topic_filter)]
 
     def on_query(self, frm: str, m: RetQuery, now: float) -> None:
-        self.out.put(frm, RetReply(m.qid, self._local(m.filter)))
+        self.out.put(frm, RetReply(m.qid, [_item(msg, now) for msg in self._local(m.filter)]))
 
     def on_reply(self, frm: str, m: RetReply, now: float) -> None:
         lookup = self.lookups.get(m.qid)
         if lookup is not None:
-            self._add_items(lookup, m.items)
+            self._add_items(lookup, [_message(item, now) for item in m.items])
             lookup.waiting.discard(frm)
             if not lookup.waiting:
-                self._deliver(m.qid)
+                self._deliver(m.qid, now)
 
-    def _add_items(self, lookup: _Lookup, items: list[RetainedItem]) -> None:
-        for item in items:
-            have = lookup.items.get(item.topic)
-            if have is None or (item.ts, item.origin, item.seq) > (have.ts, have.origin, have.seq):
-                lookup.items[item.topic] = item
+    def _add_items(self, lookup: _Lookup, items: list[Message]) -> None:
+        for msg in items:
+            have = lookup.items.get(msg.topic)
+            if have is None or (msg.timestamp, msg.origin, msg.seq) > (have.timestamp, have.origin, have.seq):
+                lookup.items[msg.topic] = msg
 
     def expire_lookups(self, now: float) -> None:
         """Lookups whose time is up deliver what they have."""
         for qid, lookup in list(self.lookups.items()):
             if now >= lookup.deadline:
-                self._deliver(qid)
+                self._deliver(qid, now)
 
-    def _deliver(self, qid: int) -> None:
+    def _deliver(self, qid: int, now: float) -> None:
         lookup = self.lookups.pop(qid, None)
         if lookup is None:
             return
@@ -204,12 +221,13 @@ class RetainedOwners:
         if session.subscriptions.get(lookup.filter) is None:
             return  # unsubscribed meanwhile
         auth = self.auth
-        for topic, payload, qos, ts, origin, seq, publisher, props in sorted(
-            lookup.items.values(), key=lambda i: i[:7]
-        ):
-            if not payload:
+        for msg in sorted(lookup.items.values(), key=_topic):
+            if not msg.payload:
                 continue  # a tombstone
-            if auth.acl is not None and not auth.can_receive(session.username, session.client_id, topic):
+            if auth.acl is not None and not auth.can_receive(session.username, session.client_id, msg.topic):
                 continue
-            msg = Message(topic, base64.b64decode(payload), qos, True, origin, seq, publisher, ts, props_of(props))
-            session.deliver(msg, min(qos, lookup.granted), retain=True)  # [MQTT-3.3.1-6, -8]
+            msg = msg.at(now)
+            if msg.expired:
+                self.counters["retained_expired"] += 1  # never sent once expired [MQTT-3.3.2-5]
+                continue
+            session.deliver(msg, min(msg.qos, lookup.granted), retain=True)  # [MQTT-3.3.1-6, -8]

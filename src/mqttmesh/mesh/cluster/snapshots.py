@@ -10,17 +10,20 @@ and when, is claimant.py's and holders.py's business.
 from __future__ import annotations
 
 import base64
+import math
+from dataclasses import replace
 
 from ...message import Message, in_origin_order
 from ...session import Entry
-from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of
+from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of, ttl_ms
 from .replica import _Replicated
 
 __all__ = ["snapshot", "merge_snapshots", "unknown_to", "install"]
 
 
-def snapshot(session: _Replicated) -> Snapshot:
-    """The session's state, as a holder sends it to another (mesh/cluster/cluster_wire.py)."""
+def snapshot(session: _Replicated, now: float) -> Snapshot:
+    """The session's state at ``now``, as a holder sends it to another
+    (mesh/cluster/cluster_wire.py)."""
     entries = []
     for entry in list(session.inflight.values()) + list(session.queue):
         if entry.retain:
@@ -40,6 +43,7 @@ def snapshot(session: _Replicated) -> Snapshot:
                 m.publisher,
                 m.timestamp,
                 props_b64(m.props),
+                None if m.expires is None else ttl_ms(m.expires - now),
             )
         )
     return Snapshot(
@@ -53,8 +57,9 @@ def snapshot(session: _Replicated) -> Snapshot:
         session.epoch,
         session.version,
         [(o, s, state, pid) for (o, s), (state, pid) in session.reserved.items()],
-        [(pid, Forwarded.of(m)) for pid, m in session.inbound.items() if pid in session.awaiting_rel],
+        [(pid, Forwarded.of(m, now)) for pid, m in session.inbound.items() if pid in session.awaiting_rel],
         dict(session.floors),
+        now,
     )
 
 
@@ -67,6 +72,7 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     and forgotten: it is taken as settled (``_Replicated.forgotten``)."""
     if not snaps:
         return None
+    snaps = _from_one_time(snaps)
     done: set[tuple[str, int]] = set()
     floors: dict[str, int] = {}
     for s in snaps:
@@ -130,7 +136,25 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         [(o, s, state, pid) for (o, s), (state, pid) in reserved.items()],
         [(pid, fwd) for pid, fwd in latest.inbound if pid in latest.rel],
         floors,
+        snaps[0].taken_at,
     )
+
+
+def _from_one_time(snaps: list[Snapshot]) -> list[Snapshot]:
+    """``snaps`` with the remaining lives of their messages counted from one time, the
+    latest they were taken or arrived at (what merge_snapshots makes counts from it)."""
+    times = [s.taken_at for s in snaps if s.taken_at is not None]
+    if not times or all(t == times[0] for t in times) and len(times) == len(snaps):
+        return snaps
+    base = max(times)
+    out = []
+    for s in snaps:
+        gone = 0 if s.taken_at is None else math.ceil((base - s.taken_at) * 1000.0)
+        if gone and any(e.ttl_ms is not None for e in s.entries):
+            entries = [e if e.ttl_ms is None else e._replace(ttl_ms=max(0, e.ttl_ms - gone)) for e in s.entries]
+            s = replace(s, entries=entries)
+        out.append(replace(s, taken_at=base))
+    return out
 
 
 def unknown_to(session: _Replicated, snap: Snapshot) -> list[Entry]:
@@ -152,8 +176,10 @@ def unknown_to(session: _Replicated, snap: Snapshot) -> list[Entry]:
     return out
 
 
-def install(session: _Replicated, snap: Snapshot) -> None:
-    """Replace the session's messages with the snapshot's (subscriptions are the caller's job)."""
+def install(session: _Replicated, snap: Snapshot, now: float) -> None:
+    """Replace the session's messages with the snapshot's (subscriptions are the caller's job);
+    ``now``: when it is installed (its messages' lives count from ``snap.taken_at``, or then)."""
+    taken = now if snap.taken_at is None else snap.taken_at
     base = super(_Replicated, session)  # storage only: these are not settlements
     settled = set(snap.done)
     for entry in list(session.inflight.values()) + list(session.queue):
@@ -170,12 +196,14 @@ def install(session: _Replicated, snap: Snapshot) -> None:
         session._raise_floor(origin, floor)
     used = set()
     done = session.done
-    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts, props in snap.entries:
+    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts, props, ttl in snap.entries:
         if (origin, seq) in done:
             # settled here before (this copy remembers TOMBSTONES ids, a snapshot carries
             # those of its copy): a copy that was away, or paused, must not bring it back
             continue
         msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts, props_of(props))
+        if ttl is not None:
+            msg.expiring(ttl / 1000.0 + taken - now, now)
         entry = session._new_entry(msg, qos, False)
         if state and pid and pid not in used:
             entry.packet_id, entry.state = pid, state
@@ -189,7 +217,7 @@ def install(session: _Replicated, snap: Snapshot) -> None:
         base.awaiting_rel_remove(pid)  # type: ignore[attr-defined]  # (journaled by a DurableMeshSession)
     for pid in sorted(new - old):
         base.awaiting_rel_add(pid)  # type: ignore[attr-defined]
-    inbound = {pid: fwd.message() for pid, fwd in snap.inbound if pid in new}
+    inbound = {pid: fwd.message(taken) for pid, fwd in snap.inbound if pid in new}
     ids = {(m.origin, m.seq) for m in inbound.values()}
     session.routed_here = {key for key in session.routed_here if key in ids}
     for pid in session.inbound.keys() - inbound.keys():

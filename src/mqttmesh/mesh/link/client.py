@@ -196,7 +196,7 @@ class LinkClient:
                         self._out.append(encode(PubAck(pkt.packet_id)))
                     events.append(Received(pkt.topic, pkt.payload))
                 elif t == PUBACK:
-                    self.session.on_puback(pkt.packet_id)  # (an unknown id is ignored)
+                    self.session.on_puback(pkt.packet_id, now)  # (an unknown id is ignored)
                 elif t == PINGRESP:
                     if self._ping_sent is not None:
                         events.append(Rtt(now - self._ping_sent))
@@ -218,7 +218,7 @@ class LinkClient:
                     self.state = "authenticating"
                     self._handshake_rtt = now - self._subscribe_sent
                 elif t == PUBLISH and self.state == "authenticating":
-                    failure = self._check_listener(pkt)
+                    failure = self._check_listener(pkt, now)
                     if failure:
                         events.append(AuthFailed(failure))
                         self.state = "refused"
@@ -233,7 +233,7 @@ class LinkClient:
             self.state = "refused"
         return events
 
-    def _check_listener(self, pkt: Publish) -> str | None:
+    def _check_listener(self, pkt: Publish, now: float) -> str | None:
         """The listener's proof: on success our own goes out and the link is ready."""
         if pkt.topic != self._challenge_topic or pkt.qos or pkt.retain:
             return (
@@ -248,7 +248,7 @@ class LinkClient:
         self.peer, self.peer_incarnation = hs.listener, hs.listener_incarnation
         self._auth = None  # one proof per connection
         self.state = "ready"
-        self.session.attach(_Ready(self))  # what is in flight again, DUP=1 [MQTT-4.4.0-1], then the queue
+        self.session.attach(_Ready(self), now)  # what is in flight again, DUP=1 [MQTT-4.4.0-1], then the queue
         return None
 
     # -- sending -------------------------------------------------------------------------
@@ -316,7 +316,7 @@ class _Ready:
     def write_gated(self, frame: bytes, ticket: int) -> None:
         self.client._out.append(frame)  # (a link's session is not replicated)
 
-    def release_acks(self, committed: int) -> None:
+    def release_acks(self, committed: int, now: float) -> None:
         pass  # (nothing of a link's session waits for a store)
 
     def kick(self, reason: str) -> None:

@@ -260,18 +260,21 @@ class PeerLinks:
         # (a fwd batch brings deliveries only, a uni message unicasts only: no order to keep)
         for unicast in unicasts:
             self._unicast(unicast, now)
-        return self._deliver(deliveries, len(unicasts))
+        return self._deliver(deliveries, now, len(unicasts))
 
-    def _deliver(self, deliveries: Sequence[Message], unicasts: int = 0) -> tuple[Batch, Hits]:
+    def _deliver(self, deliveries: Sequence[Message], now: float, unicasts: int = 0) -> tuple[Batch, Hits]:
         """Messages from other nodes to this node's sessions; each QoS 1/2 one acknowledged to
-        its origin once the store has it. Returns the journal batch to wait for and the
-        congested sessions they reached."""
+        its origin once the store has it (an expired one too: it is not delivered, but it
+        arrived). Returns the journal batch to wait for and the congested sessions they
+        reached."""
         engine = self.engine
         broker = self.broker
         congested: list[Hashable] = []
         if not broker.journal.persistent:
             dispatch = broker.dispatch
             for msg in deliveries:
+                if msg.expires is not None:
+                    msg = msg.at(now)  # (it may have waited for its predecessor: order.py)
                 hits = dispatch(msg)  # in memory: nothing to wait for before acknowledging
                 if hits:
                     congested += hits
@@ -286,6 +289,8 @@ class PeerLinks:
         batch = 0
         committed = broker.journal.committed
         for msg in deliveries:
+            if msg.expires is not None:
+                msg = msg.at(now)
             wrote, hits = broker.deliver_remote(msg)
             if hits:
                 congested += hits
@@ -357,7 +362,7 @@ class PeerLinks:
         self.cluster.flush(now)
         late = self.engine.release_held(now)  # (waited for a predecessor too long: order.py)
         if late:
-            self._deliver(late)  # (their links were read long ago: no one to hold back)
+            self._deliver(late, now)  # (their links were read long ago: no one to hold back)
         links = self.links
         for peer, kind, payload, qos in self.engine.tick(now):
             link = links.get(peer)

@@ -57,7 +57,9 @@ __all__ = [
     "version_mismatch",
 ]
 
-PEER_PROTOCOL = 7  # the peer protocol's version: a node refuses a peer of another (7: MQTT 5 properties in envelopes)
+# the peer protocol's version: a node refuses a peer of another (7: MQTT 5 properties in
+# envelopes; 8: what is left of an expiring message's life, issue 23)
+PEER_PROTOCOL = 8
 NONCE_BYTES = 16
 
 _NONCE = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")

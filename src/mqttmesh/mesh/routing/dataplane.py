@@ -226,7 +226,7 @@ class DataPlaneMixin(EngineState):
 
     # ------------------------------------------------------------------ output (engine.flush)
 
-    def _flush_outbox(self, sends: list[Send]) -> None:
+    def _flush_outbox(self, sends: list[Send], now: float) -> None:
         outbox, self._outbox = self._outbox, {}
         limit = self.settings.max_batch_bytes
         for peer, envelopes in outbox.items():
@@ -239,14 +239,14 @@ class DataPlaneMixin(EngineState):
             for i, env in enumerate(envelopes):
                 size += len(env.msg.payload) + 64
                 if size >= limit and i + 1 < len(envelopes):
-                    sends.append(self._batch(peer, envelopes[start : i + 1], stats))
+                    sends.append(self._batch(peer, envelopes[start : i + 1], stats, now))
                     start, size = i + 1, 0
-            sends.append(self._batch(peer, envelopes[start:], stats))
+            sends.append(self._batch(peer, envelopes[start:], stats, now))
 
-    def _batch(self, peer: str, envelopes: list[Envelope], stats: PeerStats) -> Send:
+    def _batch(self, peer: str, envelopes: list[Envelope], stats: PeerStats, now: float) -> Send:
         stats.batches_out += 1
         qos = 1 if any(e.msg.qos for e in envelopes) else 0
-        return _new_tuple(Send, (peer, "fwd", encode_batch(envelopes), qos))  # Send(...) at half the cost
+        return _new_tuple(Send, (peer, "fwd", encode_batch(envelopes, now), qos))  # Send(...) at half the cost
 
     def _flush_unicasts(self, sends: list[Send]) -> None:
         unicast, self._unicast_out = self._unicast_out, {}

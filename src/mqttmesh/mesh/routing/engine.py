@@ -216,7 +216,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         stats = self._stats(peer)
         stats.batches_in += 1
         try:
-            envelopes = decode_batch(payload)
+            envelopes = decode_batch(payload, now)
         except EnvelopeError as exc:
             raise MeshProtocolError(str(exc)) from None
         stats.envelopes_in += len(envelopes)
@@ -241,7 +241,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         if self._flood_out:
             self._flush_floods(sends)
         if self._outbox:
-            self._flush_outbox(sends)
+            self._flush_outbox(sends, now)
         if self._acks_out or self._acks_for:
             self._flush_acks()
         if self._unicast_out:

@@ -12,10 +12,12 @@ the format version, so nodes of different versions can tell.
     envelope = flags:u8 hop_limit:u8 attempt:u8 seq:u64 ts:f64
                origin:u16 publisher:u16 topic:u16 dests:u16 (indexes into the table)
                payload_len:u32 back:u32 [back:u32 * len(dests), with bit 4]
-               [props_len:u32 props, with bit 5] payload
+               [props_len:u32 props, with bit 5] [ttl_ms:u32, with bit 6] payload
     flags    = qos (bits 0-1) | retain (bit 2) | acknowledged to another node (bit 3)
                | one predecessor per destination follows (bit 4)
-               | MQTT 5 properties follow (bit 5: message.Message.props, as encoded);
+               | MQTT 5 properties follow (bit 5: message.Message.props, as encoded)
+               | the message expires (bit 6: ttl_ms, what is left of its life when
+               the batch was made, in milliseconds: each node counts it on its own clock);
                a destination list is its node ids joined by NUL; with bit 3 the origin
                string is the origin and the node to acknowledge to, joined by NUL
 
@@ -24,18 +26,19 @@ to that node, given as ``back = seq - previous`` (0: none, deliver at once); the
 destination delivers the message after its predecessor (order.py, docs/design.md 3.6). An
 envelope to one destination carries it in its record (``back``, 0 for any other envelope);
 one to several carries bit 4 and one ``back`` per destination, in the order of the list.
-Version 3 added them; version 4, the properties.
+Version 3 added them; version 4, the properties; version 5, the remaining life.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 
 from ...message import Message
 
 __all__ = ["VERSION", "Envelope", "for_dests", "encode_batch", "decode_batch", "EnvelopeError", "MAX_STRINGS"]
 
-VERSION = 4
+VERSION = 5
 MAX_STRINGS = 65535
 _HEAD = struct.Struct(">BIH")
 _REC = struct.Struct(">BBBQdHHHHII")
@@ -93,7 +96,9 @@ def for_dests(msg: Message, dests: list[str], hop_limit: int, attempt: int, pmap
     return Envelope(msg, dests, hop_limit, attempt, None, [pmap.get(d, 0) for d in dests])
 
 
-def encode_batch(envelopes: list[Envelope]) -> bytes:
+def encode_batch(envelopes: list[Envelope], now: float) -> bytes:
+    """The batch of ``envelopes`` as it goes out at ``now`` (what is left of an expiring
+    message's life is counted then)."""
     if len(envelopes) * 4 > MAX_STRINGS:
         raise ValueError(f"{len(envelopes)} envelopes do not fit one batch; split it")
     table: dict[str, int] = {}
@@ -133,6 +138,9 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
         props = m.props
         if props is not None:
             flags |= 32
+        expires = m.expires
+        if expires is not None:
+            flags |= 64
         prev = env.prev
         if not prev:  # (no predecessor: every QoS 0 envelope)
             append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), 0))
@@ -150,6 +158,9 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
         if props is not None:
             append(_U32.pack(len(props)))  # (the properties go before the payload)
             append(props)
+        if expires is not None:  # (rounded up: a message with 0.2 ms left is not expired yet)
+            left = expires - now
+            append(_U32.pack(min(math.ceil(left * 1000.0), 0xFFFFFFFF) if left > 0.0 else 0))
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
     for text in strings:
@@ -159,7 +170,9 @@ def encode_batch(envelopes: list[Envelope]) -> bytes:
     return b"".join(head) + b"".join(records)
 
 
-def decode_batch(data: bytes) -> list[Envelope]:
+def decode_batch(data: bytes, now: float) -> list[Envelope]:
+    """The envelopes of a batch that arrived at ``now`` (an expiring message's remaining life
+    counts from then)."""
     try:
         version, count, nstrings = _HEAD.unpack_from(data, 0)
         if version != VERSION:
@@ -187,7 +200,8 @@ def decode_batch(data: bytes) -> list[Envelope]:
                     raise EnvelopeError("a predecessor after its message")
                 back = seq - back  # (on an envelope to several, it is ignored: predecessors())
             props = None
-            if flags & 48:  # (one test on the path of every envelope: bits 4 and 5 are rare)
+            ttl = -1
+            if flags & 112:  # (one test on the path of every envelope: bits 4 to 6 are rare)
                 if flags & 16:
                     n = len(dests)
                     back = [seq - b if b else 0 for b in struct.unpack_from(f">{n}I", data, pos)]
@@ -198,14 +212,19 @@ def decode_batch(data: bytes) -> list[Envelope]:
                     n = _U32.unpack_from(data, pos)[0]
                     props = data[pos + 4 : pos + 4 + n]
                     pos += 4 + n
+                if flags & 64:
+                    ttl = _U32.unpack_from(data, pos)[0]
+                    pos += 4
             payload = data[pos : pos + plen]
             pos += plen
             topic = strings[ti]
             qos = flags & 3
-            if qos == 3 or not topic:
+            if qos == 3 or not topic or flags & 128:
                 raise EnvelopeError("invalid envelope flags or topic")
             msg = Message(topic, payload, qos, flags & 4 == 4, strings[oi], seq, strings[pi], ts, props)
             msg._topic_bytes = raws[ti]  # saves re-encoding it for every subscriber frame
+            if ttl >= 0:
+                msg.expiring(ttl / 1000.0, now)
             if flags & 8:
                 origin, sep, msg.ack_to = msg.origin.partition("\0")
                 if not sep or not msg.ack_to:
