@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from support.integration import Client, Paho, open_client
+from support.paho5 import Paho5
 
 
 @pytest.fixture
@@ -53,3 +54,18 @@ def browser():
         yield driver
     finally:
         driver.quit()
+
+
+@pytest.fixture
+def paho5():
+    """``paho5(client_id, websocket=False)`` makes paho MQTT 5 clients; all are stopped at teardown."""
+    made: list[Paho5] = []
+
+    def make(client_id: str, websocket: bool = False) -> Paho5:
+        p = Paho5(client_id, websocket)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.stop()
