@@ -251,6 +251,9 @@ class Broker:
         self.trie = table.trie
         self.session_factory = table.factory
         self.retained_port = ports.retained  # where non-$ retained messages go, in a mesh
+        # ClientId -> (when, will message, its Message Expiry Interval): wills waiting for
+        # their Will Delay Interval on this node (``delay_will``)
+        self.delayed_wills: dict[str, tuple[float, Message, int | None]] = {}
         self.forwarding = ports.forwarding  # messages for the clients of local sessions that just moved
 
     def send_retained(self, session: Session, topic_filter: str, granted: int, now: float) -> int:
@@ -331,6 +334,25 @@ class Broker:
                 if auth.can_receive(session.username, session.client_id, topic):
                     session.deliver(msg, qos if qos < granted else granted)
         return hits
+
+    def delay_will(self, client_id: str, msg: Message, expiry: int | None, due: float) -> None:
+        """A will that waits for its Will Delay Interval (MQTT 5; on one node: in a mesh the
+        registrar keeps it): published at ``due`` by ``publish_due_wills`` unless a new
+        connection for ``client_id`` comes first (``Channel``) [MQTT-3.1.3-9]; ``expiry``: its
+        Message Expiry Interval, counted from then."""
+        self.delayed_wills[client_id] = (due, msg, expiry)
+
+    def publish_due_wills(self, now: float) -> int:
+        """The delayed wills whose time came [MQTT-3.1.2-8]; how many."""
+        due = [cid for cid, (at, _, _) in self.delayed_wills.items() if at <= now]
+        for cid in due:
+            _, msg, expiry = self.delayed_wills.pop(cid)
+            msg.timestamp = now + self.wall_offset
+            if expiry is not None:
+                msg.expiring(expiry, now)
+            self.stats.wills_published += 1
+            self.publish(msg)
+        return len(due)
 
     def publish_sys(self, msg: Message) -> None:
         """Retain and deliver a message about this node (``$SYS/...``): each receiver

@@ -87,8 +87,9 @@ class ClaimPort(Protocol):
         with ``channel.claimed(session, present, now)`` (``will_seq``: the number its will's
         message takes, wherever it is published)."""
 
-    def disconnected(self, channel: ClaimingChannel, now: float) -> None:
-        """A local connection ended; its will, if due, is the Channel's to publish."""
+    def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:
+        """A local connection ended; its will, if due now, is the Channel's to publish;
+        ``delayed``: it waits for its Will Delay Interval (the mesh publishes it then)."""
 
 
 class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
@@ -315,6 +316,12 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         if self in broker.congestion.paused:
             broker.congestion.unpause(self)
         session = self.session
+        will = self.will if publish_will and was_connected else None
+        # MQTT 5: a will with a Will Delay Interval waits for it, unless its session ends with
+        # the connection (then it goes now) [MQTT-3.1.2-8]
+        delay = will.properties.get(P.WILL_DELAY, 0) if will is not None and will.properties else 0
+        if delay and (session is None or session.clean):
+            delay = 0
         if session is not None and session.channel is self:
             broker.table.close_session(session)
         if self._deferred:
@@ -325,14 +332,24 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         if self.is_peer and was_connected and self.peers is not None:
             self.peers.peer_closed(self, self.last_rx if now is None else now)
         if was_connected and self.claims is not None and not self.is_peer:
-            self.claims.disconnected(self, self.last_rx)
-        if publish_will and was_connected and self.will is not None:
-            will, self.will = self.will, None
-            broker.stats.wills_published += 1
+            # in a mesh a delayed will is the registrar's to publish (or to drop, when the
+            # client connects again on any node first: mesh/cluster/registry.py)
+            self.claims.disconnected(self, self.last_rx, delayed=bool(delay))
+            if delay:
+                will = None
+        if will is not None:
             # [MQTT-3.1.2-16/17]
             props = will.properties
             fwd, expiry = (P.forwarded(props), props.get(P.MESSAGE_EXPIRY)) if props else (None, None)
-            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq, fwd, expiry)
+            if delay:
+                msg = self._message(
+                    will.topic, will.payload, will.qos, will.retain, self.last_rx, fwd, None, self.will_seq
+                )
+                if msg is not None:
+                    broker.delay_will(self.client_id, msg, expiry, (self.last_rx if now is None else now) + delay)
+            else:
+                broker.stats.wills_published += 1
+                self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq, fwd, expiry)
         self.will = None  # [MQTT-3.1.2-10]
 
     # -- CONNECT -------------------------------------------------------------------------------
@@ -439,6 +456,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         if not self.is_peer:
             self.decoder.max_packet_size = self.broker.settings.max_packet_size
         self.broker.stats.connections_total += 1
+        self.broker.delayed_wills.pop(self.client_id, None)  # a new connection came first [MQTT-3.1.3-9]
         session.username = self.username
         self.session = session
         if self.v5 is None:

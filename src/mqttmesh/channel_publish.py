@@ -191,10 +191,12 @@ class Publishing:
         now: float,
         props: bytes | None = None,
         expiry: int | None = None,
+        seq: int = 0,
     ) -> Message | None:
         """A message from this client, numbered, to be routed later (``_route``); None if it
         may not be published (acknowledged all the same [MQTT-3.3.5-2]). ``_publish`` does
-        the same inline, on the path every message takes."""
+        the same inline, on the path every message takes. ``seq``: its number if reserved
+        (a will's)."""
         broker = self.broker
         broker.stats.received[qos] += 1
         if self._read is not None:
@@ -203,7 +205,7 @@ class Publishing:
         if topic[0] == "$" or (auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)):
             broker.stats.publish_denied += 1
             return None
-        seq = next(broker.seqs)
+        seq = seq or next(broker.seqs)
         msg = Message(topic, payload, qos, retain, broker.node_id, seq, self.client_id, now + broker.wall_offset, props)
         return msg if expiry is None else msg.expiring(expiry, now)
 

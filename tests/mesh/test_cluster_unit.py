@@ -908,7 +908,10 @@ GOLDEN = [
         {"cid": "c1", "conn": "n1/7/3", "epoch": 5, "prev": "n2", "kept": 4},
     ),
     (RegKick("c1", "n1/7/3", 5, "n2"), {"cid": "c1", "conn": "n1/7/3", "epoch": 5, "by": "n2"}),
-    (RegRelease("c1", "n1/7/3", 4, "n1"), {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "node": "n1"}),
+    (
+        RegRelease("c1", "n1/7/3", 4, "n1", True),
+        {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "node": "n1", "delayed": True},
+    ),
     (
         RegRegister("c1", "n1", 7, "n1/7/3", 4, True, None, 1700000000.25),
         {

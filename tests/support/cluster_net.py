@@ -81,8 +81,9 @@ class FakeChannel:
     def kick(self, reason: str) -> None:
         self.close(reason)
 
-    def close(self, reason: str) -> None:
-        """As Channel._end: the session detaches, then the cluster hears of it."""
+    def close(self, reason: str, delayed: bool = False) -> None:
+        """As Channel._end: the session detaches, then the cluster hears of it (``delayed``:
+        the connection ended with a will that waits for its Will Delay Interval)."""
         if self.state == "closed":
             return
         was_connected = self.state == "connected"
@@ -91,7 +92,7 @@ class FakeChannel:
         if self.session is not None and self.session.channel is self:
             broker.table.close_session(self.session)
         if was_connected:
-            cluster.disconnected(self, self.net.t)
+            cluster.disconnected(self, self.net.t, delayed)
 
 
 class _Published:

@@ -286,6 +286,7 @@ class Node:
             if now - conn.blocked_at >= congestion.timeout and conn.channel is not None:
                 self.broker.stats.slow_consumers += 1
                 conn.reset(f"slow consumer: more than {self.max_write_buffer} bytes unsent for {congestion.timeout:g}s")
+        self.broker.publish_due_wills(now)
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
 
     def _flow_tick(self) -> None:

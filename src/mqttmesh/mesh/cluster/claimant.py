@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from ...broker import ClaimingChannel
 from ...packets import UNAVAILABLE
-from ...properties import forwarded
+from ...properties import MESSAGE_EXPIRY, WILL_DELAY, forwarded
 from .cluster_values import LocalConnection, props_b64
 from .cluster_wire import (
     Outbox,
@@ -93,11 +93,16 @@ class Claim:
         self.answered: set[str] = set()  # nodes that sent their copy (or said they have none)
 
 
-def _wire_will(will: Will | None, seq: int = 0) -> WireWill | None:
+def _wire_will(will: Will | None, seq: int = 0, clean: bool = True) -> WireWill | None:
+    """The will as the registrar keeps it; its delay only when the session outlives the
+    connection (a session that ends with it ends the delay too [MQTT-3.1.2-8])."""
     if will is None:
         return None
     props = props_b64(forwarded(will.properties))
-    return WireWill(will.topic, base64.b64encode(will.payload).decode(), will.qos, will.retain, seq, props)
+    expiry = will.properties.get(MESSAGE_EXPIRY) if will.properties else None
+    delay = 0 if clean or not will.properties else will.properties.get(WILL_DELAY, 0)
+    payload = base64.b64encode(will.payload).decode()
+    return WireWill(will.topic, payload, will.qos, will.retain, seq, props, expiry, delay)
 
 
 class Claimant:
@@ -143,8 +148,8 @@ class Claimant:
         # connections that ended here (their wills published or discarded here), told to
         # the registrar again with every registration round for a while: a release lost in
         # a partition would leave the registrar to publish the will a second time when it
-        # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until)
-        self.released: dict[tuple[str, str], tuple[int, float]] = {}
+        # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until, whether its will is delayed)
+        self.released: dict[tuple[str, str], tuple[int, float, bool]] = {}
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
         self.last_register = 0.0
 
@@ -159,7 +164,7 @@ class Claimant:
             self._refuse_unready(channel, why, now)
             return
         conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
-        claim = Claim(channel, cid, clean, _wire_will(will, will_seq), conn, now)
+        claim = Claim(channel, cid, clean, _wire_will(will, will_seq, clean), conn, now)
         claim.deadline = now + self.settings.claim_timeout
         self.claims[conn] = claim
         if why is not None:
@@ -349,17 +354,19 @@ class Claimant:
         channel.claimed(session, present, now)
         holders.served(session, now)
 
-    def disconnected(self, channel: ClaimingChannel, now: float) -> None:
+    def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:
+        """``channel``'s connection ended; ``delayed``: its will is due after its Will Delay
+        Interval (the registrar publishes it then, unless the client connects again)."""
         cid = channel.client_id
         local = self.local.get(cid)
         if local is None or local.channel is not channel:
             return
         del self.local[cid]
-        self._release(cid, local.conn, local.epoch, now)
+        self._release(cid, local.conn, local.epoch, now, delayed)
 
-    def _release(self, cid: str, conn: str, epoch: int, now: float) -> None:
-        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval)
-        self.out.put(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id))
+    def _release(self, cid: str, conn: str, epoch: int, now: float, delayed: bool = False) -> None:
+        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval, delayed)
+        self.out.put(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id, delayed))
 
     def on_kick(self, frm: str, m: RegKick, now: float) -> None:
         self.counters["kicks"] += frm != self.node_id
@@ -377,11 +384,12 @@ class Claimant:
     def register_local(self, now: float) -> None:
         """Tell the registrars which clients are here (after a change, and periodically)."""
         self.last_register = now
-        for (cid, conn), (epoch, until) in list(self.released.items()):
+        for (cid, conn), (epoch, until, delayed) in list(self.released.items()):
             if now >= until:
                 del self.released[(cid, conn)]
             else:  # (idempotent at the registrar: it drops a release of another connection)
-                self.out.put(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id))
+                release = RegRelease(cid, conn, epoch, self.node_id, delayed)
+                self.out.put(self.membership.registrars(cid)[0], release)
         # (a copy: a registration handled here may end a local connection, fuzzer seed 214)
         for cid, local in list(self.local.items()):
             if self.local.get(cid) is not local:

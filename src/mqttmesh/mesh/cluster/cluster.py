@@ -267,9 +267,10 @@ class Cluster:
         self.claimant.connect(channel, cid, clean, will, now, will_seq)
         self.send_out(now)
 
-    def disconnected(self, channel: ClaimingChannel, now: float) -> None:
-        """A local connection ended; its will, if due, was published here by the Channel."""
-        self.claimant.disconnected(channel, now)
+    def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:
+        """A local connection ended; its will, if due now, was published here by the Channel;
+        ``delayed``: it is due after its Will Delay Interval, the registrar's to publish."""
+        self.claimant.disconnected(channel, now, delayed)
         self.send_out(now)
 
     # ------------------------------------------------------------------ input and time

@@ -234,6 +234,10 @@ class WireWill:
     # whoever publishes it publishes that one message, taken once by the duplicate filters
     seq: int = 0
     props_b64: str | None = None  # the will's MQTT 5 properties, as its message carries them
+    # its Message Expiry Interval (seconds, counted from when it is published), if it has one
+    expiry: int | None = None
+    # its Will Delay Interval (seconds) when its session outlives the connection (MQTT 5)
+    delay: int = 0
 
     def to_json(self) -> dict[str, Any]:
         out = {"topic": self.topic, "payload": self.payload_b64, "qos": self.qos, "retain": self.retain}
@@ -241,6 +245,10 @@ class WireWill:
             out["seq"] = self.seq
         if self.props_b64 is not None:
             out["props"] = self.props_b64
+        if self.expiry is not None:
+            out["expiry"] = self.expiry
+        if self.delay:
+            out["delay"] = self.delay
         return out
 
     @classmethod
@@ -256,6 +264,8 @@ class WireWill:
             _bool(_key(o, "retain", where), where, "retain"),
             _int(o.get("seq", 0), where, "seq"),
             _props_json(o.get("props"), where),
+            _ttl_json(o.get("expiry"), where),
+            _ttl_json(o.get("delay", 0), where) or 0,
         )
 
 
@@ -276,9 +286,12 @@ class Registration:
     will: WireWill | None
     connected: bool
     at: float  # wall-clock seconds of the claim (the split-brain tie-break)
+    # wall-clock seconds when the will of a connection that ended is due (its Will Delay
+    # Interval after the end): published then unless a new connection for the ClientId came
+    will_due: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "cid": self.cid,
             "node": self.node,
             "inc": self.inc,
@@ -289,6 +302,9 @@ class Registration:
             "connected": self.connected,
             "at": self.at,
         }
+        if self.will_due is not None:
+            out["will_due"] = self.will_due
+        return out
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Registration:
@@ -303,6 +319,7 @@ class Registration:
             WireWill.from_json(_key(o, "will", where), where),
             _bool(_key(o, "connected", where), where, "connected"),
             _num(_key(o, "at", where), where, "at"),
+            None if o.get("will_due") is None else _num(o["will_due"], where, "will_due"),
         )
 
 

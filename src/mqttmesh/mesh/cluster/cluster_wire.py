@@ -248,6 +248,9 @@ class RegRelease(_Flat):
     conn: str
     epoch: int
     node: str
+    # the connection ended without a DISCONNECT that deletes the will, whose Will Delay
+    # Interval defers it: the registrar publishes it when due (registry.py)
+    delayed: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,10 @@ class Registry:
             if entry.node not in members.live or members.incs.get(entry.node) != entry.inc:
                 # the old connection went with its node (no kick can reach it): its will is
                 # due now, not after will_delay, for this claim replaces the registration
-                self._publish_will(entry, now, out)
+                # (one with a Will Delay Interval never: a new connection came first
+                # [MQTT-3.1.3-9])
+                if not _delays(entry):
+                    self._publish_will(entry, now, out)
             else:
                 self.counters["kicks"] += 1
                 self.kicked[(cid, entry.conn)] = (entry, now)
@@ -121,7 +124,12 @@ class Registry:
                     out.append(ToNode(r, m))
         entry = self.entries.get(m.cid)
         if entry is not None and entry.conn == m.conn:
-            self._store(dataclasses.replace(entry, connected=False, will=None), out)
+            if m.delayed and _delays(entry):
+                if entry.connected or entry.will_due is None:  # (a release sent again: kept)
+                    due = now + self.wall_offset + entry.will.delay  # type: ignore[union-attr]
+                    self._store(dataclasses.replace(entry, connected=False, will_due=due), out)
+            else:
+                self._store(dataclasses.replace(entry, connected=False, will=None, will_due=None), out)
         return out
 
     def on_copy(self, frm: str, m: RegCopy, now: float) -> RegistryOut:
@@ -152,8 +160,8 @@ class Registry:
         nobody else knows of it any more (published by the registrar). On a node believed
         alive, that node publishes it when the connection ends; it is kept among the kicked
         in case the node turns out dead first."""
-        if not entry.connected or entry.will is None:
-            return
+        if not entry.connected or entry.will is None or _delays(entry):
+            return  # (a will with a delay: a new connection came first [MQTT-3.1.3-9])
         members = self.membership
         if entry.node in members.live and members.incs.get(entry.node) == entry.inc:
             # (believed alive: kept until its node closes it, or is found dead or restarted:
@@ -204,8 +212,9 @@ class Registry:
                 # holds it publishes it (a registrar, its backup, one that was registrar when
                 # it kept it, seed 17): one message by its id, taken once everywhere
                 del self.kicked[key]
-                if self._may_publish(entry):
+                if self._may_publish(entry) and not _delays(entry):
                     self._publish_will(entry, now, out)
+        self._publish_due_wills(now, out)
         if not dead:
             return out
         for cid, entry in list(self.entries.items()):
@@ -218,10 +227,26 @@ class Registry:
                 node_dead = entry.node in dead
             if not node_dead or membership.registrars(cid)[0] != self.node_id:
                 continue
+            if _delays(entry):  # the connection ended with its node: its will is due after its delay
+                due = now + self.wall_offset + entry.will.delay  # type: ignore[union-attr]
+                self._store(dataclasses.replace(entry, connected=False, will_due=due), out)
+                continue
             self._store(dataclasses.replace(entry, connected=False, will=None), out)
             self._publish_will(entry, now, out)
         membership.restarts_settled()
         return out
+
+    def _publish_due_wills(self, now: float, out: RegistryOut) -> None:
+        """Wills whose Will Delay Interval passed with no new connection for their ClientId
+        (a claim or a registration replaces the entry, and the will with it [MQTT-3.1.3-9]):
+        published by the registrar, once [MQTT-3.1.2-8]."""
+        wall = now + self.wall_offset
+        for cid, entry in list(self.entries.items()):
+            due = entry.will_due
+            if due is None or due > wall or entry.connected or self.membership.registrars(cid)[0] != self.node_id:
+                continue
+            self._store(dataclasses.replace(entry, will=None, will_due=None), out)
+            self._publish_will(entry, now, out)
 
     def _publish_will(self, entry: Registration, now: float, out: RegistryOut) -> None:
         will = entry.will
@@ -233,6 +258,8 @@ class Registry:
         if not will.seq:  # (a registration of before the will's number was reserved)
             msg = Message(will.topic, payload, will.qos, will.retain, self.node_id, 0, entry.cid, wall)
             msg.props = props_of(will.props_b64)
+            if will.expiry is not None:
+                msg.expiring(will.expiry, now)  # (counted from its publication)
             out.append(WillDue(msg))
             return
         # the message the connection's node would have published, under its id: if that node
@@ -240,6 +267,8 @@ class Registry:
         # filter and every persistent session take it once
         msg = Message(will.topic, payload, will.qos, will.retain, entry.node, will.seq, entry.cid, wall)
         msg.props = props_of(will.props_b64)
+        if will.expiry is not None:
+            msg.expiring(will.expiry, now)
         if entry.node != self.node_id:
             msg.ack_to = self.node_id  # (the destinations acknowledge to us: custody is ours)
         out.append(WillDue(msg))
@@ -251,6 +280,12 @@ class Registry:
             for cid, e in sorted(self.entries.items())
             if self.membership.registrars(cid)[0] == self.node_id
         }
+
+
+def _delays(entry: Registration) -> bool:
+    """Its connection's will waits for a Will Delay Interval (MQTT 5, a session that outlives
+    the connection)."""
+    return entry.will is not None and entry.will.delay > 0
 
 
 def _registration(m: RegRegister, epoch: int) -> Registration:

@@ -1,0 +1,113 @@
+"""The MQTT 5 Will Delay Interval across the mesh (mesh/cluster/registry.py), on the cluster
+cores of five nodes wired by tests/support/cluster_net.py (on one node:
+tests/unit/test_will_delay_unit.py).
+
+A will whose session outlives its connection waits for its delay; the ClientId's registrar
+keeps it (with its backup), publishes it once when the delay passed, and drops it when a new
+connection for the ClientId is made on any node first [MQTT-3.1.3-9] [MQTT-3.1.2-8]. A will
+whose session ends with the connection goes at once. Rule ids are MQTT 5.0's.
+"""
+
+from __future__ import annotations
+
+from mqttmesh import properties as P
+from mqttmesh.mesh.cluster.cluster import ClusterSettings
+from mqttmesh.packets import Will
+from support.cluster_net import Net, cid_with
+
+
+def _cid(net: Net, at: str) -> str:
+    """A ClientId whose registrar is neither ``at`` nor the node the tests reconnect to."""
+    return cid_with(net, lambda regs, holders: at not in regs[:1])
+
+
+def _wills(net: Net, topic: str) -> list[str]:
+    return [n for n in sorted(net.up) for m in net.published[n] if m.topic == topic]
+
+
+def _will(delay: int, expiry: int | None = None) -> Will:
+    props = {P.WILL_DELAY: delay}
+    if expiry is not None:
+        props[P.MESSAGE_EXPIRY] = expiry
+    return Will("w/d", b"gone", 1, False, props)
+
+
+def test_a_delayed_will_is_published_once_by_the_registrar_when_its_delay_passed():
+    """[MQTT-3.1.2-8]: after the connection closed and the delay passed, by the registrar,
+    not by the node the client was on; its Message Expiry counts from then."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = _cid(net, "a")
+    registrar = net.clusters["b"].members.registrars(cid)[0]
+    ch = net.connect("a", cid, clean=False, will=_will(3, expiry=60))
+    net.tick(0.1)
+    ch.close("connection lost", delayed=True)
+    net.pump()
+    net.tick(2.9)
+    assert _wills(net, "w/d") == []
+    net.tick(0.2)
+    assert _wills(net, "w/d") == [registrar]
+    [msg] = [m for m in net.published[registrar] if m.topic == "w/d"]
+    assert msg.expires == net.t + 60.0  # (counted from its publication)
+    net.tick(10.0)
+    assert _wills(net, "w/d") == [registrar]  # once
+    assert net.clusters[registrar].registry.entries[cid].will is None
+
+
+def test_a_new_connection_on_another_node_within_the_delay_cancels_the_will():
+    """[MQTT-3.1.3-9]: the client comes back at c before the delay passed: never published."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = _cid(net, "a")
+    ch = net.connect("a", cid, clean=False, will=_will(3))
+    net.tick(0.1)
+    ch.close("connection lost", delayed=True)
+    net.pump()
+    net.tick(1.0)
+    back = net.connect("c", cid, clean=False)
+    assert back.state == "connected"
+    net.tick(10.0)
+    assert _wills(net, "w/d") == []
+
+
+def test_the_will_of_a_client_whose_node_died_waits_for_its_delay():
+    """The connection ended with its node: the will is due its delay after the registrar
+    found the node gone, not at once [MQTT-3.1.2-8]."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = _cid(net, "a")
+    registrar = net.clusters["b"].members.registrars(cid)[0]
+    net.connect("a", cid, clean=False, will=_will(4))
+    net.up.discard("a")
+    net.membership()
+    net.tick(0.6)  # (will_delay: the registrar takes a's clients for gone)
+    net.tick(2.0)
+    assert _wills(net, "w/d") == []
+    net.tick(3.0)
+    assert _wills(net, "w/d") == [registrar]
+
+
+def test_a_reconnect_elsewhere_after_its_node_died_cancels_the_delayed_will():
+    """[MQTT-3.1.3-9]: the client's node died; it connects again on another node within the
+    delay: the will is never published."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = _cid(net, "a")
+    net.connect("a", cid, clean=False, will=_will(4))
+    net.up.discard("a")
+    net.membership()
+    net.tick(0.6)
+    back = net.connect("c", cid, clean=False)
+    for _ in range(10):  # (the claim waits for a, a holder, until it is found gone)
+        if back.state == "connected":
+            break
+        net.tick(0.2)
+    assert back.state == "connected" and _wills(net, "w/d") == []
+    net.tick(10.0)
+    assert _wills(net, "w/d") == []
+
+
+def test_a_will_whose_session_ends_with_the_connection_goes_at_once():
+    """A clean session (Session Expiry 0) ends when the connection does, and with it the
+    delay [MQTT-3.1.2-8]: the registrar keeps no delay for it."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = _cid(net, "a")
+    net.connect("a", cid, clean=True, will=_will(30))
+    registrar = net.clusters["b"].members.registrars(cid)[0]
+    assert net.clusters[registrar].registry.entries[cid].will.delay == 0
