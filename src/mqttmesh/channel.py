@@ -81,11 +81,19 @@ class ClaimPort(Protocol):
     None outside a mesh: the Channel opens the session with the Broker itself."""
 
     def connect(
-        self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
+        self,
+        channel: ClaimingChannel,
+        cid: str,
+        clean: bool,
+        will: Will | None,
+        now: float,
+        will_seq: int = 0,
+        fresh: bool | None = None,
     ) -> None:
         """A client passed authentication: claim ``cid``, gather its session, and answer
         with ``channel.claimed(session, present, now)`` (``will_seq``: the number its will's
-        message takes, wherever it is published)."""
+        message takes, wherever it is published; ``clean``: the session ends with the
+        connection, ``fresh``: the one held is discarded first, ``clean`` when None)."""
 
     def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:
         """A local connection ended; its will, if due now, is the Channel's to publish;
@@ -418,16 +426,10 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         if conn is not None:
             clean = conn.session_expiry == 0
         if self.claims is not None and not self.is_peer:
-            if clean != fresh:
-                # the mesh's claim knows CleanSession only (until sessions expire): served
-                # clean, and CONNACK says the session ends with the connection
-                clean = True
-                if conn is not None:
-                    conn.session_expiry = 0
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
             # the id and gathers the session, then calls claimed() (mesh/cluster/cluster.py)
             self.state = CLAIMING
-            self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq)
+            self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq, fresh)
             return
         mark = broker.journal.mark()
         session, present = broker.table.open_session(self, self.client_id, clean, durable=not self.is_peer, fresh=fresh)

@@ -719,10 +719,10 @@ class _Claims:
     def __init__(self):
         self.calls = []
 
-    def connect(self, channel, client_id, clean, will, now, will_seq=0):
+    def connect(self, channel, client_id, clean, will, now, will_seq=0, fresh=None):
         self.calls.append((channel, client_id))
 
-    def disconnected(self, channel, now):
+    def disconnected(self, channel, now, delayed=False):
         self.calls.append((channel, "disconnected"))
 
 

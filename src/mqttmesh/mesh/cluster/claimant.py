@@ -64,6 +64,7 @@ class Claim:
         "channel",
         "cid",
         "clean",
+        "fresh",
         "will",
         "conn",
         "started",
@@ -78,8 +79,20 @@ class Claim:
         "answered",
     )
 
-    def __init__(self, channel: ClaimingChannel, cid: str, clean: bool, will: WireWill | None, conn: str, now: float):
+    def __init__(
+        self,
+        channel: ClaimingChannel,
+        cid: str,
+        clean: bool,
+        will: WireWill | None,
+        conn: str,
+        now: float,
+        fresh: bool | None = None,
+    ):
+        """``clean``: the session ends with the connection; ``fresh``: the session held is
+        discarded, not gathered (3.1.1's CleanSession is both; MQTT 5 asks them apart)."""
         self.channel, self.cid, self.clean, self.will, self.conn = channel, cid, clean, will, conn
+        self.fresh = clean if fresh is None else fresh
         self.started = now
         self.stage = CLAIM
         self.epoch = 0
@@ -156,15 +169,23 @@ class Claimant:
     # -- connecting -----------------------------------------------------------------------------
 
     def connect(
-        self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
+        self,
+        channel: ClaimingChannel,
+        cid: str,
+        clean: bool,
+        will: Will | None,
+        now: float,
+        will_seq: int = 0,
+        fresh: bool | None = None,
     ) -> None:
         self.counters["claims"] += 1
-        why = self._not_ready(cid, clean, now)
+        fresh = clean if fresh is None else fresh
+        why = self._not_ready(cid, clean and fresh, now)
         if why is not None and not self.membership.forming(now):
             self._refuse_unready(channel, why, now)
             return
         conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
-        claim = Claim(channel, cid, clean, _wire_will(will, will_seq, clean), conn, now)
+        claim = Claim(channel, cid, clean, _wire_will(will, will_seq, clean), conn, now, fresh)
         claim.deadline = now + self.settings.claim_timeout
         self.claims[conn] = claim
         if why is not None:
@@ -177,7 +198,8 @@ class Claimant:
         self._to_registrar(claim, now)
 
     def _not_ready(self, cid: str, clean: bool, now: float) -> str | None:
-        """Why this node may not take a claim of ``cid`` now (None: it may)."""
+        """Why this node may not take a claim of ``cid`` now (None: it may); ``clean``: a
+        clean session that starts afresh (no copy to gather, none to make)."""
         members = self.membership
         if not members.routing_ready(now):
             # just started: the subscriptions of the other nodes are not known here yet, and
@@ -202,7 +224,7 @@ class Claimant:
     def _waited(self, claim: Claim, now: float) -> None:
         """A claim that waited for the mesh to form goes on if the node may take it now, and
         is refused as it would have been at once if the wait is over (claim_timeout)."""
-        why = self._not_ready(claim.cid, claim.clean, now)
+        why = self._not_ready(claim.cid, claim.clean and claim.fresh, now)
         if why is None or now >= claim.deadline:
             del self.claims[claim.conn]  # (nothing was said to a registrar yet)
             claim.stage = DONE
@@ -230,8 +252,9 @@ class Claimant:
 
     def _ungranted(self, claim: Claim, now: float) -> None:
         """The registrar is out of reach or did not answer: a clean session is served anyway
-        (availability), a persistent one is not (one live copy): CONNACK 0x03."""
-        if claim.clean:
+        (availability), a persistent one is not (one live copy), nor a clean one that resumes
+        a session: CONNACK 0x03."""
+        if claim.clean and claim.fresh:
             self._granted(claim, 0, None, now)
             return
         self._refuse(claim, "the ClientId's registrar did not answer", now)
@@ -302,7 +325,7 @@ class Claimant:
         claim.epoch = epoch
         claim.prev = prev
         holders = self.membership.holders(claim.cid, prev)
-        if claim.clean:
+        if claim.fresh:
             # a clean start discards the persistent session wherever it is [MQTT-3.1.2-6]
             for node in sorted(set(holders) - {self.node_id}):  # (sorted: the same order every run)
                 self.out.put(node, SessDiscard(claim.cid, epoch))
@@ -329,7 +352,7 @@ class Claimant:
             return
         holders = self.holders
         merged = None
-        if not claim.clean:
+        if not claim.fresh:
             # our own copy as it is now (it kept queueing while we gathered), and the others'
             snaps = list(claim.snaps)
             own_copy = holders.own_copy(claim.cid, now)
@@ -348,7 +371,15 @@ class Claimant:
                     self._refuse(claim, "no copy of the session's latest state is within reach", now)
                     return
             merged = merge_snapshots(snaps)
-        session, present = holders.serve(channel, claim.cid, claim.clean, merged, claim.epoch, claim.forwarded, now)
+        session, present = holders.serve(
+            channel, claim.cid, claim.clean, merged, claim.epoch, claim.forwarded, now, claim.fresh
+        )
+        if claim.clean and not claim.fresh:
+            # a session resumed to end with this connection (MQTT 5: Clean Start 0, Session
+            # Expiry 0) lives here only from now on: the holders' copies go
+            holder_nodes = self.membership.holders(claim.cid, claim.prev)
+            for node in sorted(set(holder_nodes) - {self.node_id}):
+                self.out.put(node, SessDiscard(claim.cid, claim.epoch))
         wall = now + self.wall_offset
         self.local[claim.cid] = LocalConnection(channel, claim.conn, claim.epoch, claim.will, claim.clean, wall)
         channel.claimed(session, present, now)

@@ -261,10 +261,17 @@ class Cluster:
     # ------------------------------------------------------------------ the Channel's side
 
     def connect(
-        self, channel: ClaimingChannel, cid: str, clean: bool, will: Will | None, now: float, will_seq: int = 0
+        self,
+        channel: ClaimingChannel,
+        cid: str,
+        clean: bool,
+        will: Will | None,
+        now: float,
+        will_seq: int = 0,
+        fresh: bool | None = None,
     ) -> None:
         """A client passed authentication; finish with ``channel.claimed(session, present, now)``."""
-        self.claimant.connect(channel, cid, clean, will, now, will_seq)
+        self.claimant.connect(channel, cid, clean, will, now, will_seq, fresh)
         self.send_out(now)
 
     def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:

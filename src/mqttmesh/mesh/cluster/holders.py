@@ -104,14 +104,19 @@ class Holders(Confirmations):
         epoch: int,
         forwarded: list[tuple[SessFwd, float]],
         now: float,
+        fresh: bool | None = None,
     ) -> tuple[Session, bool]:
         """The session of a claim that ended here, for ``channel``: (session, present). A
         persistent one is the ``merged`` copies gathered, at a claim ``epoch`` newer than all
         of them, with what the holders ``forwarded`` meanwhile."""
-        session, present = self.table.open_session(channel, cid, clean)
+        fresh = clean if fresh is None else fresh
+        # a session resumed to end with this connection is a replica while it is served (the
+        # copies gathered go into it), and ends with the connection all the same
+        session, present = self.table.open_session(channel, cid, clean and fresh, fresh=fresh)
         replica = replica_of(session)
-        if clean or replica is None:
+        if (clean and fresh) or replica is None:
             return session, present
+        session.clean = clean
         if merged is not None:
             self.counters["sessions_gathered"] += 1
             install(replica, merged, now)
