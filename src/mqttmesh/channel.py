@@ -51,6 +51,7 @@ from .packets import (
     ID_REJECTED,
 )
 from .ports import PEER_USERNAME
+from .session import KEPT
 
 if TYPE_CHECKING:
     from .broker import Broker, ClaimingChannel
@@ -331,7 +332,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         if delay and (session is None or session.clean):
             delay = 0
         if session is not None and session.channel is self:
-            broker.table.close_session(session)
+            broker.table.close_session(session, self.last_rx if now is None else now)
         if self._deferred:
             # messages waiting for the holders are not routed from a closed connection: the
             # session keeps them and the node the client comes back to routes them
@@ -459,6 +460,8 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
             self.decoder.max_packet_size = self.broker.settings.max_packet_size
         self.broker.stats.connections_total += 1
         self.broker.delayed_wills.pop(self.client_id, None)  # a new connection came first [MQTT-3.1.3-9]
+        if not session.clean:  # its Session Expiry Interval (MQTT 5), for when the connection ends
+            session.expiry = KEPT if self.v5 is None else self.v5.session_expiry
         session.username = self.username
         self.session = session
         if self.v5 is None:

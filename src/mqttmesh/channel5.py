@@ -11,8 +11,9 @@ a message's properties travel with it (message.Message.props), a subscription's 
 in its value (session.SUB_QOS).
 
 Session Expiry Interval: 0 ends the session with the connection, as CleanSession=1 does;
-any other value keeps it, as CleanSession=0 does, and CONNACK tells the client it is kept
-without a limit (0xFFFFFFFF) until sessions expire (docs/design.md, MQTT 5).
+0xFFFFFFFF keeps it, as CleanSession=0 does; any other value ends it that many seconds after
+the connection (session.Session.expiry, SessionTable.close_session; in a mesh its copies
+carry the remaining time, docs/design.md 3.7).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from .ports import Batch
     from .session import Frame0Fn, FrameFn, Session
 
-__all__ = ["Conn5", "Mqtt5", "CONNACK_CODES", "SESSION_KEPT"]
+__all__ = ["Conn5", "Mqtt5", "CONNACK_CODES"]
 
 # the 3.1.1 refusals the Channel decides on, as MQTT 5 reason codes
 CONNACK_CODES = {
@@ -48,7 +49,6 @@ CONNACK_CODES = {
 }
 
 # the Session Expiry Interval of a session that does not expire
-SESSION_KEPT = 0xFFFFFFFF
 
 # shared subscriptions are issue 24's: until then, a filter in their form is refused with
 # 0x9E and CONNACK says they are not available
@@ -245,9 +245,8 @@ class Mqtt5:
             props[P.MAXIMUM_QOS] = settings.max_qos
         if not settings.retain_available:
             props[P.RETAIN_AVAILABLE] = 0
-        served = SESSION_KEPT if conn.session_expiry else 0  # (kept without a limit: module docstring)
-        if served != conn.asked_expiry:
-            props[P.SESSION_EXPIRY] = served
+        if conn.session_expiry != conn.asked_expiry:  # (what is served, when it differs)
+            props[P.SESSION_EXPIRY] = conn.session_expiry
         if conn.assigned is not None:
             props[P.ASSIGNED_CLIENT_ID] = conn.assigned  # [MQTT-3.1.3-7]
         if conn.server_keepalive is not None:
@@ -350,6 +349,12 @@ class Mqtt5:
         expiry = (pkt.properties or {}).get(P.SESSION_EXPIRY)
         if expiry is not None and conn.session_expiry == 0 and expiry != 0:
             raise ProtocolError("MQTT-3.14.2-2", "DISCONNECT sets a Session Expiry Interval the CONNECT had as 0")
+        session = self.session
+        if expiry is not None and session is not None:
+            conn.session_expiry = expiry  # (the session ends that long after this connection)
+            session.expiry = expiry
+            if expiry == 0:
+                session.clean = True
         if pkt.reason_code != 0x04:
             self.will = None  # type: ignore[misc]  # [MQTT-3.14.4-3]: 0x04 asks for the will, anything else drops it
         self.clean_disconnect = pkt.reason_code != 0x04  # type: ignore[misc]

@@ -38,9 +38,13 @@ __all__ = [
     "NO_LOCAL",
     "RETAIN_AS_PUBLISHED",
     "SUB_ID_SHIFT",
+    "KEPT",
 ]
 
 SENT_PUBLISH, SENT_PUBREL = 1, 2
+# a Session Expiry Interval that never ends the session (MQTT 5's 0xFFFFFFFF, 3.1.2.11.2;
+# every 3.1.1 CleanSession=0 session)
+KEPT = 0xFFFFFFFF
 
 FrameFn = Callable[["Message", int, "int | None", bool, bool], bytes]
 Frame0Fn = Callable[["Message"], bytes]
@@ -186,6 +190,11 @@ class Session:
         self.dropped = 0  # messages a full queue dropped
         self.dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
         self.expired = 0  # messages whose Message Expiry passed while they were queued
+        # MQTT 5 Session Expiry: its interval in seconds (KEPT: never; a 3.1.1 persistent
+        # session's), and while no client is attached, when it ends on the node's clock
+        # (SessionTable.close_session sets it, the table's expire_sessions ends it)
+        self.expiry = KEPT
+        self.expires_at: float | None = None
         self.congestion = congestion  # the broker's Congestion tracker (flow.py)
         self.backlogged = False  # online, with the queue over queue_high
         self.acked = 0  # acknowledgements received, ever (progress)
@@ -334,6 +343,10 @@ class Session:
         """Bind to a new connection and re-send what was unacknowledged [MQTT-4.4.0-1]; what
         is in flight is re-sent even if it expired since, as its delivery began [MQTT-3.3.2-5]."""
         self.channel = channel
+        if self.expires_at is not None:  # resumed before it expired: it no longer ends then
+            self.expires_at = None
+            if self.durable:
+                self._stored_subscriptions()
         for entry in list(self.inflight.values()):  # original order [MQTT-4.6.0-1]
             if entry.state == SENT_PUBREL:
                 channel.write(encode(PubRel(entry.packet_id)))
@@ -487,7 +500,7 @@ class DurableSession(Session):
         self.journal.message_remove(self.client_id, entry.key)
 
     def _stored_subscriptions(self) -> None:
-        self.journal.session_put(self.client_id, self.subscriptions)
+        self.journal.session_put(self.client_id, self.subscriptions, self.expires_at)
 
     def awaiting_rel_add(self, packet_id: int) -> Batch:
         self.awaiting_rel.add(packet_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .session import SUB_QOS
+from .session import KEPT, SUB_QOS
 from .topics import SubscriptionTrie
 
 if TYPE_CHECKING:
@@ -26,12 +26,13 @@ class Ended:
     """What the sessions discarded here had dropped (the node's ``$SYS`` drop counts add the
     live sessions' own)."""
 
-    __slots__ = ("queue_full", "slow_qos0", "expired")
+    __slots__ = ("queue_full", "slow_qos0", "expired", "sessions_expired")
 
     def __init__(self) -> None:
         self.queue_full = 0  # messages their full queues dropped
         self.slow_qos0 = 0  # QoS 0 messages dropped for a slow consumer
         self.expired = 0  # messages their queues held past their Message Expiry
+        self.sessions_expired = 0  # sessions ended by their Session Expiry Interval
 
 
 class SessionTable:
@@ -73,11 +74,28 @@ class SessionTable:
         self.sessions[client_id] = session
         return session, False
 
-    def close_session(self, session: Session) -> None:
-        """The connection of ``session`` ended: clean sessions end with it [MQTT-3.1.2-6]."""
+    def close_session(self, session: Session, now: float) -> None:
+        """The connection of ``session`` ended at ``now``: clean sessions end with it
+        [MQTT-3.1.2-6]; one with a Session Expiry Interval ends that long after
+        [MQTT-3.1.2-23] [MQTT-4.1.0-2] (``expire_sessions``), unless a connection resumes it."""
         session.detach()
         if session.clean and self.sessions.get(session.client_id) is session:
             self.discard_session(session)
+            return
+        if session.expiry != KEPT:
+            session.expires_at = now + session.expiry
+            if session.durable:
+                session._stored_subscriptions()  # (a restart keeps counting: the store has it)
+
+    def expire_sessions(self, now: float) -> int:
+        """End the sessions without a client whose Session Expiry Interval passed; how many."""
+        due = [
+            s for s in self.sessions.values() if s.expires_at is not None and s.expires_at <= now and s.channel is None
+        ]
+        for session in due:
+            self.discard_session(session)
+        self.ended.sessions_expired += len(due)
+        return len(due)
 
     def discard_session(self, session: Session) -> None:
         ended = self.ended

@@ -62,8 +62,9 @@ class Journal:
 
     # -- persistent sessions ------------------------------------------------------
 
-    def session_put(self, client_id: str, subscriptions: dict[str, int]) -> None:
-        self._record(("s", client_id), ("session_put", client_id, dict(subscriptions)))
+    def session_put(self, client_id: str, subscriptions: dict[str, int], expires: float | None = None) -> None:
+        """``expires``: when the session ends (Session.expires_at, on the clock of this run)."""
+        self._record(("s", client_id), ("session_put", client_id, dict(subscriptions), expires))
 
     def session_delete(self, client_id: str) -> None:
         # Earlier changes of this client are moot; drop them so the delete lands
@@ -179,7 +180,7 @@ class NullJournal:
     def since(self, mark: int) -> Batch:
         return 0
 
-    def session_put(self, client_id: str, subscriptions: dict[str, int]) -> None:
+    def session_put(self, client_id: str, subscriptions: dict[str, int], expires: float | None = None) -> None:
         pass
 
     def session_delete(self, client_id: str) -> None:
@@ -300,7 +301,7 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
 
 def restore_sessions(
     factory: SessionFactory,
-    sessions: Iterable[tuple[str, dict[str, int]]],
+    sessions: Iterable[tuple[str, dict[str, int], float | None]],
     messages: Iterable[tuple[Any, ...]],
     awaiting_rel: Iterable[tuple[str, int]],
     inbound: Iterable[tuple[Any, ...]] = (),
@@ -310,7 +311,8 @@ def restore_sessions(
 ) -> list[Session]:
     """Rebuild the persistent sessions from what the store read back, in its row order.
 
-    ``sessions``: (client_id, subscriptions); ``messages``: (client_id, key, topic, payload,
+    ``sessions``: (client_id, subscriptions, expires: when it ends, on the clock of this run,
+    or None); ``messages``: (client_id, key, topic, payload,
     msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp, props, expires),
     ordered by client and key (``expires``: Message.expires, on the clock of this run, or
     None); ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id, packet_id,
@@ -322,9 +324,10 @@ def restore_sessions(
     skipped. Each is consumed only after the one before it.
     """
     restored: dict[str, Session] = {}
-    for client_id, subscriptions in sessions:
+    for client_id, subscriptions, expires in sessions:
         session = factory.restored(client_id)
         session.subscriptions = subscriptions
+        session.expires_at = expires
         restored[client_id] = session
     for row in messages:
         client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts, props, exp = row

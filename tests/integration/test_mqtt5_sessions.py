@@ -4,9 +4,12 @@ the client comes back to."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from support.mesh import start_mesh, wait_converged, wait_interest
+from support.processes import wait_for
 
 pytestmark = [pytest.mark.process]
 
@@ -70,3 +73,66 @@ def test_clean_start_0_with_interval_0_resumes_the_session_and_ends_it_with_the_
         rc, flags, _ = later.connect(mesh[node], clean_start=False, SessionExpiryInterval=0)
         assert rc == 0 and not flags.session_present, node
         later.stop()
+
+
+def _persistent(paho5, node, client_id: str, expiry: int, topic: str) -> None:
+    """A session with one subscription whose client leaves with a Session Expiry Interval."""
+    c = paho5(client_id)
+    assert c.connect(node, clean_start=False, SessionExpiryInterval=expiry)[0] == 0
+    assert c.subscribe(topic, 1) == [1]
+    c.stop()
+
+
+def _present(paho5, node, client_id: str) -> bool:
+    """Whether a connection of ``client_id`` at ``node`` finds a session (and leaves none)."""
+    c = paho5(client_id)
+    rc, flags, _ = c.connect(node, clean_start=False, SessionExpiryInterval=0)
+    assert rc == 0
+    c.stop()
+    return flags.session_present
+
+
+def _after(seconds: float, since: float) -> None:
+    wait_for(lambda: time.monotonic() > since + seconds, seconds + 5.0, what=f"{seconds} s to pass")
+
+
+def test_a_session_expires_on_every_node_and_one_resumed_in_time_is_kept(mesh, paho5):
+    """[MQTT-4.1.0-2] [MQTT-3.1.2-23]: a session left at a with 2 s is gone 2 s later wherever
+    the client comes back; one with 60 s is resumed on another node. CONNACK says what is
+    served: the interval asked."""
+    c = paho5("probe")
+    _, _, props = c.connect(mesh["a"], clean_start=False, SessionExpiryInterval=2)
+    assert getattr(props, "SessionExpiryInterval", None) is None  # (served as asked)
+    c.stop()
+    _persistent(paho5, mesh["a"], "short", 2, "se/short")
+    _persistent(paho5, mesh["a"], "long", 60, "se/long")
+    left = time.monotonic()
+    _after(3.0, left)
+    assert _present(paho5, mesh["b"], "short") is False
+    assert _present(paho5, mesh["c"], "long") is True
+
+
+def test_a_session_expires_after_its_node_was_killed(mesh, paho5):
+    """kill -9 of the node the client left: the copies on the other nodes end the session at
+    the same time (they were told when), and keep one that has time left."""
+    _persistent(paho5, mesh["a"], "k-short", 3, "sk/short")
+    _persistent(paho5, mesh["a"], "k-long", 60, "sk/long")
+    left = time.monotonic()
+    mesh["a"].kill()
+    _after(4.0, left)
+    assert _present(paho5, mesh["b"], "k-short") is False
+    assert _present(paho5, mesh["c"], "k-long") is True
+
+
+def test_a_session_expires_across_a_kill_9_of_a_single_node(broker_factory, tmp_path, paho5):
+    """One node with a data directory: the store keeps when the session ends (on the wall
+    clock), so a restart neither loses the session early nor keeps it past its end."""
+    node = broker_factory("--data-dir", str(tmp_path / "data"))
+    _persistent(paho5, node, "one-short", 3, "so/short")
+    _persistent(paho5, node, "one-long", 60, "so/long")
+    left = time.monotonic()
+    node.kill()
+    node.start()
+    _after(4.5, left)  # (the node ends expired sessions once a second)
+    assert _present(paho5, node, "one-short") is False
+    assert _present(paho5, node, "one-long") is True

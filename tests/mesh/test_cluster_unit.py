@@ -564,7 +564,7 @@ def test_a_holders_copy_of_a_session_without_subscriptions_is_in_its_store():
     net = Net(journals={"b": journal})
     cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
     net.connect("a", cid, clean=False)
-    assert ("session_put", cid, {}) in journal.take()[1]
+    assert ("session_put", cid, {}, None) in journal.take()[1]
 
 
 def test_a_holder_that_gets_the_message_after_its_packet_id_keeps_that_id():
@@ -909,8 +909,8 @@ GOLDEN = [
     ),
     (RegKick("c1", "n1/7/3", 5, "n2"), {"cid": "c1", "conn": "n1/7/3", "epoch": 5, "by": "n2"}),
     (
-        RegRelease("c1", "n1/7/3", 4, "n1", True),
-        {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "node": "n1", "delayed": True},
+        RegRelease("c1", "n1/7/3", 4, "n1", True, 600),
+        {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "node": "n1", "delayed": True, "expiry": 600},
     ),
     (
         RegRegister("c1", "n1", 7, "n1/7/3", 4, True, None, 1700000000.25),

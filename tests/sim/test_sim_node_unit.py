@@ -103,7 +103,7 @@ def test_a_persistent_session_survives_a_restart_once_committed() -> None:
     assert io.commits >= 1
     _commit(core, store)
     assert [e[0] for e in client.receive_data(channel.data_to_send())] == ["suback"]
-    assert store.sessions == {"c1": {"t/#": 1}}
+    assert store.sessions == {"c1": ({"t/#": 1}, None)}
     # a message queued for the session after the last commit is lost with the node (kill -9)
     channel.connection_lost(0.2)
     core.broker.publish(Message("t/x", b"late", 1, False, "n1", 1, "p", 0.2))

@@ -90,7 +90,7 @@ class FakeChannel:
         self.state, self.reason = "closed", reason
         broker, cluster = self.net.brokers[self.node], self.net.clusters[self.node]
         if self.session is not None and self.session.channel is self:
-            broker.table.close_session(self.session)
+            broker.table.close_session(self.session, self.net.t)
         if was_connected:
             cluster.disconnected(self, self.net.t, delayed)
 

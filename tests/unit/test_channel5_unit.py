@@ -151,8 +151,31 @@ def test_clean_start_and_session_expiry_are_two_things():
     assert "p" not in net.broker.sessions
     ch, ack = connect5(net, "p", clean=False, now=4.0, properties=keep)
     assert ack.session_present is False  # [MQTT-3.1.2-6]
-    # kept without a limit until sessions expire: CONNACK says so
-    assert ack.properties[P.SESSION_EXPIRY] == 0xFFFFFFFF
+    assert P.SESSION_EXPIRY not in ack.properties  # (served as asked: CONNACK says nothing)
+
+
+def test_a_session_ends_its_expiry_interval_after_the_connection_unless_resumed():
+    """[MQTT-3.1.2-23] [MQTT-4.1.0-2]: kept that long after the connection closed, then ended (the node's
+    sweep, SessionTable.expire_sessions); a connection before that resumes it and the time
+    starts again when it ends; a DISCONNECT may change the interval (3.14.2.2.2); a
+    durable session's end is in the store."""
+    net = Net(journal=Journal())
+    keep = r5.props((P.SESSION_EXPIRY, r5.u32(10)))
+    ch, _ = connect5(net, "p", clean=False, properties=keep)
+    subscribe5(ch, ("t/#", 1))
+    ch.connection_lost(1.0)
+    table = net.broker.table
+    assert table.expire_sessions(10.9) == 0 and "p" in net.broker.sessions
+    ch, ack = connect5(net, "p", clean=False, now=5.0, properties=keep)
+    assert ack.session_present is True and net.broker.sessions["p"].expires_at is None
+    assert table.expire_sessions(100.0) == 0  # (connected: it does not expire)
+    ch.receive_data(r5.disconnect(0, r5.props((P.SESSION_EXPIRY, r5.u32(30)))), 6.0)
+    assert net.broker.sessions["p"].expires_at == 36.0
+    assert table.expire_sessions(35.9) == 0
+    assert table.expire_sessions(36.0) == 1 and "p" not in net.broker.sessions
+    assert table.ended.sessions_expired == 1
+    ch, ack = connect5(net, "p", clean=False, now=40.0, properties=keep)
+    assert ack.session_present is False
 
 
 def test_a_takeover_tells_the_first_connection_0x8e(net):

@@ -653,7 +653,7 @@ def test_durable_session_discarded_then_recreated_journals_the_delete():
     net.connect("c", clean=False)
     ops = j.take()[1]
     assert ("session_delete", "c") in ops
-    assert ops.index(("session_delete", "c")) < ops.index(("session_put", "c", {}))
+    assert ops.index(("session_delete", "c")) < ops.index(("session_put", "c", {}, None))
 
 
 # --------------------------------------------------------------------------- before CONNACK (issue 13)

@@ -459,7 +459,7 @@ def test_suback_of_a_durable_session_waits_for_commit():
     ch.receive_data(mqttraw.subscribe(4, ("a", 1)), 1.0)
     assert ch.data_to_send() == b""
     number, ops = journal.take()
-    assert ops == [("session_put", "d", {"a": 1})]
+    assert ops == [("session_put", "d", {"a": 1}, None)]
     net.committed(number)
     assert ch.data_to_send() == h("90 03 00 04 01")
 

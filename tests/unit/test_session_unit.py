@@ -361,9 +361,9 @@ def test_durable_session_journals_subscriptions():
     s = DurableSession("c", Limits(), j)
     s.subscribe("a/#", 1)
     s.subscribe("b", 0)
-    assert j.take()[1] == [("session_put", "c", {"a/#": 1, "b": 0})]
+    assert j.take()[1] == [("session_put", "c", {"a/#": 1, "b": 0}, None)]
     s.unsubscribe("a/#")
-    assert j.take()[1] == [("session_put", "c", {"b": 0})]
+    assert j.take()[1] == [("session_put", "c", {"b": 0}, None)]
     s.unsubscribe("zzz")
     assert j.take()[1] == []
 
@@ -436,7 +436,7 @@ def test_sessions_factory_makes_the_kind_the_connect_and_the_journal_call_for():
 
     persistent = factory.new("b", clean=False, durable=True)  # [MQTT-3.1.2-4]: stored
     assert type(persistent) is DurableSession and persistent.journal is j
-    assert j.take()[1] == [("session_put", "b", {})]
+    assert j.take()[1] == [("session_put", "b", {}, None)]
 
     peer = factory.new("$mesh-n2", clean=False, durable=False)  # a peer link: in memory
     assert type(peer) is Session and peer.clean is False
@@ -465,7 +465,7 @@ def test_replica_sessions_factory_replicates_persistent_sessions_only():
     s = factory.new("b", clean=False, durable=True)
     assert type(s) is DurableMeshSession and replica_of(s) is s
     assert s.congestion is congestion and s.on_settled is not None
-    assert j.take()[1] == [("session_put", "b", {})]
+    assert j.take()[1] == [("session_put", "b", {}, None)]
     assert type(factory.restored("b")) is DurableMeshSession
     assert type(factory.new("a", clean=True, durable=True)) is Session
     assert type(factory.new("$mesh-n2", clean=False, durable=False)) is Session

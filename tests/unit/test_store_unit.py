@@ -43,7 +43,7 @@ def test_ops_in_order_of_arrival():
     number, ops = j.take()
     assert number == 1
     assert ops == [
-        ("session_put", "a", {"x": 1}),
+        ("session_put", "a", {"x": 1}, None),
         put("a", 1),
         ("retained_put", "r/1", b"v", 1, "n1", 4, "pub", 2.0, None, None),
         ("rel_put", "a", 7),
@@ -68,7 +68,7 @@ def test_coalescing_per_key_keeps_the_newest_change_in_its_new_place():
         ("message_remove", "a", 1),
         ("rel_remove", "a", 5),
         ("retained_delete", "t"),
-        ("session_put", "a", {"x": 1}),
+        ("session_put", "a", {"x": 1}, None),
     ]
 
 
@@ -84,7 +84,7 @@ def test_session_put_copies_the_subscriptions():
     subs = {"a": 1}
     j.session_put("c", subs)
     subs["b"] = 2
-    assert j.take()[1] == [("session_put", "c", {"a": 1})]
+    assert j.take()[1] == [("session_put", "c", {"a": 1}, None)]
 
 
 def test_message_put_is_read_when_the_batch_is_taken():
@@ -126,7 +126,7 @@ def test_session_delete_then_session_put_keeps_the_delete_first():
     j.take()  # committed: the store holds session a and its message 1
     j.session_delete("a")
     j.session_put("a", {"new": 0})
-    assert j.take()[1] == [("session_delete", "a"), ("session_put", "a", {"new": 0})]
+    assert j.take()[1] == [("session_delete", "a"), ("session_put", "a", {"new": 0}, None)]
 
 
 def test_on_dirty_once_per_batch():
@@ -255,7 +255,7 @@ def test_restore_sessions_rebuilds_queue_inflight_and_awaiting_rel_without_journ
     congestion = Congestion()
     sessions = restore_sessions(
         Sessions(Limits(), journal, congestion),
-        [("a", {"x/#": 1}), ("b", {})],
+        [("a", {"x/#": 1}, None), ("b", {}, None)],
         [
             _row("a", 1, b"sent", pid=7, state=SENT_PUBLISH),
             _row("a", 2, b"released", pid=9, state=SENT_PUBREL),
@@ -286,7 +286,10 @@ def test_restore_sessions_of_a_mesh_finds_entries_by_message_id():
     settled = []
     factory = ReplicaSessions(Limits(), journal, None, lambda *a: settled.append(a))
     [s] = restore_sessions(
-        factory, [("a", {})], [_row("a", 1, b"x", seq=11), _row("a", 2, b"y", pid=1, state=SENT_PUBLISH, seq=12)], []
+        factory,
+        [("a", {}, None)],
+        [_row("a", 1, b"x", seq=11), _row("a", 2, b"y", pid=1, state=SENT_PUBLISH, seq=12)],
+        [],
     )
     assert isinstance(s, DurableMeshSession) and replica_of(s) is s
     assert {k: e.msg.payload for k, e in s.ids.items()} == {("n1", 11): b"x", ("n1", 12): b"y"}
@@ -304,7 +307,7 @@ def test_restore_sessions_reads_each_row_source_after_the_one_before():
 
     restore_sessions(
         Sessions(Limits(), Journal()),
-        rows("sessions", [("a", {})]),
+        rows("sessions", [("a", {}, None)]),
         rows("messages", [_row("a", 1, b"x")]),
         rows("rel", []),
     )
@@ -312,7 +315,7 @@ def test_restore_sessions_reads_each_row_source_after_the_one_before():
 
 
 def test_restore_sessions_without_a_persistent_journal_makes_memory_sessions():
-    [s] = restore_sessions(Sessions(Limits(), NULL_JOURNAL), [("a", {"t": 0})], [_row("a", 1, b"x")], [])
+    [s] = restore_sessions(Sessions(Limits(), NULL_JOURNAL), [("a", {"t": 0}, None)], [_row("a", 1, b"x")], [])
     assert type(s) is Session and s.clean is False
     assert [e.msg.payload for e in s.queue] == [b"x"]
 
@@ -337,7 +340,7 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     assert ("inbound_put", "p", 3, "t/1", b"x", 0, "n1", 41, "p", 9.5, None, None) in ops
     assert ("inbound_put", "p", 5, "t/2", b"y", 1, "n2", 7, "p", 9.75, None, None) in ops
     store = SqliteStore(str(tmp_path))
-    store.write([("session_put", "p", {})] + ops)
+    store.write([("session_put", "p", {}, None)] + ops)
     store.db.close()
 
     def restarted():
@@ -385,7 +388,7 @@ def test_a_durable_replica_keeps_the_ids_it_settled_across_a_restart(tmp_path):
     ops = j.take()[1]
     assert ("done_put", "s", 1, 1, "n2", 7) in ops and ("done_put", "s", 2, 2, "n2", 9) in ops
     store = SqliteStore(str(tmp_path))
-    store.write([("session_put", "s", {"t": 2})] + ops)
+    store.write([("session_put", "s", {"t": 2}, None)] + ops)
     store.db.close()
     factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
     broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
@@ -417,7 +420,7 @@ def test_a_durable_replicas_floors_are_stored_and_come_back(tmp_path, monkeypatc
     ops = j.take()[1]
     assert ("floor_put", "s", "n2", 8) in ops
     store = SqliteStore(str(tmp_path))
-    store.write([("session_put", "s", {"t": 2})] + ops)
+    store.write([("session_put", "s", {"t": 2}, None)] + ops)
     store.db.close()
     factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
     broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))

@@ -287,6 +287,7 @@ class Node:
                 self.broker.stats.slow_consumers += 1
                 conn.reset(f"slow consumer: more than {self.max_write_buffer} bytes unsent for {congestion.timeout:g}s")
         self.broker.publish_due_wills(now)
+        self.broker.table.expire_sessions(now)  # (MQTT 5 Session Expiry; in a mesh, this node's copies)
         self._housekeeping = self.loop.call_later(1.0, self._sweep)
 
     def _flow_tick(self) -> None:

@@ -27,7 +27,7 @@ log = logging.getLogger("mqttmesh.store")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS sessions(client_id TEXT PRIMARY KEY, subscriptions TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions(client_id TEXT PRIMARY KEY, subscriptions TEXT NOT NULL, expires REAL);
 CREATE TABLE IF NOT EXISTS messages(
     client_id TEXT NOT NULL, key INTEGER NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL,
     msg_qos INTEGER NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL,
@@ -61,7 +61,7 @@ _PROPS_TABLES = ("messages", "inbound", "custody", "retained")
 _EXPIRING = frozenset(("message_put", "inbound_put", "retained_put", "custody_put"))
 
 _SQL = {
-    "session_put": "INSERT OR REPLACE INTO sessions(client_id, subscriptions) VALUES (?, ?)",
+    "session_put": "INSERT OR REPLACE INTO sessions(client_id, subscriptions, expires) VALUES (?, ?, ?)",
     "message_put": "INSERT OR REPLACE INTO messages VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
     "message_remove": "DELETE FROM messages WHERE client_id = ? AND key = ?",
     "rel_put": "INSERT OR IGNORE INTO awaiting_rel VALUES (?, ?)",
@@ -114,6 +114,7 @@ class SqliteStore:
                     if int(version) == 1:
                         self.db.execute(f"ALTER TABLE {table} ADD COLUMN props BLOB")
                     self.db.execute(f"ALTER TABLE {table} ADD COLUMN expires REAL")
+                self.db.execute("ALTER TABLE sessions ADD COLUMN expires REAL")
                 self._set_meta("format_version", str(FORMAT_VERSION))
                 log.info(
                     "%s: format version %s brought to %d (MQTT 5 properties, message expiry)",
@@ -151,7 +152,7 @@ class SqliteStore:
         db = self.db
         sessions = restore_sessions(
             broker.session_factory,  # the mesh's replicated kind when in a mesh
-            _sessions(db),
+            _sessions(db, self.clock_offset),
             _rows(
                 db,
                 "SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
@@ -216,7 +217,8 @@ class SqliteStore:
             for op in ops:
                 kind = op[0]
                 if kind == "session_put":
-                    db.execute(_SQL[kind], (op[1], json.dumps(op[2])))
+                    expires = None if op[3] is None else op[3] + self.clock_offset  # (on the wall clock)
+                    db.execute(_SQL[kind], (op[1], json.dumps(op[2]), expires))
                 elif kind == "session_delete":
                     db.execute("DELETE FROM sessions WHERE client_id = ?", (op[1],))
                     db.execute("DELETE FROM messages WHERE client_id = ?", (op[1],))
@@ -280,6 +282,7 @@ def _rows(db: sqlite3.Connection, sql: str, clock_offset: float | None = None) -
         yield row if expires is None else (*row[:-1], expires - clock_offset)
 
 
-def _sessions(db: sqlite3.Connection) -> Iterator[tuple[str, dict[str, int]]]:
-    for client_id, subs in _rows(db, "SELECT client_id, subscriptions FROM sessions"):
-        yield client_id, {f: int(q) for f, q in json.loads(subs).items()}
+def _sessions(db: sqlite3.Connection, clock_offset: float) -> Iterator[tuple[str, dict[str, int], float | None]]:
+    """(client_id, subscriptions, when it ends on the clock of this run or None)."""
+    for client_id, subs, expires in _rows(db, "SELECT client_id, subscriptions, expires FROM sessions", clock_offset):
+        yield client_id, {f: int(q) for f, q in json.loads(subs).items()}, expires

@@ -67,7 +67,7 @@ class SimStore:
     """The committed state of one node, as server/sqlite_store.py would hold it."""
 
     def __init__(self) -> None:
-        self.sessions: dict[str, dict[str, int]] = {}
+        self.sessions: dict[str, tuple[dict[str, int], float | None]] = {}
         self.messages: dict[tuple[str, int], tuple[Any, ...]] = {}
         self.rels: set[tuple[str, int]] = set()
         self.inbound: dict[tuple[str, int], tuple[Any, ...]] = {}
@@ -85,7 +85,7 @@ class SimStore:
         for op in ops:
             kind = op[0]
             if kind == "session_put":
-                self.sessions[op[1]] = dict(op[2])
+                self.sessions[op[1]] = (dict(op[2]), op[3])
             elif kind == "session_delete":
                 cid = op[1]
                 self.sessions.pop(cid, None)
@@ -131,7 +131,7 @@ class SimStore:
         """Restore sessions and retained messages into ``broker`` (SqliteStore.load)."""
         sessions = restore_sessions(
             broker.session_factory,
-            sorted(self.sessions.items()),
+            [(cid, subs, expires) for cid, (subs, expires) in sorted(self.sessions.items())],
             [self.messages[k] for k in sorted(self.messages)],
             sorted(self.rels),
             [self.inbound[k] for k in sorted(self.inbound)],

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 from ...broker import ClaimingChannel
 from ...packets import UNAVAILABLE
 from ...properties import MESSAGE_EXPIRY, WILL_DELAY, forwarded
+from ...session import KEPT
 from .cluster_values import LocalConnection, props_b64
 from .cluster_wire import (
     Outbox,
@@ -152,6 +153,7 @@ class Claimant:
                 "refused_no_quorum",
                 "claims_refused",
                 "refused_not_synced",
+                "expired_copies_discarded",
             ),
             0,
         )
@@ -161,8 +163,9 @@ class Claimant:
         # connections that ended here (their wills published or discarded here), told to
         # the registrar again with every registration round for a while: a release lost in
         # a partition would leave the registrar to publish the will a second time when it
-        # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until, whether its will is delayed)
-        self.released: dict[tuple[str, str], tuple[int, float, bool]] = {}
+        # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until, whether its
+        # will is delayed, its session's expiry interval)
+        self.released: dict[tuple[str, str], tuple[int, float, bool, int]] = {}
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
         self.last_register = 0.0
 
@@ -311,6 +314,11 @@ class Claimant:
         claim = self.claims.get(m.conn)
         if claim is not None:
             claim.kept = m.kept
+            if m.expired and not claim.fresh:
+                # the session ended by its expiry: what a copy still holds is not resumed
+                # [MQTT-4.1.0-2], it is discarded as a clean start discards it
+                self.counters["expired_copies_discarded"] += 1
+                claim.fresh = True
             self._granted(claim, m.epoch, m.prev, now)
             return
         local = self.local.get(m.cid)
@@ -385,19 +393,21 @@ class Claimant:
         channel.claimed(session, present, now)
         holders.served(session, now)
 
-    def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:
+    def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False, expiry: int = KEPT) -> None:
         """``channel``'s connection ended; ``delayed``: its will is due after its Will Delay
-        Interval (the registrar publishes it then, unless the client connects again)."""
+        Interval (the registrar publishes it then, unless the client connects again);
+        ``expiry``: its session's Session Expiry Interval."""
         cid = channel.client_id
         local = self.local.get(cid)
         if local is None or local.channel is not channel:
             return
         del self.local[cid]
-        self._release(cid, local.conn, local.epoch, now, delayed)
+        self._release(cid, local.conn, local.epoch, now, delayed, expiry)
 
-    def _release(self, cid: str, conn: str, epoch: int, now: float, delayed: bool = False) -> None:
-        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval, delayed)
-        self.out.put(self.membership.registrars(cid)[0], RegRelease(cid, conn, epoch, self.node_id, delayed))
+    def _release(self, cid: str, conn: str, epoch: int, now: float, delayed: bool = False, expiry: int = KEPT) -> None:
+        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval, delayed, expiry)
+        body = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry)
+        self.out.put(self.membership.registrars(cid)[0], body)
 
     def on_kick(self, frm: str, m: RegKick, now: float) -> None:
         self.counters["kicks"] += frm != self.node_id
@@ -415,11 +425,11 @@ class Claimant:
     def register_local(self, now: float) -> None:
         """Tell the registrars which clients are here (after a change, and periodically)."""
         self.last_register = now
-        for (cid, conn), (epoch, until, delayed) in list(self.released.items()):
+        for (cid, conn), (epoch, until, delayed, expiry) in list(self.released.items()):
             if now >= until:
                 del self.released[(cid, conn)]
             else:  # (idempotent at the registrar: it drops a release of another connection)
-                release = RegRelease(cid, conn, epoch, self.node_id, delayed)
+                release = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry)
                 self.out.put(self.membership.registrars(cid)[0], release)
         # (a copy: a registration handled here may end a local connection, fuzzer seed 214)
         for cid, local in list(self.local.items()):

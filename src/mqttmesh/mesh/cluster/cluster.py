@@ -41,6 +41,7 @@ import itertools
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast
 
+from ...session import KEPT
 from .claimant import Claimant
 from .cluster_values import ClusterSettings
 from .cluster_wire import (
@@ -276,8 +277,16 @@ class Cluster:
 
     def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:
         """A local connection ended; its will, if due now, was published here by the Channel;
-        ``delayed``: it is due after its Will Delay Interval, the registrar's to publish."""
-        self.claimant.disconnected(channel, now, delayed)
+        ``delayed``: it is due after its Will Delay Interval, the registrar's to publish. A
+        session that now runs out its Session Expiry Interval tells its holders when it ends
+        (a copy: holders.py ``left``) and its registrar (the release)."""
+        replica = replica_of(self.table.sessions.get(channel.client_id))
+        expiry = KEPT
+        if replica is not None and replica.channel is None and not replica.clean:
+            expiry = replica.expiry
+            if replica.expires_at is not None:
+                self.holders.left(replica, now)
+        self.claimant.disconnected(channel, now, delayed, expiry)
         self.send_out(now)
 
     # ------------------------------------------------------------------ input and time
@@ -291,6 +300,7 @@ class Cluster:
 
     def tick(self, now: float) -> None:
         self.members.ticked(now)
+        self.table.expire_sessions(now)  # (copies whose Session Expiry Interval passed)
         self.claimant.fence(now, sessions=False)
         self.send_out(now)
         self.claimant.expire_claims(now)

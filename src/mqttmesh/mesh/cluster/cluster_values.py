@@ -289,6 +289,9 @@ class Registration:
     # wall-clock seconds when the will of a connection that ended is due (its Will Delay
     # Interval after the end): published then unless a new connection for the ClientId came
     will_due: float | None = None
+    # wall-clock seconds when the session of a connection that ended expires (MQTT 5 Session
+    # Expiry Interval): from then on no session is kept for the ClientId
+    session_due: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -304,6 +307,8 @@ class Registration:
         }
         if self.will_due is not None:
             out["will_due"] = self.will_due
+        if self.session_due is not None:
+            out["session_due"] = self.session_due
         return out
 
     @classmethod
@@ -320,6 +325,7 @@ class Registration:
             _bool(_key(o, "connected", where), where, "connected"),
             _num(_key(o, "at", where), where, "at"),
             None if o.get("will_due") is None else _num(o["will_due"], where, "will_due"),
+            None if o.get("session_due") is None else _num(o["session_due"], where, "session_due"),
         )
 
 
@@ -512,9 +518,13 @@ class Snapshot:
     # when, on this node's clock, its entries' ``ttl_ms`` count from: when it was taken
     # here, or arrived (never on the wire; None: when it is used)
     taken_at: float | None = field(default=None, compare=False)
+    # MQTT 5 Session Expiry: its interval (session.KEPT: never), and while no client is
+    # attached what is left of it when taken, in milliseconds (``ttl_ms``; None: not running)
+    expiry: int = 0xFFFFFFFF
+    expires_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "cid": self.cid,
             "subs": self.subs,
             "subs_version": self.subs_version,
@@ -528,6 +538,10 @@ class Snapshot:
             "reserved": self.reserved,
             "inbound": self.inbound,
         }
+        if self.expiry != 0xFFFFFFFF:  # (the JSON of before for a session that never expires)
+            out["expiry"] = self.expiry
+            out["expires"] = self.expires_ms
+        return out
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Snapshot:
@@ -562,6 +576,9 @@ class Snapshot:
             reserved,
             inbound,
             floors,
+            None,
+            _int(o.get("expiry", 0xFFFFFFFF), where, "expiry"),
+            _ttl_json(o.get("expires"), where),
         )
 
 

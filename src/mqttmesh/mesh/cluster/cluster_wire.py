@@ -203,9 +203,15 @@ class RegGrant(Wire):
     epoch: int
     prev: str | None  # the node that held the ClientId before
     kept: int = 0  # the epoch of that claim if it kept a session (CleanSession=0), else 0
+    # the session the ClientId had expired (MQTT 5 Session Expiry Interval): a copy found
+    # anywhere is a leftover (of a node that did not hear of it in time) and is discarded
+    expired: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "prev": self.prev, "kept": self.kept}
+        out = {"cid": self.cid, "conn": self.conn, "epoch": self.epoch, "prev": self.prev, "kept": self.kept}
+        if self.expired:
+            out["expired"] = True
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
@@ -216,6 +222,7 @@ class RegGrant(Wire):
             _int(_key(obj, "epoch", w), w, "epoch"),
             _opt_str(_key(obj, "prev", w), w, "prev"),
             _int(_key(obj, "kept", w), w, "kept"),
+            _bool(obj.get("expired", False), w, "expired"),
         )
 
 
@@ -251,6 +258,9 @@ class RegRelease(_Flat):
     # the connection ended without a DISCONNECT that deletes the will, whose Will Delay
     # Interval defers it: the registrar publishes it when due (registry.py)
     delayed: bool
+    # the session's Session Expiry Interval (session.KEPT: never): the registrar keeps no
+    # session for the ClientId once it passed, and publishes a delayed will by then
+    expiry: int
 
 
 @dataclass(frozen=True, slots=True)

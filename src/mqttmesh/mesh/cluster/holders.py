@@ -136,6 +136,11 @@ class Holders(Confirmations):
             replica.queue_in_origin_order()  # (after the copies' messages: in their place)
         return session, present
 
+    def left(self, replica: _Replicated, now: float) -> None:
+        """The client of ``replica`` left and its Session Expiry Interval runs: the holders
+        get a copy that says when it ends, so that it ends at one time on every node [MQTT-4.1.0-2]."""
+        self._copy_to_holders(replica, now)
+
     def served(self, session: Session, now: float) -> None:
         """The client of ``session`` has its CONNACK: the other holders get its copy."""
         replica = replica_of(session)

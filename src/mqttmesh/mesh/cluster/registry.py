@@ -21,6 +21,7 @@ import dataclasses
 from typing import Any
 
 from ...message import Message
+from ...session import KEPT
 from .cluster_values import props_of
 from .cluster_wire import (
     RegClaim,
@@ -86,7 +87,8 @@ class Registry:
                 out.append(ToNode(entry.node, RegKick(cid, entry.conn, epoch, m.node)))
         self._store(Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at), out)
         kept = entry.epoch if entry and not entry.clean else 0
-        out.append(ToNode(m.node, RegGrant(cid, m.conn, epoch, prev, kept)))
+        expired = entry is not None and entry.session_due is not None and entry.session_due <= now + self.wall_offset
+        out.append(ToNode(m.node, RegGrant(cid, m.conn, epoch, prev, kept, expired)))
         return out
 
     def on_register(self, frm: str, m: RegRegister, now: float) -> RegistryOut:
@@ -123,13 +125,18 @@ class Registry:
                 if r != self.node_id:
                     out.append(ToNode(r, m))
         entry = self.entries.get(m.cid)
-        if entry is not None and entry.conn == m.conn:
+        if entry is not None and entry.conn == m.conn and entry.connected:  # (one sent again: done)
+            wall = now + self.wall_offset
+            session_due = wall + m.expiry if m.expiry != KEPT and not entry.clean else None
             if m.delayed and _delays(entry):
-                if entry.connected or entry.will_due is None:  # (a release sent again: kept)
-                    due = now + self.wall_offset + entry.will.delay  # type: ignore[union-attr]
-                    self._store(dataclasses.replace(entry, connected=False, will_due=due), out)
+                # due after its delay, or when the session ends if that comes first [MQTT-3.1.2-8]
+                delay: int = entry.will.delay  # type: ignore[union-attr]
+                if session_due is not None:
+                    delay = min(delay, m.expiry)
+                entry = dataclasses.replace(entry, connected=False, will_due=wall + delay, session_due=session_due)
             else:
-                self._store(dataclasses.replace(entry, connected=False, will=None, will_due=None), out)
+                entry = dataclasses.replace(entry, connected=False, will=None, will_due=None, session_due=session_due)
+            self._store(entry, out)
         return out
 
     def on_copy(self, frm: str, m: RegCopy, now: float) -> RegistryOut:
@@ -242,11 +249,18 @@ class Registry:
         published by the registrar, once [MQTT-3.1.2-8]."""
         wall = now + self.wall_offset
         for cid, entry in list(self.entries.items()):
-            due = entry.will_due
-            if due is None or due > wall or entry.connected or self.membership.registrars(cid)[0] != self.node_id:
+            if entry.connected or self.membership.registrars(cid)[0] != self.node_id:
                 continue
-            self._store(dataclasses.replace(entry, will=None, will_due=None), out)
-            self._publish_will(entry, now, out)
+            due = entry.will_due
+            if due is not None and due <= wall:
+                self._store(dataclasses.replace(entry, will=None, will_due=None), out)
+                self._publish_will(entry, now, out)
+                entry = self.entries[cid]
+            if entry.session_due is not None and entry.session_due <= wall and not entry.clean:
+                # the session expired: none is kept for the ClientId from now on (a claim
+                # that finds no copy is not refused for it, and one that finds a copy that
+                # missed the end discards it: RegGrant.expired) [MQTT-4.1.0-2]
+                self._store(dataclasses.replace(entry, clean=True), out)
 
     def _publish_will(self, entry: Registration, now: float, out: RegistryOut) -> None:
         will = entry.will

@@ -60,6 +60,8 @@ def snapshot(session: _Replicated, now: float) -> Snapshot:
         [(pid, Forwarded.of(m, now)) for pid, m in session.inbound.items() if pid in session.awaiting_rel],
         dict(session.floors),
         now,
+        session.expiry,
+        None if session.expires_at is None else ttl_ms(session.expires_at - now),
     )
 
 
@@ -137,6 +139,8 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         [(pid, fwd) for pid, fwd in latest.inbound if pid in latest.rel],
         floors,
         snaps[0].taken_at,
+        latest.expiry,  # (the session's own, as of its latest step)
+        latest.expires_ms,
     )
 
 
@@ -153,6 +157,8 @@ def _from_one_time(snaps: list[Snapshot]) -> list[Snapshot]:
         if gone and any(e.ttl_ms is not None for e in s.entries):
             entries = [e if e.ttl_ms is None else e._replace(ttl_ms=max(0, e.ttl_ms - gone)) for e in s.entries]
             s = replace(s, entries=entries)
+        if gone and s.expires_ms is not None:
+            s = replace(s, expires_ms=max(0, s.expires_ms - gone))
         out.append(replace(s, taken_at=base))
     return out
 
@@ -218,6 +224,13 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
     for pid in sorted(new - old):
         base.awaiting_rel_add(pid)  # type: ignore[attr-defined]
     inbound = {pid: fwd.message(taken) for pid, fwd in snap.inbound if pid in new}
+    session.expiry = snap.expiry
+    # (None while a client is attached: the node it is on says when it ends, once it left)
+    expires_at = None if snap.expires_ms is None else taken + snap.expires_ms / 1000.0
+    if expires_at != session.expires_at:
+        session.expires_at = expires_at
+        if session.durable:
+            session._stored_subscriptions()  # (a restart keeps counting: the store has it)
     ids = {(m.origin, m.seq) for m in inbound.values()}
     session.routed_here = {key for key in session.routed_here if key in ids}
     for pid in session.inbound.keys() - inbound.keys():

@@ -1,0 +1,103 @@
+"""The MQTT 5 Session Expiry Interval across the mesh, on the cluster cores of three nodes
+wired by tests/support/cluster_net.py (on one node: tests/unit/test_channel5_unit.py).
+
+A persistent session whose client left ends its interval later on every node that holds a
+copy of it, each counting on its own clock the remaining time the copy carries, and at its
+registrar, which from then on keeps no session for the ClientId; a claim that still finds a
+copy (a node that did not hear of the end in time) discards it. A connection before the
+end resumes the session on any node. Rule ids are MQTT 5.0's.
+"""
+
+from __future__ import annotations
+
+from mqttmesh.mesh.cluster.cluster import ClusterSettings
+from support.cluster_net import Net, cid_with, holder_of
+
+
+def _wait(net: Net, seconds: float) -> None:
+    """Time passes in the small steps of a node's timers (a long jump reads as a pause)."""
+    for _ in range(round(seconds / 0.25)):
+        net.tick(0.25)
+
+
+def _claim(net: Net, node: str, cid: str):
+    """A client connects at ``node`` (Clean Start 0) and its claim runs to its end."""
+    ch = net.connect(node, cid, clean=False)
+    for _ in range(20):
+        if ch.state != "claiming":
+            break
+        net.tick(0.25)
+    return ch
+
+
+def _left(net: Net, node: str, cid: str, expiry: int):
+    """A persistent session of ``cid`` with one subscription, served at ``node``, whose
+    client then leaves with a Session Expiry Interval of ``expiry`` seconds."""
+    ch = net.connect(node, cid, clean=False)
+    assert ch.state == "connected"
+    ch.session.expiry = expiry  # (as Channel._connected sets it from the CONNECT)
+    net.brokers[node].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    ch.close("connection lost")
+    net.pump()
+    return ch
+
+
+def test_a_session_ends_at_one_time_on_every_node_that_holds_it():
+    """[MQTT-4.1.0-2] [MQTT-3.1.2-23]: kept until its interval passed, everywhere; then gone
+    from every node, and the registrar keeps none: a new connection finds no session."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: True)
+    _left(net, "a", cid, 10)
+    holders = holder_of(net, cid)
+    assert len(holders) >= 2
+    for n in holders:
+        assert net.brokers[n].sessions[cid].expires_at is not None
+    _wait(net, 9.5)
+    assert holder_of(net, cid) == holders
+    _wait(net, 1.0)
+    assert holder_of(net, cid) == []
+    back = _claim(net, "b", cid)
+    assert back.state == "connected" and back.present is False
+
+
+def test_a_connection_before_the_end_resumes_the_session_on_another_node():
+    """[MQTT-3.1.2-23]: resumed at c within the interval; its copies no longer end, and the
+    time starts again only when that connection ends."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: True)
+    _left(net, "a", cid, 10)
+    _wait(net, 5.0)
+    back = _claim(net, "c", cid)
+    assert back.state == "connected" and back.present is True
+    assert back.session.subscriptions == {"t/#": 1}
+    net.pump()
+    _wait(net, 20.0)
+    assert all(net.brokers[n].sessions[cid].expires_at is None for n in holder_of(net, cid))
+    assert "c" in holder_of(net, cid)
+
+
+def test_a_copy_that_missed_the_end_is_discarded_not_resumed():
+    """A holder away while the session ended (its copy never heard when the session ends)
+    comes back with it: the registrar's grant says the session expired, and the claim
+    discards that copy instead of resuming it [MQTT-4.1.0-2]."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: "c" in holders and regs[0] != "c")
+    ch = net.connect("a", cid, clean=False)
+    ch.session.expiry = 5
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    net.up.discard("c")  # c is cut off with its copy, which has no end
+    net.membership()
+    ch.close("connection lost")
+    net.pump()
+    _wait(net, 6.0)
+    assert cid not in net.brokers["a"].sessions
+    assert net.brokers["c"].sessions[cid].expires_at is None
+    net.up.add("c")
+    net.membership()
+    _wait(net, 1.0)
+    back = _claim(net, "b", cid)
+    assert back.state == "connected" and back.present is False
+    assert back.session.subscriptions == {}
+    assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.names) == 1
