@@ -42,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="chaos-out", help="directory of the JSON files")
     p.add_argument("--keep", action="store_true", help="keep the nodes' directories (logs, stores)")
     p.add_argument("--recheck", metavar="JSON", help="judge the history a run wrote again (no processes)")
+    p.add_argument(
+        "--mqtt5",
+        action="store_true",
+        help="MQTT 5 clients: sessions with a Session Expiry Interval, every third message with a "
+        "Message Expiry Interval of 2 s (checked: none delivered after it)",
+    )
     args = p.parse_args(argv)
     if args.recheck:
         return recheck(Path(args.recheck))
@@ -61,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
                 rate=args.rate,
                 pid_range=args.pid_range,
                 window=min(20, args.pid_range),
+                mqtt5=args.mqtt5,
             )
             cfg = RunConfig(
                 broker=broker,
@@ -73,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                 workload=wopts,
             )
             result: dict[str, Any] = run(cfg, log=lambda s: print(s, flush=True))
-            path = out_dir / f"chaos-{broker}-seed{seed}-{args.nodes}n-{args.rate:g}.json"
+            v5 = "-mqtt5" if args.mqtt5 else ""
+            path = out_dir / f"chaos-{broker}{v5}-seed{seed}-{args.nodes}n-{args.rate:g}.json"
             path.write_text(json.dumps(result, default=list) + "\n")
             print(f"chaos: {path}", flush=True)
             rows.append(row(result))

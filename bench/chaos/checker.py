@@ -12,6 +12,12 @@ How a QoS 2 duplicate (a subscriber told twice of one message id) is classified:
   (DUP=0 or another packet id: a new delivery from a session that had lost track of the
   first; with DUP=1 and the same id after the id's PUBREL: a re-send of a completed one);
 - ``other`` otherwise: both copies on one connection of the subscriber (two copies routed).
+
+A message with an MQTT 5 Message Expiry Interval (its topic ends in ``/e<seconds>``, the MQTT 5
+workload's) may be dropped, so it is never counted lost; it must not be delivered after its
+expiry: a first delivery to a subscriber (DUP=0: a re-send of one in flight may come later,
+MQTT-3.3.2-5) later than its acknowledgement to the publisher (the broker had it by then) plus
+its interval plus ``EXPIRY_SLACK`` is ``late``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,16 @@ from typing import Any
 from mqttmesh.sim.history import History, Op, OrderCheck, check_order
 from mqttmesh.topics import filter_matches
 
-__all__ = ["ChaosCheck", "check"]
+__all__ = ["ChaosCheck", "check", "expiry_of", "EXPIRY_SLACK"]
+
+# what the clients' own thread may add to a delivery's time (it reads all of them in turn)
+EXPIRY_SLACK = 1.0
+
+
+def expiry_of(topic: str) -> int | None:
+    """The Message Expiry Interval the MQTT 5 workload gave a message on ``topic``, if any."""
+    last = topic.rsplit("/", 1)[-1]
+    return int(last[1:]) if last[:1] == "e" and last[1:].isdigit() else None
 
 
 @dataclass
@@ -41,6 +56,8 @@ class ChaosCheck:
     connect_errors: dict[str, int] = field(default_factory=dict)  # no CONNACK: why -> count
     connections: dict[str, int] | None = None  # ClientId -> live connections at the end
     not_one_connection: dict[str, int] = field(default_factory=dict)
+    expiring: int = 0  # acknowledged messages with a Message Expiry Interval (MQTT 5 workload)
+    late: list[tuple[str, str, float]] = field(default_factory=list)  # (msg id, subscriber, s after expiry)
 
     def qos2_by_class(self) -> dict[str, int]:
         counts = Counter(c for _, _, c in self.qos2_dups)
@@ -48,8 +65,9 @@ class ChaosCheck:
 
     @property
     def failed(self) -> bool:
-        """What gates CI: lost, QoS 2 duplicates, packet-id reuse, wrong session present."""
-        return bool(self.lost or self.qos2_dups or self.pid_reuse or self.wrong_session_present)
+        """What gates CI: lost, QoS 2 duplicates, packet-id reuse, wrong session present, a
+        message delivered after its expiry."""
+        return bool(self.lost or self.qos2_dups or self.pid_reuse or self.wrong_session_present or self.late)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -70,6 +88,9 @@ class ChaosCheck:
             "connect_errors": dict(sorted(self.connect_errors.items())),
             "connections_per_client": self.connections,
             "not_one_connection": self.not_one_connection,
+            "expiring": self.expiring,
+            "delivered_after_expiry": len(self.late),
+            "late": [list(x) for x in self.late[:20]],
             "failed": self.failed,
         }
 
@@ -87,7 +108,7 @@ def check(
     connections per ClientId at the end, as the nodes report them (None: not known)."""
     r = ChaosCheck(connections=connections)
     invoked: dict[str, tuple[float, str, str, int]] = {}  # msg id -> (t, publisher, topic, qos)
-    acked: set[str] = set()
+    acked: dict[str, float] = {}  # msg id -> when its publisher had the acknowledgement
     resent: set[str] = set()
     first_sub: dict[str, tuple[float, list[tuple[str, int]]]] = {}
     got: dict[tuple[str, str], list[Op]] = {}  # (subscriber, msg id) -> receive ops
@@ -100,7 +121,7 @@ def check(
             if what == "invoke":
                 invoked[msg_id] = (t, client, op[5], op[6])
             elif what == "ok":
-                acked.add(msg_id)
+                acked.setdefault(msg_id, t)
             elif what == "resend":
                 resent.add(msg_id)
         elif kind == "subscribe":
@@ -143,6 +164,16 @@ def check(
         t_inv, _, topic, qos = invoked[msg_id]
         if qos == 0:
             continue
+        expiry = expiry_of(topic)
+        if expiry is not None:
+            r.expiring += 1
+            deadline = acked[msg_id] + expiry + EXPIRY_SLACK
+            for client, _ in first_sub.items():
+                ops = got.get((client, msg_id))
+                first = next((o for o in ops or () if not o[7]), None)  # (DUP=0: not a re-send)
+                if first is not None and first[0] > deadline:
+                    r.late.append((msg_id, client, round(first[0] - deadline + EXPIRY_SLACK, 3)))
+            continue  # (it may expire: never counted lost)
         for client, (t_sub, filters) in sorted(first_sub.items()):
             if t_inv < t_sub + settle or not any(filter_matches(f, topic) and q > 0 for f, q in filters):
                 continue

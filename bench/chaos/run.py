@@ -62,6 +62,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         "nodes": cfg.nodes,
         "rate": wopts.rate,
         "pid_range": wopts.pid_range,
+        "mqtt5": wopts.mqtt5,
         "duration": cfg.duration,
         "settle": cfg.settle,
         "completed": False,

@@ -8,6 +8,11 @@ time with DISCONNECT and half by dropping the connection; a refused (CONNACK != 
 silent connection makes them try another node after a short back-off. One probe client per
 node (clean session, never moves) measures reconvergence: after a heal every probe
 publishes a QoS 0 message on its own node until each has reached every other node's probe.
+
+With ``Options.mqtt5`` the persistent clients speak MQTT 5 (issue 23): their sessions have a
+Session Expiry Interval (``session_expiry``, longer than any absence the faults cause), and
+every ``expiring_every``-th message has a Message Expiry Interval of ``message_expiry``
+seconds, named in its topic (``.../e2``) so that the checker knows it without the broker.
 """
 
 from __future__ import annotations
@@ -43,6 +48,10 @@ class Options:
     connack_timeout: float = 3.0
     probe_interval: float = 0.2
     probe_deadline: float = 40.0  # a heal not reconverged within this is reported as such
+    mqtt5: bool = False  # the persistent clients speak MQTT 5 (module docstring)
+    session_expiry: int = 120
+    expiring_every: int = 3
+    message_expiry: int = 2
 
 
 @dataclass
@@ -111,7 +120,9 @@ class Workload:
             self.actors.append(Actor(name, "sub", random.Random(rng.getrandbits(64)), self._client(name)))
         for i in range(opts.publishers):
             name = f"pub{i}"
-            mqtt = MqttClient(name, clean=False, keepalive=opts.keepalive, pid_range=opts.pid_range)
+            mqtt = MqttClient(
+                name, clean=False, keepalive=opts.keepalive, pid_range=opts.pid_range, **self._version(opts)
+            )
             self.actors.append(Actor(name, "pub", random.Random(rng.getrandbits(64)), mqtt))
         for node in self.names:
             name = f"probe-{node}"
@@ -121,7 +132,13 @@ class Workload:
         self._next_probe = 0.0
 
     def _client(self, name: str) -> MqttClient:
-        return MqttClient(name, clean=False, keepalive=self.opts.keepalive, report_repeats=True)
+        return MqttClient(
+            name, clean=False, keepalive=self.opts.keepalive, report_repeats=True, **self._version(self.opts)
+        )
+
+    @staticmethod
+    def _version(opts: Options) -> dict[str, int]:
+        return {"version": 5, "session_expiry": opts.session_expiry} if opts.mqtt5 else {}
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -214,10 +231,14 @@ class Workload:
             a.n += 1
             qos = 1 if a.n % 2 else 2
             topic = f"chaos/{a.name}/q{qos}"
+            expiry = None
+            if self.opts.mqtt5 and a.n % self.opts.expiring_every == 0:
+                expiry = self.opts.message_expiry
+                topic += f"/e{expiry}"  # (what the checker reads it from: checker.expiry_of)
             msg_id = f"{a.name}:{a.n}"
             a.sent[msg_id] = (topic, qos)
             self.h.publish(now, a.name, "invoke", msg_id, topic, qos)
-            a.mqtt.publish(topic, msg_id.encode(), qos)
+            a.mqtt.publish(topic, msg_id.encode(), qos, expiry)
 
     def _pick(self, a: Actor) -> str:
         if a.role == "probe":

@@ -9,9 +9,10 @@ import random
 
 import pytest
 
-from bench.chaos.checker import check
+from bench.chaos.checker import EXPIRY_SLACK, check, expiry_of
 from bench.chaos.nemesis import KINDS, schedule
 from mqttmesh import codec
+from mqttmesh.codec5 import encode5
 from mqttmesh.sim.history import History
 from mqttmesh.sim.mqttclient import MqttClient
 
@@ -232,3 +233,60 @@ def test_report_repeats() -> None:
         assert c.receive_data(first) == [("message", "t", b"m1", 2, False, 5)]
     assert quiet.receive_data(again) == []
     assert loud.receive_data(again) == [("repeat", "t", b"m2", 2, True, 5)]
+
+
+# --------------------------------------------------------------------------- the MQTT 5 workload's check
+
+
+def test_expiry_is_read_from_the_topic() -> None:
+    assert [expiry_of(t) for t in ("chaos/pub0/q1/e2", "chaos/pub0/q1", "chaos/e/q1", "chaos/p/q2/e")] == [
+        2,
+        None,
+        None,
+        None,
+    ]
+
+
+def test_a_message_delivered_after_its_expiry_is_late_and_one_dropped_is_not_lost() -> None:
+    """[MQTT-3.3.2-5]: a first delivery later than the acknowledgement plus the interval (plus
+    the harness's slack) fails the run; an expiring message never delivered is no loss; a
+    re-send (DUP=1) of one whose delivery began may come later."""
+    h = _base(("sub", "sub2"))
+    topic = "chaos/pub/q1/e2"
+    late = _publish(h, 5.0, 1, qos=1, topic=topic)  # acknowledged at 5.01
+    h.received(5.01 + 2 + EXPIRY_SLACK + 0.5, "sub", late, topic, 1, False, "sub/1", 1)
+    dropped = _publish(h, 6.0, 2, qos=1, topic=topic)
+    resent = _publish(h, 7.0, 3, qos=1, topic=topic)
+    h.received(7.1, "sub", resent, topic, 1, False, "sub/1", 2)
+    h.received(20.0, "sub2", resent, topic, 1, True, "sub2/1", 2)  # (DUP=1: its delivery began before)
+    r = check(h, PERSISTENT)
+    assert r.expiring == 3 and r.lost == [] and dropped not in {m for m, _ in r.lost}
+    assert [(m, c) for m, c, _ in r.late] == [(late, "sub")]
+    assert r.late[0][2] == pytest.approx(0.5 + EXPIRY_SLACK, abs=0.01) and r.failed
+    assert r.summary()["delivered_after_expiry"] == 1
+
+
+def test_the_mqtt5_client_asks_for_its_session_expiry_and_sends_message_expiry() -> None:
+    """The harness's MQTT 5 client: CONNECT level 5 with Clean Start 0 and the Session Expiry
+    Interval, a PUBLISH with the Message Expiry Interval, sent again with it (DUP=1)."""
+    from mqttmesh import properties as P
+
+    c = MqttClient("p5", clean=False, keepalive=5, version=5, session_expiry=120)
+    c.connect()
+    d = codec.Decoder()
+    d.feed(c.data_to_send())
+    [connect] = list(d.packets())
+    assert (connect.protocol_level, connect.clean_session, connect.properties) == (5, False, {P.SESSION_EXPIRY: 120})
+    assert c.receive_data(bytes((0x20, 3, 0, 0, 0))) == [("connack", 0, False)]
+    pid = c.publish("t/e2", b"x", 1, expiry=2)
+    sent = codec.Decoder(version=5)
+    sent.feed(c.data_to_send())
+    [pub] = list(sent.packets())
+    assert (pub.packet_id, pub.properties[P.MESSAGE_EXPIRY], pub.dup) == (pid, 2, False)
+    c.connection_lost()
+    c.connect()
+    c.receive_data(bytes((0x20, 3, 1, 0, 0)))
+    again = codec.Decoder(version=5)
+    again.feed(c.data_to_send()[len(encode5(connect)) :])
+    [dup] = list(again.packets())
+    assert (dup.packet_id, dup.properties[P.MESSAGE_EXPIRY], dup.dup) == (pid, 2, True)

@@ -1,4 +1,4 @@
-"""A sans-I/O MQTT 3.1.1 client: bytes in, bytes and events out, no socket, no clock.
+"""A sans-I/O MQTT 3.1.1 (or MQTT 5) client: bytes in, bytes and events out, no socket, no clock.
 
 The simulator drives it over simulated connections to simulated nodes; nothing in
 it knows about the simulator, so a harness over real sockets can drive the same
@@ -23,6 +23,10 @@ PUBLISH for an id still awaiting PUBREL, acknowledged again and not delivered; a
 that checks packet-id reuse compares its payload with the one first taken on that id),
 ``("acked", packet_id, payload)`` (PUBACK, or PUBREC for QoS 2: the server owns the
 message), ``("completed", packet_id)`` (PUBCOMP), ``("closed", reason)``.
+
+With ``version=5`` it speaks MQTT 5 (``mqttmesh.codec5``): its CONNECT asks for
+``session_expiry`` seconds (CleanSession=0 is Clean Start 0), and ``publish`` may give a
+message a Message Expiry Interval; the events are the same (issue 23's fault-harness row).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import codec
+from .. import properties as P
 from ..codec import (
     CONNACK,
     PUBACK,
@@ -42,6 +47,7 @@ from ..codec import (
     MalformedPacket,
     Will,
 )
+from ..codec5 import encode5
 
 __all__ = ["MqttClient", "Outgoing", "Event"]
 
@@ -51,20 +57,31 @@ Event = tuple[Any, ...]
 class Outgoing:
     """An outgoing QoS 1/2 message until it is acknowledged (PUBACK) or completed (PUBCOMP)."""
 
-    __slots__ = ("packet_id", "topic", "payload", "qos", "state")
+    __slots__ = ("packet_id", "topic", "payload", "qos", "state", "props")
 
-    def __init__(self, packet_id: int, topic: str, payload: bytes, qos: int):
+    def __init__(self, packet_id: int, topic: str, payload: bytes, qos: int, props: dict[int, Any] | None = None):
         self.packet_id, self.topic, self.payload, self.qos = packet_id, topic, payload, qos
+        self.props = props  # its MQTT 5 properties, sent again with it
         self.state = "publish"  # QoS 2 after PUBREC: "rel"
 
 
 class MqttClient:
     def __init__(
-        self, client_id: str, clean: bool, keepalive: int = 0, pid_range: int = 65535, report_repeats: bool = False
+        self,
+        client_id: str,
+        clean: bool,
+        keepalive: int = 0,
+        pid_range: int = 65535,
+        report_repeats: bool = False,
+        version: int = 4,
+        session_expiry: int = 0,
     ):
         """``pid_range``: outgoing packet ids are taken from 1..pid_range only, an id free again
         as soon as its PUBACK or PUBCOMP arrives (as small embedded clients do; issue 15).
-        ``report_repeats``: also return the "repeat" events (above)."""
+        ``report_repeats``: also return the "repeat" events (above). ``version``: 4 (3.1.1)
+        or 5; ``session_expiry``: an MQTT 5 persistent session's interval, in seconds."""
+        if version not in (4, 5):
+            raise ValueError(f"version must be 4 or 5, not {version}")
         if not 1 <= pid_range <= 65535:
             raise ValueError(f"pid_range must be within 1..65535, not {pid_range}")
         self.client_id = client_id
@@ -77,7 +94,10 @@ class MqttClient:
         self.outgoing: dict[int, Outgoing] = {}  # packet id -> message, in send order
         self.awaiting_rel: set[int] = set()  # incoming QoS 2 ids, PUBREC sent [MQTT-4.3.3-2]
         self._next_pid = 0
-        self._decoder = Decoder()
+        self.version = version
+        self.session_expiry = session_expiry
+        self._encode = encode5 if version == 5 else codec.encode
+        self._decoder = Decoder(version=version)
         self._out: list[bytes] = []
 
     # -- connections --------------------------------------------------------------------
@@ -86,13 +106,20 @@ class MqttClient:
         """A new network connection: CONNECT goes out first."""
         self.open = True
         self.connected = False
-        self._decoder = Decoder()
+        self._decoder = Decoder(version=self.version)
+        if self.version == 5:
+            props = {P.SESSION_EXPIRY: self.session_expiry} if not self.clean else None
+            connect = codec.Connect(
+                self.client_id, self.clean, self.keepalive, will, protocol_level=5, properties=props
+            )
+            self._out = [encode5(connect)]
+            return
         self._out = [codec.encode(codec.Connect(self.client_id, self.clean, self.keepalive, will))]
 
     def disconnect(self) -> None:
         """A clean end: DISCONNECT, no will [MQTT-3.14.4-3]."""
         if self.open:
-            self._out.append(codec.encode(codec.Disconnect()))
+            self._out.append(self._encode(codec.Disconnect()))
         self._ended()
 
     def connection_lost(self) -> None:
@@ -108,27 +135,28 @@ class MqttClient:
 
     # -- what the application does --------------------------------------------------------
 
-    def publish(self, topic: str, payload: bytes, qos: int) -> int:
+    def publish(self, topic: str, payload: bytes, qos: int, expiry: int | None = None) -> int:
         """Send (or, not connected, keep for the next connection of a persistent session);
-        the packet id, 0 for QoS 0."""
+        the packet id, 0 for QoS 0. ``expiry``: an MQTT 5 Message Expiry Interval."""
+        props = {P.MESSAGE_EXPIRY: expiry} if expiry is not None and self.version == 5 else None
         if qos == 0:
             if self.connected:
-                self._out.append(codec.encode(codec.Publish(topic, payload, 0)))
+                self._out.append(self._encode(codec.Publish(topic, payload, 0, properties=props)))
             return 0
         pid = self._alloc_pid()
-        self.outgoing[pid] = Outgoing(pid, topic, payload, qos)
+        self.outgoing[pid] = Outgoing(pid, topic, payload, qos, props)
         if self.connected:
-            self._out.append(codec.encode(codec.Publish(topic, payload, qos, False, False, pid)))
+            self._out.append(self._encode(codec.Publish(topic, payload, qos, False, False, pid, props)))
         return pid
 
     def subscribe(self, filters: list[tuple[str, int]]) -> int:
         pid = self._alloc_pid()
-        self._out.append(codec.encode(codec.Subscribe(pid, filters)))
+        self._out.append(self._encode(codec.Subscribe(pid, filters)))
         return pid
 
     def ping(self) -> None:
         if self.connected:
-            self._out.append(codec.encode(codec.PingReq()))
+            self._out.append(self._encode(codec.PingReq()))
 
     def _alloc_pid(self) -> int:
         for _ in range(self.pid_range):
@@ -164,14 +192,14 @@ class MqttClient:
                     events.append(("message", pkt.topic, pkt.payload, qos, pkt.dup, pid))
                 elif self.report_repeats:
                     events.append(("repeat", pkt.topic, pkt.payload, qos, pkt.dup, pid))
-                self._out.append(codec.encode(codec.PubRec(pid)))
+                self._out.append(self._encode(codec.PubRec(pid)))
                 return
             events.append(("message", pkt.topic, pkt.payload, qos, pkt.dup, pid))
             if qos == 1:
-                self._out.append(codec.encode(codec.PubAck(pid)))
+                self._out.append(self._encode(codec.PubAck(pid)))
         elif t == PUBREL:
             self.awaiting_rel.discard(pkt.packet_id)
-            self._out.append(codec.encode(codec.PubComp(pkt.packet_id)))  # [MQTT-4.3.3-2]
+            self._out.append(self._encode(codec.PubComp(pkt.packet_id)))  # [MQTT-4.3.3-2]
         elif t == PUBACK:
             out = self.outgoing.pop(pkt.packet_id, None)
             if out is not None:
@@ -182,7 +210,7 @@ class MqttClient:
                 if out.state == "publish":
                     out.state = "rel"
                     events.append(("acked", pkt.packet_id, out.payload))
-                self._out.append(codec.encode(codec.PubRel(pkt.packet_id)))
+                self._out.append(self._encode(codec.PubRel(pkt.packet_id)))
         elif t == PUBCOMP:
             out = self.outgoing.get(pkt.packet_id)
             if out is not None and out.state == "rel":
@@ -200,8 +228,8 @@ class MqttClient:
         """What the last connection left unacknowledged goes again, in order [MQTT-4.4.0-1]."""
         for out in self.outgoing.values():
             if out.state == "rel":
-                self._out.append(codec.encode(codec.PubRel(out.packet_id)))
+                self._out.append(self._encode(codec.PubRel(out.packet_id)))
             else:
                 self._out.append(
-                    codec.encode(codec.Publish(out.topic, out.payload, out.qos, False, True, out.packet_id))
+                    self._encode(codec.Publish(out.topic, out.payload, out.qos, False, True, out.packet_id, out.props))
                 )
