@@ -136,3 +136,57 @@ def test_a_session_expires_across_a_kill_9_of_a_single_node(broker_factory, tmp_
     _after(4.5, left)  # (the node ends expired sessions once a second)
     assert _present(paho5, node, "one-short") is False
     assert _present(paho5, node, "one-long") is True
+
+
+def _raw5(node, client_id: str):
+    """A raw MQTT 5 connection (bytes from tests/support/mqttraw5.py) with a kept session."""
+    from mqttmesh import properties as P
+    from support import mqttraw5 as r5
+    from support.mqttraw import CONNACK, RawClient
+
+    c = RawClient(node.host, node.port)
+    c.send(r5.connect(client_id, clean=False, properties=r5.props((P.SESSION_EXPIRY, r5.u32(600)))))
+    assert c.expect(CONNACK).body[1] == 0
+    return c
+
+
+def _taken_over(c) -> None:
+    """``c`` is told DISCONNECT 0x8E (Session taken over) and closed [MQTT-3.1.4-3]."""
+    from support.mqttraw import DISCONNECT
+
+    p = c.expect(DISCONNECT, timeout=15.0)
+    assert p.body[:1] == b"\x8e"
+    c.expect_closed()
+
+
+def test_a_take_over_on_another_node_tells_the_first_connection_0x8e(mesh, paho5):
+    """The ClientId connects at b while connected at a: a's connection gets DISCONNECT 0x8E
+    and the session goes on at b (session present)."""
+    first = _raw5(mesh["a"], "tk")
+    second = paho5("tk")
+    rc, flags, _ = second.connect(mesh["b"], clean_start=False, SessionExpiryInterval=600)
+    assert rc == 0 and flags.session_present
+    _taken_over(first)
+
+
+def test_a_take_over_while_a_node_is_killed_still_tells_the_first_connection(mesh, paho5):
+    """kill -9 of the third node (which may be the ClientId's registrar) just before the take
+    over: once the mesh has noticed, the new connection at b is accepted and the one at a is
+    told 0x8E; never two connections for one ClientId."""
+    first = _raw5(mesh["a"], "tk9")
+    mesh["c"].kill()
+
+    def taken() -> bool:
+        second = paho5("tk9")
+        try:
+            rc, flags, _ = second.connect(mesh["b"], clean_start=False, SessionExpiryInterval=600)
+        except Exception:
+            second.stop()
+            return False
+        if rc != 0:
+            second.stop()
+            return False
+        return flags.session_present
+
+    assert wait_for(taken, 30.0, interval=0.5, what="the take-over at b to be accepted")
+    _taken_over(first)
