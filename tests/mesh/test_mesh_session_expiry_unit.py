@@ -10,6 +10,8 @@ end resumes the session on any node. Rule ids are MQTT 5.0's.
 
 from __future__ import annotations
 
+import json
+
 from mqttmesh.mesh.cluster.cluster import ClusterSettings
 from support.cluster_net import Net, cid_with, holder_of
 
@@ -101,3 +103,16 @@ def test_a_copy_that_missed_the_end_is_discarded_not_resumed():
     assert back.state == "connected" and back.present is False
     assert back.session.subscriptions == {}
     assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.names) == 1
+
+
+def test_a_snapshot_carries_the_interval_and_what_is_left_of_it():
+    """On the wire: the interval and the remaining milliseconds; a session that never expires
+    and is not running out writes neither (the JSON of before)."""
+    from mqttmesh.mesh.cluster.cluster_values import Snapshot
+
+    plain = Snapshot("c", {}, 0, [], [], [], None, 1, 1)
+    assert "expiry" not in plain.to_json() and "expires" not in plain.to_json()
+    for expiry, left in ((30, 12_500), (30, None), (0xFFFFFFFF, 4_000)):
+        snap = Snapshot("c", {}, 0, [], [], [], None, 1, 1, expiry=expiry, expires_ms=left)
+        back = Snapshot.from_json(json.loads(json.dumps(snap.to_json(), default=list)), "sess.copy")
+        assert (back.expiry, back.expires_ms) == (expiry, left)

@@ -538,7 +538,7 @@ class Snapshot:
             "reserved": self.reserved,
             "inbound": self.inbound,
         }
-        if self.expiry != 0xFFFFFFFF:  # (the JSON of before for a session that never expires)
+        if self.expiry != 0xFFFFFFFF or self.expires_ms is not None:  # (else the JSON of before)
             out["expiry"] = self.expiry
             out["expires"] = self.expires_ms
         return out
