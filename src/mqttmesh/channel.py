@@ -21,11 +21,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
-from . import properties as P
 from .channel5 import Conn5, Mqtt5, reason_of
 from .channel_held import PUBREL_FIRST, HeldFrames, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
-from .channel_publish import Publishing
+from .channel_publish import Publishing, will_delay
 from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, violation
 from .codec import (
     AUTH,
@@ -326,11 +325,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
             broker.congestion.unpause(self)
         session = self.session
         will = self.will if publish_will and was_connected else None
-        # MQTT 5: a will with a Will Delay Interval waits for it, unless its session ends with
-        # the connection (then it goes now) [MQTT-3.1.2-8]
-        delay = will.properties.get(P.WILL_DELAY, 0) if will is not None and will.properties else 0
-        if delay and (session is None or session.clean):
-            delay = 0
+        delay = will_delay(will, session)
         if session is not None and session.channel is self:
             broker.table.close_session(session, self.last_rx if now is None else now)
         if self._deferred:
@@ -347,18 +342,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
             if delay:
                 will = None
         if will is not None:
-            # [MQTT-3.1.2-16/17]
-            props = will.properties
-            fwd, expiry = (P.forwarded(props), props.get(P.MESSAGE_EXPIRY)) if props else (None, None)
-            if delay:
-                msg = self._message(
-                    will.topic, will.payload, will.qos, will.retain, self.last_rx, fwd, None, self.will_seq
-                )
-                if msg is not None:
-                    broker.delay_will(self.client_id, msg, expiry, (self.last_rx if now is None else now) + delay)
-            else:
-                broker.stats.wills_published += 1
-                self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq, fwd, expiry)
+            self._publish_will(will, delay, self.last_rx if now is None else now)
         self.will = None  # [MQTT-3.1.2-10]
 
     # -- CONNECT -------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import codec
+from . import properties as P
 from .channel_held import PUBACK_FIRST, PUBCOMP_FIRST, PUBREC_FIRST, ProtocolViolation, ack_frame
 from .channel_states import CONNECTED
 from .message import Message
@@ -26,7 +27,17 @@ if TYPE_CHECKING:
     from .ports import Batch, PeerPort, ReadCapture
     from .session import Session
 
-__all__ = ["Publishing"]
+__all__ = ["Publishing", "will_delay"]
+
+
+def will_delay(will: codec.Will | None, session: Session | None) -> int:
+    """How long ``will`` waits after its connection ended (MQTT 5's Will Delay Interval): not
+    at all when its session ends with the connection, at most until the session expires
+    [MQTT-3.1.2-8]."""
+    if will is None or not will.properties or session is None or session.clean:
+        return 0
+    delay: int = will.properties.get(P.WILL_DELAY, 0)
+    return min(delay, session.expiry) if delay else 0
 
 
 class Publishing:
@@ -43,6 +54,7 @@ class Publishing:
         username: str | None
         client_id: str
         last_rx: float
+        will_seq: int
         _held: deque[tuple[int, int, bytes | Message]]
         _deferred: int
         _read: ReadCapture | None
@@ -153,6 +165,24 @@ class Publishing:
             me = self if self.state is CONNECTED else None
             broker.congestion.hold(me, hits, now, len(topic) + len(payload))  # type: ignore[arg-type]
         return batch
+
+    # -- the will --------------------------------------------------------------------------
+
+    def _publish_will(self, will: codec.Will, delay: int, now: float) -> None:
+        """The will of a connection that ended at ``now`` without deleting it [MQTT-3.1.2-8]:
+        published now, or (``delay``, ``will_delay``) kept by the Broker until then, unless a
+        new connection for the ClientId comes first [MQTT-3.1.3-9]. (In a mesh the registrar
+        keeps a delayed will instead: the Channel does not call this for one.)"""
+        broker = self.broker
+        props = will.properties
+        fwd, expiry = (P.forwarded(props), props.get(P.MESSAGE_EXPIRY)) if props else (None, None)
+        if not delay:
+            broker.stats.wills_published += 1  # [MQTT-3.1.2-16/17]
+            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq, fwd, expiry)
+            return
+        msg = self._message(will.topic, will.payload, will.qos, will.retain, self.last_rx, fwd, None, self.will_seq)
+        if msg is not None:
+            broker.delay_will(self.client_id, msg, expiry, now + delay)
 
     # -- routed once replicated, in order ----------------------------------------------------
 

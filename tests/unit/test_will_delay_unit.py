@@ -41,3 +41,22 @@ def test_on_one_node_a_will_of_a_session_that_ends_goes_at_once():
     c.receive_data(r5.connect("c", will=("w/now", b"x", 0, False, r5.props((P.WILL_DELAY, r5.u32(60))))), 1.0)
     c.connection_lost(2.0)
     assert [p.topic for p in answers(sub)] == ["w/now"]
+
+
+def test_on_one_node_a_will_is_due_when_its_session_ends_if_that_comes_first():
+    """[MQTT-3.1.2-8]: the earlier of the Will Delay Interval and the Session Expiry Interval."""
+    net = OneNode()
+    sub, _ = connect5(net, "sub")
+    subscribe5(sub, ("w/#", 1))
+    c = net.channel(1.0)
+    keep = r5.props((P.SESSION_EXPIRY, r5.u32(3)))
+    c.receive_data(
+        r5.connect(
+            "c", clean=False, properties=keep, will=("w/e", b"x", 0, False, r5.props((P.WILL_DELAY, r5.u32(60))))
+        ),
+        1.0,
+    )
+    c.connection_lost(2.0)
+    assert net.broker.publish_due_wills(4.9) == 0
+    assert net.broker.publish_due_wills(5.0) == 1
+    assert [p.topic for p in answers(sub)] == ["w/e"]
