@@ -104,6 +104,7 @@ class BrokerSettings:
     backpressure_timeout: float = 1.0
     max_connect_size: int = 65536
     max_keepalive: int = 0  # 0: any
+    max_session_expiry: int = 0  # 0: any (MQTT 5's as asked; a 3.1.1 persistent session never ends)
     receive_maximum: int = 1000  # (MQTT 5)
     topic_alias_maximum: int = 64  # (MQTT 5, client to server)
     subscribe_denied_code: int = 0x80  # (MQTT 5)

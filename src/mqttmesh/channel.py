@@ -444,8 +444,10 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
             self.decoder.max_packet_size = self.broker.settings.max_packet_size
         self.broker.stats.connections_total += 1
         self.broker.delayed_wills.pop(self.client_id, None)  # a new connection came first [MQTT-3.1.3-9]
-        if not session.clean:  # its Session Expiry Interval (MQTT 5), for when the connection ends
-            session.expiry = KEPT if self.v5 is None else self.v5.session_expiry
+        if not session.clean and not self.is_peer:  # its Session Expiry Interval, for when the connection ends
+            session.expiry = self.broker.settings.max_session_expiry or KEPT
+            if self.v5 is not None:
+                session.expiry = self.v5.session_expiry
         session.username = self.username
         self.session = session
         if self.v5 is None:

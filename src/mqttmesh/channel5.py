@@ -223,6 +223,8 @@ class Mqtt5:
         conn = self.v5 = Conn5(self, props, settings.topic_alias_maximum)  # type: ignore[misc]  # (the Channel's slot)
         if P.AUTH_METHOD in props:
             return 0x8C  # no enhanced authentication method is served (4.12)
+        if settings.max_session_expiry and conn.session_expiry > settings.max_session_expiry:
+            conn.session_expiry = settings.max_session_expiry  # (CONNACK says it: 3.2.2.3.2)
         if settings.max_keepalive and (pkt.keepalive == 0 or pkt.keepalive > settings.max_keepalive):
             conn.server_keepalive = settings.max_keepalive  # [MQTT-3.2.2-21]
             pkt.keepalive = settings.max_keepalive
@@ -351,6 +353,9 @@ class Mqtt5:
             raise ProtocolError("MQTT-3.14.2-2", "DISCONNECT sets a Session Expiry Interval the CONNECT had as 0")
         session = self.session
         if expiry is not None and session is not None:
+            cap = self.broker.settings.max_session_expiry
+            if cap and expiry > cap:
+                expiry = cap
             conn.session_expiry = expiry  # (the session ends that long after this connection)
             session.expiry = expiry
             if expiry == 0:

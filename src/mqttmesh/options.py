@@ -152,6 +152,17 @@ _MQTT5: list[Option] = [
     ),
     Option(
         "mqtt",
+        "max_session_expiry",
+        int,
+        0,
+        "longest Session Expiry Interval served, in seconds: an MQTT 5 client asking for more "
+        "(or for a session that never expires) is given this one in CONNACK, and a 3.1.1 "
+        "CleanSession=0 session ends this long after its client left; 0: no limit",
+        0,
+        4294967294,
+    ),
+    Option(
+        "mqtt",
         "receive_maximum",
         int,
         1000,

@@ -448,3 +448,20 @@ def test_response_information_on_request():
     net = Net(response_information="")
     _, ack = connect5(net, "asker", properties=r5.props((P.REQUEST_RESPONSE_INFO, b"\x01")))
     assert P.RESPONSE_INFO not in ack.properties
+
+
+def test_mqtt_max_session_expiry_caps_what_is_served_and_connack_says_so():
+    """3.2.2.3.2: the node serves at most ``mqtt.max_session_expiry``: CONNACK tells the client
+    the interval it is given (also for 0xFFFFFFFF, and for a larger one in DISCONNECT); a
+    3.1.1 CleanSession=0 session ends that long after its client left."""
+    net = Net(max_session_expiry=100)
+    never = r5.props((P.SESSION_EXPIRY, r5.u32(0xFFFFFFFF)))
+    ch, ack = connect5(net, "p", clean=False, properties=never)
+    assert ack.properties[P.SESSION_EXPIRY] == 100
+    ch.receive_data(r5.disconnect(0, r5.props((P.SESSION_EXPIRY, r5.u32(5000)))), 1.0)
+    assert net.broker.sessions["p"].expires_at == 101.0
+    old = net.channel(2.0)
+    old.receive_data(mqttraw.connect("v311", clean=False), 2.0)
+    old.connection_lost(3.0)
+    assert net.broker.sessions["v311"].expires_at == 103.0
+    assert net.broker.table.expire_sessions(103.0) == 2

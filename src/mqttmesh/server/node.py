@@ -72,6 +72,7 @@ class Node:
             backpressure_timeout=config.get("limits.backpressure_timeout"),
             max_connect_size=config.get("limits.max_connect_size"),
             max_keepalive=config.get("mqtt.max_keepalive"),
+            max_session_expiry=config.get("mqtt.max_session_expiry"),
             receive_maximum=config.get("mqtt.receive_maximum"),
             topic_alias_maximum=config.get("mqtt.topic_alias_maximum"),
             subscribe_denied_code=config.get("mqtt.subscribe_denied_code"),
