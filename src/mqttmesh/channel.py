@@ -89,11 +89,13 @@ class ClaimPort(Protocol):
         now: float,
         will_seq: int = 0,
         fresh: bool | None = None,
+        expiry: int = KEPT,
     ) -> None:
         """A client passed authentication: claim ``cid``, gather its session, and answer
         with ``channel.claimed(session, present, now)`` (``will_seq``: the number its will's
         message takes, wherever it is published; ``clean``: the session ends with the
-        connection, ``fresh``: the one held is discarded first, ``clean`` when None)."""
+        connection, ``fresh``: the one held is discarded first, ``clean`` when None;
+        ``expiry``: its Session Expiry Interval)."""
 
     def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:
         """A local connection ended; its will, if due now, is the Channel's to publish;
@@ -414,7 +416,8 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
             # one ClientId, one connection, mesh-wide [MQTT-3.1.4-2]: the cluster claims
             # the id and gathers the session, then calls claimed() (mesh/cluster/cluster.py)
             self.state = CLAIMING
-            self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq, fresh)
+            expiry = conn.session_expiry if conn is not None else broker.settings.max_session_expiry or KEPT
+            self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq, fresh, expiry)
             return
         mark = broker.journal.mark()
         session, present = broker.table.open_session(self, self.client_id, clean, durable=not self.is_peer, fresh=fresh)

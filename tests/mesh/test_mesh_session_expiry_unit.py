@@ -35,9 +35,8 @@ def _claim(net: Net, node: str, cid: str):
 def _left(net: Net, node: str, cid: str, expiry: int):
     """A persistent session of ``cid`` with one subscription, served at ``node``, whose
     client then leaves with a Session Expiry Interval of ``expiry`` seconds."""
-    ch = net.connect(node, cid, clean=False)
+    ch = net.connect(node, cid, clean=False, expiry=expiry)
     assert ch.state == "connected"
-    ch.session.expiry = expiry  # (as Channel._connected sets it from the CONNECT)
     net.brokers[node].table.subscribe(ch.session, "t/#", 1)
     net.pump()
     ch.close("connection lost")
@@ -85,8 +84,7 @@ def test_a_copy_that_missed_the_end_is_discarded_not_resumed():
     discards that copy instead of resuming it [MQTT-4.1.0-2]."""
     net = Net(settings=ClusterSettings(will_delay=0.5))
     cid = cid_with(net, lambda regs, holders: "c" in holders and regs[0] != "c")
-    ch = net.connect("a", cid, clean=False)
-    ch.session.expiry = 5
+    ch = net.connect("a", cid, clean=False, expiry=5)
     net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
     net.pump()
     net.up.discard("c")  # c is cut off with its copy, which has no end
@@ -116,3 +114,27 @@ def test_a_snapshot_carries_the_interval_and_what_is_left_of_it():
         snap = Snapshot("c", {}, 0, [], [], [], None, 1, 1, expiry=expiry, expires_ms=left)
         back = Snapshot.from_json(json.loads(json.dumps(snap.to_json(), default=list)), "sess.copy")
         assert (back.expiry, back.expires_ms) == (expiry, left)
+
+
+def test_a_session_whose_clients_node_died_ends_its_interval_later_everywhere():
+    """The client was connected at a when a died: no release ever comes, yet its copies end
+    the interval after the mesh noticed (the holders start it when a leaves the mesh, the
+    registrar when it finds a gone, both from the interval the claim carried), and a new
+    connection then finds no session and is not refused for a copy it cannot reach."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: regs[0] != "a" and len([h for h in holders if h != "a"]) >= 1)
+    ch = net.connect("a", cid, clean=False, expiry=5)
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    registrar = net.clusters["b"].members.registrars(cid)[0]
+    net.up.discard("a")
+    net.membership()
+    survivors = [n for n in holder_of(net, cid) if n != "a"]
+    assert survivors and all(net.brokers[n].sessions[cid].expires_at is not None for n in survivors)
+    _wait(net, 4.0)
+    assert [n for n in holder_of(net, cid) if n != "a"] == survivors
+    _wait(net, 2.0)
+    assert [n for n in holder_of(net, cid) if n != "a"] == []
+    assert net.clusters[registrar].registry.entries[cid].clean
+    back = _claim(net, "b", cid)
+    assert back.state == "connected" and back.present is False

@@ -30,8 +30,9 @@ NAMES = ["a", "b", "c"]
 class FakeChannel:
     """One client connection, as the cluster sees it (channel.py's claiming part)."""
 
-    def __init__(self, net: Net, node: str, cid: str):
+    def __init__(self, net: Net, node: str, cid: str, expiry: int = 0xFFFFFFFF):
         self.net, self.node, self.client_id = net, node, cid
+        self.expiry = expiry  # its Session Expiry Interval (MQTT 5)
         self.state = "claiming"
         self.refused_rc: int | None = None
         self.session = None
@@ -51,6 +52,8 @@ class FakeChannel:
             return
         self.state = "connected"
         self.session, self.present = session, present
+        if not session.clean:
+            session.expiry = self.expiry  # (as Channel._connected)
         session.attach(self, 0.0)
 
     def write(self, data: bytes) -> None:
@@ -213,9 +216,11 @@ class Net:
             self.clusters[n].tick(self.t)
         self.pump()
 
-    def connect(self, node: str, cid: str, clean: bool, will: Will | None = None, pump: bool = True) -> FakeChannel:
-        ch = FakeChannel(self, node, cid)
-        self.clusters[node].connect(ch, cid, clean, will, self.t)
+    def connect(
+        self, node: str, cid: str, clean: bool, will: Will | None = None, pump: bool = True, expiry: int = 0xFFFFFFFF
+    ) -> FakeChannel:
+        ch = FakeChannel(self, node, cid, expiry)
+        self.clusters[node].connect(ch, cid, clean, will, self.t, expiry=expiry)
         if pump:
             self.pump()
         return ch

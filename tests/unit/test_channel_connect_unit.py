@@ -719,7 +719,7 @@ class _Claims:
     def __init__(self):
         self.calls = []
 
-    def connect(self, channel, client_id, clean, will, now, will_seq=0, fresh=None):
+    def connect(self, channel, client_id, clean, will, now, will_seq=0, fresh=None, expiry=0xFFFFFFFF):
         self.calls.append((channel, client_id))
 
     def disconnected(self, channel, now, delayed=False):

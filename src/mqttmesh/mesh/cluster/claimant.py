@@ -66,6 +66,7 @@ class Claim:
         "cid",
         "clean",
         "fresh",
+        "expiry",
         "will",
         "conn",
         "started",
@@ -89,11 +90,14 @@ class Claim:
         conn: str,
         now: float,
         fresh: bool | None = None,
+        expiry: int = KEPT,
     ):
         """``clean``: the session ends with the connection; ``fresh``: the session held is
-        discarded, not gathered (3.1.1's CleanSession is both; MQTT 5 asks them apart)."""
+        discarded, not gathered (3.1.1's CleanSession is both; MQTT 5 asks them apart);
+        ``expiry``: its Session Expiry Interval otherwise."""
         self.channel, self.cid, self.clean, self.will, self.conn = channel, cid, clean, will, conn
         self.fresh = clean if fresh is None else fresh
+        self.expiry = expiry
         self.started = now
         self.stage = CLAIM
         self.epoch = 0
@@ -180,6 +184,7 @@ class Claimant:
         now: float,
         will_seq: int = 0,
         fresh: bool | None = None,
+        expiry: int = KEPT,
     ) -> None:
         self.counters["claims"] += 1
         fresh = clean if fresh is None else fresh
@@ -188,7 +193,7 @@ class Claimant:
             self._refuse_unready(channel, why, now)
             return
         conn = f"{self.node_id}/{self.incarnation}/{next(self._ids)}"
-        claim = Claim(channel, cid, clean, _wire_will(will, will_seq, clean), conn, now, fresh)
+        claim = Claim(channel, cid, clean, _wire_will(will, will_seq, clean), conn, now, fresh, expiry)
         claim.deadline = now + self.settings.claim_timeout
         self.claims[conn] = claim
         if why is not None:
@@ -273,7 +278,9 @@ class Claimant:
 
     def _claim(self, claim: Claim, now: float) -> RegClaim:
         wall = now + self.wall_offset
-        return RegClaim(claim.cid, self.node_id, self.incarnation, claim.conn, claim.clean, claim.will, wall)
+        return RegClaim(
+            claim.cid, self.node_id, self.incarnation, claim.conn, claim.clean, claim.will, wall, claim.expiry
+        )
 
     def retry_claims(self, now: float) -> None:
         """Claims and gathers waiting on nodes that just became unreachable move on, and
@@ -389,7 +396,8 @@ class Claimant:
             for node in sorted(set(holder_nodes) - {self.node_id}):
                 self.out.put(node, SessDiscard(claim.cid, claim.epoch))
         wall = now + self.wall_offset
-        self.local[claim.cid] = LocalConnection(channel, claim.conn, claim.epoch, claim.will, claim.clean, wall)
+        local = LocalConnection(channel, claim.conn, claim.epoch, claim.will, claim.clean, wall, claim.expiry)
+        self.local[claim.cid] = local
         channel.claimed(session, present, now)
         holders.served(session, now)
 
@@ -436,7 +444,9 @@ class Claimant:
             if self.local.get(cid) is not local:
                 continue  # ended by a registration handled above
             will, at = local.will, local.at
-            body = RegRegister(cid, self.node_id, self.incarnation, local.conn, local.epoch, local.clean, will, at)
+            body = RegRegister(
+                cid, self.node_id, self.incarnation, local.conn, local.epoch, local.clean, will, at, local.expiry
+            )
             self.out.put(self.membership.registrars(cid)[0], body)
 
     def on_state(self, frm: str, m: SessState, now: float) -> None:

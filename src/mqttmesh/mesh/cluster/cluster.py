@@ -270,9 +270,10 @@ class Cluster:
         now: float,
         will_seq: int = 0,
         fresh: bool | None = None,
+        expiry: int = KEPT,
     ) -> None:
         """A client passed authentication; finish with ``channel.claimed(session, present, now)``."""
-        self.claimant.connect(channel, cid, clean, will, now, will_seq, fresh)
+        self.claimant.connect(channel, cid, clean, will, now, will_seq, fresh, expiry)
         self.send_out(now)
 
     def disconnected(self, channel: ClaimingChannel, now: float, delayed: bool = False) -> None:

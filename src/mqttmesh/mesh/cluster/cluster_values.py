@@ -292,6 +292,7 @@ class Registration:
     # wall-clock seconds when the session of a connection that ended expires (MQTT 5 Session
     # Expiry Interval): from then on no session is kept for the ClientId
     session_due: float | None = None
+    expiry: int = 0xFFFFFFFF  # its session's Session Expiry Interval (RegClaim's)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -309,6 +310,8 @@ class Registration:
             out["will_due"] = self.will_due
         if self.session_due is not None:
             out["session_due"] = self.session_due
+        if self.expiry != 0xFFFFFFFF:
+            out["expiry"] = self.expiry
         return out
 
     @classmethod
@@ -326,6 +329,7 @@ class Registration:
             _num(_key(o, "at", where), where, "at"),
             None if o.get("will_due") is None else _num(o["will_due"], where, "will_due"),
             None if o.get("session_due") is None else _num(o["session_due"], where, "session_due"),
+            _int(o.get("expiry", 0xFFFFFFFF), where, "expiry"),
         )
 
 
@@ -585,7 +589,17 @@ class Snapshot:
 class LocalConnection:
     """A client connected here, as registered at its registrar."""
 
-    __slots__ = ("channel", "conn", "epoch", "will", "clean", "at")
+    __slots__ = ("channel", "conn", "epoch", "will", "clean", "at", "expiry")
 
-    def __init__(self, channel: ClaimingChannel, conn: str, epoch: int, will: WireWill | None, clean: bool, at: float):
+    def __init__(
+        self,
+        channel: ClaimingChannel,
+        conn: str,
+        epoch: int,
+        will: WireWill | None,
+        clean: bool,
+        at: float,
+        expiry: int = 0xFFFFFFFF,
+    ):
         self.channel, self.conn, self.epoch, self.will, self.clean, self.at = channel, conn, epoch, will, clean, at
+        self.expiry = expiry  # its session's Session Expiry Interval

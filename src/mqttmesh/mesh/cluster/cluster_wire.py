@@ -169,9 +169,12 @@ class RegClaim(Wire):
     clean: bool
     will: WireWill | None
     at: float
+    # its session's Session Expiry Interval (0xFFFFFFFF: never): the registrar ends the
+    # session that long after the connection ends, also when the connection's node dies
+    expiry: int = 0xFFFFFFFF
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "cid": self.cid,
             "node": self.node,
             "inc": self.inc,
@@ -180,6 +183,9 @@ class RegClaim(Wire):
             "will": _will_json(self.will),
             "at": self.at,
         }
+        if self.expiry != 0xFFFFFFFF:
+            out["expiry"] = self.expiry
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
@@ -192,6 +198,7 @@ class RegClaim(Wire):
             _bool(_key(obj, "clean", w), w, "clean"),
             WireWill.from_json(_key(obj, "will", w), w),
             _num(_key(obj, "at", w), w, "at"),
+            _int(obj.get("expiry", 0xFFFFFFFF), w, "expiry"),
         )
 
 
@@ -274,9 +281,12 @@ class RegRegister(Wire):
     clean: bool
     will: WireWill | None
     at: float
+    # its session's Session Expiry Interval (0xFFFFFFFF: never): the registrar ends the
+    # session that long after the connection ends, also when the connection's node dies
+    expiry: int = 0xFFFFFFFF
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "cid": self.cid,
             "node": self.node,
             "inc": self.inc,
@@ -286,6 +296,9 @@ class RegRegister(Wire):
             "will": _will_json(self.will),
             "at": self.at,
         }
+        if self.expiry != 0xFFFFFFFF:
+            out["expiry"] = self.expiry
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
@@ -299,6 +312,7 @@ class RegRegister(Wire):
             _bool(_key(obj, "clean", w), w, "clean"),
             WireWill.from_json(_key(obj, "will", w), w),
             _num(_key(obj, "at", w), w, "at"),
+            _int(obj.get("expiry", 0xFFFFFFFF), w, "expiry"),
         )
 
 

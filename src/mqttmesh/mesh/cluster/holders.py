@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from ...session import SUB_QOS
+from ...session import KEPT, SUB_QOS
 from ...topics import filter_matches
 from .cluster_values import Forwarded
 from .cluster_wire import (
@@ -325,6 +325,8 @@ class Holders(Confirmations):
                 else:
                     self._advance(replica, now)
             elif active is None or active not in live or active == self.node_id:
+                if active is not None and active not in live:
+                    self._client_gone(replica, now)
                 # nobody coordinates this offline session: holders pool what they have
                 snap = snapshot(replica, now)
                 for node in holders:
@@ -332,6 +334,15 @@ class Holders(Confirmations):
                         self.out.put(node, SessMerge(snap))
             if active != self.node_id:
                 self._let_go(replica, holders, now)
+
+    def _client_gone(self, replica: _Replicated, now: float) -> None:
+        """The node the client of ``replica`` was on left the mesh (with the client, as far as
+        anyone can tell): the session's Session Expiry Interval runs from now on this copy, as
+        it does at the registrar (registry.py), unless it ran already [MQTT-4.1.0-2]."""
+        if replica.expires_at is None and replica.expiry != KEPT:
+            replica.expires_at = now + replica.expiry
+            if replica.durable:
+                replica._stored_subscriptions()
 
     def _let_go(self, replica: _Replicated, holders: list[str], now: float) -> None:
         """A copy of a session whose client is not here, on a node that is none of its holders:

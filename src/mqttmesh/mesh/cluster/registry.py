@@ -85,7 +85,8 @@ class Registry:
                 self.counters["kicks"] += 1
                 self.kicked[(cid, entry.conn)] = (entry, now)
                 out.append(ToNode(entry.node, RegKick(cid, entry.conn, epoch, m.node)))
-        self._store(Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at), out)
+        registration = Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at, expiry=m.expiry)
+        self._store(registration, out)
         kept = entry.epoch if entry and not entry.clean else 0
         expired = entry is not None and entry.session_due is not None and entry.session_due <= now + self.wall_offset
         out.append(ToNode(m.node, RegGrant(cid, m.conn, epoch, prev, kept, expired)))
@@ -234,11 +235,18 @@ class Registry:
                 node_dead = entry.node in dead
             if not node_dead or membership.registrars(cid)[0] != self.node_id:
                 continue
-            if _delays(entry):  # the connection ended with its node: its will is due after its delay
-                due = now + self.wall_offset + entry.will.delay  # type: ignore[union-attr]
-                self._store(dataclasses.replace(entry, connected=False, will_due=due), out)
+            # the connection ended with its node: its session ends its interval later, its
+            # will after its delay (or with the session)
+            wall = now + self.wall_offset
+            session_due = wall + entry.expiry if entry.expiry != KEPT and not entry.clean else None
+            if _delays(entry):
+                delay: int = entry.will.delay  # type: ignore[union-attr]
+                if session_due is not None:
+                    delay = min(delay, entry.expiry)
+                gone = dataclasses.replace(entry, connected=False, will_due=wall + delay, session_due=session_due)
+                self._store(gone, out)
                 continue
-            self._store(dataclasses.replace(entry, connected=False, will=None), out)
+            self._store(dataclasses.replace(entry, connected=False, will=None, session_due=session_due), out)
             self._publish_will(entry, now, out)
         membership.restarts_settled()
         return out
@@ -303,4 +311,4 @@ def _delays(entry: Registration) -> bool:
 
 
 def _registration(m: RegRegister, epoch: int) -> Registration:
-    return Registration(m.cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at)
+    return Registration(m.cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at, expiry=m.expiry)
