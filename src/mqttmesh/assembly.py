@@ -138,6 +138,7 @@ def build_core(
         mesh.settings,
         custody=journal if journal.persistent else None,
         codec=json,
+        wall_offset=wall_offset,
     )
     engine.start(now)
     link_table: dict[str, PeerLink] = {}  # peer node -> its current link (PeerLinks keeps it)

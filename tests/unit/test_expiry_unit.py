@@ -125,6 +125,20 @@ def test_an_envelope_carries_the_remaining_time_counted_on_each_nodes_clock():
     assert got[2].expires is None
 
 
+def test_the_time_a_batch_spent_before_it_was_read_comes_off_the_remaining_life():
+    """The batch says when it was made on the sender's wall clock: the time until the receiver
+    read it (on the way, in its socket while it was paused or busy) is taken off, never added;
+    a receiver whose wall clock is behind the sender's takes nothing off."""
+    m = msg().expiring(2.5, 50.0)
+    batch = encode_batch([Envelope(m, ["b"], 4)], 50.0, 1000.0)
+    [late] = decode_batch(batch, 7.0, 1001.2)
+    assert late.msg.ttl == pytest.approx(1.3) and late.msg.expires == pytest.approx(8.3)
+    [behind] = decode_batch(batch, 7.0, 999.0)
+    assert behind.msg.ttl == pytest.approx(2.5)
+    [gone] = decode_batch(batch, 7.0, 1003.0)
+    assert gone.msg.expired
+
+
 def test_a_node_drops_a_message_that_arrives_expired_and_counts_it():
     """A message from another node whose life ended on the way (or while it waited for its
     predecessor, order.py) reaches no session here, a 3.1.1 one included [MQTT-3.3.2-5]."""

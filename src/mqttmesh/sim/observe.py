@@ -59,7 +59,7 @@ def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
     expires (flag 64: four bytes, after the properties)."""
     count = _U32.unpack_from(batch, 1)[0]
     nstrings = _U16.unpack_from(batch, 5)[0]
-    pos = 7
+    pos = 15 if batch[0] >= 5 else 7  # (version 5: the sender's wall clock, 8 bytes, first)
     strings = []
     for _ in range(nstrings):
         n = _U16.unpack_from(batch, pos)[0]

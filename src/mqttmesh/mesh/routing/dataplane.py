@@ -246,7 +246,9 @@ class DataPlaneMixin(EngineState):
     def _batch(self, peer: str, envelopes: list[Envelope], stats: PeerStats, now: float) -> Send:
         stats.batches_out += 1
         qos = 1 if any(e.msg.qos for e in envelopes) else 0
-        return _new_tuple(Send, (peer, "fwd", encode_batch(envelopes, now), qos))  # Send(...) at half the cost
+        return _new_tuple(
+            Send, (peer, "fwd", encode_batch(envelopes, now, now + self.wall_offset), qos)
+        )  # Send(...) at half the cost
 
     def _flush_unicasts(self, sends: list[Send]) -> None:
         unicast, self._unicast_out = self._unicast_out, {}

@@ -69,6 +69,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         custody: CustodyJournal | None = None,
         codec: JsonCodec = json,
         spf_timer: Callable[[], float] | None = None,
+        wall_offset: float = 0.0,
     ):
         self.node_id = node_id
         self.incarnation = incarnation
@@ -77,6 +78,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self.custody_journal = custody
         self.codec = codec
         self.spf_timer = spf_timer  # only measures: the engine has no clock
+        self.wall_offset = wall_offset  # wall-clock seconds minus `now` (envelope.py ``sent``)
         self.spf_seconds = 0.0
         self.changes = 0
         # our own state
@@ -216,7 +218,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         stats = self._stats(peer)
         stats.batches_in += 1
         try:
-            envelopes = decode_batch(payload, now)
+            envelopes = decode_batch(payload, now, now + self.wall_offset)
         except EnvelopeError as exc:
             raise MeshProtocolError(str(exc)) from None
         stats.envelopes_in += len(envelopes)

@@ -89,6 +89,7 @@ class EngineState:
     custody_journal: CustodyJournal | None  # where custody is made durable, or None (in memory)
     spf_timer: Callable[[], float] | None  # a clock to time SPF runs with (the simulator), or None
     spf_seconds: float
+    wall_offset: float  # wall-clock seconds minus `now` (an envelope batch says when it was made)
     changes: int  # bumps whenever the map or interest changes (status refresh, membership)
     peer_stats: dict[str, PeerStats]
     counters: dict[str, int]

@@ -6,9 +6,13 @@ its remaining destination nodes and its hop limit. The batch keeps the
 strings that repeat (origins, publishers, topics, destination lists) once,
 in a table, and each envelope as one fixed-size record plus its payload, so
 encoding and decoding cost one struct call per message. The first byte is
-the format version, so nodes of different versions can tell.
+the format version, so nodes of different versions can tell. ``sent`` is the sender's wall
+clock when it made the batch: a receiver takes what its own wall clock says passed since off
+an expiring message's remaining life (the time the batch spent on the way, in its socket, or
+waiting for a paused or busy receiver to read it), never adds to it (clocks that disagree
+only shorten a life, by as much as they disagree).
 
-    batch    = version:u8=4  count:u32  nstrings:u16  (len:u16 utf8)*nstrings  envelope*count
+    batch    = version:u8=5  count:u32  nstrings:u16  sent:f64  (len:u16 utf8)*nstrings  envelope*count
     envelope = flags:u8 hop_limit:u8 attempt:u8 seq:u64 ts:f64
                origin:u16 publisher:u16 topic:u16 dests:u16 (indexes into the table)
                payload_len:u32 back:u32 [back:u32 * len(dests), with bit 4]
@@ -26,7 +30,7 @@ to that node, given as ``back = seq - previous`` (0: none, deliver at once); the
 destination delivers the message after its predecessor (order.py, docs/design.md 3.6). An
 envelope to one destination carries it in its record (``back``, 0 for any other envelope);
 one to several carries bit 4 and one ``back`` per destination, in the order of the list.
-Version 3 added them; version 4, the properties; version 5, the remaining life.
+Version 3 added them; version 4, the properties; version 5, the remaining life and ``sent``.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ __all__ = ["VERSION", "Envelope", "for_dests", "encode_batch", "decode_batch", "
 
 VERSION = 5
 MAX_STRINGS = 65535
-_HEAD = struct.Struct(">BIH")
+_HEAD = struct.Struct(">BIHd")
 _REC = struct.Struct(">BBBQdHHHHII")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
@@ -96,9 +100,9 @@ def for_dests(msg: Message, dests: list[str], hop_limit: int, attempt: int, pmap
     return Envelope(msg, dests, hop_limit, attempt, None, [pmap.get(d, 0) for d in dests])
 
 
-def encode_batch(envelopes: list[Envelope], now: float) -> bytes:
+def encode_batch(envelopes: list[Envelope], now: float, wall: float = 0.0) -> bytes:
     """The batch of ``envelopes`` as it goes out at ``now`` (what is left of an expiring
-    message's life is counted then)."""
+    message's life is counted then), ``wall`` on the wall clock."""
     if len(envelopes) * 4 > MAX_STRINGS:
         raise ValueError(f"{len(envelopes)} envelopes do not fit one batch; split it")
     table: dict[str, int] = {}
@@ -162,7 +166,7 @@ def encode_batch(envelopes: list[Envelope], now: float) -> bytes:
             left = expires - now
             append(_U32.pack(min(math.ceil(left * 1000.0), 0xFFFFFFFF) if left > 0.0 else 0))
         append(payload)
-    head = [_HEAD.pack(VERSION, len(envelopes), len(strings))]
+    head = [_HEAD.pack(VERSION, len(envelopes), len(strings), wall)]
     for text in strings:
         raw = text.encode()
         head.append(_U16.pack(len(raw)))
@@ -170,11 +174,11 @@ def encode_batch(envelopes: list[Envelope], now: float) -> bytes:
     return b"".join(head) + b"".join(records)
 
 
-def decode_batch(data: bytes, now: float) -> list[Envelope]:
-    """The envelopes of a batch that arrived at ``now`` (an expiring message's remaining life
-    counts from then)."""
+def decode_batch(data: bytes, now: float, wall: float = 0.0) -> list[Envelope]:
+    """The envelopes of a batch read at ``now`` (``wall`` on the wall clock): an expiring
+    message's remaining life counts from then, less what passed since the batch was made."""
     try:
-        version, count, nstrings = _HEAD.unpack_from(data, 0)
+        version, count, nstrings, sent = _HEAD.unpack_from(data, 0)
         if version != VERSION:
             raise EnvelopeError(f"unknown envelope batch version {version}")
         pos = _HEAD.size
@@ -224,7 +228,7 @@ def decode_batch(data: bytes, now: float) -> list[Envelope]:
             msg = Message(topic, payload, qos, flags & 4 == 4, strings[oi], seq, strings[pi], ts, props)
             msg._topic_bytes = raws[ti]  # saves re-encoding it for every subscriber frame
             if ttl >= 0:
-                msg.expiring(ttl / 1000.0, now)
+                msg.expiring(ttl / 1000.0 - (wall - sent if wall > sent else 0.0), now)
             if flags & 8:
                 origin, sep, msg.ack_to = msg.origin.partition("\0")
                 if not sep or not msg.ack_to:
