@@ -376,12 +376,13 @@ class Workload:
             if a.role == "sub":
                 h.subscribed(now, a.name, [(SUB_FILTER, 2)])
         elif kind == "message":
-            _, topic, payload, qos, dup, pid = ev
+            topic, payload, qos, dup, pid = ev[1:6]
             if a.role == "probe":
                 self._probe_in(a, topic, payload, now)
             else:
                 self.last_receive = now
-                h.received(now, a.name, payload.decode(), topic, qos, dup, a.conn_id, pid)
+                expiry = ev[6] if len(ev) > 6 else None  # (MQTT 5: what the node said is left)
+                h.received(now, a.name, payload.decode(), topic, qos, dup, a.conn_id, pid, expiry)
         elif kind == "repeat":
             _, topic, payload, qos, dup, pid = ev
             h.repeated(now, a.name, payload.decode(), topic, qos, dup, a.conn_id, pid)

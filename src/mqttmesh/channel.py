@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from .channel5 import Conn5, Mqtt5, reason_of
-from .channel_held import PUBREL_FIRST, HeldFrames, ProtocolViolation, ack_frame
+from .channel_held import PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing, will_delay
 from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, violation
@@ -187,7 +187,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         self._read: ReadCapture | None = None
         self._out: list[bytes] = []
         # frames waiting for a journal batch and a ticket of the session's gate, in order
-        self._held: deque[tuple[int, int, bytes | Message]] = deque()
+        self._held: deque[tuple[int, int, bytes | Message | Pending]] = deque()
         # messages in ``_held`` (routed when they reach its head): while there is one, what
         # this client publishes waits behind it, in order [MQTT-4.6.0-6]
         self._deferred = 0
@@ -333,7 +333,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         if self._deferred:
             # messages waiting for the holders are not routed from a closed connection: the
             # session keeps them and the node the client comes back to routes them
-            self._held = deque(item for item in self._held if type(item[2]) is bytes)
+            self._held = deque(item for item in self._held if type(item[2]) is not Message)
             self._deferred = 0
         if self.is_peer and was_connected and self.peers is not None:
             self.peers.peer_closed(self, self.last_rx if now is None else now)

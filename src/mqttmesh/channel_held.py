@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from .broker import Broker
     from .message import Message
     from .ports import Batch, Owner
-    from .session import Session
+    from .session import FrameFn, Session
 
 __all__ = [
     "HeldFrames",
@@ -58,6 +58,17 @@ class ProtocolViolation(Exception):
         self.rule = rule
 
 
+class Pending:
+    """A PUBLISH of an expiring message held behind what waits (a journal batch, the gate of
+    a replicated session): framed when it leaves, with what is left of its life then
+    [MQTT-3.3.2-6] (0 if that is nothing: its delivery began before, MQTT-3.3.2-5)."""
+
+    __slots__ = ("msg", "qos", "packet_id", "dup", "retain")
+
+    def __init__(self, msg: Message, qos: int, packet_id: int | None, dup: bool, retain: bool):
+        self.msg, self.qos, self.packet_id, self.dup, self.retain = msg, qos, packet_id, dup, retain
+
+
 class HeldFrames:
     """The output queue of a Channel (a mixin: the Channel keeps the state)."""
 
@@ -70,8 +81,9 @@ class HeldFrames:
         _out: list[bytes]
         # frames waiting for a journal batch and a ticket of the session's gate, in order,
         # and messages to route (a persistent publisher's QoS 2, channel.py ``_route_after``)
-        _held: deque[tuple[int, int, bytes | Message]]
+        _held: deque[tuple[int, int, bytes | Message | Pending]]
         _deferred: int
+        frame: FrameFn
 
         def _route(self, msg: Message) -> Batch: ...
 
@@ -111,7 +123,7 @@ class HeldFrames:
             return
         self._hold(frame, batch, ticket)
 
-    def _hold(self, item: bytes | Message, batch: Batch, ticket: int) -> None:
+    def _hold(self, item: bytes | Message | Pending, batch: Batch, ticket: int) -> None:
         """Queue ``item`` (a frame, or a message to route) behind what is held already: it
         waits for journal ``batch``, the gate's ``ticket`` and everything before it."""
         held = self._held
@@ -125,6 +137,16 @@ class HeldFrames:
         """A frame for the client once the session's gate passed ``ticket``."""
         self._send_after(frame, 0, ticket)
 
+    def write_expiring(
+        self, msg: Message, qos: int, packet_id: int | None, dup: bool, retain: bool, ticket: int = 0
+    ) -> None:
+        """The PUBLISH of a message with a Message Expiry Interval: at once, or, if it must
+        wait (behind held frames, for the gate's ``ticket``), framed when it leaves (Pending)."""
+        if not self._held and (not ticket or ticket <= self.session.gate.passed()):  # (attached: it has one)
+            self._write_now(self.frame(msg, qos, packet_id, dup, retain))
+            return
+        self._hold(Pending(msg, qos, packet_id, dup, retain), 0, ticket)
+
     def release_acks(self, committed: int, now: float) -> None:
         held = self._held
         session = self.session
@@ -133,6 +155,9 @@ class HeldFrames:
             item = held.popleft()[2]
             if type(item) is bytes:
                 self._write_now(item)
+                continue
+            if type(item) is Pending:
+                self._write_now(self.frame(item.msg.at(now), item.qos, item.packet_id, item.dup, item.retain))
                 continue
             self._deferred -= 1  # type: ignore[misc]  # (a slot of the Channel)
             batch = self._route(item.at(now))  # (a Message: as it stands now)

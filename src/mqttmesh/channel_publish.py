@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec
 from . import properties as P
-from .channel_held import PUBACK_FIRST, PUBCOMP_FIRST, PUBREC_FIRST, ProtocolViolation, ack_frame
+from .channel_held import PUBACK_FIRST, PUBCOMP_FIRST, PUBREC_FIRST, Pending, ProtocolViolation, ack_frame
 from .channel_states import CONNECTED
 from .message import Message
 
@@ -55,7 +55,7 @@ class Publishing:
         client_id: str
         last_rx: float
         will_seq: int
-        _held: deque[tuple[int, int, bytes | Message]]
+        _held: deque[tuple[int, int, bytes | Message | Pending]]
         _deferred: int
         _read: ReadCapture | None
 
@@ -63,7 +63,7 @@ class Publishing:
 
         def _send_after(self, frame: bytes, batch: Batch, ticket: int = 0) -> None: ...
 
-        def _hold(self, item: bytes | Message, batch: Batch, ticket: int) -> None: ...
+        def _hold(self, item: bytes | Message | Pending, batch: Batch, ticket: int) -> None: ...
 
     def _on_publish(
         self, pkt: codec.Publish, now: float, props: bytes | None = None, expiry: int | None = None

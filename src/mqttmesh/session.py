@@ -89,6 +89,12 @@ class Attached(Protocol):
 
     def write(self, frame: bytes) -> None: ...
 
+    def write_expiring(
+        self, msg: Message, qos: int, packet_id: int | None, dup: bool, retain: bool, ticket: int = 0
+    ) -> None:
+        """The PUBLISH of a message that expires: framed when it leaves, which may be later
+        than now (behind frames that wait), with what is left of its life then."""
+
     # the PUBLISH frame of a message for this client, in its protocol's form: (msg, qos,
     # packet id, dup, retain) -> bytes, and the QoS 0 one of live delivery: (msg) -> bytes.
     # For a 3.1.1 client they are message.Message.frame and .frame_qos0 themselves
@@ -213,7 +219,10 @@ class Session:
                     # its output is over limits.max_write_buffer: QoS 0 may be lost [MQTT-4.3.1]
                     self.dropped_qos0 += 1
                     return
-                channel.write(channel.frame(msg, 0, None, False, True) if retain else channel.frame0(msg))
+                if msg.expires is None:
+                    channel.write(channel.frame(msg, 0, None, False, True) if retain else channel.frame0(msg))
+                else:
+                    channel.write_expiring(msg, 0, None, False, retain)
                 if self.on_sent is not None:
                     self.on_sent(self, msg, 0, False)
                 return
@@ -262,7 +271,11 @@ class Session:
         if self.stores:
             self._stored_put(entry)
         channel = self.channel
-        channel.write(channel.frame(entry.msg, entry.qos, pid, False, entry.retain))  # type: ignore[union-attr]  # (sent only while attached)
+        msg = entry.msg
+        if msg.expires is None:
+            channel.write(channel.frame(msg, entry.qos, pid, False, entry.retain))  # type: ignore[union-attr]  # (sent only while attached)
+        else:
+            channel.write_expiring(msg, entry.qos, pid, False, entry.retain)  # type: ignore[union-attr]
         if self.on_sent is not None:
             self.on_sent(self, entry.msg, entry.qos, False)
 
@@ -294,7 +307,10 @@ class Session:
                 if channel.blocked:
                     self.dropped_qos0 += 1
                     continue
-                channel.write(channel.frame(entry.msg, 0, None, False, entry.retain))
+                if entry.msg.expires is None:
+                    channel.write(channel.frame(entry.msg, 0, None, False, entry.retain))
+                else:
+                    channel.write_expiring(entry.msg, 0, None, False, entry.retain)
                 if self.on_sent is not None:
                     self.on_sent(self, entry.msg, 0, False)
             else:
@@ -351,8 +367,10 @@ class Session:
             if entry.state == SENT_PUBREL:
                 channel.write(encode(PubRel(entry.packet_id)))
             else:
-                msg = entry.msg if entry.msg.expires is None else entry.msg.at(now)
-                channel.write(channel.frame(msg, entry.qos, entry.packet_id, True, entry.retain))
+                if entry.msg.expires is None:
+                    channel.write(channel.frame(entry.msg, entry.qos, entry.packet_id, True, entry.retain))
+                else:
+                    channel.write_expiring(entry.msg.at(now), entry.qos, entry.packet_id, True, entry.retain)
                 if self.on_sent is not None:
                     self.on_sent(self, entry.msg, entry.qos, True)
         self._refill(now)

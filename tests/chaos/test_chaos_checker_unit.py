@@ -290,3 +290,16 @@ def test_the_mqtt5_client_asks_for_its_session_expiry_and_sends_message_expiry()
     again.feed(c.data_to_send()[len(encode5(connect)) :])
     [dup] = list(again.packets())
     assert (dup.packet_id, dup.properties[P.MESSAGE_EXPIRY], dup.dup) == (pid, 2, True)
+
+
+def test_a_late_delivery_that_says_nothing_was_left_began_before_the_expiry() -> None:
+    """The node began the delivery in time and the frame left later (held back behind what a
+    persistent session's holders had to confirm): it says 0 is left, MQTT-3.3.2-5 allows it,
+    and it is counted apart, not failed; one that says time is left fails."""
+    h = _base(("sub", "sub2"))
+    topic = "chaos/pub/q2/e2"
+    m = _publish(h, 5.0, 1, qos=2, topic=topic)
+    h.received(9.0, "sub", m, topic, 2, False, "sub/1", 1, 0)
+    h.received(9.0, "sub2", m, topic, 2, False, "sub2/1", 1, 1)
+    r = check(h, PERSISTENT)
+    assert r.begun_before_expiry == 1 and [c for _, c, _ in r.late] == ["sub2"]

@@ -65,6 +65,10 @@ class FakeChannel:
     frame = staticmethod(Message.frame)
     frame0 = staticmethod(Message.frame_qos0)
 
+    def write_expiring(self, msg, qos, packet_id, dup, retain, ticket=0) -> None:
+        frame = self.frame(msg, qos, packet_id, dup, retain)
+        self.write_gated(frame, ticket) if ticket else self.write(frame)
+
     def write_gated(self, data: bytes, ticket: int) -> None:
         """As channel.py: the frame waits until the session's gate passed ``ticket`` (the
         session's other holders have that settlement)."""

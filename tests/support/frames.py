@@ -96,6 +96,9 @@ class FakeChannel:
     def write(self, frame: bytes) -> None:
         self.frames.append(bytes(frame))
 
+    def write_expiring(self, msg, qos, packet_id, dup, retain, ticket=0) -> None:
+        self.frames.append(self.frame(msg, qos, packet_id, dup, retain))
+
     def packets(self) -> list[mqttraw.Packet]:
         return split_frames(b"".join(self.frames))
 
@@ -127,11 +130,11 @@ class Net:
         net.broker, net.owner, net.peers, net.claims = core.broker, Recorder(), core.links, core.cluster
         return net
 
-    def committed(self, batch: int) -> None:
-        """The store committed ``batch``: release what waited for it (as
+    def committed(self, batch: int, now: float = 0.0) -> None:
+        """The store committed ``batch`` at ``now``: release what waited for it (as
         assembly.NodeCore.committed does for a standalone node)."""
         for channel in self.broker.committed(batch):
-            channel.release_acks(batch, 0.0)
+            channel.release_acks(batch, now)
 
     def channel(self, now: float = 0.0, peer: str = "peer"):
         from mqttmesh.channel import Channel

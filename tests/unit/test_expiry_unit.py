@@ -107,6 +107,28 @@ def test_an_mqtt5_subscriber_gets_what_is_left_of_the_interval():
     assert net.broker.sessions["sub"].expired == 1
 
 
+def test_a_publish_that_waits_behind_held_frames_is_framed_when_it_leaves():
+    """[MQTT-3.3.2-6]: a PUBLISH held behind an acknowledgement that waits for the store (or,
+    for a replicated session, for its holders) carries what is left of the interval when it
+    leaves, not when it was queued; 0 if nothing is (its delivery began before: MQTT-3.3.2-5)."""
+    from mqttmesh.codec import PubAck
+    from mqttmesh.store import Journal
+
+    net = Net(journal=Journal())
+    keep = r5.props((P.SESSION_EXPIRY, r5.u32(600)))
+    sub, _ = connect5(net, "sub", clean=False, properties=keep)
+    subscribe5(sub, ("e/#", 1))
+    sub.receive_data(r5.publish("r/1", b"kept", 1, True, pid=9), 1.0)  # (its PUBACK waits for the store)
+    pub, _ = connect5(net, "pub")
+    for topic, seconds in (("e/long", 10), ("e/short", 2)):
+        pub.receive_data(r5.publish(topic, b"x", 0, properties=r5.props((P.MESSAGE_EXPIRY, r5.u32(seconds)))), 1.0)
+    assert answers(sub) == []  # (all behind the PUBACK)
+    net.committed(net.broker.journal.batch, 4.0)
+    got = answers(sub)
+    assert isinstance(got[0], PubAck)
+    assert [(p.topic, p.properties[P.MESSAGE_EXPIRY]) for p in got[1:]] == [("e/long", 7), ("e/short", 0)]
+
+
 # --------------------------------------------------------------------------- between nodes
 
 

@@ -59,9 +59,20 @@ class History:
         self.ops.append((t, client, "ok", "subscribe", list(filters)))
 
     def received(
-        self, t: float, client: str, msg_id: str, topic: str, qos: int, dup: bool, conn: str, packet_id: int = 0
+        self,
+        t: float,
+        client: str,
+        msg_id: str,
+        topic: str,
+        qos: int,
+        dup: bool,
+        conn: str,
+        packet_id: int = 0,
+        expiry: int | None = None,
     ) -> None:
-        self.ops.append((t, client, "ok", "receive", msg_id, topic, qos, dup, conn, packet_id))
+        """``expiry``: the Message Expiry Interval the PUBLISH carried (MQTT 5), recorded last."""
+        op = (t, client, "ok", "receive", msg_id, topic, qos, dup, conn, packet_id)
+        self.ops.append(op if expiry is None else (*op, expiry))
 
     def repeated(
         self, t: float, client: str, msg_id: str, topic: str, qos: int, dup: bool, conn: str, packet_id: int

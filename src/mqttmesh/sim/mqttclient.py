@@ -16,7 +16,8 @@ connection ends [MQTT-3.1.2-6].
 
 Events returned by ``receive_data`` and ``connection_lost`` (tuples, first field the kind):
 ``("connack", return_code, session_present)``, ``("suback", packet_id, codes)``,
-``("message", topic, payload, qos, dup, packet_id)`` (new to this client: a QoS 2
+``("message", topic, payload, qos, dup, packet_id)`` (MQTT 5: one more field, the PUBLISH's
+Message Expiry Interval or None) (new to this client: a QoS 2
 PUBLISH re-sent for an id still awaiting PUBREL is acknowledged, not reported),
 ``("repeat", topic, payload, qos, dup, packet_id)`` (only with ``report_repeats``: a QoS 2
 PUBLISH for an id still awaiting PUBREL, acknowledged again and not delivered; a harness
@@ -186,15 +187,16 @@ class MqttClient:
         t = pkt.type
         if t == PUBLISH:
             qos, pid = pkt.qos, pkt.packet_id
+            extra = () if self.version != 5 else ((pkt.properties or {}).get(P.MESSAGE_EXPIRY),)
             if qos == 2:
                 if pid not in self.awaiting_rel:
                     self.awaiting_rel.add(pid)
-                    events.append(("message", pkt.topic, pkt.payload, qos, pkt.dup, pid))
+                    events.append(("message", pkt.topic, pkt.payload, qos, pkt.dup, pid, *extra))
                 elif self.report_repeats:
                     events.append(("repeat", pkt.topic, pkt.payload, qos, pkt.dup, pid))
                 self._out.append(self._encode(codec.PubRec(pid)))
                 return
-            events.append(("message", pkt.topic, pkt.payload, qos, pkt.dup, pid))
+            events.append(("message", pkt.topic, pkt.payload, qos, pkt.dup, pid, *extra))
             if qos == 1:
                 self._out.append(self._encode(codec.PubAck(pid)))
         elif t == PUBREL:

@@ -251,7 +251,10 @@ class _Replicated(_SessionPart):
         self._stored_put(entry)
         self._report((entry.msg.origin, entry.msg.seq), "sent", pid)
         channel = self.channel
-        channel.write_gated(channel.frame(entry.msg, 2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
+        if entry.msg.expires is None:
+            channel.write_gated(channel.frame(entry.msg, 2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
+        else:  # (framed when the gate lets it go: what is left of its life then)
+            channel.write_expiring(entry.msg, 2, pid, False, False, self.version)  # type: ignore[union-attr]
         if self.on_sent is not None:
             self.on_sent(self, entry.msg, 2, False)
 

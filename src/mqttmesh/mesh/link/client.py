@@ -316,6 +316,11 @@ class _Ready:
     def write_gated(self, frame: bytes, ticket: int) -> None:
         self.client._out.append(frame)  # (a link's session is not replicated)
 
+    def write_expiring(
+        self, msg: Message, qos: int, packet_id: int | None, dup: bool, retain: bool, ticket: int = 0
+    ) -> None:
+        self.client._out.append(Message.frame(msg, qos, packet_id, dup, retain))  # (nothing waits here)
+
     def release_acks(self, committed: int, now: float) -> None:
         pass  # (nothing of a link's session waits for a store)
 
