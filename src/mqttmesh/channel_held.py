@@ -61,7 +61,8 @@ class ProtocolViolation(Exception):
 class Pending:
     """A PUBLISH of an expiring message held behind what waits (a journal batch, the gate of
     a replicated session): framed when it leaves, with what is left of its life then
-    [MQTT-3.3.2-6] (0 if that is nothing: its delivery began before, MQTT-3.3.2-5)."""
+    [MQTT-3.3.2-6]; if nothing is, and the client never saw it (not a re-send), it does not
+    leave: the session takes it back (``Session.withdraw``) [MQTT-3.3.2-5]."""
 
     __slots__ = ("msg", "qos", "packet_id", "dup", "retain")
 
@@ -157,7 +158,10 @@ class HeldFrames:
                 self._write_now(item)
                 continue
             if type(item) is Pending:
-                self._write_now(self.frame(item.msg.at(now), item.qos, item.packet_id, item.dup, item.retain))
+                msg = item.msg.at(now)
+                if msg.ttl <= 0.0 and not item.dup and session is not None and session.withdraw(item.packet_id, now):
+                    continue  # it expired before it could leave: never sent [MQTT-3.3.2-5]
+                self._write_now(self.frame(msg, item.qos, item.packet_id, item.dup, item.retain))
                 continue
             self._deferred -= 1  # type: ignore[misc]  # (a slot of the Channel)
             batch = self._route(item.at(now))  # (a Message: as it stands now)

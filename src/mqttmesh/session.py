@@ -337,6 +337,21 @@ class Session:
         if self.queue:
             self._refill(now)
 
+    def withdraw(self, pid: int | None, now: float) -> bool:
+        """A PUBLISH that expired before its frame could leave (it waited behind the store or
+        the session's holders: channel_held.Pending) is not sent: its id is freed and the
+        message settled as gone, here and at the session's copies; False when it cannot be
+        (the client may have it: acknowledged since, or re-sent)."""
+        if pid is None:
+            self.expired += 1  # (QoS 0: nothing to settle)
+            return True
+        entry = self.inflight.get(pid)
+        if entry is None or entry.state != SENT_PUBLISH:
+            return False
+        self.expired += 1
+        self._settled(pid, entry, now)
+        return True
+
     def on_pubrec(self, pid: int) -> bool:
         entry = self.inflight.get(pid)
         if entry is None or entry.qos != 2:

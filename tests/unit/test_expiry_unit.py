@@ -110,7 +110,8 @@ def test_an_mqtt5_subscriber_gets_what_is_left_of_the_interval():
 def test_a_publish_that_waits_behind_held_frames_is_framed_when_it_leaves():
     """[MQTT-3.3.2-6]: a PUBLISH held behind an acknowledgement that waits for the store (or,
     for a replicated session, for its holders) carries what is left of the interval when it
-    leaves, not when it was queued; 0 if nothing is (its delivery began before: MQTT-3.3.2-5)."""
+    leaves, not when it was queued; one with nothing left does not leave [MQTT-3.3.2-5]: its
+    packet id is freed and it is counted (the client never saw it)."""
     from mqttmesh.codec import PubAck
     from mqttmesh.store import Journal
 
@@ -120,13 +121,17 @@ def test_a_publish_that_waits_behind_held_frames_is_framed_when_it_leaves():
     subscribe5(sub, ("e/#", 1))
     sub.receive_data(r5.publish("r/1", b"kept", 1, True, pid=9), 1.0)  # (its PUBACK waits for the store)
     pub, _ = connect5(net, "pub")
-    for topic, seconds in (("e/long", 10), ("e/short", 2)):
-        pub.receive_data(r5.publish(topic, b"x", 0, properties=r5.props((P.MESSAGE_EXPIRY, r5.u32(seconds)))), 1.0)
+    for qos, (topic, seconds) in enumerate((("e/long", 10), ("e/short", 2), ("e/short1", 2))):
+        expiry = r5.props((P.MESSAGE_EXPIRY, r5.u32(seconds)))
+        pub.receive_data(r5.publish(topic, b"x", min(qos, 1), pid=qos + 1, properties=expiry), 1.0)
     assert answers(sub) == []  # (all behind the PUBACK)
+    session = net.broker.sessions["sub"]
+    assert len(session.inflight) == 2  # (the two QoS 1 ones have their ids already)
     net.committed(net.broker.journal.batch, 4.0)
     got = answers(sub)
     assert isinstance(got[0], PubAck)
-    assert [(p.topic, p.properties[P.MESSAGE_EXPIRY]) for p in got[1:]] == [("e/long", 7), ("e/short", 0)]
+    assert [(p.topic, p.properties[P.MESSAGE_EXPIRY]) for p in got[1:]] == [("e/long", 7)]
+    assert session.expired == 2 and session.inflight == {}
 
 
 # --------------------------------------------------------------------------- between nodes
