@@ -205,6 +205,10 @@ def test_snapshots_taken_at_different_times_merge_onto_one_time():
     merged = merge_snapshots([early, late])
     assert merged.taken_at == 104.0
     assert {e.seq: e.ttl_ms for e in merged.entries} == {1: 6000, 2: 10_000}
+    for ttl, want in ((9_000, 6_000), (3_000, 3_000)):  # (copies that disagree: the shortest life wins)
+        other = Snapshot("c", {}, 0, [e1._replace(ttl_ms=ttl)], [], [], None, 1, 1, taken_at=104.0)
+        assert merge_snapshots([early, other]).entries[0].ttl_ms == want
+        assert merge_snapshots([other, early]).entries[0].ttl_ms == want
     session = _replica()
     install(session, merged, 105.0)
     assert sorted(e.msg.expires for e in session.queue) == [pytest.approx(110.0), pytest.approx(114.0)]

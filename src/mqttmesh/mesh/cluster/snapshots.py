@@ -102,8 +102,14 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
             if have is None:
                 best[key] = e
                 order.append(key)
-            elif e.state > have.state:
-                best[key] = e
+            else:
+                if e.state > have.state:
+                    best[key] = e
+                if have.ttl_ms is not None and e.ttl_ms is not None and e.ttl_ms != best[key].ttl_ms:
+                    # copies that took the message at different times (one read it late, or
+                    # heard of it through the cluster) disagree on its remaining life: the
+                    # shortest is the one that cannot outlive it [MQTT-3.3.2-5]
+                    best[key] = best[key]._replace(ttl_ms=min(e.ttl_ms, have.ttl_ms))
     # ids settled for messages a copy did not have yet: the furthest state wins, an entry's too
     reserved: dict[tuple[str, int], tuple[int, int]] = {}
     for s in snaps:
