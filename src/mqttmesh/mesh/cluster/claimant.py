@@ -171,6 +171,9 @@ class Claimant:
         # will is delayed, its session's expiry interval)
         self.released: dict[tuple[str, str], tuple[int, float, bool, int]] = {}
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
+        # ClientId -> epoch: sessions resumed here to end with their connection (discarded
+        # at every holder when it ends)
+        self.ending: dict[str, int] = {}
         self.last_register = 0.0
 
     # -- connecting -----------------------------------------------------------------------------
@@ -391,10 +394,11 @@ class Claimant:
         )
         if claim.clean and not claim.fresh:
             # a session resumed to end with this connection (MQTT 5: Clean Start 0, Session
-            # Expiry 0) lives here only from now on: the holders' copies go
-            holder_nodes = self.membership.holders(claim.cid, claim.prev)
-            for node in sorted(set(holder_nodes) - {self.node_id}):
-                self.out.put(node, SessDiscard(claim.cid, claim.epoch))
+            # Expiry 0) lives here only from now on: the holders' copies go now, and again
+            # when the connection ends (a copy pooled from its last node while the claim
+            # gathered may reach a holder after the first discard)
+            self._discard_copies(claim.cid, claim.epoch, claim.prev)
+            self.ending[claim.cid] = claim.epoch
         wall = now + self.wall_offset
         local = LocalConnection(channel, claim.conn, claim.epoch, claim.will, claim.clean, wall, claim.expiry)
         self.local[claim.cid] = local
@@ -410,7 +414,14 @@ class Claimant:
         if local is None or local.channel is not channel:
             return
         del self.local[cid]
+        if self.ending.get(cid) == local.epoch:
+            del self.ending[cid]
+            self._discard_copies(cid, local.epoch, self.node_id)
         self._release(cid, local.conn, local.epoch, now, delayed, expiry)
+
+    def _discard_copies(self, cid: str, epoch: int, active: str | None) -> None:
+        for node in sorted(set(self.membership.holders(cid, active)) - {self.node_id}):
+            self.out.put(node, SessDiscard(cid, epoch))
 
     def _release(self, cid: str, conn: str, epoch: int, now: float, delayed: bool = False, expiry: int = KEPT) -> None:
         self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval, delayed, expiry)
