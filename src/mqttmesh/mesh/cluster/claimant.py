@@ -29,7 +29,7 @@ from ...broker import ClaimingChannel
 from ...packets import UNAVAILABLE
 from ...properties import MESSAGE_EXPIRY, WILL_DELAY, forwarded
 from ...session import KEPT
-from .cluster_values import LocalConnection, props_b64
+from .cluster_values import props_b64
 from .cluster_wire import (
     Outbox,
     RegClaim,
@@ -56,6 +56,25 @@ if TYPE_CHECKING:
 __all__ = ["ClaimingChannel", "Claimant", "Claim", "LocalConnection", "WAIT", "CLAIM", "GATHER", "DONE"]
 
 WAIT, CLAIM, GATHER, DONE = "wait", "claim", "gather", "done"
+
+
+class LocalConnection:
+    """A client connected here, as registered at its registrar."""
+
+    __slots__ = ("channel", "conn", "epoch", "will", "clean", "at", "expiry")
+
+    def __init__(
+        self,
+        channel: ClaimingChannel,
+        conn: str,
+        epoch: int,
+        will: WireWill | None,
+        clean: bool,
+        at: float,
+        expiry: int = 0xFFFFFFFF,
+    ):
+        self.channel, self.conn, self.epoch, self.will, self.clean, self.at = channel, conn, epoch, will, clean, at
+        self.expiry = expiry  # its session's Session Expiry Interval
 
 
 class Claim:

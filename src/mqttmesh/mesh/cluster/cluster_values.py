@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from ...message import Message
 
 if TYPE_CHECKING:
-    from ...broker import ClaimingChannel
+    pass
 
 __all__ = [
     "ClusterSettings",
-    "LocalConnection",
     "ClusterWireError",
     "WireWill",
     "Registration",
@@ -584,22 +583,3 @@ class Snapshot:
             _int(o.get("expiry", 0xFFFFFFFF), where, "expiry"),
             _ttl_json(o.get("expires"), where),
         )
-
-
-class LocalConnection:
-    """A client connected here, as registered at its registrar."""
-
-    __slots__ = ("channel", "conn", "epoch", "will", "clean", "at", "expiry")
-
-    def __init__(
-        self,
-        channel: ClaimingChannel,
-        conn: str,
-        epoch: int,
-        will: WireWill | None,
-        clean: bool,
-        at: float,
-        expiry: int = 0xFFFFFFFF,
-    ):
-        self.channel, self.conn, self.epoch, self.will, self.clean, self.at = channel, conn, epoch, will, clean, at
-        self.expiry = expiry  # its session's Session Expiry Interval
