@@ -11,12 +11,9 @@ from __future__ import annotations
 import base64
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from ...message import Message
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "ClusterSettings",
