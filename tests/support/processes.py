@@ -1,7 +1,8 @@
 """Real broker processes on loopback, free ports, condition waits.
 
 Every broker runs as its own process (``python -m mqttmesh broker``) on a port
-the kernel picks (``--port 0``; the node writes the bound port to a file).
+from ``free_port`` (the node writes the bound port to a file), which it keeps
+across restarts.
 Whoever starts a ``BrokerProcess`` stops it (the ``broker_factory`` fixture of
 tests/conftest.py does so at teardown, by PID).
 """
@@ -9,6 +10,7 @@ tests/conftest.py does so at teardown, by PID).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -29,10 +31,31 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01, what: str
         time.sleep(interval)
 
 
+# Listening ports come from below the kernel's ephemeral range (32768-60999 by default):
+# a port the kernel picked (bind to 0) may be handed by it again to an outgoing
+# connection while its broker is stopped, and the restart then fails with "address
+# already in use" (seen on a clean-clone run). A port handed out here is never handed
+# out again by this process; the range is split by PID so two pytest processes rarely
+# meet, and a port in use is skipped.
+_LOW, _HIGH = 20000, 32000
+_given: set[int] = set()
+_pick = random.Random(os.getpid())
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port nobody listens on now, outside the ephemeral range."""
+    for _ in range(1000):
+        port = _pick.randrange(_LOW, _HIGH)
+        if port in _given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {_LOW}-{_HIGH}")
 
 
 class BrokerProcess:
@@ -51,7 +74,9 @@ class BrokerProcess:
     def start(self, timeout: float = 15.0) -> BrokerProcess:
         if self.port_file.exists():
             self.port_file.unlink()
-        port = str(self.port) if self.port else "0"
+        if not self.port:
+            self.port = free_port()
+        port = str(self.port)
         cmd = [
             sys.executable,
             "-m",
