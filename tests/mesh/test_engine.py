@@ -173,7 +173,7 @@ def test_unicast_is_routed_hop_by_hop_to_its_destination():
     net._take = take
     assert net.engines["n0"].send_unicast("n2", "claim", b"\x00binary\xff")
     net.settle()
-    assert got == [("n2", "n0", "claim", b"\x00binary\xff")]
+    assert got == [("n2", "n0", "claim", b"\x00binary\xff", 0.0)]  # (instant network: no age)
     assert not net.engines["n0"].send_unicast("nobody", "x", b"")
 
 
@@ -247,7 +247,7 @@ def test_the_handshake_rtt_is_the_first_cost_of_a_link():
     a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
     assert a.routers["a"].seq == 2
     hello = encode_hello(Hello(a.node_id, a.incarnation, a.addresses, rtt_us=40_000.4))
-    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 8}
+    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 9}
 
 
 def test_custody_lets_go_of_a_node_that_aged_out():
@@ -318,6 +318,23 @@ def test_a_uni_message_brings_unicasts_only_and_control_brings_nothing():
     assert inbound.unicasts[0].frm == "a"
     for kind, payload in [("lsa", b"[]"), ("lsreq", b"[]"), ("cost", b'{"cost": 1000}'), ("e2e", b"")]:
         assert b.receive("a", kind, payload, net.t) == ((), ())
+
+
+def test_a_unicast_says_how_long_it_was_on_the_way_across_relays():
+    """wire.py ``age``: each hop adds what its wall clock says passed since the message was
+    sent (here 2 s unread at b, 3 s more at c); a clock behind the sender's adds nothing."""
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    a, b, c = (net.engines[n] for n in "abc")
+    a.wall_offset, b.wall_offset, c.wall_offset = 1000.0, 1000.0, 990.0
+    assert a.send_unicast("c", "sess.fwd", b"{}")
+    (uni,) = a.flush(10.0)
+    assert b.receive("a", "uni", uni.payload, 12.0) == ((), ())  # (passed on)
+    (relayed,) = b.flush(12.5)
+    assert relayed.peer == "c"
+    [got] = c.receive("b", "uni", relayed.payload, 25.5).unicasts  # 3 s after b sent it
+    assert got == Unicast("a", "sess.fwd", b"{}", pytest.approx(5.0))
+    [late_clock] = c.receive("b", "uni", relayed.payload, 20.0).unicasts  # c's clock behind b's
+    assert late_clock.age == pytest.approx(2.0)
 
 
 def test_receive_refuses_unknown_kinds_and_bad_bodies_by_kind():

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from mqttmesh.mesh.link.peerauth import PEER_PROTOCOL
 from support import mqttraw as raw
 from support.mesh import SECRET, Subscriber, publish, relayed_mesh, split_packets, status, wait_converged, wait_interest
 from support.processes import wait_for
@@ -290,17 +291,22 @@ def test_peer_of_another_protocol_version_is_refused_naming_both_versions(broker
         old.expect_closed()
     with raw.RawClient(node.host, node.port) as newer:
         ack = newer.connect(
-            client_id="$mesh-next", username="mqttmesh-peer", clean=False, password=b"9|next|5|" + b"ab" * 20
+            client_id="$mesh-next",
+            username="mqttmesh-peer",
+            clean=False,
+            password=b"%d|next|5|" % (PEER_PROTOCOL + 1) + b"ab" * 20,
         )
         assert ack.body == b"\x00\x04"
         newer.expect_closed()
     wait_for(
-        lambda: log_lines(node, "WARNING", "peer 'old' speaks mesh protocol 1, this node 8"),
+        lambda: log_lines(node, "WARNING", f"peer 'old' speaks mesh protocol 1, this node {PEER_PROTOCOL}"),
         what="the version-1 refusal in the log",
     )
     wait_for(
-        lambda: log_lines(node, "WARNING", "peer 'next' speaks mesh protocol 9, this node 8"),
-        what="the version-7 refusal in the log",
+        lambda: log_lines(
+            node, "WARNING", f"peer 'next' speaks mesh protocol {PEER_PROTOCOL + 1}, this node {PEER_PROTOCOL}"
+        ),
+        what="the newer version's refusal in the log",
     )
     assert status(node)["links"] == {}
 
@@ -312,7 +318,7 @@ def test_dialler_refused_by_a_listener_of_another_version_says_so(broker_factory
         d = broker_factory("--cluster-secret", SECRET, "--connect", "configured", "--peer", fake.address, name="d")
         wait_for(lambda: fake.seen and fake.seen[0]["closed_by_dialler"], what="the dialler to close")
         lines = wait_for(lambda: log_lines(d, "WARNING", fake.address, "0x04"), what="the refusal logged")
-        assert re.search(r"mesh protocol 8 credentials were refused.*another protocol version", lines[0])
+        assert re.search(rf"mesh protocol {PEER_PROTOCOL} credentials were refused.*another protocol version", lines[0])
     finally:
         fake.close()
 

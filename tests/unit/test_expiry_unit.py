@@ -190,6 +190,62 @@ def test_cluster_messages_carry_the_remaining_time():
     assert Forwarded.of(m.at(70.0)).ttl_ms == 0  # (as handed on: its ttl then)
 
 
+def test_the_time_a_cluster_message_was_on_the_way_comes_off_every_life_it_carries():
+    """routing/wire.py ``age`` reaches ``decode``: a forwarded message, a settlement's inbound
+    QoS 2 message, a snapshot's entries, inbound messages and Session Expiry countdown, and
+    retained items arrive with that much less life (never below 0); messages without an
+    expiry, and kinds that carry none, are unchanged."""
+    from mqttmesh.mesh.cluster.cluster_values import RetainedItem, Settlement
+    from mqttmesh.mesh.cluster.cluster_wire import (
+        RegKick,
+        RetSet,
+        SessCopy,
+        SessFwd,
+        SessMerge,
+        SessSettle,
+        SessState,
+        decode,
+    )
+
+    live = Forwarded.of(msg().expiring(10.0, 0.0), 0.0)
+    plain = Forwarded.of(msg("t", 2), 0.0)
+    entry = SnapshotEntry("n1", 1, "t", "eA==", 1, 1, 0, 0, "pub", 1.5, None, 10_000)
+    snap = Snapshot(
+        "c",
+        {},
+        0,
+        [entry, entry._replace(seq=2, ttl_ms=None)],
+        [],
+        [4],
+        None,
+        1,
+        1,
+        inbound=[(4, live)],
+        expires_ms=60_000,
+    )
+    item = RetainedItem("r", "eA==", 1, 1.5, "n1", 1, "pub", None, 10_000)
+
+    def arrived(wire, ms):
+        return decode(wire.KIND, wire.encode(), ms)
+
+    assert arrived(SessFwd("c", live), 2500).msg.ttl_ms == 7500
+    assert arrived(SessFwd("c", live), 20_000).msg.ttl_ms == 0
+    assert arrived(SessFwd("c", plain), 2500).msg.ttl_ms is None
+    settle = arrived(SessSettle("c", 1, [Settlement("n1", 1, "in", 4, live), Settlement("n1", 2, "done", 0)], 3), 500)
+    assert [i.msg.ttl_ms if i.msg else None for i in settle.items] == [9500, None]
+    for kind in (SessCopy, SessMerge):
+        got = arrived(kind(snap), 1000).snap
+        assert [e.ttl_ms for e in got.entries] == [9000, None]
+        assert got.inbound[0][1].ttl_ms == 9000 and got.expires_ms == 59_000
+    assert arrived(SessState("c", "k", snap), 1000).snap.expires_ms == 59_000
+    assert arrived(SessState("c", "k", None), 1000).snap is None
+    assert arrived(RetSet([item]), 4000).items[0].ttl_ms == 6000
+    assert arrived(RetReply(1, [item]), 4000).items[0].ttl_ms == 6000
+    kick = RegKick("c", "k", 3, "n2")
+    assert arrived(kick, 4000) == kick
+    assert arrived(SessFwd("c", live), 0).msg.ttl_ms == 10_000
+
+
 def _replica(cid: str = "c"):
     factory = ReplicaSessions(Limits(), NULL_JOURNAL, None, lambda *a: None)
     return replica_of(factory.restored(cid))

@@ -13,7 +13,7 @@ from mqttmesh.flow import Congestion
 from mqttmesh.mesh.link.gateway import MeshGateway
 from mqttmesh.mesh.link.hello import Hello, encode_hello
 from mqttmesh.mesh.link.links import FLUSH_EVERY, AcceptedLink, PeerLinks, refusal_reason
-from mqttmesh.mesh.link.peerauth import NONCE_BYTES, DiallerAuth, ListenerAuth
+from mqttmesh.mesh.link.peerauth import NONCE_BYTES, PEER_PROTOCOL, DiallerAuth, ListenerAuth
 from mqttmesh.mesh.routing.actions import Inbound, Send, Unicast
 from mqttmesh.mesh.routing.engine import MeshEngine
 from mqttmesh.message import Message
@@ -79,16 +79,18 @@ class Cluster:
 
     def __init__(self):
         self.received: list[tuple[str, str, bytes]] = []
+        self.ages: list[float] = []  # how long each was on the way (routing/wire.py)
         self.memberships: list[tuple[list[str], dict[str, int]]] = []
         self.flushes = 0
         self.ticks = 0
 
-    def receive(self, frm, kind, body, now):
+    def receive(self, frm, kind, body, now, age=0.0):
         if kind == "bug":
             raise RuntimeError("a bug of ours")
         if kind == "bad":
             raise ValueError("no such field")
         self.received.append((frm, kind, body))
+        self.ages.append(age)
 
     def membership(self, live, incs, now, synced=True):
         self.memberships.append((list(live), dict(incs)))
@@ -214,9 +216,10 @@ def test_identity_mismatch_closes_and_logs_on_both_sides():
 def test_hello_of_another_version_is_refused_naming_both():
     node = Node("b")
     link = MemLink("a", "a", True, "10.0.0.1:50000")
-    node.links.receive(link, "hello", hello_of("a", proto=9), 0.0)
-    assert link.closed == "peer 'a' speaks mesh protocol 9, this node 8"
-    assert "peer 'a' speaks mesh protocol 9, this node 8" in node.log.text("warning")
+    node.links.receive(link, "hello", hello_of("a", proto=PEER_PROTOCOL + 1), 0.0)
+    said = f"peer 'a' speaks mesh protocol {PEER_PROTOCOL + 1}, this node {PEER_PROTOCOL}"
+    assert link.closed == said
+    assert said in node.log.text("warning")
     assert node.links.links == {}
 
 
@@ -452,10 +455,10 @@ def linked(node: Node, peer="a") -> MemLink:
 def test_a_failing_cluster_handler_does_not_stop_the_rest_of_the_read():
     node = Node("b")
     link = linked(node)
-    unicasts = [Unicast("a", "bad", b"{}"), Unicast("a", "bug", b"{}"), Unicast("a", "reg.claim", b"{}")]
+    unicasts = [Unicast("a", "bad", b"{}"), Unicast("a", "bug", b"{}"), Unicast("a", "reg.claim", b"{}", 1.5)]
     node.engine.receive = lambda peer, kind, payload, now: Inbound((), unicasts)
     node.links.receive(link, "uni", b"", 0.0)
-    assert node.cluster.received == [("a", "reg.claim", b"{}")]
+    assert node.cluster.received == [("a", "reg.claim", b"{}")] and node.cluster.ages == [1.5]
     assert "node a sent an invalid bad: ValueError('no such field')" in node.log.text("warning")
     assert "handling bug from node a failed" in node.log.text("exception")
     assert link.closed is None

@@ -12,7 +12,7 @@ import pytest
 from mqttmesh.channel import CLOSED, CONNECTED, PEER_AUTH, TRANSITIONS
 from mqttmesh.codec import DEFAULT_MAX_PACKET_SIZE, DISCONNECT, PINGREQ, PUBLISH, SUBSCRIBE
 from mqttmesh.mesh.link.client import AuthFailed, LinkClient, ProtocolError, Ready, Received, Refused
-from mqttmesh.mesh.link.peerauth import DiallerAuth, ListenerAuth, listen, parse_connect
+from mqttmesh.mesh.link.peerauth import PEER_PROTOCOL, DiallerAuth, ListenerAuth, listen, parse_connect
 from support import mqttraw
 from support.frames import Net, out, split_frames, v1_token
 
@@ -53,7 +53,11 @@ def test_connect_carries_version_node_incarnation_and_nonce():
     client = link()
     client.connection_made(0.0, ND)
     expected = mqttraw.connect(
-        "$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer", password=b"8|a|7|" + ND.hex().encode()
+        "$mesh-a",
+        clean=False,
+        keepalive=2,
+        username="mqttmesh-peer",
+        password=b"%d|a|7|" % PEER_PROTOCOL + ND.hex().encode(),
     )
     assert client.data_to_send() == expected
     assert client.state == "connecting"
@@ -102,7 +106,11 @@ def test_unacknowledged_messages_are_resent_only_after_the_proof():
     nd2 = bytes(range(50, 66))
     client.connection_made(1.0, nd2)
     assert client.data_to_send() == mqttraw.connect(
-        "$mesh-a", clean=False, keepalive=2, username="mqttmesh-peer", password=b"8|a|7|" + nd2.hex().encode()
+        "$mesh-a",
+        clean=False,
+        keepalive=2,
+        username="mqttmesh-peer",
+        password=b"%d|a|7|" % PEER_PROTOCOL + nd2.hex().encode(),
     )
     client.receive_data(CONNACK_0 + SUBACK_1, 1.0)
     assert client.data_to_send() == mqttraw.subscribe(1, ("$mesh/to/a/#", 1))
@@ -402,14 +410,14 @@ def test_version_1_peer_is_refused_naming_both_versions(net):
     ch.receive_data(peer_connect(password=v1_token(SECRET, "a", 7, 1_700_000_000)), 0.0)
     assert ch.data_to_send() == b"\x20\x02\x00\x04"
     assert ch.state == CLOSED
-    assert "peer 'a' speaks mesh protocol 1, this node 8" in net.owner.reasons(ch)[0]
+    assert f"peer 'a' speaks mesh protocol 1, this node {PEER_PROTOCOL}" in net.owner.reasons(ch)[0]
 
 
 def test_newer_version_peer_is_refused_naming_both_versions(net):
     ch = net.channel()
-    ch.receive_data(peer_connect(password=b"9|a|7|anything"), 0.0)
+    ch.receive_data(peer_connect(password=b"%d|a|7|anything" % (PEER_PROTOCOL + 1)), 0.0)
     assert ch.data_to_send() == b"\x20\x02\x00\x04"
-    assert "peer 'a' speaks mesh protocol 9, this node 8" in net.owner.reasons(ch)[0]
+    assert f"peer 'a' speaks mesh protocol {PEER_PROTOCOL + 1}, this node {PEER_PROTOCOL}" in net.owner.reasons(ch)[0]
 
 
 @pytest.mark.parametrize("certified,expected", [(False, b"\x20\x02\x00\x05"), (True, CONNACK_0)])

@@ -292,10 +292,11 @@ class Cluster:
 
     # ------------------------------------------------------------------ input and time
 
-    def receive(self, frm: str, kind: str, payload: bytes, now: float) -> None:
-        """A unicast from node ``frm`` (kinds ``reg.*``, ``sess.*``, ``ret.*``); a body that
-        is not its kind's, or an unknown kind, raises ClusterWireError (a ValueError)."""
-        msg = decode(kind, payload)
+    def receive(self, frm: str, kind: str, payload: bytes, now: float, age: float = 0.0) -> None:
+        """A unicast from node ``frm`` (kinds ``reg.*``, ``sess.*``, ``ret.*``), ``age``
+        seconds on the way (routing/wire.py); a body that is not its kind's, or an unknown
+        kind, raises ClusterWireError (a ValueError)."""
+        msg = decode(kind, payload, int(age * 1000.0))
         HANDLERS[kind][1](self, frm, msg, now)
         self.send_out(now)
 

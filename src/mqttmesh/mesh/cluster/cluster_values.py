@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from ...message import Message
@@ -147,6 +147,11 @@ def _ttl_json(value: Any, where: str) -> int | None:
 def expiring(msg: Message, ttl: int | None, now: float) -> Message:
     """``msg`` to expire ``ttl`` milliseconds after ``now`` (None: never)."""
     return msg if ttl is None else msg.expiring(ttl / 1000.0, now)
+
+
+def aged_ttl(ttl: int | None, ms: int) -> int | None:
+    """A remaining life of ``ttl`` milliseconds after ``ms`` more on the way (None: never ends)."""
+    return None if ttl is None else max(0, ttl - ms)
 
 
 def _array(value: Any, n: int, where: str) -> list[Any]:
@@ -354,6 +359,10 @@ class Settlement(NamedTuple):
             msg,
         )
 
+    def aged(self, ms: int) -> Settlement:
+        """As it stands after ``ms`` milliseconds more on the way (wire.py ``age``)."""
+        return self if self.msg is None else self._replace(msg=self.msg.aged(ms))
+
 
 class RetainedItem(NamedTuple):
     """One retained message (an empty payload: a tombstone); newest (ts, origin, seq) wins."""
@@ -382,6 +391,10 @@ class RetainedItem(NamedTuple):
             _props_json(a[7], where),
             _ttl_json(a[8], where),
         )
+
+    def aged(self, ms: int) -> RetainedItem:
+        """As it stands after ``ms`` milliseconds more on the way (wire.py ``age``)."""
+        return self if self.ttl_ms is None else self._replace(ttl_ms=aged_ttl(self.ttl_ms, ms))
 
 
 class RetainedAck(NamedTuple):
@@ -457,6 +470,10 @@ class Forwarded(NamedTuple):
             _ttl_json(a[9], where),
         )
 
+    def aged(self, ms: int) -> Forwarded:
+        """As it stands after ``ms`` milliseconds more on the way (wire.py ``age``)."""
+        return self if self.ttl_ms is None else self._replace(ttl_ms=aged_ttl(self.ttl_ms, ms))
+
 
 class SnapshotEntry(NamedTuple):
     """One message of a session snapshot: queued (state 0) or in flight with its packet id."""
@@ -491,6 +508,10 @@ class SnapshotEntry(NamedTuple):
             _props_json(a[10], where),
             _ttl_json(a[11], where),
         )
+
+    def aged(self, ms: int) -> SnapshotEntry:
+        """As it stands after ``ms`` milliseconds more on the way (wire.py ``age``)."""
+        return self if self.ttl_ms is None else self._replace(ttl_ms=aged_ttl(self.ttl_ms, ms))
 
 
 @dataclass(frozen=True, slots=True)
@@ -579,4 +600,14 @@ class Snapshot:
             None,
             _int(o.get("expiry", 0xFFFFFFFF), where, "expiry"),
             _ttl_json(o.get("expires"), where),
+        )
+
+    def aged(self, ms: int) -> Snapshot:
+        """As it stands after ``ms`` milliseconds more on the way (wire.py ``age``): what is
+        left of its messages' lives and of its Session Expiry Interval."""
+        return replace(
+            self,
+            entries=[e.aged(ms) for e in self.entries],
+            inbound=[(pid, f.aged(ms)) for pid, f in self.inbound],
+            expires_ms=aged_ttl(self.expires_ms, ms),
         )

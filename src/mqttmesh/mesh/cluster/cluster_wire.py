@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self
 
 from .cluster_values import (
@@ -96,6 +96,11 @@ class Wire:
 
     def encode(self) -> bytes:
         return json.dumps(self.to_json()).encode()
+
+    def aged(self, ms: int) -> Self:
+        """As it stands after ``ms`` milliseconds on the way (routing/wire.py ``age``): the
+        remaining lives it carries (Message Expiry, Session Expiry) less that. Most carry none."""
+        return self
 
 
 class _Flat(Wire):
@@ -361,6 +366,9 @@ class SessState(Wire):
             None if snap is None else Snapshot.from_json(snap, f"{w} snap"),
         )
 
+    def aged(self, ms: int) -> Self:
+        return self if self.snap is None else replace(self, snap=self.snap.aged(ms))
+
 
 @dataclass(frozen=True, slots=True)
 class SessCopy(Wire):
@@ -376,6 +384,9 @@ class SessCopy(Wire):
     def from_json(cls, obj: dict[str, Any]) -> Self:
         return cls(Snapshot.from_json(obj, cls.KIND))
 
+    def aged(self, ms: int) -> Self:
+        return replace(self, snap=self.snap.aged(ms))
+
 
 @dataclass(frozen=True, slots=True)
 class SessMerge(Wire):
@@ -390,6 +401,9 @@ class SessMerge(Wire):
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
         return cls(Snapshot.from_json(obj, cls.KIND))
+
+    def aged(self, ms: int) -> Self:
+        return replace(self, snap=self.snap.aged(ms))
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,6 +427,9 @@ class SessSettle(Wire):
             [Settlement.from_json(i, iw) for iw, i in _items(obj, "items", w)],
             _int(_key(obj, "version", w), w, "version"),
         )
+
+    def aged(self, ms: int) -> Self:
+        return replace(self, items=[i.aged(ms) for i in self.items])
 
 
 @dataclass(frozen=True, slots=True)
@@ -467,6 +484,9 @@ class SessFwd(Wire):
         w = cls.KIND
         return cls(_str(_key(obj, "cid", w), w, "cid"), Forwarded.from_json(_key(obj, "msg", w), f"{w} msg"))
 
+    def aged(self, ms: int) -> Self:
+        return replace(self, msg=self.msg.aged(ms))
+
 
 # -- retained messages (mesh/cluster/retained.py)
 
@@ -482,6 +502,9 @@ class RetSet(Wire):
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
         return cls([RetainedItem.from_json(i, w) for w, i in _items(obj, "items", cls.KIND)])
+
+    def aged(self, ms: int) -> Self:
+        return replace(self, items=[i.aged(ms) for i in self.items])
 
 
 @dataclass(frozen=True, slots=True)
@@ -521,6 +544,9 @@ class RetReply(Wire):
             [RetainedItem.from_json(i, iw) for iw, i in _items(obj, "items", w)],
         )
 
+    def aged(self, ms: int) -> Self:
+        return replace(self, items=[i.aged(ms) for i in self.items])
+
 
 KINDS: dict[str, type[Wire]] = {
     cls.KIND: cls
@@ -548,8 +574,10 @@ KINDS: dict[str, type[Wire]] = {
 }
 
 
-def decode(kind: str, payload: bytes) -> Wire:
-    """The message of ``kind`` in ``payload``; ClusterWireError (a ValueError) if it is none."""
+def decode(kind: str, payload: bytes, age_ms: int = 0) -> Wire:
+    """The message of ``kind`` in ``payload``, ``age_ms`` milliseconds on the way (the
+    remaining lives it carries are that much shorter); ClusterWireError (a ValueError) if
+    it is none."""
     cls = KINDS.get(kind)
     if cls is None:
         raise ClusterWireError(f"unknown cluster message kind {kind!r}")
@@ -557,4 +585,5 @@ def decode(kind: str, payload: bytes) -> Wire:
         obj = json.loads(payload)
     except ValueError as exc:  # (bad UTF-8 as well as bad JSON)
         raise ClusterWireError(f"{kind}: not JSON ({exc})") from None
-    return cls.from_json(_obj(obj, kind))
+    msg = cls.from_json(_obj(obj, kind))
+    return msg.aged(age_ms) if age_ms > 0 else msg

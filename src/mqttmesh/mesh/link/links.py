@@ -304,12 +304,12 @@ class PeerLinks:
         return batch, congested or NO_HITS
 
     def _unicast(self, unicast: Unicast, now: float) -> None:
-        frm, kind, body = unicast
+        frm, kind, body, age = unicast
         if kind.startswith("ops."):
             self.io.inquiry(frm, kind, body)  # an operator's question (server/ops.py)
             return
         try:
-            self.cluster.receive(frm, kind, body, now)
+            self.cluster.receive(frm, kind, body, now, age)
         except (ValueError, KeyError, TypeError, IndexError) as exc:
             self.log.warning("node %s sent an invalid %s: %r", frm, kind, exc)
         except Exception:  # a bug of ours must not take the link's other messages with it

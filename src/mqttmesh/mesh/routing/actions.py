@@ -30,6 +30,7 @@ class Unicast(NamedTuple):
     frm: str
     kind: str
     payload: bytes
+    age: float = 0.0  # seconds it was on the way, as far as the wall clocks tell (wire.py)
 
 
 class Inbound(NamedTuple):

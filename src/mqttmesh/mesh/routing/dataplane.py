@@ -16,7 +16,7 @@ from .custody import Custody
 from .dedup import SEEN
 from .engine_base import EngineState, PeerStats
 from .envelope import Envelope, encode_batch, for_dests
-from .wire import decode_unicasts, encode_unicast
+from .wire import decode_unicasts, encode_unicast, encode_unicasts
 
 __all__ = ["DataPlaneMixin"]
 
@@ -212,14 +212,15 @@ class DataPlaneMixin(EngineState):
         """``uni``: unicast records, for this node or to pass on."""
         self._stats(peer).control_in += 1
         unicasts = []
-        for dest, frm, hops, uni_kind, body in decode_unicasts(payload):
+        for dest, frm, hops, uni_kind, body, age in decode_unicasts(payload, now + self.wall_offset):
             if dest == self.node_id:
-                unicasts.append(Unicast(frm, uni_kind, body))
+                unicasts.append(Unicast(frm, uni_kind, body, age / 1000.0))
             elif hops > 1:
                 self._ensure_spf()
                 hop = self.next_hop.get(dest)
                 if hop is not None:
-                    self._unicast_out.setdefault(hop, []).append(encode_unicast(dest, frm, hops - 1, uni_kind, body))
+                    record = encode_unicast(dest, frm, hops - 1, uni_kind, body, age)
+                    self._unicast_out.setdefault(hop, []).append(record)
             else:
                 self.counters["hop_limit_drops"] += 1
         return Inbound((), unicasts) if unicasts else NOTHING
@@ -250,11 +251,11 @@ class DataPlaneMixin(EngineState):
             Send, (peer, "fwd", encode_batch(envelopes, now, now + self.wall_offset), qos)
         )  # Send(...) at half the cost
 
-    def _flush_unicasts(self, sends: list[Send]) -> None:
+    def _flush_unicasts(self, sends: list[Send], now: float) -> None:
         unicast, self._unicast_out = self._unicast_out, {}
         for peer, records in unicast.items():
             if peer in self._links:
-                payload = b"".join(records)
+                payload = encode_unicasts(records, now + self.wall_offset)
                 stats = self._stats(peer)
                 stats.control_out += 1
                 stats.control_bytes_out += len(payload)

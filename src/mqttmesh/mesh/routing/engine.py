@@ -247,7 +247,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         if self._acks_out or self._acks_for:
             self._flush_acks()
         if self._unicast_out:
-            self._flush_unicasts(sends)
+            self._flush_unicasts(sends, now)
         if self._acks_relay:
             self._flush_relayed_acks(sends)
         if self._order_out or self._order_relay:
