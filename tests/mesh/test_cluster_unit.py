@@ -52,6 +52,7 @@ from mqttmesh.mesh.cluster.cluster_wire import (
 )
 from mqttmesh.mesh.cluster.hrw import owners
 from mqttmesh.mesh.cluster.membership import Membership
+from mqttmesh.mesh.cluster.replica import released_id
 from mqttmesh.mesh.cluster.snapshots import merge_snapshots
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
@@ -228,6 +229,26 @@ def test_the_latest_view_decides_the_ids_awaiting_pubrel_never_their_union():
     newer_epoch = Snapshot("c", {}, 0, [], [], [], "c", 3, 1)
     merged = merge_snapshots([old, new, newer_epoch])
     assert merged is not None and (merged.rel, merged.epoch, merged.version) == ([], 3, 1)
+
+
+def test_a_view_that_has_an_id_awaiting_pubrel_for_a_released_message_does_not_decide_it():
+    """The 7-node MQTT 5 run of seed 1 (c03b0d5): a copy cut off before the client released
+    id 1 ranked first by (epoch, version) and brought the id back as awaiting PUBREL; the
+    client's next message on it was taken for a re-send and never routed. A copy that has
+    the id awaiting PUBREL for a message another copy saw released is behind for that id."""
+    x = Forwarded("t/1", "eA==", 2, False, "n4", 38, "pub", 1.0)
+    z = Forwarded("t/1", "eg==", 2, False, "n4", 42, "pub", 2.0)
+    stale = Snapshot("c", {}, 0, [], [], [1, 2], "n2", 9, 4, inbound=[(1, x)])  # (2: no message)
+    behind_it = Snapshot("c", {}, 0, [], [released_id(("n4", 38))], [1], "n4", 7, 90, inbound=[(1, z)])
+    merged = merge_snapshots([behind_it, stale])
+    assert merged is not None and merged.epoch == 9
+    assert (merged.rel, merged.inbound) == ([1, 2], [(1, z)])  # id 1 as the copy that saw X released has it
+    free = Snapshot("c", {}, 0, [], [released_id(("n4", 38))], [], "n4", 7, 91)
+    merged = merge_snapshots([stale, free])
+    assert merged is not None and (merged.rel, merged.inbound) == ([2], [])  # free there: a new message is new
+    # without a copy that saw the release, the latest view decides, as before
+    merged = merge_snapshots([Snapshot("c", {}, 0, [], [], [], "n4", 7, 91), stale])
+    assert merged is not None and (merged.rel, merged.inbound) == ([1, 2], [(1, x)])
 
 
 def test_copies_merge_into_each_origins_order_and_in_flight_messages_stay_first():

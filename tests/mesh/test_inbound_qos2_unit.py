@@ -20,7 +20,7 @@ import pytest
 
 from mqttmesh.mesh.cluster.cluster import ClusterSettings
 from support import mqttraw
-from support.cluster_net import Net
+from support.cluster_net import Net, cid_with
 from support.frames import out, publish_fields, split_frames
 
 
@@ -98,3 +98,61 @@ def test_a_qos2_publish_resent_to_another_node_after_its_node_died_is_delivered_
     else:
         assert routed_by_b == [("a", b"x")]  # under a's id, whether a routed it or not
     assert net.brokers["b"].sessions["pub"].awaiting_rel == set()
+
+
+@pytest.mark.parametrize("z_reached_b", [True, False], ids=["b had the new id", "b never heard of it"])
+def test_a_released_qos2_id_stays_released_when_a_copy_that_missed_the_release_ranks_first(z_reached_b):
+    """The 7-node MQTT 5 fault-harness run of seed 1 (c03b0d5) lost pub1:1642 at all six
+    subscribers: its re-send (DUP=1) on node n1 had PUBREC at once and was routed nowhere,
+    while the messages re-sent with it (1641, 1643) reached a subscriber on n3. Its packet id
+    was taken there for one still awaiting PUBREL: a copy of the session cut off before the
+    client released that id an earlier time ranked first by (epoch, version), and a merge
+    took the ids awaiting PUBREL from the first copy only. A copy's epoch can outrank the
+    claims after it that did not gather it: epochs come from registrars, which forget theirs
+    in a restart (test_cluster_unit.py: a claim is newer than every copy *it gathered*).
+    Here: X on id 1 is released while c is away, Z reuses id 1 on a, a dies before Z is
+    routed, c comes back with X still awaiting PUBREL and the larger epoch, and the client
+    re-sends Z on b. Z must be delivered once."""
+    net = Net(names=["a", "b", "c", "d", "e"], settings=ClusterSettings(replication=3, stall=1e9))
+    cid = cid_with(net, lambda regs, holders: sorted(holders) == ["a", "b", "c"], prefix="pub")
+    sid = cid_with(net, lambda regs, holders: sorted(holders) == ["b", "d", "e"], prefix="sub")
+    sub = net.connect("b", sid, clean=False)  # (its session's nodes stay in reach throughout)
+    net.brokers["b"].table.subscribe(sub.session, "t/#", 2)
+    net.pump()
+    pub = net.client("a")
+    pub.receive_data(mqttraw.connect(cid, clean=False), net.t)
+    net.pump()
+    pub.receive_data(mqttraw.publish("t/1", b"x", qos=2, pid=1), net.t)
+    net.pump()
+    net.route("a")
+    net.pump()
+    assert net.brokers["c"].sessions[cid].awaiting_rel == {1}  # every holder has X's id
+    net.up.discard("c")  # c falls out of reach, its copy as it is
+    net.membership()
+    pub.receive_data(mqttraw.pubrel(1), net.t)  # X released (a and b follow); id 1 is free
+    net.pump()
+    pub.receive_data(mqttraw.publish("t/1", b"z", qos=2, pid=1), net.t)  # Z on id 1
+    if z_reached_b:
+        _deliver_from(net, "a")  # b has Z under its id; a never routed it
+    assert [p.type for p in out(pub)] == [mqttraw.CONNACK, mqttraw.PUBREC, mqttraw.PUBCOMP]  # (none for Z)
+    _kill(net, "a")
+    # c's copy belongs to a claim with a larger epoch than the others' (a registrar ahead of
+    # the copies: it granted it, then forgot it in a restart), cut off before anyone gathered it
+    net.brokers["c"].sessions[cid].epoch += 5
+    net.up.add("c")
+    net.membership()
+    moved = net.client("b")
+    moved.receive_data(mqttraw.connect(cid, clean=False), net.t)
+    net.pump()
+    net.route("b")
+    moved.receive_data(mqttraw.publish("t/1", b"z", qos=2, pid=1, dup=True), net.t)
+    net.pump()
+    net.route("b")
+    moved.receive_data(mqttraw.pubrel(1), net.t)
+    net.pump()
+    net.route("b")
+    net.pump()
+    assert sub.state == "connected"
+    assert [p.type for p in out(moved)] == [mqttraw.CONNACK, mqttraw.PUBREC, mqttraw.PUBCOMP]
+    assert _received(sub) == [b"x", b"z"]  # Z once, X not again [MQTT-4.3.3-2]
+    assert net.brokers["b"].sessions[cid].awaiting_rel == set()

@@ -337,7 +337,9 @@ class Registration:
 class Settlement(NamedTuple):
     """What the holder a client is on did with one message: "sent", "rel" or "done"; or with
     an inbound QoS 2 packet id: "in" (awaits PUBREL; with the message and the id it is
-    routed under, or origin "" and seq 0 when there is none) or "free" (origin "", seq 0)."""
+    routed under, or origin "" and seq 0 when there is none) or "free" (the message released,
+    which the holders remember as released: replica.released_id; origin "", seq 0 from a node
+    of before, or when there is none)."""
 
     origin: str
     seq: int

@@ -33,11 +33,25 @@ __all__ = [
     "LateHook",
     "SettledHook",
     "TOMBSTONES",
+    "RELEASED",
+    "released_id",
 ]
 
 # settled message ids remembered per session (duplicates suppressed); past it the oldest are
 # forgotten and the session's floor for their origin rises (``_Replicated.forgotten``)
 TOMBSTONES = 50_000
+
+# a released inbound QoS 2 message (its PUBREL came) is remembered among the settled ids under
+# its origin with this mark, which no node id has (config.py: [A-Za-z0-9._:-]), so it is never
+# taken for a message delivered to the session: a merge knows a copy that still has its packet
+# id awaiting PUBREL for it is behind (snapshots.py merge_snapshots)
+RELEASED = "rel/"
+
+
+def released_id(key: tuple[str, int]) -> tuple[str, int]:
+    """The settled id that says inbound QoS 2 message ``key`` (origin, seq) was released."""
+    return (RELEASED + key[0], key[1])
+
 
 # (session, message id, state, packet id, message) of a settlement: outbound "sent", "rel",
 # "done"; inbound QoS 2 "in" (PUBREC is due: the id awaits its PUBREL) and "free" (PUBREL
@@ -300,10 +314,14 @@ class _Replicated(_SessionPart):
 
     def awaiting_rel_remove(self, packet_id: int) -> Batch:
         awaited = packet_id in self.awaiting_rel
+        msg = self.inbound.get(packet_id)
         batch = super().awaiting_rel_remove(packet_id)
         self._forget_inbound(packet_id)
+        key = ("", 0) if msg is None else (msg.origin, msg.seq)
+        if awaited and msg is not None:
+            self._settled_id(released_id(key))
         if awaited and self.on_settled is not None and self.channel is not None:
-            self._report(("", 0), "free", packet_id)
+            self._report(key, "free", packet_id)  # (the holders remember the release too)
         return batch
 
     # -- what other holders tell us ----------------------------------------------
@@ -318,8 +336,16 @@ class _Replicated(_SessionPart):
                 self._stored_inbound(pid, msg)
             return
         if state == "free":
+            # the message released: named by the node the client is on (("", 0) from a node
+            # of before), or the one this copy has for the id; one this copy has that differs
+            # was released before, unseen here (the client reuses an id only after PUBCOMP)
+            had = self.inbound.get(pid)
             super().awaiting_rel_remove(pid)
             self._forget_inbound(pid)
+            if had is not None and (had.origin, had.seq) != key:
+                self._settled_id(released_id((had.origin, had.seq)))
+            if key[0]:
+                self._settled_id(released_id(key))
             return
         entry = self.ids.get(key)
         if state == "done":

@@ -16,7 +16,7 @@ from dataclasses import replace
 from ...message import Message, in_origin_order
 from ...session import Entry
 from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of, ttl_ms
-from .replica import _Replicated
+from .replica import _Replicated, released_id
 
 __all__ = ["snapshot", "merge_snapshots", "unknown_to", "install"]
 
@@ -68,10 +68,12 @@ def snapshot(session: _Replicated, now: float) -> Snapshot:
 def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     """Several holders' views in one. Message ids: an id settled anywhere is settled, and the
     furthest state wins (a message only moves forward). Inbound QoS 2 ids awaiting PUBREL
-    come and go (an id is released, then reused by a new message): they are the latest
-    view's, the one with the highest (epoch, version), never a union. A QoS 2 message at or
-    below a copy's floor that the latest view does not hold cannot be told from one settled
-    and forgotten: it is taken as settled (``_Replicated.forgotten``)."""
+    come and go (an id is released, then reused by a new message): each is the latest
+    view's, the one with the highest (epoch, version), never a union, unless that view has
+    it awaiting PUBREL for a message another copy saw released: that view is behind for the
+    id, and the next one decides (``_awaiting_rel``). A QoS 2 message at or below a copy's
+    floor that the latest view does not hold cannot be told from one settled and forgotten:
+    it is taken as settled (``_Replicated.forgotten``)."""
     if not snaps:
         return None
     snaps = _from_one_time(snaps)
@@ -82,7 +84,8 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         for origin, floor in s.floors.items():
             if floor > floors.get(origin, -1):
                 floors[origin] = floor
-    latest = max(snaps, key=lambda s: (s.epoch, s.version))
+    ranked = sorted(snaps, key=lambda s: (s.epoch, s.version), reverse=True)  # (stable: max's pick first)
+    latest = ranked[0]
     in_latest = {(e.origin, e.seq) for e in latest.entries} | {(o, q) for o, q, _, _ in latest.reserved}
     best: dict[tuple[str, int], SnapshotEntry] = {}
     order: list[tuple[str, int]] = []
@@ -124,6 +127,7 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
             if entry.state < state:
                 best[key] = entry._replace(pid=pid, state=state)
     subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
+    rel, inbound = _awaiting_rel(ranked, done, floors)
     # in flight first (in packet-id send order), then queued, each in arrival order
     entries = [best[k] for k in order]
     entries.sort(key=lambda e: 0 if e.state else 1)
@@ -137,17 +141,52 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         # (a set's order, as before issue 14: it depends on the hash seed, which decides
         # which ids are kept only when there are more than the snapshot and TOMBSTONES keep)
         list(done),
-        sorted(latest.rel),
+        rel,
         subs_from.active,
         max(s.epoch for s in snaps),
         latest.version,
         [(o, s, state, pid) for (o, s), (state, pid) in reserved.items()],
-        [(pid, fwd) for pid, fwd in latest.inbound if pid in latest.rel],
+        inbound,
         floors,
         snaps[0].taken_at,
         latest.expiry,  # (the session's own, as of its latest step)
         latest.expires_ms,
     )
+
+
+def _awaiting_rel(
+    ranked: list[Snapshot], done: set[tuple[str, int]], floors: dict[str, int]
+) -> tuple[list[int], list[tuple[int, Forwarded]]]:
+    """The inbound QoS 2 ids awaiting PUBREL of views ``ranked`` latest first, with their
+    messages. Each id is as the first view has it, awaiting PUBREL or not, unless that view
+    has it for a message some copy saw released (``done``, replica.released_id): that view
+    missed the release and what came after, and the next view decides. The latest view is
+    not always the furthest for an id: a copy cut off before the release can rank first with
+    an epoch larger than the later claims' that did not gather it (a registrar's grant it then
+    forgot in a restart), and the client's next PUBLISH on the id would be taken for a re-send
+    and never routed. Below a copy's floor of releases (forgotten) a message of a later view
+    counts as released."""
+    rels = [set(s.rel) for s in ranked]
+    views = [{pid: fwd for pid, fwd in s.inbound} for s in ranked]
+    pending: dict[int, Forwarded | None] = {}
+    for pid in sorted({p for rel in rels for p in rel}):
+        for i, rel in enumerate(rels):
+            if pid not in rel:
+                break  # free in this view
+            fwd = views[i].get(pid)
+            if fwd is not None:
+                key = released_id((fwd.origin, fwd.seq))
+                if key in done or (i and key[1] <= floors.get(key[0], -1)):
+                    continue  # this view is behind for the id
+            pending[pid] = fwd
+            break
+    # their messages in the order the views took them (the oldest unrouted goes first)
+    inbound: dict[int, Forwarded] = {}
+    for s in ranked:
+        for pid, fwd in s.inbound:
+            if pid not in inbound and pending.get(pid) is fwd:
+                inbound[pid] = fwd
+    return sorted(pending), list(inbound.items())
 
 
 def _from_one_time(snaps: list[Snapshot]) -> list[Snapshot]:
