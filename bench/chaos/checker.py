@@ -70,8 +70,16 @@ class ChaosCheck:
     @property
     def failed(self) -> bool:
         """What gates CI: lost, QoS 2 duplicates, packet-id reuse, wrong session present, a
-        message delivered after its expiry."""
-        return bool(self.lost or self.qos2_dups or self.pid_reuse or self.wrong_session_present or self.late)
+        message delivered after its expiry, a ClientId on other than one connection at the end
+        [MQTT-3.1.4-2] (after the run's ``one_connection_within``)."""
+        return bool(
+            self.lost
+            or self.qos2_dups
+            or self.pid_reuse
+            or self.wrong_session_present
+            or self.late
+            or self.not_one_connection
+        )
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -190,7 +198,9 @@ def check(
                 r.lost.append((msg_id, client))
     r.order = check_order(history)
     if connections is not None:
-        r.not_one_connection = {c: connections.get(c, 0) for c in sorted(persistent) if connections.get(c, 0) != 1}
+        # a persistent client is connected at the end: on one node; any ClientId on one at most
+        clients = sorted(set(persistent) | {c for c, n in connections.items() if n > 1})
+        r.not_one_connection = {c: connections.get(c, 0) for c in clients if connections.get(c, 0) != 1}
     return r
 
 

@@ -31,6 +31,10 @@ class RunConfig:
     quiet: float = 3.0  # the drain: no message received for this long
     settle: float = 2.0
     startup_timeout: float = 60.0
+    # after the drain, each ClientId on one node at most within this (a connection whose client
+    # left without a word, through a node that was paused or cut off, ends when the node sees
+    # its keep alive run out: 1.5 x Options.keepalive, then the node's sweep)
+    one_connection_within: float = 15.0
     keep: bool = False  # keep the nodes' directory (logs, stores)
     workload: Options | None = None
 
@@ -114,15 +118,25 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         out["drained"] = wait_until(drained, cfg.tail)
         out["drain_s"] = round(wl.now() - t_tail, 2)
         out["drain_state"] = wl.snapshot()
+        persistent = {a.name for a in wl.persistent()}
         connections = None
-        try:
+        t_one = wl.now()
+
+        def one_each() -> bool:  # (the clients stay connected meanwhile)
+            nonlocal connections
             connections = cluster.connections_per_client()
+            if connections is None:
+                return True
+            return all(n <= 1 for n in connections.values()) and all(connections.get(c, 0) == 1 for c in persistent)
+
+        try:
+            if wait_until(one_each, cfg.one_connection_within, interval=0.25):
+                out["one_connection_s"] = round(wl.now() - t_one, 2)
         except (OSError, ConnectionError) as exc:
             out["connections_error"] = repr(exc)
         wl.stop()
         if wl.errors:
             raise RuntimeError("; ".join(wl.errors))
-        persistent = {a.name for a in wl.persistent()}
         result = check(history, persistent, cfg.settle, connections)
         heals = [m.as_dict() for m in wl.measurements]
         times = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None]

@@ -44,7 +44,7 @@ def test_a_clean_history_passes() -> None:
     for n in range(1, 4):
         msg = _publish(h, 5.0 + n, n)
         h.received(5.5 + n, "sub", msg, TOPIC, 2, False, "sub/1", n)
-    r = check(h, PERSISTENT, settle=2.0, connections={"pub": 1, "sub": 1})
+    r = check(h, PERSISTENT, settle=2.0, connections={"pub": 1, "sub": 1, "sub2": 1})
     assert (r.acked, r.checked, r.failed) == (3, 3, False)
     assert r.summary()["lost"] == 0 and r.summary()["reorders"] == 0
 
@@ -158,8 +158,14 @@ def test_refusals_by_code_and_connect_errors() -> None:
 
 
 def test_connections_per_client_id() -> None:
+    """[MQTT-3.1.4-2] at the end of a run: a persistent client on one node, any ClientId (a
+    clean probe too) on one at most; otherwise the run fails."""
     r = check(_base(), PERSISTENT, connections={"pub": 1, "sub": 2})
-    assert r.not_one_connection == {"sub": 2, "sub2": 0}
+    assert r.not_one_connection == {"sub": 2, "sub2": 0} and r.failed
+    r = check(_base(), PERSISTENT, connections={"pub": 1, "sub": 1, "sub2": 1, "probe-n0": 2})
+    assert r.not_one_connection == {"probe-n0": 2} and r.failed
+    ok = check(_base(), PERSISTENT, connections={"pub": 1, "sub": 1, "sub2": 1, "probe-n0": 1})
+    assert ok.not_one_connection == {} and not ok.failed
     assert check(_base(), PERSISTENT).not_one_connection == {}  # unknown: not judged
 
 
