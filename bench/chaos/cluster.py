@@ -121,6 +121,7 @@ class Cluster:
         self.proxies = ProxyLoop()
         self.links: dict[tuple[str, str], FaultProxy] = {}  # (dialler, listener) -> proxy
         self.nodes: dict[str, Node] = {}
+        self.where: dict[str, list[str]] = {}  # ClientId -> the nodes that list it (connections_per_client)
         if kind == "mqttmesh":
             self._mqttmesh()
         elif kind == "mosquitto":
@@ -246,10 +247,12 @@ class Cluster:
         from mqttmesh.admin import fetch_status
 
         counts: dict[str, int] = {}
-        for node in self.nodes.values():
+        self.where = {}
+        for name, node in self.nodes.items():
             st = fetch_status("127.0.0.1", node.port, timeout, ADMIN_USER, ADMIN_PASSWORD.encode())
             for cid in st.get("cluster", {}).get("local_clients", []):
                 counts[cid] = counts.get(cid, 0) + 1
+                self.where.setdefault(cid, []).append(name)
         return counts
 
     def close(self) -> None:

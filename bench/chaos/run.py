@@ -132,6 +132,8 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         try:
             if wait_until(one_each, cfg.one_connection_within, interval=0.25):
                 out["one_connection_s"] = round(wl.now() - t_one, 2)
+            elif connections is not None:  # (which nodes list a ClientId that is not on one)
+                out["connections_where"] = {c: n for c, n in cluster.where.items() if len(n) != 1}
         except (OSError, ConnectionError) as exc:
             out["connections_error"] = repr(exc)
         wl.stop()

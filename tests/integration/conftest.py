@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from support.integration import Client, Paho, open_client
+from support.mesh import start_mesh, wait_converged
 from support.paho5 import Paho5
 
 
@@ -69,3 +70,14 @@ def paho5():
     yield make
     for p in made:
         p.stop()
+
+
+@pytest.fixture
+def mesh(broker_factory):
+    """Three nodes in a line, c - b - a: what c takes crosses b to reach a (a module that
+    needs another shape defines its own ``mesh``)."""
+    names = ["a", "b", "c"]
+    edges = [("b", "a"), ("c", "b")]
+    nodes = start_mesh(broker_factory, names, edges)
+    wait_converged(nodes, edges)
+    return nodes

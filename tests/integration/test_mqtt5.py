@@ -10,19 +10,9 @@ import threading
 
 import pytest
 
-from support.mesh import start_mesh, wait_converged, wait_interest
+from support.mesh import wait_interest
 
 pytestmark = [pytest.mark.process]
-
-
-@pytest.fixture
-def mesh(broker_factory):
-    """Three nodes in a line, c - b - a: what c takes crosses b to reach a."""
-    names = ["a", "b", "c"]
-    edges = [("b", "a"), ("c", "b")]
-    nodes = start_mesh(broker_factory, names, edges)
-    wait_converged(nodes, edges)
-    return nodes
 
 
 def test_mqtt5_over_websocket_beside_tcp(broker_factory, paho5):

@@ -44,16 +44,6 @@ def _received_until_marker(client, marker: str, timeout: float = 10.0) -> dict:
     return got
 
 
-@pytest.fixture
-def mesh(broker_factory):
-    """Three nodes in a line, c - b - a: what c takes crosses b to reach a."""
-    names = ["a", "b", "c"]
-    edges = [("b", "a"), ("c", "b")]
-    nodes = start_mesh(broker_factory, names, edges)
-    wait_converged(nodes, edges)
-    return nodes
-
-
 def _offline_subscriber(paho5, node, client_id: str, topic_filter: str):
     """A persistent MQTT 5 session subscribed to ``topic_filter`` at ``node``, its client gone."""
     sub = paho5(client_id)
