@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .ports import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 HOST = "127.0.0.1"  # loopback only
 
@@ -46,13 +48,6 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         libc.prctl(1, int(sig), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
     except OSError:
         pass
-
-
-def free_port() -> int:
-    """A TCP port free right now on the loopback (bind to 0 and let the kernel pick)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float | None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,13 +31,9 @@ from mqttmesh.admin import fetch_status
 from support import mqttraw as raw
 from support.faultrelay import FaultRelay
 
+from .ports import free_port
+
 SECRET = "figures"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Nodes:

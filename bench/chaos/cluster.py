@@ -16,16 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+from ..ports import free_port
 from .proxy import FaultProxy, ProxyLoop
 
 SECRET = "chaos-secret"
 ADMIN_USER, ADMIN_PASSWORD = "chaos-admin", "chaos-admin-pw"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _die_with_parent() -> None:

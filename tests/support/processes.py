@@ -1,8 +1,8 @@
 """Real broker processes on loopback, free ports, condition waits.
 
 Every broker runs as its own process (``python -m mqttmesh broker``) on a port
-from ``free_port`` (the node writes the bound port to a file), which it keeps
-across restarts.
+from ``free_port`` (bench/ports.py: below the kernel's ephemeral range; the node
+writes the bound port to a file), which it keeps across restarts.
 Whoever starts a ``BrokerProcess`` stops it (the ``broker_factory`` fixture of
 tests/conftest.py does so at teardown, by PID).
 """
@@ -10,13 +10,13 @@ tests/conftest.py does so at teardown, by PID).
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench.ports import free_port
 
 
 def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01, what: str = "condition"):
@@ -29,33 +29,6 @@ def wait_for(predicate, timeout: float = 10.0, interval: float = 0.01, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-# Listening ports come from below the kernel's ephemeral range (32768-60999 by default):
-# a port the kernel picked (bind to 0) may be handed by it again to an outgoing
-# connection while its broker is stopped, and the restart then fails with "address
-# already in use" (seen on a clean-clone run). A port handed out here is never handed
-# out again by this process; the range is split by PID so two pytest processes rarely
-# meet, and a port in use is skipped.
-_LOW, _HIGH = 20000, 32000
-_given: set[int] = set()
-_pick = random.Random(os.getpid())
-
-
-def free_port() -> int:
-    """A loopback TCP port nobody listens on now, outside the ephemeral range."""
-    for _ in range(1000):
-        port = _pick.randrange(_LOW, _HIGH)
-        if port in _given:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-        _given.add(port)
-        return port
-    raise RuntimeError(f"no free port in {_LOW}-{_HIGH}")
 
 
 class BrokerProcess:
