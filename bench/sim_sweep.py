@@ -8,9 +8,9 @@ shrinks the first failing seed of each invariant (``--shrink all`` shrinks every
 ``none`` none), and prints a table: seeds, violations per invariant, the failing seeds, the
 wall time, the nodes and faults drawn, the seeds with MQTT 5 clients, what the runs gave the
 invariants to judge. The JSON holds every seed's result and the shrunk scenarios (TOML
-text); ``--out-dir`` also writes those as files that ``mqttmesh simulate FILE`` replays. ``--jobs N`` judges N seeds at a time, each in its
-own process (results are the same: every run is seeded). Exit status 1 when any seed broke
-an invariant.
+text); ``--out-dir`` also writes those as files that ``mqttmesh simulate FILE`` replays.
+``--jobs N`` judges N seeds at a time, each in its own process (results are the same: every
+run is seeded). Exit status 1 when any seed broke an invariant.
 """
 
 from __future__ import annotations

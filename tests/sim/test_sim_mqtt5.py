@@ -251,6 +251,20 @@ def test_a_session_is_present_before_its_expiry_and_gone_after() -> None:
     assert "Clean Start 1" in cs[4]
 
 
+def test_across_a_cut_the_other_side_counts_from_when_it_lost_sight() -> None:
+    # s#1 on n0 ends at 1.0 (interval 5) while n0 and n1 are apart from 0.5 to 20: n1's side
+    # counts from when it finds n0 gone, by 0.5 + detect (5) at the latest: no session after 10.5
+    def apart(a: str, b: str) -> list[tuple[float, float]]:
+        return [(0.5, 20.0)] if {a, b} == {"n0", "n1"} else []
+
+    assert not check_session_expiry(_sessions(True, 7.5), 5.0, 1.0, apart).wrongly_present
+    (late,) = check_session_expiry(_sessions(True, 11.0), 5.0, 1.0, apart).wrongly_present
+    assert "cut off from n1 from 0.500s" in late[4]
+    # a session the other side let expire from when it lost sight is not called lost
+    assert not check_session_expiry(_sessions(False, 3.0), 5.0, 1.0, apart).lost
+    assert check_session_expiry(_sessions(False, 3.0), 5.0, 1.0, lambda a, b: [(30.0, 40.0)]).lost
+
+
 def test_a_takeover_keeps_the_session() -> None:
     h = History()
     h.connect(0.0, "s", "invoke", "s#1", "n0", "will", _asked(expiry=0))
@@ -293,6 +307,13 @@ def test_a_delayed_will_waits_and_a_reconnection_within_its_delay_cancels_it() -
     assert _judge(_wills(None, clean=True), [4.2]).unwanted  # DISCONNECT: no will
     # across a cut (finding 8's rule): a registrar that lost sight of the node publishes it, once per side
     assert not _judge(_wills(2.5), [4.2], ["n3"]).after_reconnect
+    assert not _judge(_wills(None), [3.5], ["n3"]).early  # (it counts from when it lost sight)
+    # and one that could not hear of the reconnection (apart from its node since its CONNECT)
+    h, wills, sides = _wills(2.5), {"s#1": [4.2]}, {"s#1": [None]}
+    cut = check_will_delay(h, wills, sides, 60.0, 5.0, 1.0, {"s#1": ["n2"]}, lambda a, b: [(3.0, 5.0)])
+    assert not cut.after_reconnect and cut.cancelled == 1
+    heard = check_will_delay(h, wills, sides, 60.0, 5.0, 1.0, {"s#1": ["n2"]}, lambda a, b: [(4.5, 5.0)])
+    assert heard.after_reconnect == [("s#1", 1)]  # (apart only after it published)
 
 
 def test_a_delayed_will_is_judged_apart_from_the_others() -> None:

@@ -48,7 +48,12 @@ class ClusterChecksMixin(SimulatorPart):
         self.session_expiry_result: Any = None
         self.will_delay_result: Any = None
         self.will_times: dict[str, list[float]] = {}  # connection id -> when each of its wills was published
+        self.will_nodes: dict[str, list[str]] = {}  # connection id -> where each of its wills was published
         self.taken: dict[str, float] = {}  # message id -> when a node first took it (MQTT 5 runs)
+        # (time, node -> its component) after every fault (the paths that exist) and at every
+        # check_every (the peer connections both ends hold open: a stalled node's peers close
+        # theirs), in MQTT 5 runs: which nodes could reach which, for the checks across a cut
+        self.reach_log: list[tuple[float, dict[str, str]]] = []
         self.order_result: Any = None
         self.not_resumed: list[tuple[float, str, str, str]] = []
         self.will_counts: dict[str, int] = {}  # connection id -> wills published
@@ -69,6 +74,32 @@ class ClusterChecksMixin(SimulatorPart):
         """(the quiet time of single_registration counts from the last fault)"""
         self.last_fault_at = self.now
         super()._on_fault(i)
+        if self.sc.clients.mqtt5:
+            up = [n for n in self.names if self.nodes[n].up]
+            self.reach_log.append(
+                (self.now, components(up, ((lk.a, lk.b) for lk in self.links.values() if self._avail(lk))))
+            )
+
+    def _log_reach(self) -> None:
+        up = [n for n in self.names if self.nodes[n].up]
+        held = ((lk.a, lk.b) for lk in self.links.values() if lk.alive and lk.side[lk.a] and lk.side[lk.b])
+        self.reach_log.append((self.now, components(up, held)))
+
+    def apart(self, a: str, b: str) -> list[tuple[float, float]]:
+        """The windows in which nodes ``a`` and ``b`` had no path between them (a partition,
+        links down or closed, one of them down), as ``reach_log`` saw them."""
+        out: list[tuple[float, float]] = []
+        since: float | None = None
+        for t, comp in self.reach_log:
+            cut = a not in comp or b not in comp or comp[a] != comp[b]
+            if cut and since is None:
+                since = t
+            elif not cut and since is not None:
+                out.append((since, t))
+                since = None
+        if since is not None:
+            out.append((since, float("inf")))
+        return out
 
     def _published(self, node: Node, msg: Message) -> None:
         """A message published at ``node`` (its _NodeIO, sessions.py): the wills are counted."""
@@ -82,6 +113,7 @@ class ClusterChecksMixin(SimulatorPart):
             ids.add((msg.origin, msg.seq))
             self.will_counts[conn] = self.will_counts.get(conn, 0) + 1
             self.will_times.setdefault(conn, []).append(self.now)
+            self.will_nodes.setdefault(conn, []).append(node.name)
             self.will_sides.setdefault(conn, []).append(self._across_cut(node.name, conn))
         elif self.sc.clients.mqtt5:
             # when its node took it: its Message Expiry Interval counts from then [MQTT-3.3.2-5]
@@ -126,6 +158,8 @@ class ClusterChecksMixin(SimulatorPart):
         c = self.sc.clients
         if self.now < self.end:
             self._at(self.now + c.check_every, CCHECK)
+        if c.mqtt5 and self.now >= c.start + 1.0:  # (once every client has connected: the mesh has formed)
+            self._log_reach()
         s = self.cluster_settings
         quiet = s.register_interval + s.claim_timeout + s.gather_timeout
         last_change = max([self.last_fault_at] + [n.core.membership_at for n in self.nodes.values() if n.up])
@@ -211,9 +245,9 @@ class ClusterChecksMixin(SimulatorPart):
     def _finish_mqtt5(self) -> None:
         v, h = self.violations, self.history
         ex = self.expiry_result = check_message_expiry(h, self.taken, self.expiry_slack())
-        se = self.session_expiry_result = check_session_expiry(h, self.detect_bound(), 1.0)
+        se = self.session_expiry_result = check_session_expiry(h, self.detect_bound(), 1.0, self.apart)
         wd = self.will_delay_result = check_will_delay(
-            h, self.will_times, self.will_sides, self.sc.duration, self.detect_bound(), 1.0
+            h, self.will_times, self.will_sides, self.sc.duration, self.detect_bound(), 1.0, self.will_nodes, self.apart
         )
         for msg_id, client, late in ex.late[:20]:
             v.add("cluster.message_expiry", f"{msg_id} reached {client} {late:.3f}s after it expired")

@@ -21,6 +21,7 @@ time the mesh takes to find a node dead (``detect``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..topics import filter_matches
@@ -121,7 +122,12 @@ class SessionExpiryCheck:
     wrongly_present: list[tuple[float, str, str, str, str]] = field(default_factory=list)
 
 
-def check_session_expiry(history: History, detect: float, slack: float) -> SessionExpiryCheck:
+Apart = Callable[[str, str], list[tuple[float, float]]]
+
+
+def check_session_expiry(
+    history: History, detect: float, slack: float, apart: Apart | None = None
+) -> SessionExpiryCheck:
     """Each acceptance of an MQTT 5 client's connection ``C`` after an earlier one ``P``:
 
     - Clean Start 1 (and the first acceptance of the ClientId): session present 0;
@@ -132,12 +138,21 @@ def check_session_expiry(history: History, detect: float, slack: float) -> Sessi
       ``slack`` (the end's news on its way to the session's other holders and its
       registrar), or ``detect`` if ``P`` ended with its node (the mesh counts the interval
       from when it finds the node dead, docs/design.md 3.7): no session is present;
-    - between the two, either answer is right."""
+    - between the two, either answer is right.
+
+    Across a cut (finding 8's rule, as for wills): ``apart(a, b)`` gives the windows in
+    which nodes ``a`` and ``b`` could not reach each other (a partition, a link down that
+    splits the graph, one of them down). The side of ``C`` cannot tell ``P``'s node cut off
+    from dead: it counts the interval from when it finds that node gone. So if ``P`` ended
+    while its node and ``C``'s were apart, no session may be present only from the start of
+    that cut plus ``detect`` plus the interval (or the usual bound, if later); and if they
+    were apart at any time between ``P``'s acceptance and ``C``'s, a session not found
+    before the expiry is not called lost."""
     r = SessionExpiryCheck()
     v5 = session_of(history)[0]
     invoked: dict[str, float] = {}
     closed: dict[str, tuple[float, str]] = {}
-    last: dict[str, str] = {}  # client -> its last accepted connection
+    last: dict[str, tuple[str, float, str]] = {}  # client -> its last accepted connection, when, where
     for op in history.ops:
         kind = op[3]
         if kind == "close":
@@ -152,27 +167,38 @@ def check_session_expiry(history: History, detect: float, slack: float) -> Sessi
         if what != "ok":
             continue
         present = bool(op[6])
-        prev = last.get(client)
-        last[client] = conn
-        if prev is None or v5[conn]["clean_start"]:
+        before = last.get(client)
+        last[client] = (conn, t, node)
+        if before is None or v5[conn]["clean_start"]:
             if present:
-                why = "Clean Start 1" if prev is not None else "the first connection of its ClientId"
+                why = "Clean Start 1" if before is not None else "the first connection of its ClientId"
                 r.wrongly_present.append((t, client, conn, node, f"session present 1 on {why}"))
             continue
+        prev, t_prev, prev_node = before
+        windows = apart(prev_node, node) if apart is not None and prev_node != node else []
         interval = v5[prev]["expiry"]
         end = closed.get(prev)
         if end is None or end[0] > t or t < end[0] + interval:
+            if any(a < t and b > t_prev for a, b in windows):
+                r.either += 1  # (the other side may have counted from when it lost sight of it)
+                continue
             r.resumed += 1
             if not present:
                 r.lost.append((t, client, conn, node))
             continue
-        bound = end[0] + interval + (detect if _with_its_node(end[1]) else slack)
+        start = end[0] + (detect if _with_its_node(end[1]) else slack)
+        cut = next((a for a, b in windows if a <= end[0] < b), None)
+        if cut is not None:
+            start = max(start, cut + detect)
+        bound = start + interval
         if invoked[conn] <= bound:
             r.either += 1
             continue
         r.expired += 1
         if present:
             why = f"session present 1, {invoked[conn] - end[0] - interval:.3f}s after its session expired"
+            if cut is not None:
+                why += f" (its node was cut off from {node} from {cut:.3f}s)"
             r.wrongly_present.append((t, client, conn, node, why))
     return r
 
@@ -215,6 +241,8 @@ def check_will_delay(
     end: float,
     detect: float,
     slack: float,
+    publishers: dict[str, list[str]] | None = None,
+    apart: Apart | None = None,
 ) -> WillDelayCheck:
     """A connection ``C`` accepted with a will that waits ``D`` (``delayed_wills``) and
     ended at ``t`` without a DISCONNECT the server read: its will is never published before
@@ -225,7 +253,13 @@ def check_will_delay(
     [MQTT-3.1.2-8]; between the two, at most once. A connection ended by DISCONNECT, or open
     at the end, has none. ``wills``: connection id -> the times its will was published, once
     per message; ``sides``: as history.check_wills (a registrar that lost sight of the
-    connection's node publishes its will: at most once per side, finding 8's rule)."""
+    connection's node publishes its will: at most once per side, finding 8's rule; such a
+    publication counts its delay from when it lost sight, so it is not judged early).
+    Likewise a will published by a node (``publishers``: connection id -> the node of each
+    publication) that could not reach the node of the client's new connection (``apart``,
+    as check_session_expiry's) at some time from that connection's CONNECT to the
+    publication may not have heard of it: published once on its side despite it, it is not
+    judged published after a reconnection."""
     r = WillDelayCheck()
     delays = delayed_wills(history)
     accepted: list[tuple[str, str]] = []  # (client, conn) in the order they were accepted
@@ -244,6 +278,10 @@ def check_will_delay(
                 accepted.append((op[1], op[4]))
         elif op[3] == "close":
             closed.setdefault(op[4], (op[0], op[5], op[6]))
+    where: dict[str, str] = {}
+    for op in history.ops:
+        if op[3] == "connect" and op[2] == "invoke":
+            where[op[4]] = op[5]
     for client, conn in accepted:
         if conn not in delays or conn not in with_will:
             continue
@@ -258,7 +296,8 @@ def check_will_delay(
                 r.unwanted.append((conn, f"{why}, delayed will published {len(times)}x"))
             continue
         due = end_of[0] + delays[conn]
-        early = [due - t for t in times if t < due - EARLY]
+        mine = [t for t, side in zip(times, sides.get(conn, [None] * len(times)), strict=False) if side is None]
+        early = [due - t for t in mine if t < due - EARLY]
         if early:
             r.early.append((conn, round(max(early), 3)))
         later = _after(asked.get(client, []), conn)
@@ -267,7 +306,18 @@ def check_will_delay(
         bound = due + (detect if _with_its_node(end_of[2]) else slack)
         if first_ok is not None and first_ok < due:
             r.cancelled += 1
-            if n > 0:
+            back = next(c for c, _ in later if ok.get(c) == first_ok)
+            t_back = dict(later)[back]
+            nodes = (publishers or {}).get(conn, [])
+            unheard = [
+                t
+                for i, t in enumerate(times)
+                if i < len(nodes)
+                and apart is not None
+                and nodes[i] != where[back]
+                and any(a <= t and b >= t_back for a, b in apart(nodes[i], where[back]))
+            ]
+            if n - len(unheard) > 0:
                 r.after_reconnect.append((conn, len(times)))
         elif (first_asked is None or first_asked > bound) and bound < end:
             r.due += 1
