@@ -18,6 +18,7 @@ Invariants (docs/simulation.md, "The whole cluster"):
   its session has not expired, sim/history5.py ``check_session_expiry``);
 - MQTT 5 (sim/history5.py): ``cluster.message_expiry`` (no message delivered after its
   Message Expiry Interval, allowing ``expiry_slack`` for the way from node to client),
+  ``cluster.message_expiry_left`` (no PUBLISH says more of its life is left than is),
   ``cluster.session_expiry`` (an expired session is not resumed; Clean Start 1 gets no
   session), ``cluster.will_delay`` (a delayed will: at most once, never before its delay,
   never after a reconnection within it, surely without one).
@@ -252,7 +253,7 @@ class ClusterChecksMixin(SimulatorPart):
         for msg_id, client, late in ex.late[:20]:
             v.add("cluster.message_expiry", f"{msg_id} reached {client} {late:.3f}s after it expired")
         for msg_id, client, over in ex.overlong[:20]:
-            v.add("cluster.message_expiry", f"{msg_id} reached {client} saying {over:.3f}s more life than it had")
+            v.add("cluster.message_expiry_left", f"{msg_id} reached {client} saying {over:.3f}s more life than it had")
         for t, client, conn, node, why in se.wrongly_present[:20]:
             v.add("cluster.session_expiry", f"t={t:.3f}s {conn}: {node} accepted {client} with {why}")
         for t, client, conn, node in se.lost[:20]:

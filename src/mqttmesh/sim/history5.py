@@ -7,8 +7,8 @@ will was published (``wills``), and bounds on the time in flight (``slack``) and
 time the mesh takes to find a node dead (``detect``).
 
 - ``check_message_expiry`` (cluster.message_expiry): no message reaches a subscriber after
-  its Message Expiry Interval [MQTT-3.3.2-5], and no PUBLISH says it has more life left than
-  it has [MQTT-3.3.2-6];
+  its Message Expiry Interval [MQTT-3.3.2-5]; (cluster.message_expiry_left) no PUBLISH says
+  it has more life left than it has [MQTT-3.3.2-6];
 - ``check_session_expiry`` (cluster.session_expiry, cluster.session_present): a session is
   resumed (session present 1) by a Clean Start 0 connection before its Session Expiry
   Interval has passed, and not after [MQTT-4.1.0-2] [MQTT-3.2.2-3]; a Clean Start 1
