@@ -3,14 +3,14 @@
     python -m bench.sim_sweep --seeds 1000 [--first 1] [--jobs 1] [--out sim-out/sweep.json]
 
 Judges the drawn scenario of every seed (src/mqttmesh/sim/fuzz.py: whole nodes, moving
-clients, crashes, partitions, flapping and slowed links, stalled nodes), shrinks the first
-failing seed of each invariant (``--shrink all`` shrinks every one, ``none`` none), and
-prints a table: seeds, violations per invariant, the failing seeds, the wall time, the
-nodes and faults drawn, what the runs gave the invariants to judge. The JSON holds every
-seed's result and the shrunk scenarios (TOML text); ``--out-dir`` also writes those as files
-that ``mqttmesh simulate FILE`` replays. ``--jobs N`` judges N seeds at a time, each in its
-own process (results are the same: every run is seeded). Exit status 1 when any seed broke
-an invariant.
+clients, some of them MQTT 5, crashes, partitions, flapping and slowed links, stalled nodes),
+shrinks the first failing seed of each invariant (``--shrink all`` shrinks every one,
+``none`` none), and prints a table: seeds, violations per invariant, the failing seeds, the
+wall time, the nodes and faults drawn, the seeds with MQTT 5 clients, what the runs gave the
+invariants to judge. The JSON holds every seed's result and the shrunk scenarios (TOML
+text); ``--out-dir`` also writes those as files that ``mqttmesh simulate FILE`` replays.
+``--jobs N`` judges N seeds at a time, each in its own process (results are the same: every
+run is seeded). Exit status 1 when any seed broke an invariant.
 """
 
 from __future__ import annotations
@@ -65,6 +65,11 @@ def table(results: list[SeedResult], wall: float, judged: float) -> str:
             f"{sum(n <= 10 for n in nodes)} seeds with 10 or fewer, {sum(n > 20 for n in nodes)} with more than 20",
         ),
         ("topologies", ", ".join(f"{k} {n}" for k, n in kinds.most_common())),
+        (
+            "MQTT 5",
+            f"{sum(1 for r in results if r.mqtt5)} seeds with MQTT 5 clients "
+            f"({counts.get('mqtt5_clients', 0):,} clients), the others 3.1.1 only",
+        ),
         (
             "faults drawn",
             ", ".join(f"{k} {n}" for k, n in faults.most_common())
@@ -122,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seed": r.seed,
                 "nodes": r.nodes,
                 "topology": r.kind,
+                "mqtt5": r.mqtt5,
                 "faults": r.faults,
                 "violated": r.verdict.violated,
                 "first": r.verdict.first,

@@ -339,8 +339,10 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
             self.peers.peer_closed(self, self.last_rx if now is None else now)
         if was_connected and self.claims is not None and not self.is_peer:
             # in a mesh a delayed will is the registrar's to publish (or to drop, when the
-            # client connects again on any node first: mesh/cluster/registry.py)
-            self.claims.disconnected(self, self.last_rx, delayed=bool(delay))
+            # client connects again on any node first: mesh/cluster/registry.py); it and the
+            # session's expiry count from the end, as close_session does, not from the last
+            # read (docs/simulation.md, finding 21)
+            self.claims.disconnected(self, self.last_rx if now is None else now, delayed=bool(delay))
             if delay:
                 will = None
         if will is not None:

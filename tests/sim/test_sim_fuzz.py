@@ -253,9 +253,15 @@ def test_the_shrinker_finds_a_smaller_scenario_that_still_fails(monkeypatch: pyt
 
 # ---------------------------------------------------------------- the sweep
 
-# invariants a known finding breaks (docs/simulation.md, section 8): none since issue 20 fixed
-# findings 13-17 and decided finding 8 (a will across a partition: at most once per side)
-KNOWN: set[str] = set()
+# invariants a known finding breaks, and on which seeds (docs/simulation.md, section 8): none
+# of 3.1.1 since issue 20 fixed findings 13-17 and decided finding 8 (a will across a partition:
+# at most once per side); of the MQTT 5 clients (issue 23): findings 21 (what is left of it:
+# a kick counts as of the last read), 22, 23 and 24, each asserted apart below
+KNOWN: dict[str, set[int]] = {
+    "cluster.will_delay": {37},  # finding 21, a kick
+    "cluster.session_expiry": {8, 36},  # findings 23 and 22
+    "cluster.message_expiry_left": {47},  # finding 24
+}
 
 
 @pytest.fixture(scope="module")
@@ -271,7 +277,9 @@ def sweep() -> list[SeedResult]:
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_sweep_every_other_invariant_holds_on_every_seed(sweep: list[SeedResult]) -> None:
-    broken = {r.seed: {k: r.verdict.first[k] for k in r.verdict.violated if k not in KNOWN} for r in sweep}
+    broken = {
+        r.seed: {k: r.verdict.first[k] for k in r.verdict.violated if r.seed not in KNOWN.get(k, set())} for r in sweep
+    }
     assert not {seed: v for seed, v in broken.items() if v}
     # the runs gave the invariants something to judge
     total = {k: sum(r.verdict.counts.get(k, 0) for r in sweep) for k in sweep[0].verdict.counts}
@@ -295,6 +303,13 @@ def test_sweep_no_will_lost(sweep: list[SeedResult]) -> None:
     # finding 13, fixed: a claim that kicks a connection on a node that died unnoticed keeps
     # its registration among the kicked, and publishes its will once the node is found gone
     assert not [r.seed for r in sweep if r.verdict.counts["wills_missing"]]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.xfail(strict=True, reason="findings 21 (a kick), 22, 23, 24 of docs/simulation.md: open")
+def test_sweep_the_mqtt5_findings_are_gone(sweep: list[SeedResult]) -> None:
+    assert not [(r.seed, k) for r in sweep for k in r.verdict.violated if r.seed in KNOWN.get(k, set())]
 
 
 @pytest.mark.slow

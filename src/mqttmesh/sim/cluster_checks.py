@@ -14,7 +14,14 @@ Invariants (docs/simulation.md, "The whole cluster"):
   published (the node's ArchivePort sees every message published there: a Channel's
   will, or the registrar's);
 - ``cluster.session_present``: sim/history.py ``check_sessions_resumed``: a persistent
-  client accepted again after its first acceptance finds its session.
+  client accepted again after its first acceptance finds its session (an MQTT 5 one: while
+  its session has not expired, sim/history5.py ``check_session_expiry``);
+- MQTT 5 (sim/history5.py): ``cluster.message_expiry`` (no message delivered after its
+  Message Expiry Interval, allowing ``expiry_slack`` for the way from node to client),
+  ``cluster.message_expiry_left`` (no PUBLISH says more of its life is left than is),
+  ``cluster.session_expiry`` (an expired session is not resumed; Clean Start 1 gets no
+  session), ``cluster.will_delay`` (a delayed will: at most once, never before its delay,
+  never after a reconnection within it, surely without one).
 (``cluster.error``, a cluster handler that raised, is reported by the node: sessions.py.)
 """
 
@@ -26,6 +33,7 @@ from typing import Any
 from ..message import Message
 from .checks import components
 from .history import check_handover, check_order, check_sessions_resumed, check_wills
+from .history5 import check_message_expiry, check_session_expiry, check_will_delay, delayed_wills
 from .model import CCHECK, Node, SimulatorPart
 
 __all__ = ["ClusterChecksMixin"]
@@ -37,6 +45,16 @@ class ClusterChecksMixin(SimulatorPart):
     def _init_cluster_checks(self) -> None:
         self.handover_result: Any = None
         self.wills_result: Any = None
+        self.expiry_result: Any = None  # MQTT 5 (history5.py)
+        self.session_expiry_result: Any = None
+        self.will_delay_result: Any = None
+        self.will_times: dict[str, list[float]] = {}  # connection id -> when each of its wills was published
+        self.will_nodes: dict[str, list[str]] = {}  # connection id -> where each of its wills was published
+        self.taken: dict[str, float] = {}  # message id -> when a node first took it (MQTT 5 runs)
+        # (time, node -> its component) after every fault (the paths that exist) and at every
+        # check_every (the peer connections both ends hold open: a stalled node's peers close
+        # theirs), in MQTT 5 runs: which nodes could reach which, for the checks across a cut
+        self.reach_log: list[tuple[float, dict[str, str]]] = []
         self.order_result: Any = None
         self.not_resumed: list[tuple[float, str, str, str]] = []
         self.will_counts: dict[str, int] = {}  # connection id -> wills published
@@ -57,6 +75,32 @@ class ClusterChecksMixin(SimulatorPart):
         """(the quiet time of single_registration counts from the last fault)"""
         self.last_fault_at = self.now
         super()._on_fault(i)
+        if self.sc.clients.mqtt5:
+            up = [n for n in self.names if self.nodes[n].up]
+            self.reach_log.append(
+                (self.now, components(up, ((lk.a, lk.b) for lk in self.links.values() if self._avail(lk))))
+            )
+
+    def _log_reach(self) -> None:
+        up = [n for n in self.names if self.nodes[n].up]
+        held = ((lk.a, lk.b) for lk in self.links.values() if lk.alive and lk.side[lk.a] and lk.side[lk.b])
+        self.reach_log.append((self.now, components(up, held)))
+
+    def apart(self, a: str, b: str) -> list[tuple[float, float]]:
+        """The windows in which nodes ``a`` and ``b`` had no path between them (a partition,
+        links down or closed, one of them down), as ``reach_log`` saw them."""
+        out: list[tuple[float, float]] = []
+        since: float | None = None
+        for t, comp in self.reach_log:
+            cut = a not in comp or b not in comp or comp[a] != comp[b]
+            if cut and since is None:
+                since = t
+            elif not cut and since is not None:
+                out.append((since, t))
+                since = None
+        if since is not None:
+            out.append((since, float("inf")))
+        return out
 
     def _published(self, node: Node, msg: Message) -> None:
         """A message published at ``node`` (its _NodeIO, sessions.py): the wills are counted."""
@@ -69,7 +113,12 @@ class ClusterChecksMixin(SimulatorPart):
                 return
             ids.add((msg.origin, msg.seq))
             self.will_counts[conn] = self.will_counts.get(conn, 0) + 1
+            self.will_times.setdefault(conn, []).append(self.now)
+            self.will_nodes.setdefault(conn, []).append(node.name)
             self.will_sides.setdefault(conn, []).append(self._across_cut(node.name, conn))
+        elif self.sc.clients.mqtt5:
+            # when its node took it: its Message Expiry Interval counts from then [MQTT-3.3.2-5]
+            self.taken.setdefault(msg.payload.decode(), self.now)
 
     def _across_cut(self, publisher: str, conn: str) -> str | None:
         """The side of ``publisher`` (the first node it can reach) if it has lost sight of
@@ -110,6 +159,8 @@ class ClusterChecksMixin(SimulatorPart):
         c = self.sc.clients
         if self.now < self.end:
             self._at(self.now + c.check_every, CCHECK)
+        if c.mqtt5 and self.now >= c.start + 1.0:  # (once every client has connected: the mesh has formed)
+            self._log_reach()
         s = self.cluster_settings
         quiet = s.register_interval + s.claim_timeout + s.gather_timeout
         last_change = max([self.last_fault_at] + [n.core.membership_at for n in self.nodes.values() if n.up])
@@ -153,14 +204,29 @@ class ClusterChecksMixin(SimulatorPart):
                 seen[cid] = (who, since)
         self.double_seen = seen
 
+    def expiry_slack(self) -> float:
+        """What a delivery may come after its message's expiry: the way from the node to the
+        client (its one-way latency at most), and 10 ms."""
+        return self.sc.clients.latency_ms[1] / 1000.0 + 0.01
+
+    def detect_bound(self) -> float:
+        """How long after a node's crash the mesh may count a session's expiry and a will's
+        delay from (docs/design.md 3.7): its peers notice within 3 keepalives and a tick,
+        membership takes ``will_delay`` more to call it dead, the registrar's upkeep a tick;
+        and a second for the news on its way."""
+        sc = self.sc
+        return 3 * sc.node.keepalive + 2 * sc.node.tick + self.cluster_settings.will_delay + 1.0
+
     def _finish_cluster(self) -> None:
         v = self.violations
-        ho = check_handover(self.history, self.sc.clients.settle)
-        wills = check_wills(self.history, self.will_counts, self.will_sides)
+        h, end = self.history, self.sc.duration
+        ho = check_handover(h, self.sc.clients.settle, end)
+        wills = check_wills(h, self.will_counts, self.will_sides, set(delayed_wills(h)))
         self.handover_result, self.wills_result = ho, wills
-        self.order_result = check_order(self.history)
-        persistent = {name for name, cl in self.clients.items() if cl.persistent}
-        self.not_resumed = check_sessions_resumed(self.history, persistent)
+        self.order_result = check_order(h)
+        persistent = {name for name, cl in self.clients.items() if cl.persistent and cl.v5 is None}
+        self.not_resumed = check_sessions_resumed(h, persistent)
+        self._finish_mqtt5()
         for msg_id, client, t in ho.lost[:20]:
             v.add("cluster.handover_loss", f"{msg_id} (acknowledged at {t:.3f}s) never reached {client}")
         for msg_id, client in ho.qos2_twice[:20]:
@@ -177,8 +243,42 @@ class ClusterChecksMixin(SimulatorPart):
                 f"t={t:.3f}s {conn}: {node} accepted {client} (CleanSession=0, accepted before) with session present 0",
             )
 
+    def _finish_mqtt5(self) -> None:
+        v, h = self.violations, self.history
+        ex = self.expiry_result = check_message_expiry(h, self.taken, self.expiry_slack())
+        se = self.session_expiry_result = check_session_expiry(h, self.detect_bound(), 1.0, self.apart)
+        wd = self.will_delay_result = check_will_delay(
+            h, self.will_times, self.will_sides, self.sc.duration, self.detect_bound(), 1.0, self.will_nodes, self.apart
+        )
+        for msg_id, client, late in ex.late[:20]:
+            v.add("cluster.message_expiry", f"{msg_id} reached {client} {late:.3f}s after it expired")
+        for msg_id, client, over in ex.overlong[:20]:
+            v.add("cluster.message_expiry_left", f"{msg_id} reached {client} saying {over:.3f}s more life than it had")
+        for t, client, conn, node, why in se.wrongly_present[:20]:
+            v.add("cluster.session_expiry", f"t={t:.3f}s {conn}: {node} accepted {client} with {why}")
+        for t, client, conn, node in se.lost[:20]:
+            v.add(
+                "cluster.session_present",
+                f"t={t:.3f}s {conn}: {node} accepted {client} (Clean Start 0, its session not expired) "
+                f"with session present 0",
+            )
+        for conn, before in wd.early[:20]:
+            v.add("cluster.will_delay", f"the delayed will of connection {conn} was published {before:.3f}s early")
+        for conn, n in wd.after_reconnect[:20]:
+            v.add(
+                "cluster.will_delay",
+                f"the delayed will of connection {conn} was published ({n}x) though its client came back in time",
+            )
+        for conn, n in wd.twice[:20]:
+            v.add("cluster.will_delay", f"the delayed will of connection {conn} was published {n} times")
+        for conn in wd.missing[:20]:
+            v.add("cluster.will_delay", f"connection {conn} ended without DISCONNECT and its delayed will never came")
+        for conn, why in wd.unwanted[:20]:
+            v.add("cluster.will_delay", f"connection {conn}: {why}")
+
     def cluster_summary(self) -> dict[str, Any]:
         ho, wills = self.handover_result, self.wills_result
+        ex, se, wd = self.expiry_result, self.session_expiry_result, self.will_delay_result
         ops = self.history.ops
         counters: dict[str, int] = {}
         for name in self.names:
@@ -212,6 +312,25 @@ class ClusterChecksMixin(SimulatorPart):
             "wills_twice": len(wills.twice),
             "wills_unwanted": len(wills.unwanted),
             "registration_checks": self.registration_checks,
+            # MQTT 5 (history5.py)
+            "mqtt5_clients": sum(1 for cl in self.clients.values() if cl.v5 is not None),
+            "expiring_checked": ex.checked,
+            "expiring_dropped": ex.dropped,
+            "delivered_after_expiry": len(ex.late) + len(ex.overlong),
+            "begun_before_expiry": ex.begun_before_expiry,
+            "handover_may_expire": ho.may_expire,
+            "handover_session_ended": ho.session_ended,
+            "sessions_expired_checked": se.expired,
+            "sessions_unexpired_checked": se.resumed,
+            "sessions_expiry_broken": len(se.wrongly_present) + len(se.lost),
+            "wills_delayed_checked": wd.checked,
+            "wills_delayed_cancelled": wd.cancelled,
+            "wills_delayed_due": wd.due,
+            "wills_delayed_broken": len(wd.early)
+            + len(wd.after_reconnect)
+            + len(wd.twice)
+            + len(wd.missing)
+            + len(wd.unwanted),
             "cluster_errors": self.cluster_errors,
             "cluster_counters": counters,
             # every client operation in order, with its time: equal digests, equal runs

@@ -10,6 +10,13 @@ flapping links, slowed links, and stalled nodes (sim/stall.py). Every fault ends
 the drain, so the run ends quiet. Faults name their nodes and links, so that removing one
 (sim/shrink.py) leaves the others as they were. Running, judging and shrinking are
 sim/fuzz_run.py's.
+
+In a share of the seeds (``MQTT5_SEEDS``) some clients speak MQTT 5 (issue 23): sessions with
+a Session Expiry Interval (some short enough to end during the run, some Clean Start 1),
+messages with a Message Expiry Interval (some short enough to end in custody or in a queue),
+wills with a Will Delay Interval, and "away" moves long enough for them to run out. That
+part is drawn from its own stream, ``random.Random(f"fuzz5/{seed}")``, after the rest: a
+seed without it draws the very scenario it drew before MQTT 5 was drawn at all.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ FAULT_EPISODES = {"stall": 0.3, "crash": 0.25, "partition": 0.2, "flap": 0.17, "
 # a quiet end longer than custody's longest retransmission interval (30 s, mesh/routing/custody.py):
 # a message held across a fault may arrive that late, and the hand-over check counts to the end
 TAIL = 30
+MQTT5_SEEDS = 0.4  # the share of seeds whose clients speak MQTT 5 (some of them)
 _KINDS = {"full": 2, "ring": 1, "line": 0.5, "star": 0.5, "random": 3, "rgg": 2, "ba": 1.5, "sites": 2}
 
 
@@ -51,6 +59,7 @@ def draw_scenario(seed: int) -> Scenario:
         topology=topology,
         clients=_draw_clients(rng, topology.nodes),
     )
+    _draw_mqtt5(random.Random(f"fuzz5/{seed}"), sc.clients)
     sc.faults = _Schedule(rng, sc, scenario_graph(sc)).draw()
     if any(f.kind == "partition" for f in sc.faults) and rng.random() < 0.4:
         sc.clients.targets = "far"
@@ -103,6 +112,28 @@ def _draw_clients(rng: random.Random, nodes: int) -> Clients:
         replication=rng.choice([2, 3, 3]),
         register_interval=float(rng.choice([3, 5])),
     )
+
+
+def _draw_mqtt5(rng: random.Random, c: Clients) -> None:
+    """The MQTT 5 part of a seed's clients, if it has one (sim/sessions.py: each client speaks
+    MQTT 5 or not from its own stream). Sessions: a short interval (it ends during an away
+    move), a middle one, a long or endless one, sometimes 0 (it ends with its connection);
+    messages: a short Message Expiry Interval (it ends in custody across a cut, or in a
+    queue), a middle one, and one longer than the run (it must arrive)."""
+    if rng.random() >= MQTT5_SEEDS:
+        return
+    c.mqtt5 = _r(rng.uniform(0.3, 1.0))
+    c.clean_start = rng.choice([0.0, 0.15, 0.3])
+    expiry = [rng.choice([1, 2, 3, 5, 8]), rng.choice([10, 15, 30]), rng.choice([120, 600, 0xFFFFFFFF])]
+    if rng.random() < 0.3:
+        expiry.append(0)
+    c.session_expiry = [float(x) for x in sorted(set(expiry))]
+    c.will_delay_interval = [0.0, float(rng.choice([1, 2, 3])), float(rng.choice([5, 10, 30]))]
+    c.expiring = _r(rng.uniform(0.3, 0.9))
+    c.message_expiry = [float(rng.choice([1, 2, 3])), float(rng.choice([5, 10])), float(rng.choice([120, 600]))]
+    away_lo = _r(rng.uniform(1, 4), 1)
+    c.away = (away_lo, _r(away_lo + rng.uniform(3, 12), 1))
+    c.move_how = [*c.move_how, float(rng.randint(1, 3))]
 
 
 @dataclass
@@ -236,9 +267,20 @@ def describe(sc: Scenario) -> str:
         if f.kind not in ("restart", "heal", "link_up"):
             kinds[f.kind] = kinds.get(f.kind, 0) + 1
     faults = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no fault"
+    v5 = ""
+    if c.mqtt5:
+        v5 = (
+            f"; {c.mqtt5:.0%} of the clients speak MQTT 5 (sessions of {_seconds(c.session_expiry)} s, "
+            f"messages expiring after {_seconds(c.message_expiry)} s, "
+            f"wills delayed {_seconds(c.will_delay_interval)} s)"
+        )
     return (
         f"Drawn by the fuzzer (mqttmesh simulate --fuzz, seed {sc.seed}): {t.nodes} whole nodes ({t.kind}), "
         f"{c.persistent} moving persistent subscriber{'s' if c.persistent != 1 else ''}, "
-        f"{c.publishers} publisher{'s' if c.publishers != 1 else ''} at {c.publish_rate}/s; {faults}. "
+        f"{c.publishers} publisher{'s' if c.publishers != 1 else ''} at {c.publish_rate}/s{v5}; {faults}. "
         f"Replay: mqttmesh simulate FILE --keep-going"
     )
+
+
+def _seconds(values: list[float]) -> str:
+    return "/".join("forever" if v == 0xFFFFFFFF else f"{v:g}" for v in values)

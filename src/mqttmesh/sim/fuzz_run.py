@@ -43,6 +43,21 @@ _COUNTS = (
     "order_checked",
     "reorders_same_connection",
     "reorders_across_connections",
+    # MQTT 5 (sim/history5.py; 0 in a run without MQTT 5 clients)
+    "mqtt5_clients",
+    "expiring_checked",
+    "expiring_dropped",
+    "delivered_after_expiry",
+    "begun_before_expiry",
+    "handover_may_expire",
+    "handover_session_ended",
+    "sessions_expired_checked",
+    "sessions_unexpired_checked",
+    "sessions_expiry_broken",
+    "wills_delayed_checked",
+    "wills_delayed_cancelled",
+    "wills_delayed_due",
+    "wills_delayed_broken",
 )
 
 
@@ -109,6 +124,7 @@ class SeedResult:
     kind: str
     faults: dict[str, int]  # fault kinds drawn (the opening fault of each)
     verdict: Verdict
+    mqtt5: float = 0.0  # the share of its clients drawn to speak MQTT 5 (0: a 3.1.1 run)
     shrunk: dict[str, Shrunk] = field(default_factory=dict)  # invariant -> its shrunk scenario
     invalid: str = ""  # the drawn scenario could not run (a bug of the generator)
 
@@ -120,7 +136,7 @@ def fuzz_seed(seed: int) -> SeedResult:
     for f in sc.faults:
         if f.kind not in ("restart", "heal", "link_up"):
             kinds[f.kind] = kinds.get(f.kind, 0) + 1
-    result = SeedResult(seed, sc.topology.nodes, sc.topology.kind, kinds, Verdict())
+    result = SeedResult(seed, sc.topology.nodes, sc.topology.kind, kinds, Verdict(), mqtt5=sc.clients.mqtt5)
     try:
         result.verdict = judge(sc)
     except ScenarioError as exc:
@@ -174,7 +190,8 @@ def fuzz(
 
 def seed_line(r: SeedResult) -> str:
     faults = ", ".join(f"{n} {k}" for k, n in sorted(r.faults.items())) or "no fault"
-    what = f"seed {r.seed}: {r.nodes} nodes ({r.kind}), {faults}, {r.verdict.wall:.1f}s"
+    v5 = f", MQTT 5 {r.mqtt5:.0%}" if r.mqtt5 else ""
+    what = f"seed {r.seed}: {r.nodes} nodes ({r.kind}){v5}, {faults}, {r.verdict.wall:.1f}s"
     if not r.verdict.violated:
         return f"{what}: ok"
     return f"{what}: VIOLATED " + ", ".join(f"{k} ({n})" for k, n in sorted(r.verdict.violated.items()))

@@ -7,14 +7,17 @@ A history is a list of operations in time order, each a tuple whose first fields
 are ``(time, client, op)``:
 
 - ``publish``: ``(t, client, "invoke"|"ok"|"info", "publish", msg_id, topic, qos)``: ok is
-  the PUBACK (QoS 1) or PUBREC (QoS 2); info: the connection ended before either came;
+  the PUBACK (QoS 1) or PUBREC (QoS 2); info: the connection ended before either came; an
+  MQTT 5 invoke with a Message Expiry Interval has it as one more field;
 - ``connect``: ``(t, client, "invoke"|"ok"|"fail", "connect", conn, node, detail)``: detail is
-  "will" on an invoke whose CONNECT carries a will, session present (ok) or the return code (fail);
+  "will" on an invoke whose CONNECT carries a will, session present (ok) or the return code
+  (fail); an MQTT 5 invoke has one more field, what it asked for (``History.connect``);
 - ``subscribe``: ``(t, client, "ok", "subscribe", filters)`` (the SUBACK);
 - ``publish`` re-sent: ``(t, client, "resend", "publish", msg_id, topic, qos)``: a new
   connection of a persistent session sent the PUBLISH (DUP=1) or its PUBREL again;
 - ``receive``: ``(t, client, "ok", "receive", msg_id, topic, qos, dup, conn, packet_id)``
-  (packet_id 0 when the recorder does not say);
+  (packet_id 0 when the recorder does not say; MQTT 5: the Message Expiry Interval the
+  PUBLISH said is left, when it said one, as one more field);
 - ``repeat``: ``(t, client, "ok", "repeat", msg_id, topic, qos, dup, conn, packet_id)``: a QoS 2
   PUBLISH for an id the client still held awaiting PUBREL (acknowledged, not delivered);
 - ``close``: ``(t, client, "ok", "close", conn, clean, reason)``: clean when the server
@@ -40,6 +43,7 @@ __all__ = [
     "check_order",
     "check_wills",
     "check_sessions_resumed",
+    "session_of",
 ]
 
 Op = tuple[Any, ...]
@@ -49,11 +53,27 @@ class History:
     def __init__(self) -> None:
         self.ops: list[Op] = []
 
-    def publish(self, t: float, client: str, what: str, msg_id: str, topic: str, qos: int) -> None:
-        self.ops.append((t, client, what, "publish", msg_id, topic, qos))
+    def publish(
+        self, t: float, client: str, what: str, msg_id: str, topic: str, qos: int, expiry: int | None = None
+    ) -> None:
+        """``expiry``: the Message Expiry Interval an MQTT 5 PUBLISH gave it (invoke), recorded last."""
+        op = (t, client, what, "publish", msg_id, topic, qos)
+        self.ops.append(op if expiry is None else (*op, expiry))
 
-    def connect(self, t: float, client: str, what: str, conn: str, node: str, detail: object = None) -> None:
-        self.ops.append((t, client, what, "connect", conn, node, detail))
+    def connect(
+        self,
+        t: float,
+        client: str,
+        what: str,
+        conn: str,
+        node: str,
+        detail: object = None,
+        v5: dict[str, Any] | None = None,
+    ) -> None:
+        """``v5``: what an MQTT 5 CONNECT asked for (invoke), recorded last: ``clean_start``,
+        ``expiry`` (its Session Expiry Interval), ``will_delay`` (its will's, 0 for none)."""
+        op = (t, client, what, "connect", conn, node, detail)
+        self.ops.append(op if v5 is None else (*op, v5))
 
     def subscribed(self, t: float, client: str, filters: list[tuple[str, int]]) -> None:
         self.ops.append((t, client, "ok", "subscribe", list(filters)))
@@ -96,45 +116,107 @@ class HandoverCheck:
     qos1_again: int = 0  # QoS 1 redeliveries (allowed by MQTT)
     not_moved: int = 0  # pairs without a reconnection after the ack (routing, not hand-over)
     not_moved_lost: int = 0
+    # MQTT 5: pairs not judged, because the message may expire before the end (its
+    # Message Expiry Interval), or the subscriber's session ended after it (a CONNACK said
+    # no session: its expiry, or Clean Start 1; cluster.session_expiry judges that)
+    may_expire: int = 0
+    session_ended: int = 0
 
 
-def check_handover(history: History, settle: float) -> HandoverCheck:
+def session_of(history: History) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    """What MQTT 5 clients asked for, and the sessions of their connections.
+
+    ``v5``: connection id -> what its CONNECT asked for (``History.connect``'s ``v5``), for
+    the MQTT 5 clients' connections; ``life``: connection id -> the number of the client's
+    session it was accepted in (1 for the first; one more at every CONNACK that says no
+    session is present), for the accepted connections of MQTT 5 clients."""
+    v5: dict[str, dict[str, Any]] = {}
+    life: dict[str, int] = {}
+    lives: dict[str, int] = {}
+    clients: set[str] = set()
+    for op in history.ops:
+        if op[3] != "connect":
+            continue
+        if op[2] == "invoke" and len(op) > 7:
+            v5[op[4]] = op[7]
+            clients.add(op[1])
+        elif op[2] == "ok" and op[1] in clients:
+            n = lives.get(op[1], 0) + (not op[6])
+            lives[op[1]] = life[op[4]] = max(n, 1)
+    return v5, life
+
+
+def check_handover(history: History, settle: float, end: float | None = None) -> HandoverCheck:
     """Invariant 2 (cluster.handover_loss): a QoS 1/2 message acknowledged to its publisher
     while a persistent subscriber's subscription existed (``settle`` seconds after its
     SUBACK, time for the filter to reach the publisher's node), with the subscriber
     reconnecting at least once afterwards, reaches that subscriber by the end, once
-    for QoS 2."""
+    for QoS 2.
+
+    MQTT 5 (issue 23): a message with a Message Expiry Interval may expire [MQTT-3.3.2-5],
+    so it counts only if it still lives at ``end`` (the end of the run: its invoke plus its
+    interval, for the node took it later; None: never counted). An MQTT 5 subscriber's
+    session may end (it expired, or Clean Start 1 began another): a message counts for the
+    session it was published in (the SUBACK since the last CONNACK without a session), and
+    not if a later CONNACK says that session is gone; QoS 2 is once per session."""
     result = HandoverCheck()
-    subs: dict[str, tuple[float, list[tuple[str, int]]]] = {}
+    life = session_of(history)[1]
+    subs: dict[str, tuple[float, list[tuple[str, int]]]] = {}  # 3.1.1: the first SUBACK
+    subs5: dict[str, list[tuple[float, list[tuple[str, int]]]]] = {}  # MQTT 5: every SUBACK
+    fresh: dict[str, list[float]] = {}  # MQTT 5: the CONNACKs without a session
+    clients5 = {op[1] for op in history.ops if op[3] == "connect" and op[2] == "invoke" and len(op) > 7}
     connects: dict[str, list[float]] = {}
     got: dict[tuple[str, str], list[Op]] = {}
-    invoked: dict[str, tuple[float, str, int]] = {}
+    invoked: dict[str, tuple[float, str, int, int | None]] = {}
     acked: list[tuple[str, float]] = []
     for op in history.ops:
         t, client, what, kind = op[0], op[1], op[2], op[3]
         if kind == "subscribe":
-            subs.setdefault(client, (t, op[4]))
+            if client in clients5:
+                subs5.setdefault(client, []).append((t, op[4]))
+            else:
+                subs.setdefault(client, (t, op[4]))
         elif kind == "connect" and what == "ok":
             connects.setdefault(client, []).append(t)
+            if client in clients5 and not op[6]:
+                fresh.setdefault(client, []).append(t)
         elif kind == "receive":
             got.setdefault((client, op[4]), []).append(op)
         elif kind == "publish":
             if what == "invoke":
-                invoked[op[4]] = (t, op[5], op[6])
+                invoked[op[4]] = (t, op[5], op[6], op[7] if len(op) > 7 else None)
             elif what == "ok":
                 acked.append((op[4], t))
     for (client, msg_id), ops in got.items():
-        if len(ops) > 1:
-            if ops[0][6] == 2 and sum(1 for o in ops if o[6] == 2) > 1:
-                result.qos2_twice.append((msg_id, client))
-            else:
-                result.qos1_again += len(ops) - 1
+        if client in clients5:
+            per_life: dict[int, list[Op]] = {}
+            for o in ops:
+                per_life.setdefault(life.get(o[8], 0), []).append(o)
+            groups = list(per_life.values())
+        else:
+            groups = [ops]
+        for same in groups:
+            if len(same) > 1:
+                if same[0][6] == 2 and sum(1 for o in same if o[6] == 2) > 1:
+                    result.qos2_twice.append((msg_id, client))
+                else:
+                    result.qos1_again += len(same) - 1
     for msg_id, t_ack in acked:
-        t_inv, topic, qos = invoked[msg_id]
+        t_inv, topic, qos, expiry = invoked[msg_id]
         if qos == 0:
             continue
-        for client, (t_sub, filters) in subs.items():
+        in_force = [*subs.items()] + [(c, _subscription_at(subs5[c], fresh.get(c, []), t_inv)) for c in subs5]
+        for client, sub in in_force:
+            if sub is None:
+                continue
+            t_sub, filters = sub
             if t_inv < t_sub + settle or not any(filter_matches(f, topic) and q > 0 for f, q in filters):
+                continue
+            if expiry is not None and (end is None or t_inv + expiry < end):
+                result.may_expire += 1
+                continue
+            if client in subs5 and any(t > t_inv for t in fresh.get(client, ())):
+                result.session_ended += 1
                 continue
             delivered = (client, msg_id) in got
             if not any(t > t_ack for t in connects.get(client, ())):
@@ -145,6 +227,15 @@ def check_handover(history: History, settle: float) -> HandoverCheck:
             if not delivered:
                 result.lost.append((msg_id, client, t_ack))
     return result
+
+
+def _subscription_at(
+    subs: list[tuple[float, list[tuple[str, int]]]], fresh: list[float], t: float
+) -> tuple[float, list[tuple[str, int]]] | None:
+    """The SUBACK of the session an MQTT 5 subscriber had at ``t``: the first one since its
+    last CONNACK without a session before ``t`` (None: none yet)."""
+    since = max((f for f in fresh if f <= t), default=float("-inf"))
+    return next((sub for sub in subs if since <= sub[0] <= t), None)
 
 
 @dataclass
@@ -211,7 +302,10 @@ class WillCheck:
 
 
 def check_wills(
-    history: History, published: dict[str, int], sides: dict[str, list[str | None]] | None = None
+    history: History,
+    published: dict[str, int],
+    sides: dict[str, list[str | None]] | None = None,
+    delayed: set[str] | None = None,
 ) -> WillCheck:
     """Invariant 3 (cluster.wills_once): a connection accepted and ended without a
     DISCONNECT the server read has its will published exactly once mesh-wide; one ended
@@ -225,8 +319,11 @@ def check_wills(
     counts apart: at most one per side, and such a one is allowed for a connection that went
     on or ended cleanly (a crashed node's wills are all of that kind: its registrar publishes
     them, once). ``sides``: for each publication, the publisher's side when it could not
-    reach the connection's node, or None (the exactly-once rule)."""
+    reach the connection's node, or None (the exactly-once rule). ``delayed``: connections
+    whose will waits for a Will Delay Interval (MQTT 5), judged by history5.check_will_delay
+    instead."""
     sides = sides or {}
+    delayed = delayed or set()
     result = WillCheck()
     accepted: set[str] = set()
     with_will: set[str] = set()
@@ -238,7 +335,7 @@ def check_wills(
             accepted.add(op[4])
         elif op[3] == "close":
             ended.setdefault(op[4], op[5])
-    for conn in sorted(accepted):
+    for conn in sorted(accepted - delayed):
         result.checked += 1
         n = published.get(conn, 0)
         across = [s for s in sides.get(conn, []) if s is not None]
@@ -256,7 +353,7 @@ def check_wills(
         elif n > 1:
             result.twice.append((conn, n))
     for conn, n in sorted(published.items()):
-        if conn not in accepted and n > 1:
+        if conn not in accepted and conn not in delayed and n > 1:
             result.twice.append((conn, n))  # never accepted: at most once
     return result
 

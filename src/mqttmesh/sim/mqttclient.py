@@ -26,8 +26,10 @@ that checks packet-id reuse compares its payload with the one first taken on tha
 message), ``("completed", packet_id)`` (PUBCOMP), ``("closed", reason)``.
 
 With ``version=5`` it speaks MQTT 5 (``mqttmesh.codec5``): its CONNECT asks for
-``session_expiry`` seconds (CleanSession=0 is Clean Start 0), and ``publish`` may give a
-message a Message Expiry Interval; the events are the same (issue 23's fault-harness row).
+``session_expiry`` seconds (CleanSession=0 is Clean Start 0; a Clean Start 1 client may ask
+for an interval too), and ``publish`` may give a message a Message Expiry Interval; the
+events are the same (issue 23's fault-harness row). A CONNACK that says no session is
+present makes it forget the incoming QoS 2 ids it awaited PUBREL for [MQTT-3.2.2-5].
 """
 
 from __future__ import annotations
@@ -109,7 +111,9 @@ class MqttClient:
         self.connected = False
         self._decoder = Decoder(version=self.version)
         if self.version == 5:
-            props = {P.SESSION_EXPIRY: self.session_expiry} if not self.clean else None
+            # (Clean Start 1 may ask for an interval too: the session starts afresh and outlives
+            # the connection; Clean Start 0 asks for its own, 0 included)
+            props = {P.SESSION_EXPIRY: self.session_expiry} if not self.clean or self.session_expiry else None
             connect = codec.Connect(
                 self.client_id, self.clean, self.keepalive, will, protocol_level=5, properties=props
             )
@@ -222,6 +226,11 @@ class MqttClient:
             events.append(("connack", pkt.return_code, pkt.session_present))
             if pkt.return_code == 0:
                 self.connected = True
+                if self.version == 5 and not pkt.session_present:
+                    # the server has no session: the QoS 2 ids it was to release go [MQTT-3.2.2-5]
+                    # (else a new message on one of them would be taken for a re-send); what
+                    # this side had not got acknowledged is published again, as a new message
+                    self.awaiting_rel.clear()
                 self._resend()
         elif t == SUBACK:
             events.append(("suback", pkt.packet_id, list(pkt.return_codes)))

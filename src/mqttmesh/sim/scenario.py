@@ -123,8 +123,19 @@ class Clients:
     register_interval: float = 5.0
     claim_timeout: float = 1.0
     gather_timeout: float = 2.0
-    will_delay: float = 0.5
+    will_delay: float = 0.5  # (ClusterSettings: a node unreachable this long has lost its clients)
     redirect_grace: float = 10.0
+    # MQTT 5 (issue 23; docs/simulation.md, "MQTT 5 clients"): the share of the clients that
+    # speak it, each chosen from its own stream; 0: every client speaks 3.1.1
+    mqtt5: float = 0.0
+    session_expiry: list[float] = field(
+        default_factory=lambda: [5.0, 600.0]
+    )  # an MQTT 5 subscriber's interval: one of these
+    clean_start: float = 0.0  # share of the MQTT 5 subscribers that connect with Clean Start 1 (and an interval)
+    will_delay_interval: list[float] = field(default_factory=lambda: [0.0, 3.0])  # per connection: one of these
+    expiring: float = 0.5  # share of an MQTT 5 publisher's messages with a Message Expiry Interval
+    message_expiry: list[float] = field(default_factory=lambda: [2.0, 600.0])  # its interval: one of these
+    away: tuple[float, float] = (2.0, 12.0)  # an "away" move (move_how's 4th share): seconds without a connection
 
 
 FAULT_KINDS = {
@@ -345,8 +356,19 @@ def _validate(sc: Scenario) -> None:
     c = sc.clients
     if c.targets not in ("any", "far"):
         raise ScenarioError(f'clients.targets: "any" or "far", got {c.targets!r}')
-    if len(c.qos) != 3 or sum(c.qos) <= 0 or len(c.move_how) != 3 or sum(c.move_how) <= 0:
-        raise ScenarioError("clients.qos and clients.move_how: three shares each, not all zero")
+    if len(c.qos) != 3 or sum(c.qos) <= 0 or len(c.move_how) not in (3, 4) or sum(c.move_how) <= 0:
+        raise ScenarioError(
+            "clients.qos: three shares; clients.move_how: three or four (clean, abrupt, takeover, away); not all zero"
+        )
+    for key in ("mqtt5", "clean_start", "expiring"):
+        if not 0.0 <= getattr(c, key) <= 1.0:
+            raise ScenarioError(f"clients.{key}: a share, between 0 and 1")
+    for key in ("session_expiry", "will_delay_interval", "message_expiry"):
+        values = getattr(c, key)
+        if not values or any(v < 0 or v != int(v) or v > 0xFFFFFFFF for v in values):
+            raise ScenarioError(f"clients.{key}: whole seconds to choose from, at least one, none negative")
+    if any(v == 0 for v in c.message_expiry):
+        raise ScenarioError("clients.message_expiry: a Message Expiry Interval of 0 is none; leave it out")
     if c.replication < 1 or c.check_every <= 0:
         raise ScenarioError("clients.replication and clients.check_every must be positive")
     w = sc.workload

@@ -10,13 +10,23 @@ connection elsewhere while the old one lives on until the server ends it).
 Publishers publish QoS 0-2 to the subscribers' topics. Every client writes a history
 (sim/history.py); the cluster invariants that judge it, and the nodes' state while the
 run goes, are sim/cluster_checks.py's.
+
+A share of the clients (``clients.mqtt5``) speak MQTT 5, each drawn from its own stream so
+that the others' draws stay as they were: a subscriber asks for a Session Expiry Interval
+(with Clean Start 0, or 1 for a share of them), gives each connection's will a Will Delay
+Interval, and takes its subscriptions again when a CONNACK says its session is gone; a
+publisher gives a share of its messages a Message Expiry Interval. An "away" move (the 4th
+share of ``move_how``) leaves a subscriber without a connection for seconds, long enough
+for its session, its messages or its will's delay to run out.
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
+from .. import properties as P
 from ..channel import Channel
 from ..codec import Will
 from ..mesh.cluster.cluster import ClusterSettings
@@ -73,11 +83,29 @@ class SimConnection:
                 self.sim._to_node_now(self, data)
 
 
+@dataclass
+class Mqtt5:
+    """What an MQTT 5 client asks for, and its own random stream (``{seed}/mqtt5/{name}``)."""
+
+    rng: random.Random
+    clean_start: bool = False  # a subscriber's every CONNECT: Clean Start 1, with its interval
+    expiry: int = 0  # a subscriber's Session Expiry Interval
+
+    def info(self, will_delay: int) -> dict[str, Any]:
+        """What its CONNECT asked for, as the history records it (sim/history.py)."""
+        return {"clean_start": self.clean_start, "expiry": self.expiry, "will_delay": will_delay}
+
+
 class SimClient:
-    def __init__(self, name: str, persistent: bool, keepalive: int, home: str):
+    def __init__(self, name: str, persistent: bool, keepalive: int, home: str, v5: Mqtt5 | None = None):
         self.name = name
         self.persistent = persistent
-        self.mqtt = MqttClient(name, clean=not persistent, keepalive=keepalive)
+        self.v5 = v5
+        if v5 is None:
+            self.mqtt = MqttClient(name, clean=not persistent, keepalive=keepalive)
+        else:
+            clean = v5.clean_start or not persistent
+            self.mqtt = MqttClient(name, clean=clean, keepalive=keepalive, version=5, session_expiry=v5.expiry)
         self.conn: SimConnection | None = None
         self.home = home  # the node it connects to next
         self.n = 0  # publications so far
@@ -102,7 +130,7 @@ class ClusterMixin(SimulatorPart):
             stall=2 * sc.node.keepalive - sc.node.tick,  # (as server/mesh_node.py)
         )
         self.rng_clients = random.Random(f"{sc.seed}/clients")
-        self.moves = {"clean": 0, "abrupt": 0, "takeover": 0}
+        self.moves = {"clean": 0, "abrupt": 0, "takeover": 0, "away": 0}
         self.published_ids: dict[str, tuple[str, int]] = {}
         self.history = History()
         self.sconns: dict[str, SimConnection] = {}
@@ -115,12 +143,30 @@ class ClusterMixin(SimulatorPart):
             self.nodes[n].store = SimStore()
         names = self.names
         for i in range(c.persistent):
-            self.clients[f"s{i:03d}"] = SimClient(f"s{i:03d}", True, c.keepalive, names[i % len(names)])
+            name = f"s{i:03d}"
+            self.clients[name] = SimClient(name, True, c.keepalive, names[i % len(names)], self._mqtt5(name, True))
         for i in range(c.publishers):
             home = names[(i * 7 + len(names) // 2) % len(names)]
-            self.clients[f"p{i:03d}"] = SimClient(f"p{i:03d}", False, c.keepalive, home)
+            name = f"p{i:03d}"
+            self.clients[name] = SimClient(name, False, c.keepalive, home, self._mqtt5(name, False))
         self.subscribers = [cl.name for cl in self.clients.values() if cl.persistent]
         self._init_cluster_checks()  # (cluster_checks.py)
+
+    def _mqtt5(self, name: str, subscriber: bool) -> Mqtt5 | None:
+        """Whether client ``name`` speaks MQTT 5, and what it asks for: from its own stream,
+        so the other clients' draws (rng_clients) are those of a run without MQTT 5, and a
+        shrunk scenario's remaining clients keep theirs."""
+        c = self.sc.clients
+        if not c.mqtt5:
+            return None
+        rng = random.Random(f"{self.sc.seed}/mqtt5/{name}")
+        if rng.random() >= c.mqtt5:
+            return None
+        v5 = Mqtt5(rng)
+        if subscriber:
+            v5.clean_start = rng.random() < c.clean_start
+            v5.expiry = int(rng.choice(c.session_expiry))
+        return v5
 
     def _start_clients(self) -> None:
         c = self.sc.clients
@@ -203,8 +249,15 @@ class ClusterMixin(SimulatorPart):
         client.conn = conn
         client.home = node.name
         will = Will(f"will/{client.name}", conn_id.encode(), 1) if client.persistent else None
+        v5 = client.v5
+        info = None
+        if v5 is not None:
+            delay = int(v5.rng.choice(self.sc.clients.will_delay_interval)) if will is not None else 0
+            if will is not None and delay:
+                will.properties = {P.WILL_DELAY: delay}
+            info = v5.info(delay)
         client.mqtt.connect(will)
-        self.history.connect(self.now, client.name, "invoke", conn_id, node.name, "will" if will else None)
+        self.history.connect(self.now, client.name, "invoke", conn_id, node.name, "will" if will else None, info)
         self._client_send(client)
 
     def _client_send(self, client: SimClient, data: bytes | None = b"") -> None:
@@ -316,8 +369,10 @@ class ClusterMixin(SimulatorPart):
         kind = event[0]
         h = self.history
         if kind == "message":
-            _, topic, payload, qos, dup, _pid = event
-            h.received(self.now, client.name, payload.decode(), topic, qos, dup, conn.id)
+            topic, payload, qos, dup = event[1:5]
+            # (MQTT 5: the Message Expiry Interval the PUBLISH said is left, or None)
+            expiry = event[6] if len(event) > 6 else None
+            h.received(self.now, client.name, payload.decode(), topic, qos, dup, conn.id, 0, expiry)
         elif kind == "acked":
             msg_id = client.pending.pop(event[1], None)
             if msg_id is not None:
@@ -329,6 +384,8 @@ class ClusterMixin(SimulatorPart):
                 h.connect(self.now, client.name, "fail", conn.id, conn.node, rc)
                 return
             h.connect(self.now, client.name, "ok", conn.id, conn.node, present)
+            if client.v5 is not None and not present:
+                client.subscribed = False  # (a new session: its subscriptions are to be made again)
             if client.persistent and not client.subscribed:
                 client.mqtt.subscribe([(f"c/{client.name}", 2), ("all", 1)])
             elif client.persistent:
@@ -393,10 +450,23 @@ class ClusterMixin(SimulatorPart):
         if target is None:
             self._schedule_move(client)
             return
-        how = self.rng_clients.choices(("clean", "abrupt", "takeover"), self.sc.clients.move_how)[0]
+        shares = self.sc.clients.move_how
+        how = self.rng_clients.choices(("clean", "abrupt", "takeover", "away")[: len(shares)], shares)[0]
         self.moves[how] += 1
         client.home = target.name
-        if how == "clean":
+        if how == "away":
+            # gone for seconds (cleanly or not): its session, its queued messages and its
+            # will's delay may run out meanwhile
+            if self.rng_clients.random() < 0.5:
+                client.mqtt.disconnect()
+                self._client_send(client)
+            else:
+                self._client_send(client, None)
+                client.mqtt.connection_lost()
+            client.conn = None
+            client.connect_due = True
+            self._at(self.now + self.rng_clients.uniform(*self.sc.clients.away), CLIENT, "connect", client.name)
+        elif how == "clean":
             client.mqtt.disconnect()
             self._client_send(client)
             client.conn = None
@@ -433,8 +503,11 @@ class ClusterMixin(SimulatorPart):
             else:
                 topic = "all"
             self.published_ids[msg_id] = (topic, qos)
-            self.history.publish(self.now, client.name, "invoke", msg_id, topic, qos)
-            pid = client.mqtt.publish(topic, msg_id.encode(), qos)
+            expiry = None
+            if client.v5 is not None and client.v5.rng.random() < c.expiring:
+                expiry = int(client.v5.rng.choice(c.message_expiry))  # (MQTT 5: Message Expiry Interval)
+            self.history.publish(self.now, client.name, "invoke", msg_id, topic, qos, expiry)
+            pid = client.mqtt.publish(topic, msg_id.encode(), qos, expiry)
             if qos:
                 client.pending[pid] = msg_id
             self._client_send(client)
