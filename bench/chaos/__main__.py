@@ -18,6 +18,7 @@ from typing import Any
 from mqttmesh.sim.history import History
 
 from .checker import check
+from .nemesis import pauses_of
 from .report import row, table_header
 from .run import RunConfig, run
 from .workload import Options
@@ -100,7 +101,8 @@ def recheck(path: Path) -> int:
     history.ops = [tuple(op) for op in saved["history"]]
     persistent = set(saved["clients"])
     connections = saved["check"]["connections_per_client"]
-    result = check(history, persistent, saved.get("settle", 2.0), connections)
+    pauses = pauses_of(saved.get("events", []), saved.get("faults", []))
+    result = check(history, persistent, saved.get("settle", 2.0), connections, pauses)
     print(json.dumps(result.summary(), indent=1))
     return 1 if result.failed else 0
 

@@ -115,6 +115,27 @@ def schedule(
     return faults
 
 
+def pauses_of(events: list[dict[str, Any]], faults: list[Any]) -> dict[str, list[tuple[float, float]]]:
+    """node -> (stop, continue) times of the pauses in ``events`` (``Nemesis.events``, or the
+    same saved in a run's JSON with its ``faults``, as dicts or Faults)."""
+    node = {}
+    for f in faults:
+        d = f if isinstance(f, dict) else f.as_dict()
+        if d["kind"] == "pause":
+            node[d["id"]] = d["what"].split()[-1]  # ("pause NODE")
+    began: dict[int, float] = {}
+    out: dict[str, list[tuple[float, float]]] = {}
+    for e in events:
+        fid = e["fault"]
+        if fid not in node:
+            continue
+        if e["step"] == "start":
+            began[fid] = e["t"]
+        elif e["step"] == "end" and fid in began:
+            out.setdefault(node[fid], []).append((began.pop(fid), e["t"]))
+    return out
+
+
 class Nemesis:
     """Applies a schedule; ``t0`` is the run's clock origin (time.monotonic())."""
 
@@ -130,6 +151,11 @@ class Nemesis:
         self.events: list[dict[str, Any]] = []
         self.active: set[int] = set()
         self.t0 = time.monotonic()
+
+    def pauses(self) -> dict[str, list[tuple[float, float]]]:
+        """node -> (stop, continue) of each SIGSTOP applied, as it happened (a step may come
+        later than scheduled: the one before it, a restart, takes a moment)."""
+        return pauses_of(self.events, self.faults)
 
     def _steps(self) -> list[tuple[float, int, str, Fault]]:
         steps: list[tuple[float, int, str, Fault]] = []

@@ -20,7 +20,7 @@ COLUMNS = (
     "wrong session present",
     "refusals",
     "ClientIds not on 1 connection",
-    "delivered after expiry + begun before it (of expiring)",
+    "delivered after expiry + begun before it + framed before a stop of the node (of expiring)",
     "reconvergence s, median / max: lone heals; all heals (unmeasured)",
 )
 
@@ -56,7 +56,8 @@ def row(r: dict[str, Any]) -> str:
         f"{c['wrong_session_present']:,}",
         refusals,
         one,
-        f"{c['delivered_after_expiry']} + {c.get('begun_before_expiry', 0)} ({c['expiring']:,})"
+        f"{c['delivered_after_expiry']} + {c.get('begun_before_expiry', 0)} + {c.get('framed_before_pause', 0)}"
+        f" ({c['expiring']:,})"
         if r.get("mqtt5")
         else "n/a (3.1.1)",
         reconv,

@@ -139,7 +139,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         wl.stop()
         if wl.errors:
             raise RuntimeError("; ".join(wl.errors))
-        result = check(history, persistent, cfg.settle, connections)
+        result = check(history, persistent, cfg.settle, connections, nemesis.pauses())
         heals = [m.as_dict() for m in wl.measurements]
         times = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None]
         alone = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None and h["alone"]]
@@ -154,6 +154,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
                     "wrong_session_present": result.wrong_session_present[:20],
                 },
                 "faults": [f.as_dict() for f in faults],
+                "events": nemesis.events,
                 "applied": nemesis.applied,
                 "healed": nemesis.healed,
                 "every_kind_applied_and_healed": all(

@@ -309,3 +309,51 @@ def test_a_late_delivery_that_says_nothing_was_left_began_before_the_expiry() ->
     h.received(9.0, "sub2", m, topic, 2, False, "sub2/1", 1, 1)
     r = check(h, PERSISTENT)
     assert r.begun_before_expiry == 1 and [c for _, c, _ in r.late] == ["sub2"]
+
+
+def test_a_late_delivery_held_back_by_a_stop_of_its_node_is_counted_apart() -> None:
+    """A PUBLISH framed with a little life left whose node was stopped (SIGSTOP) before it was
+    written reaches the client after the stop: counted apart (``framed_before_pause``), not
+    failed. It must be the delivering connection's node, stopped before the deadline and
+    running again just before the delivery; otherwise the delivery is late."""
+    h = _base(("sub", "sub2", "sub3"))  # (all on n0)
+    topic = "chaos/pub/q1/e2"
+    m = _publish(h, 5.0, 1, qos=1, topic=topic)  # acknowledged at 5.01: deadline 5.01 + 2 + slack
+    for s in ("sub", "sub2", "sub3"):
+        h.received(10.2, s, m, topic, 1, False, f"{s}/1", 1, 1)
+    held = {"n0": [(7.5, 10.0)]}
+    assert check(h, PERSISTENT, pauses=held).framed_before_pause == 3
+    r = check(h, PERSISTENT, pauses=held)
+    assert r.late == [] and not r.failed and r.summary()["framed_before_pause"] == 3
+    for pauses in (
+        {"n1": [(7.5, 10.0)]},  # another node was stopped
+        {"n0": [(8.5, 10.0)]},  # stopped only after the deadline (8.01): the node framed it late
+        {"n0": [(7.5, 9.0)]},  # running again well before the delivery
+        None,
+    ):
+        r = check(h, PERSISTENT, pauses=pauses)
+        assert len(r.late) == 3 and r.failed and r.framed_before_pause == 0
+
+
+def test_the_pauses_are_read_from_the_nemesis_events_as_they_happened() -> None:
+    """The times of a pause are those of its steps (a step may come after its schedule, behind
+    a restart), from the Faults or from their saved form; other kinds are not pauses."""
+    from bench.chaos.nemesis import Fault, pauses_of
+
+    faults = [
+        Fault(0, "pause", 1.0, 3.0, node="n2"),
+        Fault(1, "kill", 2.0, 4.0, node="n1"),
+        Fault(2, "pause", 5.0, 6.0, node="n2"),
+    ]
+    events = [
+        {"t": 1.01, "step": "start", "fault": 0},
+        {"t": 2.0, "step": "start", "fault": 1},
+        {"t": 3.02, "step": "end", "fault": 0},
+        {"t": 4.5, "step": "end", "fault": 1},
+        {"t": 5.6, "step": "start", "fault": 2},  # (late: the restart before it took a while)
+        {"t": 6.0, "step": "end", "fault": 2},
+    ]
+    want = {"n2": [(1.01, 3.02), (5.6, 6.0)]}
+    assert pauses_of(events, faults) == want
+    assert pauses_of(events, [f.as_dict() for f in faults]) == want
+    assert pauses_of([], faults) == {}
