@@ -190,8 +190,9 @@ def _awaiting_rel(
 
 
 def _from_one_time(snaps: list[Snapshot]) -> list[Snapshot]:
-    """``snaps`` with the remaining lives of their messages counted from one time, the
-    latest they were taken or arrived at (what merge_snapshots makes counts from it)."""
+    """``snaps`` with every remaining life they carry counted from one time, the latest
+    they were taken or arrived at (what merge_snapshots makes counts from it): their
+    messages', their inbound QoS 2 messages' and their Session Expiry's (``Snapshot.aged``)."""
     times = [s.taken_at for s in snaps if s.taken_at is not None]
     if not times or all(t == times[0] for t in times) and len(times) == len(snaps):
         return snaps
@@ -199,12 +200,7 @@ def _from_one_time(snaps: list[Snapshot]) -> list[Snapshot]:
     out = []
     for s in snaps:
         gone = 0 if s.taken_at is None else math.ceil((base - s.taken_at) * 1000.0)
-        if gone and any(e.ttl_ms is not None for e in s.entries):
-            entries = [e if e.ttl_ms is None else e._replace(ttl_ms=max(0, e.ttl_ms - gone)) for e in s.entries]
-            s = replace(s, entries=entries)
-        if gone and s.expires_ms is not None:
-            s = replace(s, expires_ms=max(0, s.expires_ms - gone))
-        out.append(replace(s, taken_at=base))
+        out.append(replace(s.aged(gone) if gone else s, taken_at=base))
     return out
 
 
