@@ -239,14 +239,14 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
                     break  # closed, or waiting for a password check: read no further
         except (MalformedPacket, ProtocolViolation) as exc:
             self.broker.stats.protocol_errors += 1
-            self.close_because(reason_of(exc), f"protocol violation: {exc}")  # [MQTT-4.13.1-1] (5.0)
+            self.close_because(reason_of(exc), f"protocol violation: {exc}", now)  # [MQTT-4.13.1-1] (5.0)
         finally:
             self._processing = False
             if read is not None:
                 self._read = None
                 read.end(now + self.broker.wall_offset)
         if self.decoder.buffered > self.decoder.max_packet_size and self.state is not CLOSED:
-            self.close("input buffer over the maximum packet size")  # pragma: no cover
+            self.close("input buffer over the maximum packet size", now)  # pragma: no cover
 
     @property
     def claiming(self) -> bool:
@@ -300,9 +300,11 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         self._end(publish_will=True, now=now)
         self.owner.close(self, reason)
 
-    def kick(self, reason: str) -> None:
-        """Another connection took this ClientId over [MQTT-3.1.4-2]."""
-        self.close_because(0x8E, reason)  # (MQTT 5: Session taken over)
+    def kick(self, reason: str, now: float) -> None:
+        """Another connection took this ClientId over [MQTT-3.1.4-2], or the mesh fenced it:
+        the connection ends at ``now``, not at its last read, which can be long before (the
+        session's copy for its holders is taken then: docs/simulation.md, finding 24)."""
+        self.close_because(0x8E, reason, now)  # (MQTT 5: Session taken over)
 
     def close_because(self, code: int, reason: str, now: float | None = None) -> None:
         """``close``, an MQTT 5 client told why first: DISCONNECT with reason ``code``."""
@@ -422,7 +424,9 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
             self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq, fresh, expiry)
             return
         mark = broker.journal.mark()
-        session, present = broker.table.open_session(self, self.client_id, clean, durable=not self.is_peer, fresh=fresh)
+        session, present = broker.table.open_session(
+            self, self.client_id, clean, now, durable=not self.is_peer, fresh=fresh
+        )
         # a session created or discarded must be durable before CONNACK says so [MQTT-3.1.2-6]
         self._connected(session, present, now, broker.journal.since(mark))
 
@@ -483,7 +487,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         # advertisements may exceed the clients' limits.max_packet_size
         self.decoder.max_packet_size = codec.DEFAULT_MAX_PACKET_SIZE
         broker = self.broker
-        session, _ = broker.table.open_session(self, self.client_id, connect.clean_session, durable=False)
+        session, _ = broker.table.open_session(self, self.client_id, connect.clean_session, now, durable=False)
         self.state = CONNECTED
         self.last_rx = now
         broker.stats.connections_total += 1

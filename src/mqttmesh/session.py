@@ -110,8 +110,9 @@ class Attached(Protocol):
     def release_acks(self, committed: int, now: float) -> None:
         """Send what waited for journal batch ``committed`` and for the session's gate."""
 
-    def kick(self, reason: str) -> None:
-        """Another connection took the ClientId over [MQTT-3.1.4-2]."""
+    def kick(self, reason: str, now: float) -> None:
+        """Another connection took the ClientId over [MQTT-3.1.4-2]: the connection ends at
+        ``now``."""
 
     def close(self, reason: str) -> None: ...
 

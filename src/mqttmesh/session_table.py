@@ -49,9 +49,15 @@ class SessionTable:
         return sum(1 for s in self.sessions.values() if s.channel is not None)
 
     def open_session(
-        self, channel: Attached, client_id: str, clean: bool, durable: bool = True, fresh: bool | None = None
+        self,
+        channel: Attached,
+        client_id: str,
+        clean: bool,
+        now: float,
+        durable: bool = True,
+        fresh: bool | None = None,
     ) -> tuple[Session, bool]:
-        """Take over ``client_id`` for ``channel``; (session, session_present).
+        """Take over ``client_id`` for ``channel`` at ``now``; (session, session_present).
 
         ``clean``: the session ends with the connection; ``fresh``: the session held is
         discarded first (both are 3.1.1's CleanSession, which ``fresh`` follows when None;
@@ -63,7 +69,7 @@ class SessionTable:
             fresh = clean
         old = self.sessions.get(client_id)
         if old is not None and old.channel is not None and old.channel is not channel:
-            old.channel.kick(f"ClientId {client_id!r} connected again from {channel.peer}")  # [MQTT-3.1.4-2]
+            old.channel.kick(f"ClientId {client_id!r} connected again from {channel.peer}", now)  # [MQTT-3.1.4-2]
         if old is not None and (fresh or old.clean):
             self.discard_session(old)  # [MQTT-3.1.2-6]
             old = None

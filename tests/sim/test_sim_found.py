@@ -26,6 +26,7 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-16-fuzz-281": ("refused_not_synced", "waited_not_synced"),
     "finding-16-fuzz-525": "refused_no_quorum",  # it counts the nodes it had seen before
     "finding-13-fuzz-551-refused-claim-will": "refused_no_quorum",
+    "finding-24-fuzz-47-kicked-copy-from-last-read": "kicks",  # the registrar ends a quiet connection
 }
 
 

@@ -85,7 +85,7 @@ class FakeChannel:
         self.refused_rc = rc
         self.state, self.reason = "closed", reason
 
-    def kick(self, reason: str) -> None:
+    def kick(self, reason: str, now: float) -> None:
         self.close(reason)
 
     def close(self, reason: str, delayed: bool = False) -> None:

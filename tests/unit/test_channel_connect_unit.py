@@ -733,7 +733,7 @@ def test_claiming_is_true_while_the_mesh_claims_the_client_id(net):
     ch.receive_data(mqttraw.connect("c"), 0.0)
     assert ch.state is CLAIMING and ch.claiming is True
     assert claims.calls == [(ch, "c")]
-    session, _ = net.broker.table.open_session(ch, "c", True)
+    session, _ = net.broker.table.open_session(ch, "c", True, 0.0)
     ch.claimed(session, False, 1.0)
     assert ch.state is CONNECTED and ch.claiming is False
     assert net.owner.connects == [ch]

@@ -95,7 +95,8 @@ def local_kick(node: Node, client_id: str) -> bool:
     for conn in list(_client_connections(node)):
         if conn.channel.client_id == client_id:
             log.warning("client %r from %s disconnected by an operator (admin API)", client_id, conn.peer)
-            conn.channel.close_because(0x98, "disconnected by an operator (admin API)")  # (Administrative action)
+            why = "disconnected by an operator (admin API)"
+            conn.channel.close_because(0x98, why, node.loop.time())  # (Administrative action)
             return True
     return False
 

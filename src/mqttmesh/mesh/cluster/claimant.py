@@ -452,7 +452,7 @@ class Claimant:
         cid, conn = m.cid, m.conn
         local = self.local.get(cid)
         if local is not None and local.conn == conn:
-            local.channel.kick(f"ClientId {cid!r} connected on node {m.by}")  # [MQTT-3.1.4-2]
+            local.channel.kick(f"ClientId {cid!r} connected on node {m.by}", now)  # [MQTT-3.1.4-2]
             return
         claim = self.claims.get(conn)
         if claim is not None:
@@ -495,7 +495,7 @@ class Claimant:
         connection stops first (its copy goes to ``frm``: holders.py ``on_fetch``)."""
         local = self.local.get(m.cid)
         if local is not None and local.conn != m.conn:
-            local.channel.kick(f"ClientId {m.cid!r} taken over by node {frm}")  # stops delivery first
+            local.channel.kick(f"ClientId {m.cid!r} taken over by node {frm}", now)  # stops delivery first
 
     def gathering(self, m: SessFwd, now: float) -> None:
         """A message a holder forwarded for a session not here yet: a claim still gathering
@@ -515,4 +515,4 @@ class Claimant:
         for cid, local in list(self.local.items()):
             if not local.clean and not (quorum and members.home_quorum(cid)):
                 self.counters["fenced"] += 1
-                local.channel.kick(f"ClientId {cid!r}: this node does not see a majority of the mesh now")
+                local.channel.kick(f"ClientId {cid!r}: this node does not see a majority of the mesh now", now)

@@ -53,7 +53,7 @@ class Confirmations:
             # the holder knows a newer claim of the ClientId (or serves it at ours): the
             # client is not ours to serve any more [MQTT-3.1.4-2]
             self.counters["fenced"] += 1
-            session.channel.kick(f"ClientId {m.cid!r} is active elsewhere (epoch {m.epoch})")
+            session.channel.kick(f"ClientId {m.cid!r} is active elsewhere (epoch {m.epoch})", now)
             return
         if m.version < 0 or m.epoch < session.epoch:
             self._copy_to_holders(session, now, only={frm})

@@ -112,7 +112,7 @@ class Holders(Confirmations):
         fresh = clean if fresh is None else fresh
         # a session resumed to end with this connection is a replica while it is served (the
         # copies gathered go into it), and ends with the connection all the same
-        session, present = self.table.open_session(channel, cid, clean and fresh, fresh=fresh)
+        session, present = self.table.open_session(channel, cid, clean and fresh, now, fresh=fresh)
         replica = replica_of(session)
         if (clean and fresh) or replica is None:
             return session, present
@@ -193,7 +193,7 @@ class Holders(Confirmations):
         snap = m.snap
         journal = self.table.journal
         mark = journal.mark()
-        session = self._offline_replica(frm, snap, take_over=True)
+        session = self._offline_replica(frm, snap, now, take_over=True)
         if session is None or snap.epoch < session.epoch:
             self._cannot_take(frm, snap.cid, snap.epoch)
             return
@@ -221,7 +221,7 @@ class Holders(Confirmations):
 
     def on_merge(self, frm: str, m: SessMerge, now: float) -> None:
         """A copy of an offline session nobody coordinates: pooled with ours."""
-        session = self._offline_replica(frm, m.snap, take_over=False)
+        session = self._offline_replica(frm, m.snap, now, take_over=False)
         if session is None:
             return
         merged = merge_snapshots([snapshot(session, now), replace(m.snap, taken_at=now)])
@@ -230,9 +230,10 @@ class Holders(Confirmations):
         self._apply_subs(session, merged.subs)
         self._adopt(session, m.snap)
 
-    def _offline_replica(self, frm: str, snap: Snapshot, take_over: bool) -> _Replicated | None:
+    def _offline_replica(self, frm: str, snap: Snapshot, now: float, take_over: bool) -> _Replicated | None:
         """Our replica of ``snap``'s session (made if missing) while its client is not here.
-        ``take_over``: a newer epoch elsewhere means our client is stale: drop it first."""
+        ``take_over``: a newer epoch elsewhere means our client is stale: its connection
+        ends first, at ``now``."""
         cid = snap.cid
         session = self._replica(cid)
         if session is None:
@@ -241,7 +242,7 @@ class Holders(Confirmations):
         if channel is not None:
             if not take_over or snap.epoch <= session.epoch:
                 return None
-            channel.kick(f"ClientId {cid!r} is active on node {frm}")
+            channel.kick(f"ClientId {cid!r} is active on node {frm}", now)
             session = self._replica(cid)
             if session is None or session.channel is not None:
                 return None

@@ -324,7 +324,7 @@ class _Ready:
     def release_acks(self, committed: int, now: float) -> None:
         pass  # (nothing of a link's session waits for a store)
 
-    def kick(self, reason: str) -> None:
+    def kick(self, reason: str, now: float) -> None:
         pass  # (never taken over: the session is the link's own)
 
     def close(self, reason: str) -> None:
