@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mqttmesh.mesh.cluster.cluster import ClusterSettings
-from support.cluster_net import Net, cid_with, holder_of
+from support.cluster_net import FakeChannel, Net, cid_with, holder_of
 
 
 def _wait(net: Net, seconds: float) -> None:
@@ -101,6 +103,56 @@ def test_a_copy_that_missed_the_end_is_discarded_not_resumed():
     assert back.state == "connected" and back.present is False
     assert back.session.subscriptions == {}
     assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.names) == 1
+
+
+def _connect_ending(net: Net, node: str, cid: str) -> FakeChannel:
+    """MQTT 5 Clean Start 0 with a Session Expiry Interval of 0: the session held is resumed,
+    and ends with this connection."""
+    ch = FakeChannel(net, node, cid, 0)
+    net.clusters[node].connect(ch, cid, True, None, net.t, fresh=False, expiry=0)
+    net.pump()
+    for _ in range(20):
+        if ch.state != "claiming":
+            break
+        net.tick(0.25)
+    return ch
+
+
+@pytest.mark.parametrize("end", ["cut_off_holder", "node_died"])
+def test_a_session_that_ended_with_its_connection_is_not_resumed_from_a_copy(end: str):
+    """[MQTT-3.1.2-23]: Clean Start 0 and Session Expiry 0 end the session with its
+    connection; while it is served its copies live on the holders, and only the discards sent
+    at the end say it ended. A copy they missed (a holder cut off then; or no discard at all:
+    the connection ended with its node) is discarded by the next claim, not resumed: the
+    registrar keeps the end of such a connection, and its grant says expired (finding 22 of
+    docs/simulation.md)."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: "c" in holders and "a" not in regs)
+    ch = _connect_ending(net, "a", cid)
+    assert ch.state == "connected" and ch.present is False
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    net.publish("b", "t/x", b"m", 1)
+    _wait(net, 1.0)
+    assert holder_of(net, cid) == ["a", "b", "c"]  # (copies while it is served)
+    if end == "cut_off_holder":
+        net.up.discard("c")
+        net.membership()
+        ch.close("connection lost")
+        net.pump()
+        assert holder_of(net, cid) == ["c"]  # c missed the discards
+        net.up.add("c")
+        net.membership()
+    else:
+        net.up.discard("a")  # the connection ends with its node: nobody discards the copies
+        net.membership()
+    _wait(net, 2.0)
+    assert "c" in holder_of(net, cid)
+    back = _connect_ending(net, "b", cid)
+    assert back.state == "connected" and back.present is False
+    assert back.session.subscriptions == {}
+    assert "c" not in holder_of(net, cid)
+    assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.up) == 1
 
 
 def test_a_snapshot_carries_the_interval_and_what_is_left_of_it():

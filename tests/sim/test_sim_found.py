@@ -27,6 +27,8 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-16-fuzz-525": "refused_no_quorum",  # it counts the nodes it had seen before
     "finding-13-fuzz-551-refused-claim-will": "refused_no_quorum",
     "finding-24-fuzz-47-kicked-copy-from-last-read": "kicks",  # the registrar ends a quiet connection
+    # the grant after a session that ended with its connection says expired: copies discarded
+    "finding-22-fuzz-36-expiry-0-copy-resumed": "expired_copies_discarded",
 }
 
 

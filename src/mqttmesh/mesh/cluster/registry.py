@@ -128,7 +128,7 @@ class Registry:
         entry = self.entries.get(m.cid)
         if entry is not None and entry.conn == m.conn and entry.connected:  # (one sent again: done)
             wall = now + self.wall_offset
-            session_due = wall + m.expiry if m.expiry != KEPT and not entry.clean else None
+            session_due = _session_due(entry, m.expiry, wall)
             if m.delayed and _delays(entry):
                 # due after its delay, or when the session ends if that comes first [MQTT-3.1.2-8]
                 delay: int = entry.will.delay  # type: ignore[union-attr]
@@ -238,7 +238,7 @@ class Registry:
             # the connection ended with its node: its session ends its interval later, its
             # will after its delay (or with the session)
             wall = now + self.wall_offset
-            session_due = wall + entry.expiry if entry.expiry != KEPT and not entry.clean else None
+            session_due = _session_due(entry, entry.expiry, wall)
             if _delays(entry):
                 delay: int = entry.will.delay  # type: ignore[union-attr]
                 if session_due is not None:
@@ -308,6 +308,17 @@ def _delays(entry: Registration) -> bool:
     """Its connection's will waits for a Will Delay Interval (MQTT 5, a session that outlives
     the connection)."""
     return entry.will is not None and entry.will.delay > 0
+
+
+def _session_due(entry: Registration, expiry: int, wall: float) -> float | None:
+    """When the session of ``entry``'s connection, which ended at ``wall``, ends: its Session
+    Expiry Interval later (None: never), or at once for a session that ends with its
+    connection (CleanSession 1; MQTT 5 Session Expiry 0), so that a later claim's grant says
+    ``expired`` and a copy that missed the end's discards is not resumed (finding 22 of
+    docs/simulation.md) [MQTT-3.1.2-23] [MQTT-4.1.0-2]."""
+    if entry.clean:
+        return wall
+    return wall + expiry if expiry != KEPT else None
 
 
 def _registration(m: RegRegister, epoch: int) -> Registration:
