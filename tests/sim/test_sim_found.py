@@ -29,6 +29,8 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-24-fuzz-47-kicked-copy-from-last-read": "kicks",  # the registrar ends a quiet connection
     # the grant after a session that ended with its connection says expired: copies discarded
     "finding-22-fuzz-36-expiry-0-copy-resumed": "expired_copies_discarded",
+    # claims refused on the majority side, whose end the heal keeps: the claim discards the copy
+    "finding-23-fuzz-8-expiry-lost-at-heal": "expired_copies_discarded",
 }
 
 
