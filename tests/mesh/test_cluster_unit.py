@@ -934,6 +934,10 @@ GOLDEN = [
         {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "node": "n1", "delayed": True, "expiry": 600},
     ),
     (
+        RegRelease("c1", "n1/7/3", 4, "n1", False, 600, refused=True),  # ("refused": mesh protocol 10)
+        {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "node": "n1", "delayed": False, "expiry": 600, "refused": True},
+    ),
+    (
         RegRegister("c1", "n1", 7, "n1/7/3", 4, True, None, 1700000000.25),
         {
             "cid": "c1",

@@ -12,6 +12,7 @@ import random
 import pytest
 
 from mqttmesh.mesh.link.hello import Hello, encode_hello
+from mqttmesh.mesh.link.peerauth import PEER_PROTOCOL
 from mqttmesh.mesh.routing.actions import Inbound, Send, Unicast
 from mqttmesh.mesh.routing.custody import Custody
 from mqttmesh.mesh.routing.engine import MeshEngine, MeshProtocolError, MeshSettings
@@ -247,7 +248,7 @@ def test_the_handshake_rtt_is_the_first_cost_of_a_link():
     a.link_rtt("b", 41_000, 1.0)  # the first PINGRESP agrees: nothing to re-advertise
     assert a.routers["a"].seq == 2
     hello = encode_hello(Hello(a.node_id, a.incarnation, a.addresses, rtt_us=40_000.4))
-    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": 9}
+    assert json.loads(hello) == {"node": "a", "inc": 1, "addr": [], "rtt": 40_000, "proto": PEER_PROTOCOL}
 
 
 def test_custody_lets_go_of_a_node_that_aged_out():

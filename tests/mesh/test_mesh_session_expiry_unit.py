@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mqttmesh.mesh.cluster.cluster import ClusterSettings
-from support.cluster_net import Net, cid_with, holder_of
+from mqttmesh.mesh.cluster.cluster_wire import RegClaim, RegRelease
+from mqttmesh.session import KEPT
+from support.cluster_net import FakeChannel, Net, cid_with, holder_of
 
 
 def _wait(net: Net, seconds: float) -> None:
@@ -101,6 +105,116 @@ def test_a_copy_that_missed_the_end_is_discarded_not_resumed():
     assert back.state == "connected" and back.present is False
     assert back.session.subscriptions == {}
     assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.names) == 1
+
+
+def _connect_ending(net: Net, node: str, cid: str) -> FakeChannel:
+    """MQTT 5 Clean Start 0 with a Session Expiry Interval of 0: the session held is resumed,
+    and ends with this connection."""
+    ch = FakeChannel(net, node, cid, 0)
+    net.clusters[node].connect(ch, cid, True, None, net.t, fresh=False, expiry=0)
+    net.pump()
+    for _ in range(20):
+        if ch.state != "claiming":
+            break
+        net.tick(0.25)
+    return ch
+
+
+@pytest.mark.parametrize("end", ["cut_off_holder", "node_died"])
+def test_a_session_that_ended_with_its_connection_is_not_resumed_from_a_copy(end: str):
+    """[MQTT-3.1.2-23]: Clean Start 0 and Session Expiry 0 end the session with its
+    connection; while it is served its copies live on the holders, and only the discards sent
+    at the end say it ended. A copy they missed (a holder cut off then; or no discard at all:
+    the connection ended with its node) is discarded by the next claim, not resumed: the
+    registrar keeps the end of such a connection, and its grant says expired (finding 22 of
+    docs/simulation.md)."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: "c" in holders and "a" not in regs)
+    ch = _connect_ending(net, "a", cid)
+    assert ch.state == "connected" and ch.present is False
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    net.publish("b", "t/x", b"m", 1)
+    _wait(net, 1.0)
+    assert holder_of(net, cid) == ["a", "b", "c"]  # (copies while it is served)
+    if end == "cut_off_holder":
+        net.up.discard("c")
+        net.membership()
+        ch.close("connection lost")
+        net.pump()
+        assert holder_of(net, cid) == ["c"]  # c missed the discards
+        net.up.add("c")
+        net.membership()
+    else:
+        net.up.discard("a")  # the connection ends with its node: nobody discards the copies
+        net.membership()
+    _wait(net, 2.0)
+    assert "c" in holder_of(net, cid)
+    back = _connect_ending(net, "b", cid)
+    assert back.state == "connected" and back.present is False
+    assert back.session.subscriptions == {}
+    assert "c" not in holder_of(net, cid)
+    assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.up) == 1
+
+
+def test_a_claim_refused_while_the_sessions_node_is_cut_off_leaves_the_session_ending():
+    """The client's node a is cut off with c, a holder, though b, d and e still count them
+    live; the client leaves a (Session Expiry 1 s) and the end reaches none of them. Its claim
+    on b replaces a's connection at the registrar d, then is refused (too few of the home
+    answered, 0x03). That claim resumed nothing, so the session still ends its interval after
+    a's connection (counted from the claim that replaced it: d knows no better): after the
+    heal, a claim finds d's copy and c's, which never heard of the end, and discards them.
+    Before, the refused claim's release said the session never ends, and the copies were
+    resumed; and at a heal, the side whose refused claims had the higher epoch made the other
+    side forget the end it knew (finding 23 of docs/simulation.md) [MQTT-4.1.0-2]."""
+    net = Net(names=["a", "b", "c", "d", "e"], settings=ClusterSettings(will_delay=0.5))
+    members = net.clusters["a"].members
+    cid = next(
+        c
+        for c in (f"client-{i}" for i in range(10_000))
+        if members.registrars(c)[0] not in "abc" and {"a", "c"} <= set(members.home(c)) and "b" not in members.home(c)
+    )
+    registrar = members.registrars(cid)[0]
+    ch = net.connect("a", cid, clean=False, expiry=1)
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    _wait(net, 1.0)
+    net.up -= {"a", "c"}  # (cut off: no membership change yet)
+    ch.close("connection lost")
+    net.pump()
+    refused = _claim(net, "b", cid)
+    assert refused.state == "closed" and refused.refused_rc == 3
+    entry = net.clusters[registrar].registry.entries[cid]
+    assert not entry.connected and entry.node == "b" and entry.session_due is not None
+    _wait(net, 2.0)
+    net.up |= {"a", "c"}
+    net.membership()
+    _wait(net, 1.0)
+    assert {"c", registrar} <= set(holder_of(net, cid))  # (copies that never heard of the end)
+    back = _claim(net, "b", cid)
+    assert back.state == "connected" and back.present is False
+    assert back.session.subscriptions == {}
+
+
+def test_a_refused_claim_keeps_the_end_it_found_refined_by_the_release_of_the_connection_it_replaced():
+    """At the registrar: a claim that replaces a live connection carries that session's end,
+    its interval from the claim; when the connection's release comes, from its end; and the
+    claim's release, refused, leaves it so (a served connection's release sets its own)."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: regs[0] == "c")
+    net.connect("a", cid, clean=False, expiry=5)
+    registry = net.clusters["c"].registry
+    conn = registry.entries[cid].conn
+    wall, t = net.wall_offset, net.t
+    registry.on_claim("b", RegClaim(cid, "b", 1, "b/1/99", False, None, t + wall, 5), t)
+    assert registry.entries[cid].session_due == t + 5 + wall
+    registry.on_release("a", RegRelease(cid, conn, 1, "a", False, 5), t + 0.2)  # a closed it on the kick
+    assert registry.entries[cid].connected and registry.entries[cid].session_due == t + 0.2 + 5 + wall
+    registry.on_release("b", RegRelease(cid, "b/1/99", 2, "b", False, KEPT, refused=True), t + 1.0)
+    entry = registry.entries[cid]
+    assert not entry.connected and entry.session_due == t + 0.2 + 5 + wall
+    grant = registry.on_claim("a", RegClaim(cid, "a", 1, "a/1/98", False, None, t + 6 + wall, 5), t + 6.0)
+    assert grant[-1].msg.expired is True
 
 
 def test_a_snapshot_carries_the_interval_and_what_is_left_of_it():

@@ -111,3 +111,35 @@ def test_a_will_whose_session_ends_with_the_connection_goes_at_once():
     net.connect("a", cid, clean=True, will=_will(30))
     registrar = net.clusters["b"].members.registrars(cid)[0]
     assert net.clusters[registrar].registry.entries[cid].will.delay == 0
+
+
+def test_a_connection_the_node_closes_itself_counts_its_delay_and_expiry_from_then():
+    """A node that loses sight of the majority closes its persistent clients (claimant.py
+    ``fence``): the connection ends then, not at its last read, so the delayed will is due its
+    Will Delay Interval after the close and the session's expiry counts from it too; a will
+    counted from the last read came early, by as long as the client had been quiet (finding
+    21 of docs/simulation.md, seed 37: a kick or a fence carried no time; fixed with finding
+    24's, which gave a kick the node's time)."""
+    from support import mqttraw5 as raw5
+
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = _cid(net, "a")
+    ch = net.client("a")  # a real Channel, an MQTT 5 client quiet after its CONNECT
+    expiry, delay = raw5.props((0x11, raw5.u32(60))), raw5.props((0x18, raw5.u32(3)))
+    ch.receive_data(raw5.connect(cid, clean=False, properties=expiry, will=("w/d", b"gone", 1, False, delay)), net.t)
+    net.pump()
+    assert ch.state == "connected"
+    read = net.t
+    for _ in range(8):  # (2 s in the steps of a node's timer: a long jump reads as a pause)
+        net.tick(0.25)
+    # a is cut off from the others: it fences its persistent clients, and is now the
+    # ClientId's registrar on its side (the release goes to itself, with the time it carries)
+    net.t += 0.25
+    net.clusters["a"].membership(["a"], {"a": 1}, net.t)
+    net.pump()
+    closed = net.t
+    assert ch.state == "closed" and closed - read >= 2.0
+    assert ch.session.expires_at == closed + 60
+    entry = net.clusters["a"].registry.entries[cid]
+    assert entry.will_due == closed + 3 + net.wall_offset
+    assert entry.session_due == closed + 60 + net.wall_offset

@@ -27,6 +27,11 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-16-fuzz-525": "refused_no_quorum",  # it counts the nodes it had seen before
     "finding-13-fuzz-551-refused-claim-will": "refused_no_quorum",
     "finding-24-fuzz-47-kicked-copy-from-last-read": "kicks",  # the registrar ends a quiet connection
+    "finding-21-fuzz-37-fence-from-its-end": "fenced",  # a node without its majority closes its clients
+    # the grant after a session that ended with its connection says expired: copies discarded
+    "finding-22-fuzz-36-expiry-0-copy-resumed": "expired_copies_discarded",
+    # claims refused on the majority side, whose end the heal keeps: the claim discards the copy
+    "finding-23-fuzz-8-expiry-lost-at-heal": "expired_copies_discarded",
 }
 
 

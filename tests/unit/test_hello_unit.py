@@ -27,19 +27,19 @@ def test_a_hello_without_proto_is_version_2_and_refused():
     # (issue 15: settlement versions in session snapshots) no longer speaks
     with pytest.raises(HelloVersionError) as info:
         parse_hello(b'{"node": "a", "inc": 3, "addr": ["h:1"], "rtt": 2500}')
-    assert str(info.value) == "peer 'a' speaks mesh protocol 2, this node 9"
+    assert str(info.value) == f"peer 'a' speaks mesh protocol 2, this node {PEER_PROTOCOL}"
 
 
-@pytest.mark.parametrize("proto", [1, 2, 3, 4, 5, 6, 7, 8, 10])
+@pytest.mark.parametrize("proto", [v for v in range(1, PEER_PROTOCOL + 2) if v != PEER_PROTOCOL])
 def test_another_version_is_refused_naming_both(proto):
     with pytest.raises(HelloVersionError) as info:
         parse_hello(encode_hello(Hello("a", 1, proto=proto)))
-    assert str(info.value) == f"peer 'a' speaks mesh protocol {proto}, this node 9"
+    assert str(info.value) == f"peer 'a' speaks mesh protocol {proto}, this node {PEER_PROTOCOL}"
     assert isinstance(info.value, MeshProtocolError)  # a caller that only knows that still closes
 
 
 def test_the_version_words_are_the_connects():
-    assert version_mismatch("d", 1) == "peer 'd' speaks mesh protocol 1, this node 9"
+    assert version_mismatch("d", 1) == f"peer 'd' speaks mesh protocol 1, this node {PEER_PROTOCOL}"
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_malformed_hellos_are_refused_with_a_reason(payload, why):
 
 
 def test_odd_optional_fields_are_ignored_as_before():
-    hello = parse_hello(b'{"node": "a", "inc": 1, "addr": ["h:1", 5, null], "rtt": -3, "proto": 9}')
+    hello = parse_hello(b'{"node": "a", "inc": 1, "addr": ["h:1", 5, null], "rtt": -3, "proto": %d}' % PEER_PROTOCOL)
     assert (hello.addresses, hello.rtt_us) == (["h:1"], None)
-    hello = parse_hello(b'{"node": "a", "inc": 1, "addr": "h:1", "rtt": "fast", "proto": 9}')
+    hello = parse_hello(b'{"node": "a", "inc": 1, "addr": "h:1", "rtt": "fast", "proto": %d}' % PEER_PROTOCOL)
     assert (hello.addresses, hello.rtt_us) == ([], None)

@@ -187,8 +187,8 @@ class Claimant:
         # the registrar again with every registration round for a while: a release lost in
         # a partition would leave the registrar to publish the will a second time when it
         # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until, whether its
-        # will is delayed, its session's expiry interval)
-        self.released: dict[tuple[str, str], tuple[int, float, bool, int]] = {}
+        # will is delayed, its session's expiry interval, whether it was never accepted)
+        self.released: dict[tuple[str, str], tuple[int, float, bool, int, bool]] = {}
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
         # ClientId -> epoch: sessions resumed here to end with their connection (discarded
         # at every holder when it ends)
@@ -292,8 +292,9 @@ class Claimant:
     def _refuse(self, claim: Claim, why: str, now: float) -> None:  # (a claim of ours)
         self.claims.pop(claim.conn, None)
         # the registrar may hold it, granted or not yet answered: the connection is not
-        # accepted, so its will must not be published for it (fuzzer seed 551)
-        self._release(claim.cid, claim.conn, claim.epoch, now)
+        # accepted, so its will must not be published for it (fuzzer seed 551), and the
+        # session is as the claim found it (finding 23)
+        self._release(claim.cid, claim.conn, claim.epoch, now, refused=True)
         claim.stage = DONE
         self.counters["claims_refused"] += 1
         claim.channel.refused(UNAVAILABLE, why, now)
@@ -354,7 +355,7 @@ class Claimant:
         if local is None or local.conn != m.conn:
             # a grant for a claim that ended meanwhile (refused after claim_timeout, or its
             # client left): the registrar must not keep it, nor publish its will
-            self._release(m.cid, m.conn, m.epoch, now)
+            self._release(m.cid, m.conn, m.epoch, now, refused=True)
 
     def _granted(self, claim: Claim, epoch: int, prev: str | None, now: float) -> None:
         if claim.stage != CLAIM:
@@ -385,7 +386,7 @@ class Claimant:
         claim.stage = DONE
         channel = claim.channel
         if not channel.claiming:  # it closed meanwhile
-            self._release(claim.cid, claim.conn, claim.epoch, now)
+            self._release(claim.cid, claim.conn, claim.epoch, now, refused=True)
             return
         holders = self.holders
         merged = None
@@ -442,9 +443,19 @@ class Claimant:
         for node in sorted(set(self.membership.holders(cid, active)) - {self.node_id}):
             self.out.put(node, SessDiscard(cid, epoch))
 
-    def _release(self, cid: str, conn: str, epoch: int, now: float, delayed: bool = False, expiry: int = KEPT) -> None:
-        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval, delayed, expiry)
-        body = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry)
+    def _release(
+        self,
+        cid: str,
+        conn: str,
+        epoch: int,
+        now: float,
+        delayed: bool = False,
+        expiry: int = KEPT,
+        refused: bool = False,
+    ) -> None:
+        """Tell the registrar a connection ended (``refused``: a claim never accepted)."""
+        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval, delayed, expiry, refused)
+        body = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry, refused)
         self.out.put(self.membership.registrars(cid)[0], body)
 
     def on_kick(self, frm: str, m: RegKick, now: float) -> None:
@@ -463,11 +474,11 @@ class Claimant:
     def register_local(self, now: float) -> None:
         """Tell the registrars which clients are here (after a change, and periodically)."""
         self.last_register = now
-        for (cid, conn), (epoch, until, delayed, expiry) in list(self.released.items()):
+        for (cid, conn), (epoch, until, delayed, expiry, refused) in list(self.released.items()):
             if now >= until:
                 del self.released[(cid, conn)]
             else:  # (idempotent at the registrar: it drops a release of another connection)
-                release = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry)
+                release = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry, refused)
                 self.out.put(self.membership.registrars(cid)[0], release)
         # (a copy: a registration handled here may end a local connection, fuzzer seed 214)
         for cid, local in list(self.local.items()):

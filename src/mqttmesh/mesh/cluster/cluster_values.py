@@ -291,7 +291,8 @@ class Registration:
     # Interval after the end): published then unless a new connection for the ClientId came
     will_due: float | None = None
     # wall-clock seconds when the session of a connection that ended expires (MQTT 5 Session
-    # Expiry Interval): from then on no session is kept for the ClientId
+    # Expiry Interval): from then on no session is kept for the ClientId. While connected: when
+    # the session the claim found ends, should the claim never be accepted (registry.py)
     session_due: float | None = None
     expiry: int = 0xFFFFFFFF  # its session's Session Expiry Interval (RegClaim's)
 

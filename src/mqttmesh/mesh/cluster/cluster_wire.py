@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Self
 
 from .cluster_values import (
@@ -105,17 +105,27 @@ class Wire:
 
 class _Flat(Wire):
     """A message whose fields are strings, integers and booleans, under their own names in
-    field order on the wire (the JSON of before, key for key)."""
+    field order on the wire (the JSON of before, key for key); a field with a default is
+    left out at its default, and read as it when absent."""
 
     __slots__ = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+        out = {}
+        for f in fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            if f.default is MISSING or value != f.default:
+                out[f.name] = value
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
         w = cls.KIND
-        return cls(*[_READ[str(f.type)](_key(obj, f.name, w), w, f.name) for f in fields(cls)])  # type: ignore[arg-type]
+        values = []
+        for f in fields(cls):  # type: ignore[arg-type]
+            raw = _key(obj, f.name, w) if f.default is MISSING else obj.get(f.name, f.default)
+            values.append(_READ[str(f.type)](raw, w, f.name))
+        return cls(*values)
 
 
 _READ = {"str": _str, "int": _int, "bool": _bool}
@@ -273,6 +283,9 @@ class RegRelease(_Flat):
     # the session's Session Expiry Interval (session.KEPT: never): the registrar keeps no
     # session for the ClientId once it passed, and publishes a delayed will by then
     expiry: int
+    # the claim was never accepted (CONNACK 0x03, or its client left before it): it resumed
+    # nothing, and the session ends as the claim found it (peer protocol 10; absent: False)
+    refused: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -85,10 +85,18 @@ class Registry:
                 self.counters["kicks"] += 1
                 self.kicked[(cid, entry.conn)] = (entry, now)
                 out.append(ToNode(entry.node, RegKick(cid, entry.conn, epoch, m.node)))
-        registration = Registration(cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at, expiry=m.expiry)
+        wall = now + self.wall_offset
+        # (the session's end as this claim finds it, kept while it is connected: if the claim
+        # is never accepted, the session is as it was, on_release)
+        found = _found_end(entry, m.conn, wall)
+        registration = Registration(
+            cid, m.node, m.inc, m.conn, epoch, m.clean, m.will, True, m.at, session_due=found, expiry=m.expiry
+        )
         self._store(registration, out)
         kept = entry.epoch if entry and not entry.clean else 0
-        expired = entry is not None and entry.session_due is not None and entry.session_due <= now + self.wall_offset
+        # (an entry still connected is a claim in progress or a connection: nothing expired)
+        due = entry.session_due if entry is not None and not entry.connected else None
+        expired = due is not None and due <= wall
         out.append(ToNode(m.node, RegGrant(cid, m.conn, epoch, prev, kept, expired)))
         return out
 
@@ -117,7 +125,7 @@ class Registry:
 
     def on_release(self, frm: str, m: RegRelease, now: float) -> RegistryOut:
         out: RegistryOut = []
-        self.kicked.pop((m.cid, m.conn), None)  # (its node closed it: its will is out there)
+        kicked = self.kicked.pop((m.cid, m.conn), None)  # (its node closed it: its will is out there)
         regs = self.membership.registrars(m.cid)
         if frm not in regs:
             # the backup may keep the connection among its kicked too (a registrar's copy
@@ -126,9 +134,14 @@ class Registry:
                 if r != self.node_id:
                     out.append(ToNode(r, m))
         entry = self.entries.get(m.cid)
-        if entry is not None and entry.conn == m.conn and entry.connected:  # (one sent again: done)
-            wall = now + self.wall_offset
-            session_due = wall + m.expiry if m.expiry != KEPT and not entry.clean else None
+        wall = now + self.wall_offset
+        if entry is not None and entry.conn == m.conn and entry.connected and m.refused:
+            # a claim never accepted (0x03, or its client left first) resumed nothing: the
+            # session ends when it would have without it, as the claim found it (a release that
+            # said "never" forgot an end known, and at a heal the other side's, finding 23)
+            self._store(dataclasses.replace(entry, connected=False, will=None, will_due=None), out)
+        elif entry is not None and entry.conn == m.conn and entry.connected:  # (one sent again: done)
+            session_due = _session_due(entry, m.expiry, wall)
             if m.delayed and _delays(entry):
                 # due after its delay, or when the session ends if that comes first [MQTT-3.1.2-8]
                 delay: int = entry.will.delay  # type: ignore[union-attr]
@@ -138,6 +151,10 @@ class Registry:
             else:
                 entry = dataclasses.replace(entry, connected=False, will=None, will_due=None, session_due=session_due)
             self._store(entry, out)
+        elif kicked is not None and entry is not None and entry.connected and not m.refused:
+            # the connection a claim (still on) replaced has ended: the session the claim found
+            # ends its interval from now (it counted from the claim, before the kick arrived)
+            self._store(dataclasses.replace(entry, session_due=_session_due(kicked[0], m.expiry, wall)), out)
         return out
 
     def on_copy(self, frm: str, m: RegCopy, now: float) -> RegistryOut:
@@ -238,7 +255,7 @@ class Registry:
             # the connection ended with its node: its session ends its interval later, its
             # will after its delay (or with the session)
             wall = now + self.wall_offset
-            session_due = wall + entry.expiry if entry.expiry != KEPT and not entry.clean else None
+            session_due = _session_due(entry, entry.expiry, wall)
             if _delays(entry):
                 delay: int = entry.will.delay  # type: ignore[union-attr]
                 if session_due is not None:
@@ -308,6 +325,28 @@ def _delays(entry: Registration) -> bool:
     """Its connection's will waits for a Will Delay Interval (MQTT 5, a session that outlives
     the connection)."""
     return entry.will is not None and entry.will.delay > 0
+
+
+def _session_due(entry: Registration, expiry: int, wall: float) -> float | None:
+    """When the session of ``entry``'s connection, which ended at ``wall``, ends: its Session
+    Expiry Interval later (None: never), or at once for a session that ends with its
+    connection (CleanSession 1; MQTT 5 Session Expiry 0), so that a later claim's grant says
+    ``expired`` and a copy that missed the end's discards is not resumed (finding 22 of
+    docs/simulation.md) [MQTT-3.1.2-23] [MQTT-4.1.0-2]."""
+    if entry.clean:
+        return wall
+    return wall + expiry if expiry != KEPT else None
+
+
+def _found_end(entry: Registration | None, conn: str, wall: float) -> float | None:
+    """When the session a claim of ``conn`` finds at ``wall`` ends if the claim resumes nothing:
+    as the entry says (None: never), or, for a connection still on that the claim replaces,
+    its interval from now (the kick ends it)."""
+    if entry is None:
+        return None
+    if not entry.connected or entry.conn == conn:  # (the same claim again: what it found first)
+        return entry.session_due
+    return _session_due(entry, entry.expiry, wall)
 
 
 def _registration(m: RegRegister, epoch: int) -> Registration:
