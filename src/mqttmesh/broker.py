@@ -340,14 +340,22 @@ class Broker:
         """A will that waits for its Will Delay Interval (MQTT 5; on one node: in a mesh the
         registrar keeps it): published at ``due`` by ``publish_due_wills`` unless a new
         connection for ``client_id`` comes first (``Channel``) [MQTT-3.1.3-9]; ``expiry``: its
-        Message Expiry Interval, counted from then."""
+        Message Expiry Interval, counted from then. The store keeps it (a restart publishes it
+        when due: it is part of the session's state)."""
         self.delayed_wills[client_id] = (due, msg, expiry)
+        self.journal.will_put(client_id, due, msg, expiry)
+
+    def cancel_will(self, client_id: str) -> None:
+        """A new connection for ``client_id`` came before its delayed will [MQTT-3.1.3-9]."""
+        if self.delayed_wills.pop(client_id, None) is not None:
+            self.journal.will_delete(client_id)
 
     def publish_due_wills(self, now: float) -> int:
         """The delayed wills whose time came [MQTT-3.1.2-8]; how many."""
         due = [cid for cid, (at, _, _) in self.delayed_wills.items() if at <= now]
         for cid in due:
             _, msg, expiry = self.delayed_wills.pop(cid)
+            self.journal.will_delete(cid)
             msg.timestamp = now + self.wall_offset
             if expiry is not None:
                 msg.expiring(expiry, now)

@@ -452,7 +452,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
         if not self.is_peer:
             self.decoder.max_packet_size = self.broker.settings.max_packet_size
         self.broker.stats.connections_total += 1
-        self.broker.delayed_wills.pop(self.client_id, None)  # a new connection came first [MQTT-3.1.3-9]
+        self.broker.cancel_will(self.client_id)  # a new connection came first [MQTT-3.1.3-9]
         if not session.clean and not self.is_peer:  # its Session Expiry Interval, for when the connection ends
             session.expiry = self.broker.settings.max_session_expiry or KEPT
             if self.v5 is not None:

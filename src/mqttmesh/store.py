@@ -132,6 +132,17 @@ class Journal:
     def retained_delete(self, topic: str) -> None:
         self._record(("t", topic), ("retained_delete", topic))
 
+    # -- delayed wills (one node: in a mesh the registrar keeps them) -------------------
+
+    def will_put(self, client_id: str, due: float, msg: Message, expiry: int | None) -> None:
+        """A will waiting for its Will Delay Interval until ``due`` (the clock of this run):
+        part of the session's state, so a restart publishes it when it is due [MQTT-3.1.2-8]."""
+        self._record(("w", client_id), ("will_put", client_id, msg, expiry, due))
+
+    def will_delete(self, client_id: str) -> None:
+        """The delayed will of ``client_id`` was published, or a new connection came first."""
+        self._record(("w", client_id), ("will_delete", client_id))
+
     # -- the I/O layer's side -----------------------------------------------------------
 
     def _record(self, key: tuple[Any, ...], op: tuple[Any, ...]) -> None:
@@ -228,6 +239,12 @@ class NullJournal:
     def retained_delete(self, topic: str) -> None:
         pass
 
+    def will_put(self, client_id: str, due: float, msg: Message, expiry: int | None) -> None:
+        pass
+
+    def will_delete(self, client_id: str) -> None:
+        pass
+
     def mark_committed(self, number: int) -> None:
         pass
 
@@ -277,6 +294,23 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
     if kind == "retained_put":
         _, topic, m = op
         return ("retained_put", topic, m.payload, m.qos, m.origin, m.seq, m.publisher, m.timestamp, m.props, m.expires)
+    if kind == "will_put":
+        _, client_id, m, expiry, due = op
+        return (
+            "will_put",
+            client_id,
+            m.topic,
+            m.payload,
+            m.qos,
+            int(m.retain),
+            m.origin,
+            m.seq,
+            m.publisher,
+            m.timestamp,
+            m.props,
+            expiry,
+            due,
+        )
     if kind == "custody_put":
         _, m, dests = op
         return (

@@ -15,9 +15,10 @@ import time
 import pytest
 
 from mqttmesh import properties as P
+from support import mqttraw
 from support import mqttraw5 as r5
 from support.mesh import start_mesh, wait_converged, wait_interest
-from support.mqttraw import CONNACK, RawClient
+from support.mqttraw import CONNACK, SUBACK, RawClient
 from support.processes import wait_for
 
 pytestmark = [pytest.mark.process]
@@ -64,6 +65,31 @@ def _nothing_until(sub, instant: float) -> None:
         except queue.Empty:
             return
         raise AssertionError(f"unexpected {msg.topic} {msg.payload!r}")
+
+
+def test_one_node_killed_and_restarted_publishes_the_delayed_will_from_its_store(broker_factory, paho5, tmp_path):
+    """[MQTT-3.1.2-8] across a kill -9: the will and its delay are part of the session's state
+    (the session outlives the node's restart), so the node publishes the will once its delay
+    has passed since the connection ended, not at the restart and not never."""
+    node = broker_factory("--data-dir", str(tmp_path / "data"))
+    c = _will_client(node, "dev", 5, "kw1/dev")
+    c.close()  # (no DISCONNECT)
+    closed = time.monotonic()
+    wait_for(lambda: "'dev' from" in node.log() and "connection closed by client" in node.log(), 5.0)
+    # the store commits in order: once a later persistent SUBSCRIBE is acknowledged (durable
+    # before its SUBACK), the will's batch is committed too
+    probe = RawClient(node.host, node.port)
+    assert probe.connect(client_id="probe", clean=False).body[1] == 0
+    probe.send(mqttraw.subscribe(1, ("probe/#", 1)))
+    probe.expect(SUBACK)
+    node.kill()
+    node.start()
+    sub = paho5("ksub1")
+    assert sub.connect(node)[0] == 0 and sub.subscribe("kw1/#", 1) == [1]
+    msg = sub.get(15.0)
+    assert (msg.topic, msg.payload) == ("kw1/dev", b"gone")
+    assert time.monotonic() - closed >= 4.9
+    _nothing_until(sub, time.monotonic() + 2.0)  # once
 
 
 @pytest.fixture

@@ -479,7 +479,8 @@ def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, 
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.server.sqlite_store import SCHEMA, SqliteStore
 
-    schema = re.sub(r",\s*expires REAL", "", SCHEMA)
+    schema = re.sub(r"CREATE TABLE IF NOT EXISTS wills\(.*?\);\n", "", SCHEMA, flags=re.S)  # (newer than both)
+    schema = re.sub(r",\s*expires REAL", "", schema)
     if older == 1:
         schema = schema.replace(", props BLOB", "")
     db = sqlite3.connect(tmp_path / "mqttmesh.db")
@@ -495,6 +496,7 @@ def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, 
     assert store._meta("format_version") == str(FORMAT_VERSION) == "3"
     msg = broker.retained.get("r")
     assert (msg.payload, msg.props, msg.expires) == (b"v", None, None)
+    assert store.db.execute("SELECT count(*) FROM wills").fetchone()[0] == 0  # (and the wills table)
     store.db.close()
 
 
@@ -518,4 +520,43 @@ def test_a_message_expiry_is_stored_on_the_wall_clock_and_read_back_on_the_runs_
     broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts())
     again.load(broker)
     assert broker.retained.get("r").expires == pytest.approx(msg.expires - 1000.0)
+    again.db.close()
+
+
+def test_a_delayed_will_is_stored_and_comes_back_due_at_the_same_instant(tmp_path):
+    """[MQTT-3.1.2-8] across a restart: a will waiting for its Will Delay Interval is part of
+    the session's state; the store keeps it with when it is due (on the wall clock) and gives
+    it back on the clock of the run that reads it, with its properties and Message Expiry;
+    published or cancelled, it is gone from the store."""
+    from mqttmesh.broker import Broker, BrokerSettings
+    from mqttmesh.server.sqlite_store import SqliteStore
+
+    store = SqliteStore(str(tmp_path))
+    j = Journal()
+    broker = Broker(BrokerSettings(node_id="n1"), None, j)
+    will = Message("w/gone", b"bye", 1, True, "n1", 7, "dev", 1.5, PROPS)
+    broker.delay_will("dev", will, 30, 50.0)
+    broker.delay_will("other", Message("w/o", b"x", 0, False, "n1", 8, "o", 1.5), None, 60.0)
+    store.write(j.take()[1])
+    store.db.close()
+    again = SqliteStore(str(tmp_path))
+    again.clock_offset = store.clock_offset + 1000.0  # a run whose loop clock is 1000 s behind
+    j2 = Journal()
+    restarted = Broker(BrokerSettings(node_id="n1"), None, j2)
+    again.load(restarted)
+    due, msg, expiry = restarted.delayed_wills["dev"]
+    assert due == pytest.approx(50.0 - 1000.0) and expiry == 30
+    assert (msg.topic, msg.payload, msg.qos, msg.retain, msg.seq, msg.publisher, msg.props) == (
+        "w/gone",
+        b"bye",
+        1,
+        True,
+        7,
+        "dev",
+        PROPS,
+    )
+    restarted.cancel_will("other")  # a new connection came first
+    assert restarted.publish_due_wills(-900.0) == 1 and restarted.delayed_wills == {}
+    again.write(j2.take()[1])
+    assert again.db.execute("SELECT count(*) FROM wills").fetchone()[0] == 0
     again.db.close()

@@ -49,6 +49,9 @@ CREATE TABLE IF NOT EXISTS tombstone_floors(client_id TEXT NOT NULL, origin TEXT
 CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, publisher TEXT NOT NULL,
     ts REAL NOT NULL, dests TEXT NOT NULL, props BLOB, expires REAL);
+CREATE TABLE IF NOT EXISTS wills(client_id TEXT PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
+    qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL,
+    publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, expiry INTEGER, due REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS retained(topic TEXT PRIMARY KEY, payload BLOB NOT NULL, qos INTEGER NOT NULL,
     origin TEXT NOT NULL, seq INTEGER NOT NULL, publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB,
     expires REAL);
@@ -58,7 +61,7 @@ CREATE TABLE IF NOT EXISTS retained(topic TEXT PRIMARY KEY, payload BLOB NOT NUL
 # when they expire in format 3 (wall-clock seconds: a restart keeps counting)
 _PROPS_TABLES = ("messages", "inbound", "custody", "retained")
 # the ops that carry a message's expiry last, on the clock of this run (store.py _snapshot)
-_EXPIRING = frozenset(("message_put", "inbound_put", "retained_put", "custody_put"))
+_EXPIRING = frozenset(("message_put", "inbound_put", "retained_put", "custody_put", "will_put"))
 
 _SQL = {
     "session_put": "INSERT OR REPLACE INTO sessions(client_id, subscriptions, expires) VALUES (?, ?, ?)",
@@ -76,6 +79,8 @@ _SQL = {
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
     "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?,?,?)",
     "custody_remove": "DELETE FROM custody WHERE seq = ?",
+    "will_put": "INSERT OR REPLACE INTO wills VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+    "will_delete": "DELETE FROM wills WHERE client_id = ?",
 }
 
 
@@ -180,6 +185,13 @@ class SqliteStore:
             msg.expires = self._here(expires)
             broker.retained.set(topic, msg)
             retained += 1
+        for cid, topic, payload, qos, retain, origin, seq, publisher, ts, props, expiry, due in db.execute(
+            "SELECT client_id, topic, payload, qos, retain, origin, seq, publisher, ts, props, expiry, due FROM wills"
+        ):
+            # (a delayed will, on the clock of this run: one whose time passed while the node
+            # was down is published at the first sweep)
+            msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, _props(props))
+            broker.delayed_wills[cid] = (due - self.clock_offset, msg, expiry)
         return len(sessions), retained
 
     def load_nodes(self) -> list[str]:
