@@ -143,3 +143,42 @@ def test_a_connection_the_node_closes_itself_counts_its_delay_and_expiry_from_th
     entry = net.clusters["a"].registry.entries[cid]
     assert entry.will_due == closed + 3 + net.wall_offset
     assert entry.session_due == closed + 60 + net.wall_offset
+
+
+def test_a_will_dropped_by_disconnect_stays_dropped_when_a_side_that_took_its_node_for_gone_heals():
+    """A partition cuts the client's node x and the registrar r from the backup k (and the
+    others). The client leaves x with a DISCONNECT: r hears x's release and drops the will
+    [MQTT-3.1.2-10]; k, registrar on its side, took x for gone and keeps the will for its
+    delay. At the heal k's copy (the same connection, ended, with the will) reached r, which
+    took it (an equal epoch, both ended: the copy won) and published the will, x in its sight,
+    though the connection had ended by DISCONNECT (fuzzer seed 59, `cluster.will_delay`):
+    a copy does not bring back a will the other knew gone."""
+    names = ["a", "b", "c", "d", "e"]
+    net = Net(names=names, settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: not {"a"} & set(regs[:2]))
+    members = net.clusters["a"].members
+    r, k = members.registrars(cid)
+    x = "a"
+    ch = net.connect(x, cid, clean=False, will=_will(3))
+    assert ch.state == "connected"
+    net.tick(0.1)
+    assert net.clusters[k].registry.entries[cid].will is not None
+    # the cut: {x, r} | the rest; x and r do not know of it yet
+    side = sorted(set(names) - {x, r})
+    net.up = {x, r}
+    ch.close("client sent DISCONNECT")  # (no will: a DISCONNECT deletes it)
+    net.pump()
+    assert net.clusters[r].registry.entries[cid].will is None
+    net.up = set(side)
+    for n in side:
+        net.clusters[n].membership(side, {m: net.incs[m] for m in side}, net.t)
+    net.pump()
+    net.tick(0.6)  # (will_delay: k, registrar on its side, takes x's clients for gone)
+    held = net.clusters[k].registry.entries[cid]
+    assert not held.connected and held.will is not None and held.will_due is not None
+    net.up = set(names)  # the heal, before the will is due on k's side
+    net.membership()
+    net.tick(1.0)
+    net.tick(5.0)
+    assert _wills(net, "w/d") == []
+    assert all(net.clusters[n].registry.entries[cid].will is None for n in (r, k))

@@ -165,6 +165,12 @@ class Registry:
             have = self.entries.get(entry.cid)
             if not entry.connected:
                 self.kicked.pop((entry.cid, entry.conn), None)  # (its node released it)
+                if have is not None and _will_settled(have, entry):
+                    # the end of one connection known two ways (a heal): here its will was
+                    # published, or dropped by its DISCONNECT [MQTT-3.1.2-10]; the copy of a
+                    # side that took its node for gone, the will still waiting for its delay,
+                    # does not bring it back (fuzzer seed 59)
+                    entry = dataclasses.replace(entry, will=None, will_due=None)
             if have is None or (entry.epoch, not entry.connected) >= (have.epoch, not have.connected):
                 if have is not None and have.conn != entry.conn:
                     # (two registrars of one id across a split may hand out the same epoch:
@@ -325,6 +331,18 @@ def _delays(entry: Registration) -> bool:
     """Its connection's will waits for a Will Delay Interval (MQTT 5, a session that outlives
     the connection)."""
     return entry.will is not None and entry.will.delay > 0
+
+
+def _will_settled(have: Registration, copy: Registration) -> bool:
+    """``have`` and ``copy`` are the same ended connection (its epoch) and ``have`` no longer
+    holds the will ``copy`` still does: it went (published, or deleted by a DISCONNECT)."""
+    return (
+        have.conn == copy.conn
+        and have.epoch == copy.epoch
+        and not have.connected
+        and have.will is None
+        and copy.will is not None
+    )
 
 
 def _session_due(entry: Registration, expiry: int, wall: float) -> float | None:
