@@ -29,22 +29,6 @@ def _answers(ch) -> list:
     return list(d.packets())
 
 
-def _hold(net: Net, kind: str) -> list[tuple[str, str, str, bytes]]:
-    """``pump``, keeping back every unicast of ``kind`` (returned, not handed over)."""
-    held = []
-    for _ in range(10_000):
-        for n in sorted(net.up):
-            net.clusters[n].flush(net.t)
-        if not net.queue:
-            return held
-        item = net.queue.popleft()
-        if item[2] == kind:
-            held.append(item)
-        elif item[1] in net.up:
-            net.clusters[item[1]].receive(item[0], item[2], item[3], net.t)
-    raise AssertionError("the cluster did not settle")
-
-
 def _quiet_subscriber(net: Net, cid: str, session_expiry: int):
     """A persistent MQTT 5 subscriber on a whose client goes quiet after its SUBSCRIBE (t=0):
     at t=1 a QoS 1 message with 3 s to live reaches it (in flight, never acknowledged)."""
@@ -75,7 +59,7 @@ def test_a_kicked_connections_copy_gives_no_message_more_life_than_it_has():
     _quiet_subscriber(net, cid, session_expiry=10)
     net.t = 3.0
     moved = net.connect("b", cid, clean=False, pump=False, expiry=10)
-    fetches = _hold(net, "sess.fetch")
+    fetches = net.pump_holding("sess.fetch")
     assert moved.state == "claiming" and fetches
     holders = [n for n in net.names if n != "a" and cid in net.brokers[n].sessions]
     assert holders
@@ -99,7 +83,7 @@ def test_a_resend_after_a_kick_says_what_is_left_of_the_message():
     net.t = 3.4
     moved = net.client("b")
     moved.receive_data(r5.connect(cid, clean=False, properties=r5.props((P.SESSION_EXPIRY, r5.u32(1)))), net.t)
-    fetches = _hold(net, "sess.fetch")
+    fetches = net.pump_holding("sess.fetch")
     assert fetches
     net.t = 3.45
     net.clusters["a"].tick(net.t)  # (a's timers run before the claim's fetch reaches it)

@@ -22,22 +22,6 @@ from support.cluster_net import Net, cid_with
 KEEP = r5.props((P.SESSION_EXPIRY, r5.u32(300)))  # a session that outlives its connection
 
 
-def _pump_holding(net: Net, frm: str, kind: str) -> list[tuple[str, str, str, bytes]]:
-    """``pump``, keeping back what ``frm`` sends of ``kind`` (returned, not handed over)."""
-    held = []
-    for _ in range(10_000):
-        for n in sorted(net.up):
-            net.clusters[n].flush(net.t)
-        if not net.queue:
-            return held
-        item = net.queue.popleft()
-        if item[0] == frm and item[2] == kind:
-            held.append(item)
-        elif item[1] in net.up:
-            net.clusters[item[1]].receive(item[0], item[2], item[3], net.t)
-    raise AssertionError("the cluster did not settle")
-
-
 @pytest.mark.parametrize("slow_answer_at, left", [(1.8, 0.2), (2.2, 0.0)])
 def test_a_qos2_message_gathered_from_copies_taken_at_different_times_gets_no_more_life(slow_answer_at, left):
     """A persistent publisher sends a QoS 2 message with a Message Expiry Interval of 2 s at
@@ -67,7 +51,7 @@ def test_a_qos2_message_gathered_from_copies_taken_at_different_times_gets_no_mo
     net.t = 0.5
     moved = net.client("b")
     moved.receive_data(r5.connect(cid, clean=False, properties=KEEP), net.t)
-    slow = _pump_holding(net, "d", "sess.state")
+    slow = net.pump_holding("sess.state", "d")
     assert [(frm, dest) for frm, dest, _, _ in slow] == [("d", "b")]  # (c answered at 0.5)
     assert moved.state == "claiming" and net.published["b"] == []
     net.t = slow_answer_at

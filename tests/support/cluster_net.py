@@ -208,6 +208,22 @@ class Net:
                 self.clusters[dest].receive(frm, kind, payload, self.t)
         raise AssertionError("the cluster did not settle")
 
+    def pump_holding(self, kind: str, frm: str | None = None, limit: int = 10_000) -> list[tuple[str, str, str, bytes]]:
+        """``pump``, keeping back every unicast of ``kind`` (from ``frm`` only, if given):
+        returned, not handed over."""
+        held = []
+        for _ in range(limit):
+            for n in sorted(self.up):
+                self.clusters[n].flush(self.t)
+            if not self.queue:
+                return held
+            item = self.queue.popleft()
+            if item[2] == kind and (frm is None or item[0] == frm):
+                held.append(item)
+            elif item[1] in self.up:
+                self.clusters[item[1]].receive(item[0], item[2], item[3], self.t)
+        raise AssertionError("the cluster did not settle")
+
     def committed(self, node: str, batch: int) -> None:
         """``node``'s store committed ``batch`` (as assembly.NodeCore.committed tells its parts)."""
         for channel in self.brokers[node].committed(batch):
