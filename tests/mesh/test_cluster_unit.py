@@ -938,6 +938,19 @@ GOLDEN = [
         {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "node": "n1", "delayed": False, "expiry": 600, "refused": True},
     ),
     (
+        RegRelease("c1", "n1/7/3", 4, "n1", True, 600, ago=4_250, will=WILL),  # ("ago", "will": mesh protocol 11)
+        {
+            "cid": "c1",
+            "conn": "n1/7/3",
+            "epoch": 4,
+            "node": "n1",
+            "delayed": True,
+            "expiry": 600,
+            "ago": 4_250,
+            "will": WILL_JSON,
+        },
+    ),
+    (
         RegRegister("c1", "n1", 7, "n1/7/3", 4, True, None, 1700000000.25),
         {
             "cid": "c1",
@@ -988,6 +1001,19 @@ def test_the_golden_set_covers_every_kind_and_every_kind_has_a_handler():
 def test_each_kind_encodes_to_the_bytes_of_before_and_decodes_back(msg, body):
     assert msg.encode() == json.dumps(body).encode()
     assert decode(type(msg).KIND, msg.encode()) == msg
+
+
+def test_a_release_is_older_by_its_way_and_says_so_to_the_next():
+    """A release's "ago" (when its connection ended) grows by the time it was on the way, at
+    each relay: the registrar counts the session's interval and the will's delay from the
+    end, not from when it came (mesh protocol 11, finding 26 of docs/simulation.md)."""
+    msg = RegRelease("c1", "n1/7/3", 4, "n1", True, 600, ago=4_250, will=WILL)
+    came = decode("reg.release", msg.encode(), 30)
+    assert came == RegRelease("c1", "n1/7/3", 4, "n1", True, 600, ago=4_280, will=WILL)
+    assert decode("reg.release", came.encode(), 12).ago == 4_292
+    assert decode(
+        "reg.release", b'{"cid": "c", "conn": "x", "epoch": 1, "node": "n", "delayed": false, "expiry": 5}'
+    ) == (RegRelease("c", "x", 1, "n", False, 5))
 
 
 def test_a_sess_state_without_a_session_carries_null():

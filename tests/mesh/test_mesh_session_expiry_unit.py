@@ -252,3 +252,95 @@ def test_a_session_whose_clients_node_died_ends_its_interval_later_everywhere():
     assert net.clusters[registrar].registry.entries[cid].clean
     back = _claim(net, "b", cid)
     assert back.state == "connected" and back.present is False
+
+
+def test_a_release_that_comes_after_a_partition_counts_the_interval_from_the_end():
+    """The client's node a is cut off and its client leaves (no DISCONNECT): the release
+    cannot reach the registrar, whose side takes a's clients for gone a moment later and
+    counts the interval from then. At the heal a sends the release again, saying how long ago
+    the connection ended (reg.release "ago", mesh protocol 11): the registrar counts from the
+    end itself, so a claim after the end plus the interval, though before the moment of the
+    loss of sight plus the interval, finds the session expired [MQTT-4.1.0-2], and not a
+    resumed copy of a holder that never heard of the end (fuzzer seed 119, finding 26 of
+    docs/simulation.md)."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: "a" not in regs)
+    registrar = net.clusters["b"].members.registrars(cid)[0]
+    ch = net.connect("a", cid, clean=False, expiry=3)
+    assert ch.state == "connected"
+    net.tick(0.25)
+    net.up = {"a"}  # (a does not know it yet: its release goes nowhere)
+    ch.close("connection lost")
+    net.pump()
+    ended = net.t
+    net.up = {"b", "c"}
+    for n in ("b", "c"):
+        net.clusters[n].membership(["b", "c"], {"b": 1, "c": 1}, net.t)
+    net.pump()
+    _wait(net, 1.0)
+    entry = net.clusters[registrar].registry.entries[cid]
+    assert not entry.connected and entry.session_due is not None
+    assert entry.session_due > ended + 3 + net.wall_offset + 0.4  # (from the loss of sight)
+    net.up = {"a", "b", "c"}  # the heal: a's nodes re-register, and release again
+    net.membership()
+    entry = net.clusters[registrar].registry.entries[cid]
+    assert entry.session_due == pytest.approx(ended + 3 + net.wall_offset, abs=0.002)
+    _wait(net, ended + 3.25 - net.t)  # (past the end plus 3 s, before the other count)
+    assert net.t < ended + 3 + 0.5
+    back = _claim(net, "b", cid)
+    assert back.state == "connected" and back.present is False
+
+
+def _reg(conn: str, epoch: int, connected: bool, at: float, **kw):
+    from mqttmesh.mesh.cluster.cluster_wire import Registration
+
+    return Registration("c1", conn.split("/")[0], 1, conn, epoch, False, None, connected, at, expiry=10, **kw)
+
+
+@pytest.mark.parametrize(
+    ("have", "copy", "kept"),
+    [
+        # a live connection claimed later, against the copy of an ended (refused) claim of
+        # the other side (fuzzer seed 141): the live one stays, its will and session with it
+        (
+            _reg("b/1/11", 3, True, 9.18),
+            _reg("b/1/10", 3, False, 8.75, refused=True, session_due=18.2),
+            ("b/1/11", True),
+        ),
+        (_reg("b/1/11", 3, True, 9.18), _reg("b/1/10", 3, False, 8.75, session_due=18.2), ("b/1/11", True)),
+        # the copy of a later live claim takes the place of an ended earlier one
+        (_reg("b/1/10", 3, False, 8.75, session_due=18.2), _reg("b/1/11", 3, True, 9.18), ("b/1/11", True)),
+        # a claim never accepted (by a registrar that had restarted and knew nothing: it found
+        # no end) does not take the place of an accepted connection's end (fuzzer seed 133)...
+        (
+            _reg("a/1/4", 1, False, 2.09, session_due=8.57),
+            _reg("a/1/9", 1, False, 8.15, refused=True),
+            ("a/1/4", False),
+        ),
+        # ...and gives way to it
+        (
+            _reg("a/1/9", 1, False, 8.15, refused=True),
+            _reg("a/1/4", 1, False, 2.09, session_due=8.57),
+            ("a/1/4", False),
+        ),
+        # one connection: its end takes the place of its start, never the other way
+        (_reg("a/1/4", 1, True, 2.09), _reg("a/1/4", 1, False, 2.09, session_due=8.57), ("a/1/4", False)),
+        (_reg("a/1/4", 1, False, 2.09, session_due=8.57), _reg("a/1/4", 1, True, 2.09), ("a/1/4", False)),
+        # a larger epoch, whatever else
+        (_reg("b/1/11", 3, True, 9.18), _reg("a/1/2", 4, False, 1.0, refused=True), ("a/1/2", False)),
+    ],
+)
+def test_of_two_registrations_the_copy_keeps_the_current_one(have, copy, kept):
+    """Two registrars of one ClientId across a split hand out one epoch twice: at the heal,
+    the registration of the claim that was accepted over one never accepted, else of the
+    later claim (finding 26 of docs/simulation.md: an ended connection's copy took the place
+    of a live one claimed later, seed 141; a refused claim's, which knew no end, the place of
+    the end of the session it did not resume, seed 133)."""
+    from mqttmesh.mesh.cluster.cluster_wire import RegCopy
+
+    net = Net()
+    registry = net.clusters["a"].registry
+    registry.entries["c1"] = have
+    registry.on_copy("b", RegCopy([copy]), net.t)
+    entry = registry.entries["c1"]
+    assert (entry.conn, entry.connected) == kept

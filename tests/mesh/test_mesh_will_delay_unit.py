@@ -10,6 +10,8 @@ whose session ends with the connection goes at once. Rule ids are MQTT 5.0's.
 
 from __future__ import annotations
 
+import pytest
+
 from mqttmesh import properties as P
 from mqttmesh.mesh.cluster.cluster import ClusterSettings
 from mqttmesh.packets import Will
@@ -182,3 +184,80 @@ def test_a_will_dropped_by_disconnect_stays_dropped_when_a_side_that_took_its_no
     net.tick(5.0)
     assert _wills(net, "w/d") == []
     assert all(net.clusters[n].registry.entries[cid].will is None for n in (r, k))
+
+
+def test_a_delayed_will_is_published_on_the_side_of_a_partition_its_registrar_is_not_on():
+    """A partition cuts the client's node x and two others from the ClientId's registrar and
+    backup. The client leaves x without a DISCONNECT: the registrar on x's side (as they see
+    the mesh now) never had a copy of the registration, so the release carries
+    the will (mesh protocol 11) and it keeps and publishes it when its delay passed
+    [MQTT-3.1.2-8] (finding 8's rule: once per side). Before, the release found no entry and
+    the will never came, though the client stayed away (fuzzer seed 133, finding 26 of
+    docs/simulation.md). The other side takes x for gone and keeps the will for its delay
+    from then; the heal comes before that: the will is not published a second time."""
+    names = ["a", "b", "c", "d", "e"]
+    net = Net(names=names, settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: set(regs[:2]) == {"d", "e"})
+    ch = net.connect("a", cid, clean=False, will=_will(2), expiry=30)
+    assert ch.state == "connected"
+    net.tick(0.1)
+    side, other = ["a", "b", "c"], ["d", "e"]
+    net.up = set(side)  # (x's side does not know it yet: the release goes nowhere)
+    ch.close("connection lost", delayed=True)
+    net.pump()
+    for n in side:
+        net.clusters[n].membership(side, {m: net.incs[m] for m in side}, net.t)
+    net.pump()
+    ended = net.t
+    net.tick(1.9)
+    assert _wills(net, "w/d") == []  # (never early)
+    net.tick(0.2)
+    assert len(_wills(net, "w/d")) == 1 and _wills(net, "w/d")[0] in side
+    net.up = set(other)
+    for n in other:
+        net.clusters[n].membership(other, {m: net.incs[m] for m in other}, net.t)
+    net.pump()
+    net.tick(0.6)  # (will_delay: the registrar's side takes x's clients for gone)
+    r = net.clusters["d"].members.registrars(cid)[0]
+    held = net.clusters[r].registry.entries[cid]
+    assert not held.connected and held.will is not None and held.will_due > ended + 2 + net.wall_offset
+    net.up = set(names)
+    net.membership()
+    net.tick(1.0)
+    net.tick(5.0)
+    assert len(_wills(net, "w/d")) == 1
+
+
+def test_a_release_after_a_partition_settles_the_will_its_registrar_kept_for_a_node_it_took_for_gone():
+    """The registrar took the client's node for gone and keeps the delayed will, due its delay
+    from then. The node's release, re-sent after the heal, says how the connection ended and
+    how long ago (mesh protocol 11): by DISCONNECT, the will goes [MQTT-3.1.2-10] (it was
+    published by the registrar though the client had said DISCONNECT, fuzzer seed 119,
+    finding 26 of docs/simulation.md); without, it is due its delay after the end itself,
+    never before it [MQTT-3.1.2-8]."""
+    from mqttmesh.mesh.cluster.cluster_wire import RegRelease
+
+    for delayed in (False, True):
+        net = Net(settings=ClusterSettings(will_delay=0.5))
+        cid = cid_with(net, lambda regs, holders: "a" not in regs)
+        registrar = net.clusters["b"].members.registrars(cid)[0]
+        ch = net.connect("a", cid, clean=False, will=_will(10), expiry=60)
+        registry = net.clusters[registrar].registry
+        conn, epoch = registry.entries[cid].conn, registry.entries[cid].epoch
+        net.up = {"b", "c"}  # a and its client gone, as the registrar sees it
+        net.clusters[registrar].membership(["b", "c"], {"b": 1, "c": 1}, net.t)
+        net.tick(1.0)
+        held = registry.entries[cid]
+        assert not held.connected and held.will is not None
+        wall = net.t + net.wall_offset
+        release = RegRelease(cid, conn, epoch, "a", delayed, 60, ago=3_000)  # (ended 3 s ago)
+        registry.on_release("a", release, net.t)
+        entry = registry.entries[cid]
+        assert entry.session_due == pytest.approx(wall - 3 + 60)
+        if delayed:
+            assert entry.will is not None and entry.will_due == pytest.approx(wall - 3 + 10)
+        else:
+            assert entry.will is None and entry.will_due is None
+            net.tick(12.0)
+            assert _wills(net, "w/d") == []
+        assert ch.state == "connected"  # (a, cut off, never heard)

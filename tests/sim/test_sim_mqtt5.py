@@ -427,18 +427,17 @@ def test_a_node_that_publishes_a_delayed_will_at_once_is_caught(monkeypatch: pyt
 
 # ---------------------------------------------------------------- open findings
 
-# the fuzzer's findings with MQTT 5 clients not fixed yet (docs/simulation.md: 26, from the
-# sweep of seeds 60-159; 21 to 25 are fixed), shrunk: each breaks an invariant today; once
-# fixed, its scenario moves to found/
+# the fuzzer's findings with MQTT 5 clients not fixed yet (docs/simulation.md: none now, 21 to
+# 26 are fixed), shrunk: each breaks an invariant today; once fixed, its scenario moves to found/
 OPEN = sorted((SCENARIOS / "open").glob("*.toml"))
 
 
 def test_every_open_finding_has_its_scenario() -> None:
-    assert [p.stem.split("-fuzz-")[0] for p in OPEN] == ["finding-26"]
+    assert [p.stem.split("-fuzz-")[0] for p in OPEN] == []
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open findings of docs/simulation.md (26)")
+@pytest.mark.xfail(strict=True, reason="open findings of docs/simulation.md (none now)")
 @pytest.mark.parametrize("path", OPEN, ids=[p.stem for p in OPEN])
 def test_an_open_finding_holds_every_invariant(path) -> None:
     sc = load_scenario(path)

@@ -49,8 +49,9 @@ def pair(d_secret=SECRET, l_secret=SECRET, nd=ND, nl=NL):
 def test_the_peer_protocol_version():
     # (7: MQTT 5 properties in envelopes and cluster messages; 8: what is left of an expiring
     # message's life, issue 23; 9: unicast records say how long they were on the way; 10: a
-    # release says when its claim was never accepted, reg.release "refused")
-    assert PEER_PROTOCOL == 10
+    # release says when its claim was never accepted, reg.release "refused"; 11: and how long
+    # ago its connection ended, with its delayed will, "ago" and "will")
+    assert PEER_PROTOCOL == 11
     assert NONCE_BYTES == 16
 
 

@@ -186,9 +186,8 @@ class Claimant:
         # connections that ended here (their wills published or discarded here), told to
         # the registrar again with every registration round for a while: a release lost in
         # a partition would leave the registrar to publish the will a second time when it
-        # finds this node gone (fuzzer seed 22). (cid, conn) -> (epoch, until, whether its
-        # will is delayed, its session's expiry interval, whether it was never accepted)
-        self.released: dict[tuple[str, str], tuple[int, float, bool, int, bool]] = {}
+        # finds this node gone (fuzzer seed 22). (cid, conn) -> (when it ended, the release)
+        self.released: dict[tuple[str, str], tuple[float, RegRelease]] = {}
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
         # ClientId -> epoch: sessions resumed here to end with their connection (discarded
         # at every holder when it ends)
@@ -437,7 +436,9 @@ class Claimant:
         if self.ending.get(cid) == local.epoch:
             del self.ending[cid]
             self._discard_copies(cid, local.epoch, self.node_id)
-        self._release(cid, local.conn, local.epoch, now, delayed, expiry)
+        if local.clean:
+            expiry = 0  # (the session ended with it: a registrar that knew nothing of it learns so)
+        self._release(cid, local.conn, local.epoch, now, delayed, expiry, will=local.will if delayed else None)
 
     def _discard_copies(self, cid: str, epoch: int, active: str | None) -> None:
         for node in sorted(set(self.membership.holders(cid, active)) - {self.node_id}):
@@ -452,10 +453,12 @@ class Claimant:
         delayed: bool = False,
         expiry: int = KEPT,
         refused: bool = False,
+        will: WireWill | None = None,
     ) -> None:
-        """Tell the registrar a connection ended (``refused``: a claim never accepted)."""
-        self.released[(cid, conn)] = (epoch, now + 6 * self.settings.register_interval, delayed, expiry, refused)
-        body = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry, refused)
+        """Tell the registrar a connection ended (``refused``: a claim never accepted;
+        ``will``: its will, which waits for its delay)."""
+        body = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry, refused, 0, will)
+        self.released[(cid, conn)] = (now, body)
         self.out.put(self.membership.registrars(cid)[0], body)
 
     def on_kick(self, frm: str, m: RegKick, now: float) -> None:
@@ -474,12 +477,12 @@ class Claimant:
     def register_local(self, now: float) -> None:
         """Tell the registrars which clients are here (after a change, and periodically)."""
         self.last_register = now
-        for (cid, conn), (epoch, until, delayed, expiry, refused) in list(self.released.items()):
-            if now >= until:
+        for (cid, conn), (ended, release) in list(self.released.items()):
+            if now >= ended + 6 * self.settings.register_interval:
                 del self.released[(cid, conn)]
             else:  # (idempotent at the registrar: it drops a release of another connection)
-                release = RegRelease(cid, conn, epoch, self.node_id, delayed, expiry, refused)
-                self.out.put(self.membership.registrars(cid)[0], release)
+                ago = round((now - ended) * 1000)  # (when the session's interval began)
+                self.out.put(self.membership.registrars(cid)[0], replace(release, ago=ago))
         # (a copy: a registration handled here may end a local connection, fuzzer seed 214)
         for cid, local in list(self.local.items()):
             if self.local.get(cid) is not local:

@@ -295,6 +295,9 @@ class Registration:
     # the session the claim found ends, should the claim never be accepted (registry.py)
     session_due: float | None = None
     expiry: int = 0xFFFFFFFF  # its session's Session Expiry Interval (RegClaim's)
+    # a claim never accepted (reg.release refused): it resumed nothing and says nothing of the
+    # session but the end it found, which may be none (a registrar that restarted in a split)
+    refused: bool = False
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -314,6 +317,8 @@ class Registration:
             out["session_due"] = self.session_due
         if self.expiry != 0xFFFFFFFF:
             out["expiry"] = self.expiry
+        if self.refused:
+            out["refused"] = True
         return out
 
     @classmethod
@@ -332,6 +337,7 @@ class Registration:
             None if o.get("will_due") is None else _num(o["will_due"], where, "will_due"),
             None if o.get("session_due") is None else _num(o["session_due"], where, "session_due"),
             _int(o.get("expiry", 0xFFFFFFFF), where, "expiry"),
+            _bool(o.get("refused", False), where, "refused"),
         )
 
 

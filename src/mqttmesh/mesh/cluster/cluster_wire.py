@@ -271,7 +271,7 @@ class RegKick(Wire):
 
 
 @dataclass(frozen=True, slots=True)
-class RegRelease(_Flat):
+class RegRelease(Wire):
     KIND: ClassVar[str] = "reg.release"
     cid: str
     conn: str
@@ -286,6 +286,50 @@ class RegRelease(_Flat):
     # the claim was never accepted (CONNACK 0x03, or its client left before it): it resumed
     # nothing, and the session ends as the claim found it (peer protocol 10; absent: False)
     refused: bool = False
+    # how long ago the connection ended, in ms, as it arrives (the sender's time since the
+    # end plus the way, ``aged``): a release re-sent after a partition or a link down says
+    # when the session's interval and the will's delay began, not when it came (peer
+    # protocol 11; absent: 0, it ended as it was sent)
+    ago: int = 0
+    # the delayed will itself: a registrar that holds no entry for the ClientId (the one on
+    # this side of a partition, which never had a copy) keeps it and publishes it when due
+    # (peer protocol 11; absent: none)
+    will: WireWill | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "cid": self.cid,
+            "conn": self.conn,
+            "epoch": self.epoch,
+            "node": self.node,
+            "delayed": self.delayed,
+            "expiry": self.expiry,
+        }
+        if self.refused:
+            out["refused"] = True
+        if self.ago:
+            out["ago"] = self.ago
+        if self.will is not None:
+            out["will"] = self.will.to_json()
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> Self:
+        w = cls.KIND
+        return cls(
+            _str(_key(obj, "cid", w), w, "cid"),
+            _str(_key(obj, "conn", w), w, "conn"),
+            _int(_key(obj, "epoch", w), w, "epoch"),
+            _str(_key(obj, "node", w), w, "node"),
+            _bool(_key(obj, "delayed", w), w, "delayed"),
+            _int(_key(obj, "expiry", w), w, "expiry"),
+            _bool(obj.get("refused", False), w, "refused"),
+            _int(obj.get("ago", 0), w, "ago"),
+            WireWill.from_json(obj.get("will"), w),
+        )
+
+    def aged(self, ms: int) -> Self:
+        return replace(self, ago=self.ago + ms)
 
 
 @dataclass(frozen=True, slots=True)

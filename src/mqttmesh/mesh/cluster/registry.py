@@ -134,12 +134,12 @@ class Registry:
                 if r != self.node_id:
                     out.append(ToNode(r, m))
         entry = self.entries.get(m.cid)
-        wall = now + self.wall_offset
+        wall = now + self.wall_offset - m.ago / 1000  # (when the connection ended)
         if entry is not None and entry.conn == m.conn and entry.connected and m.refused:
             # a claim never accepted (0x03, or its client left first) resumed nothing: the
             # session ends when it would have without it, as the claim found it (a release that
             # said "never" forgot an end known, and at a heal the other side's, finding 23)
-            self._store(dataclasses.replace(entry, connected=False, will=None, will_due=None), out)
+            self._store(dataclasses.replace(entry, connected=False, will=None, will_due=None, refused=True), out)
         elif entry is not None and entry.conn == m.conn and entry.connected:  # (one sent again: done)
             session_due = _session_due(entry, m.expiry, wall)
             if m.delayed and _delays(entry):
@@ -155,7 +155,37 @@ class Registry:
             # the connection a claim (still on) replaced has ended: the session the claim found
             # ends its interval from now (it counted from the claim, before the kick arrived)
             self._store(dataclasses.replace(entry, session_due=_session_due(kicked[0], m.expiry, wall)), out)
+        elif entry is not None and entry.conn == m.conn and entry.epoch == m.epoch and not m.refused:
+            # its end, known here first by finding its node gone (a partition): the release,
+            # re-sent since, says when it really ended, and what became of its will
+            self._told_end(entry, m, wall, out)
+        elif (entry is None or (entry.epoch < m.epoch and not entry.connected)) and not m.refused:
+            # a connection this registrar never had a copy of (its claim was granted across a
+            # partition, by the registrar of the other side): its end, its session's end and
+            # its delayed will are known here from now on, as the release says (also where the
+            # sender took this node for the registrar before it did: it will, once it finds
+            # the others gone, and the entry is then its, rebalance)
+            self._store(_ended(m, self.membership.incs.get(m.node, 0), wall), out)
         return out
+
+    def _told_end(self, entry: Registration, m: RegRelease, ended: float, out: RegistryOut) -> None:
+        """``entry``'s connection was taken for ended with its node, which now says it ended
+        at ``ended`` (wall clock): the session ends its interval from then, if that is earlier
+        than counted from the loss of sight [MQTT-4.1.0-2]; a will still waiting is dropped
+        if the node took care of it (a DISCONNECT deleted it [MQTT-3.1.2-10], or it had no
+        delay and the node published it), else due its delay from then [MQTT-3.1.2-8] (never
+        before it: the end is the node's own). Finding 26 of docs/simulation.md."""
+        due = _session_due(entry, m.expiry, ended)
+        if due is not None and (entry.session_due is None or due < entry.session_due):
+            entry = dataclasses.replace(entry, session_due=due)
+        will, kept_due = entry.will, entry.will_due
+        if will is not None and kept_due is not None:
+            if not m.delayed:
+                entry = dataclasses.replace(entry, will=None, will_due=None)
+            elif ended + min(will.delay, m.expiry) < kept_due:
+                entry = dataclasses.replace(entry, will_due=ended + min(will.delay, m.expiry))
+        if entry != self.entries.get(entry.cid):
+            self._store(entry, out)
 
     def on_copy(self, frm: str, m: RegCopy, now: float) -> RegistryOut:
         """The registrar's copy, at its backup (or at a new registrar after a change)."""
@@ -171,7 +201,7 @@ class Registry:
                     # side that took its node for gone, the will still waiting for its delay,
                     # does not bring it back (fuzzer seed 59)
                     entry = dataclasses.replace(entry, will=None, will_due=None)
-            if have is None or (entry.epoch, not entry.connected) >= (have.epoch, not have.connected):
+            if have is None or _supersedes(entry, have):
                 if have is not None and have.conn != entry.conn:
                     # (two registrars of one id across a split may hand out the same epoch:
                     # the connection this copy replaces still has its will, fuzzer seed 12)
@@ -333,6 +363,23 @@ def _delays(entry: Registration) -> bool:
     return entry.will is not None and entry.will.delay > 0
 
 
+def _supersedes(copy: Registration, have: Registration) -> bool:
+    """A registrar's ``copy`` replaces the entry ``have``: a larger epoch; for one connection
+    at one epoch, its end (a copy says it ended); for two connections at one epoch (two
+    registrars across a split handed it out twice), a claim that was accepted over one never
+    accepted (which knows nothing of the session but what its registrar found, nothing after
+    a restart, fuzzer seed 133), else the later claim, as ``on_register`` decides (an ended
+    connection's copy took the place of a live one's claimed later, with its will and its
+    session's end, fuzzer seed 141). Finding 26 of docs/simulation.md."""
+    if copy.epoch != have.epoch:
+        return copy.epoch > have.epoch
+    if copy.conn == have.conn:
+        return not copy.connected or have.connected
+    if copy.refused != have.refused:
+        return have.refused
+    return (copy.at, copy.node) >= (have.at, have.node)
+
+
 def _will_settled(have: Registration, copy: Registration) -> bool:
     """``have`` and ``copy`` are the same ended connection (its epoch) and ``have`` no longer
     holds the will ``copy`` still does: it went (published, or deleted by a DISCONNECT)."""
@@ -365,6 +412,15 @@ def _found_end(entry: Registration | None, conn: str, wall: float) -> float | No
     if not entry.connected or entry.conn == conn:  # (the same claim again: what it found first)
         return entry.session_due
     return _session_due(entry, entry.expiry, wall)
+
+
+def _ended(m: RegRelease, inc: int, ended: float) -> Registration:
+    """The entry of a connection known only by its release, which ended at ``ended``."""
+    will = m.will if m.delayed else None
+    entry = Registration(m.cid, m.node, inc, m.conn, m.epoch, m.expiry == 0, will, False, ended, expiry=m.expiry)
+    due = _session_due(entry, m.expiry, ended)
+    will_due = None if will is None else ended + min(will.delay, m.expiry)
+    return dataclasses.replace(entry, session_due=due, will_due=will_due)
 
 
 def _registration(m: RegRegister, epoch: int) -> Registration:
