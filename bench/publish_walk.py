@@ -32,6 +32,8 @@ CLUSTER = {
     "cluster",
     "cluster_values",
     "cluster_wire",
+    "registry_wire",
+    "wire_base",
     "claimant",
     "confirm",
     "handover",

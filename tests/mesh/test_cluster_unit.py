@@ -19,19 +19,18 @@ from mqttmesh.mesh.cluster.cluster import HANDLERS, ClusterSettings
 from mqttmesh.mesh.cluster.cluster_values import (
     ClusterWireError,
     Forwarded,
-    Registration,
     RetainedAck,
     RetainedItem,
     Settlement,
     Snapshot,
     SnapshotEntry,
-    WireWill,
 )
 from mqttmesh.mesh.cluster.cluster_wire import (
     KINDS,
     RegClaim,
     RegCopy,
     RegGrant,
+    Registration,
     RegKick,
     RegRegister,
     RegRelease,
@@ -48,6 +47,7 @@ from mqttmesh.mesh.cluster.cluster_wire import (
     SessSettle,
     SessState,
     SessSubs,
+    WireWill,
     decode,
 )
 from mqttmesh.mesh.cluster.hrw import owners

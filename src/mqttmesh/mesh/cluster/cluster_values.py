@@ -1,4 +1,5 @@
 """The values inside cluster messages (mesh/cluster/cluster_wire.py), and the checks that read them.
+The registry's records (a will, a registration) are with its messages, in mesh/cluster/registry_wire.py.
 
 Pure. Record types inside bodies: a NamedTuple where the wire has a JSON array (its fields
 in array order: ``json.dumps`` writes a NamedTuple as the array), a dataclass where it has
@@ -18,8 +19,6 @@ from ...message import Message
 __all__ = [
     "ClusterSettings",
     "ClusterWireError",
-    "WireWill",
-    "Registration",
     "Settlement",
     "RetainedItem",
     "RetainedAck",
@@ -221,124 +220,6 @@ def unpack_ids(value: Any, where: str) -> list[tuple[str, int]]:
 
 
 # --------------------------------------------------------------------------- records
-
-
-@dataclass(frozen=True, slots=True)
-class WireWill:
-    """A client's will as the registrar keeps it (payload in base64)."""
-
-    topic: str
-    payload_b64: str
-    qos: int
-    retain: bool
-    # the sequence number of the will's message at the connection's node (0: none reserved):
-    # whoever publishes it publishes that one message, taken once by the duplicate filters
-    seq: int = 0
-    props_b64: str | None = None  # the will's MQTT 5 properties, as its message carries them
-    # its Message Expiry Interval (seconds, counted from when it is published), if it has one
-    expiry: int | None = None
-    # its Will Delay Interval (seconds) when its session outlives the connection (MQTT 5)
-    delay: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        out = {"topic": self.topic, "payload": self.payload_b64, "qos": self.qos, "retain": self.retain}
-        if self.seq:
-            out["seq"] = self.seq
-        if self.props_b64 is not None:
-            out["props"] = self.props_b64
-        if self.expiry is not None:
-            out["expiry"] = self.expiry
-        if self.delay:
-            out["delay"] = self.delay
-        return out
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> WireWill | None:
-        if value is None:
-            return None
-        where = f"{where} will"
-        o = _obj(value, where)
-        return cls(
-            _str(_key(o, "topic", where), where, "topic"),
-            _str(_key(o, "payload", where), where, "payload"),
-            _int(_key(o, "qos", where), where, "qos"),
-            _bool(_key(o, "retain", where), where, "retain"),
-            _int(o.get("seq", 0), where, "seq"),
-            _props_json(o.get("props"), where),
-            _ttl_json(o.get("expiry"), where),
-            _ttl_json(o.get("delay", 0), where) or 0,
-        )
-
-
-def _will_json(will: WireWill | None) -> dict[str, Any] | None:
-    return None if will is None else will.to_json()
-
-
-@dataclass(frozen=True, slots=True)
-class Registration:
-    """A registrar's entry for one ClientId: who holds it, since which epoch, its will."""
-
-    cid: str
-    node: str
-    inc: int
-    conn: str
-    epoch: int
-    clean: bool
-    will: WireWill | None
-    connected: bool
-    at: float  # wall-clock seconds of the claim (the split-brain tie-break)
-    # wall-clock seconds when the will of a connection that ended is due (its Will Delay
-    # Interval after the end): published then unless a new connection for the ClientId came
-    will_due: float | None = None
-    # wall-clock seconds when the session of a connection that ended expires (MQTT 5 Session
-    # Expiry Interval): from then on no session is kept for the ClientId. While connected: when
-    # the session the claim found ends, should the claim never be accepted (registry.py)
-    session_due: float | None = None
-    expiry: int = 0xFFFFFFFF  # its session's Session Expiry Interval (RegClaim's)
-    # a claim never accepted (reg.release refused): it resumed nothing and says nothing of the
-    # session but the end it found, which may be none (a registrar that restarted in a split)
-    refused: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "cid": self.cid,
-            "node": self.node,
-            "inc": self.inc,
-            "conn": self.conn,
-            "epoch": self.epoch,
-            "clean": self.clean,
-            "will": _will_json(self.will),
-            "connected": self.connected,
-            "at": self.at,
-        }
-        if self.will_due is not None:
-            out["will_due"] = self.will_due
-        if self.session_due is not None:
-            out["session_due"] = self.session_due
-        if self.expiry != 0xFFFFFFFF:
-            out["expiry"] = self.expiry
-        if self.refused:
-            out["refused"] = True
-        return out
-
-    @classmethod
-    def from_json(cls, value: Any, where: str) -> Registration:
-        o = _obj(value, where)
-        return cls(
-            _str(_key(o, "cid", where), where, "cid"),
-            _str(_key(o, "node", where), where, "node"),
-            _int(_key(o, "inc", where), where, "inc"),
-            _str(_key(o, "conn", where), where, "conn"),
-            _int(_key(o, "epoch", where), where, "epoch"),
-            _bool(_key(o, "clean", where), where, "clean"),
-            WireWill.from_json(_key(o, "will", where), where),
-            _bool(_key(o, "connected", where), where, "connected"),
-            _num(_key(o, "at", where), where, "at"),
-            None if o.get("will_due") is None else _num(o["will_due"], where, "will_due"),
-            None if o.get("session_due") is None else _num(o["session_due"], where, "session_due"),
-            _int(o.get("expiry", 0xFFFFFFFF), where, "expiry"),
-            _bool(o.get("refused", False), where, "refused"),
-        )
 
 
 class Settlement(NamedTuple):
