@@ -108,6 +108,10 @@ class BrokerSettings:
     receive_maximum: int = 1000  # (MQTT 5)
     topic_alias_maximum: int = 64  # (MQTT 5, client to server)
     subscribe_denied_code: int = 0x80  # (MQTT 5)
+    # "$share/{name}/{filter}" taken (shared.py; only outside a mesh for now), and how a
+    # group picks the member of each message (shared.STRATEGIES)
+    shared_subscriptions: bool = True
+    shared_strategy: str = "local"
     response_information: str = "response/{client_id}/"  # (MQTT 5, on request)
 
 
@@ -247,9 +251,15 @@ class Broker:
             factory = Sessions(settings.limits, self.journal, self.congestion, on_sent=on_sent)
         # the sessions and their subscriptions (session_table.py): the Broker delivers through
         # the trie; in a mesh the cluster holds there the copies of other nodes' sessions too
-        table = self.table = SessionTable(factory, self.journal, self.mesh)
+        table = self.table = SessionTable(factory, self.journal, self.mesh, settings.shared_strategy)
         self.sessions = table.sessions  # (the table's: read here, changed only through it)
         self.trie = table.trie
+        self.shared = table.shared  # the shared subscriptions' groups
+        # (a mesh does not take them yet: each node would serve its own members)
+        self.shared_available = settings.shared_subscriptions and self.mesh is None
+        auth = self.auth
+        if auth.acl is not None:
+            self.shared.receives = lambda s, m: auth.can_receive(s.username, s.client_id, m.topic)
         self.session_factory = table.factory
         self.retained_port = ports.retained  # where non-$ retained messages go, in a mesh
         # ClientId -> (when, will message, its Message Expiry Interval): wills waiting for
@@ -312,7 +322,7 @@ class Broker:
         A message that expired before it got here (``Message.at``) reaches none [MQTT-3.3.2-5]."""
         matches = self.trie.match(msg.topic)
         if not matches:
-            return NO_HITS
+            return self._to_groups(msg, NO_HITS) if self.shared.groups else NO_HITS
         if msg.expires is not None and msg.ttl <= 0.0:
             self.stats.expired += 1
             return NO_HITS
@@ -334,6 +344,31 @@ class Broker:
             for session, granted in matches.items():
                 if auth.can_receive(session.username, session.client_id, topic):
                     session.deliver(msg, qos if qos < granted else granted)
+        if self.shared.groups:
+            return self._to_groups(msg, hits)
+        return hits
+
+    def _to_groups(self, msg: Message, hits: Hits) -> Hits:
+        """``msg`` to one member of each shared group its topic matches (shared.py); the
+        congested sessions it reached, ``hits`` (the plain subscribers') and theirs."""
+        shared = self.shared
+        groups = shared.match(msg.topic)
+        if not groups:
+            return hits
+        if msg.expires is not None and msg.ttl <= 0.0:  # (only for groups alone: dispatch judged it)
+            self.stats.expired += 1
+            return hits
+        sent = self.stats.sent
+        chosen = []
+        for group in groups:
+            member = shared.deliver(group, msg)
+            if member is not None:
+                sent[msg.qos] += 1
+                chosen.append(member)
+        if self.congestion.reasons:
+            more = self.congestion.check(chosen)
+            if more:
+                return [*hits, *more]
         return hits
 
     def delay_will(self, client_id: str, msg: Message, expiry: int | None, due: float) -> None:

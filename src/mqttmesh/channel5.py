@@ -28,6 +28,7 @@ from .codec5 import REASON_NAMES, PublishProps, encode5, encode_publish5
 from .fields import varint
 from .packets import ACCEPTED, BAD_CREDENTIALS, BAD_PROTOCOL, ID_REJECTED, NOT_AUTHORIZED, UNAVAILABLE, ProtocolError
 from .session import NO_LOCAL, RETAIN_AS_PUBLISHED, SUB_ID_SHIFT, SUB_QOS
+from .shared import SHARE_PREFIX, ShareError, split_share
 from .topics import filter_matches
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ CONNACK_CODES = {
 
 # shared subscriptions are issue 24's: until then, a filter in their form is refused with
 # 0x9E and CONNACK says they are not available
-SHARE_PREFIX = "$share/"
 
 # the largest MQTT packet (1 type byte + 4 length bytes + 268,435,455)
 _MAX_PACKET = 268_435_460
@@ -130,7 +130,7 @@ class Conn5:
         ids: list[int] = []
         keep = False
         for topic_filter, value in session.subscriptions.items():
-            if value > SUB_QOS and filter_matches(topic_filter, topic):
+            if value > SUB_QOS and filter_matches(_served(topic_filter), topic):
                 sid = value >> SUB_ID_SHIFT
                 if sid:
                     ids.append(sid)  # [MQTT-3.3.4-3] [MQTT-3.3.4-4]
@@ -239,7 +239,7 @@ class Mqtt5:
             P.RECEIVE_MAXIMUM: settings.receive_maximum,
             P.MAXIMUM_PACKET_SIZE: settings.max_packet_size,
             P.TOPIC_ALIAS_MAXIMUM: settings.topic_alias_maximum,
-            P.SHARED_SUB_AVAILABLE: 0,
+            P.SHARED_SUB_AVAILABLE: 1 if self.broker.shared_available else 0,
         }
         if settings.topic_alias_maximum == 0:
             del props[P.TOPIC_ALIAS_MAXIMUM]
@@ -310,7 +310,6 @@ class Mqtt5:
 
     def _on_subscribe5(self, pkt: codec.Subscribe, now: float) -> None:
         broker = self.broker
-        auth = broker.auth
         session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
         journal = broker.journal
         mark = journal.mark()
@@ -318,18 +317,21 @@ class Mqtt5:
         codes = []
         retained = []
         for topic_filter, options in pkt.topics:  # as a sequence of SUBSCRIBEs
-            if topic_filter.startswith(SHARE_PREFIX):
-                codes.append(0x9E)  # Shared Subscriptions not supported (yet)
+            refused = refusal(broker, self.username, self.client_id, topic_filter)
+            if refused:
+                codes.append(refused)
                 continue
-            if topic_filter.startswith("$mesh") or not auth.can_subscribe(self.username, self.client_id, topic_filter):
-                codes.append(broker.settings.subscribe_denied_code)
-                continue
+            shared = topic_filter.startswith(SHARE_PREFIX)
+            if shared and options & NO_LOCAL:
+                raise ProtocolError("MQTT-3.8.3-4", f"No Local on the shared subscription {topic_filter!r}")
             granted = min(options & SUB_QOS, broker.settings.max_qos)  # [MQTT-3.2.2-10] (5.0)
             existed = topic_filter in session.subscriptions
             value = granted | (options & 0x3C) | (sid << SUB_ID_SHIFT)
             broker.table.subscribe(session, topic_filter, value)  # replaces it [MQTT-3.8.4-3]
             codes.append(granted)
             handling = (options >> 4) & 0x03
+            if shared:
+                continue  # no retained messages on a shared subscription (4.8.2)
             if handling == 0 or (handling == 1 and not existed):  # [MQTT-3.3.1-9] [MQTT-3.3.1-10] [MQTT-3.3.1-11]
                 retained.append((topic_filter, granted))
         self._send_after(encode5(codec.SubAck(pkt.packet_id, codes)), journal.since(mark))
@@ -341,7 +343,7 @@ class Mqtt5:
         journal = broker.journal
         mark = journal.mark()
         session: Session = self.session  # type: ignore[assignment]
-        codes = [0x00 if broker.table.unsubscribe(session, f) else 0x11 for f in pkt.filters]  # [MQTT-3.11.3-2]
+        codes = [0x00 if broker.table.unsubscribe(session, f, now) else 0x11 for f in pkt.filters]  # [MQTT-3.11.3-2]
         self._send_after(encode5(codec.UnsubAck(pkt.packet_id, codes)), journal.since(mark))
 
     # -- DISCONNECT, AUTH -------------------------------------------------------------------
@@ -397,11 +399,46 @@ def _filtered(session: Session, conn: Conn5, broker: Broker) -> Any:
 
 
 def _local_refused(session: Session, topic: str) -> bool:
-    """Every subscription of ``session`` matching ``topic`` has No Local."""
+    """Every subscription of ``session`` matching ``topic`` has No Local (one of its shared
+    groups, which has none [MQTT-3.8.3-4], delivers apart: ``Session.sharing``)."""
+    if session.sharing is not None:
+        return False
     for topic_filter, value in session.subscriptions.items():
-        if not value & NO_LOCAL and filter_matches(topic_filter, topic):
+        if not value & NO_LOCAL and not topic_filter.startswith(SHARE_PREFIX) and filter_matches(topic_filter, topic):
             return False
     return True
+
+
+def _served(topic_filter: str) -> str:
+    """The filter a subscription matches topics with: a shared one's, after its share name."""
+    if topic_filter.startswith(SHARE_PREFIX):
+        try:
+            share = split_share(topic_filter)
+        except ShareError:
+            return topic_filter
+        if share is not None:
+            return share[1]
+    return topic_filter
+
+
+def refusal(broker: Broker, username: str | None, client_id: str, topic_filter: str) -> int:
+    """0 when the client may subscribe to ``topic_filter``, else why not, as an MQTT 5 SUBACK
+    reason code (a 3.1.1 client gets 0x80 for any): 0x9E where shared subscriptions are not
+    taken, 0x8F for a ``$share/`` filter that is none [MQTT-4.8.2-1] [MQTT-4.8.2-2], the
+    operator's denied code for ``$mesh`` and what the ACL refuses (for a shared subscription,
+    its filter after the share name)."""
+    served = topic_filter
+    if topic_filter.startswith(SHARE_PREFIX):
+        if not broker.shared_available:
+            return 0x9E
+        try:
+            share = split_share(topic_filter)
+        except ShareError:
+            return 0x8F
+        served = share[1] if share is not None else topic_filter
+    if served.startswith("$mesh") or not broker.auth.can_subscribe(username, client_id, served):
+        return broker.settings.subscribe_denied_code
+    return 0
 
 
 def reason_of(exc: Exception) -> int:

@@ -173,15 +173,16 @@ class Message:
 class Entry:
     """One message on its way to one session: queued, or in flight with a packet id."""
 
-    __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key")
+    __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key", "group")
 
-    def __init__(self, msg: Message, qos: int, retain: bool = False, key: int = 0) -> None:
+    def __init__(self, msg: Message, qos: int, retain: bool = False, key: int = 0, group: Any = None) -> None:
         self.msg = msg
         self.qos = qos
         self.retain = retain
         self.packet_id = 0
         self.state = 0
         self.key = key
+        self.group = group  # the shared group (shared.py) it came through, if it did
 
     def __repr__(self) -> str:
         return f"Entry({self.msg!r}, qos={self.qos}, pid={self.packet_id}, state={self.state})"

@@ -198,6 +198,25 @@ _MQTT5: list[Option] = [
         "(Unspecified error, which every client understands) or 135 (Not authorized)",
         choices=(0x80, 0x87),
     ),
+    Option(
+        "mqtt",
+        "shared_subscriptions",
+        bool,
+        True,
+        "take shared subscriptions ($share/{group}/{filter}): each message of the filter goes "
+        "to one member of each group; a node in a mesh does not take them yet (MQTT 5 clients "
+        "get SUBACK 0x9E, 3.1.1 ones 0x80, and CONNACK says Shared Subscription Available 0)",
+    ),
+    Option(
+        "mqtt",
+        "shared_strategy",
+        str,
+        "local",
+        "how a shared group picks the member of each message: local and round_robin rotate "
+        "over its members, hash_topic keeps one topic on one member and hash_clientid one "
+        "publisher, sticky keeps one member until it goes (a connected member first, always)",
+        choices=("local", "round_robin", "hash_topic", "hash_clientid", "sticky"),
+    ),
 ]
 
 _STORE_AND_MESH: list[Option] = [

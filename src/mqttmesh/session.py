@@ -175,6 +175,8 @@ class Session:
     stores = False
     # what a frame that follows one of its steps waits for (a replicated session is its own)
     gate: Gate = OPEN
+    # the shared group (shared.py) of the delivery in progress, if any: its entry remembers it
+    sharing: Any = None
 
     def __init__(
         self,
@@ -235,7 +237,7 @@ class Session:
             self._enqueue(self._new_entry(msg, qos, retain))  # [MQTT-3.1.2-5]
 
     def _new_entry(self, msg: Message, qos: int, retain: bool) -> Entry:
-        return Entry(msg, qos, retain)
+        return Entry(msg, qos, retain, 0, self.sharing)
 
     def queue_in_origin_order(self) -> None:
         """The queue in each origin's order (what reached it from copies of the session and
@@ -523,7 +525,7 @@ class DurableSession(Session):
         self._next_key = 1
 
     def _new_entry(self, msg: Message, qos: int, retain: bool) -> Entry:
-        entry = Entry(msg, qos, retain, self._next_key)
+        entry = Entry(msg, qos, retain, self._next_key, self.sharing)
         self._next_key += 1
         return entry
 

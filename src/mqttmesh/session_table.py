@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .session import KEPT, SUB_QOS
+from .shared import SHARE_PREFIX, SharedGroup, SharedSubscriptions, ShareError, split_share, take_entries
 from .topics import SubscriptionTrie
 
 if TYPE_CHECKING:
@@ -36,12 +37,21 @@ class Ended:
 
 
 class SessionTable:
-    def __init__(self, factory: SessionFactory, journal: JournalPort, mesh: MeshPort | None = None):
+    def __init__(
+        self,
+        factory: SessionFactory,
+        journal: JournalPort,
+        mesh: MeshPort | None = None,
+        shared_strategy: str = "local",
+    ):
         self.factory = factory  # makes them (session.Sessions; the mesh's ReplicaSessions)
         self.journal = journal
         self.mesh = mesh  # told when a filter is new to this node, or gone from it
         self.sessions: dict[str, Session] = {}
         self.trie = SubscriptionTrie()  # the local subscriptions (filters -> sessions), not the mesh's routes
+        # the shared subscriptions' groups (shared.py): a session's "$share/{name}/{filter}"
+        # makes it a member of one, not a subscriber in ``trie``
+        self.shared = SharedSubscriptions(shared_strategy)
         self.ended = Ended()
 
     @property
@@ -71,7 +81,7 @@ class SessionTable:
         if old is not None and old.channel is not None and old.channel is not channel:
             old.channel.kick(f"ClientId {client_id!r} connected again from {channel.peer}", now)  # [MQTT-3.1.4-2]
         if old is not None and (fresh or old.clean):
-            self.discard_session(old)  # [MQTT-3.1.2-6]
+            self.discard_session(old, now)  # [MQTT-3.1.2-6]
             old = None
         if old is not None:
             old.clean = clean  # (MQTT 5: resumed, and ending with this connection, or not)
@@ -86,8 +96,14 @@ class SessionTable:
         [MQTT-3.1.2-23] [MQTT-4.1.0-2] (``expire_sessions``), unless a connection resumes it."""
         session.detach()
         if session.clean and self.sessions.get(session.client_id) is session:
-            self.discard_session(session)
+            self.discard_session(session, now)
             return
+        if self.shared.groups and self._is_member(session):
+            # what waits for it goes to the members that are connected, if there are any
+            # (it keeps it when it is its group's only one)
+            shared = self.shared
+            taken = take_entries(session, lambda group: shared.online_besides(session, group))
+            shared.redispatch(session, taken, now)
         if session.expiry != KEPT:
             session.expires_at = now + session.expiry
             if session.durable:
@@ -99,18 +115,27 @@ class SessionTable:
             s for s in self.sessions.values() if s.expires_at is not None and s.expires_at <= now and s.channel is None
         ]
         for session in due:
-            self.discard_session(session)
+            self.discard_session(session, now)
         self.ended.sessions_expired += len(due)
         return len(due)
 
-    def discard_session(self, session: Session) -> None:
+    def discard_session(self, session: Session, now: float | None = None) -> None:
+        """``session`` ends here (``now``: when, if the caller knows: what it held for its
+        shared groups is judged for expiry as of then)."""
         ended = self.ended
         ended.queue_full += session.dropped
         ended.slow_qos0 += session.dropped_qos0
         ended.expired += session.expired
+        member = bool(self.shared.groups) and self._is_member(session)
         for topic_filter in list(session.subscriptions):
             self._trie_remove(topic_filter, session)
         session.subscriptions.clear()
+        if member:
+            # nothing it got through a group is lost with it: to the other members, but a
+            # QoS 2 message in flight, which goes with it [MQTT-4.8.2-5]
+            shared = self.shared
+            shared.abandoned += sum(1 for e in session.inflight.values() if e.group is not None and e.qos == 2)
+            shared.redispatch(session, take_entries(session), now)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         session.discarded()
@@ -129,16 +154,43 @@ class SessionTable:
         session.subscribe(topic_filter, value)  # replaces an identical filter [MQTT-3.8.4-3]
         self._trie_add(topic_filter, session, value & SUB_QOS)
 
-    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
+    def unsubscribe(self, session: Session, topic_filter: str, now: float | None = None) -> bool:
         if not session.unsubscribe(topic_filter):  # exact comparison [MQTT-3.10.4-1]
             return False
-        self._trie_remove(topic_filter, session)
+        group = self._trie_remove(topic_filter, session)
+        if group is not None and group.members:
+            # what waits for it from that group goes to the others (with none left, it keeps
+            # it, as any unsubscribe leaves what was queued)
+            taken = take_entries(session, lambda g: (g.name, g.topic_filter) == (group.name, group.topic_filter))
+            self.shared.redispatch(session, taken, now)
         return True
 
+    def _is_member(self, session: Session) -> bool:
+        return any(f.startswith(SHARE_PREFIX) for f in session.subscriptions)
+
     def _trie_add(self, topic_filter: str, session: Session, qos: int) -> None:
+        if topic_filter.startswith(SHARE_PREFIX):
+            try:
+                share = split_share(topic_filter)
+            except ShareError:
+                return  # (a stored subscription of a form no longer taken: not served)
+            if share is not None:
+                # (a group's filter is not advertised to the mesh: shared subscriptions are
+                # taken only outside one, channel.py)
+                self.shared.join(session, share[0], share[1], qos)
+                return
         if self.trie.add(topic_filter, session, qos) and self.mesh is not None:
             self.mesh.filter_added(topic_filter)
 
-    def _trie_remove(self, topic_filter: str, session: Session) -> None:
+    def _trie_remove(self, topic_filter: str, session: Session) -> SharedGroup | None:
+        """``session`` no longer subscribes to ``topic_filter``; the group it left, if a shared one."""
+        if topic_filter.startswith(SHARE_PREFIX):
+            try:
+                share = split_share(topic_filter)
+            except ShareError:
+                return None
+            if share is not None:
+                return self.shared.leave(session, share[0], share[1])[0]
         if self.trie.remove(topic_filter, session) and self.mesh is not None:
             self.mesh.filter_removed(topic_filter)
+        return None

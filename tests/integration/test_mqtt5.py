@@ -34,7 +34,7 @@ def test_paho5_connack_tells_what_the_node_holds_the_client_to(broker, paho5):
     rc, flags, props = c.connect(broker)
     assert rc == 0 and flags.session_present is False
     assert props.ReceiveMaximum >= 1 and props.TopicAliasMaximum >= 1
-    assert props.SharedSubscriptionAvailable == 0  # (issue 24)
+    assert props.SharedSubscriptionAvailable == 1  # (one node; a mesh node: tests/integration/test_shared.py)
     c2 = paho5("")
     rc, _, props = c2.connect(broker)
     assert rc == 0 and props.AssignedClientIdentifier  # [MQTT-3.1.3-7]

@@ -61,13 +61,14 @@ def net():
 
 def test_connack_tells_the_client_what_the_node_holds_it_to(net):
     """[MQTT-3.2.2-2]-style answer: 0x00 with the node's Receive Maximum, Maximum Packet
-    Size, Topic Alias Maximum, and Shared Subscription Available 0 (issue 24's)."""
+    Size, Topic Alias Maximum, and Shared Subscription Available 1 (0 where they are not
+    taken: test_shared_subscriptions_off_are_refused_with_0x9e)."""
     ch, ack = connect5(net)
     assert ack.session_present is False
     assert ack.properties[P.RECEIVE_MAXIMUM] == net.broker.settings.receive_maximum
     assert ack.properties[P.MAXIMUM_PACKET_SIZE] == net.broker.settings.max_packet_size
     assert ack.properties[P.TOPIC_ALIAS_MAXIMUM] == net.broker.settings.topic_alias_maximum
-    assert ack.properties[P.SHARED_SUB_AVAILABLE] == 0
+    assert ack.properties[P.SHARED_SUB_AVAILABLE] == 1
     assert P.ASSIGNED_CLIENT_ID not in ack.properties and P.SERVER_KEEP_ALIVE not in ack.properties
 
 
@@ -403,16 +404,28 @@ def test_subscription_identifiers_of_every_matching_subscription(net):
 
 def test_suback_and_unsuback_reason_codes():
     """SUBACK: the granted QoS, 0x80 for a denied filter by default (or 0x87, a setting),
-    0x9E for a shared subscription (issue 24); UNSUBACK: 0x00, or 0x11 when there was none
-    [MQTT-3.11.3-2]."""
+    for a shared subscription too (the ACL judges its filter after the share name); UNSUBACK:
+    0x00, or 0x11 when there was none [MQTT-3.11.3-2]."""
     acl = Acl.parse("topic readwrite open/#\n")
     for denied in (0x80, 0x87):
         net = Net(auth=Auth(acl=acl), subscribe_denied_code=denied, max_qos=1)
         ch, _ = connect5(net, "s")
-        ack = subscribe5(ch, ("open/a", 2), ("closed/a", 1), ("$share/g/open/b", 1))
-        assert ack.return_codes == [1, denied, 0x9E]
+        ack = subscribe5(ch, ("open/a", 2), ("closed/a", 1), ("$share/g/open/b", 1), ("$share/g/closed/b", 1))
+        assert ack.return_codes == [1, denied, 1, denied]
         ch.receive_data(r5.unsubscribe(2, "open/a", "never"), 1.0)
         assert answers(ch) == [UnsubAck(2, [0x00, 0x11])]
+
+
+def test_shared_subscriptions_off_are_refused_with_0x9e():
+    """Where shared subscriptions are not taken (a setting; a mesh node until they are served
+    across it), CONNACK says Shared Subscription Available 0 and a SUBSCRIBE to one gets
+    0x9E (Shared Subscriptions not supported), the others of the packet their own codes."""
+    net = Net(shared_subscriptions=False)
+    ch, ack = connect5(net, "s")
+    assert ack.properties[P.SHARED_SUB_AVAILABLE] == 0
+    ack = subscribe5(ch, ("a", 1), ("$share/g/a", 1))
+    assert ack.return_codes == [1, 0x9E]
+    assert "$share/g/a" not in net.broker.sessions["s"].subscriptions
 
 
 def test_an_mqtt5_subscription_is_stored_with_its_options():

@@ -162,6 +162,28 @@ def render(node: Any) -> str:
             ({"reason": "expired"}, expired),
         ],
     )
+    shared = broker.shared
+    page.metric(
+        "mqttmesh_shared_messages_total",
+        "counter",
+        "messages of shared subscriptions moved or lost with their members (redispatched: "
+        "queued for a member that left, given to another; resent: in flight to it, QoS 1, "
+        "given to another, perhaps twice; abandoned: QoS 2 in flight to a member whose session "
+        "ended; dropped: no member could take it)",
+        [
+            ({"what": "redispatched"}, shared.redispatched),
+            ({"what": "resent"}, shared.resent),
+            ({"what": "abandoned"}, shared.abandoned),
+            ({"what": "dropped"}, shared.dropped),
+        ],
+    )
+    page.one("mqttmesh_shared_groups", "gauge", "shared subscription groups with a member here", len(shared))
+    page.one(
+        "mqttmesh_shared_members",
+        "gauge",
+        "members of the shared subscription groups here (a session in two groups counts twice)",
+        sum(len(g.members) for g in shared.groups.values()),
+    )
     page.one(
         "mqttmesh_publish_denied_total",
         "counter",

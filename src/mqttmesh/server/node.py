@@ -77,6 +77,8 @@ class Node:
             topic_alias_maximum=config.get("mqtt.topic_alias_maximum"),
             subscribe_denied_code=config.get("mqtt.subscribe_denied_code"),
             response_information=config.get("mqtt.response_information"),
+            shared_subscriptions=config.get("mqtt.shared_subscriptions"),
+            shared_strategy=config.get("mqtt.shared_strategy"),
         )
         self.store: SqliteStore | None = None
         self.journal: Journal | None = None  # with a store: what the broker records for it

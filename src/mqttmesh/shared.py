@@ -1,0 +1,239 @@
+"""Shared subscriptions on one node: ``$share/{ShareName}/{filter}`` (MQTT 5.0 section 4.8.2,
+offered to MQTT 3.1.1 clients too, as the brokers they come from do).
+
+Pure. A shared subscription is not its session's alone: the sessions that subscribe to one
+filter under one share name are the members of one ``SharedGroup``, and the node keeps the
+groups in a topic trie of their own (``SharedSubscriptions``, owned by the SessionTable). A
+message that matches a group's filter goes to one member of that group, at the QoS that member
+was granted [MQTT-4.8.2-3]; a session's ordinary subscriptions, and every other group, get
+their own copies. Which member, the strategy says (``STRATEGIES``; on one node every member is
+local, so ``local`` rotates like ``round_robin``): a member whose client is connected if there
+is one, else one that queues it for its return (a persistent session).
+
+What a member was given and has not acknowledged is not lost with it (``take_entries`` and
+``SharedSubscriptions.redispatch``): when its session ends, or its client leaves while another
+member is connected, what waited in its queue goes to another member, and a QoS 1 message in
+flight too (it may have reached the client: a re-send, counted); a QoS 2 message in flight
+stays with the member, whose client must get it when it returns [MQTT-4.8.2-4], and goes with
+its session [MQTT-4.8.2-5].
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from .message import Entry, Message
+from .topics import SubscriptionTrie
+
+if TYPE_CHECKING:
+    from .session import Session
+
+__all__ = [
+    "SHARE_PREFIX",
+    "STRATEGIES",
+    "ShareError",
+    "split_share",
+    "SharedGroup",
+    "SharedSubscriptions",
+    "take_entries",
+]
+
+SHARE_PREFIX = "$share/"
+# how a group picks the member of each message (docs/operations.md, mqtt.shared_strategy)
+STRATEGIES = ("local", "round_robin", "hash_topic", "hash_clientid", "sticky")
+
+
+class ShareError(ValueError):
+    """A ``$share/`` filter that is no shared subscription (SUBACK 0x80; MQTT 5: 0x8F)."""
+
+
+def split_share(topic_filter: str) -> tuple[str, str] | None:
+    """(share name, topic filter) of a shared subscription; None for an ordinary filter.
+    ShareError for a ``$share/`` filter without a share name, with ``+`` or ``#`` in it, or
+    without a filter after it [MQTT-4.8.2-1] [MQTT-4.8.2-2]."""
+    if not topic_filter.startswith(SHARE_PREFIX):
+        return None
+    name, slash, inner = topic_filter[len(SHARE_PREFIX) :].partition("/")
+    if not name:
+        raise ShareError(f"{topic_filter!r}: no share name [MQTT-4.8.2-1]")
+    if "+" in name or "#" in name:
+        raise ShareError(f"{topic_filter!r}: a share name with a wildcard [MQTT-4.8.2-2]")
+    if not slash or not inner:
+        raise ShareError(f"{topic_filter!r}: no topic filter after the share name [MQTT-4.8.2-2]")
+    return name, inner
+
+
+Receives = Callable[["Session"], bool]  # whether a member may receive the message at hand (the ACL)
+
+
+class SharedGroup:
+    """The members of one share name's subscription to one filter on this node."""
+
+    __slots__ = ("name", "topic_filter", "strategy", "members", "_turn", "_sticky")
+
+    def __init__(self, name: str, topic_filter: str, strategy: str):
+        self.name = name
+        self.topic_filter = topic_filter
+        self.strategy = strategy
+        self.members: dict[Session, int] = {}  # session -> its granted QoS, in the order they joined
+        self._turn = 0
+        self._sticky: Session | None = None
+
+    def __repr__(self) -> str:
+        return f"SharedGroup({self.name!r}, {self.topic_filter!r}, {len(self.members)} members)"
+
+    def choose(self, msg: Message, receives: Receives | None = None, but: Session | None = None) -> Session | None:
+        """The member ``msg`` goes to (None: no member may take it): among the members whose
+        client is connected, else among all (a persistent session queues it), those the ACL
+        lets receive it, ``but`` one that is leaving."""
+        members = [s for s in self.members if s is not but and (receives is None or receives(s))]
+        if not members:
+            return None
+        online = [s for s in members if s.channel is not None]
+        if online:
+            ready = [s for s in online if not s.backlogged]  # (a slow one waits for its turn)
+            members = ready or online
+        strategy = self.strategy
+        if strategy == "hash_topic" or strategy == "hash_clientid":
+            key = msg.topic if strategy == "hash_topic" else (msg.publisher or msg.origin)
+            members.sort(key=_client_id)  # (stable while the membership is)
+            return members[zlib.crc32(key.encode()) % len(members)]
+        if strategy == "sticky":
+            kept = self._sticky
+            if kept is not None and kept in members:
+                return kept
+        # round_robin, local (on one node the same), and a sticky group's next member
+        chosen = members[self._turn % len(members)]
+        self._turn += 1
+        self._sticky = chosen
+        return chosen
+
+
+def _client_id(session: Session) -> str:
+    return session.client_id
+
+
+class SharedSubscriptions:
+    """This node's shared groups, by (share name, filter), and the trie of their filters."""
+
+    def __init__(self, strategy: str = "local"):
+        if strategy not in STRATEGIES:
+            raise ValueError(f"shared subscription strategy {strategy!r}: one of {', '.join(STRATEGIES)}")
+        self.strategy = strategy
+        self.groups: dict[tuple[str, str], SharedGroup] = {}
+        self.trie = SubscriptionTrie()  # filter -> {group: 0}
+        # whether a session may receive the message at hand (the Broker sets it from its ACL)
+        self.receives: Callable[[Session, Message], bool] | None = None
+        self.dropped = 0  # messages for a group none of whose members could take them
+        self.redispatched = 0  # messages a leaving member had not been sent, given to another
+        self.resent = 0  # QoS 1 messages a leaving member may have had, given to another (maybe twice)
+        self.abandoned = 0  # QoS 2 messages in flight to a member whose session ended [MQTT-4.8.2-5]
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def join(self, session: Session, name: str, topic_filter: str, qos: int) -> bool:
+        """``session`` subscribes to ``topic_filter`` under ``name`` (again: its QoS replaced);
+        True when the filter is new to the groups' trie."""
+        key = (name, topic_filter)
+        group = self.groups.get(key)
+        if group is None:
+            group = self.groups[key] = SharedGroup(name, topic_filter, self.strategy)
+        group.members[session] = qos
+        return self.trie.add(topic_filter, group, 0)
+
+    def leave(self, session: Session, name: str, topic_filter: str) -> tuple[SharedGroup | None, bool]:
+        """``session`` is no member any more: (its group, whether the filter is gone from the
+        trie with it)."""
+        group = self.groups.get((name, topic_filter))
+        if group is None or group.members.pop(session, None) is None:
+            return None, False
+        if group.members:
+            return group, False
+        del self.groups[(name, topic_filter)]
+        return group, self.trie.remove(topic_filter, group)
+
+    def match(self, topic: str) -> dict[Any, int]:
+        return self.trie.match(topic)
+
+    def deliver(self, group: SharedGroup, msg: Message, but: Session | None = None) -> Session | None:
+        """``msg`` to one member of ``group`` at its granted QoS [MQTT-4.8.2-3]; the member,
+        or None (none could take it: counted)."""
+        receives = self.receives
+        check = None if receives is None else (lambda s: receives(s, msg))
+        member = group.choose(msg, check, but)
+        if member is None:
+            self.dropped += 1
+            return None
+        granted = group.members[member]
+        qos = msg.qos if msg.qos < granted else granted
+        member.sharing = group  # (its entry remembers the group; an MQTT 5 No Local does not apply)
+        try:
+            member.deliver(msg, qos)
+        finally:
+            member.sharing = None
+        return member
+
+    def redispatch(self, session: Session, entries: Iterable[Entry], now: float | None) -> None:
+        """What ``take_entries`` took from ``session``, each to another member of its group
+        (a message that expired by ``now``, if given, to none [MQTT-3.3.2-5])."""
+        for entry in entries:
+            tag = entry.group
+            # (the group as it is now: a new one if the last member left and another came)
+            group = None if tag is None else self.groups.get((tag.name, tag.topic_filter))
+            if group is None:
+                self.dropped += 1
+                continue
+            msg = entry.msg
+            if msg.expires is not None and now is not None:
+                msg = msg.at(now)
+                if msg.ttl <= 0.0:
+                    continue
+            if entry.packet_id:
+                self.resent += 1
+            else:
+                self.redispatched += 1
+            self.deliver(group, msg, but=session)
+
+    def online_besides(self, session: Session, group: SharedGroup) -> bool:
+        return any(s is not session and s.channel is not None for s in group.members)
+
+    def of_session(self, session: Session) -> Iterator[tuple[str, str]]:
+        """The (share name, filter) of each shared subscription of ``session``."""
+        for topic_filter in session.subscriptions:
+            if topic_filter.startswith(SHARE_PREFIX):
+                try:
+                    share = split_share(topic_filter)
+                except ShareError:
+                    continue
+                if share is not None:
+                    yield share
+
+
+def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None = None) -> list[Entry]:
+    """The entries of ``session`` that reached it through a shared group and may go to
+    another member, taken out of it (and its store): every queued one, and QoS 1 ones in
+    flight; a QoS 2 message in flight stays [MQTT-4.8.2-4]. ``only_if``: of the groups it
+    says yes to."""
+    taken: list[Entry] = []
+    kept = []
+    for entry in session.queue:
+        group = entry.group
+        if group is not None and (only_if is None or only_if(group)):
+            taken.append(entry)
+        else:
+            kept.append(entry)
+    if taken:
+        session.queue.clear()
+        session.queue.extend(kept)
+    for pid, entry in list(session.inflight.items()):
+        group = entry.group
+        if group is not None and entry.qos == 1 and (only_if is None or only_if(group)):
+            del session.inflight[pid]
+            taken.append(entry)
+    if taken and session.stores:
+        for entry in taken:
+            session._stored_remove(entry)
+    return taken

@@ -1,0 +1,141 @@
+"""Shared subscriptions with real clients on a real node (issue 24, its single-node part):
+paho-mqtt 3.1.1 and 5.0 members in one group, Debian's mosquitto_pub and mosquitto_sub,
+raw clients that leave without acknowledging. Rule ids are MQTT 5.0's (section 4.8.2).
+A node in a mesh does not take them yet: the last test."""
+
+from __future__ import annotations
+
+import http.client
+import queue
+import subprocess
+
+import pytest
+
+from support.probes import reset
+from support.processes import free_port, wait_for
+
+pytestmark = [pytest.mark.process]
+
+
+def _metrics(node) -> str:
+    conn = http.client.HTTPConnection(node.host, node.http_port, timeout=5)
+    try:
+        conn.request("GET", "/metrics")
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def node(broker_factory):
+    """A node with its HTTP listener (/metrics)."""
+    port = free_port()
+    b = broker_factory("--http-port", str(port))
+    b.http_port = port
+    return b
+
+
+def _drain(members, want: int, timeout: float = 10.0) -> dict[str, list[bytes]]:
+    """What each of ``members`` (name -> a Paho or Paho5) received, until ``want`` in all."""
+    got: dict[str, list[bytes]] = {name: [] for name in members}
+
+    def more() -> bool:
+        for name, m in members.items():
+            while True:
+                try:
+                    item = m.messages.get_nowait()
+                except queue.Empty:
+                    break
+                got[name].append(item[1] if isinstance(item, tuple) else bytes(item.payload))
+        return sum(len(v) for v in got.values()) >= want
+
+    wait_for(more, timeout, what=f"{want} messages to the members")
+    return got
+
+
+def test_mqtt311_and_mqtt5_members_share_each_message_once(broker, paho, paho5):
+    """A group of two 3.1.1 members and one MQTT 5 member: each of 60 QoS 1 messages reaches
+    exactly one of them, every member a share [MQTT-4.8.2-3]; a second group and a plain
+    subscriber of the filter get every message."""
+    members = {"p1": paho("p1"), "p2": paho("p2"), "m5": paho5("m5")}
+    other, plain = paho("other"), paho("plain")
+    for m in members.values():
+        rc = m.connect(broker)
+        assert (rc[0] if isinstance(rc, tuple) else rc) == 0
+        codes = m.subscribe("$share/workers/jobs/#", 1)
+        assert [int(getattr(c, "value", c)) for c in codes] == [1]
+    assert other.connect(broker) == 0 and plain.connect(broker) == 0
+    other.subscribe("$share/audit/jobs/#", 0)
+    plain.subscribe("jobs/#", 1)
+    pub = paho("pub")
+    assert pub.connect(broker) == 0
+    for i in range(60):
+        pub.publish(f"jobs/{i % 4}", b"%d" % i, qos=1)
+    got = _drain(members, 60)
+    everything = sorted(b"%d" % i for i in range(60))
+    assert sorted(p for v in got.values() for p in v) == everything
+    assert all(len(v) >= 10 for v in got.values()), {k: len(v) for k, v in got.items()}
+    assert sorted(_drain({"other": other}, 60)["other"]) == everything
+    assert sorted(_drain({"plain": plain}, 60)["plain"]) == everything
+
+
+def test_mosquitto_clients_in_a_group(node):
+    """Debian's mosquitto_sub as two members, mosquitto_pub publishing: 20 messages, each to
+    one of them."""
+    subs = [
+        subprocess.Popen(
+            ["mosquitto_sub", "-h", node.host, "-p", str(node.port), "-t", "$share/g/m/t", "-q", "1", "-i", f"ms{i}"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    try:
+        wait_for(lambda: "mqttmesh_shared_members 2" in _metrics(node), 10, what="both members")
+        for i in range(20):
+            subprocess.run(
+                ["mosquitto_pub", "-h", node.host, "-p", str(node.port), "-t", "m/t", "-q", "1", "-m", f"x{i}"],
+                check=True,
+                timeout=10,
+            )
+        wait_for(lambda: 'mqttmesh_messages_sent_total{qos="1"} 20' in _metrics(node), 10, what="20 deliveries")
+    finally:
+        for p in subs:
+            p.terminate()
+        outs = [p.communicate(timeout=10)[0].split() for p in subs]
+    assert sorted(outs[0] + outs[1]) == sorted(f"x{i}" for i in range(20))
+    assert outs[0] and outs[1]
+
+
+def test_a_member_that_drops_unacknowledged_qos1_messages_hands_them_on(node, clients):
+    """A raw member takes 10 QoS 1 messages without acknowledging one and its TCP connection
+    is reset: the other member gets those 10 too (perhaps twice in the group: counted by the
+    node as re-sent)."""
+    stays = clients(node, "stays")
+    assert stays.sub(1, ("$share/g/q/#", 1)) == [1]
+    leaves = clients(node, "leaves")
+    assert leaves.sub(1, ("$share/g/q/#", 1)) == [1]
+    pub = clients(node, "pub")
+    for i in range(20):
+        pub.pub("q/t", b"%d" % i, qos=1, pid=i + 1)
+    held = leaves.publishes(10)
+    kept = stays.publishes(10)
+    for p in kept:
+        stays.ack(p)
+    reset(leaves.sock)  # (an RST, no DISCONNECT)
+    again = stays.publishes(10)
+    for p in again:
+        stays.ack(p)
+    assert sorted(p.payload for p in kept + again) == sorted(b"%d" % i for i in range(20))
+    assert {p.payload for p in held} == {p.payload for p in again}
+    wait_for(lambda: 'mqttmesh_shared_messages_total{what="resent"} 10' in _metrics(node), 10, what="the count")
+
+
+def test_a_node_in_a_mesh_does_not_take_them_yet(mesh, paho5, clients):
+    """MQTT 5: CONNACK says Shared Subscription Available 0, SUBACK 0x9E; 3.1.1: 0x80."""
+    c = paho5("m5")
+    rc, _, props = c.connect(mesh["a"])
+    assert rc == 0 and props.SharedSubscriptionAvailable == 0
+    assert [int(getattr(x, "value", x)) for x in c.subscribe("$share/g/t", 1)] == [0x9E]
+    raw = clients(mesh["b"], "r")
+    assert raw.sub(1, ("$share/g/t", 1), ("t", 1)) == [0x80, 1]

@@ -1,0 +1,373 @@
+"""Shared subscriptions on one node (shared.py, session_table.py, broker.py, the channels).
+
+Clients are real Channels of one pure Broker (tests/support/frames.py), their bytes from the
+independent helpers tests/support/mqttraw.py (3.1.1) and mqttraw5.py (5.0). Rule ids are
+MQTT 5.0's (section 4.8.2; 3.1.1 has no shared subscriptions, which the node offers its
+clients too).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from mqttmesh import properties as P
+from mqttmesh.auth import Acl, Auth
+from mqttmesh.channel import CLOSED
+from mqttmesh.codec import Decoder, Disconnect, Publish, SubAck
+from mqttmesh.session import Limits
+from mqttmesh.shared import STRATEGIES, SharedGroup, ShareError, split_share
+from support import mqttraw
+from support import mqttraw5 as r5
+from support.frames import Net, out, publishes
+from support.mqttraw import varint
+
+# --------------------------------------------------------------------------- the filter
+
+
+@pytest.mark.parametrize(
+    ("topic_filter", "share"),
+    [
+        ("$share/g/a/b", ("g", "a/b")),
+        ("$share/g/#", ("g", "#")),
+        ("$share/workers/+/t", ("workers", "+/t")),
+        ("$share/g/$SYS/x", ("g", "$SYS/x")),
+        ("$share/g//", ("g", "/")),
+        ("a/b", None),
+        ("$shared/g/a", None),
+        ("$share", None),
+    ],
+)
+def test_a_shared_subscription_is_share_name_then_filter(topic_filter, share):
+    """[MQTT-4.8.2-1] [MQTT-4.8.2-2]: "$share/", a share name of at least one character
+    without "/", "+" or "#", then "/" and a topic filter; anything else is an ordinary filter."""
+    assert split_share(topic_filter) == share
+
+
+@pytest.mark.parametrize("topic_filter", ["$share/", "$share//a", "$share/g", "$share/g/", "$share/+/a", "$share/#"])
+def test_a_share_filter_that_is_no_shared_subscription_raises(topic_filter):
+    with pytest.raises(ShareError):
+        split_share(topic_filter)
+
+
+# --------------------------------------------------------------------------- 3.1.1 clients
+
+
+def _publish(net: Net, topic: str, n: int, qos: int = 0, now: float = 0.0) -> None:
+    pub = net.connect("pub", now)
+    for i in range(n):
+        pid = i + 1 if qos else None
+        pub.receive_data(mqttraw.publish(topic, b"%d" % i, qos=qos, pid=pid), now)
+    out(pub)
+
+
+def _got(channel) -> list[bytes]:
+    return [p[1] for p in publishes(channel)]
+
+
+def test_each_message_goes_to_one_member_of_each_group_and_to_every_plain_subscriber():
+    """Two groups on one filter each get every message once, spread over their members;
+    a plain subscriber of the filter gets every message; a client in a group and subscribed
+    plainly gets both copies."""
+    net = Net()
+    a1 = net.subscriber("a1", ("$share/A/t/#", 1))
+    a2 = net.subscriber("a2", ("$share/A/t/#", 1))
+    b1 = net.subscriber("b1", ("$share/B/t/#", 0), ("t/#", 0))
+    plain = net.subscriber("plain", ("t/+", 0))
+    _publish(net, "t/x", 10)
+    got_a1, got_a2, got_b1, got_plain = _got(a1), _got(a2), _got(b1), _got(plain)
+    assert sorted(got_a1 + got_a2) == sorted(b"%d" % i for i in range(10))  # once per group
+    assert len(got_a1) == len(got_a2) == 5  # (round robin on one node)
+    assert collections.Counter(got_b1) == {b"%d" % i: 2 for i in range(10)}  # its group's and its own
+    assert got_plain == [b"%d" % i for i in range(10)]
+
+
+def test_a_malformed_share_gets_0x80_and_the_granted_qos_is_the_members():
+    """A 3.1.1 client gets SUBACK 0x80 for a "$share/" filter that is none; a member gets
+    each message at the QoS it was granted [MQTT-4.8.2-3], not above the publisher's."""
+    net = Net()
+    ch = net.connect("s")
+    ch.receive_data(mqttraw.subscribe(1, ("$share/+/t", 1), ("$share/g/t", 1), ("$share/g", 0)), 0.0)
+    [suback] = out(ch)
+    assert suback.type == mqttraw.SUBACK and suback.body[2:] == bytes([0x80, 1, 0x80])
+    _publish(net, "t", 1, qos=2)
+    [(topic, payload, qos, *_)] = publishes(ch)
+    assert (topic, qos) == ("t", 1)
+
+
+def test_no_retained_message_on_a_shared_subscribe():
+    net = Net()
+    pub = net.connect("pub")
+    pub.receive_data(mqttraw.publish("t", b"kept", retain=True), 0.0)
+    member = net.subscriber("m", ("$share/g/t", 0))
+    plain = net.subscriber("p", ("t", 0))
+    assert _got(member) == []
+    assert _got(plain) == [b"kept"]
+
+
+def test_unsubscribing_takes_the_exact_shared_filter():
+    net = Net()
+    m1 = net.subscriber("m1", ("$share/g/t", 0))
+    m2 = net.subscriber("m2", ("$share/g/t", 0))
+    m1.receive_data(mqttraw.unsubscribe(2, "t", "$share/h/t"), 0.0)  # (neither is its subscription)
+    out(m1)
+    _publish(net, "t", 4)
+    assert len(_got(m1)) == 2
+    m1.receive_data(mqttraw.unsubscribe(3, "$share/g/t"), 0.0)
+    out(m1)
+    _publish(net, "t", 4)
+    assert _got(m1) == [] and len(_got(m2)) == 4 + 2
+
+
+def test_the_acl_judges_a_members_filter_and_each_message():
+    """The ACL judges the filter after the share name; a message goes only to a member that
+    may read its topic (none may: dropped, counted)."""
+    acl = Acl.parse("user u1\ntopic readwrite t/#\nuser u2\ntopic read t/open\n")
+    net = Net(auth=Auth(acl=acl))
+    m1 = net.subscriber("m1", ("$share/g/t/#", 0), username="u1")
+    m2 = net.connect("m2", username="u2")
+    m2.receive_data(mqttraw.subscribe(1, ("$share/g/t/#", 0), ("$share/g/t/open", 0)), 0.0)
+    [suback] = out(m2)
+    assert suback.body[2:] == bytes([0x80, 0])
+    pub = net.connect("pub", username="u1")
+    for _ in range(4):
+        pub.receive_data(mqttraw.publish("t/secret", b"s"), 0.0)
+    assert len(_got(m1)) == 4 and _got(m2) == []
+
+
+# --------------------------------------------------------------------------- strategies
+
+
+class _Member:
+    """Just what a group reads of a session."""
+
+    def __init__(self, client_id: str, online: bool = True):
+        self.client_id = client_id
+        self.channel = object() if online else None
+        self.backlogged = False
+
+
+def _msg(topic: str = "t", publisher: str = "p"):
+    from mqttmesh.message import Message
+
+    return Message(topic, b"", 1, False, "n", 1, publisher, 0.0)
+
+
+def _group(strategy: str, *names: str) -> tuple[SharedGroup, list[_Member]]:
+    group = SharedGroup("g", "t/#", strategy)
+    members = [_Member(n) for n in names]
+    for m in members:
+        group.members[m] = 1  # type: ignore[index]
+    return group, members
+
+
+def test_every_strategy_spreads_or_keeps_as_it_says():
+    assert set(STRATEGIES) == {"local", "round_robin", "hash_topic", "hash_clientid", "sticky"}
+    for strategy in ("local", "round_robin"):
+        group, members = _group(strategy, "a", "b", "c")
+        picks = collections.Counter(group.choose(_msg(f"t/{i}")).client_id for i in range(30))
+        assert picks == {"a": 10, "b": 10, "c": 10}
+    group, members = _group("hash_topic", "a", "b", "c")
+    for i in range(20):
+        assert len({group.choose(_msg(f"t/{i}", publisher=f"p{j}")).client_id for j in range(5)}) == 1
+    assert len({group.choose(_msg(f"t/{i}")).client_id for i in range(30)}) == 3
+    group, members = _group("hash_clientid", "a", "b", "c")
+    for j in range(20):
+        assert len({group.choose(_msg(f"t/{i}", publisher=f"p{j}")).client_id for i in range(5)}) == 1
+    group, members = _group("sticky", "a", "b", "c")
+    first = group.choose(_msg())
+    assert all(group.choose(_msg(f"t/{i}")) is first for i in range(10))
+    first.channel = None  # (it went away: the next one, kept from then on)
+    second = group.choose(_msg())
+    assert second is not first and all(group.choose(_msg(f"t/{i}")) is second for i in range(10))
+
+
+def test_a_connected_member_is_chosen_before_one_that_would_queue():
+    group, (a, b, c) = _group("round_robin", "a", "b", "c")
+    a.channel = c.channel = None
+    assert {group.choose(_msg()).client_id for _ in range(6)} == {"b"}
+    b.channel = None  # (none connected: they queue it, in turn)
+    assert {group.choose(_msg()).client_id for _ in range(6)} == {"a", "b", "c"}
+
+
+def test_an_unknown_strategy_is_refused():
+    from mqttmesh.shared import SharedSubscriptions
+
+    with pytest.raises(ValueError, match="one of local, round_robin"):
+        SharedSubscriptions("random")
+
+
+# --------------------------------------------------------------------------- nothing lost
+
+
+def _pids(channel) -> list[tuple[bytes, int]]:
+    return [(p[1], p[5]) for p in publishes(channel)]
+
+
+def _acked(channel, now: float) -> list[tuple[bytes, int]]:
+    """What ``channel`` is sent from now on, each acknowledged as it comes."""
+    got = []
+    while True:
+        more = _pids(channel)
+        if not more:
+            return got
+        got += more
+        for _, pid in more:
+            channel.receive_data(mqttraw.puback(pid), now)
+
+
+def test_a_clean_member_that_leaves_without_acknowledging_hands_its_messages_on():
+    """A clean-session member's connection drops holding unacknowledged QoS 1 messages, in
+    flight and queued: they go to the other member (those in flight may have reached the
+    client: counted as re-sent)."""
+    net = Net(limits=Limits(max_inflight=2))
+    m1 = net.subscriber("m1", ("$share/g/t", 1))
+    m2 = net.subscriber("m2", ("$share/g/t", 1))
+    _publish(net, "t", 8, qos=1)
+    got1 = _pids(m1)
+    got2 = _pids(m2)
+    assert len(got1) == len(got2) == 2  # (two in flight each, two queued each)
+    for _, pid in got2:
+        m2.receive_data(mqttraw.puback(pid), 1.0)
+    m1.connection_lost(2.0)
+    assert m1.state == CLOSED
+    later = _acked(m2, 3.0)
+    # m2 has every message once: its own, and all m1 held (those m1 was sent, again)
+    assert sorted(p for p, _ in got2 + later) == sorted(b"%d" % i for i in range(8))
+    assert {p for p, _ in got1} <= {p for p, _ in later}
+    shared = net.broker.shared
+    assert (shared.resent, shared.redispatched, shared.dropped) == (2, 2, 0)
+
+
+def test_a_persistent_member_that_goes_away_hands_its_queue_to_a_connected_one_only():
+    """Its queue goes to a member that is connected; when it is the only member, it keeps
+    it for its return [MQTT-3.1.2-5]."""
+    net = Net()
+    p1 = net.subscriber("p1", ("$share/g/t", 1), clean=False)
+    p1.connection_lost(0.5)
+    _publish(net, "t", 3, qos=1, now=1.0)  # (the only member: queued for it)
+    assert len(net.broker.sessions["p1"].queue) == 3
+    m2 = net.subscriber("m2", ("$share/g/t", 1), now=2.0)
+    back = net.connect("p1", 3.0, clean=False, expect=b"\x20\x02\x01\x00")
+    kept = _pids(back)
+    assert len(kept) == 3  # (kept: nobody else was there when it went)
+    for _, pid in kept:
+        back.receive_data(mqttraw.puback(pid), 3.0)
+    _publish(net, "t", 2, qos=1, now=3.0)
+    assert len(_pids(back)) == 1  # (one each, in turn; not acknowledged)
+    back.connection_lost(4.0)  # away again, m2 connected: what it holds goes to m2
+    _publish(net, "t", 4, qos=1, now=5.0)
+    assert len(_pids(m2)) == 1 + 1 + 4  # (its turn; the one moved; four new)
+    p1 = net.broker.sessions["p1"]
+    assert not p1.queue and not p1.inflight
+    assert (net.broker.shared.resent, net.broker.shared.redispatched) == (1, 0)
+
+
+def test_a_qos2_message_in_flight_stays_with_its_member():
+    """[MQTT-4.8.2-4]: the member's connection breaks before the QoS 2 delivery completed:
+    it is completed when that client returns, not given to another member; [MQTT-4.8.2-5]:
+    if its session ends first, to no other member either."""
+    net = Net()
+    p1 = net.subscriber("p1", ("$share/g/t", 2), clean=False)
+    m2 = net.subscriber("m2", ("$share/g/t", 2))
+    _publish(net, "t", 2, qos=2)
+    [(first, pid)] = _pids(p1)
+    assert len(_pids(m2)) == 1
+    p1.connection_lost(1.0)
+    assert _pids(m2) == []
+    back = net.connect("p1", 2.0, clean=False, expect=b"\x20\x02\x01\x00")
+    [(again, same)] = _pids(back)
+    assert (again, same) == (first, pid)  # re-sent to it [MQTT-4.3.3-1]
+    back.connection_lost(3.0)
+    net.connect("p1", 4.0, clean=True)  # its session ends with the message still in flight
+    assert _pids(m2) == []
+    assert net.broker.shared.abandoned == 1
+
+
+def test_a_refusal_by_puback_is_not_sent_to_another_member():
+    """[MQTT-4.8.2-6]: a PUBACK with a reason code of 0x80 or more discards the message."""
+    net = Net()
+    ch = net.channel()
+    ch.receive_data(r5.connect("m1"), 0.0)
+    ch.receive_data(r5.subscribe(1, ("$share/g/t", 1)), 0.0)
+    m2 = net.subscriber("m2", ("$share/g/t", 1))
+    _publish(net, "t", 2, qos=1)
+    d = Decoder(version=5)
+    d.feed(ch.data_to_send())
+    [publish] = [p for p in d.packets() if isinstance(p, Publish)]
+    ch.receive_data(r5.ack(4, publish.packet_id, 0x80), 1.0)
+    ch.connection_lost(2.0)
+    assert len(_pids(m2)) == 1  # (its own share only)
+    assert net.broker.shared.resent == 0
+
+
+def test_a_persistent_members_shared_subscription_is_restored_with_its_session():
+    """After a restart the store's session is a member of its group again (the table
+    restores every subscription it kept, the shared ones into their groups)."""
+    from mqttmesh.store import restore_sessions
+
+    net = Net()
+    [session] = restore_sessions(net.broker.session_factory, [("p", {"$share/g/t": 1}, None)], [], [])
+    net.broker.table.restore_session(session)
+    _publish(net, "t", 2, qos=1)
+    assert len(session.queue) == 2
+    back = net.connect("p", 1.0, clean=False, expect=b"\x20\x02\x01\x00")
+    assert [p for p, _ in _pids(back)] == [b"0", b"1"]
+
+
+# --------------------------------------------------------------------------- MQTT 5 clients
+
+
+def _connect5(net: Net, client_id: str):
+    ch = net.channel()
+    ch.receive_data(r5.connect(client_id), 0.0)
+    d = Decoder(version=5)
+    d.feed(ch.data_to_send())
+    [ack] = list(d.packets())
+    return ch, ack
+
+
+def _answers5(ch) -> list:
+    d = Decoder(version=5)
+    d.feed(ch.data_to_send())
+    return list(d.packets())
+
+
+def test_mqtt5_shared_subscriptions_available_and_their_reason_codes():
+    """CONNACK: Shared Subscription Available 1; SUBACK 0x8F for a "$share/" filter that is
+    none [MQTT-4.8.2-1] [MQTT-4.8.2-2]; a member's Subscription Identifier comes with what
+    its group gives it."""
+    net = Net()
+    ch, ack = _connect5(net, "m")
+    assert ack.properties[P.SHARED_SUB_AVAILABLE] == 1
+    ch.receive_data(r5.subscribe(1, ("$share/+/t", 1), ("$share/g/t", 1)), 0.0)
+    [suback] = _answers5(ch)
+    assert isinstance(suback, SubAck) and suback.return_codes == [0x8F, 1]
+    props = r5.props((P.SUBSCRIPTION_ID, varint(7)))
+    ch.receive_data(r5.subscribe(2, ("$share/h/u", 1), properties=props), 0.0)
+    _answers5(ch)
+    _publish(net, "u", 1, qos=1)
+    [publish] = [p for p in _answers5(ch) if isinstance(p, Publish)]
+    assert publish.properties[P.SUBSCRIPTION_ID] == [7]
+
+
+def test_no_local_on_a_shared_subscription_is_a_protocol_error():
+    """[MQTT-3.8.3-4]: DISCONNECT 0x82 (Protocol Error), the connection closed."""
+    net = Net()
+    ch, _ = _connect5(net, "m")
+    ch.receive_data(r5.subscribe(1, ("$share/g/t", 0x04 | 1)), 0.0)
+    answers = _answers5(ch)
+    assert answers == [Disconnect(0x82, answers[0].properties)]
+    assert ch.state == CLOSED
+
+
+def test_a_member_gets_its_own_messages_through_its_group():
+    """No Local is not for shared subscriptions: a member that publishes to its group's
+    filter may be the member chosen (it has no other subscription to it)."""
+    net = Net()
+    ch, _ = _connect5(net, "m")
+    ch.receive_data(r5.subscribe(1, ("$share/g/t", 1)), 0.0)
+    _answers5(ch)
+    ch.receive_data(r5.publish("t", b"own", qos=0), 0.0)
+    assert [p.payload for p in _answers5(ch) if isinstance(p, Publish)] == [b"own"]
