@@ -257,9 +257,8 @@ class Broker:
         self.shared = table.shared  # the shared subscriptions' groups
         # (a mesh does not take them yet: each node would serve its own members)
         self.shared_available = settings.shared_subscriptions and self.mesh is None
-        auth = self.auth
-        if auth.acl is not None:
-            self.shared.receives = lambda s, m: auth.can_receive(s.username, s.client_id, m.topic)
+        auth = self.auth  # (read at each delivery: a reload may set or change the ACL)
+        self.shared.receives = lambda s, m: auth.acl is None or auth.can_receive(s.username, s.client_id, m.topic)
         self.session_factory = table.factory
         self.retained_port = ports.retained  # where non-$ retained messages go, in a mesh
         # ClientId -> (when, will message, its Message Expiry Interval): wills waiting for

@@ -139,3 +139,35 @@ def test_a_node_in_a_mesh_does_not_take_them_yet(mesh, paho5, clients):
     assert [int(getattr(x, "value", x)) for x in c.subscribe("$share/g/t", 1)] == [0x9E]
     raw = clients(mesh["b"], "r")
     assert raw.sub(1, ("$share/g/t", 1), ("t", 1)) == [0x80, 1]
+
+
+def test_the_shared_benchmark_runs_beside_mosquitto(tmp_path):
+    """bench/shared.py, small: both brokers deliver every message once to the group."""
+    import json
+    import sys
+
+    out = tmp_path / "shared.json"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.shared",
+            "--messages",
+            "400",
+            "--rounds",
+            "1",
+            "--timeout",
+            "30",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert {r["broker"] for r in rows} == {"mqttmesh", "mosquitto"}
+    for r in rows:
+        assert (r["fraction"], r["twice"]) == (1.0, 0), r
+        assert r["msgs_per_s"] > 0 and r["p99_ms"] is not None
