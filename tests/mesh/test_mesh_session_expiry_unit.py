@@ -10,6 +10,7 @@ end resumes the session on any node. Rule ids are MQTT 5.0's.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -344,3 +345,36 @@ def test_of_two_registrations_the_copy_keeps_the_current_one(have, copy, kept):
     registry.on_copy("b", RegCopy([copy]), net.t)
     entry = registry.entries["c1"]
     assert (entry.conn, entry.connected) == kept
+
+
+def test_the_copy_of_the_connection_a_claim_replaced_says_when_the_session_ended():
+    """The registrar grants a claim that replaces a live connection (it kicks it) and counts
+    the session's end from the claim. That connection's release went to another registrar
+    (a view of the mesh that left this one out while a node stalled): its copy, ended, of a
+    lower epoch, comes here instead. It says when the session really ended; before, the copy
+    only dropped the kick's record, the release that came after found nothing to refine,
+    and the claim's (then refused) registration resumed the session 2.88 s after it expired
+    (fuzzer seed 498, finding 27 of docs/simulation.md). The release after a refusal refines
+    it too."""
+    from mqttmesh.mesh.cluster.cluster_wire import RegCopy
+
+    for release_first in (False, True):
+        net = Net(settings=ClusterSettings(will_delay=0.5))
+        cid = cid_with(net, lambda regs, holders: regs[0] == "c")
+        net.connect("a", cid, clean=False, expiry=5)
+        registry = net.clusters["c"].registry
+        old = registry.entries[cid]
+        wall, t = net.wall_offset, net.t
+        registry.on_claim("b", RegClaim(cid, "b", 1, "b/1/99", False, None, t + wall, 5), t + 6.0)
+        assert registry.entries[cid].session_due == t + 6.0 + 5 + wall  # (from the claim)
+        ended = dataclasses.replace(old, connected=False, session_due=t + 1.0 + 5 + wall)  # (it ended at t + 1)
+        if release_first:
+            registry.on_release("b", RegRelease(cid, "b/1/99", 2, "b", False, KEPT, refused=True), t + 6.1)
+            registry.on_release("a", RegRelease(cid, old.conn, 1, "a", False, 5, ago=5_200), t + 6.2)
+        else:
+            registry.on_copy("d", RegCopy([ended]), t + 6.1)
+            registry.on_release("b", RegRelease(cid, "b/1/99", 2, "b", False, KEPT, refused=True), t + 6.2)
+        entry = registry.entries[cid]
+        assert entry.conn == "b/1/99" and entry.session_due == pytest.approx(t + 1.0 + 5 + wall)
+        grant = registry.on_claim("a", RegClaim(cid, "a", 1, "a/1/98", False, None, t + 6.5 + wall, 5), t + 6.5)
+        assert grant[-1].msg.expired is True

@@ -151,9 +151,10 @@ class Registry:
             else:
                 entry = dataclasses.replace(entry, connected=False, will=None, will_due=None, session_due=session_due)
             self._store(entry, out)
-        elif kicked is not None and entry is not None and entry.connected and not m.refused:
-            # the connection a claim (still on) replaced has ended: the session the claim found
-            # ends its interval from now (it counted from the claim, before the kick arrived)
+        elif kicked is not None and entry is not None and (entry.connected or entry.refused) and not m.refused:
+            # the connection a claim (still on, or refused since) replaced has ended: the
+            # session the claim found ends its interval from that end (it counted from the
+            # claim, before the kick arrived)
             self._store(dataclasses.replace(entry, session_due=_session_due(kicked[0], m.expiry, wall)), out)
         elif entry is not None and entry.conn == m.conn and entry.epoch == m.epoch and not m.refused:
             # its end, known here first by finding its node gone (a partition): the release,
@@ -194,7 +195,14 @@ class Registry:
         for entry in m.entries:
             have = self.entries.get(entry.cid)
             if not entry.connected:
-                self.kicked.pop((entry.cid, entry.conn), None)  # (its node released it)
+                kicked = self.kicked.pop((entry.cid, entry.conn), None)  # (its node released it)
+                if kicked is not None and have is not None and _ends_earlier(entry, have):
+                    # the copy of the connection a claim here replaced says when it ended (its
+                    # release went to another registrar, in a view of the mesh that left us
+                    # out): the session the claim found ends then, as on_release would have it
+                    # (fuzzer seed 498, finding 27 of docs/simulation.md)
+                    self._store(dataclasses.replace(have, session_due=entry.session_due), out)
+                    have = self.entries[entry.cid]
                 if have is not None and _will_settled(have, entry):
                     # the end of one connection known two ways (a heal): here its will was
                     # published, or dropped by its DISCONNECT [MQTT-3.1.2-10]; the copy of a
@@ -378,6 +386,18 @@ def _supersedes(copy: Registration, have: Registration) -> bool:
     if copy.refused != have.refused:
         return have.refused
     return (copy.at, copy.node) >= (have.at, have.node)
+
+
+def _ends_earlier(copy: Registration, have: Registration) -> bool:
+    """``copy`` is a connection that ended, of an epoch before ``have``'s claim (on, or
+    refused), and ends the session earlier than the claim counted."""
+    return (
+        copy.epoch < have.epoch
+        and copy.conn != have.conn
+        and (have.connected or have.refused)
+        and copy.session_due is not None
+        and (have.session_due is None or copy.session_due < have.session_due)
+    )
 
 
 def _will_settled(have: Registration, copy: Registration) -> bool:
