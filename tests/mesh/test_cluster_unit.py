@@ -966,6 +966,7 @@ GOLDEN = [
     (RegCopy([REG]), {"entries": [REG_JSON]}),
     (SessFetch("c1", "n1/7/3", 4, "n1"), {"cid": "c1", "conn": "n1/7/3", "epoch": 4, "to": "n1"}),
     (SessState("c1", "n1/7/3", SNAP), {"cid": "c1", "conn": "n1/7/3", "snap": SNAP_JSON}),
+    (SessState("c1", "n1/7/3", None, ended=True), {"cid": "c1", "conn": "n1/7/3", "snap": None, "ended": True}),
     (SessCopy(SNAP), SNAP_JSON),
     (SessMerge(SNAP), SNAP_JSON),
     (

@@ -378,3 +378,31 @@ def test_the_copy_of_the_connection_a_claim_replaced_says_when_the_session_ended
         assert entry.conn == "b/1/99" and entry.session_due == pytest.approx(t + 1.0 + 5 + wall)
         grant = registry.on_claim("a", RegClaim(cid, "a", 1, "a/1/98", False, None, t + 6.5 + wall, 5), t + 6.5)
         assert grant[-1].msg.expired is True
+
+
+def test_the_node_of_the_connection_a_claim_replaces_says_its_session_ended():
+    """Clean Start 0 and Session Expiry 0 on a; the client leaves, and neither a's release
+    (to the registrar) nor its discard (to a holder, c) arrives (routes flapping: fuzzer seed
+    501, finding 28 of docs/simulation.md; re-sent releases were lost the same way). The
+    registrar still holds a's connection as live, so the next claim, on b, replaces it as a
+    takeover and gathers c's copy; a, the node of that connection, answers that its session
+    ended with it (SessState.ended, peer protocol 11): the copy is discarded, not resumed
+    [MQTT-3.1.2-23]."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: "c" in holders and "a" not in regs and regs[0] != "c")
+    ch = _connect_ending(net, "a", cid)
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    _wait(net, 1.0)
+    assert "c" in holder_of(net, cid)
+    ch.close("connection lost")
+    held = net.pump_holding(("reg.release", "sess.discard"), frm="a")
+    assert held  # (lost on the way)
+    registrar = net.clusters["b"].members.registrars(cid)[0]
+    assert net.clusters[registrar].registry.entries[cid].connected  # (it never heard)
+    assert "c" in holder_of(net, cid)
+    net.t += 0.1
+    back = _connect_ending(net, "b", cid)
+    assert back.state == "connected" and back.present is False
+    assert back.session.subscriptions == {}
+    assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.up) == 1

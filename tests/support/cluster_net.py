@@ -208,9 +208,12 @@ class Net:
                 self.clusters[dest].receive(frm, kind, payload, self.t)
         raise AssertionError("the cluster did not settle")
 
-    def pump_holding(self, kind: str, frm: str | None = None, limit: int = 10_000) -> list[tuple[str, str, str, bytes]]:
-        """``pump``, keeping back every unicast of ``kind`` (from ``frm`` only, if given):
-        returned, not handed over."""
+    def pump_holding(
+        self, kind: str | tuple[str, ...], frm: str | None = None, limit: int = 10_000
+    ) -> list[tuple[str, str, str, bytes]]:
+        """``pump``, keeping back every unicast of ``kind`` (or of the kinds, a tuple; from
+        ``frm`` only, if given): returned, not handed over."""
+        kinds = (kind,) if isinstance(kind, str) else kind
         held = []
         for _ in range(limit):
             for n in sorted(self.up):
@@ -218,7 +221,7 @@ class Net:
             if not self.queue:
                 return held
             item = self.queue.popleft()
-            if item[2] == kind and (frm is None or item[0] == frm):
+            if item[2] in kinds and (frm is None or item[0] == frm):
                 held.append(item)
             elif item[1] in self.up:
                 self.clusters[item[1]].receive(item[0], item[2], item[3], self.t)

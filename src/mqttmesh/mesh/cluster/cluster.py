@@ -383,7 +383,7 @@ def _reg_copy(c: Cluster, frm: str, m: RegCopy, now: float) -> None:
 
 def _sess_fetch(c: Cluster, frm: str, m: SessFetch, now: float) -> None:
     c.claimant.on_fetch(frm, m, now)  # (a client of ours with another connection stops first)
-    c.holders.on_fetch(frm, m, now)
+    c.holders.on_fetch(frm, m, now, c.claimant.session_ended(m.cid, m.epoch, now))
 
 
 def _sess_state(c: Cluster, frm: str, m: SessState, now: float) -> None:

@@ -27,6 +27,7 @@ from .cluster_values import (
     Settlement,
     Snapshot,
     SnapshotEntry,
+    _bool,
     _int,
     _items,
     _key,
@@ -147,9 +148,16 @@ class SessState(Wire):
     cid: str
     conn: str
     snap: Snapshot | None  # None: this holder has no replicated session of that ClientId
+    # this node's last connection of the ClientId ended here and its session with it (or its
+    # interval since): Claimant.session_ended (peer protocol 11; absent: False)
+    ended: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {"cid": self.cid, "conn": self.conn, "snap": None if self.snap is None else self.snap.to_json()}
+        out: dict[str, Any] = {"cid": self.cid, "conn": self.conn}
+        out["snap"] = None if self.snap is None else self.snap.to_json()
+        if self.ended:
+            out["ended"] = True
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
@@ -159,6 +167,7 @@ class SessState(Wire):
             _str(_key(obj, "cid", w), w, "cid"),
             _str(_key(obj, "conn", w), w, "conn"),
             None if snap is None else Snapshot.from_json(snap, f"{w} snap"),
+            _bool(obj.get("ended", False), w, "ended"),
         )
 
     def aged(self, ms: int) -> Self:

@@ -149,14 +149,14 @@ class Holders(Confirmations):
 
     # -- holding copies ------------------------------------------------------------------------
 
-    def on_fetch(self, frm: str, m: SessFetch, now: float) -> None:
+    def on_fetch(self, frm: str, m: SessFetch, now: float, ended: bool = False) -> None:
         """A claim at ``frm`` gathers the session: our copy goes to it (None: we have none),
         and what still arrives here for the ClientId follows it for ``redirect_grace``.
         (The Claimant stopped a client of ours first: claimant.py ``on_fetch``.)"""
         cid = m.cid
         session = self.table.sessions.get(cid)
         replica = replica_of(session)
-        self.out.put(frm, SessState(cid, m.conn, snapshot(replica, now) if replica is not None else None))
+        self.out.put(frm, SessState(cid, m.conn, snapshot(replica, now) if replica is not None else None, ended))
         if frm != self.node_id:
             # (the Replication owns the redirects: Broker.dispatch reads them)
             self.replication.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
