@@ -62,7 +62,8 @@ __all__ = [
 # envelopes; 8: what is left of an expiring message's life, issue 23; 9: unicast records
 # say how long they were on the way, routing/wire.py; 10: reg.release says when its claim
 # was never accepted, "refused", and the session ends as the claim found it, registry.py;
-# 11: reg.release says how long ago its connection ended, "ago", registry.py)
+# 11: reg.release says how long ago its connection ended, "ago", with its delayed will,
+# and sess.state that the session ended, "ended", claimant.py)
 PEER_PROTOCOL = 11
 NONCE_BYTES = 16
 
