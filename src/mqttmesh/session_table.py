@@ -10,6 +10,7 @@ Broker makes the table, assembly.build_core gives it to the cluster.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .session import KEPT, SUB_QOS
@@ -36,6 +37,10 @@ class Ended:
         self.sessions_expired = 0  # sessions ended by their Session Expiry Interval
 
 
+def _resuming_none(client_id: str) -> bool:
+    return False
+
+
 class SessionTable:
     def __init__(
         self,
@@ -53,6 +58,9 @@ class SessionTable:
         # makes it a member of one, not a subscriber in ``trie``
         self.shared = SharedSubscriptions(shared_strategy)
         self.ended = Ended()
+        # sessions kept past their Session Expiry Interval for now (the cluster: a copy that a
+        # claim in progress on this node may resume, claimant.py ``resuming``)
+        self.resuming: Callable[[str], bool] = _resuming_none
 
     @property
     def connected_count(self) -> int:
@@ -112,7 +120,9 @@ class SessionTable:
     def expire_sessions(self, now: float) -> int:
         """End the sessions without a client whose Session Expiry Interval passed; how many."""
         due = [
-            s for s in self.sessions.values() if s.expires_at is not None and s.expires_at <= now and s.channel is None
+            s
+            for s in self.sessions.values()
+            if s.expires_at is not None and s.expires_at <= now and s.channel is None and not self.resuming(s.client_id)
         ]
         for session in due:
             self.discard_session(session, now)

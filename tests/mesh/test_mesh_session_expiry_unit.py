@@ -406,3 +406,42 @@ def test_the_node_of_the_connection_a_claim_replaces_says_its_session_ended():
     assert back.state == "connected" and back.present is False
     assert back.session.subscriptions == {}
     assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.up) == 1
+
+
+def test_a_claim_that_gathers_longer_than_the_interval_keeps_what_came_meanwhile():
+    """A client moves from a to b (Session Expiry 1 s): its connection on a ends when b's
+    claim is granted, and the copies learn that the session ends 1 s later. A holder, e, cut
+    off but still counted live, never answers the gather, which waits for it until the
+    membership drops it, 1.5 s on. A QoS 1 message published meanwhile reaches b's own copy
+    (pooled from a, which is no holder) and the holders', which forward it to b. The claim,
+    granted before the end, resumes the session with that message: before, the copies
+    expired at the end of the interval, the message with them, and the claim resumed only
+    what it had gathered (fuzzer seed 621, finding 29 of docs/simulation.md) [MQTT-3.1.2-23]."""
+    net = Net(names=["a", "b", "c", "d", "e"], settings=ClusterSettings(will_delay=0.5))
+    members = net.clusters["a"].members
+    cid = next(
+        c
+        for c in (f"client-{i}" for i in range(10_000))
+        if "e" in members.home(c)
+        and not {"a", "b"} & set(members.home(c))
+        and members.registrars(c)[0] not in ("a", "b", "e")
+    )
+    ch = net.connect("a", cid, clean=False, expiry=1)
+    assert ch.state == "connected"
+    net.brokers["a"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    _wait(net, 1.0)
+    back = net.connect("b", cid, clean=False, expiry=1, pump=False)
+    fetches = net.pump_holding("sess.fetch", frm="b")
+    assert "e" in {dest for _, dest, _, _ in fetches}
+    net.up.discard("e")  # e is cut off with its fetch (no membership change yet)
+    net.queue.extend(item for item in fetches if item[1] != "e")
+    net.pump()
+    assert ch.state == "closed" and back.state == "claiming"
+    net.tick(0.25)
+    net.publish("c", "t/x", b"published while the claim gathers", 1)
+    _wait(net, 1.5)  # past the session's interval, within the gather's time
+    assert back.state == "claiming"
+    net.membership()  # e is gone: the claim ends with the copies it has
+    assert back.state == "connected" and back.present is True
+    assert any(b"published while the claim gathers" in f for f in back.frames)

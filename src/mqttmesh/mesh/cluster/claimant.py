@@ -536,6 +536,17 @@ class Claimant:
             return False
         return last[0] + last[1].expiry <= now
 
+    def resuming(self, cid: str) -> bool:
+        """Is a claim of ``cid`` in progress here? Our copy of its session then outlives its
+        Session Expiry Interval until the claim ends (SessionTable ``expire_sessions``): the
+        connection that resumes the session began before the end as far as this node knows,
+        and the registrar's grant says whether the session ended (``RegGrant.expired``: the
+        claim discards the copies then; a refused claim lets our copy expire). Meanwhile the
+        copy takes what the mesh brings and the holders forward for the session, after the
+        copies the claim gathered were taken: expired, it took such a message with it, which
+        the client never got (fuzzer seed 621, finding 29 of docs/simulation.md)."""
+        return any(claim.cid == cid for claim in self.claims.values())
+
     def on_fetch(self, frm: str, m: SessFetch, now: float) -> None:
         """A claim of ``m.cid`` at ``frm`` gathers its session: a client of ours with another
         connection stops first (its copy goes to ``frm``: holders.py ``on_fetch``)."""

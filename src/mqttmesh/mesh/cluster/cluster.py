@@ -174,6 +174,7 @@ class Cluster:
             parts.ids,
             wall_offset,
         )
+        table.resuming = self.claimant.resuming  # (our copy of a session a claim here gathers)
 
     # ------------------------------------------------------------------ plumbing
 
