@@ -255,8 +255,11 @@ class Broker:
         self.sessions = table.sessions  # (the table's: read here, changed only through it)
         self.trie = table.trie
         self.shared = table.shared  # the shared subscriptions' groups
-        # (a mesh does not take them yet: each node would serve its own members)
-        self.shared_available = settings.shared_subscriptions and self.mesh is None
+        self.shared_groups = table.shared.groups  # (the same dict: one test per dispatch)
+        self.shared_available = settings.shared_subscriptions
+        # persistent sessions as members: not in a mesh yet (a group's message reaches the node
+        # of the member chosen, not its session's other holders, mesh/routing/shares.py)
+        self.shared_persistent = self.mesh is None
         auth = self.auth  # (read at each delivery: a reload may set or change the ACL)
         self.shared.receives = lambda s, m: auth.acl is None or auth.can_receive(s.username, s.client_id, m.topic)
         self.session_factory = table.factory
@@ -307,9 +310,14 @@ class Broker:
         before = journal.writes
         if msg.retain:
             self.set_retained(msg)
-        hits = self.dispatch(msg)
-        if self.mesh is not None:
-            links = self.mesh.published(msg)
+        mesh = self.mesh
+        if mesh is None:
+            hits = self.dispatch(msg)
+        else:
+            # routed first: the mesh says which of this node's shared groups serve it
+            # (msg.shares, mesh/routing/shares.py), then delivered here
+            links = mesh.published(msg)
+            hits = self.dispatch(msg)
             if links:
                 hits = [*hits, *links]
         if not captured and self.archive is not None:
@@ -321,7 +329,7 @@ class Broker:
         A message that expired before it got here (``Message.at``) reaches none [MQTT-3.3.2-5]."""
         matches = self.trie.match(msg.topic)
         if not matches:
-            return self._to_groups(msg, NO_HITS) if self.shared.groups else NO_HITS
+            return self._to_groups(msg, NO_HITS) if self.shared_groups else NO_HITS
         if msg.expires is not None and msg.ttl <= 0.0:
             self.stats.expired += 1
             return NO_HITS
@@ -343,7 +351,7 @@ class Broker:
             for session, granted in matches.items():
                 if auth.can_receive(session.username, session.client_id, topic):
                     session.deliver(msg, qos if qos < granted else granted)
-        if self.shared.groups:
+        if self.shared_groups:
             return self._to_groups(msg, hits)
         return hits
 
@@ -354,6 +362,11 @@ class Broker:
         groups = shared.match(msg.topic)
         if not groups:
             return hits
+        allowed = getattr(msg, "shares", None)  # (in a mesh: the groups it goes to here; None: every one)
+        if allowed is not None:
+            groups = {g: 0 for g in groups if g.share in allowed}
+            if not groups:
+                return hits
         if msg.expires is not None and msg.ttl <= 0.0:  # (only for groups alone: dispatch judged it)
             self.stats.expired += 1
             return hits
@@ -445,5 +458,5 @@ class Broker:
         """
         journal = self.journal
         before = journal.writes  # (mark and since spelled out: see publish)
-        hits = self.dispatch(msg)
+        hits = self.dispatch(msg)  # (its shared groups here: as the mesh said, Message.shares)
         return journal.batch if journal.writes != before else 0, hits

@@ -528,7 +528,7 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
                 # ACL is not about peers (they proved the cluster secret)
                 refused = not topic_filter.startswith(f"$mesh/to/{self.peer_node}/")
             else:  # (a shared subscription too, where taken: shared.py)
-                refused = refusal(broker, self.username, self.client_id, topic_filter) != 0
+                refused = refusal(broker, self.username, self.client_id, topic_filter, session.clean) != 0
             if refused:
                 codes.append(0x80)
                 continue

@@ -239,7 +239,7 @@ class Mqtt5:
             P.RECEIVE_MAXIMUM: settings.receive_maximum,
             P.MAXIMUM_PACKET_SIZE: settings.max_packet_size,
             P.TOPIC_ALIAS_MAXIMUM: settings.topic_alias_maximum,
-            P.SHARED_SUB_AVAILABLE: 1 if self.broker.shared_available else 0,
+            P.SHARED_SUB_AVAILABLE: 1 if shared_for(self.broker, conn.session_expiry == 0) else 0,
         }
         if settings.topic_alias_maximum == 0:
             del props[P.TOPIC_ALIAS_MAXIMUM]
@@ -317,7 +317,7 @@ class Mqtt5:
         codes = []
         retained = []
         for topic_filter, options in pkt.topics:  # as a sequence of SUBSCRIBEs
-            refused = refusal(broker, self.username, self.client_id, topic_filter)
+            refused = refusal(broker, self.username, self.client_id, topic_filter, session.clean)
             if refused:
                 codes.append(refused)
                 continue
@@ -421,15 +421,22 @@ def _served(topic_filter: str) -> str:
     return topic_filter
 
 
-def refusal(broker: Broker, username: str | None, client_id: str, topic_filter: str) -> int:
+def shared_for(broker: Broker, clean: bool) -> bool:
+    """Does this node take shared subscriptions from a session that ends with its connection
+    (``clean``), or from a persistent one? (In a mesh, only the first, for now.)"""
+    return broker.shared_available and (clean or broker.shared_persistent)
+
+
+def refusal(broker: Broker, username: str | None, client_id: str, topic_filter: str, clean: bool = True) -> int:
     """0 when the client may subscribe to ``topic_filter``, else why not, as an MQTT 5 SUBACK
     reason code (a 3.1.1 client gets 0x80 for any): 0x9E where shared subscriptions are not
-    taken, 0x8F for a ``$share/`` filter that is none [MQTT-4.8.2-1] [MQTT-4.8.2-2], the
-    operator's denied code for ``$mesh`` and what the ACL refuses (for a shared subscription,
-    its filter after the share name)."""
+    taken (for a session like the client's, ``clean``: one that ends with its connection),
+    0x8F for a ``$share/`` filter that is none [MQTT-4.8.2-1] [MQTT-4.8.2-2], the operator's
+    denied code for ``$mesh`` and what the ACL refuses (for a shared subscription, its
+    filter after the share name)."""
     served = topic_filter
     if topic_filter.startswith(SHARE_PREFIX):
-        if not broker.shared_available:
+        if not shared_for(broker, clean):
             return 0x9E
         try:
             share = split_share(topic_filter)

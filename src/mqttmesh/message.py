@@ -41,7 +41,10 @@ class Message:
         "_topic_bytes",
         "_frame0",
         "_head",
+        "shares",
     )
+
+    shares: tuple[str, ...] | None  # (see __init__: may be unset)
 
     def __init__(
         self,
@@ -68,6 +71,11 @@ class Message:
         self.ack_to = ""
         # it reached this node in a retransmission from custody (mesh/routing/custody.py): late
         self.retried = False
+        # (``shares``, the shared groups of this node it goes to (shared.py), is left unset
+        # here, read with getattr: unset or None, every matching one (outside a mesh, and for
+        # $ topics); in a mesh, the group filters ("$share/{g}/{f}") the mesh chose this node
+        # for (mesh/routing/shares.py), () for none; set only on the per-message paths that
+        # decide it, the envelope decoder's and the router's)
         # its MQTT 5 properties that travel with it unchanged (Payload Format Indicator, Content
         # Type, Response Topic, Correlation Data, User Properties: properties.FORWARDED), as
         # encoded, without their length; None when it has none (every 3.1.1 message)
@@ -162,6 +170,7 @@ class Message:
         )
         m.expires = self.expires
         m.ttl = self.ttl
+        m.shares = getattr(self, "shares", None)
         for key, value in changes.items():
             setattr(m, key, value)
         return m

@@ -185,9 +185,10 @@ class SessionTable:
             except ShareError:
                 return  # (a stored subscription of a form no longer taken: not served)
             if share is not None:
-                # (a group's filter is not advertised to the mesh: shared subscriptions are
-                # taken only outside one, channel.py)
-                self.shared.join(session, share[0], share[1], qos)
+                # a group new to this node is advertised to the mesh as its "$share/..."
+                # filter (mesh/routing/shares.py chooses the node of each message)
+                if self.shared.join(session, share[0], share[1], qos) and self.mesh is not None:
+                    self.mesh.filter_added(topic_filter)
                 return
         if self.trie.add(topic_filter, session, qos) and self.mesh is not None:
             self.mesh.filter_added(topic_filter)
@@ -200,7 +201,10 @@ class SessionTable:
             except ShareError:
                 return None
             if share is not None:
-                return self.shared.leave(session, share[0], share[1])[0]
+                group, gone = self.shared.leave(session, share[0], share[1])
+                if gone and self.mesh is not None:
+                    self.mesh.filter_removed(topic_filter)
+                return group
         if self.trie.remove(topic_filter, session) and self.mesh is not None:
             self.mesh.filter_removed(topic_filter)
         return None

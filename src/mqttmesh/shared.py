@@ -71,11 +71,12 @@ Receives = Callable[["Session"], bool]  # whether a member may receive the messa
 class SharedGroup:
     """The members of one share name's subscription to one filter on this node."""
 
-    __slots__ = ("name", "topic_filter", "strategy", "members", "_turn", "_sticky")
+    __slots__ = ("name", "topic_filter", "share", "strategy", "members", "_turn", "_sticky")
 
     def __init__(self, name: str, topic_filter: str, strategy: str):
         self.name = name
         self.topic_filter = topic_filter
+        self.share = f"{SHARE_PREFIX}{name}/{topic_filter}"  # (as subscribed, and advertised in a mesh)
         self.strategy = strategy
         self.members: dict[Session, int] = {}  # session -> its granted QoS, in the order they joined
         self._turn = 0
@@ -136,24 +137,27 @@ class SharedSubscriptions:
 
     def join(self, session: Session, name: str, topic_filter: str, qos: int) -> bool:
         """``session`` subscribes to ``topic_filter`` under ``name`` (again: its QoS replaced);
-        True when the filter is new to the groups' trie."""
+        True when the group is new to this node (its first member here)."""
         key = (name, topic_filter)
         group = self.groups.get(key)
+        new = group is None
         if group is None:
             group = self.groups[key] = SharedGroup(name, topic_filter, self.strategy)
+            self.trie.add(topic_filter, group, 0)
         group.members[session] = qos
-        return self.trie.add(topic_filter, group, 0)
+        return new
 
     def leave(self, session: Session, name: str, topic_filter: str) -> tuple[SharedGroup | None, bool]:
-        """``session`` is no member any more: (its group, whether the filter is gone from the
-        trie with it)."""
+        """``session`` is no member any more: (its group, whether the group is gone from this
+        node with it, its last member here)."""
         group = self.groups.get((name, topic_filter))
         if group is None or group.members.pop(session, None) is None:
             return None, False
         if group.members:
             return group, False
         del self.groups[(name, topic_filter)]
-        return group, self.trie.remove(topic_filter, group)
+        self.trie.remove(topic_filter, group)
+        return group, True
 
     def match(self, topic: str) -> dict[Any, int]:
         return self.trie.match(topic)

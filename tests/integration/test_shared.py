@@ -1,7 +1,8 @@
 """Shared subscriptions with real clients on a real node (issue 24, its single-node part):
 paho-mqtt 3.1.1 and 5.0 members in one group, Debian's mosquitto_pub and mosquitto_sub,
-raw clients that leave without acknowledging. Rule ids are MQTT 5.0's (section 4.8.2).
-A node in a mesh does not take them yet: the last test."""
+raw clients that leave without acknowledging; across a 3-node mesh, members whose sessions
+end with their connection (persistent ones are not taken in a mesh yet). Rule ids are MQTT
+5.0's (section 4.8.2)."""
 
 from __future__ import annotations
 
@@ -131,13 +132,75 @@ def test_a_member_that_drops_unacknowledged_qos1_messages_hands_them_on(node, cl
     wait_for(lambda: 'mqttmesh_shared_messages_total{what="resent"} 10' in _metrics(node), 10, what="the count")
 
 
-def test_a_node_in_a_mesh_does_not_take_them_yet(mesh, paho5, clients):
-    """MQTT 5: CONNACK says Shared Subscription Available 0, SUBACK 0x9E; 3.1.1: 0x80."""
-    c = paho5("m5")
-    rc, _, props = c.connect(mesh["a"])
+def test_across_a_3_node_mesh_each_message_reaches_one_member_of_each_group(mesh, paho, paho5):
+    """Members (sessions that end with their connection) on every node of the line c - b - a,
+    3.1.1 and MQTT 5 in one group, and publishers on every node: each message reaches exactly
+    one member of the group, and every member gets a share (local strategy: the publisher's
+    node has a member, so nothing crosses a link for the group); a plain subscriber on a gets
+    every message."""
+    from support.mesh import wait_interest
+
+    members = {f"m{n}": (paho5 if n == "b" else paho)(f"m{n}") for n in ("a", "b", "c")}
+    for n, m in zip(("a", "b", "c"), members.values(), strict=True):
+        rc = m.connect(mesh[n])
+        assert (rc[0] if isinstance(rc, tuple) else rc) == 0
+        codes = m.subscribe("$share/w/mj/#", 1)
+        assert [int(getattr(c, "value", c)) for c in codes] == [1]
+    plain = paho("plain")
+    assert plain.connect(mesh["a"]) == 0
+    plain.subscribe("mj/#", 1)
+    for n in ("a", "b", "c"):
+        wait_interest(mesh, "$share/w/mj/#", n)
+    wait_interest(mesh, "mj/#", "a")
+    pubs = {n: paho(f"pub{n}") for n in ("a", "b", "c")}
+    for n, p in pubs.items():
+        assert p.connect(mesh[n]) == 0
+    for i in range(30):
+        n = "abc"[i % 3]
+        pubs[n].publish(f"mj/{n}", b"%d" % i, qos=1)
+    got = _drain(members, 30)
+    assert sorted(p for v in got.values() for p in v) == sorted(b"%d" % i for i in range(30))
+    assert all(len(v) == 10 for v in got.values()), {k: len(v) for k, v in got.items()}
+    assert sorted(_drain({"plain": plain}, 30)["plain"]) == sorted(b"%d" % i for i in range(30))
+
+
+def test_round_robin_across_the_mesh_crosses_links_and_spreads_evenly(broker_factory, paho):
+    """``mqtt.shared_strategy = round_robin``: the node of each message's member in turn over
+    the nodes with members (a publisher on a, members on b and c, none on a): half of the
+    messages to each node, each once."""
+    from support.mesh import start_mesh, wait_converged, wait_interest
+
+    names, edges = ["a", "b", "c"], [("b", "a"), ("c", "b")]
+    nodes = start_mesh(broker_factory, names, edges, extra=["--shared-strategy", "round_robin"])
+    wait_converged(nodes, edges)
+    members = {n: paho(f"rr{n}") for n in ("b", "c")}
+    for n, m in members.items():
+        assert m.connect(nodes[n]) == 0
+        m.subscribe("$share/rr/q/#", 1)
+    for n in ("b", "c"):
+        wait_interest(nodes, "$share/rr/q/#", n)
+    pub = paho("rrpub")
+    assert pub.connect(nodes["a"]) == 0
+    for i in range(20):
+        pub.publish("q/t", b"%d" % i, qos=1)
+    got = _drain(members, 20)
+    assert sorted(p for v in got.values() for p in v) == sorted(b"%d" % i for i in range(20))
+    assert [len(v) for v in got.values()] == [10, 10]
+
+
+def test_a_persistent_member_is_refused_in_a_mesh_for_now(mesh, paho5, clients):
+    """In a mesh a group's message reaches the node of the member chosen, not its session's
+    other holders: persistent members are not taken yet. MQTT 5: CONNACK says Shared
+    Subscription Available 0 to a session with an expiry (1 to one without), SUBACK 0x9E;
+    3.1.1 CleanSession=0: 0x80."""
+    kept = paho5("kept5")
+    rc, _, props = kept.connect(mesh["a"], clean_start=False, SessionExpiryInterval=60)
     assert rc == 0 and props.SharedSubscriptionAvailable == 0
-    assert [int(getattr(x, "value", x)) for x in c.subscribe("$share/g/t", 1)] == [0x9E]
-    raw = clients(mesh["b"], "r")
+    assert [int(getattr(x, "value", x)) for x in kept.subscribe("$share/g/t", 1)] == [0x9E]
+    ending = paho5("ending5")
+    rc, _, props = ending.connect(mesh["a"])
+    assert rc == 0 and props.SharedSubscriptionAvailable == 1
+    raw = clients(mesh["b"], "r", clean=False)
     assert raw.sub(1, ("$share/g/t", 1), ("t", 1)) == [0x80, 1]
 
 

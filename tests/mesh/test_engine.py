@@ -591,3 +591,74 @@ def test_an_envelope_carries_a_messages_mqtt5_properties_and_the_simulators_read
     cut = raw[: raw.index(props) + 3]  # properties that overrun the batch
     with pytest.raises(EnvelopeError):
         decode_batch(cut, 0.0)
+
+
+def test_an_envelope_says_which_shared_groups_each_destination_serves():
+    """Envelope version 6: flag 128 and a string of the table naming, for the destinations
+    that serve shared groups, which; relays split it with the destinations. The simulator's
+    reader finds the same envelopes."""
+    from mqttmesh.mesh.routing.envelope import for_dests, parse_shares, shares_text
+    from mqttmesh.sim.observe import read_envelope_heads
+
+    msg = Message("t/x", b"payload", 1, False, "a", 7, "pub", 1.0)
+    smap = {"c": ("$share/g/t/#", "$share/h/t/+"), "d": ("$share/g/t/#",)}
+    raw = encode_batch([Envelope(msg, ["b", "c", "d"], 4, 0, None, [5, 0, 0], smap)], 0.0)
+    [env] = decode_batch(raw, 0.0)
+    assert env.shares == smap and env.prev == [5, 0, 0]
+    assert for_dests(env.msg, ["c"], 3, 0, env.predecessors(), env.shares).shares == {"c": smap["c"]}
+    assert for_dests(env.msg, ["b"], 3, 0, env.predecessors(), env.shares).shares is None
+    assert [h[:2] for h in read_envelope_heads(raw)] == [("a", 7)]
+    assert parse_shares(shares_text(smap)) == smap
+    for bad in ("c\x002\x00$share/g/t", "c\x00x", "c\x001\x00t/#"):
+        with pytest.raises(EnvelopeError):
+            parse_shares(bad)
+
+
+def _shares_seen(net: Net) -> dict[str, list[tuple[int, tuple[str, ...] | None]]]:
+    """Each node's deliveries from now on, with the shared groups they go to there."""
+    seen: dict[str, list[tuple[int, tuple[str, ...] | None]]] = {n: [] for n in net.engines}
+    take = net._take
+
+    def taking(name, inbound):
+        for msg in inbound.deliveries:
+            seen[name].append((msg.seq, msg.shares))
+        take(name, inbound)
+
+    net._take = taking
+    return seen
+
+
+@pytest.mark.parametrize("strategy", ["round_robin", "local", "hash_topic", "sticky"])
+def test_each_message_goes_to_one_node_of_each_shared_group(strategy):
+    """A group with members on b and c ("$share/g/t/#" in their interest): each message a
+    publishes reaches one of them marked for the group, as the strategy picks; c's plain
+    subscriber gets every one, marked or not. local: the nearest node with a member (b, on
+    the way), or the publisher's own (b publishing: nothing crosses a link for the group)."""
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")], settings=MeshSettings(shared_strategy=strategy))
+    seen = _shares_seen(net)
+    for n in ("b", "c"):
+        net.subscribe(n, "$share/g/t/#")
+    net.subscribe("c", "t/#")
+    for i in range(8):
+        net.publish("a", f"t/{i % 2}", qos=1)
+    marked = {n: [seq for seq, shares in seen[n] if shares and "$share/g/t/#" in shares] for n in ("b", "c")}
+    assert sorted(marked["b"] + marked["c"]) == list(range(1, 9))  # once each
+    assert sorted(seq for seq, _ in seen["c"]) == list(range(1, 9))  # (its plain subscriber)
+    if strategy == "round_robin":
+        assert len(marked["b"]) == len(marked["c"]) == 4
+    elif strategy == "local":
+        assert marked["b"] == list(range(1, 9))
+    elif strategy == "sticky":
+        assert not marked["b"] or not marked["c"]
+    else:  # hash_topic: each topic to one node
+        assert {seq % 2 for seq in marked["b"]} in ({0}, {1}, set(), {0, 1})
+        assert not ({seq % 2 for seq in marked["b"]} & {seq % 2 for seq in marked["c"]})
+    b = net.engines["b"]
+    msg = Message("t/x", b"x", 1, False, "b", 100, "c", net.t)
+    b.route_local(msg, net.t)
+    if strategy == "local":
+        assert msg.shares == ("$share/g/t/#",)  # served at b, where it entered
+    net.cut("a", "b")  # (a has no member: the group is out of its reach now)
+    gone = Message("t/x", b"x", 1, False, "a", 101, "c", net.t)
+    net.engines["a"].route_local(gone, net.t)
+    assert net.engines["a"].counters["shared_unreachable"] == 1

@@ -50,8 +50,9 @@ def test_the_peer_protocol_version():
     # (7: MQTT 5 properties in envelopes and cluster messages; 8: what is left of an expiring
     # message's life, issue 23; 9: unicast records say how long they were on the way; 10: a
     # release says when its claim was never accepted, reg.release "refused"; 11: and how long
-    # ago its connection ended, with its delayed will, "ago" and "will")
-    assert PEER_PROTOCOL == 11
+    # ago its connection ended, with its delayed will, "ago" and "will"; 12: envelopes of
+    # format 6, with the shared groups each destination serves)
+    assert PEER_PROTOCOL == 12
     assert NONCE_BYTES == 16
 
 

@@ -307,6 +307,7 @@ class MeshNode:
             reorder_limit=cfg.get("mesh.reorder_limit"),
             dedup_window=cfg.get("mesh.dedup_window"),
             max_age=cfg.get("mesh.max_age"),
+            shared_strategy=cfg.get("mqtt.shared_strategy"),
         )
         cluster = ClusterSettings(
             replication=cfg.get("mesh.replication"),

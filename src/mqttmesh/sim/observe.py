@@ -1,7 +1,7 @@
 """What the simulator watches on the wire: envelope headers, and one record per message.
 
 Pure. The envelope header reader is written here from the formats documented in
-mesh/routing/envelope.py (versions 1 to 5), independently of that module's decoder,
+mesh/routing/envelope.py (versions 1 to 6), independently of that module's decoder,
 so that a bug mirrored in the engine's encoder and decoder would show up as a
 mismatch.
 """
@@ -22,10 +22,10 @@ def read_envelope_heads(batch: bytes) -> list[tuple[str, int, int, int, tuple[st
     """(origin, seq, attempt, hop_limit, destinations) of every envelope of a ``fwd`` batch."""
     if not batch:
         raise ValueError("empty envelope batch")
-    if batch[0] in (2, 3, 4, 5):
+    if batch[0] in (2, 3, 4, 5, 6):
         return _read_v2(batch)
     if batch[0] != 1:
-        raise ValueError(f"envelope batch version {batch[0]}, expected 1 to 5")
+        raise ValueError(f"envelope batch version {batch[0]}, expected 1 to 6")
     count = _U32.unpack_from(batch, 1)[0]
     pos = 5
     out = []
@@ -52,11 +52,12 @@ def read_envelope_heads(batch: bytes) -> list[tuple[str, int, int, int, tuple[st
 
 
 def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
-    """Versions 2 to 5: a string table (origins, publishers, topics, NUL-joined destination
+    """Versions 2 to 6: a string table (origins, publishers, topics, NUL-joined destination
     lists) first; version 3 adds a predecessor to each record, and one per destination to
     an envelope to several (flag 16); version 4, the MQTT 5 properties (flag 32: their
     length, four bytes, and themselves); version 5, the remaining life of a message that
-    expires (flag 64: four bytes, after the properties)."""
+    expires (flag 64: four bytes, after the properties); version 6, the shared groups its
+    destinations serve (flag 128: a string's index, two bytes, after the remaining life)."""
     count = _U32.unpack_from(batch, 1)[0]
     nstrings = _U16.unpack_from(batch, 5)[0]
     pos = 15 if batch[0] >= 5 else 7  # (version 5: the sender's wall clock, 8 bytes, first)
@@ -78,6 +79,8 @@ def _read_v2(batch: bytes) -> list[tuple[str, int, int, int, tuple[str, ...]]]:
             pos += 4 + _U32.unpack_from(batch, pos)[0]  # (the properties, before the payload)
         if batch[0] >= 5 and flags & 64:
             pos += 4  # (the remaining life in milliseconds)
+        if batch[0] >= 6 and flags & 128:
+            pos += 2  # (the shared groups, in the string table)
         pos += plen
         out.append((strings[oi], seq, attempt, hops, dests))
     if pos != len(batch):

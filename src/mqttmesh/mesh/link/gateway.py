@@ -43,13 +43,15 @@ class MeshGateway:
         self.routed = 0  # messages routed since the last send (the I/O resets it as it sends)
 
     def filter_added(self, topic_filter: str) -> None:
-        """The first local subscription of ``topic_filter``."""
-        if not topic_filter.startswith("$"):  # $SYS and $mesh stay local to each node
+        """The first local subscription of ``topic_filter`` (a shared group's: its first
+        member here, "$share/{g}/{f}")."""
+        if not topic_filter.startswith("$") or topic_filter.startswith("$share/"):
+            # ($SYS and $mesh stay local to each node)
             self.engine.local_filter_added(topic_filter)
             self.io.flush_soon()
 
     def filter_removed(self, topic_filter: str) -> None:
-        if not topic_filter.startswith("$"):
+        if not topic_filter.startswith("$") or topic_filter.startswith("$share/"):
             self.engine.local_filter_removed(topic_filter)
             self.io.flush_soon()
 

@@ -5,17 +5,17 @@ Pure: no sockets, no clock, no randomness. Each side's nonce is an argument (the
 layer, server/mesh_node.py, draws it); the MQTT packets that carry these fields are
 mesh/link/client.py's (dialling side) and channel.py's (listening side).
 
-The handshake of the peer protocol since version 2 (``PEER_PROTOCOL``, now 11; the later
+The handshake of the peer protocol since version 2 (``PEER_PROTOCOL``, now 12; the later
 versions changed only what travels after it: 3 added settlement versions to session
 snapshots, 4 routes a persistent publisher's QoS 2 message under the id its session's
 holders agreed on and names, in an envelope, the node to acknowledge it to, issue 15; 5
 packs every settled id a snapshot's copy remembers and carries its floors, 6 gives each
 QoS 1/2 envelope its predecessor per destination and adds the ``nack`` and ``skip``
-messages of ordered delivery, issue 20; 7 to 11 are named at ``PEER_PROTOCOL`` below),
+messages of ordered delivery, issue 20; 7 to 12 are named at ``PEER_PROTOCOL`` below),
 in ordinary MQTT 3.1.1 packets (D dials, L listens):
 
     D -> L  CONNECT  user mqttmesh-peer, ClientId $mesh-<D>,
-                     password "11|<D>|<incarnation D>|<Nd>"
+                     password "12|<D>|<incarnation D>|<Nd>"
     L -> D  CONNACK 0: D is a provisional peer, nothing is routed to it
     D -> L  SUBSCRIBE $mesh/to/<D>/#
     L -> D  SUBACK, then PUBLISH $mesh/to/<D>/auth   "<L>|<incarnation L>|<Nl>|<MAC L>"
@@ -63,8 +63,9 @@ __all__ = [
 # say how long they were on the way, routing/wire.py; 10: reg.release says when its claim
 # was never accepted, "refused", and the session ends as the claim found it, registry.py;
 # 11: reg.release says how long ago its connection ended, "ago", with its delayed will,
-# and sess.state that the session ended, "ended", claimant.py)
-PEER_PROTOCOL = 11
+# and sess.state that the session ended, "ended", claimant.py; 12: envelope batches of
+# format 6, which say which shared groups each destination serves, routing/shares.py)
+PEER_PROTOCOL = 12
 NONCE_BYTES = 16
 
 _NONCE = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")

@@ -141,7 +141,9 @@ class CustodyMixin(EngineState):
             c.due = now + min(30.0, settings.retransmit_after * (2 ** min(c.attempt, 4)))
             if reachable:
                 self.counters["custody_retransmits"] += 1
-                self._send_envelope(for_dests(c.msg, reachable, settings.hop_limit, c.attempt, c.predecessors()))
+                self._send_envelope(
+                    for_dests(c.msg, reachable, settings.hop_limit, c.attempt, c.predecessors(), c.shares)
+                )
         for key in expired:
             c = self.custody.pop(key)
             self._unjournal(key)

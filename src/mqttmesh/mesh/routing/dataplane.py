@@ -15,7 +15,8 @@ from .actions import NOTHING, Inbound, Send, Unicast
 from .custody import Custody
 from .dedup import SEEN
 from .engine_base import EngineState, PeerStats
-from .envelope import Envelope, encode_batch, for_dests
+from .envelope import Envelope, Shares, encode_batch, for_dests
+from .records import Route
 from .wire import decode_unicasts, encode_unicast, encode_unicasts
 
 __all__ = ["DataPlaneMixin"]
@@ -38,6 +39,11 @@ class DataPlaneMixin(EngineState):
         route = self._route_cache.get(msg.topic)
         if route is None:
             route = self._compute_route(msg.topic)
+        smap = None
+        if self._share_nodes:  # (a shared group anywhere: the node of each is chosen per message)
+            smap = self._choose_shares(msg)
+            if smap is not None:
+                route, smap = self._route_with_shares(msg, route, smap)
         groups, dests, unreachable = route
         if not dests:
             return False
@@ -62,7 +68,8 @@ class DataPlaneMixin(EngineState):
                 # (custody.py): same id, acknowledged to us; its agreed id is kept by the
                 # publisher's session, not journaled here
                 msg.ack_to = self.node_id
-                custody[(msg.origin, msg.seq)] = Custody(msg, set(dests), now + settings.retransmit_after, now)
+                due = now + settings.retransmit_after
+                custody[(msg.origin, msg.seq)] = Custody(msg, set(dests), due, now, None, smap)
             else:
                 # each destination's predecessor: it delivers this message after that one
                 last_to = self._last_to
@@ -73,14 +80,14 @@ class DataPlaneMixin(EngineState):
                     last_to[d] = seq
                     if not prev:  # (the first to d: its silence counts from now, custody.py)
                         self._heard.setdefault(d, now)
-                    custody[seq] = Custody(msg, {d}, now + settings.retransmit_after, now, prev)
+                    custody[seq] = Custody(msg, {d}, now + settings.retransmit_after, now, prev, smap)
                 else:
                     pmap = {d: last_to.get(d, 0) for d in dests}
                     for d in dests:
                         if not pmap[d]:
                             self._heard.setdefault(d, now)
                         last_to[d] = seq
-                    custody[seq] = Custody(msg, set(dests), now + settings.retransmit_after, now, pmap)
+                    custody[seq] = Custody(msg, set(dests), now + settings.retransmit_after, now, pmap, smap)
                 journal = self.custody_journal
                 if journal is not None:
                     journal.custody_put(msg, dests)  # durable before the PUBACK
@@ -90,11 +97,34 @@ class DataPlaneMixin(EngineState):
             queue = outbox.get(hop)
             if queue is None:
                 queue = outbox[hop] = []
-            if pmap is None:
+            if smap is not None:
+                if pmap is None and prev:
+                    pmap = {hop_dests[0]: prev}
+                queue.append(for_dests(msg, hop_dests, hop_limit, 0, pmap, smap))
+            elif pmap is None:
                 queue.append(Envelope(msg, hop_dests, hop_limit, 0, key, prev))
             else:
                 queue.append(for_dests(msg, hop_dests, hop_limit, 0, pmap))
         return bool(groups)
+
+    def _route_with_shares(self, msg: Message, route: Route, smap: Shares) -> tuple[Route, Shares | None]:
+        """The route of ``msg`` with the nodes chosen to serve its shared groups (``smap``,
+        this node's taken out: ``msg.shares``), and what the envelopes say of them."""
+        me = self.node_id
+        msg.shares = smap.pop(me, ())
+        if not smap:
+            return route, None
+        groups, dests, unreachable = route
+        extra = [n for n in smap if n not in dests]
+        if not extra:
+            return route, smap
+        all_dests = sorted([*dests, *extra])
+        by_hop: dict[str, list[str]] = {}
+        for d in all_dests:
+            hop = self.next_hop.get(d)
+            if hop is not None:  # (a chosen node is in reach: shares.py)
+                by_hop.setdefault(hop, []).append(d)
+        return ([(hop, ds, "\0".join(ds)) for hop, ds in by_hop.items()], all_dests, unreachable), smap
 
     def _send_envelope(self, env: Envelope) -> None:
         """Split the destinations by next hop and queue one envelope per next hop."""
@@ -115,8 +145,9 @@ class DataPlaneMixin(EngineState):
                 continue
             by_hop.setdefault(hop, []).append(d)
         pmap = env.predecessors()
+        smap = env.shares
         for hop, dests in by_hop.items():
-            self._outbox.setdefault(hop, []).append(for_dests(env.msg, dests, env.hop_limit, env.attempt, pmap))
+            self._outbox.setdefault(hop, []).append(for_dests(env.msg, dests, env.hop_limit, env.attempt, pmap, smap))
 
     # ------------------------------------------------------------------ from a neighbour
 
@@ -132,6 +163,9 @@ class DataPlaneMixin(EngineState):
                 self.counters["duplicates"] += 1  # our own message came round: a transient loop
                 return
         env_dests = env.dests
+        shares = env.shares
+        if shares is not None:  # the shared groups it goes to here, as it says (shares.py)
+            msg.shares = shares.get(me, ())
         if len(env_dests) == 1 and env_dests[0] == me:
             # the common case, a leaf: nothing to forward, the delivery filter alone decides
             prev: int = env.prev  # type: ignore[assignment]  # (one destination: a number)
@@ -182,7 +216,7 @@ class DataPlaneMixin(EngineState):
         if env.hop_limit <= 1:
             self.counters["hop_limit_drops"] += 1
             return
-        self._send_envelope(for_dests(msg, dests, env.hop_limit - 1, env.attempt, pmap))
+        self._send_envelope(for_dests(msg, dests, env.hop_limit - 1, env.attempt, pmap, shares))
 
     # ------------------------------------------------------------------ unicast between nodes
 

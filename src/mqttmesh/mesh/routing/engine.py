@@ -53,12 +53,13 @@ from .interest import InterestIndex
 from .lsdb import InterestState, LsdbMixin, RouterLsa
 from .order import OrderMixin
 from .routes import RoutesMixin
+from .shares import SharesMixin, new_share_state
 from .wire import MeshProtocolError
 
 __all__ = ["MeshSettings", "MeshEngine", "PeerStats", "RouterLsa", "InterestState", "MeshProtocolError"]
 
 
-class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixin):
+class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixin, SharesMixin):
     def __init__(
         self,
         node_id: str,
@@ -118,6 +119,8 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._held_ids = set()
         self._order_out = {}
         self._order_relay = {}
+        # shared groups (shares.py)
+        self._share_nodes, self._share_trie, self._share_turn, self._share_last = new_share_state()
         self._flood_out = {}
         self._control_out = []
         self._last_refresh = 0.0
@@ -144,6 +147,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             "lsa_received": 0,
             "lsa_flooded": 0,
             "spf_runs": 0,
+            "shared_unreachable": 0,
         }
 
     # ------------------------------------------------------------------ start

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ...message import Message
+    from ...topics import SubscriptionTrie
     from .dedup import DeliveryFilter, ForwardFilter
-    from .envelope import Envelope
+    from .envelope import Envelope, Shares
     from .interest import InterestIndex
     from .records import Control, Custody, CustodyJournal, Held, InterestState, Route, RouterLsa
     from .wire import AckGroup
@@ -41,6 +42,9 @@ class MeshSettings:
     # most this long (order.py); the origin is asked for the predecessor at once
     reorder_wait: float = 10.0
     reorder_limit: int = 50_000  # messages waiting for a predecessor, per node
+    # how the node that serves a shared group's message is chosen where it enters the mesh
+    # (shares.py; shared.STRATEGIES)
+    shared_strategy: str = "local"
 
 
 class PeerStats:
@@ -139,6 +143,12 @@ class EngineState:
     _held_ids: set[tuple[str, int]]  # (origin, seq) of every held message
     _order_out: dict[tuple[str, str], list[int]]  # (nack or skip, node) -> our seqs for it
     _order_relay: dict[tuple[str, str], list[AckGroup]]  # (nack or skip, next hop) -> groups
+    # shared groups (shares.py): "$share/{g}/{f}" -> the nodes with members; f -> the groups;
+    # round-robin turns and the last node chosen, per group
+    _share_nodes: dict[str, set[str]]
+    _share_trie: SubscriptionTrie
+    _share_turn: dict[str, int]
+    _share_last: dict[str, str]
 
     def _stats(self, peer: str) -> PeerStats:
         # not setdefault(peer, PeerStats()): that builds a PeerStats for every message
@@ -175,3 +185,11 @@ class EngineState:
         def _release_custody(self, node: str) -> None: ...  # custody
 
         def _unjournal(self, key: int | tuple[str, int]) -> None: ...  # custody
+
+        def _choose_shares(self, msg: Message) -> Shares | None: ...  # shares
+
+        def _share_added(self, share: str, node: str) -> None: ...  # shares
+
+        def _share_removed(self, share: str, node: str) -> None: ...  # shares
+
+        def _shares_of(self, node: str, old: tuple[str, ...], new: tuple[str, ...]) -> None: ...  # shares

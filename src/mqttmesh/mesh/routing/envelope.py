@@ -12,25 +12,31 @@ an expiring message's remaining life (the time the batch spent on the way, in it
 waiting for a paused or busy receiver to read it), never adds to it (clocks that disagree
 only shorten a life, by as much as they disagree).
 
-    batch    = version:u8=5  count:u32  nstrings:u16  sent:f64  (len:u16 utf8)*nstrings  envelope*count
+    batch    = version:u8=6  count:u32  nstrings:u16  sent:f64  (len:u16 utf8)*nstrings  envelope*count
     envelope = flags:u8 hop_limit:u8 attempt:u8 seq:u64 ts:f64
                origin:u16 publisher:u16 topic:u16 dests:u16 (indexes into the table)
                payload_len:u32 back:u32 [back:u32 * len(dests), with bit 4]
-               [props_len:u32 props, with bit 5] [ttl_ms:u32, with bit 6] payload
+               [props_len:u32 props, with bit 5] [ttl_ms:u32, with bit 6]
+               [shares:u16, with bit 7: index into the table] payload
     flags    = qos (bits 0-1) | retain (bit 2) | acknowledged to another node (bit 3)
                | one predecessor per destination follows (bit 4)
                | MQTT 5 properties follow (bit 5: message.Message.props, as encoded)
                | the message expires (bit 6: ttl_ms, what is left of its life when
-               the batch was made, in milliseconds: each node counts it on its own clock);
+               the batch was made, in milliseconds: each node counts it on its own clock)
+               | shared groups follow (bit 7: which of the destinations serve which shared
+               groups, mesh/routing/shares.py);
                a destination list is its node ids joined by NUL; with bit 3 the origin
-               string is the origin and the node to acknowledge to, joined by NUL
+               string is the origin and the node to acknowledge to, joined by NUL; a shares
+               string is, for each destination that serves groups, its node id, the number
+               of its groups and their filters ("$share/{g}/{f}"), all joined by NUL
 
 A QoS 1/2 message's predecessor at a destination is the origin's previous QoS 1/2 message
 to that node, given as ``back = seq - previous`` (0: none, deliver at once); the
 destination delivers the message after its predecessor (order.py, docs/design.md 3.6). An
 envelope to one destination carries it in its record (``back``, 0 for any other envelope);
 one to several carries bit 4 and one ``back`` per destination, in the order of the list.
-Version 3 added them; version 4, the properties; version 5, the remaining life and ``sent``.
+Version 3 added them; version 4, the properties; version 5, the remaining life and ``sent``;
+version 6, the shared groups.
 """
 
 from __future__ import annotations
@@ -40,9 +46,20 @@ import struct
 
 from ...message import Message
 
-__all__ = ["VERSION", "Envelope", "for_dests", "encode_batch", "decode_batch", "EnvelopeError", "MAX_STRINGS"]
+__all__ = [
+    "VERSION",
+    "Envelope",
+    "Shares",
+    "for_dests",
+    "encode_batch",
+    "decode_batch",
+    "EnvelopeError",
+    "MAX_STRINGS",
+    "shares_text",
+    "parse_shares",
+]
 
-VERSION = 5
+VERSION = 6
 MAX_STRINGS = 65535
 _HEAD = struct.Struct(">BIHd")
 _REC = struct.Struct(">BBBQdHHHHII")
@@ -59,7 +76,7 @@ class Envelope:
     is one number for an envelope to one destination (0: none), a list of one per destination
     for an envelope to several (0 for all: none)."""
 
-    __slots__ = ("msg", "dests", "hop_limit", "attempt", "dests_key", "prev")
+    __slots__ = ("msg", "dests", "hop_limit", "attempt", "dests_key", "prev", "shares")
 
     def __init__(
         self,
@@ -69,6 +86,7 @@ class Envelope:
         attempt: int = 0,
         dests_key: str | None = None,
         prev: int | list[int] = 0,
+        shares: Shares | None = None,
     ):
         self.msg = msg
         self.dests = dests
@@ -76,6 +94,8 @@ class Envelope:
         self.attempt = attempt
         self.dests_key = dests_key  # "\0".join(dests), when the caller already has it
         self.prev = prev
+        # the shared groups each destination serves (only those that serve one), or None
+        self.shares = shares
 
     def predecessors(self) -> dict[str, int] | None:
         """Destination -> its predecessor, or None when no destination has one."""
@@ -91,19 +111,63 @@ class Envelope:
         return f"Envelope({self.msg!r}, dests={self.dests}, hops={self.hop_limit}, attempt={self.attempt}{prevs})"
 
 
-def for_dests(msg: Message, dests: list[str], hop_limit: int, attempt: int, pmap: dict[str, int] | None) -> Envelope:
-    """An envelope for ``dests`` with their predecessors from ``pmap`` (None: none)."""
+# destination -> the shared groups ("$share/{g}/{f}") it delivers the message to
+Shares = dict[str, tuple[str, ...]]
+
+
+def for_dests(
+    msg: Message,
+    dests: list[str],
+    hop_limit: int,
+    attempt: int,
+    pmap: dict[str, int] | None,
+    smap: Shares | None = None,
+) -> Envelope:
+    """An envelope for ``dests`` with their predecessors from ``pmap`` (None: none) and their
+    shared groups from ``smap`` (None: none)."""
+    shares = None
+    if smap is not None:
+        shares = {d: smap[d] for d in dests if d in smap} or None
     if pmap is None:
-        return Envelope(msg, dests, hop_limit, attempt)
+        return Envelope(msg, dests, hop_limit, attempt, None, 0, shares)
     if len(dests) == 1:
-        return Envelope(msg, dests, hop_limit, attempt, None, pmap.get(dests[0], 0))
-    return Envelope(msg, dests, hop_limit, attempt, None, [pmap.get(d, 0) for d in dests])
+        return Envelope(msg, dests, hop_limit, attempt, None, pmap.get(dests[0], 0), shares)
+    return Envelope(msg, dests, hop_limit, attempt, None, [pmap.get(d, 0) for d in dests], shares)
+
+
+def shares_text(shares: Shares) -> str:
+    """The table string of ``shares`` (sorted: one string for one assignment)."""
+    parts: list[str] = []
+    for dest in sorted(shares):
+        groups = shares[dest]
+        parts.append(dest)
+        parts.append(str(len(groups)))
+        parts.extend(groups)
+    return "\0".join(parts)
+
+
+def parse_shares(text: str) -> Shares:
+    """The inverse of ``shares_text``; EnvelopeError for one that does not parse."""
+    fields = text.split("\0")
+    out: Shares = {}
+    i = 0
+    try:
+        while i < len(fields):
+            dest, n = fields[i], int(fields[i + 1])
+            groups = tuple(fields[i + 2 : i + 2 + n])
+            if n < 1 or len(groups) != n or not all(g.startswith("$share/") for g in groups):
+                raise ValueError
+            out[dest] = groups
+            i += 2 + n
+    except (ValueError, IndexError):
+        raise EnvelopeError(f"malformed shared groups {text[:80]!r}") from None
+    return out
 
 
 def encode_batch(envelopes: list[Envelope], now: float, wall: float = 0.0) -> bytes:
     """The batch of ``envelopes`` as it goes out at ``now`` (what is left of an expiring
     message's life is counted then), ``wall`` on the wall clock."""
-    if len(envelopes) * 4 > MAX_STRINGS:
+    if len(envelopes) * 5 > MAX_STRINGS:
         raise ValueError(f"{len(envelopes)} envelopes do not fit one batch; split it")
     table: dict[str, int] = {}
     strings: list[str] = []
@@ -145,6 +209,8 @@ def encode_batch(envelopes: list[Envelope], now: float, wall: float = 0.0) -> by
         expires = m.expires
         if expires is not None:
             flags |= 64
+        if env.shares:
+            flags |= 128
         prev = env.prev
         if not prev:  # (no predecessor: every QoS 0 envelope)
             append(pack(flags, env.hop_limit, env.attempt, m.seq, m.timestamp, o, p, t, d, len(payload), 0))
@@ -165,6 +231,13 @@ def encode_batch(envelopes: list[Envelope], now: float, wall: float = 0.0) -> by
         if expires is not None:  # (rounded up: a message with 0.2 ms left is not expired yet)
             left = expires - now
             append(_U32.pack(min(math.ceil(left * 1000.0), 0xFFFFFFFF) if left > 0.0 else 0))
+        if env.shares:
+            text = shares_text(env.shares)
+            si = get(text)
+            if si is None:
+                si = table[text] = len(strings)
+                strings.append(text)
+            append(_U16.pack(si))
         append(payload)
     head = [_HEAD.pack(VERSION, len(envelopes), len(strings), wall)]
     for text in strings:
@@ -189,6 +262,7 @@ def decode_batch(data: bytes, now: float, wall: float = 0.0) -> list[Envelope]:
             pos += 2 + n
         strings = [r.decode() for r in raws]
         dest_lists: dict[int, list[str]] = {}
+        share_maps: dict[int, Shares] = {}
         out = []
         unpack = _REC.unpack_from
         size = _REC.size
@@ -205,7 +279,8 @@ def decode_batch(data: bytes, now: float, wall: float = 0.0) -> list[Envelope]:
                 back = seq - back  # (on an envelope to several, it is ignored: predecessors())
             props = None
             ttl = -1
-            if flags & 112:  # (one test on the path of every envelope: bits 4 to 6 are rare)
+            shares = None
+            if flags & 240:  # (one test on the path of every envelope: bits 4 to 7 are rare)
                 if flags & 16:
                     n = len(dests)
                     back = [seq - b if b else 0 for b in struct.unpack_from(f">{n}I", data, pos)]
@@ -219,14 +294,21 @@ def decode_batch(data: bytes, now: float, wall: float = 0.0) -> list[Envelope]:
                 if flags & 64:
                     ttl = _U32.unpack_from(data, pos)[0]
                     pos += 4
+                if flags & 128:
+                    si = _U16.unpack_from(data, pos)[0]
+                    pos += 2
+                    shares = share_maps.get(si)
+                    if shares is None:
+                        shares = share_maps[si] = parse_shares(strings[si])
             payload = data[pos : pos + plen]
             pos += plen
             topic = strings[ti]
             qos = flags & 3
-            if qos == 3 or not topic or flags & 128:
+            if qos == 3 or not topic:
                 raise EnvelopeError("invalid envelope flags or topic")
             msg = Message(topic, payload, qos, flags & 4 == 4, strings[oi], seq, strings[pi], ts, props)
             msg._topic_bytes = raws[ti]  # saves re-encoding it for every subscriber frame
+            msg.shares = ()  # (another node's message: to no shared group here unless it says so)
             if ttl >= 0:
                 msg.expiring(ttl / 1000.0 - (wall - sent if wall > sent else 0.0), now)
             if flags & 8:
@@ -234,7 +316,7 @@ def decode_batch(data: bytes, now: float, wall: float = 0.0) -> list[Envelope]:
                 if not sep or not msg.ack_to:
                     raise EnvelopeError("an envelope to acknowledge elsewhere names no node")
                 msg.origin = origin
-            out.append(Envelope(msg, dests, hops, attempt, strings[di], back))
+            out.append(Envelope(msg, dests, hops, attempt, strings[di], back, shares))
         if pos != end:
             raise EnvelopeError(
                 f"{end - pos} bytes after the last envelope" if pos < end else "envelope overruns its batch"

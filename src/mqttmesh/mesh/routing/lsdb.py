@@ -74,6 +74,8 @@ class LsdbMixin(EngineState):
         if topic_filter in self._local_filters:
             return
         self._local_filters.add(topic_filter)
+        if topic_filter.startswith("$share/"):
+            self._share_added(topic_filter, self.node_id)
         if topic_filter in self._pending_del:
             self._pending_del.discard(topic_filter)
         else:
@@ -83,6 +85,8 @@ class LsdbMixin(EngineState):
         if topic_filter not in self._local_filters:
             return
         self._local_filters.discard(topic_filter)
+        if topic_filter.startswith("$share/"):
+            self._share_removed(topic_filter, self.node_id)
         if topic_filter in self._pending_add:
             self._pending_add.discard(topic_filter)
         else:
@@ -247,6 +251,8 @@ class LsdbMixin(EngineState):
         old = self.interests.get(node)
         old_filters = old.filters if old is not None else ()
         new_filters = state.filters if state is not None else ()
+        if node != self.node_id:
+            self._shares_of(node, old_filters, new_filters)  # (ours: local_filter_added)
         remote = self.remote
         if not old_filters:
             remote.add_all(new_filters, node)

@@ -172,7 +172,9 @@ class OrderMixin(EngineState):
             if c is not None and dest in c.dests:
                 c.attempt = min(c.attempt + 1, 255)  # (a new attempt: the relays' forward filters)
                 self.counters["reorder_resent"] += 1
-                self._send_envelope(for_dests(c.msg, [dest], self.settings.hop_limit, c.attempt, c.predecessors()))
+                self._send_envelope(
+                    for_dests(c.msg, [dest], self.settings.hop_limit, c.attempt, c.predecessors(), c.shares)
+                )
             else:
                 skip.append(seq)
         if skip:

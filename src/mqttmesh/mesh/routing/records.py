@@ -87,12 +87,20 @@ class Custody:
     predecessor at each (order.py): one number for a message to one node, a dict for several,
     None when it was sent unordered."""
 
-    __slots__ = ("msg", "dests", "attempt", "due", "since", "prev")
+    __slots__ = ("msg", "dests", "attempt", "due", "since", "prev", "shares")
 
     def __init__(
-        self, msg: Message, dests: set[str], due: float, since: float, prev: int | dict[str, int] | None = None
+        self,
+        msg: Message,
+        dests: set[str],
+        due: float,
+        since: float,
+        prev: int | dict[str, int] | None = None,
+        shares: dict[str, tuple[str, ...]] | None = None,
     ):
         self.msg, self.dests, self.attempt, self.due, self.since, self.prev = msg, dests, 0, due, since, prev
+        # the shared groups each destination serves it for (envelope.py Shares), or None
+        self.shares = shares
 
     def predecessors(self) -> dict[str, int] | None:
         prev = self.prev

@@ -1,0 +1,117 @@
+"""Shared subscriptions across the mesh: which node serves each message of a group.
+
+Pure. A part of ``MeshEngine`` (engine.py, a mixin over engine_base.EngineState). A node
+with members of a shared group (shared.py) advertises the group's filter, ``$share/{g}/{f}``,
+in its interest like any filter (once per group and node, whatever its number of members);
+the plain interest index never matches it (its first level is ``$share``). Here every
+node's groups are indexed by their filter ``f``: ``_choose_shares`` gives, for a message
+published here, the one node that serves it for each group that has a member anywhere in
+reach, by ``MeshSettings.shared_strategy``:
+
+- ``local``: this node if it has a member, else the nearest node that has one (by route
+  cost, then by name): no message crosses a link for a group that is served here;
+- ``round_robin``: the nodes with members in turn (each node's members then in turn);
+- ``hash_topic``, ``hash_clientid``: the node at the topic's (or the publisher's) CRC-32
+  among the nodes with members, sorted: one topic, or one publisher, always to the same
+  node while the membership is stable (and to the same member there, shared.py);
+- ``sticky``: the node chosen last while it is in reach and has members.
+
+The envelopes then say, per destination, the groups it serves (envelope.py ``shares``),
+and a node serves a group only for the messages that say so (``Message.shares``).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from ...message import Message
+from ...shared import SHARE_PREFIX, ShareError, split_share
+from ...topics import SubscriptionTrie
+from .engine_base import EngineState
+from .envelope import Shares
+
+__all__ = ["SharesMixin"]
+
+
+class SharesMixin(EngineState):
+    def _share_added(self, share: str, node: str) -> None:
+        """``node`` has members of the group ``share`` ("$share/{g}/{f}")."""
+        try:
+            parsed = split_share(share)
+        except ShareError:
+            return  # (a malformed one from a peer: not served)
+        if parsed is None:
+            return
+        nodes = self._share_nodes.get(share)
+        if nodes is None:
+            nodes = self._share_nodes[share] = set()
+            self._share_trie.add(parsed[1], share, 0)
+        nodes.add(node)
+
+    def _share_removed(self, share: str, node: str) -> None:
+        nodes = self._share_nodes.get(share)
+        if nodes is None:
+            return
+        nodes.discard(node)
+        if not nodes:
+            del self._share_nodes[share]
+            parsed = split_share(share)
+            if parsed is not None:
+                self._share_trie.remove(parsed[1], share)
+            self._share_turn.pop(share, None)
+            self._share_last.pop(share, None)
+
+    def _shares_of(self, node: str, old: tuple[str, ...], new: tuple[str, ...]) -> None:
+        """``node``'s advertised filters changed from ``old`` to ``new``: its groups too."""
+        before = {f for f in old if f.startswith(SHARE_PREFIX)}
+        after = {f for f in new if f.startswith(SHARE_PREFIX)}
+        for share in before - after:
+            self._share_removed(share, node)
+        for share in after - before:
+            self._share_added(share, node)
+
+    def _choose_shares(self, msg: Message) -> Shares | None:
+        """Node -> the groups it serves ``msg`` for (this node's too); None when no group
+        matches its topic."""
+        matched = self._share_trie.match(msg.topic)
+        if not matched:
+            return None
+        self._ensure_spf()
+        out: dict[str, list[str]] = {}
+        for share in matched:
+            node = self._pick(share, msg)
+            if node is None:
+                self.counters["shared_unreachable"] += 1
+                continue
+            out.setdefault(node, []).append(share)
+        return {node: tuple(groups) for node, groups in out.items()}
+
+    def _pick(self, share: str, msg: Message) -> str | None:
+        me = self.node_id
+        next_hop = self.next_hop
+        reach = sorted(n for n in self._share_nodes[share] if n == me or n in next_hop)
+        if not reach:
+            return None
+        strategy = self.settings.shared_strategy
+        if strategy == "local":
+            if me in reach:
+                return me
+            distance = self.distance
+            return min(reach, key=lambda n: (distance.get(n, 1 << 62), n))
+        if strategy == "hash_topic" or strategy == "hash_clientid":
+            key = msg.topic if strategy == "hash_topic" else (msg.publisher or msg.origin)
+            return reach[zlib.crc32(key.encode()) % len(reach)]
+        if strategy == "sticky":
+            last = self._share_last.get(share)
+            if last is not None and last in reach:
+                return last
+        turn = self._share_turn.get(share, 0)
+        self._share_turn[share] = turn + 1
+        chosen = reach[turn % len(reach)]
+        self._share_last[share] = chosen
+        return chosen
+
+
+def new_share_state() -> tuple[dict[str, set[str]], SubscriptionTrie, dict[str, int], dict[str, str]]:
+    """The engine's empty shared-group state (engine.py ``__init__``)."""
+    return {}, SubscriptionTrie(), {}, {}
