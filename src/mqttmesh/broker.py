@@ -260,6 +260,8 @@ class Broker:
         # persistent sessions as members: not in a mesh yet (a group's message reaches the node
         # of the member chosen, not its session's other holders, mesh/routing/shares.py)
         self.shared_persistent = self.mesh is None
+        if self.mesh is not None:
+            self.shared.elsewhere = self._to_group_elsewhere
         auth = self.auth  # (read at each delivery: a reload may set or change the ACL)
         self.shared.receives = lambda s, m: auth.acl is None or auth.can_receive(s.username, s.client_id, m.topic)
         self.session_factory = table.factory
@@ -328,7 +330,7 @@ class Broker:
         """Deliver to the matching local sessions; the congested ones among them (flow.py).
         A message that expired before it got here (``Message.at``) reaches none [MQTT-3.3.2-5]."""
         matches = self.trie.match(msg.topic)
-        if not matches:
+        if not matches or (self.shared_groups and _group_only(msg)):
             return self._to_groups(msg, NO_HITS) if self.shared_groups else NO_HITS
         if msg.expires is not None and msg.ttl <= 0.0:
             self.stats.expired += 1
@@ -354,6 +356,21 @@ class Broker:
         if self.shared_groups:
             return self._to_groups(msg, hits)
         return hits
+
+    def _to_group_elsewhere(self, msg: Message, share: str, now: float) -> bool:
+        """A member here left holding ``msg`` and no other member here takes it: a new message
+        of this node (a re-send: its id is ours) to a member of ``share`` on another node,
+        for that group only (mesh/routing/shares.py ``route_to_group``)."""
+        mesh = self.mesh
+        if mesh is None:
+            return False
+        copy = Message(
+            msg.topic, msg.payload, msg.qos, False, self.node_id, self.next_seq(), msg.publisher, now + self.wall_offset
+        )
+        copy.props = msg.props
+        if msg.expires is not None:
+            copy.expiring(msg.ttl, now)
+        return mesh.to_group(copy, share)
 
     def _to_groups(self, msg: Message, hits: Hits) -> Hits:
         """``msg`` to one member of each shared group its topic matches (shared.py); the
@@ -460,3 +477,10 @@ class Broker:
         before = journal.writes  # (mark and since spelled out: see publish)
         hits = self.dispatch(msg)  # (its shared groups here: as the mesh said, Message.shares)
         return journal.batch if journal.writes != before else 0, hits
+
+
+def _group_only(msg: Message) -> bool:
+    """A message for this node's shared groups only, not its other subscribers (a member
+    elsewhere left holding it: ``Broker._to_group_elsewhere``, mesh/routing/shares.py ``ONLY``)."""
+    shares: tuple[str, ...] | None = getattr(msg, "shares", None)
+    return shares is not None and len(shares) > 0 and shares[0] == "$share/"

@@ -163,6 +163,11 @@ class MeshPort(Protocol):
         """True when ``msg`` (by its id) reached this node and waits for an earlier message of
         its origin (mesh/routing/order.py): it is dispatched here once that one is."""
 
+    def to_group(self, msg: Message, share: str) -> bool:
+        """``msg``, a new message of this node, to one member of the shared group ``share``
+        ("$share/{g}/{f}") on another node, and to nothing else there (a member here left
+        holding it, shared.py); False: no other node with a member is in reach."""
+
 
 class ArchivePort(Protocol):
     """The archive, as the Broker, the sessions and the Channels see it (archive/capture.py

@@ -131,6 +131,9 @@ class SharedSubscriptions:
         self.redispatched = 0  # messages a leaving member had not been sent, given to another
         self.resent = 0  # QoS 1 messages a leaving member may have had, given to another (maybe twice)
         self.abandoned = 0  # QoS 2 messages in flight to a member whose session ended [MQTT-4.8.2-5]
+        # in a mesh, what a leaving member held when no other member here may take it:
+        # (message, "$share/{g}/{f}", now) -> sent to another node's member (the Broker's)
+        self.elsewhere: Callable[[Message, str, float], bool] | None = None
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -162,14 +165,17 @@ class SharedSubscriptions:
     def match(self, topic: str) -> dict[Any, int]:
         return self.trie.match(topic)
 
-    def deliver(self, group: SharedGroup, msg: Message, but: Session | None = None) -> Session | None:
+    def deliver(
+        self, group: SharedGroup, msg: Message, but: Session | None = None, count: bool = True
+    ) -> Session | None:
         """``msg`` to one member of ``group`` at its granted QoS [MQTT-4.8.2-3]; the member,
-        or None (none could take it: counted)."""
+        or None (none could take it: counted, if ``count``)."""
         receives = self.receives
         check = None if receives is None else (lambda s: receives(s, msg))
         member = group.choose(msg, check, but)
         if member is None:
-            self.dropped += 1
+            if count:
+                self.dropped += 1
             return None
         granted = group.members[member]
         qos = msg.qos if msg.qos < granted else granted
@@ -182,24 +188,31 @@ class SharedSubscriptions:
 
     def redispatch(self, session: Session, entries: Iterable[Entry], now: float | None) -> None:
         """What ``take_entries`` took from ``session``, each to another member of its group
-        (a message that expired by ``now``, if given, to none [MQTT-3.3.2-5])."""
+        (a message that expired by ``now``, if given, to none [MQTT-3.3.2-5]): one of this
+        node, else, in a mesh, one of another node (``elsewhere``), else none (counted)."""
         for entry in entries:
             tag = entry.group
-            # (the group as it is now: a new one if the last member left and another came)
-            group = None if tag is None else self.groups.get((tag.name, tag.topic_filter))
-            if group is None:
-                self.dropped += 1
+            if tag is None:
                 continue
             msg = entry.msg
             if msg.expires is not None and now is not None:
                 msg = msg.at(now)
                 if msg.ttl <= 0.0:
                     continue
+            # (the group as it is now: a new one if the last member left and another came)
+            group = self.groups.get((tag.name, tag.topic_filter))
+            member = None
+            if group is not None:
+                member = self.deliver(group, msg, but=session, count=False)
+            if member is None:
+                elsewhere = self.elsewhere
+                if elsewhere is None or now is None or not elsewhere(msg, tag.share, now):
+                    self.dropped += 1
+                    continue
             if entry.packet_id:
                 self.resent += 1
             else:
                 self.redispatched += 1
-            self.deliver(group, msg, but=session)
 
     def online_besides(self, session: Session, group: SharedGroup) -> bool:
         return any(s is not session and s.channel is not None for s in group.members)

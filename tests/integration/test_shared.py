@@ -188,6 +188,38 @@ def test_round_robin_across_the_mesh_crosses_links_and_spreads_evenly(broker_fac
     assert [len(v) for v in got.values()] == [10, 10]
 
 
+def test_a_member_that_drops_hands_what_it_held_to_a_member_on_another_node(mesh, paho, clients):
+    """Line c - b - a, publisher on a, members on b (a raw client that never acknowledges) and
+    c: the local strategy serves the group on b, the nearest node with a member, so all 10
+    QoS 1 messages go to b's member. Its connection is reset: b has no other member, so b sends
+    each again, under its own id, to a member of the group on another node, and to no other
+    subscriber there (a re-send: the member on b may have had them)."""
+    from support.mesh import wait_interest
+
+    held = clients(mesh["b"], "held")
+    assert held.sub(1, ("$share/h/k/#", 1)) == [1]
+    other = paho("other")
+    assert other.connect(mesh["c"]) == 0
+    other.subscribe("$share/h/k/#", 1)
+    plain = paho("plainc")  # (a plain subscriber beside it gets each message once)
+    assert plain.connect(mesh["c"]) == 0
+    plain.subscribe("k/#", 1)
+    for n in ("b", "c"):
+        wait_interest(mesh, "$share/h/k/#", n)
+    wait_interest(mesh, "k/#", "c")
+    pub = clients(mesh["a"], "pubk")
+    for i in range(10):
+        pub.pub("k/t", b"%d" % i, qos=1, pid=i + 1)
+    got = held.publishes(10)
+    assert sorted(p.payload for p in got) == sorted(b"%d" % i for i in range(10))
+    reset(held.sock)
+    moved = _drain({"other": other}, 10)["other"]
+    assert sorted(moved) == sorted(b"%d" % i for i in range(10))
+    assert sorted(_drain({"plain": plain}, 10)["plain"]) == sorted(b"%d" % i for i in range(10))
+    with pytest.raises(queue.Empty):
+        plain.get(timeout=0.5)  # (the re-sends went to the group only)
+
+
 def test_a_persistent_member_is_refused_in_a_mesh_for_now(mesh, paho5, clients):
     """In a mesh a group's message reaches the node of the member chosen, not its session's
     other holders: persistent members are not taken yet. MQTT 5: CONNACK says Shared

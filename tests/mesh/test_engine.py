@@ -662,3 +662,25 @@ def test_each_message_goes_to_one_node_of_each_shared_group(strategy):
     gone = Message("t/x", b"x", 1, False, "a", 101, "c", net.t)
     net.engines["a"].route_local(gone, net.t)
     assert net.engines["a"].counters["shared_unreachable"] == 1
+
+
+def test_a_message_for_a_group_only_goes_to_another_node_with_a_member():
+    """route_to_group (a member left holding the message, with no other member on its node):
+    one other node with a member, marked for that group only (shares.ONLY first), and no
+    destination for the plain subscribers."""
+    from mqttmesh.mesh.routing.shares import ONLY
+
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    seen = _shares_seen(net)
+    for n in ("b", "c"):
+        net.subscribe(n, "$share/g/t/#")
+    net.subscribe("a", "t/#")
+    msg = Message("t/x", b"x", 1, False, "b", 1, "c", net.t)
+    assert net.engines["b"].route_to_group(msg, "$share/g/t/#", net.t)
+    net.settle()
+    assert seen["c"] == [(1, (ONLY, "$share/g/t/#"))] and seen["a"] == []
+    net.engines["c"].local_filter_removed("$share/g/t/#")
+    net.settle()
+    assert not net.engines["b"].route_to_group(
+        Message("t/x", b"x", 1, False, "b", 2, "c", net.t), "$share/g/t/#", net.t
+    )

@@ -76,6 +76,13 @@ class MeshGateway:
                 return self._check_links(msg, congestion)
         return NO_HITS
 
+    def to_group(self, msg: Message, share: str) -> bool:
+        """``msg`` (a new message of ours) to one member of ``share`` on another node only."""
+        sent = self.engine.route_to_group(msg, share, msg.timestamp - self.wall_offset)
+        if sent:
+            self.io.flush_soon()
+        return sent
+
     def first_here(self, msg: Message) -> bool:
         """Is ``msg`` new to this node's subscribers? A QoS 2 message whose id a persistent
         publisher's holders agreed on (mesh/cluster/replica.py) may be routed by two nodes, the one

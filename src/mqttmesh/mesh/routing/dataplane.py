@@ -17,6 +17,7 @@ from .dedup import SEEN
 from .engine_base import EngineState, PeerStats
 from .envelope import Envelope, Shares, encode_batch, for_dests
 from .records import Route
+from .shares import ONLY
 from .wire import decode_unicasts, encode_unicast, encode_unicasts
 
 __all__ = ["DataPlaneMixin"]
@@ -27,7 +28,17 @@ _new_tuple = tuple.__new__
 
 
 class DataPlaneMixin(EngineState):
-    def route_local(self, msg: Message, now: float) -> bool:
+    def route_to_group(self, msg: Message, share: str, now: float) -> bool:
+        """``msg``, a new message of this node, to one node (not this one) with members of the
+        shared group ``share``, for that group only (shares.py ``ONLY``): what a member here
+        held when it left, with no other member here. False: no such node in reach."""
+        node = self._pick(share, msg, exclude=self.node_id)
+        if node is None:
+            self.counters["shared_unreachable"] += 1
+            return False
+        return self.route_local(msg, now, {node: (ONLY, share)})
+
+    def route_local(self, msg: Message, now: float, only: Shares | None = None) -> bool:
         """A message published at this node: forward it to the nodes that want it.
 
         The envelopes leave at the next ``flush``; QoS 1/2 messages stay in our
@@ -36,14 +47,17 @@ class DataPlaneMixin(EngineState):
         """
         if self._spf_dirty:
             self._ensure_spf()
-        route = self._route_cache.get(msg.topic)
-        if route is None:
-            route = self._compute_route(msg.topic)
-        smap = None
-        if self._share_nodes:  # (a shared group anywhere: the node of each is chosen per message)
-            smap = self._choose_shares(msg)
-            if smap is not None:
-                route, smap = self._route_with_shares(msg, route, smap)
+        if only is None:
+            route = self._route_cache.get(msg.topic)
+            if route is None:
+                route = self._compute_route(msg.topic)
+            smap = None
+            if self._share_nodes:  # (a shared group anywhere: the node of each is chosen per message)
+                smap = self._choose_shares(msg)
+                if smap is not None:
+                    route, smap = self._route_with_shares(msg, route, smap)
+        else:  # (to those nodes' groups only: route_to_group)
+            route, smap = self._route_with_shares(msg, ([], [], 0), dict(only))
         groups, dests, unreachable = route
         if not dests:
             return False

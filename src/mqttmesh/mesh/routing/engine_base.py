@@ -193,3 +193,5 @@ class EngineState:
         def _share_removed(self, share: str, node: str) -> None: ...  # shares
 
         def _shares_of(self, node: str, old: tuple[str, ...], new: tuple[str, ...]) -> None: ...  # shares
+
+        def _pick(self, share: str, msg: Message, exclude: str | None = None) -> str | None: ...  # shares

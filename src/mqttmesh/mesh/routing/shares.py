@@ -30,7 +30,12 @@ from ...topics import SubscriptionTrie
 from .engine_base import EngineState
 from .envelope import Shares
 
-__all__ = ["SharesMixin"]
+__all__ = ["SharesMixin", "ONLY"]
+
+# first of a destination's groups in an envelope: the message is for these groups only, not
+# for the node's other subscribers (a member left holding it: route_to_group); never a group
+# ("$share/" has no share name)
+ONLY = SHARE_PREFIX
 
 
 class SharesMixin(EngineState):
@@ -86,10 +91,12 @@ class SharesMixin(EngineState):
             out.setdefault(node, []).append(share)
         return {node: tuple(groups) for node, groups in out.items()}
 
-    def _pick(self, share: str, msg: Message) -> str | None:
+    def _pick(self, share: str, msg: Message, exclude: str | None = None) -> str | None:
         me = self.node_id
+        self._ensure_spf()
         next_hop = self.next_hop
-        reach = sorted(n for n in self._share_nodes[share] if n == me or n in next_hop)
+        nodes = self._share_nodes.get(share, ())
+        reach = sorted(n for n in nodes if n != exclude and (n == me or n in next_hop))
         if not reach:
             return None
         strategy = self.settings.shared_strategy
