@@ -168,6 +168,7 @@ def build_core(
         wall_offset=wall_offset,
         retained_trie=retained_trie,
     )
+    engine.new_seq = broker.next_seq  # (custody sends a shared group's message again under a new id)
     # one table of sessions: the Broker delivers through it, the cluster keeps its copies there
     cluster = Cluster(node_id, incarnation, broker.table, broker, gateway, parts, mesh.cluster, wall_offset)
     links = PeerLinks(

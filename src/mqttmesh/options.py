@@ -292,6 +292,17 @@ _STORE_AND_MESH: list[Option] = [
     ),
     Option(
         "mesh",
+        "shared_reroute",
+        float,
+        5.0,
+        "seconds a node chosen for a shared group's QoS 1/2 message may be out of reach (its "
+        "members gone with it, most likely) before the group's member is chosen again on "
+        "another node (a re-send, under a new id)",
+        0.5,
+        3600.0,
+    ),
+    Option(
+        "mesh",
         "reorder_wait",
         float,
         10.0,

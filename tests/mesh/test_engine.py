@@ -684,3 +684,34 @@ def test_a_message_for_a_group_only_goes_to_another_node_with_a_member():
     assert not net.engines["b"].route_to_group(
         Message("t/x", b"x", 1, False, "b", 2, "c", net.t), "$share/g/t/#", net.t
     )
+
+
+def test_a_node_chosen_for_a_group_that_goes_out_of_reach_is_chosen_again():
+    """The node a QoS 1 message's group was served on (b) dies before acknowledging it: after
+    ``shared_reroute`` seconds out of reach, the origin sends it again, under a new id of its
+    own, to the other node with a member (c), for the group only; custody no longer waits for
+    b, which was a destination for the group alone."""
+    from mqttmesh.mesh.routing.shares import ONLY
+
+    settings = MeshSettings(shared_strategy="sticky", shared_reroute=3.0)
+    net = Net(["a", "b", "c"], [("a", "b"), ("a", "c"), ("b", "c")], settings=settings)
+    seen = _shares_seen(net)
+    for n in ("b", "c"):
+        net.subscribe(n, "$share/g/t/#")
+    a = net.engines["a"]
+    seqs = iter(range(100, 200))
+    a.new_seq = lambda: next(seqs)
+    first = Message("t/x", b"x", 1, False, "a", 1, "p", net.t)
+    a.route_local(first, net.t)
+    chosen = next(n for n in ("b", "c") if n in a.custody[1].shares)
+    other = "c" if chosen == "b" else "b"
+    for n in ("a", other):
+        net.cut(n, chosen)  # (it dies before the message reaches it)
+    net.settle()
+    assert seen[chosen] == [] and 1 in a.custody
+    for step in range(1, 15):
+        net.t = step * 0.5
+        net._pump("a", a.tick(net.t))
+        net.settle()
+    assert seen[other] == [(100, (ONLY, "$share/g/t/#"))]
+    assert a.counters["shared_rerouted"] == 1 and 1 not in a.custody

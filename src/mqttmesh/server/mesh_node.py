@@ -308,6 +308,7 @@ class MeshNode:
             dedup_window=cfg.get("mesh.dedup_window"),
             max_age=cfg.get("mesh.max_age"),
             shared_strategy=cfg.get("mqtt.shared_strategy"),
+            shared_reroute=cfg.get("mesh.shared_reroute"),
         )
         cluster = ClusterSettings(
             replication=cfg.get("mesh.replication"),

@@ -23,6 +23,7 @@ from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import for_dests
 from .records import Custody, CustodyJournal
+from .shares import ONLY
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Custody", "CustodyJournal", "CustodyMixin"]
@@ -104,6 +105,7 @@ class CustodyMixin(EngineState):
             return
         settings = self.settings
         expired = []
+        rerouted: list[tuple[Message, str]] = []
         self._ensure_spf()
         for key, c in self.custody.items():
             if c.due > now:
@@ -111,6 +113,11 @@ class CustodyMixin(EngineState):
             if now - c.since > settings.custody_timeout:
                 expired.append(key)
                 continue
+            if c.shares and self.new_seq is not None:
+                rerouted += self._lost_shares(c, now)
+                if not c.dests:
+                    expired.append(key)
+                    continue
             # every destination keeps it until it acknowledges: one whose subscriber left
             # acknowledges a message it delivers to nobody, and one across a partition is
             # waited for (its interest may not be known again yet when the split heals)
@@ -149,6 +156,44 @@ class CustodyMixin(EngineState):
             self._unjournal(key)
             if c.dests:
                 self.counters["custody_expired"] += 1
+        for msg, share in rerouted:
+            self._to_group_again(msg, share, now)
+
+    def _lost_shares(self, c: Custody, now: float) -> list[tuple[Message, str]]:
+        """The shared groups ``c``'s message was chosen to be served for on a node out of
+        reach for ``shared_reroute`` seconds (its members most likely gone with it): taken off
+        that node (it is still waited for if it has other subscribers; one that was there for
+        its groups only is not), to be chosen again elsewhere. (message, group) each."""
+        shares = c.shares
+        assert shares is not None
+        heard, wait = self._heard, self.settings.shared_reroute
+        out: list[tuple[Message, str]] = []
+        plain = None
+        for d in [d for d in shares if d in c.dests and d not in self.next_hop]:
+            if now - heard.get(d, c.since) < wait:
+                continue
+            groups = shares.pop(d)
+            if plain is None:
+                plain = self.remote.match(c.msg.topic)
+            if (groups and groups[0] == ONLY) or d not in plain:
+                c.dests.discard(d)  # (a destination for its groups alone)
+            out += [(c.msg, g) for g in groups if g != ONLY]
+        return out
+
+    def _to_group_again(self, msg: Message, share: str, now: float) -> None:
+        """``msg`` once more for ``share``, a new message of ours (a re-send: counted) to a
+        member on another node in reach."""
+        assert self.new_seq is not None
+        stamp = now + self.wall_offset
+        copy = Message(msg.topic, msg.payload, msg.qos, False, self.node_id, self.new_seq(), msg.publisher, stamp)
+        copy.props = msg.props
+        if msg.expires is not None:
+            left = msg.expires - now
+            if left <= 0.0:
+                return  # (expired meanwhile: to nobody [MQTT-3.3.2-5])
+            copy.expiring(left, now)
+        self.counters["shared_rerouted"] += 1
+        self.route_to_group(copy, share, now)
 
     def _release_custody(self, node: str) -> None:
         """``node`` has aged out of the database: stop holding messages for it."""

@@ -121,6 +121,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._order_relay = {}
         # shared groups (shares.py)
         self._share_nodes, self._share_trie, self._share_turn, self._share_last = new_share_state()
+        self.new_seq = None  # (assembly.build_core gives it the Broker's)
         self._flood_out = {}
         self._control_out = []
         self._last_refresh = 0.0
@@ -148,6 +149,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             "lsa_flooded": 0,
             "spf_runs": 0,
             "shared_unreachable": 0,
+            "shared_rerouted": 0,
         }
 
     # ------------------------------------------------------------------ start

@@ -45,6 +45,9 @@ class MeshSettings:
     # how the node that serves a shared group's message is chosen where it enters the mesh
     # (shares.py; shared.STRATEGIES)
     shared_strategy: str = "local"
+    # a node chosen for a shared group's QoS 1/2 message and out of reach this long (with its
+    # members, most likely): the group's member is chosen again on another node (custody.py)
+    shared_reroute: float = 5.0
 
 
 class PeerStats:
@@ -149,6 +152,9 @@ class EngineState:
     _share_trie: SubscriptionTrie
     _share_turn: dict[str, int]
     _share_last: dict[str, str]
+    # this node's next message number (the Broker's), for what custody sends again under a
+    # new id (a shared group's message chosen again elsewhere); None: never done
+    new_seq: Callable[[], int] | None
 
     def _stats(self, peer: str) -> PeerStats:
         # not setdefault(peer, PeerStats()): that builds a PeerStats for every message
@@ -195,3 +201,5 @@ class EngineState:
         def _shares_of(self, node: str, old: tuple[str, ...], new: tuple[str, ...]) -> None: ...  # shares
 
         def _pick(self, share: str, msg: Message, exclude: str | None = None) -> str | None: ...  # shares
+
+        def route_to_group(self, msg: Message, share: str, now: float) -> bool: ...  # dataplane
