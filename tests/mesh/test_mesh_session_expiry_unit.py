@@ -445,3 +445,29 @@ def test_a_claim_that_gathers_longer_than_the_interval_keeps_what_came_meanwhile
     net.membership()  # e is gone: the claim ends with the copies it has
     assert back.state == "connected" and back.present is True
     assert any(b"published while the claim gathers" in f for f in back.frames)
+
+
+def test_a_take_over_is_not_told_that_the_session_ended_with_the_connection_it_ends():
+    """Clean Start 0 and Session Expiry 0: the client is on a, then connects on b while a's
+    connection is open (a take-over [MQTT-3.1.4-3]), then on c while b's is open. The kick
+    ends a's connection before b's gather reaches a; a's answer must not say the session
+    ended with it (that end is the take-over's own): it did (finding 28's answer), b's claim
+    then discarded the session as expired and served a fresh one that its holders did not
+    keep, and c's take-over of b's open connection found no session (fuzzer seed 939,
+    finding 30 of docs/simulation.md)."""
+    net = Net(settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: "a" not in regs)
+    first = _connect_ending(net, "a", cid)
+    net.brokers["a"].table.subscribe(first.session, "t/#", 1)
+    net.pump()
+    _wait(net, 1.0)
+    second = _connect_ending(net, "b", cid)
+    assert first.state == "closed" and second.state == "connected"
+    assert sum(net.clusters[n].counters["expired_copies_discarded"] for n in net.up) == 0
+    net.brokers["b"].table.subscribe(second.session, "u/#", 1)
+    net.pump()
+    _wait(net, 1.0)
+    third = _connect_ending(net, "c", cid)
+    assert second.state == "closed"
+    assert third.state == "connected" and third.present is True
+    assert "u/#" in third.session.subscriptions

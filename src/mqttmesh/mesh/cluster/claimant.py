@@ -192,6 +192,9 @@ class Claimant:
         # a partition would leave the registrar to publish the will a second time when it
         # finds this node gone (fuzzer seed 22). (cid, conn) -> (when it ended, the release)
         self.released: dict[tuple[str, str], tuple[float, RegRelease]] = {}
+        # (cid, conn) -> the epoch of the claim a kick of ours ended it for (a take-over: the
+        # session goes on with that claim, session_ended), kept as long as its release
+        self.taken_over: dict[tuple[str, str], int] = {}
         self.claims: dict[str, Claim] = {}  # conn -> claim in progress
         # ClientId -> epoch: sessions resumed here to end with their connection (discarded
         # at every holder when it ends)
@@ -478,6 +481,7 @@ class Claimant:
         cid, conn = m.cid, m.conn
         local = self.local.get(cid)
         if local is not None and local.conn == conn:
+            self.taken_over[(cid, conn)] = m.epoch  # (its session goes on with that claim)
             local.channel.kick(f"ClientId {cid!r} connected on node {m.by}", now)  # [MQTT-3.1.4-2]
             return
         claim = self.claims.get(conn)
@@ -492,6 +496,7 @@ class Claimant:
         for (cid, conn), (ended, release) in list(self.released.items()):
             if now >= ended + 6 * self.settings.register_interval:
                 del self.released[(cid, conn)]
+                self.taken_over.pop((cid, conn), None)
             else:  # (idempotent at the registrar: it drops a release of another connection)
                 ago = round((now - ended) * 1000)  # (when the session's interval began)
                 self.out.put(self.membership.registrars(cid)[0], replace(release, ago=ago))
@@ -534,6 +539,8 @@ class Claimant:
                     last = (ended, release)
         if last is None or last[1].expiry == KEPT:
             return False
+        if self.taken_over.get((cid, last[1].conn)) == epoch:
+            return False  # (this very claim took it over: the session goes on with it, seed 939)
         return last[0] + last[1].expiry <= now
 
     def resuming(self, cid: str) -> bool:

@@ -383,8 +383,11 @@ def _reg_copy(c: Cluster, frm: str, m: RegCopy, now: float) -> None:
 
 
 def _sess_fetch(c: Cluster, frm: str, m: SessFetch, now: float) -> None:
+    # (judged before a client of ours stops for the claim: a take-over resumes the session of
+    # the connection it ends, fuzzer seed 939)
+    ended = c.claimant.session_ended(m.cid, m.epoch, now)
     c.claimant.on_fetch(frm, m, now)  # (a client of ours with another connection stops first)
-    c.holders.on_fetch(frm, m, now, c.claimant.session_ended(m.cid, m.epoch, now))
+    c.holders.on_fetch(frm, m, now, ended)
 
 
 def _sess_state(c: Cluster, frm: str, m: SessState, now: float) -> None:
