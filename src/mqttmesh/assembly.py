@@ -32,7 +32,7 @@ from .mesh.cluster.replica import ReplicaSessions
 from .mesh.link.gateway import MeshGateway
 from .mesh.link.links import PeerLinks
 from .mesh.routing.engine import MeshEngine, MeshSettings
-from .session import Sessions
+from .session_durable import Sessions
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie
 

@@ -20,7 +20,8 @@ from .auth import Auth
 from .flow import Congestion
 from .message import Message
 from .ports import NO_HITS, ArchivePort, Batch, Hits, JournalPort, MeshPort, RandomHex
-from .session import Attached, Limits, Session, SessionFactory, Sessions
+from .session import Attached, Limits, Session, SessionFactory
+from .session_durable import Sessions
 from .session_table import SessionTable
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie
@@ -192,7 +193,7 @@ def counting_hex() -> RandomHex:
 class BrokerPorts:
     """What a Broker calls, all given at construction (assembly.build_core makes them).
 
-    None is the standalone node's: the Broker makes ``session.Sessions`` over its journal
+    None is the standalone node's: the Broker makes ``session_durable.Sessions`` over its journal
     and congestion, a Congestion of its settings, and counts for auto ClientIds
     (``counting_hex``; the server passes os.urandom's). ``mesh``, ``retained``,
     ``forwarding`` and ``archive`` stay None outside a mesh or without an archive, and

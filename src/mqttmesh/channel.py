@@ -21,11 +21,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
-from .channel5 import Conn5, Mqtt5, reason_of, refusal
+from .channel5 import Conn5, Mqtt5, reason_of
 from .channel_held import PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing, will_delay
 from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, violation
+from .channel_subscribe import Subscribing
 from .codec import (
     AUTH,
     CONNECT,
@@ -102,7 +103,7 @@ class ClaimPort(Protocol):
         ``delayed``: it waits for its Will Delay Interval (the mesh publishes it then)."""
 
 
-class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
+class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
     __slots__ = (
         "v5",
         "frame",
@@ -512,43 +513,6 @@ class Channel(Publishing, PeerListening, HeldFrames, Mqtt5):
 
     def _on_pubcomp(self, pkt: codec.PubComp, now: float) -> None:
         self.session.on_pubcomp(pkt.packet_id, now)
-
-    # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------------
-
-    def _on_subscribe(self, pkt: codec.Subscribe, now: float) -> None:
-        broker = self.broker
-        session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
-        journal = broker.journal
-        mark = journal.mark()
-        codes = []
-        granted_filters = []
-        for topic_filter, qos in pkt.topics:  # as a sequence of SUBSCRIBEs [MQTT-3.8.4-4]
-            if self.is_peer:
-                # a peer link may only take its own $mesh/to/<node>/... topics; the client
-                # ACL is not about peers (they proved the cluster secret)
-                refused = not topic_filter.startswith(f"$mesh/to/{self.peer_node}/")
-            else:  # (a shared subscription too, where taken: shared.py)
-                refused = refusal(broker, self.username, self.client_id, topic_filter, session.clean) != 0
-            if refused:
-                codes.append(0x80)
-                continue
-            granted = min(qos, broker.settings.max_qos)
-            broker.table.subscribe(session, topic_filter, granted)
-            codes.append(granted)
-            if not topic_filter.startswith("$share/"):  # (a shared one gets no retained messages)
-                granted_filters.append((topic_filter, granted))
-        self._send_after(codec.encode(codec.SubAck(pkt.packet_id, codes)), journal.since(mark))  # [MQTT-3.8.4-1,5]
-        for topic_filter, granted in granted_filters:
-            broker.send_retained(session, topic_filter, granted, now)  # [MQTT-3.8.4-3]
-
-    def _on_unsubscribe(self, pkt: codec.Unsubscribe, now: float) -> None:
-        broker = self.broker
-        journal = broker.journal
-        mark = journal.mark()
-        session: Session = self.session  # type: ignore[assignment]  # (CONNECTED: it has one)
-        for topic_filter in pkt.filters:  # [MQTT-3.10.4-6]
-            broker.table.unsubscribe(session, topic_filter, now)
-        self._send_after(ack_frame(0xB0, pkt.packet_id), journal.since(mark))  # even if nothing matched [MQTT-3.10.4-5]
 
     def _on_pingreq(self, pkt: codec.PingReq, now: float) -> None:
         self.write(_PINGRESP)  # [MQTT-3.12.4-1]

@@ -174,7 +174,7 @@ class ArchivePort(Protocol):
     Capture). None where the archive is off: then each of them tests ``is None`` once, on
     the same paths as before the archive had a port."""
 
-    # given to every session the Broker's factory makes (session.Sessions); None: the
+    # given to every session the Broker's factory makes (session_durable.Sessions); None: the
     # delivery log is off, and sessions test for it as for no archive
     sent: SentHook | None
 

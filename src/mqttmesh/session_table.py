@@ -49,7 +49,7 @@ class SessionTable:
         mesh: MeshPort | None = None,
         shared_strategy: str = "local",
     ):
-        self.factory = factory  # makes them (session.Sessions; the mesh's ReplicaSessions)
+        self.factory = factory  # makes them (session_durable.Sessions; the mesh's ReplicaSessions)
         self.journal = journal
         self.mesh = mesh  # told when a filter is new to this node, or gone from it
         self.sessions: dict[str, Session] = {}

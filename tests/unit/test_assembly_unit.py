@@ -17,7 +17,8 @@ from mqttmesh.mesh.cluster.cluster import ClusterSettings
 from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions
 from mqttmesh.mesh.link.gateway import MeshGateway
 from mqttmesh.mesh.link.peerauth import NONCE_BYTES
-from mqttmesh.session import DurableSession, Session, Sessions
+from mqttmesh.session import Session
+from mqttmesh.session_durable import DurableSession, Sessions
 from mqttmesh.store import NULL_JOURNAL, Journal
 from support import mqttraw
 from support.frames import Net, ack, out, publishes

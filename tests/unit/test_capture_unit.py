@@ -23,7 +23,8 @@ from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
 from mqttmesh.channel import CLOSED, CONNECTED, Channel
 from mqttmesh.codec import Decoder, MalformedPacket
 from mqttmesh.mesh.cluster.replica import ReplicaSessions
-from mqttmesh.session import Limits, Sessions
+from mqttmesh.session import Limits
+from mqttmesh.session_durable import Sessions
 from mqttmesh.store import NULL_JOURNAL
 from support import mqttraw as raw
 from support.frames import Recorder as Owner

@@ -9,7 +9,8 @@ from mqttmesh.mesh.cluster.cluster_values import Snapshot
 from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions, replica_of
 from mqttmesh.mesh.cluster.snapshots import install
 from mqttmesh.message import Message
-from mqttmesh.session import OPEN, SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from mqttmesh.session import OPEN, SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
+from mqttmesh.session_durable import DurableSession, Sessions
 from mqttmesh.store import NULL_JOURNAL, Journal
 from support.frames import FakeChannel, publish_fields
 

@@ -8,7 +8,8 @@ import pytest
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.cluster.replica import DurableMeshSession, ReplicaSessions, replica_of
 from mqttmesh.message import Message
-from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
+from mqttmesh.session_durable import DurableSession, Sessions
 from mqttmesh.store import FORMAT_VERSION, NULL_JOURNAL, Journal, NullJournal, _snapshot, restore_sessions
 
 
@@ -448,7 +449,7 @@ def test_mqtt5_properties_survive_a_restart_in_every_table(tmp_path):
     for a persistent session, retained, and in custody for other nodes."""
     from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.server.sqlite_store import SqliteStore
-    from mqttmesh.session import Sessions
+    from mqttmesh.session_durable import Sessions
 
     j = Journal()
     e = Entry(Message("t", b"p", 1, False, "n1", 3, "pub", 9.5, PROPS), 1, False, 1)

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...codec import PubRel, encode
 from ...message import Message
-from ...session import SENT_PUBLISH, SENT_PUBREL, DurableSession, Entry, Limits, Session, Sessions
+from ...session import SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
+from ...session_durable import DurableSession, Sessions
 
 if TYPE_CHECKING:
     from ...flow import Congestion
