@@ -23,6 +23,7 @@ from .ports import NO_HITS, ArchivePort, Batch, Hits, JournalPort, MeshPort, Ran
 from .session import Attached, Limits, Session, SessionFactory
 from .session_durable import Sessions
 from .session_table import SessionTable
+from .shared import SHARE_PREFIX
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie
 
@@ -484,4 +485,4 @@ def _group_only(msg: Message) -> bool:
     """A message for this node's shared groups only, not its other subscribers (a member
     elsewhere left holding it: ``Broker._to_group_elsewhere``, mesh/routing/shares.py ``ONLY``)."""
     shares: tuple[str, ...] | None = getattr(msg, "shares", None)
-    return shares is not None and len(shares) > 0 and shares[0] == "$share/"
+    return shares is not None and len(shares) > 0 and shares[0] == SHARE_PREFIX

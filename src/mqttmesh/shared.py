@@ -21,7 +21,7 @@ its session [MQTT-4.8.2-5].
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .message import Entry, Message
@@ -216,17 +216,6 @@ class SharedSubscriptions:
 
     def online_besides(self, session: Session, group: SharedGroup) -> bool:
         return any(s is not session and s.channel is not None for s in group.members)
-
-    def of_session(self, session: Session) -> Iterator[tuple[str, str]]:
-        """The (share name, filter) of each shared subscription of ``session``."""
-        for topic_filter in session.subscriptions:
-            if topic_filter.startswith(SHARE_PREFIX):
-                try:
-                    share = split_share(topic_filter)
-                except ShareError:
-                    continue
-                if share is not None:
-                    yield share
 
 
 def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None = None) -> list[Entry]:

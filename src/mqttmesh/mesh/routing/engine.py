@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...message import Message
+from ...topics import SubscriptionTrie
 from .actions import NOTHING, Inbound, Send
 from .custody import CustodyJournal, CustodyMixin
 from .dataplane import DataPlaneMixin
@@ -53,7 +54,7 @@ from .interest import InterestIndex
 from .lsdb import InterestState, LsdbMixin, RouterLsa
 from .order import OrderMixin
 from .routes import RoutesMixin
-from .shares import SharesMixin, new_share_state
+from .shares import SharesMixin
 from .wire import MeshProtocolError
 
 __all__ = ["MeshSettings", "MeshEngine", "PeerStats", "RouterLsa", "InterestState", "MeshProtocolError"]
@@ -120,7 +121,10 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._order_out = {}
         self._order_relay = {}
         # shared groups (shares.py)
-        self._share_nodes, self._share_trie, self._share_turn, self._share_last = new_share_state()
+        self._share_nodes = {}
+        self._share_trie = SubscriptionTrie()
+        self._share_turn = {}
+        self._share_last = {}
         self.new_seq = None  # (assembly.build_core gives it the Broker's)
         self._flood_out = {}
         self._control_out = []

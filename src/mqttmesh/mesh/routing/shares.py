@@ -26,7 +26,6 @@ import zlib
 
 from ...message import Message
 from ...shared import SHARE_PREFIX, ShareError, split_share
-from ...topics import SubscriptionTrie
 from .engine_base import EngineState
 from .envelope import Shares
 
@@ -117,8 +116,3 @@ class SharesMixin(EngineState):
         chosen = reach[turn % len(reach)]
         self._share_last[share] = chosen
         return chosen
-
-
-def new_share_state() -> tuple[dict[str, set[str]], SubscriptionTrie, dict[str, int], dict[str, str]]:
-    """The engine's empty shared-group state (engine.py ``__init__``)."""
-    return {}, SubscriptionTrie(), {}, {}
