@@ -264,6 +264,10 @@ class Broker:
         self.shared_persistent = self.mesh is None
         if self.mesh is not None:
             self.shared.elsewhere = self._to_group_elsewhere
+            # another node's message a member here took is acknowledged there once the member
+            # acknowledged it (mesh/routing/custody.py hold)
+            self.shared.hold = self.mesh.hold
+            self.shared.settle = self.mesh.settle
         auth = self.auth  # (read at each delivery: a reload may set or change the ACL)
         self.shared.receives = lambda s, m: auth.acl is None or auth.can_receive(s.username, s.client_id, m.topic)
         self.session_factory = table.factory

@@ -156,6 +156,14 @@ class MeshPort(Protocol):
         """A message published at this node, after its local dispatch (the hot path); the
         congested links it goes out on (flow.py), NO_HITS mostly."""
 
+    def hold(self, msg: Message) -> None:
+        """A member of a shared group here took ``msg`` at QoS 1/2: if another node sent it,
+        the acknowledgement to its origin waits for the member's (``settle``)."""
+
+    def settle(self, msg: Message) -> None:
+        """A member that took ``msg`` acknowledged it, or it went to another member, or to
+        nobody: the acknowledgement to its origin waits for it no more."""
+
     def first_here(self, msg: Message) -> bool:
         """False when ``msg`` (by its id) reached this node's subscribers before; it has now."""
 

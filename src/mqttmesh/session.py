@@ -250,8 +250,13 @@ class Session:
         if len(queue) >= self.limits.max_queued:
             self.dropped += 1
             if self.limits.drop_policy == "newest" or not queue:
+                if entry.group is not None:
+                    entry.group.settled(entry.msg)  # (a shared group's: to nobody, shared.py)
                 return
-            self._stored_remove(queue.popleft())
+            oldest = queue.popleft()
+            self._stored_remove(oldest)
+            if oldest.group is not None:
+                oldest.group.settled(oldest.msg)
         queue.append(entry)
         if self.stores:
             self._stored_put(entry)
@@ -300,6 +305,8 @@ class Session:
                     self.expired += 1
                     if self.stores:
                         self._stored_remove(entry)
+                    if entry.group is not None:
+                        entry.group.settled(msg)
                     continue
                 entry.msg = msg  # (sent with what is left of its life [MQTT-3.3.2-6])
             if entry.qos == 0:
@@ -333,6 +340,8 @@ class Session:
         """The client acknowledged ``entry`` for good: free its id, move the queue on."""
         del self.inflight[pid]
         self.acked += 1
+        if entry.group is not None and entry.state == SENT_PUBLISH:  # (QoS 2: at its PUBREC)
+            entry.group.settled(entry.msg)  # a shared group's: the member has it (shared.py)
         if self.stores:
             self._stored_remove(entry)
         if self.queue:
@@ -360,6 +369,8 @@ class Session:
         if entry.state == SENT_PUBLISH:
             entry.state = SENT_PUBREL  # [MQTT-4.3.3-1]: never re-send this PUBLISH
             self._stored_put(entry)
+            if entry.group is not None:
+                entry.group.settled(entry.msg)  # the member owns it now (shared.py)
         return True
 
     def on_pubcomp(self, pid: int, now: float) -> bool:

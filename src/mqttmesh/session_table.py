@@ -14,7 +14,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .session import KEPT, SUB_QOS
-from .shared import SHARE_PREFIX, SharedGroup, SharedSubscriptions, ShareError, split_share, take_entries
+from .shared import (
+    SHARE_PREFIX,
+    SharedGroup,
+    SharedSubscriptions,
+    ShareError,
+    settle_entries,
+    split_share,
+    take_entries,
+)
 from .topics import SubscriptionTrie
 
 if TYPE_CHECKING:
@@ -146,6 +154,8 @@ class SessionTable:
             shared = self.shared
             shared.abandoned += sum(1 for e in session.inflight.values() if e.group is not None and e.qos == 2)
             shared.redispatch(session, take_entries(session), now)
+        if session.inflight or session.queue:
+            settle_entries(session)
         if self.sessions.get(session.client_id) is session:
             del self.sessions[session.client_id]
         session.discarded()

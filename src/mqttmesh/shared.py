@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .message import Entry, Message
+from .session import SENT_PUBREL
 from .topics import SubscriptionTrie
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ __all__ = [
     "SharedGroup",
     "SharedSubscriptions",
     "take_entries",
+    "settle_entries",
 ]
 
 SHARE_PREFIX = "$share/"
@@ -71,14 +73,15 @@ Receives = Callable[["Session"], bool]  # whether a member may receive the messa
 class SharedGroup:
     """The members of one share name's subscription to one filter on this node."""
 
-    __slots__ = ("name", "topic_filter", "share", "strategy", "members", "_turn", "_sticky")
+    __slots__ = ("name", "topic_filter", "share", "strategy", "members", "owner", "_turn", "_sticky")
 
-    def __init__(self, name: str, topic_filter: str, strategy: str):
+    def __init__(self, name: str, topic_filter: str, strategy: str, owner: SharedSubscriptions | None = None):
         self.name = name
         self.topic_filter = topic_filter
         self.share = f"{SHARE_PREFIX}{name}/{topic_filter}"  # (as subscribed, and advertised in a mesh)
         self.strategy = strategy
         self.members: dict[Session, int] = {}  # session -> its granted QoS, in the order they joined
+        self.owner = owner  # (whose ``settle`` hears of what its members settle)
         self._turn = 0
         self._sticky: Session | None = None
 
@@ -111,6 +114,13 @@ class SharedGroup:
         self._sticky = chosen
         return chosen
 
+    def settled(self, msg: Message) -> None:
+        """A member acknowledged ``msg`` it got through this group (PUBACK; QoS 2: PUBREC),
+        or it expired, or was dropped, while waiting in its queue (Session)."""
+        owner = self.owner
+        if owner is not None and owner.settle is not None:
+            owner.settle(msg)
+
 
 def _client_id(session: Session) -> str:
     return session.client_id
@@ -134,6 +144,11 @@ class SharedSubscriptions:
         # in a mesh, what a leaving member held when no other member here may take it:
         # (message, "$share/{g}/{f}", now) -> sent to another node's member (the Broker's)
         self.elsewhere: Callable[[Message, str, float], bool] | None = None
+        # in a mesh: a member took another node's QoS 1/2 message (``hold``), and settled it
+        # (``settle``: acknowledged, or it went on to another member, or to nobody); the node's
+        # acknowledgement to its origin waits for the member's (mesh/routing/custody.py)
+        self.hold: Callable[[Message], None] | None = None
+        self.settle: Callable[[Message], None] | None = None
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -145,7 +160,7 @@ class SharedSubscriptions:
         group = self.groups.get(key)
         new = group is None
         if group is None:
-            group = self.groups[key] = SharedGroup(name, topic_filter, self.strategy)
+            group = self.groups[key] = SharedGroup(name, topic_filter, self.strategy, self)
             self.trie.add(topic_filter, group, 0)
         group.members[session] = qos
         return new
@@ -166,25 +181,33 @@ class SharedSubscriptions:
         return self.trie.match(topic)
 
     def deliver(
-        self, group: SharedGroup, msg: Message, but: Session | None = None, count: bool = True
+        self, group: SharedGroup, msg: Message, but: Session | None = None, moved: bool = False
     ) -> Session | None:
         """``msg`` to one member of ``group`` at its granted QoS [MQTT-4.8.2-3]; the member,
-        or None (none could take it: counted, if ``count``)."""
+        or None (none could take it: counted, unless ``moved``: from a member, redispatch)."""
         receives = self.receives
         check = None if receives is None else (lambda s: receives(s, msg))
         member = group.choose(msg, check, but)
         if member is None:
-            if count:
+            if not moved:
                 self.dropped += 1
             return None
         granted = group.members[member]
         qos = msg.qos if msg.qos < granted else granted
+        if qos and not moved and self.hold is not None:
+            self.hold(msg)  # (before the delivery: a member that drops it at once settles it)
         member.sharing = group  # (its entry remembers the group; an MQTT 5 No Local does not apply)
         try:
             member.deliver(msg, qos)
         finally:
             member.sharing = None
+        if not qos and moved and msg.qos:
+            self._settle(msg)  # (a member granted QoS 0 took it: nothing to wait for)
         return member
+
+    def _settle(self, msg: Message) -> None:
+        if self.settle is not None:
+            self.settle(msg)
 
     def redispatch(self, session: Session, entries: Iterable[Entry], now: float | None) -> None:
         """What ``take_entries`` took from ``session``, each to another member of its group
@@ -198,17 +221,21 @@ class SharedSubscriptions:
             if msg.expires is not None and now is not None:
                 msg = msg.at(now)
                 if msg.ttl <= 0.0:
+                    self._settle(msg)
                     continue
             # (the group as it is now: a new one if the last member left and another came)
             group = self.groups.get((tag.name, tag.topic_filter))
             member = None
             if group is not None:
-                member = self.deliver(group, msg, but=session, count=False)
+                member = self.deliver(group, msg, but=session, moved=True)
             if member is None:
                 elsewhere = self.elsewhere
                 if elsewhere is None or now is None or not elsewhere(msg, tag.share, now):
                     self.dropped += 1
+                    self._settle(msg)
                     continue
+                # (a new message of this node, in its custody now: the one it came as is done)
+                self._settle(msg)
             if entry.packet_id:
                 self.resent += 1
             else:
@@ -243,3 +270,13 @@ def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None
         for entry in taken:
             session._stored_remove(entry)
     return taken
+
+
+def settle_entries(session: Session) -> None:
+    """``session`` ends with what it got through a group still in it (a QoS 2 message in
+    flight [MQTT-4.8.2-5], or what it kept when it left the group): it goes with it, nothing
+    waits for it any more (SharedSubscriptions ``settle``). One that its client took (QoS 2,
+    PUBREC) was settled then."""
+    for entry in [*session.inflight.values(), *session.queue]:
+        if entry.group is not None and entry.state != SENT_PUBREL:
+            entry.group.settled(entry.msg)

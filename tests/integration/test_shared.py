@@ -220,6 +220,40 @@ def test_a_member_that_drops_hands_what_it_held_to_a_member_on_another_node(mesh
         plain.get(timeout=0.5)  # (the re-sends went to the group only)
 
 
+def test_a_members_node_killed_holding_acknowledged_messages_loses_none(broker_factory, paho, clients):
+    """Triangle a, b, c, round robin; the publisher on a, members on b (a raw client that
+    takes its messages and never acknowledges them: a stalled worker) and c. Every one of 40
+    QoS 1 messages is acknowledged to the publisher; half went to b's member. b is killed
+    with kill -9: the messages its member had not acknowledged were not acknowledged by b to
+    a either (custody.py ``hold``), so a sends them again to c's member, whose share is then
+    all 40 (b's member's were never acknowledged: re-sends, counted, not losses)."""
+    from support.mesh import start_mesh, status, wait_converged, wait_interest
+
+    names, edges = ["a", "b", "c"], [("b", "a"), ("c", "b"), ("c", "a")]
+    nodes = start_mesh(broker_factory, names, edges, extra=["--shared-strategy", "round_robin"])
+    wait_converged(nodes, edges)
+    stalled = clients(nodes["b"], "stalled")
+    assert stalled.sub(1, ("$share/w/job/#", 1)) == [1]
+    worker = paho("worker")
+    assert worker.connect(nodes["c"]) == 0
+    worker.subscribe("$share/w/job/#", 1)
+    for n in ("b", "c"):
+        wait_interest(nodes, "$share/w/job/#", n)
+    pub = paho("jobs")
+    assert pub.connect(nodes["a"]) == 0
+    for i in range(40):
+        pub.publish("job/t", b"%d" % i, qos=1)  # (returns once a's PUBACK came)
+    taken = stalled.publishes(20)  # (b's member has its half, unacknowledged)
+    assert len({p.payload for p in taken}) == 20
+    nodes["b"].kill()
+    got = _drain({"worker": worker}, 40, timeout=40.0)["worker"]
+    assert sorted(got) == sorted(b"%d" % i for i in range(40))
+    with pytest.raises(queue.Empty):
+        worker.get(timeout=0.5)  # (each once to c's member)
+    assert status(nodes["a"])["counters"]["shared_rerouted"] == 20
+    assert status(nodes["c"])["counters"]["shared_held"] >= 20  # (c's member's waits, settled)
+
+
 def test_a_persistent_member_is_refused_in_a_mesh_for_now(mesh, paho5, clients):
     """In a mesh a group's message reaches the node of the member chosen, not its session's
     other holders: persistent members are not taken yet. MQTT 5: CONNACK says Shared

@@ -715,3 +715,58 @@ def test_a_node_chosen_for_a_group_that_goes_out_of_reach_is_chosen_again():
         net.settle()
     assert seen[other] == [(100, (ONLY, "$share/g/t/#"))]
     assert a.counters["shared_rerouted"] == 1 and 1 not in a.custody
+
+
+def test_a_node_acknowledges_a_groups_message_once_its_member_has_and_not_before():
+    """b's member took a's QoS 1 message through the group (``hold``): a keeps it in custody,
+    a retransmission finds it held and is not acknowledged, the member's PUBACK (``settle``)
+    releases it. Had b died meanwhile, a would choose another node (the test above)."""
+    net = Net(["a", "b"], [("a", "b")], settings=MeshSettings(retransmit_after=1.0))
+    net.subscribe("b", "$share/g/t/#")
+    a, b = net.engines["a"], net.engines["b"]
+    took: list[Message] = []
+    take = net._take
+
+    def member_takes(name, inbound):
+        for msg in inbound.deliveries:
+            if name == "b" and msg.shares:
+                b.hold(msg, net.t)  # (the Broker's group delivery, before the node's ack)
+                took.append(msg)
+        take(name, inbound)
+
+    net._take = member_takes
+    net.publish("a", "t/1", qos=1)
+    assert [m.seq for m in took] == [1] and 1 in a.custody and b.counters["shared_held"] == 1
+    for step in range(1, 8):  # retransmissions, each a duplicate at b: still held
+        net.t = step * 1.0
+        net._pump("a", a.tick(net.t))
+        net.settle()
+    assert a.counters["custody_retransmits"] >= 2 and b.counters["duplicates"] >= 2
+    assert 1 in a.custody and len(took) == 1
+    b.settle(took[0])  # the member's PUBACK
+    net.settle()
+    assert 1 not in a.custody and not b._holds
+    b.settle(took[0])  # (once more: nothing waits, nothing said)
+    assert not b._acks_out
+
+
+def test_a_hold_nothing_settles_ends_when_the_origins_custody_would():
+    net = Net(["a", "b"], [("a", "b")], settings=MeshSettings(custody_timeout=50.0, retransmit_after=1.0))
+    net.subscribe("b", "$share/g/t/#")
+    b = net.engines["b"]
+    take = net._take
+
+    def member_takes(name, inbound):
+        for msg in inbound.deliveries:
+            if name == "b":
+                b.hold(msg, net.t)
+        take(name, inbound)
+
+    net._take = member_takes
+    net.publish("a", "t/1", qos=1)
+    assert b._holds
+    net.t = 51.0
+    net._pump("b", b.tick(net.t))
+    net.settle()
+    assert not b._holds and b.counters["shared_hold_expired"] == 1
+    assert 1 not in net.engines["a"].custody

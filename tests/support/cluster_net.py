@@ -126,6 +126,12 @@ class _Published:
     def filter_removed(self, topic_filter: str) -> None:
         pass
 
+    def hold(self, msg: Message) -> None:
+        pass  # (no engine: nothing acknowledged end to end)
+
+    def settle(self, msg: Message) -> None:
+        pass
+
 
 class Net:
     def __init__(

@@ -371,3 +371,65 @@ def test_a_member_gets_its_own_messages_through_its_group():
     _answers5(ch)
     ch.receive_data(r5.publish("t", b"own", qos=0), 0.0)
     assert [p.payload for p in _answers5(ch) if isinstance(p, Publish)] == [b"own"]
+
+
+# --------------------------------------------------------------------------- in a mesh: holds
+
+
+def _holds(net: Net) -> tuple[collections.Counter, collections.Counter]:
+    """What the group tells the mesh (Broker: ``mesh.hold`` and ``mesh.settle``), by payload:
+    a member took a QoS 1/2 message, and it was settled (acknowledged, moved on, or gone)."""
+    held: collections.Counter = collections.Counter()
+    settled: collections.Counter = collections.Counter()
+    shared = net.broker.shared
+    shared.hold = lambda m: held.update([m.payload])
+    shared.settle = lambda m: settled.update([m.payload])
+    return held, settled
+
+
+def test_a_members_acknowledgement_settles_what_it_took_once_and_a_move_settles_nothing():
+    """Each QoS 1 message a member takes is held once (the node's acknowledgement to the
+    origin waits); the member's PUBACK settles it; what a leaving member held moves to the
+    other member still held, and that member's PUBACK settles it: once each, never twice."""
+    net = Net(limits=Limits(max_inflight=2))
+    held, settled = _holds(net)
+    m1 = net.subscriber("m1", ("$share/g/t", 1))
+    m2 = net.subscriber("m2", ("$share/g/t", 1))
+    _publish(net, "t", 8, qos=1)
+    every = collections.Counter(b"%d" % i for i in range(8))
+    assert held == every and not settled
+    first = _pids(m2)
+    for _, pid in first:
+        m2.receive_data(mqttraw.puback(pid), 1.0)
+    assert settled == collections.Counter(p for p, _ in first)
+    m1.connection_lost(2.0)  # (its four go to m2: still waited for)
+    assert settled == collections.Counter(p for p, _ in first)
+    _acked(m2, 3.0)
+    assert settled == every and held == every
+
+
+def test_qos2_settles_at_pubrec_and_a_full_queue_or_an_ended_session_settles_what_it_drops():
+    net = Net(limits=Limits(max_inflight=1, max_queued=1))
+    held, settled = _holds(net)
+    m = net.subscriber("m", ("$share/g/t", 2))
+    _publish(net, "t", 3, qos=2)  # one in flight, one queued, then the oldest queued dropped: settled
+    assert held == collections.Counter([b"0", b"1", b"2"]) and settled == collections.Counter([b"1"])
+    [(payload, pid)] = _pids(m)
+    m.receive_data(mqttraw.pubrec(pid), 1.0)  # the member owns it now
+    assert settled[payload] == 1
+    m.receive_data(mqttraw.pubcomp(pid), 1.0)  # (no second settle; the queued one is sent)
+    assert settled[payload] == 1
+    [(last, _)] = _pids(m)
+    m.connection_lost(2.0)  # a clean session: its QoS 2 in flight goes with it [MQTT-4.8.2-5]
+    assert settled == collections.Counter([b"0", b"1", b"2"]) and net.broker.shared.abandoned == 1
+
+
+def test_a_move_to_a_member_granted_qos0_settles_at_once():
+    net = Net()
+    held, settled = _holds(net)
+    m1 = net.subscriber("m1", ("$share/g/t", 1))
+    _publish(net, "t", 1, qos=1)
+    m0 = net.subscriber("m0", ("$share/g/t", 0))
+    m1.connection_lost(1.0)  # (to m0, at QoS 0: nothing more to wait for)
+    assert [p for p, _ in _pids(m0)] == [b"0"]
+    assert held == settled == collections.Counter([b"0"])

@@ -83,6 +83,20 @@ class MeshGateway:
             self.io.flush_soon()
         return sent
 
+    def hold(self, msg: Message) -> None:
+        """A member of a shared group here took ``msg``: if it came from another node, its
+        acknowledgement there waits for the member's (routing/custody.py ``hold``)."""
+        engine = self.engine
+        if msg.qos and msg.origin != engine.node_id and msg.ack_to != engine.node_id:
+            engine.hold(msg, msg.timestamp - self.wall_offset)
+
+    def settle(self, msg: Message) -> None:
+        """A member that took ``msg`` acknowledged it (or it went on, or to nobody)."""
+        engine = self.engine
+        if engine._holds:
+            engine.settle(msg)
+            self.io.flush_soon()
+
     def first_here(self, msg: Message) -> bool:
         """Is ``msg`` new to this node's subscribers? A QoS 2 message whose id a persistent
         publisher's holders agreed on (mesh/cluster/replica.py) may be routed by two nodes, the one

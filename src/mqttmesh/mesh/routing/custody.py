@@ -22,7 +22,7 @@ from ...message import Message
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import for_dests
-from .records import Custody, CustodyJournal
+from .records import Custody, CustodyJournal, Hold
 from .shares import ONLY
 from .wire import AckGroup, decode_acks, encode_acks
 
@@ -33,6 +33,8 @@ class CustodyMixin(EngineState):
     # ------------------------------------------------------------------ acknowledgements out
 
     def _ack(self, msg: Message) -> None:
+        if self._holds and self._holding(msg):
+            return  # members of this node's shared groups have it and have not acknowledged it
         to = msg.ack_to
         if to:  # routed again by another node for its origin: that node holds it in custody
             self._acks_for.setdefault((to, msg.origin), []).append(msg.seq)
@@ -46,6 +48,59 @@ class CustodyMixin(EngineState):
     # A QoS 1/2 message from another node is safely ours: acknowledge it to its origin (one
     # name for the caller, no call more: it runs once per message)
     delivered = _ack
+
+    def _reack(self, msg: Message) -> None:
+        """A copy of ``msg`` came again (the origin did not hear our acknowledgement): say it
+        again, unless members here still hold it (then it is said when they settle)."""
+        if self._holds and (msg.origin, msg.seq) in self._holds:
+            return
+        self._ack(msg)
+
+    # ------------------------------------------------------------------ shared groups' holds
+
+    def hold(self, msg: Message, now: float) -> None:
+        """A member of a shared group here took ``msg``, another node's QoS 1/2 message: its
+        acknowledgement to the origin waits for the member's (``settle``) as well as for the
+        node's own (``delivered``), so that the origin keeps it in custody while the member
+        has not acknowledged it, and sends it to another node's member should this node die
+        meanwhile (``_lost_shares``)."""
+        key = (msg.origin, msg.seq)
+        held = self._holds.get(key)
+        if held is None:
+            held = self._holds[key] = Hold(msg, now)
+            self.counters["shared_held"] += 1
+        held.count += 1
+
+    def settle(self, msg: Message) -> None:
+        """A member that took ``msg`` (``hold``) acknowledged it, or it went to another
+        member here, or another node, or to nobody (shared.py): one wait fewer."""
+        if self._holds and (msg.origin, msg.seq) in self._holds:
+            self._ack(msg)
+
+    def _holding(self, msg: Message) -> bool:
+        """One of ``msg``'s waits ended: True while others remain (not acknowledged yet)."""
+        key = (msg.origin, msg.seq)
+        held = self._holds.get(key)
+        if held is None:
+            return False
+        held.count -= 1
+        if held.count > 0:
+            return True
+        del self._holds[key]
+        return False
+
+    def _expire_holds(self, now: float) -> None:
+        """A wait longer than the origin's custody lasts is of no use: acknowledged (the member
+        keeps the message; a hold that nothing settled, should a path forget one, ends too)."""
+        holds = self._holds
+        limit = now - self.settings.custody_timeout
+        while holds:
+            key, held = next(iter(holds.items()))
+            if held.since > limit:
+                break
+            del holds[key]
+            self.counters["shared_hold_expired"] += 1
+            self._ack(held.msg)
 
     def _relay_ack(self, to: str, frm: str, seqs: Sequence[int]) -> None:
         self._ensure_spf()

@@ -195,13 +195,13 @@ class DataPlaneMixin(EngineState):
                     deliveries.append(msg)
                 elif verdict == SEEN:
                     self.counters["duplicates"] += 1
-                    self._ack(msg)  # the origin did not hear our earlier acknowledgement
+                    self._reack(msg)  # the origin did not hear our earlier acknowledgement
                 else:
                     self._deliver_ordered(msg, prev, env.attempt, now, deliveries)
             elif self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
                 self.counters["duplicates"] += 1
                 if msg.qos:
-                    self._ack(msg)  # the origin did not hear our earlier acknowledgement
+                    self._reack(msg)  # the origin did not hear our earlier acknowledgement
             else:
                 if env.attempt:
                     msg.retried = True  # (a retransmission from custody: late, replica.py)

@@ -125,6 +125,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._share_trie = SubscriptionTrie()
         self._share_turn = {}
         self._share_last = {}
+        self._holds = {}
         self.new_seq = None  # (assembly.build_core gives it the Broker's)
         self._flood_out = {}
         self._control_out = []
@@ -154,6 +155,8 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             "spf_runs": 0,
             "shared_unreachable": 0,
             "shared_rerouted": 0,
+            "shared_held": 0,
+            "shared_hold_expired": 0,
         }
 
     # ------------------------------------------------------------------ start
@@ -269,6 +272,8 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         if now >= self._next_refresh:
             self._originate_router(now)
         self._retransmit_due(now)
+        if self._holds:
+            self._expire_holds(now)
         self._age_out(now)
         return self.flush(now)
 

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .dedup import DeliveryFilter, ForwardFilter
     from .envelope import Envelope, Shares
     from .interest import InterestIndex
-    from .records import Control, Custody, CustodyJournal, Held, InterestState, Route, RouterLsa
+    from .records import Control, Custody, CustodyJournal, Held, Hold, InterestState, Route, RouterLsa
     from .wire import AckGroup
 
 __all__ = ["MeshSettings", "PeerStats", "JsonCodec", "EngineState"]
@@ -152,6 +152,9 @@ class EngineState:
     _share_trie: SubscriptionTrie
     _share_turn: dict[str, int]
     _share_last: dict[str, str]
+    # (origin, seq) -> another node's message members of this node's groups took and have not
+    # acknowledged: its end-to-end acknowledgement waits for them (custody.py), oldest first
+    _holds: dict[tuple[str, int], Hold]
     # this node's next message number (the Broker's), for what custody sends again under a
     # new id (a shared group's message chosen again elsewhere); None: never done
     new_seq: Callable[[], int] | None
@@ -177,6 +180,8 @@ class EngineState:
         def _send_envelope(self, env: Envelope) -> None: ...  # dataplane
 
         def _ack(self, msg: Message) -> None: ...  # custody
+
+        def _reack(self, msg: Message) -> None: ...  # custody
 
         def _deliver_ordered(  # order
             self, msg: Message, prev: int, attempt: int, now: float, out: list[Message]

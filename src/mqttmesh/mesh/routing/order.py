@@ -51,7 +51,7 @@ class OrderMixin(EngineState):
         if df.has(origin, msg.seq):
             # delivered already (its predecessor was skipped, or waited too long): a late copy
             self.counters["duplicates"] += 1
-            self._ack(msg)
+            self._reack(msg)
             return
         held = self._held.get(origin)
         if held is None:
@@ -76,7 +76,7 @@ class OrderMixin(EngineState):
         """Deliver ``msg`` unless it was delivered before, then what waited for it."""
         if self.delivery_filter.seen(msg.origin, msg.seq, msg.qos):
             self.counters["duplicates"] += 1
-            self._ack(msg)  # the origin did not hear our earlier acknowledgement
+            self._reack(msg)  # the origin did not hear our earlier acknowledgement
             return
         msg.retried = attempt > 0  # (a retransmission from custody: late, replica.py)
         out.append(msg)
@@ -95,7 +95,7 @@ class OrderMixin(EngineState):
             seq = m.seq
             if self.delivery_filter.seen(origin, seq, m.qos):
                 self.counters["duplicates"] += 1
-                self._ack(m)
+                self._reack(m)
                 continue
             m.retried = h.attempt > 0
             out.append(m)

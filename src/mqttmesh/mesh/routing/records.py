@@ -20,6 +20,7 @@ __all__ = [
     "CustodyJournal",
     "Custody",
     "Held",
+    "Hold",
     "HopGroup",
     "Route",
 ]
@@ -119,6 +120,17 @@ class Held:
 
     def __init__(self, msg: Message, attempt: int, since: float):
         self.msg, self.attempt, self.since, self.asked = msg, attempt, since, since
+
+
+class Hold:
+    """Another node's QoS 1/2 message that members of this node's shared groups took: its
+    acknowledgement to the origin waits until ``count`` reaches 0 (custody.py ``hold``):
+    one for the node's own delivery (``delivered``), one for each member's (``settle``)."""
+
+    __slots__ = ("msg", "count", "since")
+
+    def __init__(self, msg: Message, since: float):
+        self.msg, self.count, self.since = msg, 1, since
 
 
 # -- routes (routes.py)
