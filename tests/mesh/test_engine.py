@@ -770,3 +770,31 @@ def test_a_hold_nothing_settles_ends_when_the_origins_custody_would():
     net.settle()
     assert not b._holds and b.counters["shared_hold_expired"] == 1
     assert 1 not in net.engines["a"].custody
+
+
+def test_a_node_chosen_for_a_group_whose_last_member_just_left_sends_it_on():
+    """b's last member left while a's message was on its way to b for the group: b (its
+    plain subscriber served) sends it again, under its own id, to c's member for that group
+    only; such a re-send that finds no member either ends there (no ping-pong)."""
+    from mqttmesh.mesh.routing.shares import ONLY
+
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])  # (local: b, the nearest)
+    seen = _shares_seen(net)
+    for n in ("b", "c"):
+        net.subscribe(n, "$share/g/t/#")
+    a, b = net.engines["a"], net.engines["b"]
+    seqs = iter(range(500, 600))
+    b.new_seq = lambda: next(seqs)
+    b.local_filter_removed("$share/g/t/#")  # (not yet heard of at a)
+    a.route_local(Message("t/x", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    net.settle()
+    assert seen["b"] == [(1, ("$share/g/t/#",))]
+    assert seen["c"] == [(500, (ONLY, "$share/g/t/#"))]
+    assert b.counters["shared_rerouted"] == 1 and not b.custody and not a.custody
+    c = net.engines["c"]
+    c.new_seq = lambda: next(seqs)
+    c.local_filter_removed("$share/g/t/#")
+    b.local_filter_added("$share/g/t/#")  # (b's view: c still has one; c has none now)
+    b.route_to_group(Message("t/y", b"y", 1, False, "b", 501, "p", net.t), "$share/g/t/#", net.t)
+    net.settle()
+    assert c.counters["shared_rerouted"] == 0

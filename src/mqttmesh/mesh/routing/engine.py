@@ -239,6 +239,8 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         for env in envelopes:
             self._handle_envelope(peer, env, deliveries, now)
         self.counters["delivered"] += len(deliveries)  # (counted here, once per batch)
+        if self._share_nodes and deliveries:  # (a shared group anywhere: one served here?)
+            self._served_elsewhere(deliveries, now)
         return _new_tuple(Inbound, (deliveries, ()))  # Inbound(deliveries, ()) at half the cost
 
     def _receive_cost(self, peer: str, body: Any, now: float) -> None:

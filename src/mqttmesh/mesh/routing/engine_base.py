@@ -208,3 +208,7 @@ class EngineState:
         def _pick(self, share: str, msg: Message, exclude: str | None = None) -> str | None: ...  # shares
 
         def route_to_group(self, msg: Message, share: str, now: float) -> bool: ...  # dataplane
+
+        def _served_elsewhere(self, deliveries: list[Message], now: float) -> None: ...  # shares
+
+        def _to_group_again(self, msg: Message, share: str, now: float) -> None: ...  # custody

@@ -116,3 +116,19 @@ class SharesMixin(EngineState):
         chosen = reach[turn % len(reach)]
         self._share_last[share] = chosen
         return chosen
+
+    def _served_elsewhere(self, deliveries: list[Message], now: float) -> None:
+        """Messages this node was chosen to serve a group for that has no member here any more
+        (its last one left while they were on the way, or the node restarted before their
+        origin heard of it): each to a member on another node, for that group only, a new
+        message of ours (a re-send, counted ``shared_rerouted``; custody.py
+        ``_to_group_again``). Not one that is such a re-send already (``ONLY``): that one
+        ends here, its group's interest is on its way to its sender."""
+        local = self._local_filters
+        for msg in deliveries:
+            shares = msg.shares
+            if not shares or shares[0] == ONLY or self.new_seq is None:
+                continue
+            for share in shares:
+                if share not in local:
+                    self._to_group_again(msg, share, now)
