@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown broker {name!r} (mqttmesh, mosquitto)")
     strategies: list[str | None] = list(args.strategy.split(",")) if args.strategy else [None]
     for s in strategies:
-        if s not in STRATEGIES:
+        if s is not None and s not in STRATEGIES:
             ap.error(f"unknown strategy {s!r} ({', '.join(STRATEGIES)})")
     placements = args.publishers_on.split(",")
     for p in placements:
