@@ -22,7 +22,7 @@ comma-separated lists, and every combination is a row of its own, in the same ro
 
     python -m bench.shared [--brokers mqttmesh,mosquitto] [--qos 1] [--messages 20000]
                            [--rounds 3] [--nodes 1|3] [--strategy local,round_robin,...]
-                           [--publishers-on all,one] [--out FILE.json]
+                           [--publishers-on all,one] [--out FILE.json] [--logs DIR]
 
 Publishers and members run in two processes (the generator, not the broker, would be the
 bottleneck in one); every run is bounded in messages and in time (``--timeout``).
@@ -381,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategy", help=f"mqtt.shared_strategy of the mqttmesh nodes, a list of {', '.join(STRATEGIES)}")
     ap.add_argument("--publishers-on", default="all", help="all: spread over the nodes; one: all on node 0; or both")
     ap.add_argument("--out", help="the results as JSON")
+    ap.add_argument("--logs", help="where the brokers' logs go (default: a new /tmp/bench-shared-* directory)")
     args = ap.parse_args(argv)
     brokers = args.brokers.split(",")
     for name in brokers:
@@ -396,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"unknown --publishers-on {p!r} ({', '.join(PLACEMENTS)})")
     if args.nodes < 1:
         ap.error("--nodes is at least 1")
-    work = Path(tempfile.mkdtemp(prefix="bench-shared-"))
+    work = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="bench-shared-"))
     rows = variants(brokers, args.nodes, strategies, placements, work)
     results: list[dict] = []
     for r in range(args.rounds):
@@ -421,6 +422,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     _print_medians(results, rows, args.qos, args.rounds, args.nodes)
+    print(f"\nbroker logs: {work}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -243,7 +243,7 @@ def _shared_bench(tmp_path, *args: str, timeout: float = 120) -> tuple[list[dict
 
     out = tmp_path / "shared.json"
     run = subprocess.run(
-        [sys.executable, "-m", "bench.shared", "--rounds", "1", "--out", str(out), *args],
+        [sys.executable, "-m", "bench.shared", "--rounds", "1", "--out", str(out), "--logs", str(tmp_path), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
