@@ -182,6 +182,7 @@ class Target:
     sub_endpoints: list[Endpoint]
     pids: list[int] = field(default_factory=list)
     protocol: int = 4  # the MQTT protocol level its clients speak (5: a ``-v5`` broker)
+    nodes: list[Endpoint] = field(default_factory=list)  # every node's, in start order (a mesh)
 
     def pub_endpoint(self, i: int) -> Endpoint:
         return self.pub_endpoints[i % len(self.pub_endpoints)]
@@ -415,6 +416,7 @@ class MqttmeshNodes(BrokerServer):
             sub_eps,
             [p.pid for p in self.procs],
             self.protocol,
+            endpoints,
         )
         return self.target
 
@@ -514,7 +516,7 @@ class Mosquitto(BrokerServer):
                 self.stop()
                 continue
             ep = Endpoint(HOST, ws_port, "/mqtt") if self.ws else Endpoint(HOST, port)
-            self.target = Target(self.name, [ep], [ep], [proc.pid], self.protocol)
+            self.target = Target(self.name, [ep], [ep], [proc.pid], self.protocol, [ep])
             return self.target
         raise BrokerError(f"mosquitto did not start: {last_error}")
 

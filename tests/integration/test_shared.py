@@ -270,33 +270,52 @@ def test_a_persistent_member_is_refused_in_a_mesh_for_now(mesh, paho5, clients):
     assert raw.sub(1, ("$share/g/t", 1), ("t", 1)) == [0x80, 1]
 
 
-def test_the_shared_benchmark_runs_beside_mosquitto(tmp_path):
-    """bench/shared.py, small: both brokers deliver every message once to the group."""
+def _shared_bench(tmp_path, *args: str, timeout: float = 120) -> tuple[list[dict], str]:
+    """bench/shared.py run with ``args``, bounded: its JSON rows and what it printed."""
     import json
     import sys
 
     out = tmp_path / "shared.json"
     run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.shared",
-            "--messages",
-            "400",
-            "--rounds",
-            "1",
-            "--timeout",
-            "30",
-            "--out",
-            str(out),
-        ],
+        [sys.executable, "-m", "bench.shared", "--rounds", "1", "--out", str(out), "--logs", str(tmp_path), *args],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
     )
     assert run.returncode == 0, run.stderr[-2000:]
-    rows = json.loads(out.read_text())
+    return json.loads(out.read_text()), run.stdout
+
+
+def test_the_shared_benchmark_runs_beside_mosquitto(tmp_path):
+    """bench/shared.py, small: both brokers deliver every message once to the group."""
+    rows, _ = _shared_bench(tmp_path, "--messages", "400", "--timeout", "30")
     assert {r["broker"] for r in rows} == {"mqttmesh", "mosquitto"}
     for r in rows:
         assert (r["fraction"], r["twice"]) == (1.0, 0), r
         assert r["msgs_per_s"] > 0 and r["p99_ms"] is not None
+
+
+def test_the_shared_benchmark_runs_on_a_3_node_mesh(tmp_path):
+    """bench/shared.py --nodes 3, small: mqttmesh as 3 nodes (2 members each, publishers
+    spread) with two strategies, Mosquitto as one node with the same clients; every message
+    once to the group. ``local`` serves each message on its publisher's node (every node has
+    members): nothing crosses a link; ``round_robin`` takes the nodes in turn: some do."""
+    rows, printed = _shared_bench(
+        tmp_path,
+        *("--nodes", "3", "--strategy", "local,round_robin", "--publishers-on", "all"),
+        *("--messages", "400", "--timeout", "40"),
+        timeout=180,
+    )
+    by_label = {r["label"]: r for r in rows}
+    assert set(by_label) == {"mqttmesh x3 local pubs:all", "mqttmesh x3 round_robin pubs:all", "mosquitto"}
+    fields = {"msgs_per_s", "fraction", "twice", "spread", "shares", "crossed", "cpu_us_per_msg", "p50_ms", "p99_ms"}
+    for r in rows:
+        assert fields <= set(r), r
+        assert (r["fraction"], r["twice"]) == (1.0, 0), r
+        assert sum(r["shares"]) == r["published"] == 400, r
+        assert r["p99_ms"] is not None and r["cpu_us_per_msg"] >= 0, r
+        assert r["nodes"] == (1 if r["broker"] == "mosquitto" else 3), r
+    assert by_label["mqttmesh x3 local pubs:all"]["crossed"] == 0
+    assert by_label["mqttmesh x3 round_robin pubs:all"]["crossed"] > 0
+    assert by_label["mosquitto"]["crossed"] == 0
+    assert "| mqttmesh x3 round_robin pubs:all |" in printed and "| mosquitto |" in printed
