@@ -259,15 +259,16 @@ class Broker:
         self.shared = table.shared  # the shared subscriptions' groups
         self.shared_groups = table.shared.groups  # (the same dict: one test per dispatch)
         self.shared_available = settings.shared_subscriptions
-        # persistent sessions as members: not in a mesh yet (a group's message reaches the node
-        # of the member chosen, not its session's other holders, mesh/routing/shares.py)
-        self.shared_persistent = self.mesh is None
+        # persistent sessions as members (in a mesh, of their home node's groups only:
+        # session_table.py ``member_here``); a setting may refuse them (channel5.shared_for)
+        self.shared_persistent = True
         if self.mesh is not None:
             self.shared.elsewhere = self._to_group_elsewhere
             # another node's message a member here took is acknowledged there once the member
             # acknowledged it (mesh/routing/custody.py hold)
             self.shared.hold = self.mesh.hold
             self.shared.settle = self.mesh.settle
+            self.shared.online_elsewhere = self.mesh.online_elsewhere
         auth = self.auth  # (read at each delivery: a reload may set or change the ACL)
         self.shared.receives = lambda s, m: auth.acl is None or auth.can_receive(s.username, s.client_id, m.topic)
         self.session_factory = table.factory

@@ -466,6 +466,8 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
             self._send_after(self.connack5(present), batch)
             self.attach5(session)
         session.attach(self, now)  # re-send unacknowledged messages [MQTT-4.4.0-1]
+        if self.broker.shared_groups:
+            self.broker.table.attached(session)  # (a member back: its groups are served here)
         self._route_unrouted(session, now)
 
     def _refuse(self, rc: int, detail: str) -> None:

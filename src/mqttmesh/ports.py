@@ -164,6 +164,10 @@ class MeshPort(Protocol):
         """A member that took ``msg`` acknowledged it, or it went to another member, or to
         nobody: the acknowledgement to its origin waits for it no more."""
 
+    def online_elsewhere(self, share: str) -> bool:
+        """Has another node in reach a connected member of the shared group ``share``
+        ("$share/{g}/{f}")?"""
+
     def first_here(self, msg: Message) -> bool:
         """False when ``msg`` (by its id) reached this node's subscribers before; it has now."""
 

@@ -503,6 +503,11 @@ class Session:
     def _stored_put(self, entry: Entry) -> None:
         pass
 
+    def given_away(self, entry: Entry) -> None:
+        """``entry`` left the session for another member of its shared group (shared.py
+        ``take_entries``): as settled, but by no client of its own."""
+        self._stored_remove(entry)
+
     def _stored_remove(self, entry: Entry) -> None:
         pass
 

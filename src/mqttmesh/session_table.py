@@ -49,6 +49,10 @@ def _resuming_none(client_id: str) -> bool:
     return False
 
 
+def _always(session: Session) -> bool:
+    return True
+
+
 class SessionTable:
     def __init__(
         self,
@@ -69,6 +73,11 @@ class SessionTable:
         # sessions kept past their Session Expiry Interval for now (the cluster: a copy that a
         # claim in progress on this node may resume, claimant.py ``resuming``)
         self.resuming: Callable[[str], bool] = _resuming_none
+        # is ``session`` a member of this node's shared groups (for its "$share/" filters)? In
+        # a mesh, a persistent session is its home node's member only, where its client is or
+        # was last (the cluster sets it: mesh/cluster/holders.py); its copies on other nodes
+        # keep the subscription for when the client comes to them
+        self.member_here: Callable[[Session], bool] = _always
 
     @property
     def connected_count(self) -> int:
@@ -115,11 +124,13 @@ class SessionTable:
             self.discard_session(session, now)
             return
         if self.shared.groups and self._is_member(session):
-            # what waits for it goes to the members that are connected, if there are any
-            # (it keeps it when it is its group's only one)
+            # what waits for it goes to the members that are connected, here or on another
+            # node, if there are any (it keeps it when there is none); the mesh hears of its
+            # groups here with no connected member (QUEUED)
             shared = self.shared
             taken = take_entries(session, lambda group: shared.online_besides(session, group))
             shared.redispatch(session, taken, now)
+            self._advertise_groups(session)
         if session.expiry != KEPT:
             session.expires_at = now + session.expiry
             if session.durable:
@@ -197,8 +208,9 @@ class SessionTable:
             if share is not None:
                 # a group new to this node is advertised to the mesh as its "$share/..."
                 # filter (mesh/routing/shares.py chooses the node of each message)
-                if self.shared.join(session, share[0], share[1], qos) and self.mesh is not None:
-                    self.mesh.filter_added(topic_filter)
+                if self.member_here(session):
+                    self.shared.join(session, share[0], share[1], qos)
+                    self.advertise(self.shared.groups[share])
                 return
         if self.trie.add(topic_filter, session, qos) and self.mesh is not None:
             self.mesh.filter_added(topic_filter)
@@ -211,10 +223,74 @@ class SessionTable:
             except ShareError:
                 return None
             if share is not None:
-                group, gone = self.shared.leave(session, share[0], share[1])
-                if gone and self.mesh is not None:
-                    self.mesh.filter_removed(topic_filter)
+                group, _ = self.shared.leave(session, share[0], share[1])
+                if group is not None:
+                    self.advertise(group)
                 return group
         if self.trie.remove(topic_filter, session) and self.mesh is not None:
             self.mesh.filter_removed(topic_filter)
+        return None
+
+    # -- shared groups in a mesh ------------------------------------------------------------
+
+    def advertise(self, group: SharedGroup) -> None:
+        """Tell the mesh what changed of ``group`` here: a member, or none any more, or none
+        connected (``SharedSubscriptions.advertisement``): one interest change, and none while
+        it stays the same (a member joining a group with a connected member costs nothing)."""
+        now_as = self.shared.advertisement(group)
+        was = group.advertised
+        if now_as == was:
+            return
+        group.advertised = now_as
+        mesh = self.mesh
+        if mesh is None:
+            return
+        if was is not None:
+            mesh.filter_removed(was)
+        if now_as is not None:
+            mesh.filter_added(now_as)
+
+    def _advertise_groups(self, session: Session) -> None:
+        groups = self.shared.groups
+        for topic_filter in session.subscriptions:
+            if topic_filter.startswith(SHARE_PREFIX):
+                share = _share_of(topic_filter)
+                group = groups.get(share) if share is not None else None
+                if group is not None:
+                    self.advertise(group)
+
+    def attached(self, session: Session) -> None:
+        """A client connected to ``session`` (Channel): a group of which it is the only
+        connected member here is advertised as served again."""
+        if self.shared.groups and self._is_member(session):
+            self._advertise_groups(session)
+
+    def regroup(self, session: Session) -> None:
+        """``member_here`` may say otherwise of ``session`` now (its client came here, or
+        went to another node): it joins, or leaves, this node's groups of its "$share/"
+        filters. Leaving, what it had through them stays in it, untagged, and is waited for
+        no more here: it goes with the session's copy to its new home."""
+        here = self.member_here(session)
+        shared = self.shared
+        for topic_filter, value in session.subscriptions.items():
+            share = _share_of(topic_filter)
+            if share is None:
+                continue
+            group = shared.groups.get(share)
+            inside = group is not None and session in group.members
+            if here and not inside:
+                shared.join(session, share[0], share[1], value & SUB_QOS)
+                self.advertise(shared.groups[share])
+            elif not here and inside:
+                group, _ = shared.leave(session, share[0], share[1])
+                if group is not None:
+                    self.advertise(group)
+        if not here and (session.inflight or session.queue):
+            settle_entries(session, untag=True)
+
+
+def _share_of(topic_filter: str) -> tuple[str, str] | None:
+    try:
+        return split_share(topic_filter)
+    except ShareError:
         return None

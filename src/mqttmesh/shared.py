@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SHARE_PREFIX",
+    "QUEUED",
     "STRATEGIES",
     "ShareError",
     "split_share",
@@ -43,6 +44,11 @@ __all__ = [
 ]
 
 SHARE_PREFIX = "$share/"
+# what a node advertises for a group whose members there are all offline (persistent sessions
+# that queue for their clients): "$share/{g}/{f}" + QUEUED; a group with a connected member is
+# advertised as itself (mesh/routing/shares.py prefers those). No topic filter has a NUL
+# [MQTT-1.5.4-2], so no filter can be taken for it
+QUEUED = "\0q"
 # how a group picks the member of each message (docs/operations.md, mqtt.shared_strategy)
 STRATEGIES = ("local", "round_robin", "hash_topic", "hash_clientid", "sticky")
 
@@ -73,7 +79,7 @@ Receives = Callable[["Session"], bool]  # whether a member may receive the messa
 class SharedGroup:
     """The members of one share name's subscription to one filter on this node."""
 
-    __slots__ = ("name", "topic_filter", "share", "strategy", "members", "owner", "_turn", "_sticky")
+    __slots__ = ("name", "topic_filter", "share", "strategy", "members", "owner", "advertised", "_turn", "_sticky")
 
     def __init__(self, name: str, topic_filter: str, strategy: str, owner: SharedSubscriptions | None = None):
         self.name = name
@@ -82,6 +88,7 @@ class SharedGroup:
         self.strategy = strategy
         self.members: dict[Session, int] = {}  # session -> its granted QoS, in the order they joined
         self.owner = owner  # (whose ``settle`` hears of what its members settle)
+        self.advertised: str | None = None  # what the mesh was told of it (SessionTable.advertise)
         self._turn = 0
         self._sticky: Session | None = None
 
@@ -149,6 +156,9 @@ class SharedSubscriptions:
         # acknowledgement to its origin waits for the member's (mesh/routing/custody.py)
         self.hold: Callable[[Message], None] | None = None
         self.settle: Callable[[Message], None] | None = None
+        # in a mesh: does another node in reach have a connected member of the group
+        # ("$share/{g}/{f}")? Then a persistent member that goes offline hands its queue on
+        self.online_elsewhere: Callable[[str], bool] | None = None
 
     def __len__(self) -> int:
         return len(self.groups)
@@ -242,7 +252,21 @@ class SharedSubscriptions:
                 self.redispatched += 1
 
     def online_besides(self, session: Session, group: SharedGroup) -> bool:
-        return any(s is not session and s.channel is not None for s in group.members)
+        """Is a member other than ``session`` connected, here or (in a mesh) on another node?"""
+        if any(s is not session and s.channel is not None for s in group.members):
+            return True
+        elsewhere = self.online_elsewhere
+        return elsewhere is not None and elsewhere(group.share)
+
+    def advertisement(self, group: SharedGroup) -> str | None:
+        """What the mesh should know of ``group`` on this node: its share if a member is
+        connected, with QUEUED if its members all queue, None when it has none."""
+        members = group.members
+        if not members:
+            return None
+        if any(s.channel is not None for s in members):
+            return group.share
+        return group.share + QUEUED
 
 
 def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None = None) -> list[Entry]:
@@ -268,15 +292,20 @@ def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None
             taken.append(entry)
     if taken and session.stores:
         for entry in taken:
-            session._stored_remove(entry)
+            session.given_away(entry)
     return taken
 
 
-def settle_entries(session: Session) -> None:
+def settle_entries(session: Session, untag: bool = False) -> None:
     """``session`` ends with what it got through a group still in it (a QoS 2 message in
-    flight [MQTT-4.8.2-5], or what it kept when it left the group): it goes with it, nothing
-    waits for it any more (SharedSubscriptions ``settle``). One that its client took (QoS 2,
-    PUBREC) was settled then."""
+    flight [MQTT-4.8.2-5], or what it kept when it left the group), or (``untag``) it is no
+    member here any more, its copy gone to its new home with them: nothing waits for them here
+    any more (SharedSubscriptions ``settle``). One that its client took (QoS 2, PUBREC) was
+    settled then."""
     for entry in [*session.inflight.values(), *session.queue]:
-        if entry.group is not None and entry.state != SENT_PUBREL:
-            entry.group.settled(entry.msg)
+        group = entry.group
+        if group is not None:
+            if entry.state != SENT_PUBREL:
+                group.settled(entry.msg)
+            if untag:
+                entry.group = None

@@ -220,7 +220,8 @@ def test_a_member_that_drops_hands_what_it_held_to_a_member_on_another_node(mesh
         plain.get(timeout=0.5)  # (the re-sends went to the group only)
 
 
-def test_a_members_node_killed_holding_acknowledged_messages_loses_none(broker_factory, paho, clients):
+@pytest.mark.parametrize("clean", [True, False], ids=["clean", "persistent"])
+def test_a_members_node_killed_holding_acknowledged_messages_loses_none(broker_factory, paho, clients, clean):
     """Triangle a, b, c, round robin; the publisher on a, members on b (a raw client that
     takes its messages and never acknowledges them: a stalled worker) and c. Every one of 40
     QoS 1 messages is acknowledged to the publisher; half went to b's member. b is killed
@@ -232,7 +233,7 @@ def test_a_members_node_killed_holding_acknowledged_messages_loses_none(broker_f
     names, edges = ["a", "b", "c"], [("b", "a"), ("c", "b"), ("c", "a")]
     nodes = start_mesh(broker_factory, names, edges, extra=["--shared-strategy", "round_robin"])
     wait_converged(nodes, edges)
-    stalled = clients(nodes["b"], "stalled")
+    stalled = clients(nodes["b"], "stalled", clean=clean)  # (persistent: b is its home)
     assert stalled.sub(1, ("$share/w/job/#", 1)) == [1]
     worker = paho("worker")
     assert worker.connect(nodes["c"]) == 0
@@ -254,20 +255,48 @@ def test_a_members_node_killed_holding_acknowledged_messages_loses_none(broker_f
     assert status(nodes["c"])["counters"]["shared_held"] >= 20  # (c's member's waits, settled)
 
 
-def test_a_persistent_member_is_refused_in_a_mesh_for_now(mesh, paho5, clients):
-    """In a mesh a group's message reaches the node of the member chosen, not its session's
-    other holders: persistent members are not taken yet. MQTT 5: CONNACK says Shared
-    Subscription Available 0 to a session with an expiry (1 to one without), SUBACK 0x9E;
-    3.1.1 CleanSession=0: 0x80."""
+def test_a_persistent_member_in_a_mesh_hands_its_queue_on_and_keeps_it_when_alone(mesh, paho, paho5, clients):
+    """Line c - b - a, publisher on a. P, a persistent 3.1.1 member (CleanSession=0), on b;
+    W, a clean one, on c. The local strategy serves the group on b, the nearest node with a
+    connected member: P takes 10 QoS 1 messages and leaves without acknowledging them. W is
+    connected on c, so b hands P's 10 on to it, and b's group, with no connected member, is
+    advertised as queueing: the next 10 go to W directly. W leaves: the group's only member is
+    P, offline, whose home b queues the next 5 for it. P comes back on another node, a: the
+    claim gathers its session from b, with the 5, which P gets there. MQTT 5: a persistent
+    session is told Shared Subscription Available 1 and may subscribe."""
+    from support.mesh import wait_interest
+    from support.probes import reset as reset_conn
+
     kept = paho5("kept5")
     rc, _, props = kept.connect(mesh["a"], clean_start=False, SessionExpiryInterval=60)
-    assert rc == 0 and props.SharedSubscriptionAvailable == 0
-    assert [int(getattr(x, "value", x)) for x in kept.subscribe("$share/g/t", 1)] == [0x9E]
-    ending = paho5("ending5")
-    rc, _, props = ending.connect(mesh["a"])
     assert rc == 0 and props.SharedSubscriptionAvailable == 1
-    raw = clients(mesh["b"], "r", clean=False)
-    assert raw.sub(1, ("$share/g/t", 1), ("t", 1)) == [0x80, 1]
+    assert [int(getattr(x, "value", x)) for x in kept.subscribe("$share/k5/other/#", 1)] == [1]
+    p = clients(mesh["b"], "P", clean=False)
+    assert p.sub(1, ("$share/g/q/#", 1)) == [1]
+    w = paho("W")
+    assert w.connect(mesh["c"]) == 0
+    w.subscribe("$share/g/q/#", 1)
+    for n in ("b", "c"):
+        wait_interest(mesh, "$share/g/q/#", n)
+    pub = clients(mesh["a"], "pubq")
+    for i in range(10):
+        pub.pub("q/t", b"%d" % i, qos=1, pid=i + 1)
+    assert sorted(x.payload for x in p.publishes(10)) == sorted(b"%d" % i for i in range(10))
+    reset_conn(p.sock)
+    moved = _drain({"W": w}, 10, timeout=15.0)["W"]
+    assert sorted(moved) == sorted(b"%d" % i for i in range(10))
+    wait_interest(mesh, "$share/g/q/#\0q", "b")  # (b: its member queues)
+    for i in range(10, 20):
+        pub.pub("q/t", b"%d" % i, qos=1, pid=i + 1)
+    assert sorted(_drain({"W": w}, 10)["W"]) == sorted(b"%d" % i for i in range(10, 20))
+    w.stop()
+    wait_interest(mesh, "$share/g/q/#", "c", present=False)
+    for i in range(20, 25):
+        pub.pub("q/t", b"%d" % i, qos=1, pid=i + 1)
+    back = clients(mesh["a"], "P", clean=False)
+    assert back.session_present
+    got = back.publishes(5, timeout=10.0)
+    assert sorted(x.payload for x in got) == sorted(b"%d" % i for i in range(20, 25))
 
 
 def _shared_bench(tmp_path, *args: str, timeout: float = 120) -> tuple[list[dict], str]:

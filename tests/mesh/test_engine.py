@@ -798,3 +798,27 @@ def test_a_node_chosen_for_a_group_whose_last_member_just_left_sends_it_on():
     b.route_to_group(Message("t/y", b"y", 1, False, "b", 501, "p", net.t), "$share/g/t/#", net.t)
     net.settle()
     assert c.counters["shared_rerouted"] == 0
+
+
+def test_a_node_whose_members_all_queue_is_chosen_only_when_no_member_is_connected():
+    """b's members are offline persistent sessions ("$share/g/t/#" + QUEUED), c has a
+    connected one: a's messages go to c, though b is nearer; once c has none, to b."""
+    from mqttmesh.shared import QUEUED
+
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    seen = _shares_seen(net)
+    net.subscribe("b", "$share/g/t/#" + QUEUED)
+    net.subscribe("c", "$share/g/t/#")
+    a = net.engines["a"]
+    assert a.shared_online_elsewhere("$share/g/t/#") and not a.shared_online_elsewhere("$share/h/t/#")
+    net.publish("a", "t/1", qos=1)
+    assert [s for s, g in seen["c"] if g] == [1] and not [s for s, g in seen["b"] if g]
+    net.engines["c"].local_filter_removed("$share/g/t/#")
+    net.settle()
+    assert not net.engines["b"].shared_online_elsewhere("$share/g/t/#")
+    net.publish("a", "t/1", qos=1)
+    assert [s for s, g in seen["b"] if g] == [2]
+    net.engines["b"].local_filter_removed("$share/g/t/#" + QUEUED)
+    net.engines["b"].local_filter_added("$share/g/t/#")  # (a member connected again)
+    net.settle()
+    assert a._share_nodes == {"$share/g/t/#": {"b": True}}

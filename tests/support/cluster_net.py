@@ -132,6 +132,9 @@ class _Published:
     def settle(self, msg: Message) -> None:
         pass
 
+    def online_elsewhere(self, share: str) -> bool:
+        return False
+
 
 class Net:
     def __init__(

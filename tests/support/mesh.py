@@ -146,11 +146,16 @@ def wait_converged(nodes, edges, timeout=20.0):
     wait_for(_tolerant(ok), timeout, interval=0.1, what="the mesh to converge")
 
 
-def wait_interest(nodes, topic_filter, at, timeout=10.0):
-    """Every node knows that node ``at`` subscribes to ``topic_filter``."""
+def wait_interest(nodes, topic_filter, at, timeout=10.0, present=True):
+    """Every node knows that node ``at`` subscribes to ``topic_filter`` (``present=False``:
+    no longer does), every node of ``nodes`` that is alive."""
 
     def ok():
-        return all(topic_filter in status(n)["nodes"].get(at, {}).get("filters", []) for n in nodes.values())
+        return all(
+            (topic_filter in status(n)["nodes"].get(at, {}).get("filters", [])) == present
+            for n in nodes.values()
+            if n.alive()
+        )
 
     wait_for(_tolerant(ok), timeout, interval=0.05, what=f"{at}'s interest in {topic_filter} to spread")
 

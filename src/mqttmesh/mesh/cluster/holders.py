@@ -87,6 +87,13 @@ class Holders(Confirmations):
         # answers (sess.ack) waiting for the store to commit what they vouch for, by journal
         # batch in the order they were made (batches only grow): sent by ``committed``
         self._acks_after: deque[tuple[int, str, SessAck]] = deque()
+        # a persistent session is a member of this node's shared groups while it is at home
+        # here: its client is here, or was here last (session_table.py ``member_here``)
+        table.member_here = self._at_home
+
+    def _at_home(self, session: Session) -> bool:
+        replica = replica_of(session)
+        return replica is None or replica.active_node == self.node_id
 
     # -- the session of a client that connects here ----------------------------------------
 
@@ -123,6 +130,7 @@ class Holders(Confirmations):
             self._apply_subs(replica, merged.subs)
             present = True
         replica.active_node = self.node_id
+        self.table.regroup(replica)  # (at home here now: a member of the groups of its "$share/" filters)
         # newer than every copy gathered, whatever the registrar granted: a registrar that
         # took over without the ClientId's entry grants from 1, and the copies of an earlier
         # claim with a larger epoch would win every later merge (stale ids, a second route)
@@ -164,6 +172,7 @@ class Holders(Confirmations):
                 # the session is claimed at frm: a copy here that is no holder's (the client was
                 # here last) gets no settlements from now on, and would come back stale
                 replica.active_node = frm
+                self.table.regroup(replica)  # (what it had through groups goes with the copy)
                 self._let_go(replica, self.membership.holders(cid, frm), now)
 
     def _replica(self, cid: str, create: bool = True) -> _Replicated | None:
@@ -251,6 +260,7 @@ class Holders(Confirmations):
     def _adopt(self, session: _Replicated, snap: Snapshot) -> None:
         session.active_node = snap.active
         session.epoch = max(session.epoch, snap.epoch)
+        self.table.regroup(session)
 
     def on_settle(self, frm: str, m: SessSettle, now: float) -> None:
         session = self._replica(m.cid, create=False)
@@ -297,6 +307,7 @@ class Holders(Confirmations):
             return
         session.subs_version = m.version
         session.active_node = frm
+        self.table.regroup(session)
         self._apply_subs(session, m.subs)
 
     def on_discard(self, frm: str, m: SessDiscard, now: float) -> None:

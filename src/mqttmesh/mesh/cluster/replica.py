@@ -248,6 +248,17 @@ class _Replicated(_SessionPart):
             if self.on_settled is not None and self.channel is not None:
                 self._report(key, "done", 0)
 
+    def given_away(self, entry: Entry) -> None:
+        """To another member of its group (shared.py ``take_entries``), at its home: settled
+        at the other holders too, whose copies may have it (a copy sent when its client came
+        or left), client here or not."""
+        key = (entry.msg.origin, entry.msg.seq)
+        reported = self.channel is not None
+        had = key in self.ids
+        self._stored_remove(entry)
+        if had and not reported and self.on_settled is not None:
+            self._report(key, "done", 0)
+
     def restore_entry(self, entry: Entry) -> None:
         super().restore_entry(entry)
         self.ids[(entry.msg.origin, entry.msg.seq)] = entry  # found by id, as _stored_put does

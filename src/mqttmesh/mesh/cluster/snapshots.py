@@ -14,7 +14,7 @@ import math
 from dataclasses import replace
 
 from ...message import Message, in_origin_order
-from ...session import Entry
+from ...session import SENT_PUBREL, Entry
 from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of, ttl_ms
 from .replica import _Replicated, released_id
 
@@ -229,11 +229,14 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
     taken = now if snap.taken_at is None else snap.taken_at
     base = super(_Replicated, session)  # storage only: these are not settlements
     settled = set(snap.done)
+    groups: dict[tuple[str, int], Entry] = {}  # message id -> an entry that came through a shared group
     for entry in list(session.inflight.values()) + list(session.queue):
         base._stored_remove(entry)  # type: ignore[attr-defined]  # (a Session method, reached past _Replicated)
         key = (entry.msg.origin, entry.msg.seq)
         if key in settled:
             session._stored_done(key)  # (a message this copy had: its settlement is stored too)
+        if entry.group is not None:
+            groups[key] = entry
     session.inflight.clear()
     session.queue.clear()
     session.ids.clear()
@@ -252,6 +255,12 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
         if ttl is not None:
             msg.expiring(ttl / 1000.0 + taken - now, now)
         entry = session._new_entry(msg, qos, False)
+        had = groups.pop((origin, seq), None) if groups else None
+        if had is not None:
+            if state != SENT_PUBREL:
+                entry.group = had.group  # (still waited for through it: settled when the client has it)
+            elif had.state != SENT_PUBREL:
+                had.group.settled(had.msg)  # (its client has it: PUBREC'd elsewhere)
         if state and pid and pid not in used:
             entry.packet_id, entry.state = pid, state
             session.inflight[pid] = entry
@@ -259,6 +268,9 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
         else:
             session.queue.append(entry)
         session._stored_put(entry)
+    for entry in groups.values():  # (settled elsewhere, or gone: waited for no more)
+        if entry.state != SENT_PUBREL:
+            entry.group.settled(entry.msg)
     old, new = set(session.awaiting_rel), set(snap.rel)
     for pid in sorted(old - new):
         base.awaiting_rel_remove(pid)  # type: ignore[attr-defined]  # (journaled by a DurableMeshSession)

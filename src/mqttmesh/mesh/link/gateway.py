@@ -97,6 +97,10 @@ class MeshGateway:
             engine.settle(msg)
             self.io.flush_soon()
 
+    def online_elsewhere(self, share: str) -> bool:
+        """Has another node in reach a connected member of the shared group ``share``?"""
+        return self.engine.shared_online_elsewhere(share)
+
     def first_here(self, msg: Message) -> bool:
         """Is ``msg`` new to this node's subscribers? A QoS 2 message whose id a persistent
         publisher's holders agreed on (mesh/cluster/replica.py) may be routed by two nodes, the one

@@ -25,7 +25,7 @@ from __future__ import annotations
 import zlib
 
 from ...message import Message
-from ...shared import SHARE_PREFIX, ShareError, split_share
+from ...shared import QUEUED, SHARE_PREFIX, ShareError, split_share
 from .engine_base import EngineState
 from .envelope import Shares
 
@@ -39,7 +39,11 @@ ONLY = SHARE_PREFIX
 
 class SharesMixin(EngineState):
     def _share_added(self, share: str, node: str) -> None:
-        """``node`` has members of the group ``share`` ("$share/{g}/{f}")."""
+        """``node`` has members of the group ``share`` ("$share/{g}/{f}"; with QUEUED, only
+        members that queue: offline persistent sessions)."""
+        online = not share.endswith(QUEUED)
+        if not online:
+            share = share[: -len(QUEUED)]
         try:
             parsed = split_share(share)
         except ShareError:
@@ -48,15 +52,18 @@ class SharesMixin(EngineState):
             return
         nodes = self._share_nodes.get(share)
         if nodes is None:
-            nodes = self._share_nodes[share] = set()
+            nodes = self._share_nodes[share] = {}
             self._share_trie.add(parsed[1], share, 0)
-        nodes.add(node)
+        nodes[node] = online
 
     def _share_removed(self, share: str, node: str) -> None:
+        online = not share.endswith(QUEUED)
+        if not online:
+            share = share[: -len(QUEUED)]
         nodes = self._share_nodes.get(share)
-        if nodes is None:
-            return
-        nodes.discard(node)
+        if nodes is None or nodes.get(node) is not online:
+            return  # (what replaced it came first: added before the old one's removal)
+        del nodes[node]
         if not nodes:
             del self._share_nodes[share]
             parsed = split_share(share)
@@ -73,6 +80,15 @@ class SharesMixin(EngineState):
             self._share_removed(share, node)
         for share in after - before:
             self._share_added(share, node)
+
+    def shared_online_elsewhere(self, share: str) -> bool:
+        """Has a node in reach other than this one a connected member of ``share``?"""
+        nodes = self._share_nodes.get(share)
+        if not nodes:
+            return False
+        self._ensure_spf()
+        next_hop = self.next_hop
+        return any(online and n in next_hop for n, online in nodes.items())
 
     def _choose_shares(self, msg: Message) -> Shares | None:
         """Node -> the groups it serves ``msg`` for (this node's too); None when no group
@@ -94,16 +110,26 @@ class SharesMixin(EngineState):
         me = self.node_id
         self._ensure_spf()
         next_hop = self.next_hop
-        nodes = self._share_nodes.get(share, ())
-        reach = sorted(n for n in nodes if n != exclude and (n == me or n in next_hop))
-        if not reach:
+        nodes = self._share_nodes.get(share)
+        if not nodes:
             return None
+        # the nodes in reach with a connected member; else those whose members queue
+        reach = sorted(n for n, on in nodes.items() if on and n != exclude and (n == me or n in next_hop))
+        if not reach:
+            reach = sorted(n for n in nodes if n != exclude and (n == me or n in next_hop))
+            if not reach:
+                return None
         strategy = self.settings.shared_strategy
-        if strategy == "local":
+        if strategy == "local" or (strategy == "sticky" and share not in self._share_last):
+            # (sticky: the first node is the local one's, not the first by name everywhere)
             if me in reach:
-                return me
-            distance = self.distance
-            return min(reach, key=lambda n: (distance.get(n, 1 << 62), n))
+                chosen = me
+            else:
+                distance = self.distance
+                chosen = min(reach, key=lambda n: (distance.get(n, 1 << 62), n))
+            if strategy == "sticky":
+                self._share_last[share] = chosen
+            return chosen
         if strategy == "hash_topic" or strategy == "hash_clientid":
             key = msg.topic if strategy == "hash_topic" else (msg.publisher or msg.origin)
             return reach[zlib.crc32(key.encode()) % len(reach)]
@@ -130,5 +156,5 @@ class SharesMixin(EngineState):
             if not shares or shares[0] == ONLY or self.new_seq is None:
                 continue
             for share in shares:
-                if share not in local:
+                if share not in local and share + QUEUED not in local:
                     self._to_group_again(msg, share, now)
