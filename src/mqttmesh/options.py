@@ -203,9 +203,9 @@ _MQTT5: list[Option] = [
         "shared_subscriptions",
         bool,
         True,
-        "take shared subscriptions ($share/{group}/{filter}): each message of the filter goes "
-        "to one member of each group; a node in a mesh does not take them yet (MQTT 5 clients "
-        "get SUBACK 0x9E, 3.1.1 ones 0x80, and CONNACK says Shared Subscription Available 0)",
+        "take shared subscriptions ($share/{group}/{filter}) from MQTT 3.1.1 and 5 clients: "
+        "each message of the filter goes to one member of each group, across the mesh; off: "
+        "SUBACK 0x9E (MQTT 5; 3.1.1: 0x80), and CONNACK says Shared Subscription Available 0",
     ),
     Option(
         "mqtt",
@@ -213,8 +213,10 @@ _MQTT5: list[Option] = [
         str,
         "local",
         "how a shared group picks the member of each message: local and round_robin rotate "
-        "over its members, hash_topic keeps one topic on one member and hash_clientid one "
-        "publisher, sticky keeps one member until it goes (a connected member first, always)",
+        "over its members (in a mesh: local serves on the publisher's node if it has a member, "
+        "else the nearest; round_robin takes the nodes in turn, weighed by their connected "
+        "members), hash_topic keeps one topic on one member and hash_clientid one publisher, "
+        "sticky keeps one member until it goes (a connected member first, always)",
         choices=("local", "round_robin", "hash_topic", "hash_clientid", "sticky"),
     ),
 ]

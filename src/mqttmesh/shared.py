@@ -16,6 +16,12 @@ member is connected, what waited in its queue goes to another member, and a QoS 
 flight too (it may have reached the client: a re-send, counted); a QoS 2 message in flight
 stays with the member, whose client must get it when it returns [MQTT-4.8.2-4], and goes with
 its session [MQTT-4.8.2-5].
+
+In a mesh (mesh/routing/shares.py) the node says what it serves of each group
+(``advertisement``), and tells the mesh of every QoS 1/2 message of another node a member
+takes (``hold``) and of its end (``settle``: the member acknowledged it, or it moved on, or
+went to nobody), so that the node acknowledges it to its origin only once the member has
+(mesh/routing/custody.py).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = [
     "SHARE_PREFIX",
     "QUEUED",
+    "WEIGHT",
     "STRATEGIES",
     "ShareError",
     "split_share",
@@ -49,6 +56,10 @@ SHARE_PREFIX = "$share/"
 # advertised as itself (mesh/routing/shares.py prefers those). No topic filter has a NUL
 # [MQTT-1.5.4-2], so no filter can be taken for it
 QUEUED = "\0q"
+# and for a group with more than one connected member there: "$share/{g}/{f}" + WEIGHT + the
+# largest power of two not above their number (round_robin and the hashes weigh the nodes by
+# it; a power of two, so that members come and go with few changes told to the mesh)
+WEIGHT = "\0w"
 # how a group picks the member of each message (docs/operations.md, mqtt.shared_strategy)
 STRATEGIES = ("local", "round_robin", "hash_topic", "hash_clientid", "sticky")
 
@@ -259,14 +270,17 @@ class SharedSubscriptions:
         return elsewhere is not None and elsewhere(group.share)
 
     def advertisement(self, group: SharedGroup) -> str | None:
-        """What the mesh should know of ``group`` on this node: its share if a member is
-        connected, with QUEUED if its members all queue, None when it has none."""
+        """What the mesh should know of ``group`` on this node: its share, with the weight of
+        its connected members (WEIGHT), or QUEUED if its members all queue; None when it has
+        none."""
         members = group.members
         if not members:
             return None
-        if any(s.channel is not None for s in members):
-            return group.share
-        return group.share + QUEUED
+        online = sum(1 for s in members if s.channel is not None)
+        if not online:
+            return group.share + QUEUED
+        weight = 1 << (online.bit_length() - 1)
+        return group.share if weight == 1 else f"{group.share}{WEIGHT}{weight}"
 
 
 def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None = None) -> list[Entry]:

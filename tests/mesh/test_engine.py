@@ -822,3 +822,19 @@ def test_a_node_whose_members_all_queue_is_chosen_only_when_no_member_is_connect
     net.engines["b"].local_filter_added("$share/g/t/#")  # (a member connected again)
     net.settle()
     assert a._share_nodes == {"$share/g/t/#": {"b": True}}
+
+
+def test_round_robin_weighs_each_node_by_its_connected_members():
+    """b advertises four connected members (WEIGHT 4), c one: round robin from a gives b four
+    messages of every five; an unreadable weight is not served."""
+    from mqttmesh.shared import WEIGHT
+
+    net = Net(["a", "b", "c"], [("a", "b"), ("a", "c")], settings=MeshSettings(shared_strategy="round_robin"))
+    seen = _shares_seen(net)
+    net.subscribe("b", "$share/g/t/#" + WEIGHT + "4")
+    net.subscribe("c", "$share/g/t/#")
+    for _ in range(10):
+        net.publish("a", "t/1", qos=1)
+    assert (len([s for s, g in seen["b"] if g]), len([s for s, g in seen["c"] if g])) == (8, 2)
+    net.subscribe("c", "$share/h/t/#" + WEIGHT + "x")
+    assert "$share/h/t/#" not in net.engines["a"]._share_nodes

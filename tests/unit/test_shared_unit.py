@@ -433,3 +433,64 @@ def test_a_move_to_a_member_granted_qos0_settles_at_once():
     m1.connection_lost(1.0)  # (to m0, at QoS 0: nothing more to wait for)
     assert [p for p, _ in _pids(m0)] == [b"0"]
     assert held == settled == collections.Counter([b"0"])
+
+
+class _Interest:
+    """A mesh port that records what the node tells the mesh of its filters."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, str]] = []
+
+    def filter_added(self, topic_filter: str) -> None:
+        self.told.append(("+", topic_filter))
+
+    def filter_removed(self, topic_filter: str) -> None:
+        self.told.append(("-", topic_filter))
+
+    def published(self, msg):
+        return ()
+
+    def first_here(self, msg) -> bool:
+        return True
+
+    def comes_later(self, msg) -> bool:
+        return False
+
+    def hold(self, msg) -> None:
+        pass
+
+    def settle(self, msg) -> None:
+        pass
+
+    def online_elsewhere(self, share: str) -> bool:
+        return False
+
+    def to_group(self, msg, share: str) -> bool:
+        return False
+
+
+def test_a_group_tells_the_mesh_of_its_members_by_powers_of_two_and_of_none_connected():
+    """What each membership change costs in interest changes: the first member, the 2nd and
+    the 4th connected one (WEIGHT), none for the 3rd and 5th; a persistent member alone and
+    offline makes the group QUEUED, its return makes it served again; the last one gone,
+    the group is withdrawn."""
+    from mqttmesh.broker import BrokerPorts
+    from mqttmesh.shared import QUEUED, WEIGHT
+
+    mesh = _Interest()
+    net = Net(ports=BrokerPorts(mesh=mesh))  # type: ignore[arg-type]
+    share = "$share/g/t"
+    members = [net.subscriber(f"m{i}", (share, 1)) for i in range(5)]
+    assert mesh.told == [("+", share), ("-", share), ("+", share + WEIGHT + "2")] + [
+        ("-", share + WEIGHT + "2"),
+        ("+", share + WEIGHT + "4"),
+    ]
+    for i, m in enumerate(members):
+        m.connection_lost(1.0 + i)
+    assert mesh.told[-1] == ("-", share)
+    mesh.told.clear()
+    p = net.subscriber("p", (share, 1), clean=False)
+    p.connection_lost(2.0)
+    assert mesh.told == [("+", share), ("-", share), ("+", share + QUEUED)]
+    net.connect("p", 3.0, clean=False, expect=b"\x20\x02\x01\x00")
+    assert mesh.told[-2:] == [("-", share + QUEUED), ("+", share)]

@@ -266,6 +266,13 @@ def _mesh(page: _Page, status: dict[str, Any]) -> None:
     page.one(
         "mqttmesh_mesh_held_messages", "gauge", "messages held back for an earlier one of their origin", status["held"]
     )
+    page.one(
+        "mqttmesh_mesh_shared_holds",
+        "gauge",
+        "other nodes' messages members of shared groups here took and have not acknowledged yet "
+        "(their end-to-end acknowledgement waits)",
+        status.get("shared_holds", 0),
+    )
     for name, value in sorted(status["counters"].items()):
         page.one(f"mqttmesh_mesh_{name}_total", "counter", f"routing engine: {name.replace('_', ' ')}", value)
     cluster = status.get("cluster")

@@ -313,6 +313,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             "tree": {n: p for n, p in sorted(self.parent.items())},
             "custody": len(self.custody),
             "held": len(self._held_ids),
+            "shared_holds": len(self._holds),
             "counters": dict(self.counters),
         }
 

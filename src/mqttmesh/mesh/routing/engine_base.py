@@ -148,7 +148,7 @@ class EngineState:
     _order_relay: dict[tuple[str, str], list[AckGroup]]  # (nack or skip, next hop) -> groups
     # shared groups (shares.py): "$share/{g}/{f}" -> the nodes with members; f -> the groups;
     # round-robin turns and the last node chosen, per group
-    _share_nodes: dict[str, dict[str, bool]]  # (node -> whether a member there is connected)
+    _share_nodes: dict[str, dict[str, int]]  # (node -> its weight: connected members; 0: they queue)
     _share_trie: SubscriptionTrie
     _share_turn: dict[str, int]
     _share_last: dict[str, str]

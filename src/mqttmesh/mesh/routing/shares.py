@@ -1,23 +1,29 @@
 """Shared subscriptions across the mesh: which node serves each message of a group.
 
 Pure. A part of ``MeshEngine`` (engine.py, a mixin over engine_base.EngineState). A node
-with members of a shared group (shared.py) advertises the group's filter, ``$share/{g}/{f}``,
-in its interest like any filter (once per group and node, whatever its number of members);
-the plain interest index never matches it (its first level is ``$share``). Here every
-node's groups are indexed by their filter ``f``: ``_choose_shares`` gives, for a message
-published here, the one node that serves it for each group that has a member anywhere in
-reach, by ``MeshSettings.shared_strategy``:
+with members of a shared group (shared.py) advertises the group in its interest like a
+filter, once per group and node: ``$share/{g}/{f}``, with WEIGHT and a power of two for
+several connected members, with QUEUED when its members all queue (offline persistent
+sessions: shared.py ``advertisement``); the plain interest index never matches it (its first
+level is ``$share``). Here every node's groups are indexed by their filter ``f``, each node
+with its weight (0: it queues): ``_choose_shares`` gives, for a message published here, the
+one node that serves it for each group that has a member anywhere in reach (a node with a
+connected member first; one that queues only when there is none), by
+``MeshSettings.shared_strategy``:
 
 - ``local``: this node if it has a member, else the nearest node that has one (by route
   cost, then by name): no message crosses a link for a group that is served here;
-- ``round_robin``: the nodes with members in turn (each node's members then in turn);
+- ``round_robin``: the nodes with members in turn, each as many times as its weight (each
+  node's members then in turn);
 - ``hash_topic``, ``hash_clientid``: the node at the topic's (or the publisher's) CRC-32
-  among the nodes with members, sorted: one topic, or one publisher, always to the same
-  node while the membership is stable (and to the same member there, shared.py);
-- ``sticky``: the node chosen last while it is in reach and has members.
+  among the nodes with members, sorted and weighed: one topic, or one publisher, always to
+  the same node while the membership is stable (and to the same member there, shared.py);
+- ``sticky``: ``local``'s choice first, then the node chosen last while it is in reach.
 
 The envelopes then say, per destination, the groups it serves (envelope.py ``shares``),
-and a node serves a group only for the messages that say so (``Message.shares``).
+and a node serves a group only for the messages that say so (``Message.shares``); one that
+has no member of it any more sends the message on (``_served_elsewhere``). Its members'
+acknowledgements hold the node's own (custody.py ``hold``).
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 import zlib
 
 from ...message import Message
-from ...shared import QUEUED, SHARE_PREFIX, ShareError, split_share
+from ...shared import QUEUED, SHARE_PREFIX, WEIGHT, ShareError, split_share
 from .engine_base import EngineState
 from .envelope import Shares
 
@@ -37,13 +43,27 @@ __all__ = ["SharesMixin", "ONLY"]
 ONLY = SHARE_PREFIX
 
 
+def _advertised(share: str) -> tuple[str, int]:
+    """(the group, its weight) of what a node advertises for it (shared.py ``advertisement``):
+    connected members by power of two (1 for the group's share alone), 0 for members that
+    queue (QUEUED); -1 for a form this node cannot read (not served)."""
+    base, nul, tag = share.partition("\0")
+    if not nul:
+        return share, 1
+    if share.endswith(QUEUED) and tag == QUEUED[1:]:
+        return base, 0
+    if tag[:1] == WEIGHT[1:] and tag[1:].isdigit() and len(tag) < 9:
+        return base, max(1, int(tag[1:]))
+    return base, -1
+
+
 class SharesMixin(EngineState):
     def _share_added(self, share: str, node: str) -> None:
-        """``node`` has members of the group ``share`` ("$share/{g}/{f}"; with QUEUED, only
-        members that queue: offline persistent sessions)."""
-        online = not share.endswith(QUEUED)
-        if not online:
-            share = share[: -len(QUEUED)]
+        """``node`` has members of the group ``share`` ("$share/{g}/{f}", with their weight
+        or QUEUED: only members that queue, offline persistent sessions)."""
+        share, weight = _advertised(share)
+        if weight < 0:
+            return
         try:
             parsed = split_share(share)
         except ShareError:
@@ -54,14 +74,12 @@ class SharesMixin(EngineState):
         if nodes is None:
             nodes = self._share_nodes[share] = {}
             self._share_trie.add(parsed[1], share, 0)
-        nodes[node] = online
+        nodes[node] = weight
 
     def _share_removed(self, share: str, node: str) -> None:
-        online = not share.endswith(QUEUED)
-        if not online:
-            share = share[: -len(QUEUED)]
+        share, weight = _advertised(share)
         nodes = self._share_nodes.get(share)
-        if nodes is None or nodes.get(node) is not online:
+        if nodes is None or nodes.get(node) != weight:
             return  # (what replaced it came first: added before the old one's removal)
         del nodes[node]
         if not nodes:
@@ -88,7 +106,7 @@ class SharesMixin(EngineState):
             return False
         self._ensure_spf()
         next_hop = self.next_hop
-        return any(online and n in next_hop for n, online in nodes.items())
+        return any(weight > 0 and n in next_hop for n, weight in nodes.items())
 
     def _choose_shares(self, msg: Message) -> Shares | None:
         """Node -> the groups it serves ``msg`` for (this node's too); None when no group
@@ -113,33 +131,34 @@ class SharesMixin(EngineState):
         nodes = self._share_nodes.get(share)
         if not nodes:
             return None
-        # the nodes in reach with a connected member; else those whose members queue
-        reach = sorted(n for n, on in nodes.items() if on and n != exclude and (n == me or n in next_hop))
+        # the nodes in reach with a connected member, by weight; else those whose members queue
+        reach = sorted((n, w) for n, w in nodes.items() if w and n != exclude and (n == me or n in next_hop))
         if not reach:
-            reach = sorted(n for n in nodes if n != exclude and (n == me or n in next_hop))
+            reach = sorted((n, 1) for n in nodes if n != exclude and (n == me or n in next_hop))
             if not reach:
                 return None
         strategy = self.settings.shared_strategy
         if strategy == "local" or (strategy == "sticky" and share not in self._share_last):
             # (sticky: the first node is the local one's, not the first by name everywhere)
-            if me in reach:
+            names = [n for n, _ in reach]
+            if me in names:
                 chosen = me
             else:
                 distance = self.distance
-                chosen = min(reach, key=lambda n: (distance.get(n, 1 << 62), n))
+                chosen = min(names, key=lambda n: (distance.get(n, 1 << 62), n))
             if strategy == "sticky":
                 self._share_last[share] = chosen
             return chosen
+        if strategy == "sticky":
+            last = self._share_last[share]
+            if any(n == last for n, _ in reach):
+                return last
         if strategy == "hash_topic" or strategy == "hash_clientid":
             key = msg.topic if strategy == "hash_topic" else (msg.publisher or msg.origin)
-            return reach[zlib.crc32(key.encode()) % len(reach)]
-        if strategy == "sticky":
-            last = self._share_last.get(share)
-            if last is not None and last in reach:
-                return last
+            return _weighted(reach, zlib.crc32(key.encode()))
         turn = self._share_turn.get(share, 0)
         self._share_turn[share] = turn + 1
-        chosen = reach[turn % len(reach)]
+        chosen = _weighted(reach, turn)
         self._share_last[share] = chosen
         return chosen
 
@@ -150,11 +169,23 @@ class SharesMixin(EngineState):
         message of ours (a re-send, counted ``shared_rerouted``; custody.py
         ``_to_group_again``). Not one that is such a re-send already (``ONLY``): that one
         ends here, its group's interest is on its way to its sender."""
-        local = self._local_filters
+        me, groups = self.node_id, self._share_nodes
         for msg in deliveries:
             shares = msg.shares
             if not shares or shares[0] == ONLY or self.new_seq is None:
                 continue
             for share in shares:
-                if share not in local and share + QUEUED not in local:
+                if me not in groups.get(share, ()):
                     self._to_group_again(msg, share, now)
+
+
+def _weighted(reach: list[tuple[str, int]], n: int) -> str:
+    """The node at ``n`` (modulo their total weight) of ``reach``, each node as many times as
+    its weight: round robin and the hashes give a node with four connected members four
+    times the messages of a node with one (shared.py gives each member there its turn)."""
+    at = n % sum(w for _, w in reach)
+    for node, weight in reach:
+        if at < weight:
+            return node
+        at -= weight
+    return reach[-1][0]  # (not reached)
