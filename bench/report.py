@@ -425,7 +425,7 @@ warm-up then {o["duration"]:g} s measured; 64-byte payloads; loopback.{_busy_not
   crosses a peer link; the ratio is its msgs/s over the single-node mqttmesh row. Both nodes and
   the load generator share the machine's two cores, and the broker CPU column adds up both nodes.
 
-## Method
+{{KEPT}}## Method
 
 - Brokers: mqttmesh (`python -m mqttmesh broker --sys-interval 0 --max-inflight 1000 --max-queued 1000000`,
   uvloop), Mosquitto (`set_tcp_nodelay true`, `max_inflight_messages 1000`, `max_queued_messages 1000000`,
@@ -455,4 +455,24 @@ warm-up then {o["duration"]:g} s measured; 64-byte payloads; loopback.{_busy_not
         + ("\n".join(problems) if problems else "None.")
         + "\n"
     )
-    path.write_text(text)
+    path.write_text(text.replace("{KEPT}", kept_sections(path)))
+
+
+KEPT_BEGIN, KEPT_END = "<!-- BEGIN kept", "<!-- END kept -->"
+
+
+def kept_sections(path: Path) -> str:
+    """The sections of ``path`` between KEPT_BEGIN and KEPT_END markers, each with its markers:
+    figures other benchmarks wrote (bench/shared.py's), which a new ``make bench`` keeps."""
+    if not path.exists():
+        return ""
+    old = path.read_text()
+    out = []
+    at = old.find(KEPT_BEGIN)
+    while at >= 0:
+        end = old.find(KEPT_END, at)
+        if end < 0:
+            break
+        out.append(old[at : end + len(KEPT_END)] + "\n\n")
+        at = old.find(KEPT_BEGIN, end)
+    return "".join(out)
