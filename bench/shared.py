@@ -222,6 +222,12 @@ def _wait_for_mesh(target: Target, deadline: float) -> None:
         time.sleep(0.1)
 
 
+def _serves(filters: list[str]) -> bool:
+    """A node's advertised filters name the group with a connected member: its share, alone
+    or with the weight of its members ("\\0w2": mqttmesh.shared.WEIGHT), not queueing."""
+    return any(f == GROUP_FILTER or f.startswith(GROUP_FILTER + "\0w") for f in filters)
+
+
 def _wait_for_group(target: Target, pub_nodes: set[int], member_nodes: set[int], deadline: float) -> None:
     """Until each publisher's node knows the group at every node with members (else its first
     messages would go to the members it knows of, and the spread would measure the start)."""
@@ -229,7 +235,7 @@ def _wait_for_group(target: Target, pub_nodes: set[int], member_nodes: set[int],
         try:
             if all(
                 sum(
-                    GROUP_FILTER in n["filters"] and n["reachable"]
+                    _serves(n["filters"]) and n["reachable"]
                     for n in _mesh_status(target.nodes[p], deadline)["nodes"].values()
                 )
                 == len(member_nodes)
