@@ -377,7 +377,7 @@ class Broker:
         copy.props = msg.props
         if msg.expires is not None:
             copy.expiring(msg.ttl, now)
-        return mesh.to_group(copy, share)
+        return mesh.to_group(copy, share, msg)
 
     def _to_groups(self, msg: Message, hits: Hits) -> Hits:
         """``msg`` to one member of each shared group its topic matches (shared.py); the

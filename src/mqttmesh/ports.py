@@ -175,10 +175,11 @@ class MeshPort(Protocol):
         """True when ``msg`` (by its id) reached this node and waits for an earlier message of
         its origin (mesh/routing/order.py): it is dispatched here once that one is."""
 
-    def to_group(self, msg: Message, share: str) -> bool:
+    def to_group(self, msg: Message, share: str, instead_of: Message | None = None) -> bool:
         """``msg``, a new message of this node, to one member of the shared group ``share``
         ("$share/{g}/{f}") on another node, and to nothing else there (a member here left
-        holding it, shared.py); False: no other node with a member is in reach."""
+        holding it, shared.py: ``instead_of``, whose wait ends when ``msg`` is acknowledged
+        there); False: no other node with a member is in reach."""
 
 
 class ArchivePort(Protocol):

@@ -255,8 +255,7 @@ class SharedSubscriptions:
                     self.dropped += 1
                     self._settle(msg)
                     continue
-                # (a new message of this node, in its custody now: the one it came as is done)
-                self._settle(msg)
+                # (a new message of this node: the one it came as waits for its acknowledgement)
             if entry.packet_id:
                 self.resent += 1
             else:

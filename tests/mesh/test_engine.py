@@ -838,3 +838,36 @@ def test_round_robin_weighs_each_node_by_its_connected_members():
     assert (len([s for s, g in seen["b"] if g]), len([s for s, g in seen["c"] if g])) == (8, 2)
     net.subscribe("c", "$share/h/t/#" + WEIGHT + "x")
     assert "$share/h/t/#" not in net.engines["a"]._share_nodes
+
+
+def test_a_held_message_sent_on_to_another_nodes_member_is_acknowledged_once_that_one_is():
+    """b's member took a's message and left (b has no other member): b sends it on as its own
+    message 100 to c's member; a's custody keeps the original until c acknowledged 100, so
+    b dying in between would not lose it."""
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    for n in ("b", "c"):
+        net.subscribe(n, "$share/g/t/#")
+    a, b = net.engines["a"], net.engines["b"]
+    took: list[Message] = []
+    take = net._take
+    hold_c = [True]
+
+    def members_take(name, inbound):
+        for msg in inbound.deliveries:
+            if msg.shares and (name == "b" or hold_c[0]):
+                net.engines[name].hold(msg, net.t)
+                took.append(msg)
+        take(name, inbound)
+
+    net._take = members_take
+    net.publish("a", "t/1", qos=1)  # (local: b, the nearest)
+    [original] = took
+    assert 1 in a.custody
+    copy = Message("t/1", b"x", 1, False, "b", 100, "p", net.t)
+    assert b.route_to_group(copy, "$share/g/t/#", net.t)
+    b.hold_until_acked(100, original)
+    net.settle()
+    assert 1 in a.custody and 100 in b.custody  # (c's member holds the copy)
+    net.engines["c"].settle(took[-1])  # c's member acknowledges it
+    net.settle()
+    assert 100 not in b.custody and 1 not in a.custody and not b._holds and not b._after

@@ -76,11 +76,19 @@ class MeshGateway:
                 return self._check_links(msg, congestion)
         return NO_HITS
 
-    def to_group(self, msg: Message, share: str) -> bool:
-        """``msg`` (a new message of ours) to one member of ``share`` on another node only."""
-        sent = self.engine.route_to_group(msg, share, msg.timestamp - self.wall_offset)
+    def to_group(self, msg: Message, share: str, instead_of: Message | None = None) -> bool:
+        """``msg`` (a new message of ours) to one member of ``share`` on another node only;
+        sent ``instead_of`` a message a member here held: that one's wait (``hold``) ends
+        once ``msg`` is acknowledged there."""
+        engine = self.engine
+        sent = engine.route_to_group(msg, share, msg.timestamp - self.wall_offset)
         if sent:
             self.io.flush_soon()
+            if instead_of is not None:
+                if msg.qos and msg.seq in engine.custody:
+                    engine.hold_until_acked(msg.seq, instead_of)
+                else:
+                    self.settle(instead_of)
         return sent
 
     def hold(self, msg: Message) -> None:

@@ -140,6 +140,8 @@ class CustodyMixin(EngineState):
                             del custody[key]
                             if journal is not None:
                                 journal.custody_remove(key)  # type: ignore[arg-type]  # (an int: our own)
+                            if self._after:
+                                self._settle_after(key)
             else:
                 self._relay_ack(to, frm, seqs)
 
@@ -269,6 +271,21 @@ class CustodyMixin(EngineState):
         journal = self.custody_journal
         if journal is not None and type(key) is int:
             journal.custody_remove(key)
+        if self._after:
+            self._settle_after(key)
+
+    def hold_until_acked(self, seq: int, msg: Message) -> None:
+        """``msg``, another node's message a member here held (``hold``), went on as our
+        message ``seq`` to a member of another node (shares.py ``route_to_group``): its wait
+        here ends once ``seq`` leaves our custody, acknowledged there (or given up), so that
+        its origin still has it should this node die before."""
+        self._after[seq] = msg
+
+    def _settle_after(self, key: int | tuple[str, int]) -> None:
+        if type(key) is int:  # (our own: the only ones that went on for a held message)
+            msg = self._after.pop(key, None)
+            if msg is not None:
+                self.settle(msg)
 
     # ------------------------------------------------------------------ output (engine.flush)
 

@@ -126,6 +126,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._share_turn = {}
         self._share_last = {}
         self._holds = {}
+        self._after = {}
         self.new_seq = None  # (assembly.build_core gives it the Broker's)
         self._flood_out = {}
         self._control_out = []

@@ -155,6 +155,8 @@ class EngineState:
     # (origin, seq) -> another node's message members of this node's groups took and have not
     # acknowledged: its end-to-end acknowledgement waits for them (custody.py), oldest first
     _holds: dict[tuple[str, int], Hold]
+    # our seq -> a held message that went on as it (custody.py ``hold_until_acked``)
+    _after: dict[int, Message]
     # this node's next message number (the Broker's), for what custody sends again under a
     # new id (a shared group's message chosen again elsewhere); None: never done
     new_seq: Callable[[], int] | None
