@@ -871,3 +871,30 @@ def test_a_held_message_sent_on_to_another_nodes_member_is_acknowledged_once_tha
     net.engines["c"].settle(took[-1])  # c's member acknowledges it
     net.settle()
     assert 100 not in b.custody and 1 not in a.custody and not b._holds and not b._after
+
+
+@pytest.mark.parametrize("strategy", ["local", "round_robin", "sticky", "hash_topic"])
+def test_a_qos2_message_routed_again_by_another_node_is_served_where_its_origin_chose(strategy):
+    """A persistent publisher's QoS 2 message may be routed by the node that took it (a) and
+    again, under a's id, by the node its client moved to (d): both choose the same node for
+    the group (b, nearest a; d has a member itself), so the duplicate filter there keeps it
+    to one member."""
+    net = Net(
+        ["a", "b", "c", "d"], [("a", "b"), ("b", "c"), ("c", "d")], settings=MeshSettings(shared_strategy=strategy)
+    )
+    for n in ("b", "d"):
+        net.subscribe(n, "$share/g/t/#")
+    a, d = net.engines["a"], net.engines["d"]
+    for seq in range(1, 9):
+        first = Message("t/1", b"x", 2, False, "a", seq, "p", net.t)
+        again = Message("t/1", b"x", 2, False, "a", seq, "p", net.t)
+        a.route_local(first, net.t)
+        d.route_local(again, net.t)
+        chosen_a = set(a.custody[seq].shares or {})
+        held = d.custody.get(("a", seq))  # (none when d serves it itself: nothing to send)
+        chosen_d = set(held.shares or {}) if held is not None else set()
+        if again.shares:  # (d's own groups serve it)
+            chosen_d.add("d")
+        assert chosen_a == chosen_d and len(chosen_a) == 1
+        if strategy in ("local", "sticky"):
+            assert chosen_a == {"b"}

@@ -34,6 +34,7 @@ from ...message import Message
 from ...shared import QUEUED, SHARE_PREFIX, WEIGHT, ShareError, split_share
 from .engine_base import EngineState
 from .envelope import Shares
+from .spf import shortest_paths
 
 __all__ = ["SharesMixin", "ONLY"]
 
@@ -138,14 +139,19 @@ class SharesMixin(EngineState):
             if not reach:
                 return None
         strategy = self.settings.shared_strategy
+        if msg.qos == 2:
+            # a QoS 2 message of a persistent publisher may be routed twice, by the node that
+            # took it and by the one its client moved to before its PUBREC, under one id
+            # (mesh/cluster/replica.py): both must choose the same node, whose duplicate
+            # filter keeps it to one member. So its choice depends on the message alone: as
+            # its origin sees the mesh, and by its id where a strategy would take turns
+            if strategy == "local" or strategy == "sticky":
+                return self._nearest(reach, msg.origin)
+            if strategy == "round_robin":
+                return _weighted(reach, zlib.crc32(f"{msg.origin}:{msg.seq}".encode()))
         if strategy == "local" or (strategy == "sticky" and share not in self._share_last):
             # (sticky: the first node is the local one's, not the first by name everywhere)
-            names = [n for n, _ in reach]
-            if me in names:
-                chosen = me
-            else:
-                distance = self.distance
-                chosen = min(names, key=lambda n: (distance.get(n, 1 << 62), n))
+            chosen = self._nearest(reach, me)
             if strategy == "sticky":
                 self._share_last[share] = chosen
             return chosen
@@ -161,6 +167,20 @@ class SharesMixin(EngineState):
         chosen = _weighted(reach, turn)
         self._share_last[share] = chosen
         return chosen
+
+    def _nearest(self, reach: list[tuple[str, int]], origin: str) -> str:
+        """``origin`` if it is among ``reach``, else the nearest of them to it (route cost, then
+        name): from this node's routes, or, for another origin, from the same link map."""
+        names = [n for n, _ in reach]
+        if origin in names:
+            return origin
+        if origin == self.node_id:
+            distance = self.distance
+        else:
+            links = {node: r.links for node, r in self.routers.items()}
+            links[self.node_id] = dict(self._links)
+            distance = shortest_paths(origin, links)[1]
+        return min(names, key=lambda n: (distance.get(n, 1 << 62), n))
 
     def _served_elsewhere(self, deliveries: list[Message], now: float) -> None:
         """Messages this node was chosen to serve a group for that has no member here any more
