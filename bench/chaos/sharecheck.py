@@ -1,0 +1,236 @@
+"""The shared-subscription checker (issue 24): a pure function from a client history, the
+faults as applied and the nodes' connection counts to what broke in one shared group.
+
+Leaves to its caller: running the clients, recording the ``History`` (with the workload's
+``unacked`` ops) and the fault windows (``nemesis.windows_of``). Nothing here looks at a
+clock, a socket or a broker's counters.
+
+The promise (docs/design.md 3.8, docs/operations.md "Shared subscriptions"): each message
+acknowledged to its publisher reaches at least one member of the group (a member *has* a
+message once it received it), and a second member gets it only as a re-send after the first
+holder lost it: its connection ended (or it never wrote the acknowledgement: ``unacked``),
+its node was killed or stopped, or its node was cut off from the message's origin (the
+origin re-sends after ``mesh.shared_reroute``); or the publisher itself sent the message on
+more than one connection (``inbound``: the mesh took it in twice). Each delivery to a
+further member is a *re-send*, classified by the first of these that explains it relative to
+an earlier holder's delivery (``CLASSES``, in that order); ``unexplained`` is a finding.
+The common checks (QoS 2 twice to the *same* member, packet-id reuse, session present, ...)
+are ``checker.check``'s, made per member.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from mqttmesh.sim.history import History
+from mqttmesh.topics import filter_matches
+
+from .checker import ChaosCheck, check, expiry_of
+
+__all__ = ["CLASSES", "LEFT_WITHIN", "BEFORE", "SharedCheck", "check_shared"]
+
+CLASSES = ("inbound", "unacked", "member left", "node killed", "node paused", "cut off", "unexplained")
+# a holder's connection that ended this soon after it received a message may not have
+# delivered its acknowledgement (written in the same turn of the client's loop, read by the
+# node later); a later end says nothing of it
+LEFT_WITHIN = 2.0
+# a fault on the holder's node that ended this little before the delivery still explains it
+# (the node was acknowledging to the origin what it had delivered just before the fault)
+BEFORE = 2.0
+
+
+@dataclass
+class SharedCheck:
+    base: ChaosCheck  # the common checks, per member (checker.check)
+    members: list[str] = field(default_factory=list)
+    checked: int = 0  # acknowledged messages the group had to get (a member subscribed in time)
+    lost: list[tuple[str, float]] = field(default_factory=list)  # (msg id, acknowledged at)
+    # one per delivery to a further member: msg, qos, (first member, conn, node, t), (member, t),
+    # class, detail
+    resends: list[dict[str, Any]] = field(default_factory=list)
+    per_member: dict[str, int] = field(default_factory=dict)  # member -> messages it received
+
+    def by_class(self, qos: int | None = None) -> dict[str, int]:
+        counts = Counter(r["class"] for r in self.resends if qos is None or r["qos"] == qos)
+        return {c: counts.get(c, 0) for c in CLASSES}
+
+    @property
+    def unexplained(self) -> list[dict[str, Any]]:
+        return [r for r in self.resends if r["class"] == "unexplained"]
+
+    def spread(self) -> tuple[float, float] | None:
+        """The smallest and largest member's share of the messages over the fair one."""
+        if not self.members or not sum(self.per_member.values()):
+            return None
+        fair = sum(self.per_member.values()) / len(self.members)
+        shares = [self.per_member.get(m, 0) / fair for m in self.members]
+        return round(min(shares), 2), round(max(shares), 2)
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.base.failed or self.lost or self.unexplained)
+
+    def summary(self) -> dict[str, Any]:
+        s = self.base.summary()
+        s.update(
+            {
+                "shared": True,
+                "members": self.members,
+                "checked": self.checked,
+                "lost": len(self.lost),
+                "resends": len(self.resends),
+                "resends_by_class": self.by_class(),
+                "resends_qos2": sum(1 for r in self.resends if r["qos"] == 2),
+                "resends_qos2_by_class": self.by_class(2),
+                "unexplained": len(self.unexplained),
+                "per_member": dict(sorted(self.per_member.items())),
+                "spread": self.spread(),
+                "failed": self.failed,
+            }
+        )
+        return s
+
+
+def check_shared(
+    history: History,
+    persistent: set[str],
+    settle: float = 2.0,
+    connections: dict[str, int] | None = None,
+    pauses: dict[str, list[tuple[float, float]]] | None = None,
+    faults: list[dict[str, Any]] | None = None,
+) -> SharedCheck:
+    """Judge ``history`` for one shared group: its members are the clients that subscribed a
+    ``$share/...`` filter. A message must reach a member when one had its first SUBACK at
+    least ``settle`` seconds before the message was invoked. ``faults``: ``nemesis.windows_of``
+    (kind, start, end, node, sides, link per fault, on the history's clock)."""
+    r = SharedCheck(base=check(history, persistent, settle, connections, pauses, per_subscriber=False))
+    share_filters: dict[str, list[str]] = {}  # member -> the filters after $share/{group}/
+    first_sub: dict[str, float] = {}
+    node_of: dict[str, str] = {}  # connection -> node
+    node_now: dict[str, str] = {}  # client -> node of its accepted connection
+    invoked: dict[str, tuple[float, str, int]] = {}  # msg id -> (t, topic, qos)
+    origins: dict[str, set[str]] = {}  # msg id -> nodes its publisher sent it to
+    sent_on: dict[str, set[str]] = {}  # msg id -> the publisher's connections it went on
+    acked: dict[str, float] = {}
+    firsts: dict[str, list[tuple[float, str, str]]] = {}  # msg id -> (t, member, conn) first receipts
+    had: set[tuple[str, str]] = set()
+    closes: dict[str, tuple[float, str]] = {}  # connection -> (t, reason)
+    unacked: dict[str, set[str]] = {}  # connection -> msg ids never acknowledged on it
+    pub_conn: dict[str, str] = {}  # publisher -> its accepted connection
+    for op in history.ops:
+        t, client, what, kind = op[0], op[1], op[2], op[3]
+        if kind == "connect":
+            if what == "invoke":
+                node_of[op[4]] = op[5]
+            elif what == "ok":
+                node_now[client] = node_of.get(op[4], op[5])
+                pub_conn[client] = op[4]
+        elif kind == "subscribe":
+            shares = [f.split("/", 2)[2] for f, q in op[4] if f.startswith("$share/") and f.count("/") >= 2]
+            if shares:
+                share_filters.setdefault(client, shares)
+                first_sub.setdefault(client, t)
+        elif kind == "publish":
+            msg_id = op[4]
+            if what == "invoke":
+                invoked[msg_id] = (t, op[5], op[6])
+            elif what == "ok":
+                acked.setdefault(msg_id, t)
+                continue
+            elif what != "resend":
+                continue
+            if client in node_now:
+                origins.setdefault(msg_id, set()).add(node_now[client])
+            sent_on.setdefault(msg_id, set()).add(pub_conn.get(client, ""))
+        elif kind == "receive" and client in share_filters:
+            if (client, op[4]) not in had:
+                had.add((client, op[4]))
+                firsts.setdefault(op[4], []).append((t, client, op[8]))
+        elif kind == "close":
+            closes.setdefault(op[4], (t, op[6]))
+        elif kind == "unacked":
+            unacked.setdefault(op[4], set()).update(op[5])
+    r.members = sorted(share_filters)
+    for member, _ in had:
+        r.per_member[member] = r.per_member.get(member, 0) + 1
+    t_group = min(first_sub.values(), default=float("inf"))
+    for msg_id in sorted(acked):
+        if msg_id not in invoked:
+            continue
+        t_inv, topic, qos = invoked[msg_id]
+        if qos == 0 or expiry_of(topic) is not None:  # (one that may expire is never lost)
+            continue
+        if t_inv < t_group + settle or not any(filter_matches(f, topic) for fs in share_filters.values() for f in fs):
+            continue
+        r.checked += 1
+        if msg_id not in firsts:
+            r.lost.append((msg_id, acked[msg_id]))
+    for msg_id, receipts in sorted(firsts.items()):
+        if len(receipts) < 2:
+            continue
+        qos = invoked[msg_id][2] if msg_id in invoked else 0
+        for i in range(1, len(receipts)):
+            t2, member, conn2 = receipts[i]
+            cls, detail, first = "unexplained", "", receipts[0]
+            for earlier in receipts[:i]:
+                c, d = _explain(msg_id, earlier, t2, sent_on, origins, node_of, closes, unacked, faults or [])
+                if CLASSES.index(c) < CLASSES.index(cls):
+                    cls, detail, first = c, d, earlier
+            r.resends.append(
+                {
+                    "msg": msg_id,
+                    "qos": qos,
+                    "first": [first[1], first[2], node_of.get(first[2], "?"), round(first[0], 3)],
+                    "again": [member, conn2, node_of.get(conn2, "?"), round(t2, 3)],
+                    "class": cls,
+                    "detail": detail,
+                }
+            )
+    return r
+
+
+def _explain(
+    msg_id: str,
+    earlier: tuple[float, str, str],
+    t2: float,
+    sent_on: dict[str, set[str]],
+    origins: dict[str, set[str]],
+    node_of: dict[str, str],
+    closes: dict[str, tuple[float, str]],
+    unacked: dict[str, set[str]],
+    faults: list[dict[str, Any]],
+) -> tuple[str, str]:
+    """Why a member may have got ``msg_id`` at ``t2`` after ``earlier`` (t, member, conn) had it."""
+    t1, _, conn = earlier
+    if len(sent_on.get(msg_id, ())) > 1:
+        return "inbound", f"published on {len(sent_on[msg_id])} connections"
+    if msg_id in unacked.get(conn, ()):
+        return "unacked", f"{conn} ended without its acknowledgement"
+    end = closes.get(conn)
+    if end is not None and t1 <= end[0] <= min(t2, t1 + LEFT_WITHIN):
+        return "member left", f"{conn} ended {end[0] - t1:.2f}s after: {end[1]}"
+    node = node_of.get(conn)
+    best: tuple[str, str] = ("unexplained", "")
+    for f in faults:
+        if not (f["start"] <= t2 and f["end"] >= t1 - BEFORE):
+            continue
+        kind = f["kind"]
+        if kind in ("kill", "pause") and f.get("node") == node:
+            cls = "node killed" if kind == "kill" else "node paused"
+        elif kind.startswith("partition") and _apart(node, origins.get(msg_id, set()), f.get("sides") or ((), ())):
+            cls = "cut off"
+        elif kind == "flap" and _apart(node, origins.get(msg_id, set()), [f["link"][:1], f["link"][1:]]):
+            cls = "cut off"
+        else:
+            continue
+        if CLASSES.index(cls) < CLASSES.index(best[0]):
+            best = (cls, f"{f['what']} [{f['start']:.2f}, {f['end']:.2f}]")
+    return best
+
+
+def _apart(node: str | None, origins: set[str], sides: Any) -> bool:
+    """Was ``node`` on the other side of the partition from one of the message's origins?"""
+    a, b = set(sides[0]), set(sides[1])
+    return any((node in a and o in b) or (node in b and o in a) for o in origins)
