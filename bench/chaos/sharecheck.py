@@ -36,9 +36,11 @@ CLASSES = ("inbound", "unacked", "member left", "node killed", "node paused", "c
 # delivered its acknowledgement (written in the same turn of the client's loop, read by the
 # node later); a later end says nothing of it
 LEFT_WITHIN = 2.0
-# a fault on the holder's node that ended this little before the delivery still explains it
-# (the node was acknowledging to the origin what it had delivered just before the fault)
-BEFORE = 2.0
+# a fault on the holder's node explains a re-send when it held at some time from the message's
+# publication (less this, the publisher's clock against the nemesis's) to the second delivery:
+# the origin may have sent it to the node during the fault, and re-sent it after
+# ``mesh.shared_reroute`` while the node delivered the first copy only after the heal
+BEFORE = 0.5
 
 
 @dataclass
@@ -175,7 +177,8 @@ def check_shared(
             t2, member, conn2 = receipts[i]
             cls, detail, first = "unexplained", "", receipts[0]
             for earlier in receipts[:i]:
-                c, d = _explain(msg_id, earlier, t2, sent_on, origins, node_of, closes, unacked, faults or [])
+                t_inv = invoked[msg_id][0] if msg_id in invoked else earlier[0]
+                c, d = _explain(msg_id, earlier, t_inv, t2, sent_on, origins, node_of, closes, unacked, faults or [])
                 if CLASSES.index(c) < CLASSES.index(cls):
                     cls, detail, first = c, d, earlier
             r.resends.append(
@@ -194,6 +197,7 @@ def check_shared(
 def _explain(
     msg_id: str,
     earlier: tuple[float, str, str],
+    t_inv: float,
     t2: float,
     sent_on: dict[str, set[str]],
     origins: dict[str, set[str]],
@@ -202,7 +206,8 @@ def _explain(
     unacked: dict[str, set[str]],
     faults: list[dict[str, Any]],
 ) -> tuple[str, str]:
-    """Why a member may have got ``msg_id`` at ``t2`` after ``earlier`` (t, member, conn) had it."""
+    """Why a member may have got ``msg_id`` (published at ``t_inv``) at ``t2`` after ``earlier``
+    (t, member, conn) had it."""
     t1, _, conn = earlier
     if len(sent_on.get(msg_id, ())) > 1:
         return "inbound", f"published on {len(sent_on[msg_id])} connections"
@@ -214,7 +219,7 @@ def _explain(
     node = node_of.get(conn)
     best: tuple[str, str] = ("unexplained", "")
     for f in faults:
-        if not (f["start"] <= t2 and f["end"] >= t1 - BEFORE):
+        if not (f["start"] <= t2 and f["end"] >= t_inv - BEFORE):
             continue
         kind = f["kind"]
         if kind in ("kill", "pause") and f.get("node") == node:
