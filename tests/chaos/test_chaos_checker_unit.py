@@ -446,6 +446,8 @@ def test_shared_a_second_member_without_a_reason_is_an_unexplained_duplicate() -
         ("unacked", "unacked"),  # the holder never wrote its PUBREC before the reset
         ("left soon", "member left"),  # its connection ended 0.5 s after: the PUBREC may not have arrived
         ("left late", "unexplained"),  # ended 5 s after it had acknowledged: no reason
+        ("closed by the node", "member left"),  # the client read the node's close 0.1 s after t2
+        ("left after", "unexplained"),  # its own move, 0.1 s after t2, did not cause it
         ("kill", "node killed"),
         ("pause", "node paused"),
         ("kill elsewhere", "unexplained"),
@@ -464,8 +466,10 @@ def test_shared_a_second_member_is_explained(events: str, expected: str) -> None
         record_unacked(h, 5.6, "sub", "sub/1", [msg])
         h.closed(5.6, "sub", "sub/1", False, "reset (stalled)")
     elif events.startswith("left"):
-        at = 5.6 if events == "left soon" else 10.1
+        at = {"left soon": 5.6, "left late": 10.1, "left after": 5.6}[events]
         h.closed(at, "sub", "sub/1", True, "move")
+    elif events == "closed by the node":
+        h.closed(5.6, "sub", "sub/1", False, "closed by the server")
     elif events == "inbound":
         h.connect(5.3, "pub", "invoke", "pub/2", "n1")
         h.connect(5.4, "pub", "ok", "pub/2", "n1", True)
@@ -480,7 +484,8 @@ def test_shared_a_second_member_is_explained(events: str, expected: str) -> None
         faults.append(_window("partition-blackhole", 4.0, 7.0, sides=[["n0", "n2"], ["n1"]]))
     elif events == "flap":
         faults.append(_window("flap", 5.0, 7.0, link=["n2", "n0"]))
-    h.received(11.0, "csub", msg, TOPIC, 2, False, "csub/1", 4)
+    t2 = 5.5 if events in ("closed by the node", "left after") else 11.0
+    h.received(t2, "csub", msg, TOPIC, 2, False, "csub/1", 4)
     r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=faults)
     assert [x["class"] for x in r.resends] == [expected]
     assert r.failed == (expected == "unexplained")
