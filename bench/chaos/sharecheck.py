@@ -46,6 +46,9 @@ SERVER_ENDS = ("closed by the server", "recv:")
 # the origin may have sent it to the node during the fault, and re-sent it after
 # ``mesh.shared_reroute`` while the node delivered the first copy only after the heal
 BEFORE = 0.5
+# a copy that an origin re-sent after ``mesh.shared_reroute`` (5 s) out of reach comes this long
+# after its publication at least (less the clients' and the nodes' slack)
+REROUTED_AFTER = 4.0
 
 
 @dataclass
@@ -126,6 +129,7 @@ def check_shared(
     closes: dict[str, tuple[float, str]] = {}  # connection -> (t, reason)
     unacked: dict[str, set[str]] = {}  # connection -> msg ids never acknowledged on it
     pub_conn: dict[str, str] = {}  # publisher -> its accepted connection
+    accepted: dict[str, list[tuple[float, str]]] = {}  # client -> (t, node) of its accepted connections
     for op in history.ops:
         t, client, what, kind = op[0], op[1], op[2], op[3]
         if kind == "connect":
@@ -134,6 +138,7 @@ def check_shared(
             elif what == "ok":
                 node_now[client] = node_of.get(op[4], op[5])
                 pub_conn[client] = op[4]
+                accepted.setdefault(client, []).append((t, node_now[client]))
         elif kind == "subscribe":
             shares = [f.split("/", 2)[2] for f, q in op[4] if f.startswith("$share/") and f.count("/") >= 2]
             if shares:
@@ -183,7 +188,29 @@ def check_shared(
             cls, detail, first = "unexplained", "", receipts[0]
             for earlier in receipts[:i]:
                 t_inv = invoked[msg_id][0] if msg_id in invoked else earlier[0]
-                c, d = _explain(msg_id, earlier, t_inv, t2, sent_on, origins, node_of, closes, unacked, faults or [])
+                # where a copy may have been held: the node of a delivery, its member's home
+                # when the message was published (a persistent member's queue)
+                held = {
+                    m: {node_of.get(c), _home(accepted.get(m, []), t_inv)} - {None}
+                    for m, c in ((earlier[1], earlier[2]), (member, conn2))
+                }
+                # the earlier copy may be the origin's re-send, the later one the first copy,
+                # delivered after the heal (a killed node keeps it only in a persistent queue)
+                far = held[member] if earlier[0] >= t_inv + REROUTED_AFTER else set()
+                c, d = _explain(
+                    msg_id,
+                    earlier,
+                    t_inv,
+                    t2,
+                    held[earlier[1]],
+                    far,
+                    held[member] if member in persistent else set(),
+                    sent_on,
+                    origins,
+                    closes,
+                    unacked,
+                    faults or [],
+                )
                 if CLASSES.index(c) < CLASSES.index(cls):
                     cls, detail, first = c, d, earlier
             r.resends.append(
@@ -204,15 +231,19 @@ def _explain(
     earlier: tuple[float, str, str],
     t_inv: float,
     t2: float,
+    near: set[str],
+    far: set[str],
+    kept: set[str],
     sent_on: dict[str, set[str]],
     origins: dict[str, set[str]],
-    node_of: dict[str, str],
     closes: dict[str, tuple[float, str]],
     unacked: dict[str, set[str]],
     faults: list[dict[str, Any]],
 ) -> tuple[str, str]:
     """Why a member may have got ``msg_id`` (published at ``t_inv``) at ``t2`` after ``earlier``
-    (t, member, conn) had it."""
+    (t, member, conn) had it. ``near``: where the earlier copy was held; ``far``: where the later
+    one may have been held while the earlier was a re-send; ``kept``: where the later one may
+    have been kept through a kill (a persistent member's queue, restored from the store)."""
     t1, _, conn = earlier
     if len(sent_on.get(msg_id, ())) > 1:
         return "inbound", f"published on {len(sent_on[msg_id])} connections"
@@ -222,17 +253,20 @@ def _explain(
     by_node = end is not None and end[1].startswith(SERVER_ENDS)
     if end is not None and t1 <= end[0] <= min(t2 + (SEEN_LATE if by_node else 0.0), t1 + LEFT_WITHIN):
         return "member left", f"{conn} ended {end[0] - t1:.2f}s after: {end[1]}"
-    node = node_of.get(conn)
     best: tuple[str, str] = ("unexplained", "")
+    src = origins.get(msg_id, set())
     for f in faults:
         if not (f["start"] <= t2 and f["end"] >= t_inv - BEFORE):
             continue
         kind = f["kind"]
-        if kind in ("kill", "pause") and f.get("node") == node:
-            cls = "node killed" if kind == "kill" else "node paused"
-        elif kind.startswith("partition") and _apart(node, origins.get(msg_id, set()), f.get("sides") or ((), ())):
+        nodes = near | far
+        if kind == "kill" and f.get("node") in near | kept:
+            cls = "node killed"
+        elif kind == "pause" and f.get("node") in nodes:
+            cls = "node paused"
+        elif kind.startswith("partition") and _apart(nodes, src, f.get("sides") or ((), ())):
             cls = "cut off"
-        elif kind == "flap" and _apart(node, origins.get(msg_id, set()), [f["link"][:1], f["link"][1:]]):
+        elif kind == "flap" and _apart(nodes, src, [f["link"][:1], f["link"][1:]]):
             cls = "cut off"
         else:
             continue
@@ -241,7 +275,17 @@ def _explain(
     return best
 
 
-def _apart(node: str | None, origins: set[str], sides: Any) -> bool:
-    """Was ``node`` on the other side of the partition from one of the message's origins?"""
+def _home(accepted: list[tuple[float, str]], t: float) -> str | None:
+    """The node of a client's last connection accepted at or before ``t`` (its session's home)."""
+    home = None
+    for t_ok, node in accepted:
+        if t_ok > t:
+            break
+        home = node
+    return home
+
+
+def _apart(nodes: set[str], origins: set[str], sides: Any) -> bool:
+    """Was one of ``nodes`` on the other side of the partition from one of the message's origins?"""
     a, b = set(sides[0]), set(sides[1])
-    return any((node in a and o in b) or (node in b and o in a) for o in origins)
+    return any((n in a and o in b) or (n in b and o in a) for n in nodes for o in origins)

@@ -541,3 +541,39 @@ def test_the_fault_windows_are_read_from_the_nemesis_events_as_they_happened() -
     ]
     w = windows_of(events, faults)
     assert [(x["kind"], x["start"], x["end"]) for x in w] == [("kill", 1.05, 2.4), ("pause", 3.01, float("inf"))]
+
+
+@pytest.mark.parametrize(
+    ("kind", "where", "expected"),
+    [
+        ("partition-blackhole", [["n0"], ["n1", "n2"]], "cut off"),
+        ("kill", "n0", "node killed"),  # (its queue restored from the store)
+        ("none", "", "unexplained"),
+    ],
+)
+def test_shared_a_persistent_members_home_cut_off_explains_its_later_copy(
+    kind: str, where: object, expected: str
+) -> None:
+    """Seen in seed 2: the origin chose sub's home n0 as the partition began, re-sent to csub on
+    n1 after mesh.shared_reroute; n0 queued its copy for sub, which got it on its return."""
+    h = _group()
+    msg = _publish(h, 5.0, 1, qos=1, topic="chaos/pub/q1")
+    h.closed(6.0, "sub", "sub/1", False, "closed by the server")
+    h.received(10.5, "csub", msg, "chaos/pub/q1", 1, False, "csub/1", 1)
+    h.connect(12.0, "sub", "invoke", "sub/2", "n1")
+    h.connect(12.05, "sub", "ok", "sub/2", "n1", True)
+    h.received(12.1, "sub", msg, "chaos/pub/q1", 1, False, "sub/2", 1)
+    faults = [_window(kind, 4.9, 7.0, **({"node": where} if kind == "kill" else {"sides": where}))]
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=faults if kind != "none" else [])
+    assert [(x["first"][0], x["again"][0], x["class"]) for x in r.resends] == [("csub", "sub", expected)]
+
+
+def test_shared_a_clean_members_node_killed_keeps_no_copy_for_it() -> None:
+    h = _group()
+    msg = _publish(h, 5.0, 1, qos=1, topic="chaos/pub/q1")
+    h.received(9.5, "sub", msg, "chaos/pub/q1", 1, False, "sub/1", 1)  # the re-send, say
+    h.received(12.1, "csub", msg, "chaos/pub/q1", 1, False, "csub/1", 1)  # csub's node n1 was killed
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=[_window("kill", 4.9, 7.0, node="n1")])
+    assert [x["class"] for x in r.resends] == ["unexplained"]
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=[_window("pause", 4.9, 7.0, node="n1")])
+    assert [x["class"] for x in r.resends] == ["node paused"]  # (it held its copy through the stop)
