@@ -147,6 +147,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
             result, summary = shared.base, shared.summary()
             out["shared_samples"] = {
                 "lost": shared.lost[:50],
+                "lost_context": shared.lost_context[:50],
                 "unexplained": shared.unexplained[:50],
                 "resends": shared.resends[:50],
             }

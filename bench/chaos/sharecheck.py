@@ -61,6 +61,8 @@ class SharedCheck:
     # class, detail
     resends: list[dict[str, Any]] = field(default_factory=list)
     per_member: dict[str, int] = field(default_factory=dict)  # member -> messages it received
+    # per lost message, what the history says around it (``_lost_context``): for the analysis
+    lost_context: list[dict[str, Any]] = field(default_factory=list)
 
     def by_class(self, qos: int | None = None) -> dict[str, int]:
         counts = Counter(r["class"] for r in self.resends if qos is None or r["qos"] == qos)
@@ -130,6 +132,7 @@ def check_shared(
     unacked: dict[str, set[str]] = {}  # connection -> msg ids never acknowledged on it
     pub_conn: dict[str, str] = {}  # publisher -> its accepted connection
     accepted: dict[str, list[tuple[float, str]]] = {}  # client -> (t, node) of its accepted connections
+    acked_on: dict[str, str] = {}  # msg id -> the publisher's connection that had the acknowledgement
     for op in history.ops:
         t, client, what, kind = op[0], op[1], op[2], op[3]
         if kind == "connect":
@@ -150,6 +153,7 @@ def check_shared(
                 invoked[msg_id] = (t, op[5], op[6])
             elif what == "ok":
                 acked.setdefault(msg_id, t)
+                acked_on.setdefault(msg_id, pub_conn.get(client, ""))
                 continue
             elif what != "resend":
                 continue
@@ -179,6 +183,10 @@ def check_shared(
         r.checked += 1
         if msg_id not in firsts:
             r.lost.append((msg_id, acked[msg_id]))
+            conn = acked_on.get(msg_id, "")
+            r.lost_context.append(
+                _lost_context(msg_id, qos, t_inv, acked[msg_id], conn, node_of, closes, share_filters, faults or [])
+            )
     for msg_id, receipts in sorted(firsts.items()):
         if len(receipts) < 2:
             continue
@@ -224,6 +232,49 @@ def check_shared(
                 }
             )
     return r
+
+
+def _lost_context(
+    msg_id: str,
+    qos: int,
+    t_inv: float,
+    t_ack: float,
+    conn: str,
+    node_of: dict[str, str],
+    closes: dict[str, tuple[float, str]],
+    members: dict[str, list[str]],
+    faults: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A lost message's surroundings: the node that acknowledged it, how that connection ended,
+    the members' connections that ended from its publication to ``mesh.shared_reroute`` (5 s)
+    after, and the faults on that node then."""
+    node = node_of.get(conn, "?")
+    end = closes.get(conn)
+    t_end = t_ack + 6.0
+    ended = sorted(
+        (round(t, 3), c, reason)
+        for c, (t, reason) in closes.items()
+        if c.split("/")[0] in members and t_inv <= t <= t_end
+    )
+    touching = [
+        f"{f['what']} [{f['start']:.2f}, {f['end']:.2f}]"
+        for f in faults
+        if f["start"] <= t_end
+        and f["end"] >= t_inv - BEFORE
+        and (
+            f.get("node") == node or any(node in side for side in f.get("sides") or ()) or node in (f.get("link") or ())
+        )
+    ]
+    return {
+        "msg": msg_id,
+        "qos": qos,
+        "invoked": round(t_inv, 3),
+        "acked": round(t_ack, 3),
+        "acked_by": [conn, node],
+        "publisher_conn_ended": None if end is None else [round(end[0], 3), end[1]],
+        "members_conns_ended": ended,
+        "faults_on_that_node": touching,
+    }
 
 
 def _explain(

@@ -407,6 +407,7 @@ def test_shared_an_acknowledged_message_no_member_got_is_lost() -> None:
     h.publish(7.0, "pub", "invoke", "pub:3", TOPIC, 2)  # never acknowledged: no promise
     r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
     assert r.lost == [(lost, 6.01)] and r.checked == 2
+    assert r.lost_context[0]["acked_by"] == ["pub/1", "n2"] and r.lost_context[0]["members_conns_ended"] == []
     assert r.failed and r.summary()["lost"] == 1
 
 
