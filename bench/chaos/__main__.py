@@ -121,6 +121,8 @@ def recheck(path: Path) -> int:
     else:
         result = check(history, persistent, saved.get("settle", 2.0), connections, pauses)
     print(json.dumps(result.summary(), indent=1))
+    if saved.get("completed"):  # (the run's row, judged again)
+        print(table_header(bool(saved.get("shared"))) + "\n" + row({**saved, "check": result.summary()}))
     return 1 if result.failed else 0
 
 
