@@ -130,7 +130,7 @@ def check_shared(
     had: set[tuple[str, str]] = set()
     closes: dict[str, tuple[float, str]] = {}  # connection -> (t, reason)
     unacked: dict[str, set[str]] = {}  # connection -> msg ids never acknowledged on it
-    pub_conn: dict[str, str] = {}  # publisher -> its accepted connection
+    conn_now: dict[str, str] = {}  # client -> its accepted connection
     accepted: dict[str, list[tuple[float, str]]] = {}  # client -> (t, node) of its accepted connections
     acked_on: dict[str, str] = {}  # msg id -> the publisher's connection that had the acknowledgement
     for op in history.ops:
@@ -140,7 +140,7 @@ def check_shared(
                 node_of[op[4]] = op[5]
             elif what == "ok":
                 node_now[client] = node_of.get(op[4], op[5])
-                pub_conn[client] = op[4]
+                conn_now[client] = op[4]
                 accepted.setdefault(client, []).append((t, node_now[client]))
         elif kind == "subscribe":
             shares = [f.split("/", 2)[2] for f, q in op[4] if f.startswith("$share/") and f.count("/") >= 2]
@@ -153,13 +153,13 @@ def check_shared(
                 invoked[msg_id] = (t, op[5], op[6])
             elif what == "ok":
                 acked.setdefault(msg_id, t)
-                acked_on.setdefault(msg_id, pub_conn.get(client, ""))
+                acked_on.setdefault(msg_id, conn_now.get(client, ""))
                 continue
             elif what != "resend":
                 continue
             if client in node_now:
                 origins.setdefault(msg_id, set()).add(node_now[client])
-            sent_on.setdefault(msg_id, set()).add(pub_conn.get(client, ""))
+            sent_on.setdefault(msg_id, set()).add(conn_now.get(client, ""))
         elif kind == "receive" and client in share_filters:
             if (client, op[4]) not in had:
                 had.add((client, op[4]))
