@@ -149,6 +149,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
                 "lost": shared.lost[:50],
                 "lost_context": shared.lost_context[:50],
                 "unexplained": shared.unexplained[:50],
+                "qos2_inbound": shared.qos2_inbound[:50],
                 "resends": shared.resends[:50],
             }
         else:

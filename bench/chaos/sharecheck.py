@@ -31,7 +31,7 @@ from .checker import ChaosCheck, check, expiry_of
 
 __all__ = ["CLASSES", "LEFT_WITHIN", "BEFORE", "SharedCheck", "check_shared"]
 
-CLASSES = ("inbound", "unacked", "member left", "node killed", "node paused", "cut off", "unexplained")
+CLASSES = ("unacked", "member left", "node killed", "node paused", "cut off", "inbound", "unexplained")
 # a holder's connection that ended this soon after it received a message may not have
 # delivered its acknowledgement (written in the same turn of the client's loop, read by the
 # node later); a later end says nothing of it
@@ -72,6 +72,13 @@ class SharedCheck:
     def unexplained(self) -> list[dict[str, Any]]:
         return [r for r in self.resends if r["class"] == "unexplained"]
 
+    @property
+    def qos2_inbound(self) -> list[dict[str, Any]]:
+        """QoS 2 messages a second member had only because their publisher sent them again
+        (before its PUBREC, on another connection): once-only is the mesh's to keep there, as
+        for a plain subscriber (checker.py counts those inbound duplicates against it)."""
+        return [r for r in self.resends if r["class"] == "inbound" and r["qos"] == 2]
+
     def spread(self) -> tuple[float, float] | None:
         """The smallest and largest member's share of the messages over the fair one."""
         if not self.members or not sum(self.per_member.values()):
@@ -82,7 +89,7 @@ class SharedCheck:
 
     @property
     def failed(self) -> bool:
-        return bool(self.base.failed or self.lost or self.unexplained)
+        return bool(self.base.failed or self.lost or self.unexplained or self.qos2_inbound)
 
     def summary(self) -> dict[str, Any]:
         s = self.base.summary()
@@ -96,6 +103,7 @@ class SharedCheck:
                 "resends_by_class": self.by_class(),
                 "resends_qos2": sum(1 for r in self.resends if r["qos"] == 2),
                 "resends_qos2_by_class": self.by_class(2),
+                "resends_qos2_inbound": len(self.qos2_inbound),
                 "unexplained": len(self.unexplained),
                 "per_member": dict(sorted(self.per_member.items())),
                 "spread": self.spread(),
@@ -296,8 +304,6 @@ def _explain(
     one may have been held while the earlier was a re-send; ``kept``: where the later one may
     have been kept through a kill (a persistent member's queue, restored from the store)."""
     t1, _, conn = earlier
-    if len(sent_on.get(msg_id, ())) > 1:
-        return "inbound", f"published on {len(sent_on[msg_id])} connections"
     if msg_id in unacked.get(conn, ()):
         return "unacked", f"{conn} ended without its acknowledgement"
     end = closes.get(conn)
@@ -323,6 +329,8 @@ def _explain(
             continue
         if CLASSES.index(cls) < CLASSES.index(best[0]):
             best = (cls, f"{f['what']} [{f['start']:.2f}, {f['end']:.2f}]")
+    if best[0] == "unexplained" and len(sent_on.get(msg_id, ())) > 1:
+        return "inbound", f"published on {len(sent_on[msg_id])} connections"
     return best
 
 
