@@ -15,7 +15,8 @@ more than one connection (``inbound``: the mesh took it in twice). Each delivery
 further member is a *re-send*, classified by the first of these that explains it relative to
 an earlier holder's delivery (``CLASSES``, in that order); ``unexplained`` is a finding.
 The common checks (QoS 2 twice to the *same* member, packet-id reuse, session present, ...)
-are ``checker.check``'s, made per member.
+are ``checker.check``'s, made per member; a clean member's each connection is its own session,
+so what it had on two is a re-send to a second member, not one session's duplicate.
 """
 
 from __future__ import annotations
@@ -135,7 +136,8 @@ def check_shared(
     sent_on: dict[str, set[str]] = {}  # msg id -> the publisher's connections it went on
     acked: dict[str, float] = {}
     firsts: dict[str, list[tuple[float, str, str]]] = {}  # msg id -> (t, member, conn) first receipts
-    had: set[tuple[str, str]] = set()
+    had: set[tuple[str, str]] = set()  # (member session, msg id): _session
+    per_client: dict[tuple[str, str], list[str]] = {}  # (client, msg id) -> connections it came on
     closes: dict[str, tuple[float, str]] = {}  # connection -> (t, reason)
     unacked: dict[str, set[str]] = {}  # connection -> msg ids never acknowledged on it
     conn_now: dict[str, str] = {}  # client -> its accepted connection
@@ -169,16 +171,29 @@ def check_shared(
                 origins.setdefault(msg_id, set()).add(node_now[client])
             sent_on.setdefault(msg_id, set()).add(conn_now.get(client, ""))
         elif kind == "receive" and client in share_filters:
-            if (client, op[4]) not in had:
-                had.add((client, op[4]))
+            per_client.setdefault((client, op[4]), []).append(op[8])
+            if (_session(client, op[8], persistent), op[4]) not in had:
+                had.add((_session(client, op[8], persistent), op[4]))
                 firsts.setdefault(op[4], []).append((t, client, op[8]))
         elif kind == "close":
             closes.setdefault(op[4], (t, op[6]))
         elif kind == "unacked":
             unacked.setdefault(op[4], set()).update(op[5])
     r.members = sorted(share_filters)
-    for member, _ in had:
-        r.per_member[member] = r.per_member.get(member, 0) + 1
+    for client, _ in per_client:
+        r.per_member[client] = r.per_member.get(client, 0) + 1
+    # a clean member's next connection is another session: a QoS 2 message it had on each of
+    # two is a re-send to another member (judged below), not one session's duplicate
+    # (only repeats on one connection stay: as many as its connections repeat)
+    keep = {k: len(conns) - len(set(conns)) for k, conns in per_client.items() if k[0] not in persistent}
+    dups = []
+    for d in r.base.qos2_dups:
+        left = keep.get((d[1], d[0]))
+        if left is None or left > 0:
+            dups.append(d)
+            if left is not None:
+                keep[(d[1], d[0])] = left - 1
+    r.base.qos2_dups = dups
     t_group = min(first_sub.values(), default=float("inf"))
     for msg_id in sorted(acked):
         if msg_id not in invoked:
@@ -206,21 +221,21 @@ def check_shared(
                 t_inv = invoked[msg_id][0] if msg_id in invoked else earlier[0]
                 # where a copy may have been held: the node of a delivery, its member's home
                 # when the message was published (a persistent member's queue)
-                held = {
-                    m: {node_of.get(c), _home(accepted.get(m, []), t_inv)} - {None}
+                near, later = (
+                    {node_of.get(c), _home(accepted.get(m, []), t_inv)} - {None}
                     for m, c in ((earlier[1], earlier[2]), (member, conn2))
-                }
+                )
                 # the earlier copy may be the origin's re-send, the later one the first copy,
                 # delivered after the heal (a killed node keeps it only in a persistent queue)
-                far = held[member] if earlier[0] >= t_inv + REROUTED_AFTER else set()
+                far = later if earlier[0] >= t_inv + REROUTED_AFTER else set()
                 c, d = _explain(
                     msg_id,
                     earlier,
                     t_inv,
                     t2,
-                    held[earlier[1]],
+                    near,
                     far,
-                    held[member] if member in persistent else set(),
+                    later if member in persistent else set(),
                     sent_on,
                     origins,
                     closes,
@@ -332,6 +347,12 @@ def _explain(
     if best[0] == "unexplained" and len(sent_on.get(msg_id, ())) > 1:
         return "inbound", f"published on {len(sent_on[msg_id])} connections"
     return best
+
+
+def _session(client: str, conn: str, persistent: set[str]) -> str:
+    """A member's session: a persistent client's is one across its connections, a clean
+    client's lasts one connection."""
+    return client if client in persistent else conn
 
 
 def _home(accepted: list[tuple[float, str]], t: float) -> str | None:

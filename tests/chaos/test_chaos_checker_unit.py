@@ -590,3 +590,21 @@ def test_shared_a_clean_members_node_killed_keeps_no_copy_for_it() -> None:
     assert [x["class"] for x in r.resends] == ["unexplained"]
     r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=[_window("pause", 4.9, 7.0, node="n1")])
     assert [x["class"] for x in r.resends] == ["node paused"]  # (it held its copy through the stop)
+
+
+def test_shared_a_clean_members_next_connection_is_another_member() -> None:
+    """Seen at 7 nodes: csub3's node killed while it held QoS 2 messages unacknowledged; the
+    origin's re-send reached csub3's next (clean) session: a re-send, not one session's twice."""
+    h = _group()
+    msg = _publish(h, 5.0, 1)
+    h.received(5.1, "csub", msg, TOPIC, 2, False, "csub/1", 1)
+    record_unacked(h, 5.2, "csub", "csub/1", [msg])
+    h.closed(5.2, "csub", "csub/1", False, "closed by the server")
+    h.connect(6.0, "csub", "invoke", "csub/2", "n0")
+    h.connect(6.1, "csub", "ok", "csub/2", "n0", False)
+    h.received(10.2, "csub", msg, TOPIC, 2, False, "csub/2", 7)
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
+    assert r.base.qos2_dups == [] and [x["class"] for x in r.resends] == ["unacked"]
+    assert r.per_member == {"csub": 1} and not r.failed
+    h.received(10.3, "csub", msg, TOPIC, 2, False, "csub/2", 8)  # twice on one connection: still caught
+    assert check_shared(h, MEMBERS_PERSISTENT, settle=2.0).base.qos2_dups == [(msg, "csub", "outbound")]
