@@ -2,7 +2,9 @@
 
 Exit status 1 when any run lost an acknowledged message, delivered a QoS 2 message twice,
 reused a packet id a subscriber still held, or answered session present = 0 to a client
-that had a session (or did not complete); 0 otherwise.
+that had a session (or did not complete); with ``--shared``, also when an acknowledged message
+reached no member of the group, or reached a second one without a reason (sharecheck.py);
+0 otherwise.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 
 from mqttmesh.sim.history import History
 
-from .checker import check
-from .nemesis import pauses_of
+from .checker import ChaosCheck, check
+from .nemesis import pauses_of, windows_of
 from .report import row, table_header
 from .run import RunConfig, run
+from .sharecheck import SharedCheck, check_shared
 from .workload import Options
 
 
@@ -49,6 +52,13 @@ def main(argv: list[str] | None = None) -> int:
         help="MQTT 5 clients: sessions with a Session Expiry Interval, every third message with a "
         "Message Expiry Interval of 2 s (checked: none delivered after it)",
     )
+    p.add_argument(
+        "--shared",
+        action="store_true",
+        help="the subscribers are members of one shared group $share/chaos/chaos/# (issue 24): "
+        "some persistent, --clean-members of them clean sessions; moves include a stall and a reset",
+    )
+    p.add_argument("--clean-members", type=int, default=None, help="with --shared: clean members (default: half)")
     args = p.parse_args(argv)
     if args.recheck:
         return recheck(Path(args.recheck))
@@ -69,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                 pid_range=args.pid_range,
                 window=min(20, args.pid_range),
                 mqtt5=args.mqtt5,
+                shared=args.shared,
+                clean_members=args.subscribers // 2 if args.clean_members is None else args.clean_members,
             )
             cfg = RunConfig(
                 broker=broker,
@@ -81,15 +93,15 @@ def main(argv: list[str] | None = None) -> int:
                 workload=wopts,
             )
             result: dict[str, Any] = run(cfg, log=lambda s: print(s, flush=True))
-            v5 = "-mqtt5" if args.mqtt5 else ""
+            v5 = ("-mqtt5" if args.mqtt5 else "") + ("-shared" if args.shared else "")
             path = out_dir / f"chaos-{broker}{v5}-seed{seed}-{args.nodes}n-{args.rate:g}.json"
             path.write_text(json.dumps(result, default=list) + "\n")
             print(f"chaos: {path}", flush=True)
             rows.append(row(result))
             failed = failed or not result["completed"] or result["check"]["failed"]
-            print(table_header() + "\n" + rows[-1], flush=True)
+            print(table_header(args.shared) + "\n" + rows[-1], flush=True)
     print()
-    print(table_header())
+    print(table_header(args.shared))
     print("\n".join(rows))
     return 1 if failed else 0
 
@@ -99,11 +111,18 @@ def recheck(path: Path) -> int:
     saved = json.loads(path.read_text())
     history = History()
     history.ops = [tuple(op) for op in saved["history"]]
-    persistent = set(saved["clients"])
+    persistent = {c for c, d in saved["clients"].items() if not d.get("clean")}
     connections = saved["check"]["connections_per_client"]
     pauses = pauses_of(saved.get("events", []), saved.get("faults", []))
-    result = check(history, persistent, saved.get("settle", 2.0), connections, pauses)
+    result: ChaosCheck | SharedCheck
+    if saved.get("shared"):
+        windows = windows_of(saved.get("events", []), saved.get("faults", []))
+        result = check_shared(history, persistent, saved.get("settle", 2.0), connections, pauses, windows)
+    else:
+        result = check(history, persistent, saved.get("settle", 2.0), connections, pauses)
     print(json.dumps(result.summary(), indent=1))
+    if saved.get("completed"):  # (the run's row, judged again)
+        print(table_header(bool(saved.get("shared"))) + "\n" + row({**saved, "check": result.summary()}))
     return 1 if result.failed else 0
 
 

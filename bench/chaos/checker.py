@@ -123,13 +123,16 @@ def check(
     settle: float = 2.0,
     connections: dict[str, int] | None = None,
     pauses: dict[str, list[tuple[float, float]]] | None = None,
+    per_subscriber: bool = True,
 ) -> ChaosCheck:
     """Judge ``history``. ``persistent``: the ClientIds that connect with CleanSession=0 (each
     must be told session present = 1 from its second accepted connection on). A message must
     reach every subscriber whose first SUBACK came at least ``settle`` seconds before the
     message was invoked (time for the filter to reach every node). ``connections``: live
     connections per ClientId at the end, as the nodes report them (None: not known).
-    ``pauses``: node -> the (stop, continue) times of its SIGSTOPs, on the history's clock."""
+    ``pauses``: node -> the (stop, continue) times of its SIGSTOPs, on the history's clock.
+    ``per_subscriber`` False: no message is judged lost here (a shared group's members each get
+    some of them: ``sharecheck.check_shared`` judges those)."""
     r = ChaosCheck(connections=connections)
     node_of: dict[str, str] = {}  # connection id -> the node it was made to
     invoked: dict[str, tuple[float, str, str, int]] = {}  # msg id -> (t, publisher, topic, qos)
@@ -206,6 +209,8 @@ def check(
                     else:
                         r.late.append((msg_id, client, round(first[0] - deadline + EXPIRY_SLACK, 3)))
             continue  # (it may expire: never counted lost)
+        if not per_subscriber:
+            continue
         for client, (t_sub, filters) in sorted(first_sub.items()):
             if t_inv < t_sub + settle or not any(filter_matches(f, topic) and q > 0 for f, q in filters):
                 continue

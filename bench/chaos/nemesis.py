@@ -48,6 +48,9 @@ class Fault:
             "end": round(self.end, 3),
             "what": self.describe(),
             "overlapping": self.overlapping,
+            "node": self.node,
+            "sides": [list(x) for x in self.sides],
+            "link": list(self.link),
         }
 
 
@@ -134,6 +137,24 @@ def pauses_of(events: list[dict[str, Any]], faults: list[Any]) -> dict[str, list
         elif e["step"] == "end" and fid in began:
             out.setdefault(node[fid], []).append((began.pop(fid), e["t"]))
     return out
+
+
+def windows_of(events: list[dict[str, Any]], faults: list[Any]) -> list[dict[str, Any]]:
+    """Each fault as it was applied: its ``as_dict`` with ``start`` and ``end`` the times of its
+    start and end steps in ``events`` (a fault never ended: ``end`` infinite)."""
+    out: dict[int, dict[str, Any]] = {}
+    for f in faults:
+        d = dict(f if isinstance(f, dict) else f.as_dict())
+        out[d["id"]] = d
+    began: dict[int, float] = {}
+    ended: dict[int, float] = {}
+    for e in events:
+        if e["step"] == "start":
+            began[e["fault"]] = e["t"]
+        elif e["step"] == "end":
+            ended[e["fault"]] = e["t"]
+    never = float("inf")
+    return [{**d, "start": began[i], "end": ended.get(i, never)} for i, d in sorted(out.items()) if i in began]
 
 
 class Nemesis:

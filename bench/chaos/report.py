@@ -25,11 +25,80 @@ COLUMNS = (
 )
 
 
-def table_header() -> str:
-    return "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS)
+# the shared-subscription workload (--shared, issue 24): one group, judged by sharecheck.py
+SHARED_COLUMNS = (
+    "broker",
+    "seed",
+    "nodes",
+    "msgs/s",
+    "MQTT",
+    "s",
+    "members (persistent + clean)",
+    "acked",
+    "lost",
+    "re-sends to a 2nd member: unacked / member left / node killed / node paused / cut off / inbound",
+    "of them QoS 2 (inbound, unexplained)",
+    "unexplained",
+    "QoS 2 dup same member",
+    "QoS 1 dup same member",
+    "pid reuse",
+    "wrong session present",
+    "spread min / max",
+    "refusals",
+    "ClientIds not on 1 connection",
+    "reconvergence s, median / max: lone heals; all heals (unmeasured)",
+)
+
+
+def table_header(shared: bool = False) -> str:
+    cols = SHARED_COLUMNS if shared else COLUMNS
+    return "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols)
+
+
+def _reconvergence(r: dict[str, Any]) -> str:
+    reconv = "; ".join(
+        "-" if med is None else f"{med:.2f} / {mx:.2f}"
+        for med, mx in (
+            (r["reconvergence_alone_median_s"], r["reconvergence_alone_max_s"]),
+            (r["reconvergence_median_s"], r["reconvergence_max_s"]),
+        )
+    )
+    return reconv + f" ({r['reconvergence_unmeasured']})"
+
+
+def shared_row(r: dict[str, Any]) -> str:
+    v = "5" if r.get("mqtt5") else "3.1.1"
+    head = [r["broker"], str(r["seed"]), str(r["nodes"]), f"{r['rate']:g}", v, f"{r['duration']:g}"]
+    if not r.get("completed"):
+        return "| " + " | ".join(head + ["did not complete"] + [""] * (len(SHARED_COLUMNS) - len(head) - 1)) + " |"
+    c = r["check"]
+    clean = sum(1 for m in c["members"] if r["clients"].get(m, {}).get("clean"))
+    by, by2 = c["resends_by_class"], c["resends_qos2_by_class"]
+    explained = " / ".join(str(by[k]) for k in list(by)[:-1])
+    spread = "-" if c["spread"] is None else f"{c['spread'][0]:.2f} / {c['spread'][1]:.2f}"
+    conns = c["connections_per_client"]
+    cells = head + [
+        f"{len(c['members']) - clean} + {clean}",
+        f"{c['acked']:,}",
+        f"{c['lost']:,}",
+        f"{c['resends']:,}: {explained}",
+        f"{c['resends_qos2']:,} ({by2['inbound']}, {by2['unexplained']})",
+        f"{c['unexplained']:,}",
+        f"{c['qos2_duplicates']:,}",
+        f"{c['qos1_duplicates']:,}",
+        f"{c['pid_reuse']:,}",
+        f"{c['wrong_session_present']:,}",
+        spread,
+        ", ".join(f"{k}: {v}" for k, v in c["refusals"].items()) or "0",
+        "n/a" if conns is None else str(len(c["not_one_connection"])),
+        _reconvergence(r),
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 def row(r: dict[str, Any]) -> str:
+    if r.get("shared"):
+        return shared_row(r)
     head = [r["broker"], str(r["seed"]), str(r["nodes"]), f"{r['rate']:g}", str(r["pid_range"]), f"{r['duration']:g}"]
     if not r.get("completed"):
         return "| " + " | ".join(head + ["did not complete"] + [""] * (len(COLUMNS) - len(head) - 1)) + " |"
@@ -38,14 +107,7 @@ def row(r: dict[str, Any]) -> str:
     refusals = ", ".join(f"{k}: {v}" for k, v in c["refusals"].items()) or "0"
     conns = c["connections_per_client"]
     one = "n/a" if conns is None else str(len(c["not_one_connection"]))
-    reconv = "; ".join(
-        "-" if med is None else f"{med:.2f} / {mx:.2f}"
-        for med, mx in (
-            (r["reconvergence_alone_median_s"], r["reconvergence_alone_max_s"]),
-            (r["reconvergence_median_s"], r["reconvergence_max_s"]),
-        )
-    )
-    reconv += f" ({r['reconvergence_unmeasured']})"
+    reconv = _reconvergence(r)
     cells = head + [
         f"{c['acked']:,}",
         f"{c['lost']:,}",

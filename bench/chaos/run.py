@@ -16,7 +16,8 @@ from mqttmesh.sim.history import History
 
 from .checker import check
 from .cluster import Cluster
-from .nemesis import KINDS, Nemesis, schedule
+from .nemesis import KINDS, Nemesis, schedule, windows_of
+from .sharecheck import check_shared
 from .workload import Options, Workload
 
 
@@ -54,7 +55,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     log(
         f"chaos: broker {cfg.broker}, seed {cfg.seed}, {cfg.nodes} nodes, {wopts.rate:g} msgs/s, "
-        f"pid range {wopts.pid_range}, {cfg.duration:g} s"
+        f"pid range {wopts.pid_range}, {cfg.duration:g} s" + (", shared group" if wopts.shared else "")
     )
     workdir = Path(tempfile.mkdtemp(prefix=f"chaos-{cfg.broker}-{cfg.seed}-"))
     history = History()
@@ -67,6 +68,7 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         "rate": wopts.rate,
         "pid_range": wopts.pid_range,
         "mqtt5": wopts.mqtt5,
+        "shared": wopts.shared,
         "duration": cfg.duration,
         "settle": cfg.settle,
         "completed": False,
@@ -139,14 +141,27 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         wl.stop()
         if wl.errors:
             raise RuntimeError("; ".join(wl.errors))
-        result = check(history, persistent, cfg.settle, connections, nemesis.pauses())
+        windows = windows_of(nemesis.events, nemesis.faults)
+        if wopts.shared:
+            shared = check_shared(history, persistent, cfg.settle, connections, nemesis.pauses(), windows)
+            result, summary = shared.base, shared.summary()
+            out["shared_samples"] = {
+                "lost": shared.lost[:50],
+                "lost_context": shared.lost_context[:50],
+                "unexplained": shared.unexplained[:50],
+                "qos2_inbound": shared.qos2_inbound[:50],
+                "resends": shared.resends[:50],
+            }
+        else:
+            result = check(history, persistent, cfg.settle, connections, nemesis.pauses())
+            summary = result.summary()
         heals = [m.as_dict() for m in wl.measurements]
         times = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None]
         alone = [h["reconverged_s"] for h in heals[1:] if h["reconverged_s"] is not None and h["alone"]]
         out.update(
             {
                 "completed": True,
-                "check": result.summary(),
+                "check": summary,
                 "samples": {
                     "lost": result.lost[:20],
                     "qos2_duplicates": result.qos2_dups[:20],
@@ -168,8 +183,15 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
                 "reconvergence_alone_heals": sum(1 for h in heals[1:] if h["alone"]),
                 "reconvergence_unmeasured": sum(1 for h in heals[1:] if h["reconverged_s"] is None),
                 "clients": {
-                    a.name: {"connections": a.conns, "moves": a.moves, "published": a.n, "skipped": a.skipped}
-                    for a in wl.persistent()
+                    a.name: {
+                        "connections": a.conns,
+                        "moves": a.moves,
+                        "published": a.n,
+                        "skipped": a.skipped,
+                        "clean": a.clean,
+                        "resets": a.resets,
+                    }
+                    for a in wl.clients()
                 },
                 "node_starts": {n: node.starts for n, node in cluster.nodes.items()},
                 "history_ops": len(history.ops),

@@ -13,6 +13,14 @@ With ``Options.mqtt5`` the persistent clients speak MQTT 5 (issue 23): their ses
 Session Expiry Interval (``session_expiry``, longer than any absence the faults cause), and
 every ``expiring_every``-th message has a Message Expiry Interval of ``message_expiry``
 seconds, named in its topic (``.../e2``) so that the checker knows it without the broker.
+
+With ``Options.shared`` (issue 24) the subscribers are the members of one shared group,
+``$share/chaos/chaos/#``: ``sub{i}`` persistent, ``csub{i}`` clean sessions (``clean_members``
+of them), which subscribe again on every connection. Their moves are DISCONNECT, a dropped
+connection, or a *stall*: the member stops writing (its PUBACKs and PUBRECs are not sent) for
+``stall_min``-``stall_max`` seconds, then resets the connection (RST); what it received
+without acknowledging is recorded (an ``unacked`` op, ``record_unacked``): another member may
+legitimately get it again.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import queue
 import random
 import selectors
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +39,7 @@ from mqttmesh.sim.history import History
 from mqttmesh.sim.mqttclient import MqttClient
 
 SUB_FILTER = "chaos/#"
+SHARE_FILTER = "$share/chaos/chaos/#"
 PROBE_FILTER = "chaosprobe/#"
 
 
@@ -52,6 +62,10 @@ class Options:
     session_expiry: int = 120
     expiring_every: int = 3
     message_expiry: int = 2
+    shared: bool = False  # the subscribers are one shared group's members (module docstring)
+    clean_members: int = 0  # of the subscribers, clean-session ones (shared only)
+    stall_min: float = 0.3
+    stall_max: float = 1.5
 
 
 @dataclass
@@ -96,6 +110,11 @@ class Actor:
     sent: dict[str, tuple[str, int]] = field(default_factory=dict)  # msg id -> (topic, qos)
     moves: int = 0
     skipped: int = 0
+    clean: bool = False  # a clean-session member (shared workload)
+    stall_until: float = 0.0  # stalled (nothing written) until then, then reset; 0: not stalled
+    unacked: list[str] = field(default_factory=list)  # received, acknowledgement not written
+    pending_ack: list[str] = field(default_factory=list)  # received, acknowledgement not all written yet
+    resets: int = 0
 
 
 class Workload:
@@ -115,9 +134,12 @@ class Workload:
         self.last_receive = 0.0
         self.errors: list[str] = []
         self.actors: list[Actor] = []
+        n_clean = opts.clean_members if opts.shared else 0
         for i in range(opts.subscribers):
-            name = f"sub{i}"
-            self.actors.append(Actor(name, "sub", random.Random(rng.getrandbits(64)), self._client(name)))
+            clean = i >= opts.subscribers - n_clean
+            name = f"csub{i}" if clean else f"sub{i}"
+            a = Actor(name, "sub", random.Random(rng.getrandbits(64)), self._client(name, clean), clean=clean)
+            self.actors.append(a)
         for i in range(opts.publishers):
             name = f"pub{i}"
             mqtt = MqttClient(
@@ -131,14 +153,19 @@ class Workload:
         self.thread = threading.Thread(target=self._run, daemon=True, name="chaos-workload")
         self._next_probe = 0.0
 
-    def _client(self, name: str) -> MqttClient:
-        return MqttClient(
-            name, clean=False, keepalive=self.opts.keepalive, report_repeats=True, **self._version(self.opts)
-        )
+    def _client(self, name: str, clean: bool = False) -> MqttClient:
+        version = self._version(self.opts)
+        if clean and version:
+            version = {"version": 5}  # Clean Start 1, no Session Expiry: it ends with the connection
+        return MqttClient(name, clean=clean, keepalive=self.opts.keepalive, report_repeats=True, **version)
 
     @staticmethod
     def _version(opts: Options) -> dict[str, int]:
         return {"version": 5, "session_expiry": opts.session_expiry} if opts.mqtt5 else {}
+
+    @property
+    def sub_filter(self) -> str:
+        return SHARE_FILTER if self.opts.shared else SUB_FILTER
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -155,11 +182,15 @@ class Workload:
         self.stopping = True
         self.thread.join(timeout)
 
-    def persistent(self) -> list[Actor]:
+    def clients(self) -> list[Actor]:
+        """Publishers and subscribers (every client but the probes)."""
         return [a for a in self.actors if a.role != "probe"]
 
+    def persistent(self) -> list[Actor]:
+        return [a for a in self.clients() if not a.clean]
+
     def snapshot(self) -> dict[str, Any]:
-        pers = self.persistent()
+        pers = self.clients()
         return {
             "connected": sum(1 for a in pers if a.mqtt.connected),
             "clients": len(pers),
@@ -205,6 +236,10 @@ class Workload:
         if not a.mqtt.connected:
             if now - a.t_open > self.opts.connack_timeout:
                 self._lost(a, now, "no CONNACK")
+            return
+        if a.stall_until:
+            if now >= a.stall_until:
+                self._reset(a, now)
             return
         if now - a.last_rx > self.opts.dead_after:
             self._lost(a, now, "server silent")
@@ -263,6 +298,7 @@ class Workload:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         a.sock = sock
         a.out.clear()
+        a.unacked, a.pending_ack = [], []
         a.t_open = a.last_rx = a.last_ping = now
         self.sel.register(sock, selectors.EVENT_READ, a)
         a.mqtt.connect()
@@ -284,9 +320,13 @@ class Workload:
         accepted = a.mqtt.connected or reason.startswith("malformed")
         a.mqtt.connection_lost()
         self._close(a)
-        if a.role == "probe":
+        a.stall_until = 0.0
+        if a.role == "probe" or a.clean:
             a.subscribed = False
+        if a.role == "probe":
+            pass  # (not in the history)
         elif accepted:
+            self._unacked_end(a, now)
             self.h.closed(now, a.name, a.conn_id, False, reason)
         elif reason.startswith("CONNACK"):
             pass  # recorded as a refusal with its code
@@ -296,6 +336,16 @@ class Workload:
 
     def _move(self, a: Actor, now: float) -> None:
         a.moves += 1
+        if a.clean:
+            a.subscribed = False
+        if self.opts.shared and a.role == "sub" and a.rng.random() < 1 / 3:
+            # stall, then reset: what it takes meanwhile is not acknowledged
+            a.stall_until = now + a.rng.uniform(self.opts.stall_min, self.opts.stall_max)
+            if a.out:  # (acknowledgements not written yet: of the last messages received)
+                a.unacked.extend(a.pending_ack)
+            a.out.clear()
+            a.mqtt.data_to_send()
+            return
         if a.rng.random() < 0.5:
             a.mqtt.disconnect()
             a.out += a.mqtt.data_to_send()
@@ -304,10 +354,34 @@ class Workload:
         else:
             a.mqtt.connection_lost()
             self.h.closed(now, a.name, a.conn_id, False, "move (dropped)")
+        self._unacked_end(a, now)
         self._close(a)
         a.retry_at = now
 
+    def _reset(self, a: Actor, now: float) -> None:
+        """The end of a stall: the connection is reset (RST), its acknowledgements never written."""
+        a.stall_until = 0.0
+        a.resets += 1
+        a.mqtt.connection_lost()
+        self._unacked_end(a, now)
+        self.h.closed(now, a.name, a.conn_id, False, "reset (stalled)")
+        if a.sock is not None:
+            a.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self._close(a)
+        a.retry_at = now
+
+    def _unacked_end(self, a: Actor, now: float) -> None:
+        """The connection ends: what it received without writing the acknowledgement is recorded."""
+        ids = a.unacked + (a.pending_ack if a.out else [])
+        if ids:
+            record_unacked(self.h, now, a.name, a.conn_id, ids)
+        a.unacked = []
+        a.pending_ack = []
+
     def _pump(self, a: Actor) -> None:
+        if a.stall_until:
+            a.mqtt.data_to_send()  # (stalled: nothing is written)
+            return
         data = a.mqtt.data_to_send()
         if data:
             a.out += data
@@ -320,6 +394,8 @@ class Workload:
         try:
             sent = a.sock.send(a.out)
             del a.out[:sent]
+            if not a.out:
+                a.pending_ack.clear()
         except BlockingIOError:
             pass
         except OSError as exc:
@@ -367,14 +443,14 @@ class Workload:
                 return
             h.connect(now, a.name, "ok", a.conn_id, a.node, present)
             if a.role == "sub" and not present:
-                a.mqtt.subscribe([(SUB_FILTER, 2)])
+                a.mqtt.subscribe([(self.sub_filter, 2)])
             for out in a.mqtt.outgoing.values():  # re-sent by the client on this CONNACK
                 h.publish(now, a.name, "resend", out.payload.decode(), out.topic, out.qos)
             a.next_move = now + a.rng.uniform(self.opts.move_min, self.opts.move_max)
         elif kind == "suback":
             a.subscribed = True
             if a.role == "sub":
-                h.subscribed(now, a.name, [(SUB_FILTER, 2)])
+                h.subscribed(now, a.name, [(self.sub_filter, 2)])
         elif kind == "message":
             topic, payload, qos, dup, pid = ev[1:6]
             if a.role == "probe":
@@ -383,6 +459,7 @@ class Workload:
                 self.last_receive = now
                 expiry = ev[6] if len(ev) > 6 else None  # (MQTT 5: what the node said is left)
                 h.received(now, a.name, payload.decode(), topic, qos, dup, a.conn_id, pid, expiry)
+                (a.unacked if a.stall_until else a.pending_ack).append(payload.decode())
         elif kind == "repeat":
             _, topic, payload, qos, dup, pid = ev
             h.repeated(now, a.name, payload.decode(), topic, qos, dup, a.conn_id, pid)
@@ -428,3 +505,9 @@ class Workload:
                 m.pending.discard((src, a.home))
                 if not m.pending:
                     m.t_done = now
+
+
+def record_unacked(h: History, t: float, client: str, conn: str, msg_ids: list[str]) -> None:
+    """``(t, client, "ok", "unacked", conn, msg_ids)``: messages ``client`` received on ``conn``
+    whose PUBACK/PUBREC it never wrote (a stall, or unwritten when the connection ended)."""
+    h.ops.append((t, client, "ok", "unacked", conn, sorted(set(msg_ids))))

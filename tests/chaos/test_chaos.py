@@ -80,3 +80,41 @@ def test_one_connection_per_client_id(result: dict[str, Any]) -> None:
 @pytest.mark.parametrize("promise", ["lost", "qos2_duplicates", "pid_reuse", "wrong_session_present"])
 def test_issue15_promise(result: dict[str, Any], promise: str) -> None:
     assert result["check"][promise] == 0, (SEED, result["samples"][promise])
+
+
+# -- the shared-subscription workload (issue 24, ``--shared``) ----------------------------
+
+SHARED_SEED = 6
+
+
+@pytest.fixture(scope="module")
+def shared_result() -> dict[str, Any]:
+    cfg = RunConfig(
+        broker="mqttmesh",
+        nodes=3,
+        seed=SHARED_SEED,
+        duration=35.0,
+        max_pause=3.0,
+        tail=30.0,
+        workload=Options(rate=120.0, subscribers=6, shared=True, clean_members=3, move_min=3.0, move_max=8.0),
+    )
+    lines: list[str] = []
+    out = run(cfg, log=lines.append)
+    out["log"] = lines
+    return out
+
+
+def test_shared_the_harness_completes_with_members_of_both_kinds(shared_result: dict[str, Any]) -> None:
+    r = shared_result
+    assert r["completed"], r.get("log")
+    assert r["drained"], r["drain_state"]
+    c = r["check"]
+    assert c["acked"] > 1000 and c["checked"] > 1000
+    assert c["members"] == ["csub3", "csub4", "csub5", "sub0", "sub1", "sub2"]
+    assert all(n > 0 for n in c["per_member"].values()), c["per_member"]
+    assert all(cl["moves"] >= 1 for cl in r["clients"].values()), r["clients"]
+    assert sum(cl["resets"] for cl in r["clients"].values()) >= 1  # a member stalled, then reset
+
+
+def test_shared_no_acknowledged_message_lost(shared_result: dict[str, Any]) -> None:
+    assert shared_result["check"]["lost"] == 0, (SHARED_SEED, shared_result["shared_samples"]["lost"])

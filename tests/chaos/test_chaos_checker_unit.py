@@ -10,7 +10,10 @@ import random
 import pytest
 
 from bench.chaos.checker import EXPIRY_SLACK, check, expiry_of
-from bench.chaos.nemesis import KINDS, schedule
+from bench.chaos.nemesis import KINDS, schedule, windows_of
+from bench.chaos.report import SHARED_COLUMNS, row, table_header
+from bench.chaos.sharecheck import check_shared
+from bench.chaos.workload import record_unacked
 from mqttmesh import codec
 from mqttmesh.codec5 import encode5
 from mqttmesh.sim.history import History
@@ -357,3 +360,251 @@ def test_the_pauses_are_read_from_the_nemesis_events_as_they_happened() -> None:
     assert pauses_of(events, faults) == want
     assert pauses_of(events, [f.as_dict() for f in faults]) == want
     assert pauses_of([], faults) == {}
+
+
+# -- the shared-subscription workload (issue 24): bench/chaos/sharecheck.py -----------------
+
+SHARE = [("$share/chaos/chaos/#", 2)]
+MEMBERS_PERSISTENT = {"pub", "sub"}  # csub is a clean member
+
+
+def _group() -> History:
+    """Members sub (on n0) and csub (on n1) subscribed at t=0.2; pub connected to n2 at 1.1."""
+    h = History()
+    for m, node in (("sub", "n0"), ("csub", "n1")):
+        h.connect(0.0, m, "invoke", f"{m}/1", node)
+        h.connect(0.1, m, "ok", f"{m}/1", node, False)
+        h.subscribed(0.2, m, SHARE)
+    h.connect(1.0, "pub", "invoke", "pub/1", "n2")
+    h.connect(1.1, "pub", "ok", "pub/1", "n2", False)
+    return h
+
+
+def _window(kind: str, start: float, end: float, **where: object) -> dict[str, object]:
+    what = {"node": "", "sides": [[], []], "link": ["", ""]}
+    what.update(where)
+    return {"id": 0, "kind": kind, "start": start, "end": end, "what": kind, "overlapping": False, **what}
+
+
+def test_shared_a_clean_history_passes_and_has_its_spread() -> None:
+    h = _group()
+    for n in range(1, 5):
+        msg = _publish(h, 5.0 + n, n)
+        member = "sub" if n % 2 else "csub"
+        h.received(5.5 + n, member, msg, TOPIC, 2, False, f"{member}/1", n)
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, connections={"pub": 1, "sub": 1, "csub": 1})
+    assert (r.base.acked, r.checked, r.lost, r.resends, r.failed) == (4, 4, [], [], False)
+    assert r.members == ["csub", "sub"] and r.per_member == {"sub": 2, "csub": 2}
+    assert r.spread() == (1.0, 1.0)
+    assert r.base.lost == []  # (not judged per member: each member gets some)
+
+
+def test_shared_an_acknowledged_message_no_member_got_is_lost() -> None:
+    h = _group()
+    got = _publish(h, 5.0, 1)
+    h.received(5.1, "sub", got, TOPIC, 2, False, "sub/1", 1)
+    lost = _publish(h, 6.0, 2)
+    h.publish(7.0, "pub", "invoke", "pub:3", TOPIC, 2)  # never acknowledged: no promise
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
+    assert r.lost == [(lost, 6.01)] and r.checked == 2
+    assert r.lost_context[0]["acked_by"] == ["pub/1", "n2"] and r.lost_context[0]["members_conns_ended"] == []
+    assert r.failed and r.summary()["lost"] == 1
+
+
+def test_shared_a_message_a_member_received_is_not_lost_though_its_connection_then_ended() -> None:
+    h = _group()
+    msg = _publish(h, 5.0, 1, qos=1, topic="chaos/pub/q1")
+    h.received(5.1, "csub", msg, "chaos/pub/q1", 1, False, "csub/1", 1)
+    record_unacked(h, 5.2, "csub", "csub/1", [msg])
+    h.closed(5.2, "csub", "csub/1", False, "reset (stalled)")
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
+    assert (r.lost, r.failed) == ([], False)
+
+
+def test_shared_not_judged_before_a_member_subscribed_in_time() -> None:
+    h = _group()
+    _publish(h, 1.5, 1)  # 1.3 s after the first SUBACK, settle is 2 s
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
+    assert (r.lost, r.checked) == ([], 0)
+
+
+def test_shared_a_second_member_without_a_reason_is_an_unexplained_duplicate() -> None:
+    h = _group()
+    msg = _publish(h, 5.0, 1)
+    h.received(5.1, "sub", msg, TOPIC, 2, False, "sub/1", 1)
+    h.received(9.0, "csub", msg, TOPIC, 2, False, "csub/1", 4)  # sub never lost its connection
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=[_window("kill", 20.0, 22.0, node="n0")])
+    assert [(x["msg"], x["qos"], x["first"][0], x["again"][0], x["class"]) for x in r.resends] == [
+        (msg, 2, "sub", "csub", "unexplained")
+    ]
+    assert r.failed and r.summary()["unexplained"] == 1 and r.summary()["resends_qos2"] == 1
+    assert r.base.qos2_dups == []  # (two members, not one member twice)
+
+
+@pytest.mark.parametrize(
+    ("events", "expected"),
+    [
+        ("unacked", "unacked"),  # the holder never wrote its PUBREC before the reset
+        ("left soon", "member left"),  # its connection ended 0.5 s after: the PUBREC may not have arrived
+        ("left late", "unexplained"),  # ended 5 s after it had acknowledged: no reason
+        ("closed by the node", "member left"),  # the client read the node's close 0.1 s after t2
+        ("left after", "unexplained"),  # its own move, 0.1 s after t2, did not cause it
+        ("kill", "node killed"),
+        ("pause", "node paused"),
+        ("kill elsewhere", "unexplained"),
+        ("partition apart", "cut off"),  # the holder's node n0 apart from the origin n2
+        ("partition together", "unexplained"),
+        ("flap", "cut off"),
+        ("inbound", "inbound"),  # the publisher sent it on two connections: QoS 2, the mesh's to dedupe
+    ],
+)
+def test_shared_a_second_member_is_explained(events: str, expected: str) -> None:
+    h = _group()
+    msg = _publish(h, 5.0, 1)
+    h.received(5.1, "sub", msg, TOPIC, 2, False, "sub/1", 1)
+    faults = []
+    if events == "unacked":
+        record_unacked(h, 5.6, "sub", "sub/1", [msg])
+        h.closed(5.6, "sub", "sub/1", False, "reset (stalled)")
+    elif events.startswith("left"):
+        at = {"left soon": 5.6, "left late": 10.1, "left after": 5.6}[events]
+        h.closed(at, "sub", "sub/1", True, "move")
+    elif events == "closed by the node":
+        h.closed(5.6, "sub", "sub/1", False, "closed by the server")
+    elif events == "inbound":
+        h.connect(5.3, "pub", "invoke", "pub/2", "n1")
+        h.connect(5.4, "pub", "ok", "pub/2", "n1", True)
+        h.publish(5.4, "pub", "resend", msg, TOPIC, 2)
+    elif events in ("kill", "pause"):
+        faults.append(_window(events, 5.5, 8.0, node="n0"))
+    elif events == "kill elsewhere":
+        faults.append(_window("kill", 5.5, 8.0, node="n1"))
+    elif events == "partition apart":
+        faults.append(_window("partition-cut", 4.0, 7.0, sides=[["n0", "n1"], ["n2"]]))
+    elif events == "partition together":
+        faults.append(_window("partition-blackhole", 4.0, 7.0, sides=[["n0", "n2"], ["n1"]]))
+    elif events == "flap":
+        faults.append(_window("flap", 5.0, 7.0, link=["n2", "n0"]))
+    t2 = 5.5 if events in ("closed by the node", "left after") else 11.0
+    h.received(t2, "csub", msg, TOPIC, 2, False, "csub/1", 4)
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=faults)
+    assert [x["class"] for x in r.resends] == [expected]
+    assert r.failed == (expected in ("unexplained", "inbound"))
+    assert r.by_class(2)[expected] == 1
+
+
+def test_shared_a_qos1_message_its_publisher_sent_twice_may_reach_two_members() -> None:
+    h = _group()
+    msg = _publish(h, 5.0, 1, qos=1, topic="chaos/pub/q1")
+    h.received(5.1, "sub", msg, "chaos/pub/q1", 1, False, "sub/1", 1)
+    h.connect(5.3, "pub", "invoke", "pub/2", "n1")
+    h.connect(5.4, "pub", "ok", "pub/2", "n1", True)
+    h.publish(5.4, "pub", "resend", msg, "chaos/pub/q1", 1)
+    h.received(5.6, "csub", msg, "chaos/pub/q1", 1, False, "csub/1", 4)
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
+    assert ([x["class"] for x in r.resends], r.qos2_inbound, r.failed) == (["inbound"], [], False)
+
+
+def test_shared_qos2_twice_to_the_same_member_is_still_caught() -> None:
+    h = _group()
+    msg = _publish(h, 5.0, 1)
+    h.received(5.1, "sub", msg, TOPIC, 2, False, "sub/1", 1)
+    h.connect(6.0, "sub", "ok", "sub/2", "n1", True)
+    h.received(6.1, "sub", msg, TOPIC, 2, False, "sub/2", 3)
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
+    assert r.base.qos2_dups == [(msg, "sub", "outbound")] and r.resends == []
+    assert r.failed
+
+
+def test_shared_row_of_the_table() -> None:
+    h = _group()
+    msg = _publish(h, 5.0, 1, qos=1, topic="chaos/pub/q1")
+    h.received(5.1, "sub", msg, "chaos/pub/q1", 1, False, "sub/1", 1)
+    h.received(9.0, "csub", msg, "chaos/pub/q1", 1, False, "csub/1", 1)
+    _publish(h, 6.0, 2)
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, connections={"pub": 1, "sub": 1, "csub": 1})
+    result = {
+        "broker": "mqttmesh",
+        "seed": 3,
+        "nodes": 3,
+        "rate": 120.0,
+        "duration": 30.0,
+        "completed": True,
+        "shared": True,
+        "check": r.summary(),
+        "clients": {"sub": {"clean": False}, "csub": {"clean": True}, "pub": {"clean": False}},
+        "reconvergence_alone_median_s": 0.5,
+        "reconvergence_alone_max_s": 1.0,
+        "reconvergence_median_s": 0.5,
+        "reconvergence_max_s": 2.0,
+        "reconvergence_unmeasured": 0,
+    }
+    cells = [c.strip() for c in row(result).strip("|").split("|")]
+    assert len(cells) == len(SHARED_COLUMNS) and table_header(shared=True).count("|---") == len(SHARED_COLUMNS)
+    assert cells[6:12] == ["1 + 1", "2", "1", "1: 0 / 0 / 0 / 0 / 0 / 0", "0 (0, 0)", "1"]
+    assert cells[16] == "1.00 / 1.00"
+
+
+def test_the_fault_windows_are_read_from_the_nemesis_events_as_they_happened() -> None:
+    faults = [_window("kill", 1.0, 2.0, node="n1"), {**_window("pause", 3.0, 4.0, node="n0"), "id": 1}]
+    events = [
+        {"t": 1.05, "step": "start", "fault": 0},
+        {"t": 2.4, "step": "end", "fault": 0},
+        {"t": 3.01, "step": "start", "fault": 1},
+    ]
+    w = windows_of(events, faults)
+    assert [(x["kind"], x["start"], x["end"]) for x in w] == [("kill", 1.05, 2.4), ("pause", 3.01, float("inf"))]
+
+
+@pytest.mark.parametrize(
+    ("kind", "where", "expected"),
+    [
+        ("partition-blackhole", [["n0"], ["n1", "n2"]], "cut off"),
+        ("kill", "n0", "node killed"),  # (its queue restored from the store)
+        ("none", "", "unexplained"),
+    ],
+)
+def test_shared_a_persistent_members_home_cut_off_explains_its_later_copy(
+    kind: str, where: object, expected: str
+) -> None:
+    """Seen in seed 2: the origin chose sub's home n0 as the partition began, re-sent to csub on
+    n1 after mesh.shared_reroute; n0 queued its copy for sub, which got it on its return."""
+    h = _group()
+    msg = _publish(h, 5.0, 1, qos=1, topic="chaos/pub/q1")
+    h.closed(6.0, "sub", "sub/1", False, "closed by the server")
+    h.received(10.5, "csub", msg, "chaos/pub/q1", 1, False, "csub/1", 1)
+    h.connect(12.0, "sub", "invoke", "sub/2", "n1")
+    h.connect(12.05, "sub", "ok", "sub/2", "n1", True)
+    h.received(12.1, "sub", msg, "chaos/pub/q1", 1, False, "sub/2", 1)
+    faults = [_window(kind, 4.9, 7.0, **({"node": where} if kind == "kill" else {"sides": where}))]
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=faults if kind != "none" else [])
+    assert [(x["first"][0], x["again"][0], x["class"]) for x in r.resends] == [("csub", "sub", expected)]
+
+
+def test_shared_a_clean_members_node_killed_keeps_no_copy_for_it() -> None:
+    h = _group()
+    msg = _publish(h, 5.0, 1, qos=1, topic="chaos/pub/q1")
+    h.received(9.5, "sub", msg, "chaos/pub/q1", 1, False, "sub/1", 1)  # the re-send, say
+    h.received(12.1, "csub", msg, "chaos/pub/q1", 1, False, "csub/1", 1)  # csub's node n1 was killed
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=[_window("kill", 4.9, 7.0, node="n1")])
+    assert [x["class"] for x in r.resends] == ["unexplained"]
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=[_window("pause", 4.9, 7.0, node="n1")])
+    assert [x["class"] for x in r.resends] == ["node paused"]  # (it held its copy through the stop)
+
+
+def test_shared_a_clean_members_next_connection_is_another_member() -> None:
+    """Seen at 7 nodes: csub3's node killed while it held QoS 2 messages unacknowledged; the
+    origin's re-send reached csub3's next (clean) session: a re-send, not one session's twice."""
+    h = _group()
+    msg = _publish(h, 5.0, 1)
+    h.received(5.1, "csub", msg, TOPIC, 2, False, "csub/1", 1)
+    record_unacked(h, 5.2, "csub", "csub/1", [msg])
+    h.closed(5.2, "csub", "csub/1", False, "closed by the server")
+    h.connect(6.0, "csub", "invoke", "csub/2", "n0")
+    h.connect(6.1, "csub", "ok", "csub/2", "n0", False)
+    h.received(10.2, "csub", msg, TOPIC, 2, False, "csub/2", 7)
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
+    assert r.base.qos2_dups == [] and [x["class"] for x in r.resends] == ["unacked"]
+    assert r.per_member == {"csub": 1} and not r.failed
+    h.received(10.3, "csub", msg, TOPIC, 2, False, "csub/2", 8)  # twice on one connection: still caught
+    assert check_shared(h, MEMBERS_PERSISTENT, settle=2.0).base.qos2_dups == [(msg, "csub", "outbound")]
