@@ -153,6 +153,14 @@ class Workload:
         self.thread = threading.Thread(target=self._run, daemon=True, name="chaos-workload")
         self._next_probe = 0.0
 
+    @staticmethod
+    def _sub_qos(a: Actor) -> int:
+        """QoS 2, but 1 for a clean member: a QoS 2 message in flight to a member whose session
+        ends is sent to no other member [MQTT-4.8.2-5], so a clean member that leaves with one
+        loses it by the standard; at QoS 1 what it held goes to another member, and every
+        loss the checker finds is a finding."""
+        return 1 if a.clean else 2
+
     def _client(self, name: str, clean: bool = False) -> MqttClient:
         version = self._version(self.opts)
         if clean and version:
@@ -443,14 +451,14 @@ class Workload:
                 return
             h.connect(now, a.name, "ok", a.conn_id, a.node, present)
             if a.role == "sub" and not present:
-                a.mqtt.subscribe([(self.sub_filter, 2)])
+                a.mqtt.subscribe([(self.sub_filter, self._sub_qos(a))])
             for out in a.mqtt.outgoing.values():  # re-sent by the client on this CONNACK
                 h.publish(now, a.name, "resend", out.payload.decode(), out.topic, out.qos)
             a.next_move = now + a.rng.uniform(self.opts.move_min, self.opts.move_max)
         elif kind == "suback":
             a.subscribed = True
             if a.role == "sub":
-                h.subscribed(now, a.name, [(self.sub_filter, 2)])
+                h.subscribed(now, a.name, [(self.sub_filter, self._sub_qos(a))])
         elif kind == "message":
             topic, payload, qos, dup, pid = ev[1:6]
             if a.role == "probe":

@@ -156,7 +156,7 @@ def build_core(
     )
     # CleanSession=0 sessions are replicated (mesh/cluster/replica.py), journaled too with a store
     replication = parts.replication
-    hooks = (replication.on_settled, on_sent, replication.late, replication.subs_changed)
+    hooks = (replication.on_settled, on_sent, replication.late, replication.subs_changed, replication.shared_taken)
     sessions = ReplicaSessions(settings.limits, journal, congestion, *hooks)
     ports = BrokerPorts(sessions, congestion, gateway, parts.retained, replication, archive, random_hex)
     broker = Broker(

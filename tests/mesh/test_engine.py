@@ -898,3 +898,34 @@ def test_a_qos2_message_routed_again_by_another_node_is_served_where_its_origin_
         assert chosen_a == chosen_d and len(chosen_a) == 1
         if strategy in ("local", "sticky"):
             assert chosen_a == {"b"}
+
+
+def test_a_groups_message_whose_nodes_are_all_out_of_reach_is_kept_until_one_is():
+    """c, the only node with a member, is cut off from a: a's QoS 1 message for the group is
+    kept (as a new message of a, for that group alone) and sent at the first tick after the
+    heal; a QoS 0 one is not kept."""
+    from mqttmesh.mesh.routing.shares import ONLY
+
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    seen = _shares_seen(net)
+    net.subscribe("c", "$share/g/t/#")
+    a = net.engines["a"]
+    seqs = iter(range(100, 200))
+    a.new_seq = lambda: next(seqs)
+    net.cut("b", "c")
+    net.settle()
+    a.route_local(Message("t/1", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    a.route_local(Message("t/1", b"y", 0, False, "a", 2, "p", net.t), net.t)
+    net.settle()
+    assert seen["c"] == [] and len(a._parked) == 1 and a.counters["shared_parked"] == 1
+    assert a.counters["shared_unreachable"] == 1  # (the QoS 0 one)
+    net.t = 1.0
+    net._pump("a", a.tick(net.t))
+    net.settle()
+    assert len(a._parked) == 1  # (still out of reach)
+    net.connect("b", "c")
+    net.settle()
+    net.t = 2.0
+    net._pump("a", a.tick(net.t))
+    net.settle()
+    assert seen["c"] == [(100, (ONLY, "$share/g/t/#"))] and not a._parked and not a.custody

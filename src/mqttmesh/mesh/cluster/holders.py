@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...session import KEPT, SUB_QOS
+from ...shared import SHARE_PREFIX, ShareError, split_share
 from ...topics import filter_matches
 from .cluster_values import Forwarded
 from .cluster_wire import (
@@ -406,6 +407,12 @@ class Holders(Confirmations):
         fwd = m.msg
         granted = None
         for f, value in replica.subscriptions.items():
+            if f.startswith(SHARE_PREFIX):  # (what its home took through a group: shared_taken)
+                try:
+                    share = split_share(f)
+                except ShareError:
+                    continue
+                f = share[1] if share is not None else f
             if filter_matches(f, fwd.topic):
                 q = value & SUB_QOS
                 granted = q if granted is None else max(granted, q)

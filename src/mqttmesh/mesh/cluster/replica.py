@@ -78,7 +78,11 @@ class _Replicated(_SessionPart):
     """Mixed in before Session/DurableSession: keeps every entry findable by message id."""
 
     def _init_replication(
-        self, on_settled: SettledHook | None, on_late: LateHook | None = None, on_subs: SubsHook | None = None
+        self,
+        on_settled: SettledHook | None,
+        on_late: LateHook | None = None,
+        on_subs: SubsHook | None = None,
+        on_shared: LateHook | None = None,
     ) -> None:
         self.ids: dict[tuple[str, int], Entry] = {}  # (origin, seq) -> its entry
         self.done: OrderedDict[tuple[str, int], None] = OrderedDict()  # settled ids, oldest first
@@ -91,6 +95,9 @@ class _Replicated(_SessionPart):
         self.on_settled = on_settled
         self.on_late = on_late
         self.on_subs = on_subs
+        # (session, message): its home took a message for it through a shared group, which the
+        # mesh brings to no other holder: Replication.shared_taken sends it to them
+        self.on_shared = on_shared
         self.gate = self  # (session.Gate: a frame after settlement n waits until the holders have n)
         # origin -> the highest sequence number this copy took from it: a message that comes
         # in below it came late (a retransmission after a partition, a crash, a pause)
@@ -210,6 +217,8 @@ class _Replicated(_SessionPart):
                 self.on_late(self, msg)
             if qos == 0 and self.channel is not None:
                 self._remember_done(key)
+            if self.sharing is not None and self.on_shared is not None:
+                self.on_shared(self, msg)  # (its copies queue it too: a claim elsewhere has it)
             if self.reserved and qos and key in self.reserved:
                 self._deliver_reserved(msg, qos, key)
                 return
@@ -411,9 +420,10 @@ class MeshSession(_Replicated, Session):
         on_sent: SentHook | None = None,
         on_late: LateHook | None = None,
         on_subs: SubsHook | None = None,
+        on_shared: LateHook | None = None,
     ):
         Session.__init__(self, client_id, False, limits, congestion, on_sent)
-        self._init_replication(on_settled, on_late, on_subs)
+        self._init_replication(on_settled, on_late, on_subs, on_shared)
 
 
 class DurableMeshSession(_Replicated, DurableSession):
@@ -427,9 +437,10 @@ class DurableMeshSession(_Replicated, DurableSession):
         on_sent: SentHook | None = None,
         on_late: LateHook | None = None,
         on_subs: SubsHook | None = None,
+        on_shared: LateHook | None = None,
     ):
         DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
-        self._init_replication(on_settled, on_late, on_subs)
+        self._init_replication(on_settled, on_late, on_subs, on_shared)
 
     def _stored_version(self) -> None:
         self.journal.version_put(self.client_id, self.epoch, self.version)
@@ -455,14 +466,16 @@ class ReplicaSessions(Sessions):
         on_sent: SentHook | None = None,
         on_late: LateHook | None = None,
         on_subs: SubsHook | None = None,
+        on_shared: LateHook | None = None,
     ):
         super().__init__(limits, journal, congestion, on_sent)
         self.on_settled = on_settled
         self.on_late = on_late
         self.on_subs = on_subs
+        self.on_shared = on_shared
 
     def restored(self, client_id: str) -> Session:
-        hooks = (self.on_settled, self.on_sent, self.on_late, self.on_subs)
+        hooks = (self.on_settled, self.on_sent, self.on_late, self.on_subs, self.on_shared)
         if self.journal.persistent:
             return DurableMeshSession(client_id, self.limits, self.journal, self.congestion, *hooks)
         return MeshSession(client_id, self.limits, self.congestion, *hooks)

@@ -50,7 +50,7 @@ class Replication:
         self.membership = membership
         self.out = outbox  # what it says to other holders (the Cluster sends it)
         # what it counts (Cluster.counters adds up every part's)
-        self.counters = dict.fromkeys(("redirected", "late_forwarded"), 0)
+        self.counters = dict.fromkeys(("redirected", "late_forwarded", "shared_replicated"), 0)
         self._wake = wake  # asks the I/O layer for a flush this loop iteration (MeshIO.flush_soon)
         # cid -> where its client went; read by Broker.dispatch for every message
         self.redirects: dict[str, Redirect] = {}
@@ -92,6 +92,17 @@ class Replication:
             return  # nobody else serves it now: the next claim gathers this copy
         self.counters["late_forwarded"] += 1
         self.out.put(active, SessFwd(session.client_id, Forwarded.of(msg)))
+
+    def shared_taken(self, session: _Replicated, msg: Message) -> None:
+        """The home of ``session`` took ``msg`` for it through a shared group (shared.py): the
+        mesh brought it to this node alone, so the session's other holders get it from here
+        (their copies queue it, a claim elsewhere finds it, with its packet id once sent)."""
+        cid = session.client_id
+        body = SessFwd(cid, Forwarded.of(msg))
+        for node in self.membership.holders(cid, self.node_id):
+            if node != self.node_id:
+                self.counters["shared_replicated"] += 1
+                self.out.put(node, body)
 
     def forward(self, session: Session, msg: Message) -> None:
         """A message reached a local replica whose client just moved elsewhere."""

@@ -85,7 +85,7 @@ class MeshGateway:
         if sent:
             self.io.flush_soon()
             if instead_of is not None:
-                if msg.qos and msg.seq in engine.custody:
+                if msg.qos:  # (in custody, or kept until a member's node is in reach)
                     engine.hold_until_acked(msg.seq, instead_of)
                 else:
                     self.settle(instead_of)

@@ -240,6 +240,14 @@ class CustodyMixin(EngineState):
     def _to_group_again(self, msg: Message, share: str, now: float) -> None:
         """``msg`` once more for ``share``, a new message of ours (a re-send: counted) to a
         member on another node in reach."""
+        copy = self._group_copy(msg, now)
+        if copy is not None:
+            self.counters["shared_rerouted"] += 1
+            self.route_to_group(copy, share, now)
+
+    def _group_copy(self, msg: Message, now: float) -> Message | None:
+        """``msg`` as a new message of ours (for one shared group: ``route_to_group``), with
+        what is left of its life; None once it expired [MQTT-3.3.2-5]."""
         assert self.new_seq is not None
         stamp = now + self.wall_offset
         copy = Message(msg.topic, msg.payload, msg.qos, False, self.node_id, self.new_seq(), msg.publisher, stamp)
@@ -247,10 +255,9 @@ class CustodyMixin(EngineState):
         if msg.expires is not None:
             left = msg.expires - now
             if left <= 0.0:
-                return  # (expired meanwhile: to nobody [MQTT-3.3.2-5])
+                return None
             copy.expiring(left, now)
-        self.counters["shared_rerouted"] += 1
-        self.route_to_group(copy, share, now)
+        return copy
 
     def _release_custody(self, node: str) -> None:
         """``node`` has aged out of the database: stop holding messages for it."""

@@ -31,9 +31,13 @@ class DataPlaneMixin(EngineState):
     def route_to_group(self, msg: Message, share: str, now: float) -> bool:
         """``msg``, a new message of this node, to one node (not this one) with members of the
         shared group ``share``, for that group only (shares.py ``ONLY``): what a member here
-        held when it left, with no other member here. False: no such node in reach."""
+        held when it left, with no other member here. False: no such node known (QoS 1/2
+        for nodes all out of reach now: kept until one is, shares.py ``_park``)."""
         node = self._pick(share, msg, exclude=self.node_id)
         if node is None:
+            if msg.qos and self._share_nodes.get(share, {}).keys() - {self.node_id}:
+                self._park(msg, share, now)  # (its nodes are out of reach now: kept for them)
+                return True
             self.counters["shared_unreachable"] += 1
             return False
         return self.route_local(msg, now, {node: (ONLY, share)})
@@ -53,7 +57,7 @@ class DataPlaneMixin(EngineState):
                 route = self._compute_route(msg.topic)
             smap = None
             if self._share_nodes:  # (a shared group anywhere: the node of each is chosen per message)
-                smap = self._choose_shares(msg)
+                smap = self._choose_shares(msg, now)
                 if smap is not None:
                     route, smap = self._route_with_shares(msg, route, smap)
         else:  # (to those nodes' groups only: route_to_group)

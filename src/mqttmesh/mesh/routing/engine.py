@@ -39,6 +39,7 @@ binary formats are in wire.py and envelope.py.
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -127,6 +128,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._share_last = {}
         self._holds = {}
         self._after = {}
+        self._parked = deque()
         self.new_seq = None  # (assembly.build_core gives it the Broker's)
         self._flood_out = {}
         self._control_out = []
@@ -158,6 +160,9 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             "shared_rerouted": 0,
             "shared_held": 0,
             "shared_hold_expired": 0,
+            "shared_parked": 0,
+            "shared_parked_expired": 0,
+            "shared_parked_dropped": 0,
         }
 
     # ------------------------------------------------------------------ start
@@ -277,6 +282,8 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._retransmit_due(now)
         if self._holds:
             self._expire_holds(now)
+        if self._parked:
+            self._unpark(now)
         self._age_out(now)
         return self.flush(now)
 

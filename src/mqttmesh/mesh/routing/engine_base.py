@@ -10,6 +10,7 @@ declares every one of them with its type; ``MeshEngine.__init__`` sets them.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -157,6 +158,9 @@ class EngineState:
     _holds: dict[tuple[str, int], Hold]
     # our seq -> a held message that went on as it (custody.py ``hold_until_acked``)
     _after: dict[int, Message]
+    # (message, group, since): QoS 1/2 messages of ours for a group whose nodes are all out of
+    # reach, sent once one is (shares.py ``_park``)
+    _parked: deque[tuple[Message, str, float]]
     # this node's next message number (the Broker's), for what custody sends again under a
     # new id (a shared group's message chosen again elsewhere); None: never done
     new_seq: Callable[[], int] | None
@@ -199,7 +203,13 @@ class EngineState:
 
         def _unjournal(self, key: int | tuple[str, int]) -> None: ...  # custody
 
-        def _choose_shares(self, msg: Message) -> Shares | None: ...  # shares
+        def _choose_shares(self, msg: Message, now: float) -> Shares | None: ...  # shares
+
+        def _park(self, msg: Message, share: str, now: float) -> None: ...  # shares
+
+        def _group_copy(self, msg: Message, now: float) -> Message | None: ...  # custody
+
+        def _settle_after(self, key: int | tuple[str, int]) -> None: ...  # custody
 
         def _share_added(self, share: str, node: str) -> None: ...  # shares
 
@@ -210,6 +220,8 @@ class EngineState:
         def _pick(self, share: str, msg: Message, exclude: str | None = None) -> str | None: ...  # shares
 
         def route_to_group(self, msg: Message, share: str, now: float) -> bool: ...  # dataplane
+
+        def route_local(self, msg: Message, now: float, only: Shares | None = None) -> bool: ...  # dataplane
 
         def _served_elsewhere(self, deliveries: list[Message], now: float) -> None: ...  # shares
 

@@ -109,9 +109,10 @@ class SharesMixin(EngineState):
         next_hop = self.next_hop
         return any(weight > 0 and n in next_hop for n, weight in nodes.items())
 
-    def _choose_shares(self, msg: Message) -> Shares | None:
+    def _choose_shares(self, msg: Message, now: float) -> Shares | None:
         """Node -> the groups it serves ``msg`` for (this node's too); None when no group
-        matches its topic."""
+        matches its topic. A QoS 1/2 message for a group whose nodes are all out of reach is
+        kept for them (``_park``), as a new message of ours for that group alone."""
         matched = self._share_trie.match(msg.topic)
         if not matched:
             return None
@@ -120,10 +121,43 @@ class SharesMixin(EngineState):
         for share in matched:
             node = self._pick(share, msg)
             if node is None:
-                self.counters["shared_unreachable"] += 1
+                copy = self._group_copy(msg, now) if msg.qos and self.new_seq is not None else None
+                if copy is not None:
+                    self._park(copy, share, now)
+                else:
+                    self.counters["shared_unreachable"] += 1
                 continue
             out.setdefault(node, []).append(share)
         return {node: tuple(groups) for node, groups in out.items()}
+
+    def _park(self, msg: Message, share: str, now: float) -> None:
+        """``msg``, a QoS 1/2 message of ours for ``share`` alone, whose nodes with members
+        are all out of reach (a partition, a node that restarts and has not heard of them
+        yet): kept, and sent to one of them once it is in reach (``_unpark``, at each tick),
+        for at most ``custody_timeout`` (as custody would hold it); in memory only."""
+        parked = self._parked
+        if len(parked) >= self.settings.custody_limit:
+            old = parked.popleft()
+            self.counters["shared_parked_dropped"] += 1
+            self._settle_after(old[0].seq)
+        parked.append((msg, share, now))
+        self.counters["shared_parked"] += 1
+
+    def _unpark(self, now: float) -> None:
+        parked = self._parked
+        for _ in range(len(parked)):
+            msg, share, since = parked.popleft()
+            if msg.expires is not None and msg.expires <= now:
+                self._settle_after(msg.seq)  # (its life ended: to nobody [MQTT-3.3.2-5])
+                continue
+            node = self._pick(share, msg, exclude=self.node_id)
+            if node is not None:
+                self.route_local(msg, now, {node: (ONLY, share)})
+            elif now - since > self.settings.custody_timeout:
+                self.counters["shared_parked_expired"] += 1
+                self._settle_after(msg.seq)
+            else:
+                parked.append((msg, share, since))
 
     def _pick(self, share: str, msg: Message, exclude: str | None = None) -> str | None:
         me = self.node_id
