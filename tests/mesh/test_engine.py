@@ -929,3 +929,66 @@ def test_a_groups_message_whose_nodes_are_all_out_of_reach_is_kept_until_one_is(
     net._pump("a", a.tick(net.t))
     net.settle()
     assert seen["c"] == [(100, (ONLY, "$share/g/t/#"))] and not a._parked and not a.custody
+
+
+def test_custody_and_kept_group_messages_are_stored_with_their_groups_and_restored_so():
+    """A restart (kill -9) of the node holding a group's message in custody, or keeping one
+    for a group out of reach, restores which node serves which group: the retransmission
+    after the restart still serves the group."""
+    from mqttmesh.mesh.routing.shares import ONLY, share_entries, split_entries
+
+    assert split_entries(["b", *share_entries({"b": ("$share/g/t/#",), "": ("$share/h/t",)})]) == (
+        ["b"],
+        {"b": ("$share/g/t/#",), "": ("$share/h/t",)},
+    )
+    j = Journal()
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")], custody={"a": j})
+    seen = _shares_seen(net)
+    net.subscribe("c", "$share/g/t/#")
+    a = net.engines["a"]
+    a.new_seq = lambda: 50
+    net.cut("b", "c")
+    net.settle()
+    a.route_local(Message("t/1", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    [(kind, seq, dests)] = [op for op in j.ops if op[0] == "put"]
+    assert seq == 50 and split_entries(dests)[1] == {"": ("$share/g/t/#",)}
+    net.connect("b", "c")
+    net.settle()
+    fresh = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])  # (a restarted: what its store had)
+    seen = _shares_seen(fresh)
+    fresh.subscribe("c", "$share/g/t/#")
+    fresh.engines["a"].restore_custody(Message("t/1", b"x", 1, False, "a", 50, "p", 0.0), dests, fresh.t)
+    fresh.t = 1.0
+    fresh._pump("a", fresh.engines["a"].tick(fresh.t))
+    fresh.settle()
+    assert seen["c"] == [(50, (ONLY, "$share/g/t/#"))]
+    again = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    seen = _shares_seen(again)
+    again.subscribe("c", "$share/g/t/#")
+    stored = ["c", *share_entries({"c": ("$share/g/t/#",)})]  # (in custody for c when it stopped)
+    again.engines["a"].restore_custody(Message("t/1", b"y", 1, False, "a", 9, "p", 0.0), stored, again.t)
+    again.t = 1.0
+    again._pump("a", again.engines["a"].tick(again.t))
+    again.settle()
+    assert seen["c"] == [(9, ("$share/g/t/#",))]
+
+
+def test_a_node_that_just_started_keeps_a_groups_message_until_it_knows_the_groups():
+    """A node restarted (kill -9) gets a retransmission for a group its members were in, and
+    has none now: it sends it on, but knows no other node's groups yet (not synced): it keeps
+    it, and sends it once it has heard of c's member."""
+    from mqttmesh.mesh.routing.shares import ONLY
+
+    net = Net(["a", "c"], [])
+    seen = _shares_seen(net)
+    a = net.engines["a"]
+    assert not a.synced
+    msg = Message("t/1", b"x", 1, False, "a", 100, "p", net.t)
+    assert a.route_to_group(msg, "$share/g/t/#", net.t) and len(a._parked) == 1
+    net.subscribe("c", "$share/g/t/#")
+    net.connect("a", "c")
+    net.settle()
+    net.t = 1.0
+    net._pump("a", a.tick(net.t))
+    net.settle()
+    assert seen["c"] == [(100, (ONLY, "$share/g/t/#"))] and not a._parked

@@ -23,7 +23,7 @@ from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import for_dests
 from .records import Custody, CustodyJournal, Hold
-from .shares import ONLY
+from .shares import ONLY, split_entries
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Custody", "CustodyJournal", "CustodyMixin"]
@@ -148,8 +148,15 @@ class CustodyMixin(EngineState):
     # ------------------------------------------------------------------ retransmission and release
 
     def restore_custody(self, msg: Message, dests: list[str], now: float) -> None:
-        """A message held in custody before a restart: retransmit it soon."""
-        self.custody[msg.seq] = Custody(msg, set(dests), now, now)
+        """A message held in custody before a restart: retransmit it soon, to the groups each
+        destination served it for (shares.py ``share_entries``); one kept for a group whose
+        nodes were out of reach (``_park``): kept again."""
+        plain, shares = split_entries(dests)
+        kept = shares.pop("", None)
+        if kept:
+            self._parked.append((msg, kept[0], now))
+            return
+        self.custody[msg.seq] = Custody(msg, set(plain) | shares.keys(), now, now, None, shares or None)
 
     def _retransmit_soon(self, now: float) -> None:
         """A link came up or went down: what it carried may be lost, send everything due again."""

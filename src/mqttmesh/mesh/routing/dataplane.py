@@ -17,7 +17,7 @@ from .dedup import SEEN
 from .engine_base import EngineState, PeerStats
 from .envelope import Envelope, Shares, encode_batch, for_dests
 from .records import Route
-from .shares import ONLY
+from .shares import ONLY, share_entries
 from .wire import decode_unicasts, encode_unicast, encode_unicasts
 
 __all__ = ["DataPlaneMixin"]
@@ -35,8 +35,10 @@ class DataPlaneMixin(EngineState):
         for nodes all out of reach now: kept until one is, shares.py ``_park``)."""
         node = self._pick(share, msg, exclude=self.node_id)
         if node is None:
-            if msg.qos and self._share_nodes.get(share, {}).keys() - {self.node_id}:
-                self._park(msg, share, now)  # (its nodes are out of reach now: kept for them)
+            if msg.qos and (not self.synced or self._share_nodes.get(share, {}).keys() - {self.node_id}):
+                # its nodes are out of reach now, or not yet known (a node that just started):
+                # kept for them
+                self._park(msg, share, now)
                 return True
             self.counters["shared_unreachable"] += 1
             return False
@@ -108,7 +110,8 @@ class DataPlaneMixin(EngineState):
                     custody[seq] = Custody(msg, set(dests), now + settings.retransmit_after, now, pmap, smap)
                 journal = self.custody_journal
                 if journal is not None:
-                    journal.custody_put(msg, dests)  # durable before the PUBACK
+                    # durable before the PUBACK, with the groups each node serves it for
+                    journal.custody_put(msg, dests if smap is None else [*dests, *share_entries(smap)])
         outbox = self._outbox
         hop_limit = settings.hop_limit
         for hop, hop_dests, key in groups:

@@ -36,12 +36,32 @@ from .engine_base import EngineState
 from .envelope import Shares
 from .spf import shortest_paths
 
-__all__ = ["SharesMixin", "ONLY"]
+__all__ = ["SharesMixin", "ONLY", "share_entries", "split_entries"]
 
 # first of a destination's groups in an envelope: the message is for these groups only, not
 # for the node's other subscribers (a member left holding it: route_to_group); never a group
 # ("$share/" has no share name)
 ONLY = SHARE_PREFIX
+
+
+def share_entries(smap: Shares) -> list[str]:
+    """The groups each destination serves a message for, as entries of its custody's
+    destinations in the store ("=node=group": no node id has a "=", config.py), so that a
+    restart still knows them (``split_entries``); node "" for a message kept (``_park``)."""
+    return [f"={node}={share}" for node, shares in smap.items() for share in shares]
+
+
+def split_entries(entries: list[str]) -> tuple[list[str], Shares]:
+    """(the destinations, the groups each serves) of a custody's stored entries."""
+    dests: list[str] = []
+    groups: dict[str, list[str]] = {}
+    for entry in entries:
+        if entry.startswith("="):
+            node, _, share = entry[1:].partition("=")
+            groups.setdefault(node, []).append(share)
+        elif entry:
+            dests.append(entry)
+    return dests, {node: tuple(shares) for node, shares in groups.items()}
 
 
 def _advertised(share: str) -> tuple[str, int]:
@@ -134,28 +154,41 @@ class SharesMixin(EngineState):
         """``msg``, a QoS 1/2 message of ours for ``share`` alone, whose nodes with members
         are all out of reach (a partition, a node that restarts and has not heard of them
         yet): kept, and sent to one of them once it is in reach (``_unpark``, at each tick),
-        for at most ``custody_timeout`` (as custody would hold it); in memory only."""
+        for at most ``custody_timeout`` (as custody would hold it); in the store, with custody,
+        where custody is (``restore_custody``)."""
         parked = self._parked
         if len(parked) >= self.settings.custody_limit:
             old = parked.popleft()
             self.counters["shared_parked_dropped"] += 1
-            self._settle_after(old[0].seq)
+            self._unpark_one(old[0])
         parked.append((msg, share, now))
         self.counters["shared_parked"] += 1
+        journal = self.custody_journal
+        if journal is not None:
+            journal.custody_put(msg, share_entries({"": (share,)}))  # (a restart keeps it)
+
+    def _unpark_one(self, msg: Message) -> None:
+        """``msg`` leaves the kept ones for nobody (expired, given up)."""
+        self._settle_after(msg.seq)
+        if self.custody_journal is not None:
+            self.custody_journal.custody_remove(msg.seq)
 
     def _unpark(self, now: float) -> None:
         parked = self._parked
         for _ in range(len(parked)):
             msg, share, since = parked.popleft()
             if msg.expires is not None and msg.expires <= now:
-                self._settle_after(msg.seq)  # (its life ended: to nobody [MQTT-3.3.2-5])
+                self._unpark_one(msg)  # (its life ended: to nobody [MQTT-3.3.2-5])
                 continue
             node = self._pick(share, msg, exclude=self.node_id)
             if node is not None:
-                self.route_local(msg, now, {node: (ONLY, share)})
+                self.route_local(msg, now, {node: (ONLY, share)})  # (in custody: journaled anew)
+            elif self.synced and not self._share_nodes.get(share, {}).keys() - {self.node_id}:
+                self.counters["shared_unreachable"] += 1  # (no member anywhere any more)
+                self._unpark_one(msg)
             elif now - since > self.settings.custody_timeout:
                 self.counters["shared_parked_expired"] += 1
-                self._settle_after(msg.seq)
+                self._unpark_one(msg)
             else:
                 parked.append((msg, share, since))
 
