@@ -12,7 +12,9 @@ draw is from the stream ``{seed}/shared``, so a scenario without groups runs as 
 The history records each join (SUBSCRIBE sent, SUBACK) and leave, with the time its node
 takes it (the connection is FIFO: its arrival); the simulator reads off the wire every
 interest delta that adds or removes a group, and its copies. sim/shared_checks.py judges
-them at the end: ``shared.once``, ``shared.spread``, ``shared.control``, ``shared.refused``.
+them at the end: ``shared.once`` (no second copy without a leave or a fault to explain it),
+``shared.lost`` (none missed while a member was certainly in reach), ``shared.spread``,
+``shared.control``, ``shared.refused`` (a CleanSession=1 member's SUBSCRIBE refused).
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ class MembersMixin(SimulatorPart):
         for msg_id, share, why in once.twice[:20]:
             v.add("shared.once", f"{msg_id} {share}: {why}")
         for msg_id, share, why in once.lost[:20]:
-            v.add("shared.once", f"{msg_id} reached no member of {share}: {why}")
+            v.add("shared.lost", f"{msg_id} reached no member of {share}: {why}")
         for share, what in spread.broken[:20]:
             v.add("shared.spread", f"{share} ({self.settings.shared_strategy}): {what}")
         for node, share, what in control.extra[:20]:

@@ -76,10 +76,13 @@ def memberships(history: Any) -> list[Membership]:
     out: list[Membership] = []
     open_: dict[tuple[str, str], Membership] = {}  # (conn, share) -> its open membership
     by_conn: dict[str, list[Membership]] = {}
+    closed: set[str] = set()  # (a client that has not noticed yet may still write on one)
     for op in history.ops:
         kind = op[3]
         if kind == "join":
             _t, client, what, _k, conn, node, share, qos, at = op[:9]
+            if conn in closed:
+                continue
             if what == "invoke":
                 m = Membership(client, conn, node, share, -1, at)
                 open_[(conn, share)] = m
@@ -96,6 +99,7 @@ def memberships(history: Any) -> list[Membership]:
             if gone is not None:
                 gone.end, gone.how = op[8], op[7]
         elif kind == "close":
+            closed.add(op[4])
             for m in by_conn.pop(op[4], []):
                 if m.end == END or m.end > op[0]:
                     m.end, m.how = op[0], m.how or "close"
