@@ -74,6 +74,10 @@ class MembersMixin(SimulatorPart):
                 h.connect(self.now, client.name, "fail", conn.id, conn.node, rc)
                 return
             h.connect(self.now, client.name, "ok", conn.id, conn.node, event[2])
+            # (a member asking for QoS 0 may send nothing else: it pings within its keepalive,
+            # on this connection, as a client must [MQTT-3.1.2-23]; the clients' shared ping
+            # of sessions.py may come up to twice the keepalive after the start)
+            self._at(self.now + client.mqtt.keepalive / 2, CLIENT, "mping", f"{client.name} {client.k}")
             self._member_join(client)
         elif kind == "suback":
             code = event[2][0]
@@ -103,6 +107,16 @@ class MembersMixin(SimulatorPart):
         client.mqtt.subscribe([(client.share, client.share_qos)])
         self.history.joined(self.now, client.name, conn.id, conn.node, client.share, -1, self._arrives(conn))
         self._client_send(client)
+
+    def _member_ping(self, arg: str) -> None:
+        name, _, k = arg.partition(" ")
+        client = self.clients[name]
+        if client.conn is None or client.k != int(k) or self.now >= self.end:
+            return  # (another connection has its own)
+        if client.mqtt.connected:
+            client.mqtt.ping()
+            self._client_send(client)
+        self._at(self.now + client.mqtt.keepalive / 2, CLIENT, "mping", arg)
 
     def _member_action(self, action: str, client: SimClient) -> None:
         if action == "rejoin":
@@ -163,29 +177,31 @@ class MembersMixin(SimulatorPart):
     def fault_windows(self) -> list[tuple[float, float]]:
         """When each fault of the scenario disturbed the mesh: from a crash to its restart, a
         partition to its heal, a link down to up, a slowed link to its old latency, a stall
-        for its seconds."""
+        for its seconds (a closing fault pairs with the opening one that names the same node
+        or link, else with the first open one of its kind: "random" ones)."""
         out: list[tuple[float, float]] = []
-        opened: dict[Any, float] = {}
+        opened: list[tuple[str, Any, float]] = []  # (kind, node or link, since)
+        closes = {"restart": "crash", "heal": "partition", "link_up": "link_down"}
         for f in sorted(self.sc.faults, key=lambda f: f.at):
             p = f.params
-            link = tuple(p.get("link", ()))
+            what = p.get("node", str(p.get("link", "")))
+            kind = closes.get(f.kind, f.kind)
             if f.kind == "stall":
                 out.append((f.at, f.at + float(p["seconds"])))
-            elif f.kind in ("crash", "partition", "link_down"):
-                opened[(f.kind, p.get("node"), link)] = f.at
-            elif f.kind in ("restart", "heal", "link_up"):
-                start = {"restart": "crash", "heal": "partition", "link_up": "link_down"}[f.kind]
-                t0 = opened.pop((start, p.get("node"), link), f.at)
-                out.append((t0, f.at))
-            elif f.kind == "latency":
-                t0 = opened.pop(("latency", None, link), None)
-                if t0 is None:
-                    opened[("latency", None, link)] = f.at
+            elif f.kind in ("crash", "partition", "link_down") or (
+                f.kind == "latency" and not any(k == kind and w == what for k, w, _t in opened)
+            ):
+                opened.append((kind, what, f.at))
+            elif f.kind in ("restart", "heal", "link_up", "latency"):
+                same = [o for o in opened if o[0] == kind and o[1] == what] or [o for o in opened if o[0] == kind]
+                if same:
+                    opened.remove(same[0])
+                    out.append((same[0][2], f.at))
                 else:
-                    out.append((t0, f.at))
+                    out.append((f.at, f.at))
             else:
                 out.append((f.at, f.at))
-        out += [(t0, self.sc.duration) for t0 in opened.values()]
+        out += [(t0, self.sc.duration) for _k, _w, t0 in opened]
         return sorted(out)
 
     def _finish_shared(self) -> None:

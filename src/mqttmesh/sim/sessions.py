@@ -339,6 +339,9 @@ class ClusterMixin(SimulatorPart):
                     if data:
                         self._send_client(conn, data, None, self.now + conn.latency)
             return
+        if action == "mping":
+            self._member_ping(arg)  # (members.py)
+            return
         client = self.clients[arg]
         if action == "connect":
             client.connect_due = False
