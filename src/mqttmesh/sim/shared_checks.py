@@ -210,8 +210,11 @@ def _must_reach(
     for m in mine:  # a member that left with it, at a QoS that goes with its connection
         if t - 1.0 <= m.end <= t + window and min(qos, max(m.qos, 0)) != 1:
             return None
-    left = [m for m in mine if t - settle <= m.end <= t + window]
-    note = f"; {left[0].client} left {left[0].node} at {left[0].end:.3f}s ({left[0].how})" if left else ""
+    left = sorted((m for m in mine if t - settle <= m.end <= t + window), key=lambda m: abs(m.end - t))
+    note = ""
+    if left:  # (the leave nearest the message: the node its origin chose may have lost its last member)
+        m = left[0]
+        note = f"; {m.client} left {m.node} at {m.end:.3f}s ({m.how}, {m.end - t:+.3f}s)"
     return f"published at {t:.3f}s (QoS {qos}), {steady[0].client} a member on {steady[0].node} throughout{note}"
 
 
