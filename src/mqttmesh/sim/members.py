@@ -213,7 +213,7 @@ class MembersMixin(SimulatorPart):
         margin = self.detect_bound() + self.settings.shared_reroute
         settle = c.settle
         lossy = self.sc.topology.loss > 0
-        once = check_once(h, faults, settle, settle, margin, lossy)
+        once = check_once(h, faults, settle, settle, margin, lossy, lost_margin=self.detect_bound())
         spread = check_spread(h, self.settings.shared_strategy, faults, settle, settle, margin)
         control = check_control(h, self.share_deltas, len(self.links))
         self.shared_results = {"once": once, "spread": spread, "control": control}

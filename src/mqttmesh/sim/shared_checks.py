@@ -141,10 +141,12 @@ def check_once(
     window: float,
     margin: float,
     lossy: bool = False,
+    lost_margin: float | None = None,
 ) -> OnceCheck:
     """``faults``: the windows a fault disturbed the mesh in; ``margin``: how long after its
-    window a fault may still move a message (detection and ``mesh.shared_reroute``);
-    ``lossy``: QoS 0 messages may be lost on the way (a lossy network)."""
+    window a fault may still send a message again (detection and ``mesh.shared_reroute``);
+    ``lost_margin``: how long after it the mesh may not know yet where the members are
+    (detection; default ``margin``); ``lossy``: QoS 0 messages may be lost on the way."""
     r = OnceCheck()
     ms = memberships(history)
     shares = sorted({m.share for m in ms})
@@ -158,6 +160,7 @@ def check_once(
         if op[3] == "receive" and op[1] in member_of:
             got.setdefault((op[4], member_of[op[1]]), []).append(op)
     wide = [(a, b + margin) for a, b in faults]
+    near = wide if lost_margin is None else [(a, b + lost_margin) for a, b in faults]
     for msg_id, (t_pub, topic, qos) in sorted(invoked.items(), key=lambda kv: (kv[1][0], kv[0])):
         for share in shares:
             if not filter_matches(filter_of(share), topic):
@@ -181,7 +184,7 @@ def check_once(
                         who = ", ".join(f"{op[1]} ({op[8]}) at {op[0]:.3f}s" for op in copies[: i + 1])
                         r.twice.append((msg_id, share, f"reached {who}; no receiver left, no fault between"))
             else:
-                why = _must_reach(ms, share, t_pub, qos, msg_id in acked, wide, settle, window, lossy)
+                why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy)
                 if why is None:
                     r.unreachable += 1
                 else:
