@@ -129,3 +129,29 @@ def test_a_node_that_advertises_every_join_fails_shared_control(monkeypatch: pyt
     monkeypatch.setattr(MeshGateway, "filter_added", added)
     with pytest.raises(InvariantViolation, match=r"\[shared\.control\] n\d+ \$share/g\d/sh/#: \d+ deltas for"):
         _run("shared-spread-12")
+
+
+# finding 31 (fuzz seed 66, docs/simulation.md section 9): open, in the node code
+FINDING_31 = "open/finding-31-fuzz-66-group-gone-at-chosen-node"
+
+
+@pytest.fixture(scope="module")
+def finding31() -> Simulator:
+    return _run(FINDING_31, fail=False)
+
+
+def test_finding31_every_other_invariant_holds(finding31: Simulator) -> None:
+    assert set(finding31.violations.count) <= {"shared.lost"}, finding31.violations.items
+    s = _shared(finding31)
+    assert s["once_checked"] >= 50 and s["membership_changes"] > 20
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="finding 31: a message chosen for a node whose last member of the group left while the "
+    "choice was on its way is dropped there (broker.py _to_groups ignores a group it no longer has)",
+)
+def test_finding31_a_group_message_reaches_a_member_when_its_chosen_node_lost_its_last(
+    finding31: Simulator,
+) -> None:
+    assert "shared.lost" not in finding31.violations.count, finding31.violations.items

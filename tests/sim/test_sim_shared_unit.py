@@ -67,6 +67,25 @@ def test_a_second_copy_after_the_receiver_left_holding_it_is_a_counted_resend() 
     assert r.twice == [] and r.resent_after_leave == 1
 
 
+def test_a_resend_that_arrives_before_the_copy_on_its_way_to_the_leaver_is_counted() -> None:
+    # (fuzz seed 154) g0m0 unsubscribes with the PUBLISH on its way to it: its node hands
+    # the unacknowledged message to g0m1, whose copy arrives first
+    h, a, b = _two_members()
+    _publish(h, 5.0, "p000:1")
+    h.left(5.018, "g0m0", a, "n1", G, "unsubscribe", 5.02)
+    _got(h, 5.03, "g0m1", b, "p000:1")
+    _got(h, 5.031, "g0m0", a, "p000:1")
+    r = _once(h)
+    assert r.twice == [] and r.resent_after_leave == 1
+    # a leave long before the copies explains nothing
+    h2, a, b = _two_members()
+    _publish(h2, 5.0, "p000:1")
+    _got(h2, 5.03, "g0m1", b, "p000:1")
+    _got(h2, 7.031, "g0m0", a, "p000:1")
+    h2.left(7.5, "g0m0", a, "n1", G, "unsubscribe", 7.5)
+    assert len(_once(h2).twice) == 1
+
+
 def test_a_second_copy_after_a_fault_is_a_counted_resend() -> None:
     h, a, b = _two_members()
     _publish(h, 5.0, "p000:1")

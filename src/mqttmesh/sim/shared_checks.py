@@ -7,10 +7,10 @@ deltas the simulator read off the wire. It leaves to its caller what a fault is 
 long detection takes: ``margin``.
 
 - ``check_once``: each message matching a group's filter reaches exactly one member of the
-  group. A second copy is allowed only when the history shows why: an earlier receiver left
-  the group between its copy and the next one (it left holding it: the node hands what a
-  leaving member had not acknowledged to another member), or a fault window overlaps the
-  message's way (a chosen node dead or cut off: its origin sends it again elsewhere after
+  group. A second copy is allowed only when the history shows why: one of the receivers left
+  the group around the two copies (it left holding it: the node hands what a leaving member
+  had not acknowledged to another member, maybe before the copy on its way to it arrives),
+  or a fault window overlaps the message's way (a chosen node dead or cut off: its origin sends it again elsewhere after
   ``mesh.shared_reroute``). A message that reached no member is a violation only when the
   group certainly had a member to reach: one whose membership spanned the message's window
   (``settle`` before it to ``window`` after), no fault window overlapped that window, the
@@ -173,9 +173,13 @@ def check_once(
                 r.delivered += 1
                 for i in range(1, len(copies)):
                     later = copies[i]
+                    # a receiver that left holding it: its node re-sent what it had not had
+                    # acknowledged, maybe before the copy in flight to it arrived (either order)
                     if any(
-                        any(op[0] - 1.0 <= m.end <= later[0] for m in conns.get(op[8], ()) if m.share == share)
+                        min(op[0], later[0]) - 1.0 <= m.end <= max(op[0], later[0])
                         for op in copies[:i]
+                        for m in (*conns.get(op[8], ()), *conns.get(later[8], ()))
+                        if m.share == share
                     ):
                         r.resent_after_leave += 1
                     elif overlaps(wide, t_pub, later[0]):
