@@ -11,7 +11,7 @@ LINTED := src tests bench
 # (tests/conftest.py refuses a test that needs one of these markers and lacks it)
 FAST   := not process and not spark and not interop and not slow and not hostile
 
-.PHONY: run test check lint typecheck fmt bench bench-ws venv clean simulate-scale fuzz hostile-bench chaos sim-sweep system-deps js-deps
+.PHONY: run test check lint typecheck fmt bench bench-ws venv clean simulate-scale simulate-shared fuzz hostile-bench chaos sim-sweep system-deps js-deps
 
 $(STAMP): pyproject.toml
 	PYTHON=$(PYTHON) scripts/system-deps venv
@@ -89,6 +89,11 @@ chaos: $(STAMP) system-deps
 # 1,000 simulated nodes, 100,000 filters, a fault schedule (docs/simulation.md)
 simulate-scale: $(STAMP)
 	$(PY) -m mqttmesh.sim scenarios/scale-1000.toml --out sim-out/scale-1000
+
+# shared groups at 1,000 whole nodes: 8 groups of 12 members leaving and joining, a crash, a
+# link flap, every invariant and the shared checks (docs/simulation.md, section 9)
+simulate-shared: $(STAMP)
+	$(PY) -m mqttmesh.sim scenarios/shared-1000.toml --no-plots --out sim-out/shared-1000
 
 # the cluster fuzzer (`mqttmesh simulate --fuzz`) over 1,000 seeds on one core, the first
 # failing seed of each invariant shrunk (docs/simulation.md, section 8): a table, then

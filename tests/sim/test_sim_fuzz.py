@@ -82,6 +82,35 @@ def test_drawn_scenarios_stay_within_their_ranges() -> None:
     assert set(FAULT_EPISODES) <= episodes
 
 
+def test_a_share_of_the_seeds_draws_shared_groups_from_their_own_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    import mqttmesh.sim.fuzz as fuzz
+
+    drawn = {s: draw_scenario(s) for s in SEEDS}
+    with_groups = [s for s, sc in drawn.items() if sc.clients.groups]
+    assert 0.2 * len(SEEDS) < len(with_groups) < 0.4 * len(SEEDS)
+    strategies = set()
+    for seed in with_groups:
+        c = drawn[seed].clients
+        assert 1 <= c.groups <= 4 and 2 <= c.members <= 8 and 0 <= c.member_nodes <= 4
+        assert c.member_churn == (0.0, 0.0) or 2 <= c.member_churn[0] < c.member_churn[1] <= 10
+        assert sum(c.member_leave) > 0 and sum(c.member_qos) > 0 and 0.3 <= c.to_groups <= 0.8
+        strategies.add(drawn[seed].engine["shared_strategy"])
+    assert strategies == set(fuzz.STRATEGIES)
+    # without them a seed is the scenario it was: only the shared keys, the strategy and the
+    # description differ
+    monkeypatch.setattr(fuzz, "_draw_shared", lambda rng, sc: None)
+    keys = ("groups", "members", "member_nodes", "member_qos", "member_churn", "member_leave", "member_away")
+    for seed, sc in drawn.items():
+        plain = draw_scenario(seed)
+        if not sc.clients.groups:
+            assert dump_scenario(plain) == dump_scenario(sc), seed
+            continue
+        assert sc.faults == plain.faults and sc.topology == plain.topology and not plain.engine, seed
+        for key in (*keys, "to_groups"):
+            setattr(sc.clients, key, getattr(plain.clients, key))
+        assert sc.clients == plain.clients, seed
+
+
 def test_a_drawn_scenario_is_written_as_toml_that_reads_back_equal() -> None:
     for seed in SEEDS:
         sc = draw_scenario(seed)

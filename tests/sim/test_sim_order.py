@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+import mqttmesh.sim.fuzz as fuzz
 from mqttmesh.mesh.routing.order import OrderMixin
 from mqttmesh.sim.fuzz_run import fuzz_seed
 
@@ -18,6 +19,13 @@ pytestmark = pytest.mark.slow
 # their messages in an outbox, runs another timeline since, without reorders: 35 took its
 # place; the simulator is deterministic, so these numbers are exact.)
 SEEDS = {9: 2, 35: 20}
+
+
+@pytest.fixture(autouse=True)
+def _as_drawn_before_shared_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    # (seed 35 draws shared groups since issue 24, which take most of its publications: the
+    # seeds as they were, their shared part left out; sim/fuzz.py draws it last, from its own stream)
+    monkeypatch.setattr(fuzz, "_draw_shared", lambda rng, sc: None)
 
 
 @pytest.mark.parametrize("seed", sorted(SEEDS))

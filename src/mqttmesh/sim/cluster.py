@@ -294,7 +294,9 @@ def build_node(
     ids = random.Random(f"{seed}/ids/{name}")
     ports = _Ports(io)
     core = build_core(
-        BrokerSettings(node_id=name, limits=limits or Limits()),
+        # (one strategy for the node's groups and the mesh's choice, as server/node.py and
+        # server/mesh_node.py both read mqtt.shared_strategy)
+        BrokerSettings(node_id=name, limits=limits or Limits(), shared_strategy=mesh_settings.shared_strategy),
         incarnation=incarnation,
         now=now,
         wall_offset=wall_offset,

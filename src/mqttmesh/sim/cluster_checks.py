@@ -227,6 +227,7 @@ class ClusterChecksMixin(SimulatorPart):
         persistent = {name for name, cl in self.clients.items() if cl.persistent and cl.v5 is None}
         self.not_resumed = check_sessions_resumed(h, persistent)
         self._finish_mqtt5()
+        self._finish_shared()  # (members.py)
         for msg_id, client, t in ho.lost[:20]:
             v.add("cluster.handover_loss", f"{msg_id} (acknowledged at {t:.3f}s) never reached {client}")
         for msg_id, client in ho.qos2_twice[:20]:
@@ -335,4 +336,5 @@ class ClusterChecksMixin(SimulatorPart):
             "cluster_counters": counters,
             # every client operation in order, with its time: equal digests, equal runs
             "history_digest": hashlib.sha256(repr(ops).encode()).hexdigest(),
+            **({"shared": self.shared_summary()} if self.sc.clients.groups else {}),  # (members.py)
         }

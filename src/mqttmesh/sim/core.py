@@ -32,6 +32,7 @@ from .clients import ClientsMixin
 from .cluster_checks import ClusterChecksMixin
 from .convergence import ConvergenceMixin, Episode
 from .faults import FaultsMixin
+from .members import MembersMixin
 from .model import (
     ARRIVE,
     CHECK,
@@ -70,6 +71,7 @@ __all__ = ["Simulator", "Episode", "ATTRIBUTED", "CONTROL", "PROPAGATING"]
 class Simulator(
     ClusterMixin,
     ClusterChecksMixin,
+    MembersMixin,
     NetworkMixin,
     ClientsMixin,
     StallMixin,
@@ -162,6 +164,7 @@ class Simulator(
         self.wall_start = time.perf_counter()
         self.decoding = SharedDecoding()
         self._init_stalls()
+        self.share_watch = sc.mode == "cluster" and sc.clients.groups > 0  # (members.py reads interest deltas)
         if self.cluster_mode:
             self._init_cluster()
 

@@ -17,6 +17,10 @@ messages with a Message Expiry Interval (some short enough to end in custody or 
 wills with a Will Delay Interval, and "away" moves long enough for them to run out. That
 part is drawn from its own stream, ``random.Random(f"fuzz5/{seed}")``, after the rest: a
 seed without it draws the very scenario it drew before MQTT 5 was drawn at all.
+
+In another share (``SHARED_SEEDS``) the cluster has shared groups (issue 24, sim/members.py):
+members joining and leaving, a strategy; drawn from ``random.Random(f"fuzzsh/{seed}")``, after
+the rest, so a seed without them is the scenario it was.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ FAULT_EPISODES = {"stall": 0.3, "crash": 0.25, "partition": 0.2, "flap": 0.17, "
 # a message held across a fault may arrive that late, and the hand-over check counts to the end
 TAIL = 30
 MQTT5_SEEDS = 0.4  # the share of seeds whose clients speak MQTT 5 (some of them)
+SHARED_SEEDS = 0.3  # the share of seeds with shared groups (issue 24)
+STRATEGIES = ("local", "round_robin", "hash_topic", "hash_clientid", "sticky")  # (shared.STRATEGIES)
 _KINDS = {"full": 2, "ring": 1, "line": 0.5, "star": 0.5, "random": 3, "rgg": 2, "ba": 1.5, "sites": 2}
 
 
@@ -60,6 +66,7 @@ def draw_scenario(seed: int) -> Scenario:
         clients=_draw_clients(rng, topology.nodes),
     )
     _draw_mqtt5(random.Random(f"fuzz5/{seed}"), sc.clients)
+    _draw_shared(random.Random(f"fuzzsh/{seed}"), sc)
     sc.faults = _Schedule(rng, sc, scenario_graph(sc)).draw()
     if any(f.kind == "partition" for f in sc.faults) and rng.random() < 0.4:
         sc.clients.targets = "far"
@@ -134,6 +141,33 @@ def _draw_mqtt5(rng: random.Random, c: Clients) -> None:
     away_lo = _r(rng.uniform(1, 4), 1)
     c.away = (away_lo, _r(away_lo + rng.uniform(3, 12), 1))
     c.move_how = [*c.move_how, float(rng.randint(1, 3))]
+
+
+def _draw_shared(rng: random.Random, sc: Scenario) -> None:
+    """The shared groups of a seed, if it has them (sim/members.py), from their own stream
+    and after the rest: a seed without them is the scenario it was. 1-4 groups of 2-8
+    members, on 1-4 nodes per group or spread over all; members leaving every 2-10 s (a
+    quarter of the seeds: never), by shares of the four ways; a strategy."""
+    if rng.random() >= SHARED_SEEDS:
+        return
+    c = sc.clients
+    c.groups = rng.randint(1, 4)
+    c.members = rng.randint(2, 8)
+    c.member_nodes = rng.choice([0, 0, 1, 2, 3, 4])
+    c.member_qos = [_r(rng.uniform(0, 0.5)), _r(rng.uniform(0, 1)), _r(rng.uniform(0, 1))]
+    if sum(c.member_qos) <= 0:
+        c.member_qos = [0.0, 1.0, 0.0]
+    if rng.random() >= 0.25:
+        lo = _r(rng.uniform(2, 6), 1)
+        c.member_churn = (lo, _r(lo + rng.uniform(1, 4), 1))
+    leave = [float(rng.randint(0, 3)) for _ in range(4)]
+    if not any(leave):
+        leave[rng.randrange(4)] = 1.0
+    c.member_leave = leave
+    away_lo = _r(rng.uniform(0.2, 2), 1)
+    c.member_away = (away_lo, _r(away_lo + rng.uniform(0, 4), 1))
+    c.to_groups = _r(rng.uniform(0.3, 0.8))
+    sc.engine = {**sc.engine, "shared_strategy": rng.choice(STRATEGIES)}
 
 
 @dataclass
@@ -273,6 +307,12 @@ def describe(sc: Scenario) -> str:
             f"; {c.mqtt5:.0%} of the clients speak MQTT 5 (sessions of {_seconds(c.session_expiry)} s, "
             f"messages expiring after {_seconds(c.message_expiry)} s, "
             f"wills delayed {_seconds(c.will_delay_interval)} s)"
+        )
+    if c.groups:
+        churn = f"leaving every {c.member_churn[0]:g}-{c.member_churn[1]:g} s" if c.member_churn[1] else "staying"
+        v5 += (
+            f"; {c.groups} shared group{'s' if c.groups != 1 else ''} of {c.members} members "
+            f"({sc.engine.get('shared_strategy', 'local')}, {churn})"
         )
     return (
         f"Drawn by the fuzzer (mqttmesh simulate --fuzz, seed {sc.seed}): {t.nodes} whole nodes ({t.kind}), "

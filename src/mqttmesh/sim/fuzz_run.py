@@ -101,6 +101,8 @@ def judge(sc: Scenario) -> Verdict:
         cl = sim.cluster_summary()
         verdict.counts = {k: cl[k] for k in _COUNTS} | {"moves": sum(cl["moves"].values())}
         verdict.counts |= {k: v for k, v in sim.stall_counts.items() if k != "held"}
+        shared = cl.get("shared") or {}  # (a run with shared groups: sim/members.py)
+        verdict.counts |= {f"shared_{k}": v for k, v in shared.items() if isinstance(v, int) and k != "links"}
         verdict.digest = cl["history_digest"]
     return verdict
 

@@ -22,6 +22,13 @@ are ``(time, client, op)``:
   PUBLISH for an id the client still held awaiting PUBREL (acknowledged, not delivered);
 - ``close``: ``(t, client, "ok", "close", conn, clean, reason)``: clean when the server
   read our DISCONNECT.
+- ``join``: ``(t, client, "invoke"|"ok"|"fail", "join", conn, node, share, qos, at)``: a shared
+  subscription ("$share/{g}/{f}"): its SUBSCRIBE sent (invoke, ``at`` when its node takes
+  it), its SUBACK (ok with the QoS granted, fail with the code);
+- ``leave``: ``(t, client, "ok", "leave", conn, node, share, how, at)``: a member leaves its
+  group (``how``: unsubscribe, disconnect, drop, move), ``at`` when its node takes it; a
+  member also leaves with its connection (``close``). Members' deliveries are judged by
+  sim/shared_checks.py, not here.
 
 Message ids are unique per publication (``client:n``); a will's payload is the id of
 the connection it belongs to.
@@ -77,6 +84,18 @@ class History:
 
     def subscribed(self, t: float, client: str, filters: list[tuple[str, int]]) -> None:
         self.ops.append((t, client, "ok", "subscribe", list(filters)))
+
+    def joined(
+        self, t: float, client: str, conn: str, node: str, share: str, qos: int, at: float, what: str = "invoke"
+    ) -> None:
+        """A shared subscription: its SUBSCRIBE sent ("invoke", ``at`` when its node takes it),
+        its SUBACK ("ok", ``qos`` granted; "fail", the code)."""
+        self.ops.append((t, client, what, "join", conn, node, share, qos, at))
+
+    def left(self, t: float, client: str, conn: str, node: str, share: str, how: str, at: float) -> None:
+        """A member leaves its group (``how``: unsubscribe, disconnect, drop, move), recorded
+        when it sends; ``at``: when its node takes it (its UNSUBSCRIBE, DISCONNECT or reset)."""
+        self.ops.append((t, client, "ok", "leave", conn, node, share, how, at))
 
     def received(
         self,
@@ -169,8 +188,11 @@ def check_handover(history: History, settle: float, end: float | None = None) ->
     got: dict[tuple[str, str], list[Op]] = {}
     invoked: dict[str, tuple[float, str, int, int | None]] = {}
     acked: list[tuple[str, float]] = []
+    members = {op[1] for op in history.ops if op[3] == "join"}  # (judged by sim/shared_checks.py)
     for op in history.ops:
         t, client, what, kind = op[0], op[1], op[2], op[3]
+        if client in members:
+            continue
         if kind == "subscribe":
             if client in clients5:
                 subs5.setdefault(client, []).append((t, op[4]))

@@ -15,7 +15,7 @@ not yet acknowledged (with DUP=1) and each PUBREL not yet completed, as
 connection ends [MQTT-3.1.2-6].
 
 Events returned by ``receive_data`` and ``connection_lost`` (tuples, first field the kind):
-``("connack", return_code, session_present)``, ``("suback", packet_id, codes)``,
+``("connack", return_code, session_present)``, ``("suback", packet_id, codes)``, ``("unsuback", packet_id)``,
 ``("message", topic, payload, qos, dup, packet_id)`` (MQTT 5: one more field, the PUBLISH's
 Message Expiry Interval or None) (new to this client: a QoS 2
 PUBLISH re-sent for an id still awaiting PUBREL is acknowledged, not reported),
@@ -46,6 +46,7 @@ from ..codec import (
     PUBREC,
     PUBREL,
     SUBACK,
+    UNSUBACK,
     Decoder,
     MalformedPacket,
     Will,
@@ -159,6 +160,11 @@ class MqttClient:
         self._out.append(self._encode(codec.Subscribe(pid, filters)))
         return pid
 
+    def unsubscribe(self, filters: list[str]) -> int:
+        pid = self._alloc_pid()
+        self._out.append(self._encode(codec.Unsubscribe(pid, filters)))
+        return pid
+
     def ping(self) -> None:
         if self.connected:
             self._out.append(self._encode(codec.PingReq()))
@@ -234,6 +240,8 @@ class MqttClient:
                 self._resend()
         elif t == SUBACK:
             events.append(("suback", pkt.packet_id, list(pkt.return_codes)))
+        elif t == UNSUBACK:
+            events.append(("unsuback", pkt.packet_id))
 
     def _resend(self) -> None:
         """What the last connection left unacknowledged goes again, in order [MQTT-4.4.0-1]."""

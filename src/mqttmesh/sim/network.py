@@ -144,6 +144,8 @@ class NetworkMixin(SimulatorPart):
                         if origin == name:
                             rec.engine_dests.update(dests)
         elif kind in PROPAGATING:  # routing control (end-to-end acks and unicasts are data plane)
+            if self.share_watch and kind == "lsa":
+                self._share_lsa(payload)  # (members.py: what a membership change costs)
             mine = self.sent_by_node[name]
             mine[0] += 1
             mine[1] += size

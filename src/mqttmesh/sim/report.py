@@ -424,6 +424,18 @@ def format_text(s: dict) -> str:
             f"single registration checked {cl['registration_checks']} times; cluster errors {cl['cluster_errors']}",
             f"  cluster counters: {json.dumps(cl['cluster_counters'], sort_keys=True)}",
         ]
+        sh = cl.get("shared")
+        if sh:  # (sim/members.py, docs/simulation.md section 9)
+            out.append(
+                f"  shared groups: {sh['groups']} of {sh['members']} members ({sh['strategy']}), leaves "
+                f"{json.dumps(sh['member_leaves'], sort_keys=True)}; {sh['once_checked']:,} (message, group) "
+                f"pairs, {sh['once_delivered']:,} delivered, {sh['unreachable']} with no member in reach, "
+                f"re-sent after a leave {sh['resent_after_leave']}, after a fault {sh['resent_after_fault']}; "
+                f"spread: {sh['spread_intervals']} stable intervals, worst nodes {sh['spread_worst_nodes']}, "
+                f"members {sh['spread_worst_members']}; {sh['membership_changes']} membership changes, "
+                f"{sh['first_or_last']} first or last, {sh['share_deltas']} deltas, "
+                f"{sh['share_delta_copies']:,} copies (most {sh['share_delta_worst_copies']}, {sh['links']} links)"
+            )
     st = s.get("stalls")
     if st and st["stalls"]:
         out.append(

@@ -136,6 +136,20 @@ class Clients:
     expiring: float = 0.5  # share of an MQTT 5 publisher's messages with a Message Expiry Interval
     message_expiry: list[float] = field(default_factory=lambda: [2.0, 600.0])  # its interval: one of these
     away: tuple[float, float] = (2.0, 12.0)  # an "away" move (move_how's 4th share): seconds without a connection
+    # shared subscriptions (issue 24; docs/simulation.md, "Shared groups"): ``groups`` groups
+    # "$share/g<k>/sh/#" of ``members`` CleanSession=1 members each, on ``member_nodes``
+    # nodes per group (0: any node); a member leaves every ``member_churn`` seconds (0: never)
+    # by one of ``member_leave`` (shares: UNSUBSCRIBE, DISCONNECT, a dropped connection, a
+    # move to another node) and comes back ``member_away`` seconds later; ``to_groups`` of the
+    # publications go to "sh/<publisher>/<n mod 4>". The strategy is engine.shared_strategy.
+    groups: int = 0
+    members: int = 4
+    member_nodes: int = 0
+    member_qos: list[float] = field(default_factory=lambda: [0.2, 0.4, 0.4])  # shares of QoS 0, 1, 2 asked
+    member_churn: tuple[float, float] = (0.0, 0.0)
+    member_leave: list[float] = field(default_factory=lambda: [1.0, 1.0, 1.0, 1.0])
+    member_away: tuple[float, float] = (0.5, 3.0)
+    to_groups: float = 0.5
 
 
 FAULT_KINDS = {
@@ -369,6 +383,10 @@ def _validate(sc: Scenario) -> None:
             raise ScenarioError(f"clients.{key}: whole seconds to choose from, at least one, none negative")
     if any(v == 0 for v in c.message_expiry):
         raise ScenarioError("clients.message_expiry: a Message Expiry Interval of 0 is none; leave it out")
+    if c.groups < 0 or c.members < 1 or c.member_nodes < 0 or not 0.0 <= c.to_groups <= 1.0:
+        raise ScenarioError("clients.groups: 0 or more; clients.members: 1 or more; clients.to_groups: a share")
+    if len(c.member_qos) != 3 or sum(c.member_qos) <= 0 or len(c.member_leave) != 4 or sum(c.member_leave) <= 0:
+        raise ScenarioError("clients.member_qos: three shares; clients.member_leave: four; not all zero")
     if c.replication < 1 or c.check_every <= 0:
         raise ScenarioError("clients.replication and clients.check_every must be positive")
     w = sc.workload

@@ -114,6 +114,12 @@ class SimClient:
         self.pending: dict[int, str] = {}  # packet id -> message id, not yet acknowledged
         self.connect_due = False
         self.move_at = -1.0  # the one move scheduled (an older one is stale)
+        # a shared group's member (sim/members.py): its "$share/..." filter, the QoS it asks for,
+        # the nodes of its group, and whether it is a member now
+        self.share: str | None = None
+        self.share_qos = 0
+        self.share_nodes: list[str] = []
+        self.member = False
 
 
 class ClusterMixin(SimulatorPart):
@@ -149,6 +155,7 @@ class ClusterMixin(SimulatorPart):
             home = names[(i * 7 + len(names) // 2) % len(names)]
             name = f"p{i:03d}"
             self.clients[name] = SimClient(name, False, c.keepalive, home, self._mqtt5(name, False))
+        self._init_members()  # (members.py: shared groups, if the scenario has any)
         self.subscribers = [cl.name for cl in self.clients.values() if cl.persistent]
         self._init_cluster_checks()  # (cluster_checks.py)
 
@@ -332,6 +339,9 @@ class ClusterMixin(SimulatorPart):
                     if data:
                         self._send_client(conn, data, None, self.now + conn.latency)
             return
+        if action == "mping":
+            self._member_ping(arg)  # (members.py)
+            return
         client = self.clients[arg]
         if action == "connect":
             client.connect_due = False
@@ -346,6 +356,8 @@ class ClusterMixin(SimulatorPart):
                 self._move(client)
         elif action == "publish":
             self._publish_next(client)
+        elif action in ("leave", "rejoin"):
+            self._member_action(action, client)
         elif action == "ping":
             if client.conn is not None and client.mqtt.connected:
                 client.mqtt.ping()
@@ -368,6 +380,9 @@ class ClusterMixin(SimulatorPart):
     def _client_event(self, client: SimClient, conn: SimConnection, event: tuple[Any, ...]) -> None:
         kind = event[0]
         h = self.history
+        if client.share is not None and kind != "message":
+            self._member_event(client, conn, event)  # (members.py)
+            return
         if kind == "message":
             topic, payload, qos, dup = event[1:5]
             # (MQTT 5: the Message Expiry Interval the PUBLISH said is left, or None)
@@ -408,6 +423,7 @@ class ClusterMixin(SimulatorPart):
         """The client's connection is gone (seen from the client): it connects again."""
         client.mqtt.connection_lost()
         client.conn = None
+        client.member = False
         self._forget_pending(client)
         self._reconnect(client)
 
@@ -498,7 +514,9 @@ class ClusterMixin(SimulatorPart):
             client.n += 1
             msg_id = f"{client.name}:{client.n}"
             qos = self.rng_clients.choices((0, 1, 2), c.qos)[0]
-            if self.subscribers and self.rng_clients.random() >= c.shared:
+            if c.groups and self.rng_shared.random() < c.to_groups:
+                topic = f"sh/{client.name}/{client.n % 4}"  # (members.py: the groups' filter is sh/#)
+            elif self.subscribers and self.rng_clients.random() >= c.shared:
                 topic = f"c/{self.rng_clients.choice(self.subscribers)}"
             else:
                 topic = "all"

@@ -155,6 +155,14 @@ def _fewer_clients(sc: Scenario) -> Iterator[Variant]:
             out.clients.qos = default.qos
             out.clients.shared = default.shared
         yield f"{n} publisher{'s' if n != 1 else ''}", out
+    for n in _smaller(c.groups, 0):
+        out = copy.deepcopy(sc)
+        out.clients.groups = n
+        yield f"{n} shared group{'s' if n != 1 else ''}", out
+    for n in _smaller(c.members, 1) if c.groups else ():
+        out = copy.deepcopy(sc)
+        out.clients.members = n
+        yield f"{n} member{'s' if n != 1 else ''} per group", out
     if c.publishers and c.publish_rate > 0.5:
         out = copy.deepcopy(sc)
         out.clients.publish_rate = max(0.5, round(c.publish_rate / 2, 2))

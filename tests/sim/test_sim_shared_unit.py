@@ -1,0 +1,212 @@
+"""The shared-group checks (sim/shared_checks.py) on histories written by hand: each one
+passes a history that keeps its promise, and fails a broken one (issue 24)."""
+
+from __future__ import annotations
+
+from mqttmesh.sim.history import History
+from mqttmesh.sim.shared_checks import check_control, check_once, check_spread, memberships
+
+G = "$share/g0/sh/#"
+
+
+def _member(h: History, t: float, client: str, node: str, qos: int = 1, k: int = 1) -> str:
+    conn = f"{client}#{k}"
+    h.connect(t - 0.01, client, "ok", conn, node, False)
+    h.joined(t, client, conn, node, G, -1, t)
+    h.joined(t + 0.002, client, conn, node, G, qos, -1.0, "ok")
+    return conn
+
+
+def _publish(h: History, t: float, msg_id: str, qos: int = 1, topic: str = "sh/p000/0") -> None:
+    h.publish(t, msg_id.partition(":")[0], "invoke", msg_id, topic, qos)
+    if qos:
+        h.publish(t + 0.005, msg_id.partition(":")[0], "ok", msg_id, topic, qos)
+
+
+def _got(h: History, t: float, client: str, conn: str, msg_id: str, topic: str = "sh/p000/0") -> None:
+    h.received(t, client, msg_id, topic, 1, False, conn)
+
+
+def _once(h: History, faults: list[tuple[float, float]] | None = None):
+    return check_once(h, faults or [], settle=2.0, window=2.0, margin=5.0)
+
+
+def _two_members(qos: int = 1) -> tuple[History, str, str]:
+    h = History()
+    h.connect(0.9, "p000", "ok", "p000#1", "n1", False)
+    a = _member(h, 1.0, "g0m0", "n1", qos)
+    b = _member(h, 1.1, "g0m1", "n2")
+    return h, a, b
+
+
+def test_one_copy_per_message_holds() -> None:
+    h, a, _b = _two_members()
+    _publish(h, 5.0, "p000:1")
+    _got(h, 5.02, "g0m0", a, "p000:1")
+    r = _once(h)
+    assert (r.checked, r.delivered, r.twice, r.lost) == (1, 1, [], [])
+
+
+def test_a_second_copy_without_a_leave_or_a_fault_fails() -> None:
+    h, a, b = _two_members()
+    _publish(h, 5.0, "p000:1")
+    _got(h, 5.02, "g0m0", a, "p000:1")
+    _got(h, 5.03, "g0m1", b, "p000:1")
+    r = _once(h)
+    assert [(m, s) for m, s, _why in r.twice] == [("p000:1", G)]
+
+
+def test_a_second_copy_after_the_receiver_left_holding_it_is_a_counted_resend() -> None:
+    h, a, b = _two_members()
+    _publish(h, 5.0, "p000:1")
+    _got(h, 5.02, "g0m0", a, "p000:1")
+    h.left(5.021, "g0m0", a, "n1", G, "drop", 5.022)  # (its PUBACK never reached n1)
+    h.closed(5.022, "g0m0", a, False, "reset")
+    _got(h, 5.05, "g0m1", b, "p000:1")
+    r = _once(h)
+    assert r.twice == [] and r.resent_after_leave == 1
+
+
+def test_a_resend_that_arrives_before_the_copy_on_its_way_to_the_leaver_is_counted() -> None:
+    # (fuzz seed 154) g0m0 unsubscribes with the PUBLISH on its way to it: its node hands
+    # the unacknowledged message to g0m1, whose copy arrives first
+    h, a, b = _two_members()
+    _publish(h, 5.0, "p000:1")
+    h.left(5.018, "g0m0", a, "n1", G, "unsubscribe", 5.02)
+    _got(h, 5.03, "g0m1", b, "p000:1")
+    _got(h, 5.031, "g0m0", a, "p000:1")
+    r = _once(h)
+    assert r.twice == [] and r.resent_after_leave == 1
+    # a leave long before the copies explains nothing
+    h2, a, b = _two_members()
+    _publish(h2, 5.0, "p000:1")
+    _got(h2, 5.03, "g0m1", b, "p000:1")
+    _got(h2, 7.031, "g0m0", a, "p000:1")
+    h2.left(7.5, "g0m0", a, "n1", G, "unsubscribe", 7.5)
+    assert len(_once(h2).twice) == 1
+
+
+def test_a_second_copy_after_a_fault_is_a_counted_resend() -> None:
+    h, a, b = _two_members()
+    _publish(h, 5.0, "p000:1")
+    _got(h, 5.02, "g0m0", a, "p000:1")
+    _got(h, 11.0, "g0m1", b, "p000:1")
+    assert _once(h, [(5.5, 6.0)]).resent_after_fault == 1
+    assert len(_once(h, [(30.0, 31.0)]).twice) == 1  # (a fault long after explains nothing)
+
+
+def test_a_message_no_member_got_while_one_was_in_reach_fails() -> None:
+    h, _a, _b = _two_members()
+    _publish(h, 5.0, "p000:1")
+    r = _once(h)
+    assert [(m, s) for m, s, _why in r.lost] == [("p000:1", G)]
+    # not if the publisher never had it acknowledged, nor during a fault, nor before a member settled
+    h2, _a, _b = _two_members()
+    _publish(h2, 5.0, "p000:1", qos=1)
+    h2.ops.pop()  # (no PUBACK)
+    assert _once(h2).lost == [] and _once(h2).unreachable == 1
+    assert _once(h, [(4.0, 4.5)]).lost == []
+    h3, _a, _b = _two_members()
+    _publish(h3, 2.0, "p000:1")
+    assert _once(h3).lost == [] and _once(h3).unreachable == 1
+
+
+def test_a_qos2_message_may_go_with_a_member_that_left_holding_it() -> None:
+    h, a, _b = _two_members(qos=2)
+    _publish(h, 5.0, "p000:1", qos=2)
+    h.left(5.01, "g0m0", a, "n1", G, "drop", 5.02)  # [MQTT-4.8.2-5]
+    h.closed(5.02, "g0m0", a, False, "reset")
+    assert _once(h).lost == [] and _once(h).unreachable == 1
+    # a QoS 1 one goes to another member: its loss is a violation (a QoS 2 one too, to a
+    # member granted QoS 1)
+    h1, a, _b = _two_members(qos=1)
+    _publish(h1, 5.0, "p000:1", qos=2)
+    h1.left(5.01, "g0m0", a, "n1", G, "drop", 5.02)
+    h1.closed(5.02, "g0m0", a, False, "reset")
+    assert len(_once(h1).lost) == 1
+
+
+def test_a_join_on_a_connection_its_node_closed_is_no_membership() -> None:
+    h = History()
+    a = _member(h, 1.0, "g0m0", "n1")
+    h.closed(3.0, "g0m0", a, False, "node n1 crashed")
+    h.joined(4.0, "g0m0", a, "n1", G, -1, 4.0)  # (the client has not noticed yet)
+    ms = memberships(h)
+    assert [(m.begin, m.end, m.how) for m in ms] == [(1.0, 3.0, "close")]
+
+
+def _spread_history(counts: dict[str, list[int]], strategy_topics: int = 1) -> History:
+    """Members on nodes (``counts``: node -> each member's count of messages), the messages
+    of two origins (p000 on n0, p001 on n9) between 5 s and 20 s."""
+    h = History()
+    h.connect(0.5, "p000", "ok", "p000#1", "n0", False)
+    h.connect(0.5, "p001", "ok", "p001#1", "n9", False)
+    members = []
+    for node, per in sorted(counts.items()):
+        for i, n in enumerate(per):
+            name = f"g0{node}m{i}"
+            members.append((name, _member(h, 1.0, name, node), n))
+    k = 0
+    for name, conn, n in members:
+        for _ in range(n):
+            k += 1
+            pub = f"p00{k % 2}"
+            topic = f"sh/{pub}/{k % strategy_topics}"
+            msg_id = f"{pub}:{k}"
+            t = 5.0 + k * 0.01
+            _publish(h, t, msg_id, topic=topic)
+            _got(h, t + 0.01, name, conn, msg_id, topic)
+    return h
+
+
+def test_round_robin_spread_within_the_bounds_holds() -> None:
+    r = check_spread(_spread_history({"n1": [5, 6], "n2": [6, 6]}), "round_robin", [], 2.0, 2.0, 5.0)
+    assert r.broken == [] and r.counted == 23 and r.worst_nodes == 1 and r.worst_members == 1
+
+
+def test_round_robin_nodes_further_apart_than_the_origins_fail() -> None:
+    r = check_spread(_spread_history({"n1": [5, 5], "n2": [7, 6]}), "round_robin", [], 2.0, 2.0, 5.0)
+    assert len(r.broken) == 1 and "from 2 origins" in r.broken[0][1]
+
+
+def test_members_of_one_node_further_apart_than_one_fail() -> None:
+    r = check_spread(_spread_history({"n1": [4, 6]}), "local", [], 2.0, 2.0, 5.0)
+    assert len(r.broken) == 1 and "members on n1" in r.broken[0][1]
+    # (a fault in the interval: not judged)
+    assert check_spread(_spread_history({"n1": [4, 6]}), "local", [(6.0, 6.1)], 2.0, 2.0, 5.0).broken == []
+
+
+def test_a_hash_strategy_sending_one_topic_to_two_members_fails() -> None:
+    # (the topics sh/p000/0 and sh/p001/0, each from its own publisher and origin node)
+    h = _spread_history({"n1": [3, 3]})
+    for strategy in ("hash_topic", "hash_clientid", "sticky"):
+        assert len(check_spread(h, strategy, [], 2.0, 2.0, 5.0).broken) == 2, strategy
+    h = _spread_history({"n1": [6], "n2": [0]})
+    for strategy in ("hash_topic", "hash_clientid", "sticky"):
+        assert check_spread(h, strategy, [], 2.0, 2.0, 5.0).broken == [], strategy
+
+
+def test_control_traffic_of_first_joins_and_last_leaves_holds() -> None:
+    h = History()
+    a = _member(h, 1.0, "g0m0", "n1")
+    _member(h, 2.0, "g0m1", "n1")  # (n1 has a member already: no delta)
+    h.left(3.0, "g0m0", a, "n1", G, "unsubscribe", 3.0)
+    deltas = {("n1", 1, 2): ([f"+{G}"], 7)}
+    r = check_control(h, deltas, links=4)
+    assert (r.changes, r.needed, r.deltas, r.extra, r.heavy) == (3, 1, 1, [], [])
+
+
+def test_a_delta_for_a_join_beside_another_member_fails() -> None:
+    h = History()
+    _member(h, 1.0, "g0m0", "n1")
+    _member(h, 2.0, "g0m1", "n1")
+    deltas = {("n1", 1, 2): ([f"+{G}"], 7), ("n1", 1, 3): ([f"-{G}", f"+{G}"], 7)}
+    r = check_control(h, deltas, links=4)
+    assert [(n, s) for n, s, _what in r.extra] == [("n1", G)]
+
+
+def test_a_delta_crossing_the_links_too_often_fails() -> None:
+    h = History()
+    _member(h, 1.0, "g0m0", "n1")
+    r = check_control(h, {("n1", 1, 2): ([f"+{G}"], 9)}, links=4)
+    assert r.heavy == [("n1/1/2", 9, 8)]
