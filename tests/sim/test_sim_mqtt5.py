@@ -438,11 +438,11 @@ OPEN = sorted((SCENARIOS / "open").glob("*.toml"))
 
 
 def test_every_open_finding_has_its_scenario() -> None:
-    assert [p.stem.split("-fuzz-")[0] for p in OPEN] == ["finding-31"]  # (issue 24: tests/sim/test_sim_shared.py)
+    assert [p.stem.split("-fuzz-")[0] for p in OPEN] == []  # (31, issue 24's, fixed: found/)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open findings of docs/simulation.md (31 now)")
+@pytest.mark.xfail(strict=True, reason="open findings of docs/simulation.md (none now)")
 @pytest.mark.parametrize("path", OPEN, ids=[p.stem for p in OPEN])
 def test_an_open_finding_holds_every_invariant(path) -> None:
     sc = load_scenario(path)

@@ -160,13 +160,19 @@ def _spread_history(counts: dict[str, list[int]], strategy_topics: int = 1) -> H
 
 
 def test_round_robin_spread_within_the_bounds_holds() -> None:
-    r = check_spread(_spread_history({"n1": [5, 6], "n2": [6, 6]}), "round_robin", [], 2.0, 2.0, 5.0)
-    assert r.broken == [] and r.counted == 23 and r.worst_nodes == 1 and r.worst_members == 1
+    """Round robin weighs a node by its members (a power of two): n2's two members are worth
+    two of n1's one, so 6 against 11 is even."""
+    r = check_spread(_spread_history({"n1": [6], "n2": [5, 6]}), "round_robin", [], 2.0, 2.0, 5.0)
+    assert r.broken == [] and r.counted == 17 and r.worst_nodes == 0.5 and r.worst_members == 1
+    r = check_spread(_spread_history({"n1": [6], "n2": [6, 6]}), "round_robin", [], 2.0, 2.0, 5.0)
+    assert r.broken == [] and r.worst_nodes == 0
 
 
 def test_round_robin_nodes_further_apart_than_the_origins_fail() -> None:
-    r = check_spread(_spread_history({"n1": [5, 5], "n2": [7, 6]}), "round_robin", [], 2.0, 2.0, 5.0)
+    r = check_spread(_spread_history({"n1": [3], "n2": [7, 6]}), "round_robin", [], 2.0, 2.0, 5.0)
     assert len(r.broken) == 1 and "from 2 origins" in r.broken[0][1]
+    # (not weighed, 6 against 12 would have passed for even)
+    assert len(check_spread(_spread_history({"n1": [6], "n2": [6]}), "round_robin", [], 2.0, 2.0, 5.0).broken) == 0
 
 
 def test_members_of_one_node_further_apart_than_one_fail() -> None:
@@ -187,20 +193,28 @@ def test_a_hash_strategy_sending_one_topic_to_two_members_fails() -> None:
 
 
 def test_control_traffic_of_first_joins_and_last_leaves_holds() -> None:
+    """A node's first member adds the group (one entry), its second makes it weigh 2 (one
+    entry for the other: two), its third costs nothing, nor does a leave down to two."""
     h = History()
     a = _member(h, 1.0, "g0m0", "n1")
-    _member(h, 2.0, "g0m1", "n1")  # (n1 has a member already: no delta)
-    h.left(3.0, "g0m0", a, "n1", G, "unsubscribe", 3.0)
-    deltas = {("n1", 1, 2): ([f"+{G}"], 7)}
+    _member(h, 2.0, "g0m1", "n1")  # (weight 2: the entry replaced)
+    _member(h, 2.5, "g0m2", "n1")  # (3 members, still weight 2: nothing)
+    h.left(3.0, "g0m0", a, "n1", G, "unsubscribe", 3.0)  # (2 left: nothing)
+    deltas = {("n1", 1, 2): ([f"+{G}"], 7), ("n1", 1, 3): ([f"-{G}", f"+{G}\0w2"], 7)}
     r = check_control(h, deltas, links=4)
-    assert (r.changes, r.needed, r.deltas, r.extra, r.heavy) == (3, 1, 1, [], [])
+    assert (r.changes, r.needed, r.deltas, r.extra, r.heavy) == (4, 3, 3, [], [])
 
 
 def test_a_delta_for_a_join_beside_another_member_fails() -> None:
     h = History()
     _member(h, 1.0, "g0m0", "n1")
     _member(h, 2.0, "g0m1", "n1")
-    deltas = {("n1", 1, 2): ([f"+{G}"], 7), ("n1", 1, 3): ([f"-{G}", f"+{G}"], 7)}
+    _member(h, 2.5, "g0m2", "n1")
+    deltas = {
+        ("n1", 1, 2): ([f"+{G}"], 7),
+        ("n1", 1, 3): ([f"-{G}", f"+{G}\0w2"], 7),
+        ("n1", 1, 4): ([f"-{G}\0w2", f"+{G}\0w2"], 7),  # (the third member: told for nothing)
+    }
     r = check_control(h, deltas, links=4)
     assert [(n, s) for n, s, _what in r.extra] == [("n1", G)]
 

@@ -18,15 +18,18 @@ long detection takes: ``margin``.
   it at a QoS that goes with its connection (0, or 2 [MQTT-4.8.2-5]).
 - ``check_spread``: in each interval where a group's membership and the mesh stayed the same
   (less ``settle`` after a change and ``window`` before the next), the members' shares, by
-  strategy: ``round_robin``: each node with members gets, from each origin, the node's turn
-  of that origin's messages, so the nodes' counts differ by at most the number of origins
-  (plus the messages of the interval no member got); ``round_robin`` and ``local``: the members
+  strategy: ``round_robin``: each node with members gets, from each origin, the node's turns
+  of that origin's QoS 0/1 messages, as many as its weight (its members, a power of two), so
+  the nodes' counts per unit of weight differ by at most the number of origins (plus the
+  messages of the interval no member got); ``round_robin`` and ``local``: the members
   of one node take turns, so their counts differ by at most 1 (plus those missed);
   ``hash_topic``, ``hash_clientid``, ``sticky``: one member per topic, per publisher, per
   origin node.
 - ``check_control``: a membership change costs the mesh nothing unless it is its node's first
-  member of the group or its last; each of those is one interest delta (the node's
-  ``$share/{g}/{f}`` added or removed), flooded: at most ``copies_per_link`` copies per link.
+  member of the group, or its last, or takes the number of its members across a power of two
+  (the weight the node advertises with the group, shared.py ``advertisement``); each of those
+  is one interest delta (the node's entry added, removed, or one for the other), flooded: at
+  most ``copies_per_link`` copies per link.
 """
 
 from __future__ import annotations
@@ -229,7 +232,7 @@ def _must_reach(
 class SpreadCheck:
     intervals: int = 0  # stable intervals with counted messages
     counted: int = 0  # first receptions counted
-    worst_nodes: int = 0  # round_robin: the largest spread between two nodes' counts seen
+    worst_nodes: float = 0.0  # round_robin: the largest spread between two nodes' counts per unit of weight
     worst_members: int = 0  # round_robin, local: the largest spread between members of one node
     broken: list[tuple[str, str]] = field(default_factory=list)  # (share, what)
 
@@ -278,7 +281,9 @@ def check_spread(
             if not present:
                 continue
             msgs = [
-                (mid, t, topic) for mid, (t, topic, _q) in invoked.items() if lo <= t <= hi and filter_matches(f, topic)
+                (mid, t, topic, q)
+                for mid, (t, topic, q) in invoked.items()
+                if lo <= t <= hi and filter_matches(f, topic)
             ]
             if msgs:
                 _judge_interval(r, share, strategy, present, msgs, first, origins)
@@ -290,16 +295,17 @@ def _judge_interval(
     share: str,
     strategy: str,
     present: list[Membership],
-    msgs: list[tuple[str, float, str]],
+    msgs: list[tuple[str, float, str, int]],
     first: dict[tuple[str, str], str],
     origins: dict[str, list[tuple[float, str]]],
 ) -> None:
     node_of = {m.client: m.node for m in present}
     per_member = {m.client: 0 for m in present}
+    turned = {m.client: 0 for m in present}  # (of them, QoS 0/1: the origins' turns chose their node)
     missed = 0
     keys: dict[str, set[str]] = {}  # topic / publisher / origin -> the members that got its messages
     pubs: set[str] = set()
-    for mid, t, topic in msgs:
+    for mid, t, topic, qos in msgs:
         who = first.get((mid, share))
         publisher = mid.rpartition(":")[0]
         origin = _node_at(origins.get(publisher, []), t) or publisher
@@ -308,11 +314,13 @@ def _judge_interval(
             missed += 1
             continue
         per_member[who] += 1
+        if qos < 2:
+            turned[who] += 1
         key = topic if strategy == "hash_topic" else publisher if strategy == "hash_clientid" else origin
         keys.setdefault(key, set()).add(who)
     r.intervals += 1
     r.counted += sum(per_member.values())
-    span = f"{min(t for _m, t, _tp in msgs):.3f}-{max(t for _m, t, _tp in msgs):.3f}s"
+    span = f"{min(m[1] for m in msgs):.3f}-{max(m[1] for m in msgs):.3f}s"
     if strategy in ("hash_topic", "hash_clientid", "sticky"):
         for key, members in sorted(keys.items()):
             if len(members) > 1:
@@ -329,12 +337,21 @@ def _judge_interval(
         if spread > 1 + missed:
             r.broken.append((share, f"{span}: the members on {node} got {sorted(counts)} (bound 1 + {missed} missed)"))
     if strategy == "round_robin" and len(by_node) > 1:
-        totals = {node: sum(c) for node, c in by_node.items()}
-        spread = max(totals.values()) - min(totals.values())
-        r.worst_nodes = max(r.worst_nodes, spread)
-        if spread > len(pubs) + missed:
+        # each origin's turns weigh a node by its members (a power of two, shared.py
+        # ``advertisement``): per unit of weight the nodes' counts differ by at most the number
+        # of origins; a QoS 2 message's node goes by its id (mesh/routing/shares.py), not a turn
+        totals: dict[str, int] = {}
+        for client, n in turned.items():
+            totals[node_of[client]] = totals.get(node_of[client], 0) + n
+        per_weight = {node: totals[node] / (_advertised_as(len(by_node[node])) or 1) for node in totals}
+        uneven = max(per_weight.values()) - min(per_weight.values())
+        r.worst_nodes = max(r.worst_nodes, round(uneven, 2))
+        if uneven > len(pubs) + missed:
             got = dict(sorted(totals.items()))
-            r.broken.append((share, f"{span}: the nodes got {got} from {len(pubs)} origins (+{missed} missed)"))
+            weights = {node: _advertised_as(len(c)) for node, c in sorted(by_node.items())}
+            r.broken.append(
+                (share, f"{span}: the nodes got {got}, weighed {weights}, from {len(pubs)} origins (+{missed} missed)")
+            )
 
 
 @dataclass
@@ -346,6 +363,12 @@ class ControlCheck:
     worst_copies: int = 0  # the most copies of one delta
     extra: list[tuple[str, str, str]] = field(default_factory=list)  # (node, share, what): more deltas than needed
     heavy: list[tuple[str, int, int]] = field(default_factory=list)  # (delta, copies, bound)
+
+
+def _advertised_as(members: int) -> int | None:
+    """What a node advertises of a group with ``members`` connected members (shared.py
+    ``advertisement``): the largest power of two not above it, None for none."""
+    return None if members <= 0 else 1 << (members.bit_length() - 1)
 
 
 def check_control(
@@ -367,7 +390,9 @@ def check_control(
             before = count
             count += d
             r.changes += 1
-            flips += (before == 0) != (count == 0)
+            was, now = _advertised_as(before), _advertised_as(count)
+            if was != now:  # (one entry removed, one added: its first member, its last, a power of two)
+                flips += (was is not None) + (now is not None)
         needed[key] = flips
         r.needed += flips
     seen: dict[tuple[str, str], int] = {}
@@ -378,10 +403,16 @@ def check_control(
         if copies > bound:
             r.heavy.append((f"{node}/{inc}/{ver}", copies, bound))
         for change in changes:
-            key = (node, change[1:])
+            key = (node, change[1:].partition("\0")[0])  # (with its weight: the group)
             seen[key] = seen.get(key, 0) + 1
             r.deltas += 1
     for key, n in sorted(seen.items()):
         if n > needed.get(key, 0):
-            r.extra.append((key[0], key[1], f"{n} deltas for {needed.get(key, 0)} first joins and last leaves"))
+            r.extra.append(
+                (
+                    key[0],
+                    key[1],
+                    f"{n} interest changes for {needed.get(key, 0)} needed (first joins, last leaves, powers of two)",
+                )
+            )
     return r
