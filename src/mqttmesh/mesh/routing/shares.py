@@ -212,8 +212,8 @@ class SharesMixin(EngineState):
             # (mesh/cluster/replica.py): both must choose the same node, whose duplicate
             # filter keeps it to one member. So its choice depends on the message alone: as
             # its origin sees the mesh, and by its id where a strategy would take turns
-            if strategy == "local" or strategy == "sticky":
-                return self._nearest(reach, msg.origin)
+            if strategy == "local" or (strategy == "sticky" and msg.origin != me):
+                return self._nearest(reach, msg.origin)  # (sticky at its origin: the node kept)
             if strategy == "round_robin":
                 return _weighted(reach, zlib.crc32(f"{msg.origin}:{msg.seq}".encode()))
         if strategy == "local" or (strategy == "sticky" and share not in self._share_last):
