@@ -263,7 +263,8 @@ class Broker:
         # session_table.py ``member_here``); a setting may refuse them (channel5.shared_for)
         self.shared_persistent = True
         if self.mesh is not None:
-            self.shared.elsewhere = self._to_group_elsewhere
+            # what a leaving member held, with no other member here: to another node's member
+            self.shared.elsewhere = self.mesh.to_group
             # another node's message a member here took is acknowledged there once the member
             # acknowledged it (mesh/routing/custody.py hold)
             self.shared.hold = self.mesh.hold
@@ -363,21 +364,6 @@ class Broker:
         if self.shared_groups:
             return self._to_groups(msg, hits)
         return hits
-
-    def _to_group_elsewhere(self, msg: Message, share: str, now: float) -> bool:
-        """A member here left holding ``msg`` and no other member here takes it: a new message
-        of this node (a re-send: its id is ours) to a member of ``share`` on another node,
-        for that group only (mesh/routing/shares.py ``route_to_group``)."""
-        mesh = self.mesh
-        if mesh is None:
-            return False
-        copy = Message(
-            msg.topic, msg.payload, msg.qos, False, self.node_id, self.next_seq(), msg.publisher, now + self.wall_offset
-        )
-        copy.props = msg.props
-        if msg.expires is not None:
-            copy.expiring(msg.ttl, now)
-        return mesh.to_group(copy, share, msg)
 
     def _to_groups(self, msg: Message, hits: Hits) -> Hits:
         """``msg`` to one member of each shared group its topic matches (shared.py); the
@@ -488,6 +474,6 @@ class Broker:
 
 def _group_only(msg: Message) -> bool:
     """A message for this node's shared groups only, not its other subscribers (a member
-    elsewhere left holding it: ``Broker._to_group_elsewhere``, mesh/routing/shares.py ``ONLY``)."""
+    elsewhere left holding it: mesh/link/gateway.py ``to_group``, mesh/routing/shares.py ``ONLY``)."""
     shares: tuple[str, ...] | None = getattr(msg, "shares", None)
     return shares is not None and len(shares) > 0 and shares[0] == SHARE_PREFIX

@@ -175,11 +175,11 @@ class MeshPort(Protocol):
         """True when ``msg`` (by its id) reached this node and waits for an earlier message of
         its origin (mesh/routing/order.py): it is dispatched here once that one is."""
 
-    def to_group(self, msg: Message, share: str, instead_of: Message | None = None) -> bool:
-        """``msg``, a new message of this node, to one member of the shared group ``share``
-        ("$share/{g}/{f}") on another node, and to nothing else there (a member here left
-        holding it, shared.py: ``instead_of``, whose wait ends when ``msg`` is acknowledged
-        there); False: no other node with a member is in reach."""
+    def to_group(self, msg: Message, share: str, now: float) -> bool:
+        """``msg``, which a member here held when it left, to one member of the shared group
+        ``share`` ("$share/{g}/{f}") on another node, and to nothing else there, as a new
+        message of this node (shared.py ``redispatch``); False: no other node with a member
+        is known."""
 
 
 class ArchivePort(Protocol):

@@ -22,6 +22,14 @@ pytestmark = [pytest.mark.process, pytest.mark.timeout(300)]
 SEED = 6  # its schedule: every fault kind once, then a kill, a cut partition and a pause overlapping
 
 
+def _run(cfg: RunConfig) -> dict[str, Any]:
+    """One harness run, with its log lines for the failure messages."""
+    lines: list[str] = []
+    out = run(cfg, log=lines.append)
+    out["log"] = lines
+    return out
+
+
 @pytest.fixture(scope="module")
 def result() -> dict[str, Any]:
     cfg = RunConfig(
@@ -33,10 +41,7 @@ def result() -> dict[str, Any]:
         tail=30.0,
         workload=Options(rate=120.0, move_min=3.0, move_max=8.0),
     )
-    lines: list[str] = []
-    out = run(cfg, log=lines.append)
-    out["log"] = lines
-    return out
+    return _run(cfg)
 
 
 def test_the_harness_completes_and_drains(result: dict[str, Any]) -> None:
@@ -98,10 +103,7 @@ def shared_result() -> dict[str, Any]:
         tail=30.0,
         workload=Options(rate=120.0, subscribers=6, shared=True, clean_members=3, move_min=3.0, move_max=8.0),
     )
-    lines: list[str] = []
-    out = run(cfg, log=lines.append)
-    out["log"] = lines
-    return out
+    return _run(cfg)
 
 
 def test_shared_the_harness_completes_with_members_of_both_kinds(shared_result: dict[str, Any]) -> None:

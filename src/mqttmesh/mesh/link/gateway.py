@@ -76,19 +76,22 @@ class MeshGateway:
                 return self._check_links(msg, congestion)
         return NO_HITS
 
-    def to_group(self, msg: Message, share: str, instead_of: Message | None = None) -> bool:
-        """``msg`` (a new message of ours) to one member of ``share`` on another node only;
-        sent ``instead_of`` a message a member here held: that one's wait (``hold``) ends
-        once ``msg`` is acknowledged there."""
+    def to_group(self, msg: Message, share: str, now: float) -> bool:
+        """A member here left holding ``msg`` and no other member here takes it: a new message
+        of ours (a re-send: its id is ours, routing/custody.py ``_group_copy``) to a member of
+        ``share`` on another node only; ``msg``'s wait here (``hold``) ends once the new one is
+        acknowledged there. False: no node with a member is known."""
         engine = self.engine
-        sent = engine.route_to_group(msg, share, msg.timestamp - self.wall_offset)
+        copy = engine._group_copy(msg, now)
+        if copy is None:
+            return False  # (its life ended: to nobody [MQTT-3.3.2-5])
+        sent = engine.route_to_group(copy, share, now)
         if sent:
             self.io.flush_soon()
-            if instead_of is not None:
-                if msg.qos:  # (in custody, or kept until a member's node is in reach)
-                    engine.hold_until_acked(msg.seq, instead_of)
-                else:
-                    self.settle(instead_of)
+            if copy.qos:  # (in custody, or kept until a member's node is in reach)
+                engine.hold_until_acked(copy.seq, msg)
+            else:
+                self.settle(msg)
         return sent
 
     def hold(self, msg: Message) -> None:

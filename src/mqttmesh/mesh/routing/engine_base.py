@@ -177,6 +177,8 @@ class EngineState:
 
         def _ensure_spf(self) -> None: ...  # routes
 
+        def _link_map(self) -> dict[str, dict[str, int]]: ...  # routes
+
         def _compute_route(self, topic: str) -> Route: ...  # routes
 
         def _originate_router(self, now: float) -> None: ...  # lsdb

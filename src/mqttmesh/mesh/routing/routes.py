@@ -22,10 +22,8 @@ class RoutesMixin(EngineState):
         if self._spf_dirty:
             timer = self.spf_timer
             started = timer() if timer is not None else 0.0
-            links = {node: r.links for node, r in self.routers.items()}
-            links[self.node_id] = dict(self._links)
             before = self.next_hop
-            self.next_hop, self.distance, self.parent = shortest_paths(self.node_id, links)
+            self.next_hop, self.distance, self.parent = shortest_paths(self.node_id, self._link_map())
             if self.custody and self.next_hop.keys() - before.keys():
                 # nodes in reach again (a heal, a restart): what waits in custody for them goes
                 # now, not at a retransmission time doubled while they were out of reach
@@ -36,6 +34,12 @@ class RoutesMixin(EngineState):
             self.counters["spf_runs"] += 1
             if timer is not None:
                 self.spf_seconds += timer() - started
+
+    def _link_map(self) -> dict[str, dict[str, int]]:
+        """Every node's advertised links, ours as they are now."""
+        links = {node: r.links for node, r in self.routers.items()}
+        links[self.node_id] = dict(self._links)
+        return links
 
     def _compute_route(self, topic: str) -> Route:
         """Where the messages of ``topic`` go, cached until the interest or the paths change:

@@ -244,9 +244,7 @@ class SharesMixin(EngineState):
         if origin == self.node_id:
             distance = self.distance
         else:
-            links = {node: r.links for node, r in self.routers.items()}
-            links[self.node_id] = dict(self._links)
-            distance = shortest_paths(origin, links)[1]
+            distance = shortest_paths(origin, self._link_map())[1]
         return min(names, key=lambda n: (distance.get(n, 1 << 62), n))
 
     def _served_elsewhere(self, deliveries: list[Message], now: float) -> None:
