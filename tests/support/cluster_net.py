@@ -135,6 +135,9 @@ class _Published:
     def online_elsewhere(self, share: str) -> bool:
         return False
 
+    def to_group(self, msg: Message, share: str, now: float) -> bool:
+        return False  # (no engine: no other node's member is known)
+
 
 class Net:
     def __init__(
