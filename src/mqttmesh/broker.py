@@ -23,7 +23,7 @@ from .ports import NO_HITS, ArchivePort, Batch, Hits, JournalPort, MeshPort, Ran
 from .session import Attached, Limits, Session, SessionFactory
 from .session_durable import Sessions
 from .session_table import SessionTable
-from .shared import SHARE_PREFIX
+from .shared import is_resend_mark
 from .store import NULL_JOURNAL
 from .topics import RetainedTrie
 
@@ -474,6 +474,6 @@ class Broker:
 
 def _group_only(msg: Message) -> bool:
     """A message for this node's shared groups only, not its other subscribers (a member
-    elsewhere left holding it: mesh/link/gateway.py ``to_group``, mesh/routing/shares.py ``ONLY``)."""
+    elsewhere left holding it: mesh/link/gateway.py ``to_group``, mesh/routing/shares.py ``only``)."""
     shares: tuple[str, ...] | None = getattr(msg, "shares", None)
-    return shares is not None and len(shares) > 0 and shares[0] == SHARE_PREFIX
+    return shares is not None and len(shares) > 0 and is_resend_mark(shares[0])

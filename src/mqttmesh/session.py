@@ -508,6 +508,16 @@ class Session:
         ``take_entries``): as settled, but by no client of its own."""
         self._stored_remove(entry)
 
+    def had(self, root: tuple[str, int]) -> bool:
+        """Has this session (a member of a shared group) message ``root``, or had it and not
+        given it away (shared.py ``resend_mark``)? Known of a session that keeps its ids (a
+        replicated one, mesh/cluster/replica.py); a clean session is never asked twice."""
+        return False
+
+    def took_resend(self, root: tuple[str, int]) -> None:
+        """It took a re-send of message ``root``: should ``root`` itself come (late, or
+        through another holder), it is no new message (mesh/cluster/replica.py)."""
+
     def _stored_remove(self, entry: Entry) -> None:
         pass
 

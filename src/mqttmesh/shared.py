@@ -48,6 +48,9 @@ __all__ = [
     "SharedSubscriptions",
     "take_entries",
     "settle_entries",
+    "resend_mark",
+    "is_resend_mark",
+    "root_of",
 ]
 
 SHARE_PREFIX = "$share/"
@@ -60,6 +63,42 @@ QUEUED = "\0q"
 # largest power of two not above their number (round_robin and the hashes weigh the nodes by
 # it; a power of two, so that members come and go with few changes told to the mesh)
 WEIGHT = "\0w"
+# a re-send for one group only (a member left holding the message, or its node is gone: the
+# message goes on as a new message of the node that sends it, mesh/routing/shares.py) says so
+# as the first of its groups: SHARE_PREFIX + the id of the message it re-sends, "{origin} {seq}"
+# (no "/": never a group), its *root*: a member that had the root does not get it again
+# (``SharedSubscriptions.deliver``, Session ``had``)
+
+
+def resend_mark(root: tuple[str, int]) -> str:
+    """The first of a re-send's groups: for these groups only, a re-send of message ``root``."""
+    return f"{SHARE_PREFIX}{root[0]} {root[1]}"
+
+
+def is_resend_mark(group: str) -> bool:
+    return group.startswith(SHARE_PREFIX) and "/" not in group[len(SHARE_PREFIX) :]
+
+
+def root_of(msg: Message) -> tuple[str, int]:
+    """The id of the message ``msg`` first was (a re-send's root; else its own id)."""
+    shares: tuple[str, ...] | None = getattr(msg, "shares", None)
+    if shares:
+        mark = shares[0]
+        if is_resend_mark(mark):
+            origin, _, seq = mark[len(SHARE_PREFIX) :].rpartition(" ")
+            if origin and seq.isdigit():
+                return origin, int(seq)
+    return msg.origin, msg.seq
+
+
+def _resent(msg: Message) -> tuple[str, int] | None:
+    """A re-send's root; None for a message that is none (the common case: one test)."""
+    shares: tuple[str, ...] | None = getattr(msg, "shares", None)
+    if not shares or not is_resend_mark(shares[0]):
+        return None
+    return root_of(msg)
+
+
 # how a group picks the member of each message (docs/operations.md, mqtt.shared_strategy)
 STRATEGIES = ("local", "round_robin", "hash_topic", "hash_clientid", "sticky")
 
@@ -159,6 +198,7 @@ class SharedSubscriptions:
         self.redispatched = 0  # messages a leaving member had not been sent, given to another
         self.resent = 0  # QoS 1 messages a leaving member may have had, given to another (maybe twice)
         self.abandoned = 0  # QoS 2 messages in flight to a member whose session ended [MQTT-4.8.2-5]
+        self.kept_once = 0  # re-sends (``resend_mark``) not delivered: a member had their root
         # in a mesh, what a leaving member held when no other member here may take it:
         # (message, "$share/{g}/{f}", now) -> sent to another node's member (the Broker's)
         self.elsewhere: Callable[[Message, str, float], bool] | None = None
@@ -206,6 +246,14 @@ class SharedSubscriptions:
     ) -> Session | None:
         """``msg`` to one member of ``group`` at its granted QoS [MQTT-4.8.2-3]; the member,
         or None (none could take it: counted, unless ``moved``: from a member, redispatch)."""
+        root = _resent(msg)
+        if root is not None:
+            had = next((s for s in group.members if s is not but and s.had(root)), None)
+            if had is not None:
+                self.kept_once += 1  # (it has it, or had it: a second copy would be a duplicate)
+                if moved and msg.qos:
+                    self._settle(msg)
+                return had
         receives = self.receives
         check = None if receives is None else (lambda s: receives(s, msg))
         member = group.choose(msg, check, but)
@@ -222,6 +270,8 @@ class SharedSubscriptions:
             member.deliver(msg, qos)
         finally:
             member.sharing = None
+        if root is not None and qos:
+            member.took_resend(root)
         if not qos and moved and msg.qos:
             self._settle(msg)  # (a member granted QoS 0 took it: nothing to wait for)
         return member

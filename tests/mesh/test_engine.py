@@ -666,10 +666,8 @@ def test_each_message_goes_to_one_node_of_each_shared_group(strategy):
 
 def test_a_message_for_a_group_only_goes_to_another_node_with_a_member():
     """route_to_group (a member left holding the message, with no other member on its node):
-    one other node with a member, marked for that group only (shares.ONLY first), and no
-    destination for the plain subscribers."""
-    from mqttmesh.mesh.routing.shares import ONLY
-
+    one other node with a member, marked for that group only (first a mark naming the message
+    it re-sends: shared.resend_mark), and no destination for the plain subscribers."""
     net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
     seen = _shares_seen(net)
     for n in ("b", "c"):
@@ -678,7 +676,7 @@ def test_a_message_for_a_group_only_goes_to_another_node_with_a_member():
     msg = Message("t/x", b"x", 1, False, "b", 1, "c", net.t)
     assert net.engines["b"].route_to_group(msg, "$share/g/t/#", net.t)
     net.settle()
-    assert seen["c"] == [(1, (ONLY, "$share/g/t/#"))] and seen["a"] == []
+    assert seen["c"] == [(1, ("$share/b 1", "$share/g/t/#"))] and seen["a"] == []
     net.engines["c"].local_filter_removed("$share/g/t/#")
     net.settle()
     assert not net.engines["b"].route_to_group(
@@ -691,8 +689,6 @@ def test_a_node_chosen_for_a_group_that_goes_out_of_reach_is_chosen_again():
     ``shared_reroute`` seconds out of reach, the origin sends it again, under a new id of its
     own, to the other node with a member (c), for the group only; custody no longer waits for
     b, which was a destination for the group alone."""
-    from mqttmesh.mesh.routing.shares import ONLY
-
     settings = MeshSettings(shared_strategy="sticky", shared_reroute=3.0)
     net = Net(["a", "b", "c"], [("a", "b"), ("a", "c"), ("b", "c")], settings=settings)
     seen = _shares_seen(net)
@@ -713,7 +709,7 @@ def test_a_node_chosen_for_a_group_that_goes_out_of_reach_is_chosen_again():
         net.t = step * 0.5
         net._pump("a", a.tick(net.t))
         net.settle()
-    assert seen[other] == [(100, (ONLY, "$share/g/t/#"))]
+    assert seen[other] == [(100, ("$share/a 1", "$share/g/t/#"))]  # (a re-send of a:1)
     assert a.counters["shared_rerouted"] == 1 and 1 not in a.custody
 
 
@@ -776,8 +772,6 @@ def test_a_node_chosen_for_a_group_whose_last_member_just_left_sends_it_on():
     """b's last member left while a's message was on its way to b for the group: b (its
     plain subscriber served) sends it again, under its own id, to c's member for that group
     only; such a re-send that finds no member either ends there (no ping-pong)."""
-    from mqttmesh.mesh.routing.shares import ONLY
-
     net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])  # (local: b, the nearest)
     seen = _shares_seen(net)
     for n in ("b", "c"):
@@ -789,7 +783,7 @@ def test_a_node_chosen_for_a_group_whose_last_member_just_left_sends_it_on():
     a.route_local(Message("t/x", b"x", 1, False, "a", 1, "p", net.t), net.t)
     net.settle()
     assert seen["b"] == [(1, ("$share/g/t/#",))]
-    assert seen["c"] == [(500, (ONLY, "$share/g/t/#"))]
+    assert seen["c"] == [(500, ("$share/a 1", "$share/g/t/#"))]
     assert b.counters["shared_rerouted"] == 1 and not b.custody and not a.custody
     c = net.engines["c"]
     c.new_seq = lambda: next(seqs)
@@ -904,8 +898,6 @@ def test_a_groups_message_whose_nodes_are_all_out_of_reach_is_kept_until_one_is(
     """c, the only node with a member, is cut off from a: a's QoS 1 message for the group is
     kept (as a new message of a, for that group alone) and sent at the first tick after the
     heal; a QoS 0 one is not kept."""
-    from mqttmesh.mesh.routing.shares import ONLY
-
     net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
     seen = _shares_seen(net)
     net.subscribe("c", "$share/g/t/#")
@@ -928,14 +920,14 @@ def test_a_groups_message_whose_nodes_are_all_out_of_reach_is_kept_until_one_is(
     net.t = 2.0
     net._pump("a", a.tick(net.t))
     net.settle()
-    assert seen["c"] == [(100, (ONLY, "$share/g/t/#"))] and not a._parked and not a.custody
+    assert seen["c"] == [(100, ("$share/a 1", "$share/g/t/#"))] and not a._parked and not a.custody
 
 
 def test_custody_and_kept_group_messages_are_stored_with_their_groups_and_restored_so():
     """A restart (kill -9) of the node holding a group's message in custody, or keeping one
     for a group out of reach, restores which node serves which group: the retransmission
     after the restart still serves the group."""
-    from mqttmesh.mesh.routing.shares import ONLY, share_entries, split_entries
+    from mqttmesh.mesh.routing.shares import share_entries, split_entries
 
     assert split_entries(["b", *share_entries({"b": ("$share/g/t/#",), "": ("$share/h/t",)})]) == (
         ["b"],
@@ -951,7 +943,7 @@ def test_custody_and_kept_group_messages_are_stored_with_their_groups_and_restor
     net.settle()
     a.route_local(Message("t/1", b"x", 1, False, "a", 1, "p", net.t), net.t)
     [(kind, seq, dests)] = [op for op in j.ops if op[0] == "put"]
-    assert seq == 50 and split_entries(dests)[1] == {"": ("$share/g/t/#",)}
+    assert seq == 50 and split_entries(dests)[1] == {"": ("$share/a 1", "$share/g/t/#")}
     net.connect("b", "c")
     net.settle()
     fresh = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])  # (a restarted: what its store had)
@@ -961,7 +953,7 @@ def test_custody_and_kept_group_messages_are_stored_with_their_groups_and_restor
     fresh.t = 1.0
     fresh._pump("a", fresh.engines["a"].tick(fresh.t))
     fresh.settle()
-    assert seen["c"] == [(50, (ONLY, "$share/g/t/#"))]
+    assert seen["c"] == [(50, ("$share/a 1", "$share/g/t/#"))]  # (the root survives the restart)
     again = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
     seen = _shares_seen(again)
     again.subscribe("c", "$share/g/t/#")
@@ -977,8 +969,6 @@ def test_a_node_that_just_started_keeps_a_groups_message_until_it_knows_the_grou
     """A node restarted (kill -9) gets a retransmission for a group its members were in, and
     has none now: it sends it on, but knows no other node's groups yet (not synced): it keeps
     it, and sends it once it has heard of c's member."""
-    from mqttmesh.mesh.routing.shares import ONLY
-
     net = Net(["a", "c"], [])
     seen = _shares_seen(net)
     a = net.engines["a"]
@@ -991,4 +981,4 @@ def test_a_node_that_just_started_keeps_a_groups_message_until_it_knows_the_grou
     net.t = 1.0
     net._pump("a", a.tick(net.t))
     net.settle()
-    assert seen["c"] == [(100, (ONLY, "$share/g/t/#"))] and not a._parked
+    assert seen["c"] == [(100, ("$share/a 100", "$share/g/t/#"))] and not a._parked

@@ -20,7 +20,7 @@ from mqttmesh.session import Limits
 from mqttmesh.shared import STRATEGIES, SharedGroup, ShareError, split_share
 from support import mqttraw
 from support import mqttraw5 as r5
-from support.frames import Net, out, publishes
+from support.frames import FakeChannel, Net, out, publishes
 from support.mqttraw import varint
 
 # --------------------------------------------------------------------------- the filter
@@ -494,3 +494,64 @@ def test_a_group_tells_the_mesh_of_its_members_by_powers_of_two_and_of_none_conn
     assert mesh.told == [("+", share), ("-", share), ("+", share + QUEUED)]
     net.connect("p", 3.0, clean=False, expect=b"\x20\x02\x01\x00")
     assert mesh.told[-2:] == [("-", share + QUEUED), ("+", share)]
+
+
+def _resend(root: tuple[str, int], seq: int, qos: int = 1):
+    """A re-send of message ``root`` by node r (mesh/routing/custody.py ``_group_copy``), as a
+    node receives it: for the group g/t only, its root named first (shared.resend_mark)."""
+    from mqttmesh.message import Message
+    from mqttmesh.shared import resend_mark
+
+    m = Message("t", b"x", qos, False, "r", seq, "p", 0.0)
+    m.shares = (resend_mark(root), "$share/g/t")
+    return m
+
+
+def test_a_resend_does_not_reach_a_member_that_has_or_had_its_root_unless_it_gave_it_away():
+    """A message re-sent under a new id (its member's node died, or its member left holding
+    it) names the message it re-sends (its root): a member that still has the root, or took
+    it, is not given it again (the fault harness's QoS 2 twice to one member, MQTT 5, 7 nodes,
+    seed 2); one that gave the root away to another member (an offline persistent member)
+    takes it; and once a member took a re-send, the root itself is a duplicate there."""
+    from mqttmesh.mesh.cluster.replica import MeshSession
+    from mqttmesh.message import Message
+    from mqttmesh.shared import SharedSubscriptions, root_of, take_entries
+
+    shared = SharedSubscriptions("round_robin")
+    a, b = MeshSession("a", Limits()), MeshSession("b", Limits())
+    for s in (a, b):
+        s.attach(FakeChannel(), 0.0)
+        shared.join(s, "g", "t", 1)
+    group = shared.groups[("g", "t")]
+    root = Message("t", b"x", 1, False, "o", 7, "p", 0.0)
+    assert root_of(root) == ("o", 7) and root_of(_resend(("o", 7), 1)) == ("o", 7)
+    assert shared.deliver(group, root) is a and ("o", 7) in a.ids  # (in flight at a)
+    for seq in (1, 2):  # re-sent twice: a has it, neither copy goes to b
+        assert shared.deliver(group, _resend(("o", 7), seq)) is a
+    assert not b.ids and shared.kept_once == 2
+    a.on_puback(next(iter(a.inflight)), 1.0)  # a took it: it had it
+    assert ("o", 7) in a.done and shared.deliver(group, _resend(("o", 7), 3)) is a and not b.ids
+    # a message an offline persistent member gave away comes back to it as a re-send: taken
+    c = MeshSession("c", Limits())
+    c.attach(FakeChannel(), 0.0)
+    shared.join(c, "g", "u", 1)
+    other = shared.groups[("g", "u")]
+    first = Message("u", b"y", 1, False, "o", 8, "p", 0.0)
+    shared.deliver(other, first)
+    c.detach()
+    [entry] = take_entries(c)
+    assert entry.msg is first and not c.had(("o", 8))
+    back = _resend(("o", 8), 4)
+    back.topic = "u"
+    back.shares = (back.shares[0], "$share/g/u")
+    assert shared.deliver(other, back) is c and c.had(("o", 8)) and c.queue
+    # the root reaching a member after its re-send: a duplicate there
+    d = MeshSession("d", Limits())
+    d.attach(FakeChannel(), 0.0)
+    shared.join(d, "h", "t", 1)
+    group_h = shared.groups[("h", "t")]
+    took = _resend(("o", 9), 5)
+    took.shares = (took.shares[0], "$share/h/t")
+    assert shared.deliver(group_h, took) is d and len(d.inflight) == 1
+    d.deliver(Message("t", b"x", 1, False, "o", 9, "p", 0.0), 1)
+    assert len(d.inflight) == 1 and not d.queue

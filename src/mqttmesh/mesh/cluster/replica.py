@@ -21,6 +21,7 @@ from ...codec import PubRel, encode
 from ...message import Message
 from ...session import SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
 from ...session_durable import DurableSession, Sessions
+from ...shared import root_of
 
 if TYPE_CHECKING:
     from ...flow import Congestion
@@ -52,6 +53,16 @@ RELEASED = "rel/"
 def released_id(key: tuple[str, int]) -> tuple[str, int]:
     """The settled id that says inbound QoS 2 message ``key`` (origin, seq) was released."""
     return (RELEASED + key[0], key[1])
+
+
+# a message given to another member of its shared group (``given_away``) is settled, and
+# remembered under its root with this mark too: a re-send of it (shared.py ``resend_mark``)
+# may come back to this session, which no longer has it (``had``)
+GIVEN = "gave/"
+
+
+def given_id(root: tuple[str, int]) -> tuple[str, int]:
+    return (GIVEN + root[0], root[1])
 
 
 # (session, message id, state, packet id, message) of a settlement: outbound "sent", "rel",
@@ -260,13 +271,37 @@ class _Replicated(_SessionPart):
     def given_away(self, entry: Entry) -> None:
         """To another member of its group (shared.py ``take_entries``), at its home: settled
         at the other holders too, whose copies may have it (a copy sent when its client came
-        or left), client here or not."""
+        or left), client here or not; and so is its root's mark (``had``)."""
         key = (entry.msg.origin, entry.msg.seq)
         reported = self.channel is not None
         had = key in self.ids
         self._stored_remove(entry)
         if had and not reported and self.on_settled is not None:
             self._report(key, "done", 0)
+        self._settle_mark(given_id(root_of(entry.msg)))
+
+    def _settle_mark(self, key: tuple[str, int]) -> None:
+        """``key`` (a root, or a mark on it) settled here and, told, at the other holders."""
+        if key in self.done:
+            return
+        self._settled_id(key)
+        if self.on_settled is not None:
+            self._report(key, "done", 0)
+
+    def had(self, root: tuple[str, int]) -> bool:
+        if root in self.ids:
+            return True
+        done = self.done
+        if root not in done:
+            return False
+        if given_id(root) not in done:
+            return True
+        # (given away, and maybe back since as a re-send it still has: rare, a scan)
+        return any(root_of(e.msg) == root for e in self.ids.values())
+
+    def took_resend(self, root: tuple[str, int]) -> None:
+        if root not in self.ids:
+            self._settle_mark(root)  # (the root itself, should it come: a duplicate)
 
     def restore_entry(self, entry: Entry) -> None:
         super().restore_entry(entry)

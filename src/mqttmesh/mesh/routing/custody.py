@@ -19,11 +19,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...message import Message
+from ...shared import is_resend_mark, resend_mark, root_of
 from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import for_dests
 from .records import Custody, CustodyJournal, Hold
-from .shares import ONLY, split_entries
+from .shares import split_entries
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Custody", "CustodyJournal", "CustodyMixin"]
@@ -154,7 +155,9 @@ class CustodyMixin(EngineState):
         plain, shares = split_entries(dests)
         kept = shares.pop("", None)
         if kept:
-            self._parked.append((msg, kept[0], now))
+            if len(kept) > 1:
+                msg.shares = kept[:1]  # (a re-send's root, shares.py ``only``)
+            self._parked.append((msg, kept[-1], now))
             return
         self.custody[msg.seq] = Custody(msg, set(plain) | shares.keys(), now, now, None, shares or None)
 
@@ -239,9 +242,9 @@ class CustodyMixin(EngineState):
             groups = shares.pop(d)
             if plain is None:
                 plain = self.remote.match(c.msg.topic)
-            if (groups and groups[0] == ONLY) or d not in plain:
+            if (groups and is_resend_mark(groups[0])) or d not in plain:
                 c.dests.discard(d)  # (a destination for its groups alone)
-            out += [(c.msg, g) for g in groups if g != ONLY]
+            out += [(c.msg, g) for g in groups if not is_resend_mark(g)]
         return out
 
     def _to_group_again(self, msg: Message, share: str, now: float) -> None:
@@ -259,6 +262,7 @@ class CustodyMixin(EngineState):
         stamp = now + self.wall_offset
         copy = Message(msg.topic, msg.payload, msg.qos, False, self.node_id, self.new_seq(), msg.publisher, stamp)
         copy.props = msg.props
+        copy.shares = (resend_mark(root_of(msg)),)  # (what it re-sends: shares.py ``only``)
         if msg.expires is not None:
             left = msg.expires - now
             if left <= 0.0:

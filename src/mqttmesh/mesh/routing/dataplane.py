@@ -17,7 +17,7 @@ from .dedup import SEEN
 from .engine_base import EngineState, PeerStats
 from .envelope import Envelope, Shares, encode_batch, for_dests
 from .records import Route
-from .shares import ONLY, share_entries
+from .shares import only, share_entries
 from .wire import decode_unicasts, encode_unicast, encode_unicasts
 
 __all__ = ["DataPlaneMixin"]
@@ -30,7 +30,7 @@ _new_tuple = tuple.__new__
 class DataPlaneMixin(EngineState):
     def route_to_group(self, msg: Message, share: str, now: float) -> bool:
         """``msg``, a new message of this node, to one node (not this one) with members of the
-        shared group ``share``, for that group only (shares.py ``ONLY``): what a member here
+        shared group ``share``, for that group only (shares.py ``only``): what a member here
         held when it left, with no other member here. False: no such node known (QoS 1/2
         for nodes all out of reach now: kept until one is, shares.py ``_park``)."""
         node = self._pick(share, msg, exclude=self.node_id)
@@ -42,7 +42,7 @@ class DataPlaneMixin(EngineState):
                 return True
             self.counters["shared_unreachable"] += 1
             return False
-        return self.route_local(msg, now, {node: (ONLY, share)})
+        return self.route_local(msg, now, {node: only(msg, share)})
 
     def route_local(self, msg: Message, now: float, only: Shares | None = None) -> bool:
         """A message published at this node: forward it to the nodes that want it.

@@ -31,17 +31,22 @@ from __future__ import annotations
 import zlib
 
 from ...message import Message
-from ...shared import QUEUED, SHARE_PREFIX, WEIGHT, ShareError, split_share
+from ...shared import QUEUED, SHARE_PREFIX, WEIGHT, ShareError, is_resend_mark, resend_mark, split_share
 from .engine_base import EngineState
 from .envelope import Shares
 from .spf import shortest_paths
 
-__all__ = ["SharesMixin", "ONLY", "share_entries", "split_entries"]
+__all__ = ["SharesMixin", "only", "share_entries", "split_entries"]
 
-# first of a destination's groups in an envelope: the message is for these groups only, not
-# for the node's other subscribers (a member left holding it: route_to_group); never a group
-# ("$share/" has no share name)
-ONLY = SHARE_PREFIX
+
+def only(msg: Message, share: str) -> tuple[str, str]:
+    """A destination's groups in the envelope of ``msg``, a re-send for the group ``share``
+    alone, not for the node's other subscribers (a member left holding it, its node is gone:
+    route_to_group): first a mark that names the message it re-sends (shared.py
+    ``resend_mark``; custody.py ``_group_copy`` set it), then the group."""
+    shares: tuple[str, ...] | None = getattr(msg, "shares", None)
+    mark = shares[0] if shares and is_resend_mark(shares[0]) else resend_mark((msg.origin, msg.seq))
+    return (mark, share)
 
 
 def share_entries(smap: Shares) -> list[str]:
@@ -165,7 +170,7 @@ class SharesMixin(EngineState):
         self.counters["shared_parked"] += 1
         journal = self.custody_journal
         if journal is not None:
-            journal.custody_put(msg, share_entries({"": (share,)}))  # (a restart keeps it)
+            journal.custody_put(msg, share_entries({"": only(msg, share)}))  # (a restart keeps it)
 
     def _unpark_one(self, msg: Message) -> None:
         """``msg`` leaves the kept ones for nobody (expired, given up)."""
@@ -182,7 +187,7 @@ class SharesMixin(EngineState):
                 continue
             node = self._pick(share, msg, exclude=self.node_id)
             if node is not None:
-                self.route_local(msg, now, {node: (ONLY, share)})  # (in custody: journaled anew)
+                self.route_local(msg, now, {node: only(msg, share)})  # (in custody: journaled anew)
             elif self.synced and not self._share_nodes.get(share, {}).keys() - {self.node_id}:
                 self.counters["shared_unreachable"] += 1  # (no member anywhere any more)
                 self._unpark_one(msg)
@@ -252,12 +257,12 @@ class SharesMixin(EngineState):
         (its last one left while they were on the way, or the node restarted before their
         origin heard of it): each to a member on another node, for that group only, a new
         message of ours (a re-send, counted ``shared_rerouted``; custody.py
-        ``_to_group_again``). Not one that is such a re-send already (``ONLY``): that one
+        ``_to_group_again``). Not one that is such a re-send already (``only``): that one
         ends here, its group's interest is on its way to its sender."""
         me, groups = self.node_id, self._share_nodes
         for msg in deliveries:
             shares = msg.shares
-            if not shares or shares[0] == ONLY or self.new_seq is None:
+            if not shares or is_resend_mark(shares[0]) or self.new_seq is None:
                 continue
             for share in shares:
                 if me not in groups.get(share, ()):
