@@ -169,12 +169,14 @@ def render(node: Any) -> str:
         "messages of shared subscriptions moved or lost with their members (redispatched: "
         "queued for a member that left, given to another; resent: in flight to it, QoS 1, "
         "given to another, perhaps twice; abandoned: QoS 2 in flight to a member whose session "
-        "ended; dropped: no member could take it)",
+        "ended; dropped: no member could take it; kept_once: a re-send a member already had, "
+        "not given again)",
         [
             ({"what": "redispatched"}, shared.redispatched),
             ({"what": "resent"}, shared.resent),
             ({"what": "abandoned"}, shared.abandoned),
             ({"what": "dropped"}, shared.dropped),
+            ({"what": "kept_once"}, shared.kept_once),
         ],
     )
     page.one("mqttmesh_shared_groups", "gauge", "shared subscription groups with a member here", len(shared))
