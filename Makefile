@@ -27,9 +27,12 @@ run: $(STAMP)
 	$(PY) -m mqttmesh run-local
 
 # what CI runs (.ci/run): the Debian tools the tests use (installed as root, else named),
-# lint, types, then the whole suite
+# lint, types, then the whole suite, in TEST_WORKERS processes (pytest-xdist; a module's
+# tests stay in one, so its fixtures start once): most tests wait on sockets and timers, so
+# three share two cores well (11 minutes where one took 20). TEST_WORKERS=0: one process
+TEST_WORKERS ?= 3
 test: system-deps js-deps lint typecheck
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
 
 # Debian packages (mosquitto, mosquitto-clients, a JRE for PySpark, openssl, Node and npm):
 # apt-get as root; otherwise a message naming them, and the tests that need them are skipped
