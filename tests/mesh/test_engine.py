@@ -161,6 +161,40 @@ def test_restart_with_higher_incarnation_replaces_old_state():
     assert net.engines["a"].routers["b"].inc == 2
 
 
+def test_a_restarted_origins_retransmission_of_a_delivered_message_is_a_duplicate():
+    """a's message reached b, whose acknowledgement was lost with a (kill -9): a restarts (a
+    new incarnation, larger message numbers) and retransmits from its restored custody; b
+    delivered it already and takes it as a duplicate, acknowledged again, not as a new message
+    (the fault harness, 7 nodes, seed 2: b, whose group member had left, sent such a
+    retransmission on to another member as new; a plain subscriber got it twice)."""
+    j = Journal()
+    net = Net(["a", "b"], [("a", "b")], custody={"a": j})
+    net.subscribe("b", "t/#")
+    a = net.engines["a"]
+    for qos in (1, 2):
+        a.route_local(Message("t/1", b"x", qos, False, "a", 10 + qos, "p", net.t), net.t)
+    net._pump("a", a.flush(net.t))
+    while net.queue:  # b takes both; its acknowledgements are still in its outbox
+        frm, to, kind, payload = net.queue.popleft()
+        net._take(to, net.engines[to].receive(frm, kind, payload, net.t))
+    assert [seq for _, seq, _ in net.delivered["b"]] == [11, 12]
+    net.cut("a", "b")  # a dies: b's acknowledgements are lost
+    net.settle()
+    fresh = MeshEngine("a", 2, ["a:1883"], MeshSettings(), custody=j)
+    fresh.start(net.t)
+    net.engines["a"] = fresh
+    for qos in (1, 2):
+        fresh.restore_custody(Message("t/1", b"x", qos, False, "a", 10 + qos, "p", 0.0), ["b"], net.t)
+    net.connect("a", "b")
+    net.settle()
+    for step in range(1, 6):
+        net.t = float(step)
+        net._pump("a", fresh.tick(net.t))
+        net.settle()
+    assert [seq for _, seq, _ in net.delivered["b"]] == [11, 12]  # (once each)
+    assert not fresh.custody and net.engines["b"].counters["duplicates"] >= 2
+
+
 def test_unicast_is_routed_hop_by_hop_to_its_destination():
     names, edges = ring(5)
     net = Net(names, edges)

@@ -107,8 +107,5 @@ class DeliveryFilter:
             return False
         return seq in state[0] or seq in state[1] or seq <= state[2]
 
-    def forget_origin(self, origin: str) -> None:
-        self._origins.pop(origin, None)
-
     def __len__(self) -> int:
         return sum(len(s[0]) + len(s[1]) for s in self._origins.values())

@@ -219,11 +219,13 @@ class LsdbMixin(EngineState):
             # each of them would cost a Dijkstra per node every few milliseconds
             self._spf_dirty = True
         if have is not None and have.inc != lsa["inc"]:
-            # a new incarnation: what we knew of its interest is from its earlier life
+            # a new incarnation: what we knew of its interest is from its earlier life. Not
+            # what we delivered of its messages: a new life numbers its messages above the
+            # old one's (assembly.py seq_base), and what it retransmits from its restored
+            # custody is the old life's, delivered here maybe, its acknowledgement lost
             old = self.interests.get(node)
             if old is not None and old.inc < lsa["inc"]:
                 self._set_interest(node, None)
-            self.delivery_filter.forget_origin(node)
         self.changes += 1
         self.counters["lsa_flooded"] += 1
         self._flood(lsa, exclude=peer)
