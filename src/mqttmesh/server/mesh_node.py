@@ -40,6 +40,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mqttmesh.mesh")
 
+# the engine's counters of messages given up on or sent again (logged at a stop, if any)
+_GIVEN_UP = (
+    "unreachable_drops",
+    "hop_limit_drops",
+    "custody_expired",
+    "custody_overflow",
+    "reorder_timeouts",
+    "reorder_overflow",
+    "shared_unreachable",
+    "shared_rerouted",
+    "shared_hold_expired",
+    "shared_parked_expired",
+    "shared_parked_dropped",
+)
+# and the shared subscriptions' (shared.py SharedSubscriptions)
+_SHARED_MOVED = ("dropped", "abandoned", "resent", "redispatched", "kept_once")
+
 
 def read_secret(config: Config) -> bytes:
     path = config.get("mesh.secret_file")
@@ -364,6 +381,19 @@ class MeshNode:
             self._tick_handle.cancel()
         for dialler in self.diallers.values():
             dialler.cancel()
+        self._log_given_up()
+
+    def _log_given_up(self) -> None:
+        """At a stop, what this life of the node gave up on or sent again (the counters of
+        docs/operations.md's metrics), when any: an operator, or the fault harness's
+        ``--keep``, reads from the log where a message went without a metrics scrape."""
+        counters = self.engine.counters
+        parts = [f"{k}={counters[k]}" for k in _GIVEN_UP if counters.get(k)]
+        if self.broker is not None:
+            shared = self.broker.shared
+            parts += [f"shared_{k}={getattr(shared, k)}" for k in _SHARED_MOVED if getattr(shared, k)]
+        if parts:
+            log.info("given up or sent again in this life: %s", ", ".join(parts))
 
     def dial(self, address: str, configured: bool = False) -> None:
         if address not in self.diallers:
