@@ -191,7 +191,9 @@ class Entry:
         self.packet_id = 0
         self.state = 0
         self.key = key
-        self.group = group  # the shared group (shared.py) it came through, if it did
+        # the shared group (shared.py) it came through, if it did; restored from the store, its
+        # share (a str) until the session is registered (shared.py ``rejoin_entries``)
+        self.group = group
 
     def __repr__(self) -> str:
         return f"Entry({self.msg!r}, qos={self.qos}, pid={self.packet_id}, state={self.state})"

@@ -19,6 +19,7 @@ from .shared import (
     SharedGroup,
     SharedSubscriptions,
     ShareError,
+    rejoin_entries,
     settle_entries,
     split_share,
     take_entries,
@@ -177,6 +178,10 @@ class SessionTable:
         self.sessions[session.client_id] = session
         for topic_filter, value in session.subscriptions.items():
             self._trie_add(topic_filter, session, value & SUB_QOS)
+        if session.inflight or session.queue:
+            # (what came through a group, restored from the store, is that group's again:
+            # handed on, settled and dropped as it would have been before the restart)
+            rejoin_entries(session, self.shared)
 
     # -- subscriptions ------------------------------------------------------------------
 

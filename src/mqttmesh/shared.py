@@ -48,6 +48,7 @@ __all__ = [
     "SharedSubscriptions",
     "take_entries",
     "settle_entries",
+    "rejoin_entries",
     "resend_mark",
     "is_resend_mark",
     "root_of",
@@ -372,3 +373,19 @@ def settle_entries(session: Session, untag: bool = False) -> None:
                 group.settled(entry.msg)
             if untag:
                 entry.group = None
+
+
+def rejoin_entries(session: Session, shared: SharedSubscriptions) -> None:
+    """``session``, restored from the store, is registered (its "$share/" subscriptions
+    joined): each entry that names its group by its share (store.restore_sessions) gets this
+    node's group of that share, if ``session`` is a member of it here, else none (a
+    subscription gone, or in a mesh a session whose home is elsewhere: as regroup leaves it)."""
+    for entry in [*session.inflight.values(), *session.queue]:
+        share = entry.group
+        if type(share) is str:
+            try:
+                key = split_share(share)
+            except ShareError:
+                key = None  # (a share of a form no longer taken: no group has it)
+            group = shared.groups.get(key) if key is not None else None
+            entry.group = group if group is not None and session in group.members else None

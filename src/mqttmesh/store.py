@@ -23,8 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Journal", "NullJournal", "NULL_JOURNAL", "restore_sessions", "FORMAT_VERSION"]
 
-# 2: messages keep their MQTT 5 properties (message.Message.props); 3: and when they expire
-FORMAT_VERSION = 3
+# 2: messages keep their MQTT 5 properties (message.Message.props); 3: and when they expire;
+# 4: a session's entry keeps the shared group it came through (its share, "$share/{g}/{f}")
+FORMAT_VERSION = 4
 
 # Incarnations count sixteenths of a second since 2024-01-01, so that a message id
 # (incarnation << 28) + n stays below 2**63 (a signed 64-bit column, e.g. in Spark) for
@@ -273,6 +274,7 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.publisher,
             m.timestamp,
             m.props,
+            None if e.group is None else e.group.share,  # (the expiry stays last: sqlite_store)
             m.expires,
         )
     if kind == "inbound_put":
@@ -347,8 +349,9 @@ def restore_sessions(
 
     ``sessions``: (client_id, subscriptions, expires: when it ends, on the clock of this run,
     or None); ``messages``: (client_id, key, topic, payload,
-    msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp, props, expires),
-    ordered by client and key (``expires``: Message.expires, on the clock of this run, or
+    msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp, props, share,
+    expires), ordered by client and key (``share``: the shared group the entry came through,
+    "$share/{g}/{f}", or None; ``expires``: Message.expires, on the clock of this run, or
     None); ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id, packet_id,
     topic, payload, retain, origin, seq, publisher, timestamp, props, expires), the messages of
     those ids in a mesh (mesh/cluster/replica.py); ``versions``: (client_id, epoch, version) of
@@ -356,6 +359,10 @@ def restore_sessions(
     message ids they settled, oldest first; ``floors``: (client_id, origin, seq), up to
     which they forgot settled ids. Rows of unknown clients are
     skipped. Each is consumed only after the one before it.
+
+    An entry that came through a shared group names it by its share (``Entry.group`` a str)
+    until the session is registered, its subscriptions joined to this node's groups
+    (``SessionTable.restore_session``, which puts the live group in its place).
     """
     restored: dict[str, Session] = {}
     for client_id, subscriptions, expires in sessions:
@@ -364,14 +371,14 @@ def restore_sessions(
         session.expires_at = expires
         restored[client_id] = session
     for row in messages:
-        client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, publisher, ts, props, exp = row
+        client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, pub, ts, props, share, exp = row
         owner = restored.get(client_id)
         if owner is None:
             continue
         props = bytes(props) if props is not None else None
-        msg = Message(topic, bytes(payload), msg_qos, False, origin, seq, publisher, ts, props)
+        msg = Message(topic, bytes(payload), msg_qos, False, origin, seq, pub, ts, props)
         msg.expires = exp  # (its ``ttl`` is worked out where it is sent: Message.at)
-        entry = Entry(msg, qos, bool(retain), key)
+        entry = Entry(msg, qos, bool(retain), key, share)
         entry.packet_id, entry.state = pid, state
         owner.restore_entry(entry)
     for client_id, pid in awaiting_rel:

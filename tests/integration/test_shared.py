@@ -12,6 +12,7 @@ import subprocess
 
 import pytest
 
+from support import mqttraw
 from support.probes import reset
 from support.processes import free_port, wait_for
 
@@ -130,6 +131,48 @@ def test_a_member_that_drops_unacknowledged_qos1_messages_hands_them_on(node, cl
     assert sorted(p.payload for p in kept + again) == sorted(b"%d" % i for i in range(20))
     assert {p.payload for p in held} == {p.payload for p in again}
     wait_for(lambda: 'mqttmesh_shared_messages_total{what="resent"} 10' in _metrics(node), 10, what="the count")
+
+
+@pytest.mark.parametrize("how", ["no restart", "kill -9"])
+def test_what_a_persistent_member_queued_from_its_group_survives_a_restart_as_the_groups(
+    broker_factory, tmp_path, clients, how
+):
+    """A node with a store. A, a persistent member of $share/g/t (CleanSession=0), offline and
+    the group's only member, so it queues the group's 10 QoS 1 messages [MQTT-3.1.2-5] (each
+    acknowledged to the publisher once stored). The node is killed with kill -9 and started
+    again (or not: the same steps without a restart, for comparison). B joins the group,
+    connected: A's queue stays A's, as it would without the restart (a member hands its queue
+    on when its client leaves or its session ends, not when another joins). A's client comes
+    back with CleanSession=1: its session is discarded [MQTT-3.1.2-6], and what it had queued
+    through the group goes to B, once each [MQTT-4.8.2-3]; A's new session gets nothing.
+    After the restart this needs the group each stored entry came through (store format 4):
+    with format 3 the restored entries named none and ended with A's session, lost."""
+    port = free_port()
+    node = broker_factory("--data-dir", str(tmp_path / "data"), "--http-port", str(port))
+    node.http_port = port
+    a = clients(node, "A", clean=False)
+    assert a.sub(1, ("$share/g/t", 1)) == [1]
+    a.send(mqttraw.DISCONNECT_BYTES)
+    a.expect_closed()
+    pub = clients(node, "pub")
+    for i in range(10):
+        pub.pub("t", b"%d" % i, qos=1, pid=i + 1)  # (PUBACK once the store has it)
+    if how == "kill -9":
+        node.kill()
+        node.start()
+    b = clients(node, "B")
+    assert b.sub(1, ("$share/g/t", 1)) == [1]
+    b.expect_silence(0.3)  # (A's queue is A's while its session lasts)
+    again = clients(node, "A", clean=True)
+    assert again.session_present == 0
+    got = b.publishes(10)
+    for p in got:
+        b.ack(p)
+    assert sorted(p.payload for p in got) == sorted(b"%d" % i for i in range(10))
+    b.expect_silence(0.5)  # (each once)
+    again.expect_silence(0.1)
+    metrics = _metrics(node)
+    assert 'mqttmesh_shared_messages_total{what="redispatched"} 10' in metrics, metrics
 
 
 def test_across_a_3_node_mesh_each_message_reaches_one_member_of_each_group(mesh, paho, paho5):

@@ -288,7 +288,8 @@ def test_entry_defaults():
 
 
 def _message_put(client, key, payload, msg_qos, qos, retain, pid, state):
-    return ("message_put", client, key, "t", payload, msg_qos, qos, retain, pid, state, "n1", 7, "pub", 1.5, None, None)
+    head = ("message_put", client, key, "t", payload, msg_qos, qos, retain, pid, state, "n1", 7, "pub", 1.5)
+    return (*head, None, None, None)  # (props, share, expires)
 
 
 def dmsg(payload: str, qos: int = 2) -> Message:

@@ -316,6 +316,43 @@ def test_a_persistent_members_shared_subscription_is_restored_with_its_session()
     assert [p for p, _ in _pids(back)] == [b"0", b"1"]
 
 
+@pytest.mark.parametrize("stored", ["format 4", "format 3"])
+def test_what_a_restored_member_queued_from_its_group_goes_to_another_member_when_it_ends(stored):
+    """The store keeps the group each entry came through (format 4): restored, the entry is
+    the group's again once the session has joined it (``shared.rejoin_entries``), so that when
+    the member's session ends (its client back with CleanSession=1 [MQTT-3.1.2-6]) what it
+    had queued from the group goes to the connected member, once each [MQTT-4.8.2-3]. An
+    entry of format 3 names no group: it ends with the session, as before. A tag of a group
+    the session no longer subscribes to is no group (the plain subscription's entry neither)."""
+    from mqttmesh.store import restore_sessions
+
+    def row(key, payload, share):
+        share = share if stored == "format 4" else None
+        return ("p", key, "t", payload, 1, 1, 0, 0, 0, "n1", key, "pub", 1.5, None, share, None)
+
+    net = Net()
+    [session] = restore_sessions(
+        net.broker.session_factory,
+        [("p", {"$share/g/t": 1, "t": 1}, None)],
+        [
+            row(1, b"0", "$share/g/t"),
+            row(2, b"plain", None),
+            row(3, b"left", "$share/other/t"),
+            row(4, b"1", "$share/g/t"),
+        ],
+        [],
+    )
+    net.broker.table.restore_session(session)
+    group = net.broker.shared.groups[("g", "t")]
+    tagged = group if stored == "format 4" else None
+    assert [e.group for e in session.queue] == [tagged, None, None, tagged]
+    b = net.subscriber("b", ("$share/g/t", 1))
+    assert _got(b) == []  # (a member joining takes nothing from the others)
+    net.connect("p", 1.0, clean=True)  # (its old session discarded)
+    assert _got(b) == ([b"0", b"1"] if stored == "format 4" else [])
+    assert net.broker.shared.redispatched == (2 if stored == "format 4" else 0)
+
+
 # --------------------------------------------------------------------------- MQTT 5 clients
 
 

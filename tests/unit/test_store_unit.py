@@ -19,7 +19,7 @@ def entry(key: int, payload: bytes = b"p", qos: int = 1) -> Entry:
 
 
 def put(client, key, payload=b"p", qos=1, pid=0, state=0):
-    return ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5, None, None)
+    return ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5, None, None, None)
 
 
 def test_format_version_is_an_int():
@@ -248,7 +248,7 @@ def test_null_journal_records_nothing_and_never_holds_an_ack():
 
 def _row(client, key, payload, pid=0, state=0, qos=1, seq=None):
     """A messages row as the store reads it back."""
-    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5, None, None)
+    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5, None, None, None)
 
 
 def test_restore_sessions_rebuilds_queue_inflight_and_awaiting_rel_without_journaling():
@@ -472,8 +472,8 @@ def test_mqtt5_properties_survive_a_restart_in_every_table(tmp_path):
 
 @pytest.mark.parametrize("older", [1, 2])
 def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, older):
-    """An older data directory is brought to format 3 in place, not refused: format 1 had no
-    MQTT 5 properties, format 2 no message expiry."""
+    """An older data directory is brought to format 4 in place, not refused: format 1 had no
+    MQTT 5 properties, format 2 no message expiry (and neither the shared group of an entry)."""
     import re
     import sqlite3
 
@@ -481,7 +481,7 @@ def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, 
     from mqttmesh.server.sqlite_store import SCHEMA, SqliteStore
 
     schema = re.sub(r"CREATE TABLE IF NOT EXISTS wills\(.*?\);\n", "", SCHEMA, flags=re.S)  # (newer than both)
-    schema = re.sub(r",\s*expires REAL", "", schema)
+    schema = re.sub(r",\s*expires REAL", "", schema).replace(", share TEXT", "")
     if older == 1:
         schema = schema.replace(", props BLOB", "")
     db = sqlite3.connect(tmp_path / "mqttmesh.db")
@@ -494,11 +494,90 @@ def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, 
     store = SqliteStore(str(tmp_path))
     broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts())
     assert store.load(broker) == (0, 1)
-    assert store._meta("format_version") == str(FORMAT_VERSION) == "3"
+    assert store._meta("format_version") == str(FORMAT_VERSION) == "4"
     msg = broker.retained.get("r")
     assert (msg.payload, msg.props, msg.expires) == (b"v", None, None)
     assert store.db.execute("SELECT count(*) FROM wills").fetchone()[0] == 0  # (and the wills table)
     store.db.close()
+
+
+def _broker_with_store(store):
+    """A Broker of persistent sessions (a journal that records), filled from ``store``."""
+    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+
+    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=Sessions(Limits(), Journal())))
+    store.load(broker)
+    return broker
+
+
+def test_an_entry_keeps_its_shared_group_across_a_restart(tmp_path):
+    """Format 4: a queued and an in-flight entry that came through the group "$share/g/t" are
+    stored with its share, and restored as entries of this node's live group of that share
+    (the one the session's restored subscription joined); a plain entry has none."""
+    from mqttmesh.server.sqlite_store import SqliteStore
+    from mqttmesh.shared import SharedGroup
+
+    before = SharedGroup("g", "t", "local")  # (the group of the run that stored them)
+    j = Journal()
+    j.session_put("p", {"$share/g/t": 1, "t": 1})
+    queued = Entry(Message("t", b"q", 1, False, "n1", 3, "pub", 9.5), 1, False, 1, before)
+    sent = Entry(Message("t", b"s", 1, False, "n1", 4, "pub", 9.5), 1, False, 2, before)
+    sent.packet_id, sent.state = 7, SENT_PUBLISH
+    plain = Entry(Message("t", b"p", 1, False, "n1", 5, "pub", 9.5), 1, False, 3)
+    for e in (queued, sent, plain):
+        j.message_put("p", e)
+    ops = j.take()[1]
+    assert [op[-2] for op in ops if op[0] == "message_put"] == ["$share/g/t", "$share/g/t", None]
+    store = SqliteStore(str(tmp_path))
+    store.write(ops)
+    assert store.db.execute("SELECT key, share FROM messages ORDER BY key").fetchall() == [
+        (1, "$share/g/t"),
+        (2, "$share/g/t"),
+        (3, None),
+    ]
+    store.db.close()
+    again = SqliteStore(str(tmp_path))
+    broker = _broker_with_store(again)
+    again.db.close()
+    session = broker.sessions["p"]
+    group = broker.shared.groups[("g", "t")]
+    assert group is not before and session in group.members
+    assert [(e.msg.payload, e.group) for e in session.queue] == [(b"q", group), (b"p", None)]
+    assert [(pid, e.msg.payload, e.group) for pid, e in session.inflight.items()] == [(7, b"s", group)]
+
+
+def test_a_format_3_store_opens_and_its_entries_have_no_group(tmp_path):
+    """A data directory of format 3 (no shared group column) is brought to format 4 in place:
+    its entries are restored without a group, as format 3 restored them, and an entry
+    journaled after it keeps its group (the new column, written by name)."""
+    import sqlite3
+
+    from mqttmesh.server.sqlite_store import SCHEMA, SqliteStore
+    from mqttmesh.shared import SharedGroup
+
+    db = sqlite3.connect(tmp_path / "mqttmesh.db")
+    db.executescript(SCHEMA.replace(", share TEXT", ""))
+    db.execute("INSERT INTO meta VALUES ('format_version', '3')")
+    db.execute("INSERT INTO sessions VALUES ('p', '{\"$share/g/t\": 1}', NULL)")
+    db.execute("INSERT INTO messages VALUES ('p', 1, 't', x'6f6c64', 1, 1, 0, 0, 0, 'n1', 3, 'pub', 9.5, NULL, NULL)")
+    db.commit()
+    db.close()
+    store = SqliteStore(str(tmp_path))
+    assert store._meta("format_version") == "4"
+    broker = _broker_with_store(store)
+    [old] = broker.sessions["p"].queue
+    assert (old.msg.payload, old.group) == (b"old", None)
+    j = Journal()
+    j.message_put(
+        "p", Entry(Message("t", b"new", 1, False, "n1", 4, "pub", 9.5), 1, False, 2, SharedGroup("g", "t", "local"))
+    )
+    store.write(j.take()[1])
+    store.db.close()
+    again = SqliteStore(str(tmp_path))
+    broker = _broker_with_store(again)
+    again.db.close()
+    group = broker.shared.groups[("g", "t")]
+    assert [(e.msg.payload, e.group) for e in broker.sessions["p"].queue] == [(b"old", None), (b"new", group)]
 
 
 def test_a_message_expiry_is_stored_on_the_wall_clock_and_read_back_on_the_runs_clock(tmp_path):
