@@ -55,6 +55,9 @@ def released_id(key: tuple[str, int]) -> tuple[str, int]:
     return (RELEASED + key[0], key[1])
 
 
+# ``_Replicated.unreleased`` is pruned of what the gate passed when it reaches this size
+UNRELEASED_PRUNE = 256
+
 # a message given to another member of its shared group (``given_away``) is settled, and
 # remembered under its root with this mark too: a re-send of it (shared.py ``resend_mark``)
 # may come back to this session, which no longer has it (``had``)
@@ -131,6 +134,10 @@ class _Replicated(_SessionPart):
         # the duplicate filters keep it to one delivery (channel.py, mesh/routing/custody.py)
         self.inbound: dict[int, Message] = {}
         self.routed_here: set[tuple[str, int]] = set()  # ids of ``inbound`` this node routed
+        # outbound QoS 2: packet id -> the gate's ticket its PUBLISH waits for, while the other
+        # holders had not confirmed its "sent" when it was framed (``_send_new``): if the client
+        # leaves before the gate passes it, the client never had it (``detach``)
+        self.unreleased: dict[int, int] = {}
 
     def _report(self, key: tuple[str, int], state: str, pid: int, msg: Message | None = None) -> None:
         self.version += 1
@@ -303,6 +310,28 @@ class _Replicated(_SessionPart):
         if root not in self.ids:
             self._settle_mark(root)  # (the root itself, should it come: a duplicate)
 
+    def detach(self) -> None:
+        """The client left. A QoS 2 PUBLISH that still waited for the gate (its "sent" not
+        confirmed by every live holder: a partition, a node cut off from its session's other
+        holders) was never written: its entry is queued again, not in flight, so that a claim
+        elsewhere that never heard of it does not take it for completed (snapshots.py
+        ``merge_snapshots`` drops what an older claim had in flight and a newer one has not),
+        and a shared group's member hands it on like anything queued (fault harness, 7 nodes,
+        seed 2: 20 QoS 2 messages a member's node took while cut off from its holders)."""
+        unreleased, self.unreleased = self.unreleased, {}
+        safe = self.safe_version
+        back = [
+            self.inflight.pop(pid)
+            for pid, ticket in sorted(unreleased.items(), key=lambda item: item[1])
+            if ticket > safe and (e := self.inflight.get(pid)) is not None and e.state == SENT_PUBLISH
+        ]
+        for entry in reversed(back):
+            entry.packet_id, entry.state = 0, 0
+            self.queue.appendleft(entry)
+            if self.stores:
+                self._stored_put(entry)
+        super().detach()
+
     def restore_entry(self, entry: Entry) -> None:
         super().restore_entry(entry)
         self.ids[(entry.msg.origin, entry.msg.seq)] = entry  # found by id, as _stored_put does
@@ -320,6 +349,12 @@ class _Replicated(_SessionPart):
         self.inflight[pid] = entry
         self._stored_put(entry)
         self._report((entry.msg.origin, entry.msg.seq), "sent", pid)
+        if self.version > self.safe_version:
+            unreleased = self.unreleased
+            if len(unreleased) >= UNRELEASED_PRUNE:
+                safe = self.safe_version
+                self.unreleased = unreleased = {p: t for p, t in unreleased.items() if t > safe}
+            unreleased[pid] = self.version
         channel = self.channel
         if entry.msg.expires is None:
             channel.write_gated(channel.frame(entry.msg, 2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
