@@ -805,7 +805,8 @@ def test_a_hold_nothing_settles_ends_when_the_origins_custody_would():
 def test_a_node_chosen_for_a_group_whose_last_member_just_left_sends_it_on():
     """b's last member left while a's message was on its way to b for the group: b (its
     plain subscriber served) sends it again, under its own id, to c's member for that group
-    only; such a re-send that finds no member either ends there (no ping-pong)."""
+    only; such a re-send that finds no member either goes on, naming the same root, to a
+    node that has one (b again, whose member is back), not dropped."""
     net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])  # (local: b, the nearest)
     seen = _shares_seen(net)
     for n in ("b", "c"):
@@ -823,9 +824,11 @@ def test_a_node_chosen_for_a_group_whose_last_member_just_left_sends_it_on():
     c.new_seq = lambda: next(seqs)
     c.local_filter_removed("$share/g/t/#")
     b.local_filter_added("$share/g/t/#")  # (b's view: c still has one; c has none now)
+    seen["b"].clear()
     b.route_to_group(Message("t/y", b"y", 1, False, "b", 501, "p", net.t), "$share/g/t/#", net.t)
     net.settle()
-    assert c.counters["shared_rerouted"] == 0
+    assert c.counters["shared_rerouted"] == 1  # (c's view: b has a member now)
+    assert [shares for _, shares in seen["b"]] == [("$share/b 501", "$share/g/t/#")]
 
 
 def test_a_node_whose_members_all_queue_is_chosen_only_when_no_member_is_connected():
