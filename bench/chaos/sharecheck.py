@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mqttmesh.sim.history import History
+from mqttmesh.sim.shared_checks import node_at  # (a client's session's home at a time)
 from mqttmesh.topics import filter_matches
 
 from .checker import ChaosCheck, check, expiry_of
@@ -222,7 +223,7 @@ def check_shared(
                 # where a copy may have been held: the node of a delivery, its member's home
                 # when the message was published (a persistent member's queue)
                 near, later = (
-                    {node_of.get(c), _home(accepted.get(m, []), t_inv)} - {None}
+                    {node_of.get(c), node_at(accepted.get(m, []), t_inv)} - {None}
                     for m, c in ((earlier[1], earlier[2]), (member, conn2))
                 )
                 # the earlier copy may be the origin's re-send, the later one the first copy,
@@ -353,16 +354,6 @@ def _session(client: str, conn: str, persistent: set[str]) -> str:
     """A member's session: a persistent client's is one across its connections, a clean
     client's lasts one connection."""
     return client if client in persistent else conn
-
-
-def _home(accepted: list[tuple[float, str]], t: float) -> str | None:
-    """The node of a client's last connection accepted at or before ``t`` (its session's home)."""
-    home = None
-    for t_ok, node in accepted:
-        if t_ok > t:
-            break
-        home = node
-    return home
 
 
 def _apart(nodes: set[str], origins: set[str], sides: Any) -> bool:

@@ -82,14 +82,8 @@ def is_resend_mark(group: str) -> bool:
 
 def root_of(msg: Message) -> tuple[str, int]:
     """The id of the message ``msg`` first was (a re-send's root; else its own id)."""
-    shares: tuple[str, ...] | None = getattr(msg, "shares", None)
-    if shares:
-        mark = shares[0]
-        if is_resend_mark(mark):
-            origin, _, seq = mark[len(SHARE_PREFIX) :].rpartition(" ")
-            if origin and seq.isdigit():
-                return origin, int(seq)
-    return msg.origin, msg.seq
+    root = _resent(msg)
+    return (msg.origin, msg.seq) if root is None else root
 
 
 def _resent(msg: Message) -> tuple[str, int] | None:
@@ -97,7 +91,8 @@ def _resent(msg: Message) -> tuple[str, int] | None:
     shares: tuple[str, ...] | None = getattr(msg, "shares", None)
     if not shares or not is_resend_mark(shares[0]):
         return None
-    return root_of(msg)
+    origin, _, seq = shares[0][len(SHARE_PREFIX) :].rpartition(" ")
+    return (origin, int(seq)) if origin and seq.isdigit() else None
 
 
 # how a group picks the member of each message (docs/operations.md, mqtt.shared_strategy)

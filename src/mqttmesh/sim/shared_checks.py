@@ -45,6 +45,7 @@ __all__ = [
     "SpreadCheck",
     "ControlCheck",
     "memberships",
+    "node_at",
     "check_once",
     "check_spread",
     "check_control",
@@ -246,7 +247,9 @@ def _origins(history: Any) -> dict[str, list[tuple[float, str]]]:
     return out
 
 
-def _node_at(conns: list[tuple[float, str]], t: float) -> str | None:
+def node_at(conns: list[tuple[float, str]], t: float) -> str | None:
+    """The node of the last of ``conns`` (time, node), in time order, at or before ``t``
+    (also the fault harness's: bench/chaos/sharecheck.py)."""
     node = None
     for at, n in conns:
         if at > t:
@@ -308,7 +311,7 @@ def _judge_interval(
     for mid, t, topic, qos in msgs:
         who = first.get((mid, share))
         publisher = mid.rpartition(":")[0]
-        origin = _node_at(origins.get(publisher, []), t) or publisher
+        origin = node_at(origins.get(publisher, []), t) or publisher
         pubs.add(origin)
         if who is None or who not in per_member:
             missed += 1

@@ -31,7 +31,7 @@ from __future__ import annotations
 import zlib
 
 from ...message import Message
-from ...shared import QUEUED, SHARE_PREFIX, WEIGHT, ShareError, is_resend_mark, resend_mark, split_share
+from ...shared import QUEUED, SHARE_PREFIX, WEIGHT, ShareError, is_resend_mark, resend_mark, root_of, split_share
 from .engine_base import EngineState
 from .envelope import Shares
 from .spf import shortest_paths
@@ -44,9 +44,7 @@ def only(msg: Message, share: str) -> tuple[str, str]:
     alone, not for the node's other subscribers (a member left holding it, its node is gone:
     route_to_group): first a mark that names the message it re-sends (shared.py
     ``resend_mark``; custody.py ``_group_copy`` set it), then the group."""
-    shares: tuple[str, ...] | None = getattr(msg, "shares", None)
-    mark = shares[0] if shares and is_resend_mark(shares[0]) else resend_mark((msg.origin, msg.seq))
-    return (mark, share)
+    return (resend_mark(root_of(msg)), share)
 
 
 def share_entries(smap: Shares) -> list[str]:
