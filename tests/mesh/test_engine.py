@@ -1019,3 +1019,56 @@ def test_a_node_that_just_started_keeps_a_groups_message_until_it_knows_the_grou
     net._pump("a", a.tick(net.t))
     net.settle()
     assert seen["c"] == [(100, ("$share/a 100", "$share/g/t/#"))] and not a._parked
+
+
+def test_a_restarted_node_that_knows_no_group_yet_sends_a_groups_message_on_rather_than_dropping_it():
+    """a chose b's member for its QoS 2 message and b was killed as it arrived: a's custody
+    sends it again to the restarted b before b has heard of any group (its own member gone,
+    no other node's groups known: nothing shared anywhere, as far as it knows). b keeps it for
+    the group, a new message of its own, instead of handing it to its broker, where no group
+    would take it while its acknowledgement ended a's wait (the fault harness, 7 nodes,
+    seed 7: one acknowledged QoS 2 message lost so)."""
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    net.subscribe("b", "$share/g/t/#")
+    net.subscribe("c", "$share/g/t/#")
+    a = net.engines["a"]
+    a.route_local(Message("t/1", b"x", 2, False, "a", 1, "p", net.t), net.t)
+    [(peer, kind, payload, _)] = [s for s in a.flush(net.t) if s[1] == "fwd"]
+    assert peer == "b" and a.custody[1].shares == {"b": ("$share/g/t/#",)}
+    fresh = MeshEngine("b", 2, ["b:1883"], MeshSettings())  # (b after kill -9: knows nothing yet)
+    fresh.start(net.t)
+    seqs = iter(range(100, 200))
+    fresh.new_seq = lambda: next(seqs)
+    assert not fresh.synced and not fresh._share_nodes
+    inbound = fresh.receive("a", "fwd", payload, net.t)
+    [msg] = inbound.deliveries
+    assert msg.shares == ("$share/g/t/#",)  # (its broker has no such group: none takes it)
+    assert len(fresh._parked) == 1 and fresh.counters["shared_parked"] == 1
+    [(kept, share, _)] = fresh._parked
+    assert share == "$share/g/t/#" and kept.shares == ("$share/a 1",) and kept.origin == "b"
+
+
+def test_a_groups_message_released_after_waiting_for_its_predecessor_goes_on_if_the_member_left():
+    """b's member left while a's message 2 waited at b for message 1 (lost on the way): when
+    it is released (``release_held``, the predecessor given up) it goes on to c's member, as
+    one delivered at once would (``_served_elsewhere``), not to b's broker, where no group
+    takes it."""
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    net.subscribe("b", "$share/g/t/#")
+    a, b = net.engines["a"], net.engines["b"]
+    seqs = iter(range(100, 200))
+    b.new_seq = lambda: next(seqs)
+    seen = _shares_seen(net)
+    a.route_local(Message("t/1", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    assert [s[1] for s in a.flush(net.t)] == ["fwd"]  # (lost on the way)
+    a.route_local(Message("t/1", b"x", 1, False, "a", 2, "p", net.t), net.t)
+    [(_, _, payload, _)] = [s for s in a.flush(net.t) if s[1] == "fwd"]
+    assert b.receive("a", "fwd", payload, net.t).deliveries == [] and b._held  # (2 waits at b for 1)
+    b.flush(net.t)  # (its question for 1 lost too)
+    b.local_filter_removed("$share/g/t/#")  # (b's last member left)
+    net.subscribe("c", "$share/g/t/#")
+    net.t = b.settings.reorder_wait + 0.1
+    released = b.release_held(net.t)
+    assert [m.seq for m in released] == [2] and released[0].shares == ("$share/g/t/#",)
+    net.settle()
+    assert b.counters["shared_rerouted"] == 1 and seen["c"] == [(100, ("$share/a 2", "$share/g/t/#"))]

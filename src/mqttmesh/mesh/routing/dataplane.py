@@ -187,6 +187,7 @@ class DataPlaneMixin(EngineState):
         shares = env.shares
         if shares is not None:  # the shared groups it goes to here, as it says (shares.py)
             msg.shares = shares.get(me, ())
+            self._shares_in = True
         if len(env_dests) == 1 and env_dests[0] == me:
             # the common case, a leaf: nothing to forward, the delivery filter alone decides
             prev: int = env.prev  # type: ignore[assignment]  # (one destination: a number)

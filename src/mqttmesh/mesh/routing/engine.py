@@ -96,6 +96,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self.routers = {}
         self.interests = {}
         self.synced = False
+        self._shares_in = False  # (receive: an envelope of the batch named groups for this node)
         self._wanted = {}
         self.remote = InterestIndex()
         self.next_hop = {}
@@ -242,10 +243,13 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             raise MeshProtocolError(str(exc)) from None
         stats.envelopes_in += len(envelopes)
         deliveries: list[Message] = []
+        self._shares_in = False
         for env in envelopes:
             self._handle_envelope(peer, env, deliveries, now)
         self.counters["delivered"] += len(deliveries)  # (counted here, once per batch)
-        if self._share_nodes and deliveries:  # (a shared group anywhere: one served here?)
+        if deliveries and (self._share_nodes or self._shares_in):
+            # (a shared group anywhere, or one named by a message here though this node knows
+            # of none: it restarted, and its groups went with its members; one served here?)
             self._served_elsewhere(deliveries, now)
         return _new_tuple(Inbound, (deliveries, ()))  # Inbound(deliveries, ()) at half the cost
 

@@ -150,6 +150,7 @@ class EngineState:
     # shared groups (shares.py): "$share/{g}/{f}" -> the nodes with members; f -> the groups;
     # round-robin turns and the last node chosen, per group
     _share_nodes: dict[str, dict[str, int]]  # (node -> its weight: connected members; 0: they queue)
+    _shares_in: bool
     _share_trie: SubscriptionTrie
     _share_turn: dict[str, int]
     _share_last: dict[str, str]

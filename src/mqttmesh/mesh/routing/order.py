@@ -134,7 +134,14 @@ class OrderMixin(EngineState):
                     h.asked = now
                     self._order_out.setdefault(("nack", origin), []).append(prev)
         self.counters["delivered"] += len(out)
+        self._released_shares(out, now)
         return out
+
+    def _released_shares(self, out: list[Message], now: float) -> None:
+        """Messages that waited for their predecessor go out now: one chosen to serve a group
+        here that has no member here any more goes on, as from ``receive``."""
+        if out and (self._share_nodes or any(getattr(m, "shares", None) for m in out)):
+            self._served_elsewhere(out, now)
 
     # ------------------------------------------------------------------ nack and skip
 
@@ -162,6 +169,7 @@ class OrderMixin(EngineState):
         if not out:
             return NOTHING
         self.counters["delivered"] += len(out)
+        self._released_shares(out, now)
         return Inbound(out, ())
 
     def _answer_nack(self, dest: str, seqs: Sequence[int]) -> None:
