@@ -1,0 +1,313 @@
+"""The archive's logs as Delta Lake tables (delta-rs, the ``deltalake`` package: no JVM).
+
+I/O (files). Each log of an archive directory, ``publish/`` and ``delivery/``, is one table,
+partitioned by ``date`` (``YYYY-MM-DD``) and ``hour`` (``HH``) of its rows' ``timestamp``, UTC,
+as the plain-Parquet layout of format 1 was (``convert`` turns such a directory into a table in
+place). A flush of the writer is one commit (``TableWriter.append``), tagged with the writer's
+application id (``mqttmesh:{node}:{kind}``) and a version one above its last commit's: a
+reader sees whole flushes or none, a write cut off by a crash (kill -9) leaves files no commit
+names (invisible; ``expire`` vacuums them), and a flush retried after an error whose commit
+did land is not committed twice. ``compact`` merges small files into large ones, ``expire``
+removes partitions older than a time and vacuums, both as commits of their own, safe while a
+writer appends (delta-rs retries a commit that lost a race, and a blind append never conflicts
+with a rewrite). ``snapshot_files`` lists a version's files for Spark, pruned by partition.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .schema import COLUMNS, FORMAT_VERSION, KINDS
+
+__all__ = [
+    "PARTITIONS",
+    "TableError",
+    "TableWriter",
+    "Compacted",
+    "Expired",
+    "is_table",
+    "with_partitions",
+    "snapshot_files",
+    "table_version",
+    "compact",
+    "expire",
+    "convert",
+]
+
+PARTITIONS = ["date", "hour"]
+_DESCRIPTION = "mqttmesh archive, {kind} log, format {version}"
+
+
+class TableError(Exception):
+    """A table that cannot be written, read or maintained as asked; the message says why."""
+
+
+def is_table(path: str) -> bool:
+    """Is ``path`` a Delta table (it has a transaction log)?"""
+    return os.path.isdir(os.path.join(path, "_delta_log"))
+
+
+def with_partitions(table: pa.Table) -> pa.Table:
+    """``table`` with its partition columns, ``date`` and ``hour`` of ``timestamp`` (UTC)."""
+    ts = table.column("timestamp")
+    date = pc.strftime(ts, format="%Y-%m-%d", locale="C")
+    hour = pc.strftime(ts, format="%H", locale="C")
+    return table.append_column("date", date).append_column("hour", hour)
+
+
+def _writer_properties(kind: str, compression: str | None):
+    from deltalake import ColumnProperties, WriterProperties
+
+    # (as format 1's files: dictionaries for the repetitive strings, deltas for the counters
+    # and times, no statistics for the columns nobody filters on)
+    names = [name for name, _, _ in COLUMNS[kind]]
+    dictionary = {"origin", "publisher", "topic", "node", "client_id"}
+    delta = {"timestamp", "seq", "payload_size", "published", "log_seq"}
+    columns = {
+        name: ColumnProperties(
+            dictionary_enabled=name in dictionary,
+            statistics_enabled="NONE" if name in ("payload", "msg_id") else "CHUNK",
+            encoding="DELTA_BINARY_PACKED" if name in delta else None,
+        )
+        for name in names
+    }
+    codec = (compression or "uncompressed").upper()
+    return WriterProperties(compression=codec, column_properties=columns)  # type: ignore[arg-type]
+
+
+@dataclass
+class Committed:
+    """What one commit added: its version, files and their bytes."""
+
+    version: int
+    files: int
+    nbytes: int
+
+
+class TableWriter:
+    """Appends flushes of one log (``kind``) of one node to ``directory/kind``."""
+
+    def __init__(self, directory: str, node_id: str, kind: str, compression: str | None = "zstd"):
+        if kind not in KINDS:
+            raise ValueError(kind)
+        self.path = os.path.join(directory, kind)
+        self.kind = kind
+        self.app_id = f"mqttmesh:{node_id}:{kind}"
+        self.compression = compression
+        self.last: int | None = None  # the version of our last commit (None: not read yet)
+        self._props = _writer_properties(kind, compression)
+
+    def _last_committed(self) -> int:
+        """Our application's last version in the table's log (0: none, or no table yet)."""
+        if not is_table(self.path):
+            return 0
+        from deltalake import DeltaTable
+
+        return DeltaTable(self.path).transaction_version(self.app_id) or 0
+
+    def append(self, table: pa.Table, version: int | None = None) -> Committed | None:
+        """``table`` (rows of this log) as one commit, our next version, or ``version``: rows
+        appended again under the version they had (a retry) are not committed twice, the log
+        having it already (None then). An error whose commit landed anyway (the log says our
+        version is there) is no error; any other is raised (TableError), and the rows may be
+        appended again under the same version."""
+        from deltalake import CommitProperties, Transaction, write_deltalake
+
+        if self.last is None:
+            self.last = self._last_committed()
+        if version is None:
+            version = self.last + 1
+        elif version <= self.last:
+            return None
+        commit = CommitProperties(
+            app_transactions=[Transaction(app_id=self.app_id, version=version)],
+            custom_metadata={"mqttmesh.archive": str(FORMAT_VERSION), "mqttmesh.rows": str(table.num_rows)},
+        )
+        try:
+            write_deltalake(
+                self.path,
+                with_partitions(table),
+                partition_by=PARTITIONS,
+                mode="append",
+                description=_DESCRIPTION.format(kind=self.kind, version=FORMAT_VERSION),
+                writer_properties=self._props,
+                commit_properties=commit,
+            )
+        except Exception as exc:
+            try:
+                landed = self._last_committed() >= version
+            except Exception:
+                landed = False
+            if not landed:
+                self.last = None  # (read again from the log before the next append)
+                raise TableError(f"{self.path}: {type(exc).__name__}: {exc}") from exc
+        self.last = version
+        return self._what_landed()
+
+    def _what_landed(self) -> Committed:
+        """The files and bytes our last commit added (read from the newest commit of ours)."""
+        from deltalake import DeltaTable
+
+        table = DeltaTable(self.path)
+        version = table.version()
+        log = os.path.join(self.path, "_delta_log")
+        # (a concurrent writer may have committed after us: look back a few versions)
+        for v in range(version, max(-1, version - 16), -1):
+            try:
+                with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:
+                    actions = [json.loads(line) for line in fh if line.strip()]
+            except OSError:
+                continue
+            txn = [a["txn"] for a in actions if "txn" in a]
+            if any(t.get("appId") == self.app_id and t.get("version") == self.last for t in txn):
+                adds = [a["add"] for a in actions if "add" in a]
+                return Committed(v, len(adds), sum(int(a.get("size", 0)) for a in adds))
+        return Committed(version, 0, 0)
+
+
+def _open(path: str, as_of: int | dt.datetime | None = None):
+    from deltalake import DeltaTable
+
+    if not is_table(path):
+        raise TableError(f"{path}: not a Delta table (no _delta_log; `mqttmesh archive convert` makes one)")
+    try:
+        if isinstance(as_of, int):
+            return DeltaTable(path, version=as_of)
+        table = DeltaTable(path)
+        if as_of is not None:
+            table.load_as_version(as_of)
+        return table
+    except Exception as exc:
+        raise TableError(f"{path}: {type(exc).__name__}: {exc}") from exc
+
+
+def table_version(path: str) -> int:
+    return _open(path).version()
+
+
+def _hour_start(date: str, hour: str) -> dt.datetime | None:
+    try:
+        return dt.datetime.combine(dt.date.fromisoformat(date), dt.time(int(hour)), dt.UTC)
+    except (TypeError, ValueError):
+        return None
+
+
+def snapshot_files(
+    path: str,
+    since: dt.datetime | None = None,
+    until: dt.datetime | None = None,
+    as_of: int | dt.datetime | None = None,
+) -> tuple[int, list[str]]:
+    """The table's version (the current one, or ``as_of``: a version number or a time) and
+    the absolute paths of its data files that may hold rows in [since, until)."""
+    table = _open(path, as_of)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    files = actions.column("path").to_pylist()
+    dates = actions.column("partition.date").to_pylist() if "partition.date" in actions.column_names else []
+    hours = actions.column("partition.hour").to_pylist() if "partition.hour" in actions.column_names else []
+    out = []
+    for i, name in enumerate(files):
+        if (since or until) and dates:
+            start = _hour_start(dates[i], hours[i])
+            if start is not None:
+                end = start + dt.timedelta(hours=1)
+                if (since is not None and end <= since) or (until is not None and start >= until):
+                    continue
+        out.append(name if os.path.isabs(name) else os.path.join(os.path.abspath(path), name))
+    return table.version(), sorted(out)
+
+
+@dataclass
+class Compacted:
+    version: int
+    files_removed: int
+    files_added: int
+
+
+def compact(path: str, target_bytes: int = 128 << 20, compression: str | None = "zstd") -> Compacted:
+    """Small files of ``path`` merged into files of about ``target_bytes`` (one commit; a
+    partition with one file or none to merge is left alone)."""
+    table = _open(path)
+    kind = os.path.basename(os.path.normpath(path))
+    props = _writer_properties(kind, compression) if kind in KINDS else None
+    try:
+        metrics = table.optimize.compact(target_size=target_bytes, writer_properties=props)
+    except Exception as exc:
+        raise TableError(f"{path}: compaction failed ({type(exc).__name__}: {exc})") from exc
+    return Compacted(table.version(), int(metrics.get("numFilesRemoved", 0)), int(metrics.get("numFilesAdded", 0)))
+
+
+@dataclass
+class Expired:
+    version: int
+    rows_removed: int
+    files_vacuumed: int
+
+
+def expire(path: str, older_than: dt.datetime, vacuum_hours: float = 1.0) -> Expired:
+    """Every hour partition that ends at or before ``older_than`` removed (one commit, by
+    partition: no file is rewritten), then files no version newer than ``vacuum_hours`` ago
+    needs deleted from disk (what this and earlier removals and compactions left, and what a
+    writer killed mid-write left). A reader of an older version keeps its files for that
+    long."""
+    table = _open(path)
+    cutoff = older_than.astimezone(dt.UTC)
+    day, hour = f"{cutoff:%Y-%m-%d}", f"{cutoff:%H}"
+    predicate = f"date < '{day}' OR (date = '{day}' AND hour < '{hour}')"
+    removed = 0
+    try:
+        actions = pa.table(table.get_add_actions(flatten=True))
+        if actions.num_rows:
+            metrics = table.delete(predicate)
+            removed = int(metrics.get("num_deleted_rows", 0))
+        # (full: also the files no commit ever named, a killed writer's; a live writer's
+        # file not yet committed is younger than the retention, and kept)
+        vacuumed = table.vacuum(
+            retention_hours=max(0, int(vacuum_hours)), dry_run=False, enforce_retention_duration=False, full=True
+        )
+    except Exception as exc:
+        raise TableError(f"{path}: expiry failed ({type(exc).__name__}: {exc})") from exc
+    return Expired(table.version(), removed, len(vacuumed))
+
+
+def convert(path: str) -> int:
+    """A format-1 log directory (``date=/hour=`` folders of Parquet files) made a Delta table
+    in place: its files become the table's first version (nothing is copied). Returns the
+    number of files taken. Raises TableError if a file is not an archive file of this log
+    (named) or it is already a table."""
+    from deltalake import convert_to_deltalake
+
+    from ..pipeline.extract import check_file, list_files
+
+    kind = os.path.basename(os.path.normpath(path))
+    if kind not in KINDS:
+        raise TableError(f"{path}: not a log directory (its name is one of {', '.join(KINDS)})")
+    if is_table(path):
+        raise TableError(f"{path}: already a Delta table")
+    files = list_files([os.path.dirname(os.path.normpath(path))], kind)
+    for f in files:
+        problem = check_file(f, kind)
+        if problem is not None:
+            raise TableError(f"{f}: {problem} (move it out of the archive before converting)")
+    if not files:
+        raise TableError(f"{path}: no archive files to convert")
+    from deltalake import Field, Schema
+    from deltalake.schema import PrimitiveType
+
+    partitions = Schema([Field("date", PrimitiveType("string")), Field("hour", PrimitiveType("string"))])
+    try:
+        convert_to_deltalake(
+            path,
+            partition_by=partitions,
+            partition_strategy="hive",
+            description=_DESCRIPTION.format(kind=kind, version=FORMAT_VERSION),
+        )
+    except Exception as exc:
+        raise TableError(f"{path}: conversion failed ({type(exc).__name__}: {exc})") from exc
+    return len(files)
