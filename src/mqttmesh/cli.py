@@ -209,6 +209,12 @@ Ctrl-C stops every node.""",
     return 0
 
 
+def cmd_archive(args: argparse.Namespace) -> int:
+    from .archive.cli import run
+
+    return run(args)
+
+
 def cmd_analyze(args: argparse.Namespace) -> int:
     from .pipeline.cli import run  # pyspark is imported only here, not by the broker
 
@@ -288,6 +294,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_analyze_arguments(p)
     p.set_defaults(func=cmd_analyze)
+
+    p = sub.add_parser("archive", help="the archive's Delta tables: info, compact, expire, convert (docs/pipeline.md)")
+    from .archive.cli import add_arguments as add_archive_arguments  # argparse only
+
+    add_archive_arguments(p)
+    p.set_defaults(func=cmd_archive)
 
     p = sub.add_parser("demo", help="a sensor workload on a local mesh, then its traffic and payload reports")
     from .demo import add_arguments as add_demo_arguments

@@ -491,6 +491,57 @@ _MESH_TLS_SYS_ARCHIVE: list[Option] = [
     ),
     Option(
         "archive",
+        "format",
+        str,
+        "parquet",
+        "parquet: each log a directory of date=/hour= folders of Parquet files (format 1); delta: "
+        "each log a Delta Lake table, a flush one atomic commit, compacted and expired by the "
+        "writer (docs/pipeline.md)",
+        choices=("parquet", "delta"),
+        flag_name="--archive-format",
+    ),
+    Option(
+        "archive",
+        "compact_interval",
+        float,
+        3600.0,
+        "delta: seconds between two compactions of each log by the writer (0 = never; "
+        "`mqttmesh archive compact` does one at any time)",
+        0,
+        flag_name="--archive-compact-interval",
+    ),
+    Option(
+        "archive",
+        "compact_target_bytes",
+        int,
+        128 * _MiB,
+        "delta: the size a compaction makes its files (small files of one hour merged up to it)",
+        _MiB,
+        flag_name="--archive-compact-target-bytes",
+    ),
+    Option(
+        "archive",
+        "retention",
+        float,
+        0.0,
+        "delta: seconds of messages kept; older hours are removed at each compaction (0 = keep "
+        "everything; 2592000 = 30 days; `mqttmesh archive expire` does it at any time)",
+        0,
+        flag_name="--archive-retention",
+    ),
+    Option(
+        "archive",
+        "vacuum_retention",
+        float,
+        3600.0,
+        "delta: seconds a file removed from a table (compacted, expired) stays on disk for the "
+        "readers of an older version, and a file no commit names (a writer killed mid-write) "
+        "before it is deleted",
+        0,
+        flag_name="--archive-vacuum-retention",
+    ),
+    Option(
+        "archive",
         "log_interval",
         float,
         10.0,

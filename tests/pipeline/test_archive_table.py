@@ -173,3 +173,55 @@ def test_conversion_refuses_a_directory_with_a_file_that_is_not_of_the_archive(t
     assert not is_table(str(tmp_path / PUBLISH))
     with pytest.raises(TableError, match="no archive files"):
         convert(str(tmp_path / DELIVERY))
+
+
+class Reports(list):
+    def __call__(self, *values):
+        self.append(values)
+
+
+def chunk(seqs, t=T14):
+    return Chunk(PUBLISH, [(t, s, "p", "t/1", 1, False, b"x") for s in seqs], len(seqs), 0)
+
+
+def test_the_node_writer_in_delta_format_commits_each_flush_and_retries_a_failed_one_in_order(tmp_path):
+    """archive.format = delta: a flush is a commit. A commit that fails (here: a file where the
+    table's directory must be) is tried again under its version, and the flushes after it wait
+    behind it, so that each is committed once and in order; reports come when a flush is
+    committed."""
+    reports = Reports()
+    w = FileWriter(str(tmp_path), "n1", 1, ArchiveLimits(), report=reports, fmt="delta")
+    w.add(chunk([1, 2]), now=0.0)
+    w.write(PUBLISH, 0.0)
+    assert reports[0][:5] == (PUBLISH, 2, 2, 2, 0) and reports[0][5] == 1
+    blocker = tmp_path / PUBLISH / "_delta_log"
+    moved = tmp_path / "log-aside"
+    blocker.rename(moved)
+    blocker.write_text("not a directory")  # (the table cannot be read nor written now)
+    w.add(chunk([3]), now=1.0)
+    w.write(PUBLISH, 1.0)
+    w.add(chunk([4]), now=1.5)
+    w.write(PUBLISH, 1.5)
+    assert len(reports) == 1 and len(w.retries) == 2 and w.next_due() == 1.0 + 2.0
+    w.write_due(2.0)  # (not due yet)
+    assert [r.attempts for r in w.retries] == [1, 0]
+    blocker.unlink()
+    moved.rename(blocker)
+    w.write_due(3.5)
+    assert w.retries == [] and [r[:5] for r in reports[1:]] == [(PUBLISH, 1, 1, 1, 0)] * 2
+    version, files = snapshot_files(str(tmp_path / PUBLISH))
+    assert [r["seq"] for r in rows(files)] == [1, 2, 3, 4] and version == 2
+    from deltalake import DeltaTable
+
+    assert DeltaTable(str(tmp_path / PUBLISH)).transaction_version("mqttmesh:n1:publish") == 3
+
+
+def test_a_commit_that_keeps_failing_is_given_up_and_counted_at_the_stop(tmp_path):
+    reports = Reports()
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the archive directory should be")
+    w = FileWriter(str(blocked), "n1", 1, ArchiveLimits(), report=reports, fmt="delta")
+    w.add(chunk([1, 2, 3]), now=0.0)
+    w.close()
+    assert reports == [(PUBLISH, 3, 3, 0, 3, 0, 0)] and w.retries == []
+    assert w.last_error

@@ -101,6 +101,7 @@ class TableWriter:
         self.app_id = f"mqttmesh:{node_id}:{kind}"
         self.compression = compression
         self.last: int | None = None  # the version of our last commit (None: not read yet)
+        self.reserved = 0  # the highest version handed out (``next_version``)
         self._props = _writer_properties(kind, compression)
 
     def _last_committed(self) -> int:
@@ -111,6 +112,15 @@ class TableWriter:
 
         return DeltaTable(self.path).transaction_version(self.app_id) or 0
 
+    def next_version(self) -> int:
+        """A version for a commit to come, above every one handed out and every one in the log
+        (read once, and again after an error). Versions must be committed in order: the log
+        keeps one high-water version per writer, and a lower one is taken as committed."""
+        if self.last is None:
+            self.last = self._last_committed()
+        self.reserved = max(self.reserved, self.last) + 1
+        return self.reserved
+
     def append(self, table: pa.Table, version: int | None = None) -> Committed | None:
         """``table`` (rows of this log) as one commit, our next version, or ``version``: rows
         appended again under the version they had (a retry) are not committed twice, the log
@@ -119,11 +129,11 @@ class TableWriter:
         appended again under the same version."""
         from deltalake import CommitProperties, Transaction, write_deltalake
 
-        if self.last is None:
-            self.last = self._last_committed()
         if version is None:
-            version = self.last + 1
-        elif version <= self.last:
+            version = self.next_version()
+        elif self.last is None:
+            self.last = self._last_committed()
+        if version <= self.last:  # type: ignore[operator]  # (read just above)
             return None
         commit = CommitProperties(
             app_transactions=[Transaction(app_id=self.app_id, version=version)],

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import argparse
 import array
+import datetime as dt
 import logging
 import os
 import select
 import signal
 import sys
+import threading
 import time
 
 try:
@@ -42,6 +44,7 @@ except ImportError:  # not a Unix: no pipe sizes, no idle priority
     fcntl = termios = None  # type: ignore[assignment]
 
 from .recorder import ArchiveLimits
+from .schema import KINDS
 from .wire import FrameReader, WireError, encode_report
 from .writer import FileWriter
 
@@ -57,6 +60,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--incarnation", type=int, required=True)
     p.add_argument("--generation", type=int, default=0, help="restarts of the writer during this run")
     p.add_argument("--compression", default="zstd")
+    p.add_argument("--format", default="parquet", choices=("parquet", "delta"))
+    p.add_argument(
+        "--compact-interval", type=float, default=3600.0, help="delta: seconds between compactions (0: none)"
+    )
+    p.add_argument("--compact-target-bytes", type=int, default=128 << 20)
+    p.add_argument("--retention", type=float, default=0.0, help="delta: seconds of rows kept (0: all)")
+    p.add_argument("--vacuum-retention", type=float, default=3600.0)
     p.add_argument("--flush-interval", type=float, default=ArchiveLimits.flush_interval)
     p.add_argument("--flush-rows", type=int, default=ArchiveLimits.flush_rows)
     p.add_argument("--flush-bytes", type=int, default=ArchiveLimits.flush_bytes)
@@ -116,6 +126,57 @@ class Priority:
         self.idle = idle
 
 
+class Upkeep:
+    """Compaction and expiry of the Delta tables (archive.format = delta), every
+    ``--compact-interval`` seconds, in a thread of their own: delta-rs does the work outside
+    the GIL, and the appends go on meanwhile (a blind append never conflicts with a rewrite).
+    The first one runs one interval after the start."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.interval = args.compact_interval or 3600.0  # (expiry alone: hourly)
+        self.due = time.monotonic() + self.interval
+        self.thread: threading.Thread | None = None
+
+    def check(self, now: float) -> None:
+        if now < self.due or (self.thread is not None and self.thread.is_alive()):
+            return
+        self.due = now + self.interval
+        self.thread = threading.Thread(target=self.run, name="archive-upkeep", daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        from .table import TableError, compact, expire, is_table
+
+        a = self.args
+        for kind in KINDS:
+            path = os.path.join(a.dir, kind)
+            if not is_table(path):
+                continue
+            try:
+                if a.retention:
+                    cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=a.retention)
+                    e = expire(path, cutoff, a.vacuum_retention / 3600.0)
+                    if e.rows_removed or e.files_vacuumed:
+                        log.info(
+                            "archive: %s: %d rows before %s removed, %d files deleted",
+                            path,
+                            e.rows_removed,
+                            f"{cutoff:%Y-%m-%dT%H:00Z}",
+                            e.files_vacuumed,
+                        )
+                if a.compact_interval:
+                    c = compact(path, a.compact_target_bytes, None if a.compression == "none" else a.compression)
+                    if c.files_removed:
+                        log.info("archive: %s: %d files compacted into %d", path, c.files_removed, c.files_added)
+            except TableError as exc:  # (a race lost for good, a full disk: the next round tries again)
+                log.warning("archive: upkeep of %s: %s", path, exc)
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -144,7 +205,8 @@ def main(argv=None) -> int:
 
     limits = ArchiveLimits(flush_interval=args.flush_interval, flush_rows=args.flush_rows, flush_bytes=args.flush_bytes)
     incarnation = args.incarnation if not args.generation else f"{args.incarnation}.{args.generation}"
-    writer = FileWriter(args.dir, args.node, incarnation, limits, args.compression, report)
+    writer = FileWriter(args.dir, args.node, incarnation, limits, args.compression, report, args.format)
+    upkeep = Upkeep(args) if args.format == "delta" and (args.compact_interval or args.retention) else None
     reader = FrameReader()
     fd = sys.stdin.buffer.fileno()
     priority = Priority(fd, bool(args.idle))
@@ -168,8 +230,12 @@ def main(argv=None) -> int:
                 status = 1
                 break
         writer.write_due(now)
+        if upkeep is not None:
+            upkeep.check(now)
         priority.check()
     writer.close()
+    if upkeep is not None:
+        upkeep.join()
     if reader.buffered and not status:
         log.warning(
             "archive writer: input ended inside a chunk (%d bytes): the node stopped while sending it", reader.buffered

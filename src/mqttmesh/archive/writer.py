@@ -217,9 +217,29 @@ class _Pending:
         self.since = 0.0  # when the oldest of them arrived (the caller's clock)
 
 
+RETRIES = 5  # attempts at a Delta commit before its rows are counted as failed
+RETRY_AFTER = 2.0  # seconds between two of them
+
+
+class _Retry:
+    """A flush whose commit failed, kept under its version to be committed again (at most
+    once: table.py)."""
+
+    __slots__ = ("kind", "table", "version", "records", "nbytes", "attempts", "due")
+
+    def __init__(self, kind: str, table: pa.Table, version: int, records: int, nbytes: int, due: float):
+        self.kind, self.table, self.version = kind, table, version
+        self.records, self.nbytes = records, nbytes
+        self.attempts = 0
+        self.due = due
+
+
 class FileWriter:
     """Chunks in, files out; ``report(kind, records, nbytes, written, failed, files, file_bytes)``
-    is called once per set of records it is done with (written, failed, or ``$`` topics)."""
+    is called once per set of records it is done with (written, failed, or ``$`` topics).
+    ``fmt``: "parquet" (format 1: a file per flush and hour, renamed into place) or "delta"
+    (a commit per flush to the log's Delta table, archive/table.py; a commit that fails is
+    tried again, under its version, up to RETRIES times)."""
 
     def __init__(
         self,
@@ -229,6 +249,7 @@ class FileWriter:
         limits: ArchiveLimits,
         compression: str = "zstd",
         report=None,
+        fmt: str = "parquet",
     ):
         self.directory = directory
         self.node_id = node_id
@@ -239,6 +260,14 @@ class FileWriter:
         self.number = 0
         self.pending = {k: _Pending() for k in KINDS}
         self.last_error: str | None = None
+        self.tables = None
+        self.retries: list[_Retry] = []
+        if fmt == "delta":
+            from .table import TableWriter
+
+            self.tables = {k: TableWriter(directory, node_id, k, self.compression) for k in KINDS}
+        elif fmt != "parquet":
+            raise ValueError(f"archive format {fmt!r}: parquet or delta")
 
     def add(self, chunk: Chunk, now: float) -> None:
         rows, data = chunk.rows, chunk.data
@@ -261,24 +290,29 @@ class FileWriter:
         p.records += n
         p.nbytes += chunk.nbytes
         if p.records >= self.limits.flush_rows or p.nbytes >= self.limits.flush_bytes:
-            self.write(chunk.kind)
+            self.write(chunk.kind, now)
 
     def next_due(self) -> float | None:
         """When the oldest waiting records must be written (None: nothing waits)."""
-        waiting = [p.since for p in self.pending.values() if p.records]
-        return min(waiting) + self.limits.flush_interval / 2 if waiting else None
+        waiting = [p.since + self.limits.flush_interval / 2 for p in self.pending.values() if p.records]
+        waiting += [r.due for r in self.retries]
+        return min(waiting) if waiting else None
 
     def write_due(self, now: float) -> None:
+        if self.retries:
+            self._retry(now)
         for kind, p in self.pending.items():
             if p.records and now - p.since >= self.limits.flush_interval / 2:
-                self.write(kind)
+                self.write(kind, now)
 
     def close(self) -> None:
         for kind, p in self.pending.items():
             if p.records:
                 self.write(kind)
+        while self.retries:  # (the node waits for the files: each failed commit tried again)
+            self._retry(0.0, force=True)
 
-    def write(self, kind: str) -> None:
+    def write(self, kind: str, now: float = 0.0) -> None:
         p = self.pending[kind]
         self.pending[kind] = _Pending()
         written = files = nbytes = rows = 0
@@ -290,6 +324,13 @@ class FileWriter:
             else:
                 table = delivery_table(records, self.node_id, p.first)
             rows = table.num_rows
+            if self.tables is not None and rows:
+                r = _Retry(kind, table, self.tables[kind].next_version(), p.records, p.nbytes, now)
+                # (in version order: behind a failed commit of this log, it waits for it)
+                if any(x.kind == kind for x in self.retries) or not self._commit(r):
+                    r.due = now + RETRY_AFTER
+                    self.retries.append(r)
+                return
             for hour, part in split_by_hour(table):
                 nbytes += self._write_file(kind, hour, part)
                 written += part.num_rows
@@ -305,6 +346,53 @@ class FileWriter:
                 self.last_error,
             )
         self.report(kind, p.records, p.nbytes, written, rows - written, files, nbytes)
+
+    def _commit(self, r: _Retry) -> bool:
+        """One flush as one commit of its log's table. False: it failed, to be tried again
+        (under the same version: a commit that landed unbeknown to us is not made twice);
+        True: committed, or given up after RETRIES attempts (its rows counted as failed)."""
+        from .table import TableError
+
+        assert self.tables is not None
+        r.attempts += 1
+        try:
+            c = self.tables[r.kind].append(r.table, r.version)
+        except TableError as exc:
+            self.last_error = str(exc)
+            rows = r.table.num_rows
+            if r.attempts < RETRIES:
+                log.warning(
+                    "archive: could not commit %d %s records (attempt %d of %d): %s",
+                    rows,
+                    r.kind,
+                    r.attempts,
+                    RETRIES,
+                    exc,
+                )
+                return False
+            log.error("archive: could not commit %d %s records, given up: %s", rows, r.kind, exc)
+            self.report(r.kind, r.records, r.nbytes, 0, rows, 0, 0)
+            return True
+        # (None: committed already, by an attempt whose success did not reach us)
+        files, nbytes = (0, 0) if c is None else (c.files, c.nbytes)
+        self.report(r.kind, r.records, r.nbytes, r.table.num_rows, 0, files, nbytes)
+        return True
+
+    def _retry(self, now: float, force: bool = False) -> None:
+        """The failed commits that are due, oldest first; one that fails again holds back
+        the later ones of its log (versions commit in order: a table keeps one high-water
+        version per writer)."""
+        keep: list[_Retry] = []
+        blocked: set[str] = set()
+        for r in self.retries:
+            if r.kind in blocked or (not force and r.due > now):
+                blocked.add(r.kind)
+                keep.append(r)
+            elif not self._commit(r):
+                r.due = now + RETRY_AFTER
+                blocked.add(r.kind)
+                keep.append(r)
+        self.retries = keep
 
     def _write_file(self, kind: str, hour: int, table: pa.Table) -> int:
         folder = os.path.join(self.directory, partition_dir(kind, hour))

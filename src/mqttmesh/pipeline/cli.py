@@ -33,6 +33,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="first instant: ISO 8601 (UTC unless a zone is given), epoch seconds, or relative: --since=-30m, -2h, -1d",
     )
     p.add_argument("--until", metavar="T", help="end of the range (exclusive), same forms")
+    p.add_argument(
+        "--as-of",
+        metavar="VERSION|T",
+        help="read each log (a Delta table: archive.format = delta) as it was at this version "
+        "number or time (same forms as --since), not as it is now",
+    )
     p.add_argument("--master", metavar="URL", help="Spark master (default local[*], or what spark-submit set)")
     p.add_argument("--window", type=int, default=60, metavar="S", help="seconds per time window (60)")
     p.add_argument(
@@ -141,6 +147,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         args.since = parse_time(args.since, "--since", now) if isinstance(args.since, str) else args.since
         args.until = parse_time(args.until, "--until", now) if isinstance(args.until, str) else args.until
+        if isinstance(getattr(args, "as_of", None), str):
+            from .options import parse_as_of
+
+            args.as_of = parse_as_of(args.as_of, now)
         if args.since and args.until and args.since >= args.until:
             raise OptionError("--since must be before --until")
         for name in ("window", "level", "top", "sample"):

@@ -15,8 +15,9 @@ import re
 from collections.abc import Callable
 
 from ..archive.schema import COLUMNS, FORMAT_VERSION, KINDS
+from ..archive.table import TableError, is_table, snapshot_files
 
-__all__ = ["ExtractError", "list_files", "check_file", "read_log"]
+__all__ = ["ExtractError", "list_files", "check_file", "check_table_file", "read_log"]
 
 _PART = re.compile(r"^(date|hour)=(.+)$")
 
@@ -114,6 +115,27 @@ def check_file(path: str, kind: str, full: bool = False) -> str | None:
     return None
 
 
+def check_table_file(path: str, kind: str, full: bool = False) -> str | None:
+    """Why ``path``, a data file a Delta table's log names, is not readable as ``kind``
+    rows (None when it is): its footer (or, with ``full``, every page) and its columns. The
+    table's log, not the file, says which files and rows belong to it."""
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except Exception as exc:
+        return f"not a readable Parquet file ({type(exc).__name__}: {_first_line(exc)})"
+    missing = [name for name, _, _ in COLUMNS[kind] if name not in schema.names]
+    if missing:
+        return f"columns missing: {', '.join(missing)}"
+    if full:
+        try:
+            pq.ParquetFile(path).read()
+        except Exception as exc:
+            return f"damaged data ({type(exc).__name__}: {_first_line(exc)})"
+    return None
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
@@ -129,8 +151,13 @@ def read_log(
     say: Callable[[str], None] = print,
     required: bool = True,
     verify: str = "footer",
+    as_of=None,
 ):
     """The ``kind`` log of the archives under ``roots`` as a DataFrame, rows in [since, until).
+    A log that is a Delta table (archive.format = delta) is read as of its current version,
+    or ``as_of`` (a version number or a time): the files of that version alone, pruned by
+    hour (archive/table.py); a format-1 log directory, as its files are now (``as_of`` is
+    refused there: it has no versions).
 
     ``on_corrupt``: "skip" names each bad file through ``say`` and leaves it out; "fail"
     raises ExtractError naming the first one. ``verify``: "footer" (every file's footer
@@ -151,8 +178,19 @@ def read_log(
             continue
         if not os.path.isdir(_local(root)):
             raise ExtractError(f"--archive {root}: no such directory")
-        for path in list_files([root], kind, since, until):
-            problem = check_file(path, kind, full=verify == "full")
+        log_dir = os.path.join(_local(root), kind)
+        if is_table(log_dir):
+            try:
+                version, files = snapshot_files(log_dir, since, until, as_of)
+            except TableError as exc:
+                raise ExtractError(str(exc)) from None
+            say(f"{log_dir}: Delta table, version {version}, {len(files)} files in the time range")
+            checked = [(f, check_table_file(f, kind, full=verify == "full")) for f in files]
+        elif as_of is not None:
+            raise ExtractError(f"--as-of: {log_dir} is not a Delta table (`mqttmesh archive convert` makes one)")
+        else:
+            checked = [(f, check_file(f, kind, full=verify == "full")) for f in list_files([root], kind, since, until)]
+        for path, problem in checked:
             if problem is None:
                 paths.append(path)
             elif on_corrupt == "fail":

@@ -60,6 +60,7 @@ def job_options(**values) -> argparse.Namespace:
         grace=60.0,
         on_corrupt="skip",
         verify="footer",
+        as_of=None,
         shuffle_partitions=None,
         checkpoint=None,
         trigger="available-now",
@@ -135,6 +136,7 @@ def _read(spark, opts, kind, result: JobResult, say, **kw) -> DataFrame:
         opts.on_corrupt,
         note,
         verify=getattr(opts, "verify", "footer"),
+        as_of=getattr(opts, "as_of", None),
     )
 
 

@@ -10,7 +10,7 @@ import re
 
 from ..codec import MalformedPacket, validate_topic_filter
 
-__all__ = ["OptionError", "parse_time", "filter_regex", "Expectation", "parse_expectation"]
+__all__ = ["OptionError", "parse_time", "parse_as_of", "filter_regex", "Expectation", "parse_expectation"]
 
 
 class OptionError(ValueError):
@@ -44,6 +44,16 @@ def parse_time(text: str, option: str = "time", now: float | None = None) -> dt.
     if t.tzinfo is None:
         t = t.replace(tzinfo=dt.UTC)
     return t.astimezone(dt.UTC)
+
+
+def parse_as_of(text: str, now: float | None = None) -> int | dt.datetime:
+    """``--as-of``: a table version (a whole number, 0 or more) or an instant (``parse_time``)."""
+    text = text.strip()
+    if text.isdigit():
+        return int(text)
+    if text.startswith("-") and text[1:].isdigit():
+        raise OptionError(f"--as-of: {text!r}: a version is 0 or more (a relative time is -30m, -2h, -1d)")
+    return parse_time(text, "--as-of", now)
 
 
 def filter_regex(topic_filter: str) -> str:

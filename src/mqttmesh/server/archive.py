@@ -65,6 +65,11 @@ class ArchiveService:
             raise ConfigError(f"archive.filters: {exc}") from None
         self.limits = limits
         self.compression = get("archive.compression")
+        self.format = get("archive.format")
+        self.compact_interval = get("archive.compact_interval")
+        self.compact_target = get("archive.compact_target_bytes")
+        self.retention = get("archive.retention")
+        self.vacuum_retention = get("archive.vacuum_retention")
         self.log_interval = get("archive.log_interval")
         self.stop_timeout = get("archive.stop_timeout")
         self.writer_nice = get("archive.writer_nice")
@@ -127,6 +132,16 @@ class ArchiveService:
             str(self.generation),
             "--compression",
             self.compression,
+            "--format",
+            self.format,
+            "--compact-interval",
+            repr(self.compact_interval),
+            "--compact-target-bytes",
+            str(self.compact_target),
+            "--retention",
+            repr(self.retention),
+            "--vacuum-retention",
+            repr(self.vacuum_retention),
             "--flush-interval",
             repr(lim.flush_interval),
             "--flush-rows",
