@@ -99,3 +99,38 @@ def test_the_archive_command_converts_describes_compacts_and_expires(tmp_path):
     assert leftovers == [], "vacuum left files behind"
     out = mqttmesh("archive", "info", str(tmp_path / "nowhere"))
     assert out.returncode == 2 and "no such directory" in out.stderr
+
+
+@pytest.mark.spark
+def test_the_stream_job_reads_a_tables_new_commits_once_and_not_its_compactions(spark, tmp_path):
+    """Two runs of the stream job on one checkpoint, a compaction and more flushes between them,
+    and a file no commit names beside them: the sink has each message once (the compaction's
+    files carry no new data), as the batch job counts them."""
+    from pyspark.sql import functions as F
+    from pyspark.testing import assertDataFrameEqual
+
+    from mqttmesh.archive.table import compact
+    from mqttmesh.pipeline.stream import run_stream
+    from mqttmesh.pipeline.traffic import traffic_by
+
+    root, out = tmp_path / "arc", tmp_path / "out"
+    for k in range(3):
+        flush(root, T14 + k * 50, 1 + 20 * k, 20)
+    opts = job_options(archive=[str(root)], out=str(out), window=60, watermark=0, schema="v DOUBLE")
+    run_stream(spark, opts, lambda s: None)
+    assert compact(str(root / PUBLISH)).files_removed == 3
+    for k in range(3, 6):
+        flush(root, T14 + k * 50, 1 + 20 * k, 20)
+    orphan = root / PUBLISH / "date=2026-01-31" / "hour=14" / "part-99999-killed.parquet"
+    orphan.write_bytes(b"not committed")
+    run_stream(spark, opts, lambda s: None)
+    sink = spark.read.parquet(str(out / "stream" / "traffic")).select("window_start", "topic", "messages", "bytes")
+    # newest timestamp 14:04:29 (the last flush: 14:04:10 + 19 s), no delay: the windows up to
+    # 14:04 are final, with every message but the last flush's 20
+    assert sink.agg(F.sum("messages")).first()[0] == 100
+    batch = (
+        traffic_by(read_log(spark, [str(root)], PUBLISH), ["topic"], 60)
+        .where(F.col("window_end") <= F.lit("2026-01-31 14:04:29").cast("timestamp"))
+        .select("window_start", "topic", "messages", "bytes")
+    )
+    assertDataFrameEqual(sink, batch)

@@ -33,16 +33,23 @@ __all__ = ["run_stream", "stream_source"]
 
 
 def stream_source(spark, roots: list[str], max_files: int | None = None):
-    """The publish log of ``roots`` as a streaming DataFrame (one file source per root)."""
+    """The publish log of ``roots`` as a streaming DataFrame: one source per root, a file source
+    over a format-1 log directory, the commits of a Delta table (pipeline/delta_source.py)."""
     df = None
     for root in roots:
-        if is_table(os.path.join(root, PUBLISH)):
-            # (a file source would take a compaction's files for new rows, and a killed writer's
-            # for rows at all: the Delta source is the next step of issue 25)
-            raise ExtractError(
-                f"{os.path.join(root, PUBLISH)} is a Delta table (archive.format = delta): the stream "
-                "job reads format-1 archives (archive.format = parquet) only so far; the batch jobs read both"
-            )
+        log_dir = os.path.join(root, PUBLISH)
+        if is_table(log_dir):
+            # (its commits, not its files: a file source would take a compaction's files for
+            # new rows, and a killed writer's for rows at all; pipeline/delta_source.py)
+            from .delta_source import register
+
+            register(spark)
+            reader = spark.readStream.format("mqttmesh-delta").option("kind", PUBLISH)
+            if max_files:
+                reader = reader.option("maxFilesPerTrigger", int(max_files))
+            one = reader.load(os.path.abspath(log_dir))
+            df = one if df is None else df.unionByName(one)
+            continue
         reader = spark.readStream.schema(spark_schema(PUBLISH)).option("recursiveFileLookup", "true")
         if max_files:
             reader = reader.option("maxFilesPerTrigger", int(max_files))
