@@ -1,8 +1,9 @@
 """Figures of the data pipeline (docs/pipeline.md, "Figures").
 
     .venv/bin/python -m bench.pipeline_figures archive [--rounds 3] [--workloads fanin,fanout] [--qos 0,1]
-        broker throughput with the archive off and on, alternating, in the benchmark harness;
-        archive bytes per message of the runs with the archive on
+            [--formats parquet,delta]
+        broker throughput with the archive off and on in each format, alternating, in the
+        benchmark harness; archive bytes per message of the runs with the archive on
     .venv/bin/python -m bench.pipeline_figures spark [--rows 10000000] [--master local[2]]
         a synthetic archive in the archive's exact schema and encoding (pyarrow, vectorised),
         then the traffic and payloads jobs on it: rows per second and per core
@@ -82,53 +83,67 @@ def _bench_once(workload: str, qos: int, extra: str, duration: float, out: Path)
 
 
 def figures_archive(args) -> int:
+    """Broker throughput with the archive off and on in each format of ``--formats``, the
+    modes alternating within every round (off, then each format, the order turned round
+    every other round)."""
     work = Path(tempfile.mkdtemp(prefix="mqttmesh-archive-figures-"))
+    formats = [f for f in args.formats.split(",") if f]
+    modes = ["off", *formats]
     results = []
     try:
         for workload in args.workloads.split(","):
             for qos in (int(q) for q in args.qos.split(",")):
-                off, on, nbytes = [], [], []
+                runs: dict[str, list[dict]] = {m: [] for m in modes}
+                sizes: dict[str, list[tuple[int, int]]] = {m: [] for m in formats}
                 for r in range(args.rounds):
-                    for mode in ("off", "on"):
-                        arch = work / f"{workload}-{qos}-{r}"
+                    for mode in modes if r % 2 == 0 else modes[::-1]:
+                        arch = work / f"{workload}-{qos}-{r}-{mode}"
                         shutil.rmtree(arch, ignore_errors=True)
-                        extra = "" if mode == "off" else f"--archive true --archive-dir {shlex.quote(str(arch))}"
+                        extra = (
+                            ""
+                            if mode == "off"
+                            else f"--archive true --archive-dir {shlex.quote(str(arch))} --archive-format {mode}"
+                        )
                         res = _bench_once(workload, qos, extra, args.duration, work / "run.json")
-                        (off if mode == "off" else on).append(res)
-                        if mode == "on":
-                            files, rows, size = archive_bytes(str(arch))
-                            nbytes.append((rows, size))
+                        runs[mode].append(res)
+                        if mode != "off":
+                            _, rows, size = archive_bytes(str(arch))
+                            sizes[mode].append((rows, size))
+                            shutil.rmtree(arch, ignore_errors=True)
                         print(
-                            f"{workload} QoS {qos} round {r + 1} archive {mode:3}: {res['msgs_per_s']:>10,.0f} "
+                            f"{workload} QoS {qos} round {r + 1} archive {mode:7}: {res['msgs_per_s']:>10,.0f} "
                             f"msgs/s, broker {res['cpu_us']:.2f} us/msg",
                             flush=True,
                         )
-                m_off = statistics.median(x["msgs_per_s"] for x in off)
-                m_on = statistics.median(x["msgs_per_s"] for x in on)
-                rows = sum(r for r, _ in nbytes)
-                size = sum(s for _, s in nbytes)
-                results.append(
-                    (
-                        workload,
-                        qos,
-                        m_off,
-                        m_on,
-                        (m_on - m_off) / m_off * 100,
-                        statistics.median(x["cpu_us"] for x in off),
-                        statistics.median(x["cpu_us"] for x in on),
-                        size / rows if rows else float("nan"),
+                m_off = statistics.median(x["msgs_per_s"] for x in runs["off"])
+                c_off = statistics.median(x["cpu_us"] for x in runs["off"])
+                for mode in formats:
+                    m_on = statistics.median(x["msgs_per_s"] for x in runs[mode])
+                    rows = sum(n for n, _ in sizes[mode])
+                    size = sum(b for _, b in sizes[mode])
+                    results.append(
+                        (
+                            workload,
+                            qos,
+                            mode,
+                            m_off,
+                            m_on,
+                            (m_on - m_off) / m_off * 100,
+                            c_off,
+                            statistics.median(x["cpu_us"] for x in runs[mode]),
+                            size / rows if rows else float("nan"),
+                        )
                     )
-                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"\nmedian of {args.rounds} alternating runs each ({args.duration:g} s windows):")
     print(
-        "| workload | QoS | archive off msgs/s | archive on msgs/s | change | broker µs/msg off | on "
+        "| workload | QoS | format | archive off msgs/s | archive on msgs/s | change | broker µs/msg off | on "
         "| archive bytes/msg |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for w, q, a, b, d, ca, cb, bpm in results:
-        print(f"| {w} | {q} | {a:,.0f} | {b:,.0f} | {d:+.1f} % | {ca:.2f} | {cb:.2f} | {bpm:.1f} |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    for w, q, f, a, b, d, ca, cb, bpm in results:
+        print(f"| {w} | {q} | {f} | {a:,.0f} | {b:,.0f} | {d:+.1f} % | {ca:.2f} | {cb:.2f} | {bpm:.1f} |")
     return 0
 
 
@@ -282,6 +297,7 @@ def main(argv=None) -> int:
     a.add_argument("--workloads", default="fanin,fanout")
     a.add_argument("--qos", default="0,1")
     a.add_argument("--duration", type=float, default=3.0)
+    a.add_argument("--formats", default="parquet,delta", help="archive formats to run beside no archive")
     a.set_defaults(func=figures_archive)
     s = sub.add_parser("spark", help="traffic and payloads on a synthetic archive")
     s.add_argument("--rows", type=int, default=10_000_000)
