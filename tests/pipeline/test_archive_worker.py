@@ -20,6 +20,7 @@ pytest.importorskip("pyarrow")
 from mqttmesh.archive.recorder import Chunk  # noqa: E402
 from mqttmesh.archive.schema import PUBLISH  # noqa: E402
 from mqttmesh.archive.wire import encode_chunk  # noqa: E402
+from support.mesh import publish
 from support.pipeline import archive_flags, writer_pid
 from support.processes import wait_for
 
@@ -46,6 +47,34 @@ def test_a_node_runs_its_writer_at_idle_priority_unless_told_otherwise(broker_fa
     )
     pid = wait_for(lambda: writer_pid(normal), 10, what="the archive writer process")
     assert wait_for(lambda: policy_and_nice(pid) == (SCHED_OTHER, 7), 10, what="nice 7, normal policy")
+
+
+def thread_policies(pid: int) -> dict[int, tuple[int, int]]:
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            out[int(tid)] = (int(fields[38]), int(fields[16]))
+        except OSError:  # (a thread that just ended)
+            pass
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "delta"])
+def test_every_thread_of_the_writer_runs_at_its_priority(broker_factory, tmp_path, fmt):
+    """Linux schedules threads: the threads pyarrow and delta-rs start are set with the
+    writer's own (a delta-rs writer whose other threads kept normal priority cost fan-in
+    QoS 0 a quarter of its throughput)."""
+    archive = tmp_path / "a"
+    node = broker_factory(
+        *archive_flags(archive, "--archive-format", fmt, "--archive-flush-interval", "0.2"), name="n1"
+    )
+    publish(node, "a/b", [b"x" * 100] * 200, qos=1, client_id="pub")
+    wait_for(lambda: any(n.endswith(".parquet") for _, _, ns in os.walk(archive) for n in ns), 10, what="a file")
+    pid = wait_for(lambda: writer_pid(node), 10, what="the archive writer process")
+    policies = thread_policies(pid)
+    assert len(policies) > 1 and set(policies.values()) == {(SCHED_IDLE, 10)}, policies
 
 
 def test_a_writer_that_falls_behind_runs_normally_until_it_has_caught_up(tmp_path):
