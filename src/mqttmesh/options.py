@@ -493,7 +493,7 @@ _MESH_TLS_SYS_ARCHIVE: list[Option] = [
         "archive",
         "format",
         str,
-        "parquet",
+        "delta",
         "parquet: each log a directory of date=/hour= folders of Parquet files (format 1); delta: "
         "each log a Delta Lake table, a flush one atomic commit, compacted and expired by the "
         "writer (docs/pipeline.md)",
