@@ -573,3 +573,29 @@ def test_a_qos2_publish_the_gate_never_let_out_is_queued_again_when_the_client_l
     sent = again.take()
     assert [(p.dup, p.packet_id) for p in sent][0] == (True, 1)
     assert [p.payload for p in sent] == [b"m1", b"m2", b"m3"] and not any(p.dup for p in sent[1:])
+
+
+def test_a_qos1_publish_framed_behind_an_unconfirmed_step_is_queued_again_when_the_client_leaves():
+    """A QoS 1 PUBLISH is written in order behind the frames the gate holds (channel_held.py):
+    framed while a step of the session was unconfirmed by the other holders, it may never
+    have left when the client goes (its node cut off from them: the fault harness, 7 nodes,
+    seed 9, lost one so, merged away by a claim that never had it). Its entry goes back to the
+    queue; one framed once every step was confirmed stays in flight (DUP=1 on return)."""
+    reports: list[tuple] = []
+    s = MeshSession("c", Limits(), on_settled=lambda sess, key, state, pid, m=None: reports.append((key, state, pid)))
+    ch = _GatedChannel()
+    s.attach(ch, 0.0)
+    s.deliver(msg("m1", origin="o", seq=1), 1)  # (no step unconfirmed: written)
+    s.deliver(msg("q2", origin="o", seq=2), 2)  # ("sent" reported: version 1, unconfirmed)
+    s.deliver(msg("m3", origin="o", seq=3), 1)  # (behind the held QoS 2 frame)
+    assert s.version == 1 and s.safe_version == 0 and sorted(s.unreleased) == [2, 3]
+    s.detach()
+    assert list(s.inflight) == [1]
+    assert [(e.msg.seq, e.packet_id, e.state) for e in s.queue] == [(2, 0, 0), (3, 0, 0)]
+    s2 = MeshSession("d", Limits(), on_settled=lambda sess, key, state, pid, m=None: None)
+    s2.attach(_GatedChannel(), 0.0)
+    s2.deliver(msg("q1", origin="o", seq=1), 2)
+    s2.deliver(msg("m2", origin="o", seq=2), 1)
+    s2.safe_version = s2.version  # (the holders confirmed: both frames went out)
+    s2.detach()
+    assert sorted(s2.inflight) == [1, 2] and not s2.queue

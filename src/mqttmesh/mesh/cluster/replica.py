@@ -134,9 +134,10 @@ class _Replicated(_SessionPart):
         # the duplicate filters keep it to one delivery (channel.py, mesh/routing/custody.py)
         self.inbound: dict[int, Message] = {}
         self.routed_here: set[tuple[str, int]] = set()  # ids of ``inbound`` this node routed
-        # outbound QoS 2: packet id -> the gate's ticket its PUBLISH waits for, while the other
-        # holders had not confirmed its "sent" when it was framed (``_send_new``): if the client
-        # leaves before the gate passes it, the client never had it (``detach``)
+        # outbound QoS 2 (and QoS 1 framed behind an unconfirmed step): packet id -> the gate's
+        # ticket its PUBLISH waits for, while the other holders had not confirmed every step
+        # when it was framed (``_send_new``): if the client leaves before the gate passes it,
+        # the client never had it (``detach``)
         self.unreleased: dict[int, int] = {}
 
     def _report(self, key: tuple[str, int], state: str, pid: int, msg: Message | None = None) -> None:
@@ -313,7 +314,10 @@ class _Replicated(_SessionPart):
     def detach(self) -> None:
         """The client left. A QoS 2 PUBLISH that still waited for the gate (its "sent" not
         confirmed by every live holder: a partition, a node cut off from its session's other
-        holders) was never written: its entry is queued again, not in flight, so that a claim
+        holders) was never written, nor was a QoS 1 PUBLISH written after a step the gate
+        still held (behind it, in order; taken as held while any step was unconfirmed when it
+        was framed: a QoS 1 message may then come twice, never not at all): its entry is
+        queued again, not in flight, so that a claim
         elsewhere that never heard of it does not take it for completed (snapshots.py
         ``merge_snapshots`` drops what an older claim had in flight and a newer one has not),
         and a shared group's member hands it on like anything queued (fault harness, 7 nodes,
@@ -336,9 +340,21 @@ class _Replicated(_SessionPart):
         super().restore_entry(entry)
         self.ids[(entry.msg.origin, entry.msg.seq)] = entry  # found by id, as _stored_put does
 
+    def _unreleased(self, pid: int) -> None:
+        """The frame of ``pid`` waits for the gate's current ticket (``detach``)."""
+        unreleased = self.unreleased
+        if len(unreleased) >= UNRELEASED_PRUNE:
+            safe = self.safe_version
+            self.unreleased = unreleased = {p: t for p, t in unreleased.items() if t > safe}
+        unreleased[pid] = self.version
+
     def _send_new(self, entry: Entry) -> None:
         if entry.qos != 2 or entry.retain or self.on_settled is None:
             super()._send_new(entry)
+            if entry.qos == 1 and not entry.retain and self.on_settled is not None and self.version > self.safe_version:
+                # (a QoS 1 PUBLISH is written behind the frames the gate holds, in order: it
+                # waits as long as they do; fault harness, 7 nodes, seed 9: one lost so)
+                self._unreleased(entry.packet_id)
             return
         # (Session._send_new, with the settlement before the write) a holder taking over must
         # re-send it with this id (DUP=1), not as a new message: the other holders have the
@@ -350,11 +366,7 @@ class _Replicated(_SessionPart):
         self._stored_put(entry)
         self._report((entry.msg.origin, entry.msg.seq), "sent", pid)
         if self.version > self.safe_version:
-            unreleased = self.unreleased
-            if len(unreleased) >= UNRELEASED_PRUNE:
-                safe = self.safe_version
-                self.unreleased = unreleased = {p: t for p, t in unreleased.items() if t > safe}
-            unreleased[pid] = self.version
+            self._unreleased(pid)
         channel = self.channel
         if entry.msg.expires is None:
             channel.write_gated(channel.frame(entry.msg, 2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
