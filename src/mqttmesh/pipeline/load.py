@@ -66,7 +66,8 @@ def write_table(df: DataFrame, out: str, name: str, title: str = "") -> Table:
         with open(t.csv, "w", newline="") as fh:
             w = csv.writer(fh)
             w.writerow(df.columns)
-            for row in _printable(df).toLocalIterator():
+            # (one partition: one Spark job for the rows, not one per partition; order kept)
+            for row in _printable(df).coalesce(1).toLocalIterator():
                 values = tuple(_cell(v) for v in row)
                 w.writerow(values)
                 if len(t.preview) < PREVIEW_ROWS:
