@@ -51,7 +51,7 @@ def parse_age(text: str) -> float:
 def run(args: argparse.Namespace) -> int:
     try:
         from .schema import KINDS
-        from .table import TableError, compact, convert, expire, is_table, snapshot_files
+        from .table import TableError, compact, convert, expire, is_table
     except ImportError as exc:
         need = "pyarrow and deltalake: pip install 'mqttmesh[pipeline]'"
         print(f"mqttmesh archive: needs {need} ({exc})", file=sys.stderr)
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"{path}: not a Delta table (`mqttmesh archive convert {root}` makes one)", file=sys.stderr)
                 status = 1
             elif cmd == "info":
-                _info(path, snapshot_files)
+                _info(path)
             elif cmd == "compact":
                 c = compact(path, args.target_mb << 20)
                 print(f"{path}: {c.files_removed} files merged into {c.files_added} (version {c.version})")
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     return status
 
 
-def _info(path: str, snapshot_files) -> None:
+def _info(path: str) -> None:
     import pyarrow as pa
     from deltalake import DeltaTable
 

@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,6 +33,7 @@ __all__ = [
     "Compacted",
     "Expired",
     "is_table",
+    "commit_actions",
     "with_partitions",
     "snapshot_files",
     "table_version",
@@ -103,6 +105,7 @@ class TableWriter:
         self.last: int | None = None  # the version of our last commit (None: not read yet)
         self.reserved = 0  # the highest version handed out (``next_version``)
         self._props = _writer_properties(kind, compression)
+        self._table: Any = None  # (the DeltaTable as of our last commit: brought up to date, not read again)
 
     def _last_committed(self) -> int:
         """Our application's last version in the table's log (0: none, or no table yet)."""
@@ -141,7 +144,7 @@ class TableWriter:
         )
         try:
             write_deltalake(
-                self.path,
+                self._table if self._table is not None else self.path,
                 with_partitions(table),
                 partition_by=PARTITIONS,
                 mode="append",
@@ -154,6 +157,7 @@ class TableWriter:
                 landed = self._last_committed() >= version
             except Exception:
                 landed = False
+            self._table = None  # (read again from the log)
             if not landed:
                 self.last = None  # (read again from the log before the next append)
                 raise TableError(f"{self.path}: {type(exc).__name__}: {exc}") from exc
@@ -164,21 +168,30 @@ class TableWriter:
         """The files and bytes our last commit added (read from the newest commit of ours)."""
         from deltalake import DeltaTable
 
-        table = DeltaTable(self.path)
+        table = self._table
+        if table is None:
+            table = self._table = DeltaTable(self.path)
+        else:
+            table.update_incremental()  # (the commits since the last flush only)
         version = table.version()
-        log = os.path.join(self.path, "_delta_log")
         # (a concurrent writer may have committed after us: look back a few versions)
         for v in range(version, max(-1, version - 16), -1):
             try:
-                with open(os.path.join(log, f"{v:020d}.json"), encoding="utf-8") as fh:
-                    actions = [json.loads(line) for line in fh if line.strip()]
-            except OSError:
+                actions = commit_actions(self.path, v)
+            except FileNotFoundError:
                 continue
             txn = [a["txn"] for a in actions if "txn" in a]
             if any(t.get("appId") == self.app_id and t.get("version") == self.last for t in txn):
                 adds = [a["add"] for a in actions if "add" in a]
                 return Committed(v, len(adds), sum(int(a.get("size", 0)) for a in adds))
         return Committed(version, 0, 0)
+
+
+def commit_actions(path: str, version: int) -> list[dict]:
+    """The actions of commit ``version`` of the table at ``path``, from its log (raises
+    FileNotFoundError for a version the log does not have, or no longer has)."""
+    with open(os.path.join(path, "_delta_log", f"{version:020d}.json"), encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
 
 
 def _open(path: str, as_of: int | dt.datetime | None = None):

@@ -13,13 +13,13 @@ compaction in between) is an error that says so.
 
 from __future__ import annotations
 
-import json
 import os
 
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from ..archive.schema import COLUMNS
+from ..archive.table import commit_actions
 
 __all__ = ["DeltaLogSource", "register", "added_files"]
 
@@ -31,16 +31,13 @@ def register(spark) -> None:
 def added_files(path: str, after: int, upto: int) -> list[str]:
     """The data files that commits ``after``+1 .. ``upto`` of the table at ``path`` added as new
     data, oldest first (absolute paths)."""
-    log = os.path.join(path, "_delta_log")
     out: list[str] = []
     for version in range(after + 1, upto + 1):
-        name = os.path.join(log, f"{version:020d}.json")
         try:
-            with open(name, encoding="utf-8") as fh:
-                actions = [json.loads(line) for line in fh if line.strip()]
+            actions = commit_actions(path, version)
         except FileNotFoundError:
             raise RuntimeError(
-                f"{name}: the table's log no longer has version {version} (its log was cleaned up past "
+                f"{path}: the table's log no longer has version {version} (its log was cleaned up past "
                 f"what this query read): start the query again with a new checkpoint"
             ) from None
         for a in actions:

@@ -104,15 +104,7 @@ def check_file(path: str, kind: str, full: bool = False) -> str | None:
     stored_kind = info.get(b"mqttmesh.kind", b"").decode(errors="replace")
     if stored_kind != kind:
         return f"a {stored_kind or 'unknown'} log file in the {kind} log"
-    missing = [name for name, _, _ in COLUMNS[kind] if name not in schema.names]
-    if missing:
-        return f"columns missing: {', '.join(missing)}"
-    if full:
-        try:
-            pq.ParquetFile(path).read()
-        except Exception as exc:
-            return f"damaged data ({type(exc).__name__}: {_first_line(exc)})"
-    return None
+    return _columns_and_pages(path, schema.names, kind, full)
 
 
 def check_table_file(path: str, kind: str, full: bool = False) -> str | None:
@@ -125,7 +117,15 @@ def check_table_file(path: str, kind: str, full: bool = False) -> str | None:
         schema = pq.read_schema(path)
     except Exception as exc:
         return f"not a readable Parquet file ({type(exc).__name__}: {_first_line(exc)})"
-    missing = [name for name, _, _ in COLUMNS[kind] if name not in schema.names]
+    return _columns_and_pages(path, schema.names, kind, full)
+
+
+def _columns_and_pages(path: str, names: list[str], kind: str, full: bool) -> str | None:
+    """What a readable file of ``kind`` with columns ``names`` lacks: a column, or (``full``)
+    a page that decodes."""
+    import pyarrow.parquet as pq
+
+    missing = [name for name, _, _ in COLUMNS[kind] if name not in names]
     if missing:
         return f"columns missing: {', '.join(missing)}"
     if full:
