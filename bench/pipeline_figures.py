@@ -229,6 +229,70 @@ def synthesize(
     return n_files
 
 
+class _Profile:
+    """Where a job's time goes: each step's wall time and Spark jobs, by wrapping the
+    functions the job module calls (measurement only: the job runs unchanged)."""
+
+    STEPS = (
+        "read_log",
+        "write_table",
+        "line_chart",
+        "bar_chart",
+        "grouped_bars",
+        "html_page",
+        "_series",
+        "_schema",
+        "_rows",
+    )
+
+    def __init__(self, spark) -> None:
+        self.spark = spark
+        self.rows: dict[str, list[float]] = {}  # step -> [calls, seconds, spark jobs]
+        self.saved: list[tuple[object, str, object]] = []
+
+    def _jobs(self) -> int:
+        tracker = self.spark.sparkContext.statusTracker()
+        return len(tracker.getJobIdsForGroup(None) or [])  # (every job so far: none has a group)
+
+    def install(self) -> None:
+        from mqttmesh.pipeline import jobs, load
+
+        for name in self.STEPS:
+            self._wrap(jobs, name)
+        self._wrap(load, "_text_columns", label="write_table: CSV text")
+
+    def _wrap(self, module, name: str, label: str | None = None) -> None:
+        fn = getattr(module, name)
+        label = label or name
+        prof = self
+
+        def timed(*a, **kw):
+            t, j = time.monotonic(), prof._jobs()
+            try:
+                return fn(*a, **kw)
+            finally:
+                row = prof.rows.setdefault(label, [0, 0.0, 0])
+                row[0] += 1
+                row[1] += time.monotonic() - t
+                row[2] += prof._jobs() - j
+
+        self.saved.append((module, name, fn))
+        setattr(module, name, timed)
+
+    def uninstall(self) -> None:
+        for module, name, fn in reversed(self.saved):
+            setattr(module, name, fn)
+        self.saved.clear()
+
+    def table(self, job: str, total: float, jobs: int) -> list[str]:
+        out = [f"{job}: {total:.1f}s, {jobs} Spark jobs", "| step | calls | seconds | Spark jobs |"]
+        out.append("|---|---:|---:|---:|")
+        for label, (calls, secs, n) in sorted(self.rows.items(), key=lambda kv: -kv[1][1]):
+            out.append(f"| {label} | {calls} | {secs:.2f} | {n} |")
+        self.rows = {}
+        return out
+
+
 def figures_spark(args) -> int:
     from mqttmesh.pipeline.jobs import job_options, run_payloads, run_traffic
     from mqttmesh.pipeline.session import build_session
@@ -251,13 +315,21 @@ def figures_spark(args) -> int:
         spark = build_session(
             "mqttmesh-figures", args.master, args.shuffle_partitions, {"spark.driver.memory": args.driver_memory}
         )
+        profile = _Profile(spark) if args.profile else None
         try:
             out = []
+            profiles: list[str] = []
+            if profile:
+                profile.install()
             for name, job in (("traffic", run_traffic), ("payloads", run_payloads)):
+                if args.jobs and name not in args.jobs.split(","):
+                    continue
                 opts = job_options(archive=[str(archive)], out=str(work / "out" / name), window=60)
-                t = time.monotonic()
+                t, jobs0 = time.monotonic(), profile._jobs() if profile else 0
                 result = job(spark, opts, lambda s: None)
                 took = time.monotonic() - t
+                if profile:
+                    profiles += profile.table(name, took, profile._jobs() - jobs0) + [""]
                 assert result.summary["messages"] == rows, result.summary
                 out.append((name, took, rows / took, rows / took / cores))
                 print(
@@ -265,7 +337,11 @@ def figures_spark(args) -> int:
                     flush=True,
                 )
         finally:
+            if profile:
+                profile.uninstall()
             spark.stop()
+        if profile:
+            print("\n" + "\n".join(profiles))
         print(f"\n{rows:,} archived messages on {args.master} ({cores} cores), every table, chart and report written:")
         print("| job | seconds | rows/s | rows/s per core |")
         print("|---|---:|---:|---:|")
@@ -306,6 +382,8 @@ def main(argv=None) -> int:
     s.add_argument("--driver-memory", default="4g")
     s.add_argument("--workdir", help="keep the archive and reports here (default: a temporary directory)")
     s.add_argument("--regenerate", action="store_true", help="write the archive again even if --workdir has one")
+    s.add_argument("--profile", action="store_true", help="each step's seconds and Spark jobs")
+    s.add_argument("--jobs", default="", help="only these jobs (traffic,payloads)")
     s.set_defaults(func=figures_spark)
     b = sub.add_parser("bytes", help="bytes per message of an archive")
     b.add_argument("dir")

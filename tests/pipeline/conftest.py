@@ -19,6 +19,7 @@ def spark():
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # (loopback only, as every network test)
     session = (
         SparkSession.builder.master("local[2]")
         .appName("mqttmesh-tests")

@@ -80,20 +80,27 @@ def _utc(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
-def _series(df: DataFrame, key: str, value: str, keys: list) -> dict[str, tuple[list, list]]:
-    """{key: (window starts, values)} for the given keys, from a per-window table."""
-    rows = (
-        df.where(F.col(key).isin(keys))
-        .select(F.col(key).cast("string").alias("k"), _epoch("window_start"), F.col(value).alias("v"))
-        .orderBy("window_start")
-        .collect()
-    )
+def _rows(table: Table) -> list[dict]:
+    """A written table's rows, as dicts, in its order (what the charts and the summary read)."""
+    return table.data.to_pylist()
+
+
+def _series(rows: list[dict], key: str, value: str, keys: list) -> dict[str, tuple[list, list]]:
+    """{key: (window starts, values)} for the given keys, from a per-window table's rows."""
     out: dict[str, tuple[list, list]] = {str(k): ([], []) for k in keys}
-    for r in rows:
-        xs, ys = out[r.k]
-        xs.append(_utc(r.window_start))
-        ys.append(r.v)
+    for r in sorted((r for r in rows if str(r[key]) in out), key=lambda r: r["window_start"]):
+        xs, ys = out[str(r[key])]
+        xs.append(r["window_start"])
+        ys.append(r[value])
     return out
+
+
+def _top(rows: list[dict], key: str, measure: str, n: int) -> list:
+    """The ``n`` values of ``key`` with the largest sum of ``measure``, ties by value."""
+    sums: dict = {}
+    for r in rows:
+        sums[r[key]] = sums.get(r[key], 0) + (r[measure] or 0)
+    return [k for k, _ in sorted(sums.items(), key=lambda kv: (-kv[1], str(kv[0])))[:n]]
 
 
 def _begin(opts, job: str) -> tuple[JobResult, str, float]:
@@ -191,61 +198,53 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
             result.tables[name] = write_table(df, result.out, name, title)
         chart_list = []
         if s["messages"]:
-            tables = spark.read.parquet
-            nodes = [r.origin for r in tables(result.tables["nodes"].parquet).select("origin").collect()]
+            nodes = [r["origin"] for r in _rows(result.tables["nodes"])]
             chart_list.append(
                 (
                     "Messages per second, per node",
                     line_chart(
                         os.path.join(charts, "traffic_nodes.png"),
                         f"messages/s per node ({w}s windows)",
-                        _series(tables(result.tables["per_node"].parquet), "origin", "msgs_per_s", nodes[:8]),
+                        _series(_rows(result.tables["per_node"]), "origin", "msgs_per_s", nodes[:8]),
                         "msgs/s",
                     ),
                 )
             )
-            prefixes = [
-                r.prefix
-                for r in tables(result.tables["per_prefix"].parquet)
-                .groupBy("prefix")
-                .agg(F.sum("messages").alias("m"))
-                .orderBy(F.desc("m"), "prefix")
-                .limit(8)
-                .collect()
-            ]
+            per_prefix = _rows(result.tables["per_prefix"])
+            prefixes = _top(per_prefix, "prefix", "messages", 8)
             chart_list.append(
                 (
                     f"Messages per second, per topic prefix (level {opts.level})",
                     line_chart(
                         os.path.join(charts, "traffic_prefixes.png"),
                         f"messages/s per topic prefix ({w}s windows)",
-                        _series(tables(result.tables["per_prefix"].parquet), "prefix", "msgs_per_s", prefixes),
+                        _series(per_prefix, "prefix", "msgs_per_s", prefixes),
                         "msgs/s",
                     ),
                 )
             )
-            top = tables(result.tables["topics"].parquet).orderBy(F.desc("messages"), "topic").limit(20).collect()
+            top = _rows(result.tables["topics"])[:20]  # (most messages first, then by topic)
             chart_list.append(
                 (
                     "Busiest topics",
                     bar_chart(
                         os.path.join(charts, "traffic_topics.png"),
                         "messages per topic (top 20)",
-                        [r.topic for r in top],
-                        [r.messages for r in top],
+                        [r["topic"] for r in top],
+                        [r["messages"] for r in top],
                         "messages",
                     ),
                 )
             )
-            talkers = tables(result.tables["top_talkers"].parquet).orderBy("rank").collect()
+            talkers = _rows(result.tables["top_talkers"])  # (by rank)
             chart_list.append(
                 (
                     "Top talkers",
                     bar_chart(
                         os.path.join(charts, "traffic_talkers.png"),
                         f"messages per publisher (top {opts.top})",
-                        [f"{r.publisher} @ {r.origin}" for r in talkers],
-                        [r.messages for r in talkers],
+                        [f"{r['publisher']} @ {r['origin']}" for r in talkers],
+                        [r["messages"] for r in talkers],
                         "messages",
                     ),
                 )
@@ -288,11 +287,8 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     )
     try:
         quality = write_table(P.payload_quality(parsed), result.out, "payload_quality", "Payloads per topic pattern")
-        totals = (
-            spark.read.parquet(quality.parquet)
-            .agg(F.sum("messages").alias("m"), F.sum("non_json").alias("bad"))
-            .collect()[0]
-        )
+        quality_rows = _rows(quality)
+        totals = {"m": sum(r["messages"] for r in quality_rows), "bad": sum(r["non_json"] for r in quality_rows)}
         messages, non_json = int(totals["m"] or 0), int(totals["bad"] or 0)
         result.summary = {
             "messages": messages,
@@ -318,35 +314,17 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
         )
         result.tables["payload_quality"] = quality
         chart_list = []
-        stats = spark.read.parquet(result.tables["payload_stats"].parquet)
-        busiest = (
-            spark.read.parquet(result.tables["payload_totals"].parquet)
-            .groupBy("field")
-            .agg(F.sum("count").alias("n"))
-            .orderBy(F.desc("n"), "field")
-            .limit(4)
-            .collect()
-        )
-        for i, r in enumerate(busiest):
-            patterns = [
-                x.pattern
-                for x in stats.where(F.col("field") == r.field)
-                .groupBy("pattern")
-                .agg(F.sum("count").alias("n"))
-                .orderBy(F.desc("n"), "pattern")
-                .limit(8)
-                .collect()
-            ]
-            series = _series(stats.where(F.col("field") == r.field), "pattern", "mean", patterns)
+        stats = _rows(result.tables["payload_stats"])
+        for i, name in enumerate(_top(_rows(result.tables["payload_totals"]), "field", "count", 4)):
+            of_field = [r for r in stats if r["field"] == name]
+            series = _series(of_field, "pattern", "mean", _top(of_field, "pattern", "count", 8))
             chart_list.append(
                 (
-                    f"{r.field}: mean per pattern and window",
-                    line_chart(
-                        os.path.join(charts, f"payload_{i}.png"), f"{r.field}: mean per {w}s window", series, r.field
-                    ),
+                    f"{name}: mean per pattern and window",
+                    line_chart(os.path.join(charts, f"payload_{i}.png"), f"{name}: mean per {w}s window", series, name),
                 )
             )
-        q = spark.read.parquet(quality.parquet).orderBy(F.desc("messages"), "pattern").limit(15).collect()
+        q = sorted(quality_rows, key=lambda r: (-r["messages"], r["pattern"]))[:15]
         if q:
             chart_list.append(
                 (
@@ -354,8 +332,8 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
                     grouped_bars(
                         os.path.join(charts, "payload_quality.png"),
                         "payloads per topic pattern",
-                        [r.pattern for r in q],
-                        {"JSON objects": [r.json for r in q], "not JSON": [r.non_json for r in q]},
+                        [r["pattern"] for r in q],
+                        {"JSON objects": [r["json"] for r in q], "not JSON": [r["non_json"] for r in q]},
                         "messages",
                     ),
                 )
@@ -405,7 +383,7 @@ def run_audit(spark, opts, say: Callable[[str], None] = print) -> JobResult:
         ]
         for name, title, df in specs:
             result.tables[name] = write_table(df, result.out, name, title)
-        subs = spark.read.parquet(result.tables["audit_subscribers"].parquet).orderBy("client_id").collect()
+        subs = sorted(_rows(result.tables["audit_subscribers"]), key=lambda r: r["client_id"])
         counted = (
             "expected",
             "delivered",

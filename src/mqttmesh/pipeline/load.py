@@ -1,8 +1,13 @@
-"""Load: a job's tables as Parquet (written by Spark) and CSV (one local file each).
+"""Load: a job's tables as Parquet and CSV, written on the driver from one Arrow collect.
 
-The output directory is local to the driver for the CSV files, the charts and the HTML
-page; the Parquet tables go wherever ``out`` points for Spark (on a cluster: a path the
-executors can reach as well, or a URI).
+A job's tables are its results (rows per window and key, per subscriber, ...), not its
+input: each is computed by Spark and brought to the driver once, as Arrow batches
+(``DataFrame.toArrow``: one Spark job, no row objects), then written there as
+``out/tables/NAME/part-00000.parquet`` and ``out/tables/NAME.csv``; the charts and the
+HTML page read the same Arrow table (``Table.data``) instead of asking Spark again. The
+output directory is therefore the driver's (it always was: the CSV files, charts and page
+are written there); on a cluster, point ``--out`` at a directory of the machine that runs
+the driver.
 """
 
 from __future__ import annotations
@@ -10,15 +15,16 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import os
+import shutil
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-__all__ = ["Table", "write_table", "PREVIEW_ROWS"]
+__all__ = ["Table", "write_table", "PREVIEW_ROWS", "column_values"]
 
 PREVIEW_ROWS = 50
+PARQUET_FILE = "part-00000.parquet"
 
 
 @dataclass
@@ -30,20 +36,12 @@ class Table:
     preview: list[tuple] = field(default_factory=list)
     parquet: str = ""
     csv: str = ""
-
-
-def _printable(df: DataFrame) -> DataFrame:
-    """Timestamps as ISO 8601 UTC text (collect() would turn them into naive local times)."""
-    cols = []
-    for f in df.schema.fields:
-        if isinstance(f.dataType, (T.TimestampType, T.TimestampNTZType)):
-            cols.append(F.date_format(F.col(f.name), "yyyy-MM-dd'T'HH:mm:ss.SSSSSS'Z'").alias(f.name))
-        else:
-            cols.append(F.col(f.name))
-    return df.select(*cols)
+    # the table's rows as the driver has them (a pyarrow.Table; None in a Table built by hand)
+    data: Any = field(default=None, repr=False, compare=False)
 
 
 def _cell(value):
+    """A value as the HTML preview and the CSV file show it."""
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, (bytes, bytearray)):
@@ -53,26 +51,62 @@ def _cell(value):
     return "" if value is None else value
 
 
+def _text_columns(data) -> list:
+    """Each column of ``data`` (pyarrow) as the CSV has it: integers and text as they are;
+    timestamps as ISO 8601 UTC (``2026-02-01T12:00:00.000000Z``); floats with 6 significant
+    digits (``%.6g``); booleans as True/False; anything else as its Python text."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = []
+    for col in data.columns:
+        t = col.type
+        if pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t):
+            out.append(col)
+        elif pa.types.is_timestamp(t):
+            # (%S of microseconds has the fraction; a zone's time is shown as UTC)
+            us = col.cast(pa.timestamp("us", tz="UTC" if t.tz else None))
+            out.append(pc.strftime(us, format="%Y-%m-%dT%H:%M:%SZ"))
+        elif pa.types.is_floating(t):
+            g = "{:.6g}".format
+            out.append(pa.array([None if v is None else g(v) for v in col.to_pylist()], pa.string()))
+        else:
+            values = col.to_pylist()
+            if pa.types.is_boolean(t):
+                text = [None if v is None else str(v) for v in values]
+            else:
+                text = [None if v is None else str(_cell(v)) for v in values]
+            out.append(pa.array(text, pa.string()))
+    return out
+
+
 def write_table(df: DataFrame, out: str, name: str, title: str = "") -> Table:
-    """Writes ``out/tables/NAME/`` (Parquet) and ``out/tables/NAME.csv``; keeps a preview."""
+    """Writes ``out/tables/NAME/`` (Parquet) and ``out/tables/NAME.csv``; keeps the rows
+    (``Table.data``) and a preview. The rows keep ``df``'s order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     tables = os.path.join(out, "tables")
     os.makedirs(tables, exist_ok=True)
     t = Table(name, title or name, df.columns)
     t.parquet = os.path.join(tables, name)
     t.csv = os.path.join(tables, f"{name}.csv")
-    df = df.persist()
-    try:
-        df.write.mode("overwrite").parquet(t.parquet)
-        with open(t.csv, "w", newline="") as fh:
-            w = csv.writer(fh)
-            w.writerow(df.columns)
-            # (one partition: one Spark job for the rows, not one per partition; order kept)
-            for row in _printable(df).coalesce(1).toLocalIterator():
-                values = tuple(_cell(v) for v in row)
-                w.writerow(values)
-                if len(t.preview) < PREVIEW_ROWS:
-                    t.preview.append(values)
-                t.rows += 1
-    finally:
-        df.unpersist()
+    data = df.toArrow()  # (one Spark job: Arrow batches, in order)
+    if os.path.isdir(t.parquet):
+        shutil.rmtree(t.parquet)
+    os.makedirs(t.parquet)
+    pq.write_table(data, os.path.join(t.parquet, PARQUET_FILE), compression="zstd")
+    text = pa.table(_text_columns(data), names=data.column_names)
+    with open(t.csv, "w", newline="") as fh:  # (quoted where needed only, as people write CSV)
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(data.column_names)
+        w.writerows(zip(*(col.to_pylist() for col in text.columns), strict=True))
+    t.rows = data.num_rows
+    t.preview = [tuple("" if v is None else v for v in row.values()) for row in text.slice(0, PREVIEW_ROWS).to_pylist()]
+    t.data = data
     return t
+
+
+def column_values(table: Table, column: str) -> list:
+    """One column of a written table, in its order (the charts' input)."""
+    return table.data.column(column).to_pylist()

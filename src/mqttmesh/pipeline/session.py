@@ -21,6 +21,11 @@ def build_session(app: str, master: str | None = None, shuffle_partitions: int |
         builder = builder.master(master)
     elif "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master("local[*]")
+        master = "local[*]"
+    if master and master.startswith("local"):
+        # a local Spark's driver and block manager listen on loopback only (by default Spark
+        # binds the address the host name resolves to, or the first non-loopback interface)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {
         "spark.sql.session.timeZone": "UTC",  # windows and dates are UTC, as in the archive
         "spark.ui.showConsoleProgress": "false",
