@@ -398,7 +398,7 @@ def run_audit(spark, opts, say: Callable[[str], None] = print) -> JobResult:
         result.summary = {"mode": mode, "subscribers": len(subs), **total}
         chart_list = []
         if subs:
-            labels = [r.client_id for r in subs[:30]]
+            labels = [r["client_id"] for r in subs[:30]]
             chart_list.append(
                 (
                     "Expected, delivered, lost and duplicated messages per subscriber",
