@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from bench.chaos.report import audit_lines
 from bench.chaos.run import RunConfig, run
 from bench.chaos.workload import Options
 
@@ -41,7 +42,7 @@ def result(spark, tmp_path_factory) -> dict[str, Any]:
     )
     out = run(cfg, log=lines.append)
     out["log"] = lines
-    print(f"seed {SEED}:", *lines, sep="\n")
+    print(f"seed {SEED}:", *lines, audit_lines(out["audit"]) if "audit" in out else "(no audit)", sep="\n")
     return out
 
 
@@ -84,6 +85,8 @@ def test_the_audit_agrees_with_the_checker_on_lost_and_duplicated(result: dict[s
         lost_c - a["lost_checker_only_written_not_read"]
         == lost_a - a["lost_audit_only_read_not_logged"] - a["lost_audit_only_misattributed"]
     ), a
+    # (the pairs counted lost only because their message was archived under another node's
+    # id are a finding, open: docs/design.md 3.5; they are counted, not explained away)
     d = a["qos2_duplicates"]
     assert d["checker"] <= result["check"]["qos2_duplicates"]
     assert d["checker"] == d["audit"] or a["qos2_dup_differing_pairs"] > 0
