@@ -4,7 +4,8 @@ Exit status 1 when any run lost an acknowledged message, delivered a QoS 2 messa
 reused a packet id a subscriber still held, or answered session present = 0 to a client
 that had a session (or did not complete); with ``--shared``, also when an acknowledged message
 reached no member of the group, or reached a second one without a reason (sharecheck.py);
-0 otherwise.
+with ``--archive``, also when the audit of the archives disagrees with the checker beyond the
+differences auditcheck.py explains; 0 otherwise.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -20,8 +22,8 @@ from typing import Any
 from mqttmesh.sim.history import History
 
 from .checker import ChaosCheck, check
-from .nemesis import pauses_of, windows_of
-from .report import row, table_header
+from .nemesis import KINDS, pauses_of, windows_of
+from .report import audit_lines, row, table_header
 from .run import RunConfig, run
 from .sharecheck import SharedCheck, check_shared
 from .workload import Options
@@ -59,12 +61,30 @@ def main(argv: list[str] | None = None) -> int:
         "some persistent, --clean-members of them clean sessions; moves include a stall and a reset",
     )
     p.add_argument("--clean-members", type=int, default=None, help="with --shared: clean members (default: half)")
+    p.add_argument(
+        "--faults",
+        default=None,
+        help="only these fault kinds, each once, none overlapping (comma-separated: kill, pause, "
+        "partition-cut, partition-blackhole, flap); default: every kind, then overlapping ones",
+    )
+    p.add_argument(
+        "--archive",
+        action="store_true",
+        help="the nodes archive with the delivery log (under OUT/archive-...); after the run the "
+        "pipeline's audit job reads the archives and its counts are reconciled with the checker's",
+    )
+    p.add_argument("--flush-interval", type=float, default=1.0, help="with --archive: archive.flush_interval")
     args = p.parse_args(argv)
     if args.recheck:
         return recheck(Path(args.recheck))
     # SIGTERM ends the run through its finally blocks: the nodes are stopped by PID
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     seeds = args.seeds or [int.from_bytes(os.urandom(3), "big")]
+    kinds = None if args.faults is None else tuple(k.strip() for k in args.faults.split(",") if k.strip())
+    if kinds is not None and not set(kinds) <= set(KINDS):
+        p.error(f"--faults: kinds are {', '.join(KINDS)}")
+    if args.archive and args.shared:
+        p.error("--archive: the audit expects every message at every subscriber, not a shared group's")
     brokers = [b.strip() for b in args.broker.split(",") if b.strip()]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -82,6 +102,13 @@ def main(argv: list[str] | None = None) -> int:
                 shared=args.shared,
                 clean_members=args.subscribers // 2 if args.clean_members is None else args.clean_members,
             )
+            v5 = ("-mqtt5" if args.mqtt5 else "") + ("-shared" if args.shared else "")
+            name = f"chaos-{broker}{v5}-seed{seed}-{args.nodes}n-{args.rate:g}"
+            archive = None
+            if args.archive and broker == "mqttmesh":
+                archive = out_dir / f"archive-{name[len('chaos-') :]}"
+                if archive.exists():
+                    shutil.rmtree(archive)
             cfg = RunConfig(
                 broker=broker,
                 nodes=args.nodes,
@@ -91,15 +118,20 @@ def main(argv: list[str] | None = None) -> int:
                 tail=args.tail,
                 keep=args.keep,
                 workload=wopts,
+                kinds=kinds,
+                archive=archive,
+                flush_interval=args.flush_interval,
             )
             result: dict[str, Any] = run(cfg, log=lambda s: print(s, flush=True))
-            v5 = ("-mqtt5" if args.mqtt5 else "") + ("-shared" if args.shared else "")
-            path = out_dir / f"chaos-{broker}{v5}-seed{seed}-{args.nodes}n-{args.rate:g}.json"
+            path = out_dir / f"{name}.json"
             path.write_text(json.dumps(result, default=list) + "\n")
             print(f"chaos: {path}", flush=True)
             rows.append(row(result))
             failed = failed or not result["completed"] or result["check"]["failed"]
             print(table_header(args.shared) + "\n" + rows[-1], flush=True)
+            if "audit" in result:
+                print(audit_lines(result["audit"]), flush=True)
+                failed = failed or not result["audit"]["agrees"]
     print()
     print(table_header(args.shared))
     print("\n".join(rows))

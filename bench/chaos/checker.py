@@ -56,6 +56,7 @@ class ChaosCheck:
     published: int = 0  # PUBLISHes invoked (QoS 1 and 2)
     acked: int = 0  # of them, acknowledged (PUBACK, or PUBREC for QoS 2)
     checked: int = 0  # (acked message, subscriber whose subscription was in place) pairs
+    judged: list[tuple[str, str]] = field(default_factory=list)  # those pairs: (msg id, subscriber)
     lost: list[tuple[str, str]] = field(default_factory=list)  # (msg id, subscriber)
     qos2_dups: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, subscriber, class)
     qos1_dups: int = 0
@@ -215,6 +216,7 @@ def check(
             if t_inv < t_sub + settle or not any(filter_matches(f, topic) and q > 0 for f, q in filters):
                 continue
             r.checked += 1
+            r.judged.append((msg_id, client))
             if (client, msg_id) not in got:
                 r.lost.append((msg_id, client))
     r.order = check_order(history)

@@ -92,25 +92,35 @@ class Node:
                 os.kill(self.proc.pid, signal.SIGCONT)
             self.paused = False
 
-    def stop(self) -> None:
-        """End the process by its PID: SIGCONT if paused, SIGTERM, SIGKILL if it lingers."""
+    def stop(self, timeout: float = 5.0) -> str:
+        """End the process by its PID: SIGCONT if paused, SIGTERM, SIGKILL if it lingers past
+        ``timeout``. Says how it ended: "term" (it exited on SIGTERM, after its shutdown: an
+        archive's last flush committed), "kill", or "" (it was not running)."""
         if self.proc is None or self.proc.poll() is not None:
-            return
+            return ""
         try:
             os.kill(self.proc.pid, signal.SIGCONT)
             self.proc.terminate()
-            self.proc.wait(5)
+            self.proc.wait(timeout)
+            return "term"
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(5)
+            return "kill"
 
 
 class Cluster:
     """Nodes, proxies and the links a partition or a flap can break."""
 
-    def __init__(self, kind: str, n: int, workdir: Path):
+    def __init__(self, kind: str, n: int, workdir: Path, archive: Path | None = None, flush_interval: float = 1.0):
+        """``archive``: each mqttmesh node archives into ``archive/NODE`` (Delta tables), with
+        the delivery log, the workload's topics only (``chaos/#``: not the probes'), a flush
+        every ``flush_interval`` seconds (bench/chaos/auditcheck.py reads them)."""
         self.kind = kind
         self.workdir = workdir
+        self.archive = archive
+        self.flush_interval = flush_interval
+        self.stopped: dict[str, str] = {}  # node -> how close() ended it (Node.stop)
         self.names = [f"n{i}" for i in range(n)]
         self.ports = {name: free_port() for name in self.names}
         self.proxies = ProxyLoop()
@@ -168,6 +178,19 @@ class Cluster:
                 "0.5",
                 *peers,
             ]
+            if self.archive is not None:
+                cmd += [
+                    "--archive",
+                    "true",
+                    "--archive-dir",
+                    str(self.archive / a),
+                    "--archive-delivery-log",
+                    "true",
+                    "--archive-filter",
+                    "chaos/#",
+                    "--archive-flush-interval",
+                    str(self.flush_interval),
+                ]
             self.nodes[a] = Node(a, self.ports[a], self.workdir, cmd)
 
     def _mosquitto(self) -> None:
@@ -251,8 +274,12 @@ class Cluster:
         return counts
 
     def close(self) -> None:
+        # an archiving node writes what it holds before it exits (archive.stop_timeout)
+        timeout = 60.0 if self.archive is not None else 5.0
         try:
-            for node in self.nodes.values():
-                node.stop()
+            for name, node in self.nodes.items():
+                how = node.stop(timeout)
+                if how:
+                    self.stopped[name] = how
         finally:
             self.proxies.close()

@@ -84,20 +84,24 @@ def schedule(
     max_pause: float = 5.0,
     warmup: float = 3.0,
     end_margin: float = 2.0,
+    kinds: tuple[str, ...] | None = None,
 ) -> list[Fault]:
-    """Faults over [warmup, duration - end_margin]: each kind once in turn, then overlapping ones."""
+    """Faults over [warmup, duration - end_margin]: each kind once in turn, then overlapping ones.
+    ``kinds``: only these, each once, nothing overlapping (a run with one chosen fault)."""
     faults: list[Fault] = []
     last = duration - end_margin
-    kinds = list(KINDS)
-    rng.shuffle(kinds)
+    order = list(KINDS if kinds is None else kinds)
+    rng.shuffle(order)
     t = warmup
     # phase 1: one at a time, quiet gaps between; every kind once, whatever the length
-    for kind in kinds:
+    for kind in order:
         dur = rng.uniform(1.0, max_pause) if kind == "pause" else rng.uniform(1.5, 4.0)
         if t + dur > last:
             dur = max(0.5, last - t)
         faults.append(_make(rng, len(faults), kind, t, dur, names, pairs))
         t += dur + rng.uniform(1.5, 3.0)
+    if kinds is not None:
+        return faults
     # phase 2: overlapping faults; at most (N-1)//2 nodes down or paused at once, not one twice
     max_down = max(1, (len(names) - 1) // 2)
     while True:

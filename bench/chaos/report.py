@@ -125,3 +125,25 @@ def row(r: dict[str, Any]) -> str:
         reconv,
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def audit_lines(a: dict[str, Any]) -> str:
+    """The audit of a run's archives beside its checker (``run._audit``), a small table."""
+    p, m, k = a["pairs"], a["messages"], a["packets"]
+    lines = [
+        "| | checker (clients' history) | audit (nodes' archives) | differences, each explained |",
+        "|---|---|---|---|",
+        f"| lost, of {p['both']:,} (message, subscriber) pairs both judge | {a['lost']['checker']:,} "
+        f"| {a['lost']['audit']:,} | written, not read: {a['lost_checker_only_written_not_read']}; "
+        f"read, not logged: {a['lost_audit_only_read_not_logged']}; archived under another id (a finding): "
+        f"{a['lost_audit_only_misattributed']} |",
+        f"| QoS 2 duplicates, same pairs | {a['qos2_duplicates']['checker']:,} | {a['qos2_duplicates']['audit']:,} "
+        f"| re-sends read as new: {a['qos2_dup_resend_taken_as_new']}; pairs differing: "
+        f"{a['qos2_dup_differing_pairs']} |",
+        f"| messages | acked {m['acked']:,} | archived {m['archived']:,} ({m['archived_copies']:,} rows) "
+        f"| acked, not archived: {m['acked_not_archived']}; archived, not acked: {m['archived_not_acked']} |",
+        f"| PUBLISH packets to subscribers | read {k['reads']:,} | written {k['rows']:,} | matched "
+        f"{k['matched']:,}; written, not read {k['written_not_read']}; read, not logged {k['read_not_logged']} |",
+    ]
+    verdict = "agrees" if a["agrees"] else "DISAGREES"
+    return "\n".join(lines) + f"\naudit: {verdict}, {a['unexplained']} unexplained difference(s)"

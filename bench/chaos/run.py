@@ -38,6 +38,12 @@ class RunConfig:
     one_connection_within: float = 15.0
     keep: bool = False  # keep the nodes' directory (logs, stores)
     workload: Options | None = None
+    kinds: tuple[str, ...] | None = None  # only these fault kinds, each once (nemesis.schedule)
+    # each node archives under archive/nodes/NODE, and the audit job (its tables and report in
+    # archive/audit) is reconciled with the checker after the nodes stopped (auditcheck.py)
+    archive: Path | None = None
+    flush_interval: float = 1.0  # the nodes' archive.flush_interval
+    spark: Any = None  # the audit's SparkSession (None: a local one for the audit)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
@@ -72,15 +78,23 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
         "duration": cfg.duration,
         "settle": cfg.settle,
         "completed": False,
+        "wall0": None,  # the wall-clock time of the history's 0
     }
     t_begin = time.monotonic()
     try:
-        cluster = Cluster(cfg.broker, cfg.nodes, workdir)
+        archive_nodes = None if cfg.archive is None else cfg.archive / "nodes"
+        cluster = Cluster(cfg.broker, cfg.nodes, workdir, archive_nodes, cfg.flush_interval)
         faults = schedule(
-            random.Random(rng.getrandbits(64)), cluster.names, cluster.pairs(), cfg.duration, cfg.max_pause
+            random.Random(rng.getrandbits(64)),
+            cluster.names,
+            cluster.pairs(),
+            cfg.duration,
+            cfg.max_pause,
+            kinds=cfg.kinds,
         )
         cluster.start()
         t0 = time.monotonic()
+        out["wall0"] = wall0 = time.time()  # (the archive's times are the nodes' wall clocks)
         wl = Workload(cluster.ports, history, random.Random(rng.getrandbits(64)), wopts, t0)
         wl.start()
         wl.heal("start-up", wl.now())
@@ -197,13 +211,13 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
                 "history_ops": len(history.ops),
             }
         )
-        return out
     finally:
         if wl is not None:
             wl.stop()
         if cluster is not None:
             cluster.close()
             out["left_running"] = [n for n, node in cluster.nodes.items() if node.alive()]
+            out["stopped"] = cluster.stopped
         out["wall_s"] = round(time.monotonic() - t_begin, 1)
         out["history"] = history.ops
         if cfg.keep:
@@ -211,3 +225,48 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
             log(f"chaos: nodes' directory kept: {workdir}")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
+    if cfg.archive is not None and not wopts.shared:
+        out["audit"] = _audit(cfg, history, result, wall0, windows, log)
+    return out
+
+
+def _audit(
+    cfg: RunConfig,
+    history: History,
+    result: Any,
+    wall0: float,
+    windows: list[dict[str, Any]],
+    log: Callable[[str], None],
+) -> dict[str, Any]:
+    """The audit job on the nodes' archives, reconciled with the checker's ``result``."""
+    from .auditcheck import local_spark, read_audit, reconcile
+
+    assert cfg.archive is not None
+    first_suback: dict[str, float] = {}
+    for op in history.ops:
+        if op[3] == "subscribe":
+            first_suback.setdefault(op[1], op[0])
+    since = {c: wall0 + t + cfg.settle for c, t in first_suback.items()}
+    roots = sorted(str(p) for p in (cfg.archive / "nodes").iterdir() if p.is_dir())
+    t_begin = time.monotonic()
+    spark = cfg.spark or local_spark()
+    try:
+        archived = read_audit(spark, roots, since, str(cfg.archive / "audit"))
+    finally:
+        if cfg.spark is None:
+            spark.stop()
+    kills = [(w["node"], w["start"]) for w in windows if w["kind"] == "kill"]
+    # a node hands its records to its writer every flush_interval / 4: what a kill -9 can take
+    # is younger than that, and flush_interval leaves the event loop of a loaded machine slack
+    rec = reconcile(history, result, archived, wall0, kills, cfg.flush_interval)
+    s = rec.summary()
+    s["seconds"] = round(time.monotonic() - t_begin, 1)
+    s["flush_interval"] = cfg.flush_interval
+    log(
+        f"chaos: audit of the archives ({s['seconds']:g} s): lost {rec.lost_audit} (checker {rec.lost_checker}), "
+        f"QoS 2 duplicates {rec.qos2_dup_audit} (checker {rec.qos2_dup_checker}) on {rec.pairs_both:,} pairs; "
+        f"packets written {rec.rows:,}, read {rec.reads:,}, matched {rec.matched:,}, written not read "
+        f"{len(rec.written_not_read)}, read not logged {len(rec.read_not_logged)}; acked not archived "
+        f"{len(rec.acked_not_archived)}; unexplained {rec.unexplained}: " + ("agrees" if rec.agrees else "DISAGREES")
+    )
+    return s
