@@ -128,7 +128,9 @@ def test_non_json_payloads_are_counted_not_fatal(spark, tmp_path):
     odd = {3: b"21.5;40", 6: b"[1, 2]", 9: b"\xff\x00\xfe", 12: b"42"}
     root = tmp_path / "a"
     write_archive(root, [T14], 12, payload=lambda i: odd.get(i, b'{"v": %d}' % i))
-    result = run_payloads(spark, job_options(archive=[str(root)], out=str(tmp_path / "out"), level=1), lambda s: None)
+    # (v rises on every message of its topic: a counter, left out unless asked for)
+    opts = job_options(archive=[str(root)], out=str(tmp_path / "out"), level=1, fields="all")
+    result = run_payloads(spark, opts, lambda s: None)
     assert (result.summary["messages"], result.summary["json_objects"], result.summary["non_json"]) == (12, 8, 4)
     assert result.summary["numeric_fields"] == "v"
     # v over the JSON ones: 1 2 4 5 7 8 10 11 -> count 8, min 1, max 11, mean 6

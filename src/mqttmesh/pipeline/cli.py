@@ -61,6 +61,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DDL",
         help="payloads/stream: JSON schema, e.g. 'temp DOUBLE, rh DOUBLE' (default: inferred from a sample)",
     )
+    p.add_argument(
+        "--fields",
+        metavar="LIST",
+        help="payloads: statistics of these numeric fields (dotted paths, comma-separated), or 'all' "
+        "(default: every numeric field but identifiers and counters, such as seq, id, *_id)",
+    )
     p.add_argument("--sample", type=int, default=10_000, metavar="N", help="payloads inferred from N payloads")
     p.add_argument(
         "--expect",

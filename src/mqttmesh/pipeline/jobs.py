@@ -63,6 +63,7 @@ def job_options(**values) -> argparse.Namespace:
         as_of=None,
         shuffle_partitions=None,
         checkpoint=None,
+        fields=None,
         trigger="available-now",
         watermark=60.0,
         max_files_per_trigger=None,
@@ -74,6 +75,10 @@ def job_options(**values) -> argparse.Namespace:
 
 def _epoch(col: str):
     return (F.unix_micros(F.col(col)) / F.lit(1e6)).alias(col)
+
+
+def _epoch_of(col):
+    return F.unix_micros(col) / F.lit(1e6)
 
 
 def _utc(seconds: float) -> dt.datetime:
@@ -93,6 +98,31 @@ def _series(rows: list[dict], key: str, value: str, keys: list) -> dict[str, tup
         xs.append(r["window_start"])
         ys.append(r[value])
     return out
+
+
+def _with_complete(df: DataFrame, start: float | None, end: float | None) -> DataFrame:
+    """Adds ``complete``: the window lies within [start, end], the range the job covers (its
+    --since/--until, else its first and last message). The first and last windows of an
+    archive read whole are partial: their counts are of part of a window."""
+    if start is None or end is None:
+        return df.withColumn("complete", F.lit(False))
+    inside = (F.col("window_start") >= F.lit(_utc(start))) & (F.col("window_end") <= F.lit(_utc(end)))
+    return df.withColumn("complete", inside)
+
+
+def _partial(rows: list[dict]) -> set:
+    """The window starts of a per-window table's partial windows."""
+    return {r["window_start"] for r in rows if not r["complete"]}
+
+
+def _note_partial(result: JobResult, rows: list[dict], w: int) -> None:
+    partial = sorted(_partial(rows))
+    if partial:
+        at = ", ".join(x.isoformat() for x in partial[:4]) + (" ..." if len(partial) > 4 else "")
+        result.notes.append(
+            f"{len(partial)} of the {w}s windows are partial (complete = false in the per-window tables;"
+            f" open markers in the charts): the range covers only part of them ({at})"
+        )
 
 
 def _top(rows: list[dict], key: str, measure: str, n: int) -> list:
@@ -177,19 +207,19 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
             "span_s": round(span, 3),
             "msgs_per_s": round(s["messages"] / span, 3) if span > 0 else None,
         }
+
+        def per_window(df: DataFrame, keys: list[str]) -> DataFrame:
+            return _with_complete(TR.traffic_by(df, keys, w), start, end).orderBy("window_start", *keys)
+
         specs = [
-            ("per_node", "Per node and window", TR.traffic_by(base, ["origin"], w).orderBy("window_start", "origin")),
+            ("per_node", "Per node and window", per_window(base, ["origin"])),
             (
                 "per_prefix",
                 f"Per topic prefix (level {opts.level}) and window",
-                TR.traffic_by(TR.with_prefix(base, opts.level), ["prefix"], w).orderBy("window_start", "prefix"),
+                per_window(TR.with_prefix(base, opts.level), ["prefix"]),
             ),
-            ("per_topic", "Per topic and window", TR.traffic_by(base, ["topic"], w).orderBy("window_start", "topic")),
-            (
-                "per_publisher",
-                "Per publisher and window",
-                TR.traffic_by(base, ["origin", "publisher"], w).orderBy("window_start", "origin", "publisher"),
-            ),
+            ("per_topic", "Per topic and window", per_window(base, ["topic"])),
+            ("per_publisher", "Per publisher and window", per_window(base, ["origin", "publisher"])),
             ("top_talkers", f"Top {opts.top} talkers", TR.top_talkers(base, opts.top)),
             ("topics", "Topics over the whole range", TR.traffic_totals(base, ["topic"], span)),
             ("nodes", "Nodes over the whole range", TR.traffic_totals(base, ["origin"], span)),
@@ -199,14 +229,17 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
         chart_list = []
         if s["messages"]:
             nodes = [r["origin"] for r in _rows(result.tables["nodes"])]
+            per_node = _rows(result.tables["per_node"])
+            _note_partial(result, per_node, w)
             chart_list.append(
                 (
                     "Messages per second, per node",
                     line_chart(
                         os.path.join(charts, "traffic_nodes.png"),
                         f"messages/s per node ({w}s windows)",
-                        _series(_rows(result.tables["per_node"]), "origin", "msgs_per_s", nodes[:8]),
+                        _series(per_node, "origin", "msgs_per_s", nodes[:8]),
                         "msgs/s",
+                        _partial(per_node),
                     ),
                 )
             )
@@ -220,6 +253,7 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
                         f"messages/s per topic prefix ({w}s windows)",
                         _series(per_prefix, "prefix", "msgs_per_s", prefixes),
                         "msgs/s",
+                        _partial(per_prefix),
                     ),
                 )
             )
@@ -261,7 +295,7 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
 # -- payloads --------------------------------------------------------------------------------------
 
 
-def _schema(spark, opts, df: DataFrame) -> T.StructType:
+def _schema(spark, opts, sample: list) -> T.StructType:
     if opts.schema:
         try:
             schema = T.DataType.fromDDL(opts.schema)
@@ -270,34 +304,58 @@ def _schema(spark, opts, df: DataFrame) -> T.StructType:
         if not isinstance(schema, T.StructType):
             raise OptionError(f"--schema: {opts.schema!r} is not a list of fields (name type, ...)")
         return schema
-    return P.infer_schema(spark, df, opts.sample)
+    return P.schema_of(spark, [text for _, _, text in sample])
+
+
+def _fields(opts, schema: T.StructType, sample: list) -> tuple[list[tuple[str, ...]], dict[str, str]]:
+    """The numeric fields the statistics are of (--fields, else all but identifiers and
+    counters: payloads.measurements), and those left out, with why."""
+    numeric = P.numeric_fields(schema)
+    chosen = getattr(opts, "fields", None)
+    if not chosen:
+        return P.measurements(numeric, sample)
+    if chosen.strip() == "all":
+        return numeric, {}
+    by_name = {".".join(p): p for p in numeric}
+    names = [n.strip() for n in chosen.split(",") if n.strip()]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        have = ", ".join(by_name) or "none"
+        raise OptionError(f"--fields: {', '.join(unknown)} not a numeric field of the payloads (they have: {have})")
+    return [by_name[n] for n in names], {n: "not in --fields" for n in by_name if n not in names}
 
 
 def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     result, charts, started = _begin(opts, "payloads")
     pub = _read(spark, opts, PUBLISH, result, say).select("timestamp", "origin", "topic", "payload")
     patterned = with_pattern(pub, opts.patterns, opts.level)
-    schema = _schema(spark, opts, P.with_json_flag(patterned))  # a sample, unless --schema
-    fields = P.numeric_fields(schema)
+    flagged = P.with_json_flag(patterned)
+    # a sample of the JSON payloads: their schema (unless --schema), which fields are counters
+    sample = [] if opts.schema and getattr(opts, "fields", None) else P.sample_payloads(flagged, opts.sample)
+    schema = _schema(spark, opts, sample)
+    fields, left_out = _fields(opts, schema, sample)
     # one pass over the payloads: classified and parsed, kept without the text
-    parsed = (
-        P.parse_payloads(P.with_json_flag(patterned), schema)
-        .select("timestamp", "pattern", "is_json", "json")
-        .persist()
-    )
+    parsed = P.parse_payloads(flagged, schema).select("timestamp", "pattern", "is_json", "json").persist()
     try:
         quality = write_table(P.payload_quality(parsed), result.out, "payload_quality", "Payloads per topic pattern")
         quality_rows = _rows(quality)
-        totals = {"m": sum(r["messages"] for r in quality_rows), "bad": sum(r["non_json"] for r in quality_rows)}
-        messages, non_json = int(totals["m"] or 0), int(totals["bad"] or 0)
+        messages = sum(r["messages"] for r in quality_rows)
+        non_json = sum(r["non_json"] for r in quality_rows)
         result.summary = {
             "messages": messages,
             "json_objects": messages - non_json,
             "non_json": non_json,
             "numeric_fields": ", ".join(".".join(p) for p in fields) or "-",
+            "left_out": ", ".join(left_out) or "-",
             "schema": schema.simpleString() if schema.fields else "-",
             "patterns": ", ".join(opts.patterns) if opts.patterns else f"topic level {opts.level}",
         }
+        if left_out:
+            result.notes.append(
+                "left out of the statistics (--fields chooses): "
+                + "; ".join(f"{name} ({why})" for name, why in left_out.items())
+            )
+            say(result.notes[-1])
         if non_json:
             result.notes.append(
                 f"{non_json} payloads are not JSON objects: counted in payload_quality, left out of the statistics"
@@ -305,7 +363,10 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
             say(result.notes[-1])
         melted = P.melt_numeric(parsed.where("is_json"), fields)
         w = int(opts.window)
-        stats_df = P.payload_stats(melted, w).orderBy("window_start", "pattern", "field")
+        span = parsed.agg(_epoch_of(F.min("timestamp")), _epoch_of(F.max("timestamp"))).collect()[0]
+        start = opts.since.timestamp() if opts.since else span[0]
+        end = opts.until.timestamp() if opts.until else span[1]
+        stats_df = _with_complete(P.payload_stats(melted, w), start, end).orderBy("window_start", "pattern", "field")
         result.tables["payload_stats"] = write_table(
             stats_df, result.out, "payload_stats", f"Numeric fields per topic pattern and {w}s window"
         )
@@ -315,13 +376,15 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
         result.tables["payload_quality"] = quality
         chart_list = []
         stats = _rows(result.tables["payload_stats"])
+        _note_partial(result, stats, w)
         for i, name in enumerate(_top(_rows(result.tables["payload_totals"]), "field", "count", 4)):
             of_field = [r for r in stats if r["field"] == name]
             series = _series(of_field, "pattern", "mean", _top(of_field, "pattern", "count", 8))
+            path = os.path.join(charts, f"payload_{i}.png")
             chart_list.append(
                 (
                     f"{name}: mean per pattern and window",
-                    line_chart(os.path.join(charts, f"payload_{i}.png"), f"{name}: mean per {w}s window", series, name),
+                    line_chart(path, f"{name}: mean per {w}s window", series, name, _partial(of_field)),
                 )
             )
         q = sorted(quality_rows, key=lambda r: (-r["messages"], r["pattern"]))[:15]

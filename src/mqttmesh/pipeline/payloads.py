@@ -18,6 +18,9 @@ __all__ = [
     "with_text",
     "with_json_flag",
     "infer_schema",
+    "sample_payloads",
+    "schema_of",
+    "measurements",
     "numeric_fields",
     "parse_payloads",
     "melt_numeric",
@@ -45,11 +48,99 @@ def with_json_flag(df: DataFrame) -> DataFrame:
 def infer_schema(spark, df: DataFrame, sample: int = 10_000) -> T.StructType:
     """The schema of the JSON objects among the first ``sample`` JSON payloads of ``df``
     (a DataFrame from ``with_json_flag``); an empty struct when there are none."""
-    texts = [r.text for r in df.where("is_json").select("text").limit(int(sample)).collect()]
+    return schema_of(spark, [r.text for r in df.where("is_json").select("text").limit(int(sample)).collect()])
+
+
+def sample_payloads(df: DataFrame, sample: int = 10_000) -> list[tuple[str, object, str]]:
+    """(topic, timestamp, text) of the first ``sample`` JSON payloads of ``df`` (a DataFrame
+    from ``with_json_flag``): what ``schema_of`` and ``measurements`` look at."""
+    rows = df.where("is_json").select("topic", "timestamp", "text").limit(int(sample)).collect()
+    return [(r.topic, r.timestamp, r.text) for r in rows]
+
+
+def schema_of(spark, texts: list[str]) -> T.StructType:
+    """The schema Spark infers from JSON objects ``texts``; an empty struct when there are none."""
     if not texts:
         return T.StructType([])
     inferred = spark.read.json(spark.sparkContext.parallelize(texts, 1)).schema
     return T.StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+
+
+# a numeric field by one of these names (or ending in _id / Id) names or counts messages, it
+# does not measure anything: its mean and percentiles mean nothing
+_NOT_MEASURED = {
+    "seq",
+    "seqno",
+    "seq_no",
+    "sequence",
+    "sequence_number",
+    "counter",
+    "id",
+    "msgid",
+    "msg_id",
+    "message_id",
+    "ts",
+    "time",
+    "timestamp",
+    "epoch",
+}
+# the share of a sample's topics (those with 3 values or more) on which an integer field rises
+# on every message that makes it a counter. (A field with one value per topic is not taken for
+# an identifier from the data: a battery level that did not move in the sample looks the same,
+# and its statistics across devices mean something; identifiers are known by name.)
+COUNTER_SHARE = 0.9
+
+
+def measurements(
+    fields: list[tuple[str, ...]], sample: list[tuple[str, object, str]]
+) -> tuple[list[tuple[str, ...]], dict[str, str]]:
+    """The numeric ``fields`` that measure something, and the others with the reason they
+    were left out: by name (``seq``, ``id``, ``*_id``, ``timestamp``...), or, from ``sample``
+    (``sample_payloads``), integers that rise on every message of (nearly) every topic
+    (counters). Pure Python, on the driver: the sample is a few thousand rows."""
+    import json
+
+    left_out: dict[str, str] = {}
+    rest = []
+    for path in fields:
+        name = path[-1]
+        if name.lower() in _NOT_MEASURED or name.lower().endswith("_id") or (name.endswith("Id") and len(name) > 2):
+            left_out[".".join(path)] = "an identifier or counter by its name"
+        else:
+            rest.append(path)
+    if not rest or not sample:
+        return rest, left_out
+    per_topic: dict[str, list[tuple[object, list]]] = {}
+    for topic, ts, text in sample:
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            continue
+        values = []
+        for path in rest:
+            v = obj
+            for key in path:
+                v = v.get(key) if isinstance(v, dict) else None
+            values.append(v)
+        per_topic.setdefault(topic, []).append((ts, values))
+    kept = []
+    for i, path in enumerate(rest):
+        series: list[list[int]] = []
+        for rows in per_topic.values():
+            vals = [v[i] for _, v in sorted(rows, key=lambda r: (r[0] is None, r[0]))]
+            vals = [v for v in vals if v is not None]
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+                series = []
+                break  # (a float anywhere: a measurement)
+            if len(vals) >= 3:
+                series.append(vals)
+        if series:
+            rising = sum(all(b > a for a, b in zip(s, s[1:], strict=False)) for s in series)
+            if rising >= COUNTER_SHARE * len(series):
+                left_out[".".join(path)] = "a counter: it rises on every message of a topic"
+                continue
+        kept.append(path)
+    return kept, left_out
 
 
 def numeric_fields(schema: T.StructType, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

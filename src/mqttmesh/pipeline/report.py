@@ -24,16 +24,64 @@ def _plt():
     return plt
 
 
-def line_chart(path: str, title: str, series: dict[str, tuple[list, list]], ylabel: str) -> str:
-    """One line per series name: (x: datetimes or numbers, y: numbers); at most 8 series."""
+# each series its own dash pattern and marker, and the first drawn the widest: where lines
+# coincide (two nodes with the same traffic) each still shows, as a border or a dash
+_DASHES = ["-", "--", "-.", ":"]
+_MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+
+
+def line_chart(
+    path: str,
+    title: str,
+    series: dict[str, tuple[list, list]],
+    ylabel: str,
+    partial: set | frozenset = frozenset(),
+) -> str:
+    """One line per series name: (x: datetimes or numbers, y: numbers); at most 8 series,
+    each visible where they overlap (widths, dashes, markers). Points whose x is in
+    ``partial`` (windows the data covers only in part: the first and the last, unless the
+    range was given on window bounds) are open markers, not joined to the line: a partial
+    window's count is not a fall in traffic."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(9, 4))
-    for name, (xs, ys) in list(series.items())[:_MAX_SERIES]:
-        ax.plot(xs, ys, marker="." if len(xs) < 60 else None, label=str(name))
+    shown = list(series.items())[:_MAX_SERIES]
+    n = len(shown)
+    any_partial = False
+    for i, (name, (xs, ys)) in enumerate(shown):
+        width = 1.2 + 0.9 * (n - 1 - i)  # (0.45 points each side of the next: a visible border)
+        whole = [(x, y) for x, y in zip(xs, ys, strict=True) if x not in partial]
+        part = [(x, y) for x, y in zip(xs, ys, strict=True) if x in partial]
+        (line,) = ax.plot(
+            [x for x, _ in whole],
+            [y for _, y in whole],
+            linestyle=_DASHES[i % len(_DASHES)],
+            linewidth=width,
+            marker=_MARKERS[i % len(_MARKERS)] if len(whole) < 60 else None,
+            markersize=3 + width,
+            label=str(name),
+            zorder=2 + i,
+        )
+        if part:
+            any_partial = True
+            ax.plot(
+                [x for x, _ in part],
+                [y for _, y in part],
+                linestyle="none",
+                marker=_MARKERS[i % len(_MARKERS)],
+                markersize=4 + width,
+                markerfacecolor="none",
+                color=line.get_color(),
+                zorder=2 + i,
+            )
     ax.set_title(title)
     ax.set_ylabel(ylabel)
-    if series:
-        ax.legend(fontsize="small", loc="best")
+    if shown:
+        ax.legend(
+            fontsize="small",
+            loc="best",
+            title="open markers: partial windows" if any_partial else None,
+            title_fontsize="small",
+        )
     ax.grid(True, alpha=0.3)
     fig.autofmt_xdate()
     fig.tight_layout()
