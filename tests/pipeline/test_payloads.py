@@ -139,3 +139,21 @@ def test_no_json_at_all_gives_no_fields_and_no_rows(spark):
     schema = P.infer_schema(spark, flagged)
     assert schema.fields == [] and P.numeric_fields(schema) == []
     assert P.melt_numeric(P.parse_payloads(flagged, schema), []).count() == 0
+
+
+def test_the_schema_inferred_on_the_driver_is_sparks(spark):
+    """payloads.schema_of (plain Python: no Spark job, no RDD) gives the schema Spark's own
+    JSON inference gives, on objects that mix every kind of value."""
+    texts = [
+        '{"t": 20.5, "h": 40, "ok": true, "name": "x", "meta": {"v": 3, "fw": "1.2"}, "list": [1, 2]}',
+        '{"t": 10, "h": null, "gone": null, "meta": {"v": 3.5}, "list": [1.5], "mixed": 1}',
+        '{"ok": false, "mixed": "one", "deep": {"a": {"b": 1}}, "empty": [], "objs": [{"x": 1}, {"y": 2.0}]}',
+        '{"zeta": 1, "Alpha": 2, "big": 123456789012345678, "neg": -1e-3, "flag": 1}',
+        '{"flag": true, "meta": 7}',
+        "[1, 2]",
+        "not json",
+    ]
+    objects = [t for t in texts if t.startswith("{")]
+    sparks = spark.read.json(spark.sparkContext.parallelize(objects, 1)).schema
+    assert P.schema_of(texts) == sparks
+    assert P.schema_of([]) == T.StructType([]) == P.schema_of(["[1]", "3", "x"])

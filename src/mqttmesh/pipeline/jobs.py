@@ -304,7 +304,7 @@ def _schema(spark, opts, sample: list) -> T.StructType:
         if not isinstance(schema, T.StructType):
             raise OptionError(f"--schema: {opts.schema!r} is not a list of fields (name type, ...)")
         return schema
-    return P.schema_of(spark, [text for _, _, text in sample])
+    return P.schema_of([text for _, _, text in sample])
 
 
 def _fields(opts, schema: T.StructType, sample: list) -> tuple[list[tuple[str, ...]], dict[str, str]]:

@@ -48,7 +48,7 @@ def with_json_flag(df: DataFrame) -> DataFrame:
 def infer_schema(spark, df: DataFrame, sample: int = 10_000) -> T.StructType:
     """The schema of the JSON objects among the first ``sample`` JSON payloads of ``df``
     (a DataFrame from ``with_json_flag``); an empty struct when there are none."""
-    return schema_of(spark, [r.text for r in df.where("is_json").select("text").limit(int(sample)).collect()])
+    return schema_of([r.text for r in df.where("is_json").select("text").limit(int(sample)).collect()])
 
 
 def sample_payloads(df: DataFrame, sample: int = 10_000) -> list[tuple[str, object, str]]:
@@ -58,12 +58,78 @@ def sample_payloads(df: DataFrame, sample: int = 10_000) -> list[tuple[str, obje
     return [(r.topic, r.timestamp, r.text) for r in rows]
 
 
-def schema_of(spark, texts: list[str]) -> T.StructType:
-    """The schema Spark infers from JSON objects ``texts``; an empty struct when there are none."""
-    if not texts:
+def schema_of(texts: list[str]) -> T.StructType:
+    """The schema of JSON objects ``texts`` by Spark's rules of JSON schema inference, on the
+    driver (no Spark job, and no RDD: a Spark Connect session has none): fields sorted by
+    name; integers LONG, other numbers DOUBLE, the two together DOUBLE; true/false BOOLEAN;
+    objects STRUCT, arrays ARRAY of their elements' type; anything else, mixed kinds and
+    fields only ever null STRING. Texts that are not JSON objects are skipped."""
+    import json
+
+    merged: object = None
+    for text in texts:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            merged = _merge(merged, _type_of(value))
+    if not isinstance(merged, T.StructType):
         return T.StructType([])
-    inferred = spark.read.json(spark.sparkContext.parallelize(texts, 1)).schema
-    return T.StructType([f for f in inferred.fields if f.name != "_corrupt_record"])
+    return _no_nulls(merged)  # type: ignore[return-value]  # (a struct stays a struct)
+
+
+def _type_of(value) -> T.DataType | None:
+    """A JSON value's type as Spark infers it; None for null (merges into anything)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return T.BooleanType()
+    if isinstance(value, int):
+        return T.LongType() if -(2**63) <= value < 2**63 else T.DoubleType()
+    if isinstance(value, float):
+        return T.DoubleType()
+    if isinstance(value, str):
+        return T.StringType()
+    if isinstance(value, list):
+        element = None
+        for item in value:
+            element = _merge(element, _type_of(item))
+        return T.ArrayType(element if element is not None else T.NullType())
+    fields = [T.StructField(k, _type_of(v) or T.NullType()) for k, v in sorted(value.items())]
+    return T.StructType(fields)
+
+
+def _merge(a, b):
+    """The type of values of types ``a`` and ``b`` (Spark's compatibleType for JSON)."""
+    if a is None or isinstance(a, T.NullType):
+        return b
+    if b is None or isinstance(b, T.NullType):
+        return a
+    if a == b:
+        return a
+    numbers = (T.LongType, T.DoubleType)
+    if isinstance(a, numbers) and isinstance(b, numbers):
+        return T.DoubleType()
+    if isinstance(a, T.StructType) and isinstance(b, T.StructType):
+        types = {f.name: f.dataType for f in a.fields}
+        for f in b.fields:
+            types[f.name] = _merge(types.get(f.name), f.dataType)
+        return T.StructType([T.StructField(k, types[k] or T.NullType()) for k in sorted(types)])
+    if isinstance(a, T.ArrayType) and isinstance(b, T.ArrayType):
+        return T.ArrayType(_merge(a.elementType, b.elementType) or T.NullType())
+    return T.StringType()
+
+
+def _no_nulls(t: T.DataType) -> T.DataType:
+    """NULL types (fields only ever null, empty arrays) as STRING, as Spark leaves them."""
+    if isinstance(t, T.NullType):
+        return T.StringType()
+    if isinstance(t, T.StructType):
+        return T.StructType([T.StructField(f.name, _no_nulls(f.dataType)) for f in t.fields])
+    if isinstance(t, T.ArrayType):
+        return T.ArrayType(_no_nulls(t.elementType))
+    return t
 
 
 # a numeric field by one of these names (or ending in _id / Id) names or counts messages, it
