@@ -157,3 +157,36 @@ def test_the_schema_inferred_on_the_driver_is_sparks(spark):
     sparks = spark.read.json(spark.sparkContext.parallelize(objects, 1)).schema
     assert P.schema_of(texts) == sparks
     assert P.schema_of([]) == T.StructType([]) == P.schema_of(["[1]", "3", "x"])
+
+
+TRICKY = [
+    (ts("12:02:00"), "s/c/t1", b'[{"t": 1}]'),  # an array of objects: not an object
+    (ts("12:02:01"), "s/c/t1", b'{"t": 1} x'),  # trailing text after an object (Spark reads the object)
+    (ts("12:02:02"), "s/c/t1", b'  {"h": 7}  '),  # blanks around
+    (ts("12:02:03"), "s/c/t1", b'{"other": 1}'),  # an object with none of the fields
+    (ts("12:02:04"), "s/c/t1", b"{}"),
+    (ts("12:02:05"), "s/c/t1", b'{"t": 1'),  # cut short
+    (ts("12:02:06"), "s/c/t1", b'{"t": NaN, "h": 3}'),  # NaN is not a value
+    (ts("12:02:07"), "s/c/t1", b"null"),
+    (ts("12:02:08"), "s/c/t1", b'{"meta": {"v": 9}, "t": "x"}'),
+]
+
+
+@pytest.mark.parametrize("window", [60, 120])
+def test_the_single_pass_gives_the_tables_of_the_transforms(spark, window):
+    """payload_pass + stats_of / totals_of / quality_of (the batch job's one reading of each
+    payload, quantiles from KLL sketches, exact at this size) equal the per-message transforms
+    the stream job uses (classified by json_object_keys, parsed, melted)."""
+    df = spark.createDataFrame(ROWS + TRICKY, "timestamp timestamp, topic string, payload binary")
+    patterned = with_pattern(df, level=2)
+    schema = T.DataType.fromDDL("t double, h double, meta struct<v: bigint, w: string>, other double")
+    fields = [("t",), ("h",), ("meta", "v")]
+    passed = P.payload_pass(patterned, schema, fields, window)
+    flagged = P.with_json_flag(patterned)
+    melted = P.melt_numeric(P.parse_payloads(flagged.where("is_json"), schema), fields)
+    assertDataFrameEqual(P.quality_of(passed), P.payload_quality(flagged))
+    assertDataFrameEqual(P.stats_of(passed, fields), P.payload_stats(melted, window), checkRowOrder=False)
+    assertDataFrameEqual(P.totals_of(passed, fields), P.payload_totals(melted))
+    assert P.stats_of(passed, []).count() == 0 and P.totals_of(passed, []).count() == 0
+    # the pass parses with a schema of the chosen fields only
+    assert P.pruned(schema, fields).simpleString() == "struct<t:double,h:double,meta:struct<v:bigint>>"

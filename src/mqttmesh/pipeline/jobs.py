@@ -334,10 +334,11 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     sample = [] if opts.schema and getattr(opts, "fields", None) else P.sample_payloads(flagged, opts.sample)
     schema = _schema(spark, opts, sample)
     fields, left_out = _fields(opts, schema, sample)
-    # one pass over the payloads: classified and parsed, kept without the text
-    parsed = P.parse_payloads(flagged, schema).select("timestamp", "pattern", "is_json", "json").persist()
+    w = int(opts.window)
+    # one pass over the payloads: parsed once, classified, aggregated per window and pattern
+    passed = P.payload_pass(patterned.select("timestamp", "pattern", "payload"), schema, fields, w).persist()
     try:
-        quality = write_table(P.payload_quality(parsed), result.out, "payload_quality", "Payloads per topic pattern")
+        quality = write_table(P.quality_of(passed), result.out, "payload_quality", "Payloads per topic pattern")
         quality_rows = _rows(quality)
         messages = sum(r["messages"] for r in quality_rows)
         non_json = sum(r["non_json"] for r in quality_rows)
@@ -361,17 +362,15 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
                 f"{non_json} payloads are not JSON objects: counted in payload_quality, left out of the statistics"
             )
             say(result.notes[-1])
-        melted = P.melt_numeric(parsed.where("is_json"), fields)
-        w = int(opts.window)
-        span = parsed.agg(_epoch_of(F.min("timestamp")), _epoch_of(F.max("timestamp"))).collect()[0]
+        span = passed.agg(_epoch_of(F.min("first")), _epoch_of(F.max("last"))).collect()[0]
         start = opts.since.timestamp() if opts.since else span[0]
         end = opts.until.timestamp() if opts.until else span[1]
-        stats_df = _with_complete(P.payload_stats(melted, w), start, end).orderBy("window_start", "pattern", "field")
+        stats_df = _with_complete(P.stats_of(passed, fields), start, end).orderBy("window_start", "pattern", "field")
         result.tables["payload_stats"] = write_table(
             stats_df, result.out, "payload_stats", f"Numeric fields per topic pattern and {w}s window"
         )
         result.tables["payload_totals"] = write_table(
-            P.payload_totals(melted), result.out, "payload_totals", "Numeric fields per topic pattern, whole range"
+            P.totals_of(passed, fields), result.out, "payload_totals", "Numeric fields per topic pattern, whole range"
         )
         result.tables["payload_quality"] = quality
         chart_list = []
@@ -403,7 +402,7 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
             )
         _page(result, opts, "mqttmesh payloads", chart_list)
     finally:
-        parsed.unpersist()
+        passed.unpersist()
     result.seconds = time.monotonic() - started
     return result
 
