@@ -267,9 +267,10 @@ class Recorder:
 
         def other_origin(msg) -> None:  # (not on the hot path: clarity over speed)
             """A message this node routes under another node's id (Broker.publish): an
-            inbound QoS 2 message under the id its session's holders agreed on
-            (mesh/cluster/replica.py), a will the registrar publishes for a dead node's
-            client (mesh/cluster/registry.py). Its record, and its origin by position."""
+            inbound QoS 2 message under the id its session's holders agreed on, whose client
+            moved here, or whose node died, before it went out (mesh/cluster/replica.py); a
+            will the registrar publishes for a dead node's client (mesh/cluster/registry.py).
+            Its record, and its origin by position."""
             nonlocal nbytes
             if filt is not None and not filt(msg.topic):
                 return
