@@ -77,9 +77,10 @@ class FrameReader:
                     break
                 with memoryview(buf) as view:
                     try:
-                        kind, first, nbytes, rows, count, reads, origins = marshal.loads(
-                            view[start : start + meta_size]
-                        )
+                        meta = marshal.loads(view[start : start + meta_size])
+                        if isinstance(meta, tuple) and len(meta) == 6:
+                            meta = (*meta, ())  # (a node of before origins: a writer restarted after an upgrade)
+                        kind, first, nbytes, rows, count, reads, origins = meta
                     except (ValueError, EOFError, TypeError) as exc:
                         raise WireError(f"frame at byte {pos} does not decode: {exc}") from None
                     data = bytes(view[start + meta_size : end])
