@@ -49,6 +49,12 @@ the nemesis's log (a difference that fits none of these is *unexplained*, a find
 6. *A re-send taken as new*: a QoS 2 PUBLISH with DUP=1 that the subscriber read as a new
    message (it had released that packet id): a duplicate to the checker, a re-send to the
    audit, which cannot tell it from one the client still held.
+
+One difference is named but never explained: a message *archived under another id* than the
+one its delivery rows carry (same sequence number and origin timestamp, another origin). A
+node that routes a message under another node's id records that origin (archive/recorder.py
+``other_origin``); one that did not (before that, every publish row named the writing node)
+is a defect of the archive, counted in ``unexplained``.
 """
 
 from __future__ import annotations
@@ -177,9 +183,9 @@ class Reconciliation:
     lost_checker_only: list[tuple[str, str]] = field(default_factory=list)  # written, not read (1)
     lost_audit_only: list[tuple[str, str]] = field(default_factory=list)  # read, not logged (2)
     lost_checker_only_unexplained: list[tuple[str, str]] = field(default_factory=list)
-    # a finding (archive/writer.py names the writing node as every message's origin): messages
-    # archived under another id than the one their deliveries carry, (publish row's id, the
-    # deliveries', msg id), and the pairs the audit counts lost for that alone
+    # a defect, unexplained (module doc): messages archived under another id than the one
+    # their deliveries carry, (publish row's id, the deliveries', msg id), and the pairs the
+    # audit counts lost for that alone
     misattributed: list[tuple[str, str, str]] = field(default_factory=list)
     lost_audit_only_misattributed: list[tuple[str, str]] = field(default_factory=list)
     lost_audit_only_unexplained: list[tuple[str, str]] = field(default_factory=list)
@@ -204,6 +210,7 @@ class Reconciliation:
             + len(self.lost_checker_only_unexplained)
             + len(self.lost_audit_only_unexplained)
             + len(self.qos2_dup_unexplained)
+            + len(self.misattributed)
             + (0 if self.job_rows_agree else 1)
         )
 
@@ -211,8 +218,7 @@ class Reconciliation:
     def agrees(self) -> bool:
         """Lost and QoS 2 duplicates agree, but for differences each explained (module doc)."""
         return self.unexplained == 0 and (
-            self.lost_checker - len(self.lost_checker_only)
-            == self.lost_audit - len(self.lost_audit_only) - len(self.lost_audit_only_misattributed)
+            self.lost_checker - len(self.lost_checker_only) == self.lost_audit - len(self.lost_audit_only)
         )
 
     def summary(self) -> dict[str, Any]:
@@ -335,10 +341,11 @@ def reconcile(
             origin, seq = mid.rsplit(":", 1)
             twin = same.get((seq, round(published, 6)))
             if twin is not None:
-                # a finding, not a legitimate difference: the node that routed a message under
+                # a defect, not a legitimate difference: the node that routed a message under
                 # another origin's id (a persistent publisher's QoS 2 message its first node had
-                # not routed yet) archived it under its own node id (archive/writer.py
-                # publish_table: origin = the writing node): its deliveries do not join it
+                # not routed yet, a dead node's client's will) archived it under another: its
+                # deliveries do not join it. Matched, so that the rest of the comparison holds,
+                # and counted unexplained (module doc)
                 misattributed[mid] = twin
                 hid = hid_of[twin]
             else:
@@ -454,7 +461,7 @@ def reconcile(
             # explained: by re-sends read as new, or by fresh rows not read / fresh reads not logged
             unread = sum(1 for x in r.written_not_read if (x[0], x[1]) == key)
             unlogged = sum(1 for x in read_left.get(key, []) if not x[1])
-            if not (taken_as_new or unread or unlogged or key in misattributed_pairs) or key in {
+            if not (taken_as_new or unread or unlogged) or key in {
                 (x[0], x[1]) for x in r.written_not_read_unexplained + r.read_not_logged_unexplained
             }:
                 r.qos2_dup_unexplained.append((*key, c_dup, a_dup))

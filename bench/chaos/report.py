@@ -135,7 +135,7 @@ def audit_lines(a: dict[str, Any]) -> str:
         "|---|---|---|---|",
         f"| lost, of {p['both']:,} (message, subscriber) pairs both judge | {a['lost']['checker']:,} "
         f"| {a['lost']['audit']:,} | written, not read: {a['lost_checker_only_written_not_read']}; "
-        f"read, not logged: {a['lost_audit_only_read_not_logged']}; archived under another id (a finding): "
+        f"read, not logged: {a['lost_audit_only_read_not_logged']}; archived under another id (a defect): "
         f"{a['lost_audit_only_misattributed']} |",
         f"| QoS 2 duplicates, same pairs | {a['qos2_duplicates']['checker']:,} | {a['qos2_duplicates']['audit']:,} "
         f"| re-sends read as new: {a['qos2_dup_resend_taken_as_new']}; pairs differing: "

@@ -244,7 +244,8 @@ class Broker:
         else:
             self.congestion = Congestion(settings.slow_consumer_timeout, settings.backpressure_timeout)
         # the archive (archive/capture.py): published(msg) for each message published here
-        # that a Channel's read capture did not take; its delivery log goes to the sessions
+        # that a Channel's read capture did not take (other_origin(msg) for one with another
+        # node's id); its delivery log goes to the sessions
         archive = self.archive = ports.archive
         self.mesh = ports.mesh  # told of filter changes and of each message published here
         factory = ports.sessions
@@ -331,7 +332,10 @@ class Broker:
             if links:
                 hits = [*hits, *links]
         if not captured and self.archive is not None:
-            self.archive.published(msg)
+            if msg.origin is self.node_id:  # (the Channel made it: the same string object)
+                self.archive.published(msg)
+            else:  # (rare: routed under another node's id, or restored from a store)
+                self.archive.other_origin(msg)
         return journal.batch if journal.writes != before else 0, hits
 
     def dispatch(self, msg: Message) -> Hits:

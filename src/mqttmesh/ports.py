@@ -194,6 +194,13 @@ class ArchivePort(Protocol):
     def published(self, msg: Message) -> None:
         """A message published at this node that no ReadCapture took (Broker.publish)."""
 
+    def other_origin(self, msg: Message) -> None:
+        """The same for a message this node publishes under another node's id, its origin
+        (``msg.origin`` is not the Broker's ``node_id``): an inbound QoS 2 message routed
+        under its agreed id (mesh/cluster/replica.py), a will the registrar publishes for a
+        dead node's client. Rare, and kept apart so that ``published`` never looks at a
+        message's origin."""
+
     def read(self, client_id: str) -> ReadCapture | None:
         """The capture of one read from a connected client, or None when messages are
         archived one by one (topic filters: the Broker hands each to ``published``)."""

@@ -115,12 +115,17 @@ def test_a_dup_resend_read_as_new_is_a_duplicate_to_the_checker_only() -> None:
     assert r.qos2_dup_differing_pairs and r.unexplained == 0
 
 
-def test_deliveries_under_another_origins_id_are_a_finding_not_an_explanation() -> None:
+def test_deliveries_under_another_origins_id_are_a_defect_never_an_explanation() -> None:
+    """The archive records the id a message was routed with (archive/recorder.py
+    ``other_origin``); a publish row under another one is named, and fails the run."""
     h = _history(BOTH)
     a = _archived(BOTH)
     a.delivery[1] = ("n2:12", *a.delivery[1][1:])  # routed under n2's id, archived as n0's
     a.expected[1] = ("sub0", "n0:12", False, 0, 0)
+    a.summary["lost"] = 1  # (the job counted it lost as well)
     r = reconcile(h, check(h, {"pub0", "sub0"}), a, WALL0, [], tail=1.0)
     assert r.misattributed == [("n0:12", "n2:12", "pub0:2")]
     assert r.lost_audit == 1 and r.lost_audit_only_misattributed == [("sub0", "pub0:2")]
     assert r.read_not_logged == []  # (the row is matched to its read once re-keyed)
+    assert r.job_rows_agree and r.unexplained == 1 and not r.agrees
+    assert r.summary()["misattributed_messages"] == 1 and not r.summary()["agrees"]

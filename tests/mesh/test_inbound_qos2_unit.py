@@ -156,3 +156,65 @@ def test_a_released_qos2_id_stays_released_when_a_copy_that_missed_the_release_r
     assert [p.type for p in out(moved)] == [mqttraw.CONNACK, mqttraw.PUBREC, mqttraw.PUBCOMP]
     assert _received(sub) == [b"x", b"z"]  # Z once, X not again [MQTT-4.3.3-2]
     assert net.brokers["b"].sessions[cid].awaiting_rel == set()
+
+
+def _archive_ids(recorder, chunks: list, node: str) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """The (origin, seq) ids of what ``recorder`` archived at ``node`` (its ``chunks``): its
+    publish records (the node's own id but where the chunk's ``origins`` name another:
+    archive/writer.py ``publish_table``), and its delivery records."""
+    recorder.flush()
+    published, delivered = [], []
+    for chunk in chunks:
+        if chunk.kind == "delivery":
+            delivered += [(r[1], r[2]) for r in chunk.rows]
+        elif not chunk.reads:
+            other = dict(chunk.origins)
+            published += [(other.get(i, node), r[1]) for i, r in enumerate(chunk.rows)]
+    return published, delivered
+
+
+@pytest.mark.parametrize("window", ["before the holders had it", "before it was routed", "after it was routed"])
+def test_the_archive_of_the_node_that_routes_it_records_it_under_the_id_it_was_routed_with(window):
+    """The fault harness's audit (bench/chaos/auditcheck.py) counted such a message lost for
+    every subscriber: b archived it under its own id while the deliveries carried a's. The
+    node that routes it archives it under the id it routes it with, so the deliveries join."""
+    from mqttmesh.archive.capture import Capture
+    from mqttmesh.archive.recorder import ArchiveLimits, Recorder
+
+    chunks: dict[str, list] = {n: [] for n in ("a", "b", "c")}
+    recorders = {n: Recorder(ArchiveLimits(), chunks[n].append, lambda: 0.0, ("#",), True) for n in chunks}
+    net = Net(
+        settings=ClusterSettings(replication=3, stall=1e9), archives={n: Capture(r) for n, r in recorders.items()}
+    )
+    sub = net.connect("c", "sub", clean=False)
+    net.brokers["c"].table.subscribe(sub.session, "t/#", 2)
+    net.pump()
+    pub = net.client("a")
+    pub.receive_data(mqttraw.connect("pub", clean=False), net.t)
+    net.pump()
+    pub.receive_data(mqttraw.publish("t/1", b"x", qos=2, pid=1), net.t)
+    if window == "before it was routed":
+        _deliver_from(net, "a")
+    elif window == "after it was routed":
+        net.pump()
+        net.route("a")
+        net.pump()
+    _kill(net, "a")
+    _move_and_resend(net, "b")
+    net.pump()
+    assert _received(sub) == [b"x"]
+    ids = {n: _archive_ids(r, chunks[n], n) for n, r in recorders.items()}
+    (routed,) = [(m.origin, m.seq) for m in net.published["b"]]
+    delivered = ids["c"][1]
+    assert delivered == [routed]  # the subscriber's node logged the id the message came under
+    if window == "after it was routed":
+        # a archived it (its own message, the common case: no origins) and b, which the
+        # delivery filter let route it again, did not (b took a's copy first: route)
+        assert ids["a"][0] == [routed] and ids["b"][0] == []
+        assert all(c.origins == () for c in chunks["a"])
+    elif window == "before it was routed":
+        assert routed[0] == "a" and ids["b"][0] == [routed]  # under a's id, archived by b
+        assert ids["a"][0] == []
+    else:
+        assert routed[0] == "b" and ids["b"][0] == [routed]  # b's own message: no origins
+        assert all(c.origins == () for c in chunks["b"])

@@ -268,3 +268,29 @@ def test_a_will_is_one_message_whoever_publishes_it():
     theirs = [(n, m) for n in ("b", "c") for m in net.published[n] if m.topic == "w/x"]
     assert [(m.origin, m.seq, m.ack_to) for n, m in theirs] == [("a", seq, n) for n, _ in theirs]
     assert len(theirs) == 1
+
+
+def test_a_will_a_registrar_publishes_is_archived_there_under_its_id():
+    """The registrar publishes a dead node's client's will as (that node, the number reserved
+    at CONNECT): its archive records that origin, which the deliveries carry, not its own."""
+    from mqttmesh.archive.capture import Capture
+    from mqttmesh.archive.recorder import ArchiveLimits, Recorder
+    from support import mqttraw
+
+    chunks: dict[str, list] = {n: [] for n in ("a", "b", "c")}
+    recorders = {n: Recorder(ArchiveLimits(), chunks[n].append, lambda: 0.0, ("#",)) for n in chunks}
+    net = Net(settings=ClusterSettings(will_delay=0.5), archives={n: Capture(r) for n, r in recorders.items()})
+    cid = cid_with(net, lambda regs, holders: regs[0] != "a", prefix="w")
+    registrar = net.clusters["b"].members.registrars(cid)[0]
+    ch = net.client("a")
+    ch.receive_data(mqttraw.connect(cid, will=("w/x", b"gone", 1, False)), net.t)
+    net.pump()
+    net.up.discard("a")  # killed with the connection open: its registrar publishes the will
+    net.membership()
+    net.tick(0.6)
+    (will,) = [m for m in net.published[registrar] if m.topic == "w/x"]
+    assert (will.origin, will.seq) == ("a", ch.will_seq)
+    recorders[registrar].flush()
+    (chunk,) = chunks[registrar]
+    assert [r[1:4] for r in chunk.rows] == [(ch.will_seq, cid, "w/x")]
+    assert chunk.origins == [(0, "a")]  # archive/writer.py publish_table: origin a, msg_id a:SEQ

@@ -180,6 +180,39 @@ def test_no_temporary_file_is_left_and_a_failing_directory_is_counted(tmp_path):
     assert all(not f.split("/")[-1].startswith(".") for f in files(tmp_path / "ok"))
 
 
+def test_a_message_published_under_another_nodes_id_has_that_origin_and_msg_id(tmp_path):
+    """The node's id is every row's origin but for the records a chunk's ``origins`` names
+    (recorder.py ``other_origin``: an inbound QoS 2 message routed under its agreed id, a
+    dead node's client's will), across the chunks of one file."""
+    w = FileWriter(str(tmp_path), "n2", 1, ArchiveLimits())
+    rec = [(T1, s, "p", "t/1", 2, False, b"x") for s in (10, 11, 12, 13, 14)]
+    w.add(Chunk(PUBLISH, rec[:2], 2, 0), now=0.0)
+    w.add(Chunk(PUBLISH, rec[2:], 3, 2, origins=[(0, "n0"), (2, "n1")]), now=0.0)
+    w.close()
+    (name,) = files(tmp_path)
+    table = pq.read_table(tmp_path / name, columns=["msg_id", "origin", "seq"])
+    assert table.to_pylist() == [
+        {"msg_id": "n2:10", "origin": "n2", "seq": 10},
+        {"msg_id": "n2:11", "origin": "n2", "seq": 11},
+        {"msg_id": "n0:12", "origin": "n0", "seq": 12},
+        {"msg_id": "n2:13", "origin": "n2", "seq": 13},
+        {"msg_id": "n1:14", "origin": "n1", "seq": 14},
+    ]
+
+
+@pytest.mark.parametrize("origins", [[(1, "n0")], [(-1, "n0")], [(0, 5)], [(0, "n0"), (0, "n1")], ["n0"]])
+def test_origins_that_do_not_fit_their_chunk_fail_it_alone(tmp_path, origins):
+    reports = Reports()
+    w = FileWriter(str(tmp_path), "n2", 1, ArchiveLimits(), report=reports)
+    w.add(Chunk(PUBLISH, [(T1, 1, "p", "t", 0, False, b"x")], 1, 0, origins=origins), now=0.0)
+    w.add(Chunk(PUBLISH, [(T1, 2, "p", "t", 0, False, b"y")], 1, 1, origins=[(0, "n0")]), now=0.0)
+    w.close()
+    assert reports[0] == (PUBLISH, 1, 1, 0, 1, 0, 0) and "origin" in w.last_error
+    assert reports[1][:6] == (PUBLISH, 1, 1, 1, 0, 1)
+    (name,) = files(tmp_path)
+    assert pq.read_table(tmp_path / name, columns=["msg_id"]).column(0).to_pylist() == ["n0:2"]
+
+
 def test_a_record_the_schema_cannot_hold_fails_its_chunk_only(tmp_path):
     reports = Reports()
     w = FileWriter(str(tmp_path), "n1", 1, ArchiveLimits(), report=reports)

@@ -11,7 +11,9 @@ import pytest
 
 pytest.importorskip("pyarrow.parquet")
 
-from support.mesh import Subscriber, publish
+from support.mesh import Subscriber, publish, start_mesh, status, wait_converged, wait_interest
+from support.mqttraw import PUBCOMP, PUBREC, RawClient, pubrel
+from support.mqttraw import publish as publish_frame
 from support.pipeline import archive_flags, read_archive, writer_pid
 from support.processes import wait_for
 
@@ -186,3 +188,133 @@ def test_archive_settings_that_cannot_work_stop_the_node_with_their_name(tmp_pat
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
+
+
+def _archived_by(directory, kind="publish") -> list[tuple[str, dict]]:
+    """(the node that wrote it, row) for every row of ``kind``: the file's ``mqttmesh.node``."""
+    import pyarrow.parquet as pq
+
+    out = []
+    for dirpath, _, names in os.walk(os.path.join(directory, kind)):
+        for n in sorted(names):
+            if n.endswith(".parquet") and not n.startswith("."):
+                table = pq.read_table(os.path.join(dirpath, n))
+                node = table.schema.metadata[b"mqttmesh.node"].decode()
+                out += [(node, row) for row in table.to_pylist()]
+    return out
+
+
+def test_a_will_its_registrar_publishes_for_a_killed_nodes_client_is_archived_under_its_id(broker_factory, tmp_path):
+    """The will of a client whose node was killed is published by its registrar as (that
+    node, the number reserved at CONNECT): the registrar archives it under that id, the one
+    the subscriber's delivery row carries, so the audit joins them (before, the registrar
+    named itself as its origin and the audit counted the will lost)."""
+    edges = [("b", "a"), ("c", "a"), ("c", "b")]
+    archive = tmp_path / "archive"  # (shared: each file names its node)
+    flags = archive_flags(
+        archive,
+        "--archive-format",
+        "parquet",
+        "--archive-delivery-log",
+        "true",
+        "--archive-flush-interval",
+        "0.2",
+        "--mesh-keepalive",
+        "0.3",
+    )
+    nodes = start_mesh(broker_factory, ["a", "b", "c"], edges, extra=flags)
+    wait_converged(nodes, edges)
+    watcher = Subscriber(nodes["b"], "watcher", "lwt/#", qos=1)
+    try:
+        wait_interest(nodes, "lwt/#", "b")
+        doomed = RawClient(nodes["a"].host, nodes["a"].port)
+        doomed.connect(client_id="doomed", will=("lwt/doomed", b"node died", 1, False))
+        publish(nodes["a"], "lwt/alive", [b"a is up"], qos=1)  # (a's own message: origin a, written by a)
+        watcher.wait_count(1)
+        wait_for(lambda: any(r["topic"] == "lwt/alive" for r in read_archive(archive)), 10, what="a's own row")
+        nodes["a"].kill()
+        watcher.wait_count(2, timeout=15)
+        assert watcher.payloads() == [b"a is up", b"node died"]
+
+        def will_rows():
+            dlv = [r for _, r in _archived_by(archive, "delivery") if r["topic"] == "lwt/doomed"]
+            pub = [(n, r) for n, r in _archived_by(archive) if r["topic"] == "lwt/doomed"]
+            return dlv and pub and (dlv, pub)
+
+        delivered, published = wait_for(will_rows, 10, what="the will's publish and delivery rows")
+        assert [(r["client_id"], r["node"], r["origin"]) for r in delivered] == [("watcher", "b", "a")]
+        ((writer, row),) = published
+        assert writer in ("b", "c")  # its registrar (a is dead)
+        assert (row["origin"], row["msg_id"], row["seq"]) == ("a", delivered[0]["msg_id"], delivered[0]["seq"])
+        assert (row["publisher"], row["payload"]) == ("doomed", b"node died")
+        # the common case beside it: a's own message, archived by a under its own id
+        own = [(n, r["origin"], r["msg_id"]) for n, r in _archived_by(archive) if r["topic"] == "lwt/alive"]
+        assert [(n, o) for n, o, _ in own] == [("a", "a")] and own[0][2].startswith("a:")
+        doomed.close()
+    finally:
+        watcher.close()
+
+
+def test_a_qos2_message_resent_to_another_node_after_its_node_was_killed_is_archived_under_its_id(
+    broker_factory, tmp_path
+):
+    """The fault harness's finding (bench/chaos/auditcheck.py): a persistent publisher's QoS 2
+    message is routed only once its session's other holders have it with its id (a:S); its
+    node a is killed before that, the client re-sends the PUBLISH to b, and b routes it under
+    a:S. b archives it under a:S too, the id the subscriber's delivery row carries. (b and c
+    are stopped while a takes the message, so that a cannot route it: its "in" settlement
+    waits in their sockets until they go on.)"""
+    edges = [("b", "a"), ("c", "a"), ("c", "b")]
+    archive = tmp_path / "archive"
+    flags = archive_flags(
+        archive, "--archive-format", "parquet", "--archive-delivery-log", "true", "--archive-flush-interval", "0.2"
+    )
+    nodes = start_mesh(broker_factory, ["a", "b", "c"], edges, extra=flags)  # (replication 3: all hold it)
+    wait_converged(nodes, edges)
+    sub = Subscriber(nodes["c"], "sub", "q2/#", qos=2)
+    try:
+        wait_interest(nodes, "q2/#", "c")
+        pub = RawClient(nodes["a"].host, nodes["a"].port)
+        pub.connect(client_id="pub", clean=False)
+        pub.send(publish_frame("q2/x", b"first", qos=2, pid=1))  # the holders in step: PUBREC after them
+        pub.expect(PUBREC, 10)
+        pub.send(pubrel(1))
+        pub.expect(PUBCOMP, 10)
+        sub.wait_count(1)
+        stopped = [nodes["b"].pid, nodes["c"].pid]
+        for pid in stopped:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            pub.send(publish_frame("q2/x", b"second", qos=2, pid=2))
+            # a status round trip on a new connection turns a's loop several times after the
+            # PUBLISH: its "in" settlement to b and c is in their sockets by then
+            status(nodes["a"])
+            nodes["a"].kill()
+        finally:
+            for pid in stopped:
+                os.kill(pid, signal.SIGCONT)
+        pub.close()
+        wait_converged({n: nodes[n] for n in ("b", "c")}, [("c", "b")])
+        moved = RawClient(nodes["b"].host, nodes["b"].port)
+        assert moved.connect(client_id="pub", clean=False).body == b"\x01\x00"  # session present
+        moved.send(publish_frame("q2/x", b"second", qos=2, dup=True, pid=2))
+        moved.expect(PUBREC, 10)
+        moved.send(pubrel(2))
+        moved.expect(PUBCOMP, 10)
+        sub.wait_count(2)
+        assert sub.payloads() == [b"first", b"second"]  # once [MQTT-4.3.3-2]
+        moved.close()
+
+        def rows():
+            dlv = [r for _, r in _archived_by(archive, "delivery") if r["topic"] == "q2/x"]
+            pub_rows = [(n, r) for n, r in _archived_by(archive) if r["topic"] == "q2/x"]
+            return len(dlv) == 2 and len(pub_rows) == 2 and (dlv, pub_rows)
+
+        delivered, published = wait_for(rows, 10, what="the publish and delivery rows of both messages")
+        by_payload = {r["payload"]: (n, r) for n, r in published}
+        writer, second = by_payload[b"second"]
+        assert writer == "b" and second["origin"] == "a"  # archived by b, under a's id
+        assert sorted(r["msg_id"] for r in delivered) == sorted(r["msg_id"] for _, r in published)
+        assert {(n, r["origin"]) for n, r in published} == {("a", "a"), ("b", "a")}
+    finally:
+        sub.close()

@@ -67,6 +67,52 @@ def test_no_delivery_hook_unless_the_delivery_log_is_on():
     assert Rig().rec.delivery_hook is None
 
 
+def test_a_message_under_another_nodes_id_is_the_same_record_with_its_origin_beside_it():
+    """Mostly a message archived here was published here: its record has no origin (the
+    writer names the node). One this node routes under another node's id (Broker.publish
+    picks it: an agreed id, a dead node's client's will) has the same record, and its
+    origin goes into the chunk's ``origins`` by the record's position."""
+    r = Rig()
+    r.rec.publish_hook(msg(seq=1))
+    r.rec.other_origin_hook(msg(seq=900, origin="n0", publisher="moved", topic="t/q2", qos=2))
+    r.rec.publish_hook(msg(seq=2))
+    r.rec.flush()
+    (chunk,) = r.chunks
+    assert chunk.rows == [
+        (1000.5, 1, "pub", "a/b", 1, False, b"xy"),
+        (1000.5, 900, "moved", "t/q2", 2, False, b"xy"),
+        (1000.5, 2, "pub", "a/b", 1, False, b"xy"),
+    ]
+    assert chunk.origins == [(1, "n0")]
+    r.rec.publish_hook(msg(seq=3))  # the common case: a chunk with none
+    r.rec.flush()
+    assert r.chunks[1].origins == () and r.chunks[1].rows[0][1] == 3
+
+
+def test_origins_follow_their_records_into_the_next_chunk_and_a_dropped_one_leaves_none():
+    r = Rig(flush_rows=2, max_queue_rows=4)
+    r.rec.publish_hook(msg(seq=1))
+    r.rec.publish_hook(msg(seq=2))
+    r.rec.other_origin_hook(msg(seq=3, origin="n0"))  # cuts [1, 2], then is the first of the next
+    r.rec.other_origin_hook(msg(seq=4, origin="n5"))
+    r.rec.publish_hook(msg(seq=5))  # cuts [3, 4]
+    got = [(c.origins, [row[1] for row in c.rows]) for c in r.chunks]
+    assert got == [((), [1, 2]), ([(0, "n0"), (1, "n5")], [3, 4])]
+    r.rec.other_origin_hook(msg(seq=6, origin="n0"))
+    r.rec.other_origin_hook(msg(seq=7, origin="n0"))  # the queue is full (4): dropped, counted
+    assert r.rec.dropped[PUBLISH] == 1
+    r.rec.flush()
+    assert (r.chunks[2].origins, [row[1] for row in r.chunks[2].rows]) == ([(1, "n0")], [5, 6])
+
+
+def test_topic_filters_apply_to_messages_under_another_nodes_id_too():
+    r = Rig(filters=("t/#",))
+    r.rec.other_origin_hook(msg(topic="u/1", origin="n0"))
+    r.rec.other_origin_hook(msg(topic="t/1", origin="n0", seq=8))
+    r.rec.flush()
+    assert [(c.origins, [row[1] for row in c.rows]) for c in r.chunks] == [([(0, "n0")], [8])]
+
+
 def test_chunks_are_cut_by_rows_and_number_their_first_record():
     r = Rig(flush_rows=3, max_queue_rows=100)
     for i in range(7):
@@ -202,9 +248,9 @@ def test_schema_markdown_lists_every_column():
 # -- the pipe -------------------------------------------------------------------------------------
 
 
-def _frame(kind, first, nbytes, rows, reads=False, data=b"") -> bytes:
+def _frame(kind, first, nbytes, rows, reads=False, data=b"", origins=()) -> bytes:
     """A frame built by hand from the documented layout, not by encode_chunk."""
-    meta = marshal.dumps((kind, first, nbytes, rows, len(rows), reads))
+    meta = marshal.dumps((kind, first, nbytes, rows, len(rows), reads, origins))
     return b"MQAR" + struct.pack(">II", len(meta), len(data)) + meta + data
 
 
@@ -234,7 +280,20 @@ def test_encode_chunk_writes_the_documented_layout():
     data = b"".join(encode_chunk(r.chunks[0]))
     magic, meta, size = struct.unpack(">4sII", data[:12])  # read back by hand, not by FrameReader
     assert (magic, meta, size) == (b"MQAR", len(data) - 12, 0)
-    assert marshal.loads(data[12:]) == (PUBLISH, 0, 1, [(1000.5, 5, "pub", "a/b", 1, False, b"p")], 1, False)
+    assert marshal.loads(data[12:]) == (PUBLISH, 0, 1, [(1000.5, 5, "pub", "a/b", 1, False, b"p")], 1, False, ())
+
+
+def test_origins_travel_in_the_frame_and_come_out_as_they_went_in():
+    rows = [(1.5, 9, "p", "t", 2, False, b"a"), (1.5, 77, "q", "t", 2, False, b"b")]
+    reader = FrameReader()
+    reader.feed(_frame(PUBLISH, 0, 2, rows, origins=[(1, "n0")]))
+    (chunk,) = reader.chunks()
+    assert chunk.rows == rows and chunk.origins == [(1, "n0")]
+    r = Rig()
+    r.rec.other_origin_hook(msg(seq=5, origin="n0"))
+    r.rec.flush()
+    meta = b"".join(encode_chunk(r.chunks[0]))[12:]
+    assert marshal.loads(meta)[6] == [(0, "n0")]
 
 
 def test_captured_reads_travel_with_their_bytes_after_the_records():
@@ -249,6 +308,7 @@ def test_captured_reads_travel_with_their_bytes_after_the_records():
         [("dev", 5.0, 6, [(0, 9)], [], 1), ("dev", 6.0, 2, [], [], 0)],
         1,
         True,
+        (),
     )
     assert frame[12 + meta :] == b"\x30\x04\x00\x01ax\xc0\x00"
     reader = FrameReader()
@@ -256,6 +316,16 @@ def test_captured_reads_travel_with_their_bytes_after_the_records():
     (chunk,) = reader.chunks()
     assert chunk.reads and chunk.count == 1 and chunk.data == b"\x30\x04\x00\x01ax\xc0\x00"
     assert chunk.rows == [("dev", 5.0, 6, [(0, 9)], [], 1), ("dev", 6.0, 2, [], [], 0)]
+
+
+def test_a_frame_of_before_origins_is_a_chunk_without_any():
+    """A writer started again after an upgrade may read a frame of the node's older code."""
+    rows = [(1.5, 9, "p", "t", 2, False, b"a")]
+    meta = marshal.dumps((PUBLISH, 4, 1, rows, 1, False))
+    old = FrameReader()
+    old.feed(b"MQAR" + struct.pack(">II", len(meta), 0) + meta)
+    (chunk,) = old.chunks()
+    assert (chunk.kind, chunk.first, chunk.rows, chunk.origins) == (PUBLISH, 4, rows, ())
 
 
 def test_bad_frames_are_refused_by_name():
@@ -271,6 +341,10 @@ def test_bad_frames_are_refused_by_name():
     wrong.feed(_frame("other", 0, 0, []))
     with pytest.raises(WireError, match="not a chunk"):
         list(wrong.chunks())
+    odd = FrameReader()
+    odd.feed(_frame(PUBLISH, 0, 0, [], origins="n0"))
+    with pytest.raises(WireError, match="not a chunk"):
+        list(odd.chunks())
     short = FrameReader()
     short.feed(_frame(PUBLISH, 0, 0, [("dev", 5.0, 6, [(0, 9)], [], 1)], True, b"\x30\x04\x00"))
     with pytest.raises(WireError, match="add up to 6 bytes, it carries 3"):

@@ -81,12 +81,13 @@ def test_the_audit_agrees_with_the_checker_on_lost_and_duplicated(result: dict[s
     assert a["unexplained"] == 0, a["samples"]
     lost_c, lost_a = a["lost"]["checker"], a["lost"]["audit"]
     assert lost_c == result["check"]["lost"] - a["pairs"]["lost_in_checker_only"]
-    assert (
-        lost_c - a["lost_checker_only_written_not_read"]
-        == lost_a - a["lost_audit_only_read_not_logged"] - a["lost_audit_only_misattributed"]
-    ), a
-    # (the pairs counted lost only because their message was archived under another node's
-    # id are a finding, open: docs/design.md 3.5; they are counted, not explained away)
+    assert lost_c - a["lost_checker_only_written_not_read"] == lost_a - a["lost_audit_only_read_not_logged"], a
+    # every message archived under the id its deliveries carry: a node that routes a message
+    # under another node's id (a persistent publisher's QoS 2 message re-sent to it after its
+    # first node died) records that origin (archive/recorder.py other_origin); one archived
+    # under another id would be a defect, also counted in "unexplained" above
+    assert a["misattributed_messages"] == 0, a["samples"]["misattributed"]
+    assert a["lost_audit_only_misattributed"] == 0
     d = a["qos2_duplicates"]
     assert d["checker"] <= result["check"]["qos2_duplicates"]
     assert d["checker"] == d["audit"] or a["qos2_dup_differing_pairs"] > 0

@@ -146,9 +146,11 @@ class Net:
         settings: ClusterSettings | None = None,
         wall_offset: float = 1_000_000.0,
         journals: dict | None = None,
+        archives: dict | None = None,
     ):
         self.t = 0.0
         self.journals = journals or {}  # node -> its store's Journal (else it keeps nothing)
+        self.archives = archives or {}  # node -> its ports.ArchivePort (else no archive)
         self.names = list(names)
         self.up = set(names)  # nodes every other node can reach
         self.queue: deque[tuple[str, str, str, bytes]] = deque()
@@ -177,17 +179,19 @@ class Net:
         journal = self.journals.get(n, NULL_JOURNAL)
         parts = cluster_parts(n, inc, send, trie, journal, auth, settings, self.wall_offset)
         replication = parts.replication
+        archive = self.archives.get(n)
         sessions = ReplicaSessions(
             bsettings.limits,
             journal,
             congestion,
             replication.on_settled,
+            on_sent=None if archive is None else archive.sent,
             on_late=replication.late,
             on_subs=replication.subs_changed,
         )
         self.seen[n] = set()  # (a restart forgets them)
         mesh = _Published(self.published[n], self.seen[n])
-        ports = BrokerPorts(sessions, congestion, mesh, parts.retained, parts.replication)
+        ports = BrokerPorts(sessions, congestion, mesh, parts.retained, parts.replication, archive)
         broker = Broker(bsettings, auth, journal if n in self.journals else None, ports, retained_trie=trie)
         self.brokers[n] = broker
         self.clusters[n] = Cluster(n, inc, broker.table, broker, send, parts, settings, self.wall_offset)

@@ -1,7 +1,8 @@
 """The archive where it meets the broker's hot path: one object the cores are given.
 
 Pure. ``Capture`` is the node's ``ports.ArchivePort``: the Broker hands it each message
-published here that a read capture did not take, every session calls its ``sent`` for
+published here that a read capture did not take (to ``other_origin`` the rare one that has
+another node's id, which the archive records as its origin), every session calls its ``sent`` for
 the delivery log, and a Channel asks it for a ``ReadCapture`` at the start of each read
 from a connected client. The Recorder (archive/recorder.py) makes the records, chunks
 and counts; this module only decides which of its hooks a message goes to.
@@ -38,10 +39,11 @@ class Capture:
     when the hooks were attributes of the Broker.
     """
 
-    __slots__ = ("published", "sent", "_reads")
+    __slots__ = ("published", "other_origin", "sent", "_reads")
 
     def __init__(self, recorder: Recorder) -> None:
         self.published: Callable[[Message], None] = recorder.publish_hook
+        self.other_origin: Callable[[Message], None] = recorder.other_origin_hook
         # (None unless archive.delivery_log: the recorder made no delivery hook)
         self.sent: SentHook | None = recorder.delivery_hook
         # None with topic filters: the Broker's published() picks the messages one by one

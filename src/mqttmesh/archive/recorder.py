@@ -8,7 +8,10 @@ and logging (it only counts; ``take_drops`` says what to report).
 The hooks run on the broker's hot path, once per message: they append one tuple of
 the message's values to a list and do nothing else. Publish records are
 ``(timestamp, seq, publisher, topic, qos, retain, payload)``; delivery records
-``(time, origin, seq, topic, published, client_id, qos, dup)``. Chunks are small
+``(time, origin, seq, topic, published, client_id, qos, dup)``. A publish record has
+no origin: the writer names the node. A message this node routes under another node's
+id (``other_origin_hook``, rare: the Broker picks it) gets the same record, and its
+origin goes into the chunk's ``origins``, by position, for the writer. Chunks are small
 (``CHUNK_ROWS``) so that the Python objects they keep alive stay few and recent: the
 writer turns each chunk into Arrow columns at once and gathers those into files.
 """
@@ -85,10 +88,12 @@ class Chunk:
     ``rows`` are record tuples, or, when ``reads`` is true, read records of publish
     records (archive/reads.py), ``count`` records in all. In the node a read record
     holds its bytes; in the writer it holds their size, and ``data`` has the bytes of
-    all the reads, one after the other (archive/wire.py).
+    all the reads, one after the other (archive/wire.py). ``origins``: ``(index, origin)``
+    of the publish records (by their index in ``rows``) whose message has another node's
+    id; every other record's origin is the node's (mostly none: an empty tuple).
     """
 
-    __slots__ = ("kind", "rows", "nbytes", "first", "count", "reads", "data")
+    __slots__ = ("kind", "rows", "nbytes", "first", "count", "reads", "data", "origins")
 
     def __init__(
         self,
@@ -99,6 +104,7 @@ class Chunk:
         count: int | None = None,
         reads: bool = False,
         data: bytes = b"",
+        origins: list[tuple[int, str]] | tuple[()] = (),
     ):
         self.kind = kind
         self.rows = rows
@@ -107,6 +113,7 @@ class Chunk:
         self.count = len(rows) if count is None else count
         self.reads = reads
         self.data = data
+        self.origins = origins
 
     def __len__(self) -> int:
         return self.count
@@ -171,8 +178,8 @@ class Recorder:
         self.done_bytes = 0
         self._drops_reported = 0
         self._buffers: dict[str, tuple] = {}
-        self.publish_hook = self._buffer(PUBLISH)
-        self.delivery_hook = self._buffer(DELIVERY) if delivery_log else None
+        self.publish_hook, self.other_origin_hook = self._buffer(PUBLISH)
+        self.delivery_hook = self._buffer(DELIVERY)[0] if delivery_log else None
         # every topic archived: whole reads from clients (archive/reads.py) instead of a
         # record per message; with filters the node picks the messages itself
         self.capture_hook = self._reads_buffer() if self._filter is None else None
@@ -180,24 +187,29 @@ class Recorder:
     # -- the hot path --------------------------------------------------------------------
 
     def _buffer(self, kind: str):
-        """The hook for ``kind`` and its buffer; registers the buffer for tick and flush."""
+        """The hook for ``kind`` and, for the publish log, the hook for messages under
+        another node's id (else None); registers their buffer for tick and flush."""
         rows: list = []
         append = rows.append
         nbytes = 0
         generation = 0
+        origins: list[tuple[int, str]] = []  # (index in rows, origin): other_origin below
         max_rows, max_bytes = self.limits.chunk_rows, self.limits.chunk_bytes
         filt = self._filter
         dropped = self.dropped
 
         def cut(force: bool = False) -> bool:
-            nonlocal rows, append, nbytes, generation
+            nonlocal rows, append, nbytes, generation, origins
             if not rows:
                 return True
-            if not self._hand_over(Chunk(kind, rows, nbytes, self.cut_rows[kind]), force):
+            chunk = Chunk(kind, rows, nbytes, self.cut_rows[kind], origins=origins or ())
+            if not self._hand_over(chunk, force):
                 return False
             rows = []
             append = rows.append
             nbytes = 0
+            if origins:
+                origins = []
             generation += 1
             return True
 
@@ -250,7 +262,27 @@ class Recorder:
                     full(record, 0)
 
         self._buffers[kind] = (cut, lambda: len(rows), lambda: generation, [None])
-        return hook
+        if kind != PUBLISH:
+            return hook, None
+
+        def other_origin(msg) -> None:  # (not on the hot path: clarity over speed)
+            """A message this node routes under another node's id (Broker.publish): an
+            inbound QoS 2 message under the id its session's holders agreed on, whose client
+            moved here, or whose node died, before it went out (mesh/cluster/replica.py); a
+            will the registrar publishes for a dead node's client (mesh/cluster/registry.py).
+            Its record, and its origin by position."""
+            nonlocal nbytes
+            if filt is not None and not filt(msg.topic):
+                return
+            payload = msg.payload
+            if not (len(rows) < max_rows and nbytes < max_bytes) and not cut():
+                dropped[kind] += 1
+                return
+            append((msg.timestamp, msg.seq, msg.publisher, msg.topic, msg.qos, msg.retain, payload))
+            nbytes += len(payload)
+            origins.append((len(rows) - 1, msg.origin))
+
+        return hook, other_origin
 
     def _reads_buffer(self):
         """The capture hook (Broker.capture) and its buffer of read records."""

@@ -29,7 +29,12 @@ KINDS = (PUBLISH, DELIVERY)
 PUBLISH_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("timestamp", "timestamp[us, UTC]", "when the node took the message from its publisher (that node's wall clock)"),
     ("msg_id", "string", "mesh-wide unique message id, `origin:seq`"),
-    ("origin", "string", "node the message was published at (the node that archived it)"),
+    (
+        "origin",
+        "string",
+        "node the message was published at: the node that archived it, but for a message it "
+        "routed under another node's id (a QoS 2 message its first node had not routed, a dead node's will)",
+    ),
     ("seq", "int64", "the origin's sequence number of the message"),
     ("publisher", "string", "publishing ClientId"),
     ("topic", "string", "topic name"),

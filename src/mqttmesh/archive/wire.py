@@ -4,12 +4,14 @@ Pure. It leaves the pipe itself to its callers (server/archive.py writes frames
 with asyncio, archive/worker.py reads them with blocking reads).
 
     node -> writer:  frame = magic "MQAR" : u32 meta length : u32 data length :
-                     meta = marshal((kind, first, nbytes, rows, count, reads)) :
+                     meta = marshal((kind, first, nbytes, rows, count, reads, origins)) :
                      data
                      rows: record tuples (data is empty), or, when ``reads``, read
                      records whose bytes are not in the tuple but in ``data``, one
                      read after the other: ``(publisher, timestamp, size, segments,
                      skips, count)`` (archive/reads.py)
+                     origins: ``(index, origin)`` of the publish records whose message
+                     has another node's id (recorder.py Chunk), mostly empty
     writer -> node:  one JSON object per line, for every set of records it is done with:
                      {"kind", "records", "nbytes", "written", "failed", "files", "file_bytes"}
 
@@ -48,7 +50,7 @@ def encode_chunk(chunk: Chunk) -> list:
         rows = [(p, t, len(d), segments, skips, n) for p, t, d, segments, skips, n in chunk.rows]
     else:
         datas, rows = [], chunk.rows
-    meta = marshal.dumps((chunk.kind, chunk.first, chunk.nbytes, rows, chunk.count, chunk.reads))
+    meta = marshal.dumps((chunk.kind, chunk.first, chunk.nbytes, rows, chunk.count, chunk.reads, chunk.origins))
     return [_HEAD.pack(MAGIC, len(meta), sum(map(len, datas))), meta, *datas]
 
 
@@ -75,11 +77,19 @@ class FrameReader:
                     break
                 with memoryview(buf) as view:
                     try:
-                        kind, first, nbytes, rows, count, reads = marshal.loads(view[start : start + meta_size])
+                        meta = marshal.loads(view[start : start + meta_size])
+                        if isinstance(meta, tuple) and len(meta) == 6:
+                            meta = (*meta, ())  # (a node of before origins: a writer restarted after an upgrade)
+                        kind, first, nbytes, rows, count, reads, origins = meta
                     except (ValueError, EOFError, TypeError) as exc:
                         raise WireError(f"frame at byte {pos} does not decode: {exc}") from None
                     data = bytes(view[start + meta_size : end])
-                if kind not in KINDS or not isinstance(rows, list) or not isinstance(count, int):
+                if (
+                    kind not in KINDS
+                    or not isinstance(rows, list)
+                    or not isinstance(count, int)
+                    or not isinstance(origins, (list, tuple))
+                ):
                     raise WireError(f"frame at byte {pos} is not a chunk of records")
                 if reads:
                     try:
@@ -91,7 +101,7 @@ class FrameReader:
                             f"frame at byte {pos}: its reads add up to {size} bytes, it carries {data_size}"
                         )
                 pos = end
-                yield Chunk(kind, rows, nbytes, first, count, bool(reads), data)
+                yield Chunk(kind, rows, nbytes, first, count, bool(reads), data, origins)
         finally:
             del buf[:pos]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -142,10 +143,12 @@ def reads_array(reads: list, data: bytes) -> pa.StructArray:
     return pa.StructArray.from_arrays(arrays, fields=list(_PUBLISH_RECORD))
 
 
-def publish_table(records: pa.ChunkedArray, node_id: str) -> pa.Table:
-    """Publish log rows from publish records of messages published at ``node_id``."""
+def publish_table(records: pa.ChunkedArray, node_id: str, origins: Sequence[tuple[int, str]] = ()) -> pa.Table:
+    """Publish log rows from publish records of messages published at ``node_id``, but
+    for those ``origins`` names: ``(index, origin)``, ascending, of the records of messages
+    this node published under another node's id (recorder.py ``other_origin``)."""
     ts, seq, publisher, topic, qos, retain, payload = _fields(records)
-    origin = pa.repeat(node_id, len(records)).cast(pa.string())
+    origin = _origins(node_id, len(records), origins)
     columns = [
         _timestamps(ts),
         _msg_ids(origin, seq),
@@ -182,6 +185,16 @@ def delivery_table(records: pa.ChunkedArray, node_id: str, first: int) -> pa.Tab
     return _drop_dollar(pa.Table.from_arrays(columns, schema=arrow_schema(DELIVERY, node_id)))
 
 
+def _origins(node_id: str, n: int, origins: Sequence[tuple[int, str]]) -> pa.Array:
+    """The origin column: ``node_id`` but at the indices ``origins`` names (ascending)."""
+    column = pa.repeat(node_id, n).cast(pa.string())
+    if not origins:
+        return column
+    mask = np.zeros(n, bool)
+    mask[[i for i, _ in origins]] = True
+    return pc.replace_with_mask(column, pa.array(mask), pa.array([o for _, o in origins], pa.string()))
+
+
 def _fields(records: pa.ChunkedArray) -> list[pa.ChunkedArray]:
     width = records.type.num_fields
     return [pa.chunked_array([c.field(i) for c in records.chunks], records.type.field(i).type) for i in range(width)]
@@ -204,13 +217,32 @@ def split_by_hour(table: pa.Table) -> list[tuple[int, pa.Table]]:
     return [(h, table.filter(pc.equal(hours, h))) for h in sorted(pc.unique(hours).to_pylist())]
 
 
+def _chunk_origins(chunk: Chunk, n: int) -> list[tuple[int, str]]:
+    """A chunk's ``origins``, checked: ascending indices of its ``n`` publish records."""
+    origins = list(chunk.origins)
+    if not origins:
+        return origins
+    if chunk.kind != PUBLISH or chunk.reads:
+        raise ValueError(f"origins in a chunk of {'reads' if chunk.reads else chunk.kind}")
+    last = -1
+    for entry in origins:
+        if not (isinstance(entry, (tuple, list)) and len(entry) == 2):
+            raise ValueError(f"origin {entry!r} is not (index, origin)")
+        i, origin = entry
+        if not (isinstance(i, int) and last < i < n and isinstance(origin, str)):
+            raise ValueError(f"origin {entry!r}: not a record after {last} of {n}, or not a node id")
+        last = i
+    return [(i, o) for i, o in origins]
+
+
 class _Pending:
     """Arrow arrays of one kind waiting for their file."""
 
-    __slots__ = ("arrays", "first", "records", "nbytes", "since")
+    __slots__ = ("arrays", "first", "records", "nbytes", "since", "origins")
 
     def __init__(self):
         self.arrays: list[pa.StructArray] = []
+        self.origins: list[tuple[int, str]] = []  # publish_table's, over all the arrays
         self.first = 0  # number of the first record (delivery log_seq)
         self.records = 0  # records in the arrays
         self.nbytes = 0  # payload bytes of those records
@@ -277,6 +309,7 @@ class FileWriter:
             array = reads_array(rows, data) if chunk.reads else records_array(chunk.kind, rows)
             if len(array) != n:
                 raise ValueError(f"{len(array)} records where the node counted {n}")
+            origins = _chunk_origins(chunk, n)
         except Exception as exc:  # a record the schema cannot hold: say so, drop the chunk
             self.last_error = f"{type(exc).__name__}: {exc}"
             log.error("archive: could not convert %d %s records: %s", n, chunk.kind, self.last_error)
@@ -287,6 +320,8 @@ class FileWriter:
             p.since = now
             p.first = chunk.first
         p.arrays.append(array)
+        if origins:
+            p.origins += [(p.records + i, o) for i, o in origins]
         p.records += n
         p.nbytes += chunk.nbytes
         if p.records >= self.limits.flush_rows or p.nbytes >= self.limits.flush_bytes:
@@ -320,7 +355,7 @@ class FileWriter:
             records = pa.chunked_array(p.arrays, p.arrays[0].type)
             p.arrays = []
             if kind == PUBLISH:
-                table = publish_table(records, self.node_id)
+                table = publish_table(records, self.node_id, p.origins)
             else:
                 table = delivery_table(records, self.node_id, p.first)
             rows = table.num_rows

@@ -71,7 +71,9 @@ def expected_from_filters(publish: DataFrame, expectations: DataFrame) -> DataFr
 
 def expected_from_gaps(publish: DataFrame, delivery: DataFrame) -> DataFrame:
     """(client_id, message) pairs inferred from what each client received: per publisher and
-    topic, every message between the first and the last one it received (by sequence)."""
+    topic, every message between the first and the last one it received (by sequence); once
+    per client and message (a message routed under another node's id may be archived by
+    that node and by its origin: docs/pipeline.md)."""
     pub = _published(publish)
     got = (
         delivery.select("client_id", "msg_id")
@@ -85,6 +87,7 @@ def expected_from_gaps(publish: DataFrame, delivery: DataFrame) -> DataFrame:
         pub.join(ranges, ["origin", "publisher", "topic"])
         .where((F.col("seq") >= F.col("_lo")) & (F.col("seq") <= F.col("_hi")))
         .select(*_EXPECTED)
+        .dropDuplicates(["client_id", "msg_id"])
     )
 
 

@@ -231,6 +231,9 @@ class _Ports:
     def published(self, msg: Message) -> None:
         self.io.published(msg)
 
+    def other_origin(self, msg: Message) -> None:
+        self.io.published(msg)  # (a message published here all the same)
+
     def read(self, client_id: str) -> ReadCapture | None:
         return None  # messages one by one, to published()
 
