@@ -271,7 +271,9 @@ class _Profile:
             try:
                 return fn(*a, **kw)
             finally:
-                row = prof.rows.setdefault(label, [0, 0.0, 0])
+                # (a table's write is named by its table)
+                key = f"{label} {a[2]}" if name == "write_table" and len(a) > 2 else label
+                row = prof.rows.setdefault(key, [0, 0.0, 0])
                 row[0] += 1
                 row[1] += time.monotonic() - t
                 row[2] += prof._jobs() - j

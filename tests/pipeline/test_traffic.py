@@ -141,3 +141,42 @@ def test_summary_of_nothing(spark, rollup):
         "messages long, bytes long, publishers long, topics long, nodes long, first timestamp, last timestamp",
     )
     assertDataFrameEqual(TR.traffic_summary(empty), expected)
+
+
+@pytest.mark.parametrize("window,level,top", [(60, 2, 10), (120, 1, 2)])
+def test_the_batch_tables_from_one_query_are_the_transforms_tables(spark, window, level, top):
+    """The batch job's tables (every key set rolled up in one Spark query, cut apart on the
+    driver by split_rollups) equal, row for row and in order, those of the transforms above,
+    one query each; ``complete`` marks the windows inside the range."""
+    import datetime as dt
+
+    base = TR.traffic_base(spark.createDataFrame(ROWS, SCHEMA), window)
+    data = TR.traffic_rollups(base, level).toArrow()
+    first, last = TR.rollup_span(data)
+    assert (first, last) == (ts("12:00:05"), ts("12:02:00"))
+    assert TR.rollup_summary(data) == {"messages": 7, "bytes": 50, "publishers": 3, "topics": 4, "nodes": 2}
+    span = (last - first).total_seconds()
+    start, end = ts("12:00:00"), ts("12:02:00")  # (the last window, from 12:02, is partial)
+    tables = TR.split_rollups(data, window, span, start, end, top)
+    per_window = {
+        "per_node": ["origin"],
+        "per_prefix": ["prefix"],
+        "per_topic": ["topic"],
+        "per_publisher": ["origin", "publisher"],
+    }
+    for name, keys in per_window.items():
+        src = TR.with_prefix(base, level) if name == "per_prefix" else base
+        expected = TR.traffic_by(src, keys, window).orderBy("window_start", *keys)
+        got = tables[name]
+        assert got.column_names[:-1] == expected.columns, name
+        assertDataFrameEqual(spark.createDataFrame(got.drop_columns(["complete"])), expected, checkRowOrder=True)
+        ends = got["window_end"].to_pylist()
+        assert got["complete"].to_pylist() == [e <= end for e in ends], name
+    assertDataFrameEqual(
+        spark.createDataFrame(tables["topics"]), TR.traffic_totals(base, ["topic"], span), checkRowOrder=True
+    )
+    assertDataFrameEqual(
+        spark.createDataFrame(tables["nodes"]), TR.traffic_totals(base, ["origin"], span), checkRowOrder=True
+    )
+    assertDataFrameEqual(spark.createDataFrame(tables["top_talkers"]), TR.top_talkers(base, top), checkRowOrder=True)
+    assert isinstance(first, dt.datetime)

@@ -24,7 +24,7 @@ from . import payloads as P
 from . import traffic as TR
 from .common import with_pattern
 from .extract import read_log
-from .load import Table, write_table
+from .load import Table, write_arrow, write_table
 from .options import OptionError, parse_expectation
 from .report import bar_chart, grouped_bars, html_page, line_chart
 
@@ -184,110 +184,93 @@ def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     result, charts, started = _begin(opts, "traffic")
     pub = _read(spark, opts, PUBLISH, result, say).select("timestamp", "origin", "publisher", "topic", "payload_size")
     w = int(opts.window)
-    # one pass over the messages: every table rolls up from this (windows x publishers x topics)
-    base = TR.traffic_base(pub, w).persist()
-    try:
-        s = (
-            TR.traffic_summary(base)
-            .select("messages", "bytes", "publishers", "topics", "nodes", _epoch("first"), _epoch("last"))
-            .collect()[0]
-        )
-        first, last = s["first"], s["last"]
-        start = opts.since.timestamp() if opts.since else first
-        end = opts.until.timestamp() if opts.until else last
-        span = (end - start) if start is not None and end is not None else 0.0
-        result.summary = {
-            "messages": s["messages"],
-            "bytes": s["bytes"],
-            "publishers": s["publishers"],
-            "topics": s["topics"],
-            "nodes": s["nodes"],
-            "first": _utc(first).isoformat() if first is not None else "-",
-            "last": _utc(last).isoformat() if last is not None else "-",
-            "span_s": round(span, 3),
-            "msgs_per_s": round(s["messages"] / span, 3) if span > 0 else None,
-        }
-
-        def per_window(df: DataFrame, keys: list[str]) -> DataFrame:
-            return _with_complete(TR.traffic_by(df, keys, w), start, end).orderBy("window_start", *keys)
-
-        specs = [
-            ("per_node", "Per node and window", per_window(base, ["origin"])),
+    # one Spark query: the messages rolled up per window, node, publisher and topic, and that
+    # along every table's keys; the driver cuts the tables out of it (traffic.split_rollups)
+    data = TR.traffic_rollups(TR.traffic_base(pub, w), opts.level).toArrow()
+    s = TR.rollup_summary(data)
+    first, last = TR.rollup_span(data)
+    start = opts.since if opts.since else first
+    end = opts.until if opts.until else last
+    span = (end - start).total_seconds() if start is not None and end is not None else 0.0
+    result.summary = {
+        **s,
+        "first": first.isoformat() if first is not None else "-",
+        "last": last.isoformat() if last is not None else "-",
+        "span_s": round(span, 3),
+        "msgs_per_s": round(s["messages"] / span, 3) if span > 0 else None,
+    }
+    tables = TR.split_rollups(data, w, span, start, end, opts.top)
+    titles = {
+        "per_node": "Per node and window",
+        "per_prefix": f"Per topic prefix (level {opts.level}) and window",
+        "per_topic": "Per topic and window",
+        "per_publisher": "Per publisher and window",
+        "top_talkers": f"Top {opts.top} talkers",
+        "topics": "Topics over the whole range",
+        "nodes": "Nodes over the whole range",
+    }
+    for name, title in titles.items():
+        result.tables[name] = write_arrow(tables[name], result.out, name, title)
+    chart_list = []
+    if s["messages"]:
+        nodes = [r["origin"] for r in _rows(result.tables["nodes"])]
+        per_node = _rows(result.tables["per_node"])
+        _note_partial(result, per_node, w)
+        chart_list.append(
             (
-                "per_prefix",
-                f"Per topic prefix (level {opts.level}) and window",
-                per_window(TR.with_prefix(base, opts.level), ["prefix"]),
-            ),
-            ("per_topic", "Per topic and window", per_window(base, ["topic"])),
-            ("per_publisher", "Per publisher and window", per_window(base, ["origin", "publisher"])),
-            ("top_talkers", f"Top {opts.top} talkers", TR.top_talkers(base, opts.top)),
-            ("topics", "Topics over the whole range", TR.traffic_totals(base, ["topic"], span)),
-            ("nodes", "Nodes over the whole range", TR.traffic_totals(base, ["origin"], span)),
-        ]
-        for name, title, df in specs:
-            result.tables[name] = write_table(df, result.out, name, title)
-        chart_list = []
-        if s["messages"]:
-            nodes = [r["origin"] for r in _rows(result.tables["nodes"])]
-            per_node = _rows(result.tables["per_node"])
-            _note_partial(result, per_node, w)
-            chart_list.append(
-                (
-                    "Messages per second, per node",
-                    line_chart(
-                        os.path.join(charts, "traffic_nodes.png"),
-                        f"messages/s per node ({w}s windows)",
-                        _series(per_node, "origin", "msgs_per_s", nodes[:8]),
-                        "msgs/s",
-                        _partial(per_node),
-                    ),
-                )
+                "Messages per second, per node",
+                line_chart(
+                    os.path.join(charts, "traffic_nodes.png"),
+                    f"messages/s per node ({w}s windows)",
+                    _series(per_node, "origin", "msgs_per_s", nodes[:8]),
+                    "msgs/s",
+                    _partial(per_node),
+                ),
             )
-            per_prefix = _rows(result.tables["per_prefix"])
-            prefixes = _top(per_prefix, "prefix", "messages", 8)
-            chart_list.append(
-                (
-                    f"Messages per second, per topic prefix (level {opts.level})",
-                    line_chart(
-                        os.path.join(charts, "traffic_prefixes.png"),
-                        f"messages/s per topic prefix ({w}s windows)",
-                        _series(per_prefix, "prefix", "msgs_per_s", prefixes),
-                        "msgs/s",
-                        _partial(per_prefix),
-                    ),
-                )
+        )
+        per_prefix = _rows(result.tables["per_prefix"])
+        prefixes = _top(per_prefix, "prefix", "messages", 8)
+        chart_list.append(
+            (
+                f"Messages per second, per topic prefix (level {opts.level})",
+                line_chart(
+                    os.path.join(charts, "traffic_prefixes.png"),
+                    f"messages/s per topic prefix ({w}s windows)",
+                    _series(per_prefix, "prefix", "msgs_per_s", prefixes),
+                    "msgs/s",
+                    _partial(per_prefix),
+                ),
             )
-            top = _rows(result.tables["topics"])[:20]  # (most messages first, then by topic)
-            chart_list.append(
-                (
-                    "Busiest topics",
-                    bar_chart(
-                        os.path.join(charts, "traffic_topics.png"),
-                        "messages per topic (top 20)",
-                        [r["topic"] for r in top],
-                        [r["messages"] for r in top],
-                        "messages",
-                    ),
-                )
+        )
+        top = _rows(result.tables["topics"])[:20]  # (most messages first, then by topic)
+        chart_list.append(
+            (
+                "Busiest topics",
+                bar_chart(
+                    os.path.join(charts, "traffic_topics.png"),
+                    "messages per topic (top 20)",
+                    [r["topic"] for r in top],
+                    [r["messages"] for r in top],
+                    "messages",
+                ),
             )
-            talkers = _rows(result.tables["top_talkers"])  # (by rank)
-            chart_list.append(
-                (
-                    "Top talkers",
-                    bar_chart(
-                        os.path.join(charts, "traffic_talkers.png"),
-                        f"messages per publisher (top {opts.top})",
-                        [f"{r['publisher']} @ {r['origin']}" for r in talkers],
-                        [r["messages"] for r in talkers],
-                        "messages",
-                    ),
-                )
+        )
+        talkers = _rows(result.tables["top_talkers"])  # (by rank)
+        chart_list.append(
+            (
+                "Top talkers",
+                bar_chart(
+                    os.path.join(charts, "traffic_talkers.png"),
+                    f"messages per publisher (top {opts.top})",
+                    [f"{r['publisher']} @ {r['origin']}" for r in talkers],
+                    [r["messages"] for r in talkers],
+                    "messages",
+                ),
             )
-        else:
-            result.notes.append("no messages in the archive for this range")
-        _page(result, opts, "mqttmesh traffic", chart_list)
-    finally:
-        base.unpersist()
+        )
+    else:
+        result.notes.append("no messages in the archive for this range")
+    _page(result, opts, "mqttmesh traffic", chart_list)
     result.seconds = time.monotonic() - started
     return result
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-__all__ = ["Table", "write_table", "PREVIEW_ROWS", "column_values"]
+__all__ = ["Table", "write_table", "write_arrow", "PREVIEW_ROWS", "column_values"]
 
 PREVIEW_ROWS = 50
 PARQUET_FILE = "part-00000.parquet"
@@ -83,15 +83,19 @@ def _text_columns(data) -> list:
 def write_table(df: DataFrame, out: str, name: str, title: str = "") -> Table:
     """Writes ``out/tables/NAME/`` (Parquet) and ``out/tables/NAME.csv``; keeps the rows
     (``Table.data``) and a preview. The rows keep ``df``'s order."""
+    return write_arrow(df.toArrow(), out, name, title)  # (one Spark job: Arrow batches, in order)
+
+
+def write_arrow(data, out: str, name: str, title: str = "") -> Table:
+    """``write_table`` of rows the driver has (a pyarrow.Table), in their order."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     tables = os.path.join(out, "tables")
     os.makedirs(tables, exist_ok=True)
-    t = Table(name, title or name, df.columns)
+    t = Table(name, title or name, list(data.column_names))
     t.parquet = os.path.join(tables, name)
     t.csv = os.path.join(tables, f"{name}.csv")
-    data = df.toArrow()  # (one Spark job: Arrow batches, in order)
     if os.path.isdir(t.parquet):
         shutil.rmtree(t.parquet)
     os.makedirs(t.parquet)

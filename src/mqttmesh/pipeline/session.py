@@ -29,6 +29,11 @@ def build_session(app: str, master: str | None = None, shuffle_partitions: int |
     settings = {
         "spark.sql.session.timeZone": "UTC",  # windows and dates are UTC, as in the archive
         "spark.ui.showConsoleProgress": "false",
+        # a job's shuffles and cached results are small (rollups): Spark's 200 shuffle
+        # partitions are coalesced to what the data needs, cached ones too (measured, 1 M rows on
+        # local[2]: traffic 116 s without these, 20 s with them)
+        "spark.sql.adaptive.coalescePartitions.parallelismFirst": "false",
+        "spark.sql.optimizer.canChangeCachedPlanOutputPartitioning": "true",
     }
     if shuffle_partitions:
         settings["spark.sql.shuffle.partitions"] = str(shuffle_partitions)
