@@ -257,8 +257,12 @@ class _Profile:
     def install(self) -> None:
         from mqttmesh.pipeline import jobs, load
 
+        from mqttmesh.pipeline import payloads
+
         for name in self.STEPS:
             self._wrap(jobs, name)
+        for name in ("sample_payloads", "payload_pass"):
+            self._wrap(payloads, name, label=f"payloads.{name}")
         self._wrap(load, "_text_columns", label="write_table: CSV text")
 
     def _wrap(self, module, name: str, label: str | None = None) -> None:

@@ -7,10 +7,17 @@ The helpers behind them live in tests/support (``support.processes``,
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from support.markers import refuse_unmarked, skip_missing_tools
 from support.processes import BrokerProcess
+
+# the pipeline's commands in the tests start Spark without a class data archive: a JVM that
+# makes one writes it for seconds after its command ended (pipeline/session.py class_archive;
+# tests/pipeline/test_session_cds.py checks that logic)
+os.environ.setdefault("MQTTMESH_SPARK_CDS", "off")
 
 pytest_plugins = ("pytester",)  # tests/test_markers.py runs the hook below on small suites of its own
 

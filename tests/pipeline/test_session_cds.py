@@ -1,0 +1,44 @@
+"""The driver JVM's class data archive (pipeline/session.py ``class_archive``): made by a first
+run as its JVM exits, taken once that run is over and the file settled, then mapped."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from mqttmesh.pipeline import session as S
+
+JAVA = 'openjdk version "17.0.15" 2025-04-15'
+
+
+def test_made_by_a_first_run_then_mapped(tmp_path, monkeypatch):
+    monkeypatch.delenv("MQTTMESH_SPARK_CDS", raising=False)
+    first = S.class_archive(JAVA, str(tmp_path))
+    assert first is not None and first.startswith("-XX:ArchiveClassesAtExit=") and S.QUIET in first
+    made = first.split()[0].split("=", 1)[1]
+    assert made.endswith(f".tmp-{os.getpid()}")
+    # while this run (the one the name gives) lives, or its file is fresh, nobody takes it nor
+    # makes another
+    with open(made, "wb") as fh:
+        fh.write(b"x" * 100)
+    assert S.class_archive(JAVA, str(tmp_path)) is None
+    # a run that ended (a process that exited) and a file left alone for CDS_SETTLED seconds
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    done = made.rsplit("-", 1)[0] + "-" + gone.stdout.strip()
+    os.replace(made, done)
+    assert S.class_archive(JAVA, str(tmp_path)) is None  # (fresh)
+    old = os.path.getmtime(done) - S.CDS_SETTLED - 1
+    os.utime(done, (old, old))
+    mapped = S.class_archive(JAVA, str(tmp_path))
+    final = done.rsplit(".tmp-", 1)[0]
+    assert mapped == f"-XX:SharedArchiveFile={final} {S.QUIET}"
+    assert os.listdir(tmp_path) == [os.path.basename(final)]
+    # another Java (or PySpark) has its own archive
+    assert S.class_archive('openjdk version "21.0.1"', str(tmp_path)).startswith("-XX:ArchiveClassesAtExit=")
+
+
+def test_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("MQTTMESH_SPARK_CDS", "off")
+    assert S.class_archive(JAVA, str(tmp_path)) is None
+    assert os.listdir(tmp_path) == []
