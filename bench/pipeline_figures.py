@@ -255,9 +255,7 @@ class _Profile:
         return len(tracker.getJobIdsForGroup(None) or [])  # (every job so far: none has a group)
 
     def install(self) -> None:
-        from mqttmesh.pipeline import jobs, load
-
-        from mqttmesh.pipeline import payloads
+        from mqttmesh.pipeline import jobs, load, payloads
 
         for name in self.STEPS:
             self._wrap(jobs, name)
