@@ -357,6 +357,55 @@ def figures_spark(args) -> int:
     return 0
 
 
+def figures_upkeep(args) -> int:
+    """A Delta publish log of ``--commits`` flushes (a node's day at a flush interval: each
+    flush spread over ``--hours``), then the times of ``compact`` and of ``expire`` (half the
+    hours, and a full vacuum), as `mqttmesh archive compact|expire` runs them."""
+    import datetime as dt
+
+    import pyarrow as pa
+
+    from mqttmesh.archive.schema import PUBLISH
+    from mqttmesh.archive.table import TableWriter, compact, expire, snapshot_files
+    from mqttmesh.archive.writer import publish_table, records_array
+
+    work = Path(tempfile.mkdtemp(prefix="mqttmesh-upkeep-"))
+    try:
+        w = TableWriter(str(work), "n1", PUBLISH)
+        start, span = 1769860800.0, args.hours * 3600.0
+        per, seq = args.rows, 0
+        t = time.monotonic()
+        for i in range(args.commits):
+            at = start + span * i / args.commits
+            records = [
+                (at + j * 0.001, seq + j, f"dev-{j % 50}", f"s/{j % 10}/dev-{j % 50}", 1, False, b'{"t": 21.5}')
+                for j in range(per)
+            ]
+            seq += per
+            w.append(publish_table(pa.chunked_array([records_array(PUBLISH, records)]), "n1"))
+        made = time.monotonic() - t
+        log = str(work / PUBLISH)
+        _, files = snapshot_files(log)
+        print(f"{args.commits:,} commits of {per:,} rows over {args.hours} hours: {len(files):,} files ({made:.1f}s)")
+        t = time.monotonic()
+        c = compact(log, args.target_bytes)
+        took = time.monotonic() - t
+        _, after = snapshot_files(log)
+        print(
+            f"compact: {took:.2f}s, {c.files_removed:,} files merged into {c.files_added:,}; {len(after):,} files now"
+        )
+        t = time.monotonic()
+        e = expire(log, dt.datetime.fromtimestamp(start + span / 2, dt.UTC), vacuum_hours=0.0)
+        took = time.monotonic() - t
+        print(
+            f"expire (half the hours, then vacuum): {took:.2f}s, {e.rows_removed:,} rows removed,"
+            f" {e.files_vacuumed:,} files deleted"
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
 def figures_bytes(args) -> int:
     for kind in ("publish", "delivery"):
         files, rows, size = archive_bytes(args.dir, kind)
@@ -389,6 +438,12 @@ def main(argv=None) -> int:
     s.add_argument("--profile", action="store_true", help="each step's seconds and Spark jobs")
     s.add_argument("--jobs", default="", help="only these jobs (traffic,payloads)")
     s.set_defaults(func=figures_spark)
+    u = sub.add_parser("upkeep", help="compaction and retention of a Delta log of many small flushes")
+    u.add_argument("--commits", type=int, default=8640, help="flushes (8,640: a day at 10 s)")
+    u.add_argument("--rows", type=int, default=100, help="rows per flush")
+    u.add_argument("--hours", type=int, default=24)
+    u.add_argument("--target-bytes", type=int, default=128 << 20)
+    u.set_defaults(func=figures_upkeep)
     b = sub.add_parser("bytes", help="bytes per message of an archive")
     b.add_argument("dir")
     b.set_defaults(func=figures_bytes)
