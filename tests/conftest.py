@@ -47,3 +47,15 @@ def broker_factory(tmp_path):
 def broker(broker_factory):
     """One in-memory broker with default settings."""
     return broker_factory()
+
+
+@pytest.fixture
+def browser():
+    """A headless Chromium (selenium), quit at teardown (with its chromedriver)."""
+    from support.browser import chromium
+
+    driver = chromium()
+    try:
+        yield driver
+    finally:
+        driver.quit()

@@ -92,24 +92,9 @@ class Archived:
 
 def local_spark():
     """A local SparkSession on loopback, two threads, no UI (a harness run's audit is small)."""
-    import os
-    import sys
+    from mqttmesh.pipeline.session import build_session
 
-    from pyspark.sql import SparkSession
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("chaos-audit")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    return spark
+    return build_session("chaos-audit", "local[2]", 2, {"spark.ui.enabled": "false"})
 
 
 def read_audit(spark, roots: list[str], since: dict[str, float], out: str) -> Archived:

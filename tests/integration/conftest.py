@@ -46,18 +46,6 @@ def paho():
 
 
 @pytest.fixture
-def browser():
-    """A headless Chromium (selenium), quit at teardown (with its chromedriver)."""
-    from support.browser import chromium
-
-    driver = chromium()
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
 def paho5():
     """``paho5(client_id, websocket=False)`` makes paho MQTT 5 clients; all are stopped at teardown."""
     made: list[Paho5] = []

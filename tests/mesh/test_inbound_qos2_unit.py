@@ -24,8 +24,9 @@ from support.cluster_net import Net, cid_with
 from support.frames import out, publish_fields, split_frames
 
 
-def _setup() -> tuple[Net, object, object]:
-    net = Net(settings=ClusterSettings(replication=3, stall=1e9))  # every node holds every session
+def _setup(archives=None) -> tuple[Net, object, object]:
+    # (every node holds every session)
+    net = Net(settings=ClusterSettings(replication=3, stall=1e9), archives=archives)
     sub = net.connect("c", "sub", clean=False)
     net.brokers["c"].table.subscribe(sub.session, "t/#", 2)
     net.pump()
@@ -183,15 +184,7 @@ def test_the_archive_of_the_node_that_routes_it_records_it_under_the_id_it_was_r
 
     chunks: dict[str, list] = {n: [] for n in ("a", "b", "c")}
     recorders = {n: Recorder(ArchiveLimits(), chunks[n].append, lambda: 0.0, ("#",), True) for n in chunks}
-    net = Net(
-        settings=ClusterSettings(replication=3, stall=1e9), archives={n: Capture(r) for n, r in recorders.items()}
-    )
-    sub = net.connect("c", "sub", clean=False)
-    net.brokers["c"].table.subscribe(sub.session, "t/#", 2)
-    net.pump()
-    pub = net.client("a")
-    pub.receive_data(mqttraw.connect("pub", clean=False), net.t)
-    net.pump()
+    net, sub, pub = _setup({n: Capture(r) for n, r in recorders.items()})
     pub.receive_data(mqttraw.publish("t/1", b"x", qos=2, pid=1), net.t)
     if window == "before it was routed":
         _deliver_from(net, "a")

@@ -53,17 +53,6 @@ def _archive(root) -> None:
 
 
 @pytest.fixture
-def browser():
-    from support.browser import chromium
-
-    driver = chromium()
-    try:
-        yield driver
-    finally:
-        driver.quit()
-
-
-@pytest.fixture
 def served(tmp_path):
     """An HTTP server of ``tmp_path`` on loopback (a page's images read into a canvas must
     come from its own origin): yields its base URL."""

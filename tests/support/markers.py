@@ -26,7 +26,7 @@ NEEDS_MARKER = {
     "pwfile": "process",  # `mqttmesh passwd`: test_security, test_logins, test_hostile_auth
     "spark": "spark",  # tests/pipeline/conftest.py: a local SparkSession (a JVM)
     "mosq_sub": "interop",  # tests/integration/test_interop.py: mosquitto_sub
-    "browser": "process",  # tests/integration/conftest.py: headless Chromium (selenium)
+    "browser": "process",  # tests/conftest.py: headless Chromium (selenium)
 }
 
 # a directory under tests/ -> the markers every test in it needs

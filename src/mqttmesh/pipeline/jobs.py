@@ -73,10 +73,6 @@ def job_options(**values) -> argparse.Namespace:
     return argparse.Namespace(**defaults)
 
 
-def _epoch(col: str):
-    return (F.unix_micros(F.col(col)) / F.lit(1e6)).alias(col)
-
-
 def _epoch_of(col):
     return F.unix_micros(col) / F.lit(1e6)
 

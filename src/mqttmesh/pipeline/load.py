@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame
 
-__all__ = ["Table", "write_table", "write_arrow", "PREVIEW_ROWS", "column_values"]
+__all__ = ["Table", "write_table", "write_arrow", "PREVIEW_ROWS"]
 
 PREVIEW_ROWS = 50
 PARQUET_FILE = "part-00000.parquet"
@@ -109,8 +109,3 @@ def write_arrow(data, out: str, name: str, title: str = "") -> Table:
     t.preview = [tuple("" if v is None else v for v in row.values()) for row in text.slice(0, PREVIEW_ROWS).to_pylist()]
     t.data = data
     return t
-
-
-def column_values(table: Table, column: str) -> list:
-    """One column of a written table, in its order (the charts' input)."""
-    return table.data.column(column).to_pylist()
