@@ -281,6 +281,12 @@ def test_a_qos2_message_resent_to_another_node_after_its_node_was_killed_is_arch
         pub.send(pubrel(1))
         pub.expect(PUBCOMP, 10)
         sub.wait_count(1)
+        # a's row of the first message flushed before a dies (kill -9 loses an unflushed tail)
+        wait_for(
+            lambda: [n for n, r in _archived_by(archive) if r["topic"] == "q2/x"] == ["a"],
+            10,
+            what="a's publish row of the first message",
+        )
         stopped = [nodes["b"].pid, nodes["c"].pid]
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
