@@ -182,7 +182,7 @@ class Message:
 class Entry:
     """One message on its way to one session: queued, or in flight with a packet id."""
 
-    __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key", "group")
+    __slots__ = ("msg", "qos", "retain", "packet_id", "state", "key", "group", "ticket")
 
     def __init__(self, msg: Message, qos: int, retain: bool = False, key: int = 0, group: Any = None) -> None:
         self.msg = msg
@@ -194,6 +194,10 @@ class Entry:
         # the shared group (shared.py) it came through, if it did; restored from the store, its
         # share (a str) until the session is registered (shared.py ``rejoin_entries``)
         self.group = group
+        # a replicated session's: the gate's ticket its PUBLISH waits for while the other
+        # holders have not confirmed every step (mesh/cluster/replica.py ``_unreleased``), 0
+        # once it may have left; a store keeps it as queued until then (store.py ``_snapshot``)
+        self.ticket = 0
 
     def __repr__(self) -> str:
         return f"Entry({self.msg!r}, qos={self.qos}, pid={self.packet_id}, state={self.state})"

@@ -267,8 +267,10 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.qos,
             e.qos,
             e.retain,
-            e.packet_id,
-            e.state,
+            # (a PUBLISH the gate still holds never reached the client: stored as queued, so
+            # that after a kill -9 no merge takes it for completed; mesh/cluster/replica.py)
+            0 if e.ticket else e.packet_id,
+            0 if e.ticket else e.state,
             m.origin,
             m.seq,
             m.publisher,

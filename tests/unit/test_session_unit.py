@@ -599,3 +599,75 @@ def test_a_qos1_publish_framed_behind_an_unconfirmed_step_is_queued_again_when_t
     s2.safe_version = s2.version  # (the holders confirmed: both frames went out)
     s2.detach()
     assert sorted(s2.inflight) == [1, 2] and not s2.queue
+
+
+def test_a_publish_the_gate_holds_is_stored_as_queued_until_the_holders_confirm_it(tmp_path):
+    """The fault harness (5 nodes, MQTT 5, seed 8) lost a QoS 2 message: a persistent
+    member's home framed it, reported "sent" and stored the entry in flight, and was killed
+    with kill -9 before the other holders confirmed the step (so before the frame left). The
+    client went to another node, whose claim never heard of the message; the restarted home's
+    copy had it in flight under the older claim, which a merge takes for completed
+    (snapshots.py). The store now keeps such an entry as queued until the gate passes it:
+    restarted, the copy has it queued and a merge with the newer claim keeps it. An entry
+    whose frame went out is stored in flight (DUP=1 on return), as before."""
+    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
+    from mqttmesh.mesh.cluster.snapshots import merge_snapshots, snapshot
+    from mqttmesh.server.sqlite_store import SqliteStore
+
+    j = Journal()
+    s = DurableMeshSession("m", Limits(), j, on_settled=lambda *a: None)
+    s.subscribe("t", 2)
+    ch = _GatedChannel()
+    s.attach(ch, 0.0)
+    s.deliver(msg("q1", origin="o", seq=1), 2)  # version 1
+    s.deliver(msg("q2", origin="o", seq=2), 2)  # version 2
+    s.deliver(msg("a3", origin="o", seq=3), 1)  # (QoS 1, framed behind the held QoS 2 frames)
+    s.confirmed(1)  # the holders have the first "sent": its frame may leave
+    ch.release(s.safe_version)
+    assert [p.payload for p in ch.take() if p.qos == 2] == [b"q1"]  # (the fake writes QoS 1 at once)
+
+    def stored(ops):
+        return {op[2]: (op[8], op[9]) for op in ops if op[0] == "message_put"}  # key -> (pid, state)
+
+    ops = [("session_put", "m", {"t": 2}, None)] + j.take()[1]
+    assert sorted(stored(ops).values()) == [(0, 0), (0, 0), (1, SENT_PUBLISH)]
+    store = SqliteStore(str(tmp_path))
+    store.write(ops)
+    store.db.close()
+    # killed here (kill -9): restarted from the store
+    factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
+    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
+    again = SqliteStore(str(tmp_path))
+    again.load(broker)
+    again.db.close()
+    back = broker.sessions["m"]
+    assert {pid: e.msg.payload for pid, e in back.inflight.items()} == {1: b"q1"}
+    assert [e.msg.payload for e in back.queue] == [b"q2", b"a3"]
+    # a newer claim (epoch 1) that never had any of them: q2 and a3 are kept, queued; q1's
+    # "sent" reached the holders that claim gathered from, so it was completed since
+    newer = MeshSession("m", Limits(), on_settled=lambda *a: None)
+    newer.epoch, newer.version = 1, 5
+    merged = merge_snapshots([snapshot(back, 1.0), snapshot(newer, 1.0)])
+    assert merged is not None
+    assert [(e.seq, e.state) for e in merged.entries] == [(2, 0), (3, 0)]
+    # once the holders confirm, the store has them in flight: the client may have them
+    s.confirmed(s.version)
+    assert sorted(stored(j.take()[1]).values()) == [(2, SENT_PUBLISH), (3, SENT_PUBLISH)]
+    assert not s.unreleased and all(e.ticket == 0 for e in s.inflight.values())
+
+
+def test_the_ticket_of_a_publish_is_dropped_when_its_client_answers_or_leaves():
+    """PUBREC clears an entry's ticket (the client had it, whatever the gate's state in
+    between); a detach clears every ticket (queued again, or stored as in flight)."""
+    j = Journal()
+    s = DurableMeshSession("m", Limits(), j, on_settled=lambda *a: None)
+    s.attach(_GatedChannel(), 0.0)
+    s.deliver(msg("q1", origin="o", seq=1), 2)
+    s.deliver(msg("q2", origin="o", seq=2), 2)
+    assert [e.ticket for e in s.inflight.values()] == [1, 2]
+    s.safe_version = 1  # (as a test may: the gate let q1 out without ``confirmed``)
+    assert s.on_pubrec(1) and s.inflight[1].ticket == 0 and s.inflight[1].state == SENT_PUBREL
+    j.take()
+    s.detach()
+    assert [(e.msg.payload, e.ticket, e.state) for e in s.queue] == [(b"q2", 0, 0)]
+    assert s.inflight[1].ticket == 0 and not s.unreleased

@@ -73,7 +73,7 @@ class Confirmations:
         if safe >= session.version:
             self.lagging.pop(session.client_id, None)
         if safe > session.safe_version:
-            session.safe_version = safe
+            session.confirmed(safe)
             channel = session.channel
             if channel is not None:
                 channel.release_acks(self.table.journal.committed, now)

@@ -322,13 +322,17 @@ class _Replicated(_SessionPart):
         ``merge_snapshots`` drops what an older claim had in flight and a newer one has not),
         and a shared group's member hands it on like anything queued (fault harness, 7 nodes,
         seed 2: 20 QoS 2 messages a member's node took while cut off from its holders)."""
+        self._passed(self.safe_version)  # (what the gate let out stays in flight)
         unreleased, self.unreleased = self.unreleased, {}
-        safe = self.safe_version
-        back = [
-            self.inflight.pop(pid)
-            for pid, ticket in sorted(unreleased.items(), key=lambda item: item[1])
-            if ticket > safe and (e := self.inflight.get(pid)) is not None and e.state == SENT_PUBLISH
-        ]
+        back = []
+        for pid, ticket in sorted(unreleased.items(), key=lambda item: item[1]):
+            entry = self.inflight.get(pid)
+            if entry is not None and entry.ticket == ticket:
+                entry.ticket = 0
+                if entry.state == SENT_PUBLISH:
+                    back.append(self.inflight.pop(pid))
+                else:
+                    self._stored_put(entry)  # (PUBREC'd: the client had it)
         for entry in reversed(back):
             entry.packet_id, entry.state = 0, 0
             self.queue.appendleft(entry)
@@ -340,13 +344,40 @@ class _Replicated(_SessionPart):
         super().restore_entry(entry)
         self.ids[(entry.msg.origin, entry.msg.seq)] = entry  # found by id, as _stored_put does
 
-    def _unreleased(self, pid: int) -> None:
-        """The frame of ``pid`` waits for the gate's current ticket (``detach``)."""
+    def _unreleased(self, entry: Entry) -> None:
+        """The frame of ``entry`` waits for the gate's current ticket (``detach``). Until the
+        gate passes it a store keeps the entry as queued (store.py ``_snapshot``): the node
+        killed before then, its restarted copy must not bring the entry back as in flight,
+        which a merge with a newer claim that never heard of it takes for completed
+        (snapshots.py ``merge_snapshots``; fault harness, 5 nodes, MQTT 5, seed 8: one QoS 2
+        message lost so)."""
         unreleased = self.unreleased
         if len(unreleased) >= UNRELEASED_PRUNE:
-            safe = self.safe_version
-            self.unreleased = unreleased = {p: t for p, t in unreleased.items() if t > safe}
-        unreleased[pid] = self.version
+            self._passed(self.safe_version)
+            unreleased = self.unreleased
+        unreleased[entry.packet_id] = entry.ticket = self.version
+
+    def confirmed(self, safe: int) -> None:
+        """Every other live holder has the settlements up to ``safe``: the gate lets out the
+        frames that waited for them (mesh/cluster/confirm.py)."""
+        self.safe_version = safe
+        if self.unreleased:
+            self._passed(safe)
+
+    def _passed(self, safe: int) -> None:
+        """The frames of tickets up to ``safe`` may have left: their entries are stored as
+        in flight again."""
+        inflight = self.inflight
+        keep = {}
+        for pid, ticket in self.unreleased.items():
+            if ticket > safe:
+                keep[pid] = ticket
+                continue
+            entry = inflight.get(pid)
+            if entry is not None and entry.ticket == ticket:
+                entry.ticket = 0
+                self._stored_put(entry)
+        self.unreleased = keep
 
     def _send_new(self, entry: Entry) -> None:
         if entry.qos != 2 or entry.retain or self.on_settled is None:
@@ -354,7 +385,7 @@ class _Replicated(_SessionPart):
             if entry.qos == 1 and not entry.retain and self.on_settled is not None and self.version > self.safe_version:
                 # (a QoS 1 PUBLISH is written behind the frames the gate holds, in order: it
                 # waits as long as they do; fault harness, 7 nodes, seed 9: one lost so)
-                self._unreleased(entry.packet_id)
+                self._unreleased(entry)  # (the store reads the entry when it commits: queued)
             return
         # (Session._send_new, with the settlement before the write) a holder taking over must
         # re-send it with this id (DUP=1), not as a new message: the other holders have the
@@ -363,10 +394,10 @@ class _Replicated(_SessionPart):
         entry.packet_id = pid
         entry.state = SENT_PUBLISH
         self.inflight[pid] = entry
-        self._stored_put(entry)
         self._report((entry.msg.origin, entry.msg.seq), "sent", pid)
         if self.version > self.safe_version:
-            self._unreleased(pid)
+            self._unreleased(entry)
+        self._stored_put(entry)
         channel = self.channel
         if entry.msg.expires is None:
             channel.write_gated(channel.frame(entry.msg, 2, pid, False, False), self.version)  # type: ignore[union-attr]  # (sent only while attached)
@@ -377,6 +408,8 @@ class _Replicated(_SessionPart):
 
     def on_pubrec(self, pid: int) -> bool:
         entry = self.inflight.get(pid)
+        if entry is not None:
+            entry.ticket = 0  # (the client had it: stored as it is)
         ok = super().on_pubrec(pid)
         if ok and entry is not None and self.on_settled is not None and not entry.retain:
             self._report((entry.msg.origin, entry.msg.seq), "rel", pid)
