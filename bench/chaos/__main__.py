@@ -23,8 +23,9 @@ from mqttmesh.sim.history import History
 
 from .checker import ChaosCheck, check
 from .nemesis import KINDS, pauses_of, windows_of
+from .nodelogs import link_losses
 from .report import audit_lines, row, table_header
-from .run import RunConfig, run
+from .run import RunConfig, node_logs, run
 from .sharecheck import SharedCheck, check_shared
 from .workload import Options
 
@@ -149,6 +150,11 @@ def recheck(path: Path) -> int:
     result: ChaosCheck | SharedCheck
     if saved.get("shared"):
         windows = windows_of(saved.get("events", []), saved.get("faults", []))
+        lost_links = saved.get("link_loss_windows")
+        if lost_links is None and saved.get("workdir") and saved.get("wall0"):  # (a run kept with --keep)
+            logs = node_logs({p.stem: p for p in Path(saved["workdir"]).glob("*.log")})
+            lost_links = link_losses(logs, saved["wall0"], max((op[0] for op in history.ops), default=0.0))
+        windows += lost_links or []
         result = check_shared(history, persistent, saved.get("settle", 2.0), connections, pauses, windows)
     else:
         result = check(history, persistent, saved.get("settle", 2.0), connections, pauses)

@@ -36,7 +36,7 @@ SHARED_COLUMNS = (
     "members (persistent + clean)",
     "acked",
     "lost",
-    "re-sends to a 2nd member: unacked / member left / node killed / node paused / cut off / inbound",
+    "re-sends to a 2nd member: unacked / member left / node killed / node paused / cut off / link lost / inbound",
     "of them QoS 2 (inbound, unexplained)",
     "unexplained",
     "QoS 2 dup same member",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from mqttmesh.sim.history import History
 from .checker import check
 from .cluster import Cluster
 from .nemesis import KINDS, Nemesis, schedule, windows_of
+from .nodelogs import link_losses
 from .sharecheck import check_shared
 from .workload import Options, Workload
 
@@ -157,7 +160,10 @@ def run(cfg: RunConfig, log: Callable[[str], None] = print) -> dict[str, Any]:
             raise RuntimeError("; ".join(wl.errors))
         windows = windows_of(nemesis.events, nemesis.faults)
         if wopts.shared:
-            shared = check_shared(history, persistent, cfg.settle, connections, nemesis.pauses(), windows)
+            lost_links = link_losses(_node_logs(cluster), wall0, wl.now())
+            out["link_losses"] = dict(Counter(w["reason"] for w in lost_links))
+            out["link_loss_windows"] = lost_links
+            shared = check_shared(history, persistent, cfg.settle, connections, nemesis.pauses(), windows + lost_links)
             result, summary = shared.base, shared.summary()
             out["shared_samples"] = {
                 "lost": shared.lost[:50],
@@ -270,3 +276,17 @@ def _audit(
         f"{len(rec.acked_not_archived)}; unexplained {rec.unexplained}: " + ("agrees" if rec.agrees else "DISAGREES")
     )
     return s
+
+
+def _node_logs(cluster: Any) -> dict[str, list[str]]:
+    """Each node's log lines (every life of it: a restart appends)."""
+    return node_logs({name: node.log_path for name, node in cluster.nodes.items()})
+
+
+def node_logs(paths: dict[str, Any]) -> dict[str, list[str]]:
+    out = {}
+    for name, path in paths.items():
+        if os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as f:
+                out[name] = f.read().splitlines()
+    return out

@@ -10,7 +10,8 @@ acknowledged to its publisher reaches at least one member of the group (a member
 message once it received it), and a second member gets it only as a re-send after the first
 holder lost it: its connection ended (or it never wrote the acknowledgement: ``unacked``),
 its node was killed or stopped, or its node was cut off from the message's origin (the
-origin re-sends after ``mesh.shared_reroute``); or the publisher itself sent the message on
+origin re-sends after ``mesh.shared_reroute``) by a fault or by a link the nodes lost on their
+own (``link lost``: nodelogs.py); or the publisher itself sent the message on
 more than one connection (``inbound``: the mesh took it in twice). Each delivery to a
 further member is a *re-send*, classified by the first of these that explains it relative to
 an earlier holder's delivery (``CLASSES``, in that order); ``unexplained`` is a finding.
@@ -33,7 +34,7 @@ from .checker import ChaosCheck, check, expiry_of
 
 __all__ = ["CLASSES", "LEFT_WITHIN", "BEFORE", "SharedCheck", "check_shared"]
 
-CLASSES = ("unacked", "member left", "node killed", "node paused", "cut off", "inbound", "unexplained")
+CLASSES = ("unacked", "member left", "node killed", "node paused", "cut off", "link lost", "inbound", "unexplained")
 # a holder's connection that ended this soon after it received a message may not have
 # delivered its acknowledgement (written in the same turn of the client's loop, read by the
 # node later); a later end says nothing of it
@@ -341,6 +342,8 @@ def _explain(
             cls = "cut off"
         elif kind == "flap" and _apart(nodes, src, [f["link"][:1], f["link"][1:]]):
             cls = "cut off"
+        elif kind == "link lost" and _apart(nodes, src, [f["link"][:1], f["link"][1:]]):
+            cls = "link lost"  # (not injected: a node's log, nodelogs.py)
         else:
             continue
         if CLASSES.index(cls) < CLASSES.index(best[0]):

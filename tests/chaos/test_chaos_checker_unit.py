@@ -455,6 +455,8 @@ def test_shared_a_second_member_without_a_reason_is_an_unexplained_duplicate() -
         ("partition apart", "cut off"),  # the holder's node n0 apart from the origin n2
         ("partition together", "unexplained"),
         ("flap", "cut off"),
+        ("link lost", "link lost"),  # a link n0 lost on its own (keepalive: nodelogs.py), not injected
+        ("link lost elsewhere", "unexplained"),
         ("inbound", "inbound"),  # the publisher sent it on two connections: QoS 2, the mesh's to dedupe
     ],
 )
@@ -485,6 +487,10 @@ def test_shared_a_second_member_is_explained(events: str, expected: str) -> None
         faults.append(_window("partition-blackhole", 4.0, 7.0, sides=[["n0", "n2"], ["n1"]]))
     elif events == "flap":
         faults.append(_window("flap", 5.0, 7.0, link=["n2", "n0"]))
+    elif events == "link lost":
+        faults.append(_window("link lost", 5.2, 5.9, link=["n0", "n2"]))
+    elif events == "link lost elsewhere":
+        faults.append(_window("link lost", 5.2, 5.9, link=["n1", "n3"]))
     t2 = 5.5 if events in ("closed by the node", "left after") else 11.0
     h.received(t2, "csub", msg, TOPIC, 2, False, "csub/1", 4)
     r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=faults)
@@ -541,7 +547,7 @@ def test_shared_row_of_the_table() -> None:
     }
     cells = [c.strip() for c in row(result).strip("|").split("|")]
     assert len(cells) == len(SHARED_COLUMNS) and table_header(shared=True).count("|---") == len(SHARED_COLUMNS)
-    assert cells[6:12] == ["1 + 1", "2", "1", "1: 0 / 0 / 0 / 0 / 0 / 0", "0 (0, 0)", "1"]
+    assert cells[6:12] == ["1 + 1", "2", "1", "1: 0 / 0 / 0 / 0 / 0 / 0 / 0", "0 (0, 0)", "1"]
     assert cells[16] == "1.00 / 1.00"
 
 
@@ -608,3 +614,31 @@ def test_shared_a_clean_members_next_connection_is_another_member() -> None:
     assert r.per_member == {"csub": 1} and not r.failed
     h.received(10.3, "csub", msg, TOPIC, 2, False, "csub/2", 8)  # twice on one connection: still caught
     assert check_shared(h, MEMBERS_PERSISTENT, settle=2.0).base.qos2_dups == [(msg, "csub", "outbound")]
+
+
+def test_the_links_nodes_lost_on_their_own_are_read_from_their_logs() -> None:
+    """A window per (node, peer) from a "down" line to the next "up" of that peer on that node
+    (or the run's end), on the history's clock; other lines, and an "up" with nothing down,
+    are ignored."""
+    from datetime import datetime
+
+    from bench.chaos.nodelogs import link_losses
+
+    wall0 = datetime(2026, 11, 30, 8, 0, 0).timestamp()
+    logs = {
+        "n0": [
+            "2026-11-30 08:00:01,250 INFO mqttmesh.mesh: link to n1 up (dialled by n0)",
+            "2026-11-30 08:00:05,500 WARNING mqttmesh.mesh: link to n1 down: keepalive: nothing received for 1.5 x 2s",
+            "2026-11-30 08:00:05,600 INFO mqttmesh.broker: client c1 connected",
+            "2026-11-30 08:00:07,000 INFO mqttmesh.mesh: link to n1 switched to the one dialled by n1",
+            "2026-11-30 08:00:07,750 INFO mqttmesh.mesh: link to n1 up (dialled by n1)",
+            "2026-11-30 08:00:09,000 WARNING mqttmesh.mesh: link to n2 down: connection lost",
+        ],
+        "n1": ["not a log line"],
+    }
+    windows = link_losses(logs, wall0, end=20.0)
+    assert [(w["link"], w["start"], w["end"], w["reason"]) for w in windows] == [
+        (["n0", "n1"], 5.5, 7.75, "keepalive: nothing received for 1.5 x 2s"),
+        (["n0", "n2"], 9.0, 20.0, "connection lost"),
+    ]
+    assert all(w["kind"] == "link lost" for w in windows)
