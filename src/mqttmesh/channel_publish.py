@@ -260,8 +260,12 @@ class Publishing:
             mesh = broker.mesh
             if mesh is not None and not mesh.first_here(msg):
                 mesh.published(msg)
+                session.routed_in(msg, 0)  # (by the node it came from: in its custody)
                 return 0
-        batch, hits = broker.publish(msg)
+            batch, hits = broker.publish(msg)
+            session.routed_in(msg, batch)
+        else:
+            batch, hits = broker.publish(msg)
         if hits:
             me = self if self.state is CONNECTED else None
             broker.congestion.hold(me, hits, self.last_rx, len(msg.topic) + len(msg.payload))  # type: ignore[arg-type]

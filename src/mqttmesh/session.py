@@ -461,6 +461,9 @@ class Session:
         when it did already (a client that came back while it waited); always True here."""
         return True
 
+    def routed_in(self, msg: Message, batch: int) -> None:
+        """This node routed ``msg`` (``route_here``), kept by journal batch ``batch``."""
+
     def unrouted(self) -> list[Message]:
         """The inbound QoS 2 messages awaiting PUBREL that no node may have routed yet (this
         session's copy on a node that died): none here."""

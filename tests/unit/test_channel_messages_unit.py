@@ -736,13 +736,14 @@ def test_a_persistent_publishers_qos2_message_is_routed_once_its_holders_have_it
     replicated(net, pub, 1)
     assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
     assert pub.data_to_send() == h("50 02 00 07")
+    assert list(pub.session.routed_batch) == [key]  # (a copy names it routed: replica.py ``routed_ids``)
     # a re-send of it (DUP=1) is acknowledged, not routed again [MQTT-4.3.3-2]
     pub.receive_data(mqttraw.publish("a", b"x", qos=2, pid=7, dup=True), 2.0)
     assert pub.data_to_send() == h("50 02 00 07") and publishes(sub) == []
     pub.receive_data(mqttraw.pubrel(7), 2.0)
     replicated(net, pub, 2)
     assert pub.data_to_send() == h("70 02 00 07")
-    assert pub.session.inbound == {} and pub.session.routed_here == set()
+    assert pub.session.inbound == {} and pub.session.routed_here == set() and pub.session.routed_batch == {}
 
 
 def test_what_a_client_publishes_behind_a_waiting_qos2_message_waits_too_in_order():

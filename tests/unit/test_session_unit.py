@@ -671,3 +671,46 @@ def test_the_ticket_of_a_publish_is_dropped_when_its_client_answers_or_leaves():
     s.detach()
     assert [(e.msg.payload, e.ticket, e.state) for e in s.queue] == [(b"q2", 0, 0)]
     assert s.inflight[1].ticket == 0 and not s.unreleased
+
+
+def test_an_inbound_qos2_message_a_node_routed_is_not_routed_again_where_its_client_goes():
+    """The fault harness (7 nodes, seed 1, pub0:1854): a persistent publisher's QoS 2 message
+    was routed by the node that took it, under its agreed id; its client moved before the
+    PUBREC and the node it came to routed it again under that id. The duplicate filters keep
+    a subscriber to one copy, but a shared group's member is chosen by each router from its
+    own view of the mesh (a link flapping): two members got it. A snapshot now names the
+    inbound messages a node routed and keeps in its store (committed: a kill -9 before then
+    loses the route, and the next node must route it); a merge keeps the marks of the
+    messages it keeps, and the node the client comes to routes only the others."""
+    import json
+
+    from mqttmesh.mesh.cluster.snapshots import merge_snapshots, snapshot
+
+    j = Journal()
+    took = DurableMeshSession("p", Limits(), j, on_settled=lambda *a: None)
+    first = msg("x", topic="a", origin="n5", seq=41)
+    second = msg("y", topic="a", origin="n5", seq=42)
+    took.awaiting_rel_agreed(7, first)
+    took.awaiting_rel_agreed(8, second)
+    assert took.route_here(first)
+    batch, _ = j.take()
+    took.routed_in(first, batch)  # (the route's custody is in this batch)
+    assert took.routed_ids() == []  # not committed yet: not named
+    j.mark_committed(batch)
+    assert took.routed_ids() == [("n5", 41)]
+    snap = snapshot(took, 1.0)
+    wire = Snapshot.from_json(json.loads(json.dumps(snap.to_json())), "test")
+    assert wire.routed == [("n5", 41)]
+    # a holder's copy heard both "in" steps and nothing of the route
+    holder = MeshSession("p", Limits(), on_settled=lambda *a: None)
+    holder.settle(("n5", 41), "in", 7, first)
+    holder.settle(("n5", 42), "in", 8, second)
+    merged = merge_snapshots([snapshot(holder, 1.0), wire])
+    assert merged is not None and merged.routed == [("n5", 41)]
+    claim = MeshSession("p", Limits(), on_settled=lambda *a: None)
+    install(claim, merged, 1.0)
+    assert [(m.origin, m.seq) for m in claim.unrouted()] == [("n5", 42)]
+    assert not claim.route_here(first) and claim.route_here(second)
+    # released: the mark goes with the message; a copy without marks sends the JSON of before
+    claim.awaiting_rel_remove(7)
+    assert claim.routed_ids() == [] and "routed" not in snapshot(holder, 1.0).to_json()

@@ -433,6 +433,9 @@ class Snapshot:
     # attached what is left of it when taken, in milliseconds (``ttl_ms``; None: not running)
     expiry: int = 0xFFFFFFFF
     expires_ms: int | None = None
+    # ids (origin, seq) of ``inbound`` messages a node routed and keeps in custody: the node
+    # the client comes to does not route them again (replica.py ``routed_ids``)
+    routed: list[tuple[str, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = {
@@ -452,6 +455,8 @@ class Snapshot:
         if self.expiry != 0xFFFFFFFF or self.expires_ms is not None:  # (else the JSON of before)
             out["expiry"] = self.expiry
             out["expires"] = self.expires_ms
+        if self.routed:  # (else the JSON of before)
+            out["routed"] = self.routed
         return out
 
     @classmethod
@@ -490,6 +495,11 @@ class Snapshot:
             None,
             _int(o.get("expiry", 0xFFFFFFFF), where, "expiry"),
             _ttl_json(o.get("expires"), where),
+            [
+                (_str(a[0], w, "origin"), _int(a[1], w, "seq"))
+                for w, r in (_items(o, "routed", where) if "routed" in o else [])
+                for a in (_array(r, 2, w),)
+            ],
         )
 
     def aged(self, ms: int) -> Snapshot:

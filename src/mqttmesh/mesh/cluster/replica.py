@@ -134,6 +134,12 @@ class _Replicated(_SessionPart):
         # the duplicate filters keep it to one delivery (channel.py, mesh/routing/custody.py)
         self.inbound: dict[int, Message] = {}
         self.routed_here: set[tuple[str, int]] = set()  # ids of ``inbound`` this node routed
+        # ids of ``inbound`` routed, with the journal batch that keeps the route (its custody):
+        # by this node (``routed_in``), or by another, as a copy said (0). A snapshot names
+        # those whose batch is committed (``routed_ids``): a claim elsewhere does not route
+        # them again, so that two nodes' choices of a shared group's member, which may differ,
+        # never give one message to two members (fault harness, 7 nodes, seed 1: pub0:1854)
+        self.routed_batch: dict[tuple[str, int], int] = {}
         # outbound QoS 2 (and QoS 1 framed behind an unconfirmed step): packet id -> the gate's
         # ticket its PUBLISH waits for, while the other holders had not confirmed every step
         # when it was framed (``_send_new``): if the client leaves before the gate passes it,
@@ -173,6 +179,29 @@ class _Replicated(_SessionPart):
             return False
         self.routed_here.add(key)
         return True
+
+    def routed_in(self, msg: Message, batch: int) -> None:
+        """This node routed ``msg`` (``route_here`` said so); ``batch``: the journal batch that
+        keeps it (0: none to wait for)."""
+        self.routed_batch[(msg.origin, msg.seq)] = batch
+
+    def committed(self) -> int:
+        """The last journal batch in this node's store (DurableMeshSession); in memory, every
+        batch counts as committed."""
+        return 1 << 62
+
+    def routed_ids(self) -> list[tuple[str, int]]:
+        """The ids of ``inbound`` some node routed, kept in its store by now."""
+        batches = self.routed_batch
+        if not batches:
+            return []
+        committed = self.committed()
+        out = []
+        for msg in self.inbound.values():
+            batch = batches.get((msg.origin, msg.seq))
+            if batch is not None and batch <= committed:
+                out.append((msg.origin, msg.seq))
+        return out
 
     def _stored_version(self) -> None:
         """(epoch, version) changed; a store keeps them (DurableMeshSession)."""
@@ -445,7 +474,9 @@ class _Replicated(_SessionPart):
     def _forget_inbound(self, packet_id: int) -> None:
         msg = self.inbound.pop(packet_id, None)
         if msg is not None:
-            self.routed_here.discard((msg.origin, msg.seq))
+            key = (msg.origin, msg.seq)
+            self.routed_here.discard(key)
+            self.routed_batch.pop(key, None)
             self._stored_inbound(packet_id, None)
 
     def awaiting_rel_remove(self, packet_id: int) -> Batch:
@@ -559,6 +590,9 @@ class DurableMeshSession(_Replicated, DurableSession):
 
     def _stored_version(self) -> None:
         self.journal.version_put(self.client_id, self.epoch, self.version)
+
+    def committed(self) -> int:
+        return self.journal.committed
 
     def _stored_floor(self, origin: str, seq: int) -> None:
         self.journal.floor_put(self.client_id, origin, seq)

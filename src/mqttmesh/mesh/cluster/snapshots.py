@@ -62,6 +62,7 @@ def snapshot(session: _Replicated, now: float) -> Snapshot:
         now,
         session.expiry,
         None if session.expires_at is None else ttl_ms(session.expires_at - now),
+        session.routed_ids(),
     )
 
 
@@ -151,7 +152,17 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         snaps[0].taken_at,
         latest.expiry,  # (the session's own, as of its latest step)
         latest.expires_ms,
+        _routed(snaps, inbound),
     )
+
+
+def _routed(snaps: list[Snapshot], inbound: list[tuple[int, Forwarded]]) -> list[tuple[str, int]]:
+    """The ids of the merged ``inbound`` messages that any view says a node routed."""
+    if not any(s.routed for s in snaps):
+        return []
+    ids = {(f.origin, f.seq) for _, f in inbound}
+    routed = {key for s in snaps for key in s.routed}
+    return [(f.origin, f.seq) for _, f in inbound if (f.origin, f.seq) in routed and (f.origin, f.seq) in ids]
 
 
 def _awaiting_rel(
@@ -285,7 +296,15 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
         if session.durable:
             session._stored_subscriptions()  # (a restart keeps counting: the store has it)
     ids = {(m.origin, m.seq) for m in inbound.values()}
+    # routed by this node, or by a node a copy names: the node the client is on does not route
+    # them again (channel_publish.py ``_route_unrouted``)
     session.routed_here = {key for key in session.routed_here if key in ids}
+    routed = {key: b for key, b in session.routed_batch.items() if key in ids}
+    for key in snap.routed:
+        if key in ids:
+            routed.setdefault(key, 0)
+            session.routed_here.add(key)
+    session.routed_batch = routed
     for pid in session.inbound.keys() - inbound.keys():
         session._stored_inbound(pid, None)
     for pid, msg in inbound.items():

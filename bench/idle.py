@@ -1,0 +1,257 @@
+"""Idle connections (issue 26): what one client costs a broker at rest, and how fast clients
+connect and subscribe, mqttmesh beside Mosquitto in the same run.
+
+    python -m bench.idle [--brokers mqttmesh,mosquitto] [--clients N] [--rounds R] [--json FILE]
+
+Each round starts a fresh broker of each kind (in turn), waits until its resident memory is
+steady, then opens ``--clients`` connections (default: as many as this process's
+file-descriptor limit allows, less a margin), each a CONNECT (MQTT 3.1.1, clean session,
+keep alive 0) and a SUBSCRIBE of one filter of its own (``idle/<i>/#``, QoS 1), written
+together as soon as the TCP connection is up, at most ``--window`` connections being set up at
+once. It counts a client done when its CONNACK and SUBACK are read. Then every client stays
+connected and silent for ``--rest`` seconds and the broker's RSS is read again.
+
+Printed per broker (medians over the rounds, and each round's figures): clients connected
+and subscribed, connect+subscribe per second (first connect to last SUBACK), the broker's
+RSS before and after, and the **RSS per idle client** ((after - before) / clients), with the
+broker's CPU seconds over the connecting. The load generator is one Python process driving
+non-blocking sockets through ``selectors``: at high rates it may be what limits the rate;
+Mosquitto's figure in the same run says how far.
+
+Every process it starts is ended by PID when it finishes, also on Ctrl-C (bench.brokers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import resource
+import selectors
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .brokers import REGISTRY, BrokerServer, Mosquitto, MqttmeshNodes, cpu_seconds
+from .mqttproto import connect, subscribe
+
+HOST = "127.0.0.1"
+CONNACK_SUBACK = 4 + 5  # CONNACK (20 02 00 00) and SUBACK (90 03 00 01 qos) of MQTT 3.1.1
+MARGIN = 200  # descriptors kept free for the broker's own files and this process's
+
+
+@dataclass
+class Round:
+    broker: str
+    clients: int  # connected and subscribed
+    failed: int  # refused, reset or wrong answer
+    seconds: float  # first connect to last SUBACK
+    per_second: float
+    rss_before_kb: int
+    rss_after_kb: int
+    per_client_bytes: float
+    cpu_s: float | None  # the broker's CPU seconds over the connecting
+
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def steady_rss(pid: int, within: float = 10.0, still: float = 1.0) -> int:
+    """The broker's RSS once it changed by under 64 kB over ``still`` seconds (at most
+    ``within`` seconds of waiting)."""
+    deadline = time.monotonic() + within
+    last = rss_kb(pid)
+    while True:
+        time.sleep(still)
+        now = rss_kb(pid)
+        if abs(now - last) < 64 or time.monotonic() > deadline:
+            return now
+        last = now
+
+
+def open_clients(port: int, count: int, window: int, timeout: float) -> tuple[list[socket.socket], int, float]:
+    """``count`` clients connected and subscribed to ``HOST:port``: their sockets (kept open),
+    the number that failed, and the seconds from the first connect to the last SUBACK."""
+    sel = selectors.DefaultSelector()
+    done: list[socket.socket] = []
+    failed = 0
+    started = 0
+    pending = 0
+    got: dict[int, int] = {}
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+
+    def start(i: int) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setblocking(False)
+        err = s.connect_ex((HOST, port))
+        if err not in (0, errno.EINPROGRESS):
+            s.close()
+            raise OSError(err, "connect")
+        sel.register(s, selectors.EVENT_WRITE, i)
+
+    while len(done) + failed < count:
+        while started < count and pending < window:
+            try:
+                start(started)
+            except OSError:
+                failed += 1
+            else:
+                pending += 1
+            started += 1
+        if time.monotonic() > deadline:
+            break
+        for key, events in sel.select(timeout=1.0):
+            s: socket.socket = key.fileobj  # type: ignore[assignment]
+            i = key.data
+            if events & selectors.EVENT_WRITE:
+                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                    sel.unregister(s)
+                    s.close()
+                    failed += 1
+                    pending -= 1
+                    continue
+                s.sendall(connect(f"idle-{i}", keepalive=0) + subscribe(1, [(f"idle/{i}/#", 1)]))
+                sel.modify(s, selectors.EVENT_READ, i)
+                got[i] = 0
+                continue
+            try:
+                data = s.recv(64)
+            except OSError:
+                data = b""
+            if not data:
+                sel.unregister(s)
+                s.close()
+                failed += 1
+                pending -= 1
+                continue
+            got[i] += len(data)
+            if got[i] >= CONNACK_SUBACK:
+                sel.unregister(s)
+                done.append(s)
+                pending -= 1
+    seconds = time.monotonic() - t0
+    for key in list(sel.get_map().values()):
+        key.fileobj.close()  # type: ignore[union-attr]
+        failed += 1
+    sel.close()
+    return done, failed, seconds
+
+
+def one_round(server: BrokerServer, clients: int, window: int, rest: float, timeout: float) -> Round:
+    target = server.start()
+    try:
+        pid = target.pids[0]
+        ep = target.nodes[0] if target.nodes else target.sub_endpoints[0]
+        before = steady_rss(pid)
+        cpu0 = cpu_seconds(pid)
+        socks, failed, seconds = open_clients(ep.port, clients, window, timeout)
+        cpu1 = cpu_seconds(pid)
+        try:
+            time.sleep(rest)  # (silent clients: what the broker keeps for them at rest)
+            after = steady_rss(pid)
+        finally:
+            for s in socks:
+                s.close()
+        n = len(socks)
+        return Round(
+            server.name,
+            n,
+            failed,
+            round(seconds, 3),
+            round(n / seconds, 1) if seconds > 0 else 0.0,
+            before,
+            after,
+            round((after - before) * 1024 / n, 1) if n else 0.0,
+            None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 3),
+        )
+    finally:
+        server.stop()
+
+
+def default_clients() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(100, soft - MARGIN)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.idle", description=__doc__.split("\n\n")[0])
+    p.add_argument("--brokers", default="mqttmesh,mosquitto")
+    p.add_argument("--clients", type=int, default=0, help="default: the file-descriptor limit less a margin")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--window", type=int, default=500, help="connections being set up at once")
+    p.add_argument("--rest", type=float, default=2.0, help="seconds the clients stay silent before RSS is read")
+    p.add_argument("--timeout", type=float, default=120.0, help="longest the connecting may take, seconds")
+    p.add_argument("--json", help="write the rounds here")
+    args = p.parse_args(argv)
+    clients = args.clients or default_clients()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if clients + MARGIN > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, clients + MARGIN), hard))
+    names = [b.strip() for b in args.brokers.split(",") if b.strip()]
+    rounds: list[Round] = []
+    with tempfile.TemporaryDirectory(prefix="bench-idle-") as tmp:
+        try:
+            servers = run_rounds(Path(tmp), names, clients, args, rounds)
+        finally:
+            REGISTRY.kill_all()
+    print()
+    print("| broker | clients | connect+subscribe /s | RSS per idle client, bytes | broker CPU s |  (medians)")
+    print("|---|---:|---:|---:|---:|")
+    for name in servers:
+        mine = [r for r in rounds if r.broker == name]
+        if not mine:
+            continue
+        cpu = [r.cpu_s for r in mine if r.cpu_s is not None]
+        print(
+            f"| {name} | {min(r.clients for r in mine):,} |"
+            f" {statistics.median(r.per_second for r in mine):,.0f} |"
+            f" {statistics.median(r.per_client_bytes for r in mine):,.0f} |"
+            f" {statistics.median(cpu) if cpu else '-'} |"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps([asdict(r) for r in rounds], indent=1))
+    return 0
+
+
+def run_rounds(tmp: Path, names: list[str], clients: int, args: argparse.Namespace, rounds: list[Round]) -> list[str]:
+    """Every round, each broker once in turn; the names of the brokers run."""
+    servers: list[BrokerServer] = []
+    for name in names:
+        work = tmp / name
+        work.mkdir()
+        if name == "mqttmesh":
+            servers.append(MqttmeshNodes(work))
+        elif name == "mosquitto":
+            servers.append(Mosquitto(work))
+        else:
+            raise SystemExit(f"unknown broker {name!r} (mqttmesh, mosquitto)")
+    for server in servers:
+        why = server.unavailable()
+        if why:
+            print(f"{server.name}: not run ({why})", file=sys.stderr)
+    servers = [s for s in servers if not s.unavailable()]
+    for r in range(args.rounds):
+        for server in servers:  # (alternating: each round runs every broker once)
+            one = one_round(server, clients, args.window, args.rest, args.timeout)
+            rounds.append(one)
+            print(
+                f"round {r + 1} {one.broker}: {one.clients:,} clients ({one.failed} failed) in {one.seconds:.2f} s,"
+                f" {one.per_second:,.0f}/s; RSS {one.rss_before_kb:,} -> {one.rss_after_kb:,} kB,"
+                f" {one.per_client_bytes:,.0f} B a client; CPU {one.cpu_s} s",
+                flush=True,
+            )
+    return [s.name for s in servers]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
