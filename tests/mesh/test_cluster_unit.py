@@ -353,6 +353,22 @@ def test_an_in_flight_message_of_an_older_claim_gone_from_the_newest_copy_was_co
     assert kept is not None and [(e.seq, e.state) for e in kept.entries] == [(9, 2), (10, 0)]
 
 
+def test_a_qos1_message_in_flight_under_an_older_claim_is_kept_unless_settled_or_forgotten():
+    """The fault harness (7 nodes, MQTT 5, seed 9): 29 QoS 1/2 messages a shared group gave a
+    persistent member whose client was stalled were lost: only its node had them (the copy
+    to the other holders, sess.fwd, did not arrive), a newer claim elsewhere never had them,
+    and the merge took the in-flight ones for completed. A QoS 1 PUBLISH leaves with no step
+    the other holders confirm, so nothing says the client had it: kept (a duplicate at worst)
+    unless settled (a copy remembers its id) or at or below a floor (forgotten)."""
+    one = SnapshotEntry("n2", 9, "t/1", "eA==", 1, 1, 17, 1, "pub", 1.0)
+    done = SnapshotEntry("n2", 10, "t/1", "eQ==", 1, 1, 18, 1, "pub", 1.1)
+    low = SnapshotEntry("n3", 4, "t/1", "eg==", 1, 1, 19, 1, "pub", 1.2)
+    stale = Snapshot("c", {}, 0, [one, done, low], [], [], "n4", 3, 40)
+    newest = Snapshot("c", {}, 0, [], [("n2", 10)], [], "n0", 5, 2, floors={"n3": 4})
+    merged = merge_snapshots([stale, newest])
+    assert merged is not None and [(e.seq, e.pid, e.state) for e in merged.entries] == [(9, 17, 1)]
+
+
 def test_a_holder_that_missed_settlements_is_not_the_latest_view():
     net = Net()
     cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
