@@ -1124,3 +1124,26 @@ def test_mqtt5_properties_travel_in_every_cluster_message_that_carries_a_message
     assert WireWill.from_json(will.to_json(), "reg.claim") == will
     with pytest.raises(ClusterWireError, match="props is not base64"):
         Forwarded.from_json(["t", "eA==", 1, False, "n", 1, "p", 1.0, "not base64!", None], "sess.fwd msg")
+
+
+def test_a_message_in_flight_under_two_packet_ids_takes_the_latest_views_id():
+    """The fault harness (7 nodes, 3.1.1, seed 14): a subscriber got one QoS 2 message twice,
+    both DUP re-sends, under packet ids 866 and 864. A copy that missed the later "sent"
+    (the message queued again when the client left before the gate let its first PUBLISH
+    out, then sent under a new id) still had the older id, at the same state: the merge kept
+    whichever view came first. The latest view's id wins a tie, as an entry and as an id
+    reserved for a message that view did not have."""
+    older = SnapshotEntry("n1", 9, "t/1", "eA==", 2, 2, 864, 1, "pub", 1.0)
+    newer = older._replace(pid=866)
+    stale = Snapshot("c", {}, 0, [older], [], [], "n4", 3, 40)
+    latest = Snapshot("c", {}, 0, [newer], [], [], "n0", 3, 41)
+    for views in ([stale, latest], [latest, stale]):
+        merged = merge_snapshots(views)
+        assert merged is not None and [(e.seq, e.pid, e.state) for e in merged.entries] == [(9, 866, 1)]
+    reserving = Snapshot("c", {}, 0, [], [], [], "n0", 3, 42, [("n1", 9, 1, 870)])
+    merged = merge_snapshots([stale, reserving])
+    assert merged is not None and [(e.seq, e.pid, e.state) for e in merged.entries] == [(9, 870, 1)]
+    # a further state wins whatever its view (a message only moves forward)
+    rel = Snapshot("c", {}, 0, [older._replace(state=2)], [], [], "n4", 2, 7)
+    merged = merge_snapshots([latest, rel])
+    assert merged is not None and [(e.pid, e.state) for e in merged.entries] == [(864, 2)]

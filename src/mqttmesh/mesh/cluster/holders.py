@@ -79,6 +79,7 @@ class Holders(Confirmations):
                 "late_forwarded",
                 "forwarded_comes_later",
                 "fenced",
+                "old_homes_told",
             ),
             0,
         )
@@ -130,6 +131,8 @@ class Holders(Confirmations):
             install(replica, merged, now)
             self._apply_subs(replica, merged.subs)
             present = True
+            # the node the copies say the client was on: told in ``served`` if no holder
+            replica.came_from = merged.active
         replica.active_node = self.node_id
         self.table.regroup(replica)  # (at home here now: a member of the groups of its "$share/" filters)
         # newer than every copy gathered, whatever the registrar granted: a registrar that
@@ -151,10 +154,24 @@ class Holders(Confirmations):
         self._copy_to_holders(replica, now)
 
     def served(self, session: Session, now: float) -> None:
-        """The client of ``session`` has its CONNACK: the other holders get its copy."""
+        """The client of ``session`` has its CONNACK: the other holders get its copy, and so
+        does the node it was on before if that is none of them: a claim gathers from the
+        holders, and an old home it did not fetch (cut off, or no holder any more) kept the
+        session at home, a member of its shared groups, taking their messages for a client
+        that is not there (simulator, finding 33). The copy makes it let go (``on_copy``):
+        it hands what it took to this node and leaves the groups."""
         replica = replica_of(session)
         if replica is not None and not session.clean:
             self._copy_to_holders(replica, now)
+            before, replica.came_from = replica.came_from, None
+            if (
+                before is not None
+                and before != self.node_id
+                and before in self.membership.live
+                and before not in self.membership.holders(replica.client_id, self.node_id)
+            ):
+                self.counters["old_homes_told"] += 1
+                self.out.put(before, SessCopy(snapshot(replica, now)))
 
     # -- holding copies ------------------------------------------------------------------------
 
@@ -203,10 +220,17 @@ class Holders(Confirmations):
         snap = m.snap
         journal = self.table.journal
         mark = journal.mark()
+        if self.table.sessions.get(snap.cid) is None and self.node_id not in self.membership.holders(
+            snap.cid, snap.active
+        ):
+            return  # (an old home that let go of it since: nothing to hand over)
         session = self._offline_replica(frm, snap, now, take_over=True)
         if session is None or snap.epoch < session.epoch:
             self._cannot_take(frm, snap.cid, snap.epoch)
             return
+        # what this copy took that the client's node lacks goes there: the sender is that node,
+        # or (an old home told by a holder, ``on_merge``) a holder that knows it
+        to = snap.active if snap.active is not None and snap.active != self.node_id else frm
         late = unknown_to(session, snap)
         install(session, snap, now)
         on_late, session.on_late = session.on_late, None  # (handed over here, once)
@@ -221,7 +245,7 @@ class Holders(Confirmations):
                     continue
                 self.counters["late_forwarded"] += 1
                 session.deliver(msg, entry.qos)
-                self.out.put(frm, SessFwd(snap.cid, Forwarded.of(msg)))
+                self.out.put(to, SessFwd(snap.cid, Forwarded.of(msg)))
         finally:
             session.on_late = on_late
         self._apply_subs(session, snap.subs)
@@ -230,15 +254,30 @@ class Holders(Confirmations):
         self._ack_when_stored(frm, SessAck(snap.cid, session.epoch, session.version), journal.since(mark))
 
     def on_merge(self, frm: str, m: SessMerge, now: float) -> None:
-        """A copy of an offline session nobody coordinates: pooled with ours."""
-        session = self._offline_replica(frm, m.snap, now, take_over=False)
+        """A copy of an offline session nobody coordinates: pooled with ours. A copy from a
+        node that still takes itself for the session's home, while ours knows a newer claim
+        (the client is here, or our copy's epoch is newer), is an old home the claim did not
+        fetch: it gets our copy back, which makes it hand what it took to the client's node
+        and leave the session's groups (``on_copy``; simulator, finding 33)."""
+        snap = m.snap
+        mine = replica_of(self.table.sessions.get(snap.cid))
+        if mine is not None and frm != self.node_id:
+            here = mine.channel is not None and mine.active_node == self.node_id
+            if (here and snap.active != self.node_id) or (mine.epoch > snap.epoch and mine.active_node != frm):
+                self.counters["old_homes_told"] += 1
+                self.out.put(frm, SessCopy(snapshot(mine, now)))
+                if here:
+                    return
+        session = self._offline_replica(frm, snap, now, take_over=False)
         if session is None:
             return
-        merged = merge_snapshots([snapshot(session, now), replace(m.snap, taken_at=now)])
+        stale = session.epoch > snap.epoch
+        merged = merge_snapshots([snapshot(session, now), replace(snap, taken_at=now)])
         assert merged is not None  # (two snapshots in, one out)
         install(session, merged, now)
         self._apply_subs(session, merged.subs)
-        self._adopt(session, m.snap)
+        if not stale:
+            self._adopt(session, snap)  # (an older claim's copy names no newer home)
 
     def _offline_replica(self, frm: str, snap: Snapshot, now: float, take_over: bool) -> _Replicated | None:
         """Our replica of ``snap``'s session (made if missing) while its client is not here.

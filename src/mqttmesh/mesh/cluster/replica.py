@@ -117,6 +117,9 @@ class _Replicated(_SessionPart):
         # in below it came late (a retransmission after a partition, a crash, a pause)
         self.highest: dict[str, int] = {}
         self.active_node: str | None = None
+        # the node the client was on before a claim here (the gathered copies' ``active``),
+        # until its CONNACK: told of the claim if no holder (holders.py ``served``)
+        self.came_from: str | None = None
         self.epoch = 0
         self.subs_version = 0
         # settlements made, ever, by the holders the client was on: the holder with the
