@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from .channel5 import Conn5, Mqtt5, reason_of
-from .channel_held import PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
+from .channel_held import NOTHING_HELD, PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing, will_delay
 from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, violation
@@ -188,7 +188,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self._read: ReadCapture | None = None
         self._out: list[bytes] = []
         # frames waiting for a journal batch and a ticket of the session's gate, in order
-        self._held: deque[tuple[int, int, bytes | Message | Pending]] = deque()
+        self._held: deque[tuple[int, int, bytes | Message | Pending]] = NOTHING_HELD  # (made by _hold)
         # messages in ``_held`` (routed when they reach its head): while there is one, what
         # this client publishes waits behind it, in order [MQTT-4.6.0-6]
         self._deferred = 0

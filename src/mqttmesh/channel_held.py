@@ -14,11 +14,10 @@ the state (``_out``, ``_held``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from collections import deque
-
     from .broker import Broker
     from .message import Message
     from .ports import Batch, Owner
@@ -32,6 +31,7 @@ __all__ = [
     "PUBREC_FIRST",
     "PUBREL_FIRST",
     "PUBCOMP_FIRST",
+    "NOTHING_HELD",
 ]
 
 # the first byte of the four acknowledgements a Channel writes (built without a packet object)
@@ -44,6 +44,10 @@ PUBACK_FIRST, PUBREC_FIRST, PUBREL_FIRST, PUBCOMP_FIRST = 0x40, 0x50, 0x62, 0x70
 # buffer fills) while the publishers are still being read (flow.py)
 SPILL_FRAMES = 1024
 SPILL_MASK = SPILL_FRAMES - 1
+
+# a Channel's ``_held`` until it holds something (``_hold`` makes the deque): an idle client's
+# channel keeps no empty deque (about 600 bytes); an empty tuple, which has no ``append``
+NOTHING_HELD: deque[tuple[int, int, Any]] = cast("deque[tuple[int, int, Any]]", ())
 
 
 def ack_frame(first: int, pid: int) -> bytes:
@@ -131,6 +135,8 @@ class HeldFrames:
         if held:
             last = held[-1]  # keep acknowledgements in order
             batch, ticket = max(batch, last[0]), max(ticket, last[1])
+        elif held is NOTHING_HELD:
+            held = self._held = deque()  # type: ignore[misc]  # (a slot of the Channel)
         held.append((batch, ticket, item))
         self.broker.held_ack_channels.add(self)
 

@@ -59,7 +59,7 @@ class DurableSession(Session):
         self.journal.session_put(self.client_id, self.subscriptions, self.expires_at)
 
     def awaiting_rel_add(self, packet_id: int) -> Batch:
-        self.awaiting_rel.add(packet_id)
+        self._awaiting().add(packet_id)
         self.journal.awaiting_rel_put(self.client_id, packet_id)
         return self.journal.batch
 

@@ -27,11 +27,12 @@ went to nobody), so that the node acknowledges it to its origin only once the me
 from __future__ import annotations
 
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from .message import Entry, Message
-from .session import SENT_PUBREL
+from .session import NO_ENTRIES, SENT_PUBREL
 from .topics import SubscriptionTrie
 
 if TYPE_CHECKING:
@@ -342,8 +343,7 @@ def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None
         else:
             kept.append(entry)
     if taken:
-        session.queue.clear()
-        session.queue.extend(kept)
+        session.queue = deque(kept) if kept else NO_ENTRIES
     for pid, entry in list(session.inflight.items()):
         group = entry.group
         if group is not None and entry.qos == 1 and (only_if is None or only_if(group)):

@@ -386,7 +386,7 @@ def restore_sessions(
     for client_id, pid in awaiting_rel:
         owner = restored.get(client_id)
         if owner is not None:
-            owner.awaiting_rel.add(pid)
+            owner._awaiting().add(pid)
     # the parts only a session replicated in a mesh has: its factory's business
     factory.restore_replicated(restored, inbound, versions, tombstones, floors)
     for session in restored.values():

@@ -7,7 +7,8 @@ what a subscriber is (a session, a mesh node) and what a retained value holds.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from types import MappingProxyType
+from typing import Any, cast
 
 __all__ = ["filter_matches", "SubscriptionTrie", "RetainedTrie"]
 
@@ -28,12 +29,27 @@ def filter_matches(topic_filter: str, topic: str) -> bool:
     return len(f_levels) == len(t_levels)
 
 
+# the children of a leaf (most nodes: a subscription's last level): one read-only empty
+# mapping for all of them, so that a leaf keeps no empty dict (``_Node.child`` makes one)
+NO_CHILDREN: dict[str, _Node] = cast("dict[str, _Node]", MappingProxyType({}))
+
+
 class _Node:
     __slots__ = ("children", "subs")
 
     def __init__(self) -> None:
-        self.children: dict[str, _Node] = {}
+        self.children: dict[str, _Node] = NO_CHILDREN
         self.subs: dict[Any, int] | None = None
+
+    def child(self, level: str) -> _Node:
+        """The child at ``level``, made if missing."""
+        children = self.children
+        child = children.get(level)
+        if child is None:
+            if children is NO_CHILDREN:
+                children = self.children = {}
+            child = children[level] = _Node()
+        return child
 
 
 class SubscriptionTrie:
@@ -59,10 +75,7 @@ class SubscriptionTrie:
         """Add or replace one subscription; True when the filter is new to the trie."""
         node = self._root
         for level in topic_filter.split("/"):
-            child = node.children.get(level)
-            if child is None:
-                child = node.children[level] = _Node()
-            node = child
+            node = node.child(level)
         if node.subs is None:
             node.subs = {}
         new_filter = not node.subs
@@ -174,10 +187,7 @@ class RetainedTrie:
     def set(self, topic: str, value: Any) -> None:
         node = self._root
         for level in topic.split("/"):
-            child = node.children.get(level)
-            if child is None:
-                child = node.children[level] = _Node()
-            node = child
+            node = node.child(level)
         if node.subs is None:
             self._count += 1
         node.subs = value

@@ -19,6 +19,7 @@ import socket
 import struct
 import time
 from collections import deque
+from typing import cast
 
 from ..channel import AUTHENTICATING, CLAIMING, CLOSED, CONNECTED, Channel
 
@@ -33,6 +34,8 @@ SMALL_READ = 4096  # a read this small is handled in the turn it came, spent or 
 
 _LINGER_RST = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 WRITE_HIGH = 256 * 1024  # transport buffer above which the client counts as congested
+# ``Connection.waiting`` while no read waits: an idle connection keeps no empty deque
+NO_READS: deque[bytes] = cast("deque[bytes]", ())
 DRAIN_SECONDS = 2.0  # longest a connection we closed is read (and dropped) before it is closed
 
 
@@ -82,7 +85,7 @@ class Connection(asyncio.Protocol):
         self.written = 0  # bytes handed to the transport, ever (progress: Node._progress)
         self.draining = False  # closed by us: what the client still sends is read and dropped
         # reads handled at a later turn of the loop (Node.read_slice), in the order they came
-        self.waiting: deque[bytes] = deque()
+        self.waiting: deque[bytes] = NO_READS  # (a deque while reads wait: data_received)
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -127,9 +130,12 @@ class Connection(asyncio.Protocol):
             # and nothing more is read from this client until it is handled (Node.next_turn);
             # a small one (acknowledgements that free a subscriber's window, a PINGREQ) is
             # cheap and goes at once, lest it wait behind every flooding publisher's
-            if not self.waiting:
+            waiting = self.waiting
+            if not waiting:
                 node.wait_turn(self)
-            self.waiting.append(data)
+                if waiting is NO_READS:
+                    waiting = self.waiting = deque()
+            waiting.append(data)
             node.reads_waited += 1
             node.buffered += len(data)
             self.pause(PAUSE_SLICE)
@@ -145,7 +151,7 @@ class Connection(asyncio.Protocol):
         channel = self.channel
         if channel is None or self.draining or self.closing:
             self.node.buffered -= sum(map(len, self.waiting))  # (dropped: not held any more)
-            self.waiting.clear()
+            self.waiting = NO_READS
             return
         self._handle(channel, data)
         if not self.waiting:
@@ -225,7 +231,7 @@ class Connection(asyncio.Protocol):
         else:
             node.preauth_bytes -= self.in_bytes
         self.in_bytes = self.out_bytes = 0
-        self.waiting.clear()
+        self.waiting = NO_READS
         channel = self.channel
         if channel is None:
             return

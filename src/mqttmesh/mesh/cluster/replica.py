@@ -367,7 +367,7 @@ class _Replicated(_SessionPart):
                     self._stored_put(entry)  # (PUBREC'd: the client had it)
         for entry in reversed(back):
             entry.packet_id, entry.state = 0, 0
-            self.queue.appendleft(entry)
+            self.queued().appendleft(entry)
             if self.stores:
                 self._stored_put(entry)
         super().detach()
@@ -543,7 +543,7 @@ class _Replicated(_SessionPart):
     def _drop_entry(self, entry: Entry) -> None:
         if entry.packet_id and self.inflight.get(entry.packet_id) is entry:
             del self.inflight[entry.packet_id]
-        else:
+        elif self.queue:
             try:
                 self.queue.remove(entry)
             except ValueError:

@@ -14,7 +14,7 @@ import math
 from dataclasses import replace
 
 from ...message import Message, in_origin_order
-from ...session import SENT_PUBREL, Entry
+from ...session import NO_ENTRIES, SENT_PUBREL, Entry
 from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of, ttl_ms
 from .replica import _Replicated, released_id
 
@@ -265,7 +265,7 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
         if entry.group is not None:
             groups[key] = entry
     session.inflight.clear()
-    session.queue.clear()
+    session.queue = NO_ENTRIES
     session.ids.clear()
     for key in snap.done:
         session._remember_done(key)
@@ -293,7 +293,7 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
             session.inflight[pid] = entry
             used.add(pid)
         else:
-            session.queue.append(entry)
+            session.queued().append(entry)
         session._stored_put(entry)
     for entry in groups.values():  # (settled elsewhere, or gone: waited for no more)
         if entry.state != SENT_PUBREL:
