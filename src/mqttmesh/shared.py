@@ -153,6 +153,13 @@ class SharedGroup:
         if online:
             ready = [s for s in online if not s.backlogged]  # (a slow one waits for its turn)
             members = ready or online
+        elif msg.qos:
+            # every member away: one whose session queues the message at its grant (a member
+            # granted QoS 0 takes a QoS 1/2 message at QoS 0, which an absent client's session
+            # drops: simulator, finding 32, a message acknowledged and lost)
+            granted = self.members
+            queueing = [s for s in members if granted[s] or s.limits.queue_qos0]
+            members = queueing or members
         strategy = self.strategy
         if strategy == "hash_topic" or strategy == "hash_clientid":
             key = msg.topic if strategy == "hash_topic" else (msg.publisher or msg.origin)
@@ -260,6 +267,8 @@ class SharedSubscriptions:
             return None
         granted = group.members[member]
         qos = msg.qos if msg.qos < granted else granted
+        if not qos and member.channel is None and not member.limits.queue_qos0:
+            self.dropped += 1  # (only members granted QoS 0, all away: it goes to nobody)
         if qos and not moved and self.hold is not None:
             self.hold(msg)  # (before the delivery: a member that drops it at once settles it)
         member.sharing = group  # (its entry remembers the group; an MQTT 5 No Local does not apply)

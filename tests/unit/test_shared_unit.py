@@ -592,3 +592,29 @@ def test_a_resend_does_not_reach_a_member_that_has_or_had_its_root_unless_it_gav
     assert shared.deliver(group_h, took) is d and len(d.inflight) == 1
     d.deliver(Message("t", b"x", 1, False, "o", 9, "p", 0.0), 1)
     assert len(d.inflight) == 1 and not d.queue
+
+
+def test_with_every_member_away_a_qos1_message_goes_to_one_whose_session_queues_it():
+    """[MQTT-4.8.2-3]: a member gets a message at its granted QoS. With every member away, one
+    granted QoS 0 takes a QoS 1/2 message at QoS 0, which its session drops (an absent client
+    gets no QoS 0 message unless ``limits.queue_qos0``): the simulator's finding 32, acknowledged
+    and lost while a member granted QoS 1 would have queued it. The choice among absent members
+    takes those whose session queues it; with none, it goes to nobody, counted."""
+    from mqttmesh.message import Message
+    from mqttmesh.session import Session
+    from mqttmesh.shared import SharedSubscriptions
+
+    shared = SharedSubscriptions("round_robin")
+    zero, one = Session("zero", False, Limits()), Session("one", False, Limits())
+    shared.join(zero, "g", "t", 0)
+    shared.join(one, "g", "t", 1)
+    group = shared.groups[("g", "t")]
+    for seq in range(1, 5):  # (round robin would have given every other one to ``zero``)
+        assert shared.deliver(group, Message("t", b"x", 1, False, "o", seq, "p", 0.0)) is one
+    assert len(one.queue) == 4 and not zero.queue and shared.dropped == 0
+    # a QoS 0 message may still go to either: neither queues it
+    shared.deliver(group, Message("t", b"y", 0, False, "o", 5, "p", 0.0))
+    alone = SharedSubscriptions("round_robin")
+    alone.join(zero, "h", "t", 0)
+    assert alone.deliver(alone.groups[("h", "t")], Message("t", b"z", 1, False, "o", 6, "p", 0.0)) is zero
+    assert not zero.queue and alone.dropped == 1  # (to nobody: counted)
