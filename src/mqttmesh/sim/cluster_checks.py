@@ -53,7 +53,8 @@ class ClusterChecksMixin(SimulatorPart):
         self.taken: dict[str, float] = {}  # message id -> when a node first took it (MQTT 5 runs)
         # (time, node -> its component) after every fault (the paths that exist) and at every
         # check_every (the peer connections both ends hold open: a stalled node's peers close
-        # theirs), in MQTT 5 runs: which nodes could reach which, for the checks across a cut
+        # theirs), in MQTT 5 runs and runs with persistent members of groups (members.py):
+        # which nodes could reach which, for the checks across a cut
         self.reach_log: list[tuple[float, dict[str, str]]] = []
         self.order_result: Any = None
         self.not_resumed: list[tuple[float, str, str, str]] = []
@@ -75,11 +76,16 @@ class ClusterChecksMixin(SimulatorPart):
         """(the quiet time of single_registration counts from the last fault)"""
         self.last_fault_at = self.now
         super()._on_fault(i)
-        if self.sc.clients.mqtt5:
+        if self._logs_reach():
             up = [n for n in self.names if self.nodes[n].up]
             self.reach_log.append(
                 (self.now, components(up, ((lk.a, lk.b) for lk in self.links.values() if self._avail(lk))))
             )
+
+    def _logs_reach(self) -> bool:
+        """Whether the run keeps ``reach_log`` (engine-mode runs too pass through ``_on_fault``)."""
+        c = self.sc.clients
+        return self.cluster_mode and bool(c.mqtt5 or (c.groups and c.member_persistent))
 
     def _log_reach(self) -> None:
         up = [n for n in self.names if self.nodes[n].up]
@@ -159,7 +165,7 @@ class ClusterChecksMixin(SimulatorPart):
         c = self.sc.clients
         if self.now < self.end:
             self._at(self.now + c.check_every, CCHECK)
-        if c.mqtt5 and self.now >= c.start + 1.0:  # (once every client has connected: the mesh has formed)
+        if self._logs_reach() and self.now >= c.start + 1.0:  # (once every client has connected: the mesh has formed)
             self._log_reach()
         s = self.cluster_settings
         quiet = s.register_interval + s.claim_timeout + s.gather_timeout

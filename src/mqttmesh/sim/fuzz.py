@@ -19,8 +19,10 @@ part is drawn from its own stream, ``random.Random(f"fuzz5/{seed}")``, after the
 seed without it draws the very scenario it drew before MQTT 5 was drawn at all.
 
 In another share (``SHARED_SEEDS``) the cluster has shared groups (issue 24, sim/members.py):
-members joining and leaving, a strategy; drawn from ``random.Random(f"fuzzsh/{seed}")``, after
-the rest, so a seed without them is the scenario it was.
+members joining and leaving, a strategy, and in half of those seeds (``PERSISTENT_MEMBERS``)
+members with CleanSession=0; drawn from ``random.Random(f"fuzzsh/{seed}")``, after the rest,
+so a seed without them is the scenario it was (and the persistent members last of all: a
+seed whose groups have none draws the groups it drew before they were drawn at all).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ FAULT_EPISODES = {"stall": 0.3, "crash": 0.25, "partition": 0.2, "flap": 0.17, "
 TAIL = 30
 MQTT5_SEEDS = 0.4  # the share of seeds whose clients speak MQTT 5 (some of them)
 SHARED_SEEDS = 0.3  # the share of seeds with shared groups (issue 24)
+PERSISTENT_MEMBERS = 0.5  # the share of those whose members are CleanSession=0 (some of them)
 STRATEGIES = ("local", "round_robin", "hash_topic", "hash_clientid", "sticky")  # (shared.STRATEGIES)
 _KINDS = {"full": 2, "ring": 1, "line": 0.5, "star": 0.5, "random": 3, "rgg": 2, "ba": 1.5, "sites": 2}
 
@@ -147,7 +150,8 @@ def _draw_shared(rng: random.Random, sc: Scenario) -> None:
     """The shared groups of a seed, if it has them (sim/members.py), from their own stream
     and after the rest: a seed without them is the scenario it was. 1-4 groups of 2-8
     members, on 1-4 nodes per group or spread over all; members leaving every 2-10 s (a
-    quarter of the seeds: never), by shares of the four ways; a strategy."""
+    quarter of the seeds: never), by shares of the four ways; a strategy; in half of them
+    30-100 % of the members CleanSession=0 (drawn last: the rest is as it was without)."""
     if rng.random() >= SHARED_SEEDS:
         return
     c = sc.clients
@@ -168,6 +172,8 @@ def _draw_shared(rng: random.Random, sc: Scenario) -> None:
     c.member_away = (away_lo, _r(away_lo + rng.uniform(0, 4), 1))
     c.to_groups = _r(rng.uniform(0.3, 0.8))
     sc.engine = {**sc.engine, "shared_strategy": rng.choice(STRATEGIES)}
+    if rng.random() < PERSISTENT_MEMBERS:
+        c.member_persistent = _r(rng.uniform(0.3, 1.0))
 
 
 @dataclass
@@ -310,8 +316,9 @@ def describe(sc: Scenario) -> str:
         )
     if c.groups:
         churn = f"leaving every {c.member_churn[0]:g}-{c.member_churn[1]:g} s" if c.member_churn[1] else "staying"
+        persistent = f", {c.member_persistent:.0%} of them persistent" if c.member_persistent else ""
         v5 += (
-            f"; {c.groups} shared group{'s' if c.groups != 1 else ''} of {c.members} members "
+            f"; {c.groups} shared group{'s' if c.groups != 1 else ''} of {c.members} members{persistent} "
             f"({sc.engine.get('shared_strategy', 'local')}, {churn})"
         )
     return (

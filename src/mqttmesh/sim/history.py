@@ -22,9 +22,12 @@ are ``(time, client, op)``:
   PUBLISH for an id the client still held awaiting PUBREL (acknowledged, not delivered);
 - ``close``: ``(t, client, "ok", "close", conn, clean, reason)``: clean when the server
   read our DISCONNECT.
-- ``join``: ``(t, client, "invoke"|"ok"|"fail", "join", conn, node, share, qos, at)``: a shared
-  subscription ("$share/{g}/{f}"): its SUBSCRIBE sent (invoke, ``at`` when its node takes
-  it), its SUBACK (ok with the QoS granted, fail with the code);
+- ``join``: ``(t, client, "invoke"|"ok"|"fail"|"resume", "join", conn, node, share, qos, at)``:
+  a shared subscription ("$share/{g}/{f}"): its SUBSCRIBE sent (invoke, ``at`` when its node
+  takes it), its SUBACK (ok with the QoS granted, fail with the code); a CleanSession=0
+  member's connection that found its session, subscription and all (resume, at its CONNACK,
+  with the QoS granted before; ``at`` when its node sent the CONNACK). A CleanSession=0
+  member's invoke and resume have one more field, True;
 - ``leave``: ``(t, client, "ok", "leave", conn, node, share, how, at)``: a member leaves its
   group (``how``: unsubscribe, disconnect, drop, move), ``at`` when its node takes it; a
   member also leaves with its connection (``close``). Members' deliveries are judged by
@@ -86,11 +89,22 @@ class History:
         self.ops.append((t, client, "ok", "subscribe", list(filters)))
 
     def joined(
-        self, t: float, client: str, conn: str, node: str, share: str, qos: int, at: float, what: str = "invoke"
+        self,
+        t: float,
+        client: str,
+        conn: str,
+        node: str,
+        share: str,
+        qos: int,
+        at: float,
+        what: str = "invoke",
+        persistent: bool = False,
     ) -> None:
         """A shared subscription: its SUBSCRIBE sent ("invoke", ``at`` when its node takes it),
-        its SUBACK ("ok", ``qos`` granted; "fail", the code)."""
-        self.ops.append((t, client, what, "join", conn, node, share, qos, at))
+        its SUBACK ("ok", ``qos`` granted; "fail", the code), or found again with its session
+        ("resume"); ``persistent``: a CleanSession=0 member's, recorded last."""
+        op = (t, client, what, "join", conn, node, share, qos, at)
+        self.ops.append((*op, True) if persistent else op)
 
     def left(self, t: float, client: str, conn: str, node: str, share: str, how: str, at: float) -> None:
         """A member leaves its group (``how``: unsubscribe, disconnect, drop, move), recorded

@@ -436,6 +436,13 @@ def format_text(s: dict) -> str:
                 f"{sh['first_or_last']} first or last, {sh['share_deltas']} deltas, "
                 f"{sh['share_delta_copies']:,} copies (most {sh['share_delta_worst_copies']}, {sh['links']} links)"
             )
+            if sh["persistent_members"]:
+                out.append(
+                    f"  persistent members: {sh['persistent_members']}; {sh['reached_while_queueing']} messages "
+                    f"reached a member while only a session queued for them, {sh['again_to_session']} copies "
+                    f"again to one session; QoS 2: {sh['qos2_checked']:,} (message, session) pairs, "
+                    f"{sh['qos2_twice']} twice, {sh['qos2_repeats']} re-sends taken as such"
+                )
     st = s.get("stalls")
     if st and st["stalls"]:
         out.append(

@@ -142,6 +142,8 @@ class Clients:
     # by one of ``member_leave`` (shares: UNSUBSCRIBE, DISCONNECT, a dropped connection, a
     # move to another node) and comes back ``member_away`` seconds later; ``to_groups`` of the
     # publications go to "sh/<publisher>/<n mod 4>". The strategy is engine.shared_strategy.
+    # ``member_persistent`` of the members (each drawn from its own stream) connect with
+    # CleanSession=0: their sessions stay members while their clients are away.
     groups: int = 0
     members: int = 4
     member_nodes: int = 0
@@ -150,6 +152,7 @@ class Clients:
     member_leave: list[float] = field(default_factory=lambda: [1.0, 1.0, 1.0, 1.0])
     member_away: tuple[float, float] = (0.5, 3.0)
     to_groups: float = 0.5
+    member_persistent: float = 0.0
 
 
 FAULT_KINDS = {
@@ -385,6 +388,8 @@ def _validate(sc: Scenario) -> None:
         raise ScenarioError("clients.message_expiry: a Message Expiry Interval of 0 is none; leave it out")
     if c.groups < 0 or c.members < 1 or c.member_nodes < 0 or not 0.0 <= c.to_groups <= 1.0:
         raise ScenarioError("clients.groups: 0 or more; clients.members: 1 or more; clients.to_groups: a share")
+    if not 0.0 <= c.member_persistent <= 1.0:
+        raise ScenarioError("clients.member_persistent: a share, between 0 and 1")
     if len(c.member_qos) != 3 or sum(c.member_qos) <= 0 or len(c.member_leave) != 4 or sum(c.member_leave) <= 0:
         raise ScenarioError("clients.member_qos: three shares; clients.member_leave: four; not all zero")
     if c.replication < 1 or c.check_every <= 0:

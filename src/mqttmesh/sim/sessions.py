@@ -115,11 +115,14 @@ class SimClient:
         self.connect_due = False
         self.move_at = -1.0  # the one move scheduled (an older one is stale)
         # a shared group's member (sim/members.py): its "$share/..." filter, the QoS it asks for,
-        # the nodes of its group, and whether it is a member now
+        # the nodes of its group, and whether it is a member now; a persistent one's: whether
+        # its session has the subscription (a SUBACK said so, no UNSUBSCRIBE since) and its QoS
         self.share: str | None = None
         self.share_qos = 0
         self.share_nodes: list[str] = []
         self.member = False
+        self.share_held = False
+        self.share_granted = -1
 
 
 class ClusterMixin(SimulatorPart):
@@ -156,7 +159,8 @@ class ClusterMixin(SimulatorPart):
             name = f"p{i:03d}"
             self.clients[name] = SimClient(name, False, c.keepalive, home, self._mqtt5(name, False))
         self._init_members()  # (members.py: shared groups, if the scenario has any)
-        self.subscribers = [cl.name for cl in self.clients.values() if cl.persistent]
+        # (the persistent members of groups are no subscribers of c/<name>: members.py)
+        self.subscribers = [cl.name for cl in self.clients.values() if cl.persistent and cl.share is None]
         self._init_cluster_checks()  # (cluster_checks.py)
 
     def _mqtt5(self, name: str, subscriber: bool) -> Mqtt5 | None:
@@ -255,7 +259,8 @@ class ClusterMixin(SimulatorPart):
         self.sconns[conn_id] = conn
         client.conn = conn
         client.home = node.name
-        will = Will(f"will/{client.name}", conn_id.encode(), 1) if client.persistent else None
+        # (a persistent member of a group has none: the wills are the subscribers')
+        will = Will(f"will/{client.name}", conn_id.encode(), 1) if client.persistent and client.share is None else None
         v5 = client.v5
         info = None
         if v5 is not None:
@@ -387,7 +392,9 @@ class ClusterMixin(SimulatorPart):
             topic, payload, qos, dup = event[1:5]
             # (MQTT 5: the Message Expiry Interval the PUBLISH said is left, or None)
             expiry = event[6] if len(event) > 6 else None
-            h.received(self.now, client.name, payload.decode(), topic, qos, dup, conn.id, 0, expiry)
+            # (a persistent member's packet id: sim/shared_checks.py tells a re-send from a new message)
+            pid = event[5] if client.persistent and client.share is not None else 0
+            h.received(self.now, client.name, payload.decode(), topic, qos, dup, conn.id, pid, expiry)
         elif kind == "acked":
             msg_id = client.pending.pop(event[1], None)
             if msg_id is not None:

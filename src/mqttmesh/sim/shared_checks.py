@@ -15,7 +15,16 @@ long detection takes: ``margin``.
   group certainly had a member to reach: one whose membership spanned the message's window
   (``settle`` before it to ``window`` after), no fault window overlapped that window, the
   publisher had the message acknowledged (QoS 1/2), and no member left in the window holding
-  it at a QoS that goes with its connection (0, or 2 [MQTT-4.8.2-5]).
+  it at a QoS that goes with its connection (0, or 2 [MQTT-4.8.2-5]; a CleanSession=0
+  member's session keeps a QoS 2 message [MQTT-4.8.2-4]). A CleanSession=0 member is a
+  member while its client is away too (its session queues at its home, for QoS 1/2): the
+  message must reach some member by the end, maybe that one when it returns. A second copy
+  to one such member's session (it took the message again after a reconnection) is no
+  second member's.
+- ``check_sessions_once``: a QoS 2 message reaches a member's session at most once as a new
+  message [MQTT-4.3.3-2]: a CleanSession=0 member's session across its connections, a
+  CleanSession=1 member's on its connection; a re-send the client took as one (its packet id
+  still awaiting PUBREL: the history's ``repeat``) is no new message.
 - ``check_spread``: in each interval where a group's membership and the mesh stayed the same
   (less ``settle`` after a change and ``window`` before the next), the members' shares, by
   strategy: ``round_robin``: each node with members gets, from each origin, the node's turns
@@ -29,11 +38,14 @@ long detection takes: ``margin``.
   member of the group, or its last, or takes the number of its members across a power of two
   (the weight the node advertises with the group, shared.py ``advertisement``); each of those
   is one interest delta (the node's entry added, removed, or one for the other), flooded: at
-  most ``copies_per_link`` copies per link.
+  most ``copies_per_link`` copies per link. A CleanSession=0 member whose client leaves stays
+  a member of its node's group, queueing (the node tells the mesh when that is all it has
+  there, shared.py ``QUEUED``), until its client comes back, here or elsewhere.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +54,13 @@ from ..topics import filter_matches
 __all__ = [
     "Membership",
     "OnceCheck",
+    "SessionCheck",
     "SpreadCheck",
     "ControlCheck",
     "memberships",
     "node_at",
     "check_once",
+    "check_sessions_once",
     "check_spread",
     "check_control",
     "overlaps",
@@ -54,6 +68,8 @@ __all__ = [
 
 Op = tuple[Any, ...]
 Windows = list[tuple[float, float]]
+Apart = Callable[[str, str], Windows]  # the windows in which two nodes had no path between them
+Cut = Callable[[str], Windows]  # ... in which a message's origin had none to a node
 END = float("inf")
 
 
@@ -69,6 +85,7 @@ class Membership:
     begin: float  # when its node took the SUBSCRIBE
     end: float = END  # when its node took its leave (UNSUBSCRIBE, DISCONNECT, reset) or its connection ended
     how: str = ""  # how it ended: unsubscribe, disconnect, drop, move, close
+    persistent: bool = False  # a CleanSession=0 member's: its session stays a member while its client is away
 
 
 def filter_of(share: str) -> str:
@@ -76,7 +93,9 @@ def filter_of(share: str) -> str:
 
 
 def memberships(history: Any) -> list[Membership]:
-    """Every membership the history shows (a SUBSCRIBE refused: none), in order of begin."""
+    """Every membership the history shows (a SUBSCRIBE refused: none), in order of begin: a
+    CleanSession=0 member has one per connection on which it subscribed or found its session
+    with the subscription (``resume``)."""
     out: list[Membership] = []
     open_: dict[tuple[str, str], Membership] = {}  # (conn, share) -> its open membership
     by_conn: dict[str, list[Membership]] = {}
@@ -87,8 +106,9 @@ def memberships(history: Any) -> list[Membership]:
             _t, client, what, _k, conn, node, share, qos, at = op[:9]
             if conn in closed:
                 continue
-            if what == "invoke":
-                m = Membership(client, conn, node, share, -1, at)
+            if what in ("invoke", "resume"):
+                m = Membership(client, conn, node, share, qos if what == "resume" else -1, at)
+                m.persistent = len(op) > 9 and bool(op[9])
                 open_[(conn, share)] = m
                 by_conn.setdefault(conn, []).append(m)
                 out.append(m)
@@ -122,6 +142,8 @@ class OnceCheck:
     unreachable: int = 0  # ... that reached none, with no member certainly in reach (allowed, counted)
     resent_after_leave: int = 0  # second copies after a receiver left holding the message
     resent_after_fault: int = 0  # second copies while a fault window overlapped the message's way
+    again: int = 0  # copies to a CleanSession=0 member that had the message (its session's re-send)
+    queued: int = 0  # QoS 1/2 pairs that reached a member with none connected throughout, a session queueing
     twice: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, share, why) violations
     lost: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, share, why) violations
 
@@ -146,15 +168,38 @@ def check_once(
     margin: float,
     lossy: bool = False,
     lost_margin: float | None = None,
+    end: float = END,
+    apart: Apart | None = None,
 ) -> OnceCheck:
     """``faults``: the windows a fault disturbed the mesh in; ``margin``: how long after its
     window a fault may still send a message again (detection and ``mesh.shared_reroute``);
     ``lost_margin``: how long after it the mesh may not know yet where the members are
-    (detection; default ``margin``); ``lossy``: QoS 0 messages may be lost on the way."""
+    (detection; default ``margin``); ``lossy``: QoS 0 messages may be lost on the way;
+    ``end``: the end of the run (a CleanSession=0 member away at a message is in reach only
+    if its client came back ``window`` before it); ``apart``: the windows in which two nodes
+    had no path between them (given: a fault excuses a message no more if its origin kept a
+    path to a node with a member connected throughout, the path widened by ``lost_margin``)."""
     r = OnceCheck()
     ms = memberships(history)
+    widen = margin if lost_margin is None else lost_margin
+    origins = _origins(history) if apart is not None else {}
+    cut_of: dict[tuple[str, str], Windows] = {}
+
+    def cut(origin: str | None) -> Cut | None:
+        if apart is None or origin is None:
+            return None
+
+        def windows(node: str) -> Windows:
+            key = (origin, node)
+            if key not in cut_of:
+                cut_of[key] = [(a - 1.0, b + widen) for a, b in apart(origin, node)]
+            return cut_of[key]
+
+        return windows
+
     shares = sorted({m.share for m in ms})
     member_of = {m.client: m.share for m in ms}
+    persistent = {m.client for m in ms if m.persistent}
     conns: dict[str, list[Membership]] = {}
     for m in ms:
         conns.setdefault(m.conn, []).append(m)
@@ -162,15 +207,23 @@ def check_once(
     got: dict[tuple[str, str], list[Op]] = {}  # (msg id, share) -> receptions by its members
     for op in history.ops:
         if op[3] == "receive" and op[1] in member_of:
-            got.setdefault((op[4], member_of[op[1]]), []).append(op)
+            copies = got.setdefault((op[4], member_of[op[1]]), [])
+            if op[1] in persistent and any(o[1] == op[1] for o in copies):
+                r.again += 1  # (one member's session again: QoS 1 may come twice [MQTT-4.4.0-1])
+                continue
+            copies.append(op)
     wide = [(a, b + margin) for a, b in faults]
     near = wide if lost_margin is None else [(a, b + lost_margin) for a, b in faults]
+    by_share = {share: [m for m in ms if m.share == share] for share in shares}
     for msg_id, (t_pub, topic, qos) in sorted(invoked.items(), key=lambda kv: (kv[1][0], kv[0])):
         for share in shares:
             if not filter_matches(filter_of(share), topic):
                 continue
             r.checked += 1
             copies = got.get((msg_id, share), [])
+            if copies and qos and persistent:  # (did it take a session queueing for its client to reach one?)
+                reach = _in_reach(by_share[share], t_pub, qos, near, settle, window, end)
+                r.queued += reach is not None and reach[1]
             if len(copies) == 1:
                 r.delivered += 1
             elif copies:
@@ -192,7 +245,8 @@ def check_once(
                         who = ", ".join(f"{op[1]} ({op[8]}) at {op[0]:.3f}s" for op in copies[: i + 1])
                         r.twice.append((msg_id, share, f"reached {who}; no receiver left, no fault between"))
             else:
-                why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy)
+                origin = node_at(origins.get(msg_id.rpartition(":")[0], []), t_pub)
+                why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy, end, cut(origin))
                 if why is None:
                     r.unreachable += 1
                 else:
@@ -210,23 +264,154 @@ def _must_reach(
     settle: float,
     window: float,
     lossy: bool,
+    end: float = END,
+    cut: Cut | None = None,
 ) -> str | None:
     """Why a message that reached no member of ``share`` should have (None: it may not have)."""
-    if (qos and not acked) or (not qos and lossy) or overlaps(faults, t - settle, t + window):
+    if (qos and not acked) or (not qos and lossy):
         return None
     mine = [m for m in ms if m.share == share]
-    steady = [m for m in mine if m.qos >= 0 and m.begin <= t - settle and m.end >= t + window]
-    if not steady:
+    reach = _in_reach(mine, t, qos, faults, settle, window, end, cut)
+    if reach is None:
         return None
     for m in mine:  # a member that left with it, at a QoS that goes with its connection
-        if t - 1.0 <= m.end <= t + window and min(qos, max(m.qos, 0)) != 1:
-            return None
+        if t - 1.0 <= m.end <= t + window:
+            q = min(qos, max(m.qos, 0))
+            if q == 0 or (q == 2 and not m.persistent):  # (a session that lives on keeps QoS 2)
+                return None
     left = sorted((m for m in mine if t - settle <= m.end <= t + window), key=lambda m: abs(m.end - t))
     note = ""
     if left:  # (the leave nearest the message: the node its origin chose may have lost its last member)
         m = left[0]
         note = f"; {m.client} left {m.node} at {m.end:.3f}s ({m.how}, {m.end - t:+.3f}s)"
-    return f"published at {t:.3f}s (QoS {qos}), {steady[0].client} a member on {steady[0].node} throughout{note}"
+    if reach[1]:  # (a member away too, granted QoS 0: its queue takes no QoS 1/2 message)
+        zero = [f"{m.client} on {m.node}" for m in _away_at(mine, t) if m.qos == 0]
+        note += f"; away too, granted QoS 0: {', '.join(zero)}" if zero else ""
+    return f"published at {t:.3f}s (QoS {qos}), {reach[0]}{note}"
+
+
+def _away_at(mine: list[Membership], t: float) -> list[Membership]:
+    """The last memberships of the CleanSession=0 members whose clients were away at ``t``
+    (their sessions members still, queueing)."""
+    last: dict[str, Membership] = {}
+    for m in mine:
+        if m.persistent and m.begin <= t:
+            last[m.client] = m
+    return [m for _c, m in sorted(last.items()) if m.end < t and m.how != "unsubscribe"]
+
+
+def _in_reach(
+    mine: list[Membership],
+    t: float,
+    qos: int,
+    faults: Windows,
+    settle: float,
+    window: float,
+    end: float,
+    cut: Cut | None = None,
+) -> tuple[str, bool] | None:
+    """A member of the group certainly in reach of a message published at ``t``: (who,
+    whether only a CleanSession=0 member's session queueing for its client was), or None. If
+    a fault window overlaps the message's window, only a member connected throughout on a
+    node its origin kept a path to (``cut``: the windows in which the origin had none to a
+    node, widened; None: none is), and for a QoS 1/2 message only (custody keeps it: a QoS 0
+    one may be lost on a link that breaks, or go to a node that died)."""
+    steady = [m for m in mine if m.qos >= 0 and m.begin <= t - settle and m.end >= t + window]
+    if overlaps(faults, t - settle, t + window):
+        if cut is not None and qos:
+            for m in steady:
+                if not overlaps(cut(m.node), t - settle, t + window):
+                    return f"{m.client} a member on {m.node} throughout, its node in reach of the origin", False
+        return None
+    if steady:
+        return f"{steady[0].client} a member on {steady[0].node} throughout", False
+    queued = _queueing(mine, qos, t - settle, t + window, faults, end - window)
+    return None if queued is None else (queued, True)
+
+
+def _queueing(mine: list[Membership], qos: int, lo: float, hi: float, faults: Windows, back_by: float) -> str | None:
+    """A CleanSession=0 member whose session was a member from ``lo`` to ``hi``: connected, or
+    its client away and its session queueing at the node it left (a QoS 1/2 message: QoS 0
+    is not queued for an absent client), and back by ``back_by``, with no fault window over
+    its absence up to ``hi`` (a node restored from its store has the session, but as a member
+    of no group until its client is back: docs/design.md 3.8). Who it is, or None."""
+    by_client: dict[str, list[Membership]] = {}
+    for m in mine:
+        if m.persistent and m.qos >= 0:
+            by_client.setdefault(m.client, []).append(m)
+    for client, spans in sorted(by_client.items()):
+        spans.sort(key=lambda m: m.begin)
+        start: float | None = None  # the session a member since, without a break
+        away: list[str] = []
+        for i, m in enumerate(spans):
+            if start is None:
+                start, away = m.begin, []
+            if m.end >= hi:
+                if start <= lo:
+                    return _away(client, away)
+                break
+            nxt = spans[i + 1] if i + 1 < len(spans) else None
+            if (
+                nxt is None
+                or m.how == "unsubscribe"
+                or min(qos, m.qos) == 0
+                or nxt.begin > back_by
+                or overlaps(faults, m.end, min(nxt.begin, hi))
+            ):
+                start = None  # (not queueing for it: left the group, or back too late, or a fault)
+                continue
+            if m.end <= hi:
+                away.append(f"away {m.end:.3f}-{nxt.begin:.3f}s, queueing on {m.node}")
+            if nxt.begin >= hi and start <= lo:
+                return _away(client, away)
+    return None
+
+
+def _away(client: str, away: list[str]) -> str:
+    return f"{client}'s session a member throughout ({'; '.join(away)})" if away else f"{client} a member throughout"
+
+
+@dataclass
+class SessionCheck:
+    checked: int = 0  # (QoS 2 message, member session) pairs delivered at QoS 2
+    repeats: int = 0  # re-sends a client took as such (its packet id awaiting PUBREL): no new message
+    twice: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, client, why) violations
+
+
+def check_sessions_once(history: Any) -> SessionCheck:
+    """[MQTT-4.3.3-2] for the members' sessions: a QoS 2 message delivered at QoS 2 reaches a
+    member's session at most once as a new message. A CleanSession=0 member's session is
+    one across its connections (a CONNACK accepting it without a session, after its first,
+    begins another: cluster.session_present judges that); a CleanSession=1 member's is its
+    connection. The client takes a PUBLISH on a packet id that awaits its PUBREL as a re-send
+    (a DUP after a reconnection: acknowledged again, the history's ``repeat``); any other
+    reception of the message is a new one."""
+    r = SessionCheck()
+    members: dict[str, bool] = {}  # client -> CleanSession=0
+    for op in history.ops:
+        if op[3] == "join":
+            members[op[1]] = members.get(op[1], False) or (len(op) > 9 and bool(op[9]))
+    lives: dict[str, int] = {}  # a persistent member's sessions so far
+    life: dict[str, int] = {}  # connection -> the session it was accepted in
+    got: dict[tuple[str, str, str], list[Op]] = {}  # (client, session, msg id) -> receptions
+    for op in history.ops:
+        kind, client = op[3], op[1]
+        if client not in members:
+            continue
+        if kind == "connect" and op[2] == "ok" and members[client]:
+            n = lives.get(client, 0) + (not op[6] or client not in lives)
+            lives[client] = life[op[4]] = n
+        elif kind == "receive" and op[6] == 2:
+            session = f"{client}/{life.get(op[8], 0)}" if members[client] else op[8]
+            got.setdefault((client, session, op[4]), []).append(op)
+        elif kind == "repeat":
+            r.repeats += 1
+    for (client, _session, msg_id), ops in sorted(got.items()):
+        r.checked += 1
+        if len(ops) > 1:
+            seen = ", ".join(f"{o[0]:.3f}s on {o[8]} (packet id {o[9]}{', DUP' if o[7] else ''})" for o in ops)
+            r.twice.append((msg_id, client, f"QoS 2 message reached {client}'s session {len(ops)} times: {seen}"))
+    return r
 
 
 @dataclass
@@ -368,10 +553,14 @@ class ControlCheck:
     heavy: list[tuple[str, int, int]] = field(default_factory=list)  # (delta, copies, bound)
 
 
-def _advertised_as(members: int) -> int | None:
-    """What a node advertises of a group with ``members`` connected members (shared.py
-    ``advertisement``): the largest power of two not above it, None for none."""
-    return None if members <= 0 else 1 << (members.bit_length() - 1)
+def _advertised_as(members: int, queueing: int = 0) -> int | None:
+    """What a node advertises of a group with ``members`` connected members and ``queueing``
+    CleanSession=0 ones whose clients are away (shared.py ``advertisement``): the largest
+    power of two not above ``members``, 0 for none connected but some queueing (``QUEUED``),
+    None for none at all."""
+    if members > 0:
+        return 1 << (members.bit_length() - 1)
+    return 0 if queueing > 0 else None
 
 
 def check_control(
@@ -381,19 +570,35 @@ def check_control(
     a ``$share/`` change -> (its changes, "+share" / "-share", and its copies on the links);
     ``links``: the links of the topology."""
     r = ControlCheck()
-    events: dict[tuple[str, str], list[tuple[float, int]]] = {}
+    # (node, share) -> changes (time, order at one time, connected members, members queueing); at
+    # one time: a returning session's arrival, then joins, then the old home's loss, then leaves
+    # (a join and a leave at once: no flip)
+    events: dict[tuple[str, str], list[tuple[float, int, int, int]]] = {}
+    queueing: dict[tuple[str, str], str] = {}  # (client, share) -> where its session queues, client away
     for m in memberships(history):
-        events.setdefault((m.node, m.share), []).append((m.begin, 1))
+        mine = events.setdefault((m.node, m.share), [])
+        home = queueing.pop((m.client, m.share), None) if m.persistent else None
+        if home is None:
+            mine.append((m.begin, 1, 1, 0))
+        else:
+            # its client is back: the claim makes its session a member here, queueing until the
+            # client is attached (SessionTable.regroup, then attached), and none at its old home
+            mine += [(m.begin, 0, 0, 1), (m.begin, 1, 1, -1)]
+            events.setdefault((home, m.share), []).append((m.begin, 2, 0, -1))
         if m.end != END:
-            events.setdefault((m.node, m.share), []).append((m.end, -1))
+            away = m.persistent and m.how != "unsubscribe"  # (its session stays a member, queueing)
+            mine.append((m.end, 3, -1, int(away)))
+            if away:
+                queueing[(m.client, m.share)] = m.node
     needed: dict[tuple[str, str], int] = {}
     for key, evs in events.items():
-        count = flips = 0
-        for _t, d in sorted(evs, key=lambda e: (e[0], -e[1])):  # (a join and a leave at once: no flip)
-            before = count
+        count = queued = flips = 0
+        for _t, _order, d, q in sorted(evs, key=lambda e: (e[0], e[1])):
+            was = _advertised_as(count, queued)
             count += d
-            r.changes += 1
-            was, now = _advertised_as(before), _advertised_as(count)
+            queued += q
+            r.changes += d != 0
+            now = _advertised_as(count, queued)
             if was != now:  # (one entry removed, one added: its first member, its last, a power of two)
                 flips += (was is not None) + (now is not None)
         needed[key] = flips

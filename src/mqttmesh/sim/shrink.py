@@ -163,6 +163,10 @@ def _fewer_clients(sc: Scenario) -> Iterator[Variant]:
         out = copy.deepcopy(sc)
         out.clients.members = n
         yield f"{n} member{'s' if n != 1 else ''} per group", out
+    if c.groups and c.member_persistent:  # (each member's own draw: the others stay what they were)
+        out = copy.deepcopy(sc)
+        out.clients.member_persistent = 0.0
+        yield "no persistent member", out
     if c.publishers and c.publish_rate > 0.5:
         out = copy.deepcopy(sc)
         out.clients.publish_rate = max(0.5, round(c.publish_rate / 2, 2))
