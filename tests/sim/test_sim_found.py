@@ -32,6 +32,8 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-22-fuzz-36-expiry-0-copy-resumed": "expired_copies_discarded",
     # claims refused on the majority side, whose end the heal keeps: the claim discards the copy
     "finding-23-fuzz-8-expiry-lost-at-heal": "expired_copies_discarded",
+    # an old home the claim did not fetch is told, and hands what it took to the client's node
+    "finding-33-fuzz-19-old-home-keeps-member": "old_homes_told",
 }
 
 

@@ -433,18 +433,17 @@ def test_a_node_that_publishes_a_delayed_will_at_once_is_caught(monkeypatch: pyt
 # ---------------------------------------------------------------- open findings
 
 # the findings not fixed yet (docs/simulation.md), shrunk: each breaks an invariant today; once
-# fixed, its scenario moves to found/. Of the MQTT 5 clients none (21 to 26 are fixed); of the
-# persistent members of shared groups (issue 24), 32 and 33 (tests/sim/test_sim_shared_persistent.py
-# says which invariant each breaks)
+# fixed, its scenario moves to found/. None now: 21 to 26 (MQTT 5 clients) and 32 and 33
+# (persistent members of shared groups, issue 24) are fixed, their scenarios in found/
 OPEN = sorted((SCENARIOS / "open").glob("*.toml"))
 
 
 def test_every_open_finding_has_its_scenario() -> None:
-    assert ["-".join(p.stem.split("-")[:2]) for p in OPEN] == ["finding-32", "finding-33"]
+    assert ["-".join(p.stem.split("-")[:2]) for p in OPEN] == []
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="open findings 32 and 33 of docs/simulation.md")
+@pytest.mark.xfail(strict=True, reason="an open finding of docs/simulation.md")
 @pytest.mark.parametrize("path", OPEN, ids=[p.stem for p in OPEN])
 def test_an_open_finding_holds_every_invariant(path) -> None:
     sc = load_scenario(path)

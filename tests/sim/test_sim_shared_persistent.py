@@ -300,23 +300,3 @@ def test_an_old_home_that_keeps_a_moved_session_as_a_member_fails_shared_home(mo
     sim = _run(fail=False)
     homes = [v for v in sim.violations.items if v.startswith("[shared.home]")]
     assert homes and all("while its client is on n" in v for v in homes), sim.violations.items[:5]
-
-
-# ---------------------------------------------------------------- open findings
-
-# what the persistent members found and is not fixed yet (docs/simulation.md section 9, findings
-# 32 and 33): each breaks its invariant, and only that, today (tests/sim/test_sim_mqtt5.py runs
-# every open finding as xfail(strict=True)); once fixed, its scenario moves to found/
-OPEN = {
-    "finding-32-persistent-16-seed-4-qos0-member-chosen-while-away": "shared.lost",
-    "finding-33-fuzz-19-old-home-keeps-member": "shared.home",
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(OPEN))
-def test_an_open_finding_still_breaks_its_invariant(name: str) -> None:
-    sc = load_scenario(SCENARIOS / "open" / f"{name}.toml")
-    sc.checks.fail = False
-    sim = Simulator(sc).run()
-    assert set(sim.violations.count) == {OPEN[name]}, sim.violations.items[:5]
