@@ -144,7 +144,6 @@ def check_shared(
     unacked: dict[str, set[str]] = {}  # connection -> msg ids never acknowledged on it
     conn_now: dict[str, str] = {}  # client -> its accepted connection
     accepted: dict[str, list[tuple[float, str]]] = {}  # client -> (t, node) of its accepted connections
-    accepted_conns: dict[str, list[tuple[float, str]]] = {}  # client -> (t, connection), likewise
     acked_on: dict[str, str] = {}  # msg id -> the publisher's connection that had the acknowledgement
     for op in history.ops:
         t, client, what, kind = op[0], op[1], op[2], op[3]
@@ -155,7 +154,6 @@ def check_shared(
                 node_now[client] = node_of.get(op[4], op[5])
                 conn_now[client] = op[4]
                 accepted.setdefault(client, []).append((t, node_now[client]))
-                accepted_conns.setdefault(client, []).append((t, op[4]))
         elif kind == "subscribe":
             shares = [f.split("/", 2)[2] for f, q in op[4] if f.startswith("$share/") and f.count("/") >= 2]
             if shares:
@@ -232,9 +230,6 @@ def check_shared(
                 # the earlier copy may be the origin's re-send, the later one the first copy,
                 # delivered after the heal (a killed node keeps it only in a persistent queue)
                 far = later if earlier[0] >= t_inv + REROUTED_AFTER else set()
-                # a persistent member's connection at the publication, if it is not the one the
-                # later copy came on: its session may have held the message when it ended
-                held = node_at(accepted_conns.get(member, []), t_inv) if member in persistent else None
                 c, d = _explain(
                     msg_id,
                     earlier,
@@ -248,7 +243,6 @@ def check_shared(
                     closes,
                     unacked,
                     faults or [],
-                    None if held == conn2 else held,
                 )
                 if CLASSES.index(c) < CLASSES.index(cls):
                     cls, detail, first = c, d, earlier
@@ -321,14 +315,12 @@ def _explain(
     closes: dict[str, tuple[float, str]],
     unacked: dict[str, set[str]],
     faults: list[dict[str, Any]],
-    held: str | None = None,
 ) -> tuple[str, str]:
     """Why a member may have got ``msg_id`` (published at ``t_inv``) at ``t2`` after ``earlier``
     (t, member, conn) had it. ``near``: where the earlier copy was held; ``far``: where the later
     one may have been held while the earlier was a re-send; ``kept``: where the later one may
-    have been kept through a kill (a persistent member's queue, restored from the store);
-    ``held``: the later (persistent) member's connection at the publication, when the later
-    copy came on another."""
+    have been kept through a kill or a stop (a persistent member's queue, restored from the
+    store, or waiting in a stopped process)."""
     t1, _, conn = earlier
     if msg_id in unacked.get(conn, ()):
         return "unacked", f"{conn} ended without its acknowledgement"
@@ -336,12 +328,6 @@ def _explain(
     by_node = end is not None and end[1].startswith(SERVER_ENDS)
     if end is not None and t1 <= end[0] <= min(t2 + (SEEN_LATE if by_node else 0.0), t1 + LEFT_WITHIN):
         return "member left", f"{conn} ended {end[0] - t1:.2f}s after: {end[1]}"
-    gone = closes.get(held) if held is not None else None
-    if gone is not None and t_inv <= gone[0] <= t1 + (SEEN_LATE if gone[1].startswith(SERVER_ENDS) else 0.0):
-        # the message went to the later member's session first, and its connection ended
-        # before the session's client had it: the copy the earlier member got is the re-send
-        # of a member that left holding it (its session kept its own, for its return)
-        return "member left", f"{held}, which held it, ended {t1 - gone[0]:.2f}s before the first copy: {gone[1]}"
     best: tuple[str, str] = ("unexplained", "")
     src = origins.get(msg_id, set())
     for f in faults:
@@ -351,7 +337,7 @@ def _explain(
         nodes = near | far
         if kind == "kill" and f.get("node") in near | kept:
             cls = "node killed"
-        elif kind == "pause" and f.get("node") in nodes:
+        elif kind == "pause" and f.get("node") in nodes | kept:
             cls = "node paused"
         elif kind.startswith("partition") and _apart(nodes, src, f.get("sides") or ((), ())):
             cls = "cut off"

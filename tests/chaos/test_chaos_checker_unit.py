@@ -645,27 +645,25 @@ def test_the_links_nodes_lost_on_their_own_are_read_from_their_logs() -> None:
 
 
 @pytest.mark.parametrize(
-    ("ended", "expected"),
+    ("paused", "expected"),
     [
-        (5.6, "member left"),  # its node closed it holding the message, before csub's copy at 6.0
-        (6.5, "member left"),  # the client read the node's close after csub's copy (SEEN_LATE)
-        (7.5, "unexplained"),  # it left long after: it did not hold the message for csub
-        (4.0, "unexplained"),  # it left before the publication
+        ("n0", "node paused"),  # sub's home held the message through its stop; csub got the re-send
+        ("n4", "unexplained"),  # another node's stop explains nothing here
     ],
 )
-def test_shared_a_member_that_left_holding_a_message_explains_the_copy_another_got_first(
-    ended: float, expected: str
+def test_shared_a_persistent_members_home_stopped_explains_the_copy_another_got_first(
+    paused: str, expected: str
 ) -> None:
     """The fault harness (7 nodes, seed 1, pub0:298): the message went to persistent member
-    sub on its node, whose connection that node closed before sub had it; the publisher's
-    re-send elsewhere reached csub, and sub had its copy when it came back: the earlier copy
-    is the re-send of a member that left holding it."""
+    sub on its node, which was stopped (SIGSTOP) before sub had it; the publisher's re-send
+    elsewhere reached csub, and sub had its copy when it came back: the node's stop explains
+    the earlier copy, as a kill of that node does (its queue restored from the store)."""
     h = _group()
     msg = _publish(h, 5.0, 1)
-    h.closed(ended, "sub", "sub/1", False, "closed by the server")
+    h.closed(7.0, "sub", "sub/1", False, "closed by the server")
     h.received(6.0, "csub", msg, TOPIC, 2, False, "csub/1", 4)
     h.connect(9.0, "sub", "invoke", "sub/2", "n3")
     h.connect(9.1, "sub", "ok", "sub/2", "n3", True)
     h.received(9.2, "sub", msg, TOPIC, 2, False, "sub/2", 1)
-    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0)
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=[_window("pause", 5.2, 6.9, node=paused)])
     assert [(x["again"][0], x["class"]) for x in r.resends] == [("sub", expected)]
