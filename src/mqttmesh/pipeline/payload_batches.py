@@ -35,7 +35,7 @@ _ARROW: dict[type, pa.DataType] = {
 # JSON tokens that are not numbers under the pass's strict options (allowNonNumericNumbers
 # false), which Arrow's reader takes for numbers (NaN, Inf, Infinity, signed): a payload holding
 # these letters anywhere, in a string too, is Spark's to read
-_NON_NUMERIC = ("NaN", "Inf")
+_NON_NUMERIC = (b"NaN", b"Inf")
 
 
 def arrow_schema(schema: T.StructType) -> pa.Schema | None:
@@ -65,11 +65,31 @@ def fast_rows(payload: pa.Array) -> np.ndarray:
     text = payload.cast(pa.binary()).view(pa.string())  # (bytes as they are: checked below)
     trimmed = pc.ascii_trim(text, " \t")
     ok = pc.and_(ok, pc.and_(pc.starts_with(trimmed, "{"), pc.ends_with(trimmed, "}")))
-    for token in _NON_NUMERIC:
-        ok = pc.and_(ok, pc.invert(pc.match_substring(payload, token)))
     mask = _numpy(pc.fill_null(ok, False), bool)
+    mask[_holding(payload, _NON_NUMERIC)] = False
     _mark_invalid_utf8(text, mask, 0, len(payload))
     return mask
+
+
+def _holding(payload: pa.Array, tokens: tuple[bytes, ...]) -> np.ndarray:
+    """The rows of ``payload`` (a binary array) holding one of ``tokens`` (three bytes each,
+    first bytes rare in JSON numbers): numpy over the array's bytes, where Arrow's substring
+    search costs 2.5 ns a byte."""
+    binary = payload.cast(pa.binary())
+    if len(binary) == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.frombuffer(binary.buffers()[1], dtype=np.int32, count=len(binary) + 1, offset=binary.offset * 4)
+    data = np.frombuffer(binary.buffers()[2] or b"", dtype=np.uint8)[offsets[0] : offsets[-1]]
+    starts = np.zeros(len(data), dtype=bool)
+    for first in {t[0] for t in tokens}:
+        starts |= data == first
+    at = np.flatnonzero(starts)
+    at = at[at + 2 < len(data)]
+    hit = np.zeros(len(at), dtype=bool)
+    for token in tokens:
+        hit |= (data[at] == token[0]) & (data[at + 1] == token[1]) & (data[at + 2] == token[2])
+    # (a token across two payloads marks the first: too careful, never wrong)
+    return np.searchsorted(offsets - offsets[0], at[hit], side="right") - 1
 
 
 def _mark_invalid_utf8(text: pa.Array, mask: np.ndarray, lo: int, hi: int) -> None:
