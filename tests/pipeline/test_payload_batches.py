@@ -192,8 +192,9 @@ def test_kll_images_are_the_ones_spark_writes(spark):
 
 
 def test_a_batch_by_hand():
-    """Six payloads of two windows and two patterns: two groups read by Arrow (one row each,
-    at the places of their first payloads), the rest marked for Spark."""
+    """Six payloads of two windows and two patterns: two groups read by Arrow, whose partial
+    rows go back on the first payload Arrow read; one marker for each payload left to Spark;
+    nothing on the others."""
     stamps = [ts("12:00:01"), ts("12:00:02"), ts("12:00:59"), ts("12:01:00"), ts("12:00:03"), None]
     payloads = [b'{"t": 2, "h": 1}', b"nope", b'{"t": 4}', b'{"t": 8}', b'{"t": "x"}', b'{"t": 1}']
     patterns = ["a/#", "a/#", "a/#", "b/#", "a/#", "a/#"]
@@ -207,7 +208,7 @@ def test_a_batch_by_hand():
         60_000_000,
         1000,
     ).to_pylist()
-    a, b = out[0], out[2]
+    a, b = out[0]
     assert (a["slow"], a["window_start"], a["pattern"], a["messages"], a["json"]) == (
         False,
         ts("12:00:00"),
@@ -220,12 +221,22 @@ def test_a_batch_by_hand():
     assert (a["c1"], a["lo1"], a["hi1"], a["sum1"]) == (1, 1.0, 1.0, 1.0)
     assert (b["window_start"], b["pattern"], b["messages"], b["c0"], b["sum0"]) == (ts("12:01:00"), "b/#", 1, 1, 8.0)
     assert (b["c1"], b["lo1"], b["sum1"], b["q1"]) == (0, None, None, None)
-    assert out[1] == {**dict.fromkeys(out[1]), "slow": True}  # not JSON
-    assert out[3] is None  # (counted in b's row)
-    assert out[4]["slow"] and out[5]["slow"]  # refused by Arrow; no timestamp
+    marker = {**dict.fromkeys(a), "slow": True}
+    assert out[1:] == [[marker], None, None, [marker], [marker]]  # not JSON; counted in a, b; refused; no time
     import numpy as np
 
     assert a["q0"] == B.kll_sketch(np.array([2.0, 4.0]), 1000) and a["q1"] == B.kll_sketch(np.array([1.0]), 1000)
+    # a batch whose first payloads are Spark's: their markers come before the partial rows
+    out = B.batch_pass(
+        pa.array(stamps[:3], pa.timestamp("us", tz="UTC")),
+        pa.array(patterns[:3]),
+        pa.array([b"x", b"y", b'{"t": 4}'], pa.binary()),
+        schema,
+        [("t",), ("h",)],
+        60_000_000,
+        1000,
+    ).to_pylist()
+    assert out[:2] == [[marker], [marker]] and [r["messages"] for r in out[2]] == [1]
 
 
 @pytest.mark.parametrize("rows_per_batch", [3, 10_000])

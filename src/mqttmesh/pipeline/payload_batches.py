@@ -180,8 +180,8 @@ def kll_sketch(values: np.ndarray, k: int) -> bytes:
     return head + bounds + values[::-1].astype("<f8").tobytes()  # (level 0 fills downwards)
 
 
-def result_type(fields: int) -> T.StructType:
-    """The Spark type of ``batch_pass``'s rows."""
+def result_type(fields: int) -> T.ArrayType:
+    """The Spark type of ``batch_pass``'s rows: a list of partial rows."""
     cols = [
         T.StructField("slow", T.BooleanType()),
         T.StructField("window_start", T.TimestampType()),
@@ -199,7 +199,7 @@ def result_type(fields: int) -> T.StructType:
             T.StructField(f"sum{i}", T.DoubleType()),
             T.StructField(f"q{i}", T.BinaryType()),
         ]
-    return T.StructType(cols)
+    return T.ArrayType(T.StructType(cols))
 
 
 def _column(values: np.ndarray, valid: np.ndarray, type_: pa.DataType) -> pa.Array:
@@ -214,18 +214,19 @@ def batch_pass(
     fields: list[tuple[str, ...]],
     window_us: int,
     k: int,
-) -> pa.StructArray:
-    """One row per row of the batch, of type ``result_type``: null for a payload whose share is
-    in a partial row; ``slow`` for one Spark must read itself (nothing else set); else a
-    partial row of a (window, pattern) group of the batch's other payloads: ``messages``,
+) -> pa.ListArray:
+    """One list per row of the batch, of type ``result_type``: on the first payload Arrow
+    read, the partial rows of the (window, pattern) groups of all it read: ``messages``,
     ``json``, ``first``, ``last``, and per field its count, min, max, sum and KLL sketch
-    (``k``). A group whose field has more than ``k`` values in the batch takes further rows,
+    (``k``); a group whose field has more than ``k`` values in the batch takes further rows,
     each with the next ``k`` values' sketch only (sketches of ``k`` values or fewer are exact;
-    Spark merges them as it merges its own)."""
+    Spark merges them as it merges its own). On a payload Spark must read itself, one row
+    ``slow`` (nothing else set). Null elsewhere: so the batch that goes back to Spark is a few
+    rows, not one per payload."""
     n = len(payload)
-    type_ = pa.struct(_arrow_fields(len(fields)))
+    item = pa.struct(_arrow_fields(len(fields)))
     if n == 0:
-        return pa.array([], type_)
+        return pa.array([], pa.list_(item))
     ts_us = timestamp.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
     fast = fast_rows(payload)
     fast &= _numpy(pc.is_valid(ts_us), bool)
@@ -246,36 +247,32 @@ def batch_pass(
     sizes = np.diff(np.r_[starts, len(rows)]).astype(np.int64)
     values = [_leaf(table, path)[rows][order] for path in fields]
     counts = [_reduce(np.add, (~np.isnan(v)).astype(np.int64), starts) for v in values]
-    # rows per group: one, or one per k values of its most numerous field (a group has at
-    # least as many payloads as that, so its rows fit on its payloads' places)
+    # partial rows per group: one, or one per k values of its most numerous field
     chunks = np.ones(len(starts), np.int64)
     for count in counts:
         chunks = np.maximum(chunks, (count + k - 1) // k)
     out_group = np.repeat(np.arange(len(starts)), chunks)
     first_row = np.r_[0, np.cumsum(chunks)[:-1]].astype(np.int64) if len(starts) else np.zeros(0, np.int64)
-    at = rows[: len(out_group)]
-    heads = at[first_row]
+    m = len(out_group)
+    head = np.zeros(m, dtype=bool)
+    head[first_row] = True
 
     def keyed(per_group: np.ndarray, type_: pa.DataType) -> pa.Array:
-        """per_group on every row of its group"""
-        full = np.zeros(n, dtype=per_group.dtype)
-        full[at] = per_group[out_group]
-        return _column(full, marked, type_)
+        """per_group on every partial row of its group"""
+        return pa.array(per_group[out_group], type=type_)
 
     def headed(per_group: np.ndarray, type_: pa.DataType, valid: np.ndarray | None = None) -> pa.Array:
-        """per_group on the first row of its group"""
-        full = np.zeros(n, dtype=per_group.dtype)
-        ok = np.zeros(n, dtype=bool)
-        full[heads] = per_group
-        ok[heads] = True if valid is None else valid
+        """per_group on the first partial row of its group"""
+        full = np.zeros(m, dtype=per_group.dtype)
+        ok = head.copy()
+        full[first_row] = per_group
+        if valid is not None:
+            ok[first_row] = valid
         return _column(full, ok, type_)
 
-    slow = ~fast
-    marked = np.zeros(n, dtype=bool)
-    marked[at] = True
     stamp = pa.timestamp("us", tz="UTC")
     cols: list[pa.Array] = [
-        _column(slow, marked | slow, pa.bool_()),
+        pa.array(np.zeros(m, dtype=bool)),
         keyed(ts[starts] - np.mod(ts[starts], window_us), pa.int64()).cast(stamp),
         pc.take(dictionary, keyed(code[starts], pa.int64())),
         headed(sizes, pa.int64()),
@@ -289,8 +286,24 @@ def batch_pass(
         cols.append(headed(_reduce(np.fmin, v, starts), pa.float64(), has))
         cols.append(headed(_reduce(np.fmax, v, starts), pa.float64(), has))
         cols.append(headed(_reduce(np.add, np.where(np.isnan(v), 0.0, v), starts), pa.float64(), has))
-        cols.append(_sketches(v, starts, sizes, first_row, at, n, k))
-    return pa.StructArray.from_arrays(cols, fields=_arrow_fields(len(fields)), mask=pa.array(~(marked | slow)))
+        cols.append(_sketches(v, starts, sizes, first_row, m, k))
+    partials = pa.StructArray.from_arrays(cols, fields=_arrow_fields(len(fields)))
+    # the list of each row: the partial rows on the first fast row, a marker on each slow row
+    slow = np.flatnonzero(~fast)
+    marker = pa.StructArray.from_arrays(
+        [pa.array(np.ones(len(slow), dtype=bool))]
+        + [pa.nulls(len(slow), f.type) for f in _arrow_fields(len(fields))[1:]],
+        fields=_arrow_fields(len(fields)),
+    )
+    lengths = np.zeros(n, dtype=np.int32)
+    lengths[slow] = 1
+    before = int(np.searchsorted(slow, rows[0])) if len(rows) else len(slow)
+    if len(rows):
+        lengths[rows[0]] = m
+    items = pa.concat_arrays([marker.slice(0, before), partials, marker.slice(before)])
+    offsets = pa.array(np.r_[0, np.cumsum(lengths)].astype(np.int32))
+    valid = lengths > 0
+    return pa.ListArray.from_arrays(offsets, items, mask=pa.array(~valid))
 
 
 def _numpy(array: pa.Array, dtype) -> np.ndarray:
@@ -301,8 +314,8 @@ def _reduce(ufunc, values: np.ndarray, starts: np.ndarray) -> np.ndarray:
     return ufunc.reduceat(values, starts) if len(starts) else np.zeros(0, values.dtype)
 
 
-def _sketches(values, starts, sizes, first_row, at, n, k) -> pa.Array:
-    """Each group's values (not NaN), k at a time, as exact KLL sketches at the group's rows."""
+def _sketches(values, starts, sizes, first_row, m, k) -> pa.Array:
+    """Each group's values (not NaN), k at a time, as exact KLL sketches on its partial rows."""
     images: list[bytes] = []
     where: list[int] = []
     for g, (s, size) in enumerate(zip(starts, sizes, strict=True)):
@@ -310,14 +323,17 @@ def _sketches(values, starts, sizes, first_row, at, n, k) -> pa.Array:
         v = v[~np.isnan(v)]
         for j in range(0, len(v), k):
             images.append(kll_sketch(v[j : j + k], k))
-            where.append(int(at[first_row[g] + j // k]))
-    lengths = np.zeros(n, dtype=np.int32)
+            where.append(int(first_row[g] + j // k))
+    lengths = np.zeros(m, dtype=np.int32)
     lengths[where] = [len(b) for b in images]
     offsets = np.r_[0, np.cumsum(lengths)].astype(np.int32)
-    data = pa.py_buffer(b"".join(images))
-    valid = np.zeros(n, dtype=bool)
+    valid = np.zeros(m, dtype=bool)
     valid[where] = True
-    array = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets.tobytes()), data])
+    return _binary(offsets, b"".join(images), valid)
+
+
+def _binary(offsets: np.ndarray, data: bytes, valid: np.ndarray) -> pa.Array:
+    array = pa.Array.from_buffers(pa.binary(), len(valid), [None, pa.py_buffer(offsets.tobytes()), pa.py_buffer(data)])
     return pc.if_else(pa.array(valid), array, pa.scalar(None, pa.binary()))
 
 

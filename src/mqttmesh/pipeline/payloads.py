@@ -352,8 +352,10 @@ def payload_pass(df: DataFrame, schema: T.StructType, fields: list[tuple[str, ..
     # (a row's result depends on its batch: nondeterministic, so that Spark evaluates it once,
     # on the rows as read, and never again on fewer rows for another operator)
     udf = arrow_udf(batch, B.result_type(len(fields))).asNondeterministic()  # type: ignore[call-overload]
-    marked = df.select("timestamp", "pattern", "payload", udf("timestamp", "pattern", "payload").alias("_b"))
-    marked = marked.where(F.col("_b").isNotNull())
+    listed = df.select("timestamp", "pattern", "payload", udf("timestamp", "pattern", "payload").alias("_bs"))
+    marked = listed.where(F.col("_bs").isNotNull()).select(
+        "timestamp", "pattern", "payload", F.explode("_bs").alias("_b")
+    )
     slow = F.col("_b.slow")
     values, is_json = _read_text(F.when(slow, F.col("payload").cast("string")), chosen, fields)
 
