@@ -31,6 +31,7 @@ __all__ = [
     "KLL_K",
     "pruned",
     "payload_pass",
+    "spark_pass",
     "stats_of",
     "totals_of",
     "quality_of",
@@ -327,24 +328,95 @@ def payload_pass(df: DataFrame, schema: T.StructType, fields: list[tuple[str, ..
     """Per window and ``pattern`` of ``df`` (timestamp, pattern, payload): ``messages``,
     ``json`` (JSON objects), ``first``, ``last``, and for field i of ``fields``: ``c{i}``
     (values), ``lo{i}``, ``hi{i}``, ``sum{i}`` and ``q{i}`` (a KLL sketch of its values).
-    A value that is null, not a number or NaN is not one."""
+    A value that is null, not a number or NaN is not one.
+
+    Each Arrow batch of payloads is read and aggregated in the Python worker
+    (``payload_batches.batch_pass``: Arrow's JSON reader, numpy); the payloads it cannot read
+    exactly as Spark would (not an object, not UTF-8, a value of another type, NaN...) come
+    back marked and are read here by Spark's parser, as ``spark_pass`` reads them all; Spark
+    then merges the batches' partial rows and those per window and pattern. A schema with a
+    type Arrow reads otherwise (FLOAT, DECIMAL) takes ``spark_pass``."""
+    from pyspark.sql.functions import arrow_udf
+
+    from . import payload_batches as B
+
+    chosen = pruned(schema, fields)
+    arrow = B.arrow_schema(chosen)
+    if arrow is None:
+        return spark_pass(df, schema, fields, window_seconds)
+    window_us = int(window_seconds) * 1_000_000
+
+    def batch(timestamp, pattern, payload):
+        return B.batch_pass(timestamp, pattern, payload, arrow, fields, window_us, KLL_K)
+
+    # (a row's result depends on its batch: nondeterministic, so that Spark evaluates it once,
+    # on the rows as read, and never again on fewer rows for another operator)
+    udf = arrow_udf(batch, B.result_type(len(fields))).asNondeterministic()  # type: ignore[call-overload]
+    listed = df.select("timestamp", "pattern", "payload", udf("timestamp", "pattern", "payload").alias("_bs"))
+    marked = listed.where(F.col("_bs").isNotNull()).select(
+        "timestamp", "pattern", "payload", F.explode("_bs").alias("_b")
+    )
+    slow = F.col("_b.slow")
+    values, is_json = _read_text(F.when(slow, F.col("payload").cast("string")), chosen, fields)
+
+    def either(per_payload, partial: str):
+        return F.when(slow, per_payload).otherwise(F.col(f"_b.{partial}"))
+
+    aggs = [
+        F.sum(either(F.lit(1).cast("long"), "messages")).alias("messages"),
+        F.sum(either(is_json.cast("long"), "json")).alias("json"),
+        F.min(either(F.col("timestamp"), "first")).alias("first"),
+        F.max(either(F.col("timestamp"), "last")).alias("last"),
+    ]
+    for i, v in enumerate(values):
+        aggs += [
+            F.sum(either(v.isNotNull().cast("long"), f"c{i}")).alias(f"c{i}"),
+            F.min(either(v, f"lo{i}")).alias(f"lo{i}"),
+            F.max(either(v, f"hi{i}")).alias(f"hi{i}"),
+            F.sum(either(v, f"sum{i}")).alias(f"sum{i}"),
+            F.kll_merge_agg_double(F.col(f"_b.q{i}"), KLL_K).alias(f"_qb{i}"),
+            F.kll_sketch_agg_double(F.when(slow, v), KLL_K).alias(f"_qs{i}"),
+        ]
+    # a partial row stands at its window's start, so Spark's window of it is its window
+    keyed = marked.withColumn("_t", either(F.col("timestamp"), "window_start")).withColumn(
+        "pattern", either(F.col("pattern"), "pattern")
+    )
+    grouped = unwrap_window(keyed.groupBy(window_of(window_seconds, "_t"), "pattern").agg(*aggs))
+    for i in range(len(fields)):
+        qb, qs = F.col(f"_qb{i}"), F.col(f"_qs{i}")
+        grouped = grouped.withColumn(f"q{i}", F.coalesce(F.kll_sketch_merge_double(qb, qs), qb, qs))
+    columns = ["window_start", "window_end", "pattern", "messages", "json", "first", "last"]
+    columns += [f"{c}{i}" for i in range(len(fields)) for c in ("c", "lo", "hi", "sum", "q")]
+    return grouped.select(*columns)
+
+
+def _read_text(text, chosen: T.StructType, fields: list[tuple[str, ...]]):
+    """Spark's reading of a payload's ``text``: each field's value (a double, null when
+    absent, not a number or NaN) and whether the text is a JSON object."""
     from functools import reduce
 
     # (NaN and Infinity are not JSON: json_object_keys refuses them, so the parse does too)
     strict = {"mode": "PERMISSIVE", "allowNonNumericNumbers": "false"}
-    parsed = with_text(df).withColumn("json", F.from_json("text", pruned(schema, fields), strict))
+    parsed = F.from_json(text, chosen, strict)
     values = []
     for path in fields:
-        col = F.col("json")
+        col = parsed
         for name in path:
             col = col.getField(name)
         v = col.cast("double")
         values.append(F.when(~F.isnan(v), v))
     # an object is known from the parse when a chosen field came out of it; otherwise (no field,
     # or none of them there) its keys are read to tell an object from anything else
-    keys = F.expr("json_object_keys(text)").isNotNull()
+    keys = F.json_object_keys(text).isNotNull()
     found = reduce(lambda a, b: a | b, [v.isNotNull() for v in values]) if values else F.lit(False)
     is_json = F.coalesce(F.when(found, F.lit(True)).otherwise(keys), F.lit(False))
+    return values, is_json
+
+
+def spark_pass(df: DataFrame, schema: T.StructType, fields: list[tuple[str, ...]], window_seconds: int) -> DataFrame:
+    """``payload_pass``'s rows with Spark's parser reading every payload (the pass of a schema
+    Arrow reads otherwise; in the tests, what the Arrow batches must agree with)."""
+    values, is_json = _read_text(F.col("payload").cast("string"), pruned(schema, fields), fields)
     aggs = [
         F.count(F.lit(1)).alias("messages"),
         F.sum(is_json.cast("long")).alias("json"),
@@ -359,7 +431,7 @@ def payload_pass(df: DataFrame, schema: T.StructType, fields: list[tuple[str, ..
             F.sum(v).alias(f"sum{i}"),
             F.kll_sketch_agg_double(v, KLL_K).alias(f"q{i}"),
         ]
-    return unwrap_window(parsed.groupBy(window_of(window_seconds), "pattern").agg(*aggs))
+    return unwrap_window(df.groupBy(window_of(window_seconds), "pattern").agg(*aggs))
 
 
 def _quantiles(sketch, count):
