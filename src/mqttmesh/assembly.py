@@ -28,7 +28,7 @@ from .broker import Broker, BrokerPorts, BrokerSettings
 from .channel import Channel
 from .flow import Congestion
 from .mesh.cluster.cluster import Cluster, ClusterSettings, cluster_parts
-from .mesh.cluster.replica import ReplicaSessions
+from .mesh.cluster.replica_sessions import ReplicaSessions
 from .mesh.link.gateway import MeshGateway
 from .mesh.link.links import PeerLinks
 from .mesh.routing.engine import MeshEngine, MeshSettings

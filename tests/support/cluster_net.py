@@ -15,7 +15,7 @@ from mqttmesh.auth import Auth
 from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.cluster.cluster import Cluster, ClusterSettings, cluster_parts
-from mqttmesh.mesh.cluster.replica import ReplicaSessions
+from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
 from mqttmesh.message import Message
 from mqttmesh.packets import Will
 from mqttmesh.store import NULL_JOURNAL

@@ -22,7 +22,7 @@ from mqttmesh.auth import Acl, Auth
 from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
 from mqttmesh.channel import CLOSED, CONNECTED, Channel
 from mqttmesh.codec import Decoder, MalformedPacket
-from mqttmesh.mesh.cluster.replica import ReplicaSessions
+from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
 from mqttmesh.message import Message
 from mqttmesh.session import Limits
 from mqttmesh.session_durable import Sessions

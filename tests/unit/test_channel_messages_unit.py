@@ -655,7 +655,7 @@ def test_deliver_remote_returns_the_batch_when_a_persistent_session_queued_it(pe
 def replicated_net():
     from mqttmesh.broker import BrokerPorts
     from mqttmesh.flow import Congestion
-    from mqttmesh.mesh.cluster.replica import ReplicaSessions
+    from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
     from mqttmesh.store import NULL_JOURNAL
 
     settled: list[tuple[str, str, int]] = []

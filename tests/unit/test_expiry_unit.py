@@ -17,7 +17,8 @@ from mqttmesh.auth import Auth
 from mqttmesh.codec import Publish
 from mqttmesh.mesh.cluster.cluster_values import Forwarded, Snapshot, SnapshotEntry
 from mqttmesh.mesh.cluster.cluster_wire import Outbox, RetQuery, RetReply
-from mqttmesh.mesh.cluster.replica import ReplicaSessions, replica_of
+from mqttmesh.mesh.cluster.replica import replica_of
+from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
 from mqttmesh.mesh.cluster.snapshots import install, merge_snapshots, snapshot
 from mqttmesh.mesh.routing.envelope import Envelope, decode_batch, encode_batch
 from mqttmesh.message import Message

@@ -6,7 +6,8 @@ import pytest
 
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.cluster.cluster_values import Snapshot
-from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, ReplicaSessions, replica_of
+from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, replica_of
+from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
 from mqttmesh.mesh.cluster.snapshots import install
 from mqttmesh.message import Message
 from mqttmesh.session import OPEN, SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
@@ -610,9 +611,8 @@ def test_a_publish_the_gate_holds_is_stored_as_queued_until_the_holders_confirm_
     (snapshots.py). The store now keeps such an entry as queued until the gate passes it:
     restarted, the copy has it queued and a merge with the newer claim keeps it. An entry
     whose frame went out is stored in flight (DUP=1 on return), as before."""
-    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.mesh.cluster.snapshots import merge_snapshots, snapshot
-    from mqttmesh.server.sqlite_store import SqliteStore
+    from support.restart import restarted_session, write_store
 
     j = Journal()
     s = DurableMeshSession("m", Limits(), j, on_settled=lambda *a: None)
@@ -631,16 +631,8 @@ def test_a_publish_the_gate_holds_is_stored_as_queued_until_the_holders_confirm_
 
     ops = [("session_put", "m", {"t": 2}, None)] + j.take()[1]
     assert sorted(stored(ops).values()) == [(0, 0), (0, 0), (1, SENT_PUBLISH)]
-    store = SqliteStore(str(tmp_path))
-    store.write(ops)
-    store.db.close()
-    # killed here (kill -9): restarted from the store
-    factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
-    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
-    again = SqliteStore(str(tmp_path))
-    again.load(broker)
-    again.db.close()
-    back = broker.sessions["m"]
+    write_store(tmp_path, ops)
+    back = restarted_session(tmp_path, "m")  # killed here (kill -9): restarted from the store
     assert {pid: e.msg.payload for pid, e in back.inflight.items()} == {1: b"q1"}
     assert [e.msg.payload for e in back.queue] == [b"q2", b"a3"]
     # a newer claim (epoch 1) that never had any of them: q2 and a3 are kept, queued; q1's

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 
 from mqttmesh.flow import Congestion
-from mqttmesh.mesh.cluster.replica import DurableMeshSession, ReplicaSessions, replica_of
+from mqttmesh.mesh.cluster.replica import DurableMeshSession, replica_of
+from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
 from mqttmesh.session_durable import DurableSession, Sessions
 from mqttmesh.store import FORMAT_VERSION, NULL_JOURNAL, Journal, NullJournal, _snapshot, restore_sessions
+from support.restart import restarted_session, write_store
 
 
 def entry(key: int, payload: bytes = b"p", qos: int = 1) -> Entry:
@@ -326,10 +328,8 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     ids awaiting PUBREL but not their messages; the node the client came back to had nothing
     to route, and the client's re-sends were taken for re-sends of routed messages (a loss).
     The messages are journaled with the ids, and a restart brings them back."""
-    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.mesh.cluster.cluster_values import Snapshot
     from mqttmesh.mesh.cluster.snapshots import install
-    from mqttmesh.server.sqlite_store import SqliteStore
 
     j = Journal()
     s = DurableMeshSession("p", Limits(), j, on_settled=lambda *a: None)
@@ -340,17 +340,10 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     ops = j.take()[1]
     assert ("inbound_put", "p", 3, "t/1", b"x", 0, "n1", 41, "p", 9.5, None, None) in ops
     assert ("inbound_put", "p", 5, "t/2", b"y", 1, "n2", 7, "p", 9.75, None, None) in ops
-    store = SqliteStore(str(tmp_path))
-    store.write([("session_put", "p", {}, None)] + ops)
-    store.db.close()
+    write_store(tmp_path, [("session_put", "p", {}, None)] + ops)
 
     def restarted():
-        factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
-        broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
-        again = SqliteStore(str(tmp_path))
-        again.load(broker)
-        again.db.close()
-        return broker.sessions["p"]
+        return restarted_session(tmp_path, "p")
 
     back = restarted()
     assert back.awaiting_rel == {3, 5, 6}
@@ -363,9 +356,7 @@ def test_a_durable_replicas_inbound_qos2_messages_are_journaled_and_restored_fro
     # PUBREL, a copy installed from another holder: what leaves the session leaves the store
     s.awaiting_rel_remove(3)
     install(s, Snapshot("p", {}, 0, [], [], [6], None, 1, 9), 0.0)
-    store = SqliteStore(str(tmp_path))
-    store.write(j.take()[1])
-    store.db.close()
+    write_store(tmp_path, j.take()[1])
     back = restarted()
     assert back.awaiting_rel == {6} and back.inbound == {} and (back.epoch, back.version) == (1, 9)
 
@@ -375,11 +366,9 @@ def test_a_durable_replica_keeps_the_ids_it_settled_across_a_restart(tmp_path):
     from a restart knowing nothing of it, a copy that had missed the settlement still queued
     it, and their merge sent it to the client again under a new packet id. The settled ids
     are stored (a ring of TOMBSTONES per session) and come back with the session."""
-    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.mesh.cluster.cluster_values import Snapshot, SnapshotEntry
     from mqttmesh.mesh.cluster.replica import TOMBSTONES
     from mqttmesh.mesh.cluster.snapshots import install
-    from mqttmesh.server.sqlite_store import SqliteStore
 
     j = Journal()
     s = DurableMeshSession("s", Limits(), j)
@@ -388,15 +377,8 @@ def test_a_durable_replica_keeps_the_ids_it_settled_across_a_restart(tmp_path):
     s.settle(("n2", 9), "done", 0)  # (it never had it)
     ops = j.take()[1]
     assert ("done_put", "s", 1, 1, "n2", 7) in ops and ("done_put", "s", 2, 2, "n2", 9) in ops
-    store = SqliteStore(str(tmp_path))
-    store.write([("session_put", "s", {"t": 2}, None)] + ops)
-    store.db.close()
-    factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
-    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
-    again = SqliteStore(str(tmp_path))
-    again.load(broker)
-    again.db.close()
-    back = broker.sessions["s"]
+    write_store(tmp_path, [("session_put", "s", {"t": 2}, None)] + ops)
+    back = restarted_session(tmp_path, "s")
     assert list(back.done) == [("n2", 7), ("n2", 9)] and back.tombstones_stored == 2
     stale = SnapshotEntry("n2", 7, "t", "eA==", 2, 2, 0, 0, "p", 1.0)  # (a copy that missed it)
     install(back, Snapshot("s", {"t": 2}, 0, [stale], [], [], None, 1, 5), 0.0)
@@ -408,7 +390,6 @@ def test_a_durable_replicas_floors_are_stored_and_come_back(tmp_path, monkeypatc
     """Issue 20: a copy that forgot settled ids (more than TOMBSTONES) keeps, per origin, the
     highest sequence number it forgot; after a restart it still takes a QoS 2 message at or
     below it for settled, and a QoS 1 one for new."""
-    from mqttmesh.broker import Broker, BrokerPorts, BrokerSettings
     from mqttmesh.mesh.cluster import replica
     from mqttmesh.server.sqlite_store import SqliteStore
 
@@ -420,15 +401,8 @@ def test_a_durable_replicas_floors_are_stored_and_come_back(tmp_path, monkeypatc
     assert list(s.done) == [("n2", 9), ("n2", 10), ("n2", 11)] and s.floors == {"n2": 8}
     ops = j.take()[1]
     assert ("floor_put", "s", "n2", 8) in ops
-    store = SqliteStore(str(tmp_path))
-    store.write([("session_put", "s", {"t": 2}, None)] + ops)
-    store.db.close()
-    factory = ReplicaSessions(Limits(), Journal(), Congestion(), lambda *a: None)
-    broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=factory))
-    again = SqliteStore(str(tmp_path))
-    again.load(broker)
-    again.db.close()
-    back = broker.sessions["s"]
+    write_store(tmp_path, [("session_put", "s", {"t": 2}, None)] + ops)
+    back = restarted_session(tmp_path, "s")
     assert back.floors == {"n2": 8}
     back.deliver(Message("t", b"x", 2, False, "n2", 6, "p", 1.0), 2)  # forgotten: taken as settled
     back.deliver(Message("t", b"y", 1, False, "n2", 5, "p", 1.0), 1)  # QoS 1: taken as new
@@ -457,9 +431,7 @@ def test_mqtt5_properties_survive_a_restart_in_every_table(tmp_path):
     j.message_put("a", e)
     j.retained_put("r", Message("r", b"v", 1, True, "n1", 4, "pub", 2.0, PROPS))
     j.custody_put(Message("c", b"w", 1, False, "n1", 5, "pub", 2.0, PROPS), ["n2"])
-    store = SqliteStore(str(tmp_path))
-    store.write(j.take()[1])
-    store.db.close()
+    write_store(tmp_path, j.take()[1])
     again = SqliteStore(str(tmp_path))
     broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts(sessions=Sessions(Limits(), Journal())))
     again.load(broker)

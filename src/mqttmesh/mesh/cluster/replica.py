@@ -14,13 +14,13 @@ them); what a session reports goes through its hooks to replication.py.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ...codec import PubRel, encode
 from ...message import Message
 from ...session import SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
-from ...session_durable import DurableSession, Sessions
+from ...session_durable import DurableSession
 from ...shared import root_of
 
 if TYPE_CHECKING:
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MeshSession",
     "DurableMeshSession",
-    "ReplicaSessions",
     "SubsHook",
     "LateHook",
     "SettledHook",
@@ -137,11 +136,8 @@ class _Replicated(_SessionPart):
         # the duplicate filters keep it to one delivery (channel.py, mesh/routing/custody.py)
         self.inbound: dict[int, Message] = {}
         self.routed_here: set[tuple[str, int]] = set()  # ids of ``inbound`` this node routed
-        # ids of ``inbound`` routed, with the journal batch that keeps the route (its custody):
-        # by this node (``routed_in``), or by another, as a copy said (0). A snapshot names
-        # those whose batch is committed (``routed_ids``): a claim elsewhere does not route
-        # them again, so that two nodes' choices of a shared group's member, which may differ,
-        # never give one message to two members (fault harness, 7 nodes, seed 1: pub0:1854)
+        # ids of ``inbound`` routed -> the journal batch keeping the route (0: routed by another
+        # node, as a copy said); ``routed_ids`` names the committed ones (docs/design.md 3.8)
         self.routed_batch: dict[tuple[str, int], int] = {}
         # outbound QoS 2 (and QoS 1 framed behind an unconfirmed step): packet id -> the gate's
         # ticket its PUBLISH waits for, while the other holders had not confirmed every step
@@ -377,12 +373,10 @@ class _Replicated(_SessionPart):
         self.ids[(entry.msg.origin, entry.msg.seq)] = entry  # found by id, as _stored_put does
 
     def _unreleased(self, entry: Entry) -> None:
-        """The frame of ``entry`` waits for the gate's current ticket (``detach``). Until the
-        gate passes it a store keeps the entry as queued (store.py ``_snapshot``): the node
-        killed before then, its restarted copy must not bring the entry back as in flight,
-        which a merge with a newer claim that never heard of it takes for completed
-        (snapshots.py ``merge_snapshots``; fault harness, 5 nodes, MQTT 5, seed 8: one QoS 2
-        message lost so)."""
+        """The frame of ``entry`` waits for the gate's current ticket (``detach``); a store
+        keeps the entry as queued until the gate passes it (store.py ``_snapshot``): a copy
+        restarted after a kill -9 must not have it in flight, which a merge with a newer claim
+        takes for completed (docs/design.md 3.4)."""
         unreleased = self.unreleased
         if len(unreleased) >= UNRELEASED_PRUNE:
             self._passed(self.safe_version)
@@ -603,67 +597,3 @@ class DurableMeshSession(_Replicated, DurableSession):
     def _stored_done(self, key: tuple[str, int]) -> None:
         n = self.tombstones_stored = self.tombstones_stored + 1
         self.journal.done_put(self.client_id, n % TOMBSTONES, n, key[0], key[1])
-
-
-class ReplicaSessions(Sessions):
-    """The SessionFactory of a mesh node: its persistent sessions are replicated (journaled
-    too when the node has a store), and report every settlement to ``on_settled``."""
-
-    def __init__(
-        self,
-        limits: Limits,
-        journal: JournalPort,
-        congestion: Congestion | None,
-        on_settled: SettledHook,
-        on_sent: SentHook | None = None,
-        on_late: LateHook | None = None,
-        on_subs: SubsHook | None = None,
-        on_shared: LateHook | None = None,
-    ):
-        super().__init__(limits, journal, congestion, on_sent)
-        self.on_settled = on_settled
-        self.on_late = on_late
-        self.on_subs = on_subs
-        self.on_shared = on_shared
-
-    def restored(self, client_id: str) -> Session:
-        hooks = (self.on_settled, self.on_sent, self.on_late, self.on_subs, self.on_shared)
-        if self.journal.persistent:
-            return DurableMeshSession(client_id, self.limits, self.journal, self.congestion, *hooks)
-        return MeshSession(client_id, self.limits, self.congestion, *hooks)
-
-    def restore_replicated(
-        self,
-        restored: Mapping[str, Session],
-        inbound: Iterable[tuple[Any, ...]],
-        versions: Iterable[tuple[str, int, int]],
-        tombstones: Iterable[tuple[str, int, str, int]],
-        floors: Iterable[tuple[str, str, int]],
-    ) -> None:
-        """The rows of a replicated session (store.restore_sessions): its inbound QoS 2
-        messages, (epoch, version), settled ids and floors."""
-
-        def replica(client_id: str) -> _Replicated | None:
-            session = restored.get(client_id)
-            return replica_of(session)
-
-        for client_id, pid, topic, payload, retain, origin, seq, publisher, ts, props, expires in inbound:
-            r = replica(client_id)
-            if r is not None and pid in r.awaiting_rel:
-                props = bytes(props) if props is not None else None
-                msg = Message(topic, bytes(payload), 2, bool(retain), origin, seq, publisher, ts, props)
-                msg.expires = expires  # (routed as it stands then: Channel._route_unrouted)
-                r.inbound[pid] = msg
-        for client_id, epoch, version in versions:
-            r = replica(client_id)
-            if r is not None:
-                r.epoch, r.version = epoch, version
-        for client_id, number, origin, seq in tombstones:
-            r = replica(client_id)
-            if r is not None:
-                r._remember_done((origin, seq))
-                r.tombstones_stored = max(r.tombstones_stored, number)
-        for client_id, origin, seq in floors:
-            r = replica(client_id)
-            if r is not None and seq > r.floors.get(origin, -1):
-                r.floors[origin] = seq  # (as stored: no need to store it again)
