@@ -236,6 +236,7 @@ class _Profile:
     STEPS = (
         "read_log",
         "write_table",
+        "write_arrow",
         "line_chart",
         "bar_chart",
         "grouped_bars",
@@ -259,7 +260,7 @@ class _Profile:
 
         for name in self.STEPS:
             self._wrap(jobs, name)
-        for name in ("sample_payloads", "payload_pass"):
+        for name in ("sample_payloads", "payload_pass", "tables_of", "split_tables"):
             self._wrap(payloads, name, label=f"payloads.{name}")
         self._wrap(load, "_text_columns", label="write_table: CSV text")
 
@@ -274,7 +275,7 @@ class _Profile:
                 return fn(*a, **kw)
             finally:
                 # (a table's write is named by its table)
-                key = f"{label} {a[2]}" if name == "write_table" and len(a) > 2 else label
+                key = f"{label} {a[2]}" if name in ("write_table", "write_arrow") and len(a) > 2 else label
                 row = prof.rows.setdefault(key, [0, 0.0, 0])
                 row[0] += 1
                 row[1] += time.monotonic() - t

@@ -138,3 +138,41 @@ def test_non_json_payloads_are_counted_not_fatal(spark, tmp_path):
         assert fh.read().splitlines() == ["pattern,field,count,min,max,mean,p50,p95", "t/#,v,8,1,11,6,5,11"]
     with open(result.tables["payload_quality"].csv) as fh:
         assert fh.read().splitlines() == ["pattern,messages,json,non_json,non_json_share", "t/#,12,8,4,0.333333"]
+
+
+@pytest.mark.spark
+def test_the_payload_sample_read_on_the_driver_is_the_one_spark_reads(spark, tmp_path):
+    """payloads.sample_payloads reads a local archive's sample with pyarrow (no Spark job): the
+    same JSON objects as Spark's json_object_keys finds, in the same time range; a URI or a file
+    pyarrow cannot read goes to Spark."""
+    from mqttmesh.pipeline import payloads as P
+    from mqttmesh.pipeline.common import with_pattern
+
+    odd = {
+        2: b"21.5;40",  # text
+        3: b"[1, 2]",  # JSON, not an object
+        5: b"\xff\x00\xfe",  # not UTF-8
+        7: b"42",
+        8: b'{"v": NaN}',  # not JSON
+        11: b'{"v": {"w": [1, {"x": 2}]}}',
+        13: b"",
+        14: b'{"a": 1, "a": 2}',  # repeated key: an object for both
+        16: b'  {"v": 16}  ',  # white space around
+    }
+    root = tmp_path / "a"
+    write_archive(root, [T13, T14], 10, payload=lambda i: odd.get(i, b'{"v": %d}' % i))
+    since = dt.datetime.fromtimestamp(T13 + 3, UTC)
+    until = dt.datetime.fromtimestamp(T14 + 7, UTC)
+    for lo, hi in ((None, None), (since, None), (None, until), (since, until)):
+        pub = read_log(spark, [str(root)], PUBLISH, lo, hi, say=lambda s: None)
+        flagged = P.with_json_flag(with_pattern(pub, level=1))
+        files = pub.inputFiles()
+        on_driver = P.sample_payloads(flagged, 1000, files, lo, hi)
+        by_spark = P.sample_payloads(flagged, 1000)
+        assert sorted((t, x) for t, _, x in on_driver) == sorted((t, x) for t, _, x in by_spark), (lo, hi)
+        assert len(on_driver) == sum(1 for r in pub.collect() if (r.seq not in odd or r.seq in (11, 14, 16)))
+    # the first N in time order
+    first = P.sample_payloads(flagged, 3, files, since, until)
+    assert [x for _, _, x in first] == ['{"v": 4}', '{"v": 6}', '{"v": 9}']
+    assert P._local_sample(["hdfs://nn/archive/publish/x.parquet"], 10, None, None) is None
+    assert P._local_sample([str(tmp_path / "gone.parquet")], 10, None, None) is None

@@ -172,6 +172,14 @@ TRICKY = [
 ]
 
 
+def same(a, b) -> bool:
+    """Two pyarrow tables of the same columns, types and rows in order (a column's
+    nullability aside: Spark marks some not null, a union of tables none)."""
+    return [(f.name, f.type) for f in a.schema] == [
+        (f.name, f.type) for f in b.schema
+    ] and a.to_pylist() == b.to_pylist()
+
+
 @pytest.mark.parametrize("window", [60, 120])
 def test_the_single_pass_gives_the_tables_of_the_transforms(spark, window):
     """payload_pass + stats_of / totals_of / quality_of (the batch job's one reading of each
@@ -188,5 +196,21 @@ def test_the_single_pass_gives_the_tables_of_the_transforms(spark, window):
     assertDataFrameEqual(P.stats_of(passed, fields), P.payload_stats(melted, window), checkRowOrder=False)
     assertDataFrameEqual(P.totals_of(passed, fields), P.payload_totals(melted))
     assert P.stats_of(passed, []).count() == 0 and P.totals_of(passed, []).count() == 0
+    # the same tables taken in one query and cut apart on the driver, in the report's order
+    first, last = ts("12:00:01"), ts("12:02:08")
+    for chosen in (fields, []):
+        parts = P.split_tables(P.tables_of(passed, chosen).toArrow(), first, last)
+        assert parts["span"] == (first, last)
+        assert same(parts["payload_quality"], P.quality_of(passed).toArrow())
+        assert same(parts["payload_totals"], P.totals_of(passed, chosen).toArrow())
+        stats = P.stats_of(passed, chosen).orderBy("window_start", "pattern", "field").toArrow()
+        assert same(parts["payload_stats"].drop_columns(["complete"]), stats)
+        # complete: the window within [first, last] (the first one starts before 12:00:01)
+        complete = [r["window_start"] >= first and r["window_end"] <= last for r in stats.to_pylist()]
+        assert parts["payload_stats"]["complete"].to_pylist() == complete
+        assert (
+            P.split_tables(P.tables_of(passed, chosen).toArrow(), None, None)["payload_stats"]["complete"].to_pylist()
+            == [False] * stats.num_rows
+        )
     # the pass parses with a schema of the chosen fields only
     assert P.pruned(schema, fields).simpleString() == "struct<t:double,h:double,meta:struct<v:bigint>>"

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..archive.schema import DELIVERY, PUBLISH
@@ -73,10 +72,6 @@ def job_options(**values) -> argparse.Namespace:
     return argparse.Namespace(**defaults)
 
 
-def _epoch_of(col):
-    return F.unix_micros(col) / F.lit(1e6)
-
-
 def _utc(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
@@ -94,16 +89,6 @@ def _series(rows: list[dict], key: str, value: str, keys: list) -> dict[str, tup
         xs.append(r["window_start"])
         ys.append(r[value])
     return out
-
-
-def _with_complete(df: DataFrame, start: float | None, end: float | None) -> DataFrame:
-    """Adds ``complete``: the window lies within [start, end], the range the job covers (its
-    --since/--until, else its first and last message). The first and last windows of an
-    archive read whole are partial: their counts are of part of a window."""
-    if start is None or end is None:
-        return df.withColumn("complete", F.lit(False))
-    inside = (F.col("window_start") >= F.lit(_utc(start))) & (F.col("window_end") <= F.lit(_utc(end)))
-    return df.withColumn("complete", inside)
 
 
 def _partial(rows: list[dict]) -> set:
@@ -310,78 +295,84 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     patterned = with_pattern(pub, opts.patterns, opts.level)
     flagged = P.with_json_flag(patterned)
     # a sample of the JSON payloads: their schema (unless --schema), which fields are counters
-    sample = [] if opts.schema and getattr(opts, "fields", None) else P.sample_payloads(flagged, opts.sample)
+    sample = (
+        []
+        if opts.schema and getattr(opts, "fields", None)
+        else P.sample_payloads(flagged, opts.sample, pub.inputFiles(), opts.since, opts.until)
+    )
     schema = _schema(spark, opts, sample)
     fields, left_out = _fields(opts, schema, sample)
     w = int(opts.window)
     # one pass over the payloads: parsed once, classified, aggregated per window and pattern
     passed = P.payload_pass(patterned.select("timestamp", "pattern", "payload"), schema, fields, w).persist()
     try:
-        quality = write_table(P.quality_of(passed), result.out, "payload_quality", "Payloads per topic pattern")
-        quality_rows = _rows(quality)
-        messages = sum(r["messages"] for r in quality_rows)
-        non_json = sum(r["non_json"] for r in quality_rows)
-        result.summary = {
-            "messages": messages,
-            "json_objects": messages - non_json,
-            "non_json": non_json,
-            "numeric_fields": ", ".join(".".join(p) for p in fields) or "-",
-            "left_out": ", ".join(left_out) or "-",
-            "schema": schema.simpleString() if schema.fields else "-",
-            "patterns": ", ".join(opts.patterns) if opts.patterns else f"topic level {opts.level}",
-        }
-        if left_out:
-            result.notes.append(
-                "left out of the statistics (--fields chooses): "
-                + "; ".join(f"{name} ({why})" for name, why in left_out.items())
-            )
-            say(result.notes[-1])
-        if non_json:
-            result.notes.append(
-                f"{non_json} payloads are not JSON objects: counted in payload_quality, left out of the statistics"
-            )
-            say(result.notes[-1])
-        span = passed.agg(_epoch_of(F.min("first")), _epoch_of(F.max("last"))).collect()[0]
-        start = opts.since.timestamp() if opts.since else span[0]
-        end = opts.until.timestamp() if opts.until else span[1]
-        stats_df = _with_complete(P.stats_of(passed, fields), start, end).orderBy("window_start", "pattern", "field")
-        result.tables["payload_stats"] = write_table(
-            stats_df, result.out, "payload_stats", f"Numeric fields per topic pattern and {w}s window"
-        )
-        result.tables["payload_totals"] = write_table(
-            P.totals_of(passed, fields), result.out, "payload_totals", "Numeric fields per topic pattern, whole range"
-        )
-        result.tables["payload_quality"] = quality
-        chart_list = []
-        stats = _rows(result.tables["payload_stats"])
-        _note_partial(result, stats, w)
-        for i, name in enumerate(_top(_rows(result.tables["payload_totals"]), "field", "count", 4)):
-            of_field = [r for r in stats if r["field"] == name]
-            series = _series(of_field, "pattern", "mean", _top(of_field, "pattern", "count", 8))
-            path = os.path.join(charts, f"payload_{i}.png")
-            chart_list.append(
-                (
-                    f"{name}: mean per pattern and window",
-                    line_chart(path, f"{name}: mean per {w}s window", series, name, _partial(of_field)),
-                )
-            )
-        q = sorted(quality_rows, key=lambda r: (-r["messages"], r["pattern"]))[:15]
-        if q:
-            chart_list.append(
-                (
-                    "JSON and non-JSON payloads per pattern",
-                    grouped_bars(
-                        os.path.join(charts, "payload_quality.png"),
-                        "payloads per topic pattern",
-                        [r["pattern"] for r in q],
-                        {"JSON objects": [r["json"] for r in q], "not JSON": [r["non_json"] for r in q]},
-                        "messages",
-                    ),
-                )
-            )
-        _page(result, opts, "mqttmesh payloads", chart_list)
+        # every table in one Spark query; the driver cuts them apart
+        data = P.tables_of(passed, fields).toArrow()
     finally:
         passed.unpersist()
+    first_last = P.split_tables(data, None, None)["span"]
+    start = opts.since.timestamp() if opts.since else (first_last[0].timestamp() if first_last[0] else None)
+    end = opts.until.timestamp() if opts.until else (first_last[1].timestamp() if first_last[1] else None)
+    parts = P.split_tables(data, _utc(start) if start is not None else None, _utc(end) if end is not None else None)
+    quality = write_arrow(parts["payload_quality"], result.out, "payload_quality", "Payloads per topic pattern")
+    quality_rows = _rows(quality)
+    messages = sum(r["messages"] for r in quality_rows)
+    non_json = sum(r["non_json"] for r in quality_rows)
+    result.summary = {
+        "messages": messages,
+        "json_objects": messages - non_json,
+        "non_json": non_json,
+        "numeric_fields": ", ".join(".".join(p) for p in fields) or "-",
+        "left_out": ", ".join(left_out) or "-",
+        "schema": schema.simpleString() if schema.fields else "-",
+        "patterns": ", ".join(opts.patterns) if opts.patterns else f"topic level {opts.level}",
+    }
+    if left_out:
+        result.notes.append(
+            "left out of the statistics (--fields chooses): "
+            + "; ".join(f"{name} ({why})" for name, why in left_out.items())
+        )
+        say(result.notes[-1])
+    if non_json:
+        result.notes.append(
+            f"{non_json} payloads are not JSON objects: counted in payload_quality, left out of the statistics"
+        )
+        say(result.notes[-1])
+    result.tables["payload_stats"] = write_arrow(
+        parts["payload_stats"], result.out, "payload_stats", f"Numeric fields per topic pattern and {w}s window"
+    )
+    result.tables["payload_totals"] = write_arrow(
+        parts["payload_totals"], result.out, "payload_totals", "Numeric fields per topic pattern, whole range"
+    )
+    result.tables["payload_quality"] = quality
+    chart_list = []
+    stats = _rows(result.tables["payload_stats"])
+    _note_partial(result, stats, w)
+    for i, name in enumerate(_top(_rows(result.tables["payload_totals"]), "field", "count", 4)):
+        of_field = [r for r in stats if r["field"] == name]
+        series = _series(of_field, "pattern", "mean", _top(of_field, "pattern", "count", 8))
+        path = os.path.join(charts, f"payload_{i}.png")
+        chart_list.append(
+            (
+                f"{name}: mean per pattern and window",
+                line_chart(path, f"{name}: mean per {w}s window", series, name, _partial(of_field)),
+            )
+        )
+    q = sorted(quality_rows, key=lambda r: (-r["messages"], r["pattern"]))[:15]
+    if q:
+        chart_list.append(
+            (
+                "JSON and non-JSON payloads per pattern",
+                grouped_bars(
+                    os.path.join(charts, "payload_quality.png"),
+                    "payloads per topic pattern",
+                    [r["pattern"] for r in q],
+                    {"JSON objects": [r["json"] for r in q], "not JSON": [r["non_json"] for r in q]},
+                    "messages",
+                ),
+            )
+        )
+    _page(result, opts, "mqttmesh payloads", chart_list)
     result.seconds = time.monotonic() - started
     return result
 

@@ -35,6 +35,8 @@ __all__ = [
     "stats_of",
     "totals_of",
     "quality_of",
+    "tables_of",
+    "split_tables",
 ]
 
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative error 1/accuracy of the rank
@@ -58,11 +60,69 @@ def infer_schema(spark, df: DataFrame, sample: int = 10_000) -> T.StructType:
     return schema_of([r.text for r in df.where("is_json").select("text").limit(int(sample)).collect()])
 
 
-def sample_payloads(df: DataFrame, sample: int = 10_000) -> list[tuple[str, object, str]]:
+def sample_payloads(
+    df: DataFrame, sample: int = 10_000, files: list[str] | None = None, since=None, until=None
+) -> list[tuple[str, object, str]]:
     """(topic, timestamp, text) of the first ``sample`` JSON payloads of ``df`` (a DataFrame
-    from ``with_json_flag``): what ``schema_of`` and ``measurements`` look at."""
-    rows = df.where("is_json").select("topic", "timestamp", "text").limit(int(sample)).collect()
-    return [(r.topic, r.timestamp, r.text) for r in rows]
+    from ``with_json_flag``): what ``schema_of`` and ``measurements`` look at.
+
+    With ``files``, the Parquet files ``df`` reads (``DataFrame.inputFiles()``) and the
+    ``since``/``until`` it was read with, local files are sampled on the driver with pyarrow,
+    in the order of their paths (the archive's hours in order): no Spark job, which at 1 M rows
+    is a tenth of the job's time (its first query, on a JVM not yet warm). Anything else (a
+    URI, a file pyarrow cannot read) is sampled by Spark, in its partitions' order."""
+    if files:
+        rows = _local_sample(files, int(sample), since, until)
+        if rows is not None:
+            return rows
+    found = df.where("is_json").select("topic", "timestamp", "text").limit(int(sample)).collect()
+    return [(r.topic, r.timestamp, r.text) for r in found]
+
+
+def _local_sample(files: list[str], sample: int, since, until) -> list[tuple[str, object, str]] | None:
+    """``sample_payloads`` on the driver; None when a file is not local or pyarrow cannot read it."""
+    import json
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    paths = []
+    for f in files:
+        if f.startswith("file:"):
+            f = f[len("file:") :]
+            f = "/" + f.lstrip("/") if f.startswith("//") else f
+        elif "://" in f:
+            return None
+        paths.append(f)
+    out: list[tuple[str, object, str]] = []
+
+    def no_constant(name: str) -> object:  # (NaN, Infinity: not JSON, as json_object_keys says)
+        raise ValueError(name)
+
+    try:
+        for path in sorted(paths):
+            for batch in pq.ParquetFile(path).iter_batches(4096, columns=["topic", "timestamp", "payload"]):
+                if since is not None:
+                    batch = batch.filter(pc.greater_equal(batch.column("timestamp"), since))
+                if until is not None:
+                    batch = batch.filter(pc.less(batch.column("timestamp"), until))
+                for topic, ts, payload in zip(
+                    *(batch.column(c).to_pylist() for c in ("topic", "timestamp", "payload")), strict=True
+                ):
+                    if payload is None:
+                        continue
+                    try:
+                        text = payload.decode()
+                        value = json.loads(text, parse_constant=no_constant)
+                    except (ValueError, RecursionError):
+                        continue
+                    if isinstance(value, dict):
+                        out.append((topic, ts, text))
+                        if len(out) >= sample:
+                            return out
+    except (OSError, ValueError, KeyError):  # (pyarrow's errors are these; Spark reads it then)
+        return None
+    return out
 
 
 def schema_of(texts: list[str]) -> T.StructType:
@@ -483,6 +543,10 @@ def stats_of(passed: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
 def totals_of(passed: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
     """``payload_totals``'s rows from ``payload_pass``'s: each pattern's windows summed, their
     sketches merged (the sketch of all the pattern's values)."""
+    return _totals(passed, fields).orderBy("pattern", "field")
+
+
+def _totals(passed: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
     if not fields:
         return _per_field(passed.select("pattern").distinct(), ["pattern"], [], lambda i: ())
     merged = passed.groupBy("pattern").agg(
@@ -503,7 +567,7 @@ def totals_of(passed: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
         ["pattern"],
         fields,
         lambda i: (F.col(f"c{i}"), F.col(f"lo{i}"), F.col(f"hi{i}"), F.col(f"sum{i}"), F.col(f"q{i}")),
-    ).orderBy("pattern", "field")
+    )
 
 
 def quality_of(passed: DataFrame) -> DataFrame:
@@ -529,3 +593,85 @@ def payload_quality(df: DataFrame) -> DataFrame:
         .withColumn("non_json_share", F.col("non_json") / F.col("messages"))
         .orderBy(F.desc("messages"), "pattern")
     )
+
+
+# the columns of ``tables_of``'s rows: each table's, and the pass's span
+_TABLE_COLUMNS = (
+    ("window_start", "timestamp"),
+    ("window_end", "timestamp"),
+    ("pattern", "string"),
+    ("field", "string"),
+    ("count", "bigint"),
+    ("min", "double"),
+    ("max", "double"),
+    ("mean", "double"),
+    ("p50", "double"),
+    ("p95", "double"),
+    ("messages", "bigint"),
+    ("json", "bigint"),
+    ("first", "timestamp"),
+    ("last", "timestamp"),
+)
+
+
+def tables_of(passed: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
+    """``quality_of``'s, ``stats_of``'s and ``totals_of``'s rows and the pass's span (its first
+    and last message) as one DataFrame, ``_table`` naming each row's (quality, stats, totals,
+    span): the driver takes them in one Spark query (``split_tables`` cuts them apart), not in
+    one query per table, each a few Spark jobs on a JVM not yet warm."""
+    span = passed.agg(F.min("first").alias("first"), F.max("last").alias("last"))
+    parts = (
+        ("quality", passed.groupBy("pattern").agg(F.sum("messages").alias("messages"), F.sum("json").alias("json"))),
+        ("stats", stats_of(passed, fields)),
+        ("totals", _totals(passed, fields)),
+        ("span", span),
+    )
+    out = None
+    for name, df in parts:
+        have = set(df.columns)
+        cols = [F.lit(name).alias("_table")]
+        cols += [F.col(c).cast(t).alias(c) if c in have else F.lit(None).cast(t).alias(c) for c, t in _TABLE_COLUMNS]
+        part = df.select(*cols)
+        out = part if out is None else out.unionByName(part)
+    assert out is not None
+    return out
+
+
+def split_tables(data, start, end) -> dict:
+    """``payload_quality``, ``payload_stats`` and ``payload_totals`` (pyarrow tables, in the
+    order the report shows them: as ``quality_of``, ``stats_of`` by window, pattern and field
+    with ``complete`` (the window within [start, end], datetimes; False without them) and
+    ``totals_of`` ordered) and the span (first, last: datetimes or None), from ``tables_of``'s
+    rows (pyarrow)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def of(name: str, columns: list[str]):
+        return data.filter(pc.equal(data["_table"], name)).select(columns)
+
+    q = of("quality", ["pattern", "messages", "json"])
+    non_json = pc.subtract(q["messages"], q["json"])
+    quality = pa.table(
+        {
+            "pattern": q["pattern"],
+            "messages": q["messages"],
+            "json": q["json"],
+            "non_json": non_json,
+            "non_json_share": pc.divide(pc.cast(non_json, pa.float64()), pc.cast(q["messages"], pa.float64())),
+        }
+    ).sort_by([("messages", "descending"), ("pattern", "ascending")])
+    stat_cols = ["field", "count", "min", "max", "mean", "p50", "p95"]
+    stats = of("stats", ["window_start", "window_end", "pattern", *stat_cols])
+    ts = data.schema.field("window_start").type
+    if start is None or end is None:
+        complete = pa.array([False] * stats.num_rows)
+    else:
+        lo, hi = pa.scalar(start, ts), pa.scalar(end, ts)
+        complete = pc.and_(pc.greater_equal(stats["window_start"], lo), pc.less_equal(stats["window_end"], hi))
+    stats = stats.append_column("complete", complete).sort_by(
+        [("window_start", "ascending"), ("pattern", "ascending"), ("field", "ascending")]
+    )
+    totals = of("totals", ["pattern", *stat_cols]).sort_by([("pattern", "ascending"), ("field", "ascending")])
+    span = of("span", ["first", "last"]).to_pylist()
+    first, last = (span[0]["first"], span[0]["last"]) if span else (None, None)
+    return {"payload_quality": quality, "payload_stats": stats, "payload_totals": totals, "span": (first, last)}
