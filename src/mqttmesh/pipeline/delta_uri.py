@@ -55,9 +55,10 @@ def _read_small(fs, path) -> str | None:
 
 
 def _list(fs, path_class, log: str, pattern: str) -> list[tuple[str, int]]:
-    """(name, modification time in ms) of the log's files matching a Hadoop glob."""
+    """(name, modification time in ms) of the log's files matching a Hadoop glob (four py4j
+    calls an entry, about 0.4 ms: what the glob leaves out never crosses to Python)."""
     found = fs.globStatus(path_class(log + "/" + pattern)) or []
-    return [(st.getPath().getName(), int(st.getModificationTime())) for st in found if st.isFile()]
+    return [(st.getPath().getName(), int(st.getModificationTime())) for st in found]
 
 
 def _plan(spark, uri: str, as_of: int | dt.datetime | None) -> Plan:
