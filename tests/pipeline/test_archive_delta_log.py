@@ -19,6 +19,7 @@ from mqttmesh.archive.delta_log import (
     names_from,
     parse_listing,
     plan,
+    plan_from,
     replay,
 )
 
@@ -89,6 +90,23 @@ def test_a_plan_reads_the_newest_checkpoint_at_or_before_the_version_then_the_co
     assert (p := plan(listing, 3)).checkpoint == [] and p.commits == [0, 1, 2, 3]
     assert plan(listing, _at(5000)).version == 4 and plan(listing, _at(5999)).version == 4
     assert plan(listing, _at(1000)).version == 0 and plan(listing, _at(10**13)).version == 11
+
+
+def test_a_plan_from_the_last_checkpoint_needs_only_the_files_from_it_or_says_it_needs_more():
+    listing = Listing({v: 1000 * (v + 1) for v in range(12)}, {4: ["4.cp"], 8: ["8.cp"]})
+    assert plan_from(listing, 8) == plan(listing)
+    assert plan_from(listing, 8, 9) == plan(listing, 9) and plan_from(listing, 8, 7) is None
+    assert plan_from(listing, 8, _at(9000)) == plan(listing, _at(9000))
+    assert plan_from(listing, 8, _at(8999)) is None  # (before that checkpoint's commit)
+    assert plan_from(listing, 5) is None  # (no whole checkpoint there)
+    with pytest.raises(LogError, match="no such version"):
+        plan_from(listing, 8, 12)
+    # a commit before the checkpoint whose file is newer than the checkpoint's commit (another
+    # writer's clock): over the whole log it pushes the times after it; from the checkpoint on,
+    # as Delta Lake lists commits from a checkpoint, it does not count
+    skewed = Listing({**listing.commits, 6: 20_000}, listing.checkpoints)
+    assert plan(skewed, _at(12_000)).version == 5
+    assert plan_from(skewed, 8, _at(12_000)).version == 11
 
 
 def test_a_plan_says_why_a_version_cannot_be_read():

@@ -105,8 +105,8 @@ def _as_local(files: list[str], uri: str, root) -> list[str]:
 @pytest.mark.spark
 def test_the_log_read_by_spark_gives_the_files_delta_rs_gives_at_every_kind_of_version(spark, history):
     """Versions before and after the compaction, the expiry and its vacuum, the checkpoint;
-    times on a commit, between two, and on the commit whose file time is out of order; hour
-    pruning. The reader's file set must be delta-rs's."""
+    times on a commit, between two, on the commit whose file time is out of order, and after
+    the checkpoint (listed from it on); hour pruning. The reader's file set must be delta-rs's."""
     from mqttmesh.pipeline.delta_uri import uri_snapshot_files
 
     uri = viewfs(spark, history)
@@ -117,7 +117,7 @@ def test_the_log_read_by_spark_gives_the_files_delta_rs_gives_at_every_kind_of_v
     cases += [{"as_of": v, "until": h14} for v in (7, 9)]
     cases += [
         {"as_of": dt.datetime.fromtimestamp(BASE + s, UTC)}
-        for s in (0, 7.5, 8, 29, 29.5, 30, 30.0005, 30.001, 31, 99.999)
+        for s in (0, 7.5, 8, 29, 29.5, 30, 30.0005, 30.001, 31, 98.999, 99.999, 100.5, 104.5)
     ]
     seen = set()
     for case in cases:

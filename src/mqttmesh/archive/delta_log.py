@@ -6,9 +6,10 @@ files to read (``plan``: the newest whole checkpoint at or before the version, t
 after it, oldest first) and what a version holds (``replay``: add and remove actions, as the
 Delta protocol's "Action Reconciliation" says). A version is a number, or the newest commit at
 or before a time, a commit's time being its file's modification time made increasing
-(``commit_times``), as Delta Lake takes it for tables without in-commit timestamps (the
-archive's). ``archive/table.py`` reads local tables with delta-rs, as of the version ``plan``
-names; ``pipeline/delta_uri.py`` reads tables at a URI through Spark.
+(``commit_times``; from the last checkpoint on, ``plan_from``, for a time after it), as Delta
+Lake takes it for tables without in-commit timestamps (the archive's). ``archive/table.py``
+reads local tables with delta-rs, as of the version ``plan`` names; ``pipeline/delta_uri.py``
+reads tables at a URI through Spark.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "parse_listing",
     "names_from",
     "plan",
+    "plan_from",
     "commit_times",
     "replay",
     "check_protocol",
@@ -173,6 +175,26 @@ def plan(listing: Listing, as_of: int | dt.datetime | None = None) -> Plan:
         raise LogError(f"its log lacks commit {missing[0]} (needed for version {version}): a log cleaned up or damaged")
     checkpoint = listing.checkpoints[base] if base is not None else []
     return Plan(version, checkpoint, list(range(start, version + 1)))
+
+
+def plan_from(listing: Listing, start: int, as_of: int | dt.datetime | None = None) -> Plan | None:
+    """``plan`` from the checkpoint at version ``start`` (the one ``_last_checkpoint`` names) on,
+    the log's older files left out, or None when they are needed: that checkpoint is not whole,
+    or ``as_of`` is an older version, or a time before that commit's own. A time's commits are
+    then made increasing from that commit on (as Delta Lake makes those it lists from a
+    checkpoint), and a reader lists only the files from ``start`` on (``names_from``)."""
+    window = Listing(
+        {v: t for v, t in listing.commits.items() if v >= start},
+        {v: names for v, names in listing.checkpoints.items() if v >= start},
+    )
+    if start not in window.checkpoints:
+        return None
+    if isinstance(as_of, dt.datetime):
+        if start not in window.commits or _ms(as_of) < window.commits[start]:
+            return None
+    elif as_of is not None and as_of < start:
+        return None
+    return plan(window, as_of)
 
 
 def _oldest_readable(listing: Listing) -> int | None:

@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .delta_log import LogError, parse_listing, plan
+from .delta_log import LogError, last_checkpoint_version, parse_listing, plan, plan_from
 from .schema import COLUMNS, FORMAT_VERSION, KINDS
 
 __all__ = [
@@ -236,16 +236,22 @@ def hours_may_hold(partition: dict[str, str | None], since: dt.datetime | None, 
 
 def _version_of(path: str, as_of: int | dt.datetime) -> int:
     """The version ``as_of`` names, read from the log's files as a table at a URI reads them
-    (archive/delta_log.py): the newest commit at or before a time, commit times made increasing
-    as Delta Lake makes them (delta-rs's own search takes a time before the first commit as
-    version 0, and can pick another version where two commits' file times are out of order).
-    A version the table does not have, a time before its first commit, a version the log was
-    cleaned up past: each a TableError that says so."""
+    (archive/delta_log.py, from the last checkpoint on when that is enough): the newest commit
+    at or before a time, commit times made increasing as Delta Lake makes them (delta-rs's own
+    search takes a time before the first commit as version 0, and can pick another version
+    where two commits' file times are out of order). A version the table does not have, a
+    time before its first commit, a version the log was cleaned up past: each a TableError
+    that says so."""
     log = os.path.join(path, "_delta_log")
     try:
         with os.scandir(log) as entries:
             listing = parse_listing((e.name, e.stat().st_mtime_ns // 1_000_000) for e in entries if e.is_file())
-        return plan(listing, as_of).version
+        start = None
+        if os.path.exists(os.path.join(log, "_last_checkpoint")):
+            with open(os.path.join(log, "_last_checkpoint"), encoding="utf-8", errors="replace") as fh:
+                start = last_checkpoint_version(fh.read())
+        chosen = plan_from(listing, start, as_of) if start is not None else None
+        return (chosen or plan(listing, as_of)).version
     except LogError as exc:
         raise TableError(f"{path}: {exc}") from None
     except OSError as exc:

@@ -22,6 +22,7 @@ from ..archive.delta_log import (
     names_from,
     parse_listing,
     plan,
+    plan_from,
     replay,
 )
 from ..archive.table import TableError, hours_may_hold
@@ -63,16 +64,16 @@ def _list(fs, path_class, log: str, pattern: str) -> list[tuple[str, int]]:
 
 def _plan(spark, uri: str, as_of: int | dt.datetime | None) -> Plan:
     """What to read. The listing starts at the checkpoint ``_last_checkpoint`` names when that
-    is enough (the current version, or one at or after it); a time, or an older version, lists
-    the whole log (a time needs every commit's time; an older version an older checkpoint)."""
+    is enough (``plan_from``: the current version, a version or a time at or after it); else
+    it is of the whole log."""
     fs, path_class = _fs(spark, uri)
     log = uri.rstrip("/") + "/_delta_log"
     hint = _read_small(fs, path_class(log + "/_last_checkpoint"))
     start = last_checkpoint_version(hint) if hint is not None else None
-    if start is not None and (as_of is None or (isinstance(as_of, int) and as_of >= start)):
-        listing = parse_listing(_list(fs, path_class, log, names_from(start)))
-        if start in listing.checkpoints:
-            return plan(listing, as_of)
+    if start is not None:
+        chosen = plan_from(parse_listing(_list(fs, path_class, log, names_from(start))), start, as_of)
+        if chosen is not None:
+            return chosen
     return plan(parse_listing(_list(fs, path_class, log, "[0-9]*")), as_of)
 
 
