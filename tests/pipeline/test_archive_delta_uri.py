@@ -181,6 +181,10 @@ def test_a_uri_says_what_the_local_path_says_of_a_version_it_cannot_read(spark, 
     )
     assert said[0].startswith(f"{uri}/{PUBLISH}: Delta table, version 100, ")
     assert said[0].split(", ", 1)[1] == said[1].split(", ", 1)[1]
+    with open(root / PUBLISH / "_delta_log" / _name(104), "a") as fh:
+        fh.write("{half a line\n")  # (a damaged commit: named, not a traceback)
+    with pytest.raises(ExtractError, match="its commit 104 has a line that is not JSON"):
+        read_log(spark, [uri], PUBLISH)
 
 
 def flush(root, start: float, first: int, n: int, fmt: str = "delta") -> None:

@@ -117,7 +117,11 @@ def _commits(spark, log: str, versions: list[int]) -> list[tuple[int, list[dict]
     actions: dict[int, list[dict]] = {v: [] for v in versions}
     for name, line in rows:
         if line.strip():
-            actions[int(name.split(".")[0])].append(json.loads(line))
+            version = int(name.split(".")[0])
+            try:
+                actions[version].append(json.loads(line))
+            except ValueError:
+                raise LogError(f"its commit {version} has a line that is not JSON: {line[:80]!r}") from None
     return list(actions.items())
 
 
