@@ -2,7 +2,10 @@
 from the PySpark installation, all on loopback; the project packaged and submitted as
 docs/pipeline.md section 3 says. Every table each job writes there equals the same job's on
 ``local[2]`` over the same Delta archive, and the cluster did the work (each worker ran an
-executor for each job)."""
+executor for each job). ``traffic`` runs there once more on the archive given as a URI (a
+``viewfs://`` mount, in the Hadoop configuration of the driver and the executors; see
+test_archive_delta_uri.py), its publish table compacted and not vacuumed: read through its
+Delta log by the cluster's JVMs, it writes what it writes from the local path."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ pytest.importorskip("deltalake")
 
 from mqttmesh.archive.recorder import ArchiveLimits, Chunk  # noqa: E402
 from mqttmesh.archive.schema import DELIVERY, PUBLISH  # noqa: E402
+from mqttmesh.archive.table import compact  # noqa: E402
 from mqttmesh.archive.writer import FileWriter  # noqa: E402
 from support.spark_cluster import HOST, NOT_LOOPBACK, QUICK_JVM, SparkCluster, run_group, spark_env, spark_home  # noqa: E402
 
@@ -76,7 +80,9 @@ def package(out: Path) -> Path:
     return zipped
 
 
-def submit(master: str, job: str, zipped: Path, archive: Path, out: Path, *conf: str) -> subprocess.CompletedProcess:
+def submit(
+    master: str, job: str, zipped: Path, archive: Path | str, out: Path, *conf: str
+) -> subprocess.CompletedProcess:
     cmd = [
         os.path.join(spark_home(), "bin", "spark-submit"),
         "--master",
@@ -133,6 +139,8 @@ def test_the_batch_jobs_on_a_standalone_cluster_write_what_they_write_on_local_2
     assert {addr for addr, _ in listening} == {HOST}, listening
     archive = tmp_path / "archive"
     write_archive(archive)
+    # (the replaced files stay on disk: read as a directory, the URI would count them twice)
+    assert compact(str(archive / PUBLISH)).files_removed == 8  # (into one file per hour)
     zipped = package(tmp_path)
     (tmp_path / "cluster-out").mkdir()
     (tmp_path / "local-out").mkdir()
@@ -145,7 +153,12 @@ def test_the_batch_jobs_on_a_standalone_cluster_write_what_they_write_on_local_2
         )
         for job in JOBS:
             submit(cluster.url, job, zipped, archive, tmp_path / "cluster-out" / job, *executor)
+        mount = ("--conf", f"spark.hadoop.fs.viewfs.mounttable.arc.link./arc=file://{archive}")
+        uri_out = tmp_path / "cluster-out" / "traffic-uri"
+        done = submit(cluster.url, "traffic", zipped, "viewfs://arc/arc", uri_out, *executor, *mount)
         local.result()
+    assert "viewfs://arc/arc/publish: Delta table, version 6, 2 files in the time range" in done.stdout + done.stderr
+    assert tables(uri_out) == tables(tmp_path / "cluster-out" / "traffic")
 
     for job, names in TABLES.items():
         on_cluster, on_local = tables(tmp_path / "cluster-out" / job), tables(tmp_path / "local-out" / job)
@@ -162,13 +175,13 @@ def test_the_batch_jobs_on_a_standalone_cluster_write_what_they_write_on_local_2
     lost = tables(tmp_path / "cluster-out" / "audit")["lost_messages"][1]
     assert [(r[0], r[1]) for r in lost] == [("s1", "n1:17")]
 
-    # the cluster ran them: three applications finished, each with an executor on each worker
+    # the cluster ran them: four applications finished, each with an executor on each worker
     apps = cluster.state()["completedapps"]
     finished = sorted((a["name"], a["state"]) for a in apps)
-    assert finished == [(f"mqttmesh-{job}", "FINISHED") for job in sorted(JOBS)], apps
+    assert finished == sorted([(f"mqttmesh-{job}", "FINISHED") for job in [*JOBS, "traffic"]]), apps
     for i in (1, 2):
         runs = [d for d in cluster.work_dir(i).iterdir() if d.name.startswith("app-")]
-        assert len(runs) == 3, f"worker{i} ran executors for {len(runs)} applications"
+        assert len(runs) == 4, f"worker{i} ran executors for {len(runs)} applications"
         for d in runs:
             for stderr in d.glob("*/stderr"):
                 assert NOT_LOOPBACK not in stderr.read_text(errors="replace"), stderr

@@ -10,7 +10,9 @@ names (invisible; ``expire`` vacuums them), and a flush retried after an error w
 did land is not committed twice. ``compact`` merges small files into large ones, ``expire``
 removes partitions older than a time and vacuums, both as commits of their own, safe while a
 writer appends (delta-rs retries a commit that lost a race, and a blind append never conflicts
-with a rewrite). ``snapshot_files`` lists a version's files for Spark, pruned by partition.
+with a rewrite). ``snapshot_files`` lists a version's files for Spark, pruned by partition
+(``hours_may_hold``), as of the version ``--as-of`` names as ``archive/delta_log.py`` reads the
+log: a table at a URI, read through Spark (``pipeline/delta_uri.py``), gives the same.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .delta_log import LogError, last_checkpoint_version, parse_listing, plan, plan_from
 from .schema import COLUMNS, FORMAT_VERSION, KINDS
 
 __all__ = [
@@ -35,6 +38,7 @@ __all__ = [
     "is_table",
     "commit_actions",
     "with_partitions",
+    "hours_may_hold",
     "snapshot_files",
     "table_version",
     "compact",
@@ -214,11 +218,44 @@ def table_version(path: str) -> int:
     return _open(path).version()
 
 
-def _hour_start(date: str, hour: str) -> dt.datetime | None:
+def _hour_start(date: str | None, hour: str | None) -> dt.datetime | None:
     try:
-        return dt.datetime.combine(dt.date.fromisoformat(date), dt.time(int(hour)), dt.UTC)
+        return dt.datetime.combine(dt.date.fromisoformat(date or ""), dt.time(int(hour or "")), dt.UTC)
     except (TypeError, ValueError):
         return None
+
+
+def hours_may_hold(partition: dict[str, str | None], since: dt.datetime | None, until: dt.datetime | None) -> bool:
+    """Whether a data file of the partition (its ``date`` and ``hour`` values) may hold rows in
+    [since, until): any file whose hour is not known may."""
+    start = _hour_start(partition.get("date"), partition.get("hour"))
+    if start is None:
+        return True
+    return (since is None or start + dt.timedelta(hours=1) > since) and (until is None or start < until)
+
+
+def _version_of(path: str, as_of: int | dt.datetime) -> int:
+    """The version ``as_of`` names, read from the log's files as a table at a URI reads them
+    (archive/delta_log.py, from the last checkpoint on when that is enough): the newest commit
+    at or before a time, commit times made increasing as Delta Lake makes them (delta-rs's own
+    search takes a time before the first commit as version 0, and can pick another version
+    where two commits' file times are out of order). A version the table does not have, a
+    time before its first commit, a version the log was cleaned up past: each a TableError
+    that says so."""
+    log = os.path.join(path, "_delta_log")
+    try:
+        with os.scandir(log) as entries:
+            listing = parse_listing((e.name, e.stat().st_mtime_ns // 1_000_000) for e in entries if e.is_file())
+        start = None
+        if os.path.exists(os.path.join(log, "_last_checkpoint")):
+            with open(os.path.join(log, "_last_checkpoint"), encoding="utf-8", errors="replace") as fh:
+                start = last_checkpoint_version(fh.read())
+        chosen = plan_from(listing, start, as_of) if start is not None else None
+        return (chosen or plan(listing, as_of)).version
+    except LogError as exc:
+        raise TableError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise TableError(f"{path}: {type(exc).__name__}: {exc}") from exc
 
 
 def snapshot_files(
@@ -229,6 +266,8 @@ def snapshot_files(
 ) -> tuple[int, list[str]]:
     """The table's version (the current one, or ``as_of``: a version number or a time) and
     the absolute paths of its data files that may hold rows in [since, until)."""
+    if as_of is not None and is_table(path):
+        as_of = _version_of(path, as_of)
     table = _open(path, as_of)
     actions = pa.table(table.get_add_actions(flatten=True))
     files = actions.column("path").to_pylist()
@@ -236,12 +275,8 @@ def snapshot_files(
     hours = actions.column("partition.hour").to_pylist() if "partition.hour" in actions.column_names else []
     out = []
     for i, name in enumerate(files):
-        if (since or until) and dates:
-            start = _hour_start(dates[i], hours[i])
-            if start is not None:
-                end = start + dt.timedelta(hours=1)
-                if (since is not None and end <= since) or (until is not None and start >= until):
-                    continue
+        if dates and not hours_may_hold({"date": dates[i], "hour": hours[i]}, since, until):
+            continue
         out.append(name if os.path.isabs(name) else os.path.join(os.path.abspath(path), name))
     return table.version(), sorted(out)
 

@@ -24,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=True,
         metavar="DIR",
         help="archive directory (archive.dir of the nodes; repeat for several); a URI "
-        "(hdfs://, s3a://) is read by Spark directly",
+        "(hdfs://, s3a://) is read by Spark's Hadoop FileSystem, a Delta table there through its log",
     )
     p.add_argument("--out", required=True, metavar="DIR", help="where tables, charts and report.html go")
     p.add_argument(

@@ -3,8 +3,9 @@
 Local archives are listed here (pruned by the ``date=``/``hour=`` directories when a
 time range is given) and every file's footer is checked before Spark sees it: a
 truncated or foreign file is named and skipped, or the job stops, as ``on_corrupt``
-says. A URI (``hdfs://``, ``s3a://``) is handed to Spark as a directory; there,
-Spark's own ``ignoreCorruptFiles`` applies the same choice without the names.
+says. At a URI (``hdfs://``, ``s3a://``), a log that is a Delta table is read through its
+log by Spark's Hadoop FileSystem (pipeline/delta_uri.py), any other is handed to Spark as a
+directory; there, Spark's own ``ignoreCorruptFiles`` applies the same choice without the names.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from ..archive.schema import COLUMNS, FORMAT_VERSION, KINDS
 from ..archive.table import TableError, is_table, snapshot_files
 
-__all__ = ["ExtractError", "list_files", "check_file", "check_table_file", "read_log"]
+__all__ = ["ExtractError", "is_uri", "list_files", "check_file", "check_table_file", "read_log"]
 
 _PART = re.compile(r"^(date|hour)=(.+)$")
 
@@ -26,7 +27,8 @@ class ExtractError(Exception):
     """The archive cannot be read as asked; the message says which file or option."""
 
 
-def _is_remote(root: str) -> bool:
+def is_uri(root: str) -> bool:
+    """Is ``root`` for Spark's Hadoop FileSystem (``hdfs://``, ``s3a://``...), not a local path?"""
     return "://" in root and not root.startswith("file://")
 
 
@@ -141,6 +143,24 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:200]
 
 
+def _remote_paths(spark, root: str, kind: str, since, until, as_of, say: Callable[[str], None]) -> list[str]:
+    """What Spark reads of the ``kind`` log at a URI: a Delta table's files of the version
+    asked (its log read by Spark, as a local table's by delta-rs), or the directory."""
+    from .delta_uri import uri_is_table, uri_snapshot_files
+
+    log_uri = root.rstrip("/") + "/" + kind
+    if not uri_is_table(spark, log_uri):
+        if as_of is not None:
+            raise ExtractError(f"--as-of: {log_uri} is not a Delta table (`mqttmesh archive convert` makes one)")
+        return [log_uri]
+    try:
+        version, files = uri_snapshot_files(spark, log_uri, since, until, as_of)
+    except TableError as exc:
+        raise ExtractError(str(exc)) from None
+    say(f"{log_uri}: Delta table, version {version}, {len(files)} files in the time range")
+    return files
+
+
 def read_log(
     spark,
     roots: list[str],
@@ -156,8 +176,8 @@ def read_log(
     """The ``kind`` log of the archives under ``roots`` as a DataFrame, rows in [since, until).
     A log that is a Delta table (archive.format = delta) is read as of its current version,
     or ``as_of`` (a version number or a time): the files of that version alone, pruned by
-    hour (archive/table.py); a format-1 log directory, as its files are now (``as_of`` is
-    refused there: it has no versions).
+    hour (archive/table.py; at a URI, pipeline/delta_uri.py); a format-1 log directory, as
+    its files are now (``as_of`` is refused there: it has no versions).
 
     ``on_corrupt``: "skip" names each bad file through ``say`` and leaves it out; "fail"
     raises ExtractError naming the first one. ``verify``: "footer" (every file's footer
@@ -173,8 +193,8 @@ def read_log(
     schema = spark_schema(kind)
     paths: list[str] = []
     for root in roots:
-        if _is_remote(root):
-            paths.append(root.rstrip("/") + "/" + kind)
+        if is_uri(root):
+            paths.extend(_remote_paths(spark, root, kind, since, until, as_of, say))
             continue
         if not os.path.isdir(_local(root)):
             raise ExtractError(f"--archive {root}: no such directory")

@@ -25,11 +25,23 @@ from ..archive.table import is_table
 from . import payloads as P
 from . import traffic as TR
 from .common import with_pattern
-from .extract import ExtractError, read_log
+from .extract import ExtractError, is_uri, read_log
 from .options import OptionError
 from .schema import spark_schema
 
 __all__ = ["run_stream", "stream_source"]
+
+
+def _refuse_uri_table(spark, log_uri: str) -> None:
+    """A Delta table at a URI is not streamed: pipeline/delta_source.py reads local files in the
+    executors' Python, and a file source would take a compaction's files for new rows."""
+    from .delta_uri import uri_is_table
+
+    if uri_is_table(spark, log_uri):
+        raise ExtractError(
+            f"--archive: {log_uri} is a Delta table at a URI, which the stream job does not read yet (the batch "
+            f"jobs do); stream a local or mounted path of it"
+        )
 
 
 def stream_source(spark, roots: list[str], max_files: int | None = None):
@@ -38,7 +50,9 @@ def stream_source(spark, roots: list[str], max_files: int | None = None):
     df = None
     for root in roots:
         log_dir = os.path.join(root, PUBLISH)
-        if is_table(log_dir):
+        if is_uri(root):
+            _refuse_uri_table(spark, root.rstrip("/") + "/" + PUBLISH)
+        elif is_table(log_dir):
             # (its commits, not its files: a file source would take a compaction's files for
             # new rows, and a killed writer's for rows at all; pipeline/delta_source.py)
             from .delta_source import register
