@@ -42,3 +42,27 @@ def test_turned_off(tmp_path, monkeypatch):
     monkeypatch.setenv("MQTTMESH_SPARK_CDS", "off")
     assert S.class_archive(JAVA, str(tmp_path)) is None
     assert os.listdir(tmp_path) == []
+
+
+def test_a_small_local_job_compiles_with_the_quick_compiler_only(tmp_path, monkeypatch):
+    """session.quick_jit: C1 only below QUICK_JIT_BYTES of archive on a local master; the full
+    tiered compiler for a large or unknown input, on a cluster, or as MQTTMESH_SPARK_JIT says."""
+    monkeypatch.setenv("MQTTMESH_SPARK_CDS", "off")
+    monkeypatch.delenv("MQTTMESH_SPARK_JIT", raising=False)
+    for kind, size in (("publish", 3000), ("delivery", 500)):
+        folder = tmp_path / "a" / kind / "date=2026-01-31" / "hour=12"
+        folder.mkdir(parents=True)
+        (folder / "n1-1-000001.parquet").write_bytes(b"x" * size)
+        (folder / ".n1-1-000002.parquet.tmp").write_bytes(b"x" * 99)  # (not a data file)
+    root = str(tmp_path / "a")
+    assert S.archive_bytes([root], ("publish",)) == 3000
+    assert S.archive_bytes([root, "file://" + root], ("publish", "delivery")) == 7000
+    assert S.archive_bytes([root, "hdfs://nn/a"], ("publish",)) is None
+    assert S.driver_options("local[2]", 3000) == S.QUICK_JIT
+    assert S.driver_options("local[2]", S.QUICK_JIT_BYTES) == ""
+    assert S.driver_options("local[2]", None) == ""
+    assert S.driver_options("spark://m:7077", 3000) == ""
+    monkeypatch.setenv("MQTTMESH_SPARK_JIT", "full")
+    assert S.driver_options("local[2]", 3000) == ""
+    monkeypatch.setenv("MQTTMESH_SPARK_JIT", "quick")
+    assert S.driver_options("local[*]", None) == S.QUICK_JIT

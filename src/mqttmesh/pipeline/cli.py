@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"mqttmesh analyze: {exc}", file=sys.stderr)
         return 2
     try:
-        from .session import build_session
+        from .session import archive_bytes, build_session
     except ImportError as exc:
         print(
             f"mqttmesh analyze: the pipeline needs pyspark, pyarrow and matplotlib ({exc}); "
@@ -185,7 +185,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     os.makedirs(args.out, exist_ok=True)
     try:
-        spark = build_session(f"mqttmesh-{args.job}", args.master, args.shuffle_partitions)
+        # (a batch job's size picks the JVM's compiler; a stream runs on: the full one)
+        kinds = {"traffic": ("publish",), "payloads": ("publish",), "audit": ("publish", "delivery")}.get(args.job)
+        size = archive_bytes(args.archive, kinds) if kinds else None
+        spark = build_session(f"mqttmesh-{args.job}", args.master, args.shuffle_partitions, input_bytes=size)
     except Exception as exc:  # no Java, a master that does not answer
         print(
             f"mqttmesh analyze: cannot start Spark ({type(exc).__name__}: {str(exc).splitlines()[0][:300]}); "

@@ -10,7 +10,7 @@ import shutil
 import sys
 import time
 
-__all__ = ["build_session", "class_archive"]
+__all__ = ["build_session", "class_archive", "quick_jit", "archive_bytes"]
 
 # where the driver JVM's class data archive is kept (JDK class data sharing: the classes Spark
 # loads at start, mapped from one file instead of read from its jars and verified, one by one);
@@ -68,9 +68,67 @@ def class_archive(java_version: str | None = None, cache: str | None = None) -> 
     return f"-XX:ArchiveClassesAtExit={final}.tmp-{os.getpid()} {QUIET}"
 
 
-def build_session(app: str, master: str | None = None, shuffle_partitions: int | None = None, conf: dict | None = None):
+# a local job over less than this many bytes of archive compiles with the JVM's quick compiler
+# only (C1): its run is too short for the optimising one (C2) to pay back its compiling
+QUICK_JIT_BYTES = 64 << 20
+QUICK_JIT = "-XX:TieredStopAtLevel=1"
+
+
+def quick_jit(input_bytes: int | None) -> bool:
+    """Whether a local job over ``input_bytes`` of archive (None: unknown) takes the quick
+    compiler only. Measured on local[2], CPU of the whole run (JVM and Python workers), C1 only
+    against the tiered compilers: 1 M rows (13 MB), payloads 21-22 s instead of 32-35; 10 M rows
+    (129 MB), even (traffic 28 and 22 s against 30 and 38, payloads 70 and 67 against 70 and
+    73); 100 M rows (1.3 GB), traffic 147 s instead of 69 and payloads 480 instead of 305 (C2's
+    code is that much faster on long loops). ``MQTTMESH_SPARK_JIT`` = quick, full or auto (the
+    default: by size) decides otherwise."""
+    mode = os.environ.get("MQTTMESH_SPARK_JIT", "auto").lower()
+    if mode == "quick":
+        return True
+    if mode == "full" or input_bytes is None:
+        return False
+    return input_bytes < QUICK_JIT_BYTES
+
+
+def archive_bytes(roots: list[str], kinds: tuple[str, ...]) -> int | None:
+    """The bytes of the Parquet files under the ``kinds`` logs of local archive ``roots`` (a
+    Delta log's files not yet vacuumed too: an estimate); None when a root is a URI."""
+    total = 0
+    for root in roots:
+        if "://" in root and not root.startswith("file://"):
+            return None
+        base = root[len("file://") :] if root.startswith("file://") else root
+        for kind in kinds:
+            for dirpath, _, names in os.walk(os.path.join(base, kind)):
+                for n in names:
+                    if n.endswith(".parquet"):
+                        try:
+                            total += os.path.getsize(os.path.join(dirpath, n))
+                        except OSError:
+                            pass
+    return total
+
+
+def driver_options(master: str | None, input_bytes: int | None) -> str:
+    """The JVM options of a driver this process starts: the class data archive, and for a local
+    master the quick compiler when ``quick_jit`` says (on a cluster the executors' JVMs do the
+    work, and they are the cluster's)."""
+    options = [class_archive() or ""]
+    if master and master.startswith("local") and quick_jit(input_bytes):
+        options.append(QUICK_JIT)
+    return " ".join(o for o in options if o)
+
+
+def build_session(
+    app: str,
+    master: str | None = None,
+    shuffle_partitions: int | None = None,
+    conf: dict | None = None,
+    input_bytes: int | None = None,
+):
     """A session for ``app``. Under spark-submit (``PYSPARK_GATEWAY_PORT`` is set) the master
-    and resources come from spark-submit unless ``master`` is given."""
+    and resources come from spark-submit unless ``master`` is given. ``input_bytes``: how much
+    archive the job reads, if known (``quick_jit``)."""
     from pyspark.sql import SparkSession
 
     # executors' Python workers must be this interpreter (the one with pyarrow), not `python3`
@@ -82,7 +140,7 @@ def build_session(app: str, master: str | None = None, shuffle_partitions: int |
         builder = builder.master("local[*]")
         master = "local[*]"
     if "PYSPARK_GATEWAY_PORT" not in os.environ:  # (this process starts the driver's JVM)
-        option = class_archive()
+        option = driver_options(master, input_bytes)
         if option:
             extra = (conf or {}).get("spark.driver.extraJavaOptions", "")
             conf = {**(conf or {}), "spark.driver.extraJavaOptions": f"{extra} {option}".strip()}
