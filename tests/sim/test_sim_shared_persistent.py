@@ -171,6 +171,57 @@ def test_a_message_queued_for_an_away_member_is_judged_only_when_it_could_be() -
     assert _once(h).lost == [] and _once(h).unreachable == 1
 
 
+def test_a_message_with_an_expiry_interval_may_expire_on_its_way_or_in_a_queue() -> None:
+    """Fuzz seed 153: a QoS 1 message with a Message Expiry Interval of 1 s, routed to a node
+    cut off unnoticed and retransmitted at the heal 1.2 s later, expired there
+    [MQTT-3.3.2-5]: no loss, though a member elsewhere was connected throughout and in reach
+    of its origin (the rule that makes a fault no excuse in persistent-member runs)."""
+
+    def expiring(h: History, t: float, expiry: int | None) -> None:
+        h.publish(t, "p000", "invoke", "p000:1", T, 1, expiry)
+        h.publish(t + 0.005, "p000", "ok", "p000:1", T, 1)
+
+    def cut_off(expiry: int | None) -> History:
+        h = History()
+        h.connect(0.5, "p000", "ok", "p000#1", "n3", False)  # (the origin)
+        _subscribed(h, 1.0, "g0m0", "n0", 1)  # connected throughout, in reach of n3
+        b = _subscribed(h, 1.0, "g0m1", "n6", 1)  # on the node cut off
+        expiring(h, 15.0, expiry)
+        _away(h, 16.0, "g0m1", b, "n6")
+        _back(h, 16.4, "g0m1", "n6", 2, 1)
+        return h
+
+    def apart(a: str, b: str) -> list[tuple[float, float]]:
+        return [(13.4, 16.0)] if "n6" in (a, b) else []
+
+    def judged(h: History, faults: list[tuple[float, float]]):
+        return check_once(h, faults, settle=2.0, window=2.0, margin=5.0, lost_margin=5.0, end=60.0, apart=apart)
+
+    fault = [(13.4, 16.0)]
+    assert len(judged(cut_off(None), fault).lost) == 1  # (without an expiry: it must arrive)
+    r = judged(cut_off(1), fault)
+    assert (r.lost, r.may_expire) == ([], 1)
+    # queued for an away member whose client is back after its expiry: no loss either
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1")
+    _away(h, 4.0, "g0m0", a, "n1")
+    expiring(h, 6.0, 1)
+    _back(h, 10.0, "g0m0", "n2", 2)
+    assert (_once(h).lost, _once(h).may_expire) == ([], 1)
+    # a member connected throughout with no fault near had it in time: its loss still fails
+    h = History()
+    _subscribed(h, 1.0, "g0m0", "n1")
+    expiring(h, 6.0, 1)
+    assert len(_once(h).lost) == 1 and _once(h).may_expire == 0
+    # and one whose expiry comes after the end of the run is judged as any other
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1")
+    _away(h, 4.0, "g0m0", a, "n1")
+    expiring(h, 6.0, 600)
+    _back(h, 10.0, "g0m0", "n2", 2)
+    assert len(_once(h).lost) == 1
+
+
 def test_a_message_delivered_when_its_member_returns_is_counted_as_reached_while_queueing() -> None:
     h = History()
     a = _subscribed(h, 1.0, "g0m0", "n1")

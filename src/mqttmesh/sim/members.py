@@ -343,6 +343,7 @@ class MembersMixin(SimulatorPart):
             "once_checked": once.checked,
             "once_delivered": once.delivered,
             "unreachable": once.unreachable,
+            "may_expire": once.may_expire,
             "resent_after_leave": once.resent_after_leave,
             "resent_after_fault": once.resent_after_fault,
             "again_to_session": once.again,

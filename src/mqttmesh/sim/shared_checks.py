@@ -18,7 +18,10 @@ long detection takes: ``margin``.
   it at a QoS that goes with its connection (0, or 2 [MQTT-4.8.2-5]; a CleanSession=0
   member's session keeps a QoS 2 message [MQTT-4.8.2-4]). A CleanSession=0 member is a
   member while its client is away too (its session queues at its home, for QoS 1/2): the
-  message must reach some member by the end, maybe that one when it returns. A second copy
+  message must reach some member by the end, maybe that one when it returns. A message with
+  a Message Expiry Interval that ends before the end of the run may expire on a fault's
+  delay or in a queue [MQTT-3.3.2-5]: only a member connected throughout, no fault near,
+  makes its loss a violation (else counted ``may_expire``). A second copy
   to one such member's session (it took the message again after a reconnection) is no
   second member's.
 - ``check_sessions_once``: a QoS 2 message reaches a member's session at most once as a new
@@ -144,6 +147,7 @@ class OnceCheck:
     resent_after_fault: int = 0  # second copies while a fault window overlapped the message's way
     again: int = 0  # copies to a CleanSession=0 member that had the message (its session's re-send)
     queued: int = 0  # QoS 1/2 pairs that reached a member with none connected throughout, a session queueing
+    may_expire: int = 0  # pairs with a Message Expiry Interval that reached none and may have expired on the way
     twice: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, share, why) violations
     lost: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, share, why) violations
 
@@ -158,6 +162,11 @@ def _publications(history: Any) -> tuple[dict[str, tuple[float, str, int]], set[
             elif op[2] == "ok":
                 acked.add(op[4])
     return invoked, acked
+
+
+def _expiries(history: Any) -> dict[str, int]:
+    """Msg id -> the Message Expiry Interval its MQTT 5 PUBLISH gave it (history.py ``publish``)."""
+    return {op[4]: op[7] for op in history.ops if op[3] == "publish" and op[2] == "invoke" and len(op) > 7}
 
 
 def check_once(
@@ -204,6 +213,7 @@ def check_once(
     for m in ms:
         conns.setdefault(m.conn, []).append(m)
     invoked, acked = _publications(history)
+    expiry = _expiries(history)
     got: dict[tuple[str, str], list[Op]] = {}  # (msg id, share) -> receptions by its members
     for op in history.ops:
         if op[3] == "receive" and op[1] in member_of:
@@ -249,8 +259,17 @@ def check_once(
                 why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy, end, cut(origin))
                 if why is None:
                     r.unreachable += 1
-                else:
-                    r.lost.append((msg_id, share, why))
+                    continue
+                if msg_id in expiry and t_pub + expiry[msg_id] < end:
+                    # its life may have ended on its way [MQTT-3.3.2-5]: a fault's delay, or a
+                    # queue waiting for an absent client, may outlast it; only a member connected
+                    # throughout with no fault near certainly had it in time (its node takes it
+                    # in milliseconds; an expiry is a second at least)
+                    why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy, -END)
+                    if why is None:
+                        r.may_expire += 1
+                        continue
+                r.lost.append((msg_id, share, why))
     return r
 
 
