@@ -291,6 +291,47 @@ def test_a_persistent_members_node_tells_the_mesh_it_queues_and_its_new_home_tak
     assert [(n, s) for n, s, _what in check_control(h, deltas, links=4).extra] == [("n1", G)]
 
 
+def test_an_old_home_cut_off_from_its_members_new_node_keeps_the_session_until_told() -> None:
+    """Fuzz seed 19: a persistent member away from n1 (queueing there) comes back on n2 while
+    the two have no path between them; n1 keeps its session a member, queueing, until it is
+    told, after the path is back (holders.py ``on_merge``), so another member's leave there
+    leaves the entry QUEUED, not gone: 2 changes for the 1 the return at once would need, and
+    1 more when n1 lets go. The bound places that loss anywhere up to ``detect`` after the
+    path returns, and still fails a change beyond it."""
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1")
+    _away(h, 4.0, "g0m0", a, "n1")  # n1: QUEUED
+    c = "g0m1#1"
+    h.connect(4.99, "g0m1", "ok", c, "n1", False)  # a CleanSession=1 member on n1
+    h.joined(5.0, "g0m1", c, "n1", G, -1, 5.0)
+    h.joined(5.002, "g0m1", c, "n1", G, 1, -1.0, "ok")
+    _back(h, 6.0, "g0m0", "n2", 2)  # (n1 and n2 apart from 3 s to 10 s)
+    h.left(8.0, "g0m1", c, "n1", G, "disconnect", 8.0)  # n1: QUEUED again (g0m0 still there)
+    h.closed(8.0, "g0m1", c, True, "gone")
+    deltas = {
+        ("n1", 1, 2): ([f"+{G}"], 7),
+        ("n1", 1, 3): ([f"-{G}", f"+{G}\0q"], 7),
+        ("n1", 1, 4): ([f"-{G}\0q", f"+{G}"], 7),
+        ("n1", 1, 5): ([f"-{G}", f"+{G}\0q"], 7),
+        ("n1", 1, 6): ([f"-{G}\0q"], 7),  # (told at 12 s)
+        ("n2", 1, 2): ([f"+{G}\0q"], 7),
+        ("n2", 1, 3): ([f"-{G}\0q", f"+{G}"], 7),
+    }
+
+    def apart(x: str, y: str) -> list[tuple[float, float]]:
+        return [(3.0, 10.0)] if {x, y} == {"n1", "n2"} else []
+
+    # the old home's loss taken at the return: 6 changes needed at n1, 8 seen
+    assert [(n, s) for n, s, _what in check_control(h, deltas, links=4).extra] == [("n1", G)]
+    r = check_control(h, deltas, links=4, apart=apart, detect=5.0)
+    assert (r.deltas, r.needed, r.extra) == (11, 11, [])
+    # in reach at the return: told at once, the bound as before
+    assert check_control(h, deltas, links=4, apart=lambda x, y: [(3.0, 5.0)], detect=0.5).extra
+    # one change more at n1 than the worst-placed loss: too many
+    deltas[("n1", 1, 7)] = ([f"+{G}\0q"], 7)
+    assert [(n, s) for n, s, _what in check_control(h, deltas, links=4, apart=apart, detect=5.0).extra] == [("n1", G)]
+
+
 # ---------------------------------------------------------------- the setting
 
 

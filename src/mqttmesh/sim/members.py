@@ -277,7 +277,7 @@ class MembersMixin(SimulatorPart):
         once = check_once(h, faults, settle, settle, margin, lossy, self.detect_bound(), self.sc.duration, apart)
         sessions = check_sessions_once(h)
         spread = check_spread(h, self.settings.shared_strategy, faults, settle, settle, margin)
-        control = check_control(h, self.share_deltas, len(self.links))
+        control = check_control(h, self.share_deltas, len(self.links), apart=apart, detect=self.detect_bound())
         self.shared_results = {"once": once, "spread": spread, "control": control, "sessions": sessions}
         for msg_id, share, why in once.twice[:20]:
             v.add("shared.once", f"{msg_id} {share}: {why}")

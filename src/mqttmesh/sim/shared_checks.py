@@ -43,7 +43,8 @@ long detection takes: ``margin``.
   is one interest delta (the node's entry added, removed, or one for the other), flooded: at
   most ``copies_per_link`` copies per link. A CleanSession=0 member whose client leaves stays
   a member of its node's group, queueing (the node tells the mesh when that is all it has
-  there, shared.py ``QUEUED``), until its client comes back, here or elsewhere.
+  there, shared.py ``QUEUED``), until its client comes back, here or elsewhere; its old home
+  lets it go when told (``check_control``'s ``apart``).
 """
 
 from __future__ import annotations
@@ -572,6 +573,60 @@ class ControlCheck:
     heavy: list[tuple[str, int, int]] = field(default_factory=list)  # (delta, copies, bound)
 
 
+def _told_by(home: str, node: str, back: float, apart: Apart | None, detect: float) -> float | None:
+    """When an old home ``home`` has let its member's session go, at the latest, if it may
+    have been later than the client's return to ``node`` at ``back``: None when the two nodes
+    were in reach of each other then (the CONNACK's copy, or the claim's fetch, tells it at
+    once: holders.py ``served``, ``on_fetch``), else ``detect`` after the first time from which
+    they stay in reach for ``detect`` (each side's live nodes change, and the old home's
+    pooled copy is answered with the newer claim's: holders.py ``on_merge``)."""
+    if apart is None:
+        return None
+    windows = sorted(apart(home, node))
+    if not any(a <= back <= b + detect for a, b in windows):
+        return None
+    at = back  # (the path is back from ``at`` on, unless a window starts within ``detect``)
+    for a, b in windows:
+        if a <= at + detect and b > at:
+            at = b
+    return at + detect
+
+
+def _flips(evs: list[tuple[float, int, int, int]]) -> int:
+    """The entries a node's advertisement of a group changes by over ``evs`` (one removed and
+    one added for each change: its first member, its last, a power of two, queueing)."""
+    count = queued = flips = 0
+    for _t, _order, d, q in sorted(evs, key=lambda e: (e[0], e[1])):
+        was = _advertised_as(count, queued)
+        count += d
+        queued += q
+        now = _advertised_as(count, queued)
+        if was != now:
+            flips += (was is not None) + (now is not None)
+    return flips
+
+
+def _placements(
+    evs: list[tuple[float, int, int, int]], spans: list[tuple[float, float]], most: int = 4096
+) -> list[list[tuple[float, int, int, int]]]:
+    """Every order the old homes' losses in ``spans`` (each at some time in its span) may take
+    among ``evs``: each at the start of its span or just after one of the events in it (at most
+    ``most`` combinations: beyond, each loss at either end of its span)."""
+    if not spans:
+        return []
+    times = sorted({e[0] for e in evs})
+    choices = []
+    for lo, hi in spans:
+        at = [lo, *(t for t in times if lo <= t < hi)]
+        choices.append([(t, 4 if t > lo else 2, 0, -1) for t in at] + [(hi, 2, 0, -1)])
+    out: list[list[tuple[float, int, int, int]]] = [[]]
+    for options in choices:
+        if len(out) * len(options) > most:
+            options = [options[0], options[-1]]
+        out = [[*placed, o] for placed in out for o in options]
+    return out
+
+
 def _advertised_as(members: int, queueing: int = 0) -> int | None:
     """What a node advertises of a group with ``members`` connected members and ``queueing``
     CleanSession=0 ones whose clients are away (shared.py ``advertisement``): the largest
@@ -583,18 +638,30 @@ def _advertised_as(members: int, queueing: int = 0) -> int | None:
 
 
 def check_control(
-    history: Any, deltas: dict[tuple[str, int, int], tuple[list[str], int]], links: int, copies_per_link: int = 2
+    history: Any,
+    deltas: dict[tuple[str, int, int], tuple[list[str], int]],
+    links: int,
+    copies_per_link: int = 2,
+    apart: Apart | None = None,
+    detect: float = 0.0,
 ) -> ControlCheck:
     """``deltas``: (node, incarnation, version) of each interest delta the simulator saw carry
     a ``$share/`` change -> (its changes, "+share" / "-share", and its copies on the links);
-    ``links``: the links of the topology."""
+    ``links``: the links of the topology; ``apart``: the windows in which two nodes had no
+    path between them, and ``detect``, how long the mesh may take to notice a path's return
+    (given: an old home cut off from the node its member came back to lets the session go
+    when it is told, some time up to ``detect`` after they are in reach again, docs/design.md
+    3.8, "An old home the claim did not reach": the bound takes the worst such time)."""
     r = ControlCheck()
     # (node, share) -> changes (time, order at one time, connected members, members queueing); at
     # one time: a returning session's arrival, then joins, then the old home's loss, then leaves
     # (a join and a leave at once: no flip)
     events: dict[tuple[str, str], list[tuple[float, int, int, int]]] = {}
+    # (node, share) -> old homes' losses of a session at a time not known: (earliest, latest)
+    unsure: dict[tuple[str, str], list[tuple[float, float]]] = {}
     queueing: dict[tuple[str, str], str] = {}  # (client, share) -> where its session queues, client away
-    for m in memberships(history):
+    ms = memberships(history)
+    for i, m in enumerate(ms):
         mine = events.setdefault((m.node, m.share), [])
         home = queueing.pop((m.client, m.share), None) if m.persistent else None
         if home is None:
@@ -603,23 +670,24 @@ def check_control(
             # its client is back: the claim makes its session a member here, queueing until the
             # client is attached (SessionTable.regroup, then attached), and none at its old home
             mine += [(m.begin, 0, 0, 1), (m.begin, 1, 1, -1)]
-            events.setdefault((home, m.share), []).append((m.begin, 2, 0, -1))
+            told = _told_by(home, m.node, m.begin, apart, detect)
+            if told is None:
+                events.setdefault((home, m.share), []).append((m.begin, 2, 0, -1))
+            else:  # (up to its client's next connection: a claim again)
+                later = [n.begin for n in ms[i + 1 :] if n.client == m.client]
+                unsure.setdefault((home, m.share), []).append((m.begin, min([told, *later])))
         if m.end != END:
             away = m.persistent and m.how != "unsubscribe"  # (its session stays a member, queueing)
             mine.append((m.end, 3, -1, int(away)))
             if away:
                 queueing[(m.client, m.share)] = m.node
     needed: dict[tuple[str, str], int] = {}
-    for key, evs in events.items():
-        count = queued = flips = 0
-        for _t, _order, d, q in sorted(evs, key=lambda e: (e[0], e[1])):
-            was = _advertised_as(count, queued)
-            count += d
-            queued += q
-            r.changes += d != 0
-            now = _advertised_as(count, queued)
-            if was != now:  # (one entry removed, one added: its first member, its last, a power of two)
-                flips += (was is not None) + (now is not None)
+    for key in events.keys() | unsure.keys():
+        evs = events.get(key, [])
+        r.changes += sum(1 for e in evs if e[2])
+        flips = _flips(evs)
+        for placed in _placements(evs, unsure.get(key, [])):
+            flips = max(flips, _flips([*evs, *placed]))
         needed[key] = flips
         r.needed += flips
     seen: dict[tuple[str, str], int] = {}
