@@ -291,6 +291,26 @@ def test_a_persistent_members_node_tells_the_mesh_it_queues_and_its_new_home_tak
     assert [(n, s) for n, s, _what in check_control(h, deltas, links=4).extra] == [("n1", G)]
 
 
+def test_a_persistent_member_granted_qos0_away_leaves_its_node_with_no_entry() -> None:
+    """Finding 34: its session keeps nothing for its absent client, so its node, with no other
+    member, tells the mesh it has none (not QUEUED): 1 change away, 1 back on another node."""
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1", 0)
+    _away(h, 4.0, "g0m0", a, "n1")
+    _back(h, 6.0, "g0m0", "n2", 2, 0)
+    deltas = {
+        ("n1", 1, 2): ([f"+{G}"], 7),
+        ("n1", 1, 3): ([f"-{G}"], 7),
+        ("n2", 1, 2): ([f"+{G}"], 7),
+    }
+    r = check_control(h, deltas, links=4)
+    assert (r.needed, r.extra) == (3, [])
+    # the node that still says QUEUED for it: one change too many
+    deltas[("n1", 1, 3)] = ([f"-{G}", f"+{G}\0q"], 7)
+    deltas[("n1", 1, 4)] = ([f"-{G}\0q"], 7)
+    assert [(n, s) for n, s, _what in check_control(h, deltas, links=4).extra] == [("n1", G)]
+
+
 def test_an_old_home_cut_off_from_its_members_new_node_keeps_the_session_until_told() -> None:
     """Fuzz seed 19: a persistent member away from n1 (queueing there) comes back on n2 while
     the two have no path between them; n1 keeps its session a member, queueing, until it is

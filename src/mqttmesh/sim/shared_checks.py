@@ -42,9 +42,9 @@ long detection takes: ``margin``.
   (the weight the node advertises with the group, shared.py ``advertisement``); each of those
   is one interest delta (the node's entry added, removed, or one for the other), flooded: at
   most ``copies_per_link`` copies per link. A CleanSession=0 member whose client leaves stays
-  a member of its node's group, queueing (the node tells the mesh when that is all it has
-  there, shared.py ``QUEUED``), until its client comes back, here or elsewhere; its old home
-  lets it go when told (``check_control``'s ``apart``).
+  a member of its node's group, queueing if granted QoS 1/2 (the node tells the mesh when
+  that is all it has there, shared.py ``QUEUED``), until its client comes back, here or
+  elsewhere; its old home lets it go when told (``check_control``'s ``apart``).
 """
 
 from __future__ import annotations
@@ -677,7 +677,9 @@ def check_control(
                 later = [n.begin for n in ms[i + 1 :] if n.client == m.client]
                 unsure.setdefault((home, m.share), []).append((m.begin, min([told, *later])))
         if m.end != END:
-            away = m.persistent and m.how != "unsubscribe"  # (its session stays a member, queueing)
+            # its session stays a member, queueing (QoS 1/2 only: one granted QoS 0 keeps
+            # nothing for an absent client, and its node says so: none, shared.py ``advertisement``)
+            away = m.persistent and m.how != "unsubscribe" and m.qos != 0
             mine.append((m.end, 3, -1, int(away)))
             if away:
                 queueing[(m.client, m.share)] = m.node
