@@ -17,7 +17,8 @@ from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.history import History
 from mqttmesh.sim.report import summarize
 from mqttmesh.sim.scenario import ScenarioError, load_scenario, parse_scenario
-from mqttmesh.sim.shared_checks import check_control, check_once, check_sessions_once, memberships
+from mqttmesh.sim.shared_checks import check_once, check_sessions_once, memberships
+from mqttmesh.sim.shared_spread import check_control
 from support.sim import SCENARIOS
 
 G = "$share/g0/sh/#"
