@@ -156,10 +156,12 @@ class SharedGroup:
         elif msg.qos:
             # every member away: one whose session queues the message at its grant (a member
             # granted QoS 0 takes a QoS 1/2 message at QoS 0, which an absent client's session
-            # drops: simulator, finding 32, a message acknowledged and lost)
+            # drops: simulator, finding 32, a message acknowledged and lost); none: nobody here
+            # keeps it (in a mesh it goes on to another node's member: finding 34)
             granted = self.members
-            queueing = [s for s in members if granted[s] or s.limits.queue_qos0]
-            members = queueing or members
+            members = [s for s in members if granted[s] or s.limits.queue_qos0]
+            if not members:
+                return None
         strategy = self.strategy
         if strategy == "hash_topic" or strategy == "hash_clientid":
             key = msg.topic if strategy == "hash_topic" else (msg.publisher or msg.origin)
@@ -326,14 +328,20 @@ class SharedSubscriptions:
 
     def advertisement(self, group: SharedGroup) -> str | None:
         """What the mesh should know of ``group`` on this node: its share, with the weight of
-        its connected members (WEIGHT), or QUEUED if its members all queue; None when it has
-        none."""
+        its connected members (WEIGHT), or QUEUED if none is connected and one queues QoS 1/2
+        messages; None when it has no member that takes a message."""
         members = group.members
         if not members:
             return None
         online = sum(1 for s in members if s.channel is not None)
         if not online:
-            return group.share + QUEUED
+            # members that queue: one whose session keeps a QoS 1/2 message for its absent
+            # client; members granted QoS 0 only keep nothing (an absent client's session drops
+            # QoS 0), and a node that said QUEUED for them was chosen for messages it could
+            # only drop (simulator, finding 34)
+            if any(qos or s.limits.queue_qos0 for s, qos in members.items()):
+                return group.share + QUEUED
+            return None
         weight = 1 << (online.bit_length() - 1)
         return group.share if weight == 1 else f"{group.share}{WEIGHT}{weight}"
 

@@ -805,8 +805,10 @@ def test_a_hold_nothing_settles_ends_when_the_origins_custody_would():
 def test_a_node_chosen_for_a_group_whose_last_member_just_left_sends_it_on():
     """b's last member left while a's message was on its way to b for the group: b (its
     plain subscriber served) sends it again, under its own id, to c's member for that group
-    only; such a re-send that finds no member either goes on, naming the same root, to a
-    node that has one (b again, whose member is back), not dropped."""
+    only, and does not serve the group for it itself (a group it has but advertises as none,
+    its members all away and granted QoS 0, would only drop it: finding 34); such a re-send
+    that finds no member either goes on, naming the same root, to a node that has one (b
+    again, whose member is back), not dropped."""
     net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])  # (local: b, the nearest)
     seen = _shares_seen(net)
     for n in ("b", "c"):
@@ -817,7 +819,7 @@ def test_a_node_chosen_for_a_group_whose_last_member_just_left_sends_it_on():
     b.local_filter_removed("$share/g/t/#")  # (not yet heard of at a)
     a.route_local(Message("t/x", b"x", 1, False, "a", 1, "p", net.t), net.t)
     net.settle()
-    assert seen["b"] == [(1, ("$share/g/t/#",))]
+    assert seen["b"] == [(1, ())]  # (to b's plain subscribers, if any: not to its groups)
     assert seen["c"] == [(500, ("$share/a 1", "$share/g/t/#"))]
     assert b.counters["shared_rerouted"] == 1 and not b.custody and not a.custody
     c = net.engines["c"]
@@ -1042,7 +1044,7 @@ def test_a_restarted_node_that_knows_no_group_yet_sends_a_groups_message_on_rath
     assert not fresh.synced and not fresh._share_nodes
     inbound = fresh.receive("a", "fwd", payload, net.t)
     [msg] = inbound.deliveries
-    assert msg.shares == ("$share/g/t/#",)  # (its broker has no such group: none takes it)
+    assert msg.shares == ()  # (kept for the group: its broker does not serve it as well)
     assert len(fresh._parked) == 1 and fresh.counters["shared_parked"] == 1
     [(kept, share, _)] = fresh._parked
     assert share == "$share/g/t/#" and kept.shares == ("$share/a 1",) and kept.origin == "b"
@@ -1069,6 +1071,6 @@ def test_a_groups_message_released_after_waiting_for_its_predecessor_goes_on_if_
     net.subscribe("c", "$share/g/t/#")
     net.t = b.settings.reorder_wait + 0.1
     released = b.release_held(net.t)
-    assert [m.seq for m in released] == [2] and released[0].shares == ("$share/g/t/#",)
+    assert [m.seq for m in released] == [2] and released[0].shares == ()  # (not to b's groups)
     net.settle()
     assert b.counters["shared_rerouted"] == 1 and seen["c"] == [(100, ("$share/a 2", "$share/g/t/#"))]

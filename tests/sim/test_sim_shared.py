@@ -144,3 +144,17 @@ def test_finding31_a_group_message_reaches_a_member_when_its_chosen_node_lost_it
     s = _shared(sim)
     assert s["once_checked"] >= 50 and s["membership_changes"] > 20
     assert sum(node.engine.counters["shared_rerouted"] for node in sim.nodes.values()) >= 1
+
+
+# finding 34 (docs/simulation.md section 9): a node whose only member of a group, persistent and
+# granted QoS 0, went away told the mesh QUEUED, and a QoS 1 message chosen for it went to
+# nobody there; now such a node advertises the group as none and sends what comes for it on
+FINDING_34 = "found/finding-34-fuzz-185-qos0-members-away-queued"
+
+
+def test_finding34_a_message_chosen_for_a_node_whose_members_cannot_keep_it_goes_on() -> None:
+    sim = _run(FINDING_34, fail=False)
+    assert not sim.violations.items, sim.violations.items[:5]
+    s = _shared(sim)
+    assert s["persistent_members"] >= 1 and s["once_checked"] >= 20
+    assert sum(node.engine.counters["shared_rerouted"] for node in sim.nodes.values()) >= 1

@@ -17,7 +17,8 @@ from mqttmesh.sim.core import Simulator
 from mqttmesh.sim.history import History
 from mqttmesh.sim.report import summarize
 from mqttmesh.sim.scenario import ScenarioError, load_scenario, parse_scenario
-from mqttmesh.sim.shared_checks import check_control, check_once, check_sessions_once, memberships
+from mqttmesh.sim.shared_checks import check_once, check_sessions_once, memberships
+from mqttmesh.sim.shared_spread import check_control
 from support.sim import SCENARIOS
 
 G = "$share/g0/sh/#"
@@ -171,6 +172,57 @@ def test_a_message_queued_for_an_away_member_is_judged_only_when_it_could_be() -
     assert _once(h).lost == [] and _once(h).unreachable == 1
 
 
+def test_a_message_with_an_expiry_interval_may_expire_on_its_way_or_in_a_queue() -> None:
+    """Fuzz seed 153: a QoS 1 message with a Message Expiry Interval of 1 s, routed to a node
+    cut off unnoticed and retransmitted at the heal 1.2 s later, expired there
+    [MQTT-3.3.2-5]: no loss, though a member elsewhere was connected throughout and in reach
+    of its origin (the rule that makes a fault no excuse in persistent-member runs)."""
+
+    def expiring(h: History, t: float, expiry: int | None) -> None:
+        h.publish(t, "p000", "invoke", "p000:1", T, 1, expiry)
+        h.publish(t + 0.005, "p000", "ok", "p000:1", T, 1)
+
+    def cut_off(expiry: int | None) -> History:
+        h = History()
+        h.connect(0.5, "p000", "ok", "p000#1", "n3", False)  # (the origin)
+        _subscribed(h, 1.0, "g0m0", "n0", 1)  # connected throughout, in reach of n3
+        b = _subscribed(h, 1.0, "g0m1", "n6", 1)  # on the node cut off
+        expiring(h, 15.0, expiry)
+        _away(h, 16.0, "g0m1", b, "n6")
+        _back(h, 16.4, "g0m1", "n6", 2, 1)
+        return h
+
+    def apart(a: str, b: str) -> list[tuple[float, float]]:
+        return [(13.4, 16.0)] if "n6" in (a, b) else []
+
+    def judged(h: History, faults: list[tuple[float, float]]):
+        return check_once(h, faults, settle=2.0, window=2.0, margin=5.0, lost_margin=5.0, end=60.0, apart=apart)
+
+    fault = [(13.4, 16.0)]
+    assert len(judged(cut_off(None), fault).lost) == 1  # (without an expiry: it must arrive)
+    r = judged(cut_off(1), fault)
+    assert (r.lost, r.may_expire) == ([], 1)
+    # queued for an away member whose client is back after its expiry: no loss either
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1")
+    _away(h, 4.0, "g0m0", a, "n1")
+    expiring(h, 6.0, 1)
+    _back(h, 10.0, "g0m0", "n2", 2)
+    assert (_once(h).lost, _once(h).may_expire) == ([], 1)
+    # a member connected throughout with no fault near had it in time: its loss still fails
+    h = History()
+    _subscribed(h, 1.0, "g0m0", "n1")
+    expiring(h, 6.0, 1)
+    assert len(_once(h).lost) == 1 and _once(h).may_expire == 0
+    # and one whose expiry comes after the end of the run is judged as any other
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1")
+    _away(h, 4.0, "g0m0", a, "n1")
+    expiring(h, 6.0, 600)
+    _back(h, 10.0, "g0m0", "n2", 2)
+    assert len(_once(h).lost) == 1
+
+
 def test_a_message_delivered_when_its_member_returns_is_counted_as_reached_while_queueing() -> None:
     h = History()
     a = _subscribed(h, 1.0, "g0m0", "n1")
@@ -238,6 +290,67 @@ def test_a_persistent_members_node_tells_the_mesh_it_queues_and_its_new_home_tak
     # one more change at n1 than that: too many
     deltas[("n1", 1, 5)] = ([f"+{G}\0q"], 7)
     assert [(n, s) for n, s, _what in check_control(h, deltas, links=4).extra] == [("n1", G)]
+
+
+def test_a_persistent_member_granted_qos0_away_leaves_its_node_with_no_entry() -> None:
+    """Finding 34: its session keeps nothing for its absent client, so its node, with no other
+    member, tells the mesh it has none (not QUEUED): 1 change away, 1 back on another node."""
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1", 0)
+    _away(h, 4.0, "g0m0", a, "n1")
+    _back(h, 6.0, "g0m0", "n2", 2, 0)
+    deltas = {
+        ("n1", 1, 2): ([f"+{G}"], 7),
+        ("n1", 1, 3): ([f"-{G}"], 7),
+        ("n2", 1, 2): ([f"+{G}"], 7),
+    }
+    r = check_control(h, deltas, links=4)
+    assert (r.needed, r.extra) == (3, [])
+    # the node that still says QUEUED for it: one change too many
+    deltas[("n1", 1, 3)] = ([f"-{G}", f"+{G}\0q"], 7)
+    deltas[("n1", 1, 4)] = ([f"-{G}\0q"], 7)
+    assert [(n, s) for n, s, _what in check_control(h, deltas, links=4).extra] == [("n1", G)]
+
+
+def test_an_old_home_cut_off_from_its_members_new_node_keeps_the_session_until_told() -> None:
+    """Fuzz seed 19: a persistent member away from n1 (queueing there) comes back on n2 while
+    the two have no path between them; n1 keeps its session a member, queueing, until it is
+    told, after the path is back (holders.py ``on_merge``), so another member's leave there
+    leaves the entry QUEUED, not gone: 2 changes for the 1 the return at once would need, and
+    1 more when n1 lets go. The bound places that loss anywhere up to ``detect`` after the
+    path returns, and still fails a change beyond it."""
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1")
+    _away(h, 4.0, "g0m0", a, "n1")  # n1: QUEUED
+    c = "g0m1#1"
+    h.connect(4.99, "g0m1", "ok", c, "n1", False)  # a CleanSession=1 member on n1
+    h.joined(5.0, "g0m1", c, "n1", G, -1, 5.0)
+    h.joined(5.002, "g0m1", c, "n1", G, 1, -1.0, "ok")
+    _back(h, 6.0, "g0m0", "n2", 2)  # (n1 and n2 apart from 3 s to 10 s)
+    h.left(8.0, "g0m1", c, "n1", G, "disconnect", 8.0)  # n1: QUEUED again (g0m0 still there)
+    h.closed(8.0, "g0m1", c, True, "gone")
+    deltas = {
+        ("n1", 1, 2): ([f"+{G}"], 7),
+        ("n1", 1, 3): ([f"-{G}", f"+{G}\0q"], 7),
+        ("n1", 1, 4): ([f"-{G}\0q", f"+{G}"], 7),
+        ("n1", 1, 5): ([f"-{G}", f"+{G}\0q"], 7),
+        ("n1", 1, 6): ([f"-{G}\0q"], 7),  # (told at 12 s)
+        ("n2", 1, 2): ([f"+{G}\0q"], 7),
+        ("n2", 1, 3): ([f"-{G}\0q", f"+{G}"], 7),
+    }
+
+    def apart(x: str, y: str) -> list[tuple[float, float]]:
+        return [(3.0, 10.0)] if {x, y} == {"n1", "n2"} else []
+
+    # the old home's loss taken at the return: 6 changes needed at n1, 8 seen
+    assert [(n, s) for n, s, _what in check_control(h, deltas, links=4).extra] == [("n1", G)]
+    r = check_control(h, deltas, links=4, apart=apart, detect=5.0)
+    assert (r.deltas, r.needed, r.extra) == (11, 11, [])
+    # in reach at the return: told at once, the bound as before
+    assert check_control(h, deltas, links=4, apart=lambda x, y: [(3.0, 5.0)], detect=0.5).extra
+    # one change more at n1 than the worst-placed loss: too many
+    deltas[("n1", 1, 7)] = ([f"+{G}\0q"], 7)
+    assert [(n, s) for n, s, _what in check_control(h, deltas, links=4, apart=apart, detect=5.0).extra] == [("n1", G)]
 
 
 # ---------------------------------------------------------------- the setting

@@ -1,10 +1,11 @@
-"""The shared-group checks (sim/shared_checks.py) on histories written by hand: each one
+"""The shared-group checks (sim/shared_checks.py, sim/shared_spread.py) on histories written by hand: each one
 passes a history that keeps its promise, and fails a broken one (issue 24)."""
 
 from __future__ import annotations
 
 from mqttmesh.sim.history import History
-from mqttmesh.sim.shared_checks import check_control, check_once, check_spread, memberships
+from mqttmesh.sim.shared_checks import check_once, memberships
+from mqttmesh.sim.shared_spread import check_control, check_spread
 
 G = "$share/g0/sh/#"
 

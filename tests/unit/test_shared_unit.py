@@ -616,5 +616,30 @@ def test_with_every_member_away_a_qos1_message_goes_to_one_whose_session_queues_
     shared.deliver(group, Message("t", b"y", 0, False, "o", 5, "p", 0.0))
     alone = SharedSubscriptions("round_robin")
     alone.join(zero, "h", "t", 0)
-    assert alone.deliver(alone.groups[("h", "t")], Message("t", b"z", 1, False, "o", 6, "p", 0.0)) is zero
+    assert alone.deliver(alone.groups[("h", "t")], Message("t", b"z", 1, False, "o", 6, "p", 0.0)) is None
     assert not zero.queue and alone.dropped == 1  # (to nobody: counted)
+
+
+def test_a_group_whose_members_are_away_and_granted_qos0_only_is_told_to_the_mesh_as_none():
+    """Simulator, finding 34 (fuzz seed 185): a node whose only member of a group was a
+    persistent session granted QoS 0, its client gone, told the mesh QUEUED; an origin chose
+    it for a QoS 1 message (its member still connected when it chose), which came to a session
+    that keeps no QoS 0 message for an absent client: dropped, acknowledged, while another
+    node's member was connected. Such a group takes no message here, so the node tells the
+    mesh it has none (the mesh sends what it was chosen for on to another node's member,
+    routing/shares.py ``_served_elsewhere``); a member granted QoS 1 away makes it QUEUED."""
+    from mqttmesh.broker import BrokerPorts
+    from mqttmesh.shared import QUEUED
+
+    mesh = _Interest()
+    net = Net(ports=BrokerPorts(mesh=mesh))  # type: ignore[arg-type]
+    share = "$share/g/t"
+    zero = net.subscriber("zero", (share, 0), clean=False)
+    zero.connection_lost(2.0)
+    assert mesh.told == [("+", share), ("-", share)]
+    back = net.connect("zero", 3.0, clean=False, expect=b"\x20\x02\x01\x00")
+    assert mesh.told[-1] == ("+", share)
+    one = net.subscriber("one", (share, 1), clean=False)
+    one.connection_lost(4.0)
+    back.connection_lost(5.0)  # (both away: one of them queues QoS 1/2)
+    assert mesh.told[-2:] == [("-", share), ("+", share + QUEUED)]

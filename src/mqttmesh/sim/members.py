@@ -22,8 +22,9 @@ receptions carry their packet ids.
 
 The history records each join (SUBSCRIBE sent, SUBACK) and leave, with the time its node
 takes it (the connection is FIFO: its arrival); the simulator reads off the wire every
-interest delta that adds or removes a group, and its copies. sim/shared_checks.py judges
-them at the end: ``shared.once`` (no second copy without a leave or a fault to explain it),
+interest delta that adds or removes a group, and its copies. sim/shared_checks.py and
+sim/shared_spread.py (``shared.spread``, ``shared.control``) judge them at the end:
+``shared.once`` (no second copy without a leave or a fault to explain it),
 ``shared.lost`` (none missed while a member was certainly in reach, a persistent member's
 session queueing for its client included), ``shared.qos2_once`` (a QoS 2 message once to a
 member's session [MQTT-4.3.3-2]), ``shared.spread``, ``shared.control``, ``shared.refused``
@@ -40,7 +41,8 @@ from typing import Any
 
 from .model import CLIENT, SimulatorPart
 from .sessions import SimClient, SimConnection
-from .shared_checks import check_control, check_once, check_sessions_once, check_spread
+from .shared_checks import check_once, check_sessions_once
+from .shared_spread import check_control, check_spread
 
 __all__ = ["MembersMixin", "SHARE_TOPIC"]
 
@@ -277,7 +279,7 @@ class MembersMixin(SimulatorPart):
         once = check_once(h, faults, settle, settle, margin, lossy, self.detect_bound(), self.sc.duration, apart)
         sessions = check_sessions_once(h)
         spread = check_spread(h, self.settings.shared_strategy, faults, settle, settle, margin)
-        control = check_control(h, self.share_deltas, len(self.links))
+        control = check_control(h, self.share_deltas, len(self.links), apart=apart, detect=self.detect_bound())
         self.shared_results = {"once": once, "spread": spread, "control": control, "sessions": sessions}
         for msg_id, share, why in once.twice[:20]:
             v.add("shared.once", f"{msg_id} {share}: {why}")
@@ -343,6 +345,7 @@ class MembersMixin(SimulatorPart):
             "once_checked": once.checked,
             "once_delivered": once.delivered,
             "unreachable": once.unreachable,
+            "may_expire": once.may_expire,
             "resent_after_leave": once.resent_after_leave,
             "resent_after_fault": once.resent_after_fault,
             "again_to_session": once.again,

@@ -430,6 +430,7 @@ def format_text(s: dict) -> str:
                 f"  shared groups: {sh['groups']} of {sh['members']} members ({sh['strategy']}), leaves "
                 f"{json.dumps(sh['member_leaves'], sort_keys=True)}; {sh['once_checked']:,} (message, group) "
                 f"pairs, {sh['once_delivered']:,} delivered, {sh['unreachable']} with no member in reach, "
+                f"{sh['may_expire']} that may have expired on the way, "
                 f"re-sent after a leave {sh['resent_after_leave']}, after a fault {sh['resent_after_fault']}; "
                 f"spread: {sh['spread_intervals']} stable intervals, worst nodes {sh['spread_worst_nodes']}, "
                 f"members {sh['spread_worst_members']}; {sh['membership_changes']} membership changes, "

@@ -1,46 +1,33 @@
-"""Shared subscriptions judged from the clients' history (issue 24; docs/simulation.md, "Shared groups").
+"""Shared subscriptions judged from the clients' history (issue 24; docs/simulation.md, "Shared groups"):
+each message to one member, none lost, and the memberships every check reads.
 
 Pure, and free of simulator imports, as history.py: what it is given is a client history
-(``join``, ``leave``, ``close``, ``receive``, ``publish`` ops), the windows in which the
-mesh was disturbed (faults, from the scenario) and, for the control traffic, the interest
-deltas the simulator read off the wire. It leaves to its caller what a fault is and how
-long detection takes: ``margin``.
+(``join``, ``leave``, ``close``, ``receive``, ``publish`` ops) and the windows in which the
+mesh was disturbed (faults, from the scenario). It leaves to its caller what a fault is and
+how long detection takes: ``margin``. How a group spreads over the mesh (its messages over
+the members, its membership changes over the links) is judged in shared_spread.py.
 
 - ``check_once``: each message matching a group's filter reaches exactly one member of the
   group. A second copy is allowed only when the history shows why: one of the receivers left
   the group around the two copies (it left holding it: the node hands what a leaving member
   had not acknowledged to another member, maybe before the copy on its way to it arrives),
-  or a fault window overlaps the message's way (a chosen node dead or cut off: its origin sends it again elsewhere after
-  ``mesh.shared_reroute``). A message that reached no member is a violation only when the
+  or a fault window overlaps the message's way (a chosen node dead or cut off: its origin
+  sends it again elsewhere after ``mesh.shared_reroute``). A message that reached no member is a violation only when the
   group certainly had a member to reach: one whose membership spanned the message's window
   (``settle`` before it to ``window`` after), no fault window overlapped that window, the
   publisher had the message acknowledged (QoS 1/2), and no member left in the window holding
   it at a QoS that goes with its connection (0, or 2 [MQTT-4.8.2-5]; a CleanSession=0
   member's session keeps a QoS 2 message [MQTT-4.8.2-4]). A CleanSession=0 member is a
   member while its client is away too (its session queues at its home, for QoS 1/2): the
-  message must reach some member by the end, maybe that one when it returns. A second copy
-  to one such member's session (it took the message again after a reconnection) is no
-  second member's.
+  message must reach some member by the end, maybe that one when it returns. A message with
+  a Message Expiry Interval that ends before the end of the run may expire on a fault's
+  delay or in a queue [MQTT-3.3.2-5]: only a member connected throughout, no fault near,
+  makes its loss a violation (else counted ``may_expire``). A second copy to one such
+  member's session (it took the message again after a reconnection) is no second member's.
 - ``check_sessions_once``: a QoS 2 message reaches a member's session at most once as a new
   message [MQTT-4.3.3-2]: a CleanSession=0 member's session across its connections, a
   CleanSession=1 member's on its connection; a re-send the client took as one (its packet id
   still awaiting PUBREL: the history's ``repeat``) is no new message.
-- ``check_spread``: in each interval where a group's membership and the mesh stayed the same
-  (less ``settle`` after a change and ``window`` before the next), the members' shares, by
-  strategy: ``round_robin``: each node with members gets, from each origin, the node's turns
-  of that origin's QoS 0/1 messages, as many as its weight (its members, a power of two), so
-  the nodes' counts per unit of weight differ by at most the number of origins (plus the
-  messages of the interval no member got); ``round_robin`` and ``local``: the members
-  of one node take turns, so their counts differ by at most 1 (plus those missed);
-  ``hash_topic``, ``hash_clientid``, ``sticky``: one member per topic, per publisher, per
-  origin node.
-- ``check_control``: a membership change costs the mesh nothing unless it is its node's first
-  member of the group, or its last, or takes the number of its members across a power of two
-  (the weight the node advertises with the group, shared.py ``advertisement``); each of those
-  is one interest delta (the node's entry added, removed, or one for the other), flooded: at
-  most ``copies_per_link`` copies per link. A CleanSession=0 member whose client leaves stays
-  a member of its node's group, queueing (the node tells the mesh when that is all it has
-  there, shared.py ``QUEUED``), until its client comes back, here or elsewhere.
 """
 
 from __future__ import annotations
@@ -55,14 +42,12 @@ __all__ = [
     "Membership",
     "OnceCheck",
     "SessionCheck",
-    "SpreadCheck",
-    "ControlCheck",
     "memberships",
     "node_at",
+    "client_nodes",
+    "publications",
     "check_once",
     "check_sessions_once",
-    "check_spread",
-    "check_control",
     "overlaps",
 ]
 
@@ -144,11 +129,12 @@ class OnceCheck:
     resent_after_fault: int = 0  # second copies while a fault window overlapped the message's way
     again: int = 0  # copies to a CleanSession=0 member that had the message (its session's re-send)
     queued: int = 0  # QoS 1/2 pairs that reached a member with none connected throughout, a session queueing
+    may_expire: int = 0  # pairs with a Message Expiry Interval that reached none and may have expired on the way
     twice: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, share, why) violations
     lost: list[tuple[str, str, str]] = field(default_factory=list)  # (msg id, share, why) violations
 
 
-def _publications(history: Any) -> tuple[dict[str, tuple[float, str, int]], set[str]]:
+def publications(history: Any) -> tuple[dict[str, tuple[float, str, int]], set[str]]:
     invoked: dict[str, tuple[float, str, int]] = {}
     acked: set[str] = set()
     for op in history.ops:
@@ -158,6 +144,11 @@ def _publications(history: Any) -> tuple[dict[str, tuple[float, str, int]], set[
             elif op[2] == "ok":
                 acked.add(op[4])
     return invoked, acked
+
+
+def _expiries(history: Any) -> dict[str, int]:
+    """Msg id -> the Message Expiry Interval its MQTT 5 PUBLISH gave it (history.py ``publish``)."""
+    return {op[4]: op[7] for op in history.ops if op[3] == "publish" and op[2] == "invoke" and len(op) > 7}
 
 
 def check_once(
@@ -182,7 +173,7 @@ def check_once(
     r = OnceCheck()
     ms = memberships(history)
     widen = margin if lost_margin is None else lost_margin
-    origins = _origins(history) if apart is not None else {}
+    origins = client_nodes(history) if apart is not None else {}
     cut_of: dict[tuple[str, str], Windows] = {}
 
     def cut(origin: str | None) -> Cut | None:
@@ -203,7 +194,8 @@ def check_once(
     conns: dict[str, list[Membership]] = {}
     for m in ms:
         conns.setdefault(m.conn, []).append(m)
-    invoked, acked = _publications(history)
+    invoked, acked = publications(history)
+    expiry = _expiries(history)
     got: dict[tuple[str, str], list[Op]] = {}  # (msg id, share) -> receptions by its members
     for op in history.ops:
         if op[3] == "receive" and op[1] in member_of:
@@ -249,8 +241,17 @@ def check_once(
                 why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy, end, cut(origin))
                 if why is None:
                     r.unreachable += 1
-                else:
-                    r.lost.append((msg_id, share, why))
+                    continue
+                if msg_id in expiry and t_pub + expiry[msg_id] < end:
+                    # its life may have ended on its way [MQTT-3.3.2-5]: a fault's delay, or a
+                    # queue waiting for an absent client, may outlast it; only a member connected
+                    # throughout with no fault near certainly had it in time (its node takes it
+                    # in milliseconds; an expiry is a second at least)
+                    why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy, -END)
+                    if why is None:
+                        r.may_expire += 1
+                        continue
+                r.lost.append((msg_id, share, why))
     return r
 
 
@@ -414,16 +415,7 @@ def check_sessions_once(history: Any) -> SessionCheck:
     return r
 
 
-@dataclass
-class SpreadCheck:
-    intervals: int = 0  # stable intervals with counted messages
-    counted: int = 0  # first receptions counted
-    worst_nodes: float = 0.0  # round_robin: the largest spread between two nodes' counts per unit of weight
-    worst_members: int = 0  # round_robin, local: the largest spread between members of one node
-    broken: list[tuple[str, str]] = field(default_factory=list)  # (share, what)
-
-
-def _origins(history: Any) -> dict[str, list[tuple[float, str]]]:
+def client_nodes(history: Any) -> dict[str, list[tuple[float, str]]]:
     """Client -> (time, node) of each accepted connection."""
     out: dict[str, list[tuple[float, str]]] = {}
     for op in history.ops:
@@ -441,186 +433,3 @@ def node_at(conns: list[tuple[float, str]], t: float) -> str | None:
             break
         node = n
     return node
-
-
-def check_spread(
-    history: Any, strategy: str, faults: Windows, settle: float, window: float, margin: float
-) -> SpreadCheck:
-    r = SpreadCheck()
-    ms = memberships(history)
-    invoked, _acked = _publications(history)
-    origins = _origins(history)
-    first: dict[tuple[str, str], str] = {}  # (msg id, share) -> the member that got it first
-    member_of = {m.client: m.share for m in ms}
-    for op in history.ops:
-        if op[3] == "receive" and op[1] in member_of:
-            first.setdefault((op[4], member_of[op[1]]), op[1])
-    wide = [(a, b + margin) for a, b in faults]
-    for share in sorted({m.share for m in ms}):
-        mine = [m for m in ms if m.share == share and m.qos >= 0]
-        edges = sorted({m.begin for m in mine} | {m.end for m in mine if m.end != END})
-        bounds = [0.0, *edges, END]
-        f = filter_of(share)
-        for a, b in zip(bounds, bounds[1:], strict=False):
-            lo, hi = a + settle, b - window
-            if hi <= lo or overlaps(wide, lo - settle, hi + window):
-                continue
-            present = [m for m in mine if m.begin <= a and m.end >= b]
-            if not present:
-                continue
-            msgs = [
-                (mid, t, topic, q)
-                for mid, (t, topic, q) in invoked.items()
-                if lo <= t <= hi and filter_matches(f, topic)
-            ]
-            if msgs:
-                _judge_interval(r, share, strategy, present, msgs, first, origins)
-    return r
-
-
-def _judge_interval(
-    r: SpreadCheck,
-    share: str,
-    strategy: str,
-    present: list[Membership],
-    msgs: list[tuple[str, float, str, int]],
-    first: dict[tuple[str, str], str],
-    origins: dict[str, list[tuple[float, str]]],
-) -> None:
-    node_of = {m.client: m.node for m in present}
-    per_member = {m.client: 0 for m in present}
-    turned = {m.client: 0 for m in present}  # (of them, QoS 0/1: the origins' turns chose their node)
-    missed = 0
-    keys: dict[str, set[str]] = {}  # topic / publisher / origin -> the members that got its messages
-    pubs: set[str] = set()
-    for mid, t, topic, qos in msgs:
-        who = first.get((mid, share))
-        publisher = mid.rpartition(":")[0]
-        origin = node_at(origins.get(publisher, []), t) or publisher
-        pubs.add(origin)
-        if who is None or who not in per_member:
-            missed += 1
-            continue
-        per_member[who] += 1
-        if qos < 2:
-            turned[who] += 1
-        key = topic if strategy == "hash_topic" else publisher if strategy == "hash_clientid" else origin
-        keys.setdefault(key, set()).add(who)
-    r.intervals += 1
-    r.counted += sum(per_member.values())
-    span = f"{min(m[1] for m in msgs):.3f}-{max(m[1] for m in msgs):.3f}s"
-    if strategy in ("hash_topic", "hash_clientid", "sticky"):
-        for key, members in sorted(keys.items()):
-            if len(members) > 1:
-                r.broken.append((share, f"{span}: {strategy} sent the messages of {key} to {sorted(members)}"))
-        return
-    if strategy not in ("round_robin", "local"):
-        return
-    by_node: dict[str, list[int]] = {}
-    for client, n in per_member.items():
-        by_node.setdefault(node_of[client], []).append(n)
-    for node, counts in sorted(by_node.items()):
-        spread = max(counts) - min(counts)
-        r.worst_members = max(r.worst_members, spread)
-        if spread > 1 + missed:
-            r.broken.append((share, f"{span}: the members on {node} got {sorted(counts)} (bound 1 + {missed} missed)"))
-    if strategy == "round_robin" and len(by_node) > 1:
-        # each origin's turns weigh a node by its members (a power of two, shared.py
-        # ``advertisement``): per unit of weight the nodes' counts differ by at most the number
-        # of origins; a QoS 2 message's node goes by its id (mesh/routing/shares.py), not a turn
-        totals: dict[str, int] = {}
-        for client, n in turned.items():
-            totals[node_of[client]] = totals.get(node_of[client], 0) + n
-        per_weight = {node: totals[node] / (_advertised_as(len(by_node[node])) or 1) for node in totals}
-        uneven = max(per_weight.values()) - min(per_weight.values())
-        r.worst_nodes = max(r.worst_nodes, round(uneven, 2))
-        if uneven > len(pubs) + missed:
-            got = dict(sorted(totals.items()))
-            weights = {node: _advertised_as(len(c)) for node, c in sorted(by_node.items())}
-            r.broken.append(
-                (share, f"{span}: the nodes got {got}, weighed {weights}, from {len(pubs)} origins (+{missed} missed)")
-            )
-
-
-@dataclass
-class ControlCheck:
-    changes: int = 0  # membership changes (joins and leaves) at the nodes
-    needed: int = 0  # of them, a node's first member of a group or its last
-    deltas: int = 0  # interest deltas that added or removed a group, per (node, group)
-    copies: int = 0  # their copies on the links
-    worst_copies: int = 0  # the most copies of one delta
-    extra: list[tuple[str, str, str]] = field(default_factory=list)  # (node, share, what): more deltas than needed
-    heavy: list[tuple[str, int, int]] = field(default_factory=list)  # (delta, copies, bound)
-
-
-def _advertised_as(members: int, queueing: int = 0) -> int | None:
-    """What a node advertises of a group with ``members`` connected members and ``queueing``
-    CleanSession=0 ones whose clients are away (shared.py ``advertisement``): the largest
-    power of two not above ``members``, 0 for none connected but some queueing (``QUEUED``),
-    None for none at all."""
-    if members > 0:
-        return 1 << (members.bit_length() - 1)
-    return 0 if queueing > 0 else None
-
-
-def check_control(
-    history: Any, deltas: dict[tuple[str, int, int], tuple[list[str], int]], links: int, copies_per_link: int = 2
-) -> ControlCheck:
-    """``deltas``: (node, incarnation, version) of each interest delta the simulator saw carry
-    a ``$share/`` change -> (its changes, "+share" / "-share", and its copies on the links);
-    ``links``: the links of the topology."""
-    r = ControlCheck()
-    # (node, share) -> changes (time, order at one time, connected members, members queueing); at
-    # one time: a returning session's arrival, then joins, then the old home's loss, then leaves
-    # (a join and a leave at once: no flip)
-    events: dict[tuple[str, str], list[tuple[float, int, int, int]]] = {}
-    queueing: dict[tuple[str, str], str] = {}  # (client, share) -> where its session queues, client away
-    for m in memberships(history):
-        mine = events.setdefault((m.node, m.share), [])
-        home = queueing.pop((m.client, m.share), None) if m.persistent else None
-        if home is None:
-            mine.append((m.begin, 1, 1, 0))
-        else:
-            # its client is back: the claim makes its session a member here, queueing until the
-            # client is attached (SessionTable.regroup, then attached), and none at its old home
-            mine += [(m.begin, 0, 0, 1), (m.begin, 1, 1, -1)]
-            events.setdefault((home, m.share), []).append((m.begin, 2, 0, -1))
-        if m.end != END:
-            away = m.persistent and m.how != "unsubscribe"  # (its session stays a member, queueing)
-            mine.append((m.end, 3, -1, int(away)))
-            if away:
-                queueing[(m.client, m.share)] = m.node
-    needed: dict[tuple[str, str], int] = {}
-    for key, evs in events.items():
-        count = queued = flips = 0
-        for _t, _order, d, q in sorted(evs, key=lambda e: (e[0], e[1])):
-            was = _advertised_as(count, queued)
-            count += d
-            queued += q
-            r.changes += d != 0
-            now = _advertised_as(count, queued)
-            if was != now:  # (one entry removed, one added: its first member, its last, a power of two)
-                flips += (was is not None) + (now is not None)
-        needed[key] = flips
-        r.needed += flips
-    seen: dict[tuple[str, str], int] = {}
-    bound = copies_per_link * links
-    for (node, inc, ver), (changes, copies) in sorted(deltas.items()):
-        r.copies += copies
-        r.worst_copies = max(r.worst_copies, copies)
-        if copies > bound:
-            r.heavy.append((f"{node}/{inc}/{ver}", copies, bound))
-        for change in changes:
-            key = (node, change[1:].partition("\0")[0])  # (with its weight: the group)
-            seen[key] = seen.get(key, 0) + 1
-            r.deltas += 1
-    for key, n in sorted(seen.items()):
-        if n > needed.get(key, 0):
-            r.extra.append(
-                (
-                    key[0],
-                    key[1],
-                    f"{n} interest changes for {needed.get(key, 0)} needed (first joins, last leaves, powers of two)",
-                )
-            )
-    return r

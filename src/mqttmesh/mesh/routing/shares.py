@@ -253,7 +253,8 @@ class SharesMixin(EngineState):
     def _served_elsewhere(self, deliveries: list[Message], now: float) -> None:
         """Messages this node was chosen to serve a group for that has no member here any more
         (its last one left while they were on the way, or the node restarted before their
-        origin heard of it): each to a member on another node, for that group only, a new
+        origin heard of it), or none that takes a message (all away, granted QoS 0: shared.py
+        ``advertisement``): each to a member on another node, for that group only, a new
         message of ours (a re-send, counted ``shared_rerouted``; custody.py
         ``_to_group_again``). A re-send already (``only``) goes on too, naming the same root:
         dropped here, it would be lost, its sender's wait ended by our acknowledgement (the
@@ -267,9 +268,14 @@ class SharesMixin(EngineState):
             shares = msg.shares
             if not shares:
                 continue
-            for share in shares:
-                if not is_resend_mark(share) and me not in groups.get(share, ()):
-                    self._to_group_again(msg, share, now)
+            gone = [s for s in shares if not is_resend_mark(s) and me not in groups.get(s, ())]
+            if not gone:
+                continue
+            for share in gone:
+                self._to_group_again(msg, share, now)
+            # (not served here as well: a group that is here but advertised as none, its
+            # members all away and granted QoS 0, would only drop it, counted; finding 34)
+            msg.shares = tuple(s for s in shares if s not in gone)
 
 
 def _weighted(reach: list[tuple[str, int]], n: int) -> str:
