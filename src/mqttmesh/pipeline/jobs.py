@@ -114,6 +114,15 @@ def _top(rows: list[dict], key: str, measure: str, n: int) -> list:
     return [k for k, _ in sorted(sums.items(), key=lambda kv: (-kv[1], str(kv[0])))[:n]]
 
 
+def _load_charts_meanwhile() -> None:
+    """Imports matplotlib (half a second) on a thread while the driver waits for Spark."""
+    import threading
+
+    from .report import load_plotting
+
+    threading.Thread(target=load_plotting, name="load-plotting", daemon=True).start()
+
+
 def _begin(opts, job: str) -> tuple[JobResult, str, float]:
     out = os.path.abspath(opts.out)
     charts = os.path.join(out, "charts")
@@ -163,6 +172,7 @@ def _read(spark, opts, kind, result: JobResult, say, **kw) -> DataFrame:
 
 def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     result, charts, started = _begin(opts, "traffic")
+    _load_charts_meanwhile()
     pub = _read(spark, opts, PUBLISH, result, say).select("timestamp", "origin", "publisher", "topic", "payload_size")
     w = int(opts.window)
     # one Spark query: the messages rolled up per window, node, publisher and topic, and that
@@ -291,6 +301,8 @@ def _fields(opts, schema: T.StructType, sample: list) -> tuple[list[tuple[str, .
 
 def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     result, charts, started = _begin(opts, "payloads")
+    _load_charts_meanwhile()
+    warming = P.warm_workers(spark)
     pub = _read(spark, opts, PUBLISH, result, say).select("timestamp", "origin", "topic", "payload")
     patterned = with_pattern(pub, opts.patterns, opts.level)
     flagged = P.with_json_flag(patterned)
@@ -307,6 +319,7 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     passed = P.payload_pass(patterned.select("timestamp", "pattern", "payload"), schema, fields, w).persist()
     try:
         # every table in one Spark query; the driver cuts them apart
+        warming.join()
         data = P.tables_of(passed, fields).toArrow()
     finally:
         passed.unpersist()
@@ -382,6 +395,7 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
 
 def run_audit(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     result, charts, started = _begin(opts, "audit")
+    _load_charts_meanwhile()
     now = time.time()
     expectations = [e if not isinstance(e, str) else parse_expectation(e, now) for e in opts.expect]
     pub = _read(spark, opts, PUBLISH, result, say)

@@ -37,6 +37,7 @@ __all__ = [
     "quality_of",
     "tables_of",
     "split_tables",
+    "warm_workers",
 ]
 
 PERCENTILE_ACCURACY = 10_000  # percentile_approx: relative error 1/accuracy of the rank
@@ -384,6 +385,36 @@ def pruned(schema: T.StructType, fields: list[tuple[str, ...]]) -> T.StructType:
     return T.StructType(out)
 
 
+def _warm(x):
+    """An Arrow UDF that loads what ``payload_pass``'s does (pyarrow's JSON reader, numpy)."""
+    from . import payload_batches  # noqa: F401
+
+    return x
+
+
+def warm_workers(spark):
+    """Starts the Python workers the payload pass will run in, one per core, with its modules
+    loaded: a Spark job of one row per core, on a thread, while the driver reads the sample and
+    plans the pass (on a JVM not yet warm, a second or two the cores would otherwise idle; the
+    workers stay for the pass: spark.python.worker.reuse). Returns the thread; whatever happens
+    on it is only a missed head start."""
+    import threading
+
+    from pyspark.sql.functions import arrow_udf
+
+    def run() -> None:
+        try:
+            cores = spark.sparkContext.defaultParallelism
+            udf = arrow_udf(_warm, "long")  # type: ignore[call-overload]
+            spark.range(cores, numPartitions=cores).select(udf("id")).collect()
+        except Exception:
+            pass
+
+    thread = threading.Thread(target=run, name="warm-python-workers", daemon=True)
+    thread.start()
+    return thread
+
+
 def payload_pass(df: DataFrame, schema: T.StructType, fields: list[tuple[str, ...]], window_seconds: int) -> DataFrame:
     """Per window and ``pattern`` of ``df`` (timestamp, pattern, payload): ``messages``,
     ``json`` (JSON objects), ``first``, ``last``, and for field i of ``fields``: ``c{i}``
@@ -629,9 +660,11 @@ def tables_of(passed: DataFrame, fields: list[tuple[str, ...]]) -> DataFrame:
     out = None
     for name, df in parts:
         have = set(df.columns)
-        cols = [F.lit(name).alias("_table")]
-        cols += [F.col(c).cast(t).alias(c) if c in have else F.lit(None).cast(t).alias(c) for c, t in _TABLE_COLUMNS]
-        part = df.select(*cols)
+        # (SQL text: one call to Spark for the whole select, not a few per column)
+        part = df.selectExpr(
+            f"'{name}' AS _table",
+            *[f"CAST({f'`{c}`' if c in have else 'NULL'} AS {t}) AS `{c}`" for c, t in _TABLE_COLUMNS],
+        )
         out = part if out is None else out.unionByName(part)
     assert out is not None
     return out

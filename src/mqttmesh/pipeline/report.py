@@ -24,6 +24,14 @@ def _plt():
     return plt
 
 
+def load_plotting() -> None:
+    """Imports what the charts draw with (a job may do it while Spark works)."""
+    try:
+        _plt()
+    except Exception:  # (the charts will say why when they are drawn)
+        pass
+
+
 # each series its own dash pattern and marker, and the first drawn the widest: where lines
 # coincide (two nodes with the same traffic) each still shows, as a border or a dash
 _DASHES = ["-", "--", "-.", ":"]
