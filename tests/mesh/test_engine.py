@@ -1074,3 +1074,79 @@ def test_a_groups_message_released_after_waiting_for_its_predecessor_goes_on_if_
     assert [m.seq for m in released] == [2] and released[0].shares == ()  # (not to b's groups)
     net.settle()
     assert b.counters["shared_rerouted"] == 1 and seen["c"] == [(100, ("$share/a 2", "$share/g/t/#"))]
+
+
+def test_a_node_that_sends_a_groups_message_on_holds_its_acknowledgement_until_that_one_is_settled():
+    """Issue 24 (finding 35): b, chosen for a's QoS 1 message for a group whose last member
+    here had left (or were all away at QoS 0: finding 34), sends it on as its own message 500
+    to c's member (``_served_elsewhere``). a's custody keeps the original until c's member
+    settled 500: had b acknowledged it at once, b dying before c's member acknowledged (its
+    copy in memory, or not yet committed) would lose a message its publisher got a PUBACK for.
+    b dead, a chooses another node's member again (a counted re-send)."""
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")], settings=MeshSettings(retransmit_after=1.0))
+    for n in ("b", "c"):
+        net.subscribe(n, "$share/g/t/#")
+    a, b, c = net.engines["a"], net.engines["b"], net.engines["c"]
+    seqs = iter(range(500, 600))
+    b.new_seq = lambda: next(seqs)
+    b.local_filter_removed("$share/g/t/#")  # (not yet heard of at a: a chooses b, the nearest)
+    took: list[Message] = []
+    take = net._take
+
+    def member_takes(name, inbound):
+        for msg in inbound.deliveries:
+            if name == "c" and msg.shares:
+                c.hold(msg, net.t)  # (c's member took it and has not acknowledged it yet)
+                took.append(msg)
+        take(name, inbound)
+
+    net._take = member_takes
+    a.route_local(Message("t/x", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    net.settle()
+    assert [(m.origin, m.seq) for m in took] == [("b", 500)] and b.counters["shared_rerouted"] == 1
+    assert 500 in b.custody and 1 in a.custody  # (not acknowledged to a: c's member holds it)
+    assert b._holds and b._after == {500: b._holds[("a", 1)].msg}
+    c.settle(took[0])  # c's member acknowledges the copy
+    net.settle()
+    assert not c._holds and 500 not in b.custody and not b._holds and not b._after
+    assert 1 not in a.custody  # (now a lets go)
+
+
+def test_a_node_that_sends_a_groups_message_on_and_dies_leaves_it_in_its_origins_custody():
+    """As above, b dies (its copy lost with it) before c's member settles: a still holds the
+    original and chooses c itself once b is out of reach, a counted re-send."""
+    settings = MeshSettings(retransmit_after=1.0, shared_reroute=2.0)
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c"), ("a", "c")], settings=settings)
+    net.cut("a", "c")  # (b is a's nearest node with a member)
+    net.settle()
+    for n in ("b", "c"):
+        net.subscribe(n, "$share/g/t/#")
+    a, b = net.engines["a"], net.engines["b"]
+    seqs, own = iter(range(500, 600)), iter(range(900, 1000))
+    b.new_seq, a.new_seq = (lambda: next(seqs)), (lambda: next(own))
+    b.local_filter_removed("$share/g/t/#")
+    held = []  # b's sends, never delivered: b dies before they leave it
+    pump = net._pump
+
+    def b_dies_after_sending(name, sends):
+        if name == "b" and held is not None:
+            held.extend(sends)
+            return
+        pump(name, sends)
+
+    net._pump = b_dies_after_sending
+    a.route_local(Message("t/x", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    net.settle()
+    assert b.counters["shared_rerouted"] == 1 and 500 in b.custody
+    assert not [s for s in held if s[1] == "e2e"]  # (no acknowledgement to a among b's sends)
+    assert 1 in a.custody
+    net._pump = pump
+    net.cut("a", "b")
+    net.cut("b", "c")
+    net.connect("a", "c")
+    net.settle()
+    net.t = 5.0
+    net._pump("a", a.tick(net.t))
+    net.settle()
+    assert a.counters["shared_rerouted"] == 1 and 1 not in a.custody
+    assert [d[:2] for d in net.delivered["c"]] == [("a", 900)]  # (b's copy 500 died with b)

@@ -247,13 +247,26 @@ class CustodyMixin(EngineState):
             out += [(c.msg, g) for g in groups if not is_resend_mark(g)]
         return out
 
-    def _to_group_again(self, msg: Message, share: str, now: float) -> None:
+    def _to_group_again(self, msg: Message, share: str, now: float, held: bool = False) -> None:
         """``msg`` once more for ``share``, a new message of ours (a re-send: counted) to a
-        member on another node in reach."""
+        member on another node in reach. ``held``: ``msg`` is another node's QoS 1/2 message
+        delivered here, whose acknowledgement to its origin then waits (``hold``) until the
+        new one leaves our custody, settled there (or given up), so that its origin still
+        has it should this node die before (issue 24, simulator finding 35)."""
         copy = self._group_copy(msg, now)
-        if copy is not None:
-            self.counters["shared_rerouted"] += 1
+        if copy is None:
+            return
+        self.counters["shared_rerouted"] += 1
+        if not (held and copy.qos):
             self.route_to_group(copy, share, now)
+            return
+        self.hold(msg, now)
+        seq = copy.seq
+        self._after[seq] = msg
+        self.route_to_group(copy, share, now)
+        parked = self._parked
+        if seq not in self.custody and not (parked and parked[-1][0] is copy):
+            self._settle_after(seq)  # (it went nowhere: nothing to wait for)
 
     def _group_copy(self, msg: Message, now: float) -> Message | None:
         """``msg`` as a new message of ours (for one shared group: ``route_to_group``), with

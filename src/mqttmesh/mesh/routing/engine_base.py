@@ -228,4 +228,4 @@ class EngineState:
 
         def _served_elsewhere(self, deliveries: list[Message], now: float) -> None: ...  # shares
 
-        def _to_group_again(self, msg: Message, share: str, now: float) -> None: ...  # custody
+        def _to_group_again(self, msg: Message, share: str, now: float, held: bool = False) -> None: ...  # custody

@@ -272,7 +272,8 @@ class SharesMixin(EngineState):
             if not gone:
                 continue
             for share in gone:
-                self._to_group_again(msg, share, now)
+                # (QoS 1/2: its acknowledgement waits for the copy's; issue 24, finding 35)
+                self._to_group_again(msg, share, now, held=True)
             # (not served here as well: a group that is here but advertised as none, its
             # members all away and granted QoS 0, would only drop it, counted; finding 34)
             msg.shares = tuple(s for s in shares if s not in gone)
