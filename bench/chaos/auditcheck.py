@@ -162,6 +162,8 @@ class Reconciliation:
     # lost, on the pairs both judge
     pairs_both: int = 0
     pairs_checker_only: int = 0  # acked, not archived (3)
+    # of those, the pairs of a message that is archived: none is explained (client, msg)
+    pairs_checker_only_unexplained: list[tuple[str, str]] = field(default_factory=list)
     pairs_audit_only: int = 0  # boundary or never acknowledged (4, 5)
     lost_checker: int = 0
     lost_audit: int = 0
@@ -196,6 +198,7 @@ class Reconciliation:
             + len(self.lost_audit_only_unexplained)
             + len(self.qos2_dup_unexplained)
             + len(self.misattributed)
+            + len(self.pairs_checker_only_unexplained)
             + (0 if self.job_rows_agree else 1)
         )
 
@@ -252,6 +255,7 @@ class Reconciliation:
                 "read_not_logged": [list(x) for x in self.read_not_logged[:10]],
                 "read_not_logged_unexplained": [list(x) for x in self.read_not_logged_unexplained[:10]],
                 "lost_checker_only_unexplained": [list(x) for x in self.lost_checker_only_unexplained[:10]],
+                "pairs_checker_only_unexplained": [list(x) for x in self.pairs_checker_only_unexplained[:10]],
                 "lost_audit_only_unexplained": [list(x) for x in self.lost_audit_only_unexplained[:10]],
                 "qos2_dup_unexplained": [list(x) for x in self.qos2_dup_unexplained[:10]],
             },
@@ -408,6 +412,8 @@ def reconcile(
     both = judged & set(delivered_audit)
     r.pairs_both = len(both)
     r.pairs_checker_only = len(judged - both)
+    not_archived = {m for m, _, _ in r.acked_not_archived}
+    r.pairs_checker_only_unexplained = sorted((c, m) for c, m in judged - both if m not in not_archived)
     r.pairs_audit_only = len(set(delivered_audit) - both)
     r.lost_in_checker_only_pairs = len((judged - both) & lost_checker)
     r.lost_in_audit_only_pairs = sum(1 for k in set(delivered_audit) - both if not delivered_audit[k])

@@ -129,3 +129,16 @@ def test_deliveries_under_another_origins_id_are_a_defect_never_an_explanation()
     assert r.read_not_logged == []  # (the row is matched to its read once re-keyed)
     assert r.job_rows_agree and r.unexplained == 1 and not r.agrees
     assert r.summary()["misattributed_messages"] == 1 and not r.summary()["agrees"]
+
+
+def test_a_pair_the_audit_did_not_judge_of_an_archived_message_is_unexplained() -> None:
+    """A pair only the checker judged is explained by its message missing from the publish log
+    (acknowledged by a node killed before its writer had it); of an archived message it is not."""
+    r = _reconcile(BOTH, BOTH[:1], archived=("pub0:1",), kills=[("n0", 5.3)])
+    assert r.pairs_checker_only_unexplained == [] and r.agrees
+    h = _history(BOTH)
+    a = _archived(BOTH)
+    a.expected = [e for e in a.expected if e[1] != f"n0:{SEQ['pub0:2']}"]  # (the audit lacks it)
+    r = reconcile(h, check(h, {"pub0", "sub0"}), a, WALL0, [], tail=1.0)
+    assert r.pairs_checker_only == 1 and r.pairs_checker_only_unexplained == [("sub0", "pub0:2")]
+    assert not r.agrees and r.summary()["samples"]["pairs_checker_only_unexplained"] == [["sub0", "pub0:2"]]

@@ -63,6 +63,8 @@ def test_the_audit_judged_the_pairs_the_checker_judged(result: dict[str, Any]) -
     # every pair the checker judged is judged by the audit too, but those of messages the
     # killed node acknowledged and had not handed to its writer (4 subscribers each)
     assert a["pairs"]["both"] + a["pairs"]["checker_only"] == c["checked"]
+    # (each such pair is of a message acknowledged and not archived: the others named)
+    assert a["samples"]["pairs_checker_only_unexplained"] == [], a["samples"]
     assert a["pairs"]["checker_only"] <= 4 * a["messages"]["acked_not_archived"]
     assert a["messages"]["archived_not_acked"] == 0  # (drained: every message acknowledged)
 
