@@ -1150,3 +1150,50 @@ def test_a_node_that_sends_a_groups_message_on_and_dies_leaves_it_in_its_origins
     net.settle()
     assert a.counters["shared_rerouted"] == 1 and 1 not in a.custody
     assert [d[:2] for d in net.delivered["c"]] == [("a", 900)]  # (b's copy 500 died with b)
+
+
+def test_an_origin_whose_own_members_are_the_only_ones_left_serves_a_lost_share_itself():
+    """Simulator finding 36: a's QoS 1 message was chosen for b's member (round robin: the
+    first for a's own), and b died before it arrived. After ``shared_reroute`` out of reach,
+    a's custody sends it again, a counted re-send under a new id, and the only member in
+    reach is a's own: the copy is a's broker's to serve (``served_here``, for the group alone,
+    naming its root), not kept for nodes that are gone (``_park``: it waited there for b until
+    ``custody_timeout``, delivered to nobody)."""
+    settings = MeshSettings(shared_strategy="round_robin", retransmit_after=1.0, shared_reroute=2.0)
+    net = Net(["a", "b"], [("a", "b")], settings=settings)
+    for n in ("a", "b"):
+        net.subscribe(n, "$share/g/t/#")
+    a = net.engines["a"]
+    own = iter(range(900, 1000))
+    a.new_seq = lambda: next(own)
+    first, second = (Message("t/x", b"x", 1, False, "a", seq, "p", net.t) for seq in (1, 2))
+    a.route_local(first, net.t)
+    a.route_local(second, net.t)
+    assert first.shares == ("$share/g/t/#",) and second.shares == ()  # (a serves the first)
+    assert a.custody[2].shares == {"b": ("$share/g/t/#",)}
+    net.cut("a", "b")  # (b dies before the second reaches it)
+    net.settle()
+    for step in range(1, 7):
+        net.t = step * 0.5
+        net._pump("a", a.tick(net.t))
+        net.settle()
+    assert not a._parked and a.counters["shared_parked"] == 0
+    here = a.served_here()
+    assert [(m.origin, m.seq, m.qos, m.shares) for m in here] == [("a", 900, 1, ("$share/a 2", "$share/g/t/#"))]
+    assert a.counters["shared_rerouted"] == 1 and 2 not in a.custody
+    assert a.served_here() == []  # (handed over once)
+    assert net.delivered["b"] == []
+
+
+def test_a_re_route_for_a_member_that_left_goes_to_another_node_only():
+    """What a member here held when it left, with no other member here (``route_to_group``
+    without ``here``): to another node's member, never this node's own again, though ``local``
+    would choose them first."""
+    net = Net(["a", "b"], [("a", "b")])
+    for n in ("a", "b"):
+        net.subscribe(n, "$share/g/t/#")
+    a = net.engines["a"]
+    msg = Message("t/x", b"x", 1, False, "a", 7, "p", net.t)
+    assert a.route_to_group(msg, "$share/g/t/#", net.t)
+    net.settle()
+    assert a.served_here() == [] and [d[:2] for d in net.delivered["b"]] == [("a", 7)]

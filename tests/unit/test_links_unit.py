@@ -445,6 +445,34 @@ def test_journaled_delivery_returns_its_batch_and_acks_after_commit():
     assert [p[:3] for p in publishes(sub)] == [("t/1", b"x", 1)]
 
 
+def test_a_groups_message_its_origins_custody_takes_off_a_dead_node_reaches_a_member_here():
+    """Simulator finding 36, through the brokers: a's QoS 1 message was chosen for b's member
+    of the group (round robin: the first for a's own), and b died before it left a. Once b
+    is out of reach for ``shared_reroute``, the tick re-routes it to the only member in reach,
+    a's own, and hands the copy to a's broker for the group alone: b's plain subscriber of
+    nothing, a's plain subscriber not twice."""
+    a, b = Node("a"), Node("b")
+    a.engine.settings.shared_strategy = "round_robin"
+    a.engine.new_seq = a.broker.next_seq  # (as assembly.build_core wires it)
+    pair = Pair(a, b)
+    pair.pump()
+    member = a.net.subscriber("ma", ("$share/g/t/#", 1))
+    plain = a.net.subscriber("plain", ("t/#", 1))
+    b.net.subscriber("mb", ("$share/g/t/#", 1))
+    pair.pump(0.1)
+    pub = a.net.connect("pub")
+    for pid in (1, 2):  # (the first to a's member, the second chosen for b's)
+        pub.receive_data(mqttraw.publish("t/x", b"%d" % pid, 1, pid=pid), 0.2)
+    assert [p[1] for p in publishes(member)] == [b"1"]
+    assert [p[1] for p in publishes(plain)] == [b"1", b"2"]
+    a.links.closed(pair.out, "b died", 0.3)  # (its envelope never left a)
+    for step in range(1, 9):
+        a.links.tick(0.3 + step)
+    assert [p[:3] for p in publishes(member)] == [("t/x", b"2", 1)]
+    assert publishes(plain) == []  # (the copy is for the group alone)
+    assert a.engine.counters["shared_rerouted"] == 1 and not a.engine.custody and not a.engine._parked
+
+
 def linked(node: Node, peer="a") -> MemLink:
     link = MemLink(peer, peer, True)
     node.links.receive(link, "hello", hello_of(peer), 0.0)
@@ -510,6 +538,9 @@ class FakeEngine:
         return self.flush(now)
 
     def release_held(self, now):
+        return []
+
+    def served_here(self):
         return []
 
     def known_addresses(self):

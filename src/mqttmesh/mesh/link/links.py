@@ -368,6 +368,9 @@ class PeerLinks:
             link = links.get(peer)
             if link is not None:
                 link.send(kind, payload, qos)
+        here = self.engine.served_here()  # (custody re-routed to members here: finding 36)
+        if here:
+            self._deliver(here, now)
         if not self.connect_all:
             return []
         return [

@@ -224,7 +224,9 @@ class CustodyMixin(EngineState):
             if c.dests:
                 self.counters["custody_expired"] += 1
         for msg, share in rerouted:
-            self._to_group_again(msg, share, now)
+            # (to any node with a member in reach, this one too: finding 36, an origin whose
+            # own members were the only ones left kept the copy for nodes that were gone)
+            self._to_group_again(msg, share, now, here=True)
 
     def _lost_shares(self, c: Custody, now: float) -> list[tuple[Message, str]]:
         """The shared groups ``c``'s message was chosen to be served for on a node out of
@@ -247,9 +249,10 @@ class CustodyMixin(EngineState):
             out += [(c.msg, g) for g in groups if not is_resend_mark(g)]
         return out
 
-    def _to_group_again(self, msg: Message, share: str, now: float, held: bool = False) -> None:
+    def _to_group_again(self, msg: Message, share: str, now: float, held: bool = False, here: bool = False) -> None:
         """``msg`` once more for ``share``, a new message of ours (a re-send: counted) to a
-        member on another node in reach. ``held``: ``msg`` is another node's QoS 1/2 message
+        member on another node in reach (``here``: or of this node, ``route_to_group``; for
+        custody's re-route). ``held``: ``msg`` is another node's QoS 1/2 message
         delivered here, whose acknowledgement to its origin then waits (``hold``) until the
         new one leaves our custody, settled there (or given up), so that its origin still
         has it should this node die before (issue 24, simulator finding 35)."""
@@ -258,12 +261,12 @@ class CustodyMixin(EngineState):
             return
         self.counters["shared_rerouted"] += 1
         if not (held and copy.qos):
-            self.route_to_group(copy, share, now)
+            self.route_to_group(copy, share, now, here)
             return
         self.hold(msg, now)
         seq = copy.seq
         self._after[seq] = msg
-        self.route_to_group(copy, share, now)
+        self.route_to_group(copy, share, now, here)
         parked = self._parked
         if seq not in self.custody and not (parked and parked[-1][0] is copy):
             self._settle_after(seq)  # (it went nowhere: nothing to wait for)

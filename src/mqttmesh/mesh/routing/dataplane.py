@@ -28,14 +28,22 @@ _new_tuple = tuple.__new__
 
 
 class DataPlaneMixin(EngineState):
-    def route_to_group(self, msg: Message, share: str, now: float) -> bool:
+    def route_to_group(self, msg: Message, share: str, now: float, here: bool = False) -> bool:
         """``msg``, a new message of this node, to one node (not this one) with members of the
         shared group ``share``, for that group only (shares.py ``only``): what a member here
-        held when it left, with no other member here. False: no such node known (QoS 1/2
-        for nodes all out of reach now: kept until one is, shares.py ``_park``)."""
-        node = self._pick(share, msg, exclude=self.node_id)
+        held when it left, with no other member here. ``here``: this node may be the one
+        (custody's re-route of what a node out of reach was chosen for: its members here are
+        as good as another node's; finding 36): then ``msg`` is this node's broker's to serve,
+        handed over by ``served_here``. False: no such node known (QoS 1/2 for nodes all out
+        of reach now: kept until one is, shares.py ``_park``)."""
+        me = self.node_id
+        node = self._pick(share, msg, exclude=None if here else me)
+        if node == me:
+            msg.shares = only(msg, share)  # (its group here alone: broker.py ``_group_only``)
+            self._here.append(msg)
+            return True
         if node is None:
-            if msg.qos and (not self.synced or self._share_nodes.get(share, {}).keys() - {self.node_id}):
+            if msg.qos and (not self.synced or self._share_nodes.get(share, {}).keys() - {me}):
                 # its nodes are out of reach now, or not yet known (a node that just started):
                 # kept for them
                 self._park(msg, share, now)
@@ -43,6 +51,17 @@ class DataPlaneMixin(EngineState):
             self.counters["shared_unreachable"] += 1
             return False
         return self.route_local(msg, now, {node: only(msg, share)})
+
+    def served_here(self) -> list[Message]:
+        """Messages of ours that the timer (``tick``: custody's re-route) chose this node's
+        own members of a group for (``route_to_group``), since the last call: deliver them
+        like ``receive``'s deliveries (each names its group alone, ``Message.shares``; its
+        acknowledgement, ``delivered``, is ours and goes nowhere). The caller takes them
+        after each ``tick`` (mesh/link/links.py ``PeerLinks.tick``)."""
+        out = self._here
+        if out:
+            self._here = []
+        return out
 
     def route_local(self, msg: Message, now: float, only: Shares | None = None) -> bool:
         """A message published at this node: forward it to the nodes that want it.

@@ -28,7 +28,9 @@ deliveries (for each of QoS 1/2, call ``delivered(message)`` once the delivery i
 safe) and the unicasts addressed here. Everything to send leaves at the next
 ``flush(now)`` as a list of ``Send`` (the broker calls it once per event-loop
 iteration, so envelopes and advertisements are batched per neighbour); ``tick``
-ends with a flush. The types are in actions.py.
+ends with a flush, and what its custody re-routed to this node's own members of a
+shared group is the caller's to deliver after it (``served_here``, like ``receive``'s
+deliveries). The types are in actions.py.
 
 The engine is one object made of five parts (engine_base.py says why): the
 advertisement database (lsdb.py), routes (routes.py), the data plane
@@ -130,6 +132,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._holds = {}
         self._after = {}
         self._parked = deque()
+        self._here = []
         self.new_seq = None  # (assembly.build_core gives it the Broker's)
         self._flood_out = {}
         self._control_out = []

@@ -162,6 +162,9 @@ class EngineState:
     # (message, group, since): QoS 1/2 messages of ours for a group whose nodes are all out of
     # reach, sent once one is (shares.py ``_park``)
     _parked: deque[tuple[Message, str, float]]
+    # messages of ours re-routed to this node's own members of a group, for its broker
+    # (dataplane.py ``route_to_group``, ``served_here``)
+    _here: list[Message]
     # this node's next message number (the Broker's), for what custody sends again under a
     # new id (a shared group's message chosen again elsewhere); None: never done
     new_seq: Callable[[], int] | None
@@ -222,10 +225,12 @@ class EngineState:
 
         def _pick(self, share: str, msg: Message, exclude: str | None = None) -> str | None: ...  # shares
 
-        def route_to_group(self, msg: Message, share: str, now: float) -> bool: ...  # dataplane
+        def route_to_group(self, msg: Message, share: str, now: float, here: bool = False) -> bool: ...  # dataplane
 
         def route_local(self, msg: Message, now: float, only: Shares | None = None) -> bool: ...  # dataplane
 
         def _served_elsewhere(self, deliveries: list[Message], now: float) -> None: ...  # shares
 
-        def _to_group_again(self, msg: Message, share: str, now: float, held: bool = False) -> None: ...  # custody
+        def _to_group_again(  # custody
+            self, msg: Message, share: str, now: float, held: bool = False, here: bool = False
+        ) -> None: ...
