@@ -72,10 +72,6 @@ def job_options(**values) -> argparse.Namespace:
     return argparse.Namespace(**defaults)
 
 
-def _utc(seconds: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(seconds, dt.UTC)
-
-
 def _rows(table: Table) -> list[dict]:
     """A written table's rows, as dicts, in its order (what the charts and the summary read)."""
     return table.data.to_pylist()
@@ -323,10 +319,8 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
         data = P.tables_of(passed, fields).toArrow()
     finally:
         passed.unpersist()
-    first_last = P.split_tables(data, None, None)["span"]
-    start = opts.since.timestamp() if opts.since else (first_last[0].timestamp() if first_last[0] else None)
-    end = opts.until.timestamp() if opts.until else (first_last[1].timestamp() if first_last[1] else None)
-    parts = P.split_tables(data, _utc(start) if start is not None else None, _utc(end) if end is not None else None)
+    first, last = P.table_span(data)
+    parts = P.split_tables(data, opts.since or first, opts.until or last)
     quality = write_arrow(parts["payload_quality"], result.out, "payload_quality", "Payloads per topic pattern")
     quality_rows = _rows(quality)
     messages = sum(r["messages"] for r in quality_rows)
