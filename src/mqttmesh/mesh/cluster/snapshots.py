@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import math
+from collections.abc import Container
 from dataclasses import replace
 
 from ...message import Message, in_origin_order
@@ -78,10 +79,10 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     if not snaps:
         return None
     snaps = _from_one_time(snaps)
-    done: set[tuple[str, int]] = set()
+    done: dict[tuple[str, int], int] = {}  # settled id -> the newest epoch of a copy settling it
     floors: dict[str, int] = {}
-    for s in snaps:
-        done.update(s.done)
+    for s in sorted(snaps, key=lambda s: s.epoch):
+        done.update(dict.fromkeys(s.done, s.epoch))
         for origin, floor in s.floors.items():
             if floor > floors.get(origin, -1):
                 floors[origin] = floor
@@ -91,6 +92,7 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     best: dict[tuple[str, int], SnapshotEntry] = {}
     came: dict[tuple[str, int], int] = {}  # id -> the rank of the view its entry is from (0: latest)
     order: list[tuple[str, int]] = []
+    release: dict[tuple[str, int], SnapshotEntry] = {}  # settled, but maybe held by the client
     # the views latest first: where two have a message at one state under two packet ids (one
     # copy missed a "sent" that sent it again after its client left and came back: detach
     # queues an unconfirmed PUBLISH again), the latest view's id is the one the client may
@@ -100,6 +102,8 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         for e in s.entries:
             key = (e.origin, e.seq)
             if key in done:
+                if e.qos == 2 and e.state and e.pid and s.epoch > done[key] and key not in release:
+                    release[key] = e  # (the latest such view's: ranked first)
                 continue
             if e.qos == 2 and key not in in_latest and e.seq <= floors.get(e.origin, -1):
                 continue  # (settled and forgotten, as far as anyone can tell)
@@ -143,6 +147,8 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
             del reserved[key]
             if entry.state < state or (entry.state == state and reserved_came[key] < came[key]):
                 best[key] = entry._replace(pid=pid, state=state)
+    if release:
+        _released(release, best, order, reserved, done)
     subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
     rel, inbound = _awaiting_rel(ranked, done, floors)
     # in flight first (in packet-id send order), then queued, each in arrival order
@@ -172,6 +178,32 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
     )
 
 
+def _released(
+    release: dict[tuple[str, int], SnapshotEntry],
+    best: dict[tuple[str, int], SnapshotEntry],
+    order: list[tuple[str, int]],
+    reserved: dict[tuple[str, int], tuple[int, int]],
+    done: dict[tuple[str, int], int],
+) -> None:
+    """A QoS 2 message settled by one copy and in flight under a newer claim's: the copy that
+    settled it could not know that the newer claim's node sent it to the client (it gave it
+    to another member of its group, or withdrew it expired, while cut off, or while the claim
+    gathered), so the client may hold its packet id awaiting PUBREL, and take a new message
+    under that id for a re-send of it, never delivered [MQTT-4.3.3-1]. It stays settled for
+    the mesh, and its id is released, not reused: the merged copy has it at PUBREL, which the
+    node the client is on sends again (``Session.attach``) and the PUBCOMP settles (fault
+    harness, 7 nodes, MQTT 5, seed 9: sub0 kept id 376 for a message its home gave away; a
+    QoS 2 message sent under 376 later was taken for a repeat and lost)."""
+    used = {e.pid for e in best.values() if e.state} | {pid for _, pid in reserved.values()}
+    for key, e in release.items():
+        if e.pid in used:
+            continue  # (the id went to another message since: nothing left to release)
+        used.add(e.pid)
+        best[key] = e._replace(state=SENT_PUBREL)
+        order.append(key)
+        del done[key]
+
+
 def _routed(snaps: list[Snapshot], inbound: list[tuple[int, Forwarded]]) -> list[tuple[str, int]]:
     """The ids of the merged ``inbound`` messages that any view says a node routed."""
     if not any(s.routed for s in snaps):
@@ -182,7 +214,7 @@ def _routed(snaps: list[Snapshot], inbound: list[tuple[int, Forwarded]]) -> list
 
 
 def _awaiting_rel(
-    ranked: list[Snapshot], done: set[tuple[str, int]], floors: dict[str, int]
+    ranked: list[Snapshot], done: Container[tuple[str, int]], floors: dict[str, int]
 ) -> tuple[list[int], list[tuple[int, Forwarded]]]:
     """The inbound QoS 2 ids awaiting PUBREL of views ``ranked`` latest first, with their
     messages. Each id is as the first view has it, awaiting PUBREL or not, unless that view
@@ -274,9 +306,11 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
     used = set()
     done = session.done
     for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts, props, ttl in snap.entries:
-        if (origin, seq) in done:
+        if (origin, seq) in done and (state != SENT_PUBREL or not pid or pid in used):
             # settled here before (this copy remembers TOMBSTONES ids, a snapshot carries
-            # those of its copy): a copy that was away, or paused, must not bring it back
+            # those of its copy): a copy that was away, or paused, must not bring it back;
+            # at PUBREL it brings back no message, only the release of an id the client may
+            # hold (``_released``)
             continue
         msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts, props_of(props))
         if ttl is not None:
