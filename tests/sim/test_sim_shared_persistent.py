@@ -413,3 +413,16 @@ def test_an_old_home_that_keeps_a_moved_session_as_a_member_fails_shared_home(mo
     sim = _run(fail=False)
     homes = [v for v in sim.violations.items if v.startswith("[shared.home]")]
     assert homes and all("while its client is on n" in v for v in homes), sim.violations.items[:5]
+
+
+@pytest.mark.parametrize("seed", [1, 22])
+def test_a_message_published_as_its_origin_stalls_is_judged_from_when_the_origin_took_it(seed) -> None:
+    """Finding 36's three nodes (n1 stalled 6.0-7.5 s, killed at 7.51 s) on seeds 1 and 22: a
+    client of n1 sent a QoS 1 message at 5.999 s; n1 took, acknowledged and routed it at 7.5 s
+    and died 10 ms later with the member it chose. ``shared.lost`` judged it from its send,
+    when a member on n1 was in reach; from when n1 took it no member was (counted, not lost)."""
+    sc = load_scenario(SCENARIOS / "found" / "finding-36-origin-reroute-excludes-own-members.toml")
+    sc.seed, sc.checks.fail = seed, False
+    sim = Simulator(sc).run()
+    assert not sim.violations.items, sim.violations.items[:5]
+    assert sim.stall_log["n1"] == [(6.0, 7.5)] and sim.shared_results["once"].unreachable >= 1

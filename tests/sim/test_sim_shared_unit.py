@@ -225,3 +225,34 @@ def test_a_delta_crossing_the_links_too_often_fails() -> None:
     _member(h, 1.0, "g0m0", "n1")
     r = check_control(h, {("n1", 1, 2): ([f"+{G}"], 9)}, links=4)
     assert r.heavy == [("n1/1/2", 9, 8)]
+
+
+def test_a_message_its_stalled_origin_took_after_the_stall_is_judged_from_then() -> None:
+    """(Finding 36's three nodes, seeds 1, 10, 13, 15, 19 and 22) a client of n1 publishes as
+    n1 stalls (6.0-7.5 s); n1 takes, acknowledges and routes the message at 7.5 s, and dies at
+    7.51 s with the member it chose: the member was connected throughout the publication's
+    window, not the routing's. Judged from when its origin ran again, it had no member in
+    reach (n2's is cut off from the dead n1); judged from its send, it would be lost."""
+
+    def history() -> History:
+        h = History()
+        h.connect(0.9, "p000", "ok", "p000#1", "n1", False)
+        a = _member(h, 1.0, "g0m0", "n1")
+        _member(h, 1.1, "g0m1", "n2")
+        h.publish(5.999, "p000", "invoke", "p000:1", "sh/p000/0", 1)
+        h.publish(7.501, "p000", "ok", "p000:1", "sh/p000/0", 1)
+        h.left(7.51, "g0m0", a, "n1", G, "drop", 7.51)  # (its node killed)
+        return h
+
+    def apart(a: str, b: str) -> list[tuple[float, float]]:
+        return [(7.51, float("inf"))] if a != b and "n1" in (a, b) else []
+
+    def judged(held):
+        faults = [(6.0, 7.5), (7.51, 30.0)]
+        return check_once(history(), faults, 0.5, 0.5, 5.0, lost_margin=0.1, end=30.0, apart=apart, held=held)
+
+    assert [m for m, _s, _w in judged(None).lost] == ["p000:1"]  # (from its send: lost)
+    r = judged(lambda node: [(5.998, 7.5)] if node == "n1" else [])
+    assert (r.lost, r.unreachable) == ([], 1)
+    # stalled elsewhere only: judged from its send, as before
+    assert [m for m, _s, _w in judged(lambda node: [(5.998, 7.5)] if node == "n2" else []).lost] == ["p000:1"]

@@ -264,6 +264,12 @@ class MembersMixin(SimulatorPart):
         out += [(t0, self.sc.duration) for _k, _w, t0 in opened]
         return sorted(out)
 
+    def _stalls(self, node: str) -> list[tuple[float, float]]:
+        """The windows in which ``node`` ran nothing (stall.py), from when a publication that
+        reached it during one may have been sent (its client's one-way latency before)."""
+        lead = self.sc.clients.latency_ms[1] / 1000.0
+        return [(a - lead, b) for a, b in self.stall_log.get(node, [])]
+
     def _finish_shared(self) -> None:
         c = self.sc.clients
         if not c.groups:
@@ -276,7 +282,9 @@ class MembersMixin(SimulatorPart):
         # (with persistent members, whose runs end with every client back: a fault excuses a
         # lost message no more where its origin kept a path to a member; cluster_checks.py apart)
         apart = self.apart if c.member_persistent else None
-        once = check_once(h, faults, settle, settle, margin, lossy, self.detect_bound(), self.sc.duration, apart)
+        once = check_once(
+            h, faults, settle, settle, margin, lossy, self.detect_bound(), self.sc.duration, apart, self._stalls
+        )
         sessions = check_sessions_once(h)
         spread = check_spread(h, self.settings.shared_strategy, faults, settle, settle, margin)
         control = check_control(h, self.share_deltas, len(self.links), apart=apart, detect=self.detect_bound())

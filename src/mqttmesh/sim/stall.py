@@ -49,6 +49,7 @@ class StallMixin(SimulatorPart):
         self.stalled: set[str] = set()  # nodes whose loop is stalled now
         self.rng_stall = random.Random(f"{self.sc.seed}/stall")
         self.stall_counts = {"stalls": 0, "held": 0, "silenced": 0}
+        self.stall_log: dict[str, list[tuple[float, float]]] = {}  # node -> its stalls (from, until)
 
     def _stall(self, node: Node, seconds: float) -> None:
         """The node's loop runs nothing for ``seconds`` (a longer stall wins over a shorter one)."""
@@ -57,6 +58,7 @@ class StallMixin(SimulatorPart):
             return
         node.stalled_until = until
         self.stalled.add(node.name)
+        self.stall_log.setdefault(node.name, []).append((self.now, until))
         self.stall_counts["stalls"] += 1
         self._at(until, STALL_END, node.name, node.gen)
         ka = self.sc.node.keepalive
