@@ -1197,3 +1197,35 @@ def test_a_re_route_for_a_member_that_left_goes_to_another_node_only():
     assert a.route_to_group(msg, "$share/g/t/#", net.t)
     net.settle()
     assert a.served_here() == [] and [d[:2] for d in net.delivered["b"]] == [("a", 7)]
+
+
+def test_a_kept_groups_message_goes_to_a_member_that_joins_here_meanwhile():
+    """A QoS 1 message for a group whose only node with members (c) is cut off is kept by its
+    origin a (``_park``); a member joins on a before c is back: a's broker serves it
+    (``served_here``, for the group alone), it leaves what is kept and custody, and c never
+    gets it. Before, ``_unpark`` chose another node only, and the message waited for c, or
+    for ``custody_timeout``, with a member connected on its origin."""
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
+    seen = _shares_seen(net)
+    net.subscribe("c", "$share/g/t/#")
+    a = net.engines["a"]
+    seqs = iter(range(100, 200))
+    a.new_seq = lambda: next(seqs)
+    net.cut("b", "c")
+    net.settle()
+    a.route_local(Message("t/1", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    net.settle()
+    assert len(a._parked) == 1 and a.served_here() == []
+    net.subscribe("a", "$share/g/t/#")  # (a member joins on a)
+    net.t = 1.0
+    net._pump("a", a.tick(net.t))
+    net.settle()
+    here = a.served_here()
+    assert [(m.origin, m.seq, m.shares) for m in here] == [("a", 100, ("$share/a 1", "$share/g/t/#"))]
+    assert not a._parked and not a.custody and a.counters["shared_unparked_here"] == 1
+    net.connect("b", "c")
+    net.settle()
+    net.t = 2.0
+    net._pump("a", a.tick(net.t))
+    net.settle()
+    assert seen["c"] == [] and a.served_here() == []

@@ -167,6 +167,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             "shared_parked": 0,
             "shared_parked_expired": 0,
             "shared_parked_dropped": 0,
+            "shared_unparked_here": 0,
         }
 
     # ------------------------------------------------------------------ start

@@ -183,8 +183,16 @@ class SharesMixin(EngineState):
             if msg.expires is not None and msg.expires <= now:
                 self._unpark_one(msg)  # (its life ended: to nobody [MQTT-3.3.2-5])
                 continue
-            node = self._pick(share, msg, exclude=self.node_id)
-            if node is not None:
+            node = self._pick(share, msg)
+            if node == self.node_id:
+                # a member joined here since (none was when it was kept, or the one that left
+                # holding it was the last here): this node's broker serves it, for the group
+                # alone (``served_here``), and it leaves what is kept
+                msg.shares = only(msg, share)
+                self._here.append(msg)
+                self.counters["shared_unparked_here"] += 1
+                self._unpark_one(msg)
+            elif node is not None:
                 self.route_local(msg, now, {node: only(msg, share)})  # (in custody: journaled anew)
             elif self.synced and not self._share_nodes.get(share, {}).keys() - {self.node_id}:
                 self.counters["shared_unreachable"] += 1  # (no member anywhere any more)
