@@ -144,6 +144,7 @@ def check_shared(
     unacked: dict[str, set[str]] = {}  # connection -> msg ids never acknowledged on it
     conn_now: dict[str, str] = {}  # client -> its accepted connection
     accepted: dict[str, list[tuple[float, str]]] = {}  # client -> (t, node) of its accepted connections
+    conns_of: dict[str, list[tuple[float, str]]] = {}  # client -> (t, connection) of the same
     acked_on: dict[str, str] = {}  # msg id -> the publisher's connection that had the acknowledgement
     for op in history.ops:
         t, client, what, kind = op[0], op[1], op[2], op[3]
@@ -154,6 +155,7 @@ def check_shared(
                 node_now[client] = node_of.get(op[4], op[5])
                 conn_now[client] = op[4]
                 accepted.setdefault(client, []).append((t, node_now[client]))
+                conns_of.setdefault(client, []).append((t, op[4]))
         elif kind == "subscribe":
             shares = [f.split("/", 2)[2] for f, q in op[4] if f.startswith("$share/") and f.count("/") >= 2]
             if shares:
@@ -230,6 +232,7 @@ def check_shared(
                 # the earlier copy may be the origin's re-send, the later one the first copy,
                 # delivered after the heal (a killed node keeps it only in a persistent queue)
                 far = later if earlier[0] >= t_inv + REROUTED_AFTER else set()
+                handed = _handed_on(member, conn2, t_inv, earlier[0], t2, persistent, conns_of, closes, node_of)
                 c, d = _explain(
                     msg_id,
                     earlier,
@@ -243,6 +246,7 @@ def check_shared(
                     closes,
                     unacked,
                     faults or [],
+                    handed,
                 )
                 if CLASSES.index(c) < CLASSES.index(cls):
                     cls, detail, first = c, d, earlier
@@ -315,12 +319,16 @@ def _explain(
     closes: dict[str, tuple[float, str]],
     unacked: dict[str, set[str]],
     faults: list[dict[str, Any]],
+    handed: tuple[str, str] | None = None,
 ) -> tuple[str, str]:
     """Why a member may have got ``msg_id`` (published at ``t_inv``) at ``t2`` after ``earlier``
     (t, member, conn) had it. ``near``: where the earlier copy was held; ``far``: where the later
     one may have been held while the earlier was a re-send; ``kept``: where the later one may
     have been kept through a kill or a stop (a persistent member's queue, restored from the
-    store, or waiting in a stopped process)."""
+    store, or waiting in a stopped process); ``handed``: (node, node) when the later member is
+    a persistent one whose connection on the first node ended around the earlier copy (that
+    node handed what the session held on to another member), and which got it on the second:
+    a fault between the two kept the session's other copies from hearing of the hand-on."""
     t1, _, conn = earlier
     if msg_id in unacked.get(conn, ()):
         return "unacked", f"{conn} ended without its acknowledgement"
@@ -343,6 +351,12 @@ def _explain(
             cls = "cut off"
         elif kind == "flap" and _apart(nodes, src, [f["link"][:1], f["link"][1:]]):
             cls = "cut off"
+        elif (
+            handed is not None
+            and kind.startswith("partition")
+            and _apart({handed[0]}, {handed[1]}, f.get("sides") or ((), ()))
+        ):
+            cls = "cut off"
         elif kind == "link lost" and _apart(nodes, src, [f["link"][:1], f["link"][1:]]):
             cls = "link lost"  # (not injected: a node's log, nodelogs.py)
         else:
@@ -352,6 +366,33 @@ def _explain(
     if best[0] == "unexplained" and len(sent_on.get(msg_id, ())) > 1:
         return "inbound", f"published on {len(sent_on[msg_id])} connections"
     return best
+
+
+def _handed_on(
+    member: str,
+    conn2: str,
+    t_inv: float,
+    t1: float,
+    t2: float,
+    persistent: set[str],
+    conns_of: dict[str, list[tuple[float, str]]],
+    closes: dict[str, tuple[float, str]],
+    node_of: dict[str, str],
+) -> tuple[str, str] | None:
+    """(the node a persistent ``member``'s connection ended on around the earlier copy at
+    ``t1``, the node of its connection ``conn2`` that got the message at ``t2``), or None. The
+    fault harness, 7 nodes, 3.1.1, seed 1: sub0's node n5, cut off into a minority, closed it
+    with a QoS 1 message in flight and handed the message to csub5 there; sub0's copies on the
+    majority side never heard, and sent it again (DUP) when sub0 came back on n2."""
+    if member not in persistent:
+        return None
+    for t, conn in conns_of.get(member, []):
+        if t > t1 or conn == conn2:
+            continue
+        end = closes.get(conn)
+        if end is not None and t_inv - BEFORE <= end[0] <= min(t2, t1 + SEEN_LATE) and conn2 in node_of:
+            return node_of.get(conn, ""), node_of[conn2]
+    return None
 
 
 def _session(client: str, conn: str, persistent: set[str]) -> str:

@@ -667,3 +667,31 @@ def test_shared_a_persistent_members_home_stopped_explains_the_copy_another_got_
     h.received(9.2, "sub", msg, TOPIC, 2, False, "sub/2", 1)
     r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=[_window("pause", 5.2, 6.9, node=paused)])
     assert [(x["again"][0], x["class"]) for x in r.resends] == [("sub", expected)]
+
+
+@pytest.mark.parametrize(
+    ("sides", "expected"),
+    [
+        ([["n0", "n1", "n2"], ["n3", "n4"]], "cut off"),  # sub's old node apart from its new one
+        ([["n0", "n3"], ["n1", "n2", "n4"]], "unexplained"),  # together: its copies heard of it
+        (None, "unexplained"),
+    ],
+)
+def test_shared_a_persistent_member_whose_node_handed_its_message_on_while_cut_off(
+    sides: list[list[str]] | None, expected: str
+) -> None:
+    """The fault harness (7 nodes, 3.1.1, seed 1, pub0:2053): sub's node, cut off into a
+    minority, closed sub's connection with a QoS 1 message in flight that sub never read, and
+    handed the message to csub (the hand-on goes to the session's other copies, which the
+    partition kept from hearing of it); sub came back on a node of the other side, whose copy
+    still had the message in flight, and got it again (DUP)."""
+    h = _group()
+    msg = _publish(h, 5.0, 1, qos=1, topic="chaos/pub/q1")
+    h.received(5.2, "csub", msg, "chaos/pub/q1", 1, False, "csub/1", 1)
+    h.closed(5.21, "sub", "sub/1", False, "closed by the server")
+    h.connect(5.8, "sub", "invoke", "sub/2", "n3")
+    h.connect(5.9, "sub", "ok", "sub/2", "n3", True)
+    h.received(5.9, "sub", msg, "chaos/pub/q1", 1, True, "sub/2", 29)
+    faults = [] if sides is None else [_window("partition-cut", 5.1, 7.0, sides=sides)]
+    r = check_shared(h, MEMBERS_PERSISTENT, settle=2.0, faults=faults)
+    assert [(x["first"][0], x["again"][0], x["class"]) for x in r.resends] == [("csub", "sub", expected)]
