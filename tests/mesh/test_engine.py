@@ -933,10 +933,9 @@ def test_a_qos2_message_routed_again_by_another_node_is_served_where_its_origin_
             assert chosen_a == {"b"}
 
 
-def test_a_groups_message_whose_nodes_are_all_out_of_reach_is_kept_until_one_is():
-    """c, the only node with a member, is cut off from a: a's QoS 1 message for the group is
-    kept (as a new message of a, for that group alone) and sent at the first tick after the
-    heal; a QoS 0 one is not kept."""
+def _group_cut_off_from_its_origin():
+    """c, the only node with a member of the group, cut off from a; a has published a QoS 1
+    message to it (a's new ids from 100): (net, what each node's broker saw, a)."""
     net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
     seen = _shares_seen(net)
     net.subscribe("c", "$share/g/t/#")
@@ -946,6 +945,14 @@ def test_a_groups_message_whose_nodes_are_all_out_of_reach_is_kept_until_one_is(
     net.cut("b", "c")
     net.settle()
     a.route_local(Message("t/1", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    return net, seen, a
+
+
+def test_a_groups_message_whose_nodes_are_all_out_of_reach_is_kept_until_one_is():
+    """c, the only node with a member, is cut off from a: a's QoS 1 message for the group is
+    kept (as a new message of a, for that group alone) and sent at the first tick after the
+    heal; a QoS 0 one is not kept."""
+    net, seen, a = _group_cut_off_from_its_origin()
     a.route_local(Message("t/1", b"y", 0, False, "a", 2, "p", net.t), net.t)
     net.settle()
     assert seen["c"] == [] and len(a._parked) == 1 and a.counters["shared_parked"] == 1
@@ -1205,15 +1212,7 @@ def test_a_kept_groups_message_goes_to_a_member_that_joins_here_meanwhile():
     (``served_here``, for the group alone), it leaves what is kept and custody, and c never
     gets it. Before, ``_unpark`` chose another node only, and the message waited for c, or
     for ``custody_timeout``, with a member connected on its origin."""
-    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")])
-    seen = _shares_seen(net)
-    net.subscribe("c", "$share/g/t/#")
-    a = net.engines["a"]
-    seqs = iter(range(100, 200))
-    a.new_seq = lambda: next(seqs)
-    net.cut("b", "c")
-    net.settle()
-    a.route_local(Message("t/1", b"x", 1, False, "a", 1, "p", net.t), net.t)
+    net, seen, a = _group_cut_off_from_its_origin()
     net.settle()
     assert len(a._parked) == 1 and a.served_here() == []
     net.subscribe("a", "$share/g/t/#")  # (a member joins on a)
