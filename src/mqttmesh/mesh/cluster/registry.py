@@ -53,7 +53,8 @@ class Registry:
         self.node_id = node_id
         self.membership = membership
         # what it counts (Cluster.counters adds up every part's)
-        # (kicked_again: a connection a later claim replaced, registered again: its kick was lost)
+        # (kicked_again: a connection a later claim replaced registered again once that claim's
+        # connection had ended or gone out of sight: its kick was lost)
         self.counters = dict.fromkeys(("kicks", "kicked_again", "wills_published"), 0)
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.entries: dict[str, Registration] = {}  # the ids we are registrar or backup of
@@ -107,19 +108,20 @@ class Registry:
         cid = m.cid
         entry = self.entries.get(cid)
         live = self.membership.live
-        if entry is not None and _replaced_by(entry, m):
-            # a connection a later claim replaced, whose kick never reached it (sent on a route
-            # a partition had cut): it loses whatever became of that claim's connection since,
-            # and is kicked again [MQTT-3.1.4-3]; taken back once that one ended, it came with
-            # the later epoch and its will, published at its end though a new connection of the
-            # ClientId had come first (fuzzer seed 655, finding 37 of docs/simulation.md)
-            # [MQTT-3.1.3-9]. Kept among the kicked, as a claim's kick is.
-            self.counters["kicks"] += 1
-            self.counters["kicked_again"] += 1
-            self.kicked[(cid, m.conn)] = (_registration(m, m.epoch), now)
-            out.append(ToNode(m.node, RegKick(cid, m.conn, entry.epoch, entry.node)))
-            return out
         if entry is None or entry.conn == m.conn or not entry.connected or entry.node not in live:
+            if entry is not None and _replaced_by(entry, m):
+                # a connection a later claim replaced, whose kick never reached it (sent on a
+                # route a partition had cut), and that claim's connection ended since (or its
+                # node is out of sight): it is kicked again, as it is while that one is live
+                # below [MQTT-3.1.4-3]. Taken back, it came with the later epoch and its will,
+                # published at its end though a new connection of the ClientId had come first
+                # [MQTT-3.1.3-9] (fuzzer seed 655, finding 37 of docs/simulation.md). Kept
+                # among the kicked, as a claim's kick is.
+                self.counters["kicks"] += 1
+                self.counters["kicked_again"] += 1
+                self.kicked[(cid, m.conn)] = (_registration(m, m.epoch), now)
+                out.append(ToNode(m.node, RegKick(cid, m.conn, entry.epoch, entry.node)))
+                return out
             if entry is None or m.epoch >= entry.epoch or not entry.connected or entry.node not in live:
                 epoch = max(m.epoch, entry.epoch if entry else 0)
                 if entry is not None and entry.conn != m.conn:
