@@ -15,7 +15,7 @@ import pytest
 from mqttmesh import properties as P
 from mqttmesh.mesh.cluster.cluster import ClusterSettings
 from mqttmesh.packets import Will
-from support.cluster_net import Net, cid_with
+from support.cluster_net import FakeChannel, Net, cid_with
 
 
 def _cid(net: Net, at: str) -> str:
@@ -261,3 +261,61 @@ def test_a_release_after_a_partition_settles_the_will_its_registrar_kept_for_a_n
             net.tick(12.0)
             assert _wills(net, "w/d") == []
         assert ch.state == "connected"  # (a, cut off, never heard)
+
+
+def _pump_losing(net: Net, lost) -> None:
+    """``net.pump``, dropping the unicasts for which ``lost(frm, dest, kind)``: sent on a route
+    a partition had cut before the sender knew (the cluster's messages are best effort)."""
+    for _ in range(100_000):
+        for n in sorted(net.up):
+            net.clusters[n].flush(net.t)
+        if not net.queue:
+            return
+        frm, dest, kind, payload = net.queue.popleft()
+        if dest in net.up and not lost(frm, dest, kind):
+            net.clusters[dest].receive(frm, kind, payload, net.t)
+    raise AssertionError("the cluster did not settle")
+
+
+class _DelayedWillChannel(FakeChannel):
+    """A connection whose will waits for its delay: kicked, it ends so (as Channel._end)."""
+
+    def kick(self, reason: str, now: float) -> None:
+        self.close(reason, delayed=True)
+
+
+def test_a_connection_a_newer_claim_replaced_is_kicked_again_and_its_will_not_brought_back():
+    """The client is on x with a will delayed 3 s; it connects on c with Clean Start 1 (a
+    takeover): the registrar grants c's claim the next epoch and kicks x's connection
+    [MQTT-3.1.4-3], but the kick is lost on the way (a route a partition had cut). c's
+    connection ends. Then x registers its connection again (after a membership change, or
+    every 5 s): the registrar took that older connection back, the newer one having ended,
+    with the newer epoch and its will, and when x closed it the will was published 3 s later,
+    though a new connection of the ClientId came before that connection even ended
+    [MQTT-3.1.3-9] (fuzzer seed 655, finding 37 of docs/simulation.md). A registration of a
+    connection a later claim replaced is kicked again, and its will goes with it."""
+    net = Net(names=["x", "b", "c", "d", "e"], settings=ClusterSettings(will_delay=0.5))
+    cid = cid_with(net, lambda regs, holders: not {"x", "c"} & set(regs[:2]))
+    registrar = net.clusters["b"].members.registrars(cid)[0]
+    old = _DelayedWillChannel(net, "x", cid, expiry=600)
+    net.clusters["x"].connect(old, cid, False, _will(3), net.t, expiry=600)
+    net.pump()
+    assert old.state == "connected"
+    net.tick(0.1)
+    new = FakeChannel(net, "c", cid, expiry=600)  # (Clean Start 1, as in the seed: no gather)
+    net.clusters["c"].connect(new, cid, False, None, net.t, fresh=True, expiry=600)
+    _pump_losing(net, lambda frm, dest, kind: dest == "x" and kind == "reg.kick")
+    assert new.state == "connected" and old.state == "connected"  # (the kick never came)
+    entry = net.clusters[registrar].registry.entries[cid]
+    assert (entry.node, entry.epoch) == ("c", 2)
+    new.close("connection lost")
+    net.pump()
+    for _ in range(22):  # x registers its connection again (register_interval, 5 s; in the
+        net.tick(0.25)  # steps of a node's timer: a long jump reads as a pause, and fences)
+    entry = net.clusters[registrar].registry.entries[cid]
+    assert (entry.node, entry.epoch, entry.connected) == ("c", 2, False)  # (before: x's, at epoch 2)
+    assert old.state == "closed" and "connected on node c" in old.reason
+    assert net.clusters[registrar].counters["kicked_again"] == 1
+    for _ in range(20):  # (its release said the will waits 3 s: gone with the newer connection)
+        net.tick(0.25)
+    assert _wills(net, "w/d") == []

@@ -34,6 +34,8 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-23-fuzz-8-expiry-lost-at-heal": "expired_copies_discarded",
     # an old home the claim did not fetch is told, and hands what it took to the client's node
     "finding-33-fuzz-19-old-home-keeps-member": "old_homes_told",
+    # a connection a later claim replaced (its kick lost across the cut) registers again: kicked
+    "finding-37-fuzz-655-replaced-connection-registered-again": "kicked_again",
 }
 
 

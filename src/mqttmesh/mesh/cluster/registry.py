@@ -53,7 +53,9 @@ class Registry:
         self.node_id = node_id
         self.membership = membership
         # what it counts (Cluster.counters adds up every part's)
-        self.counters = dict.fromkeys(("kicks", "wills_published"), 0)
+        # (kicked_again: a connection a later claim replaced registered again once that claim's
+        # connection had ended or gone out of sight: its kick was lost)
+        self.counters = dict.fromkeys(("kicks", "kicked_again", "wills_published"), 0)
         self.wall_offset = wall_offset  # wall-clock seconds minus `now`
         self.entries: dict[str, Registration] = {}  # the ids we are registrar or backup of
         # (cid, conn) -> (the registration a claim replaced, when): a connection kicked on a
@@ -107,6 +109,19 @@ class Registry:
         entry = self.entries.get(cid)
         live = self.membership.live
         if entry is None or entry.conn == m.conn or not entry.connected or entry.node not in live:
+            if entry is not None and _replaced_by(entry, m):
+                # a connection a later claim replaced, whose kick never reached it (sent on a
+                # route a partition had cut), and that claim's connection ended since (or its
+                # node is out of sight): it is kicked again, as it is while that one is live
+                # below [MQTT-3.1.4-3]. Taken back, it came with the later epoch and its will,
+                # published at its end though a new connection of the ClientId had come first
+                # [MQTT-3.1.3-9] (fuzzer seed 655, finding 37 of docs/simulation.md). Kept
+                # among the kicked, as a claim's kick is.
+                self.counters["kicks"] += 1
+                self.counters["kicked_again"] += 1
+                self.kicked[(cid, m.conn)] = (_registration(m, m.epoch), now)
+                out.append(ToNode(m.node, RegKick(cid, m.conn, entry.epoch, entry.node)))
+                return out
             if entry is None or m.epoch >= entry.epoch or not entry.connected or entry.node not in live:
                 epoch = max(m.epoch, entry.epoch if entry else 0)
                 if entry is not None and entry.conn != m.conn:
@@ -386,6 +401,16 @@ def _supersedes(copy: Registration, have: Registration) -> bool:
     if copy.refused != have.refused:
         return have.refused
     return (copy.at, copy.node) >= (have.at, have.node)
+
+
+def _replaced_by(entry: Registration, m: RegRegister) -> bool:
+    """Is ``m`` the registration of a connection that ``entry``'s claim replaced: another
+    connection, of an earlier epoch and claimed earlier, and ``entry``'s claim not refused (its
+    client got 0x03, and the connection it would have replaced goes on)? Both tests, for two
+    registrars across a split hand out epochs apart: a smaller epoch claimed later may be the
+    client's newer connection, kept if the entry's has ended (two live ones: the larger
+    (epoch, at, node) stays)."""
+    return entry.conn != m.conn and m.epoch < entry.epoch and m.at < entry.at and not entry.refused
 
 
 def _ends_earlier(copy: Registration, have: Registration) -> bool:
