@@ -379,7 +379,7 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print, prepared: Prep
     """``prepared``: what ``prepare_payloads`` found, if it ran already (cli.py)."""
     result, charts, started = _begin(opts, "payloads")
     _load_charts_meanwhile()
-    warming = P.warm_workers(spark)
+    P.warm_workers(spark)
     if prepared is None:
         prepared = prepare_payloads(opts, say)
     pub = _read_prepared(spark, opts, prepared, result, say).select("timestamp", "origin", "topic", "payload")
@@ -400,8 +400,8 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print, prepared: Prep
     # one pass over the payloads: parsed once, classified, aggregated per window and pattern
     passed = P.payload_pass(patterned.select("timestamp", "pattern", "payload"), schema, fields, w).persist()
     try:
-        # every table in one Spark query; the driver cuts them apart
-        warming.join()
+        # every table in one Spark query; the driver cuts them apart (its tasks wait for the
+        # Python workers warm_workers starts, as long as those take: the planning need not)
         data = P.tables_of(passed, fields).toArrow()
     finally:
         passed.unpersist()
