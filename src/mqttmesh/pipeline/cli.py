@@ -199,10 +199,20 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    done = False
     try:
-        return _run_job(spark, args, say, prepared)
+        code = _run_job(spark, args, say, prepared)
+        done = code == 0 and args.job != "stream"
+        return code
     finally:
-        spark.stop()
+        # A batch job that wrote its report and printed its result leaves its SparkContext to
+        # the JVM this process started: when this process exits, the JVM reads the end of its
+        # pipe, exits, and its shutdown hook stops the context (the Python workers with it).
+        # Measured, 1 M rows: the command ends without the second spark.stop() takes, the JVM
+        # about a second after it, nothing printed after, every output file written before.
+        # Under spark-submit, a stream, or a failure: stopped here, as before.
+        if not (done and "PYSPARK_GATEWAY_PORT" not in os.environ):
+            spark.stop()
 
 
 class _Meanwhile:
