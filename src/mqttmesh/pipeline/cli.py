@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # (a batch job's size picks the JVM's compiler; a stream runs on: the full one)
         kinds = {"traffic": ("publish",), "payloads": ("publish",), "audit": ("publish", "delivery")}.get(args.job)
-        size = archive_bytes(args.archive, kinds) if kinds else None
+        size = archive_bytes(args.archive, kinds, args.since, args.until) if kinds else None
         spark = build_session(f"mqttmesh-{args.job}", args.master, args.shuffle_partitions, input_bytes=size)
     except Exception as exc:  # no Java, a master that does not answer
         print(

@@ -16,7 +16,6 @@ import re
 from collections.abc import Callable
 
 from ..archive.schema import COLUMNS, FORMAT_VERSION, KINDS
-from ..archive.table import TableError, is_table, snapshot_files
 
 __all__ = [
     "ExtractError",
@@ -156,6 +155,7 @@ def _first_line(exc: BaseException) -> str:
 def _remote_paths(spark, root: str, kind: str, since, until, as_of, say: Callable[[str], None]) -> list[str]:
     """What Spark reads of the ``kind`` log at a URI: a Delta table's files of the version
     asked (its log read by Spark, as a local table's by delta-rs), or the directory."""
+    from ..archive.table import TableError
     from .delta_uri import uri_is_table, uri_snapshot_files
 
     log_uri = root.rstrip("/") + "/" + kind
@@ -219,6 +219,10 @@ def log_files(
     checked (``on_corrupt``, ``verify``, ``required``, ``as_of`` as there). Local roots are
     listed and checked on the driver without Spark (so before its session is up: cli.py);
     a URI needs ``spark`` (its Hadoop FileSystem)."""
+    # (archive.table imports pyarrow: not for list_files, which session.archive_bytes calls
+    # before the JVM starts)
+    from ..archive.table import TableError, is_table, snapshot_files
+
     if on_corrupt not in ("skip", "fail"):
         raise ValueError(on_corrupt)
     paths: list[str] = []
