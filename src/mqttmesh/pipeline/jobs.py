@@ -57,7 +57,8 @@ class JobResult:
 class Prepared:
     """What a job learns of a local archive on the driver, without Spark (cli.py has it done
     while the JVM starts): the publish log's files (``extract.log_files``) and the notes on
-    them; for payloads, when no --schema is given, the sample, its schema and the fields."""
+    them; for payloads the sample (unless --schema and --fields are given), and when no
+    --schema is given its schema and the fields."""
 
     files: list[str]
     notes: list[str] = field(default_factory=list)
@@ -365,13 +366,14 @@ def prepare_payloads(opts, say: Callable[[str], None] = print) -> Prepared | Non
     """``run_payloads``'s work before Spark: the files, and unless --schema is given the
     sample (read with pyarrow), its schema and the fields (None: an archive at a URI)."""
     prepared = _prepared_files(opts, say)
-    if prepared is None or opts.schema:
-        return prepared
-    sample = local_sample(prepared.files, int(opts.sample), opts.since, opts.until)
-    if sample is not None:  # (else a file pyarrow cannot read: Spark samples them)
-        prepared.sample = sample
-        prepared.schema = P.schema_of([text for _, _, text in sample])
-        prepared.fields, prepared.left_out = _fields(opts, prepared.schema, sample)
+    if prepared is None:
+        return None
+    if not (opts.schema and getattr(opts, "fields", None)):
+        # (None: a file pyarrow cannot read; Spark samples them)
+        prepared.sample = local_sample(prepared.files, int(opts.sample), opts.since, opts.until)
+    if prepared.sample is not None and not opts.schema:  # (a --schema's DDL is parsed by the JVM)
+        prepared.schema = P.schema_of([text for _, _, text in prepared.sample])
+        prepared.fields, prepared.left_out = _fields(opts, prepared.schema, prepared.sample)
     return prepared
 
 
@@ -384,16 +386,16 @@ def run_payloads(spark, opts, say: Callable[[str], None] = print, prepared: Prep
         prepared = prepare_payloads(opts, say)
     pub = _read_prepared(spark, opts, prepared, result, say).select("timestamp", "origin", "topic", "payload")
     patterned = with_pattern(pub, opts.patterns, opts.level)
+    # a sample of the JSON payloads: their schema (unless --schema), which fields are counters
+    if prepared is not None and prepared.sample is not None:
+        sample = prepared.sample
+    elif opts.schema and getattr(opts, "fields", None):
+        sample = []
+    else:
+        sample = P.sample_payloads(P.with_json_flag(patterned), opts.sample, pub.inputFiles(), opts.since, opts.until)
     if prepared is not None and prepared.schema is not None:
         schema, fields, left_out = prepared.schema, prepared.fields, prepared.left_out
-        sample = prepared.sample or []
     else:
-        # a sample of the JSON payloads: their schema (unless --schema), which fields are counters
-        sample = (
-            []
-            if opts.schema and getattr(opts, "fields", None)
-            else P.sample_payloads(P.with_json_flag(patterned), opts.sample, pub.inputFiles(), opts.since, opts.until)
-        )
         schema = _schema(spark, opts, sample)
         fields, left_out = _fields(opts, schema, sample)
     w = int(opts.window)
