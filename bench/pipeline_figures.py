@@ -234,7 +234,10 @@ class _Profile:
     functions the job module calls (measurement only: the job runs unchanged)."""
 
     STEPS = (
+        "prepare_traffic",
+        "prepare_payloads",
         "read_log",
+        "read_files",
         "write_table",
         "write_arrow",
         "line_chart",

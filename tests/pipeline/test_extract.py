@@ -175,5 +175,5 @@ def test_the_payload_sample_read_on_the_driver_is_the_one_spark_reads(spark, tmp
     # the first N in time order
     first = P.sample_payloads(flagged, 3, files, since, until)
     assert [x for _, _, x in first] == ['{"v": 4}', '{"v": 6}', '{"v": 9}']
-    assert payload_schema._local_sample(["hdfs://nn/archive/publish/x.parquet"], 10, None, None) is None
-    assert payload_schema._local_sample([str(tmp_path / "gone.parquet")], 10, None, None) is None
+    assert payload_schema.local_sample(["hdfs://nn/archive/publish/x.parquet"], 10, None, None) is None
+    assert payload_schema.local_sample([str(tmp_path / "gone.parquet")], 10, None, None) is None

@@ -3,6 +3,7 @@ run as its JVM exits, taken once that run is over and the file settled, then map
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import subprocess
 import sys
@@ -58,6 +59,15 @@ def test_a_small_local_job_compiles_with_the_quick_compiler_only(tmp_path, monke
     assert S.archive_bytes([root], ("publish",)) == 3000
     assert S.archive_bytes([root, "file://" + root], ("publish", "delivery")) == 7000
     assert S.archive_bytes([root, "hdfs://nn/a"], ("publish",)) is None
+    # what the job reads: the hours of --since/--until only
+    later = tmp_path / "a" / "publish" / "date=2026-01-31" / "hour=13"
+    later.mkdir()
+    (later / "n1-1-000003.parquet").write_bytes(b"x" * 400)
+    at = dt.datetime(2026, 1, 31, 13, tzinfo=dt.UTC)
+    assert S.archive_bytes([root], ("publish",)) == 3400
+    assert S.archive_bytes([root], ("publish",), since=at) == 400
+    assert S.archive_bytes([root], ("publish",), until=at) == 3000
+    assert S.archive_bytes([root], ("publish",), at - dt.timedelta(minutes=1), at + dt.timedelta(minutes=1)) == 3400
     assert S.driver_options("local[2]", 3000) == S.QUICK_JIT
     assert S.driver_options("local[2]", S.QUICK_JIT_BYTES) == ""
     assert S.driver_options("local[2]", None) == ""

@@ -184,10 +184,13 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     os.makedirs(args.out, exist_ok=True)
+    # the job's work that needs no Spark (listing and checking a local archive's files, the
+    # payloads' sample and schema) runs while the JVM starts
+    prepared = _Meanwhile(args, say) if args.job in ("traffic", "payloads") else None
     try:
         # (a batch job's size picks the JVM's compiler; a stream runs on: the full one)
         kinds = {"traffic": ("publish",), "payloads": ("publish",), "audit": ("publish", "delivery")}.get(args.job)
-        size = archive_bytes(args.archive, kinds) if kinds else None
+        size = archive_bytes(args.archive, kinds, args.since, args.until) if kinds else None
         spark = build_session(f"mqttmesh-{args.job}", args.master, args.shuffle_partitions, input_bytes=size)
     except Exception as exc:  # no Java, a master that does not answer
         print(
@@ -196,13 +199,52 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    done = False
     try:
-        return _run_job(spark, args, say)
+        code = _run_job(spark, args, say, prepared)
+        done = code == 0 and args.job != "stream"
+        return code
     finally:
-        spark.stop()
+        # A batch job that wrote its report and printed its result leaves its SparkContext to
+        # the JVM this process started: when this process exits, the JVM reads the end of its
+        # pipe, exits, and its shutdown hook stops the context (the Python workers with it).
+        # Measured, 1 M rows: the command ends without the second spark.stop() takes, the JVM
+        # about a second after it, nothing printed after, every output file written before.
+        # Under spark-submit, a stream, or a failure: stopped here, as before.
+        if not (done and "PYSPARK_GATEWAY_PORT" not in os.environ):
+            spark.stop()
 
 
-def _run_job(spark, args, say) -> int:
+class _Meanwhile:
+    """``jobs.PREPARE[job](args, say)`` on a thread; ``result()`` waits for it and returns what
+    it returned or raises what it raised (a daemon thread: a run that ends before, Spark
+    not starting, does not wait for it)."""
+
+    def __init__(self, args: argparse.Namespace, say) -> None:
+        import threading
+
+        self._value: object = None
+        self._error: BaseException | None = None
+
+        def work() -> None:
+            try:
+                from .jobs import PREPARE
+
+                self._value = PREPARE[args.job](args, say)
+            except BaseException as exc:  # (raised again by result(), on the main thread)
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, name=f"prepare-{args.job}", daemon=True)
+        self._thread.start()
+
+    def result(self) -> object:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _run_job(spark, args, say, prepared: _Meanwhile | None = None) -> int:
     from .extract import ExtractError
     from .options import OptionError
 
@@ -218,7 +260,10 @@ def _run_job(spark, args, say) -> int:
             return 0
         from .jobs import BATCH_JOBS
 
-        result = BATCH_JOBS[args.job](spark, args, say)
+        if prepared is not None:
+            result = BATCH_JOBS[args.job](spark, args, say, prepared=prepared.result())
+        else:
+            result = BATCH_JOBS[args.job](spark, args, say)
     except (ExtractError, OptionError) as exc:
         print(f"mqttmesh analyze {args.job}: {exc}", file=sys.stderr)
         return 1 if isinstance(exc, ExtractError) else 2

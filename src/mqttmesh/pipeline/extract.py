@@ -16,9 +16,18 @@ import re
 from collections.abc import Callable
 
 from ..archive.schema import COLUMNS, FORMAT_VERSION, KINDS
-from ..archive.table import TableError, is_table, snapshot_files
 
-__all__ = ["ExtractError", "is_uri", "list_files", "check_file", "check_table_file", "read_log"]
+__all__ = [
+    "ExtractError",
+    "is_uri",
+    "list_files",
+    "check_file",
+    "check_table_file",
+    "read_log",
+    "local_roots",
+    "log_files",
+    "read_files",
+]
 
 _PART = re.compile(r"^(date|hour)=(.+)$")
 
@@ -146,6 +155,7 @@ def _first_line(exc: BaseException) -> str:
 def _remote_paths(spark, root: str, kind: str, since, until, as_of, say: Callable[[str], None]) -> list[str]:
     """What Spark reads of the ``kind`` log at a URI: a Delta table's files of the version
     asked (its log read by Spark, as a local table's by delta-rs), or the directory."""
+    from ..archive.table import TableError
     from .delta_uri import uri_is_table, uri_snapshot_files
 
     log_uri = root.rstrip("/") + "/" + kind
@@ -184,16 +194,42 @@ def read_log(
     and schema) or "full" (every page too, read once on the driver). With ``required``,
     no file at all is an ExtractError; otherwise the result is an empty DataFrame.
     """
-    from pyspark.sql import functions as F
+    paths = log_files(roots, kind, since, until, on_corrupt, say, required, verify, as_of, spark)
+    return read_files(spark, paths, kind, since, until, on_corrupt)
 
-    from .schema import spark_schema
+
+def local_roots(roots: list[str]) -> bool:
+    """Whether ``log_files`` lists ``roots`` without Spark (no URI among them)."""
+    return not any(is_uri(root) for root in roots)
+
+
+def log_files(
+    roots: list[str],
+    kind: str,
+    since=None,
+    until=None,
+    on_corrupt: str = "skip",
+    say: Callable[[str], None] = print,
+    required: bool = True,
+    verify: str = "footer",
+    as_of=None,
+    spark=None,
+) -> list[str]:
+    """What ``read_log`` hands Spark: the files of the ``kind`` log under ``roots``, each
+    checked (``on_corrupt``, ``verify``, ``required``, ``as_of`` as there). Local roots are
+    listed and checked on the driver without Spark (so before its session is up: cli.py);
+    a URI needs ``spark`` (its Hadoop FileSystem)."""
+    # (archive.table imports pyarrow: not for list_files, which session.archive_bytes calls
+    # before the JVM starts)
+    from ..archive.table import TableError, is_table, snapshot_files
 
     if on_corrupt not in ("skip", "fail"):
         raise ValueError(on_corrupt)
-    schema = spark_schema(kind)
     paths: list[str] = []
     for root in roots:
         if is_uri(root):
+            if spark is None:
+                raise ValueError(f"{root}: a URI is listed by Spark")
             paths.extend(_remote_paths(spark, root, kind, since, until, as_of, say))
             continue
         if not os.path.isdir(_local(root)):
@@ -217,14 +253,25 @@ def read_log(
                 raise ExtractError(f"{path}: {problem} (--on-corrupt skip leaves such files out)")
             else:
                 say(f"skipping {path}: {problem}")
+    if not paths and required:
+        where = ", ".join(os.path.join(r, kind) for r in roots)
+        raise ExtractError(
+            f"no {kind} log files under {where}"
+            + (" in the time range" if since or until else "")
+            + ("" if kind == "publish" else " (is archive.delivery_log on?)")
+        )
+    return paths
+
+
+def read_files(spark, paths: list[str], kind: str, since=None, until=None, on_corrupt: str = "skip"):
+    """``log_files``'s ``paths`` as a DataFrame of the ``kind`` log, rows in [since, until)
+    (none: an empty DataFrame)."""
+    from pyspark.sql import functions as F
+
+    from .schema import spark_schema
+
+    schema = spark_schema(kind)
     if not paths:
-        if required:
-            where = ", ".join(os.path.join(r, kind) for r in roots)
-            raise ExtractError(
-                f"no {kind} log files under {where}"
-                + (" in the time range" if since or until else "")
-                + ("" if kind == "publish" else " (is archive.delivery_log on?)")
-            )
         return spark.createDataFrame([], schema)
     # a file whose footer is fine but whose pages are not is Spark's to find
     spark.conf.set("spark.sql.files.ignoreCorruptFiles", "true" if on_corrupt == "skip" else "false")

@@ -22,12 +22,24 @@ from . import audit as A
 from . import payloads as P
 from . import traffic as TR
 from .common import with_pattern
-from .extract import read_log
+from .extract import local_roots, log_files, read_files, read_log
 from .load import Table, write_arrow, write_table
 from .options import OptionError, parse_expectation
+from .payload_schema import local_sample
 from .report import bar_chart, grouped_bars, html_page, line_chart
 
-__all__ = ["JobResult", "run_traffic", "run_payloads", "run_audit", "BATCH_JOBS", "job_options"]
+__all__ = [
+    "JobResult",
+    "Prepared",
+    "prepare_traffic",
+    "prepare_payloads",
+    "run_traffic",
+    "run_payloads",
+    "run_audit",
+    "BATCH_JOBS",
+    "PREPARE",
+    "job_options",
+]
 
 
 @dataclass
@@ -39,6 +51,21 @@ class JobResult:
     summary: dict[str, object] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+
+
+@dataclass
+class Prepared:
+    """What a job learns of a local archive on the driver, without Spark (cli.py has it done
+    while the JVM starts): the publish log's files (``extract.log_files``) and the notes on
+    them; for payloads the sample (unless --schema and --fields are given), and when no
+    --schema is given its schema and the fields."""
+
+    files: list[str]
+    notes: list[str] = field(default_factory=list)
+    sample: list | None = None
+    schema: T.StructType | None = None
+    fields: list[tuple[str, ...]] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)
 
 
 def job_options(**values) -> argparse.Namespace:
@@ -163,13 +190,53 @@ def _read(spark, opts, kind, result: JobResult, say, **kw) -> DataFrame:
     )
 
 
+def _prepared_files(opts, say) -> Prepared | None:
+    """The publish log's files of a local archive, checked (None: a URI, which Spark lists)."""
+    if not local_roots(opts.archive):
+        return None
+    notes: list[str] = []
+
+    def note(text: str) -> None:
+        notes.append(text)
+        say(text)
+
+    files = log_files(
+        opts.archive,
+        PUBLISH,
+        opts.since,
+        opts.until,
+        opts.on_corrupt,
+        note,
+        verify=getattr(opts, "verify", "footer"),
+        as_of=getattr(opts, "as_of", None),
+    )
+    return Prepared(files, notes)
+
+
+def _read_prepared(spark, opts, prepared: Prepared | None, result: JobResult, say) -> DataFrame:
+    """The publish log: the files ``prepared`` names, or (None) as ``_read`` finds them."""
+    if prepared is None:
+        return _read(spark, opts, PUBLISH, result, say)
+    result.notes.extend(prepared.notes)
+    return read_files(spark, prepared.files, PUBLISH, opts.since, opts.until, opts.on_corrupt)
+
+
 # -- traffic ---------------------------------------------------------------------------------------
 
 
-def run_traffic(spark, opts, say: Callable[[str], None] = print) -> JobResult:
+def prepare_traffic(opts, say: Callable[[str], None] = print) -> Prepared | None:
+    """``run_traffic``'s work before Spark: the files (None: an archive at a URI)."""
+    return _prepared_files(opts, say)
+
+
+def run_traffic(spark, opts, say: Callable[[str], None] = print, prepared: Prepared | None = None) -> JobResult:
+    """``prepared``: what ``prepare_traffic`` found, if it ran already (cli.py)."""
     result, charts, started = _begin(opts, "traffic")
     _load_charts_meanwhile()
-    pub = _read(spark, opts, PUBLISH, result, say).select("timestamp", "origin", "publisher", "topic", "payload_size")
+    if prepared is None:
+        prepared = prepare_traffic(opts, say)
+    pub = _read_prepared(spark, opts, prepared, result, say)
+    pub = pub.select("timestamp", "origin", "publisher", "topic", "payload_size")
     w = int(opts.window)
     # one Spark query: the messages rolled up per window, node, publisher and topic, and that
     # along every table's keys; the driver cuts the tables out of it (traffic.split_rollups)
@@ -295,27 +362,48 @@ def _fields(opts, schema: T.StructType, sample: list) -> tuple[list[tuple[str, .
     return [by_name[n] for n in names], {n: "not in --fields" for n in by_name if n not in names}
 
 
-def run_payloads(spark, opts, say: Callable[[str], None] = print) -> JobResult:
+def prepare_payloads(opts, say: Callable[[str], None] = print) -> Prepared | None:
+    """``run_payloads``'s work before Spark: the files, and unless --schema is given the
+    sample (read with pyarrow), its schema and the fields (None: an archive at a URI)."""
+    prepared = _prepared_files(opts, say)
+    if prepared is None:
+        return None
+    if not (opts.schema and getattr(opts, "fields", None)):
+        # (None: a file pyarrow cannot read; Spark samples them)
+        prepared.sample = local_sample(prepared.files, int(opts.sample), opts.since, opts.until)
+    if prepared.sample is not None and not opts.schema:  # (a --schema's DDL is parsed by the JVM)
+        prepared.schema = P.schema_of([text for _, _, text in prepared.sample])
+        prepared.fields, prepared.left_out = _fields(opts, prepared.schema, prepared.sample)
+    return prepared
+
+
+def run_payloads(spark, opts, say: Callable[[str], None] = print, prepared: Prepared | None = None) -> JobResult:
+    """``prepared``: what ``prepare_payloads`` found, if it ran already (cli.py)."""
     result, charts, started = _begin(opts, "payloads")
     _load_charts_meanwhile()
-    warming = P.warm_workers(spark)
-    pub = _read(spark, opts, PUBLISH, result, say).select("timestamp", "origin", "topic", "payload")
+    P.warm_workers(spark)
+    if prepared is None:
+        prepared = prepare_payloads(opts, say)
+    pub = _read_prepared(spark, opts, prepared, result, say).select("timestamp", "origin", "topic", "payload")
     patterned = with_pattern(pub, opts.patterns, opts.level)
-    flagged = P.with_json_flag(patterned)
     # a sample of the JSON payloads: their schema (unless --schema), which fields are counters
-    sample = (
-        []
-        if opts.schema and getattr(opts, "fields", None)
-        else P.sample_payloads(flagged, opts.sample, pub.inputFiles(), opts.since, opts.until)
-    )
-    schema = _schema(spark, opts, sample)
-    fields, left_out = _fields(opts, schema, sample)
+    if prepared is not None and prepared.sample is not None:
+        sample = prepared.sample
+    elif opts.schema and getattr(opts, "fields", None):
+        sample = []
+    else:
+        sample = P.sample_payloads(P.with_json_flag(patterned), opts.sample, pub.inputFiles(), opts.since, opts.until)
+    if prepared is not None and prepared.schema is not None:
+        schema, fields, left_out = prepared.schema, prepared.fields, prepared.left_out
+    else:
+        schema = _schema(spark, opts, sample)
+        fields, left_out = _fields(opts, schema, sample)
     w = int(opts.window)
     # one pass over the payloads: parsed once, classified, aggregated per window and pattern
     passed = P.payload_pass(patterned.select("timestamp", "pattern", "payload"), schema, fields, w).persist()
     try:
-        # every table in one Spark query; the driver cuts them apart
-        warming.join()
+        # every table in one Spark query; the driver cuts them apart (its tasks wait for the
+        # Python workers warm_workers starts, as long as those take: the planning need not)
         data = P.tables_of(passed, fields).toArrow()
     finally:
         passed.unpersist()
@@ -470,4 +558,7 @@ def run_audit(spark, opts, say: Callable[[str], None] = print) -> JobResult:
     return result
 
 
-BATCH_JOBS = {"traffic": run_traffic, "payloads": run_payloads, "audit": run_audit}
+BATCH_JOBS: dict[str, Callable[..., JobResult]] = {"traffic": run_traffic, "payloads": run_payloads, "audit": run_audit}
+# the jobs with work to do before Spark: cli.py runs it while the JVM starts, and passes its
+# result to the job as ``prepared``
+PREPARE = {"traffic": prepare_traffic, "payloads": prepare_payloads}

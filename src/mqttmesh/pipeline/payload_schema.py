@@ -10,7 +10,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 
-__all__ = ["sample_payloads", "schema_of", "measurements", "numeric_fields", "COUNTER_SHARE"]
+__all__ = ["sample_payloads", "local_sample", "schema_of", "measurements", "numeric_fields", "COUNTER_SHARE"]
 
 _NUMERIC = (T.ByteType, T.ShortType, T.IntegerType, T.LongType, T.FloatType, T.DoubleType, T.DecimalType)
 
@@ -27,14 +27,14 @@ def sample_payloads(
     is a tenth of the job's time (its first query, on a JVM not yet warm). Anything else (a
     URI, a file pyarrow cannot read) is sampled by Spark, in its partitions' order."""
     if files:
-        rows = _local_sample(files, int(sample), since, until)
+        rows = local_sample(files, int(sample), since, until)
         if rows is not None:
             return rows
     found = df.where("is_json").select("topic", "timestamp", "text").limit(int(sample)).collect()
     return [(r.topic, r.timestamp, r.text) for r in found]
 
 
-def _local_sample(files: list[str], sample: int, since, until) -> list[tuple[str, object, str]] | None:
+def local_sample(files: list[str], sample: int, since, until) -> list[tuple[str, object, str]] | None:
     """``sample_payloads`` on the driver; None when a file is not local or pyarrow cannot read it."""
     import json
 

@@ -90,22 +90,23 @@ def quick_jit(input_bytes: int | None) -> bool:
     return input_bytes < QUICK_JIT_BYTES
 
 
-def archive_bytes(roots: list[str], kinds: tuple[str, ...]) -> int | None:
-    """The bytes of the Parquet files under the ``kinds`` logs of local archive ``roots`` (a
-    Delta log's files not yet vacuumed too: an estimate); None when a root is a URI."""
+def archive_bytes(roots: list[str], kinds: tuple[str, ...], since=None, until=None) -> int | None:
+    """The bytes of the Parquet files a job reads of the ``kinds`` logs of local archive
+    ``roots``: those of the ``date=``/``hour=`` folders that may hold rows in [since, until),
+    as ``extract.list_files`` prunes them (a Delta log's files not yet vacuumed too: an
+    estimate); None when a root is a URI."""
+    from .extract import list_files
+
     total = 0
     for root in roots:
         if "://" in root and not root.startswith("file://"):
             return None
-        base = root[len("file://") :] if root.startswith("file://") else root
         for kind in kinds:
-            for dirpath, _, names in os.walk(os.path.join(base, kind)):
-                for n in names:
-                    if n.endswith(".parquet"):
-                        try:
-                            total += os.path.getsize(os.path.join(dirpath, n))
-                        except OSError:
-                            pass
+            for path in list_files([root], kind, since, until):
+                try:
+                    total += os.path.getsize(path)
+                except OSError:
+                    pass
     return total
 
 
