@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from .channel5 import Conn5, Mqtt5, reason_of
-from .channel_held import NOTHING_HELD, PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
+from .channel_held import NO_FRAMES, NOTHING_HELD, PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing, will_delay
 from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, violation
@@ -186,7 +186,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self._peer_filter: tuple[str, int] | None = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
         # the archive's capture of the read being processed (archive/capture.py), if any
         self._read: ReadCapture | None = None
-        self._out: list[bytes] = []
+        self._out: list[bytes] = NO_FRAMES  # (a list while frames wait: channel_held.py)
         # frames waiting for a journal batch and a ticket of the session's gate, in order
         self._held: deque[tuple[int, int, bytes | Message | Pending]] = NOTHING_HELD  # (made by _hold)
         # messages in ``_held`` (routed when they reach its head): while there is one, what
