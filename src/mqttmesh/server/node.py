@@ -26,6 +26,7 @@ from ..message import Message
 from ..session import Limits
 from ..store import NULL_JOURNAL, Journal, clock_incarnation
 from .connection import PAUSE_MEMORY, Connection
+from .deadlines import Deadlines
 from .listeners import Listeners, http_tokens
 from .logins import Logins
 from .metrics import COMMIT_BUCKETS, Histogram
@@ -119,6 +120,8 @@ class Node:
         self._turn_waiting: deque[Connection] = deque()  # with reads for a later turn, in order
         self.reads_waited = 0  # client reads handled at a later turn than the one they came in
         self._dirty: list[Connection] = []
+        # every connection's connect timeout, then keepalive, on one timer of the loop
+        self.deadlines = Deadlines(self.loop)
         self._flush_scheduled = False
         self._commit_scheduled = False
         self._commit_in_flight = False
@@ -242,6 +245,7 @@ class Node:
             self._sys_task.cancel()
         self._housekeeping.cancel()
         self._flow_timer.cancel()
+        self.deadlines.close()
         if self.logins is not None:
             self.logins.stop()
         for conn in list(self.connections):
