@@ -124,13 +124,21 @@ class SubscriptionTrie:
         self._root = _Level()
         self._cache: dict[str, dict[Any, int]] = {}
         self._cache_size = cache_size
-        self._filters: dict[str, int] = {}  # filter -> number of subscribers
+        self._count = 0  # filters with a subscriber (each level knows its own)
 
     def __len__(self) -> int:
-        return len(self._filters)
+        return self._count
 
     def filters(self) -> Iterator[str]:
-        return iter(self._filters)
+        stack: list[tuple[_Level, list[str]]] = [(self._root, [])]
+        while stack:
+            node, path = stack.pop()
+            if node.subs is not None:
+                yield "/".join(path)
+            if node.rest is not None:
+                yield "/".join([*path, "#"])
+            for level, child in node.children.items():
+                stack.append((child, [*path, level]))
 
     def add(self, topic_filter: str, subscriber: Any, qos: int) -> bool:
         """Add or replace one subscription; True when the filter is new to the trie."""
@@ -143,8 +151,8 @@ class SubscriptionTrie:
             node = node.child(level)
         subs = node.rest if rest else node.subs
         new_filter = subs is None
-        if not _has(subs, subscriber):
-            self._filters[topic_filter] = self._filters.get(topic_filter, 0) + 1
+        if new_filter:
+            self._count += 1
         if rest:
             node.rest = _with(subs, subscriber, qos)
         else:
@@ -170,16 +178,15 @@ class SubscriptionTrie:
         if not _has(subs, subscriber):
             return False
         assert subs is not None
+        left = _without(subs, subscriber)
         if rest:
-            node.rest = _without(subs, subscriber)
+            node.rest = left
         else:
-            node.subs = _without(subs, subscriber)
+            node.subs = left
         self._cache.clear()
-        count = self._filters[topic_filter] - 1
-        if count:
-            self._filters[topic_filter] = count
+        if left is not None:
             return False
-        del self._filters[topic_filter]
+        self._count -= 1
         # prune empty branches so the trie does not grow with churn
         for depth in range(len(levels), 0, -1):
             node = path[depth]
