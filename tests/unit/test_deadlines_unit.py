@@ -170,7 +170,7 @@ def test_a_failing_target_does_not_stop_the_others(caplog):
     assert "deadline failed" in caplog.text
 
 
-def test_cancelled_entries_are_dropped_once_they_outnumber_the_live_ones():
+def test_cancelled_entries_are_dropped_once_they_are_a_fifth_of_the_heap():
     loop, deadlines, calls = fresh()
     live = [deadlines.add(100.0 + i, Target(f"live{i}", calls)) for i in range(10)]
     dead = [deadlines.add(50.0 + i, Target(f"dead{i}", calls)) for i in range(COMPACT_AT + 10)]
@@ -181,6 +181,20 @@ def test_cancelled_entries_are_dropped_once_they_outnumber_the_live_ones():
     loop.run_until(1000.0)
     assert calls == [(f"live{i}", 100.0 + i) for i in range(10)]
     assert all(entry[2] is None for entry in live)
+
+
+def test_with_many_live_deadlines_the_cancelled_stay_a_small_part_of_the_heap():
+    # (every connect cancels its connect timeout's entry and adds its keepalive's)
+    loop, deadlines, calls = fresh()
+    for i in range(5000):
+        first = deadlines.add(10.0 + i / 1000, Target(f"c{i}", calls))
+        deadlines.cancel(first)
+        deadlines.add(90.0 + i / 1000, Target(f"k{i}", calls))
+        dead = len(deadlines._heap) - len(deadlines)
+        assert dead < COMPACT_AT or dead * 5 <= len(deadlines._heap)
+    assert len(deadlines) == 5000
+    loop.run_until(200.0)
+    assert [name for name, _ in calls] == [f"k{i}" for i in range(5000)]
 
 
 def test_close_cancels_the_loop_timer():

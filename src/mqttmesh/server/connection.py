@@ -209,14 +209,9 @@ class Connection(asyncio.Protocol):
             channel.username,
             channel.keepalive,
         )
-        timer = self._timer
-        deadline = channel.deadline()
-        if timer is None or deadline is None or deadline < timer[0]:
-            if timer is not None:
-                node.deadlines.cancel(timer)
-            self._arm_timer()
-        # (else the connect timeout's entry comes first: ``on_deadline`` finds the client
-        # connected and arms its keepalive then, with no cancelled entry left behind)
+        if self._timer is not None:
+            node.deadlines.cancel(self._timer)
+        self._arm_timer()
         if node.reading_paused and not channel.is_peer:
             self.pause(PAUSE_MEMORY)  # (it resumes with the others: Node._flow_tick)
         self.resume(PAUSE_AUTH)

@@ -18,9 +18,10 @@ from typing import Any, Protocol
 
 log = logging.getLogger("mqttmesh.connection")
 
-# dead entries (cancelled before they were due) are dropped from the heap once there are more
-# of them than live ones, and at least this many: a deadline cancelled keeps no connection
-# alive in the meantime (``cancel`` lets go of it at once), only its three-item list
+# dead entries (cancelled before they were due: every connect cancels its connect timeout's)
+# are dropped from the heap once they are a fifth of it, and at least this many: a deadline
+# cancelled keeps no connection alive in the meantime (``cancel`` lets go of it at once), only
+# its three-item list, and rebuilding the heap costs a few steps per cancel
 COMPACT_AT = 256
 
 Entry = list[Any]  # [when, sequence number (ties: first added, first called), target or None]
@@ -64,7 +65,7 @@ class Deadlines:
             return  # (taken from the heap as due, not called yet: ``_fire`` skips it)
         self._dead += 1
         heap = self._heap
-        if self._dead >= COMPACT_AT and self._dead * 2 > len(heap):
+        if self._dead >= COMPACT_AT and self._dead * 5 > len(heap):
             live = [e for e in heap if e[2] is not None]
             heapq.heapify(live)
             self._heap = live

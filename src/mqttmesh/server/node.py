@@ -245,7 +245,6 @@ class Node:
             self._sys_task.cancel()
         self._housekeeping.cancel()
         self._flow_timer.cancel()
-        self.deadlines.close()
         if self.logins is not None:
             self.logins.stop()
         for conn in list(self.connections):
@@ -256,6 +255,7 @@ class Node:
         deadline = self.loop.time() + 2.0
         while self.connections and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
+        self.deadlines.close()  # (after the connections, as their own timers were)
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
