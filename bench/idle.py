@@ -240,8 +240,11 @@ def one_round(
 
 
 def default_clients() -> int:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(100, soft - MARGIN)
+    """As many clients as the file-descriptor limit allows: the hard one (main raises the
+    soft limit to it, for this process and the brokers it starts), less a margin."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = soft if hard == resource.RLIM_INFINITY else hard
+    return max(100, limit - MARGIN)
 
 
 def main(argv: list[str] | None = None) -> int:
