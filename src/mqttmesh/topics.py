@@ -91,7 +91,7 @@ def _with(subs: Subscribers, subscriber: Any, qos: int) -> Subscribers:
         return subs
     one, its_qos = cast("tuple[Any, int]", subs)
     if one == subscriber:
-        return (subscriber, qos)
+        return (one, qos)  # (the subscriber it had stays, as a dict keeps its key)
     return {one: its_qos, subscriber: qos}
 
 
