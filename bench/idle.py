@@ -5,17 +5,21 @@ connect and subscribe, mqttmesh beside Mosquitto in the same run.
 
 Each round starts a fresh broker of each kind (in turn), waits until its resident memory is
 steady, then opens ``--clients`` connections (default: as many as this process's
-file-descriptor limit allows, less a margin), each a CONNECT (MQTT 3.1.1, clean session,
-keep alive 0) and a SUBSCRIBE of one filter of its own (``idle/<i>/#``, QoS 1), written
-together as soon as the TCP connection is up, at most ``--window`` connections being set up at
-once. It counts a client done when its CONNACK and SUBACK are read. Then every client stays
-connected and silent for ``--rest`` seconds and the broker's RSS is read again.
+file-descriptor limit allows, less a margin; the soft limit is raised to the hard one), each
+a CONNECT (MQTT 3.1.1, clean session, keep alive ``--keepalive``, 0 by default) and a
+SUBSCRIBE of one filter of its own (``idle/<i>/#``, QoS 1), written together as soon as the
+TCP connection is up, at most ``--window`` connections being set up at once. It counts a
+client done when its CONNACK and SUBACK are read. Then every client stays connected and
+silent for ``--rest`` seconds, the broker's RSS is read again, and the clients are closed
+with a reset (no socket left in TIME_WAIT for the next round).
 
 Printed per broker (medians over the rounds, and each round's figures): clients connected
 and subscribed, connect+subscribe per second (first connect to last SUBACK), the broker's
 RSS before and after, and the **RSS per idle client** ((after - before) / clients), with the
-broker's CPU seconds over the connecting. The load generator is one Python process driving
-non-blocking sockets through ``selectors``: at high rates it may be what limits the rate;
+broker's CPU seconds over the connecting and the load generator's own. The load generator is
+one Python process driving non-blocking sockets through ``epoll``, each client from a source
+address of 127.0.0.0/8 shared by 250 (the kernel's search for a free port then stays short);
+when its CPU seconds come near the connecting's seconds it is what limits the rate, and
 Mosquitto's figure in the same run says how far.
 
 Every process it starts is ended by PID when it finishes, also on Ctrl-C (bench.brokers).
@@ -27,9 +31,10 @@ import argparse
 import errno
 import json
 import resource
-import selectors
+import select
 import socket
 import statistics
+import struct
 import sys
 import tempfile
 import time
@@ -42,6 +47,9 @@ from .mqttproto import connect, subscribe
 HOST = "127.0.0.1"
 CONNACK_SUBACK = 4 + 5  # CONNACK (20 02 00 00) and SUBACK (90 03 00 01 qos) of MQTT 3.1.1
 MARGIN = 200  # descriptors kept free for the broker's own files and this process's
+SOURCE_SHARE = 250  # clients to each source address (_source)
+IP_BIND_ADDRESS_NO_PORT = getattr(socket, "IP_BIND_ADDRESS_NO_PORT", 24)  # (Linux: the port is chosen at connect)
+LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends a reset
 
 
 @dataclass
@@ -55,6 +63,7 @@ class Round:
     rss_after_kb: int
     per_client_bytes: float
     cpu_s: float | None  # the broker's CPU seconds over the connecting
+    client_cpu_s: float  # this process's (the load generator's) over the connecting
 
 
 def rss_kb(pid: int) -> int:
@@ -78,90 +87,141 @@ def steady_rss(pid: int, within: float = 10.0, still: float = 1.0) -> int:
         last = now
 
 
-def open_clients(port: int, count: int, window: int, timeout: float) -> tuple[list[socket.socket], int, float]:
+def _source(i: int) -> str:
+    """The source address of client ``i``: SOURCE_SHARE clients to each address of
+    127.0.0.0/8, so that the kernel finds each one's port at once (with every client on
+    127.0.0.1 the search for a free port grows with the ports in use and in TIME_WAIT: at
+    20,000 clients it cost this process 0.5 ms a connection)."""
+    n = i // SOURCE_SHARE
+    return f"127.0.{1 + n // 250}.{1 + n % 250}"
+
+
+def open_clients(
+    port: int, count: int, window: int, timeout: float, keepalive: int = 0
+) -> tuple[list[socket.socket], int, float]:
     """``count`` clients connected and subscribed to ``HOST:port``: their sockets (kept open),
-    the number that failed, and the seconds from the first connect to the last SUBACK."""
-    sel = selectors.DefaultSelector()
+    the number that failed, and the seconds from the first connect to the last SUBACK.
+
+    Each client's bytes are made before the clock starts; a client sends them as soon as its
+    TCP connection is up (on loopback usually before ``connect`` returns, else once the
+    socket is writable), and is done when its CONNACK and SUBACK are read."""
+    hellos = [connect(f"idle-{i}", keepalive=keepalive) + subscribe(1, [(f"idle/{i}/#", 1)]) for i in range(count)]
+    poll = select.epoll()
+    socks: dict[int, socket.socket] = {}  # fd -> socket, while being set up
+    unsent: dict[int, bytes] = {}  # fd -> what it has still to send (not connected yet)
+    got: dict[int, int] = {}  # fd -> bytes of CONNACK and SUBACK read so far
     done: list[socket.socket] = []
     failed = 0
     started = 0
-    pending = 0
-    got: dict[int, int] = {}
     t0 = time.monotonic()
     deadline = t0 + timeout
 
-    def start(i: int) -> None:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setblocking(False)
-        err = s.connect_ex((HOST, port))
-        if err not in (0, errno.EINPROGRESS):
-            s.close()
-            raise OSError(err, "connect")
-        sel.register(s, selectors.EVENT_WRITE, i)
+    def drop(fd: int) -> None:
+        poll.unregister(fd)
+        socks.pop(fd).close()
+        unsent.pop(fd, None)
+        got.pop(fd, None)
 
     while len(done) + failed < count:
-        while started < count and pending < window:
-            try:
-                start(started)
-            except OSError:
-                failed += 1
-            else:
-                pending += 1
+        while started < count and len(socks) < window:
+            i = started
             started += 1
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setblocking(False)
+            try:
+                s.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+                s.bind((_source(i), 0))
+                err = s.connect_ex((HOST, port))
+            except OSError:
+                err = -1
+            if err not in (0, errno.EINPROGRESS):
+                s.close()
+                failed += 1
+                continue
+            fd = s.fileno()
+            socks[fd] = s
+            got[fd] = 0
+            try:
+                sent = s.send(hellos[i])
+            except OSError:  # (BlockingIOError: not connected yet)
+                sent = 0
+            if sent < len(hellos[i]):
+                unsent[fd] = hellos[i][sent:]
+                poll.register(fd, select.EPOLLOUT)
+            else:
+                poll.register(fd, select.EPOLLIN)
         if time.monotonic() > deadline:
             break
-        for key, events in sel.select(timeout=1.0):
-            s: socket.socket = key.fileobj  # type: ignore[assignment]
-            i = key.data
-            if events & selectors.EVENT_WRITE:
-                if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
-                    sel.unregister(s)
-                    s.close()
+        for fd, _ in poll.poll(1.0):
+            s = socks[fd]
+            rest = unsent.get(fd)
+            if rest is not None:  # writable: connected (or refused)
+                try:
+                    if s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR):
+                        raise ConnectionRefusedError
+                    sent = s.send(rest)
+                except OSError:
+                    drop(fd)
                     failed += 1
-                    pending -= 1
                     continue
-                s.sendall(connect(f"idle-{i}", keepalive=0) + subscribe(1, [(f"idle/{i}/#", 1)]))
-                sel.modify(s, selectors.EVENT_READ, i)
-                got[i] = 0
+                if sent < len(rest):
+                    unsent[fd] = rest[sent:]
+                else:
+                    del unsent[fd]
+                    poll.modify(fd, select.EPOLLIN)
                 continue
             try:
                 data = s.recv(64)
             except OSError:
                 data = b""
             if not data:
-                sel.unregister(s)
-                s.close()
+                drop(fd)
                 failed += 1
-                pending -= 1
                 continue
-            got[i] += len(data)
-            if got[i] >= CONNACK_SUBACK:
-                sel.unregister(s)
-                done.append(s)
-                pending -= 1
+            n = got[fd] + len(data)
+            if n >= CONNACK_SUBACK:
+                poll.unregister(fd)
+                del got[fd]
+                done.append(socks.pop(fd))
+            else:
+                got[fd] = n
     seconds = time.monotonic() - t0
-    for key in list(sel.get_map().values()):
-        key.fileobj.close()  # type: ignore[union-attr]
+    for fd in list(socks):
+        drop(fd)
         failed += 1
-    sel.close()
+    poll.close()
     return done, failed, seconds
 
 
-def one_round(server: BrokerServer, clients: int, window: int, rest: float, timeout: float) -> Round:
+def close_clients(socks: list[socket.socket]) -> None:
+    """Close with a reset (SO_LINGER 0): no socket of this process lingers in TIME_WAIT to slow
+    down the next round's connects."""
+    for s in socks:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, LINGER_RESET)
+        except OSError:
+            pass
+        s.close()
+
+
+def one_round(
+    server: BrokerServer, clients: int, window: int, rest: float, timeout: float, keepalive: int = 0
+) -> Round:
     target = server.start()
     try:
         pid = target.pids[0]
         ep = target.nodes[0] if target.nodes else target.sub_endpoints[0]
         before = steady_rss(pid)
         cpu0 = cpu_seconds(pid)
-        socks, failed, seconds = open_clients(ep.port, clients, window, timeout)
+        mine = time.process_time()
+        socks, failed, seconds = open_clients(ep.port, clients, window, timeout, keepalive)
+        mine = time.process_time() - mine
         cpu1 = cpu_seconds(pid)
         try:
             time.sleep(rest)  # (silent clients: what the broker keeps for them at rest)
             after = steady_rss(pid)
         finally:
-            for s in socks:
-                s.close()
+            close_clients(socks)
         n = len(socks)
         return Round(
             server.name,
@@ -173,14 +233,18 @@ def one_round(server: BrokerServer, clients: int, window: int, rest: float, time
             after,
             round((after - before) * 1024 / n, 1) if n else 0.0,
             None if cpu0 is None or cpu1 is None else round(cpu1 - cpu0, 3),
+            round(mine, 3),
         )
     finally:
         server.stop()
 
 
 def default_clients() -> int:
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return max(100, soft - MARGIN)
+    """As many clients as the file-descriptor limit allows: the hard one (main raises the
+    soft limit to it, for this process and the brokers it starts), less a margin."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = soft if hard == resource.RLIM_INFINITY else hard
+    return max(100, limit - MARGIN)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -191,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=int, default=500, help="connections being set up at once")
     p.add_argument("--rest", type=float, default=2.0, help="seconds the clients stay silent before RSS is read")
     p.add_argument("--timeout", type=float, default=120.0, help="longest the connecting may take, seconds")
+    p.add_argument("--keepalive", type=int, default=0, help="the clients' Keep Alive, seconds (0: none)")
     p.add_argument("--json", help="write the rounds here")
     args = p.parse_args(argv)
     clients = args.clients or default_clients()
@@ -242,12 +307,12 @@ def run_rounds(tmp: Path, names: list[str], clients: int, args: argparse.Namespa
     servers = [s for s in servers if not s.unavailable()]
     for r in range(args.rounds):
         for server in servers:  # (alternating: each round runs every broker once)
-            one = one_round(server, clients, args.window, args.rest, args.timeout)
+            one = one_round(server, clients, args.window, args.rest, args.timeout, args.keepalive)
             rounds.append(one)
             print(
                 f"round {r + 1} {one.broker}: {one.clients:,} clients ({one.failed} failed) in {one.seconds:.2f} s,"
                 f" {one.per_second:,.0f}/s; RSS {one.rss_before_kb:,} -> {one.rss_after_kb:,} kB,"
-                f" {one.per_client_bytes:,.0f} B a client; CPU {one.cpu_s} s",
+                f" {one.per_client_bytes:,.0f} B a client; CPU {one.cpu_s} s (load generator {one.client_cpu_s} s)",
                 flush=True,
             )
     return [s.name for s in servers]

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from .channel5 import Conn5, Mqtt5, reason_of
-from .channel_held import NOTHING_HELD, PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
+from .channel_held import NO_FRAMES, NOTHING_HELD, PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing, will_delay
 from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, violation
@@ -103,6 +103,22 @@ class ClaimPort(Protocol):
         ``delayed``: it waits for its Will Delay Interval (the mesh publishes it then)."""
 
 
+class Opening:
+    """What a Channel keeps only until its CONNACK (a peer: until it proved the cluster
+    secret): when the connection was opened (the connect timeout counts from it), whether its
+    TLS client certificate verified (mesh.tls_mutual), the CONNECT being checked, and a
+    peer's handshake (channel_peer.py). An idle connection keeps none of it."""
+
+    __slots__ = ("opened_at", "certified", "connect", "peer_auth", "peer_filter")
+
+    def __init__(self, opened_at: float, certified: bool):
+        self.opened_at = opened_at
+        self.certified = certified
+        self.connect: codec.Connect | None = None  # AUTHENTICATING, CLAIMING, PEER_AUTH
+        self.peer_auth: PeerListener | None = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
+        self.peer_filter: tuple[str, int] | None = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
+
+
 class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
     __slots__ = (
         "v5",
@@ -121,7 +137,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         "will_seq",
         "keepalive",
         "last_rx",
-        "opened_at",
+        "_opening",
         "close_reason",
         "clean_disconnect",
         "_out",
@@ -129,13 +145,9 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         "_deferred",
         "is_peer",
         "peer_node",
-        "_pending_connect",
         "_processing",
         "blocked",
         "_read",
-        "_peer_auth",
-        "_peer_filter",
-        "certified",
         "peers",
         "claims",
         "__weakref__",
@@ -157,7 +169,6 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.peers = peers  # None: no mesh, a peer's CONNECT is refused
         self.claims = claims  # None: no mesh, the Broker alone opens the session
         self.peer = peer
-        self.certified = certified  # the TLS client certificate verified (mesh.tls_mutual)
         self.state = AWAIT_CONNECT
         # before CONNACK only a CONNECT within the pre-auth limit is read (section 3.1)
         settings = broker.settings
@@ -172,21 +183,19 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.will_seq = 0
         self.keepalive = 0
         self.last_rx = now
-        self.opened_at = now
+        # what is kept only until CONNACK (an idle connection keeps none of it)
+        self._opening: Opening | None = Opening(now, certified)
         self.close_reason: str | None = None
         self.clean_disconnect = False
         self.is_peer = False  # a peer link from another mesh node (mesh/link/peerauth.py)
         self.peer_node: str | None = None
-        self._pending_connect: codec.Connect | None = None
         self._processing = False
         # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
         # client are dropped (session.py) until the output drains
         self.blocked = False
-        self._peer_auth: PeerListener | None = None  # PEER_AUTH: the listener's half of the handshake (peerauth.py)
-        self._peer_filter: tuple[str, int] | None = None  # PEER_AUTH: (filter, granted QoS) of its SUBSCRIBE
         # the archive's capture of the read being processed (archive/capture.py), if any
         self._read: ReadCapture | None = None
-        self._out: list[bytes] = []
+        self._out: list[bytes] = NO_FRAMES  # (a list while frames wait: channel_held.py)
         # frames waiting for a journal batch and a ticket of the session's gate, in order
         self._held: deque[tuple[int, int, bytes | Message | Pending]] = NOTHING_HELD  # (made by _hold)
         # messages in ``_held`` (routed when they reach its head): while there is one, what
@@ -268,18 +277,24 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
     def deadline(self) -> float | None:
         """When ``tick`` must next be called, or None."""
         if self.state is AWAIT_CONNECT or self.state is PEER_AUTH:
-            return self.opened_at + self.broker.settings.connect_timeout
+            return self._opened_at() + self.broker.settings.connect_timeout
         if self.state is CONNECTED and self.keepalive:
             return self.last_rx + 1.5 * self.keepalive
         return None
 
+    def _opened_at(self) -> float:
+        """When the connection was opened (before CONNACK: the connect timeout counts from it)."""
+        opening = self._opening
+        assert opening is not None
+        return opening.opened_at
+
     def tick(self, now: float) -> None:
-        if self.state is AWAIT_CONNECT and now >= self.opened_at + self.broker.settings.connect_timeout:
+        if self.state is AWAIT_CONNECT and now >= self._opened_at() + self.broker.settings.connect_timeout:
             self.close("no CONNECT within the connect timeout", now)
-        elif self.state is PEER_AUTH and now >= self.opened_at + self.broker.settings.connect_timeout:
+        elif self.state is PEER_AUTH and now >= self._opened_at() + self.broker.settings.connect_timeout:
             self.broker.stats.connections_refused += 1
             self.close(
-                f"peer {self._peer_auth.handshake.dialler!r} did not prove the cluster secret "
+                f"peer {self._opening.peer_auth.handshake.dialler!r} did not prove the cluster secret "
                 f"within the connect timeout",
                 now,
             )
@@ -378,7 +393,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.will = pkt.will
         self.will_seq = self.broker.next_seq() if pkt.will is not None else 0
         self.state = AUTHENTICATING
-        self._pending_connect = pkt
+        self._opening.connect = pkt  # (AWAIT_CONNECT: it has one)
         if pkt.username == PEER_USERNAME:
             return self._on_peer_connect(pkt, now)
         if pkt.client_id.startswith("$mesh"):
@@ -401,8 +416,10 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         # _process loop goes on with them by itself)
 
     def _accept(self, rc: int, now: float, why: str = "") -> None:
-        pkt = self._pending_connect
-        self._pending_connect = None
+        opening = self._opening
+        assert opening is not None and opening.connect is not None  # (AUTHENTICATING: the CONNECT checked)
+        pkt = opening.connect
+        opening.connect = None
         if rc != ACCEPTED:
             return self._refuse(rc, why or f"user {_quoted(pkt.username)}")
         conn = self.v5
@@ -449,6 +466,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
 
     def _connected(self, session: Session, present: bool, now: float, batch: Batch = 0) -> None:
         self.state = CONNECTED
+        self._opening = None
         self.last_rx = now
         if not self.is_peer:
             self.decoder.max_packet_size = self.broker.settings.max_packet_size
@@ -480,10 +498,11 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
 
     def _peer_proved(self, dialler: str, now: float) -> None:
         """A provisional peer proved the cluster secret (channel_peer.py): a peer link now."""
-        connect = self._pending_connect
-        assert connect is not None and self._peer_filter is not None
-        topic_filter, granted = self._peer_filter
-        self._pending_connect = self._peer_auth = self._peer_filter = None
+        opening = self._opening
+        assert opening is not None and opening.connect is not None and opening.peer_filter is not None
+        connect = opening.connect
+        topic_filter, granted = opening.peer_filter
+        self._opening = None
         self.is_peer = True
         self.peer_node = dialler
         # a peer proved the cluster secret: session snapshots, retained lookups and full

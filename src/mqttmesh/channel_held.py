@@ -32,6 +32,7 @@ __all__ = [
     "PUBREL_FIRST",
     "PUBCOMP_FIRST",
     "NOTHING_HELD",
+    "NO_FRAMES",
 ]
 
 # the first byte of the four acknowledgements a Channel writes (built without a packet object)
@@ -48,6 +49,9 @@ SPILL_MASK = SPILL_FRAMES - 1
 # a Channel's ``_held`` until it holds something (``_hold`` makes the deque): an idle client's
 # channel keeps no empty deque (about 600 bytes); an empty tuple, which has no ``append``
 NOTHING_HELD: deque[tuple[int, int, Any]] = cast("deque[tuple[int, int, Any]]", ())
+# a Channel's ``_out`` while no frame waits to be sent (the first frame makes the list, and
+# ``data_to_send`` puts this back): an idle client's channel keeps no empty list
+NO_FRAMES: list[bytes] = cast("list[bytes]", ())
 
 
 def ack_frame(first: int, pid: int) -> bytes:
@@ -99,21 +103,29 @@ class HeldFrames:
             self._held.append((last[0], last[1], frame))
             return
         out = self._out
+        if out is NO_FRAMES:  # the first frame
+            self._out = [frame]  # type: ignore[misc]  # (a slot of the Channel)
+            self.owner.wake(self)
+            return
         out.append(frame)
-        if len(out) & SPILL_MASK == 1:  # the first frame, and every SPILL_FRAMES more
+        if len(out) & SPILL_MASK == 1:  # every SPILL_FRAMES more
             self.owner.wake(self)
 
     def _write_now(self, frame: bytes) -> None:
         out = self._out
+        if out is NO_FRAMES:  # the first frame
+            self._out = [frame]  # type: ignore[misc]  # (a slot of the Channel)
+            self.owner.wake(self)
+            return
         out.append(frame)
-        if len(out) & SPILL_MASK == 1:  # the first frame, and every SPILL_FRAMES more
+        if len(out) & SPILL_MASK == 1:  # every SPILL_FRAMES more
             self.owner.wake(self)
 
     def data_to_send(self) -> bytes:
         out = self._out
         if not out:
             return b""
-        self._out = []  # type: ignore[misc]  # (a slot of the Channel)
+        self._out = NO_FRAMES  # type: ignore[misc]  # (a slot of the Channel)
         return out[0] if len(out) == 1 else b"".join(out)
 
     @property

@@ -18,8 +18,35 @@ from .config import add_flags, load_config, overrides_from_args, reference_markd
 log = logging.getLogger("mqttmesh")
 
 
+class _LogFormat(logging.Formatter):
+    """The standard formatter, its time text made once a second: a node logs a line or two
+    per connection, and at thousands of connections a second localtime and strftime for
+    each line were a measurable part of a connect (issue 26). The text is the same."""
+
+    _second: int | None = None
+    _text = ""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        if datefmt is not None:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        if second != self._second:
+            self._text = time.strftime(self.default_time_format, self.converter(second))
+            self._second = second
+        msec = self.default_msec_format
+        return msec % (self._text, record.msecs) if msec else self._text
+
+
 def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(_LogFormat("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
+    # what no line of the format shows is not gathered for each record (the logging HOWTO's
+    # "Optimization"): the caller's file and line (a walk up the stack), thread and process
+    logging._srcfile = None
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
 
 
 def _install_loop_policy() -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from . import codec5
 from .fields import Reader, binary, utf8, varint
@@ -277,6 +277,11 @@ _ACK_CLASSES = {PUBACK: PubAck, PUBREC: PubRec, PUBREL: PubRel, PUBCOMP: PubComp
 PACKET_NAMES5 = {**PACKET_NAMES, AUTH: "AUTH"}
 
 
+# a Decoder's buffer while it holds no byte (``feed`` makes a bytearray): an empty bytes
+# object, shared, which cannot be added to or cut in place, so a path that forgot fails loudly
+NOTHING_BUFFERED: bytearray = cast("bytearray", b"")
+
+
 class Decoder:
     """Incremental decoder: ``feed`` bytes as they arrive, then iterate ``packets()``.
 
@@ -291,13 +296,17 @@ class Decoder:
     __slots__ = ("_buf", "max_packet_size", "broken", "version")
 
     def __init__(self, max_packet_size: int = DEFAULT_MAX_PACKET_SIZE, version: int = 4):
-        self._buf = bytearray()
+        # (``NOTHING_BUFFERED`` while nothing is: an idle connection's decoder keeps no buffer)
+        self._buf = NOTHING_BUFFERED
         self.max_packet_size = max_packet_size
         self.broken = False
         self.version = version
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        if self._buf is NOTHING_BUFFERED:
+            self._buf = bytearray(data)
+        else:
+            self._buf += data
 
     def first_byte(self) -> int:
         """The first byte buffered (the next packet's fixed header), or -1."""
@@ -424,6 +433,8 @@ class Decoder:
                 if keep is not None:
                     keep.append(buf[:pos])
                 del buf[:pos]
+                if not buf:
+                    self._buf = NOTHING_BUFFERED
 
 
 # --------------------------------------------------------------------------- encoding

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .codec import PubRel, encode
@@ -39,6 +40,7 @@ __all__ = [
     "KEPT",
     "NO_ENTRIES",
     "NO_IDS",
+    "NO_PACKETS",
 ]
 
 SENT_PUBLISH, SENT_PUBREL = 1, 2
@@ -53,6 +55,9 @@ KEPT = 0xFFFFFFFF
 # tuple and frozenset have no ``append`` or ``add``, so a place that forgot fails loudly.
 NO_ENTRIES: deque[Entry] = cast("deque[Entry]", ())
 NO_IDS: set[int] = cast("set[int]", frozenset())
+# the same for the outbound QoS 1/2 window (``Session.in_flight`` makes the dict): a read-only
+# empty mapping, which cannot be added to
+NO_PACKETS: dict[int, Entry] = cast("dict[int, Entry]", MappingProxyType({}))
 
 FrameFn = Callable[["Message", int, "int | None", bool, bool], bytes]
 Frame0Fn = Callable[["Message"], bytes]
@@ -199,9 +204,10 @@ class Session:
         self.limits = limits
         self.subscriptions: dict[str, int] = {}
         self.sub_changes = 0  # subscribe and unsubscribe calls, ever (what remembers a match knows it is stale)
-        self.inflight: dict[int, Entry] = {}  # packet id -> entry, in send order
-        # (an idle client's session keeps no empty containers: ``NO_ENTRIES`` and ``NO_IDS``
-        # until the first entry or id; ``queued`` and ``_awaiting`` make them)
+        self.inflight: dict[int, Entry] = NO_PACKETS  # packet id -> entry, in send order
+        # (an idle client's session keeps no empty containers: ``NO_PACKETS``, ``NO_ENTRIES``
+        # and ``NO_IDS`` until the first entry or id; ``in_flight``, ``queued`` and
+        # ``_awaiting`` make them)
         self.queue: deque[Entry] = NO_ENTRIES
         self.awaiting_rel: set[int] = NO_IDS  # inbound QoS 2 ids between PUBREC and PUBREL
         self.channel: Attached | None = None  # the Channel the client is connected on
@@ -256,6 +262,13 @@ class Session:
         in_origin_order(items, lambda e: (e.msg.origin, e.msg.seq))
         self.queue = deque(items) if items else NO_ENTRIES
 
+    def in_flight(self) -> dict[int, Entry]:
+        """The window, to add to (made at the first entry: ``NO_PACKETS`` takes nothing)."""
+        inflight = self.inflight
+        if inflight is NO_PACKETS:
+            inflight = self.inflight = {}
+        return inflight
+
     def queued(self) -> deque[Entry]:
         """The queue, to add to (made at the first entry: ``NO_ENTRIES`` takes nothing)."""
         queue = self.queue
@@ -300,7 +313,10 @@ class Session:
         pid = self._alloc_pid()
         entry.packet_id = pid
         entry.state = SENT_PUBLISH
-        self.inflight[pid] = entry
+        inflight = self.inflight
+        if inflight is NO_PACKETS:  # (``in_flight``, inline: the hot path)
+            inflight = self.inflight = {}
+        inflight[pid] = entry
         if self.stores:
             self._stored_put(entry)
         channel = self.channel
@@ -516,7 +532,7 @@ class Session:
     def restore_entry(self, entry: Entry) -> None:
         """An entry loaded from the store: in flight if it had been sent, else queued."""
         if entry.packet_id and entry.state:
-            self.inflight[entry.packet_id] = entry
+            self.in_flight()[entry.packet_id] = entry
         else:
             self.queued().append(entry)
 

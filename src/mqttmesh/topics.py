@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any, TypeAlias, cast
 
 __all__ = ["filter_matches", "SubscriptionTrie", "RetainedTrie"]
 
@@ -30,8 +30,8 @@ def filter_matches(topic_filter: str, topic: str) -> bool:
 
 
 # the children of a leaf (most nodes: a subscription's last level): one read-only empty
-# mapping for all of them, so that a leaf keeps no empty dict (``_Node.child`` makes one)
-NO_CHILDREN: dict[str, _Node] = cast("dict[str, _Node]", MappingProxyType({}))
+# mapping for all of them, so that a leaf keeps no empty dict (``child`` makes one)
+NO_CHILDREN: dict[str, Any] = cast("dict[str, Any]", MappingProxyType({}))
 
 
 class _Node:
@@ -52,6 +52,67 @@ class _Node:
         return child
 
 
+# The subscribers of one filter (``_Level.subs``, ``_Level.rest``): None, one
+# (subscriber, qos) pair, or a dict {subscriber: qos} from the second on. Most filters have a
+# single subscriber (a device's own topics): a pair is 56 bytes where a one-entry dict is
+# about 220, and an idle client's subscription costs what its level of the trie does.
+Subscribers: TypeAlias = "tuple[Any, int] | dict[Any, int] | None"
+
+
+class _Level:
+    """A level of the subscription trie: the filters that end here (``subs``), those that
+    end here with a multi-level wildcard, ``<this level>/#`` (``rest``: no child node and no
+    children dict for the ``#``), and the levels below."""
+
+    __slots__ = ("children", "subs", "rest")
+
+    def __init__(self) -> None:
+        self.children: dict[str, _Level] = NO_CHILDREN
+        self.subs: Subscribers = None
+        self.rest: Subscribers = None
+
+    def child(self, level: str) -> _Level:
+        """The child at ``level``, made if missing."""
+        children = self.children
+        child = children.get(level)
+        if child is None:
+            if children is NO_CHILDREN:
+                children = self.children = {}
+            child = children[level] = _Level()
+        return child
+
+
+def _with(subs: Subscribers, subscriber: Any, qos: int) -> Subscribers:
+    """``subs`` with ``subscriber`` at ``qos`` (added, or its QoS replaced in place)."""
+    if subs is None:
+        return (subscriber, qos)
+    if type(subs) is dict:
+        subs[subscriber] = qos
+        return subs
+    one, its_qos = cast("tuple[Any, int]", subs)
+    if one == subscriber:
+        return (one, qos)  # (the subscriber it had stays, as a dict keeps its key)
+    return {one: its_qos, subscriber: qos}
+
+
+def _has(subs: Subscribers, subscriber: Any) -> bool:
+    if subs is None:
+        return False
+    if type(subs) is dict:
+        return subscriber in subs
+    return bool(cast("tuple[Any, int]", subs)[0] == subscriber)
+
+
+def _without(subs: Subscribers, subscriber: Any) -> Subscribers:
+    """``subs`` less ``subscriber`` (who is in it); None when nobody is left."""
+    if type(subs) is not dict:
+        return None  # (a pair: its one subscriber leaves)
+    del subs[subscriber]
+    if len(subs) == 1:
+        return next(iter(subs.items()))
+    return subs
+
+
 class SubscriptionTrie:
     """Maps topic filters to {subscriber: qos}; ``match`` gives each subscriber once.
 
@@ -60,35 +121,52 @@ class SubscriptionTrie:
     """
 
     def __init__(self, cache_size: int = 65536):
-        self._root = _Node()
+        self._root = _Level()
         self._cache: dict[str, dict[Any, int]] = {}
         self._cache_size = cache_size
-        self._filters: dict[str, int] = {}  # filter -> number of subscribers
+        self._count = 0  # filters with a subscriber (each level knows its own)
 
     def __len__(self) -> int:
-        return len(self._filters)
+        return self._count
 
     def filters(self) -> Iterator[str]:
-        return iter(self._filters)
+        stack: list[tuple[_Level, list[str]]] = [(self._root, [])]
+        while stack:
+            node, path = stack.pop()
+            if node.subs is not None:
+                yield "/".join(path)
+            if node.rest is not None:
+                yield "/".join([*path, "#"])
+            for level, child in node.children.items():
+                stack.append((child, [*path, level]))
 
     def add(self, topic_filter: str, subscriber: Any, qos: int) -> bool:
         """Add or replace one subscription; True when the filter is new to the trie."""
         node = self._root
-        for level in topic_filter.split("/"):
+        levels = topic_filter.split("/")
+        rest = levels[-1] == "#"
+        if rest:
+            levels.pop()
+        for level in levels:
             node = node.child(level)
-        if node.subs is None:
-            node.subs = {}
-        new_filter = not node.subs
-        if subscriber not in node.subs:
-            self._filters[topic_filter] = self._filters.get(topic_filter, 0) + 1
-        node.subs[subscriber] = qos
+        subs = node.rest if rest else node.subs
+        new_filter = subs is None
+        if new_filter:
+            self._count += 1
+        if rest:
+            node.rest = _with(subs, subscriber, qos)
+        else:
+            node.subs = _with(subs, subscriber, qos)
         self._cache.clear()
         return new_filter
 
     def remove(self, topic_filter: str, subscriber: Any) -> bool:
         """Remove one subscription; True when the filter has no subscriber left."""
-        path = [self._root]
         levels = topic_filter.split("/")
+        rest = levels[-1] == "#"
+        if rest:
+            levels.pop()
+        path = [self._root]
         node = self._root
         for level in levels:
             child = node.children.get(level)
@@ -96,22 +174,28 @@ class SubscriptionTrie:
                 return False
             node = child
             path.append(node)
-        if not node.subs or subscriber not in node.subs:
+        subs = node.rest if rest else node.subs
+        if not _has(subs, subscriber):
             return False
-        del node.subs[subscriber]
+        assert subs is not None
+        left = _without(subs, subscriber)
+        if rest:
+            node.rest = left
+        else:
+            node.subs = left
         self._cache.clear()
-        count = self._filters[topic_filter] - 1
-        if count:
-            self._filters[topic_filter] = count
+        if left is not None:
             return False
-        del self._filters[topic_filter]
-        node.subs = None
+        self._count -= 1
         # prune empty branches so the trie does not grow with churn
         for depth in range(len(levels), 0, -1):
             node = path[depth]
-            if node.subs or node.children:
+            if node.subs is not None or node.rest is not None or node.children:
                 break
-            del path[depth - 1].children[levels[depth - 1]]
+            parent = path[depth - 1]
+            del parent.children[levels[depth - 1]]
+            if not parent.children:
+                parent.children = NO_CHILDREN
         return True
 
     def match(self, topic: str) -> dict[Any, int]:
@@ -129,13 +213,14 @@ class SubscriptionTrie:
         for level in levels:
             next_nodes = []
             for node in nodes:
+                if not skip_wild:
+                    rest = node.rest  # "<node>/#" matches whatever follows
+                    if rest is not None:
+                        _merge(result, rest)
                 children = node.children
                 if not children:
                     continue
                 if not skip_wild:
-                    multi = children.get("#")
-                    if multi is not None and multi.subs:
-                        _merge(result, multi.subs)
                     plus = children.get("+")
                     if plus is not None:
                         next_nodes.append(plus)
@@ -147,19 +232,24 @@ class SubscriptionTrie:
             if not nodes:
                 break
         for node in nodes:
-            if node.subs:
+            if node.subs is not None:
                 _merge(result, node.subs)
-            multi = node.children.get("#")  # "a/#" also matches "a" (4.7.1.2)
-            if multi is not None and multi.subs:
-                _merge(result, multi.subs)
+            if node.rest is not None:  # "a/#" also matches "a" (4.7.1.2)
+                _merge(result, node.rest)
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
         self._cache[topic] = result
         return result
 
 
-def _merge(result: dict[Any, int], subs: dict[Any, int]) -> None:
-    for sub, qos in subs.items():
+def _merge(result: dict[Any, int], subs: Subscribers) -> None:
+    if type(subs) is tuple:
+        sub, qos = subs
+        old = result.get(sub)
+        if old is None or qos > old:
+            result[sub] = qos
+        return
+    for sub, qos in cast("dict[Any, int]", subs).items():
         old = result.get(sub)
         if old is None or qos > old:
             result[sub] = qos

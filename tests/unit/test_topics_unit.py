@@ -219,6 +219,24 @@ def test_prune_keeps_shared_branches():
     assert trie._root.children["a"].children == {}
 
 
+def test_a_filter_of_one_subscriber_keeps_a_pair_and_a_trailing_hash_no_level_of_its_own():
+    # (an idle client's subscription costs what its level of the trie does: issue 26)
+    trie = SubscriptionTrie()
+    trie.add("d/1/#", "s", 1)
+    level = trie._root.children["d"].children["1"]
+    assert level.children == {} and level.rest == ("s", 1) and level.subs is None
+    trie.add("d/1/#", "s", 2)  # (a new QoS for the same subscriber)
+    assert level.rest == ("s", 2)
+    trie.add("d/1/#", "t", 0)
+    assert level.rest == {"s": 2, "t": 0}
+    assert trie.match("d/1/x") == {"s": 2, "t": 0}
+    trie.remove("d/1/#", "s")
+    assert level.rest == ("t", 0)
+    assert trie.match("d/1") == {"t": 0}
+    assert trie.remove("d/1/#", "t") is True
+    assert trie._root.children == {}
+
+
 # --------------------------------------------------------------------------- RetainedTrie
 
 
@@ -336,6 +354,7 @@ def test_subscription_trie_equals_brute_force(subs, topics, data):
     assert sorted(trie.filters()) == sorted({f for f, _ in current})
     if not current:
         assert trie._root.children == {}
+        assert trie._root.subs is None and trie._root.rest is None
 
 
 @settings(max_examples=300, deadline=None)

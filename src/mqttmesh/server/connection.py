@@ -1,8 +1,9 @@
 """One client TCP (or TLS) connection: an asyncio Protocol that feeds a Channel.
 
 The Channel decides everything; this class moves bytes, keeps the connect and
-keepalive timer, and batches writes: frames produced anywhere during one loop
-iteration go out to each client in a single ``transport.write`` (see Node.flush).
+keepalive deadline (on the node's one timer for them all: deadlines.py), and batches
+writes: frames produced anywhere during one loop iteration go out to each client in a
+single ``transport.write`` (see Node.flush).
 
 It also keeps each connection's use of memory bounded and its failures its own:
 reading stops while the CONNECT is checked, an output over ``max_write_buffer``
@@ -22,6 +23,7 @@ from collections import deque
 from typing import cast
 
 from ..channel import AUTHENTICATING, CLAIMING, CLOSED, CONNECTED, Channel
+from .deadlines import Entry
 
 log = logging.getLogger("mqttmesh.connection")
 
@@ -68,7 +70,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.channel: Channel | None = None
         self.peer = "?"
-        self._timer = None
+        self._timer: Entry | None = None  # its deadline in node.deadlines (connect timeout, keepalive)
         self.announced = False  # CONNACK 0 sent: the connection is past authentication
         self._loop = node.loop
         self.paused = False  # the transport's buffer is over WRITE_HIGH (pause_writing)
@@ -208,7 +210,7 @@ class Connection(asyncio.Protocol):
             channel.keepalive,
         )
         if self._timer is not None:
-            self._timer.cancel()
+            node.deadlines.cancel(self._timer)
         self._arm_timer()
         if node.reading_paused and not channel.is_peer:
             self.pause(PAUSE_MEMORY)  # (it resumes with the others: Node._flow_tick)
@@ -221,7 +223,7 @@ class Connection(asyncio.Protocol):
         node = self.node
         node.forget(self)
         if self._timer is not None:
-            self._timer.cancel()
+            node.deadlines.cancel(self._timer)
             self._timer = None
         if self._linger is not None:
             self._linger.cancel()
@@ -394,11 +396,13 @@ class Connection(asyncio.Protocol):
         channel = self.channel
         deadline = channel.deadline() if channel is not None else None
         if deadline is not None:
-            self._timer = self._loop.call_at(deadline, self._on_timer)
+            self._timer = self.node.deadlines.add(deadline, self)
         else:
             self._timer = None
 
-    def _on_timer(self) -> None:
+    def on_deadline(self) -> None:
+        """The deadline it armed came (deadlines.Deadlines)."""
+        self._timer = None
         channel = self.channel
         now = self._loop.time()
         if self.pauses & PAUSE_MEMORY:

@@ -26,6 +26,7 @@ from ..message import Message
 from ..session import Limits
 from ..store import NULL_JOURNAL, Journal, clock_incarnation
 from .connection import PAUSE_MEMORY, Connection
+from .deadlines import Deadlines
 from .listeners import Listeners, http_tokens
 from .logins import Logins
 from .metrics import COMMIT_BUCKETS, Histogram
@@ -119,6 +120,8 @@ class Node:
         self._turn_waiting: deque[Connection] = deque()  # with reads for a later turn, in order
         self.reads_waited = 0  # client reads handled at a later turn than the one they came in
         self._dirty: list[Connection] = []
+        # every connection's connect timeout, then keepalive, on one timer of the loop
+        self.deadlines = Deadlines(self.loop)
         self._flush_scheduled = False
         self._commit_scheduled = False
         self._commit_in_flight = False
@@ -252,6 +255,7 @@ class Node:
         deadline = self.loop.time() + 2.0
         while self.connections and self.loop.time() < deadline:
             await asyncio.sleep(0.01)
+        self.deadlines.close()  # (after the connections, as their own timers were)
         if self._server is not None:
             try:
                 await asyncio.wait_for(self._server.wait_closed(), 2)

@@ -280,7 +280,7 @@ class _Replicated(_SessionPart):
             return
         entry = self._new_entry(msg, qos, False)
         entry.packet_id, entry.state = pid, state
-        self.inflight[pid] = entry
+        self.in_flight()[pid] = entry
         self._stored_put(entry)
         channel = self.channel
         if channel is not None:
@@ -419,7 +419,7 @@ class _Replicated(_SessionPart):
         pid = self._alloc_pid()
         entry.packet_id = pid
         entry.state = SENT_PUBLISH
-        self.inflight[pid] = entry
+        self.in_flight()[pid] = entry
         self._report((entry.msg.origin, entry.msg.seq), "sent", pid)
         if self.version > self.safe_version:
             self._unreleased(entry)
@@ -531,7 +531,7 @@ class _Replicated(_SessionPart):
             del self.inflight[entry.packet_id]
         entry.packet_id = pid
         entry.state = SENT_PUBREL if state == "rel" else SENT_PUBLISH
-        self.inflight[pid] = entry
+        self.in_flight()[pid] = entry
         super()._stored_put(entry)
 
     def _drop_entry(self, entry: Entry) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Container
 from dataclasses import replace
 
 from ...message import Message, in_origin_order
-from ...session import NO_ENTRIES, SENT_PUBREL, Entry
+from ...session import NO_ENTRIES, NO_PACKETS, SENT_PUBREL, Entry
 from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of, ttl_ms
 from .replica import _Replicated, released_id
 
@@ -296,7 +296,7 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
             session._stored_done(key)  # (a message this copy had: its settlement is stored too)
         if entry.group is not None:
             groups[key] = entry
-    session.inflight.clear()
+    session.inflight = NO_PACKETS
     session.queue = NO_ENTRIES
     session.ids.clear()
     for key in snap.done:
@@ -324,7 +324,7 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
                 had.group.settled(had.msg)  # (its client has it: PUBREC'd elsewhere)
         if state and pid and pid not in used:
             entry.packet_id, entry.state = pid, state
-            session.inflight[pid] = entry
+            session.in_flight()[pid] = entry
             used.add(pid)
         else:
             session.queued().append(entry)
