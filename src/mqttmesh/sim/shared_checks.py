@@ -90,16 +90,23 @@ def filter_of(share: str) -> str:
 def memberships(history: Any) -> list[Membership]:
     """Every membership the history shows (a SUBSCRIBE refused: none), in order of begin: a
     CleanSession=0 member has one per connection on which it subscribed or found its session
-    with the subscription (``resume``)."""
+    with the subscription (``resume``). A CONNACK its node sent as it closed the connection
+    (a fence in the same instant: the client reads the CONNACK after the end) brought the
+    session there all the same: a membership from the CONNACK to the end, its session queueing
+    there after it (fuzzer-style run of shared-persistent-publishers-7, harsher, seed 14)."""
     out: list[Membership] = []
     open_: dict[tuple[str, str], Membership] = {}  # (conn, share) -> its open membership
     by_conn: dict[str, list[Membership]] = {}
-    closed: set[str] = set()  # (a client that has not noticed yet may still write on one)
+    closed: dict[str, float] = {}  # (a client that has not noticed yet may still write on one)
     for op in history.ops:
         kind = op[3]
         if kind == "join":
             _t, client, what, _k, conn, node, share, qos, at = op[:9]
             if conn in closed:
+                if what == "resume" and at <= closed[conn]:
+                    m = Membership(client, conn, node, share, qos, at, closed[conn], "close")
+                    m.persistent = len(op) > 9 and bool(op[9])
+                    out.append(m)
                 continue
             if what in ("invoke", "resume"):
                 m = Membership(client, conn, node, share, qos if what == "resume" else -1, at)
@@ -118,7 +125,7 @@ def memberships(history: Any) -> list[Membership]:
             if gone is not None:
                 gone.end, gone.how = op[8], op[7]
         elif kind == "close":
-            closed.add(op[4])
+            closed.setdefault(op[4], op[0])
             for m in by_conn.pop(op[4], []):
                 if m.end == END or m.end > op[0]:
                     m.end, m.how = op[0], m.how or "close"
