@@ -433,14 +433,16 @@ def test_a_node_that_publishes_a_delayed_will_at_once_is_caught(monkeypatch: pyt
 # ---------------------------------------------------------------- open findings
 
 # the findings not fixed yet (docs/simulation.md), shrunk: each breaks an invariant today; once
-# fixed, its scenario moves to found/. None now: 21 to 26 (MQTT 5 clients), 32 and 33
-# (persistent members of shared groups, issue 24) and 36 (an origin's re-route of a dead node's
-# group message excluded its own members) are fixed, their scenarios in found/
+# fixed, its scenario moves to found/. 21 to 26 (MQTT 5 clients), 32 and 33 (persistent
+# members of shared groups, issue 24) and 36 (an origin's re-route of a dead node's group
+# message excluded its own members) are fixed, their scenarios in found/; 38 (a stale pooled
+# copy makes a node that kept none a persistent member's home for a few milliseconds:
+# shared.control) is open
 OPEN = sorted((SCENARIOS / "open").glob("*.toml"))
 
 
 def test_every_open_finding_has_its_scenario() -> None:
-    assert ["-".join(p.stem.split("-")[:2]) for p in OPEN] == []
+    assert ["-".join(p.stem.split("-")[:2]) for p in OPEN] == ["finding-38"]
 
 
 @pytest.mark.slow

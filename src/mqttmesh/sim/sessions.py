@@ -363,8 +363,8 @@ class ClusterMixin(SimulatorPart):
 
     def _on_client(self, action: str, arg: str) -> None:
         if action == "flush":
-            # in the order of the connection ids: the broker wakes channels in the order of
-            # a set of them (held_ack_channels), which depends on their addresses
+            # in the order of the connection ids, whatever order the broker woke them in (it
+            # woke them in a set's order, their addresses', until finding 39)
             woken, self.woken = self.woken, []
             for conn in sorted(woken, key=_conn_order):
                 conn.flush_due = False
