@@ -51,8 +51,10 @@ OLD_SEEDS_SHA256 = "581402b26603903133b3463fbc28906e269b0e7054d1ab607479c765521f
 def test_a_seed_without_mqtt5_draws_the_scenario_it_drew_before(monkeypatch: pytest.MonkeyPatch) -> None:
     import mqttmesh.sim.fuzz as fuzz
 
-    # (shared groups come from their own stream too, after the rest: tests/sim/test_sim_fuzz.py)
+    # (shared groups and persistent publishers come from their own streams too, after the rest:
+    # tests/sim/test_sim_fuzz.py)
     monkeypatch.setattr(fuzz, "_draw_shared", lambda rng, sc: None)
+    monkeypatch.setattr(fuzz, "_draw_persistent_publishers", lambda rng, c: None)
     h = hashlib.sha256()
     without = [s for s in range(1, 201) if not draw_scenario(s).clients.mqtt5]
     for seed in without:
