@@ -238,7 +238,10 @@ class Broker:
         # a later start of this node exceeds (its incarnation)
         self.seqs = itertools.count(seq_base + 1)
         self.wall_offset = wall_offset  # wall-clock time minus the caller's clock
-        self.held_ack_channels: set[HoldsAcks] = set()  # channels waiting for a journal commit
+        # channels waiting for a journal commit, in the order they began to wait: released in
+        # that order (a set's order is its members' addresses, which made two runs of one
+        # simulated scenario differ: docs/simulation.md, finding 39)
+        self.held_ack_channels: dict[HoldsAcks, None] = {}
         if ports.congestion is not None:
             self.congestion = ports.congestion
         else:
@@ -453,16 +456,17 @@ class Broker:
 
     # -- durability ---------------------------------------------------------------------------
 
-    def committed(self, batch: int) -> set[HoldsAcks]:
+    def committed(self, batch: int) -> list[HoldsAcks]:
         """The I/O layer made ``batch`` durable: the channels holding acknowledgements (or
         messages) back for a commit, to be released (``Channel.release_acks``; those still
         waiting for a later batch hold theirs again). ``assembly.NodeCore.committed`` does it,
         and tells the mesh, which holds its own."""
         self.journal.mark_committed(batch)
         waiting = self.held_ack_channels
-        if waiting:
-            self.held_ack_channels = set()
-        return waiting
+        if not waiting:
+            return []
+        self.held_ack_channels = {}
+        return list(waiting)
 
     def deliver_remote(self, msg: Message) -> tuple[Batch, Hits]:
         """A message another node routed here: deliver it to local sessions only.

@@ -150,7 +150,7 @@ class HeldFrames:
         elif held is NOTHING_HELD:
             held = self._held = deque()  # type: ignore[misc]  # (a slot of the Channel)
         held.append((batch, ticket, item))
-        self.broker.held_ack_channels.add(self)
+        self.broker.held_ack_channels[self] = None
 
     def write_gated(self, frame: bytes, ticket: int) -> None:
         """A frame for the client once the session's gate passed ``ticket``."""
@@ -190,4 +190,4 @@ class HeldFrames:
                         break
                     held[i] = (batch, v, f)
         if held:
-            self.broker.held_ack_channels.add(self)
+            self.broker.held_ack_channels[self] = None

@@ -131,6 +131,28 @@ def test_a_share_of_the_seeds_draws_shared_groups_from_their_own_stream(monkeypa
         assert sc.clients == plain.clients, seed
 
 
+def test_a_share_of_the_seeds_draws_persistent_publishers_from_their_own_stream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import mqttmesh.sim.fuzz as fuzz
+
+    drawn = {s: draw_scenario(s) for s in SEEDS}
+    with_them = [s for s, sc in drawn.items() if sc.clients.publisher_persistent]
+    assert 0.2 * len(SEEDS) < len(with_them) < 0.4 * len(SEEDS)
+    assert all(0.3 <= drawn[s].clients.publisher_persistent <= 1.0 for s in with_them)
+    assert all("of them persistent, moving" in drawn[s].description for s in with_them)
+    # without them a seed is the scenario it was: only the key and the description differ
+    monkeypatch.setattr(fuzz, "_draw_persistent_publishers", lambda rng, c: None)
+    for seed, sc in drawn.items():
+        plain = draw_scenario(seed)
+        if not sc.clients.publisher_persistent:
+            assert dump_scenario(plain) == dump_scenario(sc), seed
+            continue
+        sc.clients.publisher_persistent = 0.0
+        sc.description = plain.description
+        assert dump_scenario(plain) == dump_scenario(sc), seed
+
+
 def test_a_drawn_scenario_is_written_as_toml_that_reads_back_equal() -> None:
     for seed in SEEDS:
         sc = draw_scenario(seed)

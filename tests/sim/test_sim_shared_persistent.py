@@ -426,3 +426,37 @@ def test_a_message_published_as_its_origin_stalls_is_judged_from_when_the_origin
     sim = Simulator(sc).run()
     assert not sim.violations.items, sim.violations.items[:5]
     assert sim.stall_log["n1"] == [(6.0, 7.5)] and sim.shared_results["once"].unreachable >= 1
+
+
+def test_a_connack_sent_as_its_node_fenced_the_connection_brings_the_session_there() -> None:
+    """A harsher run of shared-persistent-publishers-7 (seed 14, shrunk): a node cut off into a
+    minority sent a persistent member's CONNACK (session present) in the instant it found itself
+    without a majority and closed the connection; the client read the CONNACK after the end.
+    The session was at that node all the same (its home, queueing for its client), and the node
+    said so (QUEUED, then none when the client came back elsewhere): 2 changes the model missed
+    when it dropped a ``resume`` on a connection already closed."""
+    h = History()
+    a = _subscribed(h, 1.0, "g0m0", "n1")
+    _away(h, 4.0, "g0m0", a, "n1")
+    h.connect(5.99, "g0m0", "invoke", "g0m0#2", "n2")
+    h.closed(6.0, "g0m0", "g0m0#2", False, "ClientId 'g0m0': this node does not see a majority of the mesh now")
+    h.connect(6.001, "g0m0", "ok", "g0m0#2", "n2", True)
+    h.joined(6.001, "g0m0", "g0m0#2", "n2", G, 2, 6.0, "resume", True)
+    _back(h, 9.0, "g0m0", "n3", 3)
+    ms = memberships(h)
+    assert [(m.conn, m.node, m.begin, m.end, m.how, m.persistent) for m in ms[1:2]] == [
+        ("g0m0#2", "n2", 6.0, 6.0, "close", True)
+    ]
+    deltas = {
+        ("n1", 1, 2): ([f"+{G}"], 7),
+        ("n1", 1, 3): ([f"-{G}", f"+{G}\0q"], 7),
+        ("n1", 1, 4): ([f"-{G}\0q"], 7),
+        ("n2", 1, 2): ([f"+{G}\0q"], 7),
+        ("n2", 1, 3): ([f"-{G}\0q"], 7),
+        ("n3", 1, 2): ([f"+{G}\0q"], 7),
+        ("n3", 1, 3): ([f"-{G}\0q", f"+{G}"], 7),
+    }
+    assert check_control(h, deltas, links=4).extra == []
+    # (a SUBSCRIBE written on a connection its node had closed is still no membership)
+    h.joined(6.002, "g0m0", "g0m0#2", "n2", G, -1, 6.003, "invoke", True)
+    assert len(memberships(h)) == 3

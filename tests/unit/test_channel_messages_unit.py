@@ -794,3 +794,18 @@ def test_a_clean_session_of_a_mesh_node_waits_for_nothing():
     assert pub.data_to_send() == h("50 02 00 01")
     assert publishes(sub) == [("a", b"x", 2, False, False, 1)]
     assert settled == []
+
+
+def test_the_channels_a_commit_releases_come_in_the_order_they_began_to_wait():
+    """Released in the order they held (not a set's, which is their addresses': two runs of one
+    simulated scenario differed by what the process had allocated before, docs/simulation.md
+    finding 39)."""
+    journal = Journal()
+    net = Net(journal=journal)
+    durable_offline_subscriber(net, journal)
+    pubs = {name: net.connect(name) for name in ("p1", "p2", "p3")}
+    for i, name in enumerate(("p3", "p1", "p2"), 1):
+        pubs[name].receive_data(mqttraw.publish("g/x", b"keep", qos=1, pid=i), 1.0)
+    number, _ = journal.take()
+    assert net.broker.committed(number) == [pubs["p3"], pubs["p1"], pubs["p2"]]
+    assert net.broker.committed(number) == []

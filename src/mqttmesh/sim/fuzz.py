@@ -23,6 +23,11 @@ members joining and leaving, a strategy, and in half of those seeds (``PERSISTEN
 members with CleanSession=0; drawn from ``random.Random(f"fuzzsh/{seed}")``, after the rest,
 so a seed without them is the scenario it was (and the persistent members last of all: a
 seed whose groups have none draws the groups it drew before they were drawn at all).
+
+In a third share (``PERSISTENT_PUBLISHER_SEEDS``) a share of the publishers connect with
+CleanSession=0, move between nodes and send again what was not acknowledged on each new
+connection (sim/sessions.py); drawn from ``random.Random(f"fuzzpp/{seed}")`` after
+everything else, faults included, so a seed without them is the scenario it was.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ TAIL = 30
 MQTT5_SEEDS = 0.4  # the share of seeds whose clients speak MQTT 5 (some of them)
 SHARED_SEEDS = 0.3  # the share of seeds with shared groups (issue 24)
 PERSISTENT_MEMBERS = 0.5  # the share of those whose members are CleanSession=0 (some of them)
+PERSISTENT_PUBLISHER_SEEDS = 0.3  # the share of seeds with CleanSession=0 publishers (some of them)
 STRATEGIES = ("local", "round_robin", "hash_topic", "hash_clientid", "sticky")  # (shared.STRATEGIES)
 _KINDS = {"full": 2, "ring": 1, "line": 0.5, "star": 0.5, "random": 3, "rgg": 2, "ba": 1.5, "sites": 2}
 
@@ -73,6 +79,7 @@ def draw_scenario(seed: int) -> Scenario:
     sc.faults = _Schedule(rng, sc, scenario_graph(sc)).draw()
     if any(f.kind == "partition" for f in sc.faults) and rng.random() < 0.4:
         sc.clients.targets = "far"
+    _draw_persistent_publishers(random.Random(f"fuzzpp/{seed}"), sc.clients)
     sc.description = describe(sc)
     return parse_scenario(scenario_dict(sc), f"fuzz seed {seed}")
 
@@ -174,6 +181,14 @@ def _draw_shared(rng: random.Random, sc: Scenario) -> None:
     sc.engine = {**sc.engine, "shared_strategy": rng.choice(STRATEGIES)}
     if rng.random() < PERSISTENT_MEMBERS:
         c.member_persistent = _r(rng.uniform(0.3, 1.0))
+
+
+def _draw_persistent_publishers(rng: random.Random, c: Clients) -> None:
+    """Whether a seed's publishers are CleanSession=0 (some of them: 30-100 %, each publisher
+    drawn from its own stream, sim/sessions.py), from their own stream and last of all: a seed
+    without them is the scenario it was. They move as the seed's subscribers do."""
+    if rng.random() < PERSISTENT_PUBLISHER_SEEDS:
+        c.publisher_persistent = _r(rng.uniform(0.3, 1.0))
 
 
 @dataclass
@@ -321,10 +336,11 @@ def describe(sc: Scenario) -> str:
             f"; {c.groups} shared group{'s' if c.groups != 1 else ''} of {c.members} members{persistent} "
             f"({sc.engine.get('shared_strategy', 'local')}, {churn})"
         )
+    pp = f" ({c.publisher_persistent:.0%} of them persistent, moving)" if c.publisher_persistent else ""
     return (
         f"Drawn by the fuzzer (mqttmesh simulate --fuzz, seed {sc.seed}): {t.nodes} whole nodes ({t.kind}), "
         f"{c.persistent} moving persistent subscriber{'s' if c.persistent != 1 else ''}, "
-        f"{c.publishers} publisher{'s' if c.publishers != 1 else ''} at {c.publish_rate}/s{v5}; {faults}. "
+        f"{c.publishers} publisher{'s' if c.publishers != 1 else ''}{pp} at {c.publish_rate}/s{v5}; {faults}. "
         f"Replay: mqttmesh simulate FILE --keep-going"
     )
 

@@ -41,6 +41,10 @@ _COUNTS = (
     "wills_unwanted",
     "sessions_not_present",
     "order_checked",
+    # persistent publishers (sim/sessions.py; 0 in a run without them)
+    "persistent_publishers",
+    "publisher_moves",
+    "publisher_resends",
     "reorders_same_connection",
     "reorders_across_connections",
     # MQTT 5 (sim/history5.py; 0 in a run without MQTT 5 clients)

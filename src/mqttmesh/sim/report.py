@@ -419,6 +419,14 @@ def format_text(s: dict) -> str:
             f"{cl['handover_lost']} lost, {cl['qos2_twice']} QoS 2 twice, {cl['qos1_again']} QoS 1 again; "
             f"without a move after the ack: {cl['not_moved']:,} pairs, {cl['not_moved_lost']} lost",
             f"  persistent clients reconnected to no session (session present 0): {cl['sessions_not_present']}",
+            *(
+                [
+                    f"  persistent publishers: {cl['persistent_publishers']}, {cl['publisher_moves']} moves, "
+                    f"{cl['publisher_resends']} PUBLISH (DUP) or PUBREL sent again on a new connection"
+                ]
+                if cl.get("persistent_publishers")
+                else []
+            ),
             f"  wills: {cl['wills_checked']} connections checked, {cl['wills_published']} published, "
             f"{cl['wills_missing']} missing, {cl['wills_twice']} twice, {cl['wills_unwanted']} unwanted; "
             f"single registration checked {cl['registration_checks']} times; cluster errors {cl['cluster_errors']}",
@@ -431,7 +439,8 @@ def format_text(s: dict) -> str:
                 f"{json.dumps(sh['member_leaves'], sort_keys=True)}; {sh['once_checked']:,} (message, group) "
                 f"pairs, {sh['once_delivered']:,} delivered, {sh['unreachable']} with no member in reach, "
                 f"{sh['may_expire']} that may have expired on the way, "
-                f"re-sent after a leave {sh['resent_after_leave']}, after a fault {sh['resent_after_fault']}; "
+                f"re-sent after a leave {sh['resent_after_leave']}, after a fault {sh['resent_after_fault']}, "
+                f"after its publisher sent it again {sh.get('resent_by_publisher', 0)}; "
                 f"spread: {sh['spread_intervals']} stable intervals, worst nodes {sh['spread_worst_nodes']}, "
                 f"members {sh['spread_worst_members']}; {sh['membership_changes']} membership changes, "
                 f"{sh['first_or_last']} first or last, {sh['share_deltas']} deltas, "

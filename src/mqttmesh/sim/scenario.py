@@ -104,7 +104,7 @@ class Clients:
     """mode = "cluster": MQTT clients of the whole nodes (sim/sessions.py, docs/simulation.md)."""
 
     persistent: int = 10  # CleanSession=0 subscribers, each with a will, moving between nodes
-    publishers: int = 4  # CleanSession=1 publishers
+    publishers: int = 4  # publishers, CleanSession=1 unless publisher_persistent makes them 0
     publish_rate: float = 2.0  # messages per second per publisher (Poisson)
     qos: list[float] = field(default_factory=lambda: [0.0, 0.5, 0.5])  # shares of QoS 0, 1, 2 published
     shared: float = 0.2  # share of publications to the topic every subscriber has ("all"); else c/<one of them>
@@ -153,6 +153,12 @@ class Clients:
     member_away: tuple[float, float] = (0.5, 3.0)
     to_groups: float = 0.5
     member_persistent: float = 0.0
+    # persistent publishers (docs/simulation.md, "Persistent publishers"): the share of the
+    # publishers (each drawn from its own stream ``{seed}/publisher/{name}``) that connect with
+    # CleanSession=0 (MQTT 5: Clean Start 0 and the longest ``session_expiry``), move between
+    # nodes as the subscribers do (``move_every``, ``move_how``) and, on each reconnection, send
+    # again what was not acknowledged (PUBLISH with DUP=1) or completed (PUBREL) [MQTT-4.4.0-1]
+    publisher_persistent: float = 0.0
 
 
 FAULT_KINDS = {
@@ -388,8 +394,9 @@ def _validate(sc: Scenario) -> None:
         raise ScenarioError("clients.message_expiry: a Message Expiry Interval of 0 is none; leave it out")
     if c.groups < 0 or c.members < 1 or c.member_nodes < 0 or not 0.0 <= c.to_groups <= 1.0:
         raise ScenarioError("clients.groups: 0 or more; clients.members: 1 or more; clients.to_groups: a share")
-    if not 0.0 <= c.member_persistent <= 1.0:
-        raise ScenarioError("clients.member_persistent: a share, between 0 and 1")
+    for key in ("member_persistent", "publisher_persistent"):
+        if not 0.0 <= getattr(c, key) <= 1.0:
+            raise ScenarioError(f"clients.{key}: a share, between 0 and 1")
     if len(c.member_qos) != 3 or sum(c.member_qos) <= 0 or len(c.member_leave) != 4 or sum(c.member_leave) <= 0:
         raise ScenarioError("clients.member_qos: three shares; clients.member_leave: four; not all zero")
     if c.replication < 1 or c.check_every <= 0:

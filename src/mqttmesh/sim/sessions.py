@@ -7,7 +7,12 @@ connection a ``SimConnection`` (the Channel's ``ports.Owner``). Persistent
 subscribers (CleanSession=0, with a will) move between nodes: cleanly (DISCONNECT,
 then a new connection), abruptly (the connection drops), or by a takeover (a new
 connection elsewhere while the old one lives on until the server ends it).
-Publishers publish QoS 0-2 to the subscribers' topics. Every client writes a history
+Publishers publish QoS 0-2 to the subscribers' topics; a share of them
+(``clients.publisher_persistent``, each drawn from its own stream ``{seed}/publisher/{name}``)
+connect with CleanSession=0, move between nodes the three ways the subscribers do (and
+"away") and, on each reconnection, send again each PUBLISH not acknowledged (DUP=1) and each
+PUBREL not completed [MQTT-4.4.0-1], recorded as the history's ``resend``; their messages
+are acknowledged by the PUBACK or PUBREC on whichever connection it comes. Every client writes a history
 (sim/history.py); the cluster invariants that judge it, and the nodes' state while the
 run goes, are sim/cluster_checks.py's.
 
@@ -97,9 +102,19 @@ class Mqtt5:
 
 
 class SimClient:
-    def __init__(self, name: str, persistent: bool, keepalive: int, home: str, v5: Mqtt5 | None = None):
+    def __init__(
+        self,
+        name: str,
+        persistent: bool,
+        keepalive: int,
+        home: str,
+        v5: Mqtt5 | None = None,
+        publisher: bool = False,
+    ):
         self.name = name
         self.persistent = persistent
+        self.publisher = publisher  # (a persistent one is no subscriber: it has no will, subscribes to nothing)
+        self.publishing = False  # a persistent publisher's publications are scheduled
         self.v5 = v5
         if v5 is None:
             self.mqtt = MqttClient(name, clean=not persistent, keepalive=keepalive)
@@ -154,19 +169,29 @@ class ClusterMixin(SimulatorPart):
         for i in range(c.persistent):
             name = f"s{i:03d}"
             self.clients[name] = SimClient(name, True, c.keepalive, names[i % len(names)], self._mqtt5(name, True))
+        self.publisher_moves = 0
+        self.publisher_resends = 0  # PUBLISH (DUP=1) and PUBREL sent again by persistent publishers
         for i in range(c.publishers):
             home = names[(i * 7 + len(names) // 2) % len(names)]
             name = f"p{i:03d}"
-            self.clients[name] = SimClient(name, False, c.keepalive, home, self._mqtt5(name, False))
+            persistent = bool(c.publisher_persistent) and _draw_publisher(sc.seed, name) < c.publisher_persistent
+            v5 = self._mqtt5(name, False, persistent)
+            self.clients[name] = SimClient(name, persistent, c.keepalive, home, v5, publisher=True)
         self._init_members()  # (members.py: shared groups, if the scenario has any)
-        # (the persistent members of groups are no subscribers of c/<name>: members.py)
-        self.subscribers = [cl.name for cl in self.clients.values() if cl.persistent and cl.share is None]
+        # (the persistent members of groups are no subscribers of c/<name>: members.py; nor
+        # are the persistent publishers)
+        self.subscribers = [
+            cl.name for cl in self.clients.values() if cl.persistent and cl.share is None and not cl.publisher
+        ]
         self._init_cluster_checks()  # (cluster_checks.py)
 
-    def _mqtt5(self, name: str, subscriber: bool) -> Mqtt5 | None:
+    def _mqtt5(self, name: str, subscriber: bool, persistent_publisher: bool = False) -> Mqtt5 | None:
         """Whether client ``name`` speaks MQTT 5, and what it asks for: from its own stream,
         so the other clients' draws (rng_clients) are those of a run without MQTT 5, and a
-        shrunk scenario's remaining clients keep theirs."""
+        shrunk scenario's remaining clients keep theirs. A persistent publisher asks for Clean
+        Start 0 and the longest of ``session_expiry`` (no draw: its stream stays its messages'),
+        so that its session outlives its moves (one that expired would make what it had not
+        had acknowledged new messages, which no check could tell from a second routing)."""
         c = self.sc.clients
         if not c.mqtt5:
             return None
@@ -177,6 +202,8 @@ class ClusterMixin(SimulatorPart):
         if subscriber:
             v5.clean_start = rng.random() < c.clean_start
             v5.expiry = int(rng.choice(c.session_expiry))
+        elif persistent_publisher:
+            v5.expiry = int(max(c.session_expiry)) or 600
         return v5
 
     def _start_clients(self) -> None:
@@ -259,8 +286,10 @@ class ClusterMixin(SimulatorPart):
         self.sconns[conn_id] = conn
         client.conn = conn
         client.home = node.name
-        # (a persistent member of a group has none: the wills are the subscribers')
-        will = Will(f"will/{client.name}", conn_id.encode(), 1) if client.persistent and client.share is None else None
+        # (a persistent member of a group, or a persistent publisher, has none: the wills are
+        # the subscribers')
+        subscriber = client.persistent and client.share is None and not client.publisher
+        will = Will(f"will/{client.name}", conn_id.encode(), 1) if subscriber else None
         v5 = client.v5
         info = None
         if v5 is not None:
@@ -334,8 +363,8 @@ class ClusterMixin(SimulatorPart):
 
     def _on_client(self, action: str, arg: str) -> None:
         if action == "flush":
-            # in the order of the connection ids: the broker wakes channels in the order of
-            # a set of them (held_ack_channels), which depends on their addresses
+            # in the order of the connection ids, whatever order the broker woke them in (it
+            # woke them in a set's order, their addresses', until finding 39)
             woken, self.woken = self.woken, []
             for conn in sorted(woken, key=_conn_order):
                 conn.flush_due = False
@@ -406,6 +435,9 @@ class ClusterMixin(SimulatorPart):
                 h.connect(self.now, client.name, "fail", conn.id, conn.node, rc)
                 return
             h.connect(self.now, client.name, "ok", conn.id, conn.node, present)
+            if client.publisher and client.persistent:
+                self._publisher_connected(client)
+                return
             if client.v5 is not None and not present:
                 client.subscribed = False  # (a new session: its subscriptions are to be made again)
             if client.persistent and not client.subscribed:
@@ -425,6 +457,20 @@ class ClusterMixin(SimulatorPart):
             self._schedule_move(client)
         elif kind == "closed":
             self._client_lost(client)
+
+    def _publisher_connected(self, client: SimClient) -> None:
+        """A persistent publisher's connection was accepted: what its client sends again (it
+        queued those frames on the CONNACK, sim/mqttclient.py) is recorded, in order, as
+        ``resend`` ops; its publications start with its first connection, and it moves."""
+        for out in client.mqtt.outgoing.values():
+            msg_id = out.payload.decode()
+            self.history.publish(self.now, client.name, "resend", msg_id, out.topic, out.qos)
+            self.publisher_resends += 1
+        if not client.publishing:
+            client.publishing = True
+            rate = self.sc.clients.publish_rate
+            self._at(self.now + self.rng_clients.expovariate(rate), CLIENT, "publish", client.name)
+        self._schedule_move(client)
 
     def _client_lost(self, client: SimClient) -> None:
         """The client's connection is gone (seen from the client): it connects again."""
@@ -476,6 +522,7 @@ class ClusterMixin(SimulatorPart):
         shares = self.sc.clients.move_how
         how = self.rng_clients.choices(("clean", "abrupt", "takeover", "away")[: len(shares)], shares)[0]
         self.moves[how] += 1
+        self.publisher_moves += client.publisher
         client.home = target.name
         if how == "away":
             # gone for seconds (cleanly or not): its session, its queued messages and its
@@ -537,6 +584,11 @@ class ClusterMixin(SimulatorPart):
                 client.pending[pid] = msg_id
             self._client_send(client)
         self._at(self.now + self.rng_clients.expovariate(c.publish_rate), CLIENT, "publish", client.name)
+
+
+def _draw_publisher(seed: int, name: str) -> float:
+    """Publisher ``name``'s own draw: whether it is persistent, whatever the others' are."""
+    return random.Random(f"{seed}/publisher/{name}").random()
 
 
 def _conn_order(conn: SimConnection) -> tuple[str, int]:

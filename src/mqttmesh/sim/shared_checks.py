@@ -24,6 +24,15 @@ the members, its membership changes over the links) is judged in shared_spread.p
   delay or in a queue [MQTT-3.3.2-5]: only a member connected throughout, no fault near,
   makes its loss a violation (else counted ``may_expire``). A second copy to one such
   member's session (it took the message again after a reconnection) is no second member's.
+  A persistent publisher (CleanSession=0, moving between nodes) sends a message it had not
+  had acknowledged again on its next connection (the history's ``resend``): a QoS 1 PUBLISH
+  re-sent is a new message to the node that takes it [MQTT-4.4.0-1], so a second member's
+  copy after it is allowed (counted ``resent_by_publisher``); a QoS 2 one is routed under the
+  id its first node gave it (docs/design.md 3.2, 3.8 "QoS 2, routed twice"), so not. Such a
+  message was taken where and when its acknowledgement says (QoS 1: the send on the
+  connection its PUBACK came on) or by any node it was sent to (QoS 2: the node that took
+  it, or the one its client went to next, which routes what it finds unrouted): it is judged
+  lost only if it was owed a member from every such send (``sends``).
 - ``check_sessions_once``: a QoS 2 message reaches a member's session at most once as a new
   message [MQTT-4.3.3-2]: a CleanSession=0 member's session across its connections, a
   CleanSession=1 member's on its connection; a re-send the client took as one (its packet id
@@ -46,6 +55,7 @@ __all__ = [
     "node_at",
     "client_nodes",
     "publications",
+    "sends",
     "check_once",
     "check_sessions_once",
     "overlaps",
@@ -80,16 +90,23 @@ def filter_of(share: str) -> str:
 def memberships(history: Any) -> list[Membership]:
     """Every membership the history shows (a SUBSCRIBE refused: none), in order of begin: a
     CleanSession=0 member has one per connection on which it subscribed or found its session
-    with the subscription (``resume``)."""
+    with the subscription (``resume``). A CONNACK its node sent as it closed the connection
+    (a fence in the same instant: the client reads the CONNACK after the end) brought the
+    session there all the same: a membership from the CONNACK to the end, its session queueing
+    there after it (fuzzer-style run of shared-persistent-publishers-7, harsher, seed 14)."""
     out: list[Membership] = []
     open_: dict[tuple[str, str], Membership] = {}  # (conn, share) -> its open membership
     by_conn: dict[str, list[Membership]] = {}
-    closed: set[str] = set()  # (a client that has not noticed yet may still write on one)
+    closed: dict[str, float] = {}  # (a client that has not noticed yet may still write on one)
     for op in history.ops:
         kind = op[3]
         if kind == "join":
             _t, client, what, _k, conn, node, share, qos, at = op[:9]
             if conn in closed:
+                if what == "resume" and at <= closed[conn]:
+                    m = Membership(client, conn, node, share, qos, at, closed[conn], "close")
+                    m.persistent = len(op) > 9 and bool(op[9])
+                    out.append(m)
                 continue
             if what in ("invoke", "resume"):
                 m = Membership(client, conn, node, share, qos if what == "resume" else -1, at)
@@ -108,7 +125,7 @@ def memberships(history: Any) -> list[Membership]:
             if gone is not None:
                 gone.end, gone.how = op[8], op[7]
         elif kind == "close":
-            closed.add(op[4])
+            closed.setdefault(op[4], op[0])
             for m in by_conn.pop(op[4], []):
                 if m.end == END or m.end > op[0]:
                     m.end, m.how = op[0], m.how or "close"
@@ -127,6 +144,9 @@ class OnceCheck:
     unreachable: int = 0  # ... that reached none, with no member certainly in reach (allowed, counted)
     resent_after_leave: int = 0  # second copies after a receiver left holding the message
     resent_after_fault: int = 0  # second copies while a fault window overlapped the message's way
+    resent_by_publisher: int = 0  # second copies of a QoS 1 message its persistent publisher sent again
+    republished: int = 0  # (message, group) pairs of messages a persistent publisher sent again
+    owed_from_some_send: int = 0  # ... that reached none, owed a member from one send but not another (allowed)
     again: int = 0  # copies to a CleanSession=0 member that had the message (its session's re-send)
     queued: int = 0  # QoS 1/2 pairs that reached a member with none connected throughout, a session queueing
     may_expire: int = 0  # pairs with a Message Expiry Interval that reached none and may have expired on the way
@@ -144,6 +164,32 @@ def publications(history: Any) -> tuple[dict[str, tuple[float, str, int]], set[s
             elif op[2] == "ok":
                 acked.add(op[4])
     return invoked, acked
+
+
+def sends(history: Any) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """When each message was sent: its PUBLISH (``invoke``) and each time its persistent
+    publisher sent it again on a new connection (``resend``: the PUBLISH with DUP=1, or its
+    PUBREL), in time order; and when its acknowledgement (PUBACK, PUBREC) came, on whichever
+    connection."""
+    sent: dict[str, list[float]] = {}
+    acked: dict[str, float] = {}
+    for op in history.ops:
+        if op[3] == "publish":
+            if op[2] in ("invoke", "resend"):
+                sent.setdefault(op[4], []).append(op[0])
+            elif op[2] == "ok":
+                acked.setdefault(op[4], op[0])
+    return sent, acked
+
+
+def _taken_at(times: list[float], qos: int, acked: float | None) -> list[float]:
+    """The sends of a message from which a node may have taken it and routed it (see the
+    module's docstring): every send of a QoS 2 message (the node that gave it its id, or a
+    later one that found it unrouted); of a QoS 1 one, the last before its PUBACK (that node
+    took it as a new message, and certainly routed it)."""
+    if len(times) < 2 or qos != 1 or acked is None:
+        return times
+    return [max((t for t in times if t <= acked), default=times[0])]
 
 
 def _expiries(history: Any) -> dict[str, int]:
@@ -198,6 +244,7 @@ def check_once(
     for m in ms:
         conns.setdefault(m.conn, []).append(m)
     invoked, acked = publications(history)
+    sent, acked_at = sends(history)
     expiry = _expiries(history)
     got: dict[tuple[str, str], list[Op]] = {}  # (msg id, share) -> receptions by its members
     for op in history.ops:
@@ -215,6 +262,8 @@ def check_once(
             if not filter_matches(filter_of(share), topic):
                 continue
             r.checked += 1
+            times = sent.get(msg_id, [t_pub])
+            r.republished += len(times) > 1
             copies = got.get((msg_id, share), [])
             if copies and qos and persistent:  # (did it take a session queueing for its client to reach one?)
                 reach = _in_reach(by_share[share], t_pub, qos, near, settle, window, end)
@@ -234,33 +283,53 @@ def check_once(
                         if m.share == share
                     ):
                         r.resent_after_leave += 1
+                    elif qos == 1 and any(t <= later[0] for t in times[1:]):
+                        r.resent_by_publisher += 1  # (a new message to the node its re-send reached)
                     elif overlaps(wide, t_pub, later[0]):
                         r.resent_after_fault += 1
                     else:
                         who = ", ".join(f"{op[1]} ({op[8]}) at {op[0]:.3f}s" for op in copies[: i + 1])
                         r.twice.append((msg_id, share, f"reached {who}; no receiver left, no fault between"))
             else:
-                origin = node_at(origins.get(msg_id.rpartition(":")[0], []), t_pub)
-                if held is not None and origin is not None:
-                    # its node stalled: the message is taken, acknowledged and routed when the
-                    # node runs again, and must reach a member in reach then (simulator: seeds
-                    # 1, 10, 13, 15, 19 and 22 of finding 36's three nodes, the origin killed
-                    # 10 ms after its stall with the members it chose)
-                    t_pub = max([t_pub, *(b for a, b in held(origin) if a <= t_pub <= b)])
-                why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy, end, cut(origin))
-                if why is None:
+                # (owed from every send a node may have taken it from: else not lost)
+                verdicts = []
+                for t_sent in _taken_at(times, qos, acked_at.get(msg_id)):
+                    origin = node_at(origins.get(msg_id.rpartition(":")[0], []), t_sent)
+                    if held is not None and origin is not None:
+                        # its node stalled: the message is taken, acknowledged and routed when the
+                        # node runs again, and must reach a member in reach then (simulator: seeds
+                        # 1, 10, 13, 15, 19 and 22 of finding 36's three nodes, the origin killed
+                        # 10 ms after its stall with the members it chose)
+                        t_sent = max([t_sent, *(b for a, b in held(origin) if a <= t_sent <= b)])
+                    why = _must_reach(
+                        ms, share, t_sent, qos, msg_id in acked, near, settle, window, lossy, end, cut(origin)
+                    )
+                    if why is not None and msg_id in expiry and t_sent + expiry[msg_id] < end:
+                        # its life may have ended on its way [MQTT-3.3.2-5]: a fault's delay, or a
+                        # queue waiting for an absent client, may outlast it; only a member connected
+                        # throughout with no fault near certainly had it in time (its node takes it
+                        # in milliseconds; an expiry is a second at least)
+                        if _must_reach(ms, share, t_sent, qos, msg_id in acked, near, settle, window, lossy, -END):
+                            verdicts.append(("lost", why))
+                        else:
+                            verdicts.append(("may_expire", ""))
+                    else:
+                        verdicts.append(("unreachable", "") if why is None else ("lost", why))
+                kinds = {k for k, _ in verdicts}
+                r.owed_from_some_send += "lost" in kinds and len(kinds) > 1
+                if "unreachable" in kinds:
                     r.unreachable += 1
-                    continue
-                if msg_id in expiry and t_pub + expiry[msg_id] < end:
-                    # its life may have ended on its way [MQTT-3.3.2-5]: a fault's delay, or a
-                    # queue waiting for an absent client, may outlast it; only a member connected
-                    # throughout with no fault near certainly had it in time (its node takes it
-                    # in milliseconds; an expiry is a second at least)
-                    why = _must_reach(ms, share, t_pub, qos, msg_id in acked, near, settle, window, lossy, -END)
-                    if why is None:
-                        r.may_expire += 1
-                        continue
-                r.lost.append((msg_id, share, why))
+                elif "may_expire" in kinds:
+                    r.may_expire += 1
+                else:
+                    why = "; ".join(w for _k, w in verdicts)
+                    if len(times) > 1:
+                        why += (
+                            f" (sent {len(times)} times by its persistent publisher, at "
+                            + ", ".join(f"{t:.3f}s" for t in times)
+                            + ")"
+                        )
+                    r.lost.append((msg_id, share, why))
     return r
 
 

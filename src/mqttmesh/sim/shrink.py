@@ -154,6 +154,7 @@ def _fewer_clients(sc: Scenario) -> Iterator[Variant]:
             out.clients.publish_rate = default.publish_rate
             out.clients.qos = default.qos
             out.clients.shared = default.shared
+            out.clients.publisher_persistent = default.publisher_persistent
         yield f"{n} publisher{'s' if n != 1 else ''}", out
     for n in _smaller(c.groups, 0):
         out = copy.deepcopy(sc)
@@ -167,6 +168,10 @@ def _fewer_clients(sc: Scenario) -> Iterator[Variant]:
         out = copy.deepcopy(sc)
         out.clients.member_persistent = 0.0
         yield "no persistent member", out
+    if c.publishers and c.publisher_persistent:  # (each publisher's own draw, as for members)
+        out = copy.deepcopy(sc)
+        out.clients.publisher_persistent = 0.0
+        yield "no persistent publisher", out
     if c.publishers and c.publish_rate > 0.5:
         out = copy.deepcopy(sc)
         out.clients.publish_rate = max(0.5, round(c.publish_rate / 2, 2))
