@@ -40,9 +40,9 @@ import random
 from typing import Any
 
 from .model import CLIENT, SimulatorPart
-from .sessions import SimClient, SimConnection
 from .shared_checks import check_once, check_sessions_once
 from .shared_spread import check_control, check_spread
+from .simclient import SimClient, SimConnection
 
 __all__ = ["MembersMixin", "SHARE_TOPIC"]
 
