@@ -36,6 +36,8 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-33-fuzz-19-old-home-keeps-member": "old_homes_told",
     # a connection a later claim replaced (its kick lost across the cut) registers again: kicked
     "finding-37-fuzz-655-replaced-connection-registered-again": "kicked_again",
+    # a stale pooled copy names this node, which keeps none, its client's: a home node has it
+    "finding-38-harsh-14-stale-copy-makes-home": "stale_merges_ignored",
 }
 
 

@@ -80,6 +80,7 @@ class Holders(Confirmations):
                 "forwarded_comes_later",
                 "fenced",
                 "old_homes_told",
+                "stale_merges_ignored",
             ),
             0,
         )
@@ -261,6 +262,9 @@ class Holders(Confirmations):
         and leave the session's groups (``on_copy``; simulator, finding 33)."""
         snap = m.snap
         mine = replica_of(self.table.sessions.get(snap.cid))
+        if mine is None and self._stale_last_node(snap.cid):
+            self.counters["stale_merges_ignored"] += 1
+            return
         if mine is not None and frm != self.node_id:
             here = mine.channel is not None and mine.active_node == self.node_id
             if (here and snap.active != self.node_id) or (mine.epoch > snap.epoch and mine.active_node != frm):
@@ -278,6 +282,17 @@ class Holders(Confirmations):
         self._apply_subs(session, merged.subs)
         if not stale:
             self._adopt(session, snap)  # (an older claim's copy names no newer home)
+
+    def _stale_last_node(self, cid: str) -> bool:
+        """A pooled copy reached this node, which keeps none and is not in the session's home:
+        it is a holder only as the node the copy names its client's (a copy older than the
+        let-go that took this node's own). A live node of the home got the same copy; taking it
+        here would make this node a home again, a group member queueing for the session, until
+        a newer copy came (simulator, finding 38). With no node of the home live this node is
+        the one holder left and keeps it."""
+        live = self.membership.live
+        home = self.membership.home(cid)
+        return self.node_id not in home and any(n in live for n in home)
 
     def _offline_replica(self, frm: str, snap: Snapshot, now: float, take_over: bool) -> _Replicated | None:
         """Our replica of ``snap``'s session (made if missing) while its client is not here.
