@@ -156,13 +156,14 @@ class MeshPort(Protocol):
         """A message published at this node, after its local dispatch (the hot path); the
         congested links it goes out on (flow.py), NO_HITS mostly."""
 
-    def hold(self, msg: Message) -> None:
-        """A member of a shared group here took ``msg`` at QoS 1/2: if another node sent it,
-        the acknowledgement to its origin waits for the member's (``settle``)."""
+    def hold(self, msg: Message, share: str, clean: bool) -> None:
+        """A member of the shared group ``share`` here took ``msg`` at QoS 1/2: if another node
+        sent it, the acknowledgement to its origin waits for the member's (``settle``); if it
+        is this node's and the member's session is ``clean``, the store keeps it meanwhile."""
 
-    def settle(self, msg: Message) -> None:
-        """A member that took ``msg`` acknowledged it, or it went to another member, or to
-        nobody: the acknowledgement to its origin waits for it no more."""
+    def settle(self, msg: Message, share: str) -> None:
+        """A member of ``share`` that took ``msg`` acknowledged it, or it went to another
+        node's member, or to nobody: nothing waits for it here any more."""
 
     def online_elsewhere(self, share: str) -> bool:
         """Has another node in reach a connected member of the shared group ``share``

@@ -182,7 +182,7 @@ class SharedGroup:
         or it expired, or was dropped, while waiting in its queue (Session)."""
         owner = self.owner
         if owner is not None and owner.settle is not None:
-            owner.settle(msg)
+            owner.settle(msg, self.share)
 
 
 def _client_id(session: Session) -> str:
@@ -208,11 +208,13 @@ class SharedSubscriptions:
         # in a mesh, what a leaving member held when no other member here may take it:
         # (message, "$share/{g}/{f}", now) -> sent to another node's member (the Broker's)
         self.elsewhere: Callable[[Message, str, float], bool] | None = None
-        # in a mesh: a member took another node's QoS 1/2 message (``hold``), and settled it
-        # (``settle``: acknowledged, or it went on to another member, or to nobody); the node's
-        # acknowledgement to its origin waits for the member's (mesh/routing/custody.py)
-        self.hold: Callable[[Message], None] | None = None
-        self.settle: Callable[[Message], None] | None = None
+        # in a mesh: a member took a QoS 1/2 message (``hold``: the message, the group's
+        # "$share/{g}/{f}", whether the member's session is clean), and settled it (``settle``:
+        # acknowledged, or it went on to another node's member, or to nobody); another node's
+        # message is acknowledged to its origin once the member's wait ended, and one of this
+        # node that a clean member holds is kept in the store meanwhile (mesh/routing/custody.py)
+        self.hold: Callable[[Message, str, bool], None] | None = None
+        self.settle: Callable[[Message, str], None] | None = None
         # in a mesh: does another node in reach have a connected member of the group
         # ("$share/{g}/{f}")? Then a persistent member that goes offline hands its queue on
         self.online_elsewhere: Callable[[str], bool] | None = None
@@ -258,7 +260,7 @@ class SharedSubscriptions:
             if had is not None:
                 self.kept_once += 1  # (it has it, or had it: a second copy would be a duplicate)
                 if moved and msg.qos:
-                    self._settle(msg)
+                    self._settle(msg, group.share)
                 return had
         receives = self.receives
         check = None if receives is None else (lambda s: receives(s, msg))
@@ -272,7 +274,8 @@ class SharedSubscriptions:
         if not qos and member.channel is None and not member.limits.queue_qos0:
             self.dropped += 1  # (only members granted QoS 0, all away: it goes to nobody)
         if qos and not moved and self.hold is not None:
-            self.hold(msg)  # (before the delivery: a member that drops it at once settles it)
+            # (before the delivery: a member that drops it at once settles it)
+            self.hold(msg, group.share, member.clean)
         member.sharing = group  # (its entry remembers the group; an MQTT 5 No Local does not apply)
         try:
             member.deliver(msg, qos)
@@ -281,12 +284,12 @@ class SharedSubscriptions:
         if root is not None and qos:
             member.took_resend(root)
         if not qos and moved and msg.qos:
-            self._settle(msg)  # (a member granted QoS 0 took it: nothing to wait for)
+            self._settle(msg, group.share)  # (a member granted QoS 0 took it: nothing to wait for)
         return member
 
-    def _settle(self, msg: Message) -> None:
+    def _settle(self, msg: Message, share: str) -> None:
         if self.settle is not None:
-            self.settle(msg)
+            self.settle(msg, share)
 
     def redispatch(self, session: Session, entries: Iterable[Entry], now: float | None) -> None:
         """What ``take_entries`` took from ``session``, each to another member of its group
@@ -300,7 +303,7 @@ class SharedSubscriptions:
             if msg.expires is not None and now is not None:
                 msg = msg.at(now)
                 if msg.ttl <= 0.0:
-                    self._settle(msg)
+                    self._settle(msg, tag.share)
                     continue
             # (the group as it is now: a new one if the last member left and another came)
             group = self.groups.get((tag.name, tag.topic_filter))
@@ -311,7 +314,7 @@ class SharedSubscriptions:
                 elsewhere = self.elsewhere
                 if elsewhere is None or now is None or not elsewhere(msg, tag.share, now):
                     self.dropped += 1
-                    self._settle(msg)
+                    self._settle(msg, tag.share)
                     continue
                 # (a new message of this node: the one it came as waits for its acknowledgement)
             if entry.packet_id:

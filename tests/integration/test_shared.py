@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import queue
 import subprocess
+import threading
 
 import pytest
 
@@ -92,6 +93,18 @@ def test_mosquitto_clients_in_a_group(node):
         )
         for i in range(2)
     ]
+    # (each member's lines as it prints them: read until both have printed 20 in all, since
+    # the node counting a message sent is not the member having printed it)
+    outs: list[list[str]] = [[], []]
+
+    def read(proc: subprocess.Popen, into: list[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            into.append(line.strip())
+
+    readers = [threading.Thread(target=read, args=(p, o)) for p, o in zip(subs, outs, strict=True)]
+    for t in readers:
+        t.start()
     try:
         wait_for(lambda: "mqttmesh_shared_members 2" in _metrics(node), 10, what="both members")
         for i in range(20):
@@ -100,13 +113,17 @@ def test_mosquitto_clients_in_a_group(node):
                 check=True,
                 timeout=10,
             )
-        wait_for(lambda: 'mqttmesh_messages_sent_total{qos="1"} 20' in _metrics(node), 10, what="20 deliveries")
+        wait_for(lambda: len(outs[0]) + len(outs[1]) >= 20, 10, what="20 messages printed by the members")
     finally:
         for p in subs:
             p.terminate()
-        outs = [p.communicate(timeout=10)[0].split() for p in subs]
+        for p in subs:
+            p.wait(timeout=10)
+        for t in readers:
+            t.join(timeout=10)
     assert sorted(outs[0] + outs[1]) == sorted(f"x{i}" for i in range(20))
     assert outs[0] and outs[1]
+    assert 'mqttmesh_messages_sent_total{qos="1"} 20' in _metrics(node)
 
 
 def test_a_member_that_drops_unacknowledged_qos1_messages_hands_them_on(node, clients):
@@ -391,3 +408,39 @@ def test_the_shared_benchmark_runs_on_a_3_node_mesh(tmp_path):
     assert by_label["mqttmesh x3 round_robin pubs:all"]["crossed"] > 0
     assert by_label["mosquitto"]["crossed"] == 0
     assert "| mqttmesh x3 round_robin pubs:all |" in printed and "| mosquitto |" in printed
+
+
+def test_an_origin_killed_holding_what_its_own_member_took_sends_it_to_another_member(
+    broker_factory, paho, clients, tmp_path
+):
+    """Triangle a, b, c with stores, local strategy; the publisher and a stalled member (a raw
+    clean client that takes its messages and never acknowledges them) on a, another member on
+    c. The local strategy serves every one of 20 QoS 1 messages on a; each is acknowledged to
+    the publisher. a is killed with kill -9 and started again on its store: the messages its
+    member took and never acknowledged were acknowledged to the publisher, so they reach the
+    member on c (re-sends after a member's death, not losses)."""
+    from support.mesh import start_mesh, status, wait_converged, wait_interest
+
+    names, edges = ["a", "b", "c"], [("b", "a"), ("c", "b"), ("c", "a")]
+    nodes = start_mesh(broker_factory, names, edges, data_dirs=tmp_path)
+    wait_converged(nodes, edges)
+    stalled = clients(nodes["a"], "stalledhere")
+    assert stalled.sub(1, ("$share/o/own/#", 1)) == [1]
+    worker = paho("workerc")
+    assert worker.connect(nodes["c"]) == 0
+    worker.subscribe("$share/o/own/#", 1)
+    for n in ("a", "c"):
+        wait_interest(nodes, "$share/o/own/#", n)
+    pub = paho("ownpub")
+    assert pub.connect(nodes["a"]) == 0
+    for i in range(20):
+        pub.publish("own/t", b"%d" % i, qos=1)  # (returns once a's PUBACK came)
+    taken = stalled.publishes(20)  # (a's member has them all, unacknowledged)
+    assert len({p.payload for p in taken}) == 20
+    wait_for(lambda: status(nodes["a"])["counters"]["shared_held_here"] == 20, 10, what="20 kept in a's store")
+    nodes["a"].kill()
+    nodes["a"].start()
+    got = _drain({"worker": worker}, 20, timeout=40.0)["worker"]
+    assert sorted(got) == sorted(b"%d" % i for i in range(20))
+    with pytest.raises(queue.Empty):
+        worker.get(timeout=0.5)  # (each once to c's member)

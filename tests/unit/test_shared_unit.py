@@ -419,8 +419,8 @@ def _holds(net: Net) -> tuple[collections.Counter, collections.Counter]:
     held: collections.Counter = collections.Counter()
     settled: collections.Counter = collections.Counter()
     shared = net.broker.shared
-    shared.hold = lambda m: held.update([m.payload])
-    shared.settle = lambda m: settled.update([m.payload])
+    shared.hold = lambda m, share, clean: held.update([m.payload])
+    shared.settle = lambda m, share: settled.update([m.payload])
     return held, settled
 
 
@@ -443,6 +443,32 @@ def test_a_members_acknowledgement_settles_what_it_took_once_and_a_move_settles_
     assert settled == collections.Counter(p for p, _ in first)
     _acked(m2, 3.0)
     assert settled == every and held == every
+
+
+def test_each_hold_and_its_settle_name_the_same_group_and_say_whether_the_member_is_clean():
+    """The mesh keeps a node's own message that a clean member holds in its store, per group
+    (mesh/routing/custody.py ``hold_own``), and lets it go at the settle of the same group:
+    two groups on one filter, a clean member in one and a persistent one in the other; every
+    (message, group) held once is settled once under that group, whether by a PUBACK or by
+    the clean member's connection ending."""
+    net = Net(limits=Limits(max_inflight=4))
+    held: collections.Counter = collections.Counter()
+    settled: collections.Counter = collections.Counter()
+    shared = net.broker.shared
+    shared.hold = lambda m, share, clean: held.update([(m.payload, share, clean)])
+    shared.settle = lambda m, share: settled.update([(m.payload, share)])
+    a = net.subscriber("a", ("$share/ga/t", 1))
+    b = net.subscriber("b", ("$share/gb/t", 1), clean=False)
+    _publish(net, "t", 3, qos=1)
+    assert held == collections.Counter(
+        [(b"%d" % i, "$share/ga/t", True) for i in range(3)] + [(b"%d" % i, "$share/gb/t", False) for i in range(3)]
+    )
+    for payload, pid in _pids(b):
+        b.receive_data(mqttraw.puback(pid), 1.0)
+    assert settled == collections.Counter((b"%d" % i, "$share/gb/t") for i in range(3))
+    assert len(_pids(a)) == 3
+    a.connection_lost(2.0)  # (the only member of ga: what it held goes to nobody here)
+    assert settled == collections.Counter((b"%d" % i, g) for i in range(3) for g in ("$share/ga/t", "$share/gb/t"))
 
 
 def test_qos2_settles_at_pubrec_and_a_full_queue_or_an_ended_session_settles_what_it_drops():

@@ -90,23 +90,34 @@ class MeshGateway:
             self.io.flush_soon()
             if copy.qos:  # (in custody, or kept until a member's node is in reach)
                 engine.hold_until_acked(copy.seq, msg)
+                if engine._own_holds:
+                    engine.settle_own(msg, share)  # (the copy is in the store in its place)
             else:
-                self.settle(msg)
+                self.settle(msg, share)
         return sent
 
-    def hold(self, msg: Message) -> None:
-        """A member of a shared group here took ``msg``: if it came from another node, its
-        acknowledgement there waits for the member's (routing/custody.py ``hold``)."""
+    def hold(self, msg: Message, share: str, clean: bool) -> None:
+        """A member of ``share`` here took ``msg``: if it came from another node, its
+        acknowledgement there waits for the member's (routing/custody.py ``hold``); if it is
+        ours and the member's session ends with this node, the store keeps a copy for the
+        group until the member settles it (``hold_own``)."""
         engine = self.engine
-        if msg.qos and msg.origin != engine.node_id and msg.ack_to != engine.node_id:
-            engine.hold(msg, msg.timestamp - self.wall_offset)
+        if not msg.qos:
+            return
+        if msg.origin != engine.node_id:
+            if msg.ack_to != engine.node_id:
+                engine.hold(msg, msg.timestamp - self.wall_offset)
+        elif clean:
+            engine.hold_own(msg, share, msg.timestamp - self.wall_offset)
 
-    def settle(self, msg: Message) -> None:
-        """A member that took ``msg`` acknowledged it (or it went on, or to nobody)."""
+    def settle(self, msg: Message, share: str) -> None:
+        """A member of ``share`` that took ``msg`` acknowledged it (or it went on, or to nobody)."""
         engine = self.engine
         if engine._holds:
             engine.settle(msg)
             self.io.flush_soon()
+        if engine._own_holds and msg.origin == engine.node_id:
+            engine.settle_own(msg, share)
 
     def online_elsewhere(self, share: str) -> bool:
         """Has another node in reach a connected member of the shared group ``share``?"""

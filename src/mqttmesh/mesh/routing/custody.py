@@ -24,7 +24,7 @@ from .actions import NOTHING, Inbound, Send
 from .engine_base import EngineState
 from .envelope import for_dests
 from .records import Custody, CustodyJournal, Hold
-from .shares import split_entries
+from .shares import only, share_entries, split_entries
 from .wire import AckGroup, decode_acks, encode_acks
 
 __all__ = ["Custody", "CustodyJournal", "CustodyMixin"]
@@ -77,6 +77,31 @@ class CustodyMixin(EngineState):
         member here, or another node, or to nobody (shared.py): one wait fewer."""
         if self._holds and (msg.origin, msg.seq) in self._holds:
             self._ack(msg)
+
+    def hold_own(self, msg: Message, share: str, now: float) -> None:
+        """A clean member of ``share`` here took ``msg``, our own QoS 1/2 message, and its
+        publisher has (or will have) our acknowledgement: no other node has it, and the
+        member's session ends with this node. Until the member settles it (``settle_own``),
+        the store keeps a copy of it for the group alone, as a message kept for a group out of
+        reach is kept (``_park``'s entry), so that a node killed with kill -9 and started again
+        sends it to a member (a re-send, named by its root: a member that had it is not given
+        it twice). Without a store there is nothing a restart could keep: nothing to do."""
+        journal = self.custody_journal
+        if journal is None or self.new_seq is None:
+            return
+        copy = self._group_copy(msg, now)
+        if copy is None:
+            return
+        self._own_holds[(msg.seq, share)] = copy.seq
+        self.counters["shared_held_here"] += 1
+        journal.custody_put(copy, share_entries({"": only(copy, share)}))
+
+    def settle_own(self, msg: Message, share: str) -> None:
+        """The member that took ``msg`` for ``share`` (``hold_own``) acknowledged it, or it went
+        on to another member (who holds it now), or to nobody: the stored copy goes."""
+        seq = self._own_holds.pop((msg.seq, share), None)
+        if seq is not None and self.custody_journal is not None:
+            self.custody_journal.custody_remove(seq)
 
     def _holding(self, msg: Message) -> bool:
         """One of ``msg``'s waits ended: True while others remain (not acknowledged yet)."""

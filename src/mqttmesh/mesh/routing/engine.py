@@ -131,6 +131,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
         self._share_last = {}
         self._holds = {}
         self._after = {}
+        self._own_holds = {}
         self._parked = deque()
         self._here = []
         self.new_seq = None  # (assembly.build_core gives it the Broker's)
@@ -163,6 +164,7 @@ class MeshEngine(LsdbMixin, RoutesMixin, DataPlaneMixin, CustodyMixin, OrderMixi
             "shared_unreachable": 0,
             "shared_rerouted": 0,
             "shared_held": 0,
+            "shared_held_here": 0,
             "shared_hold_expired": 0,
             "shared_parked": 0,
             "shared_parked_expired": 0,

@@ -159,6 +159,9 @@ class EngineState:
     _holds: dict[tuple[str, int], Hold]
     # our seq -> a held message that went on as it (custody.py ``hold_until_acked``)
     _after: dict[int, Message]
+    # (our seq, group) -> the seq of the copy the store keeps for that group while a clean
+    # member of it here has our message and has not acknowledged it (custody.py ``hold_own``)
+    _own_holds: dict[tuple[int, str], int]
     # (message, group, since): QoS 1/2 messages of ours for a group whose nodes are all out of
     # reach, sent once one is (shares.py ``_park``)
     _parked: deque[tuple[Message, str, float]]
