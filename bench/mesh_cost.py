@@ -43,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import profiles
 from .brokers import REGISTRY, BrokerError, BrokerServer, Mosquitto, MqttmeshNodes, Target
 from .loadgen import RunError, RunOptions, run_once
 from .workloads import Workload
@@ -178,7 +179,21 @@ def spread(target: Target) -> None:
     target.sub_endpoints = list(target.nodes[1:])
 
 
-def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path) -> dict:
+@dataclass
+class Recording:
+    """What to record of the nodes while a cell runs: py-spy stacks (``profile``: into this
+    directory) or strace counts for ``strace`` seconds (into ``out``)."""
+
+    out: Path
+    profile: bool = False
+    strace: float = 0.0
+
+
+def deliveries_per_s(w: Workload) -> float:
+    return (w.rate or 0.0) * sum(len(w.receivers(i)) for i in range(w.n_pubs)) / w.n_pubs
+
+
+def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path, rec: Recording | None = None) -> dict:
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -190,10 +205,21 @@ def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path) -> dict:
         if cell.broker == "mesh7":
             spread(target)
         o = dataclasses.replace(opts, duration=cell.duration or opts.duration)
+        recorders = []
+        if rec is not None and cell.broker != "mosquitto":
+            # from about the start of the window (the clients connect and settle first)
+            delay = o.settle + 1.0 + o.warmup
+            label = f"{cell.key.replace('/', '-')}-{run_id}"
+            if rec.profile:
+                recorders = profiles.start_pyspy(target.pids, delay, o.duration, rec.out, label)
+            elif rec.strace:
+                recorders = profiles.start_strace(target.pids, delay, rec.strace, rec.out, label)
         try:
             res = run_once(target, cell.workload, cell.qos, o, run_id)
         except RunError as exc:
             res = {"ok": False, "error": str(exc)}
+        finally:
+            profiles.finish(recorders)
         res["alive_after"] = server.alive()
         problems = server.log_problems(5)
         if problems:
@@ -440,13 +466,39 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "mesh_cost.json")
     p.add_argument("--md", action="store_true", help="write the Mesh cost section of BENCHMARKS.md")
     p.add_argument("--logs", type=Path, default=None, help="broker logs and data (default: a temporary directory)")
+    p.add_argument("--cells", default="", help="only these cells, by key (as printed: GROUP/WORKLOAD/qQ/BROKER)")
+    p.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="py-spy every mqttmesh node through each window (collapsed stacks into DIR, a summary printed); "
+        "the figures of such a run are not the benchmark's",
+    )
+    p.add_argument(
+        "--strace",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="strace -c -f every mqttmesh node for SECONDS of each window (into --profile DIR or "
+        "bench/results/strace): system calls per delivery",
+    )
     args = p.parse_args(argv)
     groups = [g for g in args.groups.split(",") if g]
     if any(g not in GROUPS for g in groups) or args.rounds < 1:
         p.error("bad --groups or --rounds")
     qos = {int(q) for q in args.qos.split(",") if q}
     brokers = {b for b in args.brokers.split(",") if b}
-    cells = [c for c in cells_of(groups) if c.qos in qos and (not brokers or c.broker in brokers)]
+    only = {k for k in args.cells.split(",") if k}
+    cells = [
+        c
+        for c in cells_of(groups)
+        if c.qos in qos and (not brokers or c.broker in brokers) and (not only or c.key in only)
+    ]
+    rec = None
+    if args.profile or args.strace:
+        rec = Recording(args.profile or RESULTS / "strace", profile=args.profile is not None and not args.strace)
+        rec.strace = args.strace
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="mqttmesh-cost-"))
@@ -462,7 +514,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_before": _load(),
         }
     )
-    do_idle = "mesh7" in groups and args.idle > 0 and (not brokers or "mesh7" in brokers)
+    do_idle = "mesh7" in groups and args.idle > 0 and (not brokers or "mesh7" in brokers) and not only
     print(f"mesh cost: {len(cells)} cells x {args.rounds} rounds; load average {_load()}", flush=True)
     run_id = int(time.time()) & 0x3FFFFFFF
     started = time.monotonic()
@@ -473,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
             for cell in order:
                 run_id += 1
                 try:
-                    res = run_cell(cell, opts, run_id, logs / cell.key.replace("/", "-"))
+                    res = run_cell(cell, opts, run_id, logs / cell.key.replace("/", "-"), rec)
                 except BrokerError as exc:
                     res = {"ok": False, "error": f"broker: {exc}"}
                 res["round"] = rnd
@@ -498,6 +550,11 @@ def main(argv: list[str] | None = None) -> int:
     text = tables(results)
     print()
     print(text)
+    if rec is not None:
+        recorded = recordings_text(cells, rec)
+        print(recorded)
+        (rec.out / "summary.txt").write_text(recorded + "\n")
+        print(f"recordings: {rec.out}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results.to_json(), indent=1, default=str))
     print(f"raw results: {args.out}")
@@ -505,6 +562,33 @@ def main(argv: list[str] | None = None) -> int:
         write_markdown(REPO / "BENCHMARKS.md", markdown(results))
         print("wrote the Mesh cost section of BENCHMARKS.md")
     return 130 if interrupted else 0
+
+
+def recordings_text(cells: list[Cell], rec: Recording) -> str:
+    """Per cell, every round's recordings of every node added up (and per node, self time)."""
+    out = []
+    for cell in cells:
+        if cell.broker == "mosquitto":
+            continue
+        prefix = cell.key.replace("/", "-") + "-"
+        out.append(f"== {cell.key}")
+        if rec.strace:
+            files = sorted(rec.out.glob(prefix + "*.strace"))
+            rounds = len({f.name.rsplit("-n", 1)[0] for f in files})
+            messages = deliveries_per_s(cell.workload) * rec.strace * rounds
+            out.append(profiles.syscalls_text(profiles.syscalls(files), messages))
+            continue
+        files = sorted(f for f in rec.out.glob(prefix + "*.txt"))
+        out.append(profiles.profile_text(profiles.summarize(files)))
+        nodes = sorted({f.stem.rsplit("-", 1)[-1] for f in files})
+        if 1 < len(nodes) <= 2:
+            for node in nodes:
+                prof = profiles.summarize([f for f in files if f.stem.endswith("-" + node)])
+                share = max(1, prof.working)
+                top = ", ".join(f"{name} {n / share * 100:.0f} %" for name, n in prof.self_.most_common(6))
+                out.append(f"node {node}: {prof.samples} samples, {prof.waiting} in epoll_pwait; self: {top}")
+        out.append("")
+    return "\n".join(out)
 
 
 def _line(res: dict) -> str:
