@@ -426,10 +426,11 @@ def markdown(r: Results) -> str:
     )
 
 
-def write_markdown(path: Path, section: str) -> None:
-    """Put ``section`` in ``path`` in place of an earlier one, else before "## Method"."""
+def write_markdown(path: Path, section: str, begin: str = MD_BEGIN) -> None:
+    """Put ``section`` (which starts with ``begin``) in ``path`` in place of an earlier one,
+    else before "## Method"."""
     text = path.read_text()
-    at = text.find(MD_BEGIN)
+    at = text.find(begin)
     if at >= 0:
         end = text.find(MD_END, at) + len(MD_END)
         text = text[:at] + section + text[end:]

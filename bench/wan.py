@@ -37,11 +37,12 @@ from support.faultrelay import FaultRelay
 
 from . import mqttproto as mq
 from .brokers import HOST, REGISTRY, MqttmeshNodes, Target
-from .mesh_cost import wait_meshed
+from .mesh_cost import MD_END, wait_meshed, write_markdown
 from .ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 SECRET = "bench-wan"
+MD_BEGIN = "<!-- BEGIN kept: bench/wan.py writes this section -->"
 WARM = 5  # messages published before the counted ones (routes, sessions, connections warm)
 _HEAD = mq.PAYLOAD_HEAD  # run, publisher, seq, send time (monotonic ns)
 
@@ -326,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--qos", default="1,2")
     p.add_argument("--sessions", default="clean,persistent")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "wan.json")
+    p.add_argument("--md", action="store_true", help="write the WAN section of BENCHMARKS.md")
     args = p.parse_args(argv)
     qos_list = [int(q) for q in args.qos.split(",")]
     sessions = [s for s in args.sessions.split(",") if s]
@@ -388,6 +390,27 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     print(f"raw results: {args.out}")
+    if args.md and not interrupted:
+        command = " ".join(["python -m bench.wan", *(argv if argv is not None else sys.argv[1:])])
+        section = "\n".join(
+            [
+                MD_BEGIN,
+                "### The mesh over a distance (`python -m bench.wan`, issue 26)",
+                "",
+                f"*Written by `{command}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: 3 nodes, "
+                f"every node-to-node link through a relay adding {args.delay * 1000:g} ms "
+                f"(± {args.jitter * 1000:g}) one way, the clients next to their nodes; publisher and `local` "
+                f"subscriber on one node, `remote` on another; {args.messages} messages at {args.rate:g}/s "
+                f"per variant and round, {args.rounds} rounds alternating the delayed and undelayed meshes. "
+                f"Load average by round: {' | '.join(loads)}.*",
+                "",
+                table(results, args.delay),
+                "",
+                MD_END,
+            ]
+        )
+        write_markdown(REPO / "BENCHMARKS.md", section, MD_BEGIN)
+        print("wrote the WAN section of BENCHMARKS.md")
     return 130 if interrupted else 0
 
 
