@@ -362,8 +362,8 @@ def tables(r: Results) -> str:
             "delivered message (cores used).",
             "",
             "| QoS | broker | clean | persistent | persistent / clean | clean p50/p99 | persistent p50/p99 "
-            "| delivered clean / persistent |",
-            "|---:|---|---:|---:|---:|---|---|---|",
+            "| delivered msgs/s clean / persistent | delivered |",
+            "|---:|---|---:|---:|---:|---|---|---|---|",
         ]
         wc, wp = paced(2000.0).name, paced(2000.0, True).name
         for q in (1, 2):
@@ -374,7 +374,7 @@ def tables(r: Results) -> str:
                 lines.append(
                     f"| {q} | {b} | {_cpu(c)} ({_cores(c)}) | {_cpu(p)} ({_cores(p)}) | "
                     f"{_ratio(p and p['broker_cpu_us_per_msg'], c and c['broker_cpu_us_per_msg'])} | "
-                    f"{_lat(c)} | {_lat(p)} | {_frac(c)} / {_frac(p)} |"
+                    f"{_lat(c)} | {_lat(p)} | {_rate(c)} / {_rate(p)} | {_frac(c)} / {_frac(p)} |"
                 )
             cross_c = r.get("persistent", "cross", wc, q)
             same_c = r.get("persistent", "same", wc, q)
@@ -382,7 +382,7 @@ def tables(r: Results) -> str:
             if cross_p and same_c and cross_c:
                 lines.append(
                     f"| {q} | cross persistent / same clean | | | "
-                    f"{_ratio(cross_p['broker_cpu_us_per_msg'], same_c['broker_cpu_us_per_msg'])} | | | |"
+                    f"{_ratio(cross_p['broker_cpu_us_per_msg'], same_c['broker_cpu_us_per_msg'])} | | | | |"
                 )
         lines.append("")
     if any(e["group"] == "mesh7" for e in r.cells.values()) or r.idle:
@@ -467,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=RESULTS / "mesh_cost.json")
     p.add_argument("--md", action="store_true", help="write the Mesh cost section of BENCHMARKS.md")
     p.add_argument("--logs", type=Path, default=None, help="broker logs and data (default: a temporary directory)")
+    p.add_argument(
+        "--render", type=Path, default=None, metavar="JSON", help="run nothing: the tables (and --md) of a results file"
+    )
     p.add_argument("--cells", default="", help="only these cells, by key (as printed: GROUP/WORKLOAD/qQ/BROKER)")
     p.add_argument(
         "--profile",
@@ -500,6 +503,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile or args.strace:
         rec = Recording(args.profile or RESULTS / "strace", profile=args.profile is not None and not args.strace)
         rec.strace = args.strace
+    if args.render:
+        saved = json.loads(args.render.read_text())
+        results = Results(saved["meta"], saved["cells"], saved["idle"])
+        print(tables(results))
+        if args.md:
+            write_markdown(REPO / "BENCHMARKS.md", markdown(results))
+            print("wrote the Mesh cost section of BENCHMARKS.md")
+        return 0
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _interrupt)
     logs = args.logs or Path(tempfile.mkdtemp(prefix="mqttmesh-cost-"))
