@@ -187,6 +187,7 @@ class Recording:
     out: Path
     profile: bool = False
     strace: float = 0.0
+    perf: bool = False
 
 
 def deliveries_per_s(w: Workload) -> float:
@@ -210,7 +211,9 @@ def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path, rec: Reco
             # from about the start of the window (the clients connect and settle first)
             delay = o.settle + 1.0 + o.warmup
             label = f"{cell.key.replace('/', '-')}-{run_id}"
-            if rec.profile:
+            if rec.perf:
+                recorders = profiles.start_perf(target.pids, delay, o.duration, rec.out, label)
+            elif rec.profile:
                 recorders = profiles.start_pyspy(target.pids, delay, o.duration, rec.out, label)
             elif rec.strace:
                 recorders = profiles.start_strace(target.pids, delay, rec.strace, rec.out, label)
@@ -480,6 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         "the figures of such a run are not the benchmark's",
     )
     p.add_argument(
+        "--perf",
+        action="store_true",
+        help="perf record (on-CPU, kernel included) every mqttmesh node through each window, into --profile DIR",
+    )
+    p.add_argument(
         "--strace",
         type=float,
         default=0.0,
@@ -503,6 +511,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile or args.strace:
         rec = Recording(args.profile or RESULTS / "strace", profile=args.profile is not None and not args.strace)
         rec.strace = args.strace
+        rec.perf = args.perf
     if args.render:
         saved = json.loads(args.render.read_text())
         results = Results(saved["meta"], saved["cells"], saved["idle"])
@@ -563,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if rec is not None:
-        recorded = recordings_text(cells, rec)
+        recorded = recordings_text(cells, rec, args.duration)
         print(recorded)
         (rec.out / "summary.txt").write_text(recorded + "\n")
         print(f"recordings: {rec.out}")
@@ -576,7 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     return 130 if interrupted else 0
 
 
-def recordings_text(cells: list[Cell], rec: Recording) -> str:
+def recordings_text(cells: list[Cell], rec: Recording, duration: float) -> str:
     """Per cell, every round's recordings of every node added up (and per node, self time)."""
     out = []
     for cell in cells:
@@ -584,6 +593,12 @@ def recordings_text(cells: list[Cell], rec: Recording) -> str:
             continue
         prefix = cell.key.replace("/", "-") + "-"
         out.append(f"== {cell.key}")
+        if rec.perf:
+            files = sorted(rec.out.glob(prefix + "*.perf"))
+            window = cell.duration or duration
+            out.append(profiles.perf_text(files, window))
+            out.append("")
+            continue
         if rec.strace:
             files = sorted(rec.out.glob(prefix + "*.strace"))
             rounds = len({f.name.rsplit("-n", 1)[0] for f in files})

@@ -45,7 +45,9 @@ def pyspy() -> str | None:
     return str(here) if here.exists() else shutil.which("py-spy")
 
 
-def start_pyspy(pids: list[int], delay: float, seconds: float, out: Path, label: str) -> list[subprocess.Popen]:
+def start_pyspy(
+    pids: list[int], delay: float, seconds: float, out: Path, label: str, native: bool = False
+) -> list[subprocess.Popen]:
     exe = pyspy()
     if exe is None:
         raise RuntimeError("py-spy is not installed (pip install py-spy)")
@@ -53,7 +55,13 @@ def start_pyspy(pids: list[int], delay: float, seconds: float, out: Path, label:
     procs = []
     for i, pid in enumerate(pids):
         argv = [exe, "record", "--pid", str(pid), "--duration", f"{max(1, round(seconds))}"]
-        argv += ["--rate", str(PYSPY_RATE), "--format", "raw", "--native", "--nolineno", "--threads"]
+        argv += ["--rate", str(PYSPY_RATE), "--format", "raw", "--nolineno", "--threads"]
+        # Only the thread holding the GIL: py-spy's idle detection counts a node's threads as
+        # busy while they wait (in uvloop's epoll, in a futex, for the GIL), here 4 times the
+        # CPU /proc shows; the GIL's holder is the one running Python (or a C call made with the
+        # GIL held: uvloop's writes and reads). What runs without it (SQLite's work on the store
+        # thread, the kernel's) is perf's to show (start_perf).
+        argv += ["--gil", "--nonblocking"] + (["--native"] if native else [])
         argv += ["--output", str(out / f"{label}-n{i}.txt")]
         procs.append(_later(delay, argv, out / f"{label}-n{i}.pyspy.log"))
     return procs
@@ -190,3 +198,63 @@ def syscalls_text(calls: Counter, messages: float, top: int = 10) -> str:
         return "(no strace counts)"
     head = f"{total} system calls over about {messages:,.0f} deliveries: {total / messages:.2f} per delivery"
     return head + "\n" + "\n".join(f"  {n / messages:6.2f}  {name}" for name, n in calls.most_common(top))
+
+
+# --------------------------------------------------------------------------- perf
+
+PERF_RATE = 499  # samples a second (cpu-clock: on-CPU time only, kernel included)
+
+
+def start_perf(pids: list[int], delay: float, seconds: float, out: Path, label: str) -> list[subprocess.Popen]:
+    """One ``perf record`` of every node process (all threads, kernel stacks included)."""
+    if shutil.which("perf") is None:
+        raise RuntimeError("perf is not installed (apt-get install linux-perf)")
+    out.mkdir(parents=True, exist_ok=True)
+    argv = ["perf", "record", "-F", str(PERF_RATE), "-g", "-p", ",".join(map(str, pids))]
+    argv += ["-o", str(out / f"{label}.perf"), "--", "sleep", f"{seconds:g}"]
+    return [_later(delay, argv, out / f"{label}.perf.log")]
+
+
+_ROW = re.compile(r"^\s*([\d.]+)%\s+(.*?)\s*$")
+
+
+def _perf_rows(path: Path, sort: str) -> tuple[int, list[tuple[float, str]]]:
+    """(samples, [(share %, key)]) of ``perf report --sort SORT`` (self time, no call graph)."""
+    cmd = ["perf", "report", "-i", str(path), "--no-children", "-g", "none", "--sort", sort, "--stdio"]
+    try:
+        text = subprocess.run(cmd, capture_output=True, text=True, timeout=300).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 0, []
+    samples = 0
+    rows = []
+    for line in text.splitlines():
+        if line.startswith("# Samples:"):
+            m = re.search(r"Samples:\s*([\d.]+)([KM]?)", line)
+            if m:
+                samples = int(float(m.group(1)) * {"": 1, "K": 1000, "M": 1_000_000}[m.group(2)])
+        elif not line.startswith("#"):
+            m = _ROW.match(line)
+            if m:
+                rows.append((float(m.group(1)), " ".join(m.group(2).split())))
+    return samples, rows
+
+
+def perf_text(paths: list[Path], seconds: float, top: int = 25) -> str:
+    """On-CPU time of the recordings added up: by thread, by library, by symbol."""
+    total = 0
+    parts: dict[str, Counter] = {"comm": Counter(), "dso": Counter(), "dso,sym": Counter()}
+    for path in paths:
+        for sort, counter in parts.items():
+            n, rows = _perf_rows(path, sort)
+            if sort == "comm":
+                total += n
+            for pct, key in rows:
+                counter[key] += pct * n / 100
+    if not total:
+        return "(no perf samples)"
+    cores = total / PERF_RATE / (seconds * len(paths))
+    lines = [f"{total} on-CPU samples at {PERF_RATE} Hz: {cores:.2f} cores over the recorded windows"]
+    for sort, counter in parts.items():
+        lines.append(f"by {sort}:")
+        lines += [f"  {n / total * 100:5.1f} %  {key}" for key, n in counter.most_common(top if "sym" in sort else 6)]
+    return "\n".join(lines)

@@ -1,13 +1,14 @@
 """The mesh over a distance: what a publish waits for when node-to-node links are slow (issue 26).
 
     python -m bench.wan [--delay 0.025] [--jitter 0.005] [--rounds 2] [--messages 100]
-                        [--rate 10] [--qos 1,2] [--sessions clean,persistent] [--out FILE.json]
+                        [--rate 10] [--qos 1,2] [--sessions clean,persistent] [--out FILE.json] [--md]
 
 Three mqttmesh nodes (a, b, c), each with a data directory, in a full mesh whose every
 node-to-node connection goes through a relay (tests/support/faultrelay.py) that delays what
 it forwards by ``--delay`` seconds (± ``--jitter``, uniformly, in order) one way; the clients
 connect to their nodes directly (no delay). A publisher on a publishes ``--messages`` 64-byte
-messages at ``--rate`` a second, each on its own (one in flight: nothing queues behind it); a
+messages at ``--rate`` a second, paced, not waiting for acknowledgements (at 10/s and these
+latencies one or two are in flight, so hardly anything queues behind another); a
 subscriber on a (``local``) and one on b (``remote``) subscribe to them at the same QoS and
 acknowledge at once. Per message: publish -> PUBACK (QoS 1) or PUBREC and PUBCOMP (QoS 2)
 at the publisher, publish -> PUBLISH at each subscriber. Every variant (session kind x QoS)
