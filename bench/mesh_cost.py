@@ -173,6 +173,23 @@ def wait_meshed(target: Target, timeout: float = 30.0) -> float:
     return time.monotonic() - t0
 
 
+LINK_COUNTERS = ("envelopes_out", "batches_out", "control_out", "control_bytes_out")
+
+
+def link_counters(target: Target) -> dict[str, int]:
+    """Every node's peer-link counters ($SYS/mesh/status), added up over nodes and links."""
+    from mqttmesh.admin import fetch_status
+
+    out = dict.fromkeys(LINK_COUNTERS, 0)
+    if len(target.nodes) < 2:
+        return out
+    for ep in target.nodes:
+        for n in fetch_status(ep.host, ep.port, 5.0)["neighbours"].values():
+            for k in LINK_COUNTERS:
+                out[k] += n.get(k) or 0
+    return out
+
+
 def spread(target: Target) -> None:
     """Publisher i on node i, subscriber j on node j + 1 (7 nodes: 6 of each)."""
     target.pub_endpoints = list(target.nodes[:-1])
@@ -188,6 +205,7 @@ class Recording:
     profile: bool = False
     strace: float = 0.0
     perf: bool = False
+    links: bool = False  # count what the peer links carried per delivery (no recorder)
 
 
 def deliveries_per_s(w: Workload) -> float:
@@ -207,7 +225,7 @@ def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path, rec: Reco
             spread(target)
         o = dataclasses.replace(opts, duration=cell.duration or opts.duration)
         recorders = []
-        if rec is not None and cell.broker != "mosquitto":
+        if rec is not None and cell.broker != "mosquitto" and not rec.links:
             # from about the start of the window (the clients connect and settle first)
             delay = o.settle + 1.0 + o.warmup
             label = f"{cell.key.replace('/', '-')}-{run_id}"
@@ -217,12 +235,17 @@ def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path, rec: Reco
                 recorders = profiles.start_pyspy(target.pids, delay, o.duration, rec.out, label)
             elif rec.strace:
                 recorders = profiles.start_strace(target.pids, delay, rec.strace, rec.out, label)
+        links0 = link_counters(target) if rec is not None and rec.links else None
         try:
             res = run_once(target, cell.workload, cell.qos, o, run_id)
         except RunError as exc:
             res = {"ok": False, "error": str(exc)}
         finally:
             profiles.finish(recorders)
+        if links0 is not None and res.get("ok") and res.get("received"):
+            time.sleep(1.2)  # (a node publishes its status every second: the counts after the run)
+            links1 = link_counters(target)
+            res["links_per_delivery"] = {k: (links1[k] - links0[k]) / res["received"] for k in links0}
         res["alive_after"] = server.alive()
         problems = server.log_problems(5)
         if problems:
@@ -483,6 +506,11 @@ def main(argv: list[str] | None = None) -> int:
         "the figures of such a run are not the benchmark's",
     )
     p.add_argument(
+        "--links",
+        action="store_true",
+        help="count what the peer links carried per delivery (every node's $SYS/mesh/status before and after)",
+    )
+    p.add_argument(
         "--perf",
         action="store_true",
         help="perf record (on-CPU, kernel included) every mqttmesh node through each window, into --profile DIR",
@@ -508,10 +536,11 @@ def main(argv: list[str] | None = None) -> int:
         if c.qos in qos and (not brokers or c.broker in brokers) and (not only or c.key in only)
     ]
     rec = None
-    if args.profile or args.strace:
+    if args.profile or args.strace or args.links:
         rec = Recording(args.profile or RESULTS / "strace", profile=args.profile is not None and not args.strace)
         rec.strace = args.strace
         rec.perf = args.perf
+        rec.links = args.links
     if args.render:
         saved = json.loads(args.render.read_text())
         results = Results(saved["meta"], saved["cells"], saved["idle"])
@@ -572,7 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if rec is not None:
-        recorded = recordings_text(cells, rec, args.duration)
+        runs = {k: e["runs"] for k, e in results.cells.items()}
+        recorded = recordings_text(cells, rec, args.duration, runs)
         print(recorded)
         (rec.out / "summary.txt").write_text(recorded + "\n")
         print(f"recordings: {rec.out}")
@@ -585,7 +615,7 @@ def main(argv: list[str] | None = None) -> int:
     return 130 if interrupted else 0
 
 
-def recordings_text(cells: list[Cell], rec: Recording, duration: float) -> str:
+def recordings_text(cells: list[Cell], rec: Recording, duration: float, runs: dict[str, list[dict]]) -> str:
     """Per cell, every round's recordings of every node added up (and per node, self time)."""
     out = []
     for cell in cells:
@@ -593,6 +623,12 @@ def recordings_text(cells: list[Cell], rec: Recording, duration: float) -> str:
             continue
         prefix = cell.key.replace("/", "-") + "-"
         out.append(f"== {cell.key}")
+        if rec.links:
+            for k in LINK_COUNTERS:
+                per = _med(x.get("links_per_delivery", {}).get(k) for x in runs.get(cell.key, []))
+                out.append(f"  {k} per delivery: {_f(per, '.2f')}")
+            out.append("")
+            continue
         if rec.perf:
             files = sorted(rec.out.glob(prefix + "*.perf"))
             window = cell.duration or duration
