@@ -446,6 +446,9 @@ def markdown(r: Results) -> str:
             f"64-byte payloads, loopback. Load average before / after: {m['load_before']} / {m['load_after']} "
             f"(2 cores; other work was running beside it).*",
             "",
+            "`make bench-mesh` runs this and the next section; the profiles behind them, the "
+            "commands and the levers they point at: docs/performance.md, section 2.",
+            "",
             tables(r),
             MD_END,
         ]

@@ -293,7 +293,7 @@ def table(results: dict, delay: float) -> str:
                 text = f"{med:.1f} / {p99:.1f}"
                 if d and base is not None and getattr(base, what):
                     trips = (med - _q(getattr(base, what), 0.5)) / rtt_ms  # type: ignore[operator]
-                    text += f" ({trips:.1f} RTT)"
+                    text += f" ({round(trips, 1) + 0.0:.1f} RTT)"  # (+ 0.0: no "-0.0")
                 cols.append(text)
             owed = 2 * s.sent
             frac = f"{(owed - s.missing) / owed * 100:.1f} %" if owed else "-"
