@@ -1,6 +1,6 @@
 """What the mesh hop and persistent sessions cost per delivered message (issue 26).
 
-    python -m bench.mesh_cost [--rounds 3] [--groups paced,persistent,mesh7] [--duration 3]
+    python -m bench.mesh_cost [--rounds 3] [--groups paced,persistent,mesh7,saturation] [--duration 3]
                               [--out bench/results/mesh_cost.json] [--md]
 
 Every cell is one run of the load generator (``bench.loadgen.run_once``) against freshly
@@ -17,6 +17,9 @@ CPU over the same time. The groups:
   CleanSession=0 for every client: on two nodes (subscriber on the second), on one, and
   Mosquitto; the mqttmesh nodes have a data directory (the durable store a persistent
   session is kept in); ``cross-mem`` is the two nodes in memory (QoS 1 only);
+* ``saturation`` (only when named): 4 publishers -> 1 subscriber as fast as the broker takes
+  them (each publisher at most 500 messages ahead of the subscriber, as ``make bench``'s
+  fan-in), QoS 0, 1 and 2, ``same``, ``cross`` and Mosquitto;
 * ``mesh7``: 7 nodes in a full mesh, each with a data directory; 6 persistent publishers
   (publisher i on node i) at 120 msgs/s in all, 6 persistent subscribers (subscriber j on
   node j + 1) each taking every message (``bench/fanout``): about 720 deliveries a second,
@@ -44,16 +47,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import profiles
-from .brokers import REGISTRY, BrokerError, BrokerServer, Mosquitto, MqttmeshNodes, Target
+from .brokers import REGISTRY, BrokerError, BrokerServer, Mosquitto, MqttmeshNodes, Target, cpu_seconds
 from .loadgen import RunError, RunOptions, run_once
 from .workloads import Workload
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 SECRET = "bench-cost"
-GROUPS = ("paced", "persistent", "mesh7")
+GROUPS = ("paced", "persistent", "mesh7", "saturation")
+DEFAULT_GROUPS = ("paced", "persistent", "mesh7")
 MD_BEGIN = "<!-- BEGIN kept: bench/mesh_cost.py writes this section -->"
 MD_END = "<!-- END kept -->"
+
+
+# 4 publishers -> 1 subscriber as fast as the broker takes them, each publisher at most 500
+# messages ahead of the subscriber (make bench's fan-in): the cross-node cost at saturation
+SATURATED = Workload("fanin-max", "fanin", 4, 1, (0, 1, 2), rate=None, pub_procs=2, sub_procs=1)
 
 
 def paced(rate: float, persistent: bool = False) -> Workload:
@@ -108,6 +117,10 @@ def cells_of(groups: list[str]) -> list[Cell]:
             for q in (0, 1, 2):
                 for b in ("same", "cross", "mosquitto"):
                     out.append(Cell("paced", b, paced(rate), q))
+    if "saturation" in groups:
+        for q in (0, 1, 2):
+            for b in ("same", "cross", "mosquitto"):
+                out.append(Cell("saturation", b, SATURATED, q))
     if "persistent" in groups:
         for q in (1, 2):
             for persistent in (False, True):
@@ -236,12 +249,19 @@ def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path, rec: Reco
             elif rec.strace:
                 recorders = profiles.start_strace(target.pids, delay, rec.strace, rec.out, label)
         links0 = link_counters(target) if rec is not None and rec.links else None
+        node0 = [cpu_seconds(pid) for pid in target.pids]
         try:
             res = run_once(target, cell.workload, cell.qos, o, run_id)
         except RunError as exc:
             res = {"ok": False, "error": str(exc)}
         finally:
             profiles.finish(recorders)
+        node1 = [cpu_seconds(pid) for pid in target.pids]
+        if res.get("ok") and res.get("elapsed_s"):
+            # each node's share (publishers' node first): which one a cell's cost sits on
+            took = res["elapsed_s"]
+            spans = zip(node0, node1, strict=True)
+            res["node_cores"] = [None if a is None or b is None else round((b - a) / took, 3) for a, b in spans]
         if links0 is not None and res.get("ok") and res.get("received"):
             time.sleep(1.2)  # (a node publishes its status every second: the counts after the run)
             links1 = link_counters(target)
@@ -359,7 +379,7 @@ def _cores(s: dict | None) -> str:
 
 def tables(r: Results) -> str:
     lines: list[str] = []
-    if any(e["group"] == "paced" for e in r.cells.values()):
+    if any(e["group"] in ("paced", "saturation") for e in r.cells.values()):
         lines += [
             "CPU µs per delivered message, every node crossed summed; p50 / p99 latency in ms; "
             "clean sessions, 4 publishers -> 1 subscriber.",
@@ -368,14 +388,15 @@ def tables(r: Results) -> str:
             "| Mosquitto p50/p99 | delivered msgs/s same / cross / Mosquitto | delivered |",
             "|---:|---:|---:|---:|---:|---:|---|---|---|---|---|",
         ]
-        for rate in (1000.0, 10_000.0):
-            w = paced(rate).name
+        rows = [("paced", paced(rate).name, f"{rate:,.0f}") for rate in (1000.0, 10_000.0)]
+        rows.append(("saturation", SATURATED.name, "as taken"))
+        for group, w, label in rows:
             for q in (0, 1, 2):
-                s, c, m = (r.get("paced", b, w, q) for b in ("same", "cross", "mosquitto"))
+                s, c, m = (r.get(group, b, w, q) for b in ("same", "cross", "mosquitto"))
                 if not (s or c or m):
                     continue
                 lines.append(
-                    f"| {rate:,.0f} | {q} | {_cpu(s)} | {_cpu(c)} | "
+                    f"| {label} | {q} | {_cpu(s)} | {_cpu(c)} | "
                     f"{_ratio(c and c['broker_cpu_us_per_msg'], s and s['broker_cpu_us_per_msg'])} | {_cpu(m)} | "
                     f"{_lat(s)} | {_lat(c)} | {_lat(m)} | {_rate(s)} / {_rate(c)} / {_rate(m)} | "
                     f"{_frac(s)} / {_frac(c)} / {_frac(m)} |"
@@ -486,7 +507,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.mesh_cost", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--groups", default=",".join(GROUPS), help=f"comma list of {','.join(GROUPS)}")
+    p.add_argument(
+        "--groups",
+        default=",".join(DEFAULT_GROUPS),
+        help=f"comma list of {','.join(GROUPS)} (saturation: unpaced, not run unless named)",
+    )
     p.add_argument("--qos", default="0,1,2", help="only the cells of these QoS levels")
     p.add_argument("--brokers", default="", help="only these cell brokers (same,cross,cross-mem,mesh7,mosquitto)")
     p.add_argument("--warmup", type=float, default=0.5)
@@ -497,7 +522,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--md", action="store_true", help="write the Mesh cost section of BENCHMARKS.md")
     p.add_argument("--logs", type=Path, default=None, help="broker logs and data (default: a temporary directory)")
     p.add_argument(
-        "--render", type=Path, default=None, metavar="JSON", help="run nothing: the tables (and --md) of a results file"
+        "--render",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="JSON",
+        help="run nothing: the tables (and --md) of results files (their cells together; a cell in "
+        "several: the last file's)",
     )
     p.add_argument("--cells", default="", help="only these cells, by key (as printed: GROUP/WORKLOAD/qQ/BROKER)")
     p.add_argument(
@@ -545,8 +576,14 @@ def main(argv: list[str] | None = None) -> int:
         rec.perf = args.perf
         rec.links = args.links
     if args.render:
-        saved = json.loads(args.render.read_text())
-        results = Results(saved["meta"], saved["cells"], saved["idle"])
+        files = [json.loads(path.read_text()) for path in args.render]
+        results = Results(dict(files[0]["meta"]), {}, [])
+        for saved in files:
+            results.cells.update(saved["cells"])
+            results.idle += saved["idle"]
+        results.meta["command"] = "` and `".join(saved["meta"]["command"] for saved in files)
+        results.meta["date"] = ", ".join(saved["meta"]["date"] for saved in files)
+        results.meta["load_after"] = files[-1]["meta"].get("load_after", "?")
         print(tables(results))
         if args.md:
             write_markdown(REPO / "BENCHMARKS.md", markdown(results))
