@@ -74,8 +74,8 @@ bench-ws: $(STAMP) system-deps
 		--qos 0,1 --json bench/results/ws.json --no-md
 
 # what the mesh hop and persistent sessions cost (issue 26): same node vs cross-node vs
-# Mosquitto (paced 1k/10k, QoS 0-2), persistent vs clean sessions, the 7-node persistent workload
-# and an idle 7-node mesh (bench/mesh_cost.py, about 20 min); then the same 3-node mesh with
+# Mosquitto (paced 1k/10k and unpaced, QoS 0-2), persistent vs clean sessions, the 7-node
+# persistent workload and an idle 7-node mesh (bench/mesh_cost.py, about 20 min); then the same 3-node mesh with
 # 25 ms (± 5) links and without (bench/wan.py, about 5 min); both write their kept sections
 # of BENCHMARKS.md
 bench-mesh: $(STAMP) system-deps

@@ -1,6 +1,6 @@
 """What the mesh hop and persistent sessions cost per delivered message (issue 26).
 
-    python -m bench.mesh_cost [--rounds 3] [--groups paced,persistent,mesh7,saturation] [--duration 3]
+    python -m bench.mesh_cost [--rounds 3] [--groups paced,saturation,persistent,mesh7] [--duration 3]
                               [--out bench/results/mesh_cost.json] [--md]
 
 Every cell is one run of the load generator (``bench.loadgen.run_once``) against freshly
@@ -17,7 +17,7 @@ CPU over the same time. The groups:
   CleanSession=0 for every client: on two nodes (subscriber on the second), on one, and
   Mosquitto; the mqttmesh nodes have a data directory (the durable store a persistent
   session is kept in); ``cross-mem`` is the two nodes in memory (QoS 1 only);
-* ``saturation`` (only when named): 4 publishers -> 1 subscriber as fast as the broker takes
+* ``saturation``: 4 publishers -> 1 subscriber as fast as the broker takes
   them (each publisher at most 500 messages ahead of the subscriber, as ``make bench``'s
   fan-in), QoS 0, 1 and 2, ``same``, ``cross`` and Mosquitto;
 * ``mesh7``: 7 nodes in a full mesh, each with a data directory; 6 persistent publishers
@@ -54,8 +54,7 @@ from .workloads import Workload
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
 SECRET = "bench-cost"
-GROUPS = ("paced", "persistent", "mesh7", "saturation")
-DEFAULT_GROUPS = ("paced", "persistent", "mesh7")
+GROUPS = ("paced", "saturation", "persistent", "mesh7")
 MD_BEGIN = "<!-- BEGIN kept: bench/mesh_cost.py writes this section -->"
 MD_END = "<!-- END kept -->"
 
@@ -509,8 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--groups",
-        default=",".join(DEFAULT_GROUPS),
-        help=f"comma list of {','.join(GROUPS)} (saturation: unpaced, not run unless named)",
+        default=",".join(GROUPS),
+        help=f"comma list of {','.join(GROUPS)}",
     )
     p.add_argument("--qos", default="0,1,2", help="only the cells of these QoS levels")
     p.add_argument("--brokers", default="", help="only these cell brokers (same,cross,cross-mem,mesh7,mosquitto)")
