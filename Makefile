@@ -11,7 +11,7 @@ LINTED := src tests bench
 # (tests/conftest.py refuses a test that needs one of these markers and lacks it)
 FAST   := not process and not spark and not interop and not slow and not hostile
 
-.PHONY: run test check lint typecheck fmt bench bench-ws venv clean simulate-scale simulate-shared fuzz hostile-bench chaos sim-sweep system-deps js-deps
+.PHONY: run test check lint typecheck fmt bench bench-ws bench-mesh venv clean simulate-scale simulate-shared fuzz hostile-bench chaos sim-sweep system-deps js-deps
 
 $(STAMP): pyproject.toml
 	PYTHON=$(PYTHON) scripts/system-deps venv
@@ -72,6 +72,15 @@ bench: $(STAMP) system-deps
 bench-ws: $(STAMP) system-deps
 	$(PY) -m bench --brokers mqttmesh-ws,mosquitto-ws,mqttmesh,mosquitto --workloads fanin,fanout,p2p,latency \
 		--qos 0,1 --json bench/results/ws.json --no-md
+
+# what the mesh hop and persistent sessions cost (issue 26): same node vs cross-node vs
+# Mosquitto (paced 1k/10k and unpaced, QoS 0-2), persistent vs clean sessions, the 7-node
+# persistent workload and an idle 7-node mesh (bench/mesh_cost.py, about 20 min); then the same 3-node mesh with
+# 25 ms (± 5) links and without (bench/wan.py, about 5 min); both write their kept sections
+# of BENCHMARKS.md
+bench-mesh: $(STAMP) system-deps
+	$(PY) -m bench.mesh_cost --md
+	$(PY) -m bench.wan --md
 
 # the fuzz target of tests/hostile for 5 minutes (MQTTMESH_FUZZ_SEED=N repeats a run)
 fuzz: $(STAMP)

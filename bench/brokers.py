@@ -318,9 +318,13 @@ class MqttmeshNodes(BrokerServer):
         start_timeout: float = 20.0,
         ws: bool = False,
         protocol: int = 4,
+        ports: list[int] | None = None,
     ):
         super().__init__(workdir)
         self.count = count
+        # the nodes' ports, when something must know them before the nodes start (a relay in
+        # front of each, bench/wan.py); else picked free at every start
+        self.ports = ports
         # ws: clients connect over WebSocket (--ws-port, path /mqtt) instead of TCP
         self.ws = ws
         if ws:
@@ -351,7 +355,10 @@ class MqttmeshNodes(BrokerServer):
     def start(self) -> Target:
         # With one node the kernel picks the port (--port 0) and the node reports it in the
         # port file: no race. A mesh needs every port before the first node starts.
-        ports = [0] if self.count == 1 else [free_port() for _ in range(self.count)]
+        if self.ports is not None:
+            ports = list(self.ports)
+        else:
+            ports = [0] if self.count == 1 else [free_port() for _ in range(self.count)]
         # MQTTMESH_BENCH_SCRAPE=SECONDS: every node serves HTTP and /metrics is fetched that
         # often while it runs (what a Prometheus costs the node: bench.ab --a-scrape)
         scrape = float(os.environ.get("MQTTMESH_BENCH_SCRAPE", "0") or 0)

@@ -5,7 +5,9 @@ It runs its own asyncio loop on a thread. Faults:
                only keepalives can tell the link is dead)
     unblock()  forward again (what was held back is dropped, like a network that lost it)
     cut()      close every relayed connection and refuse new ones until unblock()
-    delay(s)   add s seconds of one-way latency to everything forwarded
+    delay(s, jitter=j)
+               add s seconds (± j, uniformly, never reordering a direction's bytes) of one-way
+               latency to everything forwarded
 
 With ``record()`` it keeps every byte it forwards, per direction, for captures.
 """
@@ -13,6 +15,7 @@ With ``record()`` it keeps every byte it forwards, per direction, for captures.
 from __future__ import annotations
 
 import asyncio
+import random
 import threading
 
 
@@ -22,6 +25,7 @@ class _Pipe(asyncio.Protocol):
         self.transport = None
         self.other: _Pipe | None = None
         self.pending: list[bytes] = []
+        self.due = 0.0  # when the last delayed read is forwarded (a later one never before it)
 
     def connection_made(self, transport):
         self.transport = transport
@@ -34,7 +38,12 @@ class _Pipe(asyncio.Protocol):
         if relay.recording is not None:
             relay.recording.append((isinstance(self, _Inbound), data))
         if relay.latency:
-            relay.loop.call_later(relay.latency, self._forward, data)
+            if relay.jitter:
+                now = relay.loop.time()
+                self.due = max(self.due, now + relay.latency + relay.rng.uniform(-relay.jitter, relay.jitter))
+                relay.loop.call_at(self.due, self._forward, data)
+            else:
+                relay.loop.call_later(relay.latency, self._forward, data)
         else:
             self._forward(data)
 
@@ -79,6 +88,8 @@ class FaultRelay:
         self.blocked = False
         self.refusing = False
         self.latency = 0.0
+        self.jitter = 0.0
+        self.rng = random.Random(target_port)  # the jitter: one seeded stream per relay
         self.recording: list[tuple[bool, bytes]] | None = None  # (from the dialling side?, bytes)
         self._pipes: set[_Pipe] = set()
         self.loop = asyncio.new_event_loop()
@@ -135,8 +146,12 @@ class FaultRelay:
         self._call(go())
         return out[0]
 
-    def delay(self, seconds: float) -> None:
-        self._run(lambda: setattr(self, "latency", seconds))
+    def delay(self, seconds: float, jitter: float = 0.0) -> None:
+        def go():
+            self.latency = seconds
+            self.jitter = min(jitter, seconds)
+
+        self._run(go)
 
     def close(self) -> None:
         def go():
