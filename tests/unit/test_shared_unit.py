@@ -463,7 +463,7 @@ def test_each_hold_and_its_settle_name_the_same_group_and_say_whether_the_member
     assert held == collections.Counter(
         [(b"%d" % i, "$share/ga/t", True) for i in range(3)] + [(b"%d" % i, "$share/gb/t", False) for i in range(3)]
     )
-    for payload, pid in _pids(b):
+    for _, pid in _pids(b):
         b.receive_data(mqttraw.puback(pid), 1.0)
     assert settled == collections.Counter((b"%d" % i, "$share/gb/t") for i in range(3))
     assert len(_pids(a)) == 3
