@@ -280,6 +280,32 @@ def test_a_member_that_drops_hands_what_it_held_to_a_member_on_another_node(mesh
         plain.get(timeout=0.5)  # (the re-sends went to the group only)
 
 
+def _stalled_member_in_a_triangle(broker_factory, paho, clients, node, n, held, clean=True, **mesh):
+    """Triangle a, b, c (``mesh``: start_mesh's keywords); a member of ``$share/w/job/#`` on
+    ``node`` that takes its messages and never acknowledges them (a raw client: a stalled
+    worker), a Paho member on c, a Paho publisher on a that publishes ``n`` QoS 1 messages,
+    each acknowledged by a; the stalled member has taken ``held`` of them. (nodes, c's member)."""
+    from support.mesh import start_mesh, wait_converged, wait_interest
+
+    names, edges = ["a", "b", "c"], [("b", "a"), ("c", "b"), ("c", "a")]
+    nodes = start_mesh(broker_factory, names, edges, **mesh)
+    wait_converged(nodes, edges)
+    stalled = clients(nodes[node], "stalled", clean=clean)
+    assert stalled.sub(1, ("$share/w/job/#", 1)) == [1]
+    worker = paho("worker")
+    assert worker.connect(nodes["c"]) == 0
+    worker.subscribe("$share/w/job/#", 1)
+    for name in (node, "c"):
+        wait_interest(nodes, "$share/w/job/#", name)
+    pub = paho("jobs")
+    assert pub.connect(nodes["a"]) == 0
+    for i in range(n):
+        pub.publish("job/t", b"%d" % i, qos=1)  # (returns once a's PUBACK came)
+    taken = stalled.publishes(held)
+    assert len({p.payload for p in taken}) == held
+    return nodes, worker
+
+
 @pytest.mark.parametrize("clean", [True, False], ids=["clean", "persistent"])
 def test_a_members_node_killed_holding_acknowledged_messages_loses_none(broker_factory, paho, clients, clean):
     """Triangle a, b, c, round robin; the publisher on a, members on b (a raw client that
@@ -288,24 +314,11 @@ def test_a_members_node_killed_holding_acknowledged_messages_loses_none(broker_f
     with kill -9: the messages its member had not acknowledged were not acknowledged by b to
     a either (custody.py ``hold``), so a sends them again to c's member, whose share is then
     all 40 (b's member's were never acknowledged: re-sends, counted, not losses)."""
-    from support.mesh import start_mesh, status, wait_converged, wait_interest
+    from support.mesh import status
 
-    names, edges = ["a", "b", "c"], [("b", "a"), ("c", "b"), ("c", "a")]
-    nodes = start_mesh(broker_factory, names, edges, extra=["--shared-strategy", "round_robin"])
-    wait_converged(nodes, edges)
-    stalled = clients(nodes["b"], "stalled", clean=clean)  # (persistent: b is its home)
-    assert stalled.sub(1, ("$share/w/job/#", 1)) == [1]
-    worker = paho("worker")
-    assert worker.connect(nodes["c"]) == 0
-    worker.subscribe("$share/w/job/#", 1)
-    for n in ("b", "c"):
-        wait_interest(nodes, "$share/w/job/#", n)
-    pub = paho("jobs")
-    assert pub.connect(nodes["a"]) == 0
-    for i in range(40):
-        pub.publish("job/t", b"%d" % i, qos=1)  # (returns once a's PUBACK came)
-    taken = stalled.publishes(20)  # (b's member has its half, unacknowledged)
-    assert len({p.payload for p in taken}) == 20
+    nodes, worker = _stalled_member_in_a_triangle(
+        broker_factory, paho, clients, "b", 40, 20, clean=clean, extra=["--shared-strategy", "round_robin"]
+    )  # (b's member has its half, unacknowledged; persistent: b is its home)
     nodes["b"].kill()
     got = _drain({"worker": worker}, 40, timeout=40.0)["worker"]
     assert sorted(got) == sorted(b"%d" % i for i in range(40))
@@ -419,24 +432,11 @@ def test_an_origin_killed_holding_what_its_own_member_took_sends_it_to_another_m
     the publisher. a is killed with kill -9 and started again on its store: the messages its
     member took and never acknowledged were acknowledged to the publisher, so they reach the
     member on c (re-sends after a member's death, not losses)."""
-    from support.mesh import start_mesh, status, wait_converged, wait_interest
+    from support.mesh import status
 
-    names, edges = ["a", "b", "c"], [("b", "a"), ("c", "b"), ("c", "a")]
-    nodes = start_mesh(broker_factory, names, edges, data_dirs=tmp_path)
-    wait_converged(nodes, edges)
-    stalled = clients(nodes["a"], "stalledhere")
-    assert stalled.sub(1, ("$share/o/own/#", 1)) == [1]
-    worker = paho("workerc")
-    assert worker.connect(nodes["c"]) == 0
-    worker.subscribe("$share/o/own/#", 1)
-    for n in ("a", "c"):
-        wait_interest(nodes, "$share/o/own/#", n)
-    pub = paho("ownpub")
-    assert pub.connect(nodes["a"]) == 0
-    for i in range(20):
-        pub.publish("own/t", b"%d" % i, qos=1)  # (returns once a's PUBACK came)
-    taken = stalled.publishes(20)  # (a's member has them all, unacknowledged)
-    assert len({p.payload for p in taken}) == 20
+    nodes, worker = _stalled_member_in_a_triangle(
+        broker_factory, paho, clients, "a", 20, 20, data_dirs=tmp_path
+    )  # (a's member has them all, unacknowledged)
     wait_for(lambda: status(nodes["a"])["counters"]["shared_held_here"] == 20, 10, what="20 kept in a's store")
     nodes["a"].kill()
     nodes["a"].start()
