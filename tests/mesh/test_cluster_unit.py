@@ -77,6 +77,31 @@ def test_membership_places_ids_on_the_live_nodes_and_suspects_who_left_or_restar
     assert m.dead(12.0) == {"b"}  # its old connections are gone at once
 
 
+def test_membership_remembers_rankings_only_while_the_nodes_stay():
+    """registrars, keepers and home are remembered per key (asked several times a message)
+    and made again once the live or the known nodes change: always hrw's answer for the
+    nodes of the moment."""
+    m = Membership("a", 1, replication=3, will_delay=0.5)
+    m.update(["b", "c"], {"b": 1, "c": 1}, 1.0)
+    cids = [f"client-{i}" for i in range(40)]
+
+    def agree() -> None:
+        for cid in cids:
+            assert m.registrars(cid) == owners(cid, m.live, 2)
+            assert m.keepers(cid, "a")[:2] == owners(cid, m.live, 2)
+            assert m.home(cid) == owners(cid, m.known, 3)
+
+    agree()
+    agree()  # (from the cache)
+    m.update(["b", "c", "d", "e"], {"b": 1, "c": 1, "d": 1, "e": 1}, 2.0)  # two more, known and live
+    agree()
+    m.update(["b", "d"], {}, 3.0)  # c and e out of reach: live changes, known does not
+    agree()
+    m.remember(["f"])  # seen before a restart: known grows
+    agree()
+    assert any(m.home(cid) != owners(cid, ["a", "b", "c"], 3) for cid in cids)  # (they did move)
+
+
 # --------------------------------------------------------------------------- claims
 
 

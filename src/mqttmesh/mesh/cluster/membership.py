@@ -7,9 +7,11 @@ that list, so every node that sees the same live set places it the same way.
 
 from __future__ import annotations
 
-from .hrw import owners
+from .hrw import owners, rank
 
 __all__ = ["Membership"]
+
+RANKS_KEPT = 65_536  # rankings remembered per node set (then forgotten at once, and made again)
 
 
 class Membership:
@@ -41,6 +43,14 @@ class Membership:
         # mesh are known here, so what a client publishes reaches them (``routing_ready``)
         self.synced = False
         self.expect_peers = expect_peers  # it has peers to dial (else a first node, alone)
+        # key -> its ranking over ``live`` (registrars, keepers) and over ``known`` (homes),
+        # each valid while that list is the same object: both are replaced, never changed in
+        # place, when the nodes change (``update``, ``remember``), and asked for several times
+        # per message (a session's holders at each flush, a ClientId's registrar)
+        self._ranks_live: dict[str, list[str]] = {}
+        self._ranks_live_of: list[str] = self.live
+        self._homes: dict[str, list[str]] = {}
+        self._homes_of: list[str] = self.known
 
     def ticked(self, now: float) -> None:
         """The cluster's timer ran (at least every stall / 4 while the process runs)."""
@@ -128,16 +138,30 @@ class Membership:
         """Nodes unreachable for ``will_delay`` or more (or restarted): their clients are gone."""
         return {n for n, since in self.suspect.items() if now - since >= self.will_delay}
 
+    def _ranked_live(self, key: str) -> list[str]:
+        """``key``'s ranking over the live nodes (hrw.rank), remembered while they stay."""
+        live = self.live
+        cache = self._ranks_live
+        if self._ranks_live_of is not live:
+            cache.clear()
+            self._ranks_live_of = live
+        ranked = cache.get(key)
+        if ranked is None:
+            if len(cache) >= RANKS_KEPT:
+                cache.clear()
+            ranked = cache[key] = rank(key, live)
+        return ranked
+
     def registrars(self, cid: str) -> list[str]:
         """The registrar of a ClientId, then its backup."""
-        return owners(cid, self.live, 2)
+        return self._ranked_live(cid)[:2]
 
     def keepers(self, cid: str, node: str) -> list[str]:
         """Where the registration of a connection on ``node`` is kept: the registrar and its
         backup, and the next node of the ranking when one of them is ``node`` itself, which
         goes down with the connection: so two nodes besides it keep the client's will, and
         its will outlives the loss of its node and one other (fuzzer seeds 176, 693)."""
-        keep = owners(cid, self.live, 3)
+        keep = self._ranked_live(cid)[:3]
         return keep if node in keep[:2] else keep[:2]
 
     def home(self, cid: str) -> list[str]:
@@ -146,7 +170,17 @@ class Membership:
         the session is confirmed by every live node of it before the client sees the change,
         and a client is served only where a majority of it is live: so any node that serves
         the session next can reach a node that has its latest state."""
-        return owners(cid, self.known, self.replication)
+        known = self.known
+        cache = self._homes
+        if self._homes_of is not known:
+            cache.clear()
+            self._homes_of = known
+        home = cache.get(cid)
+        if home is None:
+            if len(cache) >= RANKS_KEPT:
+                cache.clear()
+            home = cache[cid] = owners(cid, known, self.replication)
+        return home
 
     def home_quorum(self, cid: str) -> bool:
         """A majority of the session's home is live (this node counted if it is one)."""
