@@ -55,7 +55,7 @@ _GIVEN_UP = (
     "shared_parked_dropped",
 )
 # and the shared subscriptions' (shared.py SharedSubscriptions)
-_SHARED_MOVED = ("dropped", "abandoned", "resent", "redispatched", "kept_once")
+_SHARED_MOVED = ("dropped", "abandoned", "resent", "redispatched", "kept_once", "passed_over")
 
 
 def read_secret(config: Config) -> bytes:
