@@ -353,6 +353,26 @@ def test_an_in_flight_message_of_an_older_claim_gone_from_the_newest_copy_was_co
     assert kept is not None and [(e.seq, e.state) for e in kept.entries] == [(9, 2), (10, 0)]
 
 
+def test_a_merge_counts_the_qos2_messages_it_takes_for_completed():
+    """What the rule above drops leaves no settlement anywhere: counted, so that a run shows
+    when it fired (the fault harness's pub3:1442/1444, MQTT 5, 7 nodes, seed 9, vanished from
+    every copy of their member's session with none)."""
+    from mqttmesh.mesh.cluster.snapshots import merged_away
+
+    in_flight = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 2, 1173, 1, "pub", 1.0)
+    queued = SnapshotEntry("n2", 10, "t/1", "eQ==", 2, 2, 0, 0, "pub", 1.5)
+    stale = Snapshot("c", {}, 0, [in_flight, queued], [], [], "n4", 3, 40)
+    newest = Snapshot("c", {}, 0, [], [], [], "n0", 5, 2)
+    merged = merge_snapshots([stale, newest])
+    assert merged is not None and merged_away([stale, newest], merged) == 1
+    settled = Snapshot("c", {}, 0, [], [("n2", 9)], [], "n0", 5, 2)  # (completed: it says so)
+    merged = merge_snapshots([stale, settled])
+    assert merged is not None and merged_away([stale, settled], merged) == 0
+    same = Snapshot("c", {}, 0, [], [], [], "n0", 3, 41)  # (kept: nothing is newer)
+    merged = merge_snapshots([stale, same])
+    assert merged is not None and merged_away([stale, same], merged) == 0
+
+
 def test_a_qos1_message_in_flight_under_an_older_claim_is_kept_unless_settled_or_forgotten():
     """The fault harness (7 nodes, MQTT 5, seed 9): 29 QoS 1/2 messages a shared group gave a
     persistent member whose client was stalled were lost: only its node had them (the copy
