@@ -562,6 +562,25 @@ def test_a_persistent_connect_on_the_minority_side_is_refused_with_0x03():
     assert refused.refused_rc == 0x03
 
 
+def test_a_node_fenced_off_by_a_newer_epoch_lets_the_session_go_at_once():
+    """The simulator's finding 41: a claim at c reached neither a (the client's node, cut off)
+    nor, after its CONNACK, told it; a's next settlement is answered with the newer epoch and a
+    closes its client, but its copy still took itself for the session's home (a member of its
+    groups, queueing for a client that is not there) until the next change of the live nodes
+    pooled it. It pools it at once: a holder that knows the newer claim answers with its copy,
+    and a lets go."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    newer = net.brokers["b"].sessions[cid]
+    newer.epoch += 5  # (as after a claim at c that a never heard of)
+    newer.active_node = "c"
+    _local_publish(net, "a", "t/1")
+    net.pump()
+    assert ch.state == "closed" and "active elsewhere" in ch.reason
+    assert net.brokers["a"].sessions[cid].active_node == "c"
+    assert net.clusters["b"].counters["old_homes_told"] == 1
+
+
 def test_losing_the_majority_closes_the_persistent_clients_only():
     net = Net()
     persistent = net.connect("a", "p1", clean=False)

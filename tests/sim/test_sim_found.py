@@ -36,6 +36,8 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-33-fuzz-19-old-home-keeps-member": "old_homes_told",
     # a connection a later claim replaced (its kick lost across the cut) registers again: kicked
     "finding-37-fuzz-655-replaced-connection-registered-again": "kicked_again",
+    # a node fenced off by a newer epoch pools its copy at once: told, it lets the session go
+    "finding-41-heal-resets-fenced-home": "old_homes_told",
 }
 # the same, of the shared groups' counters (sim/members.py ``node_counters``)
 SHARED_EXERCISES: dict[str, str] = {
