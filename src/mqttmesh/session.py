@@ -561,6 +561,12 @@ class Session:
         replicated one, mesh/cluster/replica.py); a clean session is never asked twice."""
         return False
 
+    def refuses(self, key: tuple[str, int], qos: int) -> bool:
+        """Would this session drop message ``key`` at ``qos`` as one it settled (a replicated
+        session remembers the ids it settled, given away included: mesh/cluster/replica.py)?
+        A shared group does not hand such a message back to it (shared.py ``deliver``)."""
+        return False
+
     def took_resend(self, root: tuple[str, int]) -> None:
         """It took a re-send of message ``root``: should ``root`` itself come (late, or
         through another holder), it is no new message (mesh/cluster/replica.py)."""

@@ -378,6 +378,26 @@ def test_an_in_flight_message_of_an_older_claim_gone_from_the_newest_copy_was_co
     assert kept is not None and [(e.seq, e.state) for e in kept.entries] == [(9, 2), (10, 0)]
 
 
+def test_a_merge_counts_the_qos2_messages_it_takes_for_completed():
+    """What the rule above drops leaves no settlement anywhere: counted, so that a run shows
+    when it fired (the fault harness's pub3:1442/1444, MQTT 5, 7 nodes, seed 9, vanished from
+    every copy of their member's session with none)."""
+    from mqttmesh.mesh.cluster.snapshots import merged_away
+
+    in_flight = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 2, 1173, 1, "pub", 1.0)
+    queued = SnapshotEntry("n2", 10, "t/1", "eQ==", 2, 2, 0, 0, "pub", 1.5)
+    stale = Snapshot("c", {}, 0, [in_flight, queued], [], [], "n4", 3, 40)
+    newest = Snapshot("c", {}, 0, [], [], [], "n0", 5, 2)
+    merged = merge_snapshots([stale, newest])
+    assert merged is not None and merged_away([stale, newest], merged) == 1
+    settled = Snapshot("c", {}, 0, [], [("n2", 9)], [], "n0", 5, 2)  # (completed: it says so)
+    merged = merge_snapshots([stale, settled])
+    assert merged is not None and merged_away([stale, settled], merged) == 0
+    same = Snapshot("c", {}, 0, [], [], [], "n0", 3, 41)  # (kept: nothing is newer)
+    merged = merge_snapshots([stale, same])
+    assert merged is not None and merged_away([stale, same], merged) == 0
+
+
 def test_a_qos1_message_in_flight_under_an_older_claim_is_kept_unless_settled_or_forgotten():
     """The fault harness (7 nodes, MQTT 5, seed 9): 29 QoS 1/2 messages a shared group gave a
     persistent member whose client was stalled were lost: only its node had them (the copy
@@ -565,6 +585,25 @@ def test_a_persistent_connect_on_the_minority_side_is_refused_with_0x03():
     with_c = next(f"q-{i}" for i in range(1000) if "c" in members.home(f"q-{i}"))
     refused = net.connect("a", with_c, clean=False)
     assert refused.refused_rc == 0x03
+
+
+def test_a_node_fenced_off_by_a_newer_epoch_lets_the_session_go_at_once():
+    """The simulator's finding 41: a claim at c reached neither a (the client's node, cut off)
+    nor, after its CONNACK, told it; a's next settlement is answered with the newer epoch and a
+    closes its client, but its copy still took itself for the session's home (a member of its
+    groups, queueing for a client that is not there) until the next change of the live nodes
+    pooled it. It pools it at once: a holder that knows the newer claim answers with its copy,
+    and a lets go."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    newer = net.brokers["b"].sessions[cid]
+    newer.epoch += 5  # (as after a claim at c that a never heard of)
+    newer.active_node = "c"
+    _local_publish(net, "a", "t/1")
+    net.pump()
+    assert ch.state == "closed" and "active elsewhere" in ch.reason
+    assert net.brokers["a"].sessions[cid].active_node == "c"
+    assert net.clusters["b"].counters["old_homes_told"] == 1
 
 
 def test_losing_the_majority_closes_the_persistent_clients_only():

@@ -38,13 +38,20 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-37-fuzz-655-replaced-connection-registered-again": "kicked_again",
     # a stale pooled copy names this node, which keeps none, its client's: a home node has it
     "finding-38-harsh-14-stale-copy-makes-home": "stale_merges_ignored",
+    # a node fenced off by a newer epoch pools its copy at once: told, it lets the session go
+    "finding-41-heal-resets-fenced-home": "old_homes_told",
+}
+# the same, of the shared groups' counters (sim/members.py ``node_counters``)
+SHARED_EXERCISES: dict[str, str] = {
+    # a message handed on by a member that left is not given back to the one that gave it away
+    "finding-40-harsh-35-handed-back-to-its-giver": "passed_over",
 }
 
 
 def test_every_finding_has_its_scenario():
     names = {p.stem for p in FOUND}
     assert {"finding-8-fuzz-2", "finding-15-late-after-heal", "finding-17-fuzz-214"} <= names
-    assert set(EXERCISES) <= names
+    assert set(EXERCISES) <= names and set(SHARED_EXERCISES) <= names
 
 
 @pytest.mark.parametrize("path", FOUND, ids=[p.stem for p in FOUND])
@@ -60,3 +67,6 @@ def test_a_found_scenario_holds_every_invariant(path) -> None:
     if counters is not None:
         names = (counters,) if isinstance(counters, str) else counters
         assert any(cl["cluster_counters"].get(name, 0) > 0 for name in names), names
+    shared = SHARED_EXERCISES.get(path.stem)
+    if shared is not None:
+        assert cl["shared"]["node_counters"].get(shared, 0) > 0, shared

@@ -439,12 +439,14 @@ def test_a_node_that_publishes_a_delayed_will_at_once_is_caught(monkeypatch: pyt
 # members of shared groups, issue 24), 36 (an origin's re-route of a dead node's group
 # message excluded its own members) and 38 (a stale pooled copy made a node that kept none a
 # persistent member's home for a few milliseconds: shared.control) are fixed, their scenarios
-# in found/; none is open
+# in found/; 42 (the harness's heals, every link across the cut reset at once: an offline
+# persistent member's home the claim elsewhere did not reach stays its home, shared.home) is
+# open
 OPEN = sorted((SCENARIOS / "open").glob("*.toml"))
 
 
 def test_every_open_finding_has_its_scenario() -> None:
-    assert ["-".join(p.stem.split("-")[:2]) for p in OPEN] == []
+    assert ["-".join(p.stem.split("-")[:2]) for p in OPEN] == ["finding-42"]
 
 
 @pytest.mark.slow

@@ -620,6 +620,43 @@ def test_a_resend_does_not_reach_a_member_that_has_or_had_its_root_unless_it_gav
     assert len(d.inflight) == 1 and not d.queue
 
 
+def test_a_message_handed_back_to_the_member_that_gave_it_away_goes_on_to_another():
+    """A persistent member whose client left handed a message to another member; that one's
+    client left too before acknowledging it: the message must not go back to the first one,
+    whose session settled its id when it gave it away and would drop it as a duplicate (lost
+    for every member: the simulator's shared-persistent-publishers-7-harsh, seed 35, a QoS 2
+    message). With no other member here it goes to another node's (``elsewhere``); a member
+    that still has it keeps it."""
+    from mqttmesh.mesh.cluster.replica import MeshSession
+    from mqttmesh.message import Message
+    from mqttmesh.shared import SharedSubscriptions, take_entries
+
+    shared = SharedSubscriptions("round_robin")
+    sent: list[tuple[Message, str]] = []
+    shared.elsewhere = lambda msg, share, now: sent.append((msg, share)) is None
+    a, b = MeshSession("a", Limits()), MeshSession("b", Limits())
+    for s in (a, b):
+        s.attach(FakeChannel(), 0.0)
+        shared.join(s, "g", "t", 1)
+    group = shared.groups[("g", "t")]
+    m = Message("t", b"x", 1, False, "o", 7, "p", 0.0)
+    assert shared.deliver(group, m) is a
+    a.detach()  # (its client left: what it held goes to b, connected)
+    shared.redispatch(a, take_entries(a), 1.0)
+    assert ("o", 7) in b.ids and ("o", 7) in a.done
+    b.detach()  # (b's too, before its PUBACK: a, offline, would queue it, but settled it)
+    shared.redispatch(b, take_entries(b), 2.0)
+    assert not a.ids and not b.ids
+    assert [(msg.origin, msg.seq, share) for msg, share in sent] == [("o", 7, "$share/g/t")]
+    assert shared.dropped == 0
+    # a member that has the message keeps it: it does not go to a second one
+    c = MeshSession("c", Limits())
+    shared.join(c, "g", "t", 1)
+    c.deliver(Message("t", b"y", 1, False, "o", 8, "p", 0.0), 1)
+    d = Message("t", b"y", 1, False, "o", 8, "p", 0.0)
+    assert shared.deliver(group, d, but=a, moved=True) is c and len(c.queue) == 1 and not b.ids
+
+
 def test_with_every_member_away_a_qos1_message_goes_to_one_whose_session_queues_it():
     """[MQTT-4.8.2-3]: a member gets a message at its granted QoS. With every member away, one
     granted QoS 0 takes a QoS 1/2 message at QoS 0, which its session drops (an absent client

@@ -55,7 +55,7 @@ _GIVEN_UP = (
     "shared_parked_dropped",
 )
 # and the shared subscriptions' (shared.py SharedSubscriptions)
-_SHARED_MOVED = ("dropped", "abandoned", "resent", "redispatched", "kept_once")
+_SHARED_MOVED = ("dropped", "abandoned", "resent", "redispatched", "kept_once", "passed_over")
 
 
 def read_secret(config: Config) -> bytes:
@@ -392,6 +392,11 @@ class MeshNode:
         if self.broker is not None:
             shared = self.broker.shared
             parts += [f"shared_{k}={getattr(shared, k)}" for k in _SHARED_MOVED if getattr(shared, k)]
+        if self.cluster is not None:
+            # QoS 2 messages a merge of session copies took for completed (snapshots.merged_away)
+            away = self.cluster.counters.get("merged_away_in_flight", 0)
+            if away:
+                parts.append(f"merged_away_in_flight={away}")
         if parts:
             log.info("given up or sent again in this life: %s", ", ".join(parts))
 

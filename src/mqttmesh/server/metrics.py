@@ -170,13 +170,14 @@ def render(node: Any) -> str:
         "queued for a member that left, given to another; resent: in flight to it, QoS 1, "
         "given to another, perhaps twice; abandoned: QoS 2 in flight to a member whose session "
         "ended; dropped: no member could take it; kept_once: a re-send a member already had, "
-        "not given again)",
+        "not given again; passed_over: handed on, not given back to a member that gave it away)",
         [
             ({"what": "redispatched"}, shared.redispatched),
             ({"what": "resent"}, shared.resent),
             ({"what": "abandoned"}, shared.abandoned),
             ({"what": "dropped"}, shared.dropped),
             ({"what": "kept_once"}, shared.kept_once),
+            ({"what": "passed_over"}, shared.passed_over),
         ],
     )
     page.one("mqttmesh_shared_groups", "gauge", "shared subscription groups with a member here", len(shared))

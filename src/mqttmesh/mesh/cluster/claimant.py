@@ -46,7 +46,7 @@ from .cluster_wire import (
 )
 from .holders import Holders
 from .membership import Membership
-from .snapshots import merge_snapshots
+from .snapshots import merge_snapshots, merged_away
 
 if TYPE_CHECKING:
     from ...packets import Will
@@ -181,6 +181,7 @@ class Claimant:
                 "claims_refused",
                 "refused_not_synced",
                 "expired_copies_discarded",
+                "merged_away_in_flight",
             ),
             0,
         )
@@ -423,6 +424,8 @@ class Claimant:
                     self._refuse(claim, "no copy of the session's latest state is within reach", now)
                     return
             merged = merge_snapshots(snaps)
+            if merged is not None:
+                self.counters["merged_away_in_flight"] += merged_away(snaps, merged)
         session, present = holders.serve(
             channel, claim.cid, claim.clean, merged, claim.epoch, claim.forwarded, now, claim.fresh
         )

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .cluster_wire import SessAck
+from .cluster_wire import SessAck, SessMerge
+from .snapshots import snapshot
 
 if TYPE_CHECKING:
     from ...session_table import SessionTable
@@ -54,6 +55,19 @@ class Confirmations:
             # client is not ours to serve any more [MQTT-3.1.4-2]
             self.counters["fenced"] += 1
             session.channel.kick(f"ClientId {m.cid!r} is active elsewhere (epoch {m.epoch})", now)
+            if m.epoch > session.epoch and session.channel is None and session.active_node == self.node_id:
+                # a newer claim elsewhere did not reach this node (its gather, or the copy after
+                # its CONNACK, was cut off; a refused claim before it had named itself the
+                # client's node at the holders, so that the next one's copies did not name
+                # this one), which would stay the session's home, a member of its groups
+                # queueing for a client that is not here: its copy is pooled with the holders
+                # now, not at the next change of the live nodes, and one that knows the newer
+                # claim answers with its copy (``on_merge``, ``on_copy``: it lets go; the
+                # simulator's finding 41)
+                snap = snapshot(session, now)
+                for node in self.membership.holders(m.cid, self.node_id):
+                    if node != self.node_id:
+                        self.out.put(node, SessMerge(snap))
             return
         if m.version < 0 or m.epoch < session.epoch:
             self._copy_to_holders(session, now, only={frm})

@@ -39,7 +39,7 @@ from .confirm import Confirmations
 from .membership import Membership
 from .replica import _Replicated, replica_of
 from .replication import Redirect, Replication
-from .snapshots import install, merge_snapshots, snapshot, unknown_to
+from .snapshots import install, merge_snapshots, merged_away, snapshot, unknown_to
 
 if TYPE_CHECKING:
     from ...broker import ClaimingChannel
@@ -81,6 +81,7 @@ class Holders(Confirmations):
                 "fenced",
                 "old_homes_told",
                 "stale_merges_ignored",
+                "merged_away_in_flight",
             ),
             0,
         )
@@ -276,8 +277,10 @@ class Holders(Confirmations):
         if session is None:
             return
         stale = session.epoch > snap.epoch
-        merged = merge_snapshots([snapshot(session, now), replace(snap, taken_at=now)])
+        snaps = [snapshot(session, now), replace(snap, taken_at=now)]
+        merged = merge_snapshots(snaps)
         assert merged is not None  # (two snapshots in, one out)
+        self.counters["merged_away_in_flight"] += merged_away(snaps, merged)
         install(session, merged, now)
         self._apply_subs(session, merged.subs)
         if not stale:

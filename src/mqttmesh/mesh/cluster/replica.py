@@ -335,6 +335,11 @@ class _Replicated(_SessionPart):
         # (given away, and maybe back since as a re-send it still has: rare, a scan)
         return any(root_of(e.msg) == root for e in self.ids.values())
 
+    def refuses(self, key: tuple[str, int], qos: int) -> bool:
+        if key in self.ids:
+            return False
+        return key in self.done or bool(self.floors) and self.forgotten(key, qos)
+
     def took_resend(self, root: tuple[str, int]) -> None:
         if root not in self.ids:
             self._settle_mark(root)  # (the root itself, should it come: a duplicate)
