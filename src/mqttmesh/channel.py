@@ -127,7 +127,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         "transitions",
         "broker",
         "owner",
-        "peer",
+        "_peer",
         "state",
         "decoder",
         "session",
@@ -168,7 +168,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.owner = owner
         self.peers = peers  # None: no mesh, a peer's CONNECT is refused
         self.claims = claims  # None: no mesh, the Broker alone opens the session
-        self.peer = peer
+        self._peer = peer  # ("": the owner's ``peer``, asked when needed)
         self.state = AWAIT_CONNECT
         # before CONNACK only a CONNECT within the pre-auth limit is read (section 3.1)
         settings = broker.settings
@@ -207,6 +207,12 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.frame: FrameFn = Message.frame
         self.frame0: Frame0Fn = Message.frame_qos0
         self.transitions = TRANSITIONS
+
+    @property
+    def peer(self) -> str:
+        """The client's address as its owner gave it; an owner that gave "" is asked (a
+        server connection, which keeps no string of it while the client is idle)."""
+        return self._peer or self.owner.peer
 
     # -- bytes in (bytes out: channel_held.py) ------------------------------------------
 

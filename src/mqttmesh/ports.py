@@ -71,6 +71,10 @@ SentHook = Callable[[Recipient, "Message", int, bool], None]
 class Owner(Protocol[ChannelT]):
     """A Channel's connection: the socket and timers of one client (server/connection.py)."""
 
+    @property
+    def peer(self) -> str:
+        """The client's address (asked by a Channel made with "" for it)."""
+
     def wake(self, channel: ChannelT) -> None:
         """There are bytes in ``channel.data_to_send()``: called at the first frame, and
         again every ``channel_held.SPILL_FRAMES`` frames while they wait, when an owner that

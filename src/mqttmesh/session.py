@@ -98,7 +98,10 @@ class Attached(Protocol):
     """The connection a session's client is on, as the session and its owners use it
     (channel.Channel, which imports this module)."""
 
-    peer: str  # the client's address (the log line of a takeover)
+    @property
+    def peer(self) -> str:
+        """The client's address (the log line of a takeover)."""
+
     blocked: bool  # the socket takes no more for now: queue instead of writing
 
     def write(self, frame: bytes) -> None: ...
