@@ -502,7 +502,7 @@ class Session:
             self.expires_at = None
             if self.durable:
                 self._stored_subscriptions()
-        for entry in list(self.inflight.values()):  # original order [MQTT-4.6.0-1]
+        for entry in list(self.inflight.values()) if self.inflight else ():  # original order [MQTT-4.6.0-1]
             if entry.state == SENT_PUBREL:
                 channel.write(encode(PubRel(entry.packet_id)))
             else:
