@@ -76,6 +76,7 @@ def _watch(work: Path) -> None:
             tmp = work / f"{req.name}.tmp"
             tmp.write_bytes(pickle.dumps((snap, types, who)))
             tmp.rename(work / f"{req.name}.pickle")
+            del snap, types, who  # (else the next count finds this snapshot's tuples alive)
         time.sleep(0.2)
 
 
