@@ -78,9 +78,9 @@ class Connection(asyncio.Protocol):
         self.in_bytes = 0  # the decoder's buffer as last seen (Node.buffered / preauth)
         # set for a TLS connection: when it was accepted, before its handshake (Node._accept_tls)
         self.accepted_at = accepted_at
-        # when its CONNECT was read, on the loop's clock, once it is answered CONNACK 0 (the
-        # admin API shows it, + the node's wall offset): the Channel's ``last_rx`` then, the
-        # same float object, so an idle connection keeps no float of its own for it
+        # when it was answered CONNACK 0, on the loop's clock (the admin API shows it, plus
+        # the node's wall offset): the Channel's ``last_rx`` then (Channel._connected sets it
+        # to that time), the same float object, so an idle connection keeps no float for it
         self.connected_at: float | None = None
         self._reset = False  # end with a TCP reset, not a graceful close
         self._linger = None  # timer that resets a graceful close that does not finish
