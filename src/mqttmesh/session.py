@@ -530,7 +530,7 @@ class Session:
             self.limits = replace(self.limits, max_inflight=max_inflight)
         if deliver is not None:
             own["deliver"] = deliver  # (found before the class's method: broker.py calls it)
-        if own:
+        if "deliver" in own or "_configured" in own:
             own["_adapted"] = True
 
     def detach(self) -> None:
