@@ -287,6 +287,8 @@ class Broker:
         """Send the retained messages matching a new subscription [MQTT-3.3.1-6]."""
         if self.retained_port is not None and not topic_filter.startswith("$"):  # $SYS stays per node
             return self.retained_port.send_retained(session, topic_filter, granted, now)  # from their owners
+        if not self.retained:
+            return 0  # (no retained message at all: no walk of the filter)
         sent = 0
         auth = self.auth
         for topic, msg in self.retained.match(topic_filter):

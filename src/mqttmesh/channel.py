@@ -124,10 +124,9 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         "v5",
         "frame",
         "frame0",
-        "transitions",
         "broker",
         "owner",
-        "peer",
+        "_peer",
         "state",
         "decoder",
         "session",
@@ -150,7 +149,6 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         "_read",
         "peers",
         "claims",
-        "__weakref__",
     )
 
     def __init__(
@@ -168,7 +166,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.owner = owner
         self.peers = peers  # None: no mesh, a peer's CONNECT is refused
         self.claims = claims  # None: no mesh, the Broker alone opens the session
-        self.peer = peer
+        self._peer = peer  # ("": the owner's ``peer``, asked when needed)
         self.state = AWAIT_CONNECT
         # before CONNACK only a CONNECT within the pre-auth limit is read (section 3.1)
         settings = broker.settings
@@ -206,7 +204,12 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.v5: Conn5 | None = None
         self.frame: FrameFn = Message.frame
         self.frame0: Frame0Fn = Message.frame_qos0
-        self.transitions = TRANSITIONS
+
+    @property
+    def peer(self) -> str:
+        """The client's address as its owner gave it; an owner that gave "" is asked (a
+        server connection, which keeps no string of it while the client is idle)."""
+        return self._peer or self.owner.peer
 
     # -- bytes in (bytes out: channel_held.py) ------------------------------------------
 
@@ -240,7 +243,8 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
             read = self._read = archive.read(self.client_id)
         try:
             for packet in self.decoder.packets(None if read is None else read.keep):
-                table = self.transitions[self.state]
+                # (the packets of an MQTT 5 client, ``v5``, from its CONNECT on: TRANSITIONS5)
+                table = (TRANSITIONS if self.v5 is None else TRANSITIONS5)[self.state]
                 handler = table.get(packet.type)
                 if handler is None:
                     raise violation(self.state, packet.type)
@@ -374,7 +378,6 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
             rc = self._connect5(pkt)
             if rc is not None:
                 return self._refuse(rc, "an authentication method this node does not serve")
-            self.transitions = TRANSITIONS5
         elif pkt.protocol_level != 4 or pkt.protocol_name != "MQTT":
             return self._refuse(
                 BAD_PROTOCOL, f"protocol {pkt.protocol_name!r} level {pkt.protocol_level}"

@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 
 from . import __version__
@@ -37,8 +38,51 @@ class _LogFormat(logging.Formatter):
         return msec % (self._text, record.msecs) if msec else self._text
 
 
-def _setup_logging(level: str) -> None:
-    handler = logging.StreamHandler()
+class _TurnFlush(logging.StreamHandler):
+    """The standard stream handler, whose lines written on the event loop's thread reach the
+    stream's file once that turn of the loop is over, together (``attach``): a node logs a
+    line or two per connection, and a system call to write each was a measurable part of a
+    connect (issue 26). From another thread, before ``attach`` and once the loop has stopped,
+    a line is flushed at once, as the standard handler does; a line waits at most for the
+    end of its turn (the node's housekeeping turns the loop every second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = 0
+        self._due = False  # a flush is scheduled at the end of this turn
+
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        stream = self.stream
+        try:
+            fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = -1  # (a stream of no file: nothing to save)
+        if fd >= 0:
+            # stderr writes each line at once (unbuffered when it is no terminal): the same
+            # file, buffered, for this handler's lines (closefd=False: stderr stays open)
+            self.setStream(
+                open(fd, "w", buffering=1 << 16, encoding=stream.encoding, errors=stream.errors, closefd=False)  # noqa: SIM115
+            )
+        self.loop = loop
+        self._thread = threading.get_ident()
+
+    def flush(self) -> None:
+        loop = self.loop
+        if loop is not None and threading.get_ident() == self._thread and loop.is_running():
+            if not self._due:
+                self._due = True
+                loop.call_soon(self._flush_now)
+            return
+        super().flush()
+
+    def _flush_now(self) -> None:
+        self._due = False
+        super().flush()
+
+
+def _setup_logging(level: str) -> _TurnFlush:
+    handler = _TurnFlush()
     handler.setFormatter(_LogFormat("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper()), handlers=[handler])
     # what no line of the format shows is not gathered for each record (the logging HOWTO's
@@ -47,6 +91,7 @@ def _setup_logging(level: str) -> None:
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+    return handler
 
 
 def _install_loop_policy() -> str:
@@ -67,11 +112,12 @@ def cmd_broker(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"mqttmesh: config error: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(config.log_level)
+    handler = _setup_logging(config.log_level)
     loop_kind = _install_loop_policy()
 
     async def serve() -> int:
         loop = asyncio.get_running_loop()
+        handler.attach(loop)
         # signals first: a SIGTERM that arrives while we start still stops us gracefully
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -416,8 +416,10 @@ def validate_topic_filter(topic_filter: str) -> None:
     """Raise MalformedPacket unless ``topic_filter`` is a valid 3.1.1 filter (section 4.7)."""
     if not topic_filter:
         raise MalformedPacket("MQTT-4.7.3-1", "topic filter is empty")
-    if "+" not in topic_filter and "#" not in topic_filter:
-        return
+    if "+" not in topic_filter:
+        hashes = topic_filter.count("#")
+        if not hashes or (hashes == 1 and (topic_filter == "#" or topic_filter.endswith("/#"))):
+            return  # (no wildcard, or one '#' that is a whole last level: most filters)
     levels = topic_filter.split("/")
     last = len(levels) - 1
     for i, level in enumerate(levels):

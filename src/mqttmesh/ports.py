@@ -8,7 +8,7 @@ implementation only has to have the methods. Issue 14 fills this module step by 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -71,6 +71,10 @@ SentHook = Callable[[Recipient, "Message", int, bool], None]
 class Owner(Protocol[ChannelT]):
     """A Channel's connection: the socket and timers of one client (server/connection.py)."""
 
+    @property
+    def peer(self) -> str:
+        """The client's address (asked by a Channel made with "" for it)."""
+
     def wake(self, channel: ChannelT) -> None:
         """There are bytes in ``channel.data_to_send()``: called at the first frame, and
         again every ``channel_held.SPILL_FRAMES`` frames while they wait, when an owner that
@@ -122,7 +126,7 @@ class JournalPort(Protocol):
     def since(self, mark: int) -> Batch:
         """The batch to wait for if anything was recorded since ``mark``, else 0."""
 
-    def session_put(self, client_id: str, subscriptions: dict[str, int], expires: float | None = None) -> None: ...
+    def session_put(self, client_id: str, subscriptions: Mapping[str, int], expires: float | None = None) -> None: ...
     def session_delete(self, client_id: str) -> None: ...
     def message_put(self, client_id: str, entry: Entry) -> None: ...
     def message_remove(self, client_id: str, key: int) -> None: ...

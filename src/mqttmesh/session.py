@@ -10,7 +10,7 @@ that also records every change in a store journal, which the I/O layer commits.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol, cast
@@ -41,6 +41,7 @@ __all__ = [
     "NO_ENTRIES",
     "NO_IDS",
     "NO_PACKETS",
+    "NO_SUBSCRIPTIONS",
 ]
 
 SENT_PUBLISH, SENT_PUBREL = 1, 2
@@ -97,7 +98,10 @@ class Attached(Protocol):
     """The connection a session's client is on, as the session and its owners use it
     (channel.Channel, which imports this module)."""
 
-    peer: str  # the client's address (the log line of a takeover)
+    @property
+    def peer(self) -> str:
+        """The client's address (the log line of a takeover)."""
+
     blocked: bool  # the socket takes no more for now: queue instead of writing
 
     def write(self, frame: bytes) -> None: ...
@@ -181,7 +185,68 @@ class SessionFactory(Protocol):
         (store.restore_sessions says what each is); nothing to do outside a mesh."""
 
 
+class _OneSubscription(Mapping[str, int]):
+    """``Session.subscriptions`` while it holds one filter (most sessions: a device's own
+    topic): read as a mapping, 48 bytes where a one-entry dict takes 184. ``Session.subscribe``
+    makes a dict at the second filter; it cannot be added to."""
+
+    __slots__ = ("filter", "value")
+
+    def __init__(self, topic_filter: str, value: int):
+        self.filter = topic_filter
+        self.value = value
+
+    def __getitem__(self, key: str) -> int:
+        if key == self.filter:
+            return self.value
+        raise KeyError(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.value if key == self.filter else default
+
+    def __contains__(self, key: object) -> bool:
+        return key == self.filter
+
+    def __iter__(self) -> Iterator[str]:
+        yield self.filter
+
+    def __len__(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return repr({self.filter: self.value})
+
+
+# ``Session.subscriptions`` with no filter: a read-only empty mapping (``subscribe`` makes the
+# one-filter form, then a dict)
+NO_SUBSCRIPTIONS: dict[str, int] = cast("dict[str, int]", MappingProxyType({}))
+
+
 class Session:
+    # Slotted, with a ``__dict__`` made only when something sets what is no slot: a
+    # counter of rare events (``dropped``, ``dropped_qos0``, ``expired``: class-level 0 until
+    # the first), ``adapt``'s per-connection ``deliver`` and window, a shared group's
+    # ``sharing``, and the subclasses' own fields. An idle session keeps no dict (issue 26).
+    __slots__ = (
+        "client_id",
+        "clean",
+        "limits",
+        "subscriptions",
+        "sub_changes",
+        "inflight",
+        "queue",
+        "awaiting_rel",
+        "channel",
+        "username",
+        "expiry",
+        "expires_at",
+        "congestion",
+        "backlogged",
+        "acked",
+        "on_sent",
+        "_next_pid",
+        "__dict__",
+    )
     durable = False
     # its _stored_* hooks do something (DurableSession journals, a replicated session keeps
     # ids): the per-message paths call them only then, not as no-ops
@@ -190,6 +255,11 @@ class Session:
     gate: Gate = OPEN
     # the shared group (shared.py) of the delivery in progress, if any: its entry remembers it
     sharing: Any = None
+    # counters of rare events, in the instance once one happens
+    dropped = 0  # messages a full queue dropped
+    dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
+    expired = 0  # messages whose Message Expiry passed while they were queued
+    _adapted = False  # ``adapt`` changed ``deliver`` or the window (in the instance then)
 
     def __init__(
         self,
@@ -202,7 +272,9 @@ class Session:
         self.client_id = client_id
         self.clean = clean
         self.limits = limits
-        self.subscriptions: dict[str, int] = {}
+        # filter -> value (``NO_SUBSCRIPTIONS``, ``_OneSubscription`` for one filter, then a
+        # dict: ``subscribe``); read it as a mapping, change it with ``subscribe``/``unsubscribe``
+        self.subscriptions: Mapping[str, int] = NO_SUBSCRIPTIONS
         self.sub_changes = 0  # subscribe and unsubscribe calls, ever (what remembers a match knows it is stale)
         self.inflight: dict[int, Entry] = NO_PACKETS  # packet id -> entry, in send order
         # (an idle client's session keeps no empty containers: ``NO_PACKETS``, ``NO_ENTRIES``
@@ -212,9 +284,6 @@ class Session:
         self.awaiting_rel: set[int] = NO_IDS  # inbound QoS 2 ids between PUBREC and PUBREL
         self.channel: Attached | None = None  # the Channel the client is connected on
         self.username: str | None = None
-        self.dropped = 0  # messages a full queue dropped
-        self.dropped_qos0 = 0  # QoS 0 messages dropped: output over its limit
-        self.expired = 0  # messages whose Message Expiry passed while they were queued
         # MQTT 5 Session Expiry: its interval in seconds (KEPT: never; a 3.1.1 persistent
         # session's), and while no client is attached, when it ends on the node's clock
         # (SessionTable.close_session sets it, the table's expire_sessions ends it)
@@ -433,7 +502,7 @@ class Session:
             self.expires_at = None
             if self.durable:
                 self._stored_subscriptions()
-        for entry in list(self.inflight.values()):  # original order [MQTT-4.6.0-1]
+        for entry in list(self.inflight.values()) if self.inflight else ():  # original order [MQTT-4.6.0-1]
             if entry.state == SENT_PUBREL:
                 channel.write(encode(PubRel(entry.packet_id)))
             else:
@@ -455,14 +524,17 @@ class Session:
         if configured is not None:
             self.limits = configured
         own.pop("deliver", None)
+        own.pop("_adapted", None)
         if max_inflight is not None and max_inflight < self.limits.max_inflight:
             own["_configured"] = self.limits
             self.limits = replace(self.limits, max_inflight=max_inflight)
         if deliver is not None:
             own["deliver"] = deliver  # (found before the class's method: broker.py calls it)
+        if "deliver" in own or "_configured" in own:
+            own["_adapted"] = True
 
     def detach(self) -> None:
-        if "deliver" in self.__dict__ or "_configured" in self.__dict__:
+        if self._adapted:  # (asks no ``__dict__``, which reading it would make)
             self.adapt()
         self.channel = None
         self.backlogged = False
@@ -470,16 +542,36 @@ class Session:
             self.congestion.forget(self)  # offline: the queue limit and drop policy apply
 
     def subscribe(self, topic_filter: str, qos: int) -> None:
-        self.subscriptions[topic_filter] = qos
+        subs = self.subscriptions
+        if type(subs) is dict:
+            subs[topic_filter] = qos
+        elif not subs or topic_filter in subs:
+            self.subscriptions = _OneSubscription(topic_filter, qos)
+        else:
+            self.subscriptions = {**subs, topic_filter: qos}
         self.sub_changes += 1
         self._stored_subscriptions()
 
     def unsubscribe(self, topic_filter: str) -> bool:
-        if self.subscriptions.pop(topic_filter, None) is None:
+        subs = self.subscriptions
+        if topic_filter not in subs:
             return False
+        if type(subs) is dict:
+            del subs[topic_filter]
+            if len(subs) == 1:  # (back to the one-filter form)
+                self.subscriptions = _OneSubscription(*next(iter(subs.items())))
+        else:
+            self.subscriptions = NO_SUBSCRIPTIONS
         self.sub_changes += 1
         self._stored_subscriptions()
         return True
+
+    def unsubscribe_all(self) -> list[str]:
+        """Forget every subscription (the session table has taken them out of the trie);
+        the filters it had."""
+        had = list(self.subscriptions)
+        self.subscriptions = NO_SUBSCRIPTIONS
+        return had
 
     @property
     def pending(self) -> int:

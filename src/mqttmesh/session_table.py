@@ -157,9 +157,8 @@ class SessionTable:
         ended.slow_qos0 += session.dropped_qos0
         ended.expired += session.expired
         member = bool(self.shared.groups) and self._is_member(session)
-        for topic_filter in list(session.subscriptions):
+        for topic_filter in session.unsubscribe_all():
             self._trie_remove(topic_filter, session)
-        session.subscriptions.clear()
         if member:
             # nothing it got through a group is lost with it: to the other members, but a
             # QoS 2 message in flight, which goes with it [MQTT-4.8.2-5]

@@ -12,7 +12,7 @@ into sessions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .message import Entry, Message
@@ -63,7 +63,7 @@ class Journal:
 
     # -- persistent sessions ------------------------------------------------------
 
-    def session_put(self, client_id: str, subscriptions: dict[str, int], expires: float | None = None) -> None:
+    def session_put(self, client_id: str, subscriptions: Mapping[str, int], expires: float | None = None) -> None:
         """``expires``: when the session ends (Session.expires_at, on the clock of this run)."""
         self._record(("s", client_id), ("session_put", client_id, dict(subscriptions), expires))
 
@@ -192,7 +192,7 @@ class NullJournal:
     def since(self, mark: int) -> Batch:
         return 0
 
-    def session_put(self, client_id: str, subscriptions: dict[str, int], expires: float | None = None) -> None:
+    def session_put(self, client_id: str, subscriptions: Mapping[str, int], expires: float | None = None) -> None:
         pass
 
     def session_delete(self, client_id: str) -> None:

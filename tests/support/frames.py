@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-import weakref
 
 from mqttmesh.message import Message
 from support import mqttraw
@@ -173,7 +172,7 @@ class Net:
         return ch
 
 
-_LEFTOVER: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LEFTOVER: dict = {}  # channel -> frames after a SUBACK, until ``out`` (a Channel takes no weak reference)
 
 
 def out(channel) -> list[mqttraw.Packet]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 
 from mqttmesh.flow import Congestion
@@ -706,3 +708,73 @@ def test_an_inbound_qos2_message_a_node_routed_is_not_routed_again_where_its_cli
     # released: the mark goes with the message; a copy without marks sends the JSON of before
     claim.awaiting_rel_remove(7)
     assert claim.routed_ids() == [] and "routed" not in snapshot(holder, 1.0).to_json()
+
+
+# -- what an idle session keeps (issue 26) --------------------------------------------------
+
+
+def test_subscriptions_one_filter_then_a_dict_then_one_again():
+    s = Session("c", True, Limits())
+    assert s.subscriptions == {} and len(s.subscriptions) == 0
+    s.subscribe("a/#", 1)
+    assert type(s.subscriptions) is not dict  # (the one-filter form)
+    assert s.subscriptions == {"a/#": 1} and dict(s.subscriptions) == {"a/#": 1}
+    assert s.subscriptions.get("a/#") == 1 and s.subscriptions.get("b") is None
+    assert "a/#" in s.subscriptions and "b" not in s.subscriptions
+    assert list(s.subscriptions.items()) == [("a/#", 1)]
+    with pytest.raises(KeyError):
+        s.subscriptions["b"]
+    s.subscribe("a/#", 2)  # (its QoS replaced, still one filter)
+    assert type(s.subscriptions) is not dict and s.subscriptions == {"a/#": 2}
+    s.subscribe("b", 0)
+    assert type(s.subscriptions) is dict and s.subscriptions == {"a/#": 2, "b": 0}
+    assert s.unsubscribe("a/#") and not s.unsubscribe("a/#")
+    assert type(s.subscriptions) is not dict and s.subscriptions == {"b": 0}
+    assert s.unsubscribe("b") and s.subscriptions == {}
+    assert s.sub_changes == 5
+    s.subscribe("x", 1)
+    assert s.unsubscribe_all() == ["x"] and s.subscriptions == {}
+
+
+def test_a_durable_session_journals_its_one_filter_as_a_dict():
+    journal = Journal()
+    s = DurableSession("d", Limits(), journal)
+    s.subscribe("a/#", 1)
+    ops = [op for op in journal.take()[1] if op[0] == "session_put"]
+    assert ops[-1][2] == {"a/#": 1} and type(ops[-1][2]) is dict
+
+
+def test_rare_counters_and_adapt_live_outside_the_slots():
+    s = Session("c", True, Limits(max_inflight=10))
+    assert (s.dropped, s.dropped_qos0, s.expired) == (0, 0, 0)
+    s.dropped_qos0 += 1
+    assert s.dropped_qos0 == 1 and Session.dropped_qos0 == 0
+
+    def deliver(msg, qos, retain=False):
+        pass
+
+    s.adapt(5, deliver)
+    assert s.deliver is deliver and s.limits.max_inflight == 5
+    s.detach()
+    assert s.deliver != deliver and s.limits.max_inflight == 10
+
+
+def test_an_idle_session_with_one_subscription_keeps_no_dict():
+    """The bytes a clean session with one subscription keeps (CPython 3.11: the slotted object
+    184, its empty ``__dict__`` block 16, the one-filter mapping 48; with an instance dict and
+    a one-entry dict of subscriptions it was 432): a dict coming back shows here."""
+    limits = Limits()
+    filters = [f"idle/{i}/#" for i in range(1000)]
+    names = [f"idle-{i}" for i in range(1000)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        sessions = []
+        for name, topic_filter in zip(names, filters, strict=True):
+            session = Session(name, True, limits)
+            session.subscribe(topic_filter, 1)
+            sessions.append(session)
+        kept = (tracemalloc.get_traced_memory()[0] - before) / len(sessions)
+    finally:
+        tracemalloc.stop()
+    assert kept < 280, f"{kept:.0f} bytes a session"

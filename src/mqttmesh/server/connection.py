@@ -18,7 +18,6 @@ import asyncio
 import logging
 import socket
 import struct
-import time
 from collections import deque
 from typing import cast
 
@@ -46,14 +45,12 @@ class Connection(asyncio.Protocol):
         "node",
         "transport",
         "channel",
-        "peer",
+        "_peer",
         "_timer",
         "announced",
-        "_loop",
         "paused",
         "closing",
         "pauses",
-        "blocked_at",
         "out_bytes",
         "in_bytes",
         "accepted_at",
@@ -69,19 +66,22 @@ class Connection(asyncio.Protocol):
         self.node = node
         self.transport: asyncio.Transport | None = None
         self.channel: Channel | None = None
-        self.peer = "?"
+        # the client's address, as the listener gave it before there is a transport (a TLS
+        # connection's); None: the transport's, read when asked (``peer``)
+        self._peer: str | None = None
         self._timer: Entry | None = None  # its deadline in node.deadlines (connect timeout, keepalive)
         self.announced = False  # CONNACK 0 sent: the connection is past authentication
-        self._loop = node.loop
         self.paused = False  # the transport's buffer is over WRITE_HIGH (pause_writing)
         self.closing = False
         self.pauses = 0  # PAUSE_* bits: reading is paused while any is set
-        self.blocked_at = 0.0  # when the output went over max_write_buffer (channel.blocked)
         self.out_bytes = 0  # the transport's buffer as last seen (Node.buffered)
         self.in_bytes = 0  # the decoder's buffer as last seen (Node.buffered / preauth)
         # set for a TLS connection: when it was accepted, before its handshake (Node._accept_tls)
         self.accepted_at = accepted_at
-        self.connected_at = 0.0  # wall-clock time of its CONNACK 0 (the admin API shows it)
+        # when it was answered CONNACK 0, on the loop's clock (the admin API shows it, plus
+        # the node's wall offset): the Channel's ``last_rx`` then (Channel._connected sets it
+        # to that time), the same float object, so an idle connection keeps no float for it
+        self.connected_at: float | None = None
         self._reset = False  # end with a TCP reset, not a graceful close
         self._linger = None  # timer that resets a graceful close that does not finish
         self.written = 0  # bytes handed to the transport, ever (progress: Node._progress)
@@ -89,12 +89,25 @@ class Connection(asyncio.Protocol):
         # reads handled at a later turn of the loop (Node.read_slice), in the order they came
         self.waiting: deque[bytes] = NO_READS  # (a deque while reads wait: data_received)
 
+    @property
+    def peer(self) -> str:
+        """The client's address, ``host:port``: made when asked (a log line, the admin API)
+        from the transport, which keeps it also once closed; an idle connection keeps no
+        string of it (issue 26)."""
+        peer = self._peer
+        if peer is not None:
+            return peer
+        transport = self.transport
+        return "?" if transport is None else address(transport.get_extra_info("peername"))
+
+    @peer.setter
+    def peer(self, peer: str) -> None:
+        self._peer = peer
+
     # -- asyncio callbacks ---------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        addr = transport.get_extra_info("peername")
-        self.peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         node = self.node
         if self.accepted_at is None:  # (a TLS connection was admitted when it was accepted)
             refusal = node.admit(self)
@@ -109,13 +122,12 @@ class Connection(asyncio.Protocol):
             return
         # (pause_writing comes before an output is blocked, so resume_writing unblocks it)
         transport.set_write_buffer_limits(high=min(WRITE_HIGH, node.max_write_buffer // 2))
-        now = self._loop.time()
+        now = node.loop.time()
         # a client certificate that verified against tls.ca_file (mesh.tls_mutual asks for one)
         certified = bool(transport.get_extra_info("peercert"))
-        # the connect timeout counts from accept, the TLS handshake included
-        self.channel = node.core.channel(
-            self, self.peer, now if self.accepted_at is None else self.accepted_at, certified
-        )
+        # the connect timeout counts from accept, the TLS handshake included; the Channel
+        # asks this connection for the peer's address when it needs it ("": ``peer``)
+        self.channel = node.core.channel(self, "", now if self.accepted_at is None else self.accepted_at, certified)
         self._arm_timer()
 
     def data_received(self, data: bytes) -> None:
@@ -161,7 +173,7 @@ class Connection(asyncio.Protocol):
 
     def _handle(self, channel: Channel, data: bytes) -> None:
         node = self.node
-        channel.receive_data(data, self._loop.time())
+        channel.receive_data(data, self.node.loop.time())
         held = channel.decoder.buffered
         if held or self.in_bytes:
             node.buffered += held - self.in_bytes
@@ -179,7 +191,7 @@ class Connection(asyncio.Protocol):
                 f"limits.preauth_memory ({node.preauth_memory} bytes) held by connections not yet authenticated"
             )
             return
-        channel.receive_data(data, self._loop.time())
+        channel.receive_data(data, self.node.loop.time())
         state = channel.state
         if state is CONNECTED:
             self.connected()  # moves what is buffered from the pre-auth count to the other
@@ -196,7 +208,7 @@ class Connection(asyncio.Protocol):
             return
         channel = self.channel
         self.announced = True
-        self.connected_at = time.time()
+        self.connected_at = channel.last_rx
         node = self.node
         node.preauth_bytes -= self.in_bytes  # what is buffered now counts as an ordinary input
         held = channel.decoder.buffered
@@ -238,7 +250,7 @@ class Connection(asyncio.Protocol):
         if channel is None:
             return
         was_open = channel.state != "closed"
-        channel.connection_lost(self._loop.time())
+        channel.connection_lost(self.node.loop.time())
         if was_open:
             reason = f"connection lost ({exc})" if exc else "connection closed by client"
             log.info("client %r from %s: %s", channel.client_id or "-", self.peer, reason)
@@ -268,7 +280,7 @@ class Connection(asyncio.Protocol):
     def unblock(self) -> None:
         """The output drained below its limit: QoS 0 goes out again."""
         self.channel.blocked = False
-        self.node.blocked.discard(self)
+        self.node.blocked.pop(self, None)
 
     # -- the Channel's owner interface ------------------------------------------------------
 
@@ -286,7 +298,7 @@ class Connection(asyncio.Protocol):
         self.closing = True
         transport = self.transport
         node = self.node
-        node.blocked.discard(self)
+        node.blocked.pop(self, None)
         if self._reset:
             log.warning("resetting client %r from %s: %s", channel.client_id or "-", self.peer, reason)
             _reset(transport)
@@ -309,7 +321,7 @@ class Connection(asyncio.Protocol):
         self.pauses = 0
         if not transport.is_reading():
             transport.resume_reading()
-        self._linger = self._loop.call_later(
+        self._linger = node.loop.call_later(
             min(DRAIN_SECONDS, node.broker.settings.slow_consumer_timeout), self._drained
         )
 
@@ -323,7 +335,8 @@ class Connection(asyncio.Protocol):
         if transport.get_write_buffer_size():
             # a client that does not read what is left would hold its socket and its slot
             # for as long as the kernel keeps trying: it gets as long as a slow consumer
-            self._linger = self._loop.call_later(self.node.broker.settings.slow_consumer_timeout, self._linger_expired)
+            node = self.node
+            self._linger = node.loop.call_later(node.broker.settings.slow_consumer_timeout, self._linger_expired)
 
     def _linger_expired(self) -> None:
         self._linger = None
@@ -335,7 +348,7 @@ class Connection(asyncio.Protocol):
         self._reset = True
         channel = self.channel
         if channel is not None and channel.state != "closed":
-            channel.close(reason, self._loop.time())
+            channel.close(reason, self.node.loop.time())
         else:
             _reset(self.transport)
 
@@ -386,8 +399,7 @@ class Connection(asyncio.Protocol):
                 # QoS 0 for this client is dropped from now on (session.py); if it stays over
                 # for slow_consumer_timeout it is reset (Node._sweep)
                 channel.blocked = True
-                self.blocked_at = self._loop.time()
-                node.blocked.add(self)
+                node.blocked[self] = node.loop.time()  # (since when: Node._sweep)
                 node.broker.stats.outputs_blocked += 1
             if node.buffered > node.buffer_high:
                 node.memory_pressure()
@@ -404,12 +416,17 @@ class Connection(asyncio.Protocol):
         """The deadline it armed came (deadlines.Deadlines)."""
         self._timer = None
         channel = self.channel
-        now = self._loop.time()
+        now = self.node.loop.time()
         if self.pauses & PAUSE_MEMORY:
             channel.last_rx = now  # we are not reading it: its silence is ours [MQTT-3.1.2-24]
         channel.tick(now)
         if channel.state != "closed":
             self._arm_timer()
+
+
+def address(addr) -> str:
+    """A transport's ``peername`` as text: ``host:port`` (a Unix socket's path as it is)."""
+    return f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
 
 
 def _reset(transport) -> None:

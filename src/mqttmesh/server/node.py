@@ -103,7 +103,8 @@ class Node:
         self.buffer_low = self.buffer_high * 3 // 4
         self.buffered = 0
         self.buffering: set[Connection] = set()  # with bytes the kernel has not taken yet
-        self.blocked: set[Connection] = set()  # output over max_write_buffer
+        # output over max_write_buffer: since when (loop clock)
+        self.blocked: dict[Connection, float] = {}
         self.reading_paused = False
         self.preauth_memory = config.get("limits.preauth_memory")
         self.preauth_bytes = 0  # held by connections before CONNACK
@@ -289,8 +290,8 @@ class Node:
                 # for its own slow clients on the other side)
                 self.broker.stats.slow_consumers += 1
                 channel.owner.reset(f"slow consumer: could not take messages for {congestion.timeout:g}s")
-        for conn in list(self.blocked):
-            if now - conn.blocked_at >= congestion.timeout and conn.channel is not None:
+        for conn, blocked_at in list(self.blocked.items()):
+            if now - blocked_at >= congestion.timeout and conn.channel is not None:
                 self.broker.stats.slow_consumers += 1
                 conn.reset(f"slow consumer: more than {self.max_write_buffer} bytes unsent for {congestion.timeout:g}s")
         self.broker.publish_due_wills(now)
@@ -406,7 +407,7 @@ class Node:
             self.logins.left(conn)
         self.connections.discard(conn)
         self.buffering.discard(conn)
-        self.blocked.discard(conn)
+        self.blocked.pop(conn, None)
 
     # -- batched writes -------------------------------------------------------------------
 

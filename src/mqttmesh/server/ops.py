@@ -76,7 +76,7 @@ def local_clients(node: Node, after: str = "", limit: int = 100, client_id: str 
                 "client_id": channel.client_id,
                 "node": node.node_id,
                 "address": conn.peer,
-                "connected_since": round(conn.connected_at, 3),
+                "connected_since": round((conn.connected_at or 0.0) + node.broker.wall_offset, 3),
                 "username": channel.username,
                 "transport": _transport(conn),
                 "keepalive": channel.keepalive,

@@ -166,7 +166,7 @@ class WebSocketLink(asyncio.Protocol):
 
     def _close_mqtt(self, why: str) -> None:
         channel = self.inner.channel
-        loop = self.inner._loop
+        loop = self.inner.node.loop
         if channel is not None and channel.state != "closed":
             channel.close(why, loop.time())
         elif self.transport is not None and not self.transport.is_closing():

@@ -78,7 +78,7 @@ class Replication:
         if replica is None:
             return
         replica.subs_version += 1
-        body = SessSubs(replica.client_id, replica.subs_version, replica.subscriptions)
+        body = SessSubs(replica.client_id, replica.subs_version, dict(replica.subscriptions))
         for node in self.membership.holders(replica.client_id, self.node_id):
             if node != self.node_id:
                 self.out.put(node, body)
