@@ -570,6 +570,17 @@ def _resend(root: tuple[str, int], seq: int, qos: int = 1):
     return m
 
 
+def _two_connected_members(shared):
+    """Two connected replicated sessions, a then b, members of group ``g`` on filter ``t``."""
+    from mqttmesh.mesh.cluster.replica import MeshSession
+
+    a, b = MeshSession("a", Limits()), MeshSession("b", Limits())
+    for s in (a, b):
+        s.attach(FakeChannel(), 0.0)
+        shared.join(s, "g", "t", 1)
+    return a, b, shared.groups[("g", "t")]
+
+
 def test_a_resend_does_not_reach_a_member_that_has_or_had_its_root_unless_it_gave_it_away():
     """A message re-sent under a new id (its member's node died, or its member left holding
     it) names the message it re-sends (its root): a member that still has the root, or took
@@ -581,11 +592,7 @@ def test_a_resend_does_not_reach_a_member_that_has_or_had_its_root_unless_it_gav
     from mqttmesh.shared import SharedSubscriptions, root_of, take_entries
 
     shared = SharedSubscriptions("round_robin")
-    a, b = MeshSession("a", Limits()), MeshSession("b", Limits())
-    for s in (a, b):
-        s.attach(FakeChannel(), 0.0)
-        shared.join(s, "g", "t", 1)
-    group = shared.groups[("g", "t")]
+    a, b, group = _two_connected_members(shared)
     root = Message("t", b"x", 1, False, "o", 7, "p", 0.0)
     assert root_of(root) == ("o", 7) and root_of(_resend(("o", 7), 1)) == ("o", 7)
     assert shared.deliver(group, root) is a and ("o", 7) in a.ids  # (in flight at a)
@@ -634,11 +641,7 @@ def test_a_message_handed_back_to_the_member_that_gave_it_away_goes_on_to_anothe
     shared = SharedSubscriptions("round_robin")
     sent: list[tuple[Message, str]] = []
     shared.elsewhere = lambda msg, share, now: sent.append((msg, share)) is None
-    a, b = MeshSession("a", Limits()), MeshSession("b", Limits())
-    for s in (a, b):
-        s.attach(FakeChannel(), 0.0)
-        shared.join(s, "g", "t", 1)
-    group = shared.groups[("g", "t")]
+    a, b, group = _two_connected_members(shared)
     m = Message("t", b"x", 1, False, "o", 7, "p", 0.0)
     assert shared.deliver(group, m) is a
     a.detach()  # (its client left: what it held goes to b, connected)

@@ -14,6 +14,30 @@ __all__ = ["Membership"]
 RANKS_KEPT = 65_536  # rankings remembered per node set (then forgotten at once, and made again)
 
 
+class _Rankings:
+    """Key -> its ranking (hrw) over one list of nodes, the first ``count`` of it (None: all),
+    valid while that list is the same object: Membership replaces its lists of nodes when they
+    change, never changes one in place."""
+
+    __slots__ = ("of", "ranks")
+
+    def __init__(self, nodes: list[str]):
+        self.of = nodes
+        self.ranks: dict[str, list[str]] = {}
+
+    def get(self, key: str, nodes: list[str], count: int | None) -> list[str]:
+        ranks = self.ranks
+        if self.of is not nodes:
+            ranks.clear()
+            self.of = nodes
+        ranked = ranks.get(key)
+        if ranked is None:
+            if len(ranks) >= RANKS_KEPT:
+                ranks.clear()
+            ranked = ranks[key] = rank(key, nodes) if count is None else owners(key, nodes, count)
+        return ranked
+
+
 class Membership:
     def __init__(
         self,
@@ -47,10 +71,8 @@ class Membership:
         # each valid while that list is the same object: both are replaced, never changed in
         # place, when the nodes change (``update``, ``remember``), and asked for several times
         # per message (a session's holders at each flush, a ClientId's registrar)
-        self._ranks_live: dict[str, list[str]] = {}
-        self._ranks_live_of: list[str] = self.live
-        self._homes: dict[str, list[str]] = {}
-        self._homes_of: list[str] = self.known
+        self._ranks_live = _Rankings(self.live)
+        self._homes = _Rankings(self.known)
 
     def ticked(self, now: float) -> None:
         """The cluster's timer ran (at least every stall / 4 while the process runs)."""
@@ -140,17 +162,7 @@ class Membership:
 
     def _ranked_live(self, key: str) -> list[str]:
         """``key``'s ranking over the live nodes (hrw.rank), remembered while they stay."""
-        live = self.live
-        cache = self._ranks_live
-        if self._ranks_live_of is not live:
-            cache.clear()
-            self._ranks_live_of = live
-        ranked = cache.get(key)
-        if ranked is None:
-            if len(cache) >= RANKS_KEPT:
-                cache.clear()
-            ranked = cache[key] = rank(key, live)
-        return ranked
+        return self._ranks_live.get(key, self.live, None)
 
     def registrars(self, cid: str) -> list[str]:
         """The registrar of a ClientId, then its backup."""
@@ -170,17 +182,7 @@ class Membership:
         the session is confirmed by every live node of it before the client sees the change,
         and a client is served only where a majority of it is live: so any node that serves
         the session next can reach a node that has its latest state."""
-        known = self.known
-        cache = self._homes
-        if self._homes_of is not known:
-            cache.clear()
-            self._homes_of = known
-        home = cache.get(cid)
-        if home is None:
-            if len(cache) >= RANKS_KEPT:
-                cache.clear()
-            home = cache[cid] = owners(cid, known, self.replication)
-        return home
+        return self._homes.get(cid, self.known, self.replication)
 
     def home_quorum(self, cid: str) -> bool:
         """A majority of the session's home is live (this node counted if it is one)."""
