@@ -14,7 +14,7 @@ sends the PUBREL, the PUBCOMP frees the id, and the mesh still takes the message
 from __future__ import annotations
 
 from mqttmesh.mesh.cluster.cluster_values import Snapshot, SnapshotEntry
-from mqttmesh.mesh.cluster.replica import MeshSession
+from mqttmesh.mesh.cluster.replica_sessions import MeshSession
 from mqttmesh.mesh.cluster.snapshots import install, merge_snapshots
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, Limits
 from support import mqttraw

@@ -21,7 +21,7 @@ from mqttmesh.sim.scenario import ScenarioError, load_scenario, parse_scenario
 from mqttmesh.sim.sessions import _draw_publisher
 from mqttmesh.sim.shared_checks import check_once, sends
 from mqttmesh.sim.shared_spread import check_spread
-from support.sim import SCENARIOS
+from support.sim import SCENARIOS, run
 
 G = "$share/g0/sh/#"
 T = "sh/p000/0"
@@ -219,9 +219,7 @@ def test_a_persistent_publishers_message_expires_from_its_last_take() -> None:
 
 
 def _run(seed: int = 1, fail: bool = True) -> Simulator:
-    sc = load_scenario(SCENARIOS / "shared-persistent-publishers-7.toml")
-    sc.seed, sc.checks.fail = seed, fail
-    return Simulator(sc).run()
+    return run("shared-persistent-publishers-7", fail, seed=seed)
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from mqttmesh.sim.report import summarize
 from mqttmesh.sim.scenario import ScenarioError, load_scenario, parse_scenario
 from mqttmesh.sim.shared_checks import check_once, check_sessions_once, memberships
 from mqttmesh.sim.shared_spread import check_control
-from support.sim import SCENARIOS
+from support.sim import SCENARIOS, run
 
 G = "$share/g0/sh/#"
 T = "sh/p000/0"
@@ -366,9 +366,7 @@ def test_member_persistent_is_a_share() -> None:
 
 
 def _run(seed: int = 1, fail: bool = True) -> Simulator:
-    sc = load_scenario(SCENARIOS / "shared-persistent-16.toml")
-    sc.seed, sc.checks.fail = seed, fail
-    return Simulator(sc).run()
+    return run("shared-persistent-16", fail, seed=seed)
 
 
 @pytest.mark.slow

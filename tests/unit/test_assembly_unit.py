@@ -14,8 +14,7 @@ import pytest
 from mqttmesh.assembly import MeshConfig, build_core, seq_base
 from mqttmesh.broker import Broker, BrokerSettings
 from mqttmesh.mesh.cluster.cluster import ClusterSettings
-from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession
-from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
+from mqttmesh.mesh.cluster.replica_sessions import DurableMeshSession, MeshSession, ReplicaSessions
 from mqttmesh.mesh.link.gateway import MeshGateway
 from mqttmesh.mesh.link.peerauth import NONCE_BYTES
 from mqttmesh.session import Session

@@ -8,8 +8,8 @@ import pytest
 
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.cluster.cluster_values import Snapshot
-from mqttmesh.mesh.cluster.replica import DurableMeshSession, MeshSession, replica_of
-from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
+from mqttmesh.mesh.cluster.replica import replica_of
+from mqttmesh.mesh.cluster.replica_sessions import DurableMeshSession, MeshSession, ReplicaSessions
 from mqttmesh.mesh.cluster.snapshots import install
 from mqttmesh.message import Message
 from mqttmesh.session import OPEN, SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session

@@ -572,7 +572,7 @@ def _resend(root: tuple[str, int], seq: int, qos: int = 1):
 
 def _two_connected_members(shared):
     """Two connected replicated sessions, a then b, members of group ``g`` on filter ``t``."""
-    from mqttmesh.mesh.cluster.replica import MeshSession
+    from mqttmesh.mesh.cluster.replica_sessions import MeshSession
 
     a, b = MeshSession("a", Limits()), MeshSession("b", Limits())
     for s in (a, b):
@@ -587,7 +587,7 @@ def test_a_resend_does_not_reach_a_member_that_has_or_had_its_root_unless_it_gav
     it, is not given it again (the fault harness's QoS 2 twice to one member, MQTT 5, 7 nodes,
     seed 2); one that gave the root away to another member (an offline persistent member)
     takes it; and once a member took a re-send, the root itself is a duplicate there."""
-    from mqttmesh.mesh.cluster.replica import MeshSession
+    from mqttmesh.mesh.cluster.replica_sessions import MeshSession
     from mqttmesh.message import Message
     from mqttmesh.shared import SharedSubscriptions, root_of, take_entries
 
@@ -634,7 +634,7 @@ def test_a_message_handed_back_to_the_member_that_gave_it_away_goes_on_to_anothe
     for every member: the simulator's shared-persistent-publishers-7-harsh, seed 35, a QoS 2
     message). With no other member here it goes to another node's (``elsewhere``); a member
     that still has it keeps it."""
-    from mqttmesh.mesh.cluster.replica import MeshSession
+    from mqttmesh.mesh.cluster.replica_sessions import MeshSession
     from mqttmesh.message import Message
     from mqttmesh.shared import SharedSubscriptions, take_entries
 

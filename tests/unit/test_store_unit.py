@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from mqttmesh.flow import Congestion
-from mqttmesh.mesh.cluster.replica import DurableMeshSession, replica_of
-from mqttmesh.mesh.cluster.replica_sessions import ReplicaSessions
+from mqttmesh.mesh.cluster.replica import replica_of
+from mqttmesh.mesh.cluster.replica_sessions import DurableMeshSession, ReplicaSessions
 from mqttmesh.message import Message
 from mqttmesh.session import SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
 from mqttmesh.session_durable import DurableSession, Sessions

@@ -19,17 +19,13 @@ from typing import TYPE_CHECKING
 
 from ...codec import PubRel, encode
 from ...message import Message
-from ...session import SENT_PUBLISH, SENT_PUBREL, Entry, Limits, Session
-from ...session_durable import DurableSession
+from ...session import SENT_PUBLISH, SENT_PUBREL, Entry, Session
 from ...shared import root_of
 
 if TYPE_CHECKING:
-    from ...flow import Congestion
-    from ...ports import Batch, JournalPort, SentHook
+    from ...ports import Batch
 
 __all__ = [
-    "MeshSession",
-    "DurableMeshSession",
     "SubsHook",
     "LateHook",
     "SettledHook",
@@ -556,49 +552,3 @@ class _Replicated(_SessionPart):
 def replica_of(session: Session | None) -> _Replicated | None:
     """``session`` as one copy of a session replicated across the mesh, or None."""
     return session if isinstance(session, _Replicated) else None
-
-
-class MeshSession(_Replicated, Session):
-    def __init__(
-        self,
-        client_id: str,
-        limits: Limits,
-        congestion: Congestion | None = None,
-        on_settled: SettledHook | None = None,
-        on_sent: SentHook | None = None,
-        on_late: LateHook | None = None,
-        on_subs: SubsHook | None = None,
-        on_shared: LateHook | None = None,
-    ):
-        Session.__init__(self, client_id, False, limits, congestion, on_sent)
-        self._init_replication(on_settled, on_late, on_subs, on_shared)
-
-
-class DurableMeshSession(_Replicated, DurableSession):
-    def __init__(
-        self,
-        client_id: str,
-        limits: Limits,
-        journal: JournalPort,
-        congestion: Congestion | None = None,
-        on_settled: SettledHook | None = None,
-        on_sent: SentHook | None = None,
-        on_late: LateHook | None = None,
-        on_subs: SubsHook | None = None,
-        on_shared: LateHook | None = None,
-    ):
-        DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
-        self._init_replication(on_settled, on_late, on_subs, on_shared)
-
-    def _stored_version(self) -> None:
-        self.journal.version_put(self.client_id, self.epoch, self.version)
-
-    def committed(self) -> int:
-        return self.journal.committed
-
-    def _stored_floor(self, origin: str, seq: int) -> None:
-        self.journal.floor_put(self.client_id, origin, seq)
-
-    def _stored_done(self, key: tuple[str, int]) -> None:
-        n = self.tombstones_stored = self.tombstones_stored + 1
-        self.journal.done_put(self.client_id, n % TOMBSTONES, n, key[0], key[1])

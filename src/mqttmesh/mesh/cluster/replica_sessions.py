@@ -1,6 +1,6 @@
 """The session factory of a mesh node: persistent sessions replicated across the mesh
-(mesh/cluster/replica.py), journaled when the node has a store, and the rows of a
-replicated session restored from that store.
+(mesh/cluster/replica.py's copy, made a Session here, and journaled when the node has a
+store), and the rows of a replicated session restored from that store.
 """
 
 from __future__ import annotations
@@ -10,14 +10,60 @@ from typing import TYPE_CHECKING, Any
 
 from ...message import Message
 from ...session import Limits, Session
-from ...session_durable import Sessions
-from .replica import DurableMeshSession, LateHook, MeshSession, SettledHook, SubsHook, _Replicated, replica_of
+from ...session_durable import DurableSession, Sessions
+from .replica import TOMBSTONES, LateHook, SettledHook, SubsHook, _Replicated, replica_of
 
 if TYPE_CHECKING:
     from ...flow import Congestion
     from ...ports import JournalPort, SentHook
 
-__all__ = ["ReplicaSessions"]
+__all__ = ["ReplicaSessions", "MeshSession", "DurableMeshSession"]
+
+
+class MeshSession(_Replicated, Session):
+    def __init__(
+        self,
+        client_id: str,
+        limits: Limits,
+        congestion: Congestion | None = None,
+        on_settled: SettledHook | None = None,
+        on_sent: SentHook | None = None,
+        on_late: LateHook | None = None,
+        on_subs: SubsHook | None = None,
+        on_shared: LateHook | None = None,
+    ):
+        Session.__init__(self, client_id, False, limits, congestion, on_sent)
+        self._init_replication(on_settled, on_late, on_subs, on_shared)
+
+
+class DurableMeshSession(_Replicated, DurableSession):
+    def __init__(
+        self,
+        client_id: str,
+        limits: Limits,
+        journal: JournalPort,
+        congestion: Congestion | None = None,
+        on_settled: SettledHook | None = None,
+        on_sent: SentHook | None = None,
+        on_late: LateHook | None = None,
+        on_subs: SubsHook | None = None,
+        on_shared: LateHook | None = None,
+    ):
+        DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
+        self._init_replication(on_settled, on_late, on_subs, on_shared)
+
+    def _stored_version(self) -> None:
+        self.journal.version_put(self.client_id, self.epoch, self.version)
+
+    def committed(self) -> int:
+        return self.journal.committed
+
+    def _stored_floor(self, origin: str, seq: int) -> None:
+        self.journal.floor_put(self.client_id, origin, seq)
+
+    def _stored_done(self, key: tuple[str, int]) -> None:
+        n = self.tombstones_stored = self.tombstones_stored + 1
+        self.journal.done_put(self.client_id, n % TOMBSTONES, n, key[0], key[1])
 
 
 class ReplicaSessions(Sessions):
