@@ -112,8 +112,11 @@ def test_bad_logins_do_not_stall_the_node(nodes, pwfile):
 
 def test_no_user_name_timing_oracle(nodes, pwfile):
     """Throttling off: the time to CONNACK 0x04 for unknown users and for a known user with
-    a wrong password (15 of each, alternating, fresh passwords) differ by less than 30 %
-    (medians): the node does the same work for both."""
+    a wrong password (pairs of one each, fresh passwords) differ by less than 30 % (the
+    median of the pairs' differences against the larger median): the node does the same
+    work for both. Pairs, and up to 45 of them when 15 are not conclusive, because the
+    hash's run time under the other test worker's load varied 2x between runs (one clean
+    clone failed on 15 unpaired samples of each: 224 ms against 107)."""
     b = nodes("--password-file", str(pwfile), "--allow-anonymous", "false", *optional_flags(**NO_THROTTLE))
     check(run(auth_target(b), attacks.user_oracle, user="alice", samples=15, max_ratio=0.3))
 
