@@ -606,6 +606,130 @@ def test_a_node_fenced_off_by_a_newer_epoch_lets_the_session_go_at_once():
     assert net.clusters["b"].counters["old_homes_told"] == 1
 
 
+def test_an_offline_homes_pooled_copy_goes_again_until_a_holder_answers():
+    """The simulator's finding 42 (seed 10): the client left a, which stays the session's home;
+    a claim at c (a newer epoch) reached b but not a, and a's copy, pooled at the next change
+    of the live nodes, was lost with the links the heal reset: a stayed a member of the
+    session's groups, queueing for a client that is not there. A pooled copy goes again, every
+    settle_retry and then less often, until each holder answered; b knows the newer claim
+    and answers with its copy: a lets go."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    ch.close("connection lost")
+    net.pump()
+    newer = net.brokers["b"].sessions[cid]
+    newer.epoch += 5  # (as after a claim at c that a never heard of)
+    newer.active_node = "c"
+    net.clusters["a"].membership(sorted(net.up), dict(net.incs), net.t)  # a pools its copy ...
+    lost = net.pump_holding("sess.merge", frm="a")  # ... and the links lose it
+    assert [dest for _, dest, _, _ in lost] == ["b"]
+    home = net.brokers["a"].sessions[cid]
+    assert home.active_node == "a"  # (still the session's home: the finding)
+    net.tick(0.1)
+    assert home.active_node == "a" and net.clusters["a"].counters["pools_resent"] == 0  # (not yet due)
+    net.tick(0.5)  # settle_retry: it goes again
+    assert net.clusters["a"].counters["pools_resent"] == 1
+    assert net.brokers["a"].sessions[cid].active_node == "c"
+    assert net.clusters["b"].counters["old_homes_told"] == 1
+    net.tick(10.0)
+    assert net.clusters["a"].counters["pools_resent"] == 1  # (answered: not again)
+
+
+def test_a_pooled_copy_a_holder_took_is_not_sent_again():
+    """The answer to a pooled copy (sess.ack at an epoch not newer than the copy's) ends its
+    re-sending: a home whose holders took its copy stays the home, quietly."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    ch.close("connection lost")
+    net.pump()
+    net.clusters["a"].membership(sorted(net.up), dict(net.incs), net.t)
+    net.pump()
+    assert net.clusters["a"].holders.pools == {}  # (b answered)
+    for _ in range(4):
+        net.tick(1.0)
+    assert net.clusters["a"].counters["pools_resent"] == 0
+    assert net.brokers["a"].sessions[cid].active_node == "a"
+
+
+def test_a_holder_tells_the_old_home_a_refused_claim_had_hidden():
+    """The simulator's finding 42 (seed 12): the client left c, not a home node (a and b),
+    which stayed its home. A claim at b fetched the copies, which re-pointed a's to b, and
+    was refused (its fetch to c was lost); the next claim, at b again, had b for the
+    ClientId's last node and gathered copies that named b, so b told no old home after its
+    CONNACK, and c, which neither claim reached, stayed the home, a member of the session's
+    groups. The holder whose copy a fetch re-pointed remembers the node it named and tells it
+    when the claim's copy comes: c lets go."""
+    net = Net()
+    cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
+    ch = net.connect("c", cid, clean=False)
+    net.brokers["c"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    ch.close("connection lost")
+    net.pump()
+    assert net.brokers["a"].sessions[cid].active_node == "c"
+    refused = net.connect("b", cid, clean=False, pump=False)
+    for _ in range(1000):  # (net.pump, losing the fetch to c)
+        for n in sorted(net.up):
+            net.clusters[n].flush(net.t)
+        if not net.queue:
+            break
+        frm, dest, kind, payload = net.queue.popleft()
+        if not (dest == "c" and kind == "sess.fetch"):
+            net.clusters[dest].receive(frm, kind, payload, net.t)
+    net.tick(net.settings.gather_timeout + 0.1)
+    assert refused.state == "closed" and refused.refused_rc == 0x03
+    assert net.brokers["a"].sessions[cid].active_node == "b"  # (re-pointed by the fetch)
+    assert net.brokers["c"].sessions[cid].active_node == "c"  # (c heard nothing)
+    told = net.clusters["a"].counters["old_homes_told"]
+    moved = net.connect("b", cid, clean=False)
+    assert moved.state == "connected" and moved.present
+    assert net.brokers["c"].sessions[cid].active_node == "b"  # (a told c: it let go)
+    assert net.clusters["a"].counters["old_homes_told"] == told + 1
+
+
+def _pump_without(net: Net, node: str) -> None:
+    """``net.pump``, losing every unicast from or to ``node``."""
+    for _ in range(10_000):
+        for n in sorted(net.up):
+            net.clusters[n].flush(net.t)
+        if not net.queue:
+            return
+        frm, dest, kind, payload = net.queue.popleft()
+        if node not in (frm, dest) and dest in net.up:
+            net.clusters[dest].receive(frm, kind, payload, net.t)
+    raise AssertionError("the cluster did not settle")
+
+
+def test_an_old_home_out_of_reach_is_told_when_it_is_back():
+    """The simulator's finding 42 (seed 31): c, the client's node and no node of the session's
+    home, was cut off without noticing (its links stayed up from its side), and its client
+    left during the cut; the claim at b could not tell it, and c, whose view of the live
+    nodes never changed, never pooled its copy: it stayed the session's home, a member of its
+    groups. The claim's node and the holders remember the old home out of reach and tell it
+    when it is back."""
+    net = Net()
+    cid = cid_with(net, lambda regs, holders: set(holders) == {"a", "b"})
+    ch = net.connect("c", cid, clean=False)
+    net.brokers["c"].table.subscribe(ch.session, "t/#", 1)
+    net.pump()
+    live = {n: net.incs[n] for n in ("a", "b")}
+    for n in ("a", "b"):  # a and b lose c; c notices nothing
+        net.clusters[n].membership(sorted(live), live, net.t)
+    _pump_without(net, "c")
+    ch.close("connection lost")
+    _pump_without(net, "c")
+    moved = net.connect("b", cid, clean=False, pump=False)
+    _pump_without(net, "c")
+    assert moved.state == "connected" and moved.present
+    assert net.brokers["c"].sessions[cid].active_node == "c"  # (c heard nothing)
+    told = sum(net.clusters[n].counters["old_homes_told"] for n in ("a", "b"))
+    for n in ("a", "b"):  # c is back for them
+        net.clusters[n].membership(sorted(net.up), dict(net.incs), net.t)
+    net.pump()
+    assert net.brokers["c"].sessions[cid].active_node == "b"  # (told: it let go)
+    assert sum(net.clusters[n].counters["old_homes_told"] for n in ("a", "b")) >= told + 1
+
+
 def test_losing_the_majority_closes_the_persistent_clients_only():
     net = Net()
     persistent = net.connect("a", "p1", clean=False)

@@ -40,6 +40,12 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-38-harsh-14-stale-copy-makes-home": "stale_merges_ignored",
     # a node fenced off by a newer epoch pools its copy at once: told, it lets the session go
     "finding-41-heal-resets-fenced-home": "old_homes_told",
+    # an old home's pooled copy lost with the links a heal reset goes again until answered
+    "finding-42-heal-resets-offline-home": "pools_resent",
+    # a holder re-pointed by a refused claim's fetch tells the old home when the next one ends
+    "finding-42-heal-12-refused-claim-hides-old-home": "old_homes_told",
+    # an old home out of reach when the claim ended (it never noticed the cut): told when back
+    "finding-42-heal-31-old-home-never-noticed": "old_homes_told",
 }
 # the same, of the shared groups' counters (sim/members.py ``node_counters``)
 SHARED_EXERCISES: dict[str, str] = {

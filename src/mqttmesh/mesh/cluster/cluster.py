@@ -311,6 +311,7 @@ class Cluster:
         self.retained.expire_lookups(now)
         self.replication.expire(now)
         self.holders.retry_lagging(now)
+        self.holders.retry_pools(now)
         self.send_out(now)
         self.do(self.registry.publish_lost_wills(now), now)
         if now - self.claimant.last_register >= self.settings.register_interval:

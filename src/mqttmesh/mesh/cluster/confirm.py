@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .cluster_wire import SessAck, SessMerge
-from .snapshots import snapshot
+from .cluster_wire import SessAck
 
 if TYPE_CHECKING:
     from ...session_table import SessionTable
     from .cluster_values import ClusterSettings
     from .cluster_wire import Outbox
+    from .holders import _Pool
     from .membership import Membership
     from .replica import _Replicated
 
@@ -45,9 +45,25 @@ class Confirmations:
 
         def _copy_to_holders(self, session: _Replicated, now: float, only: set[str] | None = None) -> None: ...
 
+        def pool(self, replica: _Replicated, holders: list[str], now: float) -> None: ...
+
+        def pool_answered(self, frm: str, m: SessAck) -> None: ...
+
+        pools: dict[str, _Pool]
+
     def on_ack(self, frm: str, m: SessAck, now: float) -> None:
         """A holder has our settlements up to ``m.version`` (or could not take them)."""
         session = self._replica(m.cid, create=False)
+        if session is not None and session.channel is None:
+            if m.epoch > session.epoch and session.active_node == self.node_id and m.cid not in self.pools:
+                # the answer to the copy an old home sent when its client left (a stall had hid
+                # the claim elsewhere from it): a newer claim served the client, and this node,
+                # still the session's home, a member of its groups, pools its copy; a holder that
+                # knows the claim answers with its copy, and it lets go (simulator, finding 42)
+                self.pool(session, self.membership.holders(m.cid, self.node_id), now)
+            else:
+                self.pool_answered(frm, m)  # (an answer to a copy we pooled, if any)
+            return
         if session is None or session.channel is None or session.active_node != self.node_id:
             return
         if m.epoch > session.epoch or (m.version == -2 and m.epoch == session.epoch):
@@ -64,10 +80,7 @@ class Confirmations:
                 # now, not at the next change of the live nodes, and one that knows the newer
                 # claim answers with its copy (``on_merge``, ``on_copy``: it lets go; the
                 # simulator's finding 41)
-                snap = snapshot(session, now)
-                for node in self.membership.holders(m.cid, self.node_id):
-                    if node != self.node_id:
-                        self.out.put(node, SessMerge(snap))
+                self.pool(session, self.membership.holders(m.cid, self.node_id), now)
             return
         if m.version < 0 or m.epoch < session.epoch:
             self._copy_to_holders(session, now, only={frm})

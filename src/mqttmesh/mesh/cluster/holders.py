@@ -82,12 +82,16 @@ class Holders(Confirmations):
                 "old_homes_told",
                 "stale_merges_ignored",
                 "merged_away_in_flight",
+                "pools_resent",
             ),
             0,
         )
         # cid -> since when its settlements wait for a holder's sess.ack (copies re-sent after
         # settings.settle_retry)
         self.lagging: dict[str, float] = {}
+        # cid -> the pooled copy of an offline session this node sent (``pool``) that some
+        # holders have not answered yet: re-sent until they do (``retry_pools``)
+        self.pools: dict[str, _Pool] = {}
         # answers (sess.ack) waiting for the store to commit what they vouch for, by journal
         # batch in the order they were made (batches only grow): sent by ``committed``
         self._acks_after: deque[tuple[int, str, SessAck]] = deque()
@@ -133,8 +137,10 @@ class Holders(Confirmations):
             install(replica, merged, now)
             self._apply_subs(replica, merged.subs)
             present = True
-            # the node the copies say the client was on: told in ``served`` if no holder
-            replica.came_from = merged.active
+            # the node the copies say the client was on: told in ``served`` if no holder (a
+            # copy of ours that a refused claim's fetch re-pointed here keeps the one before)
+            if merged.active not in (None, self.node_id) or replica.came_from is None:
+                replica.came_from = merged.active
         replica.active_node = self.node_id
         self.table.regroup(replica)  # (at home here now: a member of the groups of its "$share/" filters)
         # newer than every copy gathered, whatever the registrar granted: a registrar that
@@ -161,19 +167,12 @@ class Holders(Confirmations):
         holders, and an old home it did not fetch (cut off, or no holder any more) kept the
         session at home, a member of its shared groups, taking their messages for a client
         that is not there (simulator, finding 33). The copy makes it let go (``on_copy``):
-        it hands what it took to this node and leaves the groups."""
+        it hands what it took to this node and leaves the groups. An old home out of reach is
+        told when it is back (``rebalance``)."""
         replica = replica_of(session)
         if replica is not None and not session.clean:
             self._copy_to_holders(replica, now)
-            before, replica.came_from = replica.came_from, None
-            if (
-                before is not None
-                and before != self.node_id
-                and before in self.membership.live
-                and before not in self.membership.holders(replica.client_id, self.node_id)
-            ):
-                self.counters["old_homes_told"] += 1
-                self.out.put(before, SessCopy(snapshot(replica, now)))
+            self._tell_old_home(replica, snapshot(replica, now))
 
     # -- holding copies ------------------------------------------------------------------------
 
@@ -190,7 +189,12 @@ class Holders(Confirmations):
             self.replication.redirects[cid] = Redirect(frm, now + self.settings.redirect_grace)
             if replica is not None and replica.channel is None:
                 # the session is claimed at frm: a copy here that is no holder's (the client was
-                # here last) gets no settlements from now on, and would come back stale
+                # here last) gets no settlements from now on, and would come back stale. The
+                # node the copy named is remembered until the claim's copy comes (``on_copy``
+                # tells it then): a claim refused after this fetch leaves the copies naming
+                # its node, so the next claim's would not name the old home (finding 42)
+                if replica.came_from is None and replica.active_node not in (None, frm):
+                    replica.came_from = replica.active_node
                 replica.active_node = frm
                 self.table.regroup(replica)  # (what it had through groups goes with the copy)
                 self._let_go(replica, self.membership.holders(cid, frm), now)
@@ -254,6 +258,28 @@ class Holders(Confirmations):
         session.subs_version = snap.subs_version
         self._adopt(session, snap)
         self._ack_when_stored(frm, SessAck(snap.cid, session.epoch, session.version), journal.since(mark))
+        self._tell_old_home(session, snap)
+
+    def _tell_old_home(self, session: _Replicated, snap: Snapshot) -> None:
+        """A claim served the client (at this node: ``served``; elsewhere: its copy came,
+        ``on_copy``): the node the session's copy named before the claim (``came_from``), if
+        no holder now, gets ``snap`` and lets go. The claim's node knows it from the copies
+        it gathered; a holder whose copy the claim's fetch re-pointed remembers it too (a
+        claim refused in between had re-pointed the copies to its node: the next claim's
+        named no old home; simulator, finding 42, seed 12). One out of reach is told when it
+        is back (``old_home``, ``rebalance``): a node that did not notice the cut (its links
+        stayed up from its side) lost its client during it and never pooled its copy (seed 31)."""
+        before, session.came_from = session.came_from, None
+        if before is None or before in (snap.active, self.node_id) or self._holds(before, snap):
+            return  # (the client's node, or a holder: it gets the claim's copy)
+        if before not in self.membership.live:
+            session.old_home = before  # (told when it is back)
+            return
+        self.counters["old_homes_told"] += 1
+        self.out.put(before, SessCopy(snap))
+
+    def _holds(self, node: str, snap: Snapshot) -> bool:
+        return node in self.membership.holders(snap.cid, snap.active)
 
     def on_merge(self, frm: str, m: SessMerge, now: float) -> None:
         """A copy of an offline session nobody coordinates: pooled with ours. A copy from a
@@ -265,6 +291,7 @@ class Holders(Confirmations):
         mine = replica_of(self.table.sessions.get(snap.cid))
         if mine is None and self._stale_last_node(snap.cid):
             self.counters["stale_merges_ignored"] += 1
+            self._answer_pool(frm, snap.cid, snap.epoch, 0)
             return
         if mine is not None and frm != self.node_id:
             here = mine.channel is not None and mine.active_node == self.node_id
@@ -285,6 +312,7 @@ class Holders(Confirmations):
         self._apply_subs(session, merged.subs)
         if not stale:
             self._adopt(session, snap)  # (an older claim's copy names no newer home)
+        self._answer_pool(frm, snap.cid, session.epoch, session.version)
 
     def _stale_last_node(self, cid: str) -> bool:
         """A pooled copy reached this node, which keeps none and is not in the session's home:
@@ -296,6 +324,63 @@ class Holders(Confirmations):
         live = self.membership.live
         home = self.membership.home(cid)
         return self.node_id not in home and any(n in live for n in home)
+
+    # -- pooling the copies of offline sessions -------------------------------------------------
+
+    def pool(self, replica: _Replicated, holders: list[str], now: float) -> None:
+        """Pool our copy of an offline session nobody coordinates with its other ``holders``
+        (``sess.merge``), again until each answers (``on_merge``: ``sess.ack`` at an epoch
+        not newer than ours; one that knows a newer claim answers with its copy instead,
+        which makes this node let go). A unicast is lost with the link it was on: the fault
+        harness's heals reset every link across the cut at once, and a home whose copy
+        reached none of the holders that knew a claim elsewhere stayed the session's home,
+        a member of its groups queueing for a client on another node (simulator, finding 42)."""
+        others = {n for n in holders if n != self.node_id}
+        if not others:
+            self.pools.pop(replica.client_id, None)
+            return
+        snap = snapshot(replica, now)
+        for node in sorted(others, key=holders.index):
+            self.out.put(node, SessMerge(snap))
+        self.pools[replica.client_id] = _Pool(replica.active_node, others, now + self.settings.settle_retry, 1)
+
+    def _answer_pool(self, frm: str, cid: str, epoch: int, version: int) -> None:
+        if frm != self.node_id:
+            self.out.put(frm, SessAck(cid, epoch, version))
+
+    def pool_answered(self, frm: str, m: SessAck) -> None:
+        """A holder's ``sess.ack`` for a copy we pooled: it has it, unless it knows a newer
+        claim (then its copy comes, and we keep sending ours until it has come)."""
+        replica = replica_of(self.table.sessions.get(m.cid))
+        pool = self.pools.get(m.cid)
+        if pool is None or replica is None or m.version < 0 or m.epoch > replica.epoch:
+            return
+        pool.waiting.discard(frm)
+        if not pool.waiting:
+            del self.pools[m.cid]
+
+    def retry_pools(self, now: float) -> None:
+        """Pooled copies some live holder has not answered go to it again, at settle_retry
+        doubling up to 16 times that (a node of an older version never answers)."""
+        live = self.membership.live
+        for cid, pool in list(self.pools.items()):
+            replica = replica_of(self.table.sessions.get(cid))
+            if replica is None or replica.channel is not None or replica.active_node != pool.active:
+                del self.pools[cid]  # (served again, let go of, or handed to a newer claim)
+                continue
+            waiting = {n for n in pool.waiting if n in live}
+            if not waiting:
+                del self.pools[cid]
+                continue
+            if now < pool.due:
+                continue
+            self.counters["pools_resent"] += 1
+            snap = snapshot(replica, now)
+            for node in sorted(waiting):
+                self.out.put(node, SessMerge(snap))
+            pool.waiting = waiting
+            pool.tries += 1
+            pool.due = now + self.settings.settle_retry * min(2 ** (pool.tries - 1), 16)
 
     def _offline_replica(self, frm: str, snap: Snapshot, now: float, take_over: bool) -> _Replicated | None:
         """Our replica of ``snap``'s session (made if missing) while its client is not here.
@@ -380,6 +465,14 @@ class Holders(Confirmations):
             replica = replica_of(session)
             if replica is None:
                 continue
+            old_home = replica.old_home
+            if old_home is not None and old_home in live and old_home not in old_live:
+                # an old home the claim could not tell is back (``_tell_old_home``)
+                replica.old_home = None
+                snap = snapshot(replica, now)
+                if snap.active not in (None, old_home) and not self._holds(old_home, snap):
+                    self.counters["old_homes_told"] += 1
+                    self.out.put(old_home, SessCopy(snap))
             active = replica.active_node
             holders = self.membership.holders(cid, active)
             if replica.channel is not None:
@@ -398,10 +491,7 @@ class Holders(Confirmations):
                 if active is not None and active not in live:
                     self._client_gone(replica, now)
                 # nobody coordinates this offline session: holders pool what they have
-                snap = snapshot(replica, now)
-                for node in holders:
-                    if node != self.node_id:
-                        self.out.put(node, SessMerge(snap))
+                self.pool(replica, holders, now)
             if active != self.node_id:
                 self._let_go(replica, holders, now)
 
@@ -492,3 +582,15 @@ class Holders(Confirmations):
             return True
         replica.deliver(msg, min(fwd.qos, granted))  # a duplicate by id is dropped there
         return True
+
+
+class _Pool:
+    """A copy of an offline session pooled with its holders, not yet answered by all."""
+
+    __slots__ = ("active", "waiting", "due", "tries")
+
+    def __init__(self, active: str | None, waiting: set[str], due: float, tries: int):
+        self.active = active  # the node the copy named its client's when pooled
+        self.waiting = waiting  # the holders that have not answered
+        self.due = due  # when it goes to them again
+        self.tries = tries

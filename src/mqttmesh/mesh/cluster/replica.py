@@ -112,9 +112,12 @@ class _Replicated(_SessionPart):
         # in below it came late (a retransmission after a partition, a crash, a pause)
         self.highest: dict[str, int] = {}
         self.active_node: str | None = None
-        # the node the client was on before a claim here (the gathered copies' ``active``),
-        # until its CONNACK: told of the claim if no holder (holders.py ``served``)
+        # the node the client was on before a claim (here: the gathered copies' ``active``;
+        # at a holder: what the copy named when the claim's fetch re-pointed it), until the
+        # claim served it: told then if no holder (holders.py ``_tell_old_home``)
         self.came_from: str | None = None
+        # an old home a claim could not tell (out of reach): told when it is back (holders.py)
+        self.old_home: str | None = None
         self.epoch = 0
         self.subs_version = 0
         # settlements made, ever, by the holders the client was on: the holder with the
