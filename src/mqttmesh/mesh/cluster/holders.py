@@ -296,14 +296,19 @@ class Holders(Confirmations, Pools):
             return
         if mine is not None and frm != self.node_id:
             here = mine.channel is not None and mine.active_node == self.node_id
-            if (here and snap.active != self.node_id) or (mine.epoch > snap.epoch and mine.active_node != frm):
-                self.counters["old_homes_told"] += 1
+            if here or (mine.epoch > snap.epoch and mine.active_node != frm):
+                if snap.active != self.node_id:
+                    self.counters["old_homes_told"] += 1
                 self.out.put(frm, SessCopy(snapshot(mine, now)))
                 if here:
+                    # (answered after the copy, which the sender installs first: its pooled
+                    # copy stops going again; unanswered, it went on every 8 s while the
+                    # client stayed here)
+                    self._answer_pool(frm, snap.cid, mine.epoch, mine.version)
                     return
         session = self._offline_replica(frm, snap, now, take_over=False)
         if session is None:
-            return
+            return  # (a claim of ours in progress: its copy comes when it ends)
         stale = session.epoch > snap.epoch
         snaps = [snapshot(session, now), replace(snap, taken_at=now)]
         merged = merge_snapshots(snaps)
