@@ -214,15 +214,7 @@ class Net:
         self.pump()
 
     def pump(self, limit: int = 100_000) -> None:
-        for _ in range(limit):
-            for n in sorted(self.up):
-                self.clusters[n].flush(self.t)
-            if not self.queue:
-                return
-            frm, dest, kind, payload = self.queue.popleft()
-            if dest in self.up:
-                self.clusters[dest].receive(frm, kind, payload, self.t)
-        raise AssertionError("the cluster did not settle")
+        self.pump_losing(_nothing_lost, limit)
 
     def pump_losing(self, lost, limit: int = 100_000) -> None:
         """``pump``, dropping the unicasts for which ``lost(frm, dest, kind)``: sent on a route
@@ -343,3 +335,7 @@ class _InstantNet:
         self.net.queue.append((self.frm, dest, kind, payload))
         self.net.sent.append((self.frm, dest, kind, payload))
         return True
+
+
+def _nothing_lost(frm: str, dest: str, kind: str) -> bool:
+    return False
