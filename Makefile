@@ -11,7 +11,7 @@ LINTED := src tests bench
 # (tests/conftest.py refuses a test that needs one of these markers and lacks it)
 FAST   := not process and not spark and not interop and not slow and not hostile
 
-.PHONY: run test check lint typecheck fmt bench bench-ws bench-mesh venv clean simulate-scale simulate-shared fuzz hostile-bench chaos sim-sweep system-deps js-deps
+.PHONY: run test test-costs check lint typecheck fmt bench bench-ws bench-mesh venv clean simulate-scale simulate-shared fuzz hostile-bench chaos sim-sweep system-deps js-deps
 
 $(STAMP): pyproject.toml
 	PYTHON=$(PYTHON) scripts/system-deps venv
@@ -31,8 +31,13 @@ run: $(STAMP)
 # tests stay in one, so its fixtures start once): most tests wait on sockets and timers, so
 # three share two cores well (11 minutes where one took 20). TEST_WORKERS=0: one process
 TEST_WORKERS ?= 3
+# The modules start costliest first (tests/support/schedule.py, from tests/module_costs.json,
+# which `make test-costs` records again after a run of the whole suite)
 test: system-deps js-deps lint typecheck
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
+test-costs: system-deps js-deps
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --record-module-costs tests/module_costs.json
 
 # Debian packages (mosquitto, mosquitto-clients, a JRE for PySpark, openssl, Node and npm):
 # apt-get as root; otherwise a message naming them, and the tests that need them are skipped

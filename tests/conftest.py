@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from support import schedule
 from support.markers import refuse_unmarked, skip_missing_tools
 from support.processes import BrokerProcess
 
@@ -26,6 +27,15 @@ pytest_plugins = ("pytester",)  # tests/test_markers.py runs the hook below on s
 def pytest_collection_modifyitems(items):
     refuse_unmarked(items)
     skip_missing_tools(items)  # (named, never failed: scripts/system-deps installs them)
+    schedule.costliest_first(items, schedule.load_costs())  # make test's workers start the long modules first
+
+
+def pytest_addoption(parser):
+    schedule.add_option(parser)
+
+
+def pytest_configure(config):
+    schedule.register_recorder(config)
 
 
 @pytest.fixture
