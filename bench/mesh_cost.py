@@ -37,6 +37,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import shlex
 import shutil
 import signal
 import statistics
@@ -133,12 +134,13 @@ def cells_of(groups: list[str]) -> list[Cell]:
     return out
 
 
-def mesh_args(count: int, data: Path | None) -> list[list[str]]:
+def mesh_args(count: int, data: Path | None, node_args: list[str] = []) -> list[list[str]]:  # noqa: B006 (read only)
     """Node 0 alone, every other node dialling it: with ``--connect all`` (the default) the
-    nodes learn each other from advertisements and make a full mesh."""
+    nodes learn each other from advertisements and make a full mesh. ``node_args``: more
+    flags for every node (``--node-args``)."""
     out = []
     for i in range(count):
-        args = ["--cluster-secret", SECRET, "--node-id", f"n{i}"]
+        args = ["--cluster-secret", SECRET, "--node-id", f"n{i}", *node_args]
         if i:
             args += ["--peer", "{host}:{ports[0]}"]
         if data is not None:
@@ -148,19 +150,19 @@ def mesh_args(count: int, data: Path | None) -> list[list[str]]:
     return out
 
 
-def server_for(cell_broker: str, store: bool, workdir: Path) -> BrokerServer:
+def server_for(cell_broker: str, store: bool, workdir: Path, node_args: list[str]) -> BrokerServer:
     data = workdir / "data" if store else None
     if cell_broker == "mosquitto":
         return Mosquitto(workdir)
     if cell_broker == "same":
         if data is None:
-            return MqttmeshNodes(workdir, count=1)
+            return MqttmeshNodes(workdir, count=1, extra_args=[node_args])
         (data / "n0").mkdir(parents=True, exist_ok=True)
-        return MqttmeshNodes(workdir, count=1, extra_args=[["--data-dir", str(data / "n0")]])
+        return MqttmeshNodes(workdir, count=1, extra_args=[["--data-dir", str(data / "n0"), *node_args]])
     if cell_broker in ("cross", "cross-mem"):
-        return MqttmeshNodes(workdir, count=2, extra_args=mesh_args(2, data))
+        return MqttmeshNodes(workdir, count=2, extra_args=mesh_args(2, data, node_args))
     if cell_broker == "mesh7":
-        return MqttmeshNodes(workdir, count=7, extra_args=mesh_args(7, data))
+        return MqttmeshNodes(workdir, count=7, extra_args=mesh_args(7, data, node_args))
     raise ValueError(cell_broker)
 
 
@@ -224,11 +226,18 @@ def deliveries_per_s(w: Workload) -> float:
     return (w.rate or 0.0) * sum(len(w.receivers(i)) for i in range(w.n_pubs)) / w.n_pubs
 
 
-def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path, rec: Recording | None = None) -> dict:
+def run_cell(
+    cell: Cell,
+    opts: RunOptions,
+    run_id: int,
+    workdir: Path,
+    rec: Recording | None = None,
+    node_args: list[str] = [],  # noqa: B006
+) -> dict:
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    server = server_for(cell.broker, cell.store, workdir)
+    server = server_for(cell.broker, cell.store, workdir, node_args)
     try:
         target = server.start()
         if len(target.nodes) > 1:
@@ -274,12 +283,12 @@ def run_cell(cell: Cell, opts: RunOptions, run_id: int, workdir: Path, rec: Reco
         server.stop()
 
 
-def idle_mesh(count: int, seconds: float, workdir: Path) -> dict:
+def idle_mesh(count: int, seconds: float, workdir: Path, node_args: list[str] = []) -> dict:  # noqa: B006
     """The CPU of ``count`` meshed nodes with no client, over ``seconds`` once meshed."""
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
-    server = MqttmeshNodes(workdir, count=count, extra_args=mesh_args(count, workdir / "data"))
+    server = MqttmeshNodes(workdir, count=count, extra_args=mesh_args(count, workdir / "data", node_args))
     try:
         target = server.start()
         formed = wait_meshed(target)
@@ -556,7 +565,14 @@ def main(argv: list[str] | None = None) -> int:
         help="strace -c -f every mqttmesh node for SECONDS of each window (into --profile DIR or "
         "bench/results/strace): system calls per delivery",
     )
+    p.add_argument(
+        "--node-args",
+        default="",
+        metavar="FLAGS",
+        help='more flags for every mqttmesh node, e.g. "--mesh-batch-delay 0.002" (shell words)',
+    )
     args = p.parse_args(argv)
+    node_args = shlex.split(args.node_args)
     groups = [g for g in args.groups.split(",") if g]
     if any(g not in GROUPS for g in groups) or args.rounds < 1:
         p.error("bad --groups or --rounds")
@@ -614,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
             for cell in order:
                 run_id += 1
                 try:
-                    res = run_cell(cell, opts, run_id, logs / cell.key.replace("/", "-"), rec)
+                    res = run_cell(cell, opts, run_id, logs / cell.key.replace("/", "-"), rec, node_args)
                 except BrokerError as exc:
                     res = {"ok": False, "error": f"broker: {exc}"}
                 res["round"] = rnd
@@ -622,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
                 results.add(cell, res)
                 print(f"[{time.monotonic() - started:5.0f}s] r{rnd + 1} {cell.key:42} {_line(res)}", flush=True)
             if do_idle:
-                res = idle_mesh(7, args.idle, logs / "idle7")
+                res = idle_mesh(7, args.idle, logs / "idle7", node_args)
                 res["load"] = _load()
                 results.idle.append(res)
                 print(f"[{time.monotonic() - started:5.0f}s] r{rnd + 1} idle 7-node mesh: {res}", flush=True)
@@ -643,6 +659,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {k: e["runs"] for k, e in results.cells.items()}
         recorded = recordings_text(cells, rec, args.duration, runs)
         print(recorded)
+        rec.out.mkdir(parents=True, exist_ok=True)  # (--links alone records nothing there before)
         (rec.out / "summary.txt").write_text(recorded + "\n")
         print(f"recordings: {rec.out}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -366,6 +366,20 @@ _STORE_AND_MESH: list[Option] = [
         10,
     ),
     Option("mesh", "status_interval", float, 1.0, "seconds between $SYS/mesh/status updates", 0.05),
+    Option(
+        "mesh",
+        "batch_delay",
+        float,
+        0.002,
+        "seconds a node gathers what it sends its peers (messages, acknowledgements, the cluster's "
+        "steps) before writing it: fewer, fuller link writes and fewer wake-ups of the peers at "
+        "low rates, for at most this much more latency per hop (the event loop's timers count "
+        "whole milliseconds); 0: written at the end of each loop turn (a busy node writes every "
+        "256 messages whatever this is)",
+        0.0,
+        0.1,
+        flag_name="--mesh-batch-delay",
+    ),
 ]
 
 _MESH_TLS_SYS_ARCHIVE: list[Option] = [

@@ -171,7 +171,10 @@ class PeerClient(asyncio.Protocol):
             congestion.hold(self, congested, now, bounded=True)
         if self in congestion.reasons:
             self._check_queue()
-        self._write()
+        # what this read calls for (the link PUBACKs of the batches it brought) goes out with
+        # what the engine answers them with (end-to-end acknowledgements, at the mesh's flush
+        # of this loop turn): one write to the peer, not two
+        mesh.mark_dirty(self)
 
     def connection_lost(self, exc) -> None:
         self.state = "closed"
@@ -304,6 +307,7 @@ class MeshNode:
         self.rtt: dict[str, Histogram] = {}  # peer -> round trips of the link we dialled (/metrics)
         self._dirty: set = set()
         self._flush_scheduled = False
+        self._batch_delay: float = config.get("mesh.batch_delay")
         self._tick_handle = None
         self._status_at = 0.0
         self.node_id = ""
@@ -409,7 +413,10 @@ class MeshNode:
     def flush_soon(self) -> None:
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            if self._batch_delay:  # (mesh.batch_delay: what comes meanwhile goes in the same writes)
+                self.loop.call_later(self._batch_delay, self._flush)
+            else:
+                self.loop.call_soon(self._flush)
 
     def flush_now(self) -> None:
         """Send what is routed so far without waiting for the end of this loop iteration
@@ -439,8 +446,12 @@ class MeshNode:
             self.flush_soon()
 
     def _flush(self) -> None:
-        self._flush_scheduled = False
-        self._send()
+        # (the flag stays up while the links are handed what is queued: a link that this
+        # marks dirty is written by this flush, not by another scheduled for nothing)
+        try:
+            self._send()
+        finally:
+            self._flush_scheduled = False
 
     def _send(self) -> None:
         """Hand what the engine and the cluster queued to the links, and write the links."""
