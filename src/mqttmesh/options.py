@@ -371,11 +371,12 @@ _STORE_AND_MESH: list[Option] = [
         "batch_delay",
         float,
         0.002,
-        "seconds a node gathers what it sends its peers (messages, acknowledgements, the cluster's "
-        "steps) before writing it: fewer, fuller link writes and fewer wake-ups of the peers at "
-        "low rates, for at most this much more latency per hop (the event loop's timers count "
-        "whole milliseconds); 0: written at the end of each loop turn (a busy node writes every "
-        "256 messages whatever this is)",
+        "seconds a node gathers the messages it routes to its peers and its acknowledgements "
+        "before writing them: fewer, fuller link writes and fewer wake-ups of the peers at low "
+        "rates, for at most this much more latency per hop (the event loop's timers count whole "
+        "milliseconds); 0: written at the end of each loop turn. The cluster's steps (persistent "
+        "sessions, registrations) go at the end of the turn and take what waits along; a busy "
+        "node writes every 256 messages whatever this is",
         0.0,
         0.1,
         flag_name="--mesh-batch-delay",

@@ -306,6 +306,11 @@ class MeshIO(Protocol):
     def flush_soon(self) -> None:
         """Call ``PeerLinks.flush(now)`` and write the links at the end of this loop iteration."""
 
+    def flush_later(self) -> None:
+        """The same, within ``mesh.batch_delay`` (what comes meanwhile goes in the same writes):
+        for what nobody waits on at once, the envelopes routed and the end-to-end
+        acknowledgements. A ``flush_soon`` meanwhile takes it along."""
+
     def flush_now(self) -> None:
         """FLUSH_EVERY messages were routed: send and write them now, without waiting."""
 

@@ -21,6 +21,9 @@ class _IO:
     def flush_soon(self) -> None:
         self.flushes += 1
 
+    def flush_later(self) -> None:
+        self.flushes += 1
+
     def flush_now(self) -> None:
         self.flushes += 1
 

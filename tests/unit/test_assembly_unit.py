@@ -33,6 +33,9 @@ class IO:
         self.soon = 0
         self.nonces = 0
 
+    def flush_later(self):
+        self.flush_soon()
+
     def flush_soon(self):
         self.soon += 1
 

@@ -54,6 +54,9 @@ class IO:
     def flush_soon(self):
         self.soon += 1
 
+    def flush_later(self):
+        self.soon += 1
+
     def flush_now(self):
         self.now += 1
 

@@ -171,10 +171,13 @@ class PeerClient(asyncio.Protocol):
             congestion.hold(self, congested, now, bounded=True)
         if self in congestion.reasons:
             self._check_queue()
-        # what this read calls for (the link PUBACKs of the batches it brought) goes out with
-        # what the engine answers them with (end-to-end acknowledgements, at the mesh's flush
-        # of this loop turn): one write to the peer, not two
-        mesh.mark_dirty(self)
+        # what this read calls for (the link PUBACKs of the batches it brought, and any
+        # handshake step) goes out with what the engine answers them with (end-to-end
+        # acknowledgements, within mesh.batch_delay): one write to the peer, not two
+        if self.state == "connected":
+            mesh.mark_dirty_later(self)
+        else:
+            self._write()
 
     def connection_lost(self, exc) -> None:
         self.state = "closed"
@@ -306,7 +309,9 @@ class MeshNode:
         self.diallers: dict[str, Dialler] = {}
         self.rtt: dict[str, Histogram] = {}  # peer -> round trips of the link we dialled (/metrics)
         self._dirty: set = set()
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None  # the flush to come (_flush), if any
+        self._flush_delayed = False  # it comes mesh.batch_delay after it was asked for
+        self._flushing = False
         self._batch_delay: float = config.get("mesh.batch_delay")
         self._tick_handle = None
         self._status_at = 0.0
@@ -411,12 +416,21 @@ class MeshNode:
     # -- ports.MeshIO ------------------------------------------------------------------------
 
     def flush_soon(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            if self._batch_delay:  # (mesh.batch_delay: what comes meanwhile goes in the same writes)
-                self.loop.call_later(self._batch_delay, self._flush)
+        handle = self._flush_handle
+        if handle is None:
+            self._flush_handle = self.loop.call_soon(self._flush)
+        elif self._flush_delayed and not self._flushing:
+            handle.cancel()  # (what waited for mesh.batch_delay goes now, with this)
+            self._flush_delayed = False
+            self._flush_handle = self.loop.call_soon(self._flush)
+
+    def flush_later(self) -> None:
+        if self._flush_handle is None:
+            if self._batch_delay:  # what comes meanwhile goes in the same writes
+                self._flush_delayed = True
+                self._flush_handle = self.loop.call_later(self._batch_delay, self._flush)
             else:
-                self.loop.call_soon(self._flush)
+                self._flush_handle = self.loop.call_soon(self._flush)
 
     def flush_now(self) -> None:
         """Send what is routed so far without waiting for the end of this loop iteration
@@ -445,13 +459,21 @@ class MeshNode:
             self._dirty.add(link)
             self.flush_soon()
 
+    def mark_dirty_later(self, link: PeerClient) -> None:
+        """``link`` has only what can wait for mesh.batch_delay to write (acknowledgements)."""
+        self._dirty.add(link)
+        self.flush_later()
+
     def _flush(self) -> None:
-        # (the flag stays up while the links are handed what is queued: a link that this
+        # (the handle stays while the links are handed what is queued: a link that this
         # marks dirty is written by this flush, not by another scheduled for nothing)
+        self._flushing = True
         try:
             self._send()
         finally:
-            self._flush_scheduled = False
+            self._flushing = False
+            self._flush_delayed = False
+            self._flush_handle = None
 
     def _send(self) -> None:
         """Hand what the engine and the cluster queued to the links, and write the links."""

@@ -199,6 +199,9 @@ class _Ports:
     def flush_soon(self) -> None:
         self.io.flush_soon()
 
+    def flush_later(self) -> None:
+        self.io.flush_soon()  # (the simulator does not model mesh.batch_delay)
+
     def flush_now(self) -> None:
         self.io.flush_now()
 

@@ -508,6 +508,9 @@ class _NodeIO:
     def flush_soon(self) -> None:
         self.sim._want_flush(self.node)
 
+    def flush_later(self) -> None:
+        self.flush_soon()  # (the simulator does not model mesh.batch_delay)
+
     def flush_now(self) -> None:
         node = self.node
         if node.core is not None:  # (not while the core is being built: start() flushes)

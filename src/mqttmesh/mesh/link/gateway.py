@@ -64,7 +64,7 @@ class MeshGateway:
                 routed = self.routed + 1
                 self.routed = routed
                 if routed == 1:
-                    self.io.flush_soon()
+                    self.io.flush_later()  # (mesh.batch_delay: more may join it)
                 elif routed >= FLUSH_EVERY:
                     # one loop iteration can read hundreds of kilobytes from the publishers:
                     # held back until all of it is routed, the next node would wait idle, then

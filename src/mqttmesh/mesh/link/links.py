@@ -280,7 +280,7 @@ class PeerLinks:
                     congested += hits
                 if msg.qos:  # QoS 1/2: acknowledged end to end to the origin's custody
                     engine.delivered(msg)
-            self.io.flush_soon()
+            self.io.flush_later()  # (the acknowledgements: nobody waits on them at once)
             if len(deliveries) + unicasts >= FLUSH_EVERY // 4:
                 # a read from the link holds up to 16 batches: pass each on as it comes (as
                 # the publishers' side does every FLUSH_EVERY messages)
@@ -300,7 +300,7 @@ class PeerLinks:
                 else:
                     engine.delivered(msg)
             batch = max(batch, wrote)
-        self.io.flush_soon()
+        self.io.flush_later()
         return batch, congested or NO_HITS
 
     def _unicast(self, unicast: Unicast, now: float) -> None:
@@ -324,7 +324,7 @@ class PeerLinks:
         engine = self.engine
         while waiting and waiting[0][0] <= batch:
             engine.delivered(waiting.popleft()[1])
-        self.io.flush_soon()
+        self.io.flush_later()
 
     def _check_membership(self, now: float) -> None:
         """Tell the cluster when the reachable set or an incarnation changed (not on a refresh)."""
