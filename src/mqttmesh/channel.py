@@ -133,7 +133,6 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         "client_id",
         "username",
         "will",
-        "will_seq",
         "keepalive",
         "last_rx",
         "_opening",
@@ -142,7 +141,6 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         "_out",
         "_held",
         "_deferred",
-        "is_peer",
         "peer_node",
         "_processing",
         "blocked",
@@ -174,18 +172,17 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.session: Session | None = None
         self.client_id = ""
         self.username: str | None = None
+        # the CONNECT's will, with the sequence number its message takes (``Will.seq``),
+        # reserved at CONNECT
         self.will: Will | None = None
-        # the sequence number the will's message takes, reserved at CONNECT: whichever node
-        # publishes it (this one, or the registrar that finds this node gone) publishes the
-        # same message (this node, will_seq), so the mesh delivers it once (registry.py)
-        self.will_seq = 0
         self.keepalive = 0
         self.last_rx = now
         # what is kept only until CONNACK (an idle connection keeps none of it)
         self._opening: Opening | None = Opening(now, certified)
         self.close_reason: str | None = None
         self.clean_disconnect = False
-        self.is_peer = False  # a peer link from another mesh node (mesh/link/peerauth.py)
+        # a peer link from another mesh node, once it proved the cluster secret: that node's
+        # id (mesh/link/peerauth.py); None: a client (``is_peer``)
         self.peer_node: str | None = None
         self._processing = False
         # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
@@ -204,6 +201,19 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.v5: Conn5 | None = None
         self.frame: FrameFn = Message.frame
         self.frame0: Frame0Fn = Message.frame_qos0
+
+    @property
+    def is_peer(self) -> bool:
+        """A peer link from another mesh node (``peer_node`` set). (No slot of its own: an
+        idle client's Channel is a slot smaller, issue 26; the per-packet paths read
+        ``peer_node``.)"""
+        return self.peer_node is not None
+
+    @property
+    def will_seq(self) -> int:
+        """The sequence number the will's message takes (``Will.seq``), 0 without a will."""
+        will = self.will
+        return 0 if will is None else will.seq
 
     @property
     def peer(self) -> str:
@@ -239,7 +249,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self._processing = True
         archive = self.broker.archive
         read = None
-        if archive is not None and self.state is CONNECTED and not self.is_peer:
+        if archive is not None and self.state is CONNECTED and self.peer_node is None:
             read = self._read = archive.read(self.client_id)
         try:
             for packet in self.decoder.packets(None if read is None else read.keep):
@@ -393,8 +403,8 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.username = pkt.username
         self.keepalive = pkt.keepalive
         self.client_id = pkt.client_id
-        self.will = pkt.will
-        self.will_seq = self.broker.next_seq() if pkt.will is not None else 0
+        will = pkt.will
+        self.will = None if will is None else will.numbered(self.broker.next_seq())
         self.state = AUTHENTICATING
         self._opening.connect = pkt  # (AWAIT_CONNECT: it has one)
         if pkt.username == PEER_USERNAME:
@@ -442,7 +452,9 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
             # the id and gathers the session, then calls claimed() (mesh/cluster/cluster.py)
             self.state = CLAIMING
             expiry = conn.session_expiry if conn is not None else broker.settings.max_session_expiry or KEPT
-            self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq, fresh, expiry)
+            will = self.will
+            seq = 0 if will is None else will.seq
+            self.claims.connect(self, self.client_id, clean, will, now, seq, fresh, expiry)
             return
         mark = broker.journal.mark()
         session, present = broker.table.open_session(
@@ -506,8 +518,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         connect = opening.connect
         topic_filter, granted = opening.peer_filter
         self._opening = None
-        self.is_peer = True
-        self.peer_node = dialler
+        self.peer_node = dialler  # (a peer link from now on: ``is_peer``)
         # a peer proved the cluster secret: session snapshots, retained lookups and full
         # advertisements may exceed the clients' limits.max_packet_size
         self.decoder.max_packet_size = codec.DEFAULT_MAX_PACKET_SIZE

@@ -194,7 +194,6 @@ class Mqtt5:
         v5: Conn5 | None
         client_id: str
         username: str | None
-        is_peer: bool
         will: codec.Will | None
         clean_disconnect: bool
         close_reason: str | None

@@ -49,12 +49,11 @@ class Publishing:
         broker: Broker
         session: Session | None
         state: str
-        is_peer: bool
+        peer_node: str | None  # (None: a client; ``is_peer`` reads it)
         peers: PeerPort[Any] | None  # (PeerPort[Channel])
         username: str | None
         client_id: str
         last_rx: float
-        will_seq: int
         _held: deque[tuple[int, int, bytes | Message | Pending]]
         _deferred: int
         _read: ReadCapture | None
@@ -71,7 +70,7 @@ class Publishing:
         """``props``, ``expiry``: an MQTT 5 message's properties and its Message Expiry
         Interval (channel5.py ``_on_publish5``)."""
         qos = pkt.qos
-        if self._deferred and not self.is_peer:
+        if self._deferred and self.peer_node is None:
             self._publish_in_order(pkt, now, False, props, expiry)  # an earlier message of this client waits
             return
         if qos == 0:
@@ -132,8 +131,11 @@ class Publishing:
         broker = self.broker
         broker.stats.received[qos] += 1
         auth = broker.auth
-        if (topic[0] == "$" and not self.is_peer) or (
-            not self.is_peer and auth.acl is not None and not auth.can_publish(self.username, self.client_id, topic)
+        # (a peer link, ``peer_node``, may publish $mesh/ topics; the client ACL is not about it)
+        if (topic[0] == "$" and self.peer_node is None) or (
+            auth.acl is not None
+            and self.peer_node is None
+            and not auth.can_publish(self.username, self.client_id, topic)
         ):
             # not authorized: acknowledged by the caller, not delivered [MQTT-3.3.5-2]
             broker.stats.publish_denied += 1
@@ -146,7 +148,7 @@ class Publishing:
             msg.expiring(expiry, now)
         if will_seq and broker.mesh is not None:
             broker.mesh.first_here(msg)  # (here now: the registrar's copy of it is not delivered again)
-        if self.is_peer and topic.startswith("$mesh/"):
+        if self.peer_node is not None and topic.startswith("$mesh/"):
             batch, hits = self.peers.peer_input(self, msg, now)  # type: ignore[union-attr]  # (a peer has them)
             if hits:
                 # a local client cannot keep up: read the link no faster than it drains, for
@@ -178,9 +180,9 @@ class Publishing:
         fwd, expiry = (P.forwarded(props), props.get(P.MESSAGE_EXPIRY)) if props else (None, None)
         if not delay:
             broker.stats.wills_published += 1  # [MQTT-3.1.2-16/17]
-            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, self.will_seq, fwd, expiry)
+            self._publish(will.topic, will.payload, will.qos, will.retain, self.last_rx, will.seq, fwd, expiry)
             return
-        msg = self._message(will.topic, will.payload, will.qos, will.retain, self.last_rx, fwd, None, self.will_seq)
+        msg = self._message(will.topic, will.payload, will.qos, will.retain, self.last_rx, fwd, None, will.seq)
         if msg is not None:
             broker.delay_will(self.client_id, msg, expiry, now + delay)
 

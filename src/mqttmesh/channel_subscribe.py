@@ -32,7 +32,6 @@ class Subscribing:
     if TYPE_CHECKING:  # what the handlers use of the Channel
         broker: Broker
         session: Session | None
-        is_peer: bool
         peer_node: str | None
         username: str | None
         client_id: str
@@ -47,7 +46,7 @@ class Subscribing:
         codes = []
         granted_filters = []
         for topic_filter, qos in pkt.topics:  # as a sequence of SUBSCRIBEs [MQTT-3.8.4-4]
-            if self.is_peer:
+            if self.peer_node is not None:
                 # a peer link may only take its own $mesh/to/<node>/... topics; the client
                 # ACL is not about peers (they proved the cluster secret)
                 refused = not topic_filter.startswith(f"$mesh/to/{self.peer_node}/")

@@ -183,13 +183,31 @@ class ProtocolError(MalformedPacket):
 
 
 class Will:
-    """``properties``: MQTT 5 Will Properties (properties.py), None for 3.1.1."""
+    """``properties``: MQTT 5 Will Properties (properties.py), None for 3.1.1. ``seq``: the
+    sequence number the will's message takes, reserved by the node that took the CONNECT
+    (the Channel keeps the CONNECT's will ``numbered``; the codec's is 0): whichever node
+    publishes it (that one, or the registrar that finds it gone) publishes the same message
+    (node, seq), so the mesh delivers it once (mesh/cluster/registry.py). Not on the wire."""
 
-    __slots__ = ("topic", "payload", "qos", "retain", "properties")
+    # (``seq`` costs a Will no memory, 80 bytes either way, and a Channel one slot: issue 26)
+    __slots__ = ("topic", "payload", "qos", "retain", "properties", "seq")
 
-    def __init__(self, topic: str, payload: bytes, qos: int = 0, retain: bool = False, properties: Props | None = None):
+    def __init__(
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int = 0,
+        retain: bool = False,
+        properties: Props | None = None,
+        seq: int = 0,
+    ):
         self.topic, self.payload, self.qos, self.retain = topic, payload, qos, retain
         self.properties = properties
+        self.seq = seq
+
+    def numbered(self, seq: int) -> Will:
+        """This will, its message to take the sequence number ``seq``."""
+        return Will(self.topic, self.payload, self.qos, self.retain, self.properties, seq)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Will) and _fields(self) == _fields(other)

@@ -8,6 +8,7 @@ compared exactly (``channel.data_to_send()``).
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 
@@ -29,6 +30,8 @@ from mqttmesh.codec import (
     SUBSCRIBE,
     UNSUBACK,
     UNSUBSCRIBE,
+    Decoder,
+    Will,
 )
 from mqttmesh.flow import Congestion
 from mqttmesh.store import Journal
@@ -509,6 +512,53 @@ def test_will_retain_0_is_not_retained(net):
     later = net.subscriber("later", ("will/#", 2))
     assert publishes(later) == []
     assert len(net.broker.retained) == 0
+
+
+def test_the_will_is_numbered_at_connect_and_its_message_takes_that_number(net):
+    """The sequence number of a will's message is reserved at CONNECT (whichever node
+    publishes it publishes the same message) and kept on the Channel's copy of the will
+    (``Will.seq``: no slot of the Channel's for it, issue 26); a client without one keeps 0."""
+    got = []
+    watcher = net.subscriber("w", ("will/#", 1))
+    watcher.session.adapt(deliver=lambda msg, qos, retain=False: got.append(msg))
+    plain = net.connect("p")
+    assert plain.will is None and plain.will_seq == 0
+    first = net.connect("c", will=("will/c", b"bye", 1, False))
+    second = net.connect("d", will=("will/d", b"bye", 1, False))
+    seq = first.will_seq
+    assert seq > 0 and second.will_seq not in (0, seq)
+    assert first.will == Will("will/c", b"bye", 1, False, None, seq)
+    first.connection_lost(1.0)
+    assert [(m.topic, m.origin, m.seq) for m in got] == [("will/c", "n1", seq)]
+    assert first.will is None and first.will_seq == 0  # [MQTT-3.1.2-10]
+
+
+def test_the_codec_leaves_a_will_unnumbered():
+    """``Will.seq`` is the node's, not the wire's: decoding gives 0, and ``numbered`` makes a
+    copy, the packet's own unchanged."""
+    decoder = Decoder()
+    decoder.feed(mqttraw.connect("c", will=("will/c", b"bye", 1, True)))
+    (pkt,) = decoder.packets()
+    assert pkt.will == Will("will/c", b"bye", 1, True) and pkt.will.seq == 0
+    numbered = pkt.will.numbered(7)
+    assert (numbered.topic, numbered.payload, numbered.qos, numbered.retain, numbered.seq) == (
+        "will/c",
+        b"bye",
+        1,
+        True,
+        7,
+    )
+    assert pkt.will.seq == 0 and numbered != pkt.will
+
+
+def test_an_idle_channel_keeps_no_will_number_nor_peer_flag_of_its_own(net):
+    """A connected 3.1.1 client's Channel (issue 26): the will's number is ``Will.seq``, a
+    peer link is ``peer_node`` set (``is_peer``); CPython 3.11, 64-bit: 240 bytes with the GC
+    header (256 with a slot for each)."""
+    ch = net.subscriber("c", ("idle/c/#", 1))
+    assert not ch.is_peer and ch.peer_node is None and not hasattr(ch, "__dict__")
+    if sys.version_info[:2] == (3, 11) and sys.maxsize > 2**32:
+        assert sys.getsizeof(ch) == 240
 
 
 def test_refused_connect_has_no_will(passwords):

@@ -41,19 +41,17 @@ DRAIN_SECONDS = 2.0  # longest a connection we closed is read (and dropped) befo
 
 
 class Connection(asyncio.Protocol):
+    # (what only a TLS connection has, its time of accept and the address accept gave, is a
+    # TlsConnection's: a plain connection reads the class's None; issue 26)
     __slots__ = (
         "node",
         "transport",
         "channel",
-        "_peer",
         "_timer",
-        "announced",
-        "paused",
         "closing",
         "pauses",
         "out_bytes",
         "in_bytes",
-        "accepted_at",
         "_reset",
         "_linger",
         "written",
@@ -62,25 +60,26 @@ class Connection(asyncio.Protocol):
         "connected_at",
     )
 
-    def __init__(self, node, accepted_at: float | None = None):
+    # a TlsConnection's (its slots): when it was accepted, before its handshake
+    # (listeners.py), and the client's address as accept gave it, before there is a
+    # transport; a plain connection has neither: it counts from connection_made, and
+    # ``peer`` asks the transport
+    accepted_at: float | None = None
+    _peer: str | None = None
+
+    def __init__(self, node):
         self.node = node
         self.transport: asyncio.Transport | None = None
         self.channel: Channel | None = None
-        # the client's address, as the listener gave it before there is a transport (a TLS
-        # connection's); None: the transport's, read when asked (``peer``)
-        self._peer: str | None = None
         self._timer: Entry | None = None  # its deadline in node.deadlines (connect timeout, keepalive)
-        self.announced = False  # CONNACK 0 sent: the connection is past authentication
-        self.paused = False  # the transport's buffer is over WRITE_HIGH (pause_writing)
         self.closing = False
         self.pauses = 0  # PAUSE_* bits: reading is paused while any is set
         self.out_bytes = 0  # the transport's buffer as last seen (Node.buffered)
         self.in_bytes = 0  # the decoder's buffer as last seen (Node.buffered / preauth)
-        # set for a TLS connection: when it was accepted, before its handshake (Node._accept_tls)
-        self.accepted_at = accepted_at
         # when it was answered CONNACK 0, on the loop's clock (the admin API shows it, plus
         # the node's wall offset): the Channel's ``last_rx`` then (Channel._connected sets it
-        # to that time), the same float object, so an idle connection keeps no float for it
+        # to that time), the same float object, so an idle connection keeps no float for it;
+        # None until then (``announced``)
         self.connected_at: float | None = None
         self._reset = False  # end with a TCP reset, not a graceful close
         self._linger = None  # timer that resets a graceful close that does not finish
@@ -88,6 +87,11 @@ class Connection(asyncio.Protocol):
         self.draining = False  # closed by us: what the client still sends is read and dropped
         # reads handled at a later turn of the loop (Node.read_slice), in the order they came
         self.waiting: deque[bytes] = NO_READS  # (a deque while reads wait: data_received)
+
+    @property
+    def announced(self) -> bool:
+        """CONNACK 0 was sent: the connection is past authentication."""
+        return self.connected_at is not None
 
     @property
     def peer(self) -> str:
@@ -99,10 +103,6 @@ class Connection(asyncio.Protocol):
             return peer
         transport = self.transport
         return "?" if transport is None else address(transport.get_extra_info("peername"))
-
-    @peer.setter
-    def peer(self, peer: str) -> None:
-        self._peer = peer
 
     # -- asyncio callbacks ---------------------------------------------------------------
 
@@ -136,7 +136,7 @@ class Connection(asyncio.Protocol):
             return  # (closing: read only so that the kernel has nothing unread, see close)
         node = self.node
         node.broker.stats.bytes_received += len(data)
-        if not self.announced:
+        if self.connected_at is None:  # (not ``announced`` yet)
             self._received_before_connack(channel, data)
             return
         if self.waiting or (len(data) > SMALL_READ and node.turn_spent()):
@@ -204,11 +204,10 @@ class Connection(asyncio.Protocol):
 
     def connected(self, channel=None) -> None:
         """The Channel accepted the CONNECT: log it and switch to the keepalive timer."""
-        if self.announced:
+        if self.connected_at is not None:  # (``announced`` already)
             return
         channel = self.channel
-        self.announced = True
-        self.connected_at = channel.last_rx
+        self.connected_at = channel.last_rx  # (``announced`` from now on)
         node = self.node
         node.preauth_bytes -= self.in_bytes  # what is buffered now counts as an ordinary input
         held = channel.decoder.buffered
@@ -257,13 +256,11 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         # the client reads slower than we write: the publishers that feed it wait (flow.py)
-        self.paused = True
         channel = self.channel
         if channel is not None and channel.session is not None and channel.session.channel is channel:
             self.node.broker.congestion.add(channel.session, "socket")
 
     def resume_writing(self) -> None:
-        self.paused = False
         channel = self.channel
         if channel is None:
             return
@@ -422,6 +419,33 @@ class Connection(asyncio.Protocol):
         channel.tick(now)
         if channel.state != "closed":
             self._arm_timer()
+
+
+class TlsConnection(Connection):
+    """A TLS listener's connection (listeners.py): admitted when accepted, before its
+    handshake, its connect timeout counting from then (``accepted_at``), and named by the
+    address accept gave (``peer``) until the handshake makes a transport."""
+
+    __slots__ = ("accepted_at", "_peer")
+
+    def __init__(self, node, accepted_at: float):
+        super().__init__(node)
+        self.accepted_at = accepted_at
+        self._peer = None
+
+    @property
+    def peer(self) -> str:
+        return super().peer  # (``_peer`` first: Connection.peer)
+
+    @peer.setter
+    def peer(self, peer: str) -> None:
+        self._peer = peer  # (a plain Connection has no slot for it: its transport names it)
+
+
+def accepted(node, accepted_at: float | None = None) -> Connection:
+    """A Connection for a client accepted at ``accepted_at`` (a TLS listener's, before its
+    handshake), else one that counts from ``connection_made``."""
+    return Connection(node) if accepted_at is None else TlsConnection(node, accepted_at)
 
 
 def address(addr) -> str:

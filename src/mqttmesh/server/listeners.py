@@ -20,7 +20,7 @@ from typing import Any
 
 from ..auth import ConfigError
 from ..config import Config, read_first_line
-from .connection import Connection
+from .connection import Connection, TlsConnection
 from .http import HttpConnection
 from .tls import server_context
 from .websocket import WebSocketLink
@@ -154,6 +154,7 @@ class Listeners:
         node = self.node
         protocol = make(node, self.loop.time())
         conn = protocol if isinstance(protocol, Connection) else protocol.inner
+        assert isinstance(conn, TlsConnection)  # (made with its time of accept: _plain, WebSocketLink)
         conn.peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
         refusal = node.admit(conn)
         if refusal:
@@ -189,7 +190,7 @@ class Listeners:
 
 def _plain(node: Node, accepted_at: float) -> Connection:
     """A TLS listener's connection: a plain MQTT Connection."""
-    return Connection(node, accepted_at=accepted_at)
+    return TlsConnection(node, accepted_at)
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

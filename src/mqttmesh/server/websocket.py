@@ -37,7 +37,7 @@ from wsproto.events import (
 )
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
-from .connection import Connection
+from .connection import accepted
 
 log = logging.getLogger("mqttmesh.websocket")
 
@@ -53,7 +53,7 @@ class WebSocketLink(asyncio.Protocol):
     __slots__ = ("inner", "ws", "transport", "framed", "path", "upgraded")
 
     def __init__(self, node: Any, path: str, accepted_at: float | None = None):
-        self.inner = Connection(node, accepted_at)  # (admitted and counted by the node as any connection)
+        self.inner = accepted(node, accepted_at)  # (admitted and counted by the node as any connection)
         self.ws = WSConnection(ConnectionType.SERVER)
         self.transport: asyncio.Transport | None = None
         self.framed: _Framed | None = None
