@@ -375,8 +375,8 @@ _STORE_AND_MESH: list[Option] = [
         "before writing them: fewer, fuller link writes and fewer wake-ups of the peers at low "
         "rates, for at most this much more latency per hop (the event loop's timers count whole "
         "milliseconds); 0: written at the end of each loop turn. The cluster's steps (persistent "
-        "sessions, registrations) go at the end of the turn and take what waits along; a busy "
-        "node writes every 256 messages whatever this is",
+        "sessions, registrations) go at the end of the turn and take what waits along, and so do "
+        "32 messages routed in one turn (a busy node does not make its peers wait)",
         0.0,
         0.1,
         flag_name="--mesh-batch-delay",

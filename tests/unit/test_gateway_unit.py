@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mqttmesh.flow import Congestion
 from mqttmesh.mesh.link.gateway import FLUSH_EVERY, MeshGateway
+from mqttmesh.mesh.link.links import FLUSH_SOON_AT
 from mqttmesh.message import Message
 
 
@@ -48,14 +49,15 @@ class Broker:
 
 class IO:
     def __init__(self):
-        self.soon = 0
+        self.soon = 0  # at the end of the loop turn
+        self.later = 0  # within mesh.batch_delay
         self.now = 0
 
     def flush_soon(self):
         self.soon += 1
 
     def flush_later(self):
-        self.soon += 1
+        self.later += 1
 
     def flush_now(self):
         self.now += 1
@@ -94,20 +96,20 @@ def test_dollar_topics_stay_local_and_others_route_at_their_publish_time():
     assert engine.routed == []
     gw.published(msg("t/1", timestamp=1_005.5))
     assert engine.routed == [("t/1", 5.5)]  # the loop clock: the timestamp less the wall offset
-    assert io.soon == 1
+    assert (io.later, io.soon) == (1, 0)  # (it may wait mesh.batch_delay for more)
 
 
 def test_a_message_routed_nowhere_schedules_nothing():
     gw, engine, _, io = gateway(routes=False)
     gw.published(msg("t/1"))
-    assert io.soon == 0 and io.now == 0
+    assert io.soon == 0 and io.later == 0 and io.now == 0
 
 
 def test_every_flush_every_routed_messages_send_at_once():
     gw, _, _, io = gateway()
     for _ in range(FLUSH_EVERY - 1):
         gw.published(msg("t/1"))
-    assert (io.soon, io.now) == (1, 0)  # one flush scheduled for the loop iteration
+    assert (io.later, io.soon, io.now) == (1, 1, 0)  # one flush asked for, then for this loop turn
     gw.published(msg("t/1"))  # the 256th
     assert io.now == 1
     for _ in range(FLUSH_EVERY):
@@ -121,7 +123,16 @@ def test_the_count_starts_again_once_the_io_sent():
         gw.published(msg("t/1"))
     gw.sent()  # the end of the loop iteration
     gw.published(msg("t/1"))
-    assert (io.soon, io.now) == (2, 0)
+    assert (io.later, io.soon, io.now) == (2, 1, 0)
+
+
+def test_a_busy_turn_sends_at_its_end_not_after_the_batch_delay():
+    gw, _, _, io = gateway()
+    for _ in range(FLUSH_SOON_AT - 1):
+        gw.published(msg("t/1"))
+    assert (io.later, io.soon) == (1, 0)
+    gw.published(msg("t/1"))  # a batch's worth in one turn: its peer should not wait idle
+    assert (io.later, io.soon, io.now) == (1, 1, 0)
 
 
 def test_a_congested_link_holds_the_publisher():

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ...message import Message
 from ...ports import NO_HITS, Hits, MeshIO, PeerLink
 from ..routing.engine import MeshEngine
-from .links import FLUSH_EVERY
+from .links import FLUSH_EVERY, FLUSH_SOON_AT
 
 if TYPE_CHECKING:
     from ...flow import Congestion
@@ -65,6 +65,8 @@ class MeshGateway:
                 self.routed = routed
                 if routed == 1:
                     self.io.flush_later()  # (mesh.batch_delay: more may join it)
+                elif routed == FLUSH_SOON_AT:
+                    self.io.flush_soon()  # (busy: enough for a batch this turn)
                 elif routed >= FLUSH_EVERY:
                     # one loop iteration can read hundreds of kilobytes from the publishers:
                     # held back until all of it is routed, the next node would wait idle, then

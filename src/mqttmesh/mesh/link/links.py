@@ -42,6 +42,10 @@ if TYPE_CHECKING:
 __all__ = ["FLUSH_EVERY", "AcceptedLink", "PeerLinks", "refusal_reason"]
 
 FLUSH_EVERY = 256  # routed messages after which the mesh sends without waiting for the loop
+# routed messages after which they go at the end of the loop turn, not mesh.batch_delay later:
+# a node that routes this many in a turn is busy enough to fill its batches without waiting,
+# and its peers should not sit idle for the delay
+FLUSH_SOON_AT = 32
 
 # what a listener's refusal of our CONNECT most likely means (channel.py _on_peer_connect)
 _REFUSALS = {
