@@ -422,6 +422,9 @@ def test_a_holder_that_missed_settlements_is_not_the_latest_view():
     net.clusters["a"].flush(net.t)
     net.queue.clear()  # the settlement batch is lost on the way
     ch.session.awaiting_rel_add(2)
+    net.pump()  # (gathered: one batch of a session's is out at a time, and none answered it)
+    assert net.brokers["b"].sessions[cid].awaiting_rel == frozenset()
+    ch.close("gone")  # the next batch goes without an answer to wait for
     net.pump()
     held = net.brokers["b"].sessions[cid]
     assert held.awaiting_rel == {2}
