@@ -102,7 +102,11 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
         for e in s.entries:
             key = (e.origin, e.seq)
             if key in done:
-                if e.qos == 2 and e.state and e.pid and s.epoch > done[key] and key not in release:
+                # (settled by a copy of this view's epoch too: the epoch a copy has is its newest,
+                # not the one it settled under; an old home that gave the message away while
+                # cut off takes a newer claim's copy, which had it in flight; at worst a PUBREL
+                # the client answers with PUBCOMP for an id it does not hold [MQTT-4.3.3-2])
+                if e.qos == 2 and e.state and e.pid and s.epoch >= done[key] and key not in release:
                     release[key] = e  # (the latest such view's: ranked first)
                 continue
             if e.qos == 2 and key not in in_latest and e.seq <= floors.get(e.origin, -1):
