@@ -372,11 +372,13 @@ class SharedSubscriptions:
         return group.share if weight == 1 else f"{group.share}{WEIGHT}{weight}"
 
 
-def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None = None) -> list[Entry]:
+def take_entries(
+    session: Session, only_if: Callable[[SharedGroup], bool] | None = None, inflight: bool = True
+) -> list[Entry]:
     """The entries of ``session`` that reached it through a shared group and may go to
     another member, taken out of it (and its store): every queued one, and QoS 1 ones in
-    flight; a QoS 2 message in flight stays [MQTT-4.8.2-4]. ``only_if``: of the groups it
-    says yes to."""
+    flight unless ``inflight`` is False; a QoS 2 message in flight stays [MQTT-4.8.2-4].
+    ``only_if``: of the groups it says yes to."""
     taken: list[Entry] = []
     kept = []
     for entry in session.queue:
@@ -387,7 +389,7 @@ def take_entries(session: Session, only_if: Callable[[SharedGroup], bool] | None
             kept.append(entry)
     if taken:
         session.queue = deque(kept) if kept else NO_ENTRIES
-    for pid, entry in list(session.inflight.items()):
+    for pid, entry in list(session.inflight.items()) if inflight else ():
         group = entry.group
         if group is not None and entry.qos == 1 and (only_if is None or only_if(group)):
             del session.inflight[pid]

@@ -263,20 +263,6 @@ def test_a_release_after_a_partition_settles_the_will_its_registrar_kept_for_a_n
         assert ch.state == "connected"  # (a, cut off, never heard)
 
 
-def _pump_losing(net: Net, lost) -> None:
-    """``net.pump``, dropping the unicasts for which ``lost(frm, dest, kind)``: sent on a route
-    a partition had cut before the sender knew (the cluster's messages are best effort)."""
-    for _ in range(100_000):
-        for n in sorted(net.up):
-            net.clusters[n].flush(net.t)
-        if not net.queue:
-            return
-        frm, dest, kind, payload = net.queue.popleft()
-        if dest in net.up and not lost(frm, dest, kind):
-            net.clusters[dest].receive(frm, kind, payload, net.t)
-    raise AssertionError("the cluster did not settle")
-
-
 class _DelayedWillChannel(FakeChannel):
     """A connection whose will waits for its delay: kicked, it ends so (as Channel._end)."""
 
@@ -304,7 +290,7 @@ def test_a_connection_a_newer_claim_replaced_is_kicked_again_and_its_will_not_br
     net.tick(0.1)
     new = FakeChannel(net, "c", cid, expiry=600)  # (Clean Start 1, as in the seed: no gather)
     net.clusters["c"].connect(new, cid, False, None, net.t, fresh=True, expiry=600)
-    _pump_losing(net, lambda frm, dest, kind: dest == "x" and kind == "reg.kick")
+    net.pump_losing(lambda frm, dest, kind: dest == "x" and kind == "reg.kick")
     assert new.state == "connected" and old.state == "connected"  # (the kick never came)
     entry = net.clusters[registrar].registry.entries[cid]
     assert (entry.node, entry.epoch) == ("c", 2)

@@ -220,6 +220,50 @@ def test_a_delta_for_a_join_beside_another_member_fails() -> None:
     assert [(n, s) for n, s, _what in r.extra] == [("n1", G)]
 
 
+def _persistent_member(h: History, t: float, client: str, node: str, k: int) -> str:
+    conn = f"{client}#{k}"
+    h.connect(t - 0.01, client, "invoke", conn, node, None)
+    h.connect(t - 0.005, client, "ok", conn, node, False)
+    h.joined(t, client, conn, node, G, -1, t, persistent=True)
+    h.joined(t + 0.002, client, conn, node, G, 1, -1.0, "ok", persistent=True)
+    return conn
+
+
+def test_an_old_home_may_let_go_at_a_refused_claim_before_the_clients_return() -> None:
+    """(Finding 41's heal scenario, seed 2) g0m0's session queues at n1 (its client moved);
+    its next CONNECT, to n2, is refused after its claim fetched the session, which made n1 let
+    it go then (holders.py ``on_fetch``), before g0m1's session came back to n1 from n3: n1's
+    queueing entry went away and came back with g0m1, two changes the model placed nowhere while
+    it put n1's loss at g0m0's next CONNACK (after g0m1's return). The loss may be anywhere
+    from the client's first CONNECT after it left."""
+    h = History()
+    a = _persistent_member(h, 1.0, "g0m0", "n1", 1)
+    b = _persistent_member(h, 1.5, "g0m1", "n3", 1)
+    h.left(2.0, "g0m1", b, "n3", G, "move", 2.0)  # (g0m1's session queues at n3)
+    h.closed(2.0, "g0m1", b, False, "moved")
+    h.left(3.0, "g0m0", a, "n1", G, "move", 3.0)  # (g0m0's queues at n1)
+    h.closed(3.0, "g0m0", a, False, "moved")
+    h.connect(3.5, "g0m0", "invoke", "g0m0#2", "n2", None)  # (its claim fetches n1 at 3.6 ...)
+    h.connect(4.5, "g0m0", "fail", "g0m0#2", "n2", 3)  # (... and is refused)
+    _persistent_member(h, 5.0, "g0m1", "n1", 2)  # g0m1 comes back at n1
+    _persistent_member(h, 6.0, "g0m0", "n2", 3)  # g0m0 at n2, at last
+    deltas = {
+        ("n1", 1, 2): ([f"+{G}"], 4),
+        ("n1", 1, 3): ([f"+{G}\0q", f"-{G}"], 4),  # (3.0: g0m0 queueing)
+        ("n1", 1, 4): ([f"-{G}\0q"], 4),  # (3.6: let go at the refused claim's fetch)
+        ("n1", 1, 5): ([f"+{G}\0q"], 4),  # (5.0: g0m1's session here, its client not yet)
+        ("n1", 1, 6): ([f"+{G}", f"-{G}\0q"], 4),  # (its client attached)
+    }
+    r = check_control(h, deltas, links=4)
+    assert [e for e in r.extra if e[0] == "n1"] == []
+    # without the refused CONNECT the same deltas are two too many
+    h.ops = [op for op in h.ops if op[4:5] != ("g0m0#2",)]
+    r = check_control(h, deltas, links=4)
+    assert [(n, what) for n, _s, what in r.extra if n == "n1"] == [
+        ("n1", "7 interest changes for 5 needed (first joins, last leaves, powers of two)")
+    ]
+
+
 def test_a_delta_crossing_the_links_too_often_fails() -> None:
     h = History()
     _member(h, 1.0, "g0m0", "n1")

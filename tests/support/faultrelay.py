@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
+from collections import deque
 
 
 class _Pipe(asyncio.Protocol):
@@ -26,6 +27,10 @@ class _Pipe(asyncio.Protocol):
         self.other: _Pipe | None = None
         self.pending: list[bytes] = []
         self.due = 0.0  # when the last delayed read is forwarded (a later one never before it)
+        # the delayed reads, oldest first: forwarded in this order by ``_drain`` (timers due at
+        # the same instant run in no promised order: asyncio's heap; a load made two reads due
+        # at once swap places, test_bench_mesh.py)
+        self.delayed: deque[bytes] = deque()
 
     def connection_made(self, transport):
         self.transport = transport
@@ -37,15 +42,19 @@ class _Pipe(asyncio.Protocol):
             return  # lost in the black hole
         if relay.recording is not None:
             relay.recording.append((isinstance(self, _Inbound), data))
-        if relay.latency:
-            if relay.jitter:
-                now = relay.loop.time()
-                self.due = max(self.due, now + relay.latency + relay.rng.uniform(-relay.jitter, relay.jitter))
-                relay.loop.call_at(self.due, self._forward, data)
-            else:
-                relay.loop.call_later(relay.latency, self._forward, data)
+        if relay.latency or self.delayed:  # (behind what a delay still holds, if it was just lifted)
+            now = relay.loop.time()
+            jitter = relay.rng.uniform(-relay.jitter, relay.jitter) if relay.jitter else 0.0
+            self.due = max(self.due, now + relay.latency + jitter)
+            self.delayed.append(data)
+            relay.loop.call_at(self.due, self._drain)
         else:
             self._forward(data)
+
+    def _drain(self):
+        """One delayed read is due: the oldest goes (each read has its timer, due no earlier
+        than the one before it, so the k-th timer to run finds the k-th read's time come)."""
+        self._forward(self.delayed.popleft())
 
     def _forward(self, data):
         other = self.other

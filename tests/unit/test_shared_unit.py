@@ -240,6 +240,31 @@ def test_a_clean_member_that_leaves_without_acknowledging_hands_its_messages_on(
     assert (shared.resent, shared.redispatched, shared.dropped) == (2, 2, 0)
 
 
+def test_a_member_that_unsubscribes_completes_what_is_in_flight_and_hands_on_its_queue():
+    """[MQTT-3.10.4-3] A member that unsubscribes from its group completes the QoS 1 messages
+    it was sent (the client acknowledges them on this connection); only what was queued goes
+    to the other member. Handed on too, a message in flight reached two members, and its
+    packet id was free for another message while the client still held it (the simulator's
+    harsh scenario, seed 35: a held PUBLISH left after its message had expired)."""
+    net = Net(limits=Limits(max_inflight=2))
+    m1 = net.subscriber("m1", ("$share/g/t", 1))
+    m2 = net.subscriber("m2", ("$share/g/t", 1))
+    _publish(net, "t", 8, qos=1)
+    got1 = _pids(m1)
+    got2 = _acked(m2, 1.0)
+    assert len(got1) == 2 and len(got2) == 4  # (m1: two in flight, two queued)
+    m1.receive_data(mqttraw.unsubscribe(5, "$share/g/t"), 2.0)
+    assert [p.type for p in out(m1)] == [mqttraw.UNSUBACK]  # (nothing more for m1)
+    for _, pid in got1:  # m1 completes what it was sent
+        m1.receive_data(mqttraw.puback(pid), 3.0)
+    assert out(m1) == [] and not m1.session.inflight
+    later = _acked(m2, 4.0)
+    # every message once across the group: m1 its two, m2 its own and m1's queued two
+    assert sorted(p for p, _ in got1 + got2 + later) == sorted(b"%d" % i for i in range(8))
+    shared = net.broker.shared
+    assert (shared.resent, shared.redispatched, shared.dropped) == (0, 2, 0)
+
+
 def test_a_persistent_member_that_goes_away_hands_its_queue_to_a_connected_one_only():
     """Its queue goes to a member that is connected; when it is the only member, it keeps
     it for its return [MQTT-3.1.2-5]."""

@@ -258,30 +258,39 @@ def check_control(
     events: dict[tuple[str, str], list[tuple[float, int, int, int]]] = {}
     # (node, share) -> old homes' losses of a session at a time not known: (earliest, latest)
     unsure: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    queueing: dict[tuple[str, str], str] = {}  # (client, share) -> where its session queues, client away
+    # (client, share) -> where its session queues, client away, and since when
+    queueing: dict[tuple[str, str], tuple[str, float]] = {}
+    attempts: dict[str, list[float]] = {}  # client -> when it sent each CONNECT
+    for op in history.ops:
+        if op[3] == "connect" and op[2] == "invoke":
+            attempts.setdefault(op[1], []).append(op[0])
     ms = memberships(history)
     for i, m in enumerate(ms):
         mine = events.setdefault((m.node, m.share), [])
-        home = queueing.pop((m.client, m.share), None) if m.persistent else None
-        if home is None:
+        away_at = queueing.pop((m.client, m.share), None) if m.persistent else None
+        if away_at is None:
             mine.append((m.begin, 1, 1, 0))
         else:
             # its client is back: the claim makes its session a member here, queueing until the
-            # client is attached (SessionTable.regroup, then attached), and none at its old home
+            # client is attached (SessionTable.regroup, then attached), and none at its old home,
+            # from the first claim that fetched it there: a claim refused after its fetch took
+            # the session out of the old home's groups before this one (holders.py ``on_fetch``)
+            home, since = away_at
+            first = min((t for t in attempts.get(m.client, ()) if since <= t < m.begin), default=m.begin)
             mine += [(m.begin, 0, 0, 1), (m.begin, 1, 1, -1)]
             told = _told_by(home, m.node, m.begin, apart, detect)
-            if told is None:
+            if told is None and first == m.begin:
                 events.setdefault((home, m.share), []).append((m.begin, 2, 0, -1))
             else:  # (up to its client's next connection: a claim again)
                 later = [n.begin for n in ms[i + 1 :] if n.client == m.client]
-                unsure.setdefault((home, m.share), []).append((m.begin, min([told, *later])))
+                unsure.setdefault((home, m.share), []).append((first, min([m.begin if told is None else told, *later])))
         if m.end != END:
             # its session stays a member, queueing (QoS 1/2 only: one granted QoS 0 keeps
             # nothing for an absent client, and its node says so: none, shared.py ``advertisement``)
             away = m.persistent and m.how != "unsubscribe" and m.qos != 0
             mine.append((m.end, 3, -1, int(away)))
             if away:
-                queueing[(m.client, m.share)] = m.node
+                queueing[(m.client, m.share)] = (m.node, m.end)
     needed: dict[tuple[str, str], int] = {}
     for key in events.keys() | unsure.keys():
         evs = events.get(key, [])

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from ...session_table import SessionTable
     from .cluster_values import ClusterSettings
     from .cluster_wire import Outbox
-    from .holders import _Pool
     from .membership import Membership
+    from .pools import Pool
     from .replica import _Replicated
     from .replication import Replication
 
@@ -51,7 +51,7 @@ class Confirmations:
 
         def pool_answered(self, frm: str, m: SessAck) -> None: ...
 
-        pools: dict[str, _Pool]
+        pools: dict[str, Pool]
 
     def on_ack(self, frm: str, m: SessAck, now: float) -> None:
         """A holder has our settlements up to ``m.version`` (or could not take them)."""

@@ -37,6 +37,7 @@ from .cluster_wire import (
 )
 from .confirm import Confirmations
 from .membership import Membership
+from .pools import Pool, Pools
 from .replica import _Replicated, replica_of
 from .replication import Redirect, Replication
 from .snapshots import install, merge_snapshots, merged_away, snapshot, unknown_to
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
 __all__ = ["Holders"]
 
 
-class Holders(Confirmations):
+class Holders(Confirmations, Pools):
     """This node's part in holding persistent sessions: the copies it keeps for clients on
     other nodes, and, for its own clients, the copies the other holders keep."""
 
@@ -89,9 +90,9 @@ class Holders(Confirmations):
         # cid -> since when its settlements wait for a holder's sess.ack (copies re-sent after
         # settings.settle_retry)
         self.lagging: dict[str, float] = {}
-        # cid -> the pooled copy of an offline session this node sent (``pool``) that some
-        # holders have not answered yet: re-sent until they do (``retry_pools``)
-        self.pools: dict[str, _Pool] = {}
+        # cid -> the pooled copy of an offline session this node sent that some holders have
+        # not answered yet: re-sent until they do (pools.py)
+        self.pools: dict[str, Pool] = {}
         # answers (sess.ack) waiting for the store to commit what they vouch for, by journal
         # batch in the order they were made (batches only grow): sent by ``committed``
         self._acks_after: deque[tuple[int, str, SessAck]] = deque()
@@ -295,14 +296,19 @@ class Holders(Confirmations):
             return
         if mine is not None and frm != self.node_id:
             here = mine.channel is not None and mine.active_node == self.node_id
-            if (here and snap.active != self.node_id) or (mine.epoch > snap.epoch and mine.active_node != frm):
-                self.counters["old_homes_told"] += 1
+            if here or (mine.epoch > snap.epoch and mine.active_node != frm):
+                if snap.active != self.node_id:
+                    self.counters["old_homes_told"] += 1
                 self.out.put(frm, SessCopy(snapshot(mine, now)))
                 if here:
+                    # (answered after the copy, which the sender installs first: its pooled
+                    # copy stops going again; unanswered, it went on every 8 s while the
+                    # client stayed here)
+                    self._answer_pool(frm, snap.cid, mine.epoch, mine.version)
                     return
         session = self._offline_replica(frm, snap, now, take_over=False)
         if session is None:
-            return
+            return  # (a claim of ours in progress: its copy comes when it ends)
         stale = session.epoch > snap.epoch
         snaps = [snapshot(session, now), replace(snap, taken_at=now)]
         merged = merge_snapshots(snaps)
@@ -324,63 +330,6 @@ class Holders(Confirmations):
         live = self.membership.live
         home = self.membership.home(cid)
         return self.node_id not in home and any(n in live for n in home)
-
-    # -- pooling the copies of offline sessions -------------------------------------------------
-
-    def pool(self, replica: _Replicated, holders: list[str], now: float) -> None:
-        """Pool our copy of an offline session nobody coordinates with its other ``holders``
-        (``sess.merge``), again until each answers (``on_merge``: ``sess.ack`` at an epoch
-        not newer than ours; one that knows a newer claim answers with its copy instead,
-        which makes this node let go). A unicast is lost with the link it was on: the fault
-        harness's heals reset every link across the cut at once, and a home whose copy
-        reached none of the holders that knew a claim elsewhere stayed the session's home,
-        a member of its groups queueing for a client on another node (simulator, finding 42)."""
-        others = {n for n in holders if n != self.node_id}
-        if not others:
-            self.pools.pop(replica.client_id, None)
-            return
-        snap = snapshot(replica, now)
-        for node in sorted(others, key=holders.index):
-            self.out.put(node, SessMerge(snap))
-        self.pools[replica.client_id] = _Pool(replica.active_node, others, now + self.settings.settle_retry, 1)
-
-    def _answer_pool(self, frm: str, cid: str, epoch: int, version: int) -> None:
-        if frm != self.node_id:
-            self.out.put(frm, SessAck(cid, epoch, version))
-
-    def pool_answered(self, frm: str, m: SessAck) -> None:
-        """A holder's ``sess.ack`` for a copy we pooled: it has it, unless it knows a newer
-        claim (then its copy comes, and we keep sending ours until it has come)."""
-        replica = replica_of(self.table.sessions.get(m.cid))
-        pool = self.pools.get(m.cid)
-        if pool is None or replica is None or m.version < 0 or m.epoch > replica.epoch:
-            return
-        pool.waiting.discard(frm)
-        if not pool.waiting:
-            del self.pools[m.cid]
-
-    def retry_pools(self, now: float) -> None:
-        """Pooled copies some live holder has not answered go to it again, at settle_retry
-        doubling up to 16 times that (a node of an older version never answers)."""
-        live = self.membership.live
-        for cid, pool in list(self.pools.items()):
-            replica = replica_of(self.table.sessions.get(cid))
-            if replica is None or replica.channel is not None or replica.active_node != pool.active:
-                del self.pools[cid]  # (served again, let go of, or handed to a newer claim)
-                continue
-            waiting = {n for n in pool.waiting if n in live}
-            if not waiting:
-                del self.pools[cid]
-                continue
-            if now < pool.due:
-                continue
-            self.counters["pools_resent"] += 1
-            snap = snapshot(replica, now)
-            for node in sorted(waiting):
-                self.out.put(node, SessMerge(snap))
-            pool.waiting = waiting
-            pool.tries += 1
-            pool.due = now + self.settings.settle_retry * min(2 ** (pool.tries - 1), 16)
 
     def _offline_replica(self, frm: str, snap: Snapshot, now: float, take_over: bool) -> _Replicated | None:
         """Our replica of ``snap``'s session (made if missing) while its client is not here.
@@ -606,15 +555,3 @@ class Holders(Confirmations):
             return True
         replica.deliver(msg, min(fwd.qos, granted))  # a duplicate by id is dropped there
         return True
-
-
-class _Pool:
-    """A copy of an offline session pooled with its holders, not yet answered by all."""
-
-    __slots__ = ("active", "waiting", "due", "tries")
-
-    def __init__(self, active: str | None, waiting: set[str], due: float, tries: int):
-        self.active = active  # the node the copy named its client's when pooled
-        self.waiting = waiting  # the holders that have not answered
-        self.due = due  # when it goes to them again
-        self.tries = tries

@@ -207,7 +207,7 @@ def _released(
     best: dict[tuple[str, int], SnapshotEntry],
     order: list[tuple[str, int]],
     reserved: dict[tuple[str, int], tuple[int, int]],
-    done: dict[tuple[str, int], int],
+    done: dict[tuple[str, int], tuple[int, int]],
 ) -> None:
     """A QoS 2 message settled by one copy and in flight under a newer claim's: the copy that
     settled it could not know that the newer claim's node sent it to the client (it gave it
