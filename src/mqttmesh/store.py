@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .message import Entry, Message
+from .shared import is_resend_mark
 
 if TYPE_CHECKING:
     from .ports import Batch
@@ -24,8 +25,9 @@ if TYPE_CHECKING:
 __all__ = ["Journal", "NullJournal", "NULL_JOURNAL", "restore_sessions", "FORMAT_VERSION"]
 
 # 2: messages keep their MQTT 5 properties (message.Message.props); 3: and when they expire;
-# 4: a session's entry keeps the shared group it came through (its share, "$share/{g}/{f}")
-FORMAT_VERSION = 4
+# 4: a session's entry keeps the shared group it came through (its share, "$share/{g}/{f}");
+# 5: and, a group's re-send, the message it re-sends (its root, as shared.py ``resend_mark``)
+FORMAT_VERSION = 5
 
 # Incarnations count sixteenths of a second since 2024-01-01, so that a message id
 # (incarnation << 28) + n stays below 2**63 (a signed 64-bit column, e.g. in Spark) for
@@ -253,6 +255,14 @@ class NullJournal:
 NULL_JOURNAL = NullJournal()  # (it holds no state: one is enough)
 
 
+def _root_mark(msg: Message) -> str | None:
+    """A shared group's re-send: the mark naming its root (shared.py ``resend_mark``), kept so
+    that after a restart the session still knows what it re-sends (``had``, and the merges of
+    its copies: mesh/cluster/snapshots.py); None for any other message."""
+    shares: tuple[str, ...] | None = getattr(msg, "shares", None)
+    return shares[0] if shares and is_resend_mark(shares[0]) else None
+
+
 def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
     kind = op[0]
     if kind == "message_put":
@@ -276,7 +286,8 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.publisher,
             m.timestamp,
             m.props,
-            None if e.group is None else e.group.share,  # (the expiry stays last: sqlite_store)
+            None if e.group is None else e.group.share,
+            _root_mark(m),  # (the expiry stays last: sqlite_store)
             m.expires,
         )
     if kind == "inbound_put":
@@ -352,9 +363,10 @@ def restore_sessions(
     ``sessions``: (client_id, subscriptions, expires: when it ends, on the clock of this run,
     or None); ``messages``: (client_id, key, topic, payload,
     msg_qos, qos, retain, packet_id, state, origin, seq, publisher, timestamp, props, share,
-    expires), ordered by client and key (``share``: the shared group the entry came through,
-    "$share/{g}/{f}", or None; ``expires``: Message.expires, on the clock of this run, or
-    None); ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id, packet_id,
+    root, expires), ordered by client and key (``share``: the shared group the entry came
+    through, "$share/{g}/{f}", or None; ``root``: a group's re-send's mark naming the message
+    it re-sends, shared.py ``resend_mark``, or None; ``expires``: Message.expires, on the
+    clock of this run, or None); ``awaiting_rel``: (client_id, packet_id); ``inbound``: (client_id, packet_id,
     topic, payload, retain, origin, seq, publisher, timestamp, props, expires), the messages of
     those ids in a mesh (mesh/cluster/replica.py); ``versions``: (client_id, epoch, version) of
     sessions replicated in a mesh; ``tombstones``: (client_id, number, origin, seq), the
@@ -373,12 +385,15 @@ def restore_sessions(
         session.expires_at = expires
         restored[client_id] = session
     for row in messages:
-        client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, pub, ts, props, share, exp = row
+        client_id, key, topic, payload, msg_qos, qos, retain, pid, state, origin, seq, pub, ts, props, *rest = row
+        share, root, exp = rest
         owner = restored.get(client_id)
         if owner is None:
             continue
         props = bytes(props) if props is not None else None
         msg = Message(topic, bytes(payload), msg_qos, False, origin, seq, pub, ts, props)
+        if root is not None and is_resend_mark(root):
+            msg.shares = (root,)  # (to no group or subscriber if dispatched: a session's message)
         msg.expires = exp  # (its ``ttl`` is worked out where it is sent: Message.at)
         entry = Entry(msg, qos, bool(retain), key, share)
         entry.packet_id, entry.state = pid, state

@@ -422,6 +422,9 @@ def test_a_holder_that_missed_settlements_is_not_the_latest_view():
     net.clusters["a"].flush(net.t)
     net.queue.clear()  # the settlement batch is lost on the way
     ch.session.awaiting_rel_add(2)
+    net.pump()  # (gathered: one batch of a session's is out at a time, and none answered it)
+    assert net.brokers["b"].sessions[cid].awaiting_rel == frozenset()
+    ch.close("gone")  # the next batch goes without an answer to wait for
     net.pump()
     held = net.brokers["b"].sessions[cid]
     assert held.awaiting_rel == {2}
@@ -1077,8 +1080,9 @@ REG_JSON = {
 ENTRY = SnapshotEntry("n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5)
 FWD = Forwarded("t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75)
 # (mesh protocol 7, issue 23: a message's MQTT 5 properties last, base64, null when none; 8: then
-# what is left of its life in milliseconds, null when it does not expire)
-FWD_JSON = ["t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75, None, None]
+# what is left of its life in milliseconds, null when it does not expire; 13: then the message a
+# shared group's re-send re-sends, its root, [origin, seq], null for any other message)
+FWD_JSON = ["t/2", "eQ==", 2, False, "n1", 12, "pub", 1700000001.75, None, None, None]
 SNAP = Snapshot(
     "c1", {"t/#": 1}, 3, [ENTRY], [("n2", 3), ("n2", 8)], [4], "n1", 4, 17, [("n2", 10, 1, 6)], [(4, FWD)], {"n2": 2}
 )
@@ -1086,7 +1090,7 @@ SNAP_JSON = {
     "cid": "c1",
     "subs": {"t/#": 1},
     "subs_version": 3,
-    "entries": [["n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5, None, None]],
+    "entries": [["n2", 9, "t/1", "eA==", 2, 1, 5, 1, "pub", 1700000001.5, None, None, None]],
     # (mesh protocol 5, issue 20: every settled id the copy remembers, packed: per origin the
     # sorted sequence numbers as LEB128 varints of their differences, 3 and 5; and the floors)
     "done": {"n2": "AwU="},
@@ -1168,7 +1172,11 @@ GOLDEN = [
     (SessDiscard("c1", 4), {"cid": "c1", "epoch": 4}),
     (
         SessFwd("c1", Forwarded("t/1", "eA==", 1, False, "n2", 9, "pub", 1700000001.5)),
-        {"cid": "c1", "msg": ["t/1", "eA==", 1, False, "n2", 9, "pub", 1700000001.5, None, None]},
+        {"cid": "c1", "msg": ["t/1", "eA==", 1, False, "n2", 9, "pub", 1700000001.5, None, None, None]},
+    ),
+    (
+        SessFwd("c1", Forwarded("t/1", "eA==", 1, False, "n2", 9, "pub", 1700000001.5, root=("n0", 4))),
+        {"cid": "c1", "msg": ["t/1", "eA==", 1, False, "n2", 9, "pub", 1700000001.5, None, None, ["n0", 4]]},
     ),
     (RetSet([ITEM]), {"items": [ITEM_JSON]}),
     (RetAck([RetainedAck("r/1", 1700000002.0, "n3", 11)]), {"items": [["r/1", 1700000002.0, "n3", 11]]}),
@@ -1217,7 +1225,7 @@ def test_a_kick_without_by_is_read_as_before():
     [
         ("reg.claim", {"cid": "c"}, ["reg.claim", "'node'"]),
         ("reg.grant", {"cid": "c", "conn": "x", "epoch": "1", "prev": None}, ["reg.grant", "'epoch'"]),
-        ("sess.copy", {**SNAP_JSON, "entries": [["n2", 9]]}, ["sess.copy entries[0]", "array of 12"]),
+        ("sess.copy", {**SNAP_JSON, "entries": [["n2", 9]]}, ["sess.copy entries[0]", "array of 13"]),
         ("sess.settle", {"cid": "c", "epoch": 1, "items": [["n", 1, "sent", None]]}, ["sess.settle items[0]", "'pid'"]),
         ("reg.copy", {"entries": [{**REG_JSON, "will": {"topic": "w"}}]}, ["reg.copy entries[0] will", "'payload'"]),
         ("ret.set", {"items": "no"}, ["ret.set", "'items'"]),
@@ -1292,7 +1300,7 @@ def test_mqtt5_properties_travel_in_every_cluster_message_that_carries_a_message
     will = WireWill("w", "Ynll", 1, False, 3, base64.b64encode(props).decode())
     assert WireWill.from_json(will.to_json(), "reg.claim") == will
     with pytest.raises(ClusterWireError, match="props is not base64"):
-        Forwarded.from_json(["t", "eA==", 1, False, "n", 1, "p", 1.0, "not base64!", None], "sess.fwd msg")
+        Forwarded.from_json(["t", "eA==", 1, False, "n", 1, "p", 1.0, "not base64!", None, None], "sess.fwd msg")
 
 
 def test_a_message_in_flight_under_two_packet_ids_takes_the_latest_views_id():

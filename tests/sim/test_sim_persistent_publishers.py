@@ -224,7 +224,9 @@ def _run(seed: int = 1, fail: bool = True) -> Simulator:
 
 @pytest.mark.slow
 def test_shared_persistent_publishers7_every_invariant_holds() -> None:
-    sim = _run()
+    # (seed 2: on seed 1 no publisher re-sent a shared message since settle-batch, issue 26,
+    # moved the timeline; every invariant holds on seeds 1-30)
+    sim = _run(2)
     assert not sim.violations.items, sim.violations.items[:5]
     s = summarize(sim)["cluster"]
     assert s["persistent_publishers"] == 6 and s["publisher_moves"] > 30 and s["publisher_resends"] > 30, s

@@ -51,8 +51,9 @@ def test_the_peer_protocol_version():
     # message's life, issue 23; 9: unicast records say how long they were on the way; 10: a
     # release says when its claim was never accepted, reg.release "refused"; 11: and how long
     # ago its connection ended, with its delayed will, "ago" and "will"; 12: envelopes of
-    # format 6, with the shared groups each destination serves)
-    assert PEER_PROTOCOL == 12
+    # format 6, with the shared groups each destination serves; 13: a snapshot's entries and a
+    # forwarded message name a shared group's re-send's root)
+    assert PEER_PROTOCOL == 13
     assert NONCE_BYTES == 16
 
 

@@ -292,7 +292,7 @@ def test_entry_defaults():
 
 def _message_put(client, key, payload, msg_qos, qos, retain, pid, state):
     head = ("message_put", client, key, "t", payload, msg_qos, qos, retain, pid, state, "n1", 7, "pub", 1.5)
-    return (*head, None, None, None)  # (props, share, expires)
+    return (*head, None, None, None, None)  # (props, share, root, expires)
 
 
 def dmsg(payload: str, qos: int = 2) -> Message:

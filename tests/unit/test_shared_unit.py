@@ -353,7 +353,7 @@ def test_what_a_restored_member_queued_from_its_group_goes_to_another_member_whe
 
     def row(key, payload, share):
         share = share if stored == "format 4" else None
-        return ("p", key, "t", payload, 1, 1, 0, 0, 0, "n1", key, "pub", 1.5, None, share, None)
+        return ("p", key, "t", payload, 1, 1, 0, 0, 0, "n1", key, "pub", 1.5, None, share, None, None)
 
     net = Net()
     [session] = restore_sessions(

@@ -21,7 +21,8 @@ def entry(key: int, payload: bytes = b"p", qos: int = 1) -> Entry:
 
 
 def put(client, key, payload=b"p", qos=1, pid=0, state=0):
-    return ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5, None, None, None)
+    head = ("message_put", client, key, "t", payload, 2, qos, False, pid, state, "n1", 3, "pub", 9.5)
+    return (*head, None, None, None, None)  # (props, share, root, expires)
 
 
 def test_format_version_is_an_int():
@@ -250,7 +251,7 @@ def test_null_journal_records_nothing_and_never_holds_an_ack():
 
 def _row(client, key, payload, pid=0, state=0, qos=1, seq=None):
     """A messages row as the store reads it back."""
-    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5, None, None, None)
+    return (client, key, "t", payload, 2, qos, 0, pid, state, "n1", seq or key, "pub", 1.5, None, None, None, None)
 
 
 def test_restore_sessions_rebuilds_queue_inflight_and_awaiting_rel_without_journaling():
@@ -444,8 +445,9 @@ def test_mqtt5_properties_survive_a_restart_in_every_table(tmp_path):
 
 @pytest.mark.parametrize("older", [1, 2])
 def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, older):
-    """An older data directory is brought to format 4 in place, not refused: format 1 had no
-    MQTT 5 properties, format 2 no message expiry (and neither the shared group of an entry)."""
+    """An older data directory is brought to format 5 in place, not refused: format 1 had no
+    MQTT 5 properties, format 2 no message expiry (and neither the shared group of an entry,
+    nor a re-send's root)."""
     import re
     import sqlite3
 
@@ -453,7 +455,7 @@ def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, 
     from mqttmesh.server.sqlite_store import SCHEMA, SqliteStore
 
     schema = re.sub(r"CREATE TABLE IF NOT EXISTS wills\(.*?\);\n", "", SCHEMA, flags=re.S)  # (newer than both)
-    schema = re.sub(r",\s*expires REAL", "", schema).replace(", share TEXT", "")
+    schema = re.sub(r",\s*expires REAL", "", schema).replace(", share TEXT, root TEXT", "")
     if older == 1:
         schema = schema.replace(", props BLOB", "")
     db = sqlite3.connect(tmp_path / "mqttmesh.db")
@@ -466,7 +468,7 @@ def test_an_older_store_gains_the_columns_it_lacks_and_keeps_its_rows(tmp_path, 
     store = SqliteStore(str(tmp_path))
     broker = Broker(BrokerSettings(node_id="n1"), None, None, BrokerPorts())
     assert store.load(broker) == (0, 1)
-    assert store._meta("format_version") == str(FORMAT_VERSION) == "4"
+    assert store._meta("format_version") == str(FORMAT_VERSION) == "5"
     msg = broker.retained.get("r")
     assert (msg.payload, msg.props, msg.expires) == (b"v", None, None)
     assert store.db.execute("SELECT count(*) FROM wills").fetchone()[0] == 0  # (and the wills table)
@@ -499,7 +501,7 @@ def test_an_entry_keeps_its_shared_group_across_a_restart(tmp_path):
     for e in (queued, sent, plain):
         j.message_put("p", e)
     ops = j.take()[1]
-    assert [op[-2] for op in ops if op[0] == "message_put"] == ["$share/g/t", "$share/g/t", None]
+    assert [op[-3] for op in ops if op[0] == "message_put"] == ["$share/g/t", "$share/g/t", None]
     store = SqliteStore(str(tmp_path))
     store.write(ops)
     assert store.db.execute("SELECT key, share FROM messages ORDER BY key").fetchall() == [
@@ -519,7 +521,7 @@ def test_an_entry_keeps_its_shared_group_across_a_restart(tmp_path):
 
 
 def test_a_format_3_store_opens_and_its_entries_have_no_group(tmp_path):
-    """A data directory of format 3 (no shared group column) is brought to format 4 in place:
+    """A data directory of format 3 (no shared group column) is brought to format 5 in place:
     its entries are restored without a group, as format 3 restored them, and an entry
     journaled after it keeps its group (the new column, written by name)."""
     import sqlite3
@@ -528,14 +530,14 @@ def test_a_format_3_store_opens_and_its_entries_have_no_group(tmp_path):
     from mqttmesh.shared import SharedGroup
 
     db = sqlite3.connect(tmp_path / "mqttmesh.db")
-    db.executescript(SCHEMA.replace(", share TEXT", ""))
+    db.executescript(SCHEMA.replace(", share TEXT, root TEXT", ""))
     db.execute("INSERT INTO meta VALUES ('format_version', '3')")
     db.execute("INSERT INTO sessions VALUES ('p', '{\"$share/g/t\": 1}', NULL)")
     db.execute("INSERT INTO messages VALUES ('p', 1, 't', x'6f6c64', 1, 1, 0, 0, 0, 'n1', 3, 'pub', 9.5, NULL, NULL)")
     db.commit()
     db.close()
     store = SqliteStore(str(tmp_path))
-    assert store._meta("format_version") == "4"
+    assert store._meta("format_version") == "5"
     broker = _broker_with_store(store)
     [old] = broker.sessions["p"].queue
     assert (old.msg.payload, old.group) == (b"old", None)
@@ -550,6 +552,48 @@ def test_a_format_3_store_opens_and_its_entries_have_no_group(tmp_path):
     again.db.close()
     group = broker.shared.groups[("g", "t")]
     assert [(e.msg.payload, e.group) for e in broker.sessions["p"].queue] == [(b"old", None), (b"new", group)]
+
+
+def test_a_resends_root_is_stored_and_comes_back(tmp_path):
+    """Format 5: an entry that is a shared group's re-send keeps the mark naming its root
+    (shared.py ``resend_mark``), so that after a restart its copy of the session still tells
+    it from another message (``had``, snapshots.py ``merge_snapshots``); a plain one has none."""
+    from mqttmesh.shared import root_of
+
+    resend = Message("t", b"r", 2, False, "n6", 592, "pub", 9.5)
+    resend.shares = ("$share/n0 551", "$share/g/t")
+    j = Journal()
+    j.session_put("p", {"$share/g/t": 2})
+    j.message_put("p", Entry(resend, 2, False, 1))
+    j.message_put("p", Entry(Message("t", b"q", 2, False, "n0", 552, "pub", 9.5), 2, False, 2))
+    ops = j.take()[1]
+    assert [op[-2] for op in ops if op[0] == "message_put"] == ["$share/n0 551", None]
+    write_store(tmp_path, ops)
+    session = restarted_session(tmp_path, "p")
+    assert [root_of(e.msg) for e in session.queue] == [("n0", 551), ("n0", 552)]
+
+
+def test_a_format_4_store_opens_and_its_entries_name_no_root(tmp_path):
+    """A data directory of format 4 (no root column) is brought to format 5 in place: its
+    entries are restored as format 4 restored them, each its own root."""
+    import sqlite3
+
+    from mqttmesh.server.sqlite_store import SCHEMA, SqliteStore
+    from mqttmesh.shared import root_of
+
+    db = sqlite3.connect(tmp_path / "mqttmesh.db")
+    db.executescript(SCHEMA.replace(", root TEXT", ""))
+    db.execute("INSERT INTO meta VALUES ('format_version', '4')")
+    db.execute("INSERT INTO sessions VALUES ('p', '{\"t\": 2}', NULL)")
+    row = "('p', 1, 't', x'6f6c64', 2, 2, 0, 0, 0, 'n6', 592, 'pub', 9.5, NULL, NULL, NULL)"
+    db.execute(f"INSERT INTO messages VALUES {row}")
+    db.commit()
+    db.close()
+    store = SqliteStore(str(tmp_path))
+    assert store._meta("format_version") == "5"
+    store.db.close()
+    [old] = restarted_session(tmp_path, "p").queue
+    assert (old.msg.payload, root_of(old.msg), getattr(old.msg, "shares", None)) == (b"old", ("n6", 592), None)
 
 
 def test_a_message_expiry_is_stored_on_the_wall_clock_and_read_back_on_the_runs_clock(tmp_path):

@@ -32,7 +32,7 @@ CREATE TABLE IF NOT EXISTS messages(
     client_id TEXT NOT NULL, key INTEGER NOT NULL, topic TEXT NOT NULL, payload BLOB NOT NULL,
     msg_qos INTEGER NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL,
     packet_id INTEGER NOT NULL, state INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL,
-    publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, expires REAL, share TEXT,
+    publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, expires REAL, share TEXT, root TEXT,
     PRIMARY KEY(client_id, key));
 CREATE TABLE IF NOT EXISTS awaiting_rel(client_id TEXT NOT NULL, packet_id INTEGER NOT NULL,
     PRIMARY KEY(client_id, packet_id));
@@ -63,6 +63,8 @@ CREATE TABLE IF NOT EXISTS retained(topic TEXT PRIMARY KEY, payload BLOB NOT NUL
 _PROPS_TABLES = ("messages", "inbound", "custody", "retained")
 # the column format 4 gave the messages table: the shared group an entry came through
 _SHARE_COLUMN = "ALTER TABLE messages ADD COLUMN share TEXT"
+# and format 5: the message a group's re-send re-sends (its root, shared.py ``resend_mark``)
+_ROOT_COLUMN = "ALTER TABLE messages ADD COLUMN root TEXT"
 # the ops that carry a message's expiry last, on the clock of this run (store.py _snapshot)
 _EXPIRING = frozenset(("message_put", "inbound_put", "retained_put", "custody_put", "will_put"))
 
@@ -70,7 +72,8 @@ _SQL = {
     "session_put": "INSERT OR REPLACE INTO sessions(client_id, subscriptions, expires) VALUES (?, ?, ?)",
     # (by name: a store brought from an older format has the share column last, a new one too)
     "message_put": "INSERT OR REPLACE INTO messages(client_id, key, topic, payload, msg_qos, qos, retain,"
-    " packet_id, state, origin, seq, publisher, ts, props, share, expires) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+    " packet_id, state, origin, seq, publisher, ts, props, share, root, expires)"
+    " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
     "message_remove": "DELETE FROM messages WHERE client_id = ? AND key = ?",
     "rel_put": "INSERT OR IGNORE INTO awaiting_rel VALUES (?, ?)",
     "rel_remove": "DELETE FROM awaiting_rel WHERE client_id = ? AND packet_id = ?",
@@ -126,6 +129,7 @@ class SqliteStore:
                     self.db.execute(f"ALTER TABLE {table} ADD COLUMN expires REAL")
                 self.db.execute("ALTER TABLE sessions ADD COLUMN expires REAL")
                 self.db.execute(_SHARE_COLUMN)
+                self.db.execute(_ROOT_COLUMN)
                 self._set_meta("format_version", str(FORMAT_VERSION))
                 log.info(
                     "%s: format version %s brought to %d (MQTT 5 properties, message expiry, shared groups)",
@@ -133,11 +137,14 @@ class SqliteStore:
                     version,
                     FORMAT_VERSION,
                 )
-            elif int(version) == 3:
-                # format 3 kept no entry's shared group: its entries restore without one
-                self.db.execute(_SHARE_COLUMN)
+            elif int(version) in (3, 4):
+                # format 3 kept no entry's shared group, 4 no re-send's root: its entries
+                # restore without them, as they did
+                if int(version) == 3:
+                    self.db.execute(_SHARE_COLUMN)
+                self.db.execute(_ROOT_COLUMN)
                 self._set_meta("format_version", str(FORMAT_VERSION))
-                log.info("%s: format version 3 brought to %d (shared groups)", self.path, FORMAT_VERSION)
+                log.info("%s: format version %s brought to %d (shared groups)", self.path, version, FORMAT_VERSION)
             elif int(version) != FORMAT_VERSION:
                 raise StoreError(f"{self.path}: format version {version}, this mqttmesh reads version {FORMAT_VERSION}")
         except sqlite3.DatabaseError as exc:
@@ -172,7 +179,7 @@ class SqliteStore:
             _rows(
                 db,
                 "SELECT client_id, key, topic, payload, msg_qos, qos, retain, packet_id, state,"
-                " origin, seq, publisher, ts, props, share, expires FROM messages ORDER BY client_id, key",
+                " origin, seq, publisher, ts, props, share, root, expires FROM messages ORDER BY client_id, key",
                 self.clock_offset,
             ),
             _rows(db, "SELECT client_id, packet_id FROM awaiting_rel"),

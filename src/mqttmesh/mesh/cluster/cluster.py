@@ -284,6 +284,8 @@ class Cluster:
         (a copy: holders.py ``left``) and its registrar (the release)."""
         replica = replica_of(self.table.sessions.get(channel.client_id))
         expiry = KEPT
+        if replica is not None:
+            self.replication.resume(replica.client_id)  # (what gathered goes: no answer waited for now)
         if replica is not None and replica.channel is None and not replica.clean:
             expiry = replica.expiry
             if replica.expires_at is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from ...message import Message
+from ...shared import resend_mark, root_of
 
 __all__ = [
     "ClusterSettings",
@@ -27,6 +28,8 @@ __all__ = [
     "Snapshot",
     "pack_ids",
     "unpack_ids",
+    "resent_root",
+    "with_root",
 ]
 
 
@@ -157,6 +160,38 @@ def _array(value: Any, n: int, where: str) -> list[Any]:
     if not isinstance(value, list) or len(value) != n:
         raise ClusterWireError(f"{where}: not an array of {n}")
     return value
+
+
+# --------------------------------------------------------------------------- a re-send's root
+# a shared group's re-send of a message (a new message id: custody.py ``_group_copy``) names
+# the id it re-sends, its root, in ``Message.shares`` (shared.py ``resend_mark``); a copy of
+# it sent to another node names it too, so that a session there that has the root, or another
+# re-send of it, is not given it again (shared.py ``had``, snapshots.py ``merge_snapshots``).
+# Peer protocol 13: a node of 12 sent neither (its arrays one shorter), and is refused at the
+# handshake; no store keeps these arrays (a stored entry's root: store.py)
+
+
+def resent_root(msg: Message) -> tuple[str, int] | None:
+    """The root ``msg`` re-sends; None for a message that is no re-send."""
+    root = root_of(msg)
+    return None if root == (msg.origin, msg.seq) else root
+
+
+def with_root(msg: Message, root: tuple[str, int] | None) -> Message:
+    """``msg``, made from a copy sent between nodes, naming the root it re-sends (if any) as
+    the re-send did; to no shared group or plain subscriber of a node it is dispatched on
+    (broker.py ``_group_only``): it is a session's message, not routed again."""
+    if root is not None:
+        msg.shares = (resend_mark(root),)
+    return msg
+
+
+def _root_json(value: Any, where: str) -> tuple[str, int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) != 2:
+        raise ClusterWireError(f"{where}: 'root' is not an array of 2")
+    return (_str(value[0], where, "root"), _int(value[1], where, "root"))
 
 
 def _items(obj: dict[str, Any], key: str, where: str) -> list[tuple[str, Any]]:
@@ -316,6 +351,7 @@ class Forwarded(NamedTuple):
     ts: float
     props_b64: str | None = None  # its MQTT 5 properties (message.Message.props)
     ttl_ms: int | None = None  # what is left of its life when sent (``ttl_ms``), if it expires
+    root: tuple[str, int] | None = None  # a shared group's re-send: the id it re-sends (``resent_root``)
 
     @classmethod
     def of(cls, msg: Message, now: float | None = None) -> Forwarded:
@@ -326,7 +362,17 @@ class Forwarded(NamedTuple):
         if msg.expires is not None:
             ttl = ttl_ms(msg.ttl if now is None else msg.expires - now)
         return cls(
-            msg.topic, payload, msg.qos, msg.retain, msg.origin, msg.seq, msg.publisher, msg.timestamp, props, ttl
+            msg.topic,
+            payload,
+            msg.qos,
+            msg.retain,
+            msg.origin,
+            msg.seq,
+            msg.publisher,
+            msg.timestamp,
+            props,
+            ttl,
+            resent_root(msg),
         )
 
     def message(self, now: float) -> Message:
@@ -342,11 +388,11 @@ class Forwarded(NamedTuple):
             self.ts,
             props_of(self.props_b64),
         )
-        return expiring(msg, self.ttl_ms, now)
+        return expiring(with_root(msg, self.root), self.ttl_ms, now)
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> Forwarded:
-        a = _array(value, 10, where)
+        a = _array(value, 11, where)
         return cls(
             _str(a[0], where, "topic"),
             _str(a[1], where, "payload"),
@@ -358,6 +404,7 @@ class Forwarded(NamedTuple):
             _num(a[7], where, "ts"),
             _props_json(a[8], where),
             _ttl_json(a[9], where),
+            _root_json(a[10], where),
         )
 
     def aged(self, ms: int) -> Forwarded:
@@ -380,10 +427,11 @@ class SnapshotEntry(NamedTuple):
     ts: float
     props_b64: str | None = None  # its MQTT 5 properties (message.Message.props)
     ttl_ms: int | None = None  # what is left of its life when sent (``ttl_ms``), if it expires
+    root: tuple[str, int] | None = None  # a shared group's re-send: the id it re-sends (``resent_root``)
 
     @classmethod
     def from_json(cls, value: Any, where: str) -> SnapshotEntry:
-        a = _array(value, 12, where)
+        a = _array(value, 13, where)
         return cls(
             _str(a[0], where, "origin"),
             _int(a[1], where, "seq"),
@@ -397,6 +445,7 @@ class SnapshotEntry(NamedTuple):
             _num(a[9], where, "ts"),
             _props_json(a[10], where),
             _ttl_json(a[11], where),
+            _root_json(a[12], where),
         )
 
     def aged(self, ms: int) -> SnapshotEntry:

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .membership import Membership
     from .pools import Pool
     from .replica import _Replicated
+    from .replication import Replication
 
 __all__ = ["Confirmations"]
 
@@ -40,6 +41,7 @@ class Confirmations:
         counters: dict[str, int]
         lagging: dict[str, float]
         out: Outbox
+        replication: Replication
 
         def _replica(self, cid: str, create: bool = True) -> _Replicated | None: ...
 
@@ -97,13 +99,15 @@ class Confirmations:
         others = [n for n in self.membership.holders(session.client_id, self.node_id) if n != self.node_id]
         acked = session.holder_acks
         safe = min((acked.get(n, -1) for n in others), default=session.version)
-        if safe >= session.version:
+        if safe >= session.sent_version:
             self.lagging.pop(session.client_id, None)
         if safe > session.safe_version:
             session.confirmed(safe)
             channel = session.channel
             if channel is not None:
                 channel.release_acks(self.table.journal.committed, now)
+            if safe >= session.sent_version:
+                self.replication.resume(session.client_id)  # (the batch gathered meanwhile goes)
 
     def retry_lagging(self, now: float) -> None:
         """Holders that have not answered our settlements for settle_retry get a copy."""
@@ -117,7 +121,7 @@ class Confirmations:
                 continue
             self.lagging[cid] = now
             self.counters["settle_retries"] += 1
-            behind = {n for n, v in session.holder_acks.items() if v < session.version}
+            behind = {n for n, v in session.holder_acks.items() if v < session.sent_version}
             others = set(self.membership.holders(cid, self.node_id)) - {self.node_id}
             self._copy_to_holders(session, now, only=(others - set(session.holder_acks)) | behind)
 

@@ -150,7 +150,7 @@ class Holders(Confirmations, Pools):
         replica.epoch = max(replica.epoch + (merged is not None), epoch)
         replica._stored_version()
         replica.holder_acks = {}  # (what holders said while another node had the client)
-        replica.safe_version = 0
+        replica.safe_version = replica.sent_version = 0
         for fwd, arrived in forwarded:  # what holders forwarded while we gathered
             self.forwarded(fwd, now, arrived)
         if forwarded:
@@ -363,10 +363,21 @@ class Holders(Confirmations, Pools):
             return
         journal = self.table.journal
         mark = journal.mark()
-        for origin, seq, state, pid, fwd in m.items:
+        items = m.items
+        start = m.version - len(items)  # (the version the batch follows)
+        follows = m.epoch == session.epoch and start <= session.version
+        if follows and start < session.version:
+            # a copy sent while the batch gathered (a retry, a holder that came back, the copy
+            # of a client that left) has its first settlements: this copy follows on from it
+            # (not a gap: no copy again at settle_retry), and does not play them again on a
+            # state that moved on without settlements since (detach queues again a PUBLISH the
+            # gate held: a "sent" played again would put it in flight under an id the client
+            # never had, which the node the client is on gives to another message)
+            items = items[session.version - start :]
+        for origin, seq, state, pid, fwd in items:
             session.settle((origin, seq), state, pid, fwd.message(now) if fwd is not None else None)
-        if m.epoch == session.epoch and m.version - len(m.items) == session.version:
-            session.version = m.version
+        if follows:
+            session.version = max(session.version, m.version)
         else:
             # settlements were missed (a link dropped them) or a newer epoch's copy has not
             # come yet: this copy is not the latest for merges until the next copy, which the
@@ -464,12 +475,19 @@ class Holders(Confirmations, Pools):
     # -- while the client is here ---------------------------------------------------------
 
     def flush(self, now: float) -> None:
-        """Tell the holders what was settled since the last flush (they answer sess.ack)."""
+        """Tell the holders what was settled since the last batch (they answer sess.ack). One
+        batch of a session's is out at a time: while its client is here and the holders have
+        not answered the last, the next gathers (``_advance`` asks for a flush once they have:
+        a round of messages and store commits per answer, not per loop iteration; the frames
+        that wait for the gathered settlements wait as they did for the answer)."""
         settles = self.replication.take_settles()
         if settles:
             for cid, items in settles.items():
                 session = self.table.sessions.get(cid)
                 replica = replica_of(session)
+                if replica is not None and replica.channel is not None and replica.sent_version > replica.safe_version:
+                    self.replication.put_back(cid, items)
+                    continue
                 epoch, version = (replica.epoch, replica.version) if replica is not None else (0, len(items))
                 sent = False
                 for node in self.membership.holders(cid, self.node_id):
@@ -478,6 +496,7 @@ class Holders(Confirmations, Pools):
                         sent = True
                 if replica is not None:
                     if sent:
+                        replica.sent_version = version
                         self.lagging.setdefault(cid, now)
                     else:
                         self._advance(replica, now)
@@ -487,6 +506,11 @@ class Holders(Confirmations, Pools):
         for node in self.membership.holders(session.client_id, self.node_id):
             if node != self.node_id and (only is None or node in only):
                 self.out.put(node, SessCopy(snap))
+        if only is None:
+            # the copy has every settlement gathered for the next batch: sent after it, they
+            # would be played again on a copy that has them (and what came since)
+            self.replication.drop_settles(session.client_id)
+            session.sent_version = session.version
         self._advance(session, now)  # (no other live holder: nothing to wait for)
 
     # -- redirects during a hand-over ---------------------------------------------------------

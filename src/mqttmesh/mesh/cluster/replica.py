@@ -127,6 +127,9 @@ class _Replicated(_SessionPart):
         # the lowest of them over the live holders (frames that need more wait, channel.py)
         self.holder_acks: dict[str, int] = {}
         self.safe_version = 0
+        # while the client is here: the version of the last settlement batch sent to the other
+        # holders; the next one gathers until they have it (holders.py ``flush``)
+        self.sent_version = 0
         # message id -> (state, packet id) settled by the node the client is on before the
         # message itself reached this copy (the mesh brings it later): it takes that id then
         self.reserved: dict[tuple[str, int], tuple[int, int]] = {}

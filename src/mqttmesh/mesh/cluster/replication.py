@@ -55,23 +55,42 @@ class Replication:
         # cid -> where its client went; read by Broker.dispatch for every message
         self.redirects: dict[str, Redirect] = {}
         self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
+        self._woken = False  # (a flush is asked for since the last ``take_settles``)
 
     def on_settled(
         self, session: _Replicated, key: tuple[str, int], state: str, pid: int, msg: Message | None = None
     ) -> None:
         """A replicated session settled a message (its hook). Frames wait for the settlement to
         reach the other holders, so it goes out this loop iteration (Cluster.flush)."""
-        if not self._settles:
+        if not self._woken:
+            self._woken = True
             self._wake()
         fwd = Forwarded.of(msg) if msg is not None else None
         self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid, fwd))
 
     def take_settles(self) -> dict[str, list[Settlement]]:
         """The settlements since the last call, by ClientId (Cluster.flush sends them)."""
+        self._woken = False
         settles = self._settles
         if settles:
             self._settles = {}
         return settles
+
+    def put_back(self, cid: str, items: list[Settlement]) -> None:
+        """``cid``'s settlements wait for the holders' answer to its batch out (holders.py
+        ``flush``): the next batch, before any made since."""
+        later = self._settles.get(cid)
+        self._settles[cid] = items + later if later else items
+
+    def resume(self, cid: str) -> None:
+        """The holders answered ``cid``'s batch: what gathered meanwhile goes at the next flush."""
+        if cid in self._settles and not self._woken:
+            self._woken = True
+            self._wake()
+
+    def drop_settles(self, cid: str) -> None:
+        """A copy of ``cid``'s session went to every holder: it says what they said."""
+        self._settles.pop(cid, None)
 
     def subs_changed(self, session: Session) -> None:
         replica = replica_of(session)

@@ -15,8 +15,8 @@ from collections.abc import Container
 from dataclasses import replace
 
 from ...message import Message, in_origin_order
-from ...session import NO_ENTRIES, NO_PACKETS, SENT_PUBREL, Entry
-from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of, ttl_ms
+from ...session import NO_ENTRIES, NO_PACKETS, SENT_PUBLISH, SENT_PUBREL, Entry
+from .cluster_values import Forwarded, Snapshot, SnapshotEntry, props_b64, props_of, resent_root, ttl_ms, with_root
 from .replica import _Replicated, released_id
 
 __all__ = ["snapshot", "merge_snapshots", "merged_away", "unknown_to", "install"]
@@ -45,6 +45,7 @@ def snapshot(session: _Replicated, now: float) -> Snapshot:
                 m.timestamp,
                 props_b64(m.props),
                 None if m.expires is None else ttl_ms(m.expires - now),
+                resent_root(m),
             )
         )
     return Snapshot(
@@ -154,8 +155,8 @@ def merge_snapshots(snaps: list[Snapshot]) -> Snapshot | None:
             del reserved[key]
             if entry.state < state or (entry.state == state and reserved_came[key] < came[key]):
                 best[key] = entry._replace(pid=pid, state=state)
-    if release:
-        _released(release, best, order, reserved, done)
+    released = _released(release, best, order, reserved, done) if release else {}
+    _one_per_root(best, order, released, done, (latest.epoch, latest.version))
     subs_from = max(snaps, key=lambda s: (s.subs_version, s.epoch))
     rel, inbound = _awaiting_rel(ranked, done, floors)
     # in flight first (in packet-id send order), then queued, each in arrival order
@@ -208,7 +209,7 @@ def _released(
     order: list[tuple[str, int]],
     reserved: dict[tuple[str, int], tuple[int, int]],
     done: dict[tuple[str, int], tuple[int, int]],
-) -> None:
+) -> dict[tuple[str, int], tuple[SnapshotEntry, tuple[int, int]]]:
     """A QoS 2 message settled by one copy and in flight under a newer claim's: the copy that
     settled it could not know that the newer claim's node sent it to the client (it gave it
     to another member of its group, or withdrew it expired, while cut off, or while the claim
@@ -217,15 +218,70 @@ def _released(
     the mesh, and its id is released, not reused: the merged copy has it at PUBREL, which the
     node the client is on sends again (``Session.attach``) and the PUBCOMP settles (fault
     harness, 7 nodes, MQTT 5, seed 9: sub0 kept id 376 for a message its home gave away; a
-    QoS 2 message sent under 376 later was taken for a repeat and lost)."""
+    QoS 2 message sent under 376 later was taken for a repeat and lost). The ids released,
+    each with its view's entry and when it was settled."""
     used = {e.pid for e in best.values() if e.state} | {pid for _, pid in reserved.values()}
+    released = {}
     for key, e in release.items():
         if e.pid in used:
             continue  # (the id went to another message since: nothing left to release)
         used.add(e.pid)
         best[key] = e._replace(state=SENT_PUBREL)
         order.append(key)
-        del done[key]
+        released[key] = (e, done.pop(key))
+    return released
+
+
+def _one_per_root(
+    best: dict[tuple[str, int], SnapshotEntry],
+    order: list[tuple[str, int]],
+    released: dict[tuple[str, int], tuple[SnapshotEntry, tuple[int, int]]],
+    done: dict[tuple[str, int], tuple[int, int]],
+    at: tuple[int, int],
+) -> None:
+    """One message of each root for the session (a shared group's re-send of a message is
+    another message id, which a member that had the root, or another re-send of it, does not
+    take: shared.py ``had``): views that took a message and a re-send of it apart (an old home
+    gave away what its gate held, the client got it from a claim elsewhere, and the group's
+    re-send came back to the old home) leave both in the merge. What is in flight stays (the
+    client may hold its packet id) and the copies of it that are queued are settled. Where the
+    only one in flight is a release (``_released``) of a PUBLISH the client may never have
+    had, the first queued copy takes its packet id, in flight (a DUP PUBLISH: a re-send to a
+    client that holds the id, one delivery to one that does not) and the release is settled
+    again. Else the first queued copy stays (simulator, finding 42's scenario, seed 19 with
+    settle-batch: a QoS 2 message twice to one session, under two ids)."""
+    roots: dict[tuple[str, int], list[tuple[str, int]]] = {}
+    for key in order:
+        e = best.get(key)
+        if e is not None:
+            roots.setdefault(e.root or key, []).append(key)
+    gone: list[tuple[str, int]] = []
+    for keys in roots.values():
+        if len(keys) < 2:
+            continue
+        queued = [k for k in keys if not best[k].state]
+        if not queued:
+            continue  # (each went out under its own id: nothing to undo)
+        # (the client has one: in flight under a claim, or PUBREC'd before its release)
+        had = any(best[k].state and (k not in released or released[k][0].state == SENT_PUBREL) for k in keys)
+        if not had:
+            held = [k for k in keys if k in released]
+            if held:
+                k, q = held[0], queued[0]
+                best[q] = best[q]._replace(pid=best[k].pid, state=SENT_PUBLISH)
+                gone.append(k)
+                done[k] = released[k][1]
+            else:
+                queued = queued[1:]  # (none went out: the first one goes)
+        for k in queued:
+            if best[k].state:
+                continue  # (the one that took a released id)
+            gone.append(k)
+            done[k] = at
+    if gone:
+        for k in gone:
+            del best[k]
+        order[:] = [k for k in order if k in best]
 
 
 def _routed(snaps: list[Snapshot], inbound: list[tuple[int, Forwarded]]) -> list[tuple[str, int]]:
@@ -329,14 +385,16 @@ def install(session: _Replicated, snap: Snapshot, now: float) -> None:
         session._raise_floor(origin, floor)
     used = set()
     done = session.done
-    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts, props, ttl in snap.entries:
+    for origin, seq, topic, payload, msg_qos, qos, pid, state, publisher, ts, props, ttl, root in snap.entries:
         if (origin, seq) in done and (state != SENT_PUBREL or not pid or pid in used):
             # settled here before (this copy remembers TOMBSTONES ids, a snapshot carries
             # those of its copy): a copy that was away, or paused, must not bring it back;
             # at PUBREL it brings back no message, only the release of an id the client may
             # hold (``_released``)
             continue
-        msg = Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts, props_of(props))
+        msg = with_root(
+            Message(topic, base64.b64decode(payload), msg_qos, False, origin, seq, publisher, ts, props_of(props)), root
+        )
         if ttl is not None:
             msg.expiring(ttl / 1000.0 + taken - now, now)
         entry = session._new_entry(msg, qos, False)

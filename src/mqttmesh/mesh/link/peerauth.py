@@ -5,13 +5,13 @@ Pure: no sockets, no clock, no randomness. Each side's nonce is an argument (the
 layer, server/mesh_node.py, draws it); the MQTT packets that carry these fields are
 mesh/link/client.py's (dialling side) and channel.py's (listening side).
 
-The handshake of the peer protocol since version 2 (``PEER_PROTOCOL``, now 12; the later
+The handshake of the peer protocol since version 2 (``PEER_PROTOCOL``, now 13; the later
 versions changed only what travels after it: 3 added settlement versions to session
 snapshots, 4 routes a persistent publisher's QoS 2 message under the id its session's
 holders agreed on and names, in an envelope, the node to acknowledge it to, issue 15; 5
 packs every settled id a snapshot's copy remembers and carries its floors, 6 gives each
 QoS 1/2 envelope its predecessor per destination and adds the ``nack`` and ``skip``
-messages of ordered delivery, issue 20; 7 to 12 are named at ``PEER_PROTOCOL`` below),
+messages of ordered delivery, issue 20; 7 to 13 are named at ``PEER_PROTOCOL`` below),
 in ordinary MQTT 3.1.1 packets (D dials, L listens):
 
     D -> L  CONNECT  user mqttmesh-peer, ClientId $mesh-<D>,
@@ -64,8 +64,10 @@ __all__ = [
 # was never accepted, "refused", and the session ends as the claim found it, registry.py;
 # 11: reg.release says how long ago its connection ended, "ago", with its delayed will,
 # and sess.state that the session ended, "ended", claimant.py; 12: envelope batches of
-# format 6, which say which shared groups each destination serves, routing/shares.py)
-PEER_PROTOCOL = 12
+# format 6, which say which shared groups each destination serves, routing/shares.py; 13: a
+# snapshot's entries and a forwarded message name the message a shared group's re-send
+# re-sends, its root, cluster_values.py)
+PEER_PROTOCOL = 13
 NONCE_BYTES = 16
 
 _NONCE = re.compile(rf"[0-9a-f]{{{2 * NONCE_BYTES}}}\Z")

@@ -269,9 +269,18 @@ class CustodyMixin(EngineState):
             groups = shares.pop(d)
             if plain is None:
                 plain = self.remote.match(c.msg.topic)
-            if (groups and is_resend_mark(groups[0])) or d not in plain:
+            msg = c.msg
+            if groups and is_resend_mark(groups[0]):
                 c.dests.discard(d)  # (a destination for its groups alone)
-            out += [(c.msg, g) for g in groups if not is_resend_mark(g)]
+                # a re-send: the next one names its root too (``_group_copy``), which the
+                # message in custody no longer says (routing left it this node's groups, none:
+                # dataplane.py ``_route_with_shares``; a restart's has none). Named after the
+                # re-send itself, it went to a member that had the root (simulator, finding
+                # 42's scenario, seed 62 with settle-batch: a QoS 2 message twice to a session)
+                msg = msg.copy(shares=groups[:1])
+            elif d not in plain:
+                c.dests.discard(d)  # (a destination for its groups alone)
+            out += [(msg, g) for g in groups if not is_resend_mark(g)]
         return out
 
     def _to_group_again(self, msg: Message, share: str, now: float, held: bool = False, here: bool = False) -> None:
