@@ -127,6 +127,15 @@ class Journal:
     def custody_remove(self, seq: int) -> None:
         self._record(("c", seq), ("custody_remove", seq))
 
+    def rerouted_put(self, msg: Message, dests: list[str]) -> None:
+        """Another origin's message this node routed again under its id (a persistent
+        publisher's QoS 2 message, mesh/routing/dataplane.py ``route_local``), until its
+        destinations acknowledge it: the publisher's session may be done with it."""
+        self._record(("c", msg.origin, msg.seq), ("rerouted_put", msg, list(dests)))
+
+    def rerouted_remove(self, origin: str, seq: int) -> None:
+        self._record(("c", origin, seq), ("rerouted_remove", origin, seq))
+
     # -- retained messages ------------------------------------------------------------
 
     def retained_put(self, topic: str, msg: Message) -> None:
@@ -236,6 +245,12 @@ class NullJournal:
     def custody_remove(self, seq: int) -> None:
         pass
 
+    def rerouted_put(self, msg: Message, dests: list[str]) -> None:
+        pass
+
+    def rerouted_remove(self, origin: str, seq: int) -> None:
+        pass
+
     def retained_put(self, topic: str, msg: Message) -> None:
         pass
 
@@ -336,6 +351,22 @@ def _snapshot(op: tuple[Any, ...]) -> tuple[Any, ...]:
             m.qos,
             int(m.retain),
             m.origin,
+            m.publisher,
+            m.timestamp,
+            "\0".join(dests),
+            m.props,
+            m.expires,
+        )
+    if kind == "rerouted_put":
+        _, m, dests = op
+        return (
+            "rerouted_put",
+            m.origin,
+            m.seq,
+            m.topic,
+            m.payload,
+            m.qos,
+            int(m.retain),
             m.publisher,
             m.timestamp,
             "\0".join(dests),

@@ -20,6 +20,8 @@ from mqttmesh.mesh.routing.envelope import Envelope, EnvelopeError, decode_batch
 from mqttmesh.mesh.routing.lsdb import newest_only
 from mqttmesh.mesh.routing.wire import AckGroup, decode_acks
 from mqttmesh.message import Message
+from mqttmesh.sim.cluster import SimStore
+from mqttmesh.store import Journal as StoreJournal
 from support.engine_net import Net
 
 
@@ -461,6 +463,12 @@ class Journal:
     def custody_remove(self, seq):
         self.ops.append(("remove", seq))
 
+    def rerouted_put(self, msg, dests):
+        self.ops.append(("put", (msg.origin, msg.seq), list(dests)))
+
+    def rerouted_remove(self, origin, seq):
+        self.ops.append(("remove", (origin, seq)))
+
 
 def _publish(net, origin, seq, qos):
     net.engines[origin].route_local(Message("t/1", b"", qos, False, origin, seq), net.t)
@@ -533,8 +541,8 @@ def test_a_message_routed_again_under_its_origins_id_reaches_each_node_once_and_
     """Issue 15: a persistent publisher's QoS 2 message whose id its session's holders agreed
     on may be routed by its origin and again by the node its client moved to (the origin died
     before the message was known to be out). Each destination takes it once, whoever sent it
-    first; the second router keeps it in custody by (origin, seq), the destinations
-    acknowledge to it, and nothing goes into its custody journal."""
+    first; the second router keeps it in custody by (origin, seq), journaled so (its publisher
+    may be done with it: the test after this one), and the destinations acknowledge to it."""
     j = Journal()
     net = Net(["a", "b", "c", "d"], [("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")], custody={"b": j})
     net.subscribe("c", "t/#")
@@ -547,10 +555,10 @@ def test_a_message_routed_again_under_its_origins_id_reaches_each_node_once_and_
     # b routes it again under a's id (same origin and seq): no destination takes it twice
     again = Message("t/1", b"x", 2, False, "a", 41, "p", net.t)
     assert b.route_local(again, net.t) and again.ack_to == "b"
-    assert set(b.custody) == {("a", 41)} and j.ops == []
+    assert set(b.custody) == {("a", 41)} and j.ops == [("put", ("a", 41), ["c", "d"])]
     net.settle()
     assert net.delivered["c"] == [("a", 41, "t/1")] and net.delivered["d"] == [("a", 41, "t/1")]
-    assert b.custody == {} and j.ops == []  # acknowledged again, to b
+    assert b.custody == {} and j.ops[1:] == [("remove", ("a", 41))]  # acknowledged again, to b
     # the same when the origin never sent it: b's copy is the one delivered
     lost = Message("t/2", b"y", 2, False, "a", 42, "p", net.t)
     b.route_local(lost, net.t)
@@ -568,6 +576,45 @@ def test_the_origin_takes_its_own_message_routed_again_by_another_node_and_acks_
     b.route_local(Message("t/1", b"x", 2, False, "a", 7, "p", net.t), net.t)
     net.settle()
     assert net.delivered["a"] == [("a", 7, "t/1")] and b.custody == {}
+
+
+def test_a_message_routed_again_for_a_node_out_of_reach_survives_the_routers_restart():
+    """The fault harness, 7 nodes, MQTT 5, seed 13 (pub0:230/232 and pub1:548/550 lost for
+    sub5): a persistent publisher's QoS 2 messages that their first node had not routed (n6
+    killed; the client left n5) were routed by n2 under their origin's id while every holder
+    of the subscriber's session (n3, n5, n6) was across a black hole; the publisher was done
+    with them (PUBREC, PUBREL; its session marked them routed by n2), and n2 was killed
+    (kill -9) before the heal. The second router's custody lived in its memory alone: no
+    node had them any more for the subscriber's holders. It is stored as an origin's own is,
+    and a restart sends it again, still acknowledged to that router."""
+    store = SimStore()
+    journal = StoreJournal()
+    net = Net(["a", "b", "c"], [("a", "b"), ("b", "c")], custody={"b": journal})
+    net.subscribe("c", "t/#")
+    net.cut("a", "b")  # the origin is gone
+    net.cut("b", "c")  # and the destination across a partition
+    net.settle()
+    b = net.engines["b"]
+    b.route_local(Message("t/1", b"x", 2, False, "a", 41, "p", net.t), net.t)
+    net.settle()
+    assert set(b.custody) == {("a", 41)} and net.delivered["c"] == []
+    store.write(journal.take()[1])  # (committed before the PUBREC: the channel waits for it)
+    journal = StoreJournal()  # b killed (kill -9) and started again from its store
+    fresh = MeshEngine("b", 2, ["b:1883"], MeshSettings(), custody=journal)
+    fresh.start(net.t)
+    net.engines["b"] = fresh
+    for msg, dests in store.load_custody():
+        fresh.restore_custody(msg, dests, net.t)
+    net.connect("b", "c")
+    net.settle()
+    for step in range(1, 6):
+        net.t = float(step)
+        net._pump("b", fresh.tick(net.t))
+        net.settle()
+    assert net.delivered["c"] == [("a", 41, "t/1")]
+    assert fresh.custody == {}  # acknowledged to b again, and out of its store
+    store.write(journal.take()[1])
+    assert store.load_custody() == []
 
 
 def test_an_envelope_to_acknowledge_elsewhere_round_trips_and_a_malformed_one_is_refused():

@@ -237,6 +237,8 @@ def test_null_journal_records_nothing_and_never_holds_an_ack():
     j.awaiting_rel_remove("a", 1)
     j.custody_put(Message("t", b"v", 1), ["n2"])
     j.custody_remove(1)
+    j.rerouted_put(Message("t", b"v", 2, False, "n3", 7), ["n2"])
+    j.rerouted_remove("n3", 7)
     j.retained_put("t", Message("t", b"v", 1, True))
     j.retained_delete("t")
     j.mark_committed(5)
@@ -441,6 +443,36 @@ def test_mqtt5_properties_survive_a_restart_in_every_table(tmp_path):
     assert [x.msg.props for x in broker.sessions["a"].queue] == [PROPS]
     assert broker.retained.get("r").props == PROPS
     assert custody.props == PROPS
+
+
+def test_another_origins_message_routed_again_is_kept_by_its_id_until_acknowledged(tmp_path):
+    """A message this node routed again under another origin's id (mesh/routing/dataplane.py
+    ``route_local``) is stored by (origin, seq), apart from the node's own (numbered by its
+    own incarnations, which another node's may equal), with what is left of its life, and
+    loaded after them; its removal names the origin (the fault harness, 7 nodes, seed 13)."""
+    from mqttmesh.server.sqlite_store import SqliteStore
+
+    j = Journal()
+    j.custody_put(Message("c", b"own", 2, False, "n1", 5, "pub", 2.0), ["n2"])
+    again = Message("c", b"n3's", 2, False, "n3", 5, "pub", 1.0, PROPS)
+    again.expires = 100.0
+    j.rerouted_put(again, ["n2", "n4"])
+    j.rerouted_put(Message("c", b"n4's", 2, False, "n4", 5, "pub", 1.0), ["n2"])
+    write_store(tmp_path, j.take()[1])
+    store = SqliteStore(str(tmp_path))
+    loaded = store.load_custody()
+    assert [(m.origin, m.seq, m.payload, d) for m, d in loaded] == [
+        ("n1", 5, b"own", ["n2"]),
+        ("n3", 5, b"n3's", ["n2", "n4"]),
+        ("n4", 5, b"n4's", ["n2"]),
+    ]
+    assert loaded[1][0].props == PROPS and loaded[1][0].expires == pytest.approx(100.0)
+    store.db.close()
+    j.rerouted_remove("n3", 5)
+    write_store(tmp_path, j.take()[1])
+    store = SqliteStore(str(tmp_path))
+    assert [(m.origin, m.seq) for m, _ in store.load_custody()] == [("n1", 5), ("n4", 5)]
+    store.db.close()
 
 
 @pytest.mark.parametrize("older", [1, 2])

@@ -50,6 +50,9 @@ CREATE TABLE IF NOT EXISTS tombstone_floors(client_id TEXT NOT NULL, origin TEXT
 CREATE TABLE IF NOT EXISTS custody(seq INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, publisher TEXT NOT NULL,
     ts REAL NOT NULL, dests TEXT NOT NULL, props BLOB, expires REAL);
+CREATE TABLE IF NOT EXISTS rerouted(origin TEXT NOT NULL, seq INTEGER NOT NULL, topic TEXT NOT NULL,
+    payload BLOB NOT NULL, qos INTEGER NOT NULL, retain INTEGER NOT NULL, publisher TEXT NOT NULL,
+    ts REAL NOT NULL, dests TEXT NOT NULL, props BLOB, expires REAL, PRIMARY KEY(origin, seq));
 CREATE TABLE IF NOT EXISTS wills(client_id TEXT PRIMARY KEY, topic TEXT NOT NULL, payload BLOB NOT NULL,
     qos INTEGER NOT NULL, retain INTEGER NOT NULL, origin TEXT NOT NULL, seq INTEGER NOT NULL,
     publisher TEXT NOT NULL, ts REAL NOT NULL, props BLOB, expiry INTEGER, due REAL NOT NULL);
@@ -66,7 +69,7 @@ _SHARE_COLUMN = "ALTER TABLE messages ADD COLUMN share TEXT"
 # and format 5: the message a group's re-send re-sends (its root, shared.py ``resend_mark``)
 _ROOT_COLUMN = "ALTER TABLE messages ADD COLUMN root TEXT"
 # the ops that carry a message's expiry last, on the clock of this run (store.py _snapshot)
-_EXPIRING = frozenset(("message_put", "inbound_put", "retained_put", "custody_put", "will_put"))
+_EXPIRING = frozenset(("message_put", "inbound_put", "retained_put", "custody_put", "rerouted_put", "will_put"))
 
 _SQL = {
     "session_put": "INSERT OR REPLACE INTO sessions(client_id, subscriptions, expires) VALUES (?, ?, ?)",
@@ -87,6 +90,8 @@ _SQL = {
     "retained_delete": "DELETE FROM retained WHERE topic = ?",
     "custody_put": "INSERT OR REPLACE INTO custody VALUES (?,?,?,?,?,?,?,?,?,?,?)",
     "custody_remove": "DELETE FROM custody WHERE seq = ?",
+    "rerouted_put": "INSERT OR REPLACE INTO rerouted VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+    "rerouted_remove": "DELETE FROM rerouted WHERE origin = ? AND seq = ?",
     "will_put": "INSERT OR REPLACE INTO wills VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
     "will_delete": "DELETE FROM wills WHERE client_id = ?",
 }
@@ -217,11 +222,19 @@ class SqliteStore:
         return [row[0] for row in self.db.execute("SELECT node FROM nodes_seen ORDER BY node")]
 
     def load_custody(self) -> list[tuple[Message, list[str]]]:
-        """Messages this node held for other nodes when it stopped (mesh/routing/engine.py custody)."""
+        """Messages this node held for other nodes when it stopped (mesh/routing/engine.py custody):
+        its own, then those of other origins it routed again (``rerouted``)."""
         out = []
         for seq, topic, payload, qos, retain, origin, publisher, ts, dests, props, expires in self.db.execute(
             "SELECT seq, topic, payload, qos, retain, origin, publisher, ts, dests, props, expires"
             " FROM custody ORDER BY seq"
+        ):
+            msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, _props(props))
+            msg.expires = self._here(expires)
+            out.append((msg, dests.split("\0")))
+        for origin, seq, topic, payload, qos, retain, publisher, ts, dests, props, expires in self.db.execute(
+            "SELECT origin, seq, topic, payload, qos, retain, publisher, ts, dests, props, expires"
+            " FROM rerouted ORDER BY origin, seq"
         ):
             msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, _props(props))
             msg.expires = self._here(expires)

@@ -77,6 +77,7 @@ class SimStore:
         self.nodes_seen: set[str] = set()
         self.retained: dict[str, tuple[Any, ...]] = {}
         self.custody: dict[int, tuple[Any, ...]] = {}
+        self.rerouted: dict[tuple[str, int], tuple[Any, ...]] = {}  # (origin, seq) -> row
         self.batches = 0
 
     def write(self, ops: list[tuple[Any, ...]]) -> None:
@@ -124,6 +125,10 @@ class SimStore:
                 self.custody[op[1]] = op[1:]
             elif kind == "custody_remove":
                 self.custody.pop(op[1], None)
+            elif kind == "rerouted_put":
+                self.rerouted[(op[1], op[2])] = op[1:]
+            elif kind == "rerouted_remove":
+                self.rerouted.pop((op[1], op[2]), None)
             else:
                 raise ValueError(f"unknown journal op {kind!r}")
 
@@ -153,6 +158,11 @@ class SimStore:
         out = []
         for seq in sorted(self.custody):
             _, topic, payload, qos, retain, origin, publisher, ts, dests, props, expires = self.custody[seq]
+            msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, props)
+            msg.expires = expires
+            out.append((msg, dests.split("\0")))
+        for key in sorted(self.rerouted):
+            origin, seq, topic, payload, qos, retain, publisher, ts, dests, props, expires = self.rerouted[key]
             msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, props)
             msg.expires = expires
             out.append((msg, dests.split("\0")))

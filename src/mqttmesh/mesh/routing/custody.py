@@ -4,7 +4,8 @@
 persistent publisher's QoS 2 message whose id its session's holders agreed on, when the
 session moved before the message was known to be out, mesh/cluster/replica.py. The destinations'
 duplicate filters drop a second copy; their acknowledgements go to that node, named in the
-envelope, as "node NUL origin" in the ack's sender field.)
+envelope, as "node NUL origin" in the ack's sender field. That node journals it too, keyed
+by (origin, seq): once the publisher is done with it, it may be the only copy.)
 
 Pure. A part of ``MeshEngine`` (engine.py, a mixin over engine_base.EngineState):
 end-to-end acknowledgements out (after a delivery is safe), in (releasing custody)
@@ -146,12 +147,10 @@ class CustodyMixin(EngineState):
         for to, frm, seqs in groups:
             if to == self.node_id:
                 custody = self.custody
-                journal = self.custody_journal
                 keys: Sequence[int | tuple[str, int]] = seqs
                 if "\0" in frm:  # messages of another origin we routed: frm is "node NUL origin"
                     frm, _, origin = frm.partition("\0")
                     keys = [(origin, seq) for seq in seqs]
-                    journal = None  # (never journaled: route_local)
                 elif seqs:
                     # what ``frm`` has taken of ours, and when it last said so (_retransmit_due)
                     self._heard[frm] = now
@@ -164,10 +163,7 @@ class CustodyMixin(EngineState):
                         c.dests.discard(frm)
                         if not c.dests:
                             del custody[key]
-                            if journal is not None:
-                                journal.custody_remove(key)  # type: ignore[arg-type]  # (an int: our own)
-                            if self._after:
-                                self._settle_after(key)
+                            self._unjournal(key)
             else:
                 self._relay_ack(to, frm, seqs)
 
@@ -176,9 +172,15 @@ class CustodyMixin(EngineState):
     def restore_custody(self, msg: Message, dests: list[str], now: float) -> None:
         """A message held in custody before a restart: retransmit it soon, to the groups each
         destination served it for (shares.py ``share_entries``); one kept for a group whose
-        nodes were out of reach (``_park``): kept again."""
+        nodes were out of reach (``_park``): kept again. Another origin's, which this node
+        routed again (``route_local``): acknowledged to this node again."""
         plain, shares = split_entries(dests)
         kept = shares.pop("", None)
+        if msg.origin != self.node_id:
+            msg.ack_to = self.node_id
+            key = (msg.origin, msg.seq)
+            self.custody[key] = Custody(msg, set(plain) | shares.keys(), now, now, None, shares or None)
+            return
         if kept:
             if len(kept) > 1:
                 msg.shares = kept[:1]  # (a re-send's root, shares.py ``only``)
@@ -334,11 +336,14 @@ class CustodyMixin(EngineState):
             self._unjournal(key)
 
     def _unjournal(self, key: int | tuple[str, int]) -> None:
-        """A message left custody: out of the journal too (our own; another origin's was
-        never in it)."""
+        """A message left custody: out of the journal too (our own by its number, another
+        origin's that we routed again by its id)."""
         journal = self.custody_journal
-        if journal is not None and type(key) is int:
-            journal.custody_remove(key)
+        if journal is not None:
+            if type(key) is int:
+                journal.custody_remove(key)
+            else:
+                journal.rerouted_remove(*key)  # type: ignore[misc]  # (origin, seq)
         if self._after:
             self._settle_after(key)
 

@@ -82,6 +82,10 @@ class CustodyJournal(Protocol):
 
     def custody_remove(self, seq: int) -> None: ...
 
+    def rerouted_put(self, msg: Message, dests: list[str]) -> None: ...
+
+    def rerouted_remove(self, origin: str, seq: int) -> None: ...
+
 
 class Custody:
     """One message in custody: the destinations that have not acknowledged it yet, and its
