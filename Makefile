@@ -31,13 +31,14 @@ run: $(STAMP)
 # tests stay in one, so its fixtures start once): most tests wait on sockets and timers, so
 # three share two cores well (11 minutes where one took 20). TEST_WORKERS=0: one process
 TEST_WORKERS ?= 3
-# The modules start costliest first (tests/support/schedule.py, from tests/module_costs.json,
-# which `make test-costs` records again after a run of the whole suite)
+# The modules start costliest first (tests/support/schedule.py, from tests/module_costs.json);
+# every run records what each module took in .pytest_cache/module_costs.json, which
+# `make test-costs` (a run, then the copy) makes the order of the next runs
 test: system-deps js-deps lint typecheck
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --record-module-costs .pytest_cache/module_costs.json
 
-test-costs: system-deps js-deps
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder --record-module-costs tests/module_costs.json
+test-costs: test
+	cp .pytest_cache/module_costs.json tests/module_costs.json
 
 # Debian packages (mosquitto, mosquitto-clients, a JRE for PySpark, openssl, Node and npm):
 # apt-get as root; otherwise a message naming them, and the tests that need them are skipped

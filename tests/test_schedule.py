@@ -37,7 +37,7 @@ def test_a_missing_or_broken_file_orders_nothing(tmp_path: Path) -> None:
 
 
 def test_the_recorder_adds_setup_call_and_teardown_by_module(tmp_path: Path) -> None:
-    out = tmp_path / "costs.json"
+    out = tmp_path / "cache" / "costs.json"  # (its directory made if need be)
     rec = Recorder(out)
     for nodeid, seconds in [("x.py::a", 1.25), ("x.py::a", 2.0), ("y.py::b[1]", 0.5), ("x.py::c", 0.04)]:
         rec.pytest_runtest_logreport(cast(Any, SimpleNamespace(nodeid=nodeid, duration=seconds)))

@@ -9,10 +9,11 @@ collected items by the seconds each module took in a recorded run (``tests/modul
 a module not in it counts as free and keeps its place among the others): the scheduler then
 hands the modules out in that order, the longest-processing-time-first rule.
 
-Recording: ``pytest --record-module-costs tests/module_costs.json`` (``make test-costs``) adds
-up every test's setup, call and teardown by module in the process that sees every report (the
-controller when xdist runs) and writes them, rounded to a tenth of a second. The figures only
-order the modules; a stale file orders them less well, never changes what runs.
+Recording: ``pytest --record-module-costs FILE`` adds up every test's setup, call and teardown
+by module in the process that sees every report (the controller when xdist runs) and writes
+them, rounded to a tenth of a second; ``make test`` writes .pytest_cache/module_costs.json
+and ``make test-costs`` copies it over tests/module_costs.json. The figures only order the
+modules; a stale file orders them less well, never changes what runs.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class Recorder:
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         ordered = sorted(self.seconds.items(), key=lambda kv: (-kv[1], kv[0]))
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({k: round(v, 1) for k, v in ordered}, indent=1) + "\n")
 
 
