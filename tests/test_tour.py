@@ -141,7 +141,12 @@ def test_the_readme_tour_works_as_written(tmp_path):
             text = out_path.read_text(errors="replace")
             return all(e in text for e in expected)
 
-        wait_for(seen, 20, what="every output the tour promises")
+        try:
+            wait_for(seen, 20, what="every output the tour promises")
+        except AssertionError:
+            text = out_path.read_text(errors="replace")
+            missing = [e for e in expected if e not in text]
+            raise AssertionError(f"the tour's output lacks {missing}; its output:\n{text}") from None
         text = out_path.read_text(errors="replace")
         statuses = [(int(n), int(rc)) for n, rc in re.findall(r"TOUR-STATUS (\d+) (\d+)", text)]
         lines = tour_script().splitlines()
