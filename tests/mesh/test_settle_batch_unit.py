@@ -118,34 +118,3 @@ def test_a_batch_that_overlaps_a_copy_the_holder_has_is_not_played_again():
     assert held.version == ch.session.version and _pids(held) == _pids(ch.session)
     assert net.clusters["b"].counters["settle_gaps"] == 0
     assert net.clusters["a"].counters["settle_retries"] == 1
-
-
-def test_an_id_in_flight_stays_released_when_the_copy_that_settled_it_took_the_newer_epoch():
-    """Simulator, finding-42's scenario with seed 19 under settle-batch: the old home n6 held a
-    QoS 2 PUBLISH for the gate (its holders had the "sent" of id 123, their answers were lost),
-    its client left, detach queued the message again and n6 gave it to its shared group
-    ("done", epoch 3). The claim at n5 (epoch 4) re-sent it under 123 (DUP). n6's pooled copy
-    met n5's: the merge released the id (PUBREL), but n6 took the epoch 4 with it, and a copy
-    of n1's from before replaced n6's, dropping the release: n6 now said "done" at epoch 4.
-    The next claim at n5 merged that with the epoch-4 copies that had 123 awaiting PUBREL and
-    took the message for completed: the id the client held was free for the next message,
-    which the client would take for a re-send and drop (the fault harness's pid reuse)."""
-    from mqttmesh.mesh.cluster.cluster_values import Snapshot, SnapshotEntry
-    from mqttmesh.mesh.cluster.snapshots import merge_snapshots
-
-    key = ("n0", 268435551)
-    at_pubrel = SnapshotEntry(*key, "sh/p001/3", "eA==", 2, 2, 123, 2, "p001", 1.0)
-    queued = SnapshotEntry("n6", 268435592, "sh/p001/3", "eA==", 2, 2, 0, 0, "p001", 1.0)
-    own = Snapshot("g0m2", {}, 0, [at_pubrel, queued], [], [], "n5", 4, 347)
-    old_home = Snapshot("g0m2", {}, 0, [queued], [key], [], "n5", 4, 347)
-    holder = Snapshot("g0m2", {}, 0, [at_pubrel, queued], [], [], "n5", 4, 347)
-    merged = merge_snapshots([own, old_home, holder])
-    assert merged is not None
-    assert [(e.seq, e.pid, e.state) for e in merged.entries if (e.origin, e.seq) == key] == [(key[1], 123, 2)]
-    # settled by an older epoch's copy only, it is released as before; by a newer one's, not
-    older = Snapshot("g0m2", {}, 0, [queued], [key], [], "n6", 3, 422)
-    merged = merge_snapshots([own, older])
-    assert merged is not None and [(e.pid, e.state) for e in merged.entries if (e.origin, e.seq) == key] == [(123, 2)]
-    newer = Snapshot("g0m2", {}, 0, [], [key], [], "n0", 5, 10)
-    merged = merge_snapshots([own, newer])
-    assert merged is not None and not [e for e in merged.entries if (e.origin, e.seq) == key]
