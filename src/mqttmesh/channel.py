@@ -172,8 +172,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.session: Session | None = None
         self.client_id = ""
         self.username: str | None = None
-        # the CONNECT's will, with the sequence number its message takes (``Will.seq``),
-        # reserved at CONNECT
+        # the CONNECT's will, numbered at CONNECT (``Will.seq``: its message's sequence number)
         self.will: Will | None = None
         self.keepalive = 0
         self.last_rx = now
@@ -181,8 +180,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self._opening: Opening | None = Opening(now, certified)
         self.close_reason: str | None = None
         self.clean_disconnect = False
-        # a peer link from another mesh node, once it proved the cluster secret: that node's
-        # id (mesh/link/peerauth.py); None: a client (``is_peer``)
+        # a peer link's node id once it proved the cluster secret (peerauth.py); None: a client
         self.peer_node: str | None = None
         self._processing = False
         # the owner found its output over limits.max_write_buffer: QoS 0 messages for this
@@ -204,16 +202,13 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
 
     @property
     def is_peer(self) -> bool:
-        """A peer link from another mesh node (``peer_node`` set). (No slot of its own: an
-        idle client's Channel is a slot smaller, issue 26; the per-packet paths read
-        ``peer_node``.)"""
+        """A peer link from another mesh node (``peer_node`` set; the per-packet paths read it)."""
         return self.peer_node is not None
 
     @property
     def will_seq(self) -> int:
-        """The sequence number the will's message takes (``Will.seq``), 0 without a will."""
-        will = self.will
-        return 0 if will is None else will.seq
+        """The number the will's message takes (``Will.seq``), 0 without a will."""
+        return 0 if self.will is None else self.will.seq
 
     @property
     def peer(self) -> str:
@@ -452,9 +447,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
             # the id and gathers the session, then calls claimed() (mesh/cluster/cluster.py)
             self.state = CLAIMING
             expiry = conn.session_expiry if conn is not None else broker.settings.max_session_expiry or KEPT
-            will = self.will
-            seq = 0 if will is None else will.seq
-            self.claims.connect(self, self.client_id, clean, will, now, seq, fresh, expiry)
+            self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq, fresh, expiry)
             return
         mark = broker.journal.mark()
         session, present = broker.table.open_session(

@@ -225,20 +225,14 @@ class SqliteStore:
         """Messages this node held for other nodes when it stopped (mesh/routing/engine.py custody):
         its own, then those of other origins it routed again (``rerouted``)."""
         out = []
-        for seq, topic, payload, qos, retain, origin, publisher, ts, dests, props, expires in self.db.execute(
-            "SELECT seq, topic, payload, qos, retain, origin, publisher, ts, dests, props, expires"
-            " FROM custody ORDER BY seq"
-        ):
-            msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, _props(props))
-            msg.expires = self._here(expires)
-            out.append((msg, dests.split("\0")))
-        for origin, seq, topic, payload, qos, retain, publisher, ts, dests, props, expires in self.db.execute(
-            "SELECT origin, seq, topic, payload, qos, retain, publisher, ts, dests, props, expires"
-            " FROM rerouted ORDER BY origin, seq"
-        ):
-            msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, _props(props))
-            msg.expires = self._here(expires)
-            out.append((msg, dests.split("\0")))
+        for table, order in (("custody", "seq"), ("rerouted", "origin, seq")):
+            for origin, seq, topic, payload, qos, retain, publisher, ts, dests, props, expires in self.db.execute(
+                "SELECT origin, seq, topic, payload, qos, retain, publisher, ts, dests, props, expires"
+                f" FROM {table} ORDER BY {order}"  # noqa: S608 (two fixed names)
+            ):
+                msg = Message(topic, bytes(payload), qos, bool(retain), origin, seq, publisher, ts, _props(props))
+                msg.expires = self._here(expires)
+                out.append((msg, dests.split("\0")))
         return out
 
     # -- the writer thread -----------------------------------------------------------------
