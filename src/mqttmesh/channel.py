@@ -201,13 +201,11 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self.frame0: Frame0Fn = Message.frame_qos0
 
     @property
-    def is_peer(self) -> bool:
-        """A peer link from another mesh node (``peer_node`` set; the per-packet paths read it)."""
+    def is_peer(self) -> bool:  # a peer link from another mesh node (the per-packet paths read peer_node)
         return self.peer_node is not None
 
     @property
-    def will_seq(self) -> int:
-        """The number the will's message takes (``Will.seq``), 0 without a will."""
+    def will_seq(self) -> int:  # the number the will's message takes (``Will.seq``), 0: no will
         return 0 if self.will is None else self.will.seq
 
     @property
@@ -447,7 +445,9 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
             # the id and gathers the session, then calls claimed() (mesh/cluster/cluster.py)
             self.state = CLAIMING
             expiry = conn.session_expiry if conn is not None else broker.settings.max_session_expiry or KEPT
-            self.claims.connect(self, self.client_id, clean, self.will, now, self.will_seq, fresh, expiry)
+            will = self.will
+            seq = 0 if will is None else will.seq
+            self.claims.connect(self, self.client_id, clean, will, now, seq, fresh, expiry)
             return
         mark = broker.journal.mark()
         session, present = broker.table.open_session(
