@@ -510,6 +510,11 @@ class Session:
     def _stored_put(self, entry: Entry) -> None:
         pass
 
+    def keeps(self, entry: Entry) -> bool:
+        """Must queued ``entry`` stay with this member of its shared group, not go to another
+        (shared.py ``take_entries``)? Only a replicated session says so (mesh/cluster/replica.py)."""
+        return False
+
     def given_away(self, entry: Entry) -> None:
         """``entry`` left the session for another member of its shared group (shared.py
         ``take_entries``): as settled, but by no client of its own."""

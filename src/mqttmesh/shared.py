@@ -376,14 +376,15 @@ def take_entries(
     session: Session, only_if: Callable[[SharedGroup], bool] | None = None, inflight: bool = True
 ) -> list[Entry]:
     """The entries of ``session`` that reached it through a shared group and may go to
-    another member, taken out of it (and its store): every queued one, and QoS 1 ones in
-    flight unless ``inflight`` is False; a QoS 2 message in flight stays [MQTT-4.8.2-4].
+    another member, taken out of it (and its store): every queued one the session does not
+    keep (``Session.keeps``), and QoS 1 ones in flight unless ``inflight`` is False; a QoS 2
+    message in flight stays [MQTT-4.8.2-4].
     ``only_if``: of the groups it says yes to."""
     taken: list[Entry] = []
     kept = []
     for entry in session.queue:
         group = entry.group
-        if group is not None and (only_if is None or only_if(group)):
+        if group is not None and (only_if is None or only_if(group)) and not session.keeps(entry):
             taken.append(entry)
         else:
             kept.append(entry)

@@ -734,3 +734,55 @@ def test_a_group_whose_members_are_away_and_granted_qos0_only_is_told_to_the_mes
     one.connection_lost(4.0)
     back.connection_lost(5.0)  # (both away: one of them queues QoS 1/2)
     assert mesh.told[-2:] == [("-", share), ("+", share + QUEUED)]
+
+
+def test_a_qos2_message_whose_sent_step_was_unconfirmed_stays_with_its_member_when_it_leaves():
+    """[MQTT-4.8.2-4] A persistent member's node reported a QoS 2 message "sent" to the
+    session's other holders, and its frame waited for them (the gate); the client left (its
+    node cut off from its majority, fenced) before they confirmed. Whether a holder had the
+    step is unknown: one that had it serves the message to the client as in flight if the
+    client claims on its side. So the message stays this member's (queued, sent afresh when
+    it returns), not handed to another member: the fault harness, 7 nodes, 3.1.1, shared,
+    seed 1, had pub2:2464 at two members so. A QoS 1 one held the same way, and anything
+    queued that was never sent, goes on as before."""
+    from mqttmesh.mesh.cluster.replica_sessions import MeshSession
+    from mqttmesh.message import Message
+    from mqttmesh.shared import SharedSubscriptions, take_entries
+
+    class Gated(FakeChannel):  # (the gate holds every frame: channel_held.py)
+        def write_gated(self, frame: bytes, ticket: int) -> None:
+            pass
+
+    shared = SharedSubscriptions("round_robin")
+    a = MeshSession("a", Limits(), on_settled=lambda sess, key, state, pid, m=None: None)
+    b = MeshSession("b", Limits())
+    a.attach(Gated(), 0.0)
+    b.attach(FakeChannel(), 0.0)
+    for s in (a, b):
+        shared.join(s, "g", "t", 2)
+    group = shared.groups[("g", "t")]
+    q2 = Message("t", b"two", 2, False, "o", 7, "p", 0.0)
+    q1 = Message("t", b"one", 1, False, "o", 8, "p", 0.0)
+    assert shared.deliver(group, q2, but=b) is a  # ("sent" reported, unconfirmed: the frame waits)
+    assert shared.deliver(group, q1, but=b) is a  # (framed behind it)
+    assert shared.deliver(group, Message("t", b"later", 2, False, "o", 9, "p", 0.0), but=b) is a
+    assert a.version > a.safe_version and sorted(a.unreleased) == [1, 2, 3]
+    a.detach()
+    assert not a.inflight and [e.msg.seq for e in a.queue] == [7, 8, 9]
+    taken = take_entries(a, lambda g: shared.online_besides(a, g))
+    assert [e.msg.seq for e in taken] == [8]  # (the QoS 1 one; both QoS 2 ones stay)
+    assert [e.msg.seq for e in a.queue] == [7, 9] and all(a.keeps(e) for e in a.queue)
+    shared.redispatch(a, taken, 1.0)
+    assert ("o", 8) in b.ids and ("o", 7) not in b.ids
+    # back: sent afresh, and once its id settles the mark goes with it
+    a.attach(Gated(), 2.0)
+    assert sorted(e.msg.seq for e in a.inflight.values()) == [7, 9] and not a.queue
+    for pid in list(a.inflight):
+        a.on_pubrec(pid)
+        a.on_pubcomp(pid, 3.0)
+    assert not a.maybe_sent and not a.inflight
+    # a message queued and never sent goes to another member as before
+    a.detach()
+    fresh = Message("t", b"new", 2, False, "o", 10, "p", 0.0)
+    assert shared.deliver(group, fresh, but=b) is a and [e.msg.seq for e in a.queue] == [10]
+    assert [e.msg.seq for e in take_entries(a, lambda g: shared.online_besides(a, g))] == [10]

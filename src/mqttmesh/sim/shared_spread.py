@@ -210,7 +210,9 @@ def _placements(
 ) -> list[list[tuple[float, int, int, int]]]:
     """Every order the old homes' losses in ``spans`` (each at some time in its span) may take
     among ``evs``: each at the start of its span or just after one of the events in it (at most
-    ``most`` combinations: beyond, each loss at either end of its span)."""
+    ``most`` combinations: beyond, each loss at either end of its span, and beyond four times
+    ``most``, the losses left all at the start of their spans or all at the end: many spans
+    cost a bounded number of combinations, not two to the power of their number)."""
     if not spans:
         return []
     times = sorted({e[0] for e in evs})
@@ -219,8 +221,12 @@ def _placements(
         at = [lo, *(t for t in times if lo <= t < hi)]
         choices.append([(t, 4 if t > lo else 2, 0, -1) for t in at] + [(hi, 2, 0, -1)])
     out: list[list[tuple[float, int, int, int]]] = [[]]
-    for options in choices:
+    for i, options in enumerate(choices):
         if len(out) * len(options) > most:
+            if len(out) * 2 > 4 * most:
+                firsts = [o[0] for o in choices[i:]]
+                lasts = [o[-1] for o in choices[i:]]
+                return [[*placed, *firsts] for placed in out] + [[*placed, *lasts] for placed in out]
             options = [options[0], options[-1]]
         out = [[*placed, o] for placed in out for o in options]
     return out

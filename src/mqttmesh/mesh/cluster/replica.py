@@ -146,6 +146,10 @@ class _Replicated(_SessionPart):
         # when it was framed (``_send_new``): if the client leaves before the gate passes it,
         # the client never had it (``detach``)
         self.unreleased: dict[int, int] = {}
+        # QoS 2 messages queued again at ``detach`` whose "sent" step had gone to the holders
+        # unconfirmed: one of them may serve it as in flight, so it stays this member's
+        # (``keeps``: not handed to another member of its group)
+        self.maybe_sent: set[tuple[str, int]] = set()
 
     def _report(self, key: tuple[str, int], state: str, pid: int, msg: Message | None = None) -> None:
         self.version += 1
@@ -301,10 +305,20 @@ class _Replicated(_SessionPart):
     def _stored_remove(self, entry: Entry) -> None:
         super()._stored_remove(entry)
         key = (entry.msg.origin, entry.msg.seq)
+        if self.maybe_sent:
+            self.maybe_sent.discard(key)
         if self.ids.pop(key, None) is not None:
             self._settled_id(key)
             if self.on_settled is not None and self.channel is not None:
                 self._report(key, "done", 0)
+
+    def keeps(self, entry: Entry) -> bool:
+        """A QoS 2 message whose "sent" step left for the holders unconfirmed when the client
+        left (``detach``): a holder that had it may serve it to this member's client as in
+        flight (a claim on its side of a partition), so it goes to no other member [MQTT-4.8.2-4]
+        (fault harness, 7 nodes, 3.1.1, shared, seed 1: a node cut off from its majority
+        handed such a message to a member beside it, and the claim across the cut served it)."""
+        return bool(self.maybe_sent) and (entry.msg.origin, entry.msg.seq) in self.maybe_sent
 
     def given_away(self, entry: Entry) -> None:
         """To another member of its group (shared.py ``take_entries``), at its home: settled
@@ -354,9 +368,10 @@ class _Replicated(_SessionPart):
         was framed: a QoS 1 message may then come twice, never not at all): its entry is
         queued again, not in flight, so that a claim
         elsewhere that never heard of it does not take it for completed (snapshots.py
-        ``merge_snapshots`` drops what an older claim had in flight and a newer one has not),
-        and a shared group's member hands it on like anything queued (fault harness, 7 nodes,
-        seed 2: 20 QoS 2 messages a member's node took while cut off from its holders)."""
+        ``merge_snapshots`` drops what an older claim had in flight and a newer one has not;
+        fault harness, 7 nodes, seed 2: 20 QoS 2 messages a member's node took while cut off
+        from its holders). A shared group's member hands a QoS 1 one on like anything queued,
+        not a QoS 2 one: a holder may have its "sent" (``keeps``)."""
         self._passed(self.safe_version)  # (what the gate let out stays in flight)
         unreleased, self.unreleased = self.unreleased, {}
         back = []
@@ -370,6 +385,8 @@ class _Replicated(_SessionPart):
                     self._stored_put(entry)  # (PUBREC'd: the client had it)
         for entry in reversed(back):
             entry.packet_id, entry.state = 0, 0
+            if entry.qos == 2:
+                self.maybe_sent.add((entry.msg.origin, entry.msg.seq))
             self.queued().appendleft(entry)
             if self.stores:
                 self._stored_put(entry)
