@@ -114,14 +114,14 @@ class Cell:
 def cells_of(groups: list[str]) -> list[Cell]:
     out: list[Cell] = []
     if "paced" in groups:
-        # (a window of 10 s at 100 and 1,000 msgs/s: with 3 s, rounds of one tree differed by
-        # up to 40 %, docs/performance.md section 2, "The delay's default")
+        # (an A/B of the cells at 100 and 1,000 msgs/s wants --duration 10: with 3 s, rounds of
+        # one tree differed by up to 40 %, docs/performance.md section 2, "The delay's default")
         for b in ("same", "cross", "mosquitto"):  # sparse: what a message waits for on a quiet link
-            out.append(Cell("paced", b, paced(100.0), 1, duration=10.0))
+            out.append(Cell("paced", b, paced(100.0), 1))
         for rate in (1000.0, 10_000.0):
             for q in (0, 1, 2):
                 for b in ("same", "cross", "mosquitto"):
-                    out.append(Cell("paced", b, paced(rate), q, duration=10.0 if rate <= 1000.0 else None))
+                    out.append(Cell("paced", b, paced(rate), q))
     if "saturation" in groups:
         for q in (0, 1, 2):
             for b in ("same", "cross", "mosquitto"):
@@ -476,8 +476,7 @@ def markdown(r: Results) -> str:
             "### Mesh cost (`python -m bench.mesh_cost`, issue 26)",
             "",
             f"*Written by `{m['command']}` on {m['date']}: medians of {m['rounds']} alternating round(s), "
-            f"{m['duration']:g} s windows (10 s for the 7-node cells and the paced ones at 100 and 1,000 msgs/s) "
-            f"after {m['warmup']:g} s of warm-up; "
+            f"{m['duration']:g} s windows (10 s for the 7-node cells) after {m['warmup']:g} s of warm-up; "
             f"64-byte payloads, loopback. Load average before / after: {m['load_before']} / {m['load_after']} "
             f"(2 cores; the benchmark's own processes count in them).*",
             "",
@@ -533,7 +532,7 @@ def main(argv: list[str] | None = None) -> int:
         "--duration",
         type=float,
         default=3.0,
-        help="the measured window (the 7-node cells and the paced ones at 100 and 1,000 msgs/s: 10 s)",
+        help="the measured window (the 7-node cells: 10 s)",
     )
     p.add_argument("--idle", type=float, default=10.0, help="seconds an idle 7-node mesh is measured (0: not)")
     p.add_argument("--drain-timeout", type=float, default=10.0)

@@ -129,7 +129,7 @@ class SessionTable:
             # node, if there are any (it keeps it when there is none); the mesh hears of its
             # groups here with no connected member (QUEUED)
             shared = self.shared
-            taken = take_entries(session, lambda group: shared.online_besides(session, group))
+            taken = take_entries(session, lambda group: shared.online_besides(session, group), shared=shared)
             shared.redispatch(session, taken, now)
             self._advertise_groups(session)
         if session.expiry != KEPT:

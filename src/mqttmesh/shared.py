@@ -215,6 +215,9 @@ class SharedSubscriptions:
         # messages handed on by a member that left, not given back to one that gave them away
         # before (its session settled their ids): to another member, or another node's
         self.passed_over = 0
+        # QoS 2 messages a leaving member kept: the gate held them, a holder may serve them
+        # (``Session.keeps``)
+        self.kept_sent = 0
         # in a mesh, what a leaving member held when no other member here may take it:
         # (message, "$share/{g}/{f}", now) -> sent to another node's member (the Broker's)
         self.elsewhere: Callable[[Message, str, float], bool] | None = None
@@ -373,21 +376,27 @@ class SharedSubscriptions:
 
 
 def take_entries(
-    session: Session, only_if: Callable[[SharedGroup], bool] | None = None, inflight: bool = True
+    session: Session,
+    only_if: Callable[[SharedGroup], bool] | None = None,
+    inflight: bool = True,
+    shared: SharedSubscriptions | None = None,
 ) -> list[Entry]:
     """The entries of ``session`` that reached it through a shared group and may go to
     another member, taken out of it (and its store): every queued one the session does not
     keep (``Session.keeps``), and QoS 1 ones in flight unless ``inflight`` is False; a QoS 2
     message in flight stays [MQTT-4.8.2-4].
-    ``only_if``: of the groups it says yes to."""
+    ``only_if``: of the groups it says yes to; ``shared`` counts what the session keeps."""
     taken: list[Entry] = []
     kept = []
     for entry in session.queue:
         group = entry.group
-        if group is not None and (only_if is None or only_if(group)) and not session.keeps(entry):
-            taken.append(entry)
-        else:
-            kept.append(entry)
+        if group is not None and (only_if is None or only_if(group)):
+            if not session.keeps(entry):
+                taken.append(entry)
+                continue
+            if shared is not None:
+                shared.kept_sent += 1
+        kept.append(entry)
     if taken:
         session.queue = deque(kept) if kept else NO_ENTRIES
     for pid, entry in list(session.inflight.items()) if inflight else ():

@@ -36,7 +36,7 @@ def test_mesh_cost_runs_same_node_and_across_two(tmp_path):
         timeout=180,
     )
     cells = json.loads(out.read_text())["cells"]
-    assert len(cells) == 2 * 2 + 2 * 2  # paced at 1k and 10k; persistent and clean at 2k
+    assert len(cells) == 2 + 2 * 2 + 2 * 2  # paced at 100, 1k and 10k; persistent and clean at 2k
     for key, cell in cells.items():
         s = cell["summary"]
         assert (s["ok"], s["lost"], s["delivered_fraction"]) == (1, 0, 1.0), (key, s)

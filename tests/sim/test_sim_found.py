@@ -48,9 +48,10 @@ EXERCISES: dict[str, str | tuple[str, ...]] = {
     "finding-42-heal-31-old-home-never-noticed": "old_homes_told",
 }
 # the same, of the shared groups' counters (sim/members.py ``node_counters``)
-SHARED_EXERCISES: dict[str, str] = {
-    # a message handed on by a member that left is not given back to the one that gave it away
-    "finding-40-harsh-35-handed-back-to-its-giver": "passed_over",
+SHARED_EXERCISES: dict[str, str | tuple[str, ...]] = {
+    # a message handed on by a member that left is not given back to the one that gave it away;
+    # since a QoS 2 one the gate held stays with its member (design.md 3.8), kept there
+    "finding-40-harsh-35-handed-back-to-its-giver": ("passed_over", "kept_sent"),
 }
 
 
@@ -75,4 +76,5 @@ def test_a_found_scenario_holds_every_invariant(path) -> None:
         assert any(cl["cluster_counters"].get(name, 0) > 0 for name in names), names
     shared = SHARED_EXERCISES.get(path.stem)
     if shared is not None:
-        assert cl["shared"]["node_counters"].get(shared, 0) > 0, shared
+        names = (shared,) if isinstance(shared, str) else shared
+        assert any(cl["shared"]["node_counters"].get(name, 0) > 0 for name in names), names

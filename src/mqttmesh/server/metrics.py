@@ -170,7 +170,8 @@ def render(node: Any) -> str:
         "queued for a member that left, given to another; resent: in flight to it, QoS 1, "
         "given to another, perhaps twice; abandoned: QoS 2 in flight to a member whose session "
         "ended; dropped: no member could take it; kept_once: a re-send a member already had, "
-        "not given again; passed_over: handed on, not given back to a member that gave it away)",
+        "not given again; passed_over: handed on, not given back to a member that gave it away; "
+        "kept_sent: QoS 2, kept by a member that left while its holders had not confirmed it sent)",
         [
             ({"what": "redispatched"}, shared.redispatched),
             ({"what": "resent"}, shared.resent),
@@ -178,6 +179,7 @@ def render(node: Any) -> str:
             ({"what": "dropped"}, shared.dropped),
             ({"what": "kept_once"}, shared.kept_once),
             ({"what": "passed_over"}, shared.passed_over),
+            ({"what": "kept_sent"}, shared.kept_sent),
         ],
     )
     page.one("mqttmesh_shared_groups", "gauge", "shared subscription groups with a member here", len(shared))

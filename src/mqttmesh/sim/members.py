@@ -342,7 +342,7 @@ class MembersMixin(SimulatorPart):
                 for k in ("shared_unreachable", "shared_rerouted"):
                     counters[k] = counters.get(k, 0) + e.get(k, 0)
                 sh = node.core.broker.shared
-                for k in ("dropped", "redispatched", "resent", "abandoned", "kept_once", "passed_over"):
+                for k in ("dropped", "redispatched", "resent", "abandoned", "kept_once", "passed_over", "kept_sent"):
                     counters[k] = counters.get(k, 0) + getattr(sh, k)
         return {
             "groups": self.sc.clients.groups,
