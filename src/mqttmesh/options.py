@@ -372,12 +372,11 @@ _STORE_AND_MESH: list[Option] = [
         float,
         0.005,
         "seconds a node gathers the messages it routes to its peers and its acknowledgements "
-        "before writing them: fewer, fuller link writes and fewer wake-ups of the peers at low "
-        "and medium rates, for at most this much more latency per hop (the event loop's timers "
-        "count whole milliseconds; at 1,000 msgs/s, 2 ms cost a hop 1.2-1.4 times the CPU of 5 ms "
-        "and 0 about twice: docs/performance.md); 0: written at the end of each loop turn. The cluster's steps "
-        "(persistent sessions, registrations) go at the end of the turn and take what waits "
-        "along, and so do 32 messages routed in one turn (a busy node does not make its peers wait)",
+        "before writing them: fewer, fuller link writes and fewer wake-ups of the peers, for at "
+        "most this much more latency per hop (timers count whole milliseconds; at 1,000 msgs/s "
+        "2 ms cost a hop 1.2-1.4 times the CPU of 5 ms: docs/performance.md); 0: written at the "
+        "end of each loop turn. The cluster's steps (persistent sessions, registrations) go at the "
+        "end of the turn and take what waits along, and so do 32 messages routed in one turn",
         0.0,
         0.1,
         flag_name="--mesh-batch-delay",
