@@ -528,12 +528,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--qos", default="0,1,2", help="only the cells of these QoS levels")
     p.add_argument("--brokers", default="", help="only these cell brokers (same,cross,cross-mem,mesh7,mosquitto)")
     p.add_argument("--warmup", type=float, default=0.5)
-    p.add_argument(
-        "--duration",
-        type=float,
-        default=3.0,
-        help="the measured window (the 7-node cells: 10 s)",
-    )
+    p.add_argument("--duration", type=float, default=3.0, help="the measured window (the 7-node cells: 10 s)")
     p.add_argument("--idle", type=float, default=10.0, help="seconds an idle 7-node mesh is measured (0: not)")
     p.add_argument("--drain-timeout", type=float, default=10.0)
     p.add_argument("--out", type=Path, default=RESULTS / "mesh_cost.json")
