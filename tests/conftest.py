@@ -30,6 +30,11 @@ def pytest_collection_modifyitems(items):
     schedule.costliest_first(items, schedule.load_costs())  # make test's workers start the long modules first
 
 
+@pytest.hookimpl(optionalhook=True)  # (a hook of pytest-xdist: absent when it is not installed)
+def pytest_xdist_make_scheduler(config, log):
+    return schedule.spark_together(config, log)  # the Spark modules in one worker, one JVM
+
+
 def pytest_addoption(parser):
     schedule.add_option(parser)
 

@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 
-from support.schedule import Recorder, costliest_first, load_costs, module_of
+from support.schedule import Recorder, costliest_first, load_costs, module_of, spark_together
 
 
 def _items(*nodeids: str) -> list[pytest.Item]:
@@ -48,3 +48,28 @@ def test_the_recorder_adds_setup_call_and_teardown_by_module(tmp_path: Path) -> 
 
 def test_the_module_of_a_parametrized_test_in_a_class() -> None:
     assert module_of("tests/sim/test_sim_fuzz.py::Test::test_x[3-a::b]") == "tests/sim/test_sim_fuzz.py"
+
+
+def test_the_spark_modules_share_one_work_unit_under_loadscope() -> None:
+    loadscope = cast(
+        Any, SimpleNamespace(getoption=lambda name, default=None: "loadscope", getvalue=lambda name: ["3*popen"])
+    )
+    scheduler = spark_together(loadscope, None)
+    assert scheduler is not None
+    scopes = {
+        n: scheduler._split_scope(n)
+        for n in [
+            "tests/pipeline/test_stream.py::test_kill",
+            "tests/pipeline/test_payloads.py::test_x[2]",
+            "tests/sim/test_sim_fuzz.py::test_seed[3]",
+            "tests/unit/test_codec_unit.py::TestX::test_y",
+        ]
+    }
+    assert scopes == {
+        "tests/pipeline/test_stream.py::test_kill": "tests/pipeline/",
+        "tests/pipeline/test_payloads.py::test_x[2]": "tests/pipeline/",
+        "tests/sim/test_sim_fuzz.py::test_seed[3]": "tests/sim/test_sim_fuzz.py",
+        "tests/unit/test_codec_unit.py::TestX::test_y": "tests/unit/test_codec_unit.py::TestX",
+    }
+    each = cast(Any, SimpleNamespace(getoption=lambda name, default=None: "load"))
+    assert spark_together(each, None) is None  # (another mode: xdist's own scheduler)

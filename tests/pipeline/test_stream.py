@@ -74,6 +74,10 @@ def batch_windows(spark, archive, closed_before):
     )
 
 
+# above the waits inside (180 s for two micro-batches, 30 s for the kill, then the re-run): a
+# pytest timeout in the middle of a py4j call breaks the worker's shared SparkSession for every
+# later test of the worker, where the wait's own deadline fails this test alone
+@pytest.mark.timeout(420)
 def test_the_stream_job_restarted_after_a_kill_gives_the_batch_totals(spark, tmp_path):
     archive, out = tmp_path / "archive", tmp_path / "out"
     # six files, 20 messages each, one every 2.5 s from 14:00:00 to 14:04:57.5

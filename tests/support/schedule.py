@@ -9,6 +9,12 @@ collected items by the seconds each module took in a recorded run (``tests/modul
 a module not in it counts as free and keeps its place among the others): the scheduler then
 hands the modules out in that order, the longest-processing-time-first rule.
 
+One scope for Spark: every module of tests/pipeline shares the worker's session-wide
+SparkSession (a JVM of 1 GB on ``local[2]``), so under loadscope each worker that ran one of
+them started its own JVM, and with three at once on two cores those modules took twice their
+recorded time (a stream test timed out). ``make test`` puts them in one work unit
+(``SparkTogether``): one JVM, the other workers running the rest of the suite beside it.
+
 Recording: ``pytest --record-module-costs FILE`` adds up every test's setup, call and teardown
 by module in the process that sees every report (the controller when xdist runs) and writes
 them, rounded to a tenth of a second; ``make test`` writes .pytest_cache/module_costs.json
@@ -74,3 +80,22 @@ def register_recorder(config: pytest.Config) -> None:
     path = config.getoption(OPTION)
     if path and not hasattr(config, "workerinput"):
         config.pluginmanager.register(Recorder(Path(path)), "module-costs-recorder")
+
+
+SPARK_MODULES = "tests/pipeline/"
+
+
+def spark_together(config: pytest.Config, log):
+    """The loadscope scheduler with every module under tests/pipeline in one scope; any other
+    ``--dist`` mode is left to xdist (None)."""
+    if config.getoption("dist", "no") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SparkTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(SPARK_MODULES):
+                return SPARK_MODULES
+            return super()._split_scope(nodeid)
+
+    return SparkTogether(config, log)
