@@ -358,8 +358,7 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         if self._deferred:
             # messages waiting for the holders are not routed from a closed connection: the
             # session keeps them and the node the client comes back to routes them
-            self._held = deque(item for item in self._held if type(item[2]) is not Message)
-            self._deferred = 0
+            self._drop_deferred()
         if self.is_peer and was_connected and self.peers is not None:
             self.peers.peer_closed(self, self.last_rx if now is None else now)
         if was_connected and self.claims is not None and not self.is_peer:
