@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from . import codec
 from .channel5 import Conn5, Mqtt5, reason_of
-from .channel_held import NO_FRAMES, NOTHING_HELD, PUBREL_FIRST, HeldFrames, Pending, ProtocolViolation, ack_frame
+from .channel_held import NO_FRAMES, NO_ROUTING, NOTHING_HELD, PUBREL_FIRST, HeldFrames, ProtocolViolation, ack_frame
 from .channel_peer import PEER_AUTH, PeerListening
 from .channel_publish import Publishing, will_delay
 from .channel_states import AUTHENTICATING, AWAIT_CONNECT, CLAIMING, CLOSED, CONNECTED, violation
@@ -55,6 +55,7 @@ from .session import KEPT
 
 if TYPE_CHECKING:
     from .broker import Broker, ClaimingChannel
+    from .channel_held import Pending, Routing
     from .packets import Will
     from .ports import Batch, Owner, PeerListener, PeerPort, ReadCapture
     from .session import Frame0Fn, FrameFn, Session
@@ -190,10 +191,10 @@ class Channel(Publishing, Subscribing, PeerListening, HeldFrames, Mqtt5):
         self._read: ReadCapture | None = None
         self._out: list[bytes] = NO_FRAMES  # (a list while frames wait: channel_held.py)
         # frames waiting for a journal batch and a ticket of the session's gate, in order
-        self._held: deque[tuple[int, int, bytes | Message | Pending]] = NOTHING_HELD  # (made by _hold)
-        # messages in ``_held`` (routed when they reach its head): while there is one, what
-        # this client publishes waits behind it, in order [MQTT-4.6.0-6]
-        self._deferred = 0
+        self._held: deque[tuple[int, int, bytes | Routing | Pending]] = NOTHING_HELD  # (made by _hold)
+        # messages in ``_held`` not routed yet: while there is one, what this client publishes
+        # waits behind it, in order [MQTT-4.6.0-6]
+        self._deferred: deque[Routing] = NO_ROUTING  # (made by _defer)
         # what an MQTT 5 client agreed on (channel5.py), None for 3.1.1; the PUBLISH frames
         # of its messages (session.Attached), its packets' handlers
         self.v5: Conn5 | None = None

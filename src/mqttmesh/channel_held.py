@@ -35,6 +35,8 @@ __all__ = [
     "NOTHING_HELD",
     "NO_FRAMES",
     "held_in_order",
+    "Routing",
+    "NO_ROUTING",
 ]
 
 # the first byte of the four acknowledgements a Channel writes (built without a packet object)
@@ -89,6 +91,22 @@ class Pending:
         self.msg, self.qos, self.packet_id, self.dup, self.retain = msg, qos, packet_id, dup, retain
 
 
+class Routing:
+    """A message of this client held to be routed (``HeldFrames._defer``): routed as soon as
+    the session's gate passed its ticket and every message deferred before it was routed,
+    whatever the frames ahead of it wait for; the frames behind it wait for the journal
+    batch its routing wrote (``batch``; -1 until routed)."""
+
+    __slots__ = ("msg", "ticket", "batch")
+
+    def __init__(self, msg: Message, ticket: int):
+        self.msg, self.ticket, self.batch = msg, ticket, -1
+
+
+# a Channel's ``_deferred`` while no message waits to be routed (``_defer`` makes the deque)
+NO_ROUTING: deque[Routing] = cast("deque[Routing]", ())
+
+
 class HeldFrames:
     """The output queue of a Channel (a mixin: the Channel keeps the state)."""
 
@@ -100,9 +118,10 @@ class HeldFrames:
         session: Session | None
         _out: list[bytes]
         # frames waiting for a journal batch and a ticket of the session's gate, in order,
-        # and messages to route (a persistent publisher's QoS 2, channel.py ``_route_after``)
-        _held: deque[tuple[int, int, bytes | Message | Pending]]
-        _deferred: int
+        # and the places of messages routed after a step (a persistent publisher's QoS 2,
+        # channel_publish.py ``_route_after``) among them
+        _held: deque[tuple[int, int, bytes | Routing | Pending]]
+        _deferred: deque[Routing]  # those of them not routed yet, in order
         frame: FrameFn
 
         def _route(self, msg: Message) -> Batch: ...
@@ -151,7 +170,7 @@ class HeldFrames:
             return
         self._hold(frame, batch, ticket)
 
-    def _hold(self, item: bytes | Message | Pending, batch: Batch, ticket: int) -> None:
+    def _hold(self, item: bytes | Routing | Pending, batch: Batch, ticket: int) -> None:
         """Queue ``item`` (a frame, or a message to route) behind what is held already: it
         waits for journal ``batch``, the gate's ``ticket`` and everything before it."""
         held = self._held
@@ -177,40 +196,61 @@ class HeldFrames:
             return
         self._hold(Pending(msg, qos, packet_id, dup, retain), 0, ticket)
 
+    def _defer(self, msg: Message, ticket: int) -> None:
+        """Route ``msg`` once the gate passed ``ticket`` (and whatever is held before it) and
+        every message deferred before it was routed; what is held behind it waits for it."""
+        routing = Routing(msg, ticket)
+        self._hold(routing, 0, ticket)
+        routing.ticket = self._held[-1][1]  # (no earlier than what is held before it)
+        deferred = self._deferred
+        if deferred is NO_ROUTING:
+            deferred = self._deferred = deque()  # type: ignore[misc]  # (a slot of the Channel)
+        deferred.append(routing)
+
     def _drop_deferred(self) -> None:
-        """Take the messages waiting to be routed out of the queue (a closed connection's)."""
-        kept = (item for item in held_in_order(self._held) if type(item[2]) is bytes or type(item[2]) is Pending)
+        """Take the messages not routed yet out of the queue (a closed connection's: its
+        session keeps them, and the node the client comes back to routes them)."""
+        kept = (e for e in held_in_order(self._held) if type(e[2]) is not Routing or e[2].batch >= 0)
         self._held = deque(kept)  # type: ignore[misc]  # (a slot of the Channel)
-        self._deferred = 0  # type: ignore[misc]  # (as is this)
+        self._deferred = NO_ROUTING  # type: ignore[misc]  # (as is this)
 
     def release_acks(self, committed: int, now: float) -> None:
-        """Write what waited for journal batch ``committed`` and the gate (in order, up to the
-        first that still waits); route the messages that waited. An entry's batch counts with
-        every batch before it in the queue (``held_in_order``): a routed message raises only
-        the head's."""
+        """Route the deferred messages whose ticket the gate passed, in order; write what
+        waited for journal batch ``committed`` and the gate, in order, up to the first that
+        still waits. An entry's batch counts with every batch before it in the queue
+        (``held_in_order``): a routed message raises only the head's when it leaves it."""
         held = self._held
         session = self.session
         passed = session.gate.passed() if session is not None else 0
-        while held and held[0][0] <= committed and held[0][1] <= passed:
-            item = held.popleft()[2]
+        deferred = self._deferred
+        while deferred and deferred[0].ticket <= passed:
+            # routed now, not when it reaches the head: a message waiting for the commit of
+            # the one before it made a persistent publisher's QoS 2 messages one commit each
+            routing = deferred.popleft()
+            routing.batch = self._route(routing.msg.at(now))  # (as it stands now)
+        while held and held[0][1] <= passed:
+            b, v, item = held[0]
+            if type(item) is Routing:
+                if item.batch < 0:
+                    break  # (not routed yet: its ticket)
+                held.popleft()
+                # what was held behind the message (its acknowledgement) waits for its batch:
+                # the head raised stands for all of it, as nothing leaves before the head
+                top = b if b > item.batch else item.batch
+                if top > committed and held:
+                    b, v, f = held[0]
+                    if b < top:
+                        held[0] = (top, v, f)
+                continue
+            if b > committed:
+                break
+            held.popleft()
             if type(item) is bytes:
                 self._write_now(item)
                 continue
-            if type(item) is Pending:
-                msg = item.msg.at(now)
-                if msg.ttl <= 0.0 and not item.dup and session is not None and session.withdraw(item.packet_id, now):
-                    continue  # it expired before it could leave: never sent [MQTT-3.3.2-5]
-                self._write_now(self.frame(msg, item.qos, item.packet_id, item.dup, item.retain))
-                continue
-            self._deferred -= 1  # type: ignore[misc]  # (a slot of the Channel)
-            batch = self._route(item.at(now))  # (a Message: as it stands now)
-            if batch > committed and held:
-                # what was held behind the message (its acknowledgement) waits for it: the head
-                # raised to ``batch`` stands for all of it, as nothing leaves before the head
-                # (raising each entry was a walk of the queue per message: with a persistent
-                # publisher's window of QoS 2 messages held, most of a node's CPU)
-                b, v, f = held[0]
-                if b < batch:
-                    held[0] = (batch, v, f)
+            msg = item.msg.at(now)  # (a Pending)
+            if msg.ttl <= 0.0 and not item.dup and session is not None and session.withdraw(item.packet_id, now):
+                continue  # it expired before it could leave: never sent [MQTT-3.3.2-5]
+            self._write_now(self.frame(msg, item.qos, item.packet_id, item.dup, item.retain))
         if held:
             self.broker.held_ack_channels[self] = None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import codec
 from . import properties as P
-from .channel_held import PUBACK_FIRST, PUBCOMP_FIRST, PUBREC_FIRST, Pending, ProtocolViolation, ack_frame
+from .channel_held import PUBACK_FIRST, PUBCOMP_FIRST, PUBREC_FIRST, Pending, ProtocolViolation, Routing, ack_frame
 from .channel_states import CONNECTED
 from .message import Message
 
@@ -54,15 +54,15 @@ class Publishing:
         username: str | None
         client_id: str
         last_rx: float
-        _held: deque[tuple[int, int, bytes | Message | Pending]]
-        _deferred: int
+        _held: deque[tuple[int, int, bytes | Routing | Pending]]
+        _deferred: deque[Routing]
         _read: ReadCapture | None
 
         def write(self, frame: bytes) -> None: ...
 
         def _send_after(self, frame: bytes, batch: Batch, ticket: int = 0) -> None: ...
 
-        def _hold(self, item: bytes | Message | Pending, batch: Batch, ticket: int) -> None: ...
+        def _defer(self, msg: Message, ticket: int) -> None: ...
 
     def _on_publish(
         self, pkt: codec.Publish, now: float, props: bytes | None = None, expiry: int | None = None
@@ -242,12 +242,13 @@ class Publishing:
         return msg if expiry is None else msg.expiring(expiry, now)
 
     def _route_after(self, msg: Message, ticket: int) -> Batch:
-        """Route ``msg`` once the session's gate passed ``ticket`` and every message held
-        before it went out: now (the journal batch to wait for), or later (0)."""
-        if not self._held and ticket <= self.session.gate.passed():  # type: ignore[union-attr]
+        """Route ``msg`` once the session's gate passed ``ticket`` (and the tickets of what is
+        held before it) and every message deferred before it was routed: now (the journal
+        batch to wait for), or later (0; channel_held.py ``release_acks``)."""
+        passed = self.session.gate.passed()  # type: ignore[union-attr]
+        if not self._deferred and ticket <= passed and (not self._held or self._held[-1][1] <= passed):
             return self._route(msg)
-        self._hold(msg, 0, ticket)
-        self._deferred += 1  # type: ignore[misc]  # (a slot of the Channel)
+        self._defer(msg, ticket)
         return 0
 
     def _route(self, msg: Message) -> Batch:

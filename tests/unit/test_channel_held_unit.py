@@ -1,6 +1,7 @@
-"""The held output queue of a Channel (channel_held.HeldFrames), on its own: frames and messages
-held behind a journal batch and a ticket of the session's gate leave in order, and what was
-held behind a message routed when it reached the head waits for that message's batch."""
+"""The held output queue of a Channel (channel_held.HeldFrames), on its own: frames held behind
+a journal batch and a ticket of the session's gate leave in order; a deferred message is routed
+as soon as the gate passed its ticket and the messages before it were routed, whatever the
+frames ahead of it wait for, and what was held behind it waits for its routing's batch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
-from mqttmesh.channel_held import NO_FRAMES, NOTHING_HELD, HeldFrames, held_in_order
+from mqttmesh.channel_held import NO_FRAMES, NO_ROUTING, NOTHING_HELD, HeldFrames, held_in_order
 from mqttmesh.message import Message
 
 
@@ -24,7 +25,7 @@ class Host(HeldFrames):
         self.session: Any = SimpleNamespace(gate=SimpleNamespace(passed=lambda: self.passed))
         self._out = NO_FRAMES
         self._held = NOTHING_HELD
-        self._deferred = 0
+        self._deferred = NO_ROUTING
         self.routes = routes  # topic -> the journal batch its routing wrote
         self.routed: list[str] = []
 
@@ -33,14 +34,13 @@ class Host(HeldFrames):
         return self.routes[msg.topic]
 
     def defer(self, topic: str, ticket: int) -> None:  # (channel_publish._route_after)
-        self._hold(Message(topic, b"", 2, False, "n1", len(self.routed) + 1), 0, ticket)
-        self._deferred += 1
+        self._defer(Message(topic, b"", 2, False, "n1", len(self.routed) + 1), ticket)
 
     def sent(self) -> list[bytes]:
         return list(self.data_to_send().split(b"|"))[:-1]
 
 
-def test_frames_behind_a_message_routed_at_the_head_wait_for_its_batch() -> None:
+def test_frames_behind_a_routed_message_wait_for_its_batch_and_messages_for_their_ticket() -> None:
     host = Host({"m1": 5, "m2": 7})
     host.defer("m1", 1)
     host.write(b"a|")  # (m1's acknowledgement, say)
@@ -51,43 +51,59 @@ def test_frames_behind_a_message_routed_at_the_head_wait_for_its_batch() -> None
     host.release_acks(3, 0.0)  # the gate passed m1's ticket: m1 routed, writing batch 5
     assert host.routed == ["m1"] and host.sent() == []
     host.passed = 2
-    host.release_acks(4, 0.0)  # batch 4 is not m1's 5: nothing behind m1 leaves
-    assert host.routed == ["m1"] and host.sent() == []
-    host.release_acks(5, 0.0)  # a leaves; m2 routed (batch 7): b and c wait for it
-    assert host.routed == ["m1", "m2"] and host.sent() == [b"a"]
+    host.release_acks(4, 0.0)  # m2 routed (batch 7), though a, ahead of it, waits for batch 5
+    assert host.routed == ["m1", "m2"] and host.sent() == [] and not host._deferred
+    host.release_acks(5, 0.0)  # a leaves; b and c wait for m2's batch
+    assert host.sent() == [b"a"]
     host.release_acks(6, 0.0)
     assert host.sent() == []
     host.release_acks(7, 0.0)
-    assert host.sent() == [b"b", b"c"] and not host._held and host._deferred == 0
+    assert host.sent() == [b"b", b"c"] and not host._held
 
 
-def test_a_long_queue_of_deferred_messages_leaves_in_order_one_batch_at_a_time() -> None:
-    n = 300
-    host = Host({f"m{i}": 10 + i for i in range(n)})
+def test_a_window_of_deferred_messages_is_routed_at_once_and_acknowledged_with_one_commit() -> None:
+    n = 300  # (a persistent publisher's window of QoS 2 messages, their steps agreed together)
+    host = Host({f"m{i}": 10 if i < 200 else 11 for i in range(n)})  # (routed in two turns: a batch each)
     for i in range(n):
-        host.defer(f"m{i}", 1)
+        host.defer(f"m{i}", 1 + i // 100)
         host.write(f"ack{i}|".encode())
-    host.passed = 1
-    for committed in range(9, 10 + n):
-        host.release_acks(committed, 0.0)
-        # routing m{i} wrote batch 10 + i: its acknowledgement leaves with that commit
-        assert host.sent() == ([f"ack{committed - 10}".encode()] if committed >= 10 else [])
-        assert len(host.routed) == min(n, committed - 8)
-    assert not host._held
+    host.passed = 2
+    host.release_acks(9, 0.0)
+    assert host.routed == [f"m{i}" for i in range(200)] and host.sent() == []  # (in order; m200.. wait)
+    host.release_acks(10, 0.0)
+    assert host.sent() == [f"ack{i}".encode() for i in range(200)]
+    host.passed = 3
+    host.release_acks(10, 0.0)
+    assert len(host.routed) == n and host.sent() == []
+    host.release_acks(11, 0.0)
+    assert host.sent() == [f"ack{i}".encode() for i in range(200, n)] and not host._held
+
+
+def test_a_message_waits_for_the_one_deferred_before_it_even_if_its_own_ticket_passed() -> None:
+    host = Host({"m1": 5, "m2": 6})
+    host.defer("m1", 3)
+    host._defer(Message("m2", b"", 1, False, "n1", 9), 0)  # (a QoS 1 one behind it: ticket 0)
+    host.passed = 2
+    host.release_acks(9, 0.0)
+    assert host.routed == [] and len(host._deferred) == 2
+    host.passed = 3
+    host.release_acks(9, 0.0)
+    assert host.routed == ["m1", "m2"]
 
 
 def test_a_closed_connection_drops_its_deferred_messages_and_keeps_their_raise() -> None:
     host = Host({"m1": 5, "m2": 6})
     host.defer("m1", 1)
     host.write(b"a|")
-    host.defer("m2", 1)
+    host.defer("m2", 2)
     host.write(b"b|")
     host.passed = 1
-    host.release_acks(2, 0.0)  # m1 routed: the head (a) raised to batch 5
+    host.release_acks(2, 0.0)  # m1 routed: the head (a) raised to batch 5; m2 waits for its ticket
     host._drop_deferred()
-    assert [(b, f) for b, _, f in host._held] == [(5, b"a|"), (5, b"b|")] and host._deferred == 0
+    assert [(b, v, f) for b, v, f in host._held] == [(5, 1, b"a|"), (5, 2, b"b|")] and not host._deferred
+    host.passed = 2
     host.release_acks(5, 0.0)
-    assert host.sent() == [b"a", b"b"]
+    assert host.sent() == [b"a", b"b"] and host.routed == ["m1"]
 
 
 def test_held_in_order_gives_each_entry_the_highest_batch_up_to_it() -> None:
