@@ -2,7 +2,8 @@
 
 Data only: each ``Option`` (option.py) names its section and key, type, default, limits and
 help text. Those of who may connect and how (``auth``, ``tls``, ``websocket``, ``http``) are
-in options_access.py. config.py reads a file and flags against it; docs/operations.md embeds
+in options_access.py, those of MQTT 5 and shared subscriptions (``mqtt``) in options_mqtt5.py.
+config.py reads a file and flags against it; docs/operations.md embeds
 the reference it generates (``config.reference_markdown``), in the order of ``OPTIONS``.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from .option import Option
 from .options_access import AUTH_OPTIONS, LISTENER_OPTIONS
+from .options_mqtt5 import MQTT5_OPTIONS
 
 __all__ = ["Option", "OPTIONS"]
 
@@ -137,90 +139,6 @@ _NODE: list[Option] = [
     Option("limits", "max_qos", int, 2, "highest QoS granted to subscriptions", 0, 2),
 ]
 
-# what an MQTT 5 client is told at CONNACK, and held to
-_MQTT5: list[Option] = [
-    Option(
-        "mqtt",
-        "max_keepalive",
-        int,
-        0,
-        "largest keep alive accepted, in seconds: an MQTT 5 client asking for more (or for none) "
-        "is given this one as Server Keep Alive; a 3.1.1 client asking for more is refused "
-        "(0x02); 0: no limit",
-        0,
-        65535,
-    ),
-    Option(
-        "mqtt",
-        "max_session_expiry",
-        int,
-        0,
-        "longest Session Expiry Interval served, in seconds: an MQTT 5 client asking for more "
-        "(or for a session that never expires) is given this one in CONNACK, and a 3.1.1 "
-        "CleanSession=0 session ends this long after its client left; 0: no limit",
-        0,
-        4294967294,
-    ),
-    Option(
-        "mqtt",
-        "receive_maximum",
-        int,
-        1000,
-        "QoS 1 and 2 messages an MQTT 5 client may have unacknowledged towards this node; a "
-        "client with more QoS 2 messages awaiting PUBREL is disconnected (0x93)",
-        1,
-        65535,
-    ),
-    Option(
-        "mqtt",
-        "topic_alias_maximum",
-        int,
-        64,
-        "topic aliases an MQTT 5 client may set on its connection to this node (0: none)",
-        0,
-        65535,
-    ),
-    Option(
-        "mqtt",
-        "response_information",
-        str,
-        "response/{client_id}/",
-        "the Response Information an MQTT 5 client that asks for it (Request Response Information 1) "
-        "gets in CONNACK: the start of the topics it may use for responses; {client_id} is replaced "
-        "by its ClientId (the ACL still applies); empty: none is given",
-    ),
-    Option(
-        "mqtt",
-        "subscribe_denied_code",
-        int,
-        0x80,
-        "the SUBACK reason code an MQTT 5 client gets for a filter the ACL denies: 128 "
-        "(Unspecified error, which every client understands) or 135 (Not authorized)",
-        choices=(0x80, 0x87),
-    ),
-    Option(
-        "mqtt",
-        "shared_subscriptions",
-        bool,
-        True,
-        "take shared subscriptions ($share/{group}/{filter}) from MQTT 3.1.1 and 5 clients: "
-        "each message of the filter goes to one member of each group, across the mesh; off: "
-        "SUBACK 0x9E (MQTT 5; 3.1.1: 0x80), and CONNACK says Shared Subscription Available 0",
-    ),
-    Option(
-        "mqtt",
-        "shared_strategy",
-        str,
-        "local",
-        "how a shared group picks the member of each message: local and round_robin rotate "
-        "over its members (in a mesh: local serves on the publisher's node if it has a member, "
-        "else the nearest; round_robin takes the nodes in turn, weighed by their connected "
-        "members), hash_topic keeps one topic on one member and hash_clientid one publisher, "
-        "sticky keeps one member until it goes (a connected member first, always)",
-        choices=("local", "round_robin", "hash_topic", "hash_clientid", "sticky"),
-    ),
-]
-
 _STORE_AND_MESH: list[Option] = [
     Option(
         "store",
@@ -230,6 +148,20 @@ _STORE_AND_MESH: list[Option] = [
         "SQLite synchronous mode: normal survives a crash of the process, full also a power loss",
         choices=("normal", "full"),
         flag_name="--store-synchronous",
+    ),
+    Option(
+        "store",
+        "commit_interval",
+        float,
+        0.005,
+        "seconds at least from the start of one group commit to the next: under steady load a "
+        "commit carries more changes (a message queued and removed within one cancels out) for "
+        "at most this much more wait before an acknowledgement that needs the store; a commit "
+        "due when the last started longer ago starts at once. 0: as soon as the last ended "
+        "(docs/performance.md section 2)",
+        0.0,
+        0.1,
+        flag_name="--store-commit-interval",
     ),
     Option("mesh", "peers", list, [], "peer nodes to dial, HOST:PORT (repeat --peer)", flag_name="--peer"),
     Option(
@@ -597,4 +529,11 @@ _MESH_TLS_SYS_ARCHIVE: list[Option] = [
 ]
 
 # the order of the reference in docs/operations.md
-OPTIONS: list[Option] = [*_NODE, *_MQTT5, *AUTH_OPTIONS, *_STORE_AND_MESH, *LISTENER_OPTIONS, *_MESH_TLS_SYS_ARCHIVE]
+OPTIONS: list[Option] = [
+    *_NODE,
+    *MQTT5_OPTIONS,
+    *AUTH_OPTIONS,
+    *_STORE_AND_MESH,
+    *LISTENER_OPTIONS,
+    *_MESH_TLS_SYS_ARCHIVE,
+]

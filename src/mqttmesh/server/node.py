@@ -138,6 +138,7 @@ class Node:
         self.version = __version__
         self.commit_latency = Histogram(COMMIT_BUCKETS)  # seconds per group commit (/metrics)
         self._commit_started = 0.0
+        self.commit_interval = config.get("store.commit_interval")  # (a floor between commits' starts)
         self._sys_task: asyncio.Task | None = None
         self.started_at = time.time()
         self.port = port
@@ -450,7 +451,11 @@ class Node:
     def _schedule_commit(self) -> None:
         if not self._commit_scheduled and not self._commit_in_flight:
             self._commit_scheduled = True
-            self.loop.call_soon(self._start_commit)
+            wait = self._commit_started + self.commit_interval - time.perf_counter()
+            if wait > 0.0:
+                self.loop.call_later(wait, self._start_commit)
+            else:
+                self.loop.call_soon(self._start_commit)
 
     def _start_commit(self) -> None:
         self._commit_scheduled = False
