@@ -184,8 +184,9 @@ def test_will_of_a_client_on_a_killed_node_is_published_once(broker_factory):
         watcher.close()
 
 
-def _retained(node, topic_filter, timeout=3.0):
-    """The retained messages a new subscription on ``node`` receives."""
+def _retained(node, topic_filter, timeout=3.0, gap=0.5):
+    """The retained messages a new subscription on ``node`` receives (until none came for
+    ``gap`` seconds after the first)."""
     with raw.RawClient(node.host, node.port) as c:
         c.connect(client_id=f"ret-{time.monotonic_ns()}")
         c.send(raw.subscribe(1, (topic_filter, 1)))
@@ -199,7 +200,7 @@ def _retained(node, topic_filter, timeout=3.0):
                     out[p.topic] = p.payload
                     if p.qos:
                         c.send(raw.puback(p.packet_id))
-                    timeout = 0.5
+                    timeout = gap
         except TimeoutError:
             pass
         return out
@@ -324,8 +325,10 @@ def test_wildcard_retained_lookup_larger_than_the_client_packet_limit(broker_fac
         for _ in range(3000):
             c.expect(raw.PUBACK)
     got = wait_for(
-        lambda: len(_retained(nodes["a"], "bulk/#", 2.0)) == 3000 or None,
-        20,
+        # (a pause of 2 s in the stream ends a lookup: in a full make test on two cores, with
+        # 0.5 s and 20 s in all, the lookups did not complete once)
+        lambda: len(_retained(nodes["a"], "bulk/#", 5.0, gap=2.0)) == 3000 or None,
+        60,
         what="all 3000 retained messages through a '#' lookup on another node",
     )
     assert got
