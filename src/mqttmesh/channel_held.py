@@ -199,9 +199,11 @@ class HeldFrames:
     def _defer(self, msg: Message, ticket: int) -> None:
         """Route ``msg`` once the gate passed ``ticket`` (and whatever is held before it) and
         every message deferred before it was routed; what is held behind it waits for it."""
+        held = self._held
+        if held and held[-1][1] > ticket:
+            ticket = held[-1][1]  # (no earlier than what is held before it, as _hold keeps it)
         routing = Routing(msg, ticket)
         self._hold(routing, 0, ticket)
-        routing.ticket = self._held[-1][1]  # (no earlier than what is held before it)
         deferred = self._deferred
         if deferred is NO_ROUTING:
             deferred = self._deferred = deque()  # type: ignore[misc]  # (a slot of the Channel)
@@ -237,10 +239,8 @@ class HeldFrames:
                 # what was held behind the message (its acknowledgement) waits for its batch:
                 # the head raised stands for all of it, as nothing leaves before the head
                 top = b if b > item.batch else item.batch
-                if top > committed and held:
-                    b, v, f = held[0]
-                    if b < top:
-                        held[0] = (top, v, f)
+                if top > committed and held and held[0][0] < top:
+                    held[0] = (top, *held[0][1:])
                 continue
             if b > committed:
                 break
