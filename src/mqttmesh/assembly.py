@@ -153,10 +153,18 @@ def build_core(
         mesh.cluster,
         wall_offset,
         mesh.io.flush_soon,
+        mesh.io.flush_later,
     )
     # CleanSession=0 sessions are replicated (mesh/cluster/replica.py), journaled too with a store
     replication = parts.replication
-    hooks = (replication.on_settled, on_sent, replication.late, replication.subs_changed, replication.shared_taken)
+    hooks = (
+        replication.on_settled,
+        on_sent,
+        replication.late,
+        replication.subs_changed,
+        replication.shared_taken,
+        replication.hurry,
+    )
     sessions = ReplicaSessions(settings.limits, journal, congestion, *hooks)
     ports = BrokerPorts(sessions, congestion, gateway, parts.retained, replication, archive, random_hex)
     broker = Broker(

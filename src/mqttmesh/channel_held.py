@@ -158,6 +158,11 @@ class HeldFrames:
         self._out = NO_FRAMES  # type: ignore[misc]  # (a slot of the Channel)
         return out[0] if len(out) == 1 else b"".join(out)
 
+    def waits_for_gate(self, passed: int) -> bool:
+        """Does a frame (or a message to route) wait for a ticket past ``passed``?"""
+        held = self._held
+        return bool(held) and held[-1][1] > passed  # (tickets only grow along the queue)
+
     @property
     def pending_frames(self) -> int:
         return len(self._out)
@@ -179,6 +184,10 @@ class HeldFrames:
             batch, ticket = max(batch, last[0]), max(ticket, last[1])
         elif held is NOTHING_HELD:
             held = self._held = deque()  # type: ignore[misc]  # (a slot of the Channel)
+        if ticket:
+            gate = self.session.gate  # (attached: it has one)
+            if ticket > gate.passed():
+                gate.wait(ticket)  # (what it waits for goes now, not within mesh.batch_delay)
         held.append((batch, ticket, item))
         self.broker.held_ack_channels[self] = None
 

@@ -307,8 +307,11 @@ _STORE_AND_MESH: list[Option] = [
         "before writing them: fewer, fuller link writes and fewer wake-ups of the peers, for at "
         "most this much more latency per hop (timers count whole milliseconds; at 1,000 msgs/s "
         "2 ms cost a hop 1.2-1.4 times the CPU of 5 ms: docs/performance.md); 0: written at the "
-        "end of each loop turn. The cluster's steps (persistent sessions, registrations) go at the "
-        "end of the turn and take what waits along, and so do 32 messages routed in one turn",
+        "end of each loop turn. The cluster's steps that a client's frame waits for (a persistent "
+        "session's QoS 2 steps, registrations) go at the end of the turn and take what waits "
+        "along, and so do 32 messages routed in one turn; the steps nothing waits for (a "
+        "persistent subscriber's QoS 1 acknowledgements), their answers and the messages a "
+        "holder forwards to a client's new node wait like the rest",
         0.0,
         0.1,
         flag_name="--mesh-batch-delay",

@@ -276,11 +276,17 @@ class UnicastPort(Protocol):
     """The cluster's messages to other nodes, over the routing engine (mesh/link/gateway.py
     MeshGateway; a test's instant network)."""
 
-    def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
-        """Route ``payload`` to node ``dest``; False: unreachable now (dropped)."""
+    def unicast(self, dest: str, kind: str, payload: bytes, soon: bool = True) -> bool:
+        """Route ``payload`` to node ``dest``; False: unreachable now (dropped). ``soon``: it
+        goes at the end of this loop iteration; else within ``mesh.batch_delay``, with what
+        goes then (an answer nobody waits on: MeshIO.flush_later)."""
 
     def reachable(self, dest: str) -> bool:
         """Would a unicast to ``dest`` (another node) be routed now?"""
+
+    def routes_to(self, dest: str, topic: str) -> bool:
+        """Would a message of ``topic`` published here be routed to node ``dest`` now (a plain
+        subscription there, known here, the node in reach)?"""
 
 
 class PeerLink(Protocol):

@@ -123,6 +123,9 @@ class Attached(Protocol):
     def release_acks(self, committed: int, now: float) -> None:
         """Send what waited for journal batch ``committed`` and for the session's gate."""
 
+    def waits_for_gate(self, passed: int) -> bool:
+        """Does something wait for a ticket of the session's gate past ``passed``?"""
+
     def kick(self, reason: str, now: float) -> None:
         """Another connection took the ClientId over [MQTT-3.1.4-2]: the connection ends at
         ``now``."""
@@ -143,6 +146,9 @@ class Gate(Protocol):
     def passed(self) -> int:
         """Frames holding tickets up to this one may go."""
 
+    def wait(self, ticket: int) -> None:
+        """A frame waits for ``ticket`` (more than ``passed``): what it waits for is hurried."""
+
 
 class _Open:
     """The gate of a session of one node: every frame goes at once."""
@@ -154,6 +160,9 @@ class _Open:
 
     def passed(self) -> int:
         return 0
+
+    def wait(self, ticket: int) -> None:
+        pass
 
 
 OPEN: Gate = _Open()

@@ -1324,3 +1324,65 @@ def test_a_message_in_flight_under_two_packet_ids_takes_the_latest_views_id():
     rel = Snapshot("c", {}, 0, [older._replace(state=2)], [], [], "n4", 2, 7)
     merged = merge_snapshots([latest, rel])
     assert merged is not None and [(e.pid, e.state) for e in merged.entries] == [(864, 2)]
+
+
+def test_settlements_no_frame_waits_for_go_and_are_answered_within_the_batch_delay():
+    """Issue 26: a QoS 1 subscriber's PUBACKs ("done") hold up no frame of its client: the
+    holders are told, and answer, within mesh.batch_delay, with what else goes then. A QoS 2
+    PUBLISH waits for its "sent" step: that batch and its answer go this loop iteration, and
+    so does one gathered while a batch sent so is out (it does not wait behind it)."""
+    net = Net()
+    cid, ch = _persistent_subscriber(net, lambda regs, holders: set(holders) == {"a", "b"})
+    session = ch.session
+    msg = net.publish("b", "t/1", b"x", qos=1)
+    assert len(ch.frames) == 1 and not session.hurry  # (a QoS 1 PUBLISH waits for nothing)
+    mark = len(net.sent)
+    session.on_puback(next(iter(session.inflight)), net.t)
+    net.pump()
+    told = [(f, d, k, json.loads(p)) for f, d, k, p in net.sent[mark:]]
+    assert [(f, d, k) for f, d, k, _ in told] == [("a", "b", "sess.settle"), ("b", "a", "sess.ack")]
+    assert told[0][3]["later"] is True and told[0][3]["items"][0][:3] == ["b", msg.seq, "done"]
+    assert net.later[-2:] == net.sent[mark:]  # (both within the batch delay)
+    assert session.safe_version == session.version  # (answered all the same)
+    # a QoS 2 PUBLISH waits for its "sent": hurried, beside a "done" batch still out
+    mark, later = len(net.sent), len(net.later)
+    net.publish("b", "t/2", b"y", qos=1)
+    session.on_puback(next(iter(session.inflight)), net.t)
+    net.clusters["a"].flush(net.t)  # ("done" out, within the batch delay; not answered yet)
+    assert session.sent_version > session.safe_version and session.sent_later
+    frames = len(ch.frames)
+    net.publish("b", "t/3", b"z", qos=2)  # (pumped: the "sent" goes beside the "done")
+    assert not session.hurry and len(ch.frames) == frames + 1  # (written once b had "sent")
+    assert session.safe_version == session.version
+    settles = [json.loads(p) for f, d, k, p in net.sent[mark:] if k == "sess.settle"]
+    assert [([i[2] for i in m["items"]], m.get("later", False)) for m in settles] == [
+        (["done"], True),
+        (["sent"], False),
+    ]
+    assert [k for f, d, k, p in net.later[later:] if k != "sess.fwd"] == ["sess.settle", "sess.ack"]  # ("done")
+
+
+def test_a_redirect_forwards_what_the_mesh_would_not_take_to_the_clients_new_node():
+    """Issue 26: for redirect_grace after a claim elsewhere, a holder forwards what reaches its
+    copy (sess.fwd). A message published at the holder that the mesh routes to the new node
+    anyway (its subscription is known here: custody takes it there) is not forwarded too;
+    one from another node is, as is one the mesh would not route there."""
+    from types import SimpleNamespace
+
+    from mqttmesh.mesh.cluster.cluster_wire import Outbox
+    from mqttmesh.mesh.cluster.replication import Redirect, Replication
+
+    routed = {("c", "t/known")}
+    net = SimpleNamespace(routes_to=lambda dest, topic: (dest, topic) in routed)
+    outbox = Outbox()
+    replication = Replication("a", Membership("a", 1, 2, 5.0), outbox, net=net)  # type: ignore[arg-type]
+    replication.redirects["k"] = Redirect("c", 10.0)
+    session = SimpleNamespace(client_id="k")
+    for origin, topic in (("a", "t/known"), ("b", "t/known"), ("a", "t/new")):
+        replication.forward(session, Message(topic, b"x", 1, False, origin, 1, "pub", 1.0))  # type: ignore[arg-type]
+    sent = outbox.take()
+    assert [(t.dest, t.msg.msg.topic, t.msg.msg.origin, t.later) for t in sent] == [
+        ("c", "t/known", "b", True),
+        ("c", "t/new", "a", True),
+    ]
+    assert replication.counters["redirected"] == 2 and replication.counters["redirect_routed"] == 1

@@ -72,14 +72,21 @@ class FakeChannel:
     def write_gated(self, data: bytes, ticket: int) -> None:
         """As channel.py: the frame waits until the session's gate passed ``ticket`` (the
         session's other holders have that settlement)."""
-        if self.held or ticket > self.session.gate.passed():
-            self.held.append((max(ticket, self.held[-1][0] if self.held else 0), bytes(data)))
+        gate = self.session.gate
+        if self.held or ticket > gate.passed():
+            ticket = max(ticket, self.held[-1][0] if self.held else 0)
+            if ticket > gate.passed():
+                gate.wait(ticket)
+            self.held.append((ticket, bytes(data)))
         else:
             self.frames.append(bytes(data))
 
     def release_acks(self, committed: int, now: float) -> None:
         while self.held and self.held[0][0] <= self.session.gate.passed():
             self.frames.append(self.held.pop(0)[1])
+
+    def waits_for_gate(self, passed: int) -> bool:
+        return bool(self.held) and self.held[-1][0] > passed
 
     def refused(self, rc: int, reason: str, now: float) -> None:
         self.refused_rc = rc
@@ -155,6 +162,8 @@ class Net:
         self.up = set(names)  # nodes every other node can reach
         self.queue: deque[tuple[str, str, str, bytes]] = deque()
         self.sent: list[tuple[str, str, str, bytes]] = []  # every unicast, in order
+        # the unicasts of ``sent`` that may wait for mesh.batch_delay (ports.UnicastPort ``soon``)
+        self.later: list[tuple[str, str, str, bytes]] = []
         self.brokers: dict[str, Broker] = {}
         self.clusters: dict[str, Cluster] = {}
         self.incs = {n: 1 for n in names}
@@ -188,6 +197,7 @@ class Net:
             on_sent=None if archive is None else archive.sent,
             on_late=replication.late,
             on_subs=replication.subs_changed,
+            on_wait=replication.hurry,
         )
         self.seen[n] = set()  # (a restart forgets them)
         mesh = _Published(self.published[n], self.seen[n])
@@ -329,11 +339,16 @@ class _InstantNet:
     def reachable(self, dest: str) -> bool:
         return self.frm in self.net.up and dest in self.net.up
 
-    def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
+    def routes_to(self, dest: str, topic: str) -> bool:
+        return False  # (no routing engine here: the redirects forward every message)
+
+    def unicast(self, dest: str, kind: str, payload: bytes, soon: bool = True) -> bool:
         if not self.reachable(dest):
             return False
         self.net.queue.append((self.frm, dest, kind, payload))
         self.net.sent.append((self.frm, dest, kind, payload))
+        if not soon:
+            self.net.later.append((self.frm, dest, kind, payload))
         return True
 
 

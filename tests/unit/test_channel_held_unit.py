@@ -16,13 +16,14 @@ from mqttmesh.message import Message
 class Host(HeldFrames):
     """What HeldFrames uses of a Channel: the queue's state, a gate, the router."""
 
-    __slots__ = ("broker", "owner", "session", "_out", "_held", "_deferred", "passed", "routes", "routed")
+    __slots__ = ("broker", "owner", "session", "_out", "_held", "_deferred", "passed", "routes", "routed", "waited")
 
     def __init__(self, routes: dict[str, int]):
         self.broker: Any = SimpleNamespace(held_ack_channels={})
         self.owner: Any = SimpleNamespace(wake=lambda channel: None)
         self.passed = 0
-        self.session: Any = SimpleNamespace(gate=SimpleNamespace(passed=lambda: self.passed))
+        self.waited: list[int] = []  # the tickets the gate was told a frame waits for
+        self.session: Any = SimpleNamespace(gate=SimpleNamespace(passed=lambda: self.passed, wait=self.waited.append))
         self._out = NO_FRAMES
         self._held = NOTHING_HELD
         self._deferred = NO_ROUTING
@@ -109,3 +110,15 @@ def test_a_closed_connection_drops_its_deferred_messages_and_keeps_their_raise()
 def test_held_in_order_gives_each_entry_the_highest_batch_up_to_it() -> None:
     held = deque([(5, 1, b"x"), (2, 1, b"y"), (7, 2, b"z"), (6, 2, b"w")])
     assert list(held_in_order(held)) == [(5, 1, b"x"), (5, 1, b"y"), (7, 2, b"z"), (7, 2, b"w")]
+
+
+def test_the_gate_hears_of_each_frame_that_waits_for_a_ticket_it_has_not_passed() -> None:
+    host = Host({})
+    host.passed = 2
+    host._send_after(b"a|", 0, 2)  # (passed: written at once)
+    host._send_after(b"b|", 3, 0)  # (waits for the store only)
+    assert host.waited == [] and not host.waits_for_gate(2)
+    host._send_after(b"c|", 0, 4)
+    assert host.waited == [4] and host.waits_for_gate(3) and not host.waits_for_gate(4)
+    host.defer("m1", 1)  # (behind c: it waits for 4 as well)
+    assert host.waited == [4, 4]

@@ -310,7 +310,7 @@ def test_retained_owners_answer_with_the_remaining_time_and_forget_expired_ones(
     m = Message("r/1", b"v", 1, True, "a", 1, "pub", 1.0).expiring(10.0, 0.0)
     owners.retain(m)
     owners.on_query("b", RetQuery(7, "r/#"), 4.0)
-    [(_, reply)] = [(d, w) for d, w in owners.out.take() if isinstance(w, RetReply)]
+    [reply] = [t.msg for t in owners.out.take() if isinstance(t.msg, RetReply)]
     assert reply.items[0].ttl_ms == 6000 and base64.b64decode(reply.items[0].payload_b64) == b"v"
     owners.expire_tombstones(11.0)
     assert trie.get("r/1") is None

@@ -50,6 +50,8 @@ class NodeIO(Protocol):
 
     def flush_soon(self) -> None: ...  # a FLUSH event, once per loop iteration
 
+    def flush_later(self) -> None: ...  # one within mesh.batch_delay (or the sooner one)
+
     def flush_now(self) -> None: ...  # hand what was routed to the links at once
 
     def commit_soon(self) -> None: ...  # the journal has a batch to commit
@@ -210,7 +212,7 @@ class _Ports:
         self.io.flush_soon()
 
     def flush_later(self) -> None:
-        self.io.flush_soon()  # (the simulator does not model mesh.batch_delay)
+        self.io.flush_later()
 
     def flush_now(self) -> None:
         self.io.flush_now()

@@ -154,6 +154,7 @@ class Simulator(
         self.stretch: list[float] = []
         self.cost_stretch: list[float] = []
         self.flush_delay = sc.node.flush_delay_ms / 1000.0
+        self.batch_delay = sc.node.batch_delay_ms / 1000.0
         self.cpu_msg = sc.node.cpu_us_per_message / 1e6
         self.cpu_byte = sc.node.cpu_us_per_kb / 1e6 / 1024
         self.settle = sc.checks.settle or self._default_settle()
@@ -355,16 +356,24 @@ class Simulator(
         for s in self.stale.values():
             s.discard(node.name)
 
-    def _want_flush(self, node: Node) -> None:
-        if not node.flush_due:
-            node.flush_due = True
-            self._at(max(self.now, node.busy_until) + self.flush_delay, FLUSH, node.name, node.gen)
+    def _want_flush(self, node: Node, later: bool = False) -> None:
+        """A FLUSH of ``node`` at the end of this loop iteration, or (``later``) within
+        mesh.batch_delay; a sooner one than the one due takes its place."""
+        at = max(self.now, node.busy_until) + self.flush_delay + (self.batch_delay if later else 0.0)
+        if node.flush_due and node.flush_at <= at:
+            return
+        node.flush_due = True
+        node.flush_at = at
+        self._at(at, FLUSH, node.name, node.gen)
 
     def _on_flush(self, name: str, gen: int) -> None:
         node = self.nodes[name]
         if not node.up or node.gen != gen:
             return
+        if not node.flush_due or self.now < node.flush_at:
+            return  # (one due later than another that came first: nothing left to wait for)
         if node.busy_until > self.now:  # still reading: the loop flushes once it is idle
+            node.flush_at = node.busy_until
             self._at(node.busy_until, FLUSH, name, gen)
             return
         node.flush_due = False

@@ -87,6 +87,7 @@ class Node:
         "gen",
         "count",
         "flush_due",
+        "flush_at",
         "depth_out",
         "seen_inc",
         "seen_seq",
@@ -117,6 +118,7 @@ class Node:
         self.gen = 0  # bumps at every start: events of an earlier life are ignored
         self.count = 0  # messages published in this life
         self.flush_due = False
+        self.flush_at = 0.0  # (when the FLUSH due comes)
         self.depth_out = 0  # advertisement round to stamp on what the next flush sends
         self.seen_inc = self.seen_seq = -1
         self.seen_links: dict | None = None

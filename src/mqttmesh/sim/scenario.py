@@ -56,6 +56,9 @@ class NodeModel:
     keepalive: float = 1.0  # PINGREQ interval on a link (RTT sample); dead after 3x
     tick: float = 0.25  # engine.tick period, as server/mesh_node.py
     flush_delay_ms: float = 0.2  # one event-loop iteration: events within it share a flush
+    # mesh.batch_delay: what may wait (acknowledgements, a lone routed message, answers nobody
+    # waits for) goes within this, with whatever goes sooner (MeshIO.flush_later)
+    batch_delay_ms: float = 5.0
     redial_max: float = 2.0  # a dialler retries with backoff up to this (mesh_node Dialler)
     handshake_rtts: int = 3  # TCP + CONNECT/CONNACK + SUBSCRIBE/SUBACK before hello
     start_spread: float = 0.1  # nodes start at random times in [0, this)

@@ -509,7 +509,7 @@ class _NodeIO:
         self.sim._want_flush(self.node)
 
     def flush_later(self) -> None:
-        self.flush_soon()  # (the simulator does not model mesh.batch_delay)
+        self.sim._want_flush(self.node, later=True)
 
     def flush_now(self) -> None:
         node = self.node

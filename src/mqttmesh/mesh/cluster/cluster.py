@@ -116,6 +116,7 @@ def cluster_parts(
     settings: ClusterSettings,
     wall_offset: float,
     wake: Callable[[], None] = lambda: None,
+    wake_later: Callable[[], None] | None = None,
 ) -> ClusterParts:
     membership = Membership(
         node_id,
@@ -127,8 +128,8 @@ def cluster_parts(
         settings.expect_peers,
     )
     ids = itertools.count(1)
-    outbox = Outbox(wake)
-    replication = Replication(node_id, membership, outbox, wake)
+    outbox = Outbox(wake, wake_later)
+    replication = Replication(node_id, membership, outbox, wake, wake_later, net)
     retained = RetainedOwners(
         node_id, membership, retained_trie, journal, auth, outbox, net, settings, ids, wall_offset
     )
@@ -178,20 +179,21 @@ class Cluster:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _send(self, dest: str, msg: Wire, now: float) -> None:
-        """To another node, or to this one (handled at once, through the same decoding)."""
+    def _send(self, dest: str, msg: Wire, now: float, later: bool = False) -> None:
+        """To another node, or to this one (handled at once, through the same decoding);
+        ``later``: within mesh.batch_delay (ports.UnicastPort ``soon``)."""
         if dest == self.node_id:
             self.receive(self.node_id, msg.KIND, msg.encode(), now)
             return
-        self._net.unicast(dest, msg.KIND, msg.encode())
+        self._net.unicast(dest, msg.KIND, msg.encode(), not later)
 
     def send_out(self, now: float) -> None:
         """Send what the parts put in the outbox, in order (after each call into the
         Cluster, and at every flush: what they said outside its calls)."""
         outbox = self.outbox
         while outbox.items:
-            for dest, msg in outbox.take():
-                self._send(dest, msg, now)
+            for dest, msg, later in outbox.take():
+                self._send(dest, msg, now, later)
 
     def do(self, out: RegistryOut, now: float) -> None:
         """What a protocol answered, in order: messages to nodes (this one's handled here,
@@ -285,7 +287,8 @@ class Cluster:
         replica = replica_of(self.table.sessions.get(channel.client_id))
         expiry = KEPT
         if replica is not None:
-            self.replication.resume(replica.client_id)  # (what gathered goes: no answer waited for now)
+            # (what gathered goes: no answer waited for now)
+            self.replication.resume(replica.client_id, True)
         if replica is not None and replica.channel is None and not replica.clean:
             expiry = replica.expiry
             if replica.expires_at is not None:

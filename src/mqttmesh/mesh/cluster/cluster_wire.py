@@ -96,6 +96,7 @@ class ToNode(NamedTuple):
 
     dest: str
     msg: Wire
+    later: bool = False  # (nobody waits on it: it goes within mesh.batch_delay, ports.UnicastPort)
 
 
 class Outbox:
@@ -103,16 +104,26 @@ class Outbox:
     other nodes, or to this one, in the order they said it: data, which the Cluster takes and
     sends after each of its calls and at every flush (``Cluster.send_out``). The first message
     after a take asks the I/O layer for a flush this loop iteration (``wake``, MeshIO.flush_soon),
-    for what the parts say outside the Cluster's calls (a session's subscriptions, a redirect)."""
+    for what the parts say outside the Cluster's calls (a session's subscriptions, a redirect);
+    a message put ``later`` (an answer nobody waits on) asks for one within mesh.batch_delay
+    (``wake_later``, MeshIO.flush_later) unless one was asked for this iteration."""
 
-    __slots__ = ("items", "_wake")
+    __slots__ = ("items", "_wake", "_wake_later", "_soon")
 
-    def __init__(self, wake: Callable[[], None] = lambda: None):
+    def __init__(self, wake: Callable[[], None] = lambda: None, wake_later: Callable[[], None] | None = None):
         self.items: list[ToNode] = []
         self._wake = wake
+        self._wake_later = wake if wake_later is None else wake_later
+        self._soon = False  # (a flush this iteration was asked for since the last take)
 
-    def put(self, dest: str, msg: Wire) -> None:
-        if not self.items:
+    def put(self, dest: str, msg: Wire, later: bool = False) -> None:
+        if later:
+            if not self.items:
+                self._wake_later()
+            self.items.append(ToNode(dest, msg, True))
+            return
+        if not self._soon:
+            self._soon = True
             self._wake()
         self.items.append(ToNode(dest, msg))
 
@@ -120,6 +131,7 @@ class Outbox:
         items = self.items
         if items:
             self.items = []
+        self._soon = False
         return items
 
 
@@ -217,10 +229,16 @@ class SessSettle(Wire):
     epoch: int
     items: list[Settlement]
     version: int  # the session's settlement count after ``items`` (replica.py)
+    # no frame waits for these: answer within mesh.batch_delay (holders.py ``flush``); absent
+    # (a node of before 2026-12-01), at once
+    later: bool = False
 
     def to_json(self) -> dict[str, Any]:
         items = [i if i.msg is not None else i[:4] for i in self.items]  # (four fields but an "in")
-        return {"cid": self.cid, "epoch": self.epoch, "items": items, "version": self.version}
+        body = {"cid": self.cid, "epoch": self.epoch, "items": items, "version": self.version}
+        if self.later:
+            body["later"] = True
+        return body
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Self:
@@ -230,6 +248,7 @@ class SessSettle(Wire):
             _int(_key(obj, "epoch", w), w, "epoch"),
             [Settlement.from_json(i, iw) for iw, i in _items(obj, "items", w)],
             _int(_key(obj, "version", w), w, "version"),
+            _bool(obj.get("later", False), w, "later"),
         )
 
     def aged(self, ms: int) -> Self:

@@ -106,8 +106,11 @@ class Confirmations:
             channel = session.channel
             if channel is not None:
                 channel.release_acks(self.table.journal.committed, now)
+                # (a frame still waiting keeps the settlements hurried: _Replicated.wait)
+                session.hurry = channel.waits_for_gate(safe)
             if safe >= session.sent_version:
-                self.replication.resume(session.client_id)  # (the batch gathered meanwhile goes)
+                # (the batch gathered meanwhile goes)
+                self.replication.resume(session.client_id, session.hurry)
 
     def retry_lagging(self, now: float) -> None:
         """Holders that have not answered our settlements for settle_retry get a copy."""

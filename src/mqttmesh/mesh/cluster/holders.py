@@ -95,7 +95,7 @@ class Holders(Confirmations, Pools):
         self.pools: dict[str, Pool] = {}
         # answers (sess.ack) waiting for the store to commit what they vouch for, by journal
         # batch in the order they were made (batches only grow): sent by ``committed``
-        self._acks_after: deque[tuple[int, str, SessAck]] = deque()
+        self._acks_after: deque[tuple[int, str, SessAck, bool]] = deque()
         # a persistent session is a member of this node's shared groups while it is at home
         # here: its client is here, or was here last (session_table.py ``member_here``)
         table.member_here = self._at_home
@@ -151,6 +151,7 @@ class Holders(Confirmations, Pools):
         replica._stored_version()
         replica.holder_acks = {}  # (what holders said while another node had the client)
         replica.safe_version = replica.sent_version = 0
+        replica.hurry = replica.sent_later = False
         for fwd, arrived in forwarded:  # what holders forwarded while we gathered
             self.forwarded(fwd, now, arrived)
         if forwarded:
@@ -384,25 +385,27 @@ class Holders(Confirmations, Pools):
             # sender sends when our answer stays behind (settle_retry)
             self.counters["settle_gaps"] += 1
         session._stored_version()
-        self._ack_when_stored(frm, SessAck(m.cid, session.epoch, session.version), journal.since(mark))
+        ack = SessAck(m.cid, session.epoch, session.version)
+        self._ack_when_stored(frm, ack, journal.since(mark), m.later)
 
-    def _ack_when_stored(self, frm: str, ack: SessAck, batch: int) -> None:
+    def _ack_when_stored(self, frm: str, ack: SessAck, batch: int, later: bool = False) -> None:
         """Answer once what the answer vouches for is in this node's store (``batch``: 0, at
         once): the node the client is on counts on this copy to survive a kill -9 and restart,
-        as a client counts on what a PUBACK vouches for."""
+        as a client counts on what a PUBACK vouches for. ``later``: nothing waits for the
+        answer there (a batch sent so: ``flush``); it goes within mesh.batch_delay."""
         if batch:
             self.counters["acks_after_commit"] += 1
         if batch > self.table.journal.committed:
-            self._acks_after.append((batch, frm, ack))
+            self._acks_after.append((batch, frm, ack, later))
         else:
-            self.out.put(frm, ack)
+            self.out.put(frm, ack, later)
 
     def committed(self, batch: int) -> None:
         """The store committed ``batch``: the answers that waited for it go."""
         waiting = self._acks_after
         while waiting and waiting[0][0] <= batch:
-            _, frm, ack = waiting.popleft()
-            self.out.put(frm, ack)
+            _, frm, ack, later = waiting.popleft()
+            self.out.put(frm, ack, later)
 
     def on_subs(self, frm: str, m: SessSubs, now: float) -> None:
         session = self._replica(m.cid)
@@ -479,24 +482,34 @@ class Holders(Confirmations, Pools):
         batch of a session's is out at a time: while its client is here and the holders have
         not answered the last, the next gathers (``_advance`` asks for a flush once they have:
         a round of messages and store commits per answer, not per loop iteration; the frames
-        that wait for the gathered settlements wait as they did for the answer)."""
+        that wait for the gathered settlements wait as they did for the answer). A batch no
+        frame waits for (``hurry`` unset: the QoS 1 PUBACKs a subscriber sends) goes, and is
+        answered, within mesh.batch_delay, with what else goes then; a hurried one goes beside
+        such a batch out, not behind it."""
         settles = self.replication.take_settles()
         if settles:
             for cid, items in settles.items():
                 session = self.table.sessions.get(cid)
                 replica = replica_of(session)
-                if replica is not None and replica.channel is not None and replica.sent_version > replica.safe_version:
+                later = replica is not None and not replica.hurry
+                if (
+                    replica is not None
+                    and replica.channel is not None
+                    and replica.sent_version > replica.safe_version
+                    and (later or not replica.sent_later)
+                ):
                     self.replication.put_back(cid, items)
                     continue
                 epoch, version = (replica.epoch, replica.version) if replica is not None else (0, len(items))
                 sent = False
                 for node in self.membership.holders(cid, self.node_id):
                     if node != self.node_id:
-                        self.out.put(node, SessSettle(cid, epoch, items, version))
+                        self.out.put(node, SessSettle(cid, epoch, items, version, later), later)
                         sent = True
                 if replica is not None:
                     if sent:
                         replica.sent_version = version
+                        replica.sent_later = later
                         self.lagging.setdefault(cid, now)
                     else:
                         self._advance(replica, now)

@@ -29,6 +29,7 @@ __all__ = [
     "SubsHook",
     "LateHook",
     "SettledHook",
+    "WaitHook",
     "TOMBSTONES",
     "RELEASED",
     "released_id",
@@ -73,6 +74,9 @@ SettledHook = Callable[["_Replicated", tuple[str, int], str, int, "Message | Non
 LateHook = Callable[["_Replicated", "Message"], None]
 # (session): the client changed its subscriptions here (Replication.subs_changed tells the holders)
 SubsHook = Callable[["Session"], None]
+# (session): a frame of its client waits for a settlement the holders have not confirmed
+# (Replication.hurry: the settlements go this loop iteration, not within mesh.batch_delay)
+WaitHook = Callable[["_Replicated"], None]
 
 
 # _Replicated is mixed in before Session or DurableSession: a type checker sees it as a Session
@@ -92,6 +96,7 @@ class _Replicated(_SessionPart):
         on_late: LateHook | None = None,
         on_subs: SubsHook | None = None,
         on_shared: LateHook | None = None,
+        on_wait: WaitHook | None = None,
     ) -> None:
         self.ids: dict[tuple[str, int], Entry] = {}  # (origin, seq) -> its entry
         self.done: OrderedDict[tuple[str, int], None] = OrderedDict()  # settled ids, oldest first
@@ -107,6 +112,7 @@ class _Replicated(_SessionPart):
         # (session, message): its home took a message for it through a shared group, which the
         # mesh brings to no other holder: Replication.shared_taken sends it to them
         self.on_shared = on_shared
+        self.on_wait = on_wait
         self.gate = self  # (session.Gate: a frame after settlement n waits until the holders have n)
         # origin -> the highest sequence number this copy took from it: a message that comes
         # in below it came late (a retransmission after a partition, a crash, a pause)
@@ -130,6 +136,12 @@ class _Replicated(_SessionPart):
         # while the client is here: the version of the last settlement batch sent to the other
         # holders; the next one gathers until they have it (holders.py ``flush``)
         self.sent_version = 0
+        # while the client is here: a frame waits for a settlement not confirmed yet (``wait``):
+        # settlements go, and are answered, at once; else within mesh.batch_delay, answered so
+        # too (nothing waits: the QoS 1 PUBACKs of a subscriber's client). ``sent_later``: the
+        # batch out went so (a hurried one goes beside it: holders.py ``flush``)
+        self.hurry = False
+        self.sent_later = False
         # message id -> (state, packet id) settled by the node the client is on before the
         # message itself reached this copy (the mesh brings it later): it takes that id then
         self.reserved: dict[tuple[str, int], tuple[int, int]] = {}
@@ -161,6 +173,14 @@ class _Replicated(_SessionPart):
 
     def passed(self) -> int:
         return self.safe_version
+
+    def wait(self, ticket: int) -> None:
+        """A frame of the client waits for ``ticket`` (session.Gate): what the holders have
+        not confirmed goes, and is answered, at once (``hurry``; confirm.py ``_advance`` ends it)."""
+        if not self.hurry and ticket > self.safe_version:
+            self.hurry = True
+            if self.on_wait is not None:
+                self.on_wait(self)
 
     def subscribe(self, topic_filter: str, qos: int) -> None:
         super().subscribe(topic_filter, qos)
@@ -390,6 +410,7 @@ class _Replicated(_SessionPart):
             self.queued().appendleft(entry)
             if self.stores:
                 self._stored_put(entry)
+        self.hurry = self.sent_later = False
         super().detach()
 
     def restore_entry(self, entry: Entry) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ...message import Message
 from ...session import Limits, Session
 from ...session_durable import DurableSession, Sessions
-from .replica import TOMBSTONES, LateHook, SettledHook, SubsHook, _Replicated, replica_of
+from .replica import TOMBSTONES, LateHook, SettledHook, SubsHook, WaitHook, _Replicated, replica_of
 
 if TYPE_CHECKING:
     from ...flow import Congestion
@@ -31,9 +31,10 @@ class MeshSession(_Replicated, Session):
         on_late: LateHook | None = None,
         on_subs: SubsHook | None = None,
         on_shared: LateHook | None = None,
+        on_wait: WaitHook | None = None,
     ):
         Session.__init__(self, client_id, False, limits, congestion, on_sent)
-        self._init_replication(on_settled, on_late, on_subs, on_shared)
+        self._init_replication(on_settled, on_late, on_subs, on_shared, on_wait)
 
 
 class DurableMeshSession(_Replicated, DurableSession):
@@ -48,9 +49,10 @@ class DurableMeshSession(_Replicated, DurableSession):
         on_late: LateHook | None = None,
         on_subs: SubsHook | None = None,
         on_shared: LateHook | None = None,
+        on_wait: WaitHook | None = None,
     ):
         DurableSession.__init__(self, client_id, limits, journal, congestion, on_sent)
-        self._init_replication(on_settled, on_late, on_subs, on_shared)
+        self._init_replication(on_settled, on_late, on_subs, on_shared, on_wait)
 
     def _stored_version(self) -> None:
         self.journal.version_put(self.client_id, self.epoch, self.version)
@@ -80,15 +82,17 @@ class ReplicaSessions(Sessions):
         on_late: LateHook | None = None,
         on_subs: SubsHook | None = None,
         on_shared: LateHook | None = None,
+        on_wait: WaitHook | None = None,
     ):
         super().__init__(limits, journal, congestion, on_sent)
         self.on_settled = on_settled
         self.on_late = on_late
         self.on_subs = on_subs
         self.on_shared = on_shared
+        self.on_wait = on_wait
 
     def restored(self, client_id: str) -> Session:
-        hooks = (self.on_settled, self.on_sent, self.on_late, self.on_subs, self.on_shared)
+        hooks = (self.on_settled, self.on_sent, self.on_late, self.on_subs, self.on_shared, self.on_wait)
         if self.journal.persistent:
             return DurableMeshSession(client_id, self.limits, self.journal, self.congestion, *hooks)
         return MeshSession(client_id, self.limits, self.congestion, *hooks)

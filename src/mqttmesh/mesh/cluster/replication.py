@@ -19,10 +19,13 @@ from .replica import _Replicated, replica_of
 
 if TYPE_CHECKING:
     from ...message import Message
+    from ...ports import UnicastPort
     from ...session import Session
     from .membership import Membership
 
 __all__ = ["Replication", "Redirect"]
+
+LATER, SOON = 1, 2  # (the flush a Replication asked for: ``_ask``)
 
 
 class Redirect(NamedTuple):
@@ -45,32 +48,51 @@ class Replication:
         membership: Membership,
         outbox: Outbox,
         wake: Callable[[], None] = lambda: None,
+        wake_later: Callable[[], None] | None = None,
+        net: UnicastPort | None = None,
     ):
         self.node_id = node_id
         self.membership = membership
         self.out = outbox  # what it says to other holders (the Cluster sends it)
         # what it counts (Cluster.counters adds up every part's)
-        self.counters = dict.fromkeys(("redirected", "late_forwarded", "shared_replicated"), 0)
+        self.counters = dict.fromkeys(("redirected", "redirect_routed", "late_forwarded", "shared_replicated"), 0)
         self._wake = wake  # asks the I/O layer for a flush this loop iteration (MeshIO.flush_soon)
+        # ... or for one within mesh.batch_delay (MeshIO.flush_later)
+        self._wake_later = wake if wake_later is None else wake_later
+        self._net = net  # (whether the mesh takes a message published here to a node: ``forward``)
         # cid -> where its client went; read by Broker.dispatch for every message
         self.redirects: dict[str, Redirect] = {}
         self._settles: dict[str, list[Settlement]] = {}  # cid -> to tell its holders
-        self._woken = False  # (a flush is asked for since the last ``take_settles``)
+        # the flush asked for since the last ``take_settles``: 0 none, LATER, SOON
+        self._woken = 0
 
     def on_settled(
         self, session: _Replicated, key: tuple[str, int], state: str, pid: int, msg: Message | None = None
     ) -> None:
-        """A replicated session settled a message (its hook). Frames wait for the settlement to
-        reach the other holders, so it goes out this loop iteration (Cluster.flush)."""
-        if not self._woken:
-            self._woken = True
-            self._wake()
+        """A replicated session settled a message (its hook). It goes to the other holders this
+        loop iteration if a frame of the client waits for them to have it (``session.hurry``),
+        else within mesh.batch_delay (holders.py ``flush``; ``hurry`` if a frame comes to wait)."""
+        self._ask(session.hurry)
         fwd = Forwarded.of(msg) if msg is not None else None
         self._settles.setdefault(session.client_id, []).append(Settlement(key[0], key[1], state, pid, fwd))
 
+    def hurry(self, session: _Replicated) -> None:
+        """A frame of ``session``'s client waits for a settlement the other holders have not
+        confirmed (its hook, ``_Replicated.wait``): what is gathered goes this loop iteration."""
+        self._ask(True)
+
+    def _ask(self, soon: bool) -> None:
+        if soon:
+            if self._woken != SOON:
+                self._woken = SOON
+                self._wake()  # (MeshIO.flush_soon: one asked for later comes now)
+        elif not self._woken:
+            self._woken = LATER
+            self._wake_later()
+
     def take_settles(self) -> dict[str, list[Settlement]]:
         """The settlements since the last call, by ClientId (Cluster.flush sends them)."""
-        self._woken = False
+        self._woken = 0
         settles = self._settles
         if settles:
             self._settles = {}
@@ -82,11 +104,11 @@ class Replication:
         later = self._settles.get(cid)
         self._settles[cid] = items + later if later else items
 
-    def resume(self, cid: str) -> None:
-        """The holders answered ``cid``'s batch: what gathered meanwhile goes at the next flush."""
-        if cid in self._settles and not self._woken:
-            self._woken = True
-            self._wake()
+    def resume(self, cid: str, soon: bool) -> None:
+        """The holders answered ``cid``'s batch: what gathered meanwhile goes at the next flush
+        (this loop iteration if ``soon``: a frame waits for it)."""
+        if cid in self._settles:
+            self._ask(soon)
 
     def drop_settles(self, cid: str) -> None:
         """A copy of ``cid``'s session went to every holder: it says what they said."""
@@ -124,12 +146,19 @@ class Replication:
                 self.out.put(node, body)
 
     def forward(self, session: Session, msg: Message) -> None:
-        """A message reached a local replica whose client just moved elsewhere."""
+        """A message reached a local replica whose client just moved elsewhere: it goes there
+        too (within mesh.batch_delay: nothing waits for it; the node drops it if it has it),
+        unless it was published here and the mesh routes it there already (the node's
+        subscription is known here: its custody takes it there, and nothing else would)."""
         target = self.redirects.get(session.client_id)
         if target is None:
             return
+        net = self._net
+        if net is not None and msg.origin == self.node_id and net.routes_to(target.node, msg.topic):
+            self.counters["redirect_routed"] += 1
+            return
         self.counters["redirected"] += 1
-        self.out.put(target.node, SessFwd(session.client_id, Forwarded.of(msg)))
+        self.out.put(target.node, SessFwd(session.client_id, Forwarded.of(msg)), True)
 
     def expire(self, now: float) -> None:
         for cid, (_, until) in list(self.redirects.items()):

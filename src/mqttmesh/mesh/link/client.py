@@ -324,6 +324,9 @@ class _Ready:
     def release_acks(self, committed: int, now: float) -> None:
         pass  # (nothing of a link's session waits for a store)
 
+    def waits_for_gate(self, passed: int) -> bool:
+        return False  # (nor for a gate)
+
     def kick(self, reason: str, now: float) -> None:
         pass  # (never taken over: the session is the link's own)
 

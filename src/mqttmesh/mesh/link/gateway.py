@@ -136,15 +136,23 @@ class MeshGateway:
         """Does the engine hold ``msg`` for an earlier message of its origin (order.py)?"""
         return (msg.origin, msg.seq) in self.engine._held_ids
 
-    def unicast(self, dest: str, kind: str, payload: bytes) -> bool:
-        """A cluster message for node ``dest`` (the Cluster's send); False: unreachable now."""
+    def unicast(self, dest: str, kind: str, payload: bytes, soon: bool = True) -> bool:
+        """A cluster message for node ``dest`` (the Cluster's send); False: unreachable now.
+        ``soon``: written this loop iteration; else within mesh.batch_delay (ports.UnicastPort)."""
         ok = self.engine.send_unicast(dest, kind, payload)
-        self.io.flush_soon()
+        if soon:
+            self.io.flush_soon()
+        else:
+            self.io.flush_later()
         return ok
 
     def reachable(self, dest: str) -> bool:
         """Would a unicast to node ``dest`` be routed now (``unicast`` would return True)?"""
         return self.engine.reaches(dest)
+
+    def routes_to(self, dest: str, topic: str) -> bool:
+        """Would a message of ``topic`` published here be routed to node ``dest`` now?"""
+        return topic[0] != "$" and self.engine.routes_to(dest, topic)
 
     def sent(self) -> None:
         """What was routed has been handed to the links: count from zero again."""

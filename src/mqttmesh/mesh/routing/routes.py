@@ -64,6 +64,16 @@ class RoutesMixin(EngineState):
 
     # ------------------------------------------------------------------ introspection
 
+    def routes_to(self, node: str, topic: str) -> bool:
+        """Does a message of ``topic`` published here go to ``node`` (a plain subscription of
+        it, in reach), as ``route_local`` would route it now?"""
+        if self._spf_dirty:
+            self._ensure_spf()
+        route = self._route_cache.get(topic)
+        if route is None:
+            route = self._compute_route(topic)
+        return node in route[1] and node in self.next_hop
+
     def route_to(self, node: str) -> str | None:
         """The neighbour a message for ``node`` goes to next (None: unreachable)."""
         self._ensure_spf()
